@@ -1,0 +1,271 @@
+"""Versioned Arrow schemas for the three files the tool exchanges.
+
+* ``trace``: one row per request to send (generated or imported).
+* ``requests``: one row per request that was run (simulated or replayed); the
+  same schema for both backends, so every metric works on both.
+* ``series``: per-target samples over time (queue, running, KV, power).
+
+Each file carries ``llmlb.kind`` and ``llmlb.schema_version`` in its Parquet
+key-value metadata. Readers accept older versions and files written by other
+tools that omit optional columns, and refuse newer versions: a newer file may
+mean something this code does not know.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from llmlb_bench.errors import UserError
+
+META_KIND = b"llmlb.kind"
+META_VERSION = b"llmlb.schema_version"
+META_SPEC = b"llmlb.spec"
+META_BLOCK_SIZE = b"llmlb.block_size"
+
+#: One step of a request's token stream: ``count`` tokens, the first at
+#: ``start_s`` and each next one ``gap_s`` later. A simulator writes one
+#: segment per run of identical decode steps; a replayer writes one per
+#: received chunk (``gap_s`` = 0 when a chunk carries several tokens).
+TOKEN_SEGMENT = pa.struct(
+    [("start_s", pa.float64()), ("gap_s", pa.float64()), ("count", pa.int32())]
+)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A named, versioned schema with required and optional columns."""
+
+    kind: str
+    version: int
+    schema: pa.Schema
+    required: frozenset[str]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+    def metadata(self, extra: Mapping[bytes, bytes] | None = None) -> dict[bytes, bytes]:
+        """Key-value metadata to embed in a file of this kind."""
+        meta = {META_KIND: self.kind.encode(), META_VERSION: str(self.version).encode()}
+        if extra:
+            meta.update(extra)
+        return meta
+
+    def empty(self) -> pa.Table:
+        return self.schema.empty_table()
+
+    def conform(self, table: pa.Table, where: str | Path) -> pa.Table:
+        """Return ``table`` with exactly this schema's columns, in order.
+
+        Missing optional columns are filled with their default (or null);
+        integer and float columns are cast safely where lossless; anything
+        else that does not match is a :class:`UserError` naming the column.
+        """
+        missing = sorted(self.required - set(table.column_names))
+        if missing:
+            raise UserError(f"missing column {missing[0]!r} (a {self.kind} file needs {sorted(self.required)})", where)
+        columns = []
+        for f in self.schema:
+            if f.name not in table.column_names:
+                default = self.defaults.get(f.name)
+                columns.append(pa.array([default] * table.num_rows, type=f.type))
+                continue
+            col = table.column(f.name)
+            if not col.type.equals(f.type):
+                col = _safe_cast(col, f, where)
+            if not f.nullable and col.null_count:
+                raise UserError(f"column {f.name!r} has {col.null_count} null values", where)
+            columns.append(col)
+        return pa.Table.from_arrays(columns, schema=self.schema.with_metadata(table.schema.metadata))
+
+
+def _safe_cast(col: pa.ChunkedArray, f: pa.Field, where: str | Path) -> pa.ChunkedArray:
+    src, dst = col.type, f.type
+    same_family = (
+        (pa.types.is_integer(src) and (pa.types.is_integer(dst) or pa.types.is_floating(dst)))
+        or (pa.types.is_floating(src) and pa.types.is_floating(dst))
+        or (pa.types.is_string(src) or pa.types.is_large_string(src) or pa.types.is_dictionary(src))
+        and (pa.types.is_string(dst) or pa.types.is_dictionary(dst))
+        or (pa.types.is_null(src))
+        or (pa.types.is_list(src) or pa.types.is_large_list(src)) and pa.types.is_list(dst)
+    )
+    if not same_family:
+        raise UserError(f"column {f.name!r} has type {src}, expected {dst}", where)
+    try:
+        return col.cast(dst, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise UserError(f"column {f.name!r} cannot be read as {dst}: {str(exc).splitlines()[0]}", where) from None
+
+
+TRACE = TableSpec(
+    kind="trace",
+    version=1,
+    schema=pa.schema(
+        [
+            pa.field("request_id", pa.int64(), nullable=False),
+            pa.field("arrival_s", pa.float64(), nullable=False),
+            pa.field("tenant", pa.dictionary(pa.int32(), pa.string())),
+            pa.field("session_id", pa.int64()),
+            pa.field("turn", pa.int32()),
+            pa.field("parent_id", pa.int64()),
+            pa.field("after_parent_s", pa.float64()),
+            pa.field("input_tokens", pa.int32(), nullable=False),
+            pa.field("output_tokens", pa.int32(), nullable=False),
+            pa.field("prefix_hashes", pa.list_(pa.uint64())),
+            pa.field("images", pa.int16()),
+            pa.field("image_tokens", pa.int32()),
+            pa.field("audio_s", pa.float32()),
+            pa.field("priority", pa.int8()),
+            pa.field("slo_class", pa.dictionary(pa.int32(), pa.string())),
+            pa.field("kind", pa.dictionary(pa.int32(), pa.string())),
+        ]
+    ),
+    required=frozenset({"request_id", "arrival_s", "input_tokens", "output_tokens"}),
+    defaults={"tenant": "default", "images": 0, "image_tokens": 0, "audio_s": 0.0, "priority": 0,
+              "slo_class": "default", "kind": "chat"},
+)
+
+#: Values of ``requests.status``.
+STATUSES = ("ok", "error", "timeout", "rejected", "not_sent")
+
+REQUESTS = TableSpec(
+    kind="requests",
+    version=1,
+    schema=pa.schema(
+        [
+            pa.field("run_id", pa.string(), nullable=False),
+            pa.field("request_id", pa.int64(), nullable=False),
+            pa.field("tenant", pa.string()),
+            pa.field("slo_class", pa.string()),
+            pa.field("target", pa.string()),
+            pa.field("scheduled_s", pa.float64()),
+            pa.field("sent_s", pa.float64()),
+            pa.field("first_token_s", pa.float64()),
+            pa.field("last_token_s", pa.float64()),
+            pa.field("token_times", pa.list_(TOKEN_SEGMENT)),
+            pa.field("input_tokens", pa.int32()),
+            pa.field("requested_output_tokens", pa.int32()),
+            pa.field("output_tokens", pa.int32()),
+            pa.field("cached_tokens", pa.int32()),
+            pa.field("status", pa.string(), nullable=False),
+            pa.field("error", pa.string()),
+            pa.field("http_status", pa.int16()),
+            pa.field("preemptions", pa.int32()),
+            pa.field("prefill_target", pa.string()),
+            pa.field("decode_target", pa.string()),
+            pa.field("energy_j", pa.float64()),
+        ]
+    ),
+    required=frozenset({"run_id", "request_id", "status"}),
+)
+
+SERIES = TableSpec(
+    kind="series",
+    version=1,
+    schema=pa.schema(
+        [
+            pa.field("run_id", pa.string(), nullable=False),
+            pa.field("t_s", pa.float64(), nullable=False),
+            pa.field("target", pa.string(), nullable=False),
+            pa.field("waiting", pa.int32()),
+            pa.field("running", pa.int32()),
+            pa.field("kv_blocks_used", pa.int32()),
+            pa.field("kv_blocks_total", pa.int32()),
+            pa.field("power_w", pa.float32()),
+        ]
+    ),
+    required=frozenset({"run_id", "t_s", "target"}),
+)
+
+SPECS = {s.kind: s for s in (TRACE, REQUESTS, SERIES)}
+
+
+def open_parquet(path: str | Path, spec: TableSpec) -> pq.ParquetFile:
+    """Open ``path`` as a Parquet file of kind ``spec``, or raise a one-line UserError."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError("no such file", path)
+    if path.is_dir():
+        raise UserError(f"is a directory, expected a {spec.kind} Parquet file", path)
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"not a readable Parquet file ({reason})", path) from None
+    meta = pf.schema_arrow.metadata or {}
+    kind = meta.get(META_KIND, b"").decode() or None
+    if kind is not None and kind != spec.kind:
+        raise UserError(f"is a {kind} file, expected a {spec.kind} file", path)
+    version = meta.get(META_VERSION)
+    if version is not None:
+        try:
+            v = int(version)
+        except ValueError:
+            raise UserError(f"bad schema version {version!r}", path) from None
+        if v > spec.version:
+            raise UserError(
+                f"{spec.kind} schema version {v} is newer than this llmlb supports ({spec.version}); upgrade llmlb",
+                path,
+            )
+    return pf
+
+
+def read_table(path: str | Path, spec: TableSpec) -> pa.Table:
+    """Read and validate a whole file of kind ``spec``."""
+    pf = open_parquet(path, spec)
+    try:
+        table = pf.read()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise UserError(f"unreadable Parquet data ({str(exc).splitlines()[0]})", path) from None
+    return spec.conform(table, path)
+
+
+def read_trace(path: str | Path) -> pa.Table:
+    """Read a trace file; the table keeps its metadata (spec, block size)."""
+    table = read_table(path, TRACE)
+    ids = table.column("request_id")
+    import pyarrow.compute as pc
+
+    if pc.count_distinct(ids).as_py() != table.num_rows:
+        raise UserError("column 'request_id' has duplicate values", path)
+    if table.num_rows and pc.min(table.column("arrival_s")).as_py() < 0:
+        raise UserError("column 'arrival_s' has negative values", path)
+    return table
+
+
+def trace_spec(table: pa.Table) -> dict[str, Any] | None:
+    """The generating spec stored in a trace's metadata, if any."""
+    raw = (table.schema.metadata or {}).get(META_SPEC)
+    return json.loads(raw) if raw else None
+
+
+def trace_block_size(table: pa.Table, default: int = 16) -> int:
+    raw = (table.schema.metadata or {}).get(META_BLOCK_SIZE)
+    return int(raw) if raw else default
+
+
+def write_trace(table: pa.Table, path: str | Path, spec: Mapping[str, Any] | None = None,
+                block_size: int | None = None) -> None:
+    """Write a trace atomically (temp file + rename): never a half-written file."""
+    extra: dict[bytes, bytes] = {}
+    if spec is not None:
+        extra[META_SPEC] = json.dumps(spec, sort_keys=True).encode()
+    if block_size is not None:
+        extra[META_BLOCK_SIZE] = str(block_size).encode()
+    table = TRACE.conform(table, path)
+    table = table.replace_schema_metadata(TRACE.metadata(extra))
+    write_atomic(table, path)
+
+
+def write_atomic(table: pa.Table, path: str | Path, row_group_size: int = 1 << 20) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        pq.write_table(table, tmp, row_group_size=row_group_size, compression="zstd")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)

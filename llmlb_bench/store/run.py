@@ -1,0 +1,138 @@
+"""One run's folder: ``<results>/<run_id>/{requests.parquet, series.parquet, run.json}``.
+
+``run.json`` is written when the run starts (status ``running``) and again
+when it ends: ``complete``, or ``partial`` with the reason when the run
+raised, was interrupted (Ctrl-C) or terminated (SIGTERM). Both Parquet files
+are closed in every case, so whatever was flushed stays readable.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import secrets
+import socket
+import sys
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Mapping
+
+from llmlb_bench import __version__
+from llmlb_bench.schema import REQUESTS, SERIES, TRACE
+from llmlb_bench.store.sink import ParquetSink
+
+RUN_JSON = "run.json"
+REQUESTS_FILE = "requests.parquet"
+SERIES_FILE = "series.parquet"
+
+
+def new_run_id(label: str = "run") -> str:
+    """A sortable, unique run id: ``<label>-<UTC time>-<4 hex>``."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label) or "run"
+    return f"{safe}-{stamp}-{secrets.token_hex(2)}"
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def host_info() -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    tmp.replace(path)
+
+
+class RunStore:
+    """Context manager that owns one run's folder and its two sinks.
+
+    Use::
+
+        with RunStore(results, config=cfg, backend="sim", label="rr") as run:
+            run.requests.write({...})
+            run.series.write({...})
+            run.summary.update(duration_s=...)
+    """
+
+    def __init__(self, results_dir: str | Path, *, config: Mapping[str, Any], backend: str,
+                 label: str = "run", run_id: str | None = None, trace_path: str | Path | None = None,
+                 trace_rows: int | None = None, trace_spec: Mapping[str, Any] | None = None,
+                 rows_per_group: int = 65536, flush_s: float = 2.0) -> None:
+        self.run_id = run_id or new_run_id(label)
+        self.dir = Path(results_dir) / self.run_id
+        self.summary: dict[str, Any] = {}
+        self._rows_per_group = rows_per_group
+        self._flush_s = flush_s
+        self.meta: dict[str, Any] = {
+            "run_id": self.run_id,
+            "label": label,
+            "backend": backend,
+            "status": "running",
+            "reason": None,
+            "created_utc": _now(),
+            "finished_utc": None,
+            "tool": {"name": "llmlb-bench", "version": __version__},
+            "schema_versions": {s.kind: s.version for s in (TRACE, REQUESTS, SERIES)},
+            "argv": sys.argv,
+            "host": host_info(),
+            "config": dict(config),
+            "trace": None,
+        }
+        if trace_path is not None:
+            self.meta["trace"] = {
+                "path": str(trace_path),
+                "sha256": file_sha256(trace_path),
+                "rows": trace_rows,
+                "spec": trace_spec,
+            }
+
+    def __enter__(self) -> "RunStore":
+        if self.dir.exists():
+            raise FileExistsError(f"run folder already exists: {self.dir}")
+        self.dir.mkdir(parents=True)
+        write_json_atomic(self.dir / RUN_JSON, self.meta)
+        const = {"run_id": self.run_id}
+        self.requests = ParquetSink(self.dir / REQUESTS_FILE, REQUESTS, constants=const,
+                                    rows_per_group=self._rows_per_group, flush_s=self._flush_s)
+        self.series = ParquetSink(self.dir / SERIES_FILE, SERIES, constants=const,
+                                  rows_per_group=self._rows_per_group, flush_s=self._flush_s)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            self.requests.close()
+        finally:
+            self.series.close()
+        if exc_type is None:
+            self.meta["status"] = "complete"
+        else:
+            self.meta["status"] = "partial"
+            if issubclass(exc_type, KeyboardInterrupt):
+                self.meta["reason"] = "interrupted"
+            else:
+                self.meta["reason"] = f"{exc_type.__name__}: {exc}".splitlines()[0]
+        self.meta["finished_utc"] = _now()
+        self.meta["rows"] = {"requests": self.requests.rows_written, "series": self.series.rows_written}
+        self.meta["summary"] = self.summary
+        write_json_atomic(self.dir / RUN_JSON, self.meta)
