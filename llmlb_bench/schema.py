@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from llmlb_bench.errors import UserError
@@ -82,22 +83,32 @@ class TableSpec:
         return pa.Table.from_arrays(columns, schema=self.schema.with_metadata(table.schema.metadata))
 
 
+def _family(t: pa.DataType) -> str:
+    """Coarse type family; casts are only tried within a family (ints may widen to floats)."""
+    if pa.types.is_null(t):
+        return "null"
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
+        return "string"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return "list"
+    return str(t)
+
+
+_CASTABLE = {("int", "int"), ("int", "float"), ("float", "float"), ("string", "string"), ("list", "list")}
+
+
 def _safe_cast(col: pa.ChunkedArray, f: pa.Field, where: str | Path) -> pa.ChunkedArray:
-    src, dst = col.type, f.type
-    same_family = (
-        (pa.types.is_integer(src) and (pa.types.is_integer(dst) or pa.types.is_floating(dst)))
-        or (pa.types.is_floating(src) and pa.types.is_floating(dst))
-        or (pa.types.is_string(src) or pa.types.is_large_string(src) or pa.types.is_dictionary(src))
-        and (pa.types.is_string(dst) or pa.types.is_dictionary(dst))
-        or (pa.types.is_null(src))
-        or (pa.types.is_list(src) or pa.types.is_large_list(src)) and pa.types.is_list(dst)
-    )
-    if not same_family:
-        raise UserError(f"column {f.name!r} has type {src}, expected {dst}", where)
+    src, dst = _family(col.type), _family(f.type)
+    if src != "null" and (src, dst) not in _CASTABLE:
+        raise UserError(f"column {f.name!r} has type {col.type}, expected {f.type}", where)
     try:
-        return col.cast(dst, safe=True)
+        return col.cast(f.type, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise UserError(f"column {f.name!r} cannot be read as {dst}: {str(exc).splitlines()[0]}", where) from None
+        raise UserError(f"column {f.name!r} cannot be read as {f.type}: {str(exc).splitlines()[0]}", where) from None
 
 
 TRACE = TableSpec(
@@ -227,8 +238,6 @@ def read_trace(path: str | Path) -> pa.Table:
     """Read a trace file; the table keeps its metadata (spec, block size)."""
     table = read_table(path, TRACE)
     ids = table.column("request_id")
-    import pyarrow.compute as pc
-
     if pc.count_distinct(ids).as_py() != table.num_rows:
         raise UserError("column 'request_id' has duplicate values", path)
     if table.num_rows and pc.min(table.column("arrival_s")).as_py() < 0:

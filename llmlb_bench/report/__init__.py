@@ -1,0 +1,1 @@
+"""Reports over run summaries: terminal (Rich) and JSON."""

@@ -1,0 +1,29 @@
+"""Shared fixtures: small hand-built traces and result runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from llmlb_bench.schema import TRACE
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def make_trace(n: int = 10, rate: float = 2.0, input_tokens: int = 100, output_tokens: int = 20) -> pa.Table:
+    """A tiny deterministic trace: evenly spaced arrivals, fixed lengths."""
+    return TRACE.conform(pa.table({
+        "request_id": pa.array(range(n), pa.int64()),
+        "arrival_s": pa.array([i / rate for i in range(n)], pa.float64()),
+        "input_tokens": pa.array([input_tokens] * n, pa.int32()),
+        "output_tokens": pa.array([output_tokens] * n, pa.int32()),
+    }), "test")
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/data is absent (real public traces are only on the team's machines)")
+    return SHARED_DATA

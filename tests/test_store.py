@@ -1,0 +1,90 @@
+"""The streaming sink and the run store: flushed rows survive failures; runs are marked partial."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pyarrow.parquet as pq
+import pytest
+
+from llmlb_bench.schema import REQUESTS, read_table
+from llmlb_bench.store import ParquetSink, RunStore
+from llmlb_bench.store.views import Catalog
+
+
+def _rows(start: int, n: int) -> dict:
+    return {"request_id": list(range(start, start + n)), "status": ["ok"] * n, "sent_s": [float(i) for i in range(n)]}
+
+
+def test_sink_flushes_row_groups_by_size(tmp_path):
+    sink = ParquetSink(tmp_path / "r.parquet", REQUESTS, rows_per_group=100, flush_s=1e9, constants={"run_id": "x"})
+    sink.write(_rows(0, 60))
+    assert sink.rows_written == 0  # still buffered
+    sink.write(_rows(60, 60))
+    assert sink.rows_written == 120
+    sink.close()
+    pf = pq.ParquetFile(tmp_path / "r.parquet")
+    assert pf.metadata.num_rows == 120
+    assert read_table(tmp_path / "r.parquet", REQUESTS).column("run_id").to_pylist() == ["x"] * 120
+
+
+def test_sink_flushes_by_time(tmp_path):
+    now = [0.0]
+    sink = ParquetSink(tmp_path / "r.parquet", REQUESTS, rows_per_group=10**6, flush_s=2.0,
+                       constants={"run_id": "x"}, clock=lambda: now[0])
+    now[0] = 0.5
+    sink.write(_rows(0, 1))
+    assert sink.rows_written == 0
+    now[0] = 3.0
+    sink.write(_rows(1, 1))
+    assert sink.rows_written == 2
+    sink.close()
+
+
+def test_run_that_raises_keeps_flushed_rows_and_is_partial(tmp_path):
+    with pytest.raises(RuntimeError):
+        with RunStore(tmp_path, config={"seed": 1}, backend="sim", label="t", run_id="boom",
+                      rows_per_group=10) as run:
+            run.requests.write(_rows(0, 25))  # two row groups flushed, 5 rows buffered
+            raise RuntimeError("simulated crash")
+    meta = json.loads((tmp_path / "boom" / "run.json").read_text())
+    assert meta["status"] == "partial"
+    assert meta["reason"] == "RuntimeError: simulated crash"
+    table = read_table(tmp_path / "boom" / "requests.parquet", REQUESTS)
+    assert table.num_rows == 25  # close() flushed the buffered tail too
+    cat = Catalog([tmp_path])
+    assert cat.query("select status from runs").column(0).to_pylist() == ["partial"]
+    assert cat.query("select count(*) from requests").column(0).to_pylist() == [25]
+
+
+def test_sigterm_marks_run_partial_in_a_real_process(tmp_path):
+    script = textwrap.dedent(f"""
+        import os, signal, time
+        from llmlb_bench.cli.app import _raise_interrupt
+        from llmlb_bench.store import RunStore
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+        with RunStore({str(tmp_path)!r}, config={{}}, backend="sim", run_id="term", rows_per_group=4) as run:
+            run.requests.write({{"request_id": list(range(8)), "status": ["ok"] * 8}})
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0
+    meta = json.loads((tmp_path / "term" / "run.json").read_text())
+    assert meta["status"] == "partial" and meta["reason"] == "interrupted"
+    assert pq.ParquetFile(tmp_path / "term" / "requests.parquet").metadata.num_rows == 8
+
+
+def test_killed_run_is_listed_as_broken_not_fatal(tmp_path):
+    with RunStore(tmp_path, config={}, backend="sim", run_id="good") as run:
+        run.requests.write(_rows(0, 3))
+    (tmp_path / "dead").mkdir()
+    (tmp_path / "dead" / "run.json").write_text(json.dumps({"run_id": "dead", "status": "running"}))
+    (tmp_path / "dead" / "requests.parquet").write_bytes(b"PAR1 no footer")
+    cat = Catalog([tmp_path])
+    status = dict(cat.query("select run_id, status from runs order by 1").to_pylist()[i].values() for i in range(2))
+    assert status == {"dead": "broken", "good": "complete"}
+    assert cat.query("select count(*) from requests").column(0).to_pylist() == [3]
