@@ -1,0 +1,165 @@
+"""Validated reading of one table of a workload spec.
+
+A spec is nested TOML; every problem must come back as one line naming the
+file, the dotted field path (``tenants.chat.input.sigma``) and what is wrong.
+:class:`Section` wraps one table with its path, reads typed fields with
+bounds, and refuses unknown keys (a typo such as ``sigm`` would otherwise be
+silently ignored and the experiment run with a default).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any, Iterator, Mapping, Sequence
+
+from llmlb_bench.errors import UserError
+
+_REQUIRED = object()
+
+
+class Section:
+    """One table of a spec, with its dotted path and the file it came from."""
+
+    def __init__(self, data: Mapping[str, Any], path: str, source: str) -> None:
+        if not isinstance(data, Mapping):
+            raise UserError(f"{path or 'spec'}: expected a table, got {_type_name(data)}", source)
+        self.data = data
+        self.path = path
+        self.source = source
+        self._used: set[str] = set()
+
+    def dotted(self, key: str | int) -> str:
+        if isinstance(key, int):
+            return f"{self.path}[{key}]"
+        return f"{self.path}.{key}" if self.path else key
+
+    def error(self, key: str | int | None, problem: str) -> UserError:
+        """A :class:`UserError` for field ``key`` of this section (or the section itself)."""
+        name = self.dotted(key) if key is not None else (self.path or "spec")
+        return UserError(f"{name}: {problem}", self.source)
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def raw(self, key: str, default: Any = _REQUIRED) -> Any:
+        """The value of ``key`` unchecked (marks it used)."""
+        self._used.add(key)
+        if key not in self.data:
+            if default is _REQUIRED:
+                near = difflib.get_close_matches(key, [k for k in self.data if k not in self._used], n=1)
+                hint = f" (is {near[0]!r} a typo?)" if near else ""
+                raise self.error(key, f"missing required field{hint}")
+            return default
+        return self.data[key]
+
+    def number(self, key: str, default: Any = _REQUIRED, *, gt: float | None = None,
+               ge: float | None = None, le: float | None = None, lt: float | None = None) -> float:
+        """A finite float within the given bounds."""
+        value = self.raw(key, default)
+        if value is default and key not in self.data:
+            return value
+        return check_number(self, key, value, gt=gt, ge=ge, le=le, lt=lt)
+
+    def integer(self, key: str, default: Any = _REQUIRED, *, ge: int | None = None,
+                le: int | None = None) -> int:
+        value = self.raw(key, default)
+        if value is default and key not in self.data:
+            return value
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(key, f"expected an integer, got {_show(value)}")
+        if ge is not None and value < ge:
+            raise self.error(key, f"must be >= {ge} (got {value})")
+        if le is not None and value > le:
+            raise self.error(key, f"must be <= {le} (got {value})")
+        return value
+
+    def string(self, key: str, default: Any = _REQUIRED, *, choices: Sequence[str] | None = None) -> str:
+        value = self.raw(key, default)
+        if value is default and key not in self.data:
+            return value
+        if not isinstance(value, str):
+            raise self.error(key, f"expected a string, got {_show(value)}")
+        if choices is not None and value not in choices:
+            raise self.error(key, f"unknown value {value!r} (choose from {', '.join(choices)})")
+        return value
+
+    def boolean(self, key: str, default: Any = _REQUIRED) -> bool:
+        value = self.raw(key, default)
+        if not isinstance(value, bool):
+            raise self.error(key, f"expected true or false, got {_show(value)}")
+        return value
+
+    def numbers(self, key: str, default: Any = _REQUIRED, *, ge: float | None = None,
+                gt: float | None = None, nonempty: bool = True) -> list[float]:
+        """A list of finite numbers."""
+        value = self.raw(key, default)
+        if value is default and key not in self.data:
+            return value
+        if not isinstance(value, list):
+            raise self.error(key, f"expected a list of numbers, got {_show(value)}")
+        if nonempty and not value:
+            raise self.error(key, "must not be empty")
+        return [check_number(self, f"{key}[{i}]", v, ge=ge, gt=gt) for i, v in enumerate(value)]
+
+    def section(self, key: str, default: Any = _REQUIRED) -> Section | None:
+        """The sub-table ``key`` as a :class:`Section` (``None`` if absent and optional)."""
+        value = self.raw(key, default)
+        if value is None and key not in self.data:
+            return None
+        if not isinstance(value, Mapping):
+            raise self.error(key, f"expected a table, got {_show(value)}")
+        return Section(value, self.dotted(key), self.source)
+
+    def sections(self, key: str) -> list[Section]:
+        """An array of tables (``[[key]]`` or ``key = [{...}, ...]``)."""
+        value = self.raw(key)
+        if not isinstance(value, list) or not value:
+            raise self.error(key, "expected a non-empty list of tables")
+        out = []
+        for i, item in enumerate(value):
+            if not isinstance(item, Mapping):
+                raise self.error(key, f"item {i} is {_show(item)}, expected a table")
+            out.append(Section(item, f"{self.dotted(key)}[{i}]", self.source))
+        return out
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        return iter(self.data.items())
+
+    def finish(self) -> None:
+        """Refuse keys that were never read: they are typos or unsupported options."""
+        unknown = sorted(set(self.data) - self._used)
+        if unknown:
+            known = ", ".join(sorted(self._used)) or "none"
+            raise self.error(unknown[0], f"unknown field (this table reads: {known})")
+
+
+def check_number(section: Section, key: str, value: Any, *, gt: float | None = None, ge: float | None = None,
+                 le: float | None = None, lt: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise section.error(key, f"expected a number, got {_show(value)}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise section.error(key, f"must be finite (got {value})")
+    if gt is not None and not value > gt:
+        raise section.error(key, f"must be > {gt:g} (got {value:g})")
+    if ge is not None and not value >= ge:
+        raise section.error(key, f"must be >= {ge:g} (got {value:g})")
+    if lt is not None and not value < lt:
+        raise section.error(key, f"must be < {lt:g} (got {value:g})")
+    if le is not None and not value <= le:
+        raise section.error(key, f"must be <= {le:g} (got {value:g})")
+    return value
+
+
+def _type_name(value: Any) -> str:
+    return {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "a list"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return f"{_type_name(value)} {text if len(text) <= 40 else text[:37] + '...'}"

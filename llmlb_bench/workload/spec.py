@@ -1,0 +1,144 @@
+"""Workload specs: TOML files that compose tenants into one trace.
+
+A spec is read once, validated completely (every problem is a one-line
+:class:`UserError` naming the file and the dotted field), and kept together
+with the raw table it came from, so ``to_dict()`` can travel in the trace's
+metadata and rebuild exactly the same spec later.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.workload.arrivals import ArrivalProcess, parse_arrival
+from llmlb_bench.workload.distributions import Lengths, parse_lengths
+from llmlb_bench.workload.fields import Section
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+#: Default prefix-hash block size: vLLM's default KV block.
+DEFAULT_BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    """One client class: its arrivals, its lengths and how it is served."""
+
+    name: str
+    arrival: ArrivalProcess
+    input: Lengths
+    output: Lengths
+    io_correlation: float = 0.0
+    kind: str = "chat"
+    slo_class: str = "default"
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """A validated workload spec. Build with :func:`load_spec` or :meth:`from_dict`."""
+
+    tenants: tuple[TenantSpec, ...]
+    seed: int
+    requests: int | None
+    duration_s: float | None
+    block_size: int
+    rate_scale: float
+    time_scale: float
+    raw: Mapping[str, Any] = field(repr=False)
+    source: str = "<spec>"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "<spec>") -> WorkloadSpec:
+        """Validate ``data`` (a parsed TOML table); ``source`` names it in errors."""
+        return _parse(Section(data, "", source), copy.deepcopy(dict(data)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as a JSON-able dict; ``from_dict(to_dict())`` generates the same trace."""
+        return json.loads(json.dumps(self.raw))
+
+    def replace(self, **changes: Any) -> WorkloadSpec:
+        """A copy with top-level fields changed (``seed``, ``requests``, ``duration_s``, ...).
+
+        Setting ``requests`` clears ``duration_s`` and vice versa, so a
+        command-line override of the run length always wins over the file.
+        """
+        data = dict(self.raw)
+        for key, value in changes.items():
+            if value is None:
+                continue
+            if key == "requests":
+                data.pop("duration_s", None)
+            if key == "duration_s":
+                data.pop("requests", None)
+            data[key] = value
+        return WorkloadSpec.from_dict(data, self.source)
+
+    @property
+    def tenant_names(self) -> list[str]:
+        return [t.name for t in self.tenants]
+
+
+def load_spec(path: str | Path) -> WorkloadSpec:
+    """Read and validate a workload spec file."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError("no such file", path)
+    if path.is_dir():
+        raise UserError("is a directory, expected a workload spec (.toml)", path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"not valid TOML ({exc})", path) from None
+    except UnicodeDecodeError:
+        raise UserError("not a text file", path) from None
+    return WorkloadSpec.from_dict(data, str(path))
+
+
+def _parse(s: Section, raw: dict[str, Any]) -> WorkloadSpec:
+    s.string("name", "")
+    s.string("description", "")
+    seed = s.integer("seed", 0, ge=0, le=2**63 - 1)
+    requests = s.integer("requests", None, ge=1)
+    duration = s.number("duration_s", None, gt=0)
+    if (requests is None) == (duration is None):
+        raise s.error("requests" if requests is None else "duration_s",
+                      "give exactly one of requests (a count) or duration_s (seconds)")
+    block_size = s.integer("block_size", DEFAULT_BLOCK_SIZE, ge=1, le=1 << 20)
+    rate_scale = s.number("rate_scale", 1.0, gt=0)
+    time_scale = s.number("time_scale", 1.0, gt=0)
+    tenants_s = s.section("tenants")
+    if not tenants_s.data:
+        raise s.error("tenants", "must define at least one tenant ([tenants.<name>])")
+    tenants = []
+    for name, _ in tenants_s.items():
+        tenants.append(_tenant(tenants_s.section(name), name))
+    tenants_s.finish()
+    s.finish()
+    return WorkloadSpec(tenants=tuple(tenants), seed=seed, requests=requests, duration_s=duration,
+                        block_size=block_size, rate_scale=rate_scale, time_scale=time_scale, raw=raw,
+                        source=s.source)
+
+
+def _tenant(s: Section, name: str) -> TenantSpec:
+    spec = TenantSpec(
+        name=name,
+        arrival=parse_arrival(s.section("arrival")),
+        input=parse_lengths(s.section("input")),
+        output=parse_lengths(s.section("output")),
+        io_correlation=s.number("io_correlation", 0.0, gt=-1, lt=1),
+        kind=s.string("kind", "chat"),
+        slo_class=s.string("slo_class", "default"),
+        priority=s.integer("priority", 0, ge=-128, le=127),
+    )
+    s.finish()
+    return spec
