@@ -56,12 +56,17 @@ def tenant_requests(t: TenantSpec, seed: int, horizon: float, rate_scale: float)
     return TenantRequests(arrival_s=arrivals, input_tokens=inp, output_tokens=out)
 
 
+def horizon_limit(spec: WorkloadSpec, rate_scale: float) -> float:
+    """Past this time no tenant has arrivals left (finite tables, replays)."""
+    return max(t.arrival.horizon_limit(rate_scale) for t in spec.tenants)
+
+
 def _horizon_for(spec: WorkloadSpec, n: int, rate_scale: float) -> float:
     """Shortest generation horizon whose expected request count covers ``n`` with margin."""
     def expected(h: float) -> float:
         return sum(t.arrival.expected_count(h, rate_scale) for t in spec.tenants)
 
-    limit = min(t.arrival.horizon_limit() for t in spec.tenants) if spec.tenants else math.inf
+    limit = horizon_limit(spec, rate_scale)
     target = n * 1.02 + 6 * math.sqrt(n) + 8
     h = 1.0
     while expected(h) < target and h < limit:
@@ -91,7 +96,7 @@ def generate(spec: WorkloadSpec, seed: int | None = None, rate_scale: float = 1.
     n = spec.requests
     assert n is not None
     horizon = _horizon_for(spec, n, scale)
-    limit = min(t.arrival.horizon_limit() for t in spec.tenants)
+    limit = horizon_limit(spec, scale)
     while True:
         parts = [tenant_requests(t, seed, horizon, scale) for t in spec.tenants]
         if sum(len(p.arrival_s) for p in parts) >= n or horizon >= limit:

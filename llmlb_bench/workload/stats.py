@@ -19,3 +19,21 @@ def one_line(table: pa.Table) -> str:
     med_out = float(np.median(table.column("output_tokens").to_numpy()))
     return (f"{n:,} requests over {span:,.1f} s ({rate}), {len(tenants)} tenant(s), "
             f"median input {med_in:,.0f} / output {med_out:,.0f} tokens")
+
+
+def index_of_dispersion(arrival_s: np.ndarray, window_s: float, start: float | None = None,
+                        end: float | None = None) -> float:
+    """Variance over mean of the counts in consecutive windows of ``window_s`` (1 for Poisson).
+
+    Values growing with the window are the signature of burstiness at long
+    time scales (MMPP, Hawkes, diurnal load); a renewal process stays flat.
+    """
+    t = np.asarray(arrival_s, dtype=float)
+    lo = t.min() if start is None else start
+    hi = t.max() if end is None else end
+    n_win = int((hi - lo) // window_s)
+    if n_win < 2:
+        return float("nan")
+    counts = np.bincount(((t - lo) // window_s).astype(np.int64), minlength=n_win)[:n_win]
+    mean = counts.mean()
+    return float(counts.var(ddof=1) / mean) if mean > 0 else float("nan")
