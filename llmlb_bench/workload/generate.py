@@ -2,16 +2,24 @@
 
 Each tenant is generated on its own random streams, derived from the seed and
 the tenant's *name* (not its position), so adding a tenant to a spec leaves
-the others' requests unchanged. Tenants are then superposed (merged by
-arrival time) and numbered. Everything is columnar NumPy: the cost is a few
-vectorised passes per column, not a Python loop per request.
+the others' requests unchanged. Per tenant: arrivals (of requests, or of
+sessions that expand into turns), lengths, multimodal content, system
+prompts, accumulated context, then agentic children generation by
+generation. Tenants are then superposed (merged by arrival time), numbered,
+and their prompts hashed into chained prefix blocks. Everything is columnar
+NumPy: a few vectorised passes per column, never a Python loop per request.
+
+Within a tenant, rows are built so that a parent always precedes its
+children and a child never arrives before its parent; a stable sort by
+arrival therefore keeps every parent ahead of its children, and cutting the
+sorted trace at N requests never orphans one.
 """
 
 from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import IntEnum
 
 import numpy as np
@@ -19,6 +27,8 @@ import pyarrow as pa
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.schema import TRACE
+from llmlb_bench.workload.prefixes import OWN, SESSION, SYSTEM, chained_hashes, stream_keys
+from llmlb_bench.workload.sessions import segment_exclusive_cumsum
 from llmlb_bench.workload.spec import TenantSpec, WorkloadSpec
 
 
@@ -27,33 +37,162 @@ class Stream(IntEnum):
 
     ARRIVALS = 0
     LENGTHS = 1
+    SESSIONS = 2
+    SYSTEM_LENGTHS = 3
+    SYSTEM_GROUPS = 4
+    MULTIMODAL = 5
+    FANOUT = 6
 
 
-def stream(seed: int, tenant: str, which: Stream) -> np.random.Generator:
-    key = (zlib.crc32(tenant.encode()), int(which))
+def stream(seed: int, scope: str, which: Stream) -> np.random.Generator:
+    key = (zlib.crc32(scope.encode()), int(which))
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
 
 
 @dataclass
 class TenantRequests:
-    """The requests of one tenant, column by column, in arrival order."""
+    """The requests of one tenant, column by column (parents before children).
+
+    ``parent`` is a row index within this tenant (-1: none); ``session`` a
+    tenant-local id (-1: none); ``turn`` -1 when not a conversation turn.
+    ``bounds``/``keys`` describe each prompt's prefix streams (see
+    :mod:`llmlb_bench.workload.prefixes`); ``None`` when hashes are not wanted.
+    """
 
     arrival_s: np.ndarray
     input_tokens: np.ndarray
     output_tokens: np.ndarray
+    session: np.ndarray
+    turn: np.ndarray
+    parent: np.ndarray
+    after_parent_s: np.ndarray
+    images: np.ndarray
+    image_tokens: np.ndarray
+    audio_s: np.ndarray
+    bounds: np.ndarray | None
+    keys: np.ndarray | None
+
+    def take(self, mask: np.ndarray) -> TenantRequests:
+        """The rows in ``mask``, parent indices unchanged."""
+        return TenantRequests(**{f.name: (getattr(self, f.name)[mask] if getattr(self, f.name) is not None else None)
+                                 for f in fields(self)})
+
+    def select(self, mask: np.ndarray) -> TenantRequests:
+        """Keep the rows in ``mask`` (a kept row's parent must be kept) and renumber parents."""
+        new_index = np.cumsum(mask) - 1
+        out = self.take(mask)
+        out.parent = np.where(out.parent >= 0, new_index[np.maximum(out.parent, 0)], -1)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
 
 
-def tenant_requests(t: TenantSpec, seed: int, horizon: float, rate_scale: float) -> TenantRequests:
-    arrivals = t.arrival.times(stream(seed, t.name, Stream.ARRIVALS), horizon, rate_scale)
-    n = len(arrivals)
-    rng = stream(seed, t.name, Stream.LENGTHS)
+def _lengths(t: TenantSpec, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
     if t.io_correlation:
         z_in = rng.standard_normal(n)
         z_out = t.io_correlation * z_in + math.sqrt(1 - t.io_correlation**2) * rng.standard_normal(n)
-        inp, out = t.input.from_normal(z_in), t.output.from_normal(z_out)
+        return t.input.from_normal(z_in).astype(np.int64), t.output.from_normal(z_out).astype(np.int64)
+    return t.input.sample(rng, n).astype(np.int64), t.output.sample(rng, n).astype(np.int64)
+
+
+def tenant_requests(t: TenantSpec, seed: int, horizon: float, rate_scale: float, hashes: bool) -> TenantRequests:
+    starts = t.arrival.times(stream(seed, t.name, Stream.ARRIVALS), horizon, rate_scale)
+    if t.sessions is not None:
+        session, turn, think = t.sessions.expand(stream(seed, t.name, Stream.SESSIONS), starts)
+        arrival = starts[session] + segment_exclusive_cumsum(think, session) + think
+        idx = np.arange(len(session))
+        parent = np.where(turn > 0, idx - 1, -1)
+        after = np.where(turn > 0, think, np.nan)
     else:
-        inp, out = t.input.sample(rng, n), t.output.sample(rng, n)
-    return TenantRequests(arrival_s=arrivals, input_tokens=inp, output_tokens=out)
+        n0 = len(starts)
+        arrival, turn, parent, after = starts, np.full(n0, -1), np.full(n0, -1), np.full(n0, np.nan)
+        session = np.arange(n0) if t.fanout is not None else np.full(n0, -1)
+    n = len(arrival)
+    new_in, out = _lengths(t, stream(seed, t.name, Stream.LENGTHS), n)
+    images = image_tokens = np.zeros(n, np.int64)
+    audio = np.zeros(n)
+    if t.multimodal is not None:
+        images, image_tokens, audio, audio_tokens = t.multimodal.draw(stream(seed, t.name, Stream.MULTIMODAL), n)
+        new_in = new_in + image_tokens + audio_tokens
+    system = np.zeros(n, np.int64)
+    sys_keys = np.zeros(n, np.uint64)
+    if t.system_prompt is not None:
+        sp = t.system_prompt
+        pool = sp.pool or t.name
+        per_group = sp.lengths(stream(seed, pool, Stream.SYSTEM_LENGTHS))
+        owners = session if t.sessions is not None else np.arange(n)
+        n_owners = int(owners.max()) + 1 if n else 0
+        group = sp.assign(stream(seed, t.name, Stream.SYSTEM_GROUPS), n_owners)[owners]
+        system = per_group[group]
+        if hashes:
+            sys_keys = stream_keys(SYSTEM, pool, group)
+    history = segment_exclusive_cumsum(new_in + out, session) if t.sessions is not None else 0
+    prompt = system + history + new_in
+    reqs = TenantRequests(
+        arrival_s=arrival, input_tokens=prompt, output_tokens=out, session=session, turn=turn, parent=parent,
+        after_parent_s=after, images=images, image_tokens=image_tokens, audio_s=audio,
+        bounds=np.stack([system, prompt], axis=1) if hashes else None,
+        keys=np.stack([sys_keys, stream_keys(SESSION, t.name, session) if t.sessions is not None
+                       else stream_keys(OWN, t.name, np.arange(n))], axis=1) if hashes else None,
+    )
+    if t.max_context is not None and t.sessions is not None:
+        # Context only grows within a session, so this drops a suffix of each session.
+        reqs = reqs.select((turn <= 0) | (prompt + out <= t.max_context))
+    if t.fanout is not None:
+        reqs = _fan_out(t, reqs, stream(seed, t.name, Stream.FANOUT), hashes)
+    return reqs.select(reqs.arrival_s < horizon)
+
+
+def _fan_out(t: TenantSpec, reqs: TenantRequests, rng: np.random.Generator, hashes: bool) -> TenantRequests:
+    """Append ``depth`` generations of children; each child's prompt extends its parent's context."""
+    f = t.fanout
+    assert f is not None
+    parts = [reqs]
+    gen = np.arange(len(reqs))
+    cur, base = reqs, 0
+    for _ in range(f.depth):
+        k = f.children.sample(rng, len(gen)).astype(np.int64)
+        src = np.repeat(gen, k)  # row in `cur` of each child's parent
+        m = len(src)
+        if m == 0:
+            break
+        tool = np.maximum(f.tool_s.sample(rng, m), 0.0)
+        context = cur.input_tokens[src] + cur.output_tokens[src]
+        prompt = context + f.tool_tokens.sample(rng, m).astype(np.int64)
+        out = (f.output or t.output).sample(rng, m).astype(np.int64)
+        first = base + len(cur)
+        child = TenantRequests(
+            arrival_s=cur.arrival_s[src] + tool, input_tokens=prompt, output_tokens=out,
+            session=cur.session[src], turn=np.full(m, -1), parent=base + src, after_parent_s=tool,
+            images=np.zeros(m, np.int64), image_tokens=np.zeros(m, np.int64), audio_s=np.zeros(m),
+            bounds=np.column_stack([cur.bounds[src, :-1], context, prompt]) if hashes else None,
+            keys=np.column_stack([cur.keys[src], stream_keys(OWN, t.name, first + np.arange(m))]) if hashes else None,
+        )
+        if t.max_context is not None:
+            child = child.take(prompt + out <= t.max_context)  # parents live in earlier parts
+        parts.append(child)
+        base, cur, gen = first, child, np.arange(len(child))
+    return _concat(parts)
+
+
+def _pad(a: np.ndarray, width: int) -> np.ndarray:
+    """Pad prefix levels on the left with unused (bound 0) levels."""
+    return np.pad(a, ((0, 0), (width - a.shape[1], 0))) if a.shape[1] < width else a
+
+
+def _concat(parts: list[TenantRequests]) -> TenantRequests:
+    cols = {}
+    for f in fields(TenantRequests):
+        values = [getattr(p, f.name) for p in parts]
+        if values[0] is None:
+            cols[f.name] = None
+        elif values[0].ndim == 2:
+            width = max(v.shape[1] for v in values)
+            cols[f.name] = np.concatenate([_pad(v, width) for v in values])
+        else:
+            cols[f.name] = np.concatenate(values)
+    return TenantRequests(**cols)
 
 
 def horizon_limit(spec: WorkloadSpec, rate_scale: float) -> float:
@@ -64,7 +203,7 @@ def horizon_limit(spec: WorkloadSpec, rate_scale: float) -> float:
 def _horizon_for(spec: WorkloadSpec, n: int, rate_scale: float) -> float:
     """Shortest generation horizon whose expected request count covers ``n`` with margin."""
     def expected(h: float) -> float:
-        return sum(t.arrival.expected_count(h, rate_scale) for t in spec.tenants)
+        return sum(t.arrival.expected_count(h, rate_scale) * t.requests_per_arrival() for t in spec.tenants)
 
     limit = horizon_limit(spec, rate_scale)
     target = n * 1.02 + 6 * math.sqrt(n) + 8
@@ -78,7 +217,7 @@ def _horizon_for(spec: WorkloadSpec, n: int, rate_scale: float) -> float:
             h = mid
         else:
             lo = mid
-    return min(h, limit) if math.isfinite(limit) else h
+    return min(h, limit)
 
 
 def generate(spec: WorkloadSpec, seed: int | None = None, rate_scale: float = 1.0) -> pa.Table:
@@ -89,58 +228,82 @@ def generate(spec: WorkloadSpec, seed: int | None = None, rate_scale: float = 1.
     """
     seed = spec.seed if seed is None else seed
     scale = spec.rate_scale * rate_scale
+    hashes = spec.emit_prefix_hashes
     if spec.duration_s is not None:
         horizon = spec.duration_s / spec.time_scale
-        parts = [tenant_requests(t, seed, horizon, scale) for t in spec.tenants]
+        parts = [tenant_requests(t, seed, horizon, scale, hashes) for t in spec.tenants]
         return _assemble(spec, parts, None)
     n = spec.requests
     assert n is not None
     horizon = _horizon_for(spec, n, scale)
     limit = horizon_limit(spec, scale)
     while True:
-        parts = [tenant_requests(t, seed, horizon, scale) for t in spec.tenants]
-        if sum(len(p.arrival_s) for p in parts) >= n or horizon >= limit:
+        parts = [tenant_requests(t, seed, horizon, scale, hashes) for t in spec.tenants]
+        if sum(len(p) for p in parts) >= n or horizon >= limit:
             break
         horizon = min(horizon * 1.5, limit)
     return _assemble(spec, parts, n)
 
 
 def _assemble(spec: WorkloadSpec, parts: list[TenantRequests], limit: int | None) -> pa.Table:
-    arrival = np.concatenate([p.arrival_s for p in parts])
-    tenant_idx = np.concatenate([np.full(len(p.arrival_s), i, dtype=np.int32) for i, p in enumerate(parts)])
-    if len(parts) > 1:
-        order = np.argsort(arrival, kind="stable")
-        if limit is not None:
-            order = order[:limit]
+    sizes = [len(p) for p in parts]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    all_rows = _concat(parts)
+    tenant_idx = np.repeat(np.arange(len(parts), dtype=np.int32), sizes)
+    # Make parent and session ids global before reordering.
+    row_offset = offsets[:-1][tenant_idx]
+    parent = np.where(all_rows.parent >= 0, all_rows.parent + row_offset, -1)
+    session_base = np.concatenate([[0], np.cumsum([int(p.session.max()) + 1 if len(p) else 0 for p in parts])])
+    session = np.where(all_rows.session >= 0, all_rows.session + session_base[:-1][tenant_idx], -1)
+    arrival = all_rows.arrival_s
+    if len(arrival) > 1 and not np.all(arrival[1:] >= arrival[:-1]):
+        order = np.argsort(arrival, kind="stable")[:limit]
     else:
-        order = slice(0, limit)
-    arrival = arrival[order] * spec.time_scale
-    tenant_idx = tenant_idx[order]
-    n = len(arrival)
+        order = np.arange(min(len(arrival), limit if limit is not None else len(arrival)))
+    n = len(order)
     if n == 0:
         raise UserError("the spec generates no requests (check rates and duration_s)", spec.source)
-
-    def per_tenant(values: list, dtype: type) -> np.ndarray:
-        return np.asarray(values, dtype=dtype)[tenant_idx]
+    new_id = np.full(len(arrival), -1, dtype=np.int64)
+    new_id[order] = np.arange(n)
+    parent = parent[order]
+    parent = np.where(parent >= 0, new_id[np.maximum(parent, 0)], -1)
+    tenant_idx = tenant_idx[order]
+    tenants = spec.tenants
 
     def dictionary(values: list[str]) -> pa.DictionaryArray:
         uniq = list(dict.fromkeys(values))
         codes = np.asarray([uniq.index(v) for v in values], dtype=np.int32)[tenant_idx]
         return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(uniq, pa.string()))
 
-    tenants = spec.tenants
+    def nullable(values: np.ndarray, null: np.ndarray, type_: pa.DataType) -> pa.Array:
+        return pa.array(values.astype(type_.to_pandas_dtype()), type_, mask=null) if null.any() else \
+            pa.array(values.astype(type_.to_pandas_dtype()), type_)
+
+    session_o, turn_o = session[order], all_rows.turn[order]
     columns = {
         "request_id": pa.array(np.arange(n, dtype=np.int64)),
-        "arrival_s": pa.array(arrival),
+        "arrival_s": pa.array(arrival[order] * spec.time_scale),
         "tenant": dictionary([t.name for t in tenants]),
-        "input_tokens": pa.array(np.concatenate([p.input_tokens for p in parts])[order]),
-        "output_tokens": pa.array(np.concatenate([p.output_tokens for p in parts])[order]),
-        "images": pa.array(np.zeros(n, dtype=np.int16)),
-        "image_tokens": pa.array(np.zeros(n, dtype=np.int32)),
-        "audio_s": pa.array(np.zeros(n, dtype=np.float32)),
-        "priority": pa.array(per_tenant([t.priority for t in tenants], np.int8)),
+        "session_id": nullable(session_o, session_o < 0, pa.int64()),
+        "turn": nullable(turn_o + 1, turn_o < 0, pa.int32()),
+        "parent_id": nullable(parent, parent < 0, pa.int64()),
+        "after_parent_s": nullable(all_rows.after_parent_s[order] * spec.time_scale, parent < 0, pa.float64()),
+        "input_tokens": pa.array(_int32(all_rows.input_tokens[order], "input_tokens", spec)),
+        "output_tokens": pa.array(_int32(all_rows.output_tokens[order], "output_tokens", spec)),
+        "images": pa.array(all_rows.images[order].astype(np.int16)),
+        "image_tokens": pa.array(all_rows.image_tokens[order].astype(np.int32)),
+        "audio_s": pa.array(all_rows.audio_s[order].astype(np.float32)),
+        "priority": pa.array(np.asarray([t.priority for t in tenants], np.int8)[tenant_idx]),
         "slo_class": dictionary([t.slo_class for t in tenants]),
         "kind": dictionary([t.kind for t in tenants]),
     }
+    if all_rows.bounds is not None and all_rows.keys is not None:
+        columns["prefix_hashes"] = chained_hashes(all_rows.bounds[order], all_rows.keys[order], spec.block_size)
     arrays = [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in TRACE.schema]
     return pa.Table.from_arrays(arrays, schema=TRACE.schema)
+
+
+def _int32(values: np.ndarray, name: str, spec: WorkloadSpec) -> np.ndarray:
+    if values.size and values.max() > np.iinfo(np.int32).max:
+        raise UserError(f"{name} exceeds 2^31 tokens; set max_context or caps", spec.source)
+    return values.astype(np.int32)

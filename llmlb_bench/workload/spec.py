@@ -13,17 +13,22 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.workload.agents import Fanout, parse_fanout
 from llmlb_bench.workload.arrivals import ArrivalProcess, parse_arrival
 from llmlb_bench.workload.distributions import Lengths, parse_lengths
 from llmlb_bench.workload.fields import Section
+from llmlb_bench.workload.multimodal import Multimodal, parse_multimodal
+from llmlb_bench.workload.sessions import Sessions, SystemPrompts, parse_sessions, parse_system_prompts
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
+
+T = TypeVar("T")
 
 #: Default prefix-hash block size: vLLM's default KV block.
 DEFAULT_BLOCK_SIZE = 16
@@ -31,7 +36,11 @@ DEFAULT_BLOCK_SIZE = 16
 
 @dataclass(frozen=True)
 class TenantSpec:
-    """One client class: its arrivals, its lengths and how it is served."""
+    """One client class: its arrivals, its lengths, its content and how it is served.
+
+    With ``sessions`` the arrival process gives session starts and ``input``
+    is the new user message of each turn; without, each arrival is one request.
+    """
 
     name: str
     arrival: ArrivalProcess
@@ -41,6 +50,22 @@ class TenantSpec:
     kind: str = "chat"
     slo_class: str = "default"
     priority: int = 0
+    sessions: Sessions | None = None
+    system_prompt: SystemPrompts | None = None
+    multimodal: Multimodal | None = None
+    fanout: Fanout | None = None
+    max_context: int | None = None
+
+    @property
+    def has_prefix_structure(self) -> bool:
+        return self.sessions is not None or self.system_prompt is not None or self.fanout is not None
+
+    def requests_per_arrival(self) -> float:
+        """Expected requests per arrival: turns per session times (1 + descendants per request)."""
+        turns = self.sessions.turns.mean() if self.sessions else 1.0
+        children = self.fanout.children.mean() if self.fanout else 0.0
+        depth = self.fanout.depth if self.fanout else 0
+        return turns * (1.0 + sum(children**d for d in range(1, depth + 1)))
 
 
 @dataclass(frozen=True)
@@ -56,6 +81,14 @@ class WorkloadSpec:
     time_scale: float
     raw: Mapping[str, Any] = field(repr=False)
     source: str = "<spec>"
+    prefix_hashes: bool | None = None
+
+    @property
+    def emit_prefix_hashes(self) -> bool:
+        """Hashes are written when asked, or by default when some tenant shares prefixes."""
+        if self.prefix_hashes is not None:
+            return self.prefix_hashes
+        return any(t.has_prefix_structure for t in self.tenants)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "<spec>") -> WorkloadSpec:
@@ -116,6 +149,7 @@ def _parse(s: Section, raw: dict[str, Any]) -> WorkloadSpec:
     block_size = s.integer("block_size", DEFAULT_BLOCK_SIZE, ge=1, le=1 << 20)
     rate_scale = s.number("rate_scale", 1.0, gt=0)
     time_scale = s.number("time_scale", 1.0, gt=0)
+    prefix_hashes = s.boolean("prefix_hashes", None) if s.has("prefix_hashes") else None
     tenants_s = s.section("tenants")
     if not tenants_s.data:
         raise s.error("tenants", "must define at least one tenant ([tenants.<name>])")
@@ -126,7 +160,7 @@ def _parse(s: Section, raw: dict[str, Any]) -> WorkloadSpec:
     s.finish()
     return WorkloadSpec(tenants=tuple(tenants), seed=seed, requests=requests, duration_s=duration,
                         block_size=block_size, rate_scale=rate_scale, time_scale=time_scale, raw=raw,
-                        source=s.source)
+                        source=s.source, prefix_hashes=prefix_hashes)
 
 
 def _tenant(s: Section, name: str) -> TenantSpec:
@@ -139,6 +173,16 @@ def _tenant(s: Section, name: str) -> TenantSpec:
         kind=s.string("kind", "chat"),
         slo_class=s.string("slo_class", "default"),
         priority=s.integer("priority", 0, ge=-128, le=127),
+        sessions=_optional(s, "sessions", parse_sessions),
+        system_prompt=_optional(s, "system_prompt", parse_system_prompts),
+        multimodal=_optional(s, "multimodal", parse_multimodal),
+        fanout=_optional(s, "fanout", parse_fanout),
+        max_context=s.integer("max_context", None, ge=1),
     )
     s.finish()
     return spec
+
+
+def _optional(s: Section, key: str, parse: Callable[[Section], T]) -> T | None:
+    sub = s.section(key, None)
+    return parse(sub) if sub is not None else None
