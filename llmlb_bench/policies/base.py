@@ -15,12 +15,33 @@ allocation, which matters at a million decisions per simulated run). The
 policy returns the index of the chosen target, and is told when a request it
 routed completes, so that stateful policies (prefix indexes, session maps)
 can keep their own books.
+
+Besides a target index, ``choose`` may return two sentinels, which backends
+must honour:
+
+* :data:`REJECT`: the router refuses the request (admission control). The
+  backend never sends it and writes it with status ``"rejected"``; the policy
+  gets no ``on_complete`` for it.
+* :data:`HOLD`: the policy keeps the request in its own router-side queue
+  (EDF, shortest-predicted-first). After a HOLD and after every completion
+  the backend calls ``release(view)`` until it returns ``None``; each
+  ``(request, target)`` it returns is dispatched (or, with target
+  :data:`REJECT`, written as rejected) exactly as if ``choose`` had returned it.
+
+Disaggregated clusters (targets whose ``TargetInfo.pool`` is ``"prefill"`` or
+``"decode"``) ask policies that have it for ``choose_pair(req, view) ->
+(prefill_target, decode_target)`` instead of ``choose``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Optional, Protocol, Sequence
+
+#: ``choose`` result: refuse the request; the backend writes status "rejected" and never sends it.
+REJECT = -1
+#: ``choose`` result: the policy queued the request; the backend must drain ``release(view)``.
+HOLD = -2
 
 
 @dataclass(slots=True)
@@ -63,6 +84,12 @@ class View:
     kv_usage: list[float] = field(default_factory=list)
     healthy: list[bool] = field(default_factory=list)
     signal_time: list[float] = field(default_factory=list)
+    #: tokens per prefix-hash block of the trace (``schema.trace_block_size``)
+    block_size: int = 16
+    #: exact cache state from KV events, where the backend publishes them:
+    #: ``cached_prefix(i, prefix_hashes)`` = leading blocks target ``i`` holds now.
+    #: ``None`` means no events; cache-aware policies then use their own approximate index.
+    cached_prefix: Optional[Callable[[int, Sequence[int]], int]] = None
 
     def __post_init__(self) -> None:
         n = len(self.targets)
@@ -100,7 +127,7 @@ class RoutingPolicy(Protocol):
 
 
 class Policy:
-    """Convenience base: seeded RNG, no-op completion hook, parameter description."""
+    """Convenience base: no-op completion hook, empty router queue, parameter description."""
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
@@ -108,6 +135,10 @@ class Policy:
     params: ClassVar[dict[str, tuple[Any, str]]] = {}
 
     def on_complete(self, req: RouteRequest, target: int, view: View) -> None:
+        return None
+
+    def release(self, view: View) -> tuple[RouteRequest, int] | None:
+        """Next held request to dispatch and its target (or REJECT); ``None`` when nothing can go now."""
         return None
 
     def describe(self) -> dict[str, Any]:

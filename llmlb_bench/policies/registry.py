@@ -12,10 +12,27 @@ import inspect
 from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.policies.affinity import ConsistentHash
 from llmlb_bench.policies.base import Policy
-from llmlb_bench.policies.routing import LeastOutstanding, RoundRobin
+from llmlb_bench.policies.cache_aware import CacheAware
+from llmlb_bench.policies.hetero import CapacityWeighted, PrefillDecodePair
+from llmlb_bench.policies.kv_cost import DynamoKvCost
+from llmlb_bench.policies.preble import Preble
+from llmlb_bench.policies.predictive import LeastPredictedWork
+from llmlb_bench.policies.queueing import EarliestDeadlineFirst, PredictedShortestFirst, RouterQueue
+from llmlb_bench.policies.routing import LeastOutstanding, LeastTokens, PowerOfD, RandomChoice, RoundRobin
+from llmlb_bench.policies.scorers import LlmdScorers
+from llmlb_bench.policies.slo import AdmissionControl, PredictedTtft
 
-BUILTIN: dict[str, type[Policy]] = {cls.name: cls for cls in (RoundRobin, LeastOutstanding)}
+#: Built-in policies by name, grouped by family (the order ``llmlb policies`` lists them in).
+FAMILIES: dict[str, tuple[type[Policy], ...]] = {
+    "classic": (RandomChoice, RoundRobin, LeastOutstanding, LeastTokens, PowerOfD, ConsistentHash),
+    "kv/locality": (CacheAware, LlmdScorers, DynamoKvCost, Preble),
+    "queue/slo": (PredictedTtft, AdmissionControl, RouterQueue, EarliestDeadlineFirst),
+    "predictive": (LeastPredictedWork, PredictedShortestFirst),
+    "heterogeneity": (CapacityWeighted, PrefillDecodePair),
+}
+BUILTIN: dict[str, type[Policy]] = {cls.name: cls for group in FAMILIES.values() for cls in group}
 
 
 def parse_args(pairs: list[str] | None, where: str = "--policy-arg") -> dict[str, Any]:
@@ -53,16 +70,36 @@ def policy_class(name: str) -> type[Policy]:
     raise UserError(f"unknown policy {name!r} (known: {', '.join(sorted(BUILTIN))})", "--policy")
 
 
-def make_policy(name: str, args: Mapping[str, Any] | None = None) -> Policy:
-    """Instantiate a policy, checking parameter names against its constructor."""
+def make_policy(name: str, args: Mapping[str, Any] | None = None, seed: int | None = None) -> Policy:
+    """Instantiate a policy, checking parameter names (and, for built-ins, types).
+
+    ``seed`` (the run's seed) is passed to a policy whose constructor takes
+    ``seed`` unless ``args`` sets it, so randomised policies follow the run.
+    """
     cls = policy_class(name)
     args = dict(args or {})
     sig = inspect.signature(cls.__init__)
     accepts_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
     unknown = [k for k in args if k not in sig.parameters or k == "self"]
     if unknown and not accepts_any:
-        raise UserError(f"policy {name!r} has no parameter {unknown[0]!r}", "--policy-arg")
+        known = ", ".join(k for k in sig.parameters if k != "self") or "none"
+        raise UserError(f"policy {name!r} has no parameter {unknown[0]!r} (parameters: {known})", "--policy-arg")
+    for key, value in args.items():
+        if key in cls.params:
+            _check_type(name, key, value, cls.params[key][0])
+    if seed is not None and "seed" in sig.parameters and "seed" not in args:
+        args["seed"] = seed
     try:
         return cls(**args)
     except (TypeError, ValueError) as exc:
         raise UserError(f"policy {name!r}: {exc}", "--policy-arg") from None
+
+
+def _check_type(policy: str, key: str, value: Any, default: Any) -> None:
+    """A value must have its default's type; an int is accepted where a float is expected."""
+    want = type(default)
+    ok = isinstance(value, want) and (want is bool or not isinstance(value, bool))
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise UserError(f"policy {policy!r}: parameter {key!r} expects {want.__name__}, got {value!r}", "--policy-arg")

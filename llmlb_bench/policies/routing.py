@@ -1,24 +1,30 @@
-"""Classic routing policies (load-oblivious and load-aware)."""
+"""Classic routing policies: load-oblivious (random, round-robin) and
+load-aware over the router's own accounting (JSQ, least tokens, power of d).
+
+The load-aware ones read ``view.outstanding_requests`` / ``outstanding_tokens``,
+which the router keeps itself and which are therefore exact and fresh, like
+the in-flight counters of the SGLang router or Envoy's least-request balancer.
+"""
 
 from __future__ import annotations
 
+from random import Random
+
 from llmlb_bench.policies.base import Policy, RouteRequest, View
+from llmlb_bench.policies.select import argmin_healthy, random_healthy
 
 
-def _argmin_healthy(values: list, view: View, start: int = 0) -> int:
-    """Index of the smallest value among healthy targets; ties go to the first
-    healthy index at or after ``start`` (rotating tie-breaks avoid always
-    favouring target 0 when several targets are idle)."""
-    n = len(values)
-    best, best_v = -1, None
-    for k in range(n):
-        i = (start + k) % n
-        if not view.healthy[i]:
-            continue
-        v = values[i]
-        if best_v is None or v < best_v:
-            best, best_v = i, v
-    return best if best >= 0 else start % n
+class RandomChoice(Policy):
+    name = "random"
+    summary = "Uniformly random healthy target; the load-oblivious baseline."
+    params = {"seed": (0, "seed of the policy's own random stream")}
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self._rng = Random(seed)
+
+    def choose(self, req: RouteRequest, view: View) -> int:
+        return random_healthy(self._rng, view)
 
 
 class RoundRobin(Policy):
@@ -47,4 +53,56 @@ class LeastOutstanding(Policy):
 
     def choose(self, req: RouteRequest, view: View) -> int:
         self._tie += 1
-        return _argmin_healthy(view.outstanding_requests, view, self._tie)
+        return argmin_healthy(view.outstanding_requests, view, self._tie)
+
+
+class LeastTokens(Policy):
+    name = "least_tokens"
+    summary = "Fewest outstanding tokens (prompt + requested output of in-flight requests, own count)."
+
+    def __init__(self) -> None:
+        self._tie = 0
+
+    def choose(self, req: RouteRequest, view: View) -> int:
+        self._tie += 1
+        return argmin_healthy(view.outstanding_tokens, view, self._tie)
+
+
+class PowerOfD(Policy):
+    """Sample ``d`` distinct healthy targets, send to the least loaded of them.
+
+    Mitzenmacher's power of two choices: with d = 2 the maximum queue drops
+    from log n / log log n to log log n, at the cost of reading only two
+    counters (SGLang router ``power_of_two``: in-flight requests, first
+    sampled wins ties).
+    """
+
+    name = "power_of_d"
+    summary = "Sample d targets at random, pick the one with the fewest in-flight requests (or tokens)."
+    params = {
+        "d": (2, "targets sampled per decision"),
+        "load": ("requests", "load measure: requests or tokens (own accounting)"),
+        "seed": (0, "seed of the policy's own random stream"),
+    }
+
+    def __init__(self, d: int = 2, load: str = "requests", seed: int = 0) -> None:
+        if d < 1:
+            raise ValueError(f"d must be >= 1 (got {d})")
+        if load not in ("requests", "tokens"):
+            raise ValueError(f"load must be 'requests' or 'tokens' (got {load!r})")
+        self.d, self.load, self.seed = d, load, seed
+        self._rng = Random(seed)
+
+    def choose(self, req: RouteRequest, view: View) -> int:
+        loads = view.outstanding_requests if self.load == "requests" else view.outstanding_tokens
+        n = len(view)
+        if all(view.healthy):
+            pool: range | list[int] = range(n)
+        else:
+            pool = [i for i in range(n) if view.healthy[i]] or range(n)
+        picks = self._rng.sample(pool, min(self.d, len(pool)))
+        best = picks[0]
+        for i in picks[1:]:
+            if loads[i] < loads[best]:
+                best = i
+        return best
