@@ -1,0 +1,195 @@
+"""Hardware and model catalogs: TOML data files read into typed records.
+
+The built-in catalogs live in ``llmlb_bench/catalog/{gpus,models}.toml``;
+users add or override entries with their own TOML files of the same shape
+(``load_catalog(extra=[...])``), so a new GPU or model never needs code.
+Every field is checked on load: a typo in a catalog is a one-line
+:class:`UserError` naming the file, the entry and the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from llmlb_bench.errors import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One accelerator type (see the header of ``catalog/gpus.toml`` for units and sources)."""
+
+    name: str
+    description: str
+    memory_gib: float
+    bf16_tflops: float
+    hbm_gb_s: float
+    link_gb_s: float
+    link_latency_us: float
+    idle_w: float
+    max_w: float
+    price_per_hour: float
+    compute_efficiency: float
+    memory_efficiency: float
+    step_overhead_ms: float
+
+
+@dataclass(frozen=True)
+class Model:
+    """One model's shape (see the header of ``catalog/models.toml``)."""
+
+    name: str
+    description: str
+    params_b: float
+    active_params_b: float
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool
+    experts: int
+    active_experts: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    weight_bytes: float
+    kv_bytes: float
+    max_context: int
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV-cache bytes one token occupies across all layers (whole model, before TP sharding)."""
+        if self.kv_lora_rank:
+            return self.layers * (self.kv_lora_rank + self.qk_rope_head_dim) * self.kv_bytes
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes
+
+
+@dataclass(frozen=True)
+class Catalog:
+    gpus: Mapping[str, GPU]
+    models: Mapping[str, Model]
+
+    def gpu(self, name: str, where: str = "gpu") -> GPU:
+        try:
+            return self.gpus[name]
+        except KeyError:
+            raise UserError(f"unknown GPU {name!r} (known: {', '.join(sorted(self.gpus))})", where) from None
+
+    def model(self, name: str, where: str = "model") -> Model:
+        try:
+            return self.models[name]
+        except KeyError:
+            raise UserError(f"unknown model {name!r} (known: {', '.join(sorted(self.models))})", where) from None
+
+
+_FLOAT_POSITIVE = {"memory_gib", "bf16_tflops", "hbm_gb_s", "link_gb_s", "max_w", "params_b",
+                   "active_params_b", "weight_bytes", "kv_bytes"}
+_FRACTION = {"compute_efficiency", "memory_efficiency"}
+
+
+def _record(cls: type, name: str, raw: Mapping[str, Any], where: str) -> Any:
+    """Build one record, checking field names, types and ranges."""
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "name"}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise UserError(f"entry {name!r} has unknown field {unknown[0]!r}", where)
+    values: dict[str, Any] = {"name": name}
+    for fname, f in fields.items():
+        if fname not in raw:
+            raise UserError(f"entry {name!r} is missing field {fname!r}", where)
+        v = raw[fname]
+        want = f.type if isinstance(f.type, str) else f.type.__name__
+        if want == "str":
+            ok = isinstance(v, str)
+        elif want == "bool":
+            ok = isinstance(v, bool)
+        elif want == "int":
+            ok = isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        else:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+            v = float(v) if ok else v
+        if ok and fname in _FLOAT_POSITIVE:
+            ok = v > 0
+        if ok and fname in _FRACTION:
+            ok = 0 < v <= 1
+        if not ok:
+            raise UserError(f"entry {name!r} field {fname!r} has bad value {raw[fname]!r} (expected {want}"
+                            f"{', a fraction in (0, 1]' if fname in _FRACTION else ''})", where)
+        values[fname] = v
+    record = cls(**values)
+    if isinstance(record, Model):
+        _check_model(record, where)
+    return record
+
+
+def _check_model(m: Model, where: str) -> None:
+    if m.layers < 1 or m.hidden < 1 or m.heads < 1 or m.kv_heads < 1 or m.head_dim < 1 or m.max_context < 1:
+        raise UserError(f"entry {m.name!r} needs positive layers, hidden, heads, kv_heads, head_dim, max_context", where)
+    if m.active_params_b > m.params_b:
+        raise UserError(f"entry {m.name!r} has active_params_b > params_b", where)
+    if m.is_moe != (m.active_experts > 0) or m.active_experts > m.experts:
+        raise UserError(f"entry {m.name!r} needs 0 < active_experts <= experts for a MoE (both 0 when dense)", where)
+    if m.is_moe and m.active_experts == m.experts and m.active_params_b != m.params_b:
+        raise UserError(f"entry {m.name!r}: all experts active but active_params_b != params_b", where)
+
+
+def _read_toml(source: Any, where: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(source.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError("no such file", where) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"not valid TOML ({exc})", where) from None
+
+
+def _parse(source: Any, where: str, gpus: dict[str, GPU], models: dict[str, Model], kind: str | None) -> None:
+    """Read one catalog file. A built-in file holds one kind; a user file holds ``[gpus.*]`` / ``[models.*]``."""
+    data = _read_toml(source, where)
+    if kind is not None:
+        data = {kind: data}
+    unknown = sorted(set(data) - {"gpus", "models"})
+    if unknown:
+        raise UserError(f"unknown section {unknown[0]!r} (a catalog has [gpus.<name>] and [models.<name>] tables)",
+                        where)
+    for section, cls, into in (("gpus", GPU, gpus), ("models", Model, models)):
+        for name, raw in data.get(section, {}).items():
+            if not isinstance(raw, dict):
+                raise UserError(f"{section} entry {name!r} is not a table", where)
+            into[name] = _record(cls, name, raw, where)
+
+
+@lru_cache(maxsize=16)
+def _load(extra: tuple[str, ...]) -> Catalog:
+    gpus: dict[str, GPU] = {}
+    models: dict[str, Model] = {}
+    base = resources.files("llmlb_bench") / "catalog"
+    _parse(base / "gpus.toml", "llmlb_bench/catalog/gpus.toml", gpus, models, "gpus")
+    _parse(base / "models.toml", "llmlb_bench/catalog/models.toml", gpus, models, "models")
+    for path in extra:
+        _parse(Path(path), path, gpus, models, None)
+    return Catalog(gpus=gpus, models=models)
+
+
+def load_catalog(extra: Sequence[str | Path] = ()) -> Catalog:
+    """The built-in catalogs plus user files (later entries override earlier ones by name).
+
+    A user file holds ``[gpus.<name>]`` and/or ``[models.<name>]`` tables with
+    the same fields as the built-in files.
+    """
+    return _load(tuple(str(p) for p in extra))

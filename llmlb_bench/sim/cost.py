@@ -1,0 +1,137 @@
+"""Roofline cost model: how long one engine step takes and how much KV cache fits.
+
+One step of a replica processes a batch of tokens: prefill chunks (each
+attending to its request's earlier tokens) and one decode token per running
+request (each attending to its whole context). Its time is
+
+    max(FLOPs / (peak FLOP/s x compute_efficiency),
+        bytes / (HBM bandwidth x memory_efficiency))
+    + tensor-parallel all-reduce time + fixed step overhead
+
+with FLOPs = 2 x active non-embedding parameters per token + 4 x layers x
+heads x head_dim per (token, context token) of attention + the LM head per
+sampled token, and bytes = the weights read once per step (for a MoE only the
+experts the batch touches) + the KV cache read by attention. Everything is per
+GPU after tensor-parallel sharding.
+
+All figures come from the catalogs; the efficiency factors are the fitted
+part (see :mod:`llmlb_bench.sim.calibrate`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.sim.catalog import GPU, Model
+
+GIB = float(1 << 30)
+#: memory the engine needs besides weights, activations and KV: CUDA context, NCCL buffers, CUDA graphs
+NON_TORCH_BYTES = 1.0 * GIB
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """The parts of one step's time (seconds); ``total`` is what the simulator uses."""
+
+    compute_s: float
+    memory_s: float
+    comm_s: float
+    overhead_s: float
+
+    @property
+    def total(self) -> float:
+        return max(self.compute_s, self.memory_s) + self.comm_s + self.overhead_s
+
+
+class CostModel:
+    """Step times and KV capacity for one replica (``tp`` GPUs of one type serving one model)."""
+
+    def __init__(self, model: Model, gpu: GPU, tp: int = 1, *, max_num_batched_tokens: int = 8192,
+                 max_num_seqs: int = 256, gpu_memory_utilization: float = 0.9, block_size: int = 16,
+                 compute_efficiency: float | None = None, memory_efficiency: float | None = None) -> None:
+        self.model, self.gpu, self.tp = model, gpu, tp
+        ce = gpu.compute_efficiency if compute_efficiency is None else compute_efficiency
+        me = gpu.memory_efficiency if memory_efficiency is None else memory_efficiency
+        self.peak_flops = gpu.bf16_tflops * 1e12 * ce
+        self.bandwidth = gpu.hbm_gb_s * 1e9 * me
+        embed = model.vocab * model.hidden
+        lm_head_params = 0 if model.tied_embeddings else embed
+        # Per-token linear FLOPs exclude the embedding lookup and the LM head (counted per sampled token).
+        self.linear_flops = 2.0 * (model.active_params_b * 1e9 - embed - lm_head_params) / tp
+        self.lm_head_flops = 2.0 * embed / tp
+        self.attn_flops = 4.0 * model.layers * model.heads * model.head_dim / tp
+        params = model.params_b * 1e9
+        if model.is_moe:
+            per_expert = (params - model.active_params_b * 1e9) / (model.experts - model.active_experts)
+            self.expert_bytes = per_expert * model.experts * model.weight_bytes / tp
+            self.dense_bytes = (params - per_expert * model.experts) * model.weight_bytes / tp
+            self._miss = 1.0 - model.active_experts / model.experts
+        else:
+            self.expert_bytes = 0.0
+            self.dense_bytes = params * model.weight_bytes / tp
+            self._miss = 1.0
+        self.weight_bytes = self.dense_bytes + self.expert_bytes
+        # GQA KV heads are split across TP ranks (replicated when tp > kv_heads); MLA's latent is replicated.
+        kv_shards = 1 if model.kv_lora_rank else min(tp, model.kv_heads)
+        self.kv_bytes_per_token = model.kv_bytes_per_token / kv_shards
+        self.overhead_s = gpu.step_overhead_ms / 1000.0
+        # Two all-reduces of the hidden state per layer (after attention and after the MLP), ring algorithm.
+        if tp > 1:
+            self._ar_fixed = 2 * model.layers * (2 * (tp - 1)) * gpu.link_latency_us * 1e-6
+            self._ar_per_token = (2 * model.layers * 2 * (tp - 1) / tp * model.hidden * model.kv_bytes
+                                  / (gpu.link_gb_s * 1e9))
+        else:
+            self._ar_fixed = self._ar_per_token = 0.0
+        self.kv_blocks = self._kv_blocks(max_num_batched_tokens, max_num_seqs, gpu_memory_utilization, block_size)
+        self.block_size = block_size
+        # Largest d(step time)/d(context token): bounds how fast a decode step slows down as contexts grow.
+        self.context_slope = max(self.attn_flops / self.peak_flops, self.kv_bytes_per_token / self.bandwidth)
+
+    def _kv_blocks(self, max_tokens: int, max_seqs: int, util: float, block_size: int) -> int:
+        """KV blocks per replica: GPU memory x utilisation - weights - activation peak - non-torch memory."""
+        m = self.model
+        budget = self.gpu.memory_gib * GIB * util
+        # Peak activations of a full-budget forward pass (hidden states, MLP intermediates) + fp32 logits.
+        activations = (max_tokens * (4 * m.hidden + 2 * m.intermediate * max(1, m.active_experts) / self.tp) * 2
+                       + max_seqs * m.vocab * 4)
+        free = budget - self.weight_bytes - activations - NON_TORCH_BYTES
+        blocks = int(free // (self.kv_bytes_per_token * block_size))
+        if blocks < 1:
+            raise UserError(
+                f"{m.name} does not fit on {self.tp} x {self.gpu.name}: weights {self.weight_bytes / GIB:.1f} GiB "
+                f"+ activations {(activations + NON_TORCH_BYTES) / GIB:.1f} GiB per GPU exceed "
+                f"{budget / GIB:.1f} GiB usable; raise tp or gpu_memory_utilization", "cluster")
+        return blocks
+
+    def weights_read(self, tokens: int) -> float:
+        """Weight bytes one step reads: all dense weights, and the experts that ``tokens`` tokens touch.
+
+        With top-k routing spread evenly over E experts, an expert stays untouched by
+        T tokens with probability (1 - k/E)^T.
+        """
+        if not self.expert_bytes:
+            return self.dense_bytes
+        return self.dense_bytes + self.expert_bytes * (1.0 - self._miss ** tokens)
+
+    def step(self, prefill_tokens: int, prefill_attn: float, prefill_kv: float, decode_seqs: int,
+             decode_context: float, sampled: int) -> StepCost:
+        """Cost of one step.
+
+        ``prefill_attn``: sum over prefill tokens of the context each attends to;
+        ``prefill_kv``: KV tokens the prefill chunks read or write;
+        ``decode_context``: sum over decoding requests of their context (each reads it once);
+        ``sampled``: requests that sample a token this step (LM head).
+        """
+        tokens = prefill_tokens + decode_seqs
+        flops = (self.linear_flops * tokens + self.attn_flops * (prefill_attn + decode_context)
+                 + self.lm_head_flops * sampled)
+        data = self.weights_read(tokens) + self.kv_bytes_per_token * (prefill_kv + decode_context)
+        comm = self._ar_fixed + self._ar_per_token * tokens if tokens else 0.0
+        return StepCost(flops / self.peak_flops, data / self.bandwidth, comm, self.overhead_s)
+
+    def decode_time(self, seqs: int, context: float) -> float:
+        """Time of a decode-only step of ``seqs`` requests with ``context`` total context tokens."""
+        compute = ((self.linear_flops + self.lm_head_flops) * seqs + self.attn_flops * context) / self.peak_flops
+        memory = (self.weights_read(seqs) + self.kv_bytes_per_token * context) / self.bandwidth
+        return max(compute, memory) + self._ar_fixed + self._ar_per_token * seqs + self.overhead_s

@@ -1,0 +1,49 @@
+"""Per-replica samples over simulated time for series.parquet.
+
+Every ``interval_s`` of simulated time each replica reports its waiting
+queue, running batch and KV blocks in use (exact at the sample time, also
+inside a decode run). Samples are buffered and written in batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from llmlb_bench.sim.replica import Replica
+
+
+class SeriesSampler:
+    def __init__(self, sink: Any, replicas: Sequence[Replica], interval_s: float, batch_rows: int = 65536) -> None:
+        self.sink = sink
+        self.replicas = replicas
+        self.interval = interval_s
+        self.batch_rows = batch_rows
+        self._k = 0                     # index of the next tick (t = k * interval, no accumulated error)
+        self.next_t = 0.0
+        self._cols: dict[str, list] = {k: [] for k in ("t_s", "target", "waiting", "running", "kv_blocks_used",
+                                                       "kv_blocks_total")}
+
+    def sample_until(self, t: float, final: bool = False) -> None:
+        """Take every sample due before ``t`` (and at ``t`` itself when ``final``)."""
+        c = self._cols
+        while self.next_t < t or (final and self.next_t <= t):
+            tick = self.next_t
+            for rep in self.replicas:
+                c["t_s"].append(tick)
+                c["target"].append(rep.name)
+                c["waiting"].append(len(rep.waiting))
+                c["running"].append(len(rep.running))
+                c["kv_blocks_used"].append(rep.blocks_used_at(tick))
+                c["kv_blocks_total"].append(rep.total_blocks)
+            self._k += 1
+            self.next_t = self._k * self.interval
+            if len(c["t_s"]) >= self.batch_rows:
+                self.flush()
+
+    def flush(self) -> None:
+        c = self._cols
+        if c["t_s"]:
+            self.sink.write({k: (np.array(v) if k != "target" else v) for k, v in c.items()})
+        self._cols = {k: [] for k in c}

@@ -1,0 +1,51 @@
+"""Helpers shared by the simulator tests: build traces, run the simulator into a real RunStore."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from llmlb_bench.policies import make_policy
+from llmlb_bench.schema import TRACE
+from llmlb_bench.sim import ClusterConfig, simulate
+from llmlb_bench.store import RunStore
+
+
+def trace(arrival: np.ndarray, input_tokens: Any, output_tokens: Any, **extra: Any) -> pa.Table:
+    """A TRACE table; scalar lengths are broadcast."""
+    n = len(arrival)
+    cols = {
+        "request_id": np.arange(n, dtype=np.int64),
+        "arrival_s": np.asarray(arrival, dtype=np.float64),
+        "input_tokens": np.broadcast_to(np.asarray(input_tokens, dtype=np.int32), (n,)).copy(),
+        "output_tokens": np.broadcast_to(np.asarray(output_tokens, dtype=np.int32), (n,)).copy(),
+        **extra,
+    }
+    return TRACE.conform(pa.table(cols), "test")
+
+
+def poisson_trace(n: int, rate: float, seed: int = 0, input_mean: float = 600, output_mean: float = 150) -> pa.Table:
+    """Poisson arrivals with lognormal lengths (a small chat-like workload)."""
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(1.0 / rate, n))
+    inp = np.clip(rng.lognormal(np.log(input_mean), 0.8, n), 1, 6000).astype(np.int32)
+    out = np.clip(rng.lognormal(np.log(output_mean), 0.8, n), 1, 2000).astype(np.int32)
+    return trace(arrival, inp, out)
+
+
+def run_sim(tmp_path: Path, table: pa.Table, cfg: ClusterConfig, policy: str = "least_outstanding",
+            seed: int = 0, run_id: str = "sim") -> tuple[pa.Table, pa.Table, dict[str, Any]]:
+    """Simulate into ``tmp_path/run_id``; returns (requests, series, summary)."""
+    with RunStore(tmp_path, config={"cluster": cfg.to_dict()}, backend="sim", run_id=run_id) as run:
+        summary = simulate(table, cfg, make_policy(policy), run, seed=seed)
+    return (pq.read_table(run.dir / "requests.parquet"), pq.read_table(run.dir / "series.parquet"), summary)
+
+
+def by_request_id(table: pa.Table) -> pa.Table:
+    import pyarrow.compute as pc
+
+    return table.take(pc.sort_indices(table, [("request_id", "ascending")]))
