@@ -168,6 +168,11 @@ REQUESTS = TableSpec(
             pa.field("prefill_target", pa.string()),
             pa.field("decode_target", pa.string()),
             pa.field("energy_j", pa.float64()),
+            # replayer only: the prompt length the server counted (usage.prompt_tokens), which
+            # differs from input_tokens by the prompt-text approximation and the chat template
+            pa.field("server_input_tokens", pa.int32()),
+            # replayer only: true when the server sent no usage and output_tokens counts stream chunks
+            pa.field("output_tokens_estimated", pa.bool_()),
         ]
     ),
     required=frozenset({"run_id", "request_id", "status"}),
