@@ -50,14 +50,15 @@ class DynamoKvCost(Policy):
         self.index = PrefixIndex(ttl_s=router_ttl_s)
         self._match: list[int] = []
         self._logit: list[float] = []
-        self._active: list[int] = []
+        #: the router's books: prompt blocks of requests in flight on each worker
+        self.active_blocks: list[int] = []
 
     def logits(self, req: RouteRequest, view: View) -> list[float]:
         """Per-worker cost of serving ``req`` (a buffer reused across calls)."""
         n = len(view)
         if len(self._match) != n:
             self._match, self._logit = [0] * n, [0.0] * n
-            self._active.extend([0] * (n - len(self._active)))
+            self.active_blocks.extend([0] * (n - len(self.active_blocks)))
             self.index.ensure(n)
         bs = view.block_size
         hashes = req.prefix_hashes
@@ -70,7 +71,7 @@ class DynamoKvCost(Policy):
         request_blocks = -(-req.input_tokens // bs)
         for i in range(n):
             prefill_tokens = max(0, req.input_tokens - self._match[i] * bs)
-            self._logit[i] = self.overlap_score_weight * prefill_tokens / bs + self._active[i] + request_blocks
+            self._logit[i] = self.overlap_score_weight * prefill_tokens / bs + self.active_blocks[i] + request_blocks
         return self._logit
 
     def choose(self, req: RouteRequest, view: View) -> int:
@@ -85,7 +86,7 @@ class DynamoKvCost(Policy):
             target = tied[0] if len(tied) == 1 else tied[self._rng.randrange(len(tied))]
         else:
             target = self._softmax(logits, live)
-        self._active[target] += -(-req.input_tokens // view.block_size)
+        self.active_blocks[target] += -(-req.input_tokens // view.block_size)
         if req.prefix_hashes and not (self.use_kv_events and view.cached_prefix is not None):
             self.index.insert(req.prefix_hashes, target, view.now)
         return target
@@ -106,4 +107,4 @@ class DynamoKvCost(Policy):
         return live[-1]
 
     def on_complete(self, req: RouteRequest, target: int, view: View) -> None:
-        self._active[target] -= -(-req.input_tokens // view.block_size)
+        self.active_blocks[target] -= -(-req.input_tokens // view.block_size)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from llmlb_bench.policies.base import REJECT, Policy, RouteRequest, View
 from llmlb_bench.policies.prefix_index import PrefixIndex, overlap
-from llmlb_bench.policies.select import argmin_healthy
 
 
 class PredictedTtft(Policy):
@@ -51,6 +50,7 @@ class PredictedTtft(Policy):
         self._match: list[int] = []
         self._ttft: list[float] = []
         self._busy_until: list[float] = []
+        self._tie = 0
 
     def predicted(self, req: RouteRequest, view: View) -> list[float]:
         """Predicted TTFT per target, in seconds (valid until the next call)."""
@@ -73,8 +73,20 @@ class PredictedTtft(Policy):
         return out
 
     def choose(self, req: RouteRequest, view: View) -> int:
+        """Smallest predicted TTFT; ties (idle targets, no cache) go to the fewest in
+        flight, then rotate, so that an underloaded cluster is not served by one replica."""
         ttft = self.predicted(req, view)
-        target = argmin_healthy(ttft, view)
+        self._tie += 1
+        n = len(view)
+        target, best = -1, (0.0, 0)
+        for k in range(n):
+            i = (self._tie + k) % n
+            if view.healthy[i]:
+                key = (ttft[i], view.outstanding_requests[i])
+                if target < 0 or key < best:
+                    target, best = i, key
+        if target < 0:
+            target = self._tie % n
         if self.ttft_slo_s and ttft[target] > self.ttft_slo_s:
             return REJECT
         self._busy_until[target] = view.now + ttft[target]
