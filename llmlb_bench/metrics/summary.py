@@ -44,12 +44,13 @@ def _rows_by_run(cat: Catalog, sql: str) -> dict[str, dict[str, Any]]:
 
 
 def summarize(cat: Catalog, slo: Slo | None = None) -> list[dict[str, Any]]:
-    """One summary dict per run that has request rows, in run order (created time, then id)."""
+    """One summary dict per run that has request rows, in the catalog's order
+    (run folders as given; folders found inside a results directory sorted by path)."""
     cat.con.execute(REQUEST_METRICS_VIEW)
     counts = _rows_by_run(cat, _counts_sql(slo))
     lat = {name: _rows_by_run(cat, latency_sql(col)) for name, col in LATENCIES.items()}
     lat["itl"] = _rows_by_run(cat, weighted_percentiles_sql(ITL_GAPS))
-    runs = sorted(cat.runs_table.to_pylist(), key=lambda r: (r["created_utc"] or "", r["run_id"]))
+    runs = cat.runs_table.to_pylist()
     out = []
     for run in runs:
         c = counts.get(run["run_id"])

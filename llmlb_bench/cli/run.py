@@ -1,0 +1,72 @@
+"""``llmlb run``: the main job in one command — generate, simulate under several policies, compare."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from llmlb_bench.cli.app import app, console
+from llmlb_bench.cli.common import (Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, Replicas, ReportFormat,
+                                    ResultsDir, Seed, SloOpt, Tp)
+from llmlb_bench.cli.report import print_report
+from llmlb_bench.experiment import simulate_run
+from llmlb_bench.policies import make_policy, parse_args
+from llmlb_bench.schema import read_trace, write_trace
+from llmlb_bench.sim import ClusterConfig
+from llmlb_bench.store.run import new_run_id
+from llmlb_bench.workload import generate, load_spec
+
+DEFAULT_POLICIES = ["round_robin", "least_outstanding"]
+
+
+@app.command()
+def run(
+    spec: Annotated[Path, typer.Argument(help="Workload spec (TOML), e.g. workloads/chat.toml.")],
+    policy: Annotated[
+        Optional[list[str]], typer.Option("--policy", "-p", help="Policy to compare (repeatable).")
+    ] = None,
+    policy_arg: PolicyArgs = None,
+    replicas: Replicas = 4,
+    gpu: Gpu = "a100-80g",
+    model: Model = "llama-3-8b",
+    tp: Tp = 1,
+    max_num_seqs: MaxSeqs = 256,
+    max_batched_tokens: MaxTokens = 8192,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Seed (default: the spec's own).")] = None,
+    results: ResultsDir = Path("results"),
+    slo: SloOpt = "ttft=500ms,tpot=50ms",
+    fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="Report format.")] = ReportFormat.terminal,
+) -> None:
+    """Generate a trace from SPEC, simulate it under each policy, store the runs and print a comparison.
+
+    Example:
+
+        llmlb run workloads/chat.toml
+
+        llmlb run workloads/chat.toml -p round_robin -p least_outstanding --replicas 8 --slo ttft=1s,tpot=80ms
+    """
+    policies = policy or DEFAULT_POLICIES
+    args = parse_args(policy_arg)
+    for name in policies:  # fail on a bad name or argument before any work is done
+        make_policy(name, args)
+    workload = load_spec(spec)
+    table = generate(workload, seed=seed)
+    used_seed = seed if seed is not None else workload.seed
+    batch = new_run_id(spec.stem)
+    trace_path = results / "traces" / f"{batch}.parquet"
+    write_trace(table, trace_path, spec=workload.to_dict(), block_size=workload.block_size)
+    table = read_trace(trace_path)
+    cluster = ClusterConfig(replicas=replicas, gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
+                            max_num_batched_tokens=max_batched_tokens)
+    if fmt is ReportFormat.terminal:
+        console.print(f"trace: {table.num_rows:,} requests -> {trace_path}")
+    dirs = []
+    for name in policies:
+        store = simulate_run(table, trace_path, cluster, name, args, used_seed, results / batch,
+                             label=name, run_id=f"{batch}-{name.replace(':', '_').replace('.', '_')}")
+        dirs.append(store.dir)
+        if fmt is ReportFormat.terminal:
+            console.print(f"simulated {name}: {store.summary.get('wall_s', 0):.2f} s -> {store.dir}")
+    print_report(dirs, slo, fmt)
