@@ -283,7 +283,7 @@ def _assemble(spec: WorkloadSpec, parts: list[TenantRequests], limit: int | None
     columns = {
         "request_id": pa.array(np.arange(n, dtype=np.int64)),
         "arrival_s": pa.array(arrival[order] * spec.time_scale),
-        "tenant": dictionary([t.name for t in tenants]),
+        "tenant": dictionary([t.tenant for t in tenants]),
         "session_id": nullable(session_o, session_o < 0, pa.int64()),
         "turn": nullable(turn_o + 1, turn_o < 0, pa.int32()),
         "parent_id": nullable(parent, parent < 0, pa.int64()),

@@ -8,6 +8,8 @@
   16384x28x28 from its preprocessor config), then emits one token per 28x28
   pixels (14-pixel patches merged 2x2).
 * ``fixed``: ``tokens_per_image`` for any other encoder.
+* ``total``: the image tokens of a request (with at least one image) drawn
+  from ``image_tokens``, for measured distributions such as ServeGen's.
 
 Audio seconds become ``audio_tokens_per_s`` tokens per second (25 for
 Qwen2-Audio, whose encoder emits one token per 40 ms).
@@ -54,6 +56,7 @@ class Multimodal:
     images: Lengths | None
     rule: str
     tokens_per_image: int
+    image_tokens: Lengths | None
     resolutions: np.ndarray | None  # (k, 2) width, height
     resolution_probs: np.ndarray | None
     width: Distribution | None
@@ -78,9 +81,13 @@ class Multimodal:
                     assert self.width is not None and self.height is not None
                     w, h = self.width.sample(rng, total), self.height.sample(rng, total)
                 per_image = qwen2vl_tokens(np.maximum(w, 1), np.maximum(h, 1), self.min_pixels, self.max_pixels)
+            elif self.rule == "total":
+                assert self.image_tokens is not None
+                tokens = np.where(count > 0, self.image_tokens.sample(rng, n), 0).astype(np.int64)
             else:
                 per_image = np.full(total, self.tokens_per_image, dtype=np.int64)
-            tokens = np.bincount(owner, weights=per_image, minlength=n).astype(np.int64)
+            if self.rule != "total":
+                tokens = np.bincount(owner, weights=per_image, minlength=n).astype(np.int64)
         if self.audio_s is not None:
             audio = np.maximum(self.audio_s.sample(rng, n), 0.0)
         else:
@@ -91,10 +98,11 @@ class Multimodal:
 
 def parse_multimodal(s: Section) -> Multimodal:
     images = s.section("images", None)
-    rule = s.string("rule", "qwen2-vl", choices=("llava", "qwen2-vl", "fixed"))
+    rule = s.string("rule", "qwen2-vl", choices=("llava", "qwen2-vl", "fixed", "total"))
     tokens_per_image = LLAVA_TOKENS
     if rule == "fixed":
         tokens_per_image = s.integer("tokens_per_image", ge=1)
+    image_tokens = parse_lengths(s.section("image_tokens"), default_min=0) if rule == "total" else None
     resolutions = probs = None
     width = height = None
     if rule == "qwen2-vl" and images is not None:
@@ -113,7 +121,7 @@ def parse_multimodal(s: Section) -> Multimodal:
             height = parse_distribution(s.section("height"))
     out = Multimodal(
         images=parse_lengths(images, default_min=0) if images is not None else None,
-        rule=rule, tokens_per_image=tokens_per_image, resolutions=resolutions, resolution_probs=probs,
+        rule=rule, tokens_per_image=tokens_per_image, image_tokens=image_tokens, resolutions=resolutions, resolution_probs=probs,
         width=width, height=height,
         min_pixels=s.integer("min_pixels", QWEN2VL_MIN_PIXELS, ge=1),
         max_pixels=s.integer("max_pixels", QWEN2VL_MAX_PIXELS, ge=QWEN2VL_FACTOR**2),

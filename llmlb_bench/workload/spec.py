@@ -55,6 +55,16 @@ class TenantSpec:
     multimodal: Multimodal | None = None
     fanout: Fanout | None = None
     max_context: int | None = None
+    label: str = ""
+
+    @property
+    def tenant(self) -> str:
+        """The value of the trace's ``tenant`` column: ``label``, else the table's name.
+
+        Several spec tenants may share a label, e.g. one client whose lengths
+        change over the day, modelled as one spec tenant per period.
+        """
+        return self.label or self.name
 
     @property
     def has_prefix_structure(self) -> bool:
@@ -178,6 +188,7 @@ def _tenant(s: Section, name: str) -> TenantSpec:
         multimodal=_optional(s, "multimodal", parse_multimodal),
         fanout=_optional(s, "fanout", parse_fanout),
         max_context=s.integer("max_context", None, ge=1),
+        label=s.string("label", ""),
     )
     s.finish()
     return spec

@@ -1,8 +1,8 @@
 """A small TOML writer for the spec subset (tables, arrays, strings, numbers, booleans).
 
 ``trace fit`` writes specs and a stored spec can be written back to a file;
-the standard library reads TOML but does not write it. Leaf tables whose
-values are all scalars are written inline, which keeps fitted specs short
+the standard library reads TOML but does not write it. Short leaf tables
+(no sub-tables) are written inline, which keeps fitted specs short
 (``input = { dist = "lognormal", median = 812, sigma = 1.1 }``).
 """
 
@@ -33,13 +33,15 @@ def _table(data: Mapping[str, Any], path: list[str], lines: list[str]) -> None:
         else:
             lines.append(f"{_key(key)} = {_value(value)}")
     for key, value in nested:
-        lines.append("")
-        lines.append(f"[{'.'.join(_key(k) for k in [*path, key])}]")
+        if any(v is not None and not (isinstance(v, Mapping) and not _is_leaf(v)) for v in value.values()):
+            # a table holding only sub-tables needs no header of its own
+            lines.append("")
+            lines.append(f"[{'.'.join(_key(k) for k in [*path, key])}]")
         _table(value, [*path, key], lines)
 
 
 def _is_leaf(value: Mapping[str, Any]) -> bool:
-    return all(not isinstance(v, Mapping) or _is_leaf(v) for v in value.values()) and len(_value(value)) <= 400
+    return all(not isinstance(v, Mapping) for v in value.values()) and len(_value(value)) <= 400
 
 
 def _key(key: str) -> str:

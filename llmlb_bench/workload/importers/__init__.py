@@ -1,0 +1,79 @@
+"""Importers of public production traces into the TRACE schema (``llmlb trace import``).
+
+Each format maps to one reader; :func:`import_trace` returns the table plus
+what goes into the file's metadata (block size of the prefix hashes, the
+generating spec for parameter-only formats such as ServeGen).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.workload.generate import generate
+from llmlb_bench.workload.importers import azure, burstgpt, jsonl, servegen, sharegpt
+from llmlb_bench.workload.spec import WorkloadSpec
+
+
+@dataclass
+class Imported:
+    table: pa.Table
+    block_size: int | None = None
+    spec: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+FORMATS = {
+    "azure-2023": "Azure LLM inference trace 2023 (Splitwise): TIMESTAMP, ContextTokens, GeneratedTokens",
+    "azure-2024": "Azure LLM inference trace 2024 (week-long): same columns, +00:00 timestamps",
+    "azure-mm-2025": "Azure multimodal trace 2025: adds NumImages, ISO ...Z timestamps",
+    "burstgpt": "BurstGPT releases 1-3 (CSV; Session ID / Elapsed time in release 3)",
+    "mooncake": "Mooncake FAST'25 JSONL (ms timestamps, 512-token chained hash ids)",
+    "bailian": "Qwen-Bailian JSONL (chat_id, parent_chat_id, turn, type, 16-token hash ids)",
+    "servegen": "ServeGen per-client window parameters (a directory or one chunk-<client>-trace.csv)",
+    "sharegpt": "ShareGPT-style JSON conversations (lengths; arrivals from --rate/--process)",
+}
+
+
+def import_trace(fmt: str, path: str | Path, *, kind: str | None = None, tenant: str | None = None,
+                 drop_failed: bool = False, rate: float = 10.0, process: str = "poisson", cv: float = 1.0,
+                 seed: int = 0, multi_turn: bool = False, think_s: float = 30.0,
+                 chars_per_token: float = 4.0) -> Imported:
+    """Read ``path`` in format ``fmt``; options apply to the formats that use them."""
+    path = Path(path)
+    if fmt not in FORMATS:
+        raise UserError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+    if fmt.startswith("azure"):
+        out = Imported(azure.read_azure(path, kind or "chat"))
+    elif fmt == "burstgpt":
+        out = Imported(burstgpt.read_burstgpt(path, drop_failed=drop_failed))
+    elif fmt == "mooncake":
+        out = Imported(jsonl.read_mooncake(path), block_size=jsonl.MOONCAKE_BLOCK)
+    elif fmt == "bailian":
+        out = Imported(jsonl.read_bailian(path), block_size=jsonl.BAILIAN_BLOCK)
+    elif fmt == "sharegpt":
+        if rate <= 0:
+            raise UserError("--rate must be > 0")
+        out = Imported(sharegpt.read_sharegpt(path, rate=rate, process=process, cv=cv, seed=seed,
+                                              multi_turn=multi_turn, think_s=think_s,
+                                              chars_per_token=chars_per_token), block_size=sharegpt.BLOCK)
+    else:
+        spec = servegen.servegen_spec(path, seed=seed)
+        workload = WorkloadSpec.from_dict(spec, str(path))
+        out = Imported(generate(workload), spec=workload.to_dict(), block_size=workload.block_size)
+    if tenant is not None or kind is not None:
+        out.table = _relabel(out.table, tenant=tenant, kind=kind)
+    return out
+
+
+def _relabel(table: pa.Table, **values: str | None) -> pa.Table:
+    for name, value in values.items():
+        if value is not None:
+            col = pa.DictionaryArray.from_arrays(pa.array(np.zeros(table.num_rows, np.int32)), pa.array([value]))
+            table = table.set_column(table.schema.get_field_index(name), table.schema.field(name), col)
+    return table

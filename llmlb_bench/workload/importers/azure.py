@@ -1,0 +1,41 @@
+"""Azure LLM inference traces (Azure/AzurePublicDataset): 2023, 2024 and multimodal 2025.
+
+Columns ``TIMESTAMP, ContextTokens, GeneratedTokens`` (+ ``NumImages`` in
+the 2025 multimodal trace). The three releases write timestamps differently
+(naive with a 7-digit fraction; ``+00:00`` with the fraction dropped when it
+is zero; ISO with ``Z``); :func:`timestamps_ns` reads all of them. The image
+count is kept; how many tokens the images became is not in the trace, so
+``image_tokens`` stays 0 and ``ContextTokens`` is taken as the full prompt.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from llmlb_bench.workload.importers.tabular import Columns, assemble, check_file, concat, csv_batches, numbers, \
+    timestamps_ns
+
+COLUMNS = Columns(
+    required={"time": ["TIMESTAMP"], "input": ["ContextTokens"], "output": ["GeneratedTokens"]},
+    optional={"images": ["NumImages"]},
+)
+
+
+def read_azure(path: str | Path, kind: str = "chat") -> pa.Table:
+    path = check_file(path)
+    times, inputs, outputs, images = [], [], [], []
+    for line, cols in csv_batches(path, COLUMNS, {"time": pa.string()}):
+        times.append(timestamps_ns(cols["time"], "TIMESTAMP", path, line))
+        inputs.append(numbers(cols["input"], "ContextTokens", path, line))
+        outputs.append(numbers(cols["output"], "GeneratedTokens", path, line))
+        if "images" in cols:
+            images.append(numbers(cols["images"], "NumImages", path, line))
+    t = concat(times)
+    arrival = (t - t.min()) / 1e9
+    n = len(arrival)
+    return assemble(arrival, concat(inputs), concat(outputs), source=path,
+                    images=concat(images).astype(np.int16) if images else None,
+                    kind=pa.array(np.full(n, kind)).dictionary_encode())

@@ -1,0 +1,96 @@
+"""JSON-lines traces with block hashes: Mooncake (FAST'25) and Qwen-Bailian (ATC'25).
+
+Both store per request the prompt length, the output length and the hash ids
+of the prompt's blocks, where an id names a block together with every block
+before it (Mooncake: 512-token blocks, timestamps in ms; Bailian: 16-token
+blocks, timestamps in s, plus ``chat_id``/``parent_chat_id``/``turn``/``type``).
+The ids are kept as they are, as ``prefix_hashes``, with the block size in
+the trace metadata.
+
+A Bailian child turn keeps its recorded arrival time and gets ``parent_id``
+(the chat it continues) with no ``after_parent_s``: it is sent at its
+arrival time, but not before its parent completes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.workload.importers.tabular import Columns, assemble, check_file, concat, dictionary, \
+    jsonl_batches, numbers
+
+MOONCAKE_BLOCK = 512
+BAILIAN_BLOCK = 16
+
+MOONCAKE = Columns(required={"time": ["timestamp"], "input": ["input_length"], "output": ["output_length"],
+                             "hashes": ["hash_ids"]})
+BAILIAN = Columns(required={"time": ["timestamp"], "input": ["input_length"], "output": ["output_length"],
+                            "hashes": ["hash_ids"], "chat": ["chat_id"]},
+                  optional={"parent": ["parent_chat_id"], "turn": ["turn"], "type": ["type"]})
+HASHES = pa.list_(pa.uint64())
+
+
+def read_mooncake(path: str | Path) -> pa.Table:
+    path = check_file(path)
+    time, inp, out, hashes = [], [], [], []
+    for line, cols in jsonl_batches(path, MOONCAKE, {"hashes": HASHES, "time": pa.float64()}):
+        time.append(numbers(cols["time"], "timestamp", path, line, dtype=np.float64) / 1000.0)
+        inp.append(numbers(cols["input"], "input_length", path, line))
+        out.append(numbers(cols["output"], "output_length", path, line))
+        hashes.append(cols["hashes"])
+    return assemble(concat(time), concat(inp), concat(out), source=path, prefix_hashes=concat(hashes))
+
+
+def read_bailian(path: str | Path) -> pa.Table:
+    path = check_file(path)
+    parts: dict[str, list] = {k: [] for k in ("time", "input", "output", "hashes", "chat", "parent", "turn", "type")}
+    for line, cols in jsonl_batches(path, BAILIAN, {"hashes": HASHES, "time": pa.float64(), "type": pa.string()}):
+        parts["time"].append(numbers(cols["time"], "timestamp", path, line, dtype=np.float64))
+        parts["input"].append(numbers(cols["input"], "input_length", path, line))
+        parts["output"].append(numbers(cols["output"], "output_length", path, line))
+        parts["chat"].append(numbers(cols["chat"], "chat_id", path, line))
+        parts["hashes"].append(cols["hashes"])
+        if "parent" in cols:
+            parts["parent"].append(numbers(cols["parent"], "parent_chat_id", path, line, allow_negative=True))
+        if "turn" in cols:
+            parts["turn"].append(numbers(cols["turn"], "turn", path, line))
+        if "type" in cols:
+            parts["type"].append(cols["type"])
+    chat = concat(parts["chat"])
+    parent_row = _rows_of(chat, concat(parts["parent"]), path) if parts["parent"] else None
+    session = _roots(parent_row) if parent_row is not None else None
+    return assemble(concat(parts["time"]), concat(parts["input"]), concat(parts["output"]), source=path,
+                    prefix_hashes=concat(parts["hashes"]), parent_row=parent_row, session_id=session,
+                    turn=concat(parts["turn"]).astype(np.int32) if parts["turn"] else None,
+                    kind=dictionary(concat(parts["type"])) if parts["type"] else None)
+
+
+def _rows_of(chat: np.ndarray, parent_chat: np.ndarray, path: Path) -> np.ndarray:
+    """Row of each parent chat id (-1 for roots, or for a parent outside this sample)."""
+    order = np.argsort(chat, kind="stable")
+    sorted_ids = chat[order]
+    if np.any(sorted_ids[1:] == sorted_ids[:-1]):
+        dup = sorted_ids[1:][sorted_ids[1:] == sorted_ids[:-1]][0]
+        raise UserError(f"chat_id {dup} appears more than once", path)
+    pos = np.clip(np.searchsorted(sorted_ids, parent_chat), 0, len(chat) - 1)
+    found = (parent_chat >= 0) & (sorted_ids[pos] == parent_chat)
+    return np.where(found, order[pos], -1)
+
+
+def _roots(parent_row: np.ndarray) -> np.ndarray:
+    """Root row of every row (pointer doubling: log2(depth) vectorised passes)."""
+    root = np.where(parent_row >= 0, parent_row, np.arange(len(parent_row)))
+    for _ in range(64):
+        nxt = root[root]
+        if np.array_equal(nxt, root):
+            break
+        root = nxt
+    _, session = np.unique(root, return_inverse=True)
+    return session.astype(np.int64)
+
+
+__all__ = ["read_mooncake", "read_bailian", "MOONCAKE_BLOCK", "BAILIAN_BLOCK"]
