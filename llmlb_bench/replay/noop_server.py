@@ -4,7 +4,7 @@ Used to measure the replayer itself (benchmarks/replay_throughput.py, the
 tests): it answers ``/v1/chat/completions`` and ``/v1/completions`` by
 streaming ``max_tokens`` one-token SSE chunks, optionally after ``ttft_s``
 and ``itl_s`` apart, and records for each request (by its
-``X-Request-Id``) when it had read the request and when it wrote the first
+``X-Request-Id``) when it had read the request and when it started writing the first
 and last token, on ``time.perf_counter`` - the same system-wide monotonic
 clock the replayer uses on Linux, so client-side inflation can be computed
 exactly. ``GET /stats`` returns those records.
@@ -135,10 +135,10 @@ class NoopProtocol(asyncio.Protocol):
         token = _TOKEN[api]
         assert self.transport is not None
         if self.cfg.ttft_s <= 0 and self.cfg.itl_s <= 0:
-            self.transport.write(_SSE_HEAD + token)
             record[1] = perf_counter()
-            self.transport.write(token * (n - 1) + tail)
+            self.transport.write(_SSE_HEAD + token)
             record[2] = perf_counter()
+            self.transport.write(token * (n - 1) + tail)
             self._next()
             return
         self.busy = True
@@ -148,8 +148,8 @@ class NoopProtocol(asyncio.Protocol):
         def send(i: int) -> None:
             if self.transport is None or self.transport.is_closing():
                 return
-            self.transport.write(token)
             t = perf_counter()
+            self.transport.write(token)
             if i == 0:
                 record[1] = t
             if i + 1 < n:

@@ -1,0 +1,225 @@
+"""The replayer against real servers on 127.0.0.1: timing, accounting, routing, prompts, CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+from aiohttp import web
+from conftest import make_trace
+from replay_helpers import run_replay, servers, token_count  # noqa: F401  (servers is a fixture)
+
+from llmlb_bench.cli import main
+from llmlb_bench.errors import UserError
+from llmlb_bench.policies import Policy, RouteRequest, View
+from llmlb_bench.policies.base import HOLD, REJECT
+from llmlb_bench.replay import ReplayOptions
+from llmlb_bench.replay.http import parse_endpoint
+from llmlb_bench.replay.noop_server import NoopConfig
+from llmlb_bench.replay.prompts import WORDS, PromptBuilder
+from llmlb_bench.replay.sse import SSEDecoder
+from llmlb_bench.schema import TRACE, write_trace
+
+
+# -- pieces ------------------------------------------------------------------
+def test_sse_decoder_gives_the_same_events_however_the_bytes_are_split():
+    stream = (b": ping\n\ndata: {\"a\": 1}\n\nevent: error\ndata: {\"b\":\ndata: 2}\n\n"
+              b"data:{\"c\": 3}\r\n\r\ndata: [DONE]\n\n")
+    expected = [(b"", b'{"a": 1}'), (b"error", b'{"b":\n2}'), (b"", b'{"c": 3}'), (b"", b"[DONE]")]
+    rng = random.Random(1)
+    for _ in range(200):
+        dec, got, pos = SSEDecoder(), [], 0
+        while pos < len(stream):
+            step = rng.randint(1, 7)
+            got += dec.feed(stream[pos:pos + step])
+            pos += step
+        assert got == expected
+        assert dec.pending == b""
+
+
+def test_prompts_share_exactly_the_hashed_prefix_and_are_deterministic():
+    b1, b2 = PromptBuilder(16), PromptBuilder(16)
+    a = b1.text(48, [11, 12, 13], request_id=1)
+    c = b2.text(48, [11, 12, 99], request_id=2)
+    assert a == b1.text(48, [11, 12, 13], request_id=1)  # same inputs, same text
+    aw, cw = a.split(" ")[1:], c.split(" ")[1:]
+    assert len(aw) == len(cw) == 48  # one word per token in the default approximation
+    shared = next(i for i, (x, y) in enumerate(zip(aw, cw)) if x != y)
+    assert shared == 32  # two shared blocks of 16, then they differ
+    # tokens beyond the hashes: unique per request
+    assert b1.text(20, None, 5).split(" ")[1:4] != b1.text(20, None, 6).split(" ")[1:4]
+
+
+def test_prompts_hit_exact_token_counts_with_measured_word_costs():
+    costs = [len(" " + w) for w in WORDS]  # a byte-level tokenizer: one token per character
+    b = PromptBuilder(16, costs)
+    for n in (3, 7, 16, 19, 40, 513, 2000):  # pieces shorter than the shortest word (3) cannot be exact
+        assert len(b.text(n, [1, 2, 3], request_id=n)) == n
+
+
+def test_endpoint_urls_are_normalised_and_bad_ones_refused():
+    ep = parse_endpoint("http://localhost:8000/v1/")
+    assert (ep.url, ep.prefix, ep.port) == ("http://localhost:8000", "", 8000)
+    assert parse_endpoint("https://api.example.com/proxy/v1").url == "https://api.example.com:443/proxy"
+    for bad in ("localhost:8000", "ftp://x", "http://", "http://h:99999", "http://u:p@h/"):
+        with pytest.raises(UserError):
+            parse_endpoint(bad)
+
+
+# -- replays -----------------------------------------------------------------
+def test_every_request_streams_and_is_timed_from_its_schedule(servers, tmp_path):
+    url, cfg = servers.noop(NoopConfig(ttft_s=0.002, itl_s=0.001))
+    trace = make_trace(n=40, rate=200.0, input_tokens=30, output_tokens=6)
+    summary, rows, run_dir = run_replay(trace, [url], tmp_path)
+    assert [r["request_id"] for r in rows] == list(range(40))
+    assert {r["status"] for r in rows} == {"ok"}
+    t0 = summary["client"]["t0_clock_s"]
+    for r in rows:
+        assert r["scheduled_s"] == pytest.approx(r["request_id"] / 200.0)
+        assert r["scheduled_s"] <= r["sent_s"] < r["first_token_s"] <= r["last_token_s"]
+        assert r["output_tokens"] == 6 and token_count(r) == 6 and r["output_tokens_estimated"] is False
+        assert r["server_input_tokens"] > 0 and r["http_status"] == 200
+        recv, first, last, n = cfg.records[str(r["request_id"])]
+        # same monotonic clock: the client saw each token after the server wrote it
+        assert first <= r["first_token_s"] + t0 and last <= r["last_token_s"] + t0
+        assert recv >= r["sent_s"] + t0
+    assert summary["statuses"] == {"ok": 40}
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["summary"]["client"]["dispatch_lag_ms"]["p99"] < 50
+
+
+def test_output_tokens_are_counted_and_flagged_when_the_server_sends_no_usage(servers, tmp_path):
+    url, _ = servers.noop(NoopConfig(usage=False))
+    _, rows, _ = run_replay(make_trace(n=5, rate=100.0, output_tokens=7), [url], tmp_path)
+    assert all(r["output_tokens"] == 7 and r["output_tokens_estimated"] is True for r in rows)
+    assert all(r["server_input_tokens"] is None for r in rows)
+
+
+def test_tokenize_makes_prompt_lengths_exact(servers, tmp_path):
+    url, _ = servers.noop()  # its tokenizer counts bytes, so words cost 3..11 tokens each
+    trace = TRACE.conform(pa.table({
+        "request_id": pa.array(range(6), pa.int64()), "arrival_s": [0.01 * i for i in range(6)],
+        "input_tokens": pa.array([12, 51, 100, 257, 1000, 64], pa.int32()),
+        "output_tokens": pa.array([2] * 6, pa.int32()),
+        "prefix_hashes": pa.array([[1], [1, 2, 3], [1, 2], [], None, [7, 8, 9, 10]], pa.list_(pa.uint64()))}), "t")
+    opts = ReplayOptions(api="completions", tokenize=True)
+    summary, rows, _ = run_replay(trace, [url], tmp_path, options=opts)
+    assert [r["server_input_tokens"] for r in rows] == [12, 51, 100, 257, 1000, 64]
+    assert summary["prompt_lengths"].startswith("exact")
+
+
+def test_round_robin_splits_evenly_and_least_outstanding_avoids_the_slow_endpoint(servers, tmp_path):
+    fast, _ = servers.noop()
+    slow, _ = servers.noop(NoopConfig(ttft_s=0.05, itl_s=0.02))
+    trace = make_trace(n=40, rate=400.0, output_tokens=5)
+    _, rows, _ = run_replay(trace, [fast, slow], tmp_path, "round_robin", run_id="rr")
+    assert Counter(r["target"] for r in rows) == {fast: 20, slow: 20}
+    _, rows, _ = run_replay(trace, [fast, slow], tmp_path, "least_outstanding", run_id="lo")
+    by = Counter(r["target"] for r in rows)
+    assert by[fast] > 3 * by[slow]
+
+
+def test_dependent_requests_leave_after_their_parent_ends(servers, tmp_path):
+    url, _ = servers.noop(NoopConfig(itl_s=0.01))
+    trace = TRACE.conform(pa.table({
+        "request_id": pa.array([1, 2, 3], pa.int64()), "arrival_s": [0.0, 0.0, 0.01],
+        "parent_id": pa.array([None, 1, 2], pa.int64()), "after_parent_s": [None, 0.05, 0.0],
+        "input_tokens": pa.array([10] * 3, pa.int32()), "output_tokens": pa.array([5] * 3, pa.int32())}), "t")
+    _, rows, _ = run_replay(trace, [url], tmp_path)
+    r1, r2, r3 = rows
+    assert r2["scheduled_s"] >= r1["last_token_s"] + 0.05 - 1e-9
+    assert r3["scheduled_s"] >= r2["last_token_s"] - 1e-9
+    assert all(r["sent_s"] >= r["scheduled_s"] for r in rows)
+
+
+class _OneAtATime(Policy):
+    """Holds every request while one is in flight; rejects odd request ids."""
+
+    name = "one_at_a_time"
+
+    def __init__(self) -> None:
+        self.queue: list[RouteRequest] = []
+
+    def choose(self, req: RouteRequest, view: View) -> int:
+        if req.request_id % 2:
+            return REJECT
+        if sum(view.outstanding_requests) == 0 and not self.queue:
+            return 0
+        self.queue.append(req)
+        return HOLD
+
+    def release(self, view: View):
+        if self.queue and sum(view.outstanding_requests) == 0:
+            return self.queue.pop(0), 0
+        return None
+
+
+def test_policy_rejections_and_held_requests_are_honoured(servers, tmp_path):
+    url, cfg = servers.noop(NoopConfig(itl_s=0.005))
+    _, rows, _ = run_replay(make_trace(n=10, rate=1000.0, output_tokens=4), [url], tmp_path, _OneAtATime())
+    assert [r["status"] for r in rows] == ["ok", "rejected"] * 5
+    assert sorted(cfg.records) == ["0", "2", "4", "6", "8"]  # rejected ones never reached the server
+    sent = [r for r in rows if r["status"] == "ok"]
+    for prev, nxt in zip(sent, sent[1:]):
+        assert nxt["sent_s"] >= prev["last_token_s"]  # held until the previous one finished
+
+
+# -- CLI -----------------------------------------------------------------------
+def _cli(args, capsys):
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_replays_and_never_stores_the_api_key(servers, tmp_path, capsys, monkeypatch):
+    seen = []
+
+    async def models(request):
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response({"data": [{"id": "m"}]})
+
+    async def chat(request):
+        seen.append(request.headers.get("Authorization"))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n')
+        await resp.write(b'data: {"choices":[],"usage":{"completion_tokens":1,"prompt_tokens":3}}\n\ndata: [DONE]\n\n')
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    url = servers.aiohttp(app)
+    trace = tmp_path / "t.parquet"
+    write_trace(make_trace(n=3, rate=100.0), trace)
+    monkeypatch.setenv("MY_KEY", "sk-secret-123")
+    code, out, err = _cli(["replay", str(trace), "-e", url, "--api-key-env", "MY_KEY", "--results",
+                           str(tmp_path / "res"), "--run-id", "k", "--no-progress"], capsys)
+    assert code == 0, err
+    assert seen == ["Bearer sk-secret-123"] * 4
+    for f in (tmp_path / "res" / "k").iterdir():
+        assert b"sk-secret-123" not in f.read_bytes()
+    assert "sk-secret-123" not in out + err
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["-e", "localhost:1"], "expected an http:// or https:// URL"),
+    (["-e", "http://127.0.0.1:9"], "no endpoint answered"),
+    (["-e", "http://127.0.0.1:9", "--api-key-env", "LLMLB_SURELY_UNSET"], "LLMLB_SURELY_UNSET is not set"),
+    (["-e", "http://127.0.0.1:9", "--time-scale", "0"], "--time-scale"),
+])
+def test_cli_errors_are_one_line_and_write_nothing(tmp_path, capsys, args, fragment):
+    trace = tmp_path / "t.parquet"
+    write_trace(make_trace(n=2), trace)
+    code, _, err = _cli(["replay", str(trace), *args, "--results", str(tmp_path / "res")], capsys)
+    assert code == 2
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and fragment in lines[0], err
+    assert not (tmp_path / "res").exists()
