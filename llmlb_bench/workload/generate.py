@@ -92,8 +92,8 @@ def _lengths(t: TenantSpec, rng: np.random.Generator, n: int) -> tuple[np.ndarra
     if t.io_correlation:
         z_in = rng.standard_normal(n)
         z_out = t.io_correlation * z_in + math.sqrt(1 - t.io_correlation**2) * rng.standard_normal(n)
-        return t.input.from_normal(z_in).astype(np.int64), t.output.from_normal(z_out).astype(np.int64)
-    return t.input.sample(rng, n).astype(np.int64), t.output.sample(rng, n).astype(np.int64)
+        return t.input.from_normal(z_in), t.output.from_normal(z_out)
+    return t.input.sample(rng, n), t.output.sample(rng, n)
 
 
 def tenant_requests(t: TenantSpec, seed: int, horizon: float, rate_scale: float, hashes: bool) -> TenantRequests:
@@ -141,7 +141,8 @@ def tenant_requests(t: TenantSpec, seed: int, horizon: float, rate_scale: float,
         reqs = reqs.select((turn <= 0) | (prompt + out <= t.max_context))
     if t.fanout is not None:
         reqs = _fan_out(t, reqs, stream(seed, t.name, Stream.FANOUT), hashes)
-    return reqs.select(reqs.arrival_s < horizon)
+    late = reqs.arrival_s >= horizon
+    return reqs.select(~late) if late.any() else reqs
 
 
 def _fan_out(t: TenantSpec, reqs: TenantRequests, rng: np.random.Generator, hashes: bool) -> TenantRequests:
@@ -248,55 +249,71 @@ def generate(spec: WorkloadSpec, seed: int | None = None, rate_scale: float = 1.
 def _assemble(spec: WorkloadSpec, parts: list[TenantRequests], limit: int | None) -> pa.Table:
     sizes = [len(p) for p in parts]
     offsets = np.concatenate([[0], np.cumsum(sizes)])
-    all_rows = _concat(parts)
+    all_rows = parts[0] if len(parts) == 1 else _concat(parts)
     tenant_idx = np.repeat(np.arange(len(parts), dtype=np.int32), sizes)
-    # Make parent and session ids global before reordering.
-    row_offset = offsets[:-1][tenant_idx]
-    parent = np.where(all_rows.parent >= 0, all_rows.parent + row_offset, -1)
-    session_base = np.concatenate([[0], np.cumsum([int(p.session.max()) + 1 if len(p) else 0 for p in parts])])
-    session = np.where(all_rows.session >= 0, all_rows.session + session_base[:-1][tenant_idx], -1)
     arrival = all_rows.arrival_s
+    order: slice | np.ndarray
     if len(arrival) > 1 and not np.all(arrival[1:] >= arrival[:-1]):
         order = np.argsort(arrival, kind="stable")[:limit]
-    else:
-        order = np.arange(min(len(arrival), limit if limit is not None else len(arrival)))
-    n = len(order)
+        n = len(order)
+    else:  # already in order (one plain tenant): slicing is free
+        n = min(len(arrival), limit if limit is not None else len(arrival))
+        order = slice(0, n)
     if n == 0:
         raise UserError("the spec generates no requests (check rates and duration_s)", spec.source)
-    new_id = np.full(len(arrival), -1, dtype=np.int64)
-    new_id[order] = np.arange(n)
-    parent = parent[order]
-    parent = np.where(parent >= 0, new_id[np.maximum(parent, 0)], -1)
     tenant_idx = tenant_idx[order]
     tenants = spec.tenants
 
+    def per_tenant(values: list, dtype: type) -> np.ndarray:
+        if len(set(values)) == 1:
+            return np.full(n, values[0], dtype=dtype)
+        return np.asarray(values, dtype=dtype)[tenant_idx]
+
     def dictionary(values: list[str]) -> pa.DictionaryArray:
         uniq = list(dict.fromkeys(values))
-        codes = np.asarray([uniq.index(v) for v in values], dtype=np.int32)[tenant_idx]
+        codes = per_tenant([uniq.index(v) for v in values], np.int32)
         return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(uniq, pa.string()))
 
     def nullable(values: np.ndarray, null: np.ndarray, type_: pa.DataType) -> pa.Array:
-        return pa.array(values.astype(type_.to_pandas_dtype()), type_, mask=null) if null.any() else \
-            pa.array(values.astype(type_.to_pandas_dtype()), type_)
+        data = values.astype(type_.to_pandas_dtype(), copy=False)
+        return pa.array(data, type_, mask=null) if null.any() else pa.array(data, type_)
 
-    session_o, turn_o = session[order], all_rows.turn[order]
+    def scaled(a: np.ndarray) -> np.ndarray:
+        return a * spec.time_scale if spec.time_scale != 1.0 else a
+
     columns = {
         "request_id": pa.array(np.arange(n, dtype=np.int64)),
-        "arrival_s": pa.array(arrival[order] * spec.time_scale),
+        "arrival_s": pa.array(scaled(arrival[order])),
         "tenant": dictionary([t.tenant for t in tenants]),
-        "session_id": nullable(session_o, session_o < 0, pa.int64()),
-        "turn": nullable(turn_o + 1, turn_o < 0, pa.int32()),
-        "parent_id": nullable(parent, parent < 0, pa.int64()),
-        "after_parent_s": nullable(all_rows.after_parent_s[order] * spec.time_scale, parent < 0, pa.float64()),
         "input_tokens": pa.array(_int32(all_rows.input_tokens[order], "input_tokens", spec)),
         "output_tokens": pa.array(_int32(all_rows.output_tokens[order], "output_tokens", spec)),
-        "images": pa.array(all_rows.images[order].astype(np.int16)),
-        "image_tokens": pa.array(all_rows.image_tokens[order].astype(np.int32)),
-        "audio_s": pa.array(all_rows.audio_s[order].astype(np.float32)),
-        "priority": pa.array(np.asarray([t.priority for t in tenants], np.int8)[tenant_idx]),
+        "priority": pa.array(per_tenant([t.priority for t in tenants], np.int8)),
         "slo_class": dictionary([t.slo_class for t in tenants]),
         "kind": dictionary([t.kind for t in tenants]),
     }
+    if any(t.multimodal is not None for t in tenants):
+        columns["images"] = pa.array(all_rows.images[order].astype(np.int16))
+        columns["image_tokens"] = pa.array(all_rows.image_tokens[order].astype(np.int32))
+        columns["audio_s"] = pa.array(all_rows.audio_s[order].astype(np.float32))
+    else:
+        columns["images"] = pa.array(np.zeros(n, np.int16))
+        columns["image_tokens"] = pa.array(np.zeros(n, np.int32))
+        columns["audio_s"] = pa.array(np.zeros(n, np.float32))
+    if any(t.sessions is not None or t.fanout is not None for t in tenants):
+        # Parent and session ids become global (per-tenant offsets), then follow the new order.
+        row_offset = offsets[:-1][tenant_idx]
+        parent = all_rows.parent[order]
+        new_id = np.full(len(arrival), -1, dtype=np.int64)
+        new_id[order] = np.arange(n)
+        parent = np.where(parent >= 0, new_id[np.maximum(parent + row_offset, 0)], -1)
+        session_base = np.cumsum([0] + [int(p.session.max()) + 1 if len(p) else 0 for p in parts])
+        session = all_rows.session[order]
+        session = np.where(session >= 0, session + session_base[:-1][tenant_idx], -1)
+        turn = all_rows.turn[order]
+        columns["session_id"] = nullable(session, session < 0, pa.int64())
+        columns["turn"] = nullable(turn + 1, turn < 0, pa.int32())
+        columns["parent_id"] = nullable(parent, parent < 0, pa.int64())
+        columns["after_parent_s"] = nullable(scaled(all_rows.after_parent_s[order]), parent < 0, pa.float64())
     if all_rows.bounds is not None and all_rows.keys is not None:
         columns["prefix_hashes"] = chained_hashes(all_rows.bounds[order], all_rows.keys[order], spec.block_size)
     arrays = [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in TRACE.schema]
