@@ -129,6 +129,9 @@ def test_agentic_fanout():
     kids = [r for r in rows.values() if r["parent_id"] is not None]
     mean_k = 0.2 + 1.0 + 0.9
     assert abs(len(kids) / len(roots) - (mean_k + mean_k**2)) / (mean_k + mean_k**2) < 0.08
+    siblings_of: dict[int, list] = {}
+    for r in kids:
+        siblings_of.setdefault(r["parent_id"], []).append(r)
     for r in kids:
         p = rows[r["parent_id"]]
         assert p["request_id"] < r["request_id"] and p["session_id"] == r["session_id"]
@@ -137,8 +140,7 @@ def test_agentic_fanout():
         assert math.isclose(r["arrival_s"], p["arrival_s"] + r["after_parent_s"], rel_tol=1e-9)
         shared = (p["input_tokens"] + p["output_tokens"]) // B
         assert r["prefix_hashes"][:p["input_tokens"] // B] == p["prefix_hashes"][:p["input_tokens"] // B]
-        siblings = [s for s in kids if s["parent_id"] == r["parent_id"] and s is not r]
-        for s in siblings:  # siblings share the parent's context, then diverge at the tool result
+        for s in (x for x in siblings_of[r["parent_id"]] if x is not r):  # siblings share the parent's context, then diverge at the tool result
             assert s["prefix_hashes"][:shared] == r["prefix_hashes"][:shared]
             assert s["prefix_hashes"][-1] != r["prefix_hashes"][-1]
 
