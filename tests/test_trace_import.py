@@ -182,3 +182,30 @@ def test_real_servegen_clients(shared_data):
         t = import_trace("servegen", shared_data / "traces/servegen" / name).table
         assert t.num_rows > 10_000
     assert t.column("images").to_numpy().max() >= 1  # mm-image carries images
+
+
+def test_cli_import_and_errors(tmp_path, capsys):
+    from llmlb_bench.cli import main
+    from llmlb_bench.schema import read_trace, trace_block_size
+
+    src = write(tmp_path, "ok.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,10,2\n"
+                "2023-11-16 18:15:47.5,20,3\n")
+    out = tmp_path / "ok.parquet"
+    main(["trace", "import", "azure-2023", str(src), "-o", str(out), "--kind", "code"])
+    assert "2 requests" in capsys.readouterr().out
+    assert read_trace(out).column("kind").to_pylist() == ["code", "code"]
+    lines = [{"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}]
+    mc = write(tmp_path, "m.jsonl", json.dumps(lines[0]) + "\n")
+    main(["trace", "import", "mooncake", str(mc), "-o", str(tmp_path / "m.parquet")])
+    assert trace_block_size(read_trace(tmp_path / "m.parquet")) == 512
+    capsys.readouterr()
+    bad = write(tmp_path, "bad.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-13-45 99:00:00,1,1\n")
+    with pytest.raises(SystemExit) as info:
+        main(["trace", "import", "azure-2023", str(bad), "-o", str(tmp_path / "bad.parquet")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "bad.csv" in err and "line 2" in err and "bad timestamp" in err
+    assert not (tmp_path / "bad.parquet").exists()
+    with pytest.raises(SystemExit):
+        main(["trace", "import", "nope", str(bad), "-o", str(tmp_path / "x.parquet")])
+    assert "unknown format 'nope'" in capsys.readouterr().err
