@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import random
+import zlib
 from collections import Counter
 
 import pytest
@@ -24,7 +26,8 @@ def req(hashes=(), i: int = 0, input_tokens: int | None = None, **kw) -> RouteRe
 
 def chain(prefix: str, n: int) -> list[int]:
     """n chained block hashes whose first blocks are shared by every chain with the same ``prefix``."""
-    return [hash((prefix, k)) & (2**63 - 1) for k in range(n)]
+    seed = zlib.crc32(prefix.encode())  # str hashes change per process; this does not
+    return [hash((seed, k)) & (2**63 - 1) for k in range(n)]
 
 
 # --- the index ---------------------------------------------------------------------------------
@@ -63,6 +66,69 @@ def test_ttl_forgets_blocks_not_routed_recently():
     assert idx.match([1, 2], out) == 1 and out == [0, 1]
     idx.expire(30.0)
     assert idx.match([1, 3], out) == 0
+
+
+class ReferenceIndex:
+    """The semantics spelled out, brute force: every block of a routed prompt is
+    used at that moment; over capacity or past the TTL, the least recently
+    used leaf of a target's tree goes, one at a time."""
+
+    def __init__(self, capacity: int = 0, ttl_s: float = 0.0) -> None:
+        self.capacity, self.ttl_s = capacity, ttl_s
+        self.used: dict[int, dict[int, float]] = {}
+        self.parent: dict[int, int | None] = {}
+
+    def _leaves(self, t: int) -> list[int]:
+        held = self.used[t]
+        inner = {self.parent[h] for h in held}
+        return [h for h in held if h not in inner]
+
+    def insert(self, hashes, t: int, now: float) -> None:
+        held = self.used.setdefault(t, {})
+        for k, h in enumerate(hashes):
+            held[h] = now
+            self.parent[h] = hashes[k - 1] if k else None
+        while self.capacity and len(held) > self.capacity:
+            del held[min(self._leaves(t), key=held.__getitem__)]
+
+    def expire(self, now: float) -> None:
+        if not self.ttl_s:
+            return
+        for t, held in self.used.items():
+            while held and min(held[h] for h in self._leaves(t)) < now - self.ttl_s:
+                del held[min(self._leaves(t), key=held.__getitem__)]
+
+    def depth(self, hashes, t: int) -> int:
+        k = 0
+        while k < len(hashes) and hashes[k] in self.used.get(t, {}):
+            k += 1
+        return k
+
+
+@pytest.mark.parametrize("capacity, ttl", [(0, 0.0), (12, 0.0), (40, 0.0), (0, 5.0), (25, 8.0)])
+def test_index_agrees_with_the_brute_force_lru_of_leaves(capacity, ttl):
+    rng = random.Random(capacity * 7 + int(ttl))
+    idx, ref = PrefixIndex(capacity=capacity, ttl_s=ttl), ReferenceIndex(capacity, ttl)
+    prompts = [chain("root", 3)]
+    out = [0] * 4
+    for step in range(600):
+        now = step * 0.1
+        base = rng.choice(prompts)
+        cut = rng.randrange(1, len(base) + 1)
+        prompt = base[:cut] + [hash((step, k)) for k in range(rng.randrange(0, 6))]
+        if len(prompts) < 60 or rng.random() < 0.3:
+            prompts.append(prompt)
+        target = rng.randrange(4)
+        idx.expire(now)
+        ref.expire(now)
+        idx.insert(prompt, target, now)
+        ref.insert(prompt, target, now)
+        probe = rng.choice(prompts)
+        best = idx.match(probe, out)
+        expected = [ref.depth(probe, t) for t in range(4)]
+        assert out == expected, f"step {step}"
+        assert best == max(expected)
+        assert [idx.size(t) for t in range(4)] == [len(ref.used.get(t, {})) for t in range(4)]
 
 
 # --- SGLang cache_aware ----------------------------------------------------------------------

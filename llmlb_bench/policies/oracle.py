@@ -1,9 +1,10 @@
 """A noisy output-length oracle whose quality is a rank correlation.
 
-Papers on length-aware scheduling report their predictors' quality as
-Kendall's tau between predicted and true lengths (e.g. about 0.5-0.6 for
-learned rankers). To ask "how good must a predictor be?", this oracle is
-built to hit a chosen tau, whatever the length distribution:
+Length-aware schedulers are judged by how well their predictor *orders*
+requests, measured as Kendall's tau between predicted and true lengths
+(Fu et al., "Efficient LLM Scheduling by Learning to Rank", NeurIPS 2024).
+To ask "how good must a predictor be?", this oracle is built to hit a chosen
+tau, whatever the length distribution:
 
 1. The true length L is turned into a normal score z = Phi^-1(F(L)), with F
    the empirical distribution of lengths seen so far (mid-rank for ties).

@@ -27,18 +27,6 @@ def argmin_healthy(values: Sequence[float], view: View, start: int = 0) -> int:
     return best if best >= 0 else start % n
 
 
-def argmax_healthy(values: Sequence[float], view: View, start: int = 0) -> int:
-    """Like :func:`argmin_healthy`, for the largest value."""
-    healthy = view.healthy
-    n = len(healthy)
-    best, best_v = -1, 0.0
-    for k in range(n):
-        i = (start + k) % n
-        if healthy[i] and (best < 0 or values[i] > best_v):
-            best, best_v = i, values[i]
-    return best if best >= 0 else start % n
-
-
 def healthy_min_max(values: Sequence[float], view: View) -> tuple[float, float]:
     """Smallest and largest value over healthy targets ((0, 0) when none is healthy)."""
     lo = hi = None
