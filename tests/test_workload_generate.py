@@ -92,3 +92,17 @@ def test_tenants_superpose_and_keep_their_attributes():
     only_a = WorkloadSpec.from_dict({"seed": 1, "duration_s": 100.0, "tenants": {"a": s.to_dict()["tenants"]["a"]}})
     assert np.array_equal(generate(only_a).column("arrival_s").to_numpy(),
                           table.column("arrival_s").to_numpy()[tenant == "a"])
+
+
+def test_time_scale_stretches_every_time_and_label_names_the_tenant():
+    t = {"arrival": {"process": "poisson", "rate": 5.0}, "input": {"dist": "fixed", "value": 10},
+         "output": {"dist": "fixed", "value": 5},
+         "sessions": {"turns": {"dist": "fixed", "value": 2}, "think_s": {"dist": "fixed", "value": 3.0}}}
+    base = {"seed": 1, "requests": 400, "tenants": {"a": {**t, "label": "client-1"}, "b": {**t, "label": "client-1"}}}
+    one = generate(WorkloadSpec.from_dict(base))
+    two = generate(WorkloadSpec.from_dict({**base, "time_scale": 2.0}))
+    assert np.allclose(two.column("arrival_s").to_numpy(), 2 * one.column("arrival_s").to_numpy())
+    assert set(two.column("after_parent_s").drop_null().to_pylist()) == {6.0}
+    assert set(one.column("tenant").to_pylist()) == {"client-1"}
+    # two spec tenants with one label still draw independent streams
+    assert len(set(one.column("session_id").to_pylist())) == 200
