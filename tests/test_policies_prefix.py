@@ -297,3 +297,13 @@ def test_preble_window_forgets_old_prefill_load():
     v.now = 11.0
     pol.choose(req(chain("b", 1)), v)
     assert sorted((pol.load(0), pol.load(1))) == pytest.approx([0.0, 16 / 10000])
+
+
+def test_preble_explores_when_the_gpu_holding_the_prefix_is_down():
+    pol = make_policy("preble")
+    doc = chain("doc", 10)
+    home = pol.choose(req(doc), view(3))
+    healthy = [True] * 3
+    healthy[home] = False
+    assert pol.choose(req(doc), view(3, healthy=healthy)) != home
+    assert pol.decisions == {"exploit": 0, "explore": 2}

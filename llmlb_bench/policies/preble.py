@@ -63,6 +63,22 @@ class Preble(Policy):
         """Seconds of work Preble attributes to GPU ``i`` now."""
         return self._prefill_load[i] + self._decode_load[i]
 
+    def _cheapest(self, req: RouteRequest, view: View, depth: int) -> int:
+        """Exploit (``depth`` >= 0): the least loaded healthy GPU matching ``depth`` blocks.
+        Explore (``depth`` < 0): the healthy GPU with the least load + prefill cost."""
+        bs = view.block_size
+        target, best_cost = -1, 0.0
+        for i in range(len(view)):
+            if not view.healthy[i] or (depth >= 0 and self._match[i] != depth):
+                continue
+            cost = self.load(i)
+            if depth < 0:
+                uncached = max(0, req.input_tokens - self._match[i] * bs)
+                cost += uncached / (self.prefill_tokens_per_s * view.targets[i].capacity)
+            if target < 0 or cost < best_cost:
+                target, best_cost = i, cost
+        return target
+
     def choose(self, req: RouteRequest, view: View) -> int:
         n = len(view)
         if len(self._match) != n:
@@ -75,17 +91,11 @@ class Preble(Policy):
         best = self.tree.match(hashes, self._match) if hashes else 0
         bs = view.block_size
         cached = min(best * bs, req.input_tokens)
-        target, best_cost = -1, 0.0
         exploit = req.input_tokens > 0 and cached > self.exploit_ratio * req.input_tokens
-        for i in range(n):
-            if not view.healthy[i] or (exploit and self._match[i] != best):
-                continue
-            cost = self.load(i)
-            if not exploit:
-                uncached = max(0, req.input_tokens - self._match[i] * bs)
-                cost += uncached / (self.prefill_tokens_per_s * view.targets[i].capacity)
-            if target < 0 or cost < best_cost:
-                target, best_cost = i, cost
+        target = self._cheapest(req, view, best if exploit else -1)
+        if target < 0:  # no healthy GPU holds the prefix: explore instead
+            exploit = False
+            target = self._cheapest(req, view, -1)
         if target < 0:
             target = 0
         self.decisions["exploit" if exploit else "explore"] += 1
