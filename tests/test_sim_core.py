@@ -19,7 +19,7 @@ def _token_times(row_segments: list[dict]) -> np.ndarray:
 def test_every_request_one_row_with_all_its_tokens(tmp_path):
     table = poisson_trace(600, rate=12.0, seed=3)
     req, series, summary = run_sim(tmp_path, table, ClusterConfig(replicas=2))
-    assert req.num_rows == 600 and summary["ok"] == 600
+    assert req.num_rows == 600 and summary["status"] == {"ok": 600}
     assert sorted(req.column("request_id").to_pylist()) == list(range(600))
     req = by_request_id(req)
     assert req.column("output_tokens").to_pylist() == table.column("output_tokens").to_pylist()
@@ -63,6 +63,7 @@ price_per_hour = 1.0
 compute_efficiency = 0.6
 memory_efficiency = 0.8
 step_overhead_ms = 2.0
+memory_power_fraction = 0.6
 """)
     return str(path)
 
@@ -84,7 +85,7 @@ def test_kv_never_over_capacity_and_preemption_recomputes(tmp_path, tiny_kv_cata
     monkeypatch.setattr(replica_mod.Replica, "boundary", checked_boundary)
     table = poisson_trace(300, rate=6.0, seed=7, input_mean=800, output_mean=300)
     req, series, summary = run_sim(tmp_path, table, cfg)
-    total = summary["kv_blocks_per_replica"]
+    total = summary["kv_blocks"]["r0"]
     assert total == 631
     assert summary["preemptions"] > 0 and sum(req.column("preemptions").to_pylist()) == summary["preemptions"]
     assert max(checked) > 0.9 * total

@@ -42,6 +42,7 @@ class GPU:
     compute_efficiency: float
     memory_efficiency: float
     step_overhead_ms: float
+    memory_power_fraction: float
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class Catalog:
 
 _FLOAT_POSITIVE = {"memory_gib", "bf16_tflops", "hbm_gb_s", "link_gb_s", "max_w", "params_b",
                    "active_params_b", "weight_bytes", "kv_bytes"}
-_FRACTION = {"compute_efficiency", "memory_efficiency"}
+_FRACTION = {"compute_efficiency", "memory_efficiency", "memory_power_fraction"}
 
 
 def _record(cls: type, name: str, raw: Mapping[str, Any], where: str) -> Any:

@@ -1,9 +1,20 @@
-"""What cluster to simulate: the replicas, their hardware and model, and the engine settings.
+"""What cluster to simulate: pools of replicas, their hardware, model and engine settings.
 
 ``ClusterConfig`` is a frozen, JSON-able record stored in every run's
 run.json, so a simulated run can be reproduced from its results folder
 alone (``ClusterConfig.from_dict(run_json["config"]["cluster"])``).
-Defaults follow vLLM v1's defaults for online serving.
+Engine defaults follow vLLM v1's defaults for online serving.
+
+The simple form describes N identical replicas::
+
+    ClusterConfig(replicas=4, gpu="h100-sxm", model="llama-3-8b")
+
+Heterogeneous and disaggregated clusters list pools; a pool's unset fields
+take the top-level values, and ``replicas`` becomes the total::
+
+    ClusterConfig(model="llama-3-70b", tp=4, pools=[
+        {"name": "prefill", "replicas": 2, "gpu": "h100-sxm"},      # role from the name
+        {"name": "decode", "replicas": 6, "gpu": "a100-80g"}])
 """
 
 from __future__ import annotations
@@ -15,16 +26,45 @@ from typing import Any, Mapping
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim.catalog import GPU, Model, load_catalog
 
+ROLES = ("mixed", "prefill", "decode")
+FAILURE_MODES = ("retry", "fail")
+TOKEN_TIMES = ("segments", "summary")
+
+#: fields a pool may set (the rest of ClusterConfig is cluster-wide)
+POOL_FIELDS = ("replicas", "gpu", "model", "tp", "max_num_seqs", "max_num_batched_tokens", "block_size",
+               "gpu_memory_utilization", "chunked_prefill", "enable_prefix_caching", "max_model_len")
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """One pool of identical replicas (fully resolved)."""
+
+    name: str
+    role: str
+    replicas: int
+    gpu: str
+    model: str
+    tp: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    gpu_memory_utilization: float
+    chunked_prefill: bool
+    enable_prefix_caching: bool
+    max_model_len: int | None
+
+    def gpu_spec(self, catalogs: tuple[str, ...] = ()) -> GPU:
+        return load_catalog(catalogs).gpu(self.gpu)
+
+    def model_spec(self, catalogs: tuple[str, ...] = ()) -> Model:
+        return load_catalog(catalogs).model(self.model)
+
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """N identical replicas of one model served by one engine configuration.
+    """The simulated cluster. Every field has a default; see the module docstring for pools."""
 
-    Every field has a default; unknown GPU or model names are a
-    :class:`UserError` listing the known ones.
-    """
-
-    #: number of replicas (each replica is one engine instance on ``tp`` GPUs)
+    #: number of replicas (each replica is one engine instance on ``tp`` GPUs); with pools: the total
     replicas: int = 4
     gpu: str = "a100-80g"
     model: str = "llama-3-8b"
@@ -40,32 +80,104 @@ class ClusterConfig:
     gpu_memory_utilization: float = 0.9
     #: split long prefills across steps (vLLM v1 default); when off, a prompt waits for a step with room for all of it
     chunked_prefill: bool = True
+    #: reuse KV of shared prompt prefixes (vLLM v1 default); needs the trace's ``prefix_hashes``
+    enable_prefix_caching: bool = True
     #: longest prompt + output a request may have; ``None`` = the model's context length
     max_model_len: int | None = None
+    #: pools of replicas (dicts of POOL_FIELDS plus ``name`` and ``role``); empty = one pool from the fields above
+    pools: tuple[Any, ...] = ()
+    #: prefill -> decode KV transfer link (disaggregation): bandwidth per prefill replica and latency
+    kv_link_gb_s: float = 50.0
+    kv_link_latency_ms: float = 1.0
+    #: scheduled replica failures: ``{"target": "r1", "at_s": 60, "down_s": 30}``
+    failures: tuple[Any, ...] = ()
+    #: random failures: mean time between failures per replica (None = none) and mean time to repair
+    mtbf_s: float | None = None
+    mttr_s: float = 60.0
+    #: what happens to requests on a failed replica: re-sent through the router, or reported as errors
+    on_failure: str = "retry"
     #: simulated seconds between two samples of series.parquet
     series_interval_s: float = 1.0
+    #: ``token_times`` per request: "segments" = one segment per run of equal steps (exact token
+    #: times, every inter-token gap); "summary" = one segment from the first to the last token
+    #: (exact TTFT, TPOT and E2E, compact and fast; inter-token gaps become the request's mean)
+    token_times: str = "segments"
     #: extra catalog TOML files (user-defined GPUs / models)
     catalogs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "catalogs", tuple(str(c) for c in self.catalogs))
-        for name in ("replicas", "tp", "max_num_seqs", "max_num_batched_tokens", "block_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise UserError(f"must be a positive integer, got {v!r}", f"cluster.{name}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise UserError(f"must be in (0, 1], got {self.gpu_memory_utilization!r}", "cluster.gpu_memory_utilization")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            # vLLM refuses this too: every running request must be able to decode in one step.
-            raise UserError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
-                            f"({self.max_num_seqs})", "cluster.max_num_batched_tokens")
-        if self.series_interval_s <= 0:
-            raise UserError("must be > 0", "cluster.series_interval_s")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            raise UserError("must be >= 2", "cluster.max_model_len")
-        cat = load_catalog(self.catalogs)
-        cat.gpu(self.gpu, "cluster.gpu")
-        cat.model(self.model, "cluster.model")
+        object.__setattr__(self, "failures", tuple(dict(f) for f in self.failures))
+        pools = self._resolve_pools()
+        object.__setattr__(self, "pools", tuple(dataclasses.asdict(p) for p in pools))
+        object.__setattr__(self, "replicas", sum(p.replicas for p in pools))
+        for name in ("kv_link_gb_s", "series_interval_s", "mttr_s"):
+            if not getattr(self, name) > 0:
+                raise UserError(f"must be > 0, got {getattr(self, name)!r}", f"cluster.{name}")
+        if self.kv_link_latency_ms < 0:
+            raise UserError("must be >= 0", "cluster.kv_link_latency_ms")
+        if self.mtbf_s is not None and not self.mtbf_s > 0:
+            raise UserError("must be > 0 (or unset)", "cluster.mtbf_s")
+        if self.token_times not in TOKEN_TIMES:
+            raise UserError(f"must be one of {', '.join(TOKEN_TIMES)}, got {self.token_times!r}", "cluster.token_times")
+        if self.on_failure not in FAILURE_MODES:
+            raise UserError(f"must be one of {', '.join(FAILURE_MODES)}, got {self.on_failure!r}", "cluster.on_failure")
+        roles = {p.role for p in pools}
+        if ("prefill" in roles) != ("decode" in roles):
+            raise UserError("a disaggregated cluster needs both a prefill and a decode pool", "cluster.pools")
+        if "mixed" in roles and "prefill" in roles:
+            raise UserError("pools are either all mixed or split into prefill and decode", "cluster.pools")
+        if "prefill" in roles and len({(p.model) for p in pools}) > 1:
+            raise UserError("prefill and decode pools must serve the same model", "cluster.pools")
+        for i, f in enumerate(self.failures):
+            self._check_failure(i, f)
+
+    def _resolve_pools(self) -> list[PoolConfig]:
+        raw = list(self.pools) or [{}]
+        if not self.pools:
+            raw = [{"replicas": self.replicas}]
+        names: set[str] = set()
+        out = []
+        for i, given in enumerate(raw):
+            where = f"cluster.pools[{i}]" if self.pools else "cluster"
+            if isinstance(given, PoolConfig):
+                given = dataclasses.asdict(given)
+            if not isinstance(given, Mapping):
+                raise UserError("each pool must be a table of settings", where)
+            unknown = sorted(set(given) - set(POOL_FIELDS) - {"name", "role"})
+            if unknown:
+                raise UserError(f"unknown pool setting {unknown[0]!r} (known: name, role, {', '.join(POOL_FIELDS)})",
+                                where)
+            values = {k: given.get(k, getattr(self, k)) for k in POOL_FIELDS}
+            name = str(given.get("name", "default" if not self.pools else f"pool{i}"))
+            role = given.get("role", name if name in ("prefill", "decode") else "mixed")
+            if role not in ROLES:
+                raise UserError(f"role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
+            if name in names:
+                raise UserError(f"duplicate pool name {name!r}", f"{where}.name")
+            names.add(name)
+            pool = PoolConfig(name=name, role=role, **values)
+            _check_engine(pool, where if self.pools else "cluster", self.catalogs)
+            out.append(pool)
+        return out
+
+    def _check_failure(self, i: int, f: Mapping[str, Any]) -> None:
+        where = f"cluster.failures[{i}]"
+        unknown = sorted(set(f) - {"target", "at_s", "down_s"})
+        if unknown or not {"target", "at_s"} <= set(f):
+            raise UserError("a failure needs target and at_s (and optionally down_s)", where)
+        names = {f"r{k}" for k in range(self.replicas)}
+        if f["target"] not in names:
+            raise UserError(f"unknown target {f['target']!r} (targets are r0..r{self.replicas - 1})", where)
+        if not (isinstance(f["at_s"], (int, float)) and f["at_s"] >= 0) or f.get("down_s", 1) <= 0:
+            raise UserError("at_s must be >= 0 and down_s > 0", where)
+
+    def pool_configs(self) -> tuple[PoolConfig, ...]:
+        return tuple(PoolConfig(**p) for p in self.pools)
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(p["role"] == "prefill" for p in self.pools)
 
     @property
     def gpu_spec(self) -> GPU:
@@ -75,13 +187,10 @@ class ClusterConfig:
     def model_spec(self) -> Model:
         return load_catalog(self.catalogs).model(self.model)
 
-    @property
-    def context_limit(self) -> int:
-        return self.max_model_len if self.max_model_len is not None else self.model_spec.max_context
-
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        d["catalogs"] = list(self.catalogs)
+        for k in ("catalogs", "pools", "failures"):
+            d[k] = [dict(x) if isinstance(x, Mapping) else x for x in getattr(self, k)]
         return d
 
     @classmethod
@@ -91,6 +200,25 @@ class ClusterConfig:
         if unknown:
             raise UserError(f"unknown cluster setting {unknown[0]!r} (known: {', '.join(sorted(known))})", where)
         kwargs = dict(d)
-        if "catalogs" in kwargs:
-            kwargs["catalogs"] = tuple(kwargs["catalogs"])
+        for k in ("catalogs", "pools", "failures"):
+            if k in kwargs:
+                kwargs[k] = tuple(kwargs[k])
         return cls(**kwargs)
+
+
+def _check_engine(p: PoolConfig, where: str, catalogs: tuple[str, ...]) -> None:
+    for name in ("replicas", "tp", "max_num_seqs", "max_num_batched_tokens", "block_size"):
+        v = getattr(p, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise UserError(f"must be a positive integer, got {v!r}", f"{where}.{name}")
+    if not 0 < p.gpu_memory_utilization <= 1:
+        raise UserError(f"must be in (0, 1], got {p.gpu_memory_utilization!r}", f"{where}.gpu_memory_utilization")
+    if p.max_num_batched_tokens < p.max_num_seqs:
+        # vLLM refuses this too: every running request must be able to decode in one step.
+        raise UserError(f"max_num_batched_tokens ({p.max_num_batched_tokens}) must be >= max_num_seqs "
+                        f"({p.max_num_seqs})", f"{where}.max_num_batched_tokens")
+    if p.max_model_len is not None and (not isinstance(p.max_model_len, int) or p.max_model_len < 2):
+        raise UserError("must be an integer >= 2", f"{where}.max_model_len")
+    cat = load_catalog(catalogs)
+    cat.gpu(p.gpu, f"{where}.gpu")
+    cat.model(p.model, f"{where}.model")

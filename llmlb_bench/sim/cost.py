@@ -87,6 +87,18 @@ class CostModel:
         self.block_size = block_size
         # Largest d(step time)/d(context token): bounds how fast a decode step slows down as contexts grow.
         self.context_slope = max(self.attn_flops / self.peak_flops, self.kv_bytes_per_token / self.bandwidth)
+        # Coefficients of the simulator's hot path (:meth:`run_step`): seconds per unit.
+        self._c_token = self.linear_flops / self.peak_flops
+        self._c_sample = self.lm_head_flops / self.peak_flops
+        self._c_attn = self.attn_flops / self.peak_flops
+        self._m_kv = self.kv_bytes_per_token / self.bandwidth
+        self._m_dense = self.dense_bytes / self.bandwidth
+        self._fixed = self.overhead_s + self._ar_fixed
+        self._idle_w = tp * gpu.idle_w
+        self._dyn_w = tp * (gpu.max_w - gpu.idle_w)
+        self._mem_power = gpu.memory_power_fraction
+        #: the fastest possible decode step (all weights, no context): a floor for step times
+        self.min_step_s = self._fixed + self._m_dense
 
     def _kv_blocks(self, max_tokens: int, max_seqs: int, util: float, block_size: int) -> int:
         """KV blocks per replica: GPU memory x utilisation - weights - activation peak - non-torch memory."""
@@ -130,8 +142,41 @@ class CostModel:
         comm = self._ar_fixed + self._ar_per_token * tokens if tokens else 0.0
         return StepCost(flops / self.peak_flops, data / self.bandwidth, comm, self.overhead_s)
 
-    def decode_time(self, seqs: int, context: float) -> float:
-        """Time of a decode-only step of ``seqs`` requests with ``context`` total context tokens."""
+    def decode_step(self, seqs: int, context: float) -> StepCost:
+        """A decode-only step of ``seqs`` requests with ``context`` total context tokens."""
         compute = ((self.linear_flops + self.lm_head_flops) * seqs + self.attn_flops * context) / self.peak_flops
         memory = (self.weights_read(seqs) + self.kv_bytes_per_token * context) / self.bandwidth
-        return max(compute, memory) + self._ar_fixed + self._ar_per_token * seqs + self.overhead_s
+        return StepCost(compute, memory, self._ar_fixed + self._ar_per_token * seqs, self.overhead_s)
+
+    def decode_time(self, seqs: int, context: float) -> float:
+        return self.decode_step(seqs, context).total
+
+    def run_step(self, tokens: int, attn: float, kv: float, sampled: int) -> tuple[float, float]:
+        """(step time, power) of a step with ``tokens`` new tokens attending to ``attn`` context
+        tokens in total and reading ``kv`` KV tokens: :meth:`step` and :meth:`power_w` without
+        the intermediate object, for the simulator's inner loop (identical arithmetic)."""
+        compute = self._c_token * tokens + self._c_attn * attn + self._c_sample * sampled
+        memory = (self._m_dense + (self.expert_bytes * (1.0 - self._miss ** tokens) / self.bandwidth
+                                   if self.expert_bytes else 0.0) + self._m_kv * kv)
+        total = (compute if compute > memory else memory) + self._fixed + self._ar_per_token * tokens
+        busy = self._mem_power * memory
+        if compute > busy:
+            busy = compute
+        return total, self._idle_w + self._dyn_w * (busy / total if busy < total else 1.0)
+
+    def power_w(self, c: StepCost) -> float:
+        """Average power of the replica's ``tp`` GPUs during a step.
+
+        idle + (max - idle) x activity, where activity is the compute-busy share of
+        the step, or the memory-busy share weighted by ``memory_power_fraction``
+        (streaming memory draws less than saturating tensor cores), whichever is
+        larger. Communication and host overhead count as idle.
+        """
+        g = self.gpu
+        total = c.total
+        activity = max(c.compute_s, g.memory_power_fraction * c.memory_s) / total if total > 0 else 0.0
+        return self.tp * (g.idle_w + (g.max_w - g.idle_w) * min(1.0, activity))
+
+    @property
+    def idle_power_w(self) -> float:
+        return self.tp * self.gpu.idle_w

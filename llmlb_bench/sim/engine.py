@@ -1,187 +1,517 @@
 """The cluster simulation: arrivals, routing and replica events in one time-ordered loop.
 
-Three event sources are merged by time: trace arrivals (in arrival order),
-replica run boundaries (a heap with one live entry per busy replica; a moved
-boundary bumps the replica's ``version`` and leaves a stale entry behind),
-and series sampling ticks. Work per event is O(log replicas) plus the
-policy's own cost, and the number of events grows with requests and batch
-changes, not with tokens.
+Event sources, merged by time (ties in this order):
+
+1. trace arrivals of independent requests, in arrival order;
+2. a heap of timed deliveries: dependent requests released by their parent's
+   end, requests retried after a replica failure, KV caches arriving at a
+   decode replica (disaggregation), replica failures and recoveries;
+3. replica run boundaries: a heap with one live entry per busy replica (a
+   moved boundary bumps the replica's ``version`` and leaves a stale entry);
+4. series sampling ticks.
+
+Work per event is O(log replicas) plus the policy's own cost, and the number
+of events grows with requests and batch changes, not with tokens.
 
 Routing goes through the shared :class:`~llmlb_bench.policies.View`: the
-simulator keeps the router's own accounting (``on_dispatch`` / ``on_finish``)
-and refreshes each replica's waiting / running / KV-usage signals at every
-one of its boundaries and at every dispatch, i.e. the router sees fresh
-signals (``signal_time`` = now).
+simulator keeps the router's own accounting (``on_dispatch`` / ``on_finish``;
+per phase under disaggregation), refreshes each replica's waiting / running /
+KV-usage signals at each of its boundaries and at each dispatch (so
+``signal_time`` is always now), publishes exact prefix-cache contents
+through ``View.cached_prefix``, and honours the policy's ``REJECT`` and
+``HOLD`` answers (draining ``release`` after every hold and completion).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from heapq import heappop, heappush
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import RouteRequest, TargetInfo, View
-from llmlb_bench.schema import TRACE
-from llmlb_bench.sim.config import ClusterConfig
+from llmlb_bench.policies.base import HOLD, REJECT
+from llmlb_bench.schema import TRACE, trace_block_size
+from llmlb_bench.sim.config import ClusterConfig, PoolConfig
 from llmlb_bench.sim.cost import CostModel
 from llmlb_bench.sim.replica import Replica, Request
 from llmlb_bench.sim.results import RequestRecorder
 from llmlb_bench.sim.series import SeriesSampler
 
-
-def build_replicas(cfg: ClusterConfig) -> list[Replica]:
-    """The replicas of ``cfg``, named ``r0``, ``r1``, ..."""
-    cost = CostModel(cfg.model_spec, cfg.gpu_spec, cfg.tp, max_num_batched_tokens=cfg.max_num_batched_tokens,
-                     max_num_seqs=cfg.max_num_seqs, gpu_memory_utilization=cfg.gpu_memory_utilization,
-                     block_size=cfg.block_size)
-    return [Replica(i, f"r{i}", cost, max_num_seqs=cfg.max_num_seqs,
-                    max_num_batched_tokens=cfg.max_num_batched_tokens, block_size=cfg.block_size,
-                    chunked_prefill=cfg.chunked_prefill) for i in range(cfg.replicas)]
+# kinds of timed deliveries
+_ARRIVE, _KV_ARRIVE, _FAIL, _RECOVER = 0, 1, 2, 3
 
 
-def _strings(col: pa.ChunkedArray) -> list[str]:
+def cost_model(pool: PoolConfig, catalogs: tuple[str, ...] = ()) -> CostModel:
+    return CostModel(pool.model_spec(catalogs), pool.gpu_spec(catalogs), pool.tp,
+                     max_num_batched_tokens=pool.max_num_batched_tokens, max_num_seqs=pool.max_num_seqs,
+                     gpu_memory_utilization=pool.gpu_memory_utilization, block_size=pool.block_size)
+
+
+def _unit_blocks(pool: PoolConfig, trace_bs: int) -> tuple[int, int]:
+    """Prefix-cache granularity for a pool: (KV blocks per cached unit, trace hashes per unit).
+
+    A unit is the larger of the trace's hash block and the engine's KV block; one must divide the other.
+    """
+    bs = pool.block_size
+    if trace_bs % bs == 0:
+        return trace_bs // bs, 1
+    if bs % trace_bs == 0:
+        return 1, bs // trace_bs
+    raise UserError(f"the trace's prefix-hash block size {trace_bs} and the engine block size {bs} "
+                    f"must divide one another (or disable prefix caching)", f"cluster.pools[{pool.name}].block_size")
+
+
+def build_replicas(cfg: ClusterConfig, trace_bs: int = 16, hashes: bool = False) -> list[Replica]:
+    """The replicas of ``cfg``, named ``r0``, ``r1``, ... across pools in order."""
+    replicas: list[Replica] = []
+    for pool in cfg.pool_configs():
+        cost = cost_model(pool, cfg.catalogs)
+        unit = _unit_blocks(pool, trace_bs)[0] if (pool.enable_prefix_caching and hashes
+                                                  and pool.role != "decode") else 0
+        for _ in range(pool.replicas):
+            i = len(replicas)
+            replicas.append(Replica(i, f"r{i}", cost, max_num_seqs=pool.max_num_seqs,
+                                    max_num_batched_tokens=pool.max_num_batched_tokens,
+                                    block_size=pool.block_size, chunked_prefill=pool.chunked_prefill,
+                                    prefix_unit_blocks=unit, pool=pool.name, role=pool.role))
+    return replicas
+
+
+def _strings(col: pa.ChunkedArray, default: str) -> list[str]:
     """A dictionary/string column as Python strings, decoding each distinct value once."""
     arr = col.combine_chunks()
     if pa.types.is_dictionary(arr.type):
-        values = arr.dictionary.to_pylist()
-        return [values[i] for i in arr.indices.fill_null(0).to_numpy(zero_copy_only=False).tolist()]
-    return arr.fill_null("default").to_pylist()
+        values = arr.dictionary.to_pylist() + [default]
+        return [values[i] for i in arr.indices.fill_null(len(values) - 1).to_numpy(zero_copy_only=False).tolist()]
+    return arr.fill_null(default).to_pylist()
+
+
+class Simulation:
+    """One simulated run; see :func:`simulate`."""
+
+    def __init__(self, trace: pa.Table, cfg: ClusterConfig, policy: Any, run: Any, seed: int) -> None:
+        self.cfg = cfg
+        self.policy = policy
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        trace = TRACE.conform(trace, "trace")
+        self.trace = trace
+        n = self.n = trace.num_rows
+        hcol = trace.column("prefix_hashes").combine_chunks()
+        has_hashes = hcol.null_count < n and len(hcol.flatten()) > 0
+        self.trace_bs = trace_block_size(trace)
+        self.replicas = build_replicas(cfg, self.trace_bs, has_hashes)
+        pools = cfg.pool_configs()
+        self._pool_of = [p for p in pools for _ in range(p.replicas)]
+        self._limit = [p.max_model_len or p.model_spec(cfg.catalogs).max_context for p in self._pool_of]
+        self._stride = [_unit_blocks(p, self.trace_bs)[1] if r.cache is not None else 1
+                        for p, r in zip(self._pool_of, self.replicas)]
+        # longest prompt + output each replica accepts (context limit, KV capacity, unchunked budget)
+        self._max_total = [min(lim, r.total_blocks * r.bs + 1, (r.budget + 1) if not r.chunked else lim)
+                           for lim, r in zip(self._limit, self.replicas)]
+        ref = self.replicas[0].cost
+        self.view = View(
+            targets=[TargetInfo(name=r.name, pool=r.pool, gpu=self._pool_of[r.index].gpu,
+                                capacity=_capacity(r.cost) / _capacity(ref)) for r in self.replicas],
+            block_size=self.trace_bs,
+            cached_prefix=self._cached_prefix if any(r.cache is not None for r in self.replicas) else None)
+        # trace columns as Python lists: indexing them is the fastest per-request access
+        self.rid = trace.column("request_id").to_numpy().tolist()
+        self.arrival = trace.column("arrival_s").to_numpy().astype(np.float64)
+        self.inp = trace.column("input_tokens").to_numpy().tolist()
+        self.out = trace.column("output_tokens").to_numpy().tolist()
+        self.tenant = _strings(trace.column("tenant"), "default")
+        self.slo = _strings(trace.column("slo_class"), "default")
+        self.prio = trace.column("priority").fill_null(0).to_numpy().tolist()
+        scol = trace.column("session_id")
+        self.session = scol.fill_null(-1).to_numpy().tolist() if scol.null_count < n else None
+        if has_hashes:
+            self._hoff = hcol.offsets.to_numpy()
+            self._hval = hcol.flatten().to_numpy()
+        else:
+            self._hoff = None
+        self.scheduled = self.arrival.copy()
+        self.sent = np.full(n, np.nan)
+        self.children, independent = self._dependencies(trace)
+        self.order = independent[np.lexsort((trace.column("request_id").to_numpy()[independent],
+                                             self.arrival[independent]))].tolist()
+        self.recorder = RequestRecorder(trace, run.requests, self.replicas, self.scheduled, self.sent,
+                                        cfg.token_times)
+        self.sampler = SeriesSampler(run.series, self.replicas, cfg.series_interval_s)
+        self.boundaries: list[tuple[float, int, int, int]] = []
+        self.deliveries: list[tuple[float, int, int, Any]] = []
+        self._seq = itertools.count()   # tie-breaker of equal times: insertion order
+        self._work = 0                   # deliveries other than failures still pending
+        self.held: dict[int, int] = {}   # request_id -> row, requests the policy holds
+        self.events = 0
+        self.retries = 0
+        self._disagg = cfg.disaggregated
+        if self._disagg and not hasattr(policy, "choose_pair"):
+            raise UserError(f"policy {getattr(policy, 'name', policy)!r} cannot route a disaggregated cluster "
+                            f"(it has no choose_pair); try pd_pair", "--policy")
+        self._link_free = [0.0] * len(self.replicas)
+        self._schedule_failures()
+
+    # ---- setup ------------------------------------------------------------------------------------
+
+    def _dependencies(self, trace: pa.Table) -> tuple[dict[int, list[int]], np.ndarray]:
+        """Children per parent row, and the rows that arrive on their own."""
+        parent = trace.column("parent_id")
+        if parent.null_count == self.n:
+            return {}, np.arange(self.n)
+        ids = trace.column("request_id").to_numpy()
+        sorter = np.argsort(ids, kind="stable")
+        pid = parent.fill_null(-1).to_numpy()
+        pos = np.clip(np.searchsorted(ids, pid, sorter=sorter), 0, self.n - 1)
+        prow = sorter[pos]
+        linked = (pid >= 0) & (ids[prow] == pid) & (prow != np.arange(self.n))
+        self.after = trace.column("after_parent_s").fill_null(0.0).to_numpy()
+        children: dict[int, list[int]] = {}
+        for child, par in zip(np.nonzero(linked)[0].tolist(), prow[linked].tolist()):
+            children.setdefault(par, []).append(child)
+        return children, np.nonzero(~linked)[0]
+
+    def _schedule_failures(self) -> None:
+        cfg = self.cfg
+        for f in cfg.failures:
+            i = int(f["target"][1:])
+            self._deliver(float(f["at_s"]), _FAIL, (i, float(f.get("down_s", cfg.mttr_s))))
+        if cfg.mtbf_s is not None:
+            for i in range(len(self.replicas)):
+                self._deliver(float(self.rng.exponential(cfg.mtbf_s)), _FAIL, (i, -1.0))
+
+    def _cached_prefix(self, i: int, hashes: Sequence[int]) -> int:
+        """Leading trace blocks of ``hashes`` that replica ``i`` holds (``View.cached_prefix``)."""
+        rep = self.replicas[i]
+        if rep.cache is None:
+            return 0
+        stride = self._stride[i]
+        units = rep.cache.resident(hashes if stride == 1 else hashes[stride - 1::stride])
+        return min(units * stride, len(hashes))
+
+    # ---- the loop -----------------------------------------------------------------------------------
+
+    def _deliver(self, t: float, kind: int, payload: Any) -> None:
+        if kind != _FAIL and kind != _RECOVER:
+            self._work += 1
+        heappush(self.deliveries, (t, next(self._seq), kind, payload))
+
+    def _push(self, rep: Replica, t: float | None) -> None:
+        if t is not None:
+            heappush(self.boundaries, (t, next(self._seq), rep.index, rep.version))
+
+    def run(self) -> float:
+        replicas, boundaries, deliveries = self.replicas, self.boundaries, self.deliveries
+        arrival, order, sampler = self.arrival.tolist(), self.order, self.sampler
+        view = self.view
+        v_waiting, v_running, v_kv, v_time = view.waiting, view.running, view.kv_usage, view.signal_time
+        inf = math.inf
+        n_order = len(order)
+        k = 0
+        events = 0
+        done: list[Request] = []
+        now = 0.0
+        while True:
+            while boundaries and boundaries[0][3] != replicas[boundaries[0][2]].version:
+                heappop(boundaries)
+            tb = boundaries[0][0] if boundaries else inf
+            ta = arrival[order[k]] if k < n_order else inf
+            td = deliveries[0][0] if deliveries else inf
+            if ta == inf and tb == inf and not self._work:
+                break                    # only failures of an idle, finished cluster remain
+            now = ta if ta <= td and ta <= tb else (td if td <= tb else tb)
+            if now >= sampler.next_t:
+                sampler.sample_until(now)
+            events += 1
+            if ta == now:
+                row = order[k]
+                k += 1
+                self._route(row, now)
+            elif td == now:
+                _, _, kind, payload = heappop(deliveries)
+                if kind == _ARRIVE:
+                    self._work -= 1
+                    self._route(payload, now)
+                elif kind == _KV_ARRIVE:
+                    self._work -= 1
+                    self._kv_arrive(payload, now)
+                elif kind == _FAIL:
+                    self._fail(payload, now)
+                else:
+                    self._recover(payload, now)
+            else:
+                _, _, i, _ = heappop(boundaries)
+                rep = replicas[i]
+                nt = rep.boundary(done)
+                if nt is not None:
+                    heappush(boundaries, (nt, next(self._seq), i, rep.version))
+                if done:
+                    for req in done:
+                        self._done(req, now)
+                    done.clear()
+                v_waiting[i] = len(rep.waiting)
+                v_running[i] = len(rep.running)
+                v_kv[i] = rep.used / rep.total_blocks
+                v_time[i] = now
+        self.events = events
+        end = max([now] + [r.t for r in replicas])
+        for _, _, row in sorted((self.scheduled[r], self.rid[r], r) for r in self.held.values()):
+            self._end_unrouted(row, "not_sent", "held by the router until the end of the run")
+        return float(end)
+
+    # ---- routing ------------------------------------------------------------------------------------
+
+    def _route_request(self, row: int, t: float) -> RouteRequest:
+        sess = self.session[row] if self.session is not None else -1
+        hashes: Sequence[int] = ()
+        if self._hoff is not None:
+            hashes = self._hval[self._hoff[row]:self._hoff[row + 1]].tolist()
+        return RouteRequest(self.rid[row], t, self.inp[row], self.out[row], self.tenant[row],
+                            None if sess < 0 else sess, self.prio[row], self.slo[row], hashes)
+
+    def _route(self, row: int, t: float) -> None:
+        """A request reaches the router at ``t`` (first time, after its parent, or as a retry)."""
+        self.scheduled[row] = t if math.isnan(self.sent[row]) else self.scheduled[row]
+        route = self._route_request(row, t)
+        view = self.view
+        view.now = t
+        if self._disagg:
+            p, d = self.policy.choose_pair(route, view)
+            if p < 0 or d < 0:
+                self._end_unrouted(row, "rejected", "no healthy prefill or decode target")
+                return
+            self._check_target(p)
+            self._check_target(d)
+            self._dispatch(row, route, p, t, decode_target=d)
+            return
+        i = self.policy.choose(route, view)
+        if i == HOLD:
+            self.held[route.request_id] = row
+            self._release_held(t)
+        elif i == REJECT:
+            self._end_unrouted(row, "rejected", f"rejected by the router ({getattr(self.policy, 'name', '')})")
+        else:
+            self._check_target(i)
+            self._dispatch(row, route, i, t)
+
+    def _check_target(self, i: Any) -> None:
+        n = len(self.replicas)
+        if not (isinstance(i, int) and 0 <= i < n):
+            raise UserError(f"policy {getattr(self.policy, 'name', self.policy)!r} chose target {i!r}; "
+                            f"there are {n} targets (0..{n - 1})", "--policy")
+
+    def _release_held(self, t: float) -> None:
+        """Dispatch what the policy releases from its router-side queue."""
+        while self.held:
+            item = self.policy.release(self.view)
+            if item is None:
+                return
+            route, i = item
+            row = self.held.pop(route.request_id)
+            if i == REJECT:
+                self._end_unrouted(row, "rejected", "dropped by the router queue")
+            else:
+                self._check_target(i)
+                route.arrival_s = self.scheduled[row]
+                self._dispatch(row, route, i, t)
+
+    def _dispatch(self, row: int, route: RouteRequest, i: int, t: float, decode_target: int = -1) -> None:
+        view = self.view
+        view.on_dispatch(i, route)
+        if math.isnan(self.sent[row]):
+            self.sent[row] = t
+        rep = self.replicas[i]
+        error = self._admission_error(row, i)
+        if error is None and not view.healthy[i]:
+            error = f"target {rep.name} is down"
+        if error is None and decode_target >= 0 and not self.replicas[decode_target].fits(
+                self.inp[row] + self.out[row] - 1):
+            error = f"needs more KV blocks than decode target {self.replicas[decode_target].name} has"
+        if error is not None:
+            view.on_finish(i, route)
+            self.policy.on_complete(route, i, view)
+            self.recorder.ended(row, rep.name, "rejected" if view.healthy[i] else "error", error)
+            self._release_children(row, t)
+            self._release_held(t)
+            return
+        hashes = None
+        if rep.cache is not None and route.prefix_hashes:
+            stride = self._stride[i]
+            hashes = route.prefix_hashes if stride == 1 else route.prefix_hashes[stride - 1::stride]
+        req = Request(row, route, self.inp[row], self.out[row], hashes)
+        if decode_target >= 0:
+            req.stop = 1
+            req.prefill_target = i
+            req.decode_target = decode_target
+        self._push(rep, rep.enqueue(req, t))
+        self._signals(rep, t)
+
+    def _admission_error(self, row: int, i: int) -> str | None:
+        """Why a request can never be served by replica ``i`` (vLLM rejects these up front), or None."""
+        prompt, output = self.inp[row], self.out[row]
+        if prompt >= 1 and output >= 1 and prompt + output <= self._max_total[i]:
+            return None
+        if prompt < 1 or output < 1:
+            return f"input_tokens ({prompt}) and output_tokens ({output}) must both be >= 1"
+        total = prompt + output
+        limit = self._limit[i]
+        if total > limit:
+            return f"input + output = {total} tokens exceeds the maximum model length {limit}"
+        rep = self.replicas[i]
+        if not rep.fits(total - 1):
+            return f"needs {-(-(total - 1) // rep.bs)} KV blocks, more than the replica's {rep.total_blocks}"
+        if not rep.chunked and total - 1 > rep.budget:
+            return (f"{total - 1} tokens to prefill exceed max_num_batched_tokens {rep.budget} "
+                    f"with chunked prefill off")
+        return None
+
+    # ---- completions ------------------------------------------------------------------------------------
+
+    def _done(self, req: Request, t: float) -> None:
+        view = self.view
+        i = req.target
+        view.on_finish(i, req.route)
+        if req.stop < req.out:
+            self._hand_over(req, t)
+            return
+        self.policy.on_complete(req.route, i, view)
+        self.recorder.finished(req)
+        self._release_children(req.row, t)
+        self._release_held(t)
+
+    def _hand_over(self, req: Request, t: float) -> None:
+        """Prefill done on a prefill replica: ship the KV cache to the decode replica."""
+        cfg = self.cfg
+        p, d = req.target, req.decode_target
+        self.view.on_dispatch(d, req.route)
+        nbytes = req.prompt * self.replicas[p].cost.model.kv_bytes_per_token
+        start = max(t, self._link_free[p])
+        self._link_free[p] = start + nbytes / (cfg.kv_link_gb_s * 1e9)
+        req.first_token_s = t
+        req.target = d
+        req.spans = None
+        req.span_start = -1
+        req.hashes = None
+        req.shared = 0
+        req.computed = req.prompt         # the KV arrives with the request
+        req.stop = req.out
+        self._deliver(self._link_free[p] + cfg.kv_link_latency_ms / 1000.0, _KV_ARRIVE, req)
+
+    def _kv_arrive(self, req: Request, t: float) -> None:
+        rep = self.replicas[req.decode_target]
+        if not self.view.healthy[rep.index]:
+            self.view.on_finish(rep.index, req.route)
+            self._lose(req, t, f"decode target {rep.name} is down")
+            return
+        self._push(rep, rep.enqueue(req, t))
+        self._signals(rep, t)
+
+    def _release_children(self, row: int, t: float) -> None:
+        for child in self.children.get(row, ()):
+            self._deliver(max(float(self.arrival[child]), t + float(self.after[child])), _ARRIVE, child)
+
+    def _end_unrouted(self, row: int, status: str, error: str) -> None:
+        self.recorder.ended(row, None, status, error)
+        self._release_children(row, self.view.now)  # view.now: the time of the routing decision
+
+    def _signals(self, rep: Replica, t: float) -> None:
+        i = rep.index
+        view = self.view
+        view.waiting[i] = len(rep.waiting)
+        view.running[i] = len(rep.running)
+        view.kv_usage[i] = rep.used / rep.total_blocks
+        view.signal_time[i] = t
+
+    # ---- failures -----------------------------------------------------------------------------------
+
+    def _fail(self, payload: tuple[int, float], t: float) -> None:
+        i, down = payload
+        rep = self.replicas[i]
+        if not self.view.healthy[i]:
+            return
+        self.view.healthy[i] = False
+        rep.failures += 1
+        for req in rep.drain(t):
+            self.view.on_finish(i, req.route)
+            self._lose(req, t, f"replica {rep.name} failed")
+        self._signals(rep, t)
+        if down < 0:
+            down = float(self.rng.exponential(self.cfg.mttr_s))
+        self._deliver(t + down, _RECOVER, i)
+
+    def _lose(self, req: Request, t: float, error: str) -> None:
+        """A request lost with its replica: retried through the router, or reported as an error."""
+        self.policy.on_complete(req.route, req.target, self.view)
+        if self.cfg.on_failure == "retry":
+            self.retries += 1
+            self._deliver(t, _ARRIVE, req.row)
+            return
+        self.recorder.ended(req.row, self.replicas[req.target].name, "error", error)
+        self._release_children(req.row, t)
+
+    def _recover(self, i: int, t: float) -> None:
+        rep = self.replicas[i]
+        self.view.healthy[i] = True
+        rep.idle_since = rep.t = t           # a failed replica draws no power while down
+        self._signals(rep, t)
+        if self.cfg.mtbf_s is not None:
+            self._deliver(t + float(self.rng.exponential(self.cfg.mtbf_s)), _FAIL, (i, -1.0))
+        self._release_held(t)
+
+    # ---- summary ------------------------------------------------------------------------------------
+
+    def summary(self, end: float, wall: float) -> dict[str, Any]:
+        reps = self.replicas
+        energy = sum(r.energy_at(end) if self.view.healthy[r.index] else r.energy_j for r in reps)
+        pools = self.cfg.pool_configs()
+        gpu_hours = sum(p.replicas * p.tp for p in pools) * end / 3600.0
+        price = sum(p.replicas * p.tp * p.gpu_spec(self.cfg.catalogs).price_per_hour for p in pools)
+        caches = [r.cache for r in reps if r.cache is not None]
+        return {
+            "sim_time_s": end,
+            "wall_s": wall,
+            "requests": self.n,
+            "status": dict(sorted(self.recorder.counts.items())),
+            "events": self.events,
+            "steps": sum(r.step for r in reps),
+            "preemptions": sum(r.preemptions for r in reps),
+            "retries": self.retries,
+            "failures": sum(r.failures for r in reps),
+            "kv_blocks": {r.name: r.total_blocks for r in reps},
+            "prefix_cache_hit_rate": (sum(c.hits for c in caches) / max(1, sum(c.lookups for c in caches))
+                                      if caches else None),
+            "energy_j": energy,
+            "attributed_energy_j": self.recorder.attributed_energy_j,
+            "gpu_hours": gpu_hours,
+            "cost_usd": price * end / 3600.0,
+            "mean_utilization": (sum(r.busy_s for r in reps) / (end * len(reps))) if end > 0 else 0.0,
+            "seed": self.seed,
+        }
+
+
+def _capacity(cost: CostModel) -> float:
+    """Relative serving speed for ``TargetInfo.capacity``: decode tokens/s of a 64-request batch at 1k context."""
+    return 64 / cost.decode_time(64, 64 * 1024)
 
 
 def simulate(trace: pa.Table, cfg: ClusterConfig, policy: Any, run: Any, seed: int = 0) -> dict[str, Any]:
     """Simulate ``trace`` on the cluster ``cfg`` routed by ``policy``; stream rows into ``run``.
 
     ``run`` has ``.requests`` and ``.series`` sinks (a :class:`~llmlb_bench.store.RunStore`).
-    Every trace row yields one REQUESTS row. The simulation is deterministic: it
-    draws no random numbers, so the same trace, config and policy give identical
-    rows; ``seed`` is recorded for the stochastic extensions (failure injection).
+    Every trace row yields one REQUESTS row. Same trace, config, policy and seed
+    give identical rows; the seed drives only random failures (``mtbf_s``).
     Returns a summary dict for run.json.
     """
     wall0 = time.perf_counter()
-    trace = TRACE.conform(trace, "trace")
-    n = trace.num_rows
-    replicas = build_replicas(cfg)
-    cost = replicas[0].cost
-    view = View(targets=[TargetInfo(name=r.name, pool="default", gpu=cfg.gpu, capacity=1.0) for r in replicas])
-    limit = cfg.context_limit
-
-    rid = trace.column("request_id").to_numpy().tolist()
-    arrival = trace.column("arrival_s").to_numpy().astype(np.float64)
-    inp = trace.column("input_tokens").to_numpy().tolist()
-    out = trace.column("output_tokens").to_numpy().tolist()
-    tenant = _strings(trace.column("tenant"))
-    slo = _strings(trace.column("slo_class"))
-    prio = trace.column("priority").fill_null(0).to_numpy().tolist()
-    session_col = trace.column("session_id")
-    session = (session_col.fill_null(-1).to_numpy().tolist() if session_col.null_count < n else None)
-    order = np.lexsort((trace.column("request_id").to_numpy(), arrival)).tolist()
-    sent_s = arrival.copy()
-
-    recorder = RequestRecorder(trace, run.requests, replicas, sent_s)
-    sampler = SeriesSampler(run.series, replicas, cfg.series_interval_s)
-    heap: list[tuple[float, int, int, int]] = []
-    seq = 0
-    events = 0
-    done: list[Request] = []
-    n_targets = len(replicas)
-
-    def finish(r: int, reqs: list[Request]) -> None:
-        for req in reqs:
-            view.on_finish(r, req.route)
-            policy.on_complete(req.route, r, view)
-            recorder.finished(r, req)
-        reqs.clear()
-
-    def signals(rep: Replica, t: float) -> None:
-        i = rep.index
-        view.waiting[i] = len(rep.waiting)
-        view.running[i] = len(rep.running)
-        view.kv_usage[i] = rep.used / rep.total_blocks
-        view.signal_time[i] = t
-
-    inf = math.inf
-    k = 0
-    while True:
-        while heap and heap[0][3] != replicas[heap[0][2]].version:
-            heappop(heap)
-        th = heap[0][0] if heap else inf
-        ta = arrival[order[k]] if k < n else inf
-        t = ta if ta <= th else th
-        if t == inf:
-            break
-        if t >= sampler.next_t:
-            sampler.sample_until(t)
-        events += 1
-        if ta <= th:
-            row = order[k]
-            k += 1
-            sess = session[row] if session is not None else -1
-            route = RouteRequest(rid[row], ta, inp[row], out[row], tenant[row], None if sess < 0 else sess,
-                                 prio[row], slo[row])
-            view.now = ta
-            i = policy.choose(route, view)
-            if not (isinstance(i, int) and 0 <= i < n_targets):
-                raise UserError(f"policy {getattr(policy, 'name', policy)!r} chose target {i!r}; "
-                                f"there are {n_targets} targets (0..{n_targets - 1})", "--policy")
-            view.on_dispatch(i, route)
-            rep = replicas[i]
-            error = _admission_error(inp[row], out[row], limit, rep, cfg)
-            if error:
-                view.on_finish(i, route)
-                policy.on_complete(route, i, view)
-                recorder.reject(row, rep.name, error)
-                continue
-            nt = rep.enqueue(Request(row, route, inp[row], out[row]), ta)
-            if nt is not None:
-                seq += 1
-                heappush(heap, (nt, seq, i, rep.version))
-            signals(rep, ta)
-        else:
-            _, _, i, _ = heappop(heap)
-            rep = replicas[i]
-            nt = rep.boundary(done)
-            if done:
-                finish(i, done)
-            if nt is not None:
-                seq += 1
-                heappush(heap, (nt, seq, i, rep.version))
-            signals(rep, th)
-    end = float(max((r.t for r in replicas), default=0.0))
-    sampler.sample_until(end, final=True)
-    recorder.flush()
-    sampler.flush()
-    return {
-        "sim_time_s": end,
-        "wall_s": time.perf_counter() - wall0,
-        "requests": n,
-        "ok": recorder.ok,
-        "rejected": recorder.rejected,
-        "events": events,
-        "steps": sum(r.step for r in replicas),
-        "preemptions": sum(r.preemptions for r in replicas),
-        "kv_blocks_per_replica": replicas[0].total_blocks if replicas else 0,
-        "kv_tokens_per_replica": (replicas[0].total_blocks * cfg.block_size) if replicas else 0,
-        "weights_gib_per_gpu": cost.weight_bytes / (1 << 30),
-        "seed": seed,
-    }
-
-
-def _admission_error(prompt: int, output: int, limit: int, rep: Replica, cfg: ClusterConfig) -> str | None:
-    """Why a request can never be served by ``rep`` (vLLM rejects these up front), or None."""
-    if prompt < 1 or output < 1:
-        return f"input_tokens ({prompt}) and output_tokens ({output}) must both be >= 1"
-    total = prompt + output
-    if total > limit:
-        return f"input + output = {total} tokens exceeds the maximum model length {limit}"
-    if not rep.fits(total - 1):
-        return (f"needs {-(-(total - 1) // cfg.block_size)} KV blocks, more than the replica's "
-                f"{rep.total_blocks}")
-    if not cfg.chunked_prefill and total - 1 > cfg.max_num_batched_tokens:
-        return (f"{total - 1} tokens to prefill exceed max_num_batched_tokens "
-                f"{cfg.max_num_batched_tokens} with chunked prefill off")
-    return None
+    sim = Simulation(trace, cfg, policy, run, seed)
+    end = sim.run()
+    sim.sampler.sample_until(end, final=True)
+    sim.recorder.flush()
+    sim.sampler.flush()
+    return sim.summary(end, time.perf_counter() - wall0)

@@ -6,10 +6,13 @@ running requests still in prefill get the rest of the step's token budget
 preempted, waiting requests are admitted first-come-first-served while a
 seat (``max_num_seqs``), budget and KV blocks remain, with chunked prefill.
 KV memory is paged: a request holds ceil(tokens / block_size) blocks and
-takes a new block whenever its next token starts one. When a step cannot get
-the blocks it needs, the most recently admitted running request is preempted
-(recompute: its blocks are freed and it goes back to the head of the waiting
-queue, keeping the tokens it already streamed), as vLLM does.
+takes a new block whenever its next token starts one. With prefix caching,
+an admitted request first reuses the cached units its prompt hashes match
+(skipping their prefill), and its own full prompt units join the cache once
+computed. When a step cannot get the blocks it needs, the most recently
+admitted running request is preempted (recompute: its blocks are freed and
+it goes back to the head of the waiting queue, keeping the tokens it
+already streamed), as vLLM does.
 
 Why this is fast: between two events that change the batch (an arrival that
 can be admitted, a prefill chunk, a finish, a preemption, running out of
@@ -19,67 +22,88 @@ inside a run: each decoding request's state is a linear function of the
 step index (``ctx0``, ``step0``), blocks are counted per phase of the step
 index modulo the block size, and finishes sit in a heap keyed by the step at
 which they happen. Each run is recorded once in the replica's timeline, from
-which token times are cut later, in bulk (:mod:`llmlb_bench.sim.timeline`).
+which token times and energy shares are cut later, in bulk
+(:mod:`llmlb_bench.sim.timeline`).
 
 Step time within a run is held constant at the roofline value for the run's
 mean context length. The roofline is piecewise linear in context length, so
 the run's total duration is exact while it stays in one regime (compute- or
 memory-bound); runs are cut so that the step time drifts by at most
 ``STEP_TIME_TOLERANCE`` within one.
+
+Energy: each step draws the cost model's power for its mix of compute and
+memory time; the step's energy is shared among the tokens it processes
+(a prefill chunk of c tokens gets c shares, each decoding request one).
+Idle time draws idle power and is not attributed to requests.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from heapq import heappop, heappush
-from typing import Any
+from typing import Any, Sequence
 
 from llmlb_bench.sim.cost import CostModel
+from llmlb_bench.sim.prefix_cache import PrefixCache
 from llmlb_bench.sim.timeline import Timeline
 
 #: largest relative growth of the decode step time within one run
 STEP_TIME_TOLERANCE = 0.02
-#: longest run planned at once (bounds float error of start + k x gap)
-MAX_RUN_STEPS = 1 << 20
 
 
 class Request:
-    """A request inside the simulator (one trace row)."""
+    """A request inside the simulator (one trace row, possibly one phase of it)."""
 
-    __slots__ = ("row", "route", "prompt", "out", "generated", "computed", "blocks", "ctx0", "step0",
-                 "gen", "span_start", "spans", "preemptions", "cached")
+    __slots__ = ("row", "route", "prompt", "out", "stop", "generated", "computed", "blocks", "ctx0", "step0",
+                 "gen", "span_start", "spans", "preemptions", "cached", "hashes", "shared", "energy",
+                 "first_token_s", "prefill_target", "decode_target", "target")
 
-    def __init__(self, row: int, route: Any, prompt: int, out: int) -> None:
+    def __init__(self, row: int, route: Any, prompt: int, out: int, hashes: Sequence[int] | None = None) -> None:
         self.row = row
         self.route = route
         self.prompt = prompt
         self.out = out
+        self.stop = out          # tokens to have generated when this replica is done with it
         self.generated = 0
         self.computed = 0
-        self.blocks = 0          # blocks held while waiting/prefilling (decoding requests: derived)
+        self.blocks = 0          # KV blocks of this request while waiting/prefilling (decoding: derived)
         self.ctx0 = 0            # decoding: tokens in KV when decode started ...
         self.step0 = -1          # ... at this step index (-1 = not decoding)
         self.gen = 0             # invalidates stale finish-heap entries
         self.span_start = -1     # step of the first token of the current token run
-        self.spans: list[tuple[int, int]] | None = None   # earlier token runs (only after a preemption)
+        self.spans: list[tuple[int, int]] | None = None   # token runs as step ranges on ``target``
         self.preemptions = 0
-        self.cached = 0
+        self.cached = -1         # prompt tokens served from the prefix cache at first admission
+        self.hashes = hashes     # prompt's prefix-cache unit hashes (None: no prefix caching)
+        self.shared = 0          # leading units referenced in the prefix cache
+        self.energy = 0.0        # joules of prefill shares (decode shares come from the timeline)
+        self.first_token_s = -1.0    # set when the first token came from another replica (P/D)
+        self.prefill_target = -1
+        self.decode_target = -1
+        self.target = -1
 
 
 class Replica:
     """The scheduler and KV cache of one replica."""
 
     def __init__(self, index: int, name: str, cost: CostModel, *, max_num_seqs: int,
-                 max_num_batched_tokens: int, block_size: int, chunked_prefill: bool) -> None:
+                 max_num_batched_tokens: int, block_size: int, chunked_prefill: bool,
+                 prefix_unit_blocks: int = 0, pool: str = "default", role: str = "mixed") -> None:
         self.index = index
         self.name = name
+        self.pool = pool
+        self.role = role
         self.cost = cost
         self.max_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
         self.bs = block_size
         self.chunked = chunked_prefill
         self.total_blocks = cost.kv_blocks
-        self.used = 0                                # blocks allocated as of the last boundary
+        # decode steps (times the batch size) over which the step time grows by at most the tolerance:
+        # relative growth per step <= decoding x context_slope / min_step_s
+        self._tol_steps = STEP_TIME_TOLERANCE * cost.min_step_s / cost.context_slope
+        self.cache = PrefixCache(prefix_unit_blocks) if prefix_unit_blocks else None
+        self.used = 0                                # blocks referenced as of the last boundary
         self.step = 0                                # steps completed
         self.t = 0.0                                 # time of the last boundary
         self.running: dict[Request, None] = {}       # admission order (the preemption victim is the last)
@@ -89,16 +113,25 @@ class Replica:
         self.context = 0                             # their total context for the next step
         self.phase = [0] * block_size                # decoders needing a new block at steps = p (mod bs)
         self.finish_heap: list[tuple[int, int, Request, int]] = []
+        self._done_here: list[Request] = []          # finished at a prefill completion, reported at the boundary
         self._seq = 0
         self.timeline = Timeline()
         self.version = 0                             # bumps whenever the pending boundary moves
         # the run in flight
         self.run_start = 0.0
         self.run_gap = 0.0
-        self.run_n = 0                               # 0 = idle
+        self.run_n = 0
+        self.idle = True
+        self.run_power = 0.0
+        self._pre_energy = self._pre_power = self._pre_start = 0.0
         self.run_chunks: list[tuple[Request, int]] = []
         self.run_decode_only = False
+        # totals
         self.preemptions = 0
+        self.failures = 0
+        self.energy_j = 0.0                          # up to the last boundary (or to ``idle_since``)
+        self.idle_since = 0.0
+        self.busy_s = 0.0
 
     # ---- queries -------------------------------------------------------------------------------
 
@@ -113,8 +146,20 @@ class Replica:
         done = min(self.run_n, int((t - self.run_start) / self.run_gap)) if t > self.run_start else 0
         return self.used + self._blocks_needed(done)
 
+    def energy_at(self, t: float) -> float:
+        """Joules drawn from time 0 to ``t`` (``t`` not before the last event)."""
+        if self.idle:
+            return self.energy_j + self.cost.idle_power_w * (t - self.idle_since)
+        if t < self.run_start:       # inside a mixed step applied ahead of its end (see _plan)
+            return self._pre_energy + self._pre_power * (t - self._pre_start)
+        return self.energy_j + self.run_power * (t - self.run_start)
+
+    def cached_prefix(self, hashes: Sequence[int]) -> int:
+        """Leading prefix-cache units of ``hashes`` resident now."""
+        return self.cache.resident(hashes) if self.cache is not None else 0
+
     def oldest_needed_step(self) -> int:
-        """The first step whose end time an unfinished request still needs for its token times."""
+        """The first step whose timeline entry an unfinished request still needs."""
         oldest = self.step + 1
         for group in (self.running, self.waiting):
             for req in group:
@@ -131,14 +176,16 @@ class Replica:
 
     def enqueue(self, req: Request, t: float) -> float | None:
         """A request arrives at time ``t``. Returns the new boundary time if it moved, else None."""
+        req.target = self.index
         self.waiting.append(req)
-        if not self.run_n:
+        if self.idle:
+            self.energy_j += self.cost.idle_power_w * (t - self.idle_since)
             self.t = t
             return self._schedule()
-        # A decode run ends early at the next step boundary when the newcomer could be admitted there.
-        if (self.run_decode_only and self.run_n > 1 and len(self.waiting) == 1
-                and len(self.running) < self.max_seqs):
-            j = int((t - self.run_start) / self.run_gap) + 1
+        # A decode run ends early at the next step boundary when the newcomer could be admitted there
+        # (with no decode step at all if it arrives during the mixed step that precedes the run).
+        if self.run_decode_only and self.run_n and len(self.waiting) == 1 and len(self.running) < self.max_seqs:
+            j = int((t - self.run_start) / self.run_gap) + 1 if t >= self.run_start else 0
             if j < self.run_n:
                 self.run_n = j
                 self.timeline.truncate_last(j)
@@ -147,36 +194,53 @@ class Replica:
         return None
 
     def boundary(self, done: list[Request]) -> float | None:
-        """The run in flight has ended: apply it, append finished requests to ``done``,
-        schedule the next step. Returns the next boundary time, or None when idle."""
-        n = self.run_n
-        if self.decoding:
-            self.used += self._blocks_needed(n)
-            self.context += self.decoding * n
-        self.t = self.run_end
-        self.step += n
-        step = self.step
-        for req, chunk in self.run_chunks:
-            req.computed += chunk
-            if req.computed == req.prompt + req.generated:
-                # Prefill (or recompute after preemption) complete: this step sampled a token.
-                self.prefilling.remove(req)
-                req.generated += 1
-                req.span_start = step
-                if req.generated >= req.out:
-                    self._release(req, req.blocks)
-                    done.append(req)
-                else:
-                    self._start_decode(req)
-        self.run_chunks = []
+        """The run in flight has ended: apply it, append requests done here to ``done``
+        (finished, or handed over after prefill), schedule the next step.
+        Returns the next boundary time, or None when idle."""
+        self._apply(self.run_n)
         heap = self.finish_heap
+        step = self.step
         while heap and heap[0][0] <= step:
             _, _, req, gen = heappop(heap)
             if gen == req.gen:
                 computed = self._stop_decode(req)
                 self._release(req, -(-computed // self.bs))
                 done.append(req)
+        done.extend(self._done_here)
+        self._done_here.clear()
+        if self.cache is not None:
+            self.cache.evict_to(self.total_blocks - self.used)
         return self._schedule()
+
+    def _apply(self, n: int) -> None:
+        """Advance the state by the ``n`` steps of the run in flight (a mixed step has n = 1)."""
+        if self.decoding:
+            self.used += self._blocks_needed(n)
+            self.context += self.decoding * n
+        busy = n * self.run_gap
+        self.t = self.run_start + busy
+        self.energy_j += self.run_power * busy
+        self.busy_s += busy
+        self.step += n
+        step = self.step
+        cache = self.cache
+        for req, chunk in self.run_chunks:
+            req.computed += chunk
+            if cache is not None and req.hashes is not None:
+                full = min(req.computed, req.prompt) // (self.bs * cache.unit_blocks)
+                if full > req.shared:
+                    req.shared += cache.register(req.hashes, req.shared, min(full, len(req.hashes)))
+            if req.computed == req.prompt + req.generated:
+                # Prefill (or recompute after preemption) complete: this step sampled a token.
+                self.prefilling.remove(req)
+                req.generated += 1
+                req.span_start = step
+                if req.generated >= req.stop:
+                    self._release(req, req.blocks)
+                    self._done_here.append(req)
+                else:
+                    self._start_decode(req)
+        self.run_chunks = []
 
     # ---- decode bookkeeping -----------------------------------------------------------------------
 
@@ -185,12 +249,11 @@ class Replica:
         c = req.computed
         s0 = self.step + 1
         req.ctx0, req.step0 = c, s0
-        # Requested blocks so far become implicit: ceil(computed / bs), as allocated by the prefill.
         self.phase[(s0 - c) % self.bs] += 1
         self.decoding += 1
         self.context += c + 1
         self._seq += 1
-        heappush(self.finish_heap, (s0 + req.out - req.generated - 1, self._seq, req, req.gen))
+        heappush(self.finish_heap, (s0 + req.stop - req.generated - 1, self._seq, req, req.gen))
 
     def _stop_decode(self, req: Request) -> int:
         """Take ``req`` out of decode at the current boundary; returns the tokens in its KV."""
@@ -215,11 +278,20 @@ class Replica:
                 need += phase[(s + j) % bs]
         return need
 
-    def _release(self, req: Request, blocks: int) -> None:
-        """``req`` leaves the batch for good (finished)."""
-        del self.running[req]
-        self.used -= blocks
+    def _free(self, req: Request, blocks: int) -> None:
+        """Give back the ``blocks`` KV blocks of ``req``: shared units to the cache, the rest to the pool."""
+        if req.shared:
+            shared_blocks = req.shared * self.cache.unit_blocks
+            self.used -= blocks - shared_blocks + self.cache.release(req.hashes, req.shared)
+            req.shared = 0
+        else:
+            self.used -= blocks
         req.blocks = 0
+
+    def _release(self, req: Request, blocks: int) -> None:
+        """``req`` leaves this replica for good (finished or handed over)."""
+        del self.running[req]
+        self._free(req, blocks)
         spans = req.spans
         if spans is None:
             req.spans = [(req.span_start, self.step)]
@@ -228,22 +300,21 @@ class Replica:
 
     def _preempt_last(self) -> tuple[Request, bool]:
         """Preempt the most recently admitted running request (recompute). Returns it and
-        whether it was decoding (then it needed a block at the next step iff its phase matches)."""
+        whether it was decoding and needed a new block at the next step."""
         req = next(reversed(self.running))
         del self.running[req]
         decoding = req.step0 >= 0
         if decoding:
             phase_hit = (self.step + 1 - (req.step0 - req.ctx0)) % self.bs == 0
             computed = self._stop_decode(req)
-            self.used -= -(-computed // self.bs)
+            self._free(req, -(-computed // self.bs))
             if req.spans is None:
                 req.spans = []
             req.spans.append((req.span_start, self.step))
         else:
             phase_hit = False
             self.prefilling.remove(req)
-            self.used -= req.blocks
-        req.blocks = 0
+            self._free(req, req.blocks)
         req.computed = 0
         req.span_start = -1
         req.preemptions += 1
@@ -251,12 +322,40 @@ class Replica:
         self.waiting.appendleft(req)
         return req, decoding and phase_hit
 
+    def drain(self, t: float) -> list[Request]:
+        """Remove every request at time ``t`` (replica failure): returns them; KV and cache are lost."""
+        reqs = list(self.running) + list(self.waiting)
+        for req in reqs:
+            if req.step0 >= 0:
+                self._stop_decode(req)
+            req.computed = req.blocks = req.shared = 0
+            req.span_start = -1
+            req.spans = None
+        self.running.clear()
+        self.prefilling.clear()
+        self.waiting.clear()
+        self.finish_heap.clear()
+        self.used = self.decoding = self.context = 0
+        self.phase = [0] * self.bs
+        if self.cache is not None:
+            self.cache = PrefixCache(self.cache.unit_blocks)
+        self.energy_j = self.energy_at(t)
+        self.idle_since = self.t = t
+        self.idle = True
+        self.step += self.run_n      # the cut-off run keeps its step numbers; no request refers to them
+        self.run_n = 0
+        self.run_chunks = []
+        self.version += 1
+        return reqs
+
     # ---- the scheduler -------------------------------------------------------------------------------
 
     def _schedule(self) -> float | None:
         bs = self.bs
-        budget = self.budget - self.decoding
         need = self.phase[(self.step + 1) % bs] if self.decoding else 0
+        if not self.waiting and not self.prefilling and need <= self.total_blocks - self.used:
+            return self._plan([], False)      # the common case: only decodes continue
+        budget = self.budget - self.decoding
         preempted = False
         # 1. decodes: one slot each; preempt from the tail until their new blocks fit
         while need > self.total_blocks - self.used:
@@ -291,70 +390,135 @@ class Replica:
         # 3. waiting requests, first come first served, only if nothing was preempted this step
         if not preempted:
             waiting = self.waiting
+            cache = self.cache
             while waiting and budget > 0 and len(self.running) < self.max_seqs:
                 req = waiting[0]
-                todo = req.prompt + req.generated - req.computed
+                hit = revive = 0
+                if cache is not None and req.hashes is not None and req.computed == 0:
+                    unit = bs * cache.unit_blocks
+                    # at least one prompt token is always computed (the step must sample)
+                    hit = cache.match(req.hashes, (req.prompt + req.generated - 1) // unit)
+                    revive = cache.revive_cost(req.hashes, hit) if hit else 0
+                computed = hit * bs * cache.unit_blocks if hit else req.computed
+                todo = req.prompt + req.generated - computed
                 chunk = min(todo, budget)
                 if chunk < todo and not self.chunked:
                     break
-                nb = -(-(req.computed + chunk) // bs) - req.blocks
-                if nb > free:
+                held = hit * cache.unit_blocks if hit else req.blocks
+                nb = -(-(computed + chunk) // bs) - held
+                if nb + revive > free:
                     break
                 waiting.popleft()
+                if hit:
+                    self.used += cache.acquire(req.hashes, hit)
+                    req.shared = hit
+                    req.computed = computed
+                    req.blocks = held
+                if cache is not None and req.cached < 0:
+                    req.cached = computed if req.hashes is not None else 0
+                    cache.lookups += 1
+                    cache.hits += hit > 0
                 self.running[req] = None
                 self.prefilling.append(req)
                 req.blocks += nb
                 self.used += nb
-                free -= nb
+                free -= nb + revive
                 budget -= chunk
                 chunks.append((req, chunk))
+            if cache is not None:
+                cache.evict_to(self.total_blocks - self.used - need)
         return self._plan(chunks, preempted)
 
     def _plan(self, chunks: list[tuple[Request, int]], preempted: bool) -> float | None:
         """Start the next run at ``self.t``: one mixed step, or a run of identical decode steps."""
         self.run_start = self.t
         self.version += 1
-        cost = self.cost
         if chunks:
-            tokens = attn = kv = 0.0
-            completing = 0
-            for req, chunk in chunks:
-                tokens += chunk
-                attn += chunk * (req.computed + (chunk + 1) / 2)
-                kv += req.computed + chunk
-                completing += req.computed + chunk == req.prompt + req.generated
-            gap = cost.step(int(tokens), attn, kv, self.decoding, self.context,
-                            self.decoding + completing).total
-            n = 1
-        elif self.decoding:
-            heap = self.finish_heap
-            while heap[0][3] != heap[0][2].gen:
-                heappop(heap)
-            n = heap[0][0] - self.step
-            if preempted or self.prefilling:
-                n = 1
-            else:
-                n = min(n, self._block_limit(n), MAX_RUN_STEPS)
-                base = cost.decode_time(self.decoding, self.context)
-                n = min(n, max(1, int(STEP_TIME_TOLERANCE * base / (cost.context_slope * self.decoding))))
-            gap = cost.decode_time(self.decoding, self.context + self.decoding * (n - 1) / 2)
-        else:
-            self.run_n = 0
-            self.run_decode_only = False
-            return None
+            return self._plan_mixed(chunks)
+        if self.decoding:
+            return self._plan_decode(preempted)
+        self.run_n = 0
+        self.idle = True
+        self.run_decode_only = False
+        self.idle_since = self.t
+        return None
+
+    def _plan_mixed(self, chunks: list[tuple[Request, int]]) -> float:
+        """One step with prefill chunks (and the running decodes).
+
+        When the step completes every prefill, admits no one after it (nothing waits) and
+        finishes no one, the step after it is certain to start a decode run; then the step
+        is applied at once and that run planned behind it, which saves one event per
+        admission. An arrival during the step still ends the run at the step's end."""
+        decoding = self.decoding
+        tokens = 0
+        attn = kv = 0.0
+        completing = 0
+        for req, chunk in chunks:
+            c = req.computed
+            tokens += chunk
+            attn += chunk * (c + (chunk + 1) / 2)
+            kv += c + chunk
+            completing += c + chunk == req.prompt + req.generated
+        gap, power = self.cost.run_step(tokens + decoding, attn + self.context, kv + self.context,
+                                        decoding + completing)
+        share = power * gap / (tokens + decoding)
+        for req, chunk in chunks:
+            req.energy += share * chunk
+        self.timeline.runs.append((self.step + 1, self.run_start, gap, 1, share))
+        self.idle = False
+        if (completing == len(chunks) == len(self.prefilling) and not self.waiting
+                and all(r.generated + 1 < r.stop for r, _ in chunks)
+                and not (decoding and self._next_finish() <= self.step + 1)):
+            self._pre_energy, self._pre_power, self._pre_start = self.energy_j, power, self.run_start
+            self.run_chunks = chunks
+            self.run_n, self.run_gap, self.run_power = 1, gap, power
+            self._apply(1)
+            self.run_start = self.t
+            return self._plan_decode(False)
         self.run_chunks = chunks
+        self.run_n = 1
+        self.run_gap = gap
+        self.run_power = power
+        self.run_decode_only = False
+        return self.run_start + gap
+
+    def _plan_decode(self, preempted: bool) -> float:
+        """A run of decode steps up to the next finish, block shortage or step-time drift."""
+        decoding = self.decoding
+        n = self._next_finish() - self.step
+        if preempted or self.prefilling:
+            n = 1
+        else:
+            free = self.total_blocks - self.used
+            if decoding * (n // self.bs + 1) > free:
+                n = self._block_limit(n, free)
+            # cut runs so the step time drifts by at most the tolerance (see the module docstring)
+            n_tol = int(self._tol_steps / decoding)
+            if n > n_tol:
+                n = n_tol if n_tol > 0 else 1
+        ctx = self.context + decoding * (n - 1) / 2
+        gap, power = self.cost.run_step(decoding, ctx, ctx, decoding)
+        self.run_chunks = []
         self.run_n = n
         self.run_gap = gap
-        self.run_decode_only = not chunks
-        self.timeline.append(self.step + 1, self.run_start, gap, n)
-        return self.run_end
+        self.run_power = power
+        self.run_decode_only = True
+        self.idle = False
+        if n:   # n = 0 only behind an applied mixed step, when the next step needs a preemption
+            self.timeline.runs.append((self.step + 1, self.run_start, gap, n, power * gap / decoding))
+        return self.run_start + n * gap
 
-    def _block_limit(self, n: int) -> int:
+    def _next_finish(self) -> int:
+        """Step at which the next decoding request finishes (drops stale heap entries)."""
+        heap = self.finish_heap
+        while heap[0][3] != heap[0][2].gen:
+            heappop(heap)
+        return heap[0][0]
+
+    def _block_limit(self, n: int, free: int) -> int:
         """Largest m <= n such that the next m decode steps find their new blocks free."""
-        free = self.total_blocks - self.used
         d = self.decoding
-        if d * (n // self.bs + 1) <= free:
-            return n
         q = free // d
         m, acc = q * self.bs, q * d
         phase, bs, s = self.phase, self.bs, self.step + 1 + m

@@ -1,8 +1,9 @@
 """Per-replica samples over simulated time for series.parquet.
 
 Every ``interval_s`` of simulated time each replica reports its waiting
-queue, running batch and KV blocks in use (exact at the sample time, also
-inside a decode run). Samples are buffered and written in batches.
+queue, running batch, KV blocks in use (exact at the sample time, also
+inside a decode run) and its average power since the previous sample.
+Samples are buffered and written in batches.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import numpy as np
 
 from llmlb_bench.sim.replica import Replica
 
+_COLUMNS = ("t_s", "target", "waiting", "running", "kv_blocks_used", "kv_blocks_total", "power_w")
+
 
 class SeriesSampler:
     def __init__(self, sink: Any, replicas: Sequence[Replica], interval_s: float, batch_rows: int = 65536) -> None:
@@ -20,23 +23,29 @@ class SeriesSampler:
         self.replicas = replicas
         self.interval = interval_s
         self.batch_rows = batch_rows
-        self._k = 0                     # index of the next tick (t = k * interval, no accumulated error)
+        self._k = 0                     # index of the next tick (t = k * interval: no accumulated error)
         self.next_t = 0.0
-        self._cols: dict[str, list] = {k: [] for k in ("t_s", "target", "waiting", "running", "kv_blocks_used",
-                                                       "kv_blocks_total")}
+        self._last_t = 0.0
+        self._last_e = [0.0] * len(replicas)
+        self._cols: dict[str, list] = {k: [] for k in _COLUMNS}
 
     def sample_until(self, t: float, final: bool = False) -> None:
         """Take every sample due before ``t`` (and at ``t`` itself when ``final``)."""
         c = self._cols
         while self.next_t < t or (final and self.next_t <= t):
             tick = self.next_t
+            dt = tick - self._last_t
             for rep in self.replicas:
+                e = rep.energy_at(tick)
                 c["t_s"].append(tick)
                 c["target"].append(rep.name)
                 c["waiting"].append(len(rep.waiting))
                 c["running"].append(len(rep.running))
                 c["kv_blocks_used"].append(rep.blocks_used_at(tick))
                 c["kv_blocks_total"].append(rep.total_blocks)
+                c["power_w"].append((e - self._last_e[rep.index]) / dt if dt > 0 else rep.cost.idle_power_w)
+                self._last_e[rep.index] = e
+            self._last_t = tick
             self._k += 1
             self.next_t = self._k * self.interval
             if len(c["t_s"]) >= self.batch_rows:

@@ -1,96 +1,151 @@
-"""A replica's step timeline, and token times cut from it in bulk.
+"""A replica's step timeline, and token times and energy shares cut from it in bulk.
 
 Every running request in decode emits one token per engine step, and a
 request finishing its prefill emits its first token at the end of that step.
 So a request's token times are exactly the end times of a contiguous range
 of its replica's steps (several ranges if it was preempted). The replica
-records its steps once, as runs of equal-length steps
-``(first_step, start_s, gap_s, count)``: step ``first_step + j`` ends at
-``start_s + (j + 1) * gap_s``. The ``token_times`` segments of a request are
-the runs its step range overlaps, clipped; this module computes them for
-many requests at once with NumPy, so no Python code runs per token.
+records its steps once, as runs of equal steps
+``(first_step, start_s, gap_s, count, energy_j)``: step ``first_step + j``
+ends at ``start_s + (j + 1) * gap_s`` and gives each decoding request
+``energy_j`` joules. The ``token_times`` segments of a request are the runs
+its step ranges overlap, clipped; this module computes them for many
+requests at once with NumPy, so no Python code runs per token.
 """
 
 from __future__ import annotations
 
-from array import array
+from bisect import bisect_right
+from operator import itemgetter
 
 import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.schema import TOKEN_SEGMENT
 
+Columns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
 
 class Timeline:
-    """Runs of equal steps of one replica, in step order."""
+    """Runs of equal steps of one replica, in step order, as tuples
+    ``(first_step, start_s, gap_s, count, energy_j)`` (one list append per run)."""
 
-    __slots__ = ("first", "start", "gap", "count")
+    __slots__ = ("runs",)
 
     def __init__(self) -> None:
-        self.first = array("q")
-        self.start = array("d")
-        self.gap = array("d")
-        self.count = array("q")
+        self.runs: list[tuple[int, float, float, int, float]] = []
 
     def __len__(self) -> int:
-        return len(self.first)
-
-    def append(self, first_step: int, start_s: float, gap_s: float, count: int) -> None:
-        self.first.append(first_step)
-        self.start.append(start_s)
-        self.gap.append(gap_s)
-        self.count.append(count)
+        return len(self.runs)
 
     def truncate_last(self, count: int) -> None:
-        """The run in flight ends after ``count`` steps instead of the planned number."""
-        self.count[-1] = count
+        """The run in flight ends after ``count`` steps instead of the planned number (0: none)."""
+        if count == 0:
+            self.runs.pop()
+            return
+        first, start, gap, _, energy = self.runs[-1]
+        self.runs[-1] = (first, start, gap, count, energy)
 
     def drop_before(self, step: int) -> None:
         """Forget runs that end before ``step`` (no unfinished request needs them any more)."""
-        first = np.frombuffer(self.first, dtype=np.int64)
-        k = int(np.searchsorted(first, step, side="right")) - 1
-        del first
+        k = bisect_right(self.runs, step, key=itemgetter(0)) - 1
         if k > 0:
-            for arr in (self.first, self.start, self.gap, self.count):
-                del arr[:k]
+            del self.runs[:k]
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Copies of the four columns (copies: the live arrays keep growing)."""
-        return (np.array(self.first, dtype=np.int64), np.array(self.start, dtype=np.float64),
-                np.array(self.gap, dtype=np.float64), np.array(self.count, dtype=np.int64))
+    def arrays(self) -> Columns:
+        """The runs as NumPy columns."""
+        a = np.array(self.runs, dtype=np.float64).reshape(-1, 5)
+        return (a[:, 0].astype(np.int64), a[:, 1].copy(), a[:, 2].copy(), a[:, 3].astype(np.int64), a[:, 4].copy())
 
 
-def step_end_times(tl: tuple[np.ndarray, ...], steps: np.ndarray) -> np.ndarray:
+def step_end_times(tl: Columns, steps: np.ndarray) -> np.ndarray:
     """End time of each step in ``steps``."""
-    first, start, gap, _ = tl
+    first, start, gap = tl[0], tl[1], tl[2]
     r = np.searchsorted(first, steps, side="right") - 1
     return start[r] + (steps - first[r] + 1) * gap[r]
 
 
-def token_segments(tl: tuple[np.ndarray, ...], span_a: np.ndarray, span_b: np.ndarray,
-                   spans_per_request: np.ndarray) -> pa.ListArray:
-    """``token_times`` for requests whose tokens are the step ranges ``[span_a, span_b]``.
-
-    Spans are given flat, grouped by request (``spans_per_request`` of them each,
-    in time order). Returns a ``list<TOKEN_SEGMENT>`` array, one list per request.
-    """
-    first, start, gap, count = tl
-    r0 = np.searchsorted(first, span_a, side="right") - 1
-    r1 = np.searchsorted(first, span_b, side="right") - 1
+def _clip(tl: Columns, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The runs overlapping each step range ``[a, b]`` (a <= b): range index, run index, lo, hi."""
+    first, count = tl[0], tl[3]
+    r0 = np.searchsorted(first, a, side="right") - 1
+    r1 = np.searchsorted(first, b, side="right") - 1
     nseg = r1 - r0 + 1
     total = int(nseg.sum())
-    span_of_seg = np.repeat(np.arange(len(span_a)), nseg)
-    within = np.arange(total) - np.repeat(np.cumsum(nseg) - nseg, nseg)
-    run = r0[span_of_seg] + within
+    owner = np.repeat(np.arange(len(a)), nseg)
+    run = r0[owner] + (np.arange(total) - np.repeat(np.cumsum(nseg) - nseg, nseg))
     run_first = first[run]
-    lo = np.maximum(span_a[span_of_seg], run_first)
-    hi = np.minimum(span_b[span_of_seg], run_first + count[run] - 1)
-    seg_start = start[run] + (lo - run_first + 1) * gap[run]
-    seg_count = (hi - lo + 1).astype(np.int32)
+    lo = np.maximum(a[owner], run_first)
+    hi = np.minimum(b[owner], run_first + count[run] - 1)
+    return nseg, owner, run, lo, hi
+
+
+def summary_segments(first_s: np.ndarray, last_s: np.ndarray, count: np.ndarray, lead_s: np.ndarray) -> pa.ListArray:
+    """``token_times`` of one evenly spaced segment per request over the ``count`` tokens it made
+    on its last replica, from ``first_s`` to ``last_s`` (exact ends), preceded by the lead token
+    made elsewhere where ``lead_s`` is not NaN."""
+    has_lead = ~np.isnan(lead_s)
+    gap = np.where(count > 1, (last_s - first_s) / np.maximum(count - 1, 1), 0.0)
+    per_req = 1 + has_lead.astype(np.int64)
+    pos = np.cumsum(per_req) - 1
+    seg_start = np.empty(int(pos[-1]) + 1 if len(pos) else 0)
+    seg_gap = np.zeros_like(seg_start)
+    seg_count = np.ones(len(seg_start), dtype=np.int64)
+    seg_start[pos], seg_gap[pos], seg_count[pos] = first_s, gap, count
+    seg_start[pos[has_lead] - 1] = lead_s[has_lead]
+    return _list_array(per_req, seg_start, seg_gap, seg_count)
+
+
+def _list_array(per_req: np.ndarray, start: np.ndarray, gap: np.ndarray, count: np.ndarray) -> pa.ListArray:
+    offsets = np.concatenate([[0], np.cumsum(per_req)]).astype(np.int32)
     segs = pa.StructArray.from_arrays(
-        [pa.array(seg_start), pa.array(gap[run]), pa.array(seg_count)], fields=list(TOKEN_SEGMENT))
-    # segments per request = sum of its spans' segment counts
-    span_ends = np.cumsum(spans_per_request)
-    seg_ends = np.cumsum(nseg)[span_ends - 1] if len(span_ends) else np.zeros(0, dtype=np.int64)
-    offsets = np.concatenate([[0], seg_ends]).astype(np.int32)
+        [pa.array(start), pa.array(gap), pa.array(count.astype(np.int32))], fields=list(TOKEN_SEGMENT))
     return pa.ListArray.from_arrays(pa.array(offsets), segs, type=pa.list_(TOKEN_SEGMENT))
+
+
+def token_segments(tl: Columns, span_a: np.ndarray, span_b: np.ndarray, spans_per_request: np.ndarray,
+                   lead_s: np.ndarray) -> pa.ListArray:
+    """``token_times`` for requests whose tokens are the step ranges ``[span_a, span_b]``.
+
+    Spans are flat, grouped by request (``spans_per_request`` each, in time order).
+    ``lead_s`` is, per request, the time of one token made elsewhere before them
+    (the prefill replica's first token under disaggregation), or NaN.
+    Returns a ``list<TOKEN_SEGMENT>`` array, one list per request.
+    """
+    start, gap = tl[1], tl[2]
+    nseg, owner, run, lo, hi = _clip(tl, span_a, span_b)
+    seg_start = start[run] + (lo - tl[0][run] + 1) * gap[run]
+    seg_gap = gap[run]
+    seg_count = hi - lo + 1
+    # segments per request = its spans' segments, plus one for a lead token
+    span_req = np.repeat(np.arange(len(spans_per_request)), spans_per_request)
+    per_req = np.bincount(span_req, weights=nseg, minlength=len(spans_per_request)).astype(np.int64)
+    has_lead = ~np.isnan(lead_s)
+    if has_lead.any():
+        per_req = per_req + has_lead
+        ends = np.cumsum(per_req)
+        lead_pos = (ends - per_req)[has_lead]
+        keep = np.ones(int(ends[-1]), dtype=bool)
+        keep[lead_pos] = False
+        s, g, c = (np.empty(len(keep)), np.zeros(len(keep)), np.ones(len(keep), dtype=np.int64))
+        s[keep], g[keep], c[keep] = seg_start, seg_gap, seg_count
+        s[lead_pos] = lead_s[has_lead]
+        seg_start, seg_gap, seg_count = s, g, c
+    return _list_array(per_req, seg_start, seg_gap, seg_count)
+
+
+def decode_energy(tl: Columns, span_a: np.ndarray, span_b: np.ndarray, spans_per_request: np.ndarray) -> np.ndarray:
+    """Per request, the decode-step energy shares over its spans, excluding each span's first
+    step (the prefill step that made that token is charged through the prefill share).
+
+    Uses the running total of shares over steps, so each span costs two lookups."""
+    first, count, energy = tl[0], tl[3], tl[4]
+    before = np.concatenate([[0.0], np.cumsum(count * energy)])   # shares of all steps before each run
+
+    def through(steps: np.ndarray) -> np.ndarray:
+        """Total share of every step up to and including ``steps``."""
+        r = np.searchsorted(first, steps, side="right") - 1
+        return before[r] + (steps - first[r] + 1) * energy[r]
+
+    per_span = through(span_b) - through(span_a)
+    span_req = np.repeat(np.arange(len(spans_per_request)), spans_per_request)
+    return np.bincount(span_req, weights=per_span, minlength=len(spans_per_request))

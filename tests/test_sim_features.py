@@ -1,0 +1,279 @@
+"""Simulator features: energy, prefix caching, router holds and rejects, dependent arrivals,
+heterogeneous pools, prefill/decode disaggregation, failures, compact token times."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.sim import ClusterConfig, load_catalog
+from sim_helpers import by_request_id, poisson_trace, run_sim, trace
+
+
+def _tokens(row: dict) -> np.ndarray:
+    return np.concatenate([s["start_s"] + s["gap_s"] * np.arange(s["count"]) for s in row["token_times"]])
+
+
+# ---- energy ------------------------------------------------------------------------------------
+
+def test_energy_is_conserved_and_power_stays_within_the_board_limits(tmp_path):
+    cfg = ClusterConfig(replicas=2)
+    req, series, summary = run_sim(tmp_path, poisson_trace(400, rate=8.0, seed=2), cfg)
+    gpu = load_catalog().gpus["a100-80g"]
+    # every joule of every busy step is attributed to some request; idle time is not
+    busy_s = summary["mean_utilization"] * summary["sim_time_s"] * 2
+    idle_j = gpu.idle_w * (summary["sim_time_s"] * 2 - busy_s)
+    assert summary["attributed_energy_j"] == pytest.approx(summary["energy_j"] - idle_j, rel=1e-9)
+    assert sum(req.column("energy_j").to_pylist()) == pytest.approx(summary["attributed_energy_j"], rel=1e-9)
+    power = np.array(series.column("power_w").to_pylist())
+    assert power.min() >= gpu.idle_w - 1e-6 and power.max() <= gpu.max_w + 1e-6
+    # integrating the sampled power gives the total energy (up to the last partial interval)
+    per_tick = series.group_by("t_s").aggregate([("power_w", "sum")]).sort_by("t_s")
+    integral = float(np.sum(per_tick.column("power_w_sum").to_numpy()[1:]))
+    assert integral == pytest.approx(summary["energy_j"], rel=0.02)
+    assert summary["cost_usd"] == pytest.approx(2 * gpu.price_per_hour * summary["sim_time_s"] / 3600)
+
+
+def test_longer_outputs_cost_more_energy(tmp_path):
+    cfg = ClusterConfig(replicas=1)
+    table = trace(np.array([0.0, 100.0]), [500, 500], [50, 500])
+    energy = by_request_id(run_sim(tmp_path, table, cfg)[0]).column("energy_j").to_pylist()
+    assert 5 < energy[1] / energy[0] < 12
+
+
+# ---- prefix caching ----------------------------------------------------------------------------------
+
+def _shared_prefix_trace(n: int, prefix_blocks: int, own_blocks: int, gap_s: float) -> pa.Table:
+    """Every prompt = one shared prefix of ``prefix_blocks`` blocks + its own blocks (block size 16)."""
+    shared = list(range(1, prefix_blocks + 1))
+    hashes = [shared + [10_000 * (i + 1) + k for k in range(own_blocks)] for i in range(n)]
+    t = trace(np.arange(n) * gap_s, 16 * (prefix_blocks + own_blocks), 20,
+              prefix_hashes=pa.array(hashes, pa.list_(pa.uint64())))
+    return t
+
+
+def test_prefix_caching_skips_shared_prefill_and_cuts_ttft(tmp_path):
+    table = _shared_prefix_trace(40, prefix_blocks=200, own_blocks=8, gap_s=0.5)
+    on = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=1), run_id="on")[0])
+    off = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=1, enable_prefix_caching=False),
+                                run_id="off")[0])
+    cached = on.column("cached_tokens").to_pylist()
+    assert cached[0] == 0 and all(c == 200 * 16 for c in cached[1:])
+    assert set(off.column("cached_tokens").to_pylist()) == {0}
+    ttft = lambda t: (pc.subtract(t.column("first_token_s"), t.column("sent_s"))).to_numpy()  # noqa: E731
+    assert np.median(ttft(on)[1:]) < 0.3 * np.median(ttft(off)[1:])
+
+
+def test_engine_block_size_coarser_than_the_trace_hashes(tmp_path):
+    table = _shared_prefix_trace(10, prefix_blocks=64, own_blocks=4, gap_s=0.5)   # 16-token hashes
+    req = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=1, block_size=32))[0])
+    assert req.column("cached_tokens").to_pylist()[1:] == [64 * 16] * 9
+
+
+def test_view_publishes_exact_cache_contents(tmp_path):
+    from llmlb_bench.sim import simulate
+    from llmlb_bench.store import RunStore
+
+    seen = []
+
+    class Spy:
+        name = "spy"
+
+        def choose(self, req, view):
+            seen.append([view.cached_prefix(i, req.prefix_hashes) for i in range(len(view))])
+            return 0
+
+        def on_complete(self, req, target, view):
+            return None
+
+    table = _shared_prefix_trace(5, prefix_blocks=10, own_blocks=2, gap_s=1.0)
+    with RunStore(tmp_path, config={}, backend="sim", run_id="spy") as run:
+        simulate(table, ClusterConfig(replicas=2), Spy(), run)
+    assert seen[0] == [0, 0] and all(s == [10, 0] for s in seen[1:])
+
+
+# ---- the router's answers ---------------------------------------------------------------------------
+
+def test_router_queue_holds_requests_and_releases_them(tmp_path):
+    from llmlb_bench.policies import make_policy
+    from llmlb_bench.sim import simulate
+    from llmlb_bench.store import RunStore
+    import pyarrow.parquet as pq
+
+    table = trace(np.arange(40) * 0.01, 300, 100)
+    with RunStore(tmp_path, config={}, backend="sim", run_id="q") as run:
+        simulate(table, ClusterConfig(replicas=2), make_policy("fcfs_queue", {"max_outstanding": 3}), run)
+    req = by_request_id(pq.read_table(run.dir / "requests.parquet"))
+    assert req.column("status").to_pylist() == ["ok"] * 40
+    held = pc.greater(req.column("sent_s"), req.column("scheduled_s"))
+    assert pc.sum(held).as_py() >= 30, "most requests waited at the router"
+    # never more than 3 in flight per target: sends happen only after completions
+    sent = np.sort(req.column("sent_s").to_numpy())
+    ends = np.sort(req.column("last_token_s").to_numpy())
+    assert all(np.searchsorted(ends, s, side="right") >= i - 6 + 1 for i, s in enumerate(sent) if i >= 6)
+
+
+def test_router_rejections_are_rows_with_a_reason(tmp_path):
+    table = trace(np.arange(30) * 0.001, 300, 300)
+    req = run_sim(tmp_path, table, ClusterConfig(replicas=1), policy="admission_control")[0]
+    # default limit 128 in flight: all admitted; a limit of 5 rejects the burst's tail
+    assert set(req.column("status").to_pylist()) == {"ok"}
+    from llmlb_bench.policies import make_policy
+    from llmlb_bench.sim import simulate
+    from llmlb_bench.store import RunStore
+    import pyarrow.parquet as pq
+
+    with RunStore(tmp_path, config={}, backend="sim", run_id="ac") as run:
+        simulate(table, ClusterConfig(replicas=1), make_policy("admission_control", {"max_outstanding": 5}), run)
+    req = by_request_id(pq.read_table(run.dir / "requests.parquet"))
+    status = req.column("status").to_pylist()
+    assert status[:5] == ["ok"] * 5 and status.count("rejected") == 25
+    rejected = req.filter(pc.equal(req.column("status"), "rejected"))
+    assert set(rejected.column("error").to_pylist()) == {"rejected by the router (admission_control)"}
+    assert rejected.column("target").null_count == 25 and rejected.column("sent_s").null_count == 25
+
+
+# ---- dependent arrivals ---------------------------------------------------------------------------------
+
+def test_children_start_after_their_parent_plus_think_time(tmp_path):
+    table = trace(np.zeros(4), 200, [100, 50, 50, 10],
+                  parent_id=pa.array([None, 0, 1, 0], pa.int64()),
+                  after_parent_s=pa.array([None, 2.0, 0.5, 0.0], pa.float64()))
+    req = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=2))[0]).to_pylist()
+    assert req[1]["scheduled_s"] == pytest.approx(req[0]["last_token_s"] + 2.0)
+    assert req[2]["scheduled_s"] == pytest.approx(req[1]["last_token_s"] + 0.5)
+    assert req[3]["scheduled_s"] == pytest.approx(req[0]["last_token_s"])
+    assert all(r["sent_s"] == r["scheduled_s"] for r in req)
+
+
+def test_a_child_never_comes_before_its_own_arrival_time(tmp_path):
+    table = trace(np.array([0.0, 50.0]), 100, 10, parent_id=pa.array([None, 0], pa.int64()),
+                  after_parent_s=pa.array([None, 0.1], pa.float64()))
+    req = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=1))[0]).to_pylist()
+    assert req[1]["scheduled_s"] == 50.0
+
+
+# ---- heterogeneous pools ----------------------------------------------------------------------------------
+
+def test_heterogeneous_pools_serve_at_their_own_speed(tmp_path):
+    cfg = ClusterConfig(pools=[{"name": "fast", "replicas": 1, "gpu": "h100-sxm"},
+                               {"name": "slow", "replicas": 1, "gpu": "a100-80g"}])
+    assert cfg.replicas == 2
+    table = trace(np.arange(2) * 0.0, 1000, 500)
+    req = by_request_id(run_sim(tmp_path, table, cfg, policy="round_robin")[0]).to_pylist()
+    assert [r["target"] for r in req] == ["r0", "r1"]
+    e2e = [r["last_token_s"] - r["sent_s"] for r in req]
+    assert e2e[0] < 0.75 * e2e[1]
+
+
+def test_pool_settings_are_validated():
+    with pytest.raises(UserError, match="unknown pool setting 'gpus'") as e:
+        ClusterConfig(pools=[{"gpus": "h100-sxm"}])
+    assert e.value.where == "cluster.pools[0]"
+    with pytest.raises(UserError, match="unknown GPU") as e:
+        ClusterConfig(pools=[{"replicas": 1}, {"gpu": "x"}])
+    assert e.value.where == "cluster.pools[1].gpu"
+    with pytest.raises(UserError, match="needs both a prefill and a decode pool"):
+        ClusterConfig(pools=[{"name": "prefill"}])
+    cfg = ClusterConfig(pools=[{"name": "a", "replicas": 2}, {"name": "b", "replicas": 3, "tp": 2}])
+    assert ClusterConfig.from_dict(cfg.to_dict()) == cfg
+
+
+# ---- prefill/decode disaggregation ---------------------------------------------------------------------------
+
+PD = ClusterConfig(pools=[{"name": "prefill", "replicas": 1}, {"name": "decode", "replicas": 2}],
+                   kv_link_gb_s=25.0, kv_link_latency_ms=2.0)
+
+
+def test_disaggregated_requests_prefill_on_one_pool_and_decode_on_the_other(tmp_path):
+    table = poisson_trace(60, rate=4.0, seed=4)
+    req = by_request_id(run_sim(tmp_path, table, PD, policy="pd_pair")[0])
+    assert set(req.column("status").to_pylist()) == {"ok"}
+    assert set(req.column("prefill_target").to_pylist()) == {"r0"}
+    assert set(req.column("decode_target").to_pylist()) == {"r1", "r2"}
+    assert req.column("output_tokens").to_pylist() == table.column("output_tokens").to_pylist()
+    kv_per_token = load_catalog().models["llama-3-8b"].kv_bytes_per_token
+    for row in req.to_pylist():
+        times = _tokens(row)
+        assert len(times) == row["output_tokens"] and times[0] == row["first_token_s"]
+        if row["output_tokens"] > 1:
+            # the second token waits at least for the KV transfer
+            transfer = row["input_tokens"] * kv_per_token / 25e9 + 0.002
+            assert times[1] - times[0] >= transfer
+
+
+def test_disaggregation_needs_a_pair_policy(tmp_path):
+    with pytest.raises(UserError, match="choose_pair"):
+        run_sim(tmp_path, poisson_trace(5, 1.0), PD, policy="round_robin")
+
+
+# ---- failures ------------------------------------------------------------------------------------------
+
+def test_failed_replica_requests_are_retried_elsewhere(tmp_path):
+    cfg = ClusterConfig(replicas=2, failures=[{"target": "r0", "at_s": 5.0, "down_s": 1000.0}])
+    table = poisson_trace(200, rate=10.0, seed=6)
+    req, _, summary = run_sim(tmp_path, table, cfg, policy="least_outstanding")
+    assert set(req.column("status").to_pylist()) == {"ok"}
+    assert summary["retries"] > 0 and summary["failures"] == 1
+    late = req.filter(pc.greater(req.column("last_token_s"), 5.0))
+    assert set(late.column("target").to_pylist()) == {"r1"}
+
+
+def test_failure_mode_fail_reports_errors(tmp_path):
+    cfg = ClusterConfig(replicas=2, failures=[{"target": "r0", "at_s": 5.0, "down_s": 3.0}], on_failure="fail")
+    req, _, summary = run_sim(tmp_path, poisson_trace(200, rate=10.0, seed=6), cfg, policy="round_robin")
+    errors = req.filter(pc.equal(req.column("status"), "error"))
+    assert errors.num_rows > 0 and summary["status"]["error"] == errors.num_rows
+    assert set(errors.column("error").to_pylist()) == {"replica r0 failed"}, "round robin skips the down target"
+    assert errors.column("target").to_pylist() == ["r0"] * errors.num_rows
+
+
+def test_sending_to_a_down_target_is_an_error(tmp_path):
+    from llmlb_bench.sim import simulate
+    from llmlb_bench.store import RunStore
+    import pyarrow.parquet as pq
+
+    class Always0:
+        name = "always0"
+
+        def choose(self, req, view):
+            return 0
+
+        def on_complete(self, req, target, view):
+            return None
+
+    cfg = ClusterConfig(replicas=2, failures=[{"target": "r0", "at_s": 1.0, "down_s": 2.0}], on_failure="fail")
+    with RunStore(tmp_path, config={}, backend="sim", run_id="down") as run:
+        simulate(trace(np.array([0.5, 1.5, 2.5, 3.5]), 100, 2000), cfg, Always0(), run)
+    req = by_request_id(pq.read_table(run.dir / "requests.parquet"))
+    assert req.column("status").to_pylist() == ["error", "error", "error", "ok"]
+    assert req.column("error").to_pylist()[:3] == ["replica r0 failed", "target r0 is down", "target r0 is down"]
+
+
+def test_random_failures_follow_the_seed(tmp_path):
+    cfg = ClusterConfig(replicas=3, mtbf_s=20.0, mttr_s=5.0)
+    table = poisson_trace(300, rate=10.0, seed=8)
+    a = run_sim(tmp_path, table, cfg, seed=1, run_id="a")
+    b = run_sim(tmp_path, table, cfg, seed=1, run_id="b")
+    c = run_sim(tmp_path, table, cfg, seed=2, run_id="c")
+    assert a[2]["failures"] > 0
+    assert a[0].drop(["run_id"]).equals(b[0].drop(["run_id"]))
+    assert not a[0].drop(["run_id"]).equals(c[0].drop(["run_id"]))
+
+
+# ---- compact token times ----------------------------------------------------------------------------------
+
+def test_summary_token_times_keep_first_last_and_count(tmp_path):
+    table = poisson_trace(200, rate=10.0, seed=9)
+    full = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=2), run_id="full")[0])
+    small = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=2, token_times="summary"),
+                                  run_id="small")[0])
+    for col in ("first_token_s", "last_token_s", "output_tokens", "energy_j"):
+        assert small.column(col).equals(full.column(col))
+    for row in small.to_pylist():
+        assert len(row["token_times"]) == 1
+        times = _tokens(row)
+        assert times[-1] == pytest.approx(row["last_token_s"]) and len(times) == row["output_tokens"]
