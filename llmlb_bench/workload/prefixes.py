@@ -29,13 +29,16 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-def splitmix64(x: np.ndarray) -> np.ndarray:
-    """The SplitMix64 finaliser: a fast, well-mixed bijection on uint64."""
+def splitmix64(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The SplitMix64 finaliser: a fast, well-mixed bijection on uint64 (in place when ``out`` is given)."""
     with np.errstate(over="ignore"):
-        z = np.asarray(x, dtype=np.uint64) + _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * _M1
-        z = (z ^ (z >> np.uint64(27))) * _M2
-        return z ^ (z >> np.uint64(31))
+        z = np.add(np.asarray(x, dtype=np.uint64), _GOLDEN, out=out)
+        z ^= z >> np.uint64(30)
+        z *= _M1
+        z ^= z >> np.uint64(27)
+        z *= _M2
+        z ^= z >> np.uint64(31)
+        return z
 
 
 def mix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -53,24 +56,44 @@ def stream_keys(kind: int, scope: str, ids: np.ndarray) -> np.ndarray:
     return mix(np.full(len(ids), base, dtype=np.uint64), np.asarray(ids, dtype=np.int64).astype(np.uint64))
 
 
-def chained_hashes(bounds: np.ndarray, keys: np.ndarray, block_size: int) -> pa.ListArray:
+def chained_hashes(bounds: np.ndarray, keys: np.ndarray, block_size: int,
+                   chunk_blocks: int = 1 << 22) -> pa.ListArray:
     """``list<uint64>`` of ``ceil(P / block_size)`` chained hashes per request.
 
     ``bounds`` and ``keys`` have shape (n, L); ``bounds[:, -1]`` is the prompt
-    length P. Unused leading levels have bound 0.
+    length P. Unused leading levels have bound 0. Block j (ending at
+    e = min((j+1) B, P)) belongs to the first level whose bound is >= e, so
+    the blocks of level l are those ending after level l-1's bound: per
+    request and level that is a count, and the blocks' keys are one
+    ``np.repeat`` of the per-level keys. Work goes in chunks of about
+    ``chunk_blocks`` blocks so temporaries stay small.
     """
-    lengths = bounds[:, -1].astype(np.int64)
+    bounds = np.asarray(bounds, dtype=np.int64)
+    lengths = bounds[:, -1]
     nblocks = -(-lengths // block_size)
+    # blocks ending at or before each level's bound (all blocks for the last level)
+    upto = np.where(bounds < lengths[:, None], bounds // block_size, nblocks[:, None])
+    upto[:, -1] = nblocks
+    counts = np.diff(upto, axis=1, prepend=0)
+    level_keys = splitmix64(keys)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(nblocks, out=offsets[1:])
-    total = int(offsets[-1])
-    rows = np.repeat(np.arange(len(lengths)), nblocks)
-    block = np.arange(total, dtype=np.int64) - offsets[:-1][rows]
-    end = np.minimum((block + 1) * block_size, lengths[rows])
-    level = np.zeros(total, dtype=np.int64)
-    for col in range(bounds.shape[1] - 1):
-        level += bounds[rows, col] < end
-    values = mix(keys[rows, level], end.astype(np.uint64))
+    values = np.empty(int(offsets[-1]), dtype=np.uint64)
+    row = 0
+    while row < len(lengths):
+        stop = int(np.searchsorted(offsets, offsets[row] + chunk_blocks, side="right"))
+        stop = min(max(stop - 1, row + 1), len(lengths))
+        lo, hi = int(offsets[row]), int(offsets[stop])
+        key = np.repeat(level_keys[row:stop].ravel(), counts[row:stop].ravel())
+        # end of block j is (j + 1) B, except the last block of each prompt, which ends at P
+        end = np.arange(1, hi - lo + 1, dtype=np.int64)
+        end -= np.repeat(offsets[row:stop] - lo, nblocks[row:stop])
+        end *= block_size
+        has = nblocks[row:stop] > 0
+        end[(offsets[row + 1:stop + 1] - lo - 1)[has]] = lengths[row:stop][has]
+        key ^= end.view(np.uint64)
+        splitmix64(key, out=values[lo:hi])
+        row = stop
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.uint64()))
 
 
