@@ -5,4 +5,5 @@ One module per command; add a line here when a command does something real.
 
 from llmlb_bench.cli import policies, query, report, run, simulate  # noqa: F401
 from llmlb_bench.cli import gen  # noqa: F401
+from llmlb_bench.cli import trace  # noqa: F401
 from llmlb_bench.cli import replay  # noqa: F401
