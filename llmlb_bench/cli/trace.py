@@ -20,8 +20,9 @@ from llmlb_bench.workload.plots import write_plots
 from llmlb_bench.workload.stats import one_line, trace_stats
 from llmlb_bench.workload.tomlwrite import dumps
 
-trace_app = typer.Typer(help="Import real traces, characterise traces, fit workload specs to them.",
-                        no_args_is_help=True)
+trace_app = typer.Typer(help="Import real traces, characterise traces, fit workload specs to them.\n\n"
+                        "Example:  llmlb trace import mooncake conversation_trace.jsonl -o mc.parquet && "
+                        "llmlb trace stats mc.parquet", no_args_is_help=True)
 app.add_typer(trace_app, name="trace")
 
 
