@@ -40,6 +40,8 @@ class Outcomes(Protocol):
 
     def failed_before_response(self, f: "Flight", reason: str, now: float) -> None: ...
 
+    def first_token(self, f: "Flight", now: float) -> None: ...
+
     def refused(self, f: "Flight", http_status: int, error: str, retry_after: float | None,
                 now: float) -> None: ...
 
@@ -217,9 +219,10 @@ class Flight:
 
     def _record(self, tokens: int, now: float) -> None:
         if tokens:
+            self.last = now
             if self.first is None:
                 self.first = now
-            self.last = now
+                self.owner.first_token(self, now)
             self.chunks += tokens
             self.seg_start.append(now)
             self.seg_count.append(tokens)

@@ -412,6 +412,13 @@ class Replayer:
             assert self.loop is not None
             f.timer = self.loop.call_later(max(0.0, deadline - now), self._on_timer, f)
 
+    def first_token(self, f: Flight, now: float) -> None:
+        """From now on the between-token deadline applies, which may come before the first-token one."""
+        if self.options.timeouts.between_tokens is not None:
+            if f.timer is not None:
+                f.timer.cancel()
+            self._arm(f, now)
+
     def _on_timer(self, f: Flight) -> None:
         f.timer = None
         if f.done:
@@ -506,16 +513,13 @@ class Replayer:
         self._check_done()
 
     def _check_done(self) -> None:
-        if self.dispatch_done and not self.flights and not self.connects_pending():
+        if self.dispatch_done and not self.flights:
             if self.held:  # the policy still holds requests nothing will release
                 for idx in sorted(self.held):
                     self._write_row(idx, None, "rejected", "held by the routing policy when the run ended")
                 self.held.clear()
             if self._all_done is not None and not self._all_done.done():
                 self._all_done.set_result(None)
-
-    def connects_pending(self) -> bool:
-        return any(not t.done() for t in self.connects)
 
     # -- rows --------------------------------------------------------------------
     def _write_row(self, idx: int, f: Flight | None, status: str, error: str | None) -> None:

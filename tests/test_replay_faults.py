@@ -1,0 +1,255 @@
+"""Faults: every trace row ends with exactly one result row, whatever a real misbehaving server does.
+
+One aiohttp app on 127.0.0.1 misbehaves according to the path prefix of the
+endpoint URL (``http://127.0.0.1:P/<fault>``), so each test points the
+replayer at the fault it checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import defaultdict
+
+import pyarrow.parquet as pq
+import pytest
+from aiohttp import web
+from conftest import make_trace
+from replay_helpers import run_replay, servers, token_count  # noqa: F401  (servers is a fixture)
+
+from llmlb_bench.replay import ReplayOptions, Timeouts
+from llmlb_bench.schema import write_trace
+
+TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"t"},"finish_reason":null}]}\n\n'
+FINISH = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+def usage(n: int) -> bytes:
+    return b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":%d}}\n\n' % n
+
+
+class Faults:
+    """The misbehaving server's behaviours and what it saw."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[str]] = defaultdict(list)
+        self.per_connection: dict[tuple, int] = defaultdict(int)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/{fault}/v1/models", self.models)
+        app.router.add_post("/{fault}/v1/chat/completions", self.chat)
+        return app
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}]})
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        fault = request.match_info["fault"]
+        body = await request.json()
+        rid = request.headers["X-Request-Id"]
+        self.calls[fault].append(rid)
+        n = body["max_tokens"]
+        conn_key = request.transport.get_extra_info("peername")  # the client's port names the connection
+        self.per_connection[conn_key] += 1
+        if fault == "429":
+            return web.json_response({"error": {"message": "slow down"}}, status=429, headers={"Retry-After": "0"})
+        if fault == "500":
+            return web.json_response({"error": {"message": "boom"}}, status=500)
+        if fault == "flaky503" and self.calls[fault].count(rid) == 1:
+            return web.json_response({"detail": "warming up"}, status=503)
+        if fault == "html":
+            return web.Response(text="<html>maintenance</html>", content_type="text/html")
+        if fault == "close_reused" and self.per_connection[conn_key] > 1:
+            request.transport.close()  # the server dropped the kept-alive connection under us
+            return web.Response()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        if fault == "stall_first":
+            await asyncio.sleep(30)
+        for i in range(n):
+            if fault == "stall_mid" and i == 2:
+                await asyncio.sleep(30)
+            if fault == "reset" and i == 3:
+                request.transport.abort()
+                return resp
+            if fault == "malformed" and i == 1:
+                await resp.write(b"data: {oops\n\n")
+                await asyncio.sleep(30)
+            await resp.write(TOKEN)
+            if fault == "slow":
+                await asyncio.sleep(0.05)
+        await resp.write(FINISH + usage(n) + DONE)
+        if fault == "close_after":  # llama-server: keep-alive advertised, connection closed anyway
+            await resp.write_eof()
+            request.transport.close()
+        return resp
+
+
+@pytest.fixture
+def faults(servers):
+    f = Faults()
+    base = servers.aiohttp(f.app())
+    return f, base
+
+
+def _replay(base, fault, tmp_path, n=4, rate=100.0, out=5, **opts):
+    options = ReplayOptions(**opts)
+    return run_replay(make_trace(n=n, rate=rate, output_tokens=out), [f"{base}/{fault}"], tmp_path,
+                      options=options)
+
+
+def test_first_token_timeout(faults, tmp_path):
+    f, base = faults
+    _, rows, _ = _replay(base, "stall_first", tmp_path, timeouts=Timeouts(first_token=0.3))
+    assert [r["status"] for r in rows] == ["timeout"] * 4
+    assert all("no first token within 0.3 s" in r["error"] and r["first_token_s"] is None for r in rows)
+    assert all(r["output_tokens"] == 0 and r["http_status"] == 200 for r in rows)
+
+
+def test_between_tokens_timeout_keeps_the_tokens_received(faults, tmp_path):
+    f, base = faults
+    _, rows, _ = _replay(base, "stall_mid", tmp_path, timeouts=Timeouts(between_tokens=0.3))
+    for r in rows:
+        assert r["status"] == "timeout" and "no token for 0.3 s after token 2" in r["error"]
+        assert r["output_tokens"] == 2 and token_count(r) == 2 and r["output_tokens_estimated"]
+
+
+def test_total_timeout(faults, tmp_path):
+    f, base = faults
+    _, rows, _ = _replay(base, "slow", tmp_path, n=2, out=40, timeouts=Timeouts(total=0.4))
+    for r in rows:
+        assert r["status"] == "timeout" and "total timeout of 0.4 s" in r["error"]
+        assert 4 <= r["output_tokens"] <= 10
+
+
+def test_connect_timeout(tmp_path):
+    # a listener that never accepts, with its one-slot backlog taken: new connections hang in SYN
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    filler = socket.create_connection(srv.getsockname())
+    url = f"http://127.0.0.1:{srv.getsockname()[1]}"
+    from llmlb_bench.replay.preflight import Preflight
+    from llmlb_bench.replay.http import parse_endpoint
+    from llmlb_bench.policies import make_policy
+    from llmlb_bench.replay import replay
+    from llmlb_bench.store import RunStore
+    try:
+        pre = Preflight([parse_endpoint(url)], ["m"], [True])
+        opts = ReplayOptions(timeouts=Timeouts(connect=0.2))
+        with RunStore(tmp_path, config={}, backend="replay", run_id="c") as run:
+            replay(make_trace(n=3, rate=100.0), [url], make_policy("round_robin"), run, opts, pre=pre)
+        rows = pq.read_table(run.dir / "requests.parquet").to_pylist()
+    finally:
+        filler.close()
+        srv.close()
+    assert [r["status"] for r in rows] == ["timeout"] * 3
+    assert all(r["error"] == "connect timeout after 0.2 s" and r["sent_s"] is None for r in rows)
+
+
+def test_429_is_rejected_and_5xx_is_an_error_with_the_servers_message(faults, tmp_path):
+    f, base = faults
+    _, rows, _ = _replay(base, "429", tmp_path / "a")
+    assert all(r["status"] == "rejected" and r["http_status"] == 429 and r["error"] == "HTTP 429: slow down"
+               for r in rows)
+    _, rows, _ = _replay(base, "500", tmp_path / "b")
+    assert all(r["status"] == "error" and r["http_status"] == 500 and r["error"] == "HTTP 500: boom" for r in rows)
+
+
+def test_retry_policy_retries_5xx(faults, tmp_path):
+    f, base = faults
+    _, rows, _ = _replay(base, "flaky503", tmp_path / "a")
+    assert all(r["status"] == "error" and r["error"] == "HTTP 503: warming up" for r in rows)
+    f.calls.clear()
+    _, rows, _ = _replay(base, "flaky503", tmp_path / "b", retries=2, retry_backoff_s=0.05)
+    assert all(r["status"] == "ok" and r["output_tokens"] == 5 for r in rows)
+    assert len(f.calls["flaky503"]) == 8  # each request: one 503, then success
+    _, rows, _ = _replay(base, "429", tmp_path / "c", retries=1, retry_backoff_s=0.01)
+    assert all(r["status"] == "rejected" and "(after 2 attempts)" in r["error"] for r in rows)
+
+
+def test_connection_reset_mid_stream(faults, tmp_path):
+    f, base = faults
+    _, rows, _ = _replay(base, "reset", tmp_path)
+    for r in rows:
+        assert r["status"] == "error" and "(after 3 tokens)" in r["error"]
+        assert r["output_tokens"] == 3 and r["first_token_s"] is not None
+
+
+def test_malformed_stream_and_wrong_content_type(faults, tmp_path):
+    f, base = faults
+    _, rows, _ = _replay(base, "malformed", tmp_path / "a")
+    assert all(r["status"] == "error" and r["error"] == "malformed JSON in stream: {oops" for r in rows)
+    assert all(r["output_tokens"] == 1 for r in rows)
+    _, rows, _ = _replay(base, "html", tmp_path / "b")
+    assert all(r["status"] == "error" and "unexpected content-type 'text/html" in r["error"] for r in rows)
+
+
+@pytest.mark.parametrize("fault", ["close_after", "close_reused"])
+def test_a_server_that_drops_kept_alive_connections_is_survived(faults, tmp_path, fault):
+    f, base = faults
+    _, rows, _ = _replay(base, fault, tmp_path, n=30, rate=300.0, out=3)
+    assert all(r["status"] == "ok" and r["output_tokens"] == 3 for r in rows)
+    if fault == "close_reused":  # requests that hit a dropped connection were resent once, fresh
+        assert len(f.calls[fault]) > 30
+
+
+def test_an_endpoint_down_at_start_is_avoided_then_used_once_it_comes_up(faults, servers, tmp_path):
+    f, base = faults
+    reserved = socket.socket()  # bound, not listening: connections are refused
+    reserved.bind(("127.0.0.1", 0))
+    port = reserved.getsockname()[1]
+    down = f"http://127.0.0.1:{port}/ok"
+    trace = make_trace(n=60, rate=30.0, output_tokens=2)
+
+    def revive() -> None:
+        time.sleep(0.5)
+        reserved.close()
+        servers.aiohttp(Faults().app(), port=port)
+
+    import threading
+    threading.Thread(target=revive, daemon=True).start()
+    summary, rows, _ = run_replay(trace, [f"{base}/ok", down], tmp_path, "round_robin")
+    assert any("is down at start" in note for note in summary["notes"])
+    assert all(r["status"] == "ok" for r in rows)
+    late = [r for r in rows if r["target"] == down]
+    assert late and min(r["sent_s"] for r in late) > 0.5
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, sig):
+    f, base = faults
+    trace = tmp_path / "t.parquet"
+    write_trace(make_trace(n=40, rate=20.0, output_tokens=3), trace)
+    cmd = [sys.executable, "-m", "llmlb_bench", "replay", str(trace), "-e", f"{base}/slow",
+           "--results", str(tmp_path / "res"), "--run-id", "x", "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    run_dir = tmp_path / "res" / "x"
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "partial" and meta["reason"] == "interrupted"
+    rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
+    assert sorted(r["request_id"] for r in rows) == list(range(40))
+    statuses = {r["status"] for r in rows}
+    assert "ok" in statuses and "not_sent" in statuses
+    assert f"--resume {run_dir}" in err
+
+    done = subprocess.run([*cmd[:-4], "--results", str(tmp_path / "res"), "--resume", str(run_dir), "--no-progress"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["summary"]["replay"]["resumed"]["carried_rows"] > 0
+    rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
+    assert sorted(r["request_id"] for r in rows) == list(range(40))
+    assert {r["status"] for r in rows} == {"ok"} and {r["run_id"] for r in rows} == {"x"}
+    assert not any(p.name.endswith("resume-backup") for p in (tmp_path / "res").iterdir())
