@@ -51,9 +51,8 @@ def run(
     args = parse_args(policy_arg)
     for name in policies:  # fail on a bad name or argument before any work is done
         make_policy(name, args)
-    workload = load_spec(spec)
-    table = generate(workload, seed=seed)
-    used_seed = seed if seed is not None else workload.seed
+    workload = load_spec(spec).replace(seed=seed)  # the stored spec records the seed actually used
+    table = generate(workload)
     batch = new_run_id(spec.stem)
     trace_path = results / "traces" / f"{batch}.parquet"
     write_trace(table, trace_path, spec=workload.to_dict(), block_size=workload.block_size)
@@ -64,7 +63,7 @@ def run(
         console.print(f"trace: {table.num_rows:,} requests -> {trace_path}")
     dirs = []
     for name in policies:
-        store = simulate_run(table, trace_path, cluster, name, args, used_seed, results / batch,
+        store = simulate_run(table, trace_path, cluster, name, args, workload.seed, results / batch,
                              label=name, run_id=f"{batch}-{name.replace(':', '_').replace('.', '_')}")
         dirs.append(store.dir)
         if fmt is ReportFormat.terminal:
