@@ -1,0 +1,172 @@
+"""Run a sweep: capacity searches first (when asked), then the grid, then curves.
+
+Everything lands in ``<results>/<sweep name>/``: one run folder per cell
+(``llmlb report`` / ``llmlb query`` read them like any other runs), the
+shared traces in ``traces/``, the sweep file as read in ``sweep.json``, and
+the outcome (capacities, curves, knees) in ``summary.json``. The order of
+phases matters only for offered-load grids, whose rates are fractions of the
+reference policy's measured capacity.
+
+Finished cells are skipped before dispatch, so a rerun after an interruption
+(or a rerun to print the results again) does only the missing work.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from llmlb_bench import __version__
+from llmlb_bench.errors import UserError
+from llmlb_bench.store.run import write_json_atomic
+from llmlb_bench.sweep.capacity import CapacityTask, combine, search
+from llmlb_bench.sweep.cells import TRACES, Cell, execute, finished
+from llmlb_bench.sweep.curves import stability_curves
+from llmlb_bench.sweep.executors import Executor
+from llmlb_bench.sweep.rates import nominal_rate
+from llmlb_bench.sweep.spec import ClusterEntry, PolicyEntry, SweepSpec, WorkloadEntry
+
+SUMMARY = "summary.json"
+PLAN = "sweep.json"
+
+
+class Progress(Protocol):
+    """What a front end (the CLI's progress bar, a test) hears while a sweep runs."""
+
+    def phase(self, name: str, total: int, done: int) -> None:
+        """A phase starts: ``total`` tasks, of which ``done`` were already finished earlier."""
+
+    def advance(self, ran: bool) -> None:
+        """One task finished (``ran`` False when it only replayed stored runs)."""
+
+
+@dataclass
+class SweepOutcome:
+    """What one invocation did and what the sweep found."""
+
+    root: Path
+    ran: int = 0
+    skipped: int = 0
+    capacity: list[dict[str, Any]] = field(default_factory=list)
+    curves: list[dict[str, Any]] = field(default_factory=list)
+    cells: list[Cell] = field(default_factory=list)
+
+    def summary(self, spec: SweepSpec) -> dict[str, Any]:
+        return {
+            "sweep": spec.name, "description": spec.description, "source": spec.source,
+            "tool_version": __version__, "slo": spec.slo_text, "seeds": list(spec.seeds),
+            "axis": spec.axis, "knee_metric": spec.knee_metric,
+            "capacity_target": spec.capacity.attainment if spec.capacity else None,
+            "capacity": self.capacity, "curves": self.curves,
+        }
+
+
+def _template(spec: SweepSpec, phase: str, w: WorkloadEntry, c: ClusterEntry, p: PolicyEntry,
+              seed: int) -> Cell:
+    return Cell(sweep=spec.name, phase=phase, workload=w.label, cluster=c.label, policy=p.label, axis="rate",
+                x=0.0, rate_scale=1.0, rate=0.0, seed=seed, workload_spec=w.raw, workload_source=w.spec.source,
+                cluster_config=c.config.to_dict(), policy_name=p.name, policy_args=dict(p.args))
+
+
+def capacity_tasks(spec: SweepSpec) -> list[CapacityTask]:
+    cap = spec.capacity
+    assert cap is not None and spec.slo_text is not None
+    tasks = []
+    for w in spec.workloads:
+        nominal = nominal_rate(w.spec)
+        for c, p in spec.pairs():
+            if p.label not in cap.policies:
+                continue
+            for seed in spec.seeds:
+                tasks.append(CapacityTask(_template(spec, "capacity", w, c, p, seed), nominal, spec.slo_text,
+                                          cap.attainment, cap.low, cap.high, cap.tolerance))
+    return tasks
+
+
+def grid_cells(spec: SweepSpec, capacity: list[dict[str, Any]]) -> list[Cell]:
+    """Every grid cell in file order; offered-load rates come from the reference policy's capacity."""
+    ref = {(r["workload"], r["cluster"]): r["mean"] for r in capacity
+           if spec.capacity and r["policy"] == spec.capacity.reference}
+    cells = []
+    for w in spec.workloads:
+        nominal = nominal_rate(w.spec)
+        for c, p in spec.pairs():
+            reference = ref.get((w.label, c.label))
+            if spec.axis == "load" and not reference:
+                raise UserError(f"no capacity of reference policy {spec.capacity.reference!r} on cluster "  # type: ignore[union-attr]
+                                f"{c.label!r} for workload {w.label!r} to scale the load by (widen capacity.rate)",
+                                spec.source)
+            for x in spec.values:
+                rate = {"rate_scale": x * nominal, "rate": x, "load": x * (reference or 0.0)}[spec.axis or ""]
+                for seed in spec.seeds:
+                    base = _template(spec, "grid", w, c, p, seed)
+                    cells.append(Cell(**{**base.to_dict(), "axis": spec.axis, "x": x, "rate": rate,
+                                         "rate_scale": rate / nominal,
+                                         "load": rate / reference if reference else None}))
+    return cells
+
+
+def _capacity_phase(spec: SweepSpec, root: Path, executor: Executor, progress: Progress | None,
+                    outcome: SweepOutcome) -> None:
+    tasks = capacity_tasks(spec)
+    if progress:
+        progress.phase("capacity", len(tasks), 0)
+    results: dict[int, dict[str, Any]] = {}
+    index = {id(t): i for i, t in enumerate(tasks)}
+    for task, result in executor.run(search, tasks, str(root)):
+        results[index[id(task)]] = result
+        ran = sum(e["ran"] for e in result["evaluations"])
+        outcome.ran += ran
+        outcome.skipped += len(result["evaluations"]) - ran
+        if progress:
+            progress.advance(ran > 0)
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for i, task in enumerate(tasks):
+        t = task.template
+        groups.setdefault((t.workload, t.cluster, t.policy), []).append(results[i])
+    prices = {c.label: c.price_per_hour for c in spec.clusters}
+    for (workload, cluster, policy), per_seed in groups.items():
+        summary = combine(per_seed)
+        per_hour = prices[cluster]
+        outcome.capacity.append({
+            "workload": workload, "cluster": cluster, "policy": policy, **summary,
+            "price_per_hour": per_hour,
+            "requests_per_usd": (summary["mean"] * 3600 / per_hour) if summary["mean"] and per_hour else None,
+        })
+
+
+def _grid_phase(spec: SweepSpec, root: Path, executor: Executor, progress: Progress | None,
+                outcome: SweepOutcome) -> None:
+    cells = grid_cells(spec, outcome.capacity)
+    names = [c.run_id for c in cells]
+    if len(set(names)) != len(names):
+        raise UserError("two grid values give the same run id (values closer than 10 significant digits)",
+                        spec.source)
+    todo = [c for c in cells if not finished(root / c.run_id, c.key)]
+    outcome.skipped += len(cells) - len(todo)
+    if progress:
+        progress.phase("grid", len(cells), len(cells) - len(todo))
+    for _, result in executor.run(execute, todo, str(root)):
+        outcome.ran += int(result["ran"])
+        if progress:
+            progress.advance(result["ran"])
+    outcome.cells = cells
+    outcome.curves = stability_curves(root, cells, spec.slo, spec.knee_metric)
+
+
+def run_sweep(spec: SweepSpec, results: str | Path, executor: Executor,
+              progress: Progress | None = None) -> SweepOutcome:
+    """Run (or resume) ``spec`` under ``results/<name>/``; writes summary.json and returns the outcome."""
+    root = Path(results) / spec.name
+    (root / TRACES).mkdir(parents=True, exist_ok=True)
+    write_json_atomic(root / PLAN, {"name": spec.name, "source": spec.source, "sweep": spec.raw,
+                                    "updated_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
+    outcome = SweepOutcome(root)
+    if spec.capacity is not None:
+        _capacity_phase(spec, root, executor, progress, outcome)
+    if spec.axis is not None:
+        _grid_phase(spec, root, executor, progress, outcome)
+    write_json_atomic(root / SUMMARY, outcome.summary(spec))
+    return outcome

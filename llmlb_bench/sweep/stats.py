@@ -1,0 +1,31 @@
+"""Confidence intervals over a sweep's repeats.
+
+A sweep repeats each point with a handful of seeds (3-10); the mean of the
+per-seed figures with a Student-t interval is the honest summary of so few
+samples (a bootstrap over three values cannot be wider than their range).
+Per-request bootstrap intervals of single runs belong to the metrics
+package.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from scipy import stats
+
+CONFIDENCE = 0.95
+
+
+def mean_ci(values: Sequence[float | None], confidence: float = CONFIDENCE) -> dict[str, float | None]:
+    """``{"mean", "low", "high", "n"}`` over the values that are not None; no interval from one value."""
+    xs = [float(v) for v in values if v is not None and math.isfinite(v)]
+    n = len(xs)
+    if n == 0:
+        return {"mean": None, "low": None, "high": None, "n": 0}
+    mean = sum(xs) / n
+    if n == 1:
+        return {"mean": mean, "low": None, "high": None, "n": 1}
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
+    return {"mean": mean, "low": mean - half, "high": mean + half, "n": n}
