@@ -63,6 +63,7 @@ price_per_hour = 1.0
 compute_efficiency = 0.6
 memory_efficiency = 0.8
 step_overhead_ms = 2.0
+layer_latency_us = 40
 memory_power_fraction = 0.6
 """)
     return str(path)
@@ -120,13 +121,14 @@ def test_requests_that_never_fit_are_rejected_with_a_reason(tmp_path, tiny_kv_ca
 
 def test_decode_runs_sum_to_the_step_by_step_time(tmp_path):
     """A lone request: prefill step + (output - 1) decode steps, each from the roofline at its own context.
-    The simulator advances the decode steps as one or more runs; their total must match."""
+    The simulator advances the decode steps as runs timed at their mean context; the smooth roofline
+    is nearly linear in the context within a run, so the total matches to a few parts per million."""
     cfg = ClusterConfig(replicas=1)
     req = run_sim(tmp_path, trace(np.array([0.0]), 3000, 2000), cfg)[0].to_pylist()[0]
     cost = CostModel(cfg.model_spec, cfg.gpu_spec, 1)
     expected = cost.step(3000, 3000 * (3000 + 1) / 2, 3000, 0, 0, 1).total
     expected += sum(cost.decode_time(1, 3000 + j + 1) for j in range(1999))
-    assert req["last_token_s"] == pytest.approx(expected, rel=1e-9)
+    assert req["last_token_s"] == pytest.approx(expected, rel=1e-6)
     assert req["first_token_s"] == pytest.approx(cost.step(3000, 3000 * 3001 / 2, 3000, 0, 0, 1).total)
 
 

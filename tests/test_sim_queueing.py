@@ -109,7 +109,7 @@ def test_mm1_mean_wait_matches_pollaczek_khinchine(tmp_path):
     arrival = _poisson(len(out), s.mean() / rho, seed=2)
     req = by_request_id(run_sim(tmp_path, trace(arrival, 1, out), cfg, policy="round_robin")[0])
     waits = req.column("last_token_s").to_numpy() - arrival - s
-    assert waits.min() > -1e-9
+    assert waits.min() > -1e-6
     lam = rho / s.mean()
     assert s.var() / s.mean() ** 2 == pytest.approx(1.0, abs=0.02), "nearly exponential service"
     assert waits.mean() == pytest.approx(lam * (s ** 2).mean() / (2 * (1 - rho)), rel=0.02)
@@ -148,7 +148,7 @@ def test_central_fcfs_queue_waits_follow_the_kiefer_wolfowitz_recursion(tmp_path
         start = max(a, free[k])
         expected[i] = start - a
         free[k] = start + d
-    np.testing.assert_allclose(waits, expected, atol=1e-9)
+    np.testing.assert_allclose(waits, expected, atol=1e-6)   # service times from the cost model: to 1 us
 
 
 @pytest.mark.slow

@@ -42,6 +42,7 @@ class GPU:
     compute_efficiency: float
     memory_efficiency: float
     step_overhead_ms: float
+    layer_latency_us: float
     memory_power_fraction: float
 
 

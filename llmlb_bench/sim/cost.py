@@ -4,9 +4,9 @@ One step of a replica processes a batch of tokens: prefill chunks (each
 attending to its request's earlier tokens) and one decode token per running
 request (each attending to its whole context). Its time is
 
-    max(FLOPs / (peak FLOP/s x compute_efficiency),
-        bytes / (HBM bandwidth x memory_efficiency))
-    + tensor-parallel all-reduce time + fixed step overhead
+    hypot(FLOPs / (peak FLOP/s x compute_efficiency),
+          bytes / (HBM bandwidth x memory_efficiency))
+    + tensor-parallel all-reduce time + layers x layer latency + host overhead
 
 with FLOPs = 2 x active non-embedding parameters per token + 4 x layers x
 heads x head_dim per (token, context token) of attention + the LM head per
@@ -14,13 +14,23 @@ sampled token, and bytes = the weights read once per step (for a MoE only the
 experts the batch touches) + the KV cache read by attention. Everything is per
 GPU after tensor-parallel sharding.
 
-All figures come from the catalogs; the efficiency factors are the fitted
-part (see :mod:`llmlb_bench.sim.calibrate`).
+``hypot`` (the 2-norm of the two times) is a smooth roofline: it equals the
+larger time when one dominates and exceeds it near the knee, where real
+kernels neither fully overlap nor fully serialise compute and memory
+traffic. Against measured layer timings it halves the error of the sharp
+``max`` at batch sizes around the knee (64-512 tokens: decode batches),
+see docs/simulator.md. The layer latency is the fixed cost of a layer's
+kernels (launches, small ops) that does not scale with the batch.
+
+All figures come from the catalogs; the efficiency factors and the layer
+latency are the fitted part (see :mod:`llmlb_bench.sim.calibrate`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from math import sqrt
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim.catalog import GPU, Model
@@ -41,7 +51,7 @@ class StepCost:
 
     @property
     def total(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.comm_s + self.overhead_s
+        return math.hypot(self.compute_s, self.memory_s) + self.comm_s + self.overhead_s
 
 
 class CostModel:
@@ -75,7 +85,7 @@ class CostModel:
         # GQA KV heads are split across TP ranks (replicated when tp > kv_heads); MLA's latent is replicated.
         kv_shards = 1 if model.kv_lora_rank else min(tp, model.kv_heads)
         self.kv_bytes_per_token = model.kv_bytes_per_token / kv_shards
-        self.overhead_s = gpu.step_overhead_ms / 1000.0
+        self.overhead_s = gpu.step_overhead_ms / 1000.0 + model.layers * gpu.layer_latency_us * 1e-6
         # Two all-reduces of the hidden state per layer (after attention and after the MLP), ring algorithm.
         if tp > 1:
             self._ar_fixed = 2 * model.layers * (2 * (tp - 1)) * gpu.link_latency_us * 1e-6
@@ -86,7 +96,7 @@ class CostModel:
         self.kv_blocks = self._kv_blocks(max_num_batched_tokens, max_num_seqs, gpu_memory_utilization, block_size)
         self.block_size = block_size
         # Largest d(step time)/d(context token): bounds how fast a decode step slows down as contexts grow.
-        self.context_slope = max(self.attn_flops / self.peak_flops, self.kv_bytes_per_token / self.bandwidth)
+        self.context_slope = math.hypot(self.attn_flops / self.peak_flops, self.kv_bytes_per_token / self.bandwidth)
         # Coefficients of the simulator's hot path (:meth:`run_step`): seconds per unit.
         self._c_token = self.linear_flops / self.peak_flops
         self._c_sample = self.lm_head_flops / self.peak_flops
@@ -158,7 +168,7 @@ class CostModel:
         compute = self._c_token * tokens + self._c_attn * attn + self._c_sample * sampled
         memory = (self._m_dense + (self.expert_bytes * (1.0 - self._miss ** tokens) / self.bandwidth
                                    if self.expert_bytes else 0.0) + self._m_kv * kv)
-        total = (compute if compute > memory else memory) + self._fixed + self._ar_per_token * tokens
+        total = sqrt(compute * compute + memory * memory) + self._fixed + self._ar_per_token * tokens
         busy = self._mem_power * memory
         if compute > busy:
             busy = compute
