@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow.compute as pc
 import pytest
 
 from llmlb_bench.policies import BUILTIN
 from llmlb_bench.sim import ClusterConfig
+from llmlb_bench.workload import generate, load_spec
 from sim_helpers import poisson_trace, run_sim, trace
+
+SHARED_PREFIX = Path(__file__).resolve().parents[1] / "workloads" / "shared-prefix.toml"
 
 PROMPT, OUTPUT = 200, 20
 
@@ -36,6 +41,27 @@ def test_power_of_two_beats_random_on_p99_ttft_at_85_percent_load(tmp_path):
     # measured over seeds 1-5: p99 ratio 0.18-0.23, mean ratio 0.27-0.28
     assert np.percentile(p2_ttft, 99) < 0.35 * np.percentile(random_ttft, 99)
     assert p2_ttft.mean() < 0.35 * random_ttft.mean()
+
+
+def test_cache_aware_raises_prefix_hits_and_throughput_over_round_robin_on_the_shared_prefix_preset(tmp_path):
+    """Multi-turn sessions over Zipf-shared system prompts, arrivals 40x the preset's
+    rate so that four replicas are saturated: round robin scatters a conversation's
+    turns, so each turn recomputes history another replica holds; SGLang's
+    cache_aware keeps them together."""
+    table = generate(load_spec(SHARED_PREFIX).replace(requests=1000), rate_scale=40.0)
+    cfg = ClusterConfig(replicas=4)
+    figures = {}
+    for name in ("round_robin", "cache_aware"):
+        requests, _, summary = run_sim(tmp_path, table, cfg, name, run_id=name)
+        assert pc.all(pc.equal(requests.column("status"), "ok")).as_py()
+        hit = pc.sum(requests.column("cached_tokens")).as_py() / pc.sum(requests.column("input_tokens")).as_py()
+        throughput = pc.sum(requests.column("output_tokens")).as_py() / summary["sim_time_s"]
+        figures[name] = hit, throughput
+    (rr_hit, rr_tput), (ca_hit, ca_tput) = figures["round_robin"], figures["cache_aware"]
+    # measured over spec seeds 1-4: hit rate 0.68-0.72 -> 0.79-0.84, throughput +2.5% to +12%
+    # (the preset's own seed 1, used here: 0.69 -> 0.82 and +7.6%)
+    assert ca_hit > rr_hit + 0.05
+    assert ca_tput > 1.02 * rr_tput
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN))
