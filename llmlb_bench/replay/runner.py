@@ -29,6 +29,7 @@ run is interrupted is written as ``error`` with error ``interrupted``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import heapq
 import json
 import resource
@@ -190,9 +191,14 @@ class Replayer:
         _raise_open_files_limit()
         cpu0 = _cpu_seconds()
         restore = self._install_signals(loop)
+        # the trace columns live for the whole run: keep the collector's full passes, which stop
+        # the event loop, from walking them again and again
+        gc.collect()
+        gc.freeze()
         try:
             loop.run_until_complete(self._main())
         finally:
+            gc.unfreeze()
             restore()
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()

@@ -1,0 +1,174 @@
+"""How fast and how exact is the replayer? Measured against a no-op server whose clock is the truth.
+
+The no-op streaming server (llmlb_bench.replay.noop_server) runs in its own
+process pinned to one core; the replayer runs here, pinned to another, doing
+all of its real work (routing, accounting, Parquet rows). Both read the same
+system-wide monotonic clock, so for every request::
+
+    send lateness   = sent_s - scheduled_s                     (client only)
+    TTFT inflation  = client first-token time - server first-token write time
+
+Three figures, each with 32 streamed output tokens per request:
+
+* capacity: requests/s completed when the offered load exceeds what one
+  client core can do (the whole response arrives at once, so this is the
+  client's per-request cost);
+* open loop at 100 and 500 requests/s (Poisson arrivals, tokens 2 ms apart):
+  achieved send rate against the trace's rate, send lateness and TTFT
+  inflation percentiles.
+
+    python benchmarks/replay_throughput.py [--seconds 10] [--capacity-requests 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from llmlb_bench.policies import make_policy
+from llmlb_bench.replay import ReplayOptions, preflight, replay
+from llmlb_bench.schema import TRACE
+from llmlb_bench.store import RunStore
+
+OUTPUT_TOKENS = 32
+
+
+def start_server(cpu: int | None, itl_ms: float) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, "-m", "llmlb_bench.replay.noop_server", "--port", "0", "--itl-ms", str(itl_ms)]
+    if cpu is not None:
+        cmd += ["--cpu", str(cpu)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().strip()  # "listening on HOST:PORT"
+    return proc, "http://" + line.rsplit(" ", 1)[1]
+
+
+def trace(n: int, rate: float | None, seed: int = 0, input_tokens: int = 128) -> pa.Table:
+    """``n`` requests; Poisson arrivals at ``rate``, or all at time 0 (rate None)."""
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, n)) if rate else np.zeros(n)
+    return TRACE.conform(pa.table({
+        "request_id": pa.array(np.arange(n), pa.int64()),
+        "arrival_s": pa.array(arrivals - arrivals[0]),
+        "input_tokens": pa.array(np.full(n, input_tokens), pa.int32()),
+        "output_tokens": pa.array(np.full(n, OUTPUT_TOKENS), pa.int32()),
+        "prefix_hashes": pa.array([[i % 50, 1000 + i] for i in range(n)], pa.list_(pa.uint64())),
+    }), "bench")
+
+
+def run(table: pa.Table, url: str, results: Path, name: str) -> tuple[dict, pa.Table]:
+    options = ReplayOptions(api="chat")
+    pre = preflight([url], options)
+    with RunStore(results, config={}, backend="replay", run_id=name) as store:
+        summary = replay(table, [url], make_policy("round_robin"), store, options, pre=pre)
+    return summary, pq.read_table(store.dir / "requests.parquet")
+
+
+def server_records(url: str) -> dict[str, list[float]]:
+    with urllib.request.urlopen(f"{url}/stats") as resp:
+        return json.loads(resp.read())
+
+
+def pct(values: np.ndarray, qs=(50, 99, 99.9)) -> str:
+    return "  ".join(f"p{q:g} {np.percentile(values, q):.3f}" for q in qs) + f"  max {values.max():.3f}"
+
+
+def machine_noise(cpu: int, seconds: float = 3.0) -> None:
+    """How often this core is taken away from a bare busy loop (shared machines and VMs steal time).
+
+    Any client's lateness and inflation percentiles can be no better than this."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu})
+    gaps, end = [], time.perf_counter() + seconds
+    last = time.perf_counter()
+    while last < end:
+        now = time.perf_counter()
+        if now - last > 0.0005:
+            gaps.append(now - last)
+        last = now
+    g = np.array(gaps or [0.0]) * 1e3
+    print(f"machine noise on CPU {cpu}: a bare busy loop lost the core {len(gaps) / seconds:.0f} times/s "
+          f"(> 0.5 ms), {g.sum() / seconds / 10:.1f}% of the time, longest {g.max():.1f} ms")
+
+
+def capacity(args: argparse.Namespace, results: Path) -> None:
+    proc, url = start_server(args.server_cpu, itl_ms=0.0)
+    try:
+        table = trace(args.capacity_requests, rate=args.capacity_offered)
+        summary, rows = run(table, url, results, "capacity")
+    finally:
+        proc.terminate()
+    ok = rows.filter(pa.compute.equal(rows.column("status"), "ok"))
+    sent = np.asarray(ok.column("sent_s"))
+    last = np.asarray(ok.column("last_token_s"))
+    span = last.max() - sent.min()
+    print(f"capacity: {ok.num_rows}/{rows.num_rows} ok, {ok.num_rows / span:,.0f} streamed requests/s completed "
+          f"(offered {args.capacity_offered:,.0f}/s, {OUTPUT_TOKENS} tokens each); client CPU "
+          f"{summary['client']['cpu_ms_per_request'] * 1e3:.0f} us/request")
+
+
+def open_loop(args: argparse.Namespace, results: Path, rate: float) -> None:
+    proc, url = start_server(args.server_cpu, itl_ms=args.itl_ms)
+    try:
+        table = trace(int(rate * args.seconds), rate=rate, seed=int(rate))
+        summary, rows = run(table, url, results, f"open-{rate:g}")
+        records = server_records(url)
+    finally:
+        proc.terminate()
+    t0 = summary["client"]["t0_clock_s"]
+    rid = rows.column("request_id").to_pylist()
+    sched = np.asarray(rows.column("scheduled_s"))
+    sent = np.asarray(rows.column("sent_s"))
+    first = np.asarray(rows.column("first_token_s"))
+    server_first = np.array([records[str(r)][1] for r in rid]) - t0
+    server_recv = np.array([records[str(r)][0] for r in rid]) - t0
+    trace_rate = (len(sched) - 1) / (sched.max() - sched.min())
+    sent_rate = (len(sent) - 1) / (sent.max() - sent.min())
+    statuses = summary["statuses"]
+    print(f"open loop {rate:g} req/s for {args.seconds:g} s ({len(rid)} requests, statuses {statuses}):")
+    print(f"  achieved send rate {sent_rate:.2f}/s vs trace {trace_rate:.2f}/s "
+          f"({100 * (sent_rate / trace_rate - 1):+.3f}%)")
+    print(f"  send lateness ms:        {pct((sent - sched) * 1e3)}")
+    print(f"  request transit ms:      {pct((server_recv - sent) * 1e3)}   (sent -> server has parsed it)")
+    print(f"  TTFT inflation ms:       {pct((first - server_first) * 1e3)}   (client first token - server write)")
+    print(f"  client CPU {summary['client']['cpu_ms_per_request'] * 1e3:.0f} us/request; "
+          f"run.json dispatch lag p99 {summary['client']['dispatch_lag_ms']['p99']} ms")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=10.0, help="duration of each open-loop run")
+    ap.add_argument("--rates", type=float, nargs="+", default=[100.0, 500.0])
+    ap.add_argument("--itl-ms", type=float, default=2.0, help="server's gap between tokens in open-loop runs")
+    ap.add_argument("--capacity-requests", type=int, default=20000)
+    ap.add_argument("--capacity-offered", type=float, default=6000.0, help="offered rate of the capacity run")
+    ap.add_argument("--client-cpu", type=int, default=0)
+    ap.add_argument("--server-cpu", type=int, default=1)
+    args = ap.parse_args()
+    try:
+        import uvloop  # noqa: F401
+        loop = "uvloop"
+    except ImportError:
+        loop = "asyncio (install uvloop for the figures the docs quote)"
+    print(f"client on CPU {args.client_cpu}, server on CPU {args.server_cpu}, event loop {loop}, "
+          f"{os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M')}")
+    machine_noise(args.client_cpu)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = Path(tmp)
+        capacity(args, results)
+        for rate in args.rates:
+            open_loop(args, results, rate)
+
+
+if __name__ == "__main__":
+    main()
