@@ -1,11 +1,20 @@
-"""Service-level objectives: parsing ``ttft=500ms,tpot=50ms`` and the SQL predicate of a good request."""
+"""Service-level objectives: parsing ``ttft=500ms,tpot=50ms`` and the SQL predicate of a good request.
+
+One spec applies to every request; per-class specs, separated by ``;`` and
+prefixed with the class name, override it for requests of that
+``slo_class``: ``ttft=500ms,tpot=50ms;batch:e2e=60s``. A request is *good*
+when it is ok and meets every limit of its class (of the default spec when
+its class has none).
+"""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.metrics.sql import quote
 
 #: metric name in the SLO string -> per-request SQL expression (seconds)
 SLO_METRICS = {
@@ -15,38 +24,77 @@ SLO_METRICS = {
 }
 _UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 _ITEM = re.compile(r"^\s*([a-z0-9_]+)\s*=\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(us|ms|s)?\s*$")
+_CLASS = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*:(.*)$")
+
+Limits = tuple[tuple[str, float], ...]
+
+
+def _parse_limits(text: str, where: str) -> Limits:
+    limits: dict[str, float] = {}
+    for item in text.split(","):
+        m = _ITEM.match(item)
+        if not m:
+            raise UserError(f"cannot parse {item.strip()!r}; expected e.g. ttft=500ms,tpot=50ms", where)
+        name, value, unit = m.group(1), float(m.group(2)), m.group(3) or "ms"
+        if name not in SLO_METRICS:
+            raise UserError(f"unknown SLO metric {name!r} (known: {', '.join(SLO_METRICS)})", where)
+        if value <= 0:
+            raise UserError(f"SLO {name} must be positive", where)
+        limits[name] = value * _UNITS[unit]
+    return tuple(limits.items())
+
+
+def _terms(limits: Limits) -> str:
+    return " AND ".join(f"{SLO_METRICS[k]} <= {v!r}" for k, v in limits) or "TRUE"
+
+
+def _describe(limits: Limits) -> str:
+    return ",".join(f"{k}={v * 1e3:g}ms" for k, v in limits)
 
 
 @dataclass(frozen=True)
 class Slo:
-    """Per-request latency limits in seconds; a request is *good* when it is ok and meets all of them."""
+    """Per-request latency limits in seconds (default, and per SLO class)."""
 
-    limits: tuple[tuple[str, float], ...]
+    limits: Limits
+    classes: tuple[tuple[str, Limits], ...] = ()
 
     @classmethod
     def parse(cls, text: str | None, where: str = "--slo") -> "Slo | None":
         if not text:
             return None
-        limits = {}
-        for item in text.split(","):
-            m = _ITEM.match(item)
-            if not m:
-                raise UserError(f"cannot parse {item.strip()!r}; expected e.g. ttft=500ms,tpot=50ms", where)
-            name, value, unit = m.group(1), float(m.group(2)), m.group(3) or "ms"
-            if name not in SLO_METRICS:
-                raise UserError(f"unknown SLO metric {name!r} (known: {', '.join(SLO_METRICS)})", where)
-            if value <= 0:
-                raise UserError(f"SLO {name} must be positive", where)
-            limits[name] = value * _UNITS[unit]
-        return cls(tuple(limits.items()))
+        default: Limits = ()
+        classes: dict[str, Limits] = {}
+        for part in text.split(";"):
+            if not part.strip():
+                continue
+            m = _CLASS.match(part)
+            if m:
+                classes[m.group(1)] = _parse_limits(m.group(2), where)
+            elif default:
+                raise UserError("more than one spec without a class prefix", where)
+            else:
+                default = _parse_limits(part, where)
+        return cls(default, tuple(classes.items()))
+
+    def limits_for(self, slo_class: str | None) -> dict[str, float]:
+        """The limits that apply to a request of ``slo_class``."""
+        return dict(dict(self.classes).get(slo_class or "", self.limits))
 
     def predicate(self) -> str:
         """SQL boolean over the ``request_metrics`` view's columns."""
-        terms = ["status = 'ok'"] + [f"{SLO_METRICS[k]} <= {v!r}" for k, v in self.limits]
-        return " AND ".join(terms)
+        if not self.classes:
+            return " AND ".join(["status = 'ok'"] + [f"{SLO_METRICS[k]} <= {v!r}" for k, v in self.limits])
+        cases = " ".join(f"WHEN slo_class = {quote(c)} THEN {_terms(lim)}" for c, lim in self.classes)
+        return f"status = 'ok' AND (CASE {cases} ELSE {_terms(self.limits)} END)"
 
     def describe(self) -> str:
-        return ",".join(f"{k}={v * 1e3:g}ms" for k, v in self.limits)
+        parts = [_describe(self.limits)] if self.limits else []
+        parts += [f"{c}:{_describe(lim)}" for c, lim in self.classes]
+        return ";".join(parts)
 
-    def to_dict(self) -> dict[str, float]:
-        return {f"{k}_s": v for k, v in self.limits}
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {f"{k}_s": v for k, v in self.limits}
+        if self.classes:
+            out["classes"] = {c: {f"{k}_s": v for k, v in lim} for c, lim in self.classes}
+        return out

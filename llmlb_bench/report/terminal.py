@@ -12,7 +12,7 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.table import Table
 
-from llmlb_bench.metrics.sql import PERCENTILES
+from llmlb_bench.metrics.distribution import PERCENTILES, pkey
 
 Row = tuple[str, Callable[[dict[str, Any]], Any], str]
 
@@ -25,7 +25,7 @@ def _fmt(value: Any, spec: str) -> str:
 
 def _rows(slo: bool) -> list[tuple[str, list[Row]]]:
     def lat(name: str, scale: float, unit: str) -> list[Row]:
-        stats = ["mean", *(f"p{p}" for p in PERCENTILES)]
+        stats = ["mean", *(pkey(p) for p in PERCENTILES)]
         return [(f"{name} {st} ({unit})",
                  (lambda s, n=name.lower(), st=st: None if s[n][st] is None else s[n][st] * scale), ",.1f")
                 for st in stats]

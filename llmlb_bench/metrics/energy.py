@@ -1,0 +1,93 @@
+"""Energy and cost per token.
+
+* Energy of a replica = sum over its series samples of ``power_w x (t_s -
+  previous t_s)``: ``power_w`` is the mean power over the interval ending at
+  the sample (as the simulator writes it), so this is exact. Average power
+  per replica = its energy / the time its samples span. Run energy = the sum
+  over replicas (idle power included). Runs without power samples fall back
+  to the energy attributed to requests (``requests.energy_j``, which leaves
+  idle power out); ``energy_source`` says which was used.
+* J per output token = run energy / output tokens of ok requests;
+  J per SLO-compliant token = run energy / output tokens of good requests
+  (the ML.ENERGY and DynamoLLM framing: energy spent, per useful token).
+* Cost = fleet price per hour x duration (the run's, as for throughput).
+  The price is the one given (``--price-per-hour``, for the whole fleet) or,
+  for simulated runs, the GPU catalog's ``price_per_hour`` x GPUs
+  (replicas x tensor-parallel degree of every pool in run.json). Dollars per
+  million good tokens = cost / good output tokens x 1e6.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.store.views import Catalog
+
+_SERIES_ENERGY_SQL = """
+SELECT run_id, target, sum(power_w * (t_s - prev_t)) AS energy_j, max(t_s) - min(prev_t) AS span_s
+FROM (SELECT run_id, target, t_s, power_w, lag(t_s) OVER (PARTITION BY run_id, target ORDER BY t_s) AS prev_t
+      FROM series)
+WHERE prev_t IS NOT NULL AND power_w IS NOT NULL
+GROUP BY ALL ORDER BY run_id, target
+"""
+
+_ATTRIBUTED_SQL = "SELECT run_id, sum(energy_j) AS energy_j FROM requests GROUP BY run_id"
+
+
+def fleet(meta: Mapping[str, Any]) -> tuple[int | None, float | None]:
+    """(GPUs, catalog price per hour of all of them) of a simulated run, from its run.json config."""
+    cluster = (meta.get("config") or {}).get("cluster") or {}
+    pools = cluster.get("pools") or []
+    if not pools:
+        return None, None
+    gpus = sum(int(p.get("replicas", 0)) * int(p.get("tp", 1)) for p in pools)
+    from llmlb_bench.sim import load_catalog  # the simulator's catalog: only needed for simulated runs
+
+    try:
+        catalog = load_catalog(cluster.get("catalogs") or ())
+        price = sum(int(p.get("replicas", 0)) * int(p.get("tp", 1)) * catalog.gpu(p["gpu"]).price_per_hour
+                    for p in pools)
+    except (UserError, KeyError):
+        return gpus, None
+    return gpus, price
+
+
+def energy_and_cost(cat: Catalog, runs: Mapping[str, Mapping[str, Any]],
+                    price_per_hour: float | None = None) -> dict[str, dict[str, Any]]:
+    """``{run_id: {...}}``; ``runs`` maps run ids to ``{meta, duration_s, output_tokens, good_tokens}``."""
+    per_target: dict[str, dict[str, dict[str, float]]] = {}
+    for r in cat.query(_SERIES_ENERGY_SQL).to_pylist():
+        per_target.setdefault(r["run_id"], {})[r["target"]] = {"energy_j": r["energy_j"], "span_s": r["span_s"]}
+    attributed = {r["run_id"]: r["energy_j"] for r in cat.query(_ATTRIBUTED_SQL).to_pylist()}
+    out: dict[str, dict[str, Any]] = {}
+    for run_id, info in runs.items():
+        targets = per_target.get(run_id) or {}
+        power = {t: v["energy_j"] / v["span_s"] for t, v in targets.items() if v["span_s"]}
+        if targets:
+            total, source = sum(v["energy_j"] for v in targets.values()), "series"
+        elif attributed.get(run_id) is not None:
+            total, source = attributed[run_id], "requests"
+        else:
+            total, source = None, None
+        gpus, catalog_price = fleet(info["meta"])
+        price = price_per_hour if price_per_hour is not None else catalog_price
+        duration = info["duration_s"]
+        cost = price * duration / 3600.0 if price is not None and duration else None
+        good, tokens = info.get("good_tokens"), info["output_tokens"]
+        out[run_id] = {
+            "energy_j": total,
+            "energy_source": source,
+            "attributed_energy_j": attributed.get(run_id),
+            "j_per_output_token": total / tokens if total is not None and tokens else None,
+            "j_per_good_token": total / good if total is not None and good else None,
+            "avg_power_w": power or None,
+            "avg_power_per_replica_w": sum(power.values()) / len(power) if power else None,
+            "gpus": gpus,
+            "price_per_hour": price,
+            "price_source": "given" if price_per_hour is not None else ("catalog" if price is not None else None),
+            "cost_usd": cost,
+            "usd_per_m_output_tokens": cost / tokens * 1e6 if cost is not None and tokens else None,
+            "usd_per_m_good_tokens": cost / good * 1e6 if cost is not None and good else None,
+        }
+    return out

@@ -1,0 +1,100 @@
+"""Percentiles from band rows and their bootstrap intervals, against NumPy, GuideLLM's rule and brute force."""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from llmlb_bench.metrics.distribution import (PERCENTILES, Band, band_sql, bands_by_run, bootstrap_ci, describe,
+                                              percentile, pkey, rng_for)
+
+
+def bands(values, weights=None, run="r"):
+    """Run :func:`band_sql` over an in-memory table (the real SQL path)."""
+    weights = np.ones(len(values), dtype=np.int64) if weights is None else np.asarray(weights)
+    con = duckdb.connect()
+    con.register("t", pa.table({"run_id": [run] * len(values), "v": np.asarray(values, float), "w": weights}))
+    return bands_by_run(con.sql(band_sql("SELECT run_id, v, w FROM t")).to_arrow_table())[run]
+
+
+def guidellm_percentile(values, weights, q):
+    """GuideLLM's rule (``Percentiles.from_pdf``): first value whose cumulative probability reaches q."""
+    order = np.argsort(values)
+    v, p = np.asarray(values)[order], np.asarray(weights, float)[order]
+    cdf = np.cumsum(p / p.sum())
+    return v[np.searchsorted(cdf, q, side="left")]
+
+
+def test_linear_percentiles_match_numpy_on_expanded_weights():
+    rng = np.random.default_rng(7)
+    values = rng.lognormal(0, 1, 3000)
+    weights = rng.integers(1, 40, 3000)
+    band = bands(values, weights)
+    expanded = np.repeat(values, weights)
+    assert band.n == len(expanded) and band.mean == pytest.approx(expanded.mean())
+    for p in PERCENTILES:
+        assert percentile(band, p, "linear") == pytest.approx(np.percentile(expanded, p), abs=1e-12)
+    # the band kept only rows near the percentiles, not the whole sample
+    assert len(band.v) < len(values)
+
+
+def test_inverse_cdf_percentiles_match_guidellm():
+    rng = np.random.default_rng(8)
+    values = rng.exponential(1.0, 500)
+    weights = rng.integers(1, 9, 500)
+    band = bands(values, weights)
+    for p in PERCENTILES:
+        assert percentile(band, p, "inverse_cdf") == guidellm_percentile(values, weights, p / 100)
+
+
+def test_percentiles_of_a_tiny_hand_sample():
+    band = bands([4.0, 1.0, 3.0, 2.0])
+    assert percentile(band, 50, "linear") == 2.5            # halfway between 2 and 3
+    assert percentile(band, 50, "inverse_cdf") == 2.0       # cdf reaches 0.5 at 2
+    assert percentile(band, 99.9, "linear") == pytest.approx(3.997)
+
+
+def test_bootstrap_interval_equals_brute_force_resampling():
+    """The order-statistic shortcut draws from the same distribution as resampling N values."""
+    rng = np.random.default_rng(11)
+    values = np.round(rng.lognormal(0, 0.8, 400), 3)
+    band = bands(values)
+    brute_rng = np.random.default_rng(12)
+    for p, method in ((50, "linear"), (90, "linear"), (99, "linear"), (90, "inverse_cdf")):
+        resamples = brute_rng.choice(values, size=(20000, len(values)), replace=True)
+        if method == "linear":
+            stats = np.percentile(resamples, p, axis=1)
+        else:
+            stats = np.sort(resamples, axis=1)[:, int(np.ceil(p / 100 * len(values))) - 1]
+        want = np.quantile(stats, [0.025, 0.975])
+        got = bootstrap_ci(band, p, method, np.random.default_rng(13), replicates=20000)
+        spread = np.quantile(stats, 0.9) - np.quantile(stats, 0.1)
+        assert got[0] == pytest.approx(want[0], abs=0.1 * spread), (p, method)
+        assert got[1] == pytest.approx(want[1], abs=0.1 * spread), (p, method)
+        assert got[0] <= percentile(band, p, method) <= got[1]
+
+
+def test_bootstrap_is_seeded_by_run_and_figure_not_by_order():
+    band = bands(np.arange(100.0))
+    a = describe(band, "linear", seed=3, key=("run-a", "ttft"))
+    b = describe(band, "linear", seed=3, key=("run-a", "ttft"))
+    c = describe(band, "linear", seed=4, key=("run-a", "ttft"))
+    assert a == b and a["ci"] != c["ci"]
+    assert set(a["ci"]) == {pkey(p) for p in PERCENTILES} == {"p50", "p90", "p95", "p99", "p99.9"}
+    assert rng_for(1, "x").random() == rng_for(1, "x").random()
+
+
+def test_empty_and_single_value():
+    assert describe(None, "linear", seed=0, key=("r", "ttft"))["p50"] is None
+    one = Band(v=np.array([2.0]), cw=np.array([1]), n=1, mean=2.0)
+    d = describe(one, "linear", seed=0, key=("r", "x"))
+    assert d["p99.9"] == 2.0 and d["ci"]["p50"] == [2.0, 2.0]
+
+
+def test_band_rows_of_several_runs_are_split():
+    con = duckdb.connect()
+    con.register("t", pa.table({"run_id": ["a"] * 3 + ["b"] * 2, "v": [1.0, 2.0, 3.0, 10.0, 20.0], "w": [1] * 5}))
+    out = bands_by_run(con.sql(band_sql("SELECT run_id, v, w FROM t")).to_arrow_table())
+    assert percentile(out["a"], 50, "linear") == 2.0 and percentile(out["b"], 50, "linear") == 15.0

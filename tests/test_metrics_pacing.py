@@ -1,0 +1,118 @@
+"""Fluidity index, fluid token generation rate and the slowest-10% gap mean."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from llmlb_bench.metrics.pacing import Streams, deadline_walk, fluid_deadlines, pacing, slowest_gap_mean
+from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.metrics.sql import REQUEST_METRICS_VIEW
+from llmlb_bench.schema import TOKEN_SEGMENT
+from llmlb_bench.store.views import Catalog
+from metrics_helpers import seg, store_run
+
+
+def etalon_walk(gaps, ttft_deadline, tbt_deadline, ignore_first=False):
+    """A line-by-line transcription of Etalon's ``get_request_level_deadline_miss_rate``."""
+    total = missed = 0
+    slack = 0.0
+    for i, t in enumerate(gaps):
+        if i == 0:
+            if ignore_first:
+                continue
+            if t <= ttft_deadline + slack:
+                slack += ttft_deadline - t
+                total += 1
+                continue
+            late = 1 + (t - slack - ttft_deadline) // tbt_deadline
+        else:
+            if t <= tbt_deadline + slack:
+                slack += tbt_deadline - t
+                total += 1
+                continue
+            late = (t - slack) // tbt_deadline
+        missed += int(late)
+        total += int(late)
+        slack = 0.0
+    return missed, total
+
+
+def streams(rows):
+    """Streams from (ttft, segments) pairs."""
+    return Streams.from_arrow(pa.table({
+        "request_id": list(range(len(rows))), "slo_class": [None] * len(rows),
+        "ttft": [r[0] for r in rows], "token_times": pa.array([r[1] for r in rows], pa.list_(TOKEN_SEGMENT))}))
+
+
+#: ttft 0.5, three gaps of 0.125, a stall of 0.9375, two gaps of 0.0625 (exact binary fractions)
+HAND = (0.5, [seg(0.5, 0.125, 4), seg(1.8125, 0.0625, 3)])
+
+
+def test_fluidity_of_the_hand_request():
+    # D_p = 1, D_d = 0.125: first token met (slack 0.5); 3 met (slack stays 0.5);
+    # the 0.9375 stall misses floor((0.9375 - 0.5) / 0.125) = 3 deadlines (slack -> 0); 2 met.
+    missed, total = deadline_walk(streams([HAND]), np.array([0.125]), np.array([1.0]))
+    assert (missed[0], total[0]) == (3, 9)
+
+
+def test_fluid_deadline_of_the_hand_request():
+    # no miss allowed (10% of ~6 deadlines < 1): 0.9375 <= D + 3 (D - 0.125)  <=>  D >= 0.328125
+    [d] = fluid_deadlines(streams([HAND]))
+    assert d == pytest.approx(0.328125, abs=0.9375 * 2 ** -12)
+
+
+def test_walk_matches_etalon_on_random_streams():
+    rng = np.random.default_rng(5)
+    rows, gaps = [], []
+    for _ in range(200):
+        t = ttft = float(rng.uniform(0.05, 1.0))
+        segs, g = [], [ttft]
+        for k in range(rng.integers(1, 8)):
+            gap, count = float(rng.choice([0.0, rng.uniform(0.01, 0.2)])), int(rng.integers(1, 12))
+            if k:   # the gap from the previous segment's last token, computed as the walk does
+                g.append(t - (segs[-1]["start_s"] + segs[-1]["gap_s"] * (segs[-1]["count"] - 1)))
+            segs.append(seg(t, gap, count))
+            g += [gap] * (count - 1)
+            t = t + gap * (count - 1) + float(rng.exponential(0.1))
+        rows.append((ttft, segs))
+        gaps.append(g)
+    s = streams(rows)
+    for ignore in (False, True):
+        missed, total = deadline_walk(s, np.full(200, 0.05), None if ignore else np.full(200, 0.4))
+        want = np.array([etalon_walk(g, 0.4, 0.05, ignore) for g in gaps])
+        assert (missed == want[:, 0]).all() and (total == want[:, 1]).all()
+    # the K-ary search lands where Etalon's miss rate first drops to 10%
+    found = fluid_deadlines(s)
+    for g, d in zip(gaps[:40], found[:40]):
+        hi_m, hi_t = etalon_walk([0] + g[1:], 0, d, True)
+        assert hi_m <= 0.1 * hi_t
+        lo_m, lo_t = etalon_walk([0] + g[1:], 0, d - max(g[1:], default=0) * 2 ** -11, True)
+        assert d == 0 or lo_m > 0.1 * lo_t
+
+
+def test_slowest_ten_percent_mean():
+    # gaps: 0.125 x3, 0.9375, 0.0625 x2 and 0.5 x13, 0.75 -> N = 20, top 2: 0.9375 and 0.75
+    s = streams([HAND, (0.1, [seg(0.1, 0.5, 14), seg(7.35, 0.0, 1)])])
+    assert slowest_gap_mean(s) == pytest.approx((0.9375 + 0.75) / 2)
+    # a fractional boundary: N = 6, ceil(0.6) = 1 gap
+    assert slowest_gap_mean(streams([HAND])) == pytest.approx(0.9375)
+
+
+def test_pacing_of_a_stored_run(tmp_path):
+    store_run(tmp_path, "p", {
+        "request_id": [0, 1], "sent_s": [0.0, 0.0], "scheduled_s": [0.0, 0.0], "status": ["ok", "ok"],
+        "first_token_s": [0.5, 0.1], "last_token_s": [1.9375, 0.1],
+        "token_times": [HAND[1], [seg(0.1, 0.0, 1)]], "output_tokens": [7, 1], "slo_class": ["chat", "chat"]})
+    cat = Catalog([tmp_path])
+    cat.con.execute(REQUEST_METRICS_VIEW)
+    out = pacing(cat, {"p": 2}, Slo.parse("ttft=1s,tpot=125ms"))["p"]
+    fl = out["fluidity"]
+    assert fl["requests"] == 2 and fl["mean"] == pytest.approx((6 / 9 + 1.0) / 2)
+    assert fl["share_ge_0.9"] == 0.5
+    # p99 of the fluid deadlines {0.328125, 0} -> 0.99 * 0.328125
+    assert out["fluid_token_rate"] == pytest.approx(1 / (0.99 * 0.328125), rel=1e-3)
+    assert out["sampled"] is False
+    sampled = pacing(cat, {"p": 2}, None, sample=1)["p"]
+    assert sampled["sampled"] is True and sampled["fluidity"] is None
