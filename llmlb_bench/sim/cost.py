@@ -17,9 +17,9 @@ GPU after tensor-parallel sharding.
 ``hypot`` (the 2-norm of the two times) is a smooth roofline: it equals the
 larger time when one dominates and exceeds it near the knee, where real
 kernels neither fully overlap nor fully serialise compute and memory
-traffic. Against measured layer timings it halves the error of the sharp
-``max`` at batch sizes around the knee (64-512 tokens: decode batches),
-see docs/simulator.md. The layer latency is the fixed cost of a layer's
+traffic. Against measured layer timings it has a clearly smaller error
+than the sharp ``max`` for batches up to a few hundred tokens (decode
+batches), see docs/simulator.md. The layer latency is the fixed cost of a layer's
 kernels (launches, small ops) that does not scale with the batch.
 
 All figures come from the catalogs; the efficiency factors and the layer

@@ -206,8 +206,9 @@ class Replica:
                 computed = self._stop_decode(req)
                 self._release(req, -(-computed // self.bs))
                 done.append(req)
-        done.extend(self._done_here)
-        self._done_here.clear()
+        if self._done_here:
+            done.extend(self._done_here)
+            self._done_here.clear()
         if self.cache is not None:
             self.cache.evict_to(self.total_blocks - self.used)
         return self._schedule()
@@ -215,13 +216,15 @@ class Replica:
     def _apply(self, n: int) -> None:
         """Advance the state by the ``n`` steps of the run in flight (a mixed step has n = 1)."""
         if self.decoding:
-            self.used += self._blocks_needed(n)
+            self.used += self.phase[(self.step + 1) % self.bs] if n == 1 else self._blocks_needed(n)
             self.context += self.decoding * n
         busy = n * self.run_gap
         self.t = self.run_start + busy
         self.energy_j += self.run_power * busy
         self.busy_s += busy
         self.step += n
+        if not self.run_chunks:
+            return
         step = self.step
         cache = self.cache
         for req, chunk in self.run_chunks:
@@ -454,12 +457,16 @@ class Replica:
         tokens = 0
         attn = kv = 0.0
         completing = 0
+        ending = False        # a request gets its last token on this replica at this step
         for req, chunk in chunks:
             c = req.computed
             tokens += chunk
             attn += chunk * (c + (chunk + 1) / 2)
             kv += c + chunk
-            completing += c + chunk == req.prompt + req.generated
+            if c + chunk == req.prompt + req.generated:
+                completing += 1
+                if req.generated + 1 >= req.stop:
+                    ending = True
         gap, power = self.cost.run_step(tokens + decoding, attn + self.context, kv + self.context,
                                         decoding + completing)
         share = power * gap / (tokens + decoding)
@@ -467,8 +474,7 @@ class Replica:
             req.energy += share * chunk
         self.timeline.runs.append((self.step + 1, self.run_start, gap, 1, share))
         self.idle = False
-        if (completing == len(chunks) == len(self.prefilling) and not self.waiting
-                and all(r.generated + 1 < r.stop for r, _ in chunks)
+        if (completing == len(chunks) == len(self.prefilling) and not ending and not self.waiting
                 and not (decoding and self._next_finish() <= self.step + 1)):
             self._pre_energy, self._pre_power, self._pre_start = self.energy_j, power, self.run_start
             self.run_chunks = chunks

@@ -23,7 +23,7 @@ class RequestRecorder:
     """Turns ended requests into REQUESTS rows."""
 
     def __init__(self, trace: pa.Table, sink: Any, replicas: Sequence[Replica], scheduled_s: np.ndarray,
-                 sent_s: np.ndarray, token_times: str = "segments", batch_rows: int = 50_000) -> None:
+                 sent_s: np.ndarray, token_times: str = "segments", batch_rows: int = 20_000) -> None:
         self.sink = sink
         self.summary_tokens = token_times == "summary"
         self.replicas = replicas

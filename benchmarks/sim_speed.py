@@ -1,0 +1,75 @@
+"""Simulator speed: the chat preset scaled to N requests on R replicas, on one core.
+
+    python benchmarks/sim_speed.py                       # 1M requests, 16 replicas, both token_times modes
+    python benchmarks/sim_speed.py --requests 100000 --token-times summary
+
+Prints, per run: wall and CPU seconds of the simulation (trace generation excluded),
+simulated requests per second of wall time, events, and peak resident memory of the
+process (each mode runs in its own process, so the figures do not mix). The trace is
+workloads/chat.toml with its request count raised and its rate scaled by replicas / 4
+(the preset is sized for 4 replicas), so every replica sees the preset's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def one(requests: int, replicas: int, token_times: str, policy: str) -> dict:
+    from llmlb_bench.policies import make_policy
+    from llmlb_bench.sim import ClusterConfig, simulate
+    from llmlb_bench.store import RunStore
+    from llmlb_bench.workload import generate, load_spec
+
+    spec = load_spec(REPO / "workloads" / "chat.toml").replace(requests=requests)
+    trace = generate(spec, rate_scale=replicas / 4)
+    cfg = ClusterConfig(replicas=replicas, token_times=token_times)
+    with tempfile.TemporaryDirectory() as results:
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        with RunStore(results, config={"cluster": cfg.to_dict()}, backend="sim", label="speed") as run:
+            summary = simulate(trace, cfg, make_policy(policy), run)
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        size = sum(f.stat().st_size for f in run.dir.iterdir())
+    return {"requests": requests, "replicas": replicas, "token_times": token_times, "policy": policy,
+            "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "requests_per_s": round(requests / wall),
+            "events": summary["events"], "sim_time_s": round(summary["sim_time_s"], 1),
+            "status": summary["status"], "results_mb": round(size / 1e6, 1),
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=1_000_000)
+    ap.add_argument("--replicas", type=int, default=16)
+    ap.add_argument("--token-times", choices=("segments", "summary", "both"), default="both")
+    ap.add_argument("--policy", default="least_outstanding")
+    ap.add_argument("--json", action="store_true", help="print one JSON object per run")
+    args = ap.parse_args()
+    if args.token_times != "both":
+        out = one(args.requests, args.replicas, args.token_times, args.policy)
+        print(json.dumps(out) if args.json else _line(out))
+        return
+    for mode in ("summary", "segments"):
+        cmd = [sys.executable, __file__, "--requests", str(args.requests), "--replicas", str(args.replicas),
+               "--token-times", mode, "--policy", args.policy] + (["--json"] if args.json else [])
+        subprocess.run(cmd, check=True)
+
+
+def _line(r: dict) -> str:
+    return (f"{r['requests']:,} requests on {r['replicas']} replicas ({r['policy']}, token_times={r['token_times']}): "
+            f"wall {r['wall_s']} s, cpu {r['cpu_s']} s, {r['requests_per_s']:,} req/s, {r['events']:,} events, "
+            f"peak RSS {r['peak_rss_mb']} MB, results {r['results_mb']} MB, simulated {r['sim_time_s']} s, "
+            f"status {r['status']}")
+
+
+if __name__ == "__main__":
+    main()
