@@ -6,9 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
-import pytest
-
 import pyarrow.parquet as pq
+import pytest
 
 from llmlb_bench.policies import BUILTIN, make_policy
 from llmlb_bench.sim import ClusterConfig, simulate
