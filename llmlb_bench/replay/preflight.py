@@ -20,7 +20,7 @@ from llmlb_bench import __version__
 from llmlb_bench.errors import UserError
 from llmlb_bench.replay.http import Endpoint, Pool, parse_endpoint, simple_request
 from llmlb_bench.replay.options import ReplayOptions
-from llmlb_bench.replay.prompts import WORDS
+from llmlb_bench.replay.prompts import PIECES
 
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 
@@ -122,9 +122,10 @@ async def _models(pool: Pool, headers: str, timeout: float) -> tuple[list[str], 
 
 
 async def _word_costs(pool: Pool, headers: str, model: str, timeout: float) -> list[int]:
-    """Tokens per prompt word (with its leading space), from the server's ``/tokenize``.
+    """Tokens of each prompt piece (a word with its leading space, or the filler), from the
+    server's ``/tokenize``.
 
-    Measured as ``count("Hello" + word) - count("Hello")`` so that special
+    Measured as ``count("Hello" + piece) - count("Hello")`` so that special
     tokens the endpoint adds (BOS) cancel out."""
     async def count(text: str) -> int:
         body = json.dumps({"model": model, "prompt": text, "content": text}).encode()
@@ -142,8 +143,8 @@ async def _word_costs(pool: Pool, headers: str, model: str, timeout: float) -> l
                             "{'tokens': [...]} or {'count': n}", "--tokenize") from None
 
     base = await count("Hello")
-    costs = [await count("Hello " + w) - base for w in WORDS]
-    bad = [w for w, c in zip(WORDS, costs) if c <= 0]
+    costs = [await count("Hello" + piece) - base for piece in PIECES]
+    bad = [piece for piece, c in zip(PIECES, costs) if c <= 0]
     if bad:
         raise UserError(f"/tokenize gave a non-positive token count for {bad[0]!r}", "--tokenize")
     return costs

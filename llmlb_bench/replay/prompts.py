@@ -12,11 +12,14 @@ hashes get a window chosen by the request id, unique to the request.
 Lengths. Every word starts with a space and is a common English word, which
 GPT-2/Llama-3/SentencePiece-style tokenizers encode as one token, so by
 default one word stands for one token (the stated approximation; the
-server's own count is recorded per request). Given per-word token costs
-measured with a server's tokenize endpoint (:func:`measure_word_costs`),
-each block is filled to its exact token count instead, which is exact as
-long as the tokenizer does not merge across a leading space (true of BPE
-pre-tokenisers and SentencePiece).
+server's own count is recorded per request). Given the token cost of each
+piece of text (:data:`PIECES`, measured with a server's tokenize endpoint),
+each block is filled to its exact token count instead: whole words, then a
+shortest exact combination for the last few tokens, using a newline (one
+token nearly everywhere) only where no word combination fits, e.g. a
+one-token piece under a byte-level tokenizer. This is exact as long as the
+tokenizer does not merge across a leading space or a single newline (true
+of BPE pre-tokenisers and SentencePiece).
 """
 
 from __future__ import annotations
@@ -39,8 +42,12 @@ company around based season members film until played would university took old 
 year will game during work made like get back good way house much make said use another very
 each still may way man even did right around three around home small water even must line city
 set put end does point play round light kind hand field start move ask late land near read open
-line show real order form food head stop tell few body color sun face ten love page keep eye
+line show real order form food head stop tell few body color sun face ten love page keep eye a
 """.split()))
+#: used only to complete an exact fill that no combination of words reaches
+FILLER = "\n"
+#: the text pieces prompts are made of, in the order of ``PromptBuilder``'s ``costs``
+PIECES = tuple(" " + w for w in WORDS) + (FILLER,)
 
 _POOL_SIZE = 1 << 16
 _MASK = (1 << 64) - 1
@@ -69,26 +76,27 @@ def _pool() -> tuple[int, ...]:
 class PromptBuilder:
     """Materialises prompt text for ``(input_tokens, prefix_hashes, request_id)``.
 
-    ``word_costs`` (tokens per word of :data:`WORDS`, with its leading
-    space) switches from the one-word-one-token approximation to exact
-    filling. Block texts are cached, so shared prefixes cost one lookup.
+    ``costs`` (tokens of each of :data:`PIECES`) switches from the
+    one-word-one-token approximation to exact filling. Block texts are
+    cached, so shared prefixes cost one lookup.
     """
 
-    def __init__(self, block_size: int, word_costs: Sequence[int] | None = None,
+    def __init__(self, block_size: int, costs: Sequence[int] | None = None,
                  cache_blocks: int = 200_000) -> None:
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         self.block_size = block_size
-        self.exact = word_costs is not None
+        self.exact = costs is not None
         pool = _pool()
-        words = [" " + w for w in WORDS]
+        words = list(PIECES[:-1])
         self._pool_words = [words[i] for i in pool] * 2  # doubled: windows may wrap around
-        costs = list(word_costs) if word_costs is not None else [1] * len(WORDS)
-        if len(costs) != len(WORDS) or min(costs) <= 0:
-            raise ValueError("word_costs must give a positive cost for every word")
-        self._cum = [0, *accumulate(costs[i] for i in pool * 2)]
-        self._fill_limit = 4 * max(costs)
-        self._fill = _exact_fills(words, costs, self._fill_limit)
+        costs = list(costs) if costs is not None else [1] * len(PIECES)
+        if len(costs) != len(PIECES) or min(costs) <= 0:
+            raise ValueError("costs must give a positive token count for every piece")
+        word_costs, filler_cost = costs[:-1], costs[-1]
+        self._cum = [0, *accumulate(word_costs[i] for i in pool * 2)]
+        self._fill_limit = 4 * max(word_costs)
+        self._fill = _exact_fills(words, word_costs, filler_cost, self._fill_limit)
         self._cache: dict[tuple[int, int], str] = {}
         self._cache_blocks = cache_blocks
 
@@ -135,9 +143,9 @@ class PromptBuilder:
         return "".join(out)
 
 
-def _exact_fills(words: Sequence[str], costs: Sequence[int], limit: int) -> list[str]:
-    """For each total ``0..limit``: the shortest word sequence costing exactly that, or,
-    where no sequence does (a tokenizer with no one-token word), the one just below it."""
+def _exact_fills(words: Sequence[str], costs: Sequence[int], filler_cost: int, limit: int) -> list[str]:
+    """For each total ``0..limit``: the shortest word sequence costing exactly that; else the
+    filler followed by one; else (unreachable) the fill of the total just below."""
     best: list[str | None] = [""] + [None] * limit
     for total in range(1, limit + 1):
         for w, c in zip(words, costs):
@@ -147,5 +155,7 @@ def _exact_fills(words: Sequence[str], costs: Sequence[int], limit: int) -> list
                 best[total] = prev + w
     out: list[str] = []
     for total, text in enumerate(best):
+        if text is None and total >= filler_cost and best[total - filler_cost] is not None:
+            text = FILLER + best[total - filler_cost]  # type: ignore[operator]
         out.append(text if text is not None else out[total - 1])
     return out

@@ -8,9 +8,11 @@ shifted so that 0 is the trace's time 0):
   ``after_parent_s`` when that is later). Requests leave at these times
   whatever happened to earlier ones (open loop), so a slow server cannot
   slow the offered load down: no coordinated omission.
-* ``sent_s``: when its bytes were handed to the socket (first attempt);
-  ``sent_s - scheduled_s`` is the client's own dispatch lag, reported in
-  run.json as the self-check.
+* ``sent_s``: when its bytes were handed to the socket (first attempt).
+  ``sent_s - scheduled_s`` is the client's lateness plus, on a new
+  connection, the connection setup. The client's own part (when the
+  dispatcher got to the request, minus ``scheduled_s``) is the dispatch lag
+  reported in run.json as the self-check.
 * ``first_token_s`` / ``last_token_s`` / ``token_times``: when the socket
   read that carried the first / last / each token chunk returned.
 
@@ -302,6 +304,9 @@ class Replayer:
     def _dispatch(self, idx: int) -> None:
         tr = self.tr
         self.dispatched[idx] = True
+        # the self-check: how late the client itself handled the request (connection setup,
+        # which also sits between scheduled_s and sent_s, belongs to the network, not the client)
+        self.lateness.append(perf_counter() - self.t0 - self.sched[idx])
         req = RouteRequest(request_id=tr.rid[idx], arrival_s=self.sched[idx], input_tokens=tr.inp[idx],
                            max_output_tokens=tr.out[idx], tenant=tr.tenant[idx],
                            session_id=tr.session[idx], priority=tr.priority[idx],
@@ -387,7 +392,6 @@ class Replayer:
         if f.sent is None:
             f.sent = now
             rel = now - self.t0
-            self.lateness.append(rel - f.scheduled_s)
             self.sent += 1
             if self.first_sent is None:
                 self.first_sent = rel

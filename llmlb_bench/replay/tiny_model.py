@@ -1,0 +1,103 @@
+"""A tiny random-weight LLaMA model in GGUF, for replaying against a real engine without a download.
+
+llama.cpp's ``llama-server`` serves it on a CPU in milliseconds per token,
+which is what the replayer's real-engine test and benchmark need: a
+serving stack nobody on this project wrote, batching concurrent requests,
+streaming and reporting usage. Needs the ``gguf`` package.
+
+Shape of the model and why:
+
+* byte-level GPT-2 tokenizer (256 byte tokens, one dummy merge, BOS, EOS):
+  one ASCII character is one token, so prompt lengths are exact through
+  the server's ``/tokenize`` and no tokenizer file is needed;
+* no BOS added to prompts, so ``usage.prompt_tokens`` equals the prompt's
+  length;
+* weights are random, but dimension 0 of the residual stream is a large
+  constant (every embedding has it, no layer writes to it) and the final
+  norm keeps only that dimension, so the output layer alone decides which
+  tokens can be sampled: the lowercase letters, never EOS or a partial
+  UTF-8 byte, hence one token per stream chunk and no early stop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _byte_tokens() -> list[str]:
+    """GPT-2's byte-to-unicode table: token ``b`` is the printable character standing for byte ``b``."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return [table[b] for b in range(256)]
+
+
+def write_tiny_llama(path: str | Path, *, n_embd: int = 64, n_layer: int = 2, n_head: int = 4,
+                     n_head_kv: int = 2, n_ff: int = 128, n_ctx: int = 4096, seed: int = 0) -> Path:
+    """Write the model to ``path`` (about 0.4 MB with the defaults) and return the path."""
+    import gguf  # optional: only this helper needs it
+
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    tokens = _byte_tokens() + ["<s>", "</s>"]
+    bos, eos = 256, 257
+    n_vocab = len(tokens)
+    head_dim = n_embd // n_head
+
+    def rand(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("llmlb-tiny-random")
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(0)  # all F32
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.NORMAL] * 256 + [gguf.TokenType.CONTROL] * 2)
+    w.add_token_merges([f"{tokens[ord('a')]} {tokens[ord('b')]}"])  # llama.cpp wants at least one
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(False)
+
+    embd = rand(n_vocab, n_embd)
+    embd[:, 0] = 10.0  # the constant that steers the output layer
+    w.add_tensor("token_embd.weight", embd)
+    norm = np.zeros(n_embd, np.float32)
+    norm[0] = 1.0
+    w.add_tensor("output_norm.weight", norm)
+    out = rand(n_vocab, n_embd)
+    out[:, 0] = -1.0
+    letters = np.arange(ord("a"), ord("z") + 1)
+    out[letters, 0] = 1.0 + rng.uniform(0.0, 0.05, len(letters)).astype(np.float32)
+    w.add_tensor("output.weight", out)
+    for i in range(n_layer):
+        o, down = rand(n_embd, n_embd), rand(n_embd, n_ff)
+        o[0, :] = 0.0  # no layer writes to dimension 0
+        down[0, :] = 0.0
+        for name, t in (("attn_norm", np.ones(n_embd, np.float32)), ("attn_q", rand(n_embd, n_embd)),
+                        ("attn_k", rand(n_head_kv * head_dim, n_embd)), ("attn_v", rand(n_head_kv * head_dim, n_embd)),
+                        ("attn_output", o), ("ffn_norm", np.ones(n_embd, np.float32)),
+                        ("ffn_gate", rand(n_ff, n_embd)), ("ffn_up", rand(n_ff, n_embd)), ("ffn_down", down)):
+            w.add_tensor(f"blk.{i}.{name}.weight", t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

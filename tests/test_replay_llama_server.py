@@ -1,0 +1,116 @@
+"""The replayer against a real third-party engine: upstream llama.cpp ``llama-server`` on CPU.
+
+The model is a tiny random-weight LLaMA the test writes itself
+(llmlb_bench.replay.tiny_model: one ASCII character per token, only letters
+sampled). The binary is built once by scripts/build_llama_server.sh (about
+7.5 minutes on 2 cores) into a cache outside the checkout; without it (or
+without the ``gguf`` package) the test skips and says how to get it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from replay_helpers import run_replay, token_count
+
+from llmlb_bench.replay import ReplayOptions
+from llmlb_bench.schema import TRACE
+
+pytestmark = pytest.mark.slow
+
+
+def llama_server_binary() -> Path | None:
+    """LLMLB_LLAMA_SERVER, else the build script's cache, else ``llama-server`` on PATH."""
+    env = os.environ.get("LLMLB_LLAMA_SERVER")
+    if env:
+        return Path(env)
+    cache = Path(os.environ.get("LLMLB_CACHE_DIR", Path.home() / ".cache" / "llmlb-bench"))
+    built = cache / "llama.cpp" / "bin" / "llama-server"
+    if built.is_file():
+        return built
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def llama_url(tmp_path_factory):
+    binary = llama_server_binary()
+    if binary is None:
+        pytest.skip("llama-server not built: run scripts/build_llama_server.sh (or set LLMLB_LLAMA_SERVER)")
+    pytest.importorskip("gguf", reason="the tiny test model is written with the gguf package")
+    from llmlb_bench.replay.tiny_model import write_tiny_llama
+
+    model = write_tiny_llama(tmp_path_factory.mktemp("llama") / "tiny.gguf", n_embd=256, n_layer=4, n_head=8,
+                             n_head_kv=4, n_ff=512)
+    port = _free_port()
+    # -t 1: llama.cpp's worker threads spin while waiting, which starves a shared 2-core machine
+    proc = subprocess.Popen([str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+                             "-c", "32768", "-np", "8", "-t", "1", "--no-webui", "-a", "tiny"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"llama-server did not start: {proc.stderr.read().decode()[-2000:]}")
+        time.sleep(0.1)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+def _trace(n: int, seed: int = 3) -> pa.Table:
+    """Poisson arrivals at 40/s; half the prompts share a 2-block system prefix."""
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1 / 40, n))
+    inputs = rng.integers(40, 300, n)
+    hashes = [([1, 2] if i % 2 == 0 else []) + [1000 * (i + 1) + k for k in range(int(inputs[i]) // 16)]
+              for i in range(n)]
+    return TRACE.conform(pa.table({
+        "request_id": pa.array(np.arange(n), pa.int64()), "arrival_s": arrivals - arrivals[0],
+        "input_tokens": pa.array(inputs, pa.int32()), "output_tokens": pa.array(rng.integers(8, 48, n), pa.int32()),
+        "prefix_hashes": pa.array(hashes, pa.list_(pa.uint64()))}), "t")
+
+
+def test_streamed_concurrent_replay_is_accounted_exactly(llama_url, tmp_path):
+    trace = _trace(32)
+    summary, rows, _ = run_replay(trace, [llama_url], tmp_path, options=ReplayOptions(api="completions", tokenize=True))
+    assert summary["statuses"] == {"ok": 32}, [r["error"] for r in rows if r["error"]]
+    wanted_out = trace.column("output_tokens").to_pylist()
+    wanted_in = trace.column("input_tokens").to_pylist()
+    for r, out, inp in zip(rows, wanted_out, wanted_in):
+        assert r["output_tokens"] == out and not r["output_tokens_estimated"]  # usage, ignore_eos honoured
+        assert token_count(r) == out  # one SSE chunk per token
+        assert r["server_input_tokens"] == inp  # exact prompt lengths through /tokenize
+        assert r["sent_s"] < r["first_token_s"] <= r["last_token_s"] and r["cached_tokens"] is not None
+    # the engine really ran requests concurrently (continuous batching over its slots)
+    events = sorted([(r["sent_s"], 1) for r in rows] + [(r["last_token_s"], -1) for r in rows])
+    assert max(np.cumsum([d for _, d in events])) >= 3
+
+
+def test_chat_api_through_the_engines_template(llama_url, tmp_path):
+    _, rows, _ = run_replay(_trace(4), [llama_url], tmp_path, options=ReplayOptions(api="chat"))
+    assert all(r["status"] == "ok" and r["output_tokens"] == r["requested_output_tokens"] for r in rows)
+    # the chat template wraps the prompt, so the server counts more tokens than the words sent
+    assert all(r["server_input_tokens"] > r["input_tokens"] for r in rows)
