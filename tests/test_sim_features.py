@@ -10,7 +10,9 @@ import pytest
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim import ClusterConfig, load_catalog
+from llmlb_bench.sim.scheduling import EngineScheduler
 from sim_helpers import by_request_id, poisson_trace, run_sim, trace
+from test_sim_core import tiny_kv_catalog  # noqa: F401  (fixture)
 
 
 def _tokens(row: dict) -> np.ndarray:
@@ -277,3 +279,62 @@ def test_summary_token_times_keep_first_last_and_count(tmp_path):
         assert len(row["token_times"]) == 1
         times = _tokens(row)
         assert times[-1] == pytest.approx(row["last_token_s"]) and len(times) == row["output_tokens"]
+
+
+# ---- engine-level scheduling --------------------------------------------------------------------------------
+
+def _service_order(req: pa.Table) -> list[int]:
+    return [r["request_id"] for r in sorted(req.to_pylist(), key=lambda r: r["first_token_s"])]
+
+
+def test_priority_scheduling_admits_urgent_requests_first(tmp_path):
+    # one seat: the first request runs, the other four queue; priorities 0 (urgent) .. 2
+    table = trace(np.arange(5) * 0.001, 200, 50, priority=pa.array([2, 2, 1, 2, 0], pa.int8()))
+    fcfs = run_sim(tmp_path, table, ClusterConfig(replicas=1, max_num_seqs=1), run_id="fcfs")[0]
+    prio = run_sim(tmp_path, table, ClusterConfig(replicas=1, max_num_seqs=1, scheduler="priority"),
+                   run_id="prio")[0]
+    assert _service_order(fcfs) == [0, 1, 2, 3, 4]
+    assert _service_order(prio) == [0, 4, 2, 1, 3]
+
+
+def test_priority_scheduling_preempts_the_least_urgent(tmp_path, tiny_kv_catalog):
+    cfg = dict(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, catalogs=(tiny_kv_catalog,))
+    # three long requests that cannot all keep growing in 631 blocks; the middle one is least urgent
+    table = trace(np.array([0.0, 0.01, 0.02]), 2000, 2000, priority=pa.array([0, 5, 0], pa.int8()))
+    fcfs = by_request_id(run_sim(tmp_path, table, ClusterConfig(**cfg), run_id="f")[0])
+    prio = by_request_id(run_sim(tmp_path, table, ClusterConfig(**cfg, scheduler="priority"), run_id="p")[0])
+    assert fcfs.column("preemptions").to_pylist()[2] > 0, "FCFS preempts the newest"
+    p = prio.column("preemptions").to_pylist()
+    assert p[1] > 0 and p[0] == p[2] == 0, "priority preempts the least urgent"
+
+
+class NotAScheduler:
+    """Named by a dotted path but not an EngineScheduler: refused."""
+
+
+class SPF(EngineScheduler):
+    """A user's engine scheduler, loaded by dotted path: shortest prompt first."""
+
+    name = "spf"
+    fcfs = False
+
+    def __init__(self, starvation_s: float = 1e9) -> None:
+        self.starvation_s = starvation_s
+
+    def pick(self, waiting, now):
+        return min(range(len(waiting)), key=lambda i: waiting[i].prompt)
+
+
+def test_custom_engine_scheduler_by_dotted_path(tmp_path):
+    table = trace(np.arange(4) * 0.001, [300, 900, 100, 500], 20)
+    cfg = ClusterConfig(replicas=1, max_num_seqs=1, scheduler="test_sim_features:SPF",
+                        scheduler_args={"starvation_s": 5.0})
+    assert ClusterConfig.from_dict(cfg.to_dict()) == cfg
+    req = run_sim(tmp_path, table, cfg)[0]
+    assert _service_order(req) == [0, 2, 3, 1]
+    with pytest.raises(UserError, match="unknown engine scheduler 'sjf'"):
+        ClusterConfig(scheduler="sjf")
+    with pytest.raises(UserError, match="not an EngineScheduler"):
+        ClusterConfig(scheduler="test_sim_features:NotAScheduler")
+    with pytest.raises(UserError, match="unexpected keyword"):
+        ClusterConfig(scheduler="test_sim_features:SPF", scheduler_args={"x": 1})

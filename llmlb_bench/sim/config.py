@@ -25,6 +25,7 @@ from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim.catalog import GPU, Model, load_catalog
+from llmlb_bench.sim.scheduling import make_engine_scheduler
 
 ROLES = ("mixed", "prefill", "decode")
 FAILURE_MODES = ("retry", "fail")
@@ -96,6 +97,9 @@ class ClusterConfig:
     mttr_s: float = 60.0
     #: what happens to requests on a failed replica: re-sent through the router, or reported as errors
     on_failure: str = "retry"
+    #: engine-level order of admission and preemption: "fcfs", "priority" (vLLM's), or package.module:Class
+    scheduler: str = "fcfs"
+    scheduler_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     #: simulated seconds between two samples of series.parquet
     series_interval_s: float = 1.0
     #: ``token_times`` per request: "segments" = one segment per run of equal steps (exact token
@@ -122,6 +126,8 @@ class ClusterConfig:
             raise UserError(f"must be one of {', '.join(TOKEN_TIMES)}, got {self.token_times!r}", "cluster.token_times")
         if self.on_failure not in FAILURE_MODES:
             raise UserError(f"must be one of {', '.join(FAILURE_MODES)}, got {self.on_failure!r}", "cluster.on_failure")
+        object.__setattr__(self, "scheduler_args", dict(self.scheduler_args))
+        make_engine_scheduler(self.scheduler, self.scheduler_args)
         roles = {p.role for p in pools}
         if ("prefill" in roles) != ("decode" in roles):
             raise UserError("a disaggregated cluster needs both a prefill and a decode pool", "cluster.pools")
@@ -191,6 +197,7 @@ class ClusterConfig:
         d = dataclasses.asdict(self)
         for k in ("catalogs", "pools", "failures"):
             d[k] = [dict(x) if isinstance(x, Mapping) else x for x in getattr(self, k)]
+        d["scheduler_args"] = dict(self.scheduler_args)
         return d
 
     @classmethod

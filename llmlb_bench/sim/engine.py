@@ -41,6 +41,7 @@ from llmlb_bench.sim.config import ClusterConfig, PoolConfig
 from llmlb_bench.sim.cost import CostModel
 from llmlb_bench.sim.replica import Replica, Request
 from llmlb_bench.sim.results import RequestRecorder
+from llmlb_bench.sim.scheduling import make_engine_scheduler
 from llmlb_bench.sim.series import SeriesSampler
 
 # kinds of timed deliveries
@@ -79,7 +80,8 @@ def build_replicas(cfg: ClusterConfig, trace_bs: int = 16, hashes: bool = False)
             replicas.append(Replica(i, f"r{i}", cost, max_num_seqs=pool.max_num_seqs,
                                     max_num_batched_tokens=pool.max_num_batched_tokens,
                                     block_size=pool.block_size, chunked_prefill=pool.chunked_prefill,
-                                    prefix_unit_blocks=unit, pool=pool.name, role=pool.role))
+                                    prefix_unit_blocks=unit, pool=pool.name, role=pool.role,
+                                    scheduler=make_engine_scheduler(cfg.scheduler, cfg.scheduler_args)))
     return replicas
 
 

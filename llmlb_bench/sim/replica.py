@@ -45,6 +45,7 @@ from typing import Any, Sequence
 
 from llmlb_bench.sim.cost import CostModel
 from llmlb_bench.sim.prefix_cache import PrefixCache
+from llmlb_bench.sim.scheduling import EngineScheduler
 from llmlb_bench.sim.timeline import Timeline
 
 #: largest relative growth of the decode step time within one run
@@ -88,7 +89,8 @@ class Replica:
 
     def __init__(self, index: int, name: str, cost: CostModel, *, max_num_seqs: int,
                  max_num_batched_tokens: int, block_size: int, chunked_prefill: bool,
-                 prefix_unit_blocks: int = 0, pool: str = "default", role: str = "mixed") -> None:
+                 prefix_unit_blocks: int = 0, pool: str = "default", role: str = "mixed",
+                 scheduler: EngineScheduler | None = None) -> None:
         self.index = index
         self.name = name
         self.pool = pool
@@ -103,6 +105,8 @@ class Replica:
         # relative growth per step <= decoding x context_slope / min_step_s
         self._tol_steps = STEP_TIME_TOLERANCE * cost.min_step_s / cost.context_slope
         self.cache = PrefixCache(prefix_unit_blocks) if prefix_unit_blocks else None
+        self.scheduler = scheduler if scheduler is not None else EngineScheduler()
+        self._fcfs = self.scheduler.fcfs
         self.used = 0                                # blocks referenced as of the last boundary
         self.step = 0                                # steps completed
         self.t = 0.0                                 # time of the last boundary
@@ -184,7 +188,8 @@ class Replica:
             return self._schedule()
         # A decode run ends early at the next step boundary when the newcomer could be admitted there
         # (with no decode step at all if it arrives during the mixed step that precedes the run).
-        if self.run_decode_only and self.run_n and len(self.waiting) == 1 and len(self.running) < self.max_seqs:
+        if (self.run_decode_only and self.run_n and len(self.running) < self.max_seqs
+                and (len(self.waiting) == 1 or not self._fcfs)):
             j = int((t - self.run_start) / self.run_gap) + 1 if t >= self.run_start else 0
             if j < self.run_n:
                 self.run_n = j
@@ -229,6 +234,8 @@ class Replica:
         cache = self.cache
         for req, chunk in self.run_chunks:
             req.computed += chunk
+            if not self._fcfs:
+                self.scheduler.on_tokens(req, chunk, 0, self.t)
             if cache is not None and req.hashes is not None:
                 full = min(req.computed, req.prompt) // (self.bs * cache.unit_blocks)
                 if full > req.shared:
@@ -263,6 +270,8 @@ class Replica:
         advanced = self.step - req.step0 + 1
         computed = req.ctx0 + advanced
         req.generated += advanced
+        if not self._fcfs:
+            self.scheduler.on_tokens(req, 0, advanced, self.t)
         req.computed = computed
         self.phase[(req.step0 - req.ctx0) % self.bs] -= 1
         self.decoding -= 1
@@ -301,10 +310,14 @@ class Replica:
         else:
             spans.append((req.span_start, self.step))
 
-    def _preempt_last(self) -> tuple[Request, bool]:
-        """Preempt the most recently admitted running request (recompute). Returns it and
-        whether it was decoding and needed a new block at the next step."""
-        req = next(reversed(self.running))
+    def _preempt(self) -> tuple[Request, bool]:
+        """Preempt a running request (recompute): the most recently admitted one under FCFS,
+        else the engine scheduler's victim. Returns it and whether it was decoding and
+        needed a new block at the next step."""
+        if self._fcfs:
+            req = next(reversed(self.running))
+        else:
+            req = self.scheduler.victim(list(self.running), self.t)
         del self.running[req]
         decoding = req.step0 >= 0
         if decoding:
@@ -322,7 +335,10 @@ class Replica:
         req.span_start = -1
         req.preemptions += 1
         self.preemptions += 1
-        self.waiting.appendleft(req)
+        if self._fcfs:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
         return req, decoding and phase_hit
 
     def drain(self, t: float) -> list[Request]:
@@ -362,7 +378,7 @@ class Replica:
         preempted = False
         # 1. decodes: one slot each; preempt from the tail until their new blocks fit
         while need > self.total_blocks - self.used:
-            _, hit = self._preempt_last()
+            _, hit = self._preempt()
             preempted = True
             budget = self.budget - self.decoding
             need -= hit
@@ -377,7 +393,7 @@ class Replica:
             chunk = min(req.prompt + req.generated - req.computed, budget)
             nb = -(-(req.computed + chunk) // bs) - req.blocks
             while nb > free:
-                victim, hit = self._preempt_last()
+                victim, hit = self._preempt()
                 preempted = True
                 free = self.total_blocks - self.used - need + hit
                 need -= hit
@@ -395,7 +411,8 @@ class Replica:
             waiting = self.waiting
             cache = self.cache
             while waiting and budget > 0 and len(self.running) < self.max_seqs:
-                req = waiting[0]
+                pos = 0 if self._fcfs else self.scheduler.pick(waiting, self.t)
+                req = waiting[pos]
                 hit = revive = 0
                 if cache is not None and req.hashes is not None and req.computed == 0:
                     unit = bs * cache.unit_blocks
@@ -411,7 +428,10 @@ class Replica:
                 nb = -(-(computed + chunk) // bs) - held
                 if nb + revive > free:
                     break
-                waiting.popleft()
+                if pos:
+                    del waiting[pos]
+                else:
+                    waiting.popleft()
                 if hit:
                     self.used += cache.acquire(req.hashes, hit)
                     req.shared = hit
