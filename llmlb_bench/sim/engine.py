@@ -138,8 +138,10 @@ class Simulation:
             self._hval = hcol.flatten().to_numpy()
         else:
             self._hoff = None
-        self.scheduled = self.arrival.copy()
-        self.sent = np.full(n, np.nan)
+        # per row: when the request reached the router (after its parent, for dependents) and
+        # when it was first sent to a target (None: not yet); plain lists are fastest per item
+        self.scheduled: list[float] = self.arrival.tolist()
+        self.sent: list[float | None] = [None] * n
         self.children, independent = self._dependencies(trace)
         self.order = independent[np.lexsort((trace.column("request_id").to_numpy()[independent],
                                              self.arrival[independent]))].tolist()
@@ -269,18 +271,16 @@ class Simulation:
 
     # ---- routing ------------------------------------------------------------------------------------
 
-    def _route_request(self, row: int, t: float) -> RouteRequest:
+    def _route(self, row: int, t: float) -> None:
+        """A request reaches the router at ``t`` (first time, after its parent, or as a retry)."""
+        if self.sent[row] is None:
+            self.scheduled[row] = t
         sess = self.session[row] if self.session is not None else -1
         hashes: Sequence[int] = ()
         if self._hoff is not None:
             hashes = self._hval[self._hoff[row]:self._hoff[row + 1]].tolist()
-        return RouteRequest(self.rid[row], t, self.inp[row], self.out[row], self.tenant[row],
-                            None if sess < 0 else sess, self.prio[row], self.slo[row], hashes)
-
-    def _route(self, row: int, t: float) -> None:
-        """A request reaches the router at ``t`` (first time, after its parent, or as a retry)."""
-        self.scheduled[row] = t if math.isnan(self.sent[row]) else self.scheduled[row]
-        route = self._route_request(row, t)
+        route = RouteRequest(self.rid[row], t, self.inp[row], self.out[row], self.tenant[row],
+                             None if sess < 0 else sess, self.prio[row], self.slo[row], hashes)
         view = self.view
         view.now = t
         if self._disagg:
@@ -326,7 +326,7 @@ class Simulation:
     def _dispatch(self, row: int, route: RouteRequest, i: int, t: float, decode_target: int = -1) -> None:
         view = self.view
         view.on_dispatch(i, route)
-        if math.isnan(self.sent[row]):
+        if self.sent[row] is None:
             self.sent[row] = t
         rep = self.replicas[i]
         error = self._admission_error(row, i)
@@ -351,8 +351,13 @@ class Simulation:
             req.stop = 1
             req.prefill_target = i
             req.decode_target = decode_target
-        self._push(rep, rep.enqueue(req, t))
-        self._signals(rep, t)
+        nt = rep.enqueue(req, t)
+        if nt is not None:
+            heappush(self.boundaries, (nt, next(self._seq), i, rep.version))
+        view.waiting[i] = len(rep.waiting)
+        view.running[i] = len(rep.running)
+        view.kv_usage[i] = rep.used / rep.total_blocks
+        view.signal_time[i] = t
 
     def _admission_error(self, row: int, i: int) -> str | None:
         """Why a request can never be served by replica ``i`` (vLLM rejects these up front), or None."""
@@ -384,8 +389,10 @@ class Simulation:
             return
         self.policy.on_complete(req.route, i, view)
         self.recorder.finished(req)
-        self._release_children(req.row, t)
-        self._release_held(t)
+        if self.children:
+            self._release_children(req.row, t)
+        if self.held:
+            self._release_held(t)
 
     def _hand_over(self, req: Request, t: float) -> None:
         """Prefill done on a prefill replica: ship the KV cache to the decode replica."""
@@ -416,7 +423,7 @@ class Simulation:
 
     def _release_children(self, row: int, t: float) -> None:
         for child in self.children.get(row, ()):
-            self._deliver(max(float(self.arrival[child]), t + float(self.after[child])), _ARRIVE, child)
+            self._deliver(max(self.scheduled[child], t + float(self.after[child])), _ARRIVE, child)
 
     def _end_unrouted(self, row: int, status: str, error: str) -> None:
         self.recorder.ended(row, None, status, error)
@@ -479,7 +486,7 @@ class Simulation:
             "sim_time_s": end,
             "wall_s": wall,
             "requests": self.n,
-            "status": dict(sorted(self.recorder.counts.items())),
+            "status": self.recorder.status_counts(),
             "events": self.events,
             "steps": sum(r.step for r in reps),
             "preemptions": sum(r.preemptions for r in reps),

@@ -22,8 +22,8 @@ from llmlb_bench.sim.timeline import decode_energy, step_end_times, summary_segm
 class RequestRecorder:
     """Turns ended requests into REQUESTS rows."""
 
-    def __init__(self, trace: pa.Table, sink: Any, replicas: Sequence[Replica], scheduled_s: np.ndarray,
-                 sent_s: np.ndarray, token_times: str = "segments", batch_rows: int = 20_000) -> None:
+    def __init__(self, trace: pa.Table, sink: Any, replicas: Sequence[Replica], scheduled_s: Sequence[float],
+                 sent_s: Sequence[float | None], token_times: str = "segments", batch_rows: int = 20_000) -> None:
         self.sink = sink
         self.summary_tokens = token_times == "summary"
         self.replicas = replicas
@@ -34,12 +34,16 @@ class RequestRecorder:
         self._finished: list[list[Request]] = [[] for _ in replicas]
         self._other: dict[str, list] = {"rows": [], "target": [], "status": [], "error": []}
         self.pending = 0
-        self.counts: dict[str, int] = {}
+        self.counts: dict[str, int] = {}   # statuses other than ok
+        self.ok = 0
         self.attributed_energy_j = 0.0
 
     def finished(self, req: Request) -> None:
         self._finished[req.target].append(req)
-        self._count("ok")
+        self.ok += 1
+        self.pending += 1
+        if self.pending >= self.batch_rows:
+            self.flush()
 
     def ended(self, row: int, target: str | None, status: str, error: str) -> None:
         """A request that produced no tokens: rejected, failed, or never sent."""
@@ -49,6 +53,10 @@ class RequestRecorder:
         o["status"].append(status)
         o["error"].append(error)
         self._count(status)
+
+    def status_counts(self) -> dict[str, int]:
+        counts = dict(self.counts, ok=self.ok) if self.ok else dict(self.counts)
+        return dict(sorted(counts.items()))
 
     def _count(self, status: str) -> None:
         self.counts[status] = self.counts.get(status, 0) + 1
@@ -128,8 +136,8 @@ class RequestRecorder:
             "request_id": src.column("request_id").combine_chunks(),
             "tenant": src.column("tenant").cast(pa.string()).combine_chunks(),
             "slo_class": src.column("slo_class").cast(pa.string()).combine_chunks(),
-            "scheduled_s": self.scheduled_s[rows],
-            "sent_s": pa.array(self.sent_s[rows], from_pandas=True),
+            "scheduled_s": np.array([self.scheduled_s[r] for r in rows.tolist()]),
+            "sent_s": pa.array([self.sent_s[r] for r in rows.tolist()], pa.float64()),
             "input_tokens": src.column("input_tokens").combine_chunks(),
             "requested_output_tokens": src.column("output_tokens").combine_chunks(),
             **cols,
