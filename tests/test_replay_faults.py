@@ -223,6 +223,7 @@ def test_an_endpoint_down_at_start_is_avoided_then_used_once_it_comes_up(faults,
     assert late and min(r["sent_s"] for r in late) > 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, sig):
     f, base = faults
@@ -231,11 +232,14 @@ def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, s
     cmd = [sys.executable, "-m", "llmlb_bench", "replay", str(trace), "-e", f"{base}/slow",
            "--results", str(tmp_path / "res"), "--run-id", "x", "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
+    run_dir = tmp_path / "res" / "x"
+    deadline = time.monotonic() + 30
+    while not (run_dir / "run.json").exists() and time.monotonic() < deadline:  # imports can be slow
+        time.sleep(0.05)
+    time.sleep(0.7)  # well into the 2 s schedule
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
-    run_dir = tmp_path / "res" / "x"
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["status"] == "partial" and meta["reason"] == "interrupted"
     rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
@@ -244,7 +248,7 @@ def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, s
     assert "ok" in statuses and "not_sent" in statuses
     assert f"--resume {run_dir}" in err
 
-    done = subprocess.run([*cmd[:-4], "--results", str(tmp_path / "res"), "--resume", str(run_dir), "--no-progress"],
+    done = subprocess.run([*cmd[:-5], "--results", str(tmp_path / "res"), "--resume", str(run_dir), "--no-progress"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     meta = json.loads((run_dir / "run.json").read_text())

@@ -80,7 +80,7 @@ def replay(
     pol = make_policy(policy, policy_args)
     pre = preflight(endpoint, options)
     for note in pre.notes:
-        err_console.print(f"[yellow]warning:[/] {note}", highlight=False)
+        err_console.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
     res = prepare_resume(resume, trace) if resume is not None else None
     config = {"endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
               "policy": {"name": policy, "args": dict(policy_args)}, "options": options.describe()}
@@ -102,7 +102,7 @@ def replay(
         if res is not None:
             res.discard_backup()  # the new partial run holds the carried rows too
         err_console.print(f"run kept as partial in {store.dir}; continue it with --resume {store.dir}",
-                          highlight=False)
+                          highlight=False, soft_wrap=True)
         raise
     if res is not None:
         res.discard_backup()
