@@ -119,3 +119,12 @@ def test_llmlb_policies_table_and_unknown_name(capsys):
     with pytest.raises(SystemExit) as info:
         main(["policies", "nope"])
     assert info.value.code == 2 and "unknown policy 'nope'" in capsys.readouterr().err
+
+
+def test_args_per_policy_scopes_and_shares_parameters():
+    from llmlb_bench.policies import args_per_policy
+
+    got = args_per_policy(["random", "power_of_d"], {"d": 3, "random.seed": 5})
+    assert got == {"random": {"seed": 5}, "power_of_d": {"d": 3}}
+    with pytest.raises(UserError, match="no compared policy has a parameter 'dd'"):
+        args_per_policy(["random", "power_of_d"], {"dd": 3})

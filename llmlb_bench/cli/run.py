@@ -12,7 +12,7 @@ from llmlb_bench.cli.common import (Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, 
                                     ResultsDir, Seed, SloOpt, Tp)
 from llmlb_bench.cli.report import print_report
 from llmlb_bench.experiment import simulate_run
-from llmlb_bench.policies import make_policy, parse_args
+from llmlb_bench.policies import args_per_policy, make_policy, parse_args
 from llmlb_bench.schema import read_trace, write_trace
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.store.run import new_run_id
@@ -46,11 +46,16 @@ def run(
         llmlb run workloads/chat.toml
 
         llmlb run workloads/chat.toml -p round_robin -p least_outstanding --replicas 8 --slo ttft=1s,tpot=80ms
+
+        llmlb run workloads/chat.toml -p random -p power_of_d --policy-arg power_of_d.d=3
+
+    A plain --policy-arg key=value goes to every compared policy that has the
+    parameter; NAME.key=value to policy NAME only.
     """
     policies = policy or DEFAULT_POLICIES
-    args = parse_args(policy_arg)
+    args = args_per_policy(policies, parse_args(policy_arg))
     for name in policies:  # fail on a bad name or argument before any work is done
-        make_policy(name, args)
+        make_policy(name, args[name])
     workload = load_spec(spec).replace(seed=seed)  # the stored spec records the seed actually used
     table = generate(workload)
     batch = new_run_id(spec.stem)
@@ -63,7 +68,7 @@ def run(
         console.print(f"trace: {table.num_rows:,} requests -> {trace_path}")
     dirs = []
     for name in policies:
-        store = simulate_run(table, trace_path, cluster, name, args, workload.seed, results / batch,
+        store = simulate_run(table, trace_path, cluster, name, args[name], workload.seed, results / batch,
                              label=name, run_id=f"{batch}-{name.replace(':', '_').replace('.', '_')}")
         dirs.append(store.dir)
         if fmt is ReportFormat.terminal:

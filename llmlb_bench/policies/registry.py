@@ -95,6 +95,32 @@ def make_policy(name: str, args: Mapping[str, Any] | None = None, seed: int | No
         raise UserError(f"policy {name!r}: {exc}", "--policy-arg") from None
 
 
+def _accepted(name: str) -> tuple[set[str], bool]:
+    sig = inspect.signature(policy_class(name).__init__)
+    return set(sig.parameters) - {"self"}, any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+
+
+def args_per_policy(names: list[str], args: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Share one ``--policy-arg`` list among several compared policies.
+
+    ``NAME.key=value`` goes to policy NAME only; a plain ``key=value`` goes to
+    every policy that has that parameter. A key no compared policy takes is
+    an error, so a typo is never silently ignored.
+    """
+    out: dict[str, dict[str, Any]] = {n: {} for n in names}
+    for key, value in args.items():
+        scope, dot, param = key.rpartition(".")
+        if dot and scope in out:
+            out[scope][param] = value
+            continue
+        takers = [n for n in names if key in _accepted(n)[0] or _accepted(n)[1]]
+        if not takers:
+            raise UserError(f"no compared policy has a parameter {key!r} ({', '.join(names)})", "--policy-arg")
+        for n in takers:
+            out[n][key] = value
+    return out
+
+
 def _check_type(policy: str, key: str, value: Any, default: Any) -> None:
     """A value must have its default's type; an int is accepted where a float is expected."""
     want = type(default)
