@@ -69,6 +69,20 @@ def test_prefix_caching_skips_shared_prefill_and_cuts_ttft(tmp_path):
     assert np.median(ttft(on)[1:]) < 0.3 * np.median(ttft(off)[1:])
 
 
+def test_next_turn_of_a_conversation_hits_the_cached_reply(tmp_path):
+    """Turn 2's prompt = turn 1's prompt + reply + a new message; the engine cached the reply's KV."""
+    def hashes(length: int) -> list[int]:          # chained hashes of one conversation: named by end position
+        return [7_000_000 + min(end, length) for end in range(16, length + 16, 16)]
+
+    table = trace(np.array([0.0, 0.0, 100.0]), [1000, 1256, 1256], [200, 10, 10],
+                  parent_id=pa.array([None, 0, None], pa.int64()),
+                  after_parent_s=pa.array([None, 1.0, None], pa.float64()),
+                  prefix_hashes=pa.array([hashes(1000), hashes(1256), [1, 2, 3]], pa.list_(pa.uint64())))
+    req = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=1))[0])
+    # 1000 + 200 - 1 tokens of KV -> 74 full blocks, of which the prompt had 62
+    assert req.column("cached_tokens").to_pylist() == [0, 74 * 16, 0]
+
+
 def test_engine_block_size_coarser_than_the_trace_hashes(tmp_path):
     table = _shared_prefix_trace(10, prefix_blocks=64, own_blocks=4, gap_s=0.5)   # 16-token hashes
     req = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=1, block_size=32))[0])

@@ -390,6 +390,8 @@ class Simulation:
         self.policy.on_complete(req.route, i, view)
         self.recorder.finished(req)
         if self.children:
+            if req.hashes is not None:
+                self._cache_reply(req)
             self._release_children(req.row, t)
         if self.held:
             self._release_held(t)
@@ -420,6 +422,29 @@ class Simulation:
             return
         self._push(rep, rep.enqueue(req, t))
         self._signals(rep, t)
+
+    def _cache_reply(self, req: Request) -> None:
+        """Keep the KV of a finished turn's reply in its replica's prefix cache.
+
+        The engine caches every full block it computed, the reply's included, but the
+        trace names only prompt blocks. The next turn of the same conversation (a child
+        whose prompt starts with this prompt's full blocks) names them: its hashes that
+        lie within this request's prompt + reply cover exactly the reply's KV."""
+        rep = self.replicas[req.target]
+        unit = rep.bs * rep.cache.unit_blocks
+        own = req.prompt // unit
+        upto = (req.prompt + req.out - 1) // unit
+        if upto <= own:
+            return
+        stride = self._stride[req.target]
+        for child in self.children.get(req.row, ()):
+            hashes = self._hval[self._hoff[child]:self._hoff[child + 1]].tolist()
+            if stride > 1:
+                hashes = hashes[stride - 1::stride]
+            if len(hashes) >= upto and hashes[:own] == req.hashes[:own]:
+                rep.cache.add_free(hashes, own, upto)
+                rep.cache.evict_to(rep.total_blocks - rep.used)
+                return
 
     def _release_children(self, row: int, t: float) -> None:
         for child in self.children.get(row, ()):

@@ -75,6 +75,17 @@ class PrefixCache:
             refs[h] = 1
         return stop - start
 
+    def add_free(self, hashes: Sequence[int], start: int, stop: int) -> None:
+        """Cache units ``start..stop-1`` as unreferenced (most recently used): KV that a finished
+        request computed beyond its prompt (its reply), named by the hashes its next turn carries."""
+        refs, lru = self.refs, self.lru
+        for i in range(start, stop):
+            h = hashes[i]
+            if h not in refs:
+                refs[h] = 0
+                lru[h] = None
+                self.free_blocks += self.unit_blocks
+
     def release(self, hashes: Sequence[int], k: int) -> int:
         """Drop one reference to each of the first ``k`` units; returns blocks that became free."""
         refs, lru = self.refs, self.lru
