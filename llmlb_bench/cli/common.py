@@ -31,6 +31,8 @@ MaxTokens = Annotated[int, typer.Option("--max-batched-tokens", min=1, help="Tok
 class ReportFormat(str, Enum):
     terminal = "terminal"
     json = "json"
+    md = "md"
+    html = "html"
 
 
 class TableFormat(str, Enum):

@@ -1,32 +1,70 @@
-"""``llmlb report``: compare runs."""
+"""``llmlb report``: compare runs (terminal, Markdown, JSON, self-contained HTML, figure files)."""
 
 from __future__ import annotations
 
-import json
+import io
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.console import Console
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import ReportFormat, SloOpt
 from llmlb_bench.errors import UserError
+from llmlb_bench.metrics.definitions import Definitions
+from llmlb_bench.metrics.pacing import DEFAULT_SAMPLE
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.summary import summarize
-from llmlb_bench.report.terminal import render
+from llmlb_bench.metrics.summary import Options
+from llmlb_bench.report import figures, html, markdown, terminal
+from llmlb_bench.report.document import ReportOptions, build, to_json
+from llmlb_bench.report.figdata import figure_data
 from llmlb_bench.store.views import Catalog
 
 
-def print_report(paths: list[Path], slo_text: str | None, fmt: ReportFormat) -> None:
+def _write(text: str, output: Path | None) -> None:
+    """To stdout, or atomically to ``output`` (a failed report leaves no half-written file)."""
+    if output is None:
+        sys.stdout.write(text)
+        return
+    if output.is_dir():
+        raise UserError("is a directory, expected a file name", output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(output)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def print_report(paths: list[Path], slo_text: str | None, fmt: ReportFormat, *,
+                 options: Options | None = None, target: float = 0.9, output: Path | None = None,
+                 figures_dir: Path | None = None) -> None:
+    """Build the report of the runs under ``paths`` and render it (also used by run/simulate/replay)."""
     slo = Slo.parse(slo_text)
-    summaries = summarize(Catalog(paths), slo)
-    if not summaries:
-        raise UserError("no runs with request rows found", ", ".join(map(str, paths)))
+    drawn = fmt is ReportFormat.html or figures_dir is not None
+    if drawn:
+        figures.require()
+    cat = Catalog(paths)
+    doc = build(cat, ReportOptions(slo=slo, summary=options or Options(), target=target),
+                ", ".join(map(str, paths)))
+    figs = figures.render(doc, figure_data(cat), figures_dir) if drawn else []
     if fmt is ReportFormat.json:
-        sys.stdout.write(json.dumps({"slo": slo.to_dict() if slo else None, "runs": summaries}, indent=2) + "\n")
+        _write(to_json(doc), output)
+    elif fmt is ReportFormat.md:
+        _write(markdown.render(doc), output)
+    elif fmt is ReportFormat.html:
+        _write(html.render(doc, figs), output)
+    elif output is None:
+        terminal.render(doc, console)
     else:
-        render(summaries, console, slo.describe() if slo else None)
+        out = Console(record=True, width=160, file=io.StringIO())
+        terminal.render(doc, out)
+        _write(out.export_text(), output)
+    if figures_dir is not None:
+        Console(stderr=True).print(f"figures: {len(figs)} x {', '.join(figures.FORMATS)} -> {figures_dir}")
 
 
 @app.command()
@@ -34,13 +72,33 @@ def report(
     runs: Annotated[Optional[list[Path]], typer.Argument(help="Run folders or results directories.")] = None,
     slo: SloOpt = None,
     fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="Output format.")] = ReportFormat.terminal,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file.")] = None,
+    figures_dir: Annotated[Optional[Path], typer.Option(
+        "--figures", help="Also write every figure as PNG, SVG and PDF into this directory.")] = None,
+    definitions: Annotated[Definitions, typer.Option(
+        "--definitions", help="TPOT/ITL definitions: vllm (bench serve) or guidellm.")] = Definitions.vllm,
+    target: Annotated[float, typer.Option(
+        "--attainment-target", min=0.0, max=1.0, help="Attainment a load must reach to count for max goodput.")] = 0.9,
+    price: Annotated[Optional[float], typer.Option(
+        "--price-per-hour", min=0.0, help="Fleet price in $/hour (default: GPU catalog, simulated runs).")] = None,
+    window: Annotated[float, typer.Option("--window", min=1e-3, help="Fairness window in seconds.")] = 10.0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap intervals.")] = 0,
+    no_ci: Annotated[bool, typer.Option("--no-ci", help="Skip bootstrap confidence intervals.")] = False,
+    pacing_sample: Annotated[int, typer.Option(
+        "--pacing-sample", min=1, help="Most requests per run the token-pacing figures walk.")] = DEFAULT_SAMPLE,
 ) -> None:
-    """Summarise and compare runs: counts, throughput, TTFT/TPOT/ITL/E2E percentiles, SLO attainment, goodput.
+    """Summarise and compare runs: latency percentiles with bootstrap intervals, SLO attainment and goodput,
+    token pacing, fairness, energy and cost, load curves.
 
     Example:
 
         llmlb report results/ --slo ttft=500ms,tpot=50ms
 
-        llmlb report results/rr-20261129-120000-ab12 --format json
+        llmlb report results/ --slo ttft=1s --format html -o report.html --figures figs/
+
+        llmlb report results/rr-20261129-120000-ab12 --format md --definitions guidellm
     """
-    print_report(runs or [Path("results")], slo, fmt)
+    options = Options(definitions=definitions, seed=seed, ci=not no_ci, window_s=window, price_per_hour=price,
+                      pacing_sample=pacing_sample)
+    print_report(runs or [Path("results")], slo, fmt, options=options, target=target, output=output,
+                 figures_dir=figures_dir)

@@ -58,7 +58,7 @@ outsvc AS (SELECT run_id, tn, j,
 insvc AS (SELECT run_id, tn, floor((first_token_s - t0) / {w})::BIGINT AS j,
                  {INPUT_WEIGHT} * sum(input_tokens) AS svc
           FROM req WHERE first_token_s IS NOT NULL GROUP BY ALL),
-svc AS (SELECT run_id, tn, j, sum(svc) AS svc FROM (SELECT * FROM outsvc UNION ALL SELECT * FROM insvc) GROUP BY ALL),
+svc AS (SELECT run_id, tn, j, sum(svc)::DOUBLE AS svc FROM (SELECT * FROM outsvc UNION ALL SELECT * FROM insvc) GROUP BY ALL),
 waits AS (SELECT run_id, tn, sent_s - t0 AS a, least(first_token_s, end_s) - t0 AS b FROM (
             SELECT *, greatest(coalesce(last_token_s, sent_s), sent_s) AS end_s FROM req) WHERE sent_s IS NOT NULL),
 backlog AS (SELECT DISTINCT run_id, tn, unnest(generate_series(floor(a / {w})::BIGINT, (ceil(b / {w}) - 1)::BIGINT)) AS j
@@ -74,8 +74,8 @@ FROM perwin GROUP BY run_id
 
 _TENANTS_SQL = f"""
 SELECT run_id, coalesce(tenant, 'default') AS tn, count(*) AS requests,
-       coalesce(sum({INPUT_WEIGHT} * input_tokens) FILTER (WHERE first_token_s IS NOT NULL), 0)
-         + coalesce(sum({OUTPUT_WEIGHT} * output_tokens), 0) AS service,
+       (coalesce(sum({INPUT_WEIGHT} * input_tokens) FILTER (WHERE first_token_s IS NOT NULL), 0)
+         + coalesce(sum({OUTPUT_WEIGHT} * output_tokens), 0))::BIGINT AS service,
        avg(norm_latency_s) FILTER (WHERE status = 'ok') AS norm_latency_mean
 FROM request_metrics GROUP BY ALL ORDER BY run_id, tn
 """

@@ -1,77 +1,55 @@
-"""Rich comparison table: one column per run, one row per figure.
+"""The report in a terminal: Rich tables.
 
-Runs side by side (rather than one row per run) keep the table narrow
-enough for a terminal however many percentiles are shown, and make the
-policy comparison read left to right.
+The details table puts runs side by side (one column per run) so a policy
+comparison reads left to right; with more runs than fit the console's
+width it is split into several tables of as many runs as fit, each
+repeating the figure column, rather than squeezing every column unreadable.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.table import Table as RichTable
 
-from llmlb_bench.metrics.distribution import PERCENTILES, pkey
+from llmlb_bench.report import tables
+from llmlb_bench.report.tables import Table
 
-Row = tuple[str, Callable[[dict[str, Any]], Any], str]
-
-
-def _fmt(value: Any, spec: str) -> str:
-    if value is None:
-        return "-"
-    return format(value, spec)
+FIGURE_WIDTH = 42
+RUN_WIDTH = 18
 
 
-def _rows(slo: bool) -> list[tuple[str, list[Row]]]:
-    def lat(name: str, scale: float, unit: str) -> list[Row]:
-        stats = ["mean", *(pkey(p) for p in PERCENTILES)]
-        return [(f"{name} {st} ({unit})",
-                 (lambda s, n=name.lower(), st=st: None if s[n][st] is None else s[n][st] * scale), ",.1f")
-                for st in stats]
-
-    sections = [
-        ("Requests", [
-            ("total", lambda s: s["requests"], ",d"),
-            ("ok", lambda s: s["ok"], ",d"),
-            ("failed (error/timeout/rejected/not sent)",
-             lambda s: s["error"] + s["timeout"] + s["rejected"] + s["not_sent"], ",d"),
-            ("preemptions", lambda s: s["preemptions"], ",d"),
-            ("prefix-cached input (%)",
-             lambda s: 100 * s["cached_tokens"] / s["input_tokens"] if s["input_tokens"] else None, ".1f"),
-        ]),
-        ("Throughput", [
-            ("duration (s)", lambda s: s["duration_s"], ",.1f"),
-            ("requests/s", lambda s: s["request_throughput"], ",.2f"),
-            ("output tokens/s", lambda s: s["output_throughput"], ",.0f"),
-        ]),
-        ("Latency", lat("TTFT", 1e3, "ms") + lat("TPOT", 1e3, "ms") + lat("ITL", 1e3, "ms") + lat("E2E", 1.0, "s")),
-    ]
-    if slo:
-        sections.append(("SLO", [
-            ("attainment (%)", lambda s: 100 * s["slo"]["attainment"] if s["slo"]["attainment"] is not None else None, ".1f"),
-            ("goodput (requests/s)", lambda s: s["slo"]["goodput"], ",.2f"),
-            ("good output tokens/s", lambda s: s["slo"]["good_token_throughput"], ",.0f"),
-        ]))
-    return sections
+def _rich(t: Table, title: str | None = None) -> RichTable:
+    out = RichTable(title=title or t.title, header_style="bold", title_justify="left", caption=t.note,
+                    caption_justify="left")
+    for i, h in enumerate(t.header):
+        out.add_column(h, justify="left" if i == 0 else "right", no_wrap=i == 0, overflow="fold")
+    for i, row in enumerate(t.rows):
+        if i in t.sections:
+            out.add_row(f"[bold]{row[0]}[/]", *[""] * (len(row) - 1))
+        else:
+            out.add_row(("  " if t.sections else "") + row[0], *row[1:])
+    return out
 
 
-def run_title(s: dict[str, Any]) -> str:
-    return s["label"] or s["run_id"]
-
-
-def render(summaries: list[dict[str, Any]], console: Console, slo_text: str | None = None) -> None:
-    """Print the comparison table (and a note on partial runs)."""
-    title = "llmlb report" + (f" — SLO {slo_text}" if slo_text else "")
-    table = Table(title=title, show_lines=False, header_style="bold")
-    table.add_column("figure")
-    for s in summaries:
-        table.add_column(run_title(s), justify="right")
-    for section, rows in _rows(slo=any("slo" in s for s in summaries)):
-        table.add_row(f"[bold]{section}[/]", *[""] * len(summaries))
-        for label, get, spec in rows:
-            table.add_row("  " + label, *[_fmt(get(s), spec) for s in summaries])
-    console.print(table)
-    for s in summaries:
+def render(doc: dict[str, Any], console: Console) -> None:
+    """Print every table of the report (and a note on partial runs)."""
+    slo = doc["options"]["slo_text"]
+    console.print(f"[bold]llmlb report[/] — {len(doc['runs'])} run(s), {doc['options']['definitions']} definitions"
+                  + (f", SLO {slo}" if slo else ""))
+    console.print(_rich(tables.comparison(doc)))
+    for t in (tables.groups(doc, "per_class"), tables.groups(doc, "per_tenant")):
+        if t is not None:
+            console.print(_rich(t))
+    for t in tables.curves(doc):
+        console.print(_rich(t))
+    per_table = max(1, (console.width - FIGURE_WIDTH) // RUN_WIDTH)
+    runs = doc["runs"]
+    for k in range(0, len(runs), per_table):
+        chunk = runs[k:k + per_table]
+        title = "Details" if len(runs) <= per_table else f"Details (runs {k + 1}-{k + len(chunk)} of {len(runs)})"
+        console.print(_rich(tables.details(doc, chunk), title))
+    for s in runs:
         if s["status"] != "complete":
             console.print(f"[yellow]note:[/] run {s['run_id']} is {s['status']}; its figures cover the rows it stored")

@@ -1,0 +1,65 @@
+"""The report document: everything a renderer shows, computed once from a catalog.
+
+``build`` returns a plain dict (JSON-ready after :func:`to_json`): the
+options it was made with, one summary per run
+(:func:`llmlb_bench.metrics.summary.summarize`) and the load curves across
+runs (:func:`llmlb_bench.metrics.load.load_curves`). Every renderer —
+terminal, Markdown, JSON, HTML — reads this document and nothing else, so
+the formats always agree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.metrics.load import load_curves
+from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.metrics.summary import Options, metas_of, summarize
+from llmlb_bench.store.views import Catalog
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """What a report computes: the SLO, the summary options and the attainment target of max goodput."""
+
+    slo: Slo | None = None
+    summary: Options = field(default_factory=Options)
+    target: float = 0.9
+
+    def to_dict(self) -> dict[str, Any]:
+        opts = asdict(self.summary)
+        opts["definitions"] = self.summary.definitions.value
+        return {"slo": self.slo.to_dict() if self.slo else None,
+                "slo_text": self.slo.describe() if self.slo else None,
+                "attainment_target": self.target, **opts}
+
+
+def build(cat: Catalog, options: ReportOptions, where: str = "runs") -> dict[str, Any]:
+    """The report document of every run in ``cat`` that has request rows."""
+    runs = summarize(cat, options.slo, options.summary)
+    if not runs:
+        raise UserError("no runs with request rows found", where)
+    return {
+        "options": options.to_dict(),
+        "runs": runs,
+        "curves": load_curves(runs, metas_of(cat.runs_table), options.target),
+    }
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+def to_json(doc: dict[str, Any]) -> str:
+    """Strict JSON (non-finite numbers become null)."""
+    return json.dumps(_finite(doc), indent=2, allow_nan=False) + "\n"

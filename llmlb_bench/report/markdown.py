@@ -1,0 +1,43 @@
+"""The report as GitHub-flavoured Markdown, for a pull-request comment.
+
+The comparison table (and per-class, per-tenant and load tables) come
+first; the long details table sits in a collapsed ``<details>`` block so the
+comment stays short.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmlb_bench.report import tables
+from llmlb_bench.report.tables import Table
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def table_md(t: Table) -> str:
+    lines = [f"**{t.title}**", "", "| " + " | ".join(_cell(h) for h in t.header) + " |",
+             "|" + "|".join([":---"] + ["---:"] * (len(t.header) - 1)) + "|"]
+    for i, row in enumerate(t.rows):
+        cells = [f"**{_cell(row[0])}**" if i in t.sections else _cell(row[0])] + [_cell(c) for c in row[1:]]
+        lines.append("| " + " | ".join(cells) + " |")
+    if t.note:
+        lines += ["", f"_{_cell(t.note)}_"]
+    return "\n".join(lines)
+
+
+def render(doc: dict[str, Any]) -> str:
+    opts = doc["options"]
+    head = f"### llmlb report — {len(doc['runs'])} run(s), {opts['definitions']} definitions"
+    if opts["slo_text"]:
+        head += f", SLO `{opts['slo_text']}`"
+    parts = [head, table_md(tables.comparison(doc))]
+    parts += [table_md(t) for t in (tables.groups(doc, "per_class"), tables.groups(doc, "per_tenant")) if t is not None]
+    parts += [table_md(t) for t in tables.curves(doc)]
+    parts.append("<details><summary>All figures</summary>\n\n" + table_md(tables.details(doc)) + "\n\n</details>")
+    partial = [s["run_id"] for s in doc["runs"] if s["status"] != "complete"]
+    if partial:
+        parts.append("> Note: " + ", ".join(partial) + " did not complete; figures cover the rows stored.")
+    return "\n\n".join(parts) + "\n"

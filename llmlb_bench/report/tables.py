@@ -1,0 +1,258 @@
+"""The report's tables as plain models (header + rows of text), rendered by terminal, Markdown and HTML.
+
+Defining each table once keeps the three formats in step: a figure added
+here appears everywhere, formatted the same way.
+
+* ``comparison``: one row per run, the figures a policy comparison needs;
+* ``details``: one row per figure, one column per run, in sections;
+* ``groups``: per SLO class or per tenant (only when a run has several);
+* ``curves``: the points of each load curve, its knee and maximum goodput.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from llmlb_bench.metrics.definitions import LATENCY_FIGURES
+from llmlb_bench.metrics.distribution import PERCENTILES, pkey
+
+Getter = Callable[[dict[str, Any]], Any]
+
+
+@dataclass
+class Table:
+    """A titled table; ``sections`` marks rows that are section headings (one cell, spanning).
+
+    A header may hold a line break (name, then unit) for narrow terminals;
+    one-line formats print it as a space.
+    """
+
+    title: str
+    header: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    sections: set[int] = field(default_factory=set)
+    note: str | None = None
+
+    def section(self, name: str) -> None:
+        self.sections.add(len(self.rows))
+        self.rows.append([name] + [""] * (len(self.header) - 1))
+
+
+def fmt(value: Any, spec: str) -> str:
+    """A number in ``spec`` format, '-' when missing."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    return format(value, spec)
+
+
+def _get(d: Any, *path: str) -> Any:
+    for k in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def scaled(path: tuple[str, ...], scale: float) -> Getter:
+    return lambda s: None if _get(s, *path) is None else _get(s, *path) * scale
+
+
+def interval(fig: str, p: str, scale: float, spec: str) -> Getter:
+    """'lo-hi' of a percentile's bootstrap interval."""
+    def get(s: dict[str, Any]) -> str | None:
+        ci = _get(s, fig, "ci", p)
+        return None if not ci else f"{fmt(ci[0] * scale, spec)}–{fmt(ci[1] * scale, spec)}"
+    return get
+
+
+def run_name(s: dict[str, Any]) -> str:
+    return s["label"] or s["run_id"]
+
+
+#: name, unit label, display scale, format of each latency figure
+UNITS = {"ttft": ("TTFT", "ms", 1e3, ",.1f"), "tpot": ("TPOT", "ms", 1e3, ",.2f"), "itl": ("ITL", "ms", 1e3, ",.2f"),
+         "e2e": ("E2E", "s", 1.0, ",.2f"), "norm_latency": ("normalized latency", "ms/token", 1e3, ",.2f")}
+
+
+def _pct(path: tuple[str, ...]) -> Getter:
+    return scaled(path, 100.0)
+
+
+def _failed(s: dict[str, Any]) -> int:
+    return s["error"] + s["timeout"] + s["rejected"] + s["not_sent"]
+
+
+def comparison(doc: dict[str, Any]) -> Table:
+    """One row per run: the headline figures, SLO figures when an SLO was given."""
+    with_slo = doc["options"]["slo"] is not None
+    cols: list[tuple[str, Getter, str]] = [
+        ("requests", lambda s: s["requests"], ",d"),
+        ("failed", _failed, ",d"),
+        ("req/s", lambda s: s["request_throughput"], ",.2f"),
+        ("out tok/s", lambda s: s["output_throughput"], ",.0f"),
+        ("TTFT\np50 ms", scaled(("ttft", "p50"), 1e3), ",.1f"),
+        ("TTFT\np99 ms", scaled(("ttft", "p99"), 1e3), ",.1f"),
+        ("TPOT\np99 ms", scaled(("tpot", "p99"), 1e3), ",.2f"),
+        ("E2E\np99 s", scaled(("e2e", "p99"), 1.0), ",.2f"),
+    ]
+    if with_slo:
+        cols += [("attain\n%", _pct(("slo", "attainment")), ".1f"),
+                 ("goodput\nreq/s", scaled(("slo", "goodput"), 1.0), ",.2f")]
+    cols += [("J/tok", scaled(("energy", "j_per_good_token" if with_slo else "j_per_output_token"), 1.0), ",.3f"),
+             ("$/M\ngood tok" if with_slo else "$/M\ntok",
+              scaled(("energy", "usd_per_m_good_tokens" if with_slo else "usd_per_m_output_tokens"), 1.0), ",.2f")]
+    # the policy column only when it says something the run name does not
+    policy = any((s["policy"] or s["backend"]) != run_name(s) for s in doc["runs"])
+    t = Table("Comparison", ["run"] + (["policy"] if policy else []) + [c[0] for c in cols])
+    for s in doc["runs"]:
+        t.rows.append([run_name(s)] + ([s["policy"] or s["backend"] or "-"] if policy else [])
+                      + [fmt(g(s), spec) for _, g, spec in cols])
+    if with_slo:
+        t.note = f"SLO {doc['options']['slo_text']}; J/tok and $/M per SLO-compliant output token"
+    return t
+
+
+def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter, str]]]]:
+    defs = doc["options"]["definitions"]
+    latency: list[tuple[str, Getter, str]] = []
+    for fig in LATENCY_FIGURES:
+        name, unit, scale, spec = UNITS[fig]
+        latency.append((f"{name} mean ({unit})", scaled((fig, "mean"), scale), spec))
+        latency += [(f"{name} {pkey(p)} ({unit})", scaled((fig, pkey(p)), scale), spec) for p in PERCENTILES]
+        latency.append((f"{name} p99 95% CI", interval(fig, "p99", scale, spec), "s"))
+    sections: list[tuple[str, list[tuple[str, Getter, str]]]] = [
+        ("Requests", [
+            ("total", lambda s: s["requests"], ",d"), ("ok", lambda s: s["ok"], ",d"),
+            ("failed (error/timeout/rejected/not sent)", _failed, ",d"),
+            ("offered rate (req/s)", lambda s: s["offered_rate"], ",.2f"),
+        ]),
+        ("Throughput", [
+            ("duration (s)", lambda s: s["duration_s"], ",.1f"),
+            ("requests/s", lambda s: s["request_throughput"], ",.2f"),
+            ("output tokens/s", lambda s: s["output_throughput"], ",.0f"),
+        ]),
+        (f"Latency ({defs} definitions)", latency),
+    ]
+    if doc["options"]["slo"] is not None:
+        sections.append(("SLO", [
+            ("attainment (%)", _pct(("slo", "attainment")), ".1f"),
+            ("goodput (requests/s)", scaled(("slo", "goodput"), 1.0), ",.2f"),
+            ("good output tokens/s", scaled(("slo", "good_token_throughput"), 1.0), ",.0f"),
+        ]))
+    sections.append(("Token pacing", [
+        ("fluidity index mean", scaled(("pacing", "fluidity", "mean"), 1.0), ".3f"),
+        ("fluidity index p1", scaled(("pacing", "fluidity", "p1"), 1.0), ".3f"),
+        ("requests with fluidity >= 0.9 (%)", _pct(("pacing", "fluidity", "share_ge_0.9")), ".1f"),
+        ("fluid token rate (tokens/s/stream)", scaled(("pacing", "fluid_token_rate"), 1.0), ",.1f"),
+        ("slowest-10% gap mean (ms)", scaled(("pacing", "slowest10_gap_mean_s"), 1e3), ",.1f"),
+        ("requests sampled", lambda s: "yes" if _get(s, "pacing", "sampled") else "no", "s"),
+    ]))
+    if any(s.get("fairness") for s in doc["runs"]):
+        sections.append(("Fairness across tenants", [
+            ("tenants", scaled(("fairness", "tenants"), 1), ",d"),
+            ("Jain index, service (window mean)", scaled(("fairness", "jain_service"), 1.0), ".3f"),
+            ("Jain index, attainment", scaled(("fairness", "jain_attainment"), 1.0), ".3f"),
+            ("VTC service gap max (tokens)", scaled(("fairness", "service_gap_max"), 1.0), ",.0f"),
+            ("VTC service gap mean (tokens)", scaled(("fairness", "service_gap_mean"), 1.0), ",.0f"),
+            ("slowdown ratio max/min", scaled(("fairness", "slowdown_ratio"), 1.0), ".2f"),
+        ]))
+    sections.append(("Energy and cost", [
+        ("energy (kJ)", scaled(("energy", "energy_j"), 1e-3), ",.2f"),
+        ("J per output token", scaled(("energy", "j_per_output_token"), 1.0), ",.3f"),
+        ("J per SLO-compliant token", scaled(("energy", "j_per_good_token"), 1.0), ",.3f"),
+        ("average power per replica (W)", scaled(("energy", "avg_power_per_replica_w"), 1.0), ",.0f"),
+        ("cost ($)", scaled(("energy", "cost_usd"), 1.0), ",.4f"),
+        ("$ per million good tokens", scaled(("energy", "usd_per_m_good_tokens"), 1.0), ",.2f"),
+    ]))
+    sections.append(("Serving state", [
+        ("prefix-cache hit rate (%)", _pct(("state", "prefix_cache_hit_rate")), ".1f"),
+        ("preempted requests", scaled(("state", "preempted_requests"), 1), ",d"),
+        ("preemptions", scaled(("state", "preemptions"), 1), ",d"),
+        ("KV use mean (%)", _pct(("state", "kv_util_mean")), ".1f"),
+        ("KV use peak (%)", _pct(("state", "kv_util_max")), ".1f"),
+        ("time at >= 95% KV (%)", _pct(("state", "kv_high_share")), ".1f"),
+        ("waiting mean / peak", lambda s: _pair(_get(s, "state", "waiting_mean"), _get(s, "state", "waiting_max")), "s"),
+        ("running mean / peak", lambda s: _pair(_get(s, "state", "running_mean"), _get(s, "state", "running_max")), "s"),
+    ]))
+    if any(_get(s, "state", "client") for s in doc["runs"]):
+        sections.append(("Client self-check", [
+            ("dispatch lag p99 (ms)", scaled(("state", "client", "dispatch_lag_ms", "p99"), 1.0), ",.2f"),
+            ("dispatch lag max (ms)", scaled(("state", "client", "dispatch_lag_ms", "max"), 1.0), ",.2f"),
+            ("client CPU per request (ms)", scaled(("state", "client", "cpu_ms_per_request"), 1.0), ",.3f"),
+            ("flagged too slow", lambda s: {True: "YES", False: "no"}.get(_get(s, "state", "client", "flagged")), "s"),
+        ]))
+    return sections
+
+
+def _pair(a: Any, b: Any) -> str | None:
+    return None if a is None else f"{a:,.1f} / {b:,}"
+
+
+def details(doc: dict[str, Any], runs: list[dict[str, Any]] | None = None) -> Table:
+    """Every figure (rows, in sections) of ``runs`` (columns; all runs by default)."""
+    runs = doc["runs"] if runs is None else runs
+    t = Table("Details", ["figure"] + [run_name(s) for s in runs])
+    for name, rows in _detail_rows(doc):
+        t.section(name)
+        for label, get, spec in rows:
+            t.rows.append([label] + [fmt(get(s), spec) for s in runs])
+    return t
+
+
+def groups(doc: dict[str, Any], key: str) -> Table | None:
+    """Per SLO class (``per_class``) or tenant (``per_tenant``): attainment and p99 TTFT/E2E per run."""
+    runs = [s for s in doc["runs"] if s.get(key)]
+    if not any(len(s[key]) > 1 for s in runs):
+        return None
+    names = sorted({g for s in runs for g in s[key]})
+    with_slo = doc["options"]["slo"] is not None
+    title = "Per SLO class" if key == "per_class" else "Per tenant"
+    t = Table(title, [("class" if key == "per_class" else "tenant")] + [run_name(s) for s in runs])
+    for g in names:
+        cells = []
+        for s in runs:
+            d = s[key].get(g)
+            if d is None:
+                cells.append("-")
+                continue
+            parts = [f"{fmt(d['requests'], ',d')} req"]
+            if with_slo:
+                parts.append(f"{fmt(None if d['attainment'] is None else 100 * d['attainment'], '.1f')}%")
+            parts.append(f"TTFT p99 {fmt(None if d['ttft_p99'] is None else 1e3 * d['ttft_p99'], ',.0f')} ms")
+            parts.append(f"E2E p99 {fmt(d['e2e_p99'], ',.2f')} s")
+            cells.append(" · ".join(parts))
+        t.rows.append([g] + cells)
+    return t
+
+
+def curves(doc: dict[str, Any]) -> list[Table]:
+    """One table per load curve: its points, the knee and the maximum goodput."""
+    out = []
+    for c in doc["curves"]:
+        t = Table(f"Load: {c['name']}", ["offered req/s", "throughput", "goodput", "attain %",
+                                          "E2E p50 s", "E2E p99 s", "E2E p99 95% CI", "TTFT p99 ms"])
+        for p in c["points"]:
+            t.rows.append([fmt(p["rate"], ",.2f"), fmt(p["throughput"], ",.2f"), fmt(p["goodput"], ",.2f"),
+                           fmt(None if p["attainment"] is None else 100 * p["attainment"], ".1f"),
+                           fmt(p["e2e"].get("p50"), ",.2f"), fmt(p["e2e"].get("p99"), ",.2f"),
+                           fmt(interval("e2e", "p99", 1.0, ",.2f")(p), "s"),
+                           fmt(None if p["ttft"].get("p99") is None else 1e3 * p["ttft"]["p99"], ",.1f")])
+        mg = c["max_goodput"]
+        notes = [f"knee ({c['knee_figure']}, Kneedle): {fmt(c['knee_rate'], ',.2f')} req/s"]
+        if doc["options"]["slo"] is not None:
+            target = 100 * doc["options"]["attainment_target"]
+            notes.append(f"max goodput (highest rate with attainment >= {target:g}%): "
+                         + (f"{fmt(mg['rate'], ',.2f')} req/s" if mg else "none"))
+        t.note = "; ".join(notes)
+        out.append(t)
+    return out
+
+
+def all_tables(doc: dict[str, Any]) -> list[Table]:
+    """The tables of a full report, in order (details last: it is the longest)."""
+    out = [comparison(doc)]
+    out += [t for t in (groups(doc, "per_class"), groups(doc, "per_tenant")) if t is not None]
+    out += curves(doc)
+    out.append(details(doc))
+    return out
