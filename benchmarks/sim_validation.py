@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from llmlb_bench.policies import make_policy
 from llmlb_bench.schema import TRACE
 from llmlb_bench.sim import ClusterConfig, simulate
-from llmlb_bench.sim.engine import cost_model
+from llmlb_bench.sim.fleet import cost_model
 from llmlb_bench.store import RunStore
 
 

@@ -352,3 +352,68 @@ def test_custom_engine_scheduler_by_dotted_path(tmp_path):
         ClusterConfig(scheduler="test_sim_features:NotAScheduler")
     with pytest.raises(UserError, match="unexpected keyword"):
         ClusterConfig(scheduler="test_sim_features:SPF", scheduler_args={"x": 1})
+
+
+# ---- autoscaling ---------------------------------------------------------------------------------------------
+
+def _two_bursts() -> pa.Table:
+    """A busy minute, a quiet minute, a busy minute."""
+    rng = np.random.default_rng(11)
+    busy1 = np.sort(rng.uniform(0, 60, 1200))
+    busy2 = np.sort(rng.uniform(120, 180, 1200))
+    return trace(np.concatenate([busy1, busy2]), 400, 200)
+
+
+AUTOSCALE = {"policy": "concurrency", "interval_s": 2.0, "cold_start_s": 10.0,
+             "args": {"target": 16, "min_replicas": 1, "max_replicas": 6}}
+
+
+def test_autoscaler_adds_replicas_under_load_and_retires_them_after(tmp_path):
+    cfg = ClusterConfig(replicas=1, autoscale=AUTOSCALE)
+    assert ClusterConfig.from_dict(cfg.to_dict()) == cfg
+    req, series, summary = run_sim(tmp_path, _two_bursts(), cfg)
+    assert set(req.column("status").to_pylist()) == {"ok"}
+    grown = summary["replicas"]
+    assert grown["added"] >= 3 and grown["retired"] >= 1
+    # a new replica gets work only after its cold start
+    first_use = {}
+    for r in req.to_pylist():
+        first_use[r["target"]] = min(first_use.get(r["target"], np.inf), r["sent_s"])
+    born = series.group_by("target").aggregate([("t_s", "min")]).to_pylist()
+    born = {b["target"]: b["t_s_min"] for b in born}
+    for name, t in first_use.items():
+        if name != "r0":
+            assert t >= born[name] + 10.0 - 1.0   # created between samples: up to one interval earlier
+    # the fleet costs less than keeping the peak size for the whole run
+    peak = 1 + grown["added"]
+    assert summary["gpu_hours"] < 0.8 * peak * summary["sim_time_s"] / 3600
+    # retired replicas stop appearing in the series
+    last = {b["target"]: b["t_s_max"] for b in series.group_by("target").aggregate([("t_s", "max")]).to_pylist()}
+    assert min(last.values()) < summary["sim_time_s"] - 5
+
+
+def test_autoscaling_is_deterministic_and_beats_a_fixed_small_fleet(tmp_path):
+    table = _two_bursts()
+    a = run_sim(tmp_path, table, ClusterConfig(replicas=1, autoscale=AUTOSCALE), run_id="a")
+    b = run_sim(tmp_path, table, ClusterConfig(replicas=1, autoscale=AUTOSCALE), run_id="b")
+    fixed = run_sim(tmp_path, table, ClusterConfig(replicas=1), run_id="fixed")
+    assert a[0].drop(["run_id"]).equals(b[0].drop(["run_id"]))
+    e2e = lambda t: np.mean(pc.subtract(t.column("last_token_s"), t.column("sent_s")).to_numpy())  # noqa: E731
+    assert e2e(a[0]) < 0.5 * e2e(fixed[0])
+
+
+class FixedSchedule:
+    """Not an Autoscaler: refused."""
+
+
+def test_autoscale_settings_are_validated():
+    with pytest.raises(UserError, match="unknown setting 'every'"):
+        ClusterConfig(autoscale={"every": 3})
+    with pytest.raises(UserError, match="unknown autoscaler 'hpa'"):
+        ClusterConfig(autoscale={"policy": "hpa"})
+    with pytest.raises(UserError, match="not an Autoscaler"):
+        ClusterConfig(autoscale={"policy": "test_sim_features:FixedSchedule"})
+    with pytest.raises(UserError, match="min_replicas"):
+        ClusterConfig(autoscale={"args": {"min_replicas": 3, "max_replicas": 2}})
+    with pytest.raises(UserError, match="unknown pool 'gpu'"):
+        ClusterConfig(autoscale={"args": {"pool": "gpu"}})

@@ -29,7 +29,7 @@ import pytest
 
 from llmlb_bench.policies import make_policy
 from llmlb_bench.sim import ClusterConfig
-from llmlb_bench.sim.engine import cost_model
+from llmlb_bench.sim.fleet import cost_model
 from llmlb_bench.sim import simulate
 from llmlb_bench.store import RunStore
 from sim_helpers import by_request_id, run_sim, trace

@@ -25,6 +25,7 @@ from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim.catalog import GPU, Model, load_catalog
+from llmlb_bench.sim.autoscale import AutoscaleSpec
 from llmlb_bench.sim.scheduling import make_engine_scheduler
 
 ROLES = ("mixed", "prefill", "decode")
@@ -97,6 +98,8 @@ class ClusterConfig:
     mttr_s: float = 60.0
     #: what happens to requests on a failed replica: re-sent through the router, or reported as errors
     on_failure: str = "retry"
+    #: autoscaling: {"policy": "concurrency" or package.module:Class, "interval_s", "cold_start_s", "args"}
+    autoscale: Mapping[str, Any] | None = None
     #: engine-level order of admission and preemption: "fcfs", "priority" (vLLM's), or package.module:Class
     scheduler: str = "fcfs"
     scheduler_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -127,6 +130,12 @@ class ClusterConfig:
         if self.on_failure not in FAILURE_MODES:
             raise UserError(f"must be one of {', '.join(FAILURE_MODES)}, got {self.on_failure!r}", "cluster.on_failure")
         object.__setattr__(self, "scheduler_args", dict(self.scheduler_args))
+        if self.autoscale is not None:
+            object.__setattr__(self, "autoscale", dict(self.autoscale))
+            spec = AutoscaleSpec.parse(self.autoscale)
+            pool = spec.args.get("pool")
+            if pool is not None and pool not in {p.name for p in pools}:
+                raise UserError(f"unknown pool {pool!r}", "cluster.autoscale.args.pool")
         make_engine_scheduler(self.scheduler, self.scheduler_args)
         roles = {p.role for p in pools}
         if ("prefill" in roles) != ("decode" in roles):
@@ -198,6 +207,7 @@ class ClusterConfig:
         for k in ("catalogs", "pools", "failures"):
             d[k] = [dict(x) if isinstance(x, Mapping) else x for x in getattr(self, k)]
         d["scheduler_args"] = dict(self.scheduler_args)
+        d["autoscale"] = dict(self.autoscale) if self.autoscale is not None else None
         return d
 
     @classmethod

@@ -34,55 +34,20 @@ import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.policies import RouteRequest, TargetInfo, View
+from llmlb_bench.policies import RouteRequest
 from llmlb_bench.policies.base import HOLD, REJECT
 from llmlb_bench.schema import TRACE, trace_block_size
-from llmlb_bench.sim.config import ClusterConfig, PoolConfig
-from llmlb_bench.sim.cost import CostModel
+from llmlb_bench.sim.autoscale import AutoscaleSpec, PoolStatus
+from llmlb_bench.sim.config import ClusterConfig
+from llmlb_bench.sim.fleet import Fleet
 from llmlb_bench.sim.replica import Replica, Request
 from llmlb_bench.sim.results import RequestRecorder
-from llmlb_bench.sim.scheduling import make_engine_scheduler
 from llmlb_bench.sim.series import SeriesSampler
 
 # kinds of timed deliveries
-_ARRIVE, _KV_ARRIVE, _FAIL, _RECOVER = 0, 1, 2, 3
-
-
-def cost_model(pool: PoolConfig, catalogs: tuple[str, ...] = ()) -> CostModel:
-    return CostModel(pool.model_spec(catalogs), pool.gpu_spec(catalogs), pool.tp,
-                     max_num_batched_tokens=pool.max_num_batched_tokens, max_num_seqs=pool.max_num_seqs,
-                     gpu_memory_utilization=pool.gpu_memory_utilization, block_size=pool.block_size)
-
-
-def _unit_blocks(pool: PoolConfig, trace_bs: int) -> tuple[int, int]:
-    """Prefix-cache granularity for a pool: (KV blocks per cached unit, trace hashes per unit).
-
-    A unit is the larger of the trace's hash block and the engine's KV block; one must divide the other.
-    """
-    bs = pool.block_size
-    if trace_bs % bs == 0:
-        return trace_bs // bs, 1
-    if bs % trace_bs == 0:
-        return 1, bs // trace_bs
-    raise UserError(f"the trace's prefix-hash block size {trace_bs} and the engine block size {bs} "
-                    f"must divide one another (or disable prefix caching)", f"cluster.pools[{pool.name}].block_size")
-
-
-def build_replicas(cfg: ClusterConfig, trace_bs: int = 16, hashes: bool = False) -> list[Replica]:
-    """The replicas of ``cfg``, named ``r0``, ``r1``, ... across pools in order."""
-    replicas: list[Replica] = []
-    for pool in cfg.pool_configs():
-        cost = cost_model(pool, cfg.catalogs)
-        unit = _unit_blocks(pool, trace_bs)[0] if (pool.enable_prefix_caching and hashes
-                                                  and pool.role != "decode") else 0
-        for _ in range(pool.replicas):
-            i = len(replicas)
-            replicas.append(Replica(i, f"r{i}", cost, max_num_seqs=pool.max_num_seqs,
-                                    max_num_batched_tokens=pool.max_num_batched_tokens,
-                                    block_size=pool.block_size, chunked_prefill=pool.chunked_prefill,
-                                    prefix_unit_blocks=unit, pool=pool.name, role=pool.role,
-                                    scheduler=make_engine_scheduler(cfg.scheduler, cfg.scheduler_args)))
-    return replicas
+_ARRIVE, _KV_ARRIVE, _FAIL, _RECOVER, _SCALE, _READY = 0, 1, 2, 3, 4, 5
+#: deliveries that are not work: the run ends when only these remain
+_LIFECYCLE = (_FAIL, _RECOVER, _SCALE, _READY)
 
 
 def _strings(col: pa.ChunkedArray, default: str) -> list[str]:
@@ -107,22 +72,9 @@ class Simulation:
         n = self.n = trace.num_rows
         hcol = trace.column("prefix_hashes").combine_chunks()
         has_hashes = hcol.null_count < n and len(hcol.flatten()) > 0
-        self.trace_bs = trace_block_size(trace)
-        self.replicas = build_replicas(cfg, self.trace_bs, has_hashes)
-        pools = cfg.pool_configs()
-        self._pool_of = [p for p in pools for _ in range(p.replicas)]
-        self._limit = [p.max_model_len or p.model_spec(cfg.catalogs).max_context for p in self._pool_of]
-        self._stride = [_unit_blocks(p, self.trace_bs)[1] if r.cache is not None else 1
-                        for p, r in zip(self._pool_of, self.replicas)]
-        # longest prompt + output each replica accepts (context limit, KV capacity, unchunked budget)
-        self._max_total = [min(lim, r.total_blocks * r.bs + 1, (r.budget + 1) if not r.chunked else lim)
-                           for lim, r in zip(self._limit, self.replicas)]
-        ref = self.replicas[0].cost
-        self.view = View(
-            targets=[TargetInfo(name=r.name, pool=r.pool, gpu=self._pool_of[r.index].gpu,
-                                capacity=_capacity(r.cost) / _capacity(ref)) for r in self.replicas],
-            block_size=self.trace_bs,
-            cached_prefix=self._cached_prefix if any(r.cache is not None for r in self.replicas) else None)
+        self.fleet = Fleet(cfg, trace_block_size(trace), has_hashes)
+        self.replicas = self.fleet.replicas
+        self.view = self.fleet.view
         # trace columns as Python lists: indexing them is the fastest per-request access
         self.rid = trace.column("request_id").to_numpy().tolist()
         self.arrival = trace.column("arrival_s").to_numpy().astype(np.float64)
@@ -148,10 +100,12 @@ class Simulation:
         self.recorder = RequestRecorder(trace, run.requests, self.replicas, self.scheduled, self.sent,
                                         cfg.token_times)
         self.sampler = SeriesSampler(run.series, self.replicas, cfg.series_interval_s)
+        self.fleet.on_add += [self.recorder.track, self.sampler.track]
         self.boundaries: list[tuple[float, int, int, int]] = []
         self.deliveries: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()   # tie-breaker of equal times: insertion order
-        self._work = 0                   # deliveries other than failures still pending
+        self._work = 0                   # pending deliveries other than life-cycle events
+        self._k = 0                      # independent arrivals routed so far
         self.held: dict[int, int] = {}   # request_id -> row, requests the policy holds
         self.events = 0
         self.retries = 0
@@ -159,8 +113,11 @@ class Simulation:
         if self._disagg and not hasattr(policy, "choose_pair"):
             raise UserError(f"policy {getattr(policy, 'name', policy)!r} cannot route a disaggregated cluster "
                             f"(it has no choose_pair); try pd_pair", "--policy")
-        self._link_free = [0.0] * len(self.replicas)
         self._schedule_failures()
+        self.autoscale = AutoscaleSpec.parse(cfg.autoscale) if cfg.autoscale is not None else None
+        if self.autoscale is not None:
+            self.autoscaler = self.autoscale.make()
+            self._deliver(self.autoscale.interval_s, _SCALE, None)
 
     # ---- setup ------------------------------------------------------------------------------------
 
@@ -190,19 +147,10 @@ class Simulation:
             for i in range(len(self.replicas)):
                 self._deliver(float(self.rng.exponential(cfg.mtbf_s)), _FAIL, (i, -1.0))
 
-    def _cached_prefix(self, i: int, hashes: Sequence[int]) -> int:
-        """Leading trace blocks of ``hashes`` that replica ``i`` holds (``View.cached_prefix``)."""
-        rep = self.replicas[i]
-        if rep.cache is None:
-            return 0
-        stride = self._stride[i]
-        units = rep.cache.resident(hashes if stride == 1 else hashes[stride - 1::stride])
-        return min(units * stride, len(hashes))
-
     # ---- the loop -----------------------------------------------------------------------------------
 
     def _deliver(self, t: float, kind: int, payload: Any) -> None:
-        if kind != _FAIL and kind != _RECOVER:
+        if kind not in _LIFECYCLE:
             self._work += 1
         heappush(self.deliveries, (t, next(self._seq), kind, payload))
 
@@ -236,6 +184,7 @@ class Simulation:
             if ta == now:
                 row = order[k]
                 k += 1
+                self._k = k
                 self._route(row, now)
             elif td == now:
                 _, _, kind, payload = heappop(deliveries)
@@ -247,14 +196,20 @@ class Simulation:
                     self._kv_arrive(payload, now)
                 elif kind == _FAIL:
                     self._fail(payload, now)
-                else:
+                elif kind == _RECOVER:
                     self._recover(payload, now)
+                elif kind == _SCALE:
+                    self._scale(now)
+                else:
+                    self._ready(payload, now)
             else:
                 _, _, i, _ = heappop(boundaries)
                 rep = replicas[i]
                 nt = rep.boundary(done)
                 if nt is not None:
                     heappush(boundaries, (nt, next(self._seq), i, rep.version))
+                elif rep.draining and not rep.waiting:
+                    rep.retire(now)
                 if done:
                     for req in done:
                         self._done(req, now)
@@ -344,7 +299,7 @@ class Simulation:
             return
         hashes = None
         if rep.cache is not None and route.prefix_hashes:
-            stride = self._stride[i]
+            stride = rep.hash_stride
             hashes = route.prefix_hashes if stride == 1 else route.prefix_hashes[stride - 1::stride]
         req = Request(row, route, self.inp[row], self.out[row], hashes)
         if decode_target >= 0:
@@ -362,15 +317,15 @@ class Simulation:
     def _admission_error(self, row: int, i: int) -> str | None:
         """Why a request can never be served by replica ``i`` (vLLM rejects these up front), or None."""
         prompt, output = self.inp[row], self.out[row]
-        if prompt >= 1 and output >= 1 and prompt + output <= self._max_total[i]:
+        rep = self.replicas[i]
+        if prompt >= 1 and output >= 1 and prompt + output <= rep.max_total:
             return None
         if prompt < 1 or output < 1:
             return f"input_tokens ({prompt}) and output_tokens ({output}) must both be >= 1"
         total = prompt + output
-        limit = self._limit[i]
+        limit = rep.context_limit
         if total > limit:
             return f"input + output = {total} tokens exceeds the maximum model length {limit}"
-        rep = self.replicas[i]
         if not rep.fits(total - 1):
             return f"needs {-(-(total - 1) // rep.bs)} KV blocks, more than the replica's {rep.total_blocks}"
         if not rep.chunked and total - 1 > rep.budget:
@@ -401,9 +356,9 @@ class Simulation:
         cfg = self.cfg
         p, d = req.target, req.decode_target
         self.view.on_dispatch(d, req.route)
-        nbytes = req.prompt * self.replicas[p].cost.model.kv_bytes_per_token
-        start = max(t, self._link_free[p])
-        self._link_free[p] = start + nbytes / (cfg.kv_link_gb_s * 1e9)
+        prefill = self.replicas[p]
+        nbytes = req.prompt * prefill.cost.model.kv_bytes_per_token
+        prefill.link_free_at = max(t, prefill.link_free_at) + nbytes / (cfg.kv_link_gb_s * 1e9)
         req.first_token_s = t
         req.target = d
         req.spans = None
@@ -412,7 +367,7 @@ class Simulation:
         req.shared = 0
         req.computed = req.prompt         # the KV arrives with the request
         req.stop = req.out
-        self._deliver(self._link_free[p] + cfg.kv_link_latency_ms / 1000.0, _KV_ARRIVE, req)
+        self._deliver(prefill.link_free_at + cfg.kv_link_latency_ms / 1000.0, _KV_ARRIVE, req)
 
     def _kv_arrive(self, req: Request, t: float) -> None:
         rep = self.replicas[req.decode_target]
@@ -436,7 +391,7 @@ class Simulation:
         upto = (req.prompt + req.out - 1) // unit
         if upto <= own:
             return
-        stride = self._stride[req.target]
+        stride = rep.hash_stride
         for child in self.children.get(req.row, ()):
             hashes = self._hval[self._hoff[child]:self._hoff[child + 1]].tolist()
             if stride > 1:
@@ -462,14 +417,15 @@ class Simulation:
         view.kv_usage[i] = rep.used / rep.total_blocks
         view.signal_time[i] = t
 
-    # ---- failures -----------------------------------------------------------------------------------
+    # ---- replica life cycle -----------------------------------------------------------------------------
 
     def _fail(self, payload: tuple[int, float], t: float) -> None:
         i, down = payload
         rep = self.replicas[i]
-        if not self.view.healthy[i]:
+        if rep.down or rep.retired_at is not None:
             return
-        self.view.healthy[i] = False
+        rep.down = True
+        self.fleet.refresh_health(rep)
         rep.failures += 1
         for req in rep.drain(t):
             self.view.on_finish(i, req.route)
@@ -491,21 +447,67 @@ class Simulation:
 
     def _recover(self, i: int, t: float) -> None:
         rep = self.replicas[i]
-        self.view.healthy[i] = True
+        rep.down = False
         rep.idle_since = rep.t = t           # a failed replica draws no power while down
+        self.fleet.refresh_health(rep)
         self._signals(rep, t)
-        if self.cfg.mtbf_s is not None:
+        if self.cfg.mtbf_s is not None and rep.retired_at is None:
             self._deliver(t + float(self.rng.exponential(self.cfg.mtbf_s)), _FAIL, (i, -1.0))
         self._release_held(t)
+
+    def _scale(self, t: float) -> None:
+        """An autoscaling decision: grow or shrink pools toward the autoscaler's sizes."""
+        status = self.fleet.status()
+        for name, want in self.autoscaler.decide(t, self.view, status).items():
+            if name not in status:
+                raise UserError(f"autoscaler asked for unknown pool {name!r} (pools: {', '.join(status)})",
+                                "cluster.autoscale")
+            st = status[name]
+            change = int(want) - st.size
+            for i in st.draining[::-1][:max(change, 0)]:       # grow: cancel removals first ...
+                self.replicas[i].draining = False
+                self.fleet.refresh_health(self.replicas[i])
+                change -= 1
+            for _ in range(max(change, 0)):                   # ... then add replicas
+                rep = self.fleet.add(name, t, starting=self.autoscale.cold_start_s > 0)
+                if rep.starting:
+                    self._deliver(t + self.autoscale.cold_start_s, _READY, rep.index)
+            if change < 0:
+                self._shrink(st, -change, t)
+        if self.events_pending():
+            self._deliver(t + self.autoscale.interval_s, _SCALE, None)
+        self._release_held(t)
+
+    def _shrink(self, st: PoolStatus, k: int, t: float) -> None:
+        """Remove ``k`` replicas: starting ones first (newest first), then the ready ones with the
+        fewest requests in flight; each drains (no new requests) and retires when empty."""
+        out = self.view.outstanding_requests
+        victims = list(st.starting[::-1]) + sorted(st.ready, key=lambda i: (out[i], -i))
+        for i in victims[:k]:
+            rep = self.replicas[i]
+            rep.starting = False
+            rep.draining = True
+            self.fleet.refresh_health(rep)
+            if rep.idle and not rep.waiting:
+                rep.retire(t)
+
+    def _ready(self, i: int, t: float) -> None:
+        rep = self.replicas[i]
+        if rep.starting:
+            rep.starting = False
+            self.fleet.refresh_health(rep)
+            self._release_held(t)
+
+    def events_pending(self) -> bool:
+        """Whether anything but life-cycle events is left to simulate."""
+        return self._k < len(self.order) or self._work > 0 or any(not r.idle for r in self.replicas)
 
     # ---- summary ------------------------------------------------------------------------------------
 
     def summary(self, end: float, wall: float) -> dict[str, Any]:
         reps = self.replicas
-        energy = sum(r.energy_at(end) if self.view.healthy[r.index] else r.energy_j for r in reps)
-        pools = self.cfg.pool_configs()
-        gpu_hours = sum(p.replicas * p.tp for p in pools) * end / 3600.0
-        price = sum(p.replicas * p.tp * p.gpu_spec(self.cfg.catalogs).price_per_hour for p in pools)
+        energy = sum(r.energy_j if r.down else r.energy_at(end) for r in reps)
+        gpu_hours, cost_usd = self.fleet.gpu_hours_and_cost(end)
         caches = [r.cache for r in reps if r.cache is not None]
         return {
             "sim_time_s": end,
@@ -523,15 +525,13 @@ class Simulation:
             "energy_j": energy,
             "attributed_energy_j": self.recorder.attributed_energy_j,
             "gpu_hours": gpu_hours,
-            "cost_usd": price * end / 3600.0,
-            "mean_utilization": (sum(r.busy_s for r in reps) / (end * len(reps))) if end > 0 else 0.0,
+            "cost_usd": cost_usd,
+            "replicas": {"initial": self.cfg.replicas, "added": len(reps) - self.cfg.replicas,
+                         "retired": sum(r.retired_at is not None for r in reps)},
+            "mean_utilization": (sum(r.busy_s for r in reps) / (gpu_hours * 3600 / reps[0].cost.tp)
+                                 if gpu_hours > 0 and len({r.cost.tp for r in reps}) == 1 else None),
             "seed": self.seed,
         }
-
-
-def _capacity(cost: CostModel) -> float:
-    """Relative serving speed for ``TargetInfo.capacity``: decode tokens/s of a 64-request batch at 1k context."""
-    return 64 / cost.decode_time(64, 64 * 1024)
 
 
 def simulate(trace: pa.Table, cfg: ClusterConfig, policy: Any, run: Any, seed: int = 0) -> dict[str, Any]:

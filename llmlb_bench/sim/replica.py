@@ -90,17 +90,31 @@ class Replica:
     def __init__(self, index: int, name: str, cost: CostModel, *, max_num_seqs: int,
                  max_num_batched_tokens: int, block_size: int, chunked_prefill: bool,
                  prefix_unit_blocks: int = 0, pool: str = "default", role: str = "mixed",
-                 scheduler: EngineScheduler | None = None) -> None:
+                 scheduler: EngineScheduler | None = None, context_limit: int = 1 << 30, hash_stride: int = 1,
+                 created_at: float = 0.0) -> None:
         self.index = index
         self.name = name
         self.pool = pool
         self.role = role
+        #: longest prompt + output accepted (the model length)
+        self.context_limit = context_limit
+        #: trace prefix hashes per prefix-cache unit
+        self.hash_stride = hash_stride
+        # life cycle (autoscaling, failures): routable only when none of these holds
+        self.created_at = created_at
+        self.retired_at: float | None = None
+        self.starting = self.draining = self.down = False
+        #: when the outbound KV link (disaggregation) is free again
+        self.link_free_at = 0.0
         self.cost = cost
         self.max_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
         self.bs = block_size
         self.chunked = chunked_prefill
         self.total_blocks = cost.kv_blocks
+        #: longest prompt + output this replica can ever serve (model length, KV capacity, unchunked budget)
+        self.max_total = min(context_limit, self.total_blocks * block_size + 1,
+                             context_limit if chunked_prefill else max_num_batched_tokens + 1)
         # decode steps (times the batch size) over which the step time grows by at most the tolerance:
         # relative growth per step <= decoding x context_slope / min_step_s
         self._tol_steps = STEP_TIME_TOLERANCE * cost.min_step_s / cost.context_slope
@@ -134,7 +148,7 @@ class Replica:
         self.preemptions = 0
         self.failures = 0
         self.energy_j = 0.0                          # up to the last boundary (or to ``idle_since``)
-        self.idle_since = 0.0
+        self.idle_since = created_at
         self.busy_s = 0.0
 
     # ---- queries -------------------------------------------------------------------------------
@@ -150,8 +164,19 @@ class Replica:
         done = min(self.run_n, int((t - self.run_start) / self.run_gap)) if t > self.run_start else 0
         return self.used + self._blocks_needed(done)
 
+    @property
+    def routable(self) -> bool:
+        return not (self.starting or self.draining or self.down or self.retired_at is not None)
+
+    def retire(self, t: float) -> None:
+        """Leave the fleet at ``t`` (drained): no more power or cost from here on."""
+        self.energy_j = self.energy_at(t)
+        self.retired_at = t
+
     def energy_at(self, t: float) -> float:
-        """Joules drawn from time 0 to ``t`` (``t`` not before the last event)."""
+        """Joules drawn from creation to ``t`` (``t`` not before the last event)."""
+        if self.retired_at is not None:
+            return self.energy_j
         if self.idle:
             return self.energy_j + self.cost.idle_power_w * (t - self.idle_since)
         if t < self.run_start:       # inside a mixed step applied ahead of its end (see _plan)

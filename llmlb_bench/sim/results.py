@@ -38,6 +38,10 @@ class RequestRecorder:
         self.ok = 0
         self.attributed_energy_j = 0.0
 
+    def track(self, rep: Replica) -> None:
+        """A replica joined the fleet (autoscaling)."""
+        self._finished.append([])
+
     def finished(self, req: Request) -> None:
         self._finished[req.target].append(req)
         self.ok += 1

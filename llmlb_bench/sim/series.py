@@ -29,6 +29,10 @@ class SeriesSampler:
         self._last_e = [0.0] * len(replicas)
         self._cols: dict[str, list] = {k: [] for k in _COLUMNS}
 
+    def track(self, rep: Replica) -> None:
+        """A replica joined the fleet (autoscaling): sampled from its creation on."""
+        self._last_e.append(0.0)
+
     def sample_until(self, t: float, final: bool = False) -> None:
         """Take every sample due before ``t`` (and at ``t`` itself when ``final``)."""
         c = self._cols
@@ -36,6 +40,8 @@ class SeriesSampler:
             tick = self.next_t
             dt = tick - self._last_t
             for rep in self.replicas:
+                if rep.created_at > tick or (rep.retired_at is not None and rep.retired_at < self._last_t):
+                    continue          # not yet in the fleet, or retired before this interval
                 e = rep.energy_at(tick)
                 c["t_s"].append(tick)
                 c["target"].append(rep.name)

@@ -1,0 +1,138 @@
+"""Autoscaling hooks: add or remove replicas of a pool while the simulation runs.
+
+Every ``interval_s`` the simulator asks an :class:`Autoscaler` for the
+number of replicas each pool should have, given the router's view and each
+pool's status. It then
+
+* adds replicas: each new one draws idle power and costs GPU-hours from the
+  decision on, and becomes routable (``View.healthy``) after ``cold_start_s``
+  (weights loading, CUDA graph capture);
+* removes replicas: it first cancels pending removals, else picks the
+  routable replicas with the fewest requests in flight (latest first on
+  ties), stops routing to them and retires each once it has drained (its
+  power and cost end there).
+
+Targets are only ever appended, so ``View`` indices stay valid.
+
+The built-in policy is Knative-style concurrency targeting; users name their
+own subclass as ``package.module:Class`` in ``ClusterConfig.autoscale``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.policies import View
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    """What an autoscaler sees of one pool at a decision."""
+
+    name: str
+    #: routable replicas (indices into the view)
+    ready: tuple[int, ...]
+    #: added, still in their cold start
+    starting: tuple[int, ...] = ()
+    #: being removed, still finishing their requests
+    draining: tuple[int, ...] = ()
+
+    @property
+    def size(self) -> int:
+        """The count the pool is heading to (ready + starting)."""
+        return len(self.ready) + len(self.starting)
+
+
+class Autoscaler:
+    """Base class: keeps every pool as it is."""
+
+    name: ClassVar[str] = "none"
+
+    def decide(self, now: float, view: View, pools: Mapping[str, PoolStatus]) -> Mapping[str, int]:
+        """Desired replica count per pool name (pools left out keep their size)."""
+        return {}
+
+
+@dataclass
+class ConcurrencyAutoscaler(Autoscaler):
+    """Knative's concurrency target: size = ceil(mean requests in flight over the last
+    ``window_s`` / ``target`` per replica), within [min_replicas, max_replicas]; it shrinks
+    by at most one replica per decision. The window (Knative's stable window, 60 s) keeps
+    short lulls from removing replicas that the next burst needs again."""
+
+    name: ClassVar[str] = "concurrency"
+    target: float = 32.0
+    min_replicas: int = 1
+    max_replicas: int = 64
+    window_s: float = 60.0
+    pool: str | None = None
+    _history: dict[str, deque[tuple[float, int]]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.target <= 0 or self.min_replicas < 1 or self.max_replicas < self.min_replicas or self.window_s < 0:
+            raise ValueError("need target > 0, 1 <= min_replicas <= max_replicas and window_s >= 0")
+
+    def decide(self, now: float, view: View, pools: Mapping[str, PoolStatus]) -> Mapping[str, int]:
+        out = {}
+        for name, st in pools.items():
+            if self.pool is not None and name != self.pool:
+                continue
+            members = st.ready + st.starting + st.draining
+            history = self._history.setdefault(name, deque())
+            history.append((now, sum(view.outstanding_requests[i] for i in members)))
+            while history[0][0] < now - self.window_s:
+                history.popleft()
+            mean = sum(n for _, n in history) / len(history)
+            want = min(max(math.ceil(mean / self.target), self.min_replicas), self.max_replicas)
+            out[name] = max(want, st.size - 1)
+        return out
+
+
+BUILTIN_AUTOSCALERS: dict[str, type[Autoscaler]] = {c.name: c for c in (Autoscaler, ConcurrencyAutoscaler)}
+
+
+@dataclass(frozen=True)
+class AutoscaleSpec:
+    """``ClusterConfig.autoscale``: which policy, how often, and the cold start."""
+
+    policy: str = "concurrency"
+    interval_s: float = 10.0
+    cold_start_s: float = 60.0
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> "AutoscaleSpec":
+        where = "cluster.autoscale"
+        unknown = sorted(set(raw) - {"policy", "interval_s", "cold_start_s", "args"})
+        if unknown:
+            raise UserError(f"unknown setting {unknown[0]!r} (known: policy, interval_s, cold_start_s, args)", where)
+        spec = cls(**{k: v for k, v in raw.items() if k != "args"}, args=dict(raw.get("args") or {}))
+        if not spec.interval_s > 0 or spec.cold_start_s < 0:
+            raise UserError("interval_s must be > 0 and cold_start_s >= 0", where)
+        spec.make()
+        return spec
+
+    def make(self) -> Autoscaler:
+        where = "cluster.autoscale.policy"
+        if self.policy in BUILTIN_AUTOSCALERS:
+            cls: Any = BUILTIN_AUTOSCALERS[self.policy]
+        elif ":" in self.policy:
+            mod, _, attr = self.policy.partition(":")
+            try:
+                cls = getattr(importlib.import_module(mod), attr)
+            except (ImportError, AttributeError) as exc:
+                raise UserError(f"cannot load autoscaler {self.policy!r}: {exc}", where) from None
+            if not (isinstance(cls, type) and issubclass(cls, Autoscaler)):
+                raise UserError(f"{self.policy!r} is not an Autoscaler subclass", where)
+        else:
+            raise UserError(f"unknown autoscaler {self.policy!r} (known: {', '.join(BUILTIN_AUTOSCALERS)}, "
+                            f"or package.module:Class)", where)
+        try:
+            return cls(**dict(self.args))
+        except (TypeError, ValueError) as exc:
+            raise UserError(f"autoscaler {self.policy!r}: {exc}", "cluster.autoscale.args") from None

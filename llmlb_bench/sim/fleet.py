@@ -1,0 +1,121 @@
+"""The fleet: a run's replicas, the router's view of them, and their life cycle.
+
+Replicas are created from the configured pools at the start and by the
+autoscaler later; they fail and recover, drain and retire. The fleet keeps
+``View.targets`` and the view's per-target lists in step with the replicas
+(targets are only appended, so indices stay valid) and ``View.healthy[i]``
+equal to "routable": not starting, draining, down or retired.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.policies import TargetInfo, View
+from llmlb_bench.sim.autoscale import PoolStatus
+from llmlb_bench.sim.config import ClusterConfig, PoolConfig
+from llmlb_bench.sim.cost import CostModel
+from llmlb_bench.sim.replica import Replica
+from llmlb_bench.sim.scheduling import make_engine_scheduler
+
+
+def cost_model(pool: PoolConfig, catalogs: tuple[str, ...] = ()) -> CostModel:
+    return CostModel(pool.model_spec(catalogs), pool.gpu_spec(catalogs), pool.tp,
+                     max_num_batched_tokens=pool.max_num_batched_tokens, max_num_seqs=pool.max_num_seqs,
+                     gpu_memory_utilization=pool.gpu_memory_utilization, block_size=pool.block_size)
+
+
+def prefix_unit(pool: PoolConfig, trace_bs: int) -> tuple[int, int]:
+    """Prefix-cache granularity for a pool: (KV blocks per cached unit, trace hashes per unit).
+
+    A unit is the larger of the trace's hash block and the engine's KV block; one must divide the other.
+    """
+    bs = pool.block_size
+    if trace_bs % bs == 0:
+        return trace_bs // bs, 1
+    if bs % trace_bs == 0:
+        return 1, bs // trace_bs
+    raise UserError(f"the trace's prefix-hash block size {trace_bs} and the engine block size {bs} "
+                    f"must divide one another (or disable prefix caching)", f"cluster.pools[{pool.name}].block_size")
+
+
+def decode_capacity(cost: CostModel) -> float:
+    """Serving speed for ``TargetInfo.capacity``: decode tokens/s of a 64-request batch at 1k context."""
+    return 64 / cost.decode_time(64, 64 * 1024)
+
+
+class Fleet:
+    """Replicas by index (``r0``, ``r1``, ... in creation order) and the router's view of them."""
+
+    def __init__(self, cfg: ClusterConfig, trace_bs: int = 16, prefix_hashes: bool = False) -> None:
+        self.cfg = cfg
+        self.pools = {p.name: p for p in cfg.pool_configs()}
+        self._costs = {name: cost_model(p, cfg.catalogs) for name, p in self.pools.items()}
+        self._units = {name: (prefix_unit(p, trace_bs) if p.enable_prefix_caching and prefix_hashes
+                              and p.role != "decode" else (0, 1)) for name, p in self.pools.items()}
+        self._reference = decode_capacity(next(iter(self._costs.values())))
+        caching = any(u[0] for u in self._units.values())
+        self.replicas: list[Replica] = []
+        self.view = View(targets=[], block_size=trace_bs, cached_prefix=self.cached_prefix if caching else None)
+        #: called with each replica added after the start (results and series follow the fleet)
+        self.on_add: list[Callable[[Replica], None]] = []
+        for p in self.pools.values():
+            for _ in range(p.replicas):
+                self.add(p.name, 0.0)
+
+    def add(self, pool_name: str, now: float, starting: bool = False) -> Replica:
+        p = self.pools[pool_name]
+        i = len(self.replicas)
+        unit, stride = self._units[pool_name]
+        rep = Replica(i, f"r{i}", self._costs[pool_name], max_num_seqs=p.max_num_seqs,
+                      max_num_batched_tokens=p.max_num_batched_tokens, block_size=p.block_size,
+                      chunked_prefill=p.chunked_prefill, prefix_unit_blocks=unit, pool=p.name, role=p.role,
+                      scheduler=make_engine_scheduler(self.cfg.scheduler, self.cfg.scheduler_args),
+                      context_limit=p.max_model_len or p.model_spec(self.cfg.catalogs).max_context,
+                      hash_stride=stride, created_at=now)
+        rep.starting = starting
+        rep.t = now
+        self.replicas.append(rep)
+        v = self.view
+        v.targets.append(TargetInfo(name=rep.name, pool=p.name, gpu=p.gpu,
+                                    capacity=decode_capacity(rep.cost) / self._reference))
+        for name, zero in (("outstanding_requests", 0), ("outstanding_tokens", 0), ("waiting", 0),
+                           ("running", 0), ("kv_usage", 0.0), ("signal_time", now)):
+            getattr(v, name).append(zero)
+        v.healthy.append(rep.routable)
+        for hook in self.on_add:
+            hook(rep)
+        return rep
+
+    def refresh_health(self, rep: Replica) -> None:
+        self.view.healthy[rep.index] = rep.routable
+
+    def status(self) -> dict[str, PoolStatus]:
+        """Each pool's ready, starting and draining replicas (retired ones are gone)."""
+        out = {}
+        for name in self.pools:
+            members = [r for r in self.replicas if r.pool == name and r.retired_at is None]
+            out[name] = PoolStatus(name=name,
+                                   ready=tuple(r.index for r in members if not (r.starting or r.draining)),
+                                   starting=tuple(r.index for r in members if r.starting),
+                                   draining=tuple(r.index for r in members if r.draining))
+        return out
+
+    def cached_prefix(self, i: int, hashes: Sequence[int]) -> int:
+        """Leading trace blocks of ``hashes`` that replica ``i`` holds (``View.cached_prefix``)."""
+        rep = self.replicas[i]
+        if rep.cache is None:
+            return 0
+        stride = rep.hash_stride
+        units = rep.cache.resident(hashes if stride == 1 else hashes[stride - 1::stride])
+        return min(units * stride, len(hashes))
+
+    def gpu_hours_and_cost(self, end: float) -> tuple[float, float]:
+        """GPU-hours and on-demand dollars of every replica from its creation to its retirement (or ``end``)."""
+        hours = cost = 0.0
+        for r in self.replicas:
+            h = r.cost.tp * (min(end, r.retired_at if r.retired_at is not None else end) - r.created_at) / 3600.0
+            hours += h
+            cost += h * r.cost.gpu.price_per_hour
+        return hours, cost
