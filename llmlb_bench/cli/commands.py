@@ -8,3 +8,4 @@ from llmlb_bench.cli import gen  # noqa: F401
 from llmlb_bench.cli import trace  # noqa: F401
 from llmlb_bench.cli import replay  # noqa: F401
 from llmlb_bench.cli import sweep  # noqa: F401
+from llmlb_bench.cli import import_results  # noqa: F401

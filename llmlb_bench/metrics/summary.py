@@ -7,7 +7,8 @@ state from their modules. So any number in a report can be reproduced with
 ``llmlb query`` (docs/metrics.md gives the SQL).
 
 * duration = latest request end (last token, or send time for requests
-  that never produced a token) - earliest scheduled time;
+  that never produced a token) - earliest scheduled time (for imported
+  runs without a common clock: the duration the tool measured);
 * throughput = ok requests (output tokens) / duration;
 * attainment = good requests / all requests (failed ones count as not good);
 * goodput = good requests (their output tokens) / duration.
@@ -78,7 +79,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     methods = {name: fig.method for name, fig in figures(opt.definitions).items()}
     classes = by_group(cat, slo, "slo_class")
     tenants = by_group(cat, slo, "tenant")
-    durations = {k: _duration(c) for k, c in counts.items()}
+    durations = {k: _duration(c, metas[k]) for k, c in counts.items()}
     energy = energy_and_cost(cat, {k: {"meta": metas[k], "duration_s": durations[k],
                                        "output_tokens": counts[k]["output_tokens"],
                                        "good_tokens": counts[k]["good_tokens"]} for k in counts},
@@ -127,7 +128,11 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     return out
 
 
-def _duration(c: dict[str, Any]) -> float:
+def _duration(c: dict[str, Any], meta: dict[str, Any]) -> float:
+    """Request span; for imports whose requests each run on their own clock, the tool's measured duration."""
+    imported = (meta.get("summary") or {}).get("import") or {}
+    if imported.get("clock") == "per_request" and imported.get("duration_s"):
+        return float(imported["duration_s"])
     return (c["t1"] - c["t0"]) if c["t1"] is not None and c["t0"] is not None else 0.0
 
 
