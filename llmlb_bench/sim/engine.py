@@ -24,6 +24,7 @@ through ``View.cached_prefix``, and honours the policy's ``REJECT`` and
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import time
@@ -48,6 +49,8 @@ from llmlb_bench.sim.series import SeriesSampler
 _ARRIVE, _KV_ARRIVE, _FAIL, _RECOVER, _SCALE, _READY = 0, 1, 2, 3, 4, 5
 #: deliveries that are not work: the run ends when only these remain
 _LIFECYCLE = (_FAIL, _RECOVER, _SCALE, _READY)
+#: events between two collections of the youngest GC generation while automatic GC is paused
+_GC_EVERY = 100_000
 
 
 def _strings(col: pa.ChunkedArray, default: str) -> list[str]:
@@ -181,6 +184,8 @@ class Simulation:
             if now >= sampler.next_t:
                 sampler.sample_until(now)
             events += 1
+            if not events % _GC_EVERY:
+                gc.collect(0)
             if ta == now:
                 row = order[k]
                 k += 1
@@ -286,7 +291,7 @@ class Simulation:
         rep = self.replicas[i]
         error = self._admission_error(row, i)
         if error is None and not view.healthy[i]:
-            error = f"target {rep.name} is down"
+            error = f"target {rep.name} is " + ("down" if rep.down else "not in service (starting or removed)")
         if error is None and decode_target >= 0 and not self.replicas[decode_target].fits(
                 self.inp[row] + self.out[row] - 1):
             error = f"needs more KV blocks than decode target {self.replicas[decode_target].name} has"
@@ -543,9 +548,19 @@ def simulate(trace: pa.Table, cfg: ClusterConfig, policy: Any, run: Any, seed: i
     Returns a summary dict for run.json.
     """
     wall0 = time.perf_counter()
-    sim = Simulation(trace, cfg, policy, run, seed)
-    end = sim.run()
-    sim.sampler.sample_until(end, final=True)
-    sim.recorder.flush()
-    sim.sampler.flush()
-    return sim.summary(end, time.perf_counter() - wall0)
+    # The run keeps hundreds of thousands of small tuples alive (timelines, heaps); CPython's
+    # automatic collector would rescan them over and over (a third of the run time). The
+    # simulator makes no reference cycles per request, so the collector is paused and only
+    # the youngest generation (cycles a policy might make) is collected now and then.
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        sim = Simulation(trace, cfg, policy, run, seed)
+        end = sim.run()
+        sim.sampler.sample_until(end, final=True)
+        sim.recorder.flush()
+        sim.sampler.flush()
+        return sim.summary(end, time.perf_counter() - wall0)
+    finally:
+        if paused:
+            gc.enable()

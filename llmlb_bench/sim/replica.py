@@ -3,16 +3,17 @@
 The scheduler, per step: every running request in decode gets one token;
 running requests still in prefill get the rest of the step's token budget
 (``max_num_batched_tokens``) in admission order; then, if nothing was
-preempted, waiting requests are admitted first-come-first-served while a
-seat (``max_num_seqs``), budget and KV blocks remain, with chunked prefill.
+preempted, waiting requests are admitted in the engine scheduler's order
+(first come first served by default; see :mod:`llmlb_bench.policies.engine`)
+while a seat (``max_num_seqs``), budget and KV blocks remain, with chunked prefill.
 KV memory is paged: a request holds ceil(tokens / block_size) blocks and
 takes a new block whenever its next token starts one. With prefix caching,
 an admitted request first reuses the cached units its prompt hashes match
 (skipping their prefill), and its own full prompt units join the cache once
 computed. When a step cannot get the blocks it needs, the most recently
-admitted running request is preempted (recompute: its blocks are freed and
-it goes back to the head of the waiting queue, keeping the tokens it
-already streamed), as vLLM does.
+admitted running request (or the scheduler's victim) is preempted
+(recompute: its blocks are freed and it goes back to the head of the
+waiting queue, keeping the tokens it already streamed), as vLLM does.
 
 Why this is fast: between two events that change the batch (an arrival that
 can be admitted, a prefill chunk, a finish, a preemption, running out of
@@ -57,7 +58,7 @@ class Request:
 
     __slots__ = ("row", "route", "prompt", "out", "stop", "generated", "computed", "blocks", "ctx0", "step0",
                  "gen", "span_start", "spans", "preemptions", "cached", "hashes", "shared", "energy",
-                 "first_token_s", "prefill_target", "decode_target", "target")
+                 "first_token_s", "prefill_target", "decode_target", "target", "sched")
 
     def __init__(self, row: int, route: Any, prompt: int, out: int, hashes: Sequence[int] | None = None) -> None:
         self.row = row
@@ -82,6 +83,7 @@ class Request:
         self.prefill_target = -1
         self.decode_target = -1
         self.target = -1
+        self.sched: Any = None   # per-request state of a non-FCFS engine scheduler (e.g. its sort key)
 
 
 class Replica:
@@ -126,7 +128,8 @@ class Replica:
         self.t = 0.0                                 # time of the last boundary
         self.running: dict[Request, None] = {}       # admission order (the preemption victim is the last)
         self.prefilling: list[Request] = []          # running requests still in prefill, admission order
-        self.waiting: deque[Request] = deque()
+        # FCFS: a deque (the fast path); otherwise the scheduler's own queue (see policies.engine)
+        self.waiting: Any = deque() if self._fcfs else self.scheduler.make_queue(self)
         self.decoding = 0                            # running requests in decode
         self.context = 0                             # their total context for the next step
         self.phase = [0] * block_size                # decoders needing a new block at steps = p (mod bs)
@@ -259,8 +262,8 @@ class Replica:
         cache = self.cache
         for req, chunk in self.run_chunks:
             req.computed += chunk
-            if not self._fcfs:
-                self.scheduler.on_tokens(req, chunk, 0, self.t)
+            if not self._fcfs:   # a chunk that completes the prefill also samples a token
+                self.scheduler.on_tokens(req, chunk, int(req.computed == req.prompt + req.generated), self.t)
             if cache is not None and req.hashes is not None:
                 full = min(req.computed, req.prompt) // (self.bs * cache.unit_blocks)
                 if full > req.shared:
@@ -287,6 +290,8 @@ class Replica:
         self.phase[(s0 - c) % self.bs] += 1
         self.decoding += 1
         self.context += c + 1
+        if not self._fcfs:
+            self.scheduler.on_decode(req)
         self._seq += 1
         heappush(self.finish_heap, (s0 + req.stop - req.generated - 1, self._seq, req, req.gen))
 
@@ -363,7 +368,7 @@ class Replica:
         if self._fcfs:
             self.waiting.appendleft(req)
         else:
-            self.waiting.append(req)
+            self.waiting.requeue(req)
         return req, decoding and phase_hit
 
     def drain(self, t: float) -> list[Request]:
@@ -431,13 +436,12 @@ class Replica:
             free -= nb
             budget -= chunk
             chunks.append((req, chunk))
-        # 3. waiting requests, first come first served, only if nothing was preempted this step
+        # 3. waiting requests in the scheduler's order, only if nothing was preempted this step
         if not preempted:
             waiting = self.waiting
             cache = self.cache
             while waiting and budget > 0 and len(self.running) < self.max_seqs:
-                pos = 0 if self._fcfs else self.scheduler.pick(waiting, self.t)
-                req = waiting[pos]
+                req = waiting[0] if self._fcfs else waiting.head(self.t)
                 hit = revive = 0
                 if cache is not None and req.hashes is not None and req.computed == 0:
                     unit = bs * cache.unit_blocks
@@ -453,10 +457,10 @@ class Replica:
                 nb = -(-(computed + chunk) // bs) - held
                 if nb + revive > free:
                     break
-                if pos:
-                    del waiting[pos]
-                else:
+                if self._fcfs:
                     waiting.popleft()
+                else:
+                    waiting.pop_head()
                 if hit:
                     self.used += cache.acquire(req.hashes, hit)
                     req.shared = hit

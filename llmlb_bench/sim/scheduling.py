@@ -1,82 +1,30 @@
-"""Engine-level scheduling: the order in which a replica admits waiting requests and the
-victim it preempts when KV blocks run out.
+"""How the simulator finds a replica's engine scheduler: a built-in by name, or a
+user's class by ``package.module:Class``.
 
-vLLM v1 has two orders, both built in here:
-
-* ``fcfs`` (default): admit in arrival order; preempt the most recently admitted
-  running request; a preempted request goes back to the head of the queue.
-* ``priority`` (``--scheduling-policy priority``): admit the smallest
-  ``(priority, arrival)`` first; preempt the running request with the largest
-  ``(priority, arrival)``; a preempted request rejoins the queue by its key.
-
-Other engine-level policies (shortest predicted job first, fairness counters,
-deadlines) subclass :class:`EngineScheduler` and are named by a dotted path
-``package.module:Class`` in ``ClusterConfig.scheduler``. The replica calls
-
-* ``pick(waiting, now)``: index into ``waiting`` (in arrival order) of the request to
-  try next; the replica stops admitting when that one does not fit (no skipping,
-  like vLLM);
-* ``victim(running, now)``: the running request (in admission order) to preempt;
-* ``on_tokens(req, prompt_tokens, output_tokens, now)``: tokens just computed for
-  ``req`` (a prefill chunk, or a request's decode tokens when it leaves the batch),
-  for policies that keep per-tenant service counters.
-
-``FCFS`` is the replica's built-in fast path; any other scheduler keeps the
-waiting queue as a list, which costs O(waiting) per admission.
+The schedulers themselves (the interface, FCFS, vLLM's priority order, predicted
+SJF, VTC, deadline) are policies and live in :mod:`llmlb_bench.policies.engine`.
+Each replica gets its own instance, because a scheduler keeps per-replica state
+(its waiting queue, service counters, predictor stream).
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any, ClassVar, Mapping, Sequence
+import inspect
+from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.policies.engine import ENGINE_SCHEDULERS, EngineScheduler
+from llmlb_bench.policies.registry import check_param_type
+
+__all__ = ["ENGINE_SCHEDULERS", "EngineScheduler", "make_engine_scheduler", "scheduler_class"]
 
 
-class EngineScheduler:
-    """FCFS: the base class, and vLLM's default order."""
-
-    name: ClassVar[str] = "fcfs"
-    #: whether the replica may use its deque fast path (only FCFS)
-    fcfs: ClassVar[bool] = True
-
-    def pick(self, waiting: Sequence[Any], now: float) -> int:
-        return 0
-
-    def victim(self, running: Sequence[Any], now: float) -> Any:
-        return running[-1]
-
-    def on_tokens(self, req: Any, prompt_tokens: int, output_tokens: int, now: float) -> None:
-        return None
-
-
-class PriorityScheduler(EngineScheduler):
-    """vLLM's priority scheduling: lower ``priority`` values first, then earlier arrivals."""
-
-    name = "priority"
-    fcfs = False
-
-    @staticmethod
-    def _key(req: Any) -> tuple[int, float, int]:
-        r = req.route
-        return (r.priority, r.arrival_s, r.request_id)
-
-    def pick(self, waiting: Sequence[Any], now: float) -> int:
-        return min(range(len(waiting)), key=lambda i: self._key(waiting[i]))
-
-    def victim(self, running: Sequence[Any], now: float) -> Any:
-        return max(running, key=self._key)
-
-
-BUILTIN_SCHEDULERS: dict[str, type[EngineScheduler]] = {c.name: c for c in (EngineScheduler, PriorityScheduler)}
-
-
-def make_engine_scheduler(name: str, args: Mapping[str, Any] | None = None) -> EngineScheduler:
-    """A built-in scheduler by name, or a user's class by ``package.module:Class``."""
+def scheduler_class(name: str) -> type[EngineScheduler]:
     where = "cluster.scheduler"
-    if name in BUILTIN_SCHEDULERS:
-        cls: Any = BUILTIN_SCHEDULERS[name]
-    elif ":" in name:
+    if name in ENGINE_SCHEDULERS:
+        return ENGINE_SCHEDULERS[name]
+    if ":" in name:
         mod, _, attr = name.partition(":")
         try:
             cls = getattr(importlib.import_module(mod), attr)
@@ -84,10 +32,23 @@ def make_engine_scheduler(name: str, args: Mapping[str, Any] | None = None) -> E
             raise UserError(f"cannot load engine scheduler {name!r}: {exc}", where) from None
         if not (isinstance(cls, type) and issubclass(cls, EngineScheduler)):
             raise UserError(f"{name!r} is not an EngineScheduler subclass", where)
-    else:
-        raise UserError(f"unknown engine scheduler {name!r} (known: {', '.join(BUILTIN_SCHEDULERS)}, "
-                        f"or package.module:Class)", where)
+        return cls
+    raise UserError(f"unknown engine scheduler {name!r} (known: {', '.join(ENGINE_SCHEDULERS)}, "
+                    f"or package.module:Class)", where)
+
+
+def make_engine_scheduler(name: str, args: Mapping[str, Any] | None = None,
+                          seed: int | None = None) -> EngineScheduler:
+    """A new scheduler instance; ``seed`` (the run's) goes to a scheduler that takes one
+    unless ``args`` sets it, as for routing policies."""
+    cls = scheduler_class(name)
+    args = dict(args or {})
+    for key, value in args.items():
+        if key in cls.params:
+            check_param_type(f"engine scheduler {name!r}", key, value, cls.params[key][0], "cluster.scheduler_args")
+    if seed is not None and "seed" not in args and "seed" in inspect.signature(cls.__init__).parameters:
+        args["seed"] = seed
     try:
-        return cls(**dict(args or {}))
-    except TypeError as exc:
+        return cls(**args)
+    except (TypeError, ValueError) as exc:
         raise UserError(f"engine scheduler {name!r}: {exc}", "cluster.scheduler_args") from None
