@@ -15,7 +15,6 @@ import argparse
 import math
 import sys
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -48,9 +47,11 @@ def _run(arrival: np.ndarray, prompt, output, cfg: ClusterConfig, policy: str, a
 
 
 def _service(cfg: ClusterConfig) -> np.ndarray:
+    """Service time of a lone 1-token-prompt request by output length (index), from the cost model."""
     cost = cost_model(cfg.pool_configs()[0])
-    decode = np.cumsum([cost.decode_time(1, j + 2) for j in range(3000)])
-    return np.concatenate([[0.0, 0.0], decode[:2998]]) + np.r_[0.0, np.full(2999, cost.step(1, 1.0, 1, 0, 0, 1).total)]
+    prefill = cost.step(1, 1.0, 1, 0, 0, 1).total
+    decode = [cost.decode_time(1, j + 2) for j in range(3000)]
+    return np.concatenate([[0.0], prefill + np.concatenate([[0.0], np.cumsum(decode)])[:2999]])
 
 
 def _report(name: str, rho: float, waits: list[float], theory: float) -> None:

@@ -186,10 +186,6 @@ class Replica:
             return self._pre_energy + self._pre_power * (t - self._pre_start)
         return self.energy_j + self.run_power * (t - self.run_start)
 
-    def cached_prefix(self, hashes: Sequence[int]) -> int:
-        """Leading prefix-cache units of ``hashes`` resident now."""
-        return self.cache.resident(hashes) if self.cache is not None else 0
-
     def oldest_needed_step(self) -> int:
         """The first step whose timeline entry an unfinished request still needs."""
         oldest = self.step + 1

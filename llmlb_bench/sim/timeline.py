@@ -15,6 +15,7 @@ requests at once with NumPy, so no Python code runs per token.
 from __future__ import annotations
 
 from bisect import bisect_right
+from itertools import chain
 from operator import itemgetter
 
 import numpy as np
@@ -34,9 +35,6 @@ class Timeline:
     def __init__(self) -> None:
         self.runs: list[tuple[int, float, float, int, float]] = []
 
-    def __len__(self) -> int:
-        return len(self.runs)
-
     def truncate_last(self, count: int) -> None:
         """The run in flight ends after ``count`` steps instead of the planned number (0: none)."""
         if count == 0:
@@ -53,7 +51,7 @@ class Timeline:
 
     def arrays(self) -> Columns:
         """The runs as NumPy columns."""
-        a = np.array(self.runs, dtype=np.float64).reshape(-1, 5)
+        a = np.fromiter(chain.from_iterable(self.runs), dtype=np.float64, count=5 * len(self.runs)).reshape(-1, 5)
         return (a[:, 0].astype(np.int64), a[:, 1].copy(), a[:, 2].copy(), a[:, 3].astype(np.int64), a[:, 4].copy())
 
 
