@@ -185,6 +185,17 @@ def test_heterogeneous_pools_serve_at_their_own_speed(tmp_path):
     assert e2e[0] < 0.75 * e2e[1]
 
 
+def test_engine_defaults_follow_vllm_per_gpu_class():
+    pools = {p.gpu: p for p in ClusterConfig(pools=[{"name": "a", "gpu": "a100-80g"}, {"name": "h", "gpu": "h100-sxm"},
+                                                    {"name": "l", "gpu": "l4"}]).pool_configs()}
+    assert (pools["a100-80g"].max_num_batched_tokens, pools["a100-80g"].max_num_seqs) == (2048, 256)
+    assert (pools["h100-sxm"].max_num_batched_tokens, pools["h100-sxm"].max_num_seqs) == (8192, 1024)
+    assert (pools["l4"].max_num_batched_tokens, pools["l4"].max_num_seqs) == (2048, 256)
+    unchunked = ClusterConfig(chunked_prefill=False).pool_configs()[0]
+    assert unchunked.max_num_batched_tokens == 8192, "the model length, so any prompt fits one step"
+    assert ClusterConfig(max_num_seqs=64).pool_configs()[0].max_num_seqs == 64
+
+
 def test_pool_settings_are_validated():
     with pytest.raises(UserError, match="unknown pool setting 'gpus'") as e:
         ClusterConfig(pools=[{"gpus": "h100-sxm"}])
@@ -312,7 +323,8 @@ def test_priority_scheduling_admits_urgent_requests_first(tmp_path):
 
 
 def test_priority_scheduling_preempts_the_least_urgent(tmp_path, tiny_kv_catalog):
-    cfg = dict(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, catalogs=(tiny_kv_catalog,))
+    cfg = dict(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, catalogs=(tiny_kv_catalog,),
+               max_num_batched_tokens=8192, max_num_seqs=256)
     # three long requests that cannot all keep growing in 631 blocks; the middle one is least urgent
     table = trace(np.array([0.0, 0.01, 0.02]), 2000, 2000, priority=pa.array([0, 5, 0], pa.int8()))
     fcfs = by_request_id(run_sim(tmp_path, table, ClusterConfig(**cfg), run_id="f")[0])
@@ -346,8 +358,8 @@ def test_custom_engine_scheduler_by_dotted_path(tmp_path):
     assert ClusterConfig.from_dict(cfg.to_dict()) == cfg
     req = run_sim(tmp_path, table, cfg)[0]
     assert _service_order(req) == [0, 2, 3, 1]
-    with pytest.raises(UserError, match="unknown engine scheduler 'sjf'"):
-        ClusterConfig(scheduler="sjf")
+    with pytest.raises(UserError, match="unknown engine scheduler 'lifo'"):
+        ClusterConfig(scheduler="lifo")
     with pytest.raises(UserError, match="not an EngineScheduler"):
         ClusterConfig(scheduler="test_sim_features:NotAScheduler")
     with pytest.raises(UserError, match="unexpected keyword"):

@@ -111,7 +111,7 @@ class EarliestDeadlineFirst(RouterQueue):
         if deadline_s <= 0:
             raise ValueError(f"deadline_s must be > 0 (got {deadline_s})")
         self.deadline_s, self.deadlines, self.drop_late = deadline_s, deadlines, drop_late
-        self._by_class = _parse_deadlines(deadlines)
+        self._by_class = parse_deadlines(deadlines)
 
     def deadline(self, req: RouteRequest) -> float:
         return req.arrival_s + self._by_class.get(req.slo_class, self.deadline_s)
@@ -148,7 +148,8 @@ class PredictedShortestFirst(RouterQueue):
         return float(self.oracle.predict(req.max_output_tokens))
 
 
-def _parse_deadlines(text: str) -> dict[str, float]:
+def parse_deadlines(text: str) -> dict[str, float]:
+    """``'interactive=0.5,batch=60'`` -> ``{'interactive': 0.5, 'batch': 60.0}`` (seconds per slo_class)."""
     out: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         cls, sep, value = part.partition("=")

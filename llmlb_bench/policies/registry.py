@@ -86,7 +86,7 @@ def make_policy(name: str, args: Mapping[str, Any] | None = None, seed: int | No
         raise UserError(f"policy {name!r} has no parameter {unknown[0]!r} (parameters: {known})", "--policy-arg")
     for key, value in args.items():
         if key in cls.params:
-            _check_type(name, key, value, cls.params[key][0])
+            check_param_type(f"policy {name!r}", key, value, cls.params[key][0])
     if seed is not None and "seed" in sig.parameters and "seed" not in args:
         args["seed"] = seed
     try:
@@ -121,11 +121,12 @@ def args_per_policy(names: list[str], args: Mapping[str, Any]) -> dict[str, dict
     return out
 
 
-def _check_type(policy: str, key: str, value: Any, default: Any) -> None:
-    """A value must have its default's type; an int is accepted where a float is expected."""
+def check_param_type(what: str, key: str, value: Any, default: Any, where: str = "--policy-arg") -> None:
+    """A value must have its default's type; an int is accepted where a float is expected.
+    ``what`` names the owner in the message, e.g. ``"policy 'random'"``."""
     want = type(default)
     ok = isinstance(value, want) and (want is bool or not isinstance(value, bool))
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         ok = True
     if not ok:
-        raise UserError(f"policy {policy!r}: parameter {key!r} expects {want.__name__}, got {value!r}", "--policy-arg")
+        raise UserError(f"{what}: parameter {key!r} expects {want.__name__}, got {value!r}", where)
