@@ -70,7 +70,8 @@ memory_power_fraction = 0.6
 
 
 def test_kv_never_over_capacity_and_preemption_recomputes(tmp_path, tiny_kv_catalog, monkeypatch):
-    cfg = ClusterConfig(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, catalogs=(tiny_kv_catalog,))
+    cfg = ClusterConfig(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, catalogs=(tiny_kv_catalog,),
+                        max_num_batched_tokens=8192, max_num_seqs=256)
     checked = []
     original = replica_mod.Replica.boundary
 
@@ -107,7 +108,7 @@ def _blocks_held(rep, r) -> int:
 
 def test_requests_that_never_fit_are_rejected_with_a_reason(tmp_path, tiny_kv_catalog):
     cfg = ClusterConfig(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, catalogs=(tiny_kv_catalog,),
-                        max_model_len=16384)
+                        max_model_len=16384, max_num_batched_tokens=8192, max_num_seqs=256)
     # 631 blocks of 16 tokens = 10096 KV slots
     table = trace(np.array([0.0, 0.1, 0.2, 0.3, 0.4]), [100, 10000, 20000, 100, 9000], [10, 100, 10, 0, 1000])
     req = by_request_id(run_sim(tmp_path, table, cfg)[0])
@@ -123,7 +124,7 @@ def test_decode_runs_sum_to_the_step_by_step_time(tmp_path):
     """A lone request: prefill step + (output - 1) decode steps, each from the roofline at its own context.
     The simulator advances the decode steps as runs timed at their mean context; the smooth roofline
     is nearly linear in the context within a run, so the total matches to a few parts per million."""
-    cfg = ClusterConfig(replicas=1)
+    cfg = ClusterConfig(replicas=1, max_num_batched_tokens=8192)
     req = run_sim(tmp_path, trace(np.array([0.0]), 3000, 2000), cfg)[0].to_pylist()[0]
     cost = CostModel(cfg.model_spec, cfg.gpu_spec, 1)
     expected = cost.step(3000, 3000 * (3000 + 1) / 2, 3000, 0, 0, 1).total

@@ -72,10 +72,10 @@ class ClusterConfig:
     model: str = "llama-3-8b"
     #: tensor-parallel degree: GPUs per replica
     tp: int = 1
-    #: vLLM ``max_num_seqs``: at most this many requests in the running batch
-    max_num_seqs: int = 256
-    #: vLLM ``max_num_batched_tokens``: token budget of one engine step
-    max_num_batched_tokens: int = 8192
+    #: vLLM ``max_num_seqs``: at most this many requests in the running batch (None: vLLM's default for the GPU)
+    max_num_seqs: int | None = None
+    #: vLLM ``max_num_batched_tokens``: token budget of one engine step (None: vLLM's default for the GPU)
+    max_num_batched_tokens: int | None = None
     #: KV-cache block size in tokens
     block_size: int = 16
     #: fraction of GPU memory the engine may use for weights, activations and KV cache
@@ -164,6 +164,15 @@ class ClusterConfig:
                 raise UserError(f"unknown pool setting {unknown[0]!r} (known: name, role, {', '.join(POOL_FIELDS)})",
                                 where)
             values = {k: given.get(k, getattr(self, k)) for k in POOL_FIELDS}
+            if values["max_num_seqs"] is None or values["max_num_batched_tokens"] is None:
+                cat = load_catalog(self.catalogs)
+                tokens, seqs = vllm_batch_defaults(cat.gpu(values["gpu"], f"{where}.gpu"))
+                if not values["chunked_prefill"]:
+                    # vLLM without chunked prefill: a step must hold any prompt whole
+                    tokens = max(values["max_model_len"] or cat.model(values["model"], f"{where}.model").max_context,
+                                 seqs)
+                values["max_num_seqs"] = values["max_num_seqs"] or seqs
+                values["max_num_batched_tokens"] = values["max_num_batched_tokens"] or tokens
             name = str(given.get("name", "default" if not self.pools else f"pool{i}"))
             role = given.get("role", name if name in ("prefill", "decode") else "mixed")
             if role not in ROLES:
@@ -221,6 +230,16 @@ class ClusterConfig:
             if k in kwargs:
                 kwargs[k] = tuple(kwargs[k])
         return cls(**kwargs)
+
+
+def vllm_batch_defaults(gpu: GPU) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) that vLLM v1 picks for an OpenAI-compatible server
+    (vllm/engine/arg_utils.py, ``get_batch_defaults``): GPUs with at least 70 GiB other than the
+    A100 (H100, H200, MI300X, B200) get 8192 and 1024; the others 2048 and 256 (a larger budget
+    lowered A100 throughput, vLLM PR #17885)."""
+    if gpu.memory_gib >= 70 and "a100" not in gpu.name:
+        return 8192, 1024
+    return 2048, 256
 
 
 def _check_engine(p: PoolConfig, where: str, catalogs: tuple[str, ...]) -> None:
