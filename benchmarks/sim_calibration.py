@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from llmlb_bench.sim import load_catalog
-from llmlb_bench.sim.calibrate import error_table, find_vidur_profiles, fit_efficiency
+from llmlb_bench.sim.calibrate import (error_table, find_vidur_all_reduce, find_vidur_profiles, fit_all_reduce,
+                                        fit_efficiency, predict_all_reduce)
 
 ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "profiles" / "vidur"
 
@@ -45,6 +46,18 @@ def main(root: Path) -> None:
         for r in error_table([p for p in profiles if p.gpu == gpu], settings):
             print(f"| {r['gpu']} | {r['model']} | {r['setting']} | {r['mean_pct']:.1f}% | {r['p90_pct']:.1f}% "
                   f"| {r['small_batch_pct']:.1f}% | {r['large_batch_pct']:.1f}% |")
+
+
+    print()
+    print("| GPU | all-reduce fit | error with datasheet bandwidth | fitted error (mean / p90) |")
+    print("|---|---|---|---|")
+    datasheet = {"a100-80g": 300.0, "h100-sxm": 450.0}
+    for p in find_vidur_all_reduce(root):
+        lat, bw = fit_all_reduce(p)
+        before = abs(predict_all_reduce(p, lat, datasheet[p.gpu]) / p.seconds - 1)
+        after = abs(predict_all_reduce(p, lat, bw) / p.seconds - 1)
+        print(f"| {p.gpu} | {lat:g} us + message / {bw:g} GB/s | {100 * before.mean():.1f}% "
+              f"| {100 * after.mean():.1f}% / {100 * sorted(after)[int(0.9 * len(after))]:.1f}% |")
 
 
 if __name__ == "__main__":

@@ -79,3 +79,26 @@ def test_bad_profile_is_a_one_line_error(tmp_path):
     assert e.value.where == str(path)
     with pytest.raises(UserError, match="cannot read profile"):
         read_vidur_mlp(tmp_path / "absent.csv", "a100-80g", "llama-2-7b")
+
+
+def test_all_reduce_model_fits_the_measured_collectives(shared_data):
+    from llmlb_bench.sim.calibrate import find_vidur_all_reduce, fit_all_reduce, predict_all_reduce
+
+    profiles = find_vidur_all_reduce(shared_data / "profiles" / "vidur")
+    if not profiles:
+        pytest.skip("no Vidur all_reduce profiles under ../shared/data/profiles/vidur/network")
+    cat = load_catalog()
+    for p in profiles:
+        g = cat.gpus[p.gpu]
+        assert fit_all_reduce(p) == (g.link_latency_us, g.link_gb_s)
+        err = np.abs(predict_all_reduce(p, g.link_latency_us, g.link_gb_s) / p.seconds - 1)
+        assert err.mean() < 0.12 and set(np.unique(p.gpus)) == {2, 4, 8}
+
+
+def test_bad_all_reduce_profile_is_a_one_line_error(tmp_path):
+    from llmlb_bench.sim.calibrate import read_vidur_all_reduce
+
+    path = tmp_path / "all_reduce.csv"
+    path.write_text("size,num_workers\n1,2\n")
+    with pytest.raises(UserError, match="missing column 'time_stats.all_reduce.median'"):
+        read_vidur_all_reduce(path, "a100-80g")

@@ -13,7 +13,12 @@ it is compute-bound (time ~ FLOPs / peak).
 The profiles are Vidur's (microsoft/vidur, ``data/profiling/compute/<gpu>/<model>/mlp.csv``):
 per-operator times in milliseconds for one layer, by ``num_tokens`` and
 ``num_tensor_parallel_workers``. The fit minimises the mean absolute log
-error of the predicted layer time over every row, on a grid of both factors.
+error of the predicted layer time over every row.
+
+Tensor parallelism adds two all-reduces per layer; their latency and
+effective bandwidth (``link_latency_us``, ``link_gb_s``) are fitted the same
+way to Vidur's ``network/<node>/all_reduce.csv`` (time by message size and
+number of GPUs within one node).
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ import numpy as np
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim.catalog import GPU, Model, load_catalog
+from llmlb_bench.sim.cost import all_reduce_bytes_factor
 
 #: Vidur's folder names -> catalog names
 VIDUR_GPUS = {"a100": "a100-80g", "h100": "h100-sxm"}
+VIDUR_NODES = {"a100_dgx": "a100-80g", "h100_dgx": "h100-sxm"}
 VIDUR_MODELS = {"Llama-2-7b-hf": "llama-2-7b", "Meta-Llama-3-8B": "llama-3-8b", "Meta-Llama-3-70B": "llama-3-70b"}
 #: the operators of one layer outside attention (the embedding lookup is once per model, not per layer)
 LAYER_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
@@ -184,3 +191,61 @@ def error_table(profiles: Sequence[Profile], settings: dict[str, tuple[float, fl
                          "small_batch_pct": 100 * float(rel[small].mean()),
                          "large_batch_pct": 100 * float(rel[~small].mean())})
     return rows
+
+
+# ---- tensor-parallel all-reduce --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class AllReduceProfile:
+    """Measured all-reduce times (seconds) within one node, by message bytes and GPU count."""
+
+    gpu: str
+    gpus: np.ndarray
+    nbytes: np.ndarray
+    seconds: np.ndarray
+
+
+def read_vidur_all_reduce(path: str | Path, gpu: str) -> AllReduceProfile:
+    """Read Vidur's ``all_reduce.csv`` (``size`` in fp16 elements, median time in ms), keeping
+    the rows where all GPUs sit in one node (tensor parallelism does not cross nodes)."""
+    path = Path(path)
+    try:
+        with path.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as exc:
+        raise UserError(f"cannot read profile ({exc.strerror})", path) from None
+    need = ("time_stats.all_reduce.median", "num_workers", "size", "devices_per_node")
+    missing = next((c for c in need if not rows or c not in rows[0]), None)
+    if missing:
+        raise UserError(f"not a Vidur all_reduce.csv profile: missing column {missing!r}", path)
+    try:
+        rows = [r for r in rows if r["num_workers"] == r["devices_per_node"]]
+        return AllReduceProfile(gpu=gpu, gpus=np.array([int(r["num_workers"]) for r in rows]),
+                                nbytes=np.array([2.0 * int(r["size"]) for r in rows]),
+                                seconds=np.array([float(r["time_stats.all_reduce.median"]) / 1e3 for r in rows]))
+    except ValueError as exc:
+        raise UserError(f"bad number in profile ({exc})", path) from None
+
+
+def find_vidur_all_reduce(root: str | Path) -> list[AllReduceProfile]:
+    """Every ``network/<node>/all_reduce.csv`` under ``root`` whose node type the catalog maps."""
+    return [read_vidur_all_reduce(p, VIDUR_NODES[p.parts[-2]])
+            for p in sorted(Path(root).glob("network/*/all_reduce.csv")) if p.parts[-2] in VIDUR_NODES]
+
+
+def predict_all_reduce(p: AllReduceProfile, latency_us: float, gb_s: float) -> np.ndarray:
+    """The cost model's all-reduce: a fixed latency plus 2 (n-1)/n of the message over the link."""
+    return latency_us * 1e-6 + all_reduce_bytes_factor(p.gpus) * p.nbytes / (gb_s * 1e9)
+
+
+def fit_all_reduce(p: AllReduceProfile) -> tuple[float, float]:
+    """(link_latency_us, link_gb_s) minimising the mean absolute log error; whole us and GB/s."""
+    from scipy.optimize import minimize
+
+    def loss(x: np.ndarray) -> float:
+        lat, bw = max(float(x[0]), 0.0), max(float(x[1]), 1.0)
+        return float(np.abs(np.log(predict_all_reduce(p, lat, bw) / p.seconds)).mean())
+
+    res = minimize(loss, np.array([10.0, 200.0]), method="Nelder-Mead",
+                   options={"xatol": 1e-3, "fatol": 1e-8, "maxiter": 4000})
+    return float(round(max(res.x[0], 0.0))), float(round(max(res.x[1], 1.0)))

@@ -103,6 +103,9 @@ class ClusterConfig:
     #: engine-level order of admission and preemption: "fcfs", "priority" (vLLM's), or package.module:Class
     scheduler: str = "fcfs"
     scheduler_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: seconds between two scrapes of the replicas' waiting / running / KV-usage signals that routers
+    #: read from the View (0 = fresh at every event); the router's own accounting is always exact
+    signal_refresh_s: float = 0.0
     #: simulated seconds between two samples of series.parquet
     series_interval_s: float = 1.0
     #: ``token_times`` per request: "segments" = one segment per run of equal steps (exact token
@@ -121,8 +124,9 @@ class ClusterConfig:
         for name in ("kv_link_gb_s", "series_interval_s", "mttr_s"):
             if not getattr(self, name) > 0:
                 raise UserError(f"must be > 0, got {getattr(self, name)!r}", f"cluster.{name}")
-        if self.kv_link_latency_ms < 0:
-            raise UserError("must be >= 0", "cluster.kv_link_latency_ms")
+        for name in ("kv_link_latency_ms", "signal_refresh_s"):
+            if not getattr(self, name) >= 0:
+                raise UserError(f"must be >= 0, got {getattr(self, name)!r}", f"cluster.{name}")
         if self.mtbf_s is not None and not self.mtbf_s > 0:
             raise UserError("must be > 0 (or unset)", "cluster.mtbf_s")
         if self.token_times not in TOKEN_TIMES:

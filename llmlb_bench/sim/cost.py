@@ -38,6 +38,13 @@ from llmlb_bench.sim.catalog import GPU, Model
 GIB = float(1 << 30)
 #: memory the engine needs besides weights, activations and KV: CUDA context, NCCL buffers, CUDA graphs
 NON_TORCH_BYTES = 1.0 * GIB
+#: bytes per activation element (bf16 hidden states)
+ACTIVATION_BYTES = 2
+
+
+def all_reduce_bytes_factor(tp: int) -> float:
+    """Bytes a ring all-reduce moves over each GPU's link per byte of message: 2 (tp - 1) / tp."""
+    return 2 * (tp - 1) / tp
 
 
 @dataclass(frozen=True)
@@ -86,10 +93,11 @@ class CostModel:
         kv_shards = 1 if model.kv_lora_rank else min(tp, model.kv_heads)
         self.kv_bytes_per_token = model.kv_bytes_per_token / kv_shards
         self.overhead_s = gpu.step_overhead_ms / 1000.0 + model.layers * gpu.layer_latency_us * 1e-6
-        # Two all-reduces of the hidden state per layer (after attention and after the MLP), ring algorithm.
+        # Two all-reduces of the hidden state per layer (after attention and after the MLP), each
+        # costing a fixed latency plus the ring's 2 (tp-1)/tp of the message over the link bandwidth.
         if tp > 1:
-            self._ar_fixed = 2 * model.layers * (2 * (tp - 1)) * gpu.link_latency_us * 1e-6
-            self._ar_per_token = (2 * model.layers * 2 * (tp - 1) / tp * model.hidden * model.kv_bytes
+            self._ar_fixed = 2 * model.layers * gpu.link_latency_us * 1e-6
+            self._ar_per_token = (2 * model.layers * all_reduce_bytes_factor(tp) * model.hidden * ACTIVATION_BYTES
                                   / (gpu.link_gb_s * 1e9))
         else:
             self._ar_fixed = self._ar_per_token = 0.0

@@ -17,9 +17,12 @@ Routing goes through the shared :class:`~llmlb_bench.policies.View`: the
 simulator keeps the router's own accounting (``on_dispatch`` / ``on_finish``;
 per phase under disaggregation), refreshes each replica's waiting / running /
 KV-usage signals at each of its boundaries and at each dispatch (so
-``signal_time`` is always now), publishes exact prefix-cache contents
-through ``View.cached_prefix``, and honours the policy's ``REJECT`` and
-``HOLD`` answers (draining ``release`` after every hold and completion).
+``signal_time`` is always now) or, with ``signal_refresh_s`` > 0, only when a
+scraper would read them (at multiples of the interval, all replicas at once,
+as of that instant: routers then act on stale signals, as real ones do),
+publishes exact prefix-cache contents through ``View.cached_prefix``, and
+honours the policy's ``REJECT`` and ``HOLD`` answers (draining ``release``
+after every hold and completion).
 """
 
 from __future__ import annotations
@@ -51,6 +54,18 @@ _ARRIVE, _KV_ARRIVE, _FAIL, _RECOVER, _SCALE, _READY = 0, 1, 2, 3, 4, 5
 _LIFECYCLE = (_FAIL, _RECOVER, _SCALE, _READY)
 #: events between two collections of the youngest GC generation while automatic GC is paused
 _GC_EVERY = 100_000
+
+
+class _Unread:
+    """Stands in for a View signal list between scrapes: writes to it are dropped."""
+
+    __slots__ = ()
+
+    def __setitem__(self, i: int, value: Any) -> None:
+        return None
+
+
+_UNREAD = _Unread()
 
 
 def _strings(col: pa.ChunkedArray, default: str) -> list[str]:
@@ -116,6 +131,11 @@ class Simulation:
         if self._disagg and not hasattr(policy, "choose_pair"):
             raise UserError(f"policy {getattr(policy, 'name', policy)!r} cannot route a disaggregated cluster "
                             f"(it has no choose_pair); try pd_pair", "--policy")
+        # scraped signals: written at every event when fresh; else only by _scrape, every signal_refresh_s
+        self._refresh = cfg.signal_refresh_s
+        view = self.view
+        self._sig: tuple[Any, Any, Any, Any] = ((view.waiting, view.running, view.kv_usage, view.signal_time)
+                                                if self._refresh == 0 else (_UNREAD,) * 4)
         self._schedule_failures()
         self.autoscale = AutoscaleSpec.parse(cfg.autoscale) if cfg.autoscale is not None else None
         if self.autoscale is not None:
@@ -165,8 +185,9 @@ class Simulation:
         replicas, boundaries, deliveries = self.replicas, self.boundaries, self.deliveries
         arrival, order, sampler = self.arrival.tolist(), self.order, self.sampler
         view = self.view
-        v_waiting, v_running, v_kv, v_time = view.waiting, view.running, view.kv_usage, view.signal_time
+        v_waiting, v_running, v_kv, v_time = self._sig
         inf = math.inf
+        next_scrape = 0.0 if self._refresh > 0 else inf
         n_order = len(order)
         k = 0
         events = 0
@@ -183,6 +204,8 @@ class Simulation:
             now = ta if ta <= td and ta <= tb else (td if td <= tb else tb)
             if now >= sampler.next_t:
                 sampler.sample_until(now)
+            if now >= next_scrape:
+                next_scrape = self._scrape(now)
             events += 1
             if not events % _GC_EVERY:
                 gc.collect(0)
@@ -314,10 +337,11 @@ class Simulation:
         nt = rep.enqueue(req, t)
         if nt is not None:
             heappush(self.boundaries, (nt, next(self._seq), i, rep.version))
-        view.waiting[i] = len(rep.waiting)
-        view.running[i] = len(rep.running)
-        view.kv_usage[i] = rep.used / rep.total_blocks
-        view.signal_time[i] = t
+        s_waiting, s_running, s_kv, s_time = self._sig
+        s_waiting[i] = len(rep.waiting)
+        s_running[i] = len(rep.running)
+        s_kv[i] = rep.used / rep.total_blocks
+        s_time[i] = t
 
     def _admission_error(self, row: int, i: int) -> str | None:
         """Why a request can never be served by replica ``i`` (vLLM rejects these up front), or None."""
@@ -416,11 +440,28 @@ class Simulation:
 
     def _signals(self, rep: Replica, t: float) -> None:
         i = rep.index
+        s_waiting, s_running, s_kv, s_time = self._sig
+        s_waiting[i] = len(rep.waiting)
+        s_running[i] = len(rep.running)
+        s_kv[i] = rep.used / rep.total_blocks
+        s_time[i] = t
+
+    def _scrape(self, now: float) -> float:
+        """Scrape every replica's signals as of the last refresh tick at or before ``now``.
+
+        Called before the first event at or after the tick, so the replicas are still
+        in their state at the tick (KV use is exact inside a decode run). Returns the
+        next tick."""
+        k = math.floor(now / self._refresh)
+        tick = k * self._refresh
         view = self.view
-        view.waiting[i] = len(rep.waiting)
-        view.running[i] = len(rep.running)
-        view.kv_usage[i] = rep.used / rep.total_blocks
-        view.signal_time[i] = t
+        for rep in self.replicas:
+            i = rep.index
+            view.waiting[i] = len(rep.waiting)
+            view.running[i] = len(rep.running)
+            view.kv_usage[i] = rep.blocks_used_at(tick) / rep.total_blocks
+            view.signal_time[i] = tick
+        return (k + 1) * self._refresh
 
     # ---- replica life cycle -----------------------------------------------------------------------------
 
