@@ -1,9 +1,15 @@
 """Classic routing policies: load-oblivious (random, round-robin) and
-load-aware over the router's own accounting (JSQ, least tokens, power of d).
+load-aware (JSQ, least tokens, power of d).
 
 The load-aware ones read ``view.outstanding_requests`` / ``outstanding_tokens``,
 which the router keeps itself and which are therefore exact and fresh, like
 the in-flight counters of the SGLang router or Envoy's least-request balancer.
+With ``load="scraped"``, JSQ and power of d instead read the queue the targets
+report (waiting + running, as last scraped): what a router that only sees the
+engines' metrics has, stale by the scrape interval. JSQ on stale signals herds
+(Mitzenmacher, "How useful is old information?", 2000): every request between
+two scrapes joins the same queue, the one that looked shortest; sampling two
+at random spreads them.
 """
 
 from __future__ import annotations
@@ -12,6 +18,14 @@ from random import Random
 
 from llmlb_bench.policies.base import Policy, RouteRequest, View
 from llmlb_bench.policies.select import argmin_healthy, random_healthy
+
+#: load measures of JSQ / power of d: the router's own count, or the targets' scraped queues
+LOADS = ("requests", "tokens", "scraped")
+
+
+def _check_load(load: str, allowed: tuple[str, ...]) -> None:
+    if load not in allowed:
+        raise ValueError(f"load must be one of {', '.join(allowed)} (got {load!r})")
 
 
 class RandomChoice(Policy):
@@ -47,13 +61,19 @@ class RoundRobin(Policy):
 class LeastOutstanding(Policy):
     name = "least_outstanding"
     summary = "Join the shortest queue: fewest in-flight requests by the router's own count (JSQ)."
+    params = {"load": ("requests", "queue measure: requests (own count, exact) or scraped (waiting + running "
+                                   "as the targets last reported; stale with the refresh interval)")}
 
-    def __init__(self) -> None:
+    def __init__(self, load: str = "requests") -> None:
+        _check_load(load, ("requests", "scraped"))
+        self.load = load
         self._tie = 0
 
     def choose(self, req: RouteRequest, view: View) -> int:
         self._tie += 1
-        return argmin_healthy(view.outstanding_requests, view, self._tie)
+        if self.load == "requests":
+            return argmin_healthy(view.outstanding_requests, view, self._tie)
+        return argmin_healthy([w + r for w, r in zip(view.waiting, view.running)], view, self._tie)
 
 
 class LeastTokens(Policy):
@@ -81,20 +101,23 @@ class PowerOfD(Policy):
     summary = "Sample d targets at random, pick the one with the fewest in-flight requests (or tokens)."
     params = {
         "d": (2, "targets sampled per decision"),
-        "load": ("requests", "load measure: requests or tokens (own accounting)"),
+        "load": ("requests", "load measure: requests or tokens (own accounting), or scraped "
+                             "(waiting + running as last reported)"),
         "seed": (0, "seed of the policy's own random stream"),
     }
 
     def __init__(self, d: int = 2, load: str = "requests", seed: int = 0) -> None:
         if d < 1:
             raise ValueError(f"d must be >= 1 (got {d})")
-        if load not in ("requests", "tokens"):
-            raise ValueError(f"load must be 'requests' or 'tokens' (got {load!r})")
+        _check_load(load, LOADS)
         self.d, self.load, self.seed = d, load, seed
         self._rng = Random(seed)
 
     def choose(self, req: RouteRequest, view: View) -> int:
-        loads = view.outstanding_requests if self.load == "requests" else view.outstanding_tokens
+        if self.load == "scraped":
+            loads: list[int] = [w + r for w, r in zip(view.waiting, view.running)]
+        else:
+            loads = view.outstanding_requests if self.load == "requests" else view.outstanding_tokens
         n = len(view)
         if all(view.healthy):
             pool: range | list[int] = range(n)
