@@ -106,7 +106,10 @@ def test_every_policy_makes_valid_reproducible_decisions(name):
 def test_llmlb_policies_lists_every_builtin_with_its_parameters(capsys):
     main(["policies", "--json"])
     listed = json.loads(capsys.readouterr().out)
-    assert {p["name"] for p in listed} == set(BUILTIN)
+    assert {p["name"] for p in listed if p["family"] != "engine (--scheduler)"} == set(BUILTIN)
+    engine = [p for p in listed if p["family"] == "engine (--scheduler)"]
+    assert [p["name"] for p in engine] == ["fcfs", "priority", "sjf", "vtc", "deadline"]
+    assert next(p for p in engine if p["name"] == "vtc")["params"]["output_weight"]["default"] == 2.0
     cache_aware = next(p for p in listed if p["name"] == "cache_aware")
     assert cache_aware["family"] == "kv/locality"
     assert cache_aware["params"]["balance_abs_threshold"]["default"] == 64

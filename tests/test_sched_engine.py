@@ -162,3 +162,23 @@ def test_fcfs_default_is_unchanged_by_naming_it(tmp_path):
     a = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=2), run_id="a")[0])
     b = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=2, scheduler="fcfs"), run_id="b")[0])
     assert a.drop(["run_id"]).equals(b.drop(["run_id"]))
+
+
+def test_cli_selects_the_scheduler_and_records_it_in_run_json(tmp_path, capsys):
+    import json
+
+    from llmlb_bench.cli import main
+    from llmlb_bench.schema import write_trace
+
+    path = tmp_path / "t.parquet"
+    write_trace(trace(np.arange(20) * 0.01, 200, 30, tenant=_tenants("ab" * 10)), path)
+    main(["simulate", str(path), "--replicas", "1", "--scheduler", "vtc", "--scheduler-arg", "output_weight=3",
+          "--signal-refresh", "0.5", "--results", str(tmp_path / "res"), "--run-id", "v"])
+    cluster = json.loads((tmp_path / "res" / "v" / "run.json").read_text())["config"]["cluster"]
+    assert (cluster["scheduler"], cluster["scheduler_args"]) == ("vtc", {"output_weight": 3})
+    assert cluster["signal_refresh_s"] == 0.5
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(["simulate", str(path), "--scheduler", "sjf", "--scheduler-arg", "tau=x",
+              "--results", str(tmp_path / "res")])
+    assert info.value.code == 2 and "parameter 'tau' expects float" in capsys.readouterr().err

@@ -26,6 +26,16 @@ Model = Annotated[str, typer.Option("--model", help="Model from the catalog.")]
 Tp = Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree per replica.")]
 MaxSeqs = Annotated[int, typer.Option("--max-num-seqs", min=1, help="Max running requests per replica.")]
 MaxTokens = Annotated[int, typer.Option("--max-batched-tokens", min=1, help="Token budget per engine step.")]
+SchedulerOpt = Annotated[str, typer.Option(
+    "--scheduler", help="Engine-level scheduler of each replica: fcfs, priority, sjf, vtc, deadline "
+                        "or package.module:Class (see llmlb policies).")]
+SchedulerArgs = Annotated[
+    Optional[list[str]],
+    typer.Option("--scheduler-arg", help="Engine scheduler parameter key=value (repeatable)."),
+]
+SignalRefresh = Annotated[float, typer.Option(
+    "--signal-refresh", min=0.0, help="Seconds between scrapes of the replicas' queue and KV signals that "
+                                      "routers read (0 = always fresh; the router's own counts are exact).")]
 
 
 class ReportFormat(str, Enum):

@@ -1,4 +1,4 @@
-"""``llmlb policies``: list the built-in routing policies and their parameters."""
+"""``llmlb policies``: list the built-in routing policies and engine schedulers with their parameters."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ from rich.table import Table
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import BUILTIN, FAMILIES
+from llmlb_bench.policies.engine import ENGINE_SCHEDULERS
+
+#: the family under which ``llmlb policies`` lists engine-level schedulers (``--scheduler``)
+ENGINE_FAMILY = "engine (--scheduler)"
 
 
 def _describe(cls) -> dict:
@@ -23,11 +27,12 @@ def policies(
     name: Annotated[Optional[str], typer.Argument(help="Show only this policy.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (name, summary, params) instead of a table.")] = False,
 ) -> None:
-    """List routing policies by family with a one-line description and their parameters.
+    """List routing policies by family, and engine-level schedulers, with a one-line description and their parameters.
 
-    Use one with --policy NAME --policy-arg key=value (repeat --policy-arg for
-    several), or your own class with --policy package.module:ClassName.
-    docs/policies.md describes each policy and its source.
+    Use a routing policy with --policy NAME --policy-arg key=value (repeat --policy-arg for
+    several), or your own class with --policy package.module:ClassName; an engine
+    scheduler (the order inside each simulated replica) with --scheduler NAME
+    --scheduler-arg key=value. docs/policies.md describes each one and its source.
 
     Example:
 
@@ -35,9 +40,11 @@ def policies(
 
         llmlb policies cache_aware --json
     """
-    if name is not None and name not in BUILTIN:
-        raise UserError(f"unknown policy {name!r} (known: {', '.join(sorted(BUILTIN))})", "policies")
-    groups = {fam: [c for c in classes if name is None or c.name == name] for fam, classes in FAMILIES.items()}
+    families = {**FAMILIES, ENGINE_FAMILY: tuple(ENGINE_SCHEDULERS.values())}
+    known = sorted({c.name for classes in families.values() for c in classes})
+    if name is not None and name not in known:
+        raise UserError(f"unknown policy {name!r} (known: {', '.join(known)})", "policies")
+    groups = {fam: [c for c in classes if name is None or c.name == name] for fam, classes in families.items()}
     groups = {fam: classes for fam, classes in groups.items() if classes}
     if as_json:
         out = [dict(_describe(c), family=fam) for fam, classes in groups.items() for c in classes]

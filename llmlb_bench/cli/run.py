@@ -9,7 +9,7 @@ import typer
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import (Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, Replicas, ReportFormat,
-                                    ResultsDir, Seed, SloOpt, Tp)
+                                    ResultsDir, SchedulerArgs, SchedulerOpt, Seed, SignalRefresh, SloOpt, Tp)
 from llmlb_bench.cli.report import print_report
 from llmlb_bench.experiment import simulate_run
 from llmlb_bench.policies import args_per_policy, make_policy, parse_args
@@ -34,6 +34,9 @@ def run(
     tp: Tp = 1,
     max_num_seqs: MaxSeqs = 256,
     max_batched_tokens: MaxTokens = 8192,
+    scheduler: SchedulerOpt = "fcfs",
+    scheduler_arg: SchedulerArgs = None,
+    signal_refresh: SignalRefresh = 0.0,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Seed (default: the spec's own).")] = None,
     results: ResultsDir = Path("results"),
     slo: SloOpt = "ttft=500ms,tpot=50ms",
@@ -56,14 +59,16 @@ def run(
     args = args_per_policy(policies, parse_args(policy_arg))
     for name in policies:  # fail on a bad name or argument before any work is done
         make_policy(name, args[name])
+    cluster = ClusterConfig(replicas=replicas, gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
+                            max_num_batched_tokens=max_batched_tokens, scheduler=scheduler,
+                            scheduler_args=parse_args(scheduler_arg, "--scheduler-arg"),
+                            signal_refresh_s=signal_refresh)
     workload = load_spec(spec).replace(seed=seed)  # the stored spec records the seed actually used
     table = generate(workload)
     batch = new_run_id(spec.stem)
     trace_path = results / "traces" / f"{batch}.parquet"
     write_trace(table, trace_path, spec=workload.to_dict(), block_size=workload.block_size)
     table = read_trace(trace_path)
-    cluster = ClusterConfig(replicas=replicas, gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
-                            max_num_batched_tokens=max_batched_tokens)
     if fmt is ReportFormat.terminal:
         console.print(f"trace: {table.num_rows:,} requests -> {trace_path}")
     dirs = []

@@ -9,7 +9,7 @@ import typer
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import (Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, Replicas, ReportFormat,
-                                    ResultsDir, Seed, SloOpt, Tp)
+                                    ResultsDir, SchedulerArgs, SchedulerOpt, Seed, SignalRefresh, SloOpt, Tp)
 from llmlb_bench.cli.report import print_report
 from llmlb_bench.experiment import simulate_run
 from llmlb_bench.policies import parse_args
@@ -28,6 +28,9 @@ def simulate(
     tp: Tp = 1,
     max_num_seqs: MaxSeqs = 256,
     max_batched_tokens: MaxTokens = 8192,
+    scheduler: SchedulerOpt = "fcfs",
+    scheduler_arg: SchedulerArgs = None,
+    signal_refresh: SignalRefresh = 0.0,
     seed: Seed = 0,
     results: ResultsDir = Path("results"),
     run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id (default: <label>-<time>-<hex>).")] = None,
@@ -42,7 +45,9 @@ def simulate(
     """
     table = read_trace(trace)
     cluster = ClusterConfig(replicas=replicas, gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
-                            max_num_batched_tokens=max_batched_tokens)
+                            max_num_batched_tokens=max_batched_tokens, scheduler=scheduler,
+                            scheduler_args=parse_args(scheduler_arg, "--scheduler-arg"),
+                            signal_refresh_s=signal_refresh)
     store = simulate_run(table, trace, cluster, policy, parse_args(policy_arg), seed, results, label, run_id)
     console.print(f"stored run [bold]{store.run_id}[/] in {store.dir}")
     print_report([store.dir], slo, ReportFormat.terminal)
