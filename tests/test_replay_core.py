@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections import Counter
 
@@ -59,6 +60,10 @@ def test_prompts_hit_exact_token_counts_with_measured_word_costs():
     for n in range(1, 100):
         assert len(b.text(n, [1, 2, 3], request_id=n)) == n
     assert len(b.text(2000, [1, 2, 3], request_id=0)) == 2000
+    # exact filling keeps the sharing: texts agree on shared blocks and part right after them
+    a, c, d = b.text(64, [1, 2, 3, 4], 0), b.text(64, [1, 2, 8, 9], 1), b.text(64, [5, 6, 7, 8], 2)
+    assert 32 <= len(os.path.commonprefix([a, c])) < 40
+    assert len(os.path.commonprefix([a, d])) < 8
 
 
 def test_endpoint_urls_are_normalised_and_bad_ones_refused():

@@ -1,7 +1,7 @@
 """The replayer against a real third-party engine: upstream llama.cpp ``llama-server`` on CPU.
 
 The model is a tiny random-weight LLaMA the test writes itself
-(llmlb_bench.replay.tiny_model: one ASCII character per token, only letters
+(llmlb_bench.replay.llama_engine: one ASCII character per token, only letters
 sampled). The binary is built once by scripts/build_llama_server.sh (about
 7.5 minutes on 2 cores) into a cache outside the checkout; without it (or
 without the ``gguf`` package) the test skips and says how to get it.
@@ -9,13 +9,7 @@ without the ``gguf`` package) the test skips and says how to get it.
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
-import subprocess
-import time
-import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -23,22 +17,10 @@ import pytest
 from replay_helpers import run_replay, token_count
 
 from llmlb_bench.replay import ReplayOptions
+from llmlb_bench.replay.llama_engine import LlamaServer, find_llama_server, write_tiny_llama
 from llmlb_bench.schema import TRACE
 
 pytestmark = pytest.mark.slow
-
-
-def llama_server_binary() -> Path | None:
-    """LLMLB_LLAMA_SERVER, else the build script's cache, else ``llama-server`` on PATH."""
-    env = os.environ.get("LLMLB_LLAMA_SERVER")
-    if env:
-        return Path(env)
-    cache = Path(os.environ.get("LLMLB_CACHE_DIR", Path.home() / ".cache" / "llmlb-bench"))
-    built = cache / "llama.cpp" / "bin" / "llama-server"
-    if built.is_file():
-        return built
-    found = shutil.which("llama-server")
-    return Path(found) if found else None
 
 
 def _free_port() -> int:
@@ -49,35 +31,14 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def llama_url(tmp_path_factory):
-    binary = llama_server_binary()
+    binary = find_llama_server()
     if binary is None:
         pytest.skip("llama-server not built: run scripts/build_llama_server.sh (or set LLMLB_LLAMA_SERVER)")
     pytest.importorskip("gguf", reason="the tiny test model is written with the gguf package")
-    from llmlb_bench.replay.tiny_model import write_tiny_llama
-
     model = write_tiny_llama(tmp_path_factory.mktemp("llama") / "tiny.gguf", n_embd=256, n_layer=4, n_head=8,
                              n_head_kv=4, n_ff=512)
-    port = _free_port()
-    # -t 1: llama.cpp's worker threads spin while waiting, which starves a shared 2-core machine
-    proc = subprocess.Popen([str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-                             "-c", "32768", "-np", "8", "-t", "1", "--no-webui", "-a", "tiny"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"llama-server did not start: {proc.stderr.read().decode()[-2000:]}")
-        time.sleep(0.1)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=10)
+    with LlamaServer(binary, model, _free_port()) as server:
+        yield server.url
 
 
 def _trace(n: int, seed: int = 3) -> pa.Table:
@@ -104,6 +65,11 @@ def test_streamed_concurrent_replay_is_accounted_exactly(llama_url, tmp_path):
         assert token_count(r) == out  # one SSE chunk per token
         assert r["server_input_tokens"] == inp  # exact prompt lengths through /tokenize
         assert r["sent_s"] < r["first_token_s"] <= r["last_token_s"] and r["cached_tokens"] is not None
+    # the engine's prefix cache saw the trace's sharing, and no more: only the 32-token prefix
+    # that even-numbered requests share can be cached (beyond a few tokens of chance agreement)
+    shared_repeats = sum(1 for r in rows if r["request_id"] % 2 == 0) - 1
+    cached = sum(r["cached_tokens"] for r in rows)
+    assert 0 < cached <= 32 * shared_repeats + 4 * len(rows)
     # the engine really ran requests concurrently (continuous batching over its slots)
     events = sorted([(r["sent_s"], 1) for r in rows] + [(r["last_token_s"], -1) for r in rows])
     assert max(np.cumsum([d for _, d in events])) >= 3

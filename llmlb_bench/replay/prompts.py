@@ -96,7 +96,7 @@ class PromptBuilder:
         word_costs, filler_cost = costs[:-1], costs[-1]
         self._cum = [0, *accumulate(word_costs[i] for i in pool * 2)]
         self._fill_limit = 4 * max(word_costs)
-        self._fill = _exact_fills(words, word_costs, filler_cost, self._fill_limit)
+        self._fill, self._exact = _exact_fills(words, word_costs, filler_cost, self._fill_limit)
         self._cache: dict[tuple[int, int], str] = {}
         self._cache_blocks = cache_blocks
 
@@ -131,21 +131,29 @@ class PromptBuilder:
                 out.append("".join(self._pool_words[start:start + take]))
                 tokens -= take
             return "".join(out)
-        cum, limit = self._cum, self._fill_limit
-        while tokens > limit:  # whole words up to the last few tokens, then an exact fill
-            base = cum[start]
-            end = bisect_right(cum, base + tokens - limit, lo=start, hi=start + _POOL_SIZE) - 1
-            end = max(end, start + 1)
+        cum, limit, exact = self._cum, self._fill_limit, self._exact
+        while tokens > 0:  # as many pool words as fit, then an exact fill of the last few tokens
+            base, hi = cum[start], start + _POOL_SIZE
+            end = bisect_right(cum, base + tokens, lo=start, hi=hi + 1) - 1
+            if end == hi:  # a whole pool's worth and more to go
+                out.append("".join(self._pool_words[start:end]))
+                tokens -= cum[end] - base
+                continue
+            # back off a word or two when the fill table cannot hit the remainder exactly
+            while end > start and not (tokens - (cum[end] - base) <= limit and exact[tokens - (cum[end] - base)]):
+                end -= 1
+            rest = tokens - (cum[end] - base)
             out.append("".join(self._pool_words[start:end]))
-            tokens -= cum[end] - base
-            start = end % _POOL_SIZE
-        out.append(self._fill[max(tokens, 0)])
+            out.append(self._fill[min(rest, limit)])
+            break
         return "".join(out)
 
 
-def _exact_fills(words: Sequence[str], costs: Sequence[int], filler_cost: int, limit: int) -> list[str]:
-    """For each total ``0..limit``: the shortest word sequence costing exactly that; else the
-    filler followed by one; else (unreachable) the fill of the total just below."""
+def _exact_fills(words: Sequence[str], costs: Sequence[int], filler_cost: int,
+                 limit: int) -> tuple[list[str], list[bool]]:
+    """For each total ``0..limit``: the shortest word sequence costing exactly that, else the
+    filler followed by one, else (unreachable) the fill of the total just below; and whether
+    the fill is exact."""
     best: list[str | None] = [""] + [None] * limit
     for total in range(1, limit + 1):
         for w, c in zip(words, costs):
@@ -153,9 +161,11 @@ def _exact_fills(words: Sequence[str], costs: Sequence[int], filler_cost: int, l
             cur = best[total]
             if prev is not None and (cur is None or len(prev) + len(w) < len(cur)):
                 best[total] = prev + w
-    out: list[str] = []
+    fills: list[str] = []
+    exact: list[bool] = []
     for total, text in enumerate(best):
         if text is None and total >= filler_cost and best[total - filler_cost] is not None:
             text = FILLER + best[total - filler_cost]  # type: ignore[operator]
-        out.append(text if text is not None else out[total - 1])
-    return out
+        exact.append(text is not None)
+        fills.append(text if text is not None else fills[total - 1])
+    return fills, exact

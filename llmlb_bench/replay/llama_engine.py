@@ -1,9 +1,11 @@
-"""A tiny random-weight LLaMA model in GGUF, for replaying against a real engine without a download.
+"""A real serving engine on a CPU, without a model download: llama.cpp ``llama-server`` and a tiny
+random-weight LLaMA written in GGUF.
 
-llama.cpp's ``llama-server`` serves it on a CPU in milliseconds per token,
-which is what the replayer's real-engine test and benchmark need: a
-serving stack nobody on this project wrote, batching concurrent requests,
-streaming and reporting usage. Needs the ``gguf`` package.
+The replayer's real-engine test and benchmark need a serving stack nobody
+on this project wrote, that batches concurrent requests, streams and
+reports usage; ``llama-server`` does, at thousands of tokens per second
+on this tiny model. The binary comes from scripts/build_llama_server.sh
+(cached outside the checkout); writing the model needs the ``gguf`` package.
 
 Shape of the model and why:
 
@@ -21,6 +23,12 @@ Shape of the model and why:
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -101,3 +109,61 @@ def write_tiny_llama(path: str | Path, *, n_embd: int = 64, n_layer: int = 2, n_
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def find_llama_server() -> Path | None:
+    """``$LLMLB_LLAMA_SERVER``, else the build script's cache, else ``llama-server`` on PATH."""
+    env = os.environ.get("LLMLB_LLAMA_SERVER")
+    if env:
+        return Path(env)
+    cache = Path(os.environ.get("LLMLB_CACHE_DIR", Path.home() / ".cache" / "llmlb-bench"))
+    built = cache / "llama.cpp" / "bin" / "llama-server"
+    if built.is_file():
+        return built
+    found = shutil.which("llama-server")
+    return Path(found) if found else None
+
+
+class LlamaServer:
+    """``llama-server`` on 127.0.0.1 serving ``model`` as ``tiny``; a context manager.
+
+    ``threads`` defaults to 1: llama.cpp's worker threads spin while they
+    wait, which starves a small shared machine."""
+
+    def __init__(self, binary: Path, model: Path, port: int, slots: int = 8, ctx: int = 32768,
+                 threads: int = 1) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self._cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx),
+                     "-np", str(slots), "-t", str(threads), "--no-webui", "-a", "tiny"]
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> "LlamaServer":
+        # its log goes to a file: an undrained pipe fills up and then blocks the server mid-run
+        self._log = tempfile.TemporaryFile()
+        self._proc = proc = subprocess.Popen(self._cmd, stdout=subprocess.DEVNULL, stderr=self._log)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                self._log.seek(0)
+                err = self._log.read().decode(errors="replace")[-2000:]
+                self._log.close()
+                raise RuntimeError(f"llama-server did not start: {err}")
+            time.sleep(0.1)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # busy slots can keep it from stopping politely
+                self._proc.kill()
+                self._proc.wait()
+            self._log.close()
