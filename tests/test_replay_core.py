@@ -8,6 +8,7 @@ import random
 from collections import Counter
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
 from conftest import make_trace
@@ -139,6 +140,63 @@ def test_dependent_requests_leave_after_their_parent_ends(servers, tmp_path):
     assert r2["scheduled_s"] >= r1["last_token_s"] + 0.05 - 1e-9
     assert r3["scheduled_s"] >= r2["last_token_s"] - 1e-9
     assert all(r["sent_s"] >= r["scheduled_s"] for r in rows)
+
+
+class _Watcher(Policy):
+    """Round robin that records the scraped signals it was shown."""
+
+    name = "watcher"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, float]] = []
+        self.n = 0
+
+    def choose(self, req: RouteRequest, view: View) -> int:
+        self.seen.append((view.running[0], view.signal_time[0]))
+        self.n += 1
+        return self.n % len(view)
+
+
+def test_engine_metrics_are_scraped_into_the_view_and_series(servers, tmp_path):
+    url, _ = servers.noop(NoopConfig(itl_s=0.01))  # publishes vllm:num_requests_running
+    bare, _ = servers.noop()
+    policy = _Watcher()
+    trace = make_trace(n=40, rate=100.0, output_tokens=20)
+    summary, _, run_dir = run_replay(trace, [url, bare], tmp_path, policy, ReplayOptions(scrape_s=0.05))
+    series = pq.read_table(run_dir / "series.parquet").to_pylist()
+    assert summary["scraped_metrics"] == sorted([url, bare])
+    assert series and {r["target"] for r in series} == {url, bare}
+    assert max(r["running"] for r in series if r["target"] == url) >= 5  # ~0.2 s streams at 100/s
+    times = [r["t_s"] for r in series if r["target"] == url]
+    assert all(b - a >= 0.04 for a, b in zip(times, times[1:]))
+    assert max(running for running, _ in policy.seen) >= 5 and policy.seen[-1][1] > 0
+
+
+def test_endpoints_without_metrics_are_not_asked_again(servers, tmp_path):
+    calls = []
+
+    async def metrics(request):
+        calls.append(1)
+        return web.Response(status=404)
+
+    async def models(request):
+        return web.json_response({"data": [{"id": "m"}]})
+
+    async def chat(request):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices":[{"delta":{"content":"x"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    url = servers.aiohttp(app)
+    summary, rows, run_dir = run_replay(make_trace(n=10, rate=50.0), [url], tmp_path,
+                                        options=ReplayOptions(scrape_s=0.02))
+    assert {r["status"] for r in rows} == {"ok"} and len(calls) == 1
+    assert summary["scraped_metrics"] == [] and pq.read_table(run_dir / "series.parquet").num_rows == 0
 
 
 class _OneAtATime(Policy):

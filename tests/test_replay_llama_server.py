@@ -13,6 +13,7 @@ import socket
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from replay_helpers import run_replay, token_count
 
@@ -56,7 +57,8 @@ def _trace(n: int, seed: int = 3) -> pa.Table:
 
 def test_streamed_concurrent_replay_is_accounted_exactly(llama_url, tmp_path):
     trace = _trace(32)
-    summary, rows, _ = run_replay(trace, [llama_url], tmp_path, options=ReplayOptions(api="completions", tokenize=True))
+    summary, rows, run_dir = run_replay(trace, [llama_url], tmp_path,
+                                        options=ReplayOptions(api="completions", tokenize=True, scrape_s=0.1))
     assert summary["statuses"] == {"ok": 32}, [r["error"] for r in rows if r["error"]]
     wanted_out = trace.column("output_tokens").to_pylist()
     wanted_in = trace.column("input_tokens").to_pylist()
@@ -73,6 +75,9 @@ def test_streamed_concurrent_replay_is_accounted_exactly(llama_url, tmp_path):
     # the engine really ran requests concurrently (continuous batching over its slots)
     events = sorted([(r["sent_s"], 1) for r in rows] + [(r["last_token_s"], -1) for r in rows])
     assert max(np.cumsum([d for _, d in events])) >= 3
+    # and said so on /metrics (llamacpp:requests_processing), scraped into series.parquet
+    series = pq.read_table(run_dir / "series.parquet").to_pylist()
+    assert summary["scraped_metrics"] == [llama_url] and max(r["running"] for r in series) >= 1
 
 
 def test_chat_api_through_the_engines_template(llama_url, tmp_path):

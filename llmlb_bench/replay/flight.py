@@ -53,7 +53,7 @@ class Flight:
         "idx", "route", "target", "request", "scheduled_s", "owner",
         "sent", "attempt_start", "attempts", "reused", "fresh_used", "conn", "timer",
         "first", "last", "last_rx", "seg_start", "seg_count", "chunks",
-        "usage_out", "usage_in", "cached", "http_status", "done", "error_detail",
+        "usage_out", "usage_in", "cached", "http_status", "done",
         "_mode", "_sse", "_parts", "_size", "_finish_seen", "_retry_after",
     )
 
@@ -73,7 +73,6 @@ class Flight:
         self.conn: Connection | None = None
         self.timer: Any = None
         self.done = False
-        self.error_detail: str | None = None
         self.reset_attempt()
 
     def reset_attempt(self) -> None:

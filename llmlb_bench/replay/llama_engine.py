@@ -134,7 +134,7 @@ class LlamaServer:
                  threads: int = 1) -> None:
         self.url = f"http://127.0.0.1:{port}"
         self._cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", str(ctx),
-                     "-np", str(slots), "-t", str(threads), "--no-webui", "-a", "tiny"]
+                     "-np", str(slots), "-t", str(threads), "--no-webui", "--metrics", "-a", "tiny"]
         self._proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> "LlamaServer":

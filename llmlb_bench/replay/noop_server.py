@@ -38,6 +38,8 @@ class NoopConfig:
     usage: bool = True
     #: per-request timestamps for ``/stats``: request_id -> (received, first token, last token, tokens)
     records: dict[str, list[float]] = field(default_factory=dict)
+    #: streams being written now, published on ``/metrics`` under vLLM's gauge names
+    running: int = 0
 
 
 def _chunk(data: bytes) -> bytes:
@@ -104,6 +106,11 @@ class NoopProtocol(asyncio.Protocol):
             self._reply(_json_response(200, {"object": "list", "data": [{"id": cfg.model, "object": "model"}]}))
         elif method == "GET" and path == "/health":
             self._reply(_json_response(200, {"status": "ok"}))
+        elif method == "GET" and path == "/metrics":
+            text = (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"{cfg.model}\"}} "
+                    f"{cfg.running}\nvllm:num_requests_waiting{{model_name=\"{cfg.model}\"}} 0\n").encode()
+            self._reply(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %d\r\n\r\n%s"
+                        % (len(text), text))
         elif method == "GET" and path == "/stats":
             self._reply(_json_response(200, cfg.records))
         elif method == "POST" and path == "/tokenize":
@@ -142,11 +149,13 @@ class NoopProtocol(asyncio.Protocol):
             self._next()
             return
         self.busy = True
+        self.cfg.running += 1
         self.transport.write(_SSE_HEAD)
         loop = asyncio.get_running_loop()
 
         def send(i: int) -> None:
             if self.transport is None or self.transport.is_closing():
+                self.cfg.running -= 1
                 return
             t = perf_counter()
             self.transport.write(token)
@@ -157,6 +166,7 @@ class NoopProtocol(asyncio.Protocol):
             else:
                 record[2] = t
                 self.transport.write(tail)
+                self.cfg.running -= 1
                 self.busy = False
                 self._next()
 

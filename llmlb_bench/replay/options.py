@@ -41,6 +41,8 @@ class ReplayOptions:
     retries: int = 0
     #: first retry waits this long, doubling each time (a ``Retry-After`` header wins when larger)
     retry_backoff_s: float = 0.5
+    #: seconds between scrapes of each endpoint's Prometheus ``/metrics`` (``None``: never)
+    scrape_s: float | None = 1.0
     #: a run whose dispatch lag p99 exceeds this is flagged in run.json
     lag_threshold_ms: float = 5.0
     #: seconds between the start call and the first scheduled send (connections are set up meanwhile)

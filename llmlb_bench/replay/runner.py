@@ -48,12 +48,13 @@ from llmlb_bench.errors import UserError
 from llmlb_bench.policies import RouteRequest, TargetInfo, View
 from llmlb_bench.policies.base import HOLD, REJECT
 from llmlb_bench.replay.flight import Flight
-from llmlb_bench.replay.http import Pool, build_request
+from llmlb_bench.replay.http import Pool, build_request, simple_request
 from llmlb_bench.replay.options import RETRY_STATUSES, ReplayOptions
 from llmlb_bench.replay.preflight import Preflight, preflight, request_headers
 from llmlb_bench.replay.prompts import PromptBuilder
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
 from llmlb_bench.replay.rows import RowWriter
+from llmlb_bench.replay.scrape import Signals, parse_metrics
 from llmlb_bench.schema import trace_block_size
 from llmlb_bench.store import RunStore
 
@@ -169,6 +170,7 @@ class Replayer:
         self.status = Counter[str]()
         self.lateness: list[float] = []
         self.recent_ttft: deque[float] = deque(maxlen=512)
+        self.scraped: set[str] = set()
         self.sent = 0
         self.first_sent = self.last_sent = self.last_end = None
         self.dispatch_done = False
@@ -244,6 +246,8 @@ class Replayer:
                       loop.create_task(self._probe_unhealthy())]
         if self.options.progress is not None:
             background.append(loop.create_task(self._report_progress()))
+        if self.options.scrape_s:
+            background.append(loop.create_task(self._scrape_metrics(self.options.scrape_s)))
         try:
             await self._dispatch_all()
             self.dispatch_done = True
@@ -595,6 +599,46 @@ class Replayer:
                 pool.release(conn)
                 self.view.healthy[i] = True
 
+    async def _scrape_metrics(self, interval: float) -> None:
+        """Engine load signals into the policies' view and series.parquet (see replay.scrape)."""
+        active = list(range(len(self.pools)))
+        while active:
+            answers = await asyncio.gather(*(self._scrape(i, interval) for i in active))
+            now = perf_counter() - self.t0
+            rows: dict[str, list[Any]] = {k: [] for k in ("t_s", "target", "waiting", "running",
+                                                           "kv_blocks_used", "kv_blocks_total")}
+            for i, sig in zip(list(active), answers):
+                if sig is False:  # no /metrics, or none of the known names: stop asking
+                    active.remove(i)
+                    continue
+                if sig is None:  # unreachable this time
+                    continue
+                view = self.view
+                view.waiting[i] = sig.waiting if sig.waiting is not None else view.waiting[i]
+                view.running[i] = sig.running if sig.running is not None else view.running[i]
+                view.kv_usage[i] = sig.kv_usage if sig.kv_usage is not None else view.kv_usage[i]
+                view.signal_time[i] = now
+                self.scraped.add(self.names[i])
+                total = sig.kv_blocks_total
+                for k, v in (("t_s", now), ("target", self.names[i]), ("waiting", sig.waiting),
+                             ("running", sig.running), ("kv_blocks_total", total),
+                             ("kv_blocks_used", round(sig.kv_usage * total)
+                              if total is not None and sig.kv_usage is not None else None)):
+                    rows[k].append(v)
+            if rows["t_s"]:
+                self.run_store.series.write(rows)
+            await asyncio.sleep(interval)
+
+    async def _scrape(self, i: int, timeout: float) -> Signals | bool | None:
+        try:
+            status, body = await simple_request(self.pools[i], "GET", "/metrics", self.headers, timeout=timeout)
+        except (OSError, asyncio.TimeoutError):
+            return None
+        if status != 200:
+            return False
+        sig = parse_metrics(body.decode("utf-8", "replace"))
+        return sig if sig.known() else False
+
     async def _report_progress(self) -> None:
         assert self.options.progress is not None
         while True:
@@ -633,6 +677,7 @@ class Replayer:
             "endpoints": self.names,
             "models": self.pre.models,
             "notes": self.pre.notes,
+            "scraped_metrics": sorted(self.scraped),
             "prompt_lengths": "exact (tokenize endpoint)" if self.pre.word_costs else "approximate (one word per token)",
         }
         if self.resume is not None:

@@ -1,0 +1,71 @@
+"""Load signals scraped from the engines' Prometheus ``/metrics``.
+
+A real router sees more than its own in-flight count: engines publish how
+many requests wait and run and how full their KV cache is. The replayer
+reads these every ``scrape_s`` seconds, puts them in the policies' view
+(with the time they were read, so policies can judge staleness) and in
+series.parquet. Metric names per engine (gauges, summed over label sets):
+
+=========  ===============================  ==============================  =============================================
+engine     waiting                          running                         KV cache use (0..1)
+=========  ===============================  ==============================  =============================================
+vLLM       ``vllm:num_requests_waiting``    ``vllm:num_requests_running``   ``vllm:kv_cache_usage_perc`` (v1),
+                                                                            ``vllm:gpu_cache_usage_perc`` (v0)
+SGLang     ``sglang:num_queue_reqs``        ``sglang:num_running_reqs``     ``sglang:token_usage``
+llama.cpp  ``llamacpp:requests_deferred``   ``llamacpp:requests_processing`` ``llamacpp:kv_cache_usage_ratio``
+TGI        ``tgi_queue_size``               ``tgi_batch_current_size``      -
+=========  ===============================  ==============================  =============================================
+
+vLLM's ``vllm:cache_config_info{num_gpu_blocks="N"}`` gives the KV block
+count, so series rows also get ``kv_blocks_used``/``kv_blocks_total``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred", "tgi_queue_size")
+_RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing",
+            "tgi_batch_current_size")
+_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio")
+
+
+@dataclass
+class Signals:
+    """One scrape of one endpoint; ``None`` where the engine publishes no such metric."""
+
+    waiting: int | None = None
+    running: int | None = None
+    kv_usage: float | None = None
+    kv_blocks_total: int | None = None
+
+    def known(self) -> bool:
+        return self.waiting is not None or self.running is not None or self.kv_usage is not None
+
+
+def parse_metrics(text: str) -> Signals:
+    """Read the known gauges from Prometheus text exposition (other lines are ignored)."""
+    sums: dict[str, float] = {}
+    blocks = None
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name_labels, _, rest = line.partition(" ")
+        name, _, labels = name_labels.partition("{")
+        value_text = rest.split()[0] if rest.split() else ""
+        if name == "vllm:cache_config_info" and 'num_gpu_blocks="' in labels:
+            raw = labels.split('num_gpu_blocks="', 1)[1].split('"', 1)[0]
+            blocks = int(raw) if raw.isdigit() else None
+            continue
+        if name in _WAITING or name in _RUNNING or name in _KV:
+            try:
+                sums[name] = sums.get(name, 0.0) + float(value_text)
+            except ValueError:
+                continue
+
+    def first(names: tuple[str, ...]) -> float | None:
+        return next((sums[n] for n in names if n in sums), None)
+
+    waiting, running, kv = first(_WAITING), first(_RUNNING), first(_KV)
+    return Signals(waiting=None if waiting is None else int(waiting), running=None if running is None else int(running),
+                   kv_usage=kv, kv_blocks_total=blocks)
