@@ -90,7 +90,7 @@ class Simulation:
         n = self.n = trace.num_rows
         hcol = trace.column("prefix_hashes").combine_chunks()
         has_hashes = hcol.null_count < n and len(hcol.flatten()) > 0
-        self.fleet = Fleet(cfg, trace_block_size(trace), has_hashes)
+        self.fleet = Fleet(cfg, trace_block_size(trace), has_hashes, seed)
         self.replicas = self.fleet.replicas
         self.view = self.fleet.view
         # trace columns as Python lists: indexing them is the fastest per-request access
@@ -585,7 +585,7 @@ def simulate(trace: pa.Table, cfg: ClusterConfig, policy: Any, run: Any, seed: i
 
     ``run`` has ``.requests`` and ``.series`` sinks (a :class:`~llmlb_bench.store.RunStore`).
     Every trace row yields one REQUESTS row. Same trace, config, policy and seed
-    give identical rows; the seed drives only random failures (``mtbf_s``).
+    give identical rows; the seed drives random failures (``mtbf_s``) and randomised engine schedulers.
     Returns a summary dict for run.json.
     """
     wall0 = time.perf_counter()

@@ -48,8 +48,9 @@ def decode_capacity(cost: CostModel) -> float:
 class Fleet:
     """Replicas by index (``r0``, ``r1``, ... in creation order) and the router's view of them."""
 
-    def __init__(self, cfg: ClusterConfig, trace_bs: int = 16, prefix_hashes: bool = False) -> None:
+    def __init__(self, cfg: ClusterConfig, trace_bs: int = 16, prefix_hashes: bool = False, seed: int = 0) -> None:
         self.cfg = cfg
+        self.seed = seed      # the run's: engine schedulers that draw random numbers follow it
         self.pools = {p.name: p for p in cfg.pool_configs()}
         self._costs = {name: cost_model(p, cfg.catalogs) for name, p in self.pools.items()}
         self._units = {name: (prefix_unit(p, trace_bs) if p.enable_prefix_caching and prefix_hashes
@@ -71,7 +72,7 @@ class Fleet:
         rep = Replica(i, f"r{i}", self._costs[pool_name], max_num_seqs=p.max_num_seqs,
                       max_num_batched_tokens=p.max_num_batched_tokens, block_size=p.block_size,
                       chunked_prefill=p.chunked_prefill, prefix_unit_blocks=unit, pool=p.name, role=p.role,
-                      scheduler=make_engine_scheduler(self.cfg.scheduler, self.cfg.scheduler_args),
+                      scheduler=make_engine_scheduler(self.cfg.scheduler, self.cfg.scheduler_args, self.seed),
                       context_limit=p.max_model_len or p.model_spec(self.cfg.catalogs).max_context,
                       hash_stride=stride, created_at=now)
         rep.starting = starting
