@@ -24,8 +24,10 @@ Replicas = Annotated[int, typer.Option("--replicas", min=1, help="Number of repl
 Gpu = Annotated[str, typer.Option("--gpu", help="GPU type from the catalog (see docs/simulator.md).")]
 Model = Annotated[str, typer.Option("--model", help="Model from the catalog.")]
 Tp = Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree per replica.")]
-MaxSeqs = Annotated[int, typer.Option("--max-num-seqs", min=1, help="Max running requests per replica.")]
-MaxTokens = Annotated[int, typer.Option("--max-batched-tokens", min=1, help="Token budget per engine step.")]
+MaxSeqs = Annotated[Optional[int], typer.Option(
+    "--max-num-seqs", min=1, help="Max running requests per replica (default: vLLM's default for the GPU).")]
+MaxTokens = Annotated[Optional[int], typer.Option(
+    "--max-batched-tokens", min=1, help="Token budget per engine step (default: vLLM's default for the GPU).")]
 SchedulerOpt = Annotated[str, typer.Option(
     "--scheduler", help="Engine-level scheduler of each replica: fcfs, priority, sjf, vtc, deadline "
                         "or package.module:Class (see llmlb policies).")]
