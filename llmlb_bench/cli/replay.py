@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.text import Text
 
 from llmlb_bench.cli.app import app, console, err_console
-from llmlb_bench.cli.common import PolicyArgs, ReportFormat, ResultsDir, SloOpt
+from llmlb_bench.cli.common import PolicyArgs, ReportFormat, ResultsDir, Seed, SloOpt
 from llmlb_bench.cli.report import print_report
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import make_policy, parse_args
@@ -39,6 +39,7 @@ def replay(
                                  "(repeat for client-side routing over several).")],
     policy: Annotated[str, typer.Option("--policy", "-p", help="Routing policy over the endpoints (see llmlb policies).")] = "least_outstanding",
     policy_arg: PolicyArgs = None,
+    seed: Seed = 0,
     api: Annotated[Api, typer.Option("--api", help="Which API to call.")] = Api.chat,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name to send (default: each endpoint's first /v1/models entry).")] = None,
     time_scale: Annotated[float, typer.Option("--time-scale", help="Multiply trace times by this (0.5 = twice the rate).")] = 1.0,
@@ -51,6 +52,7 @@ def replay(
     total_timeout: Annotated[float, typer.Option("--total-timeout", help="Seconds for a whole request (0: none).")] = 0.0,
     retries: Annotated[int, typer.Option("--retries", min=0, help="Extra attempts after HTTP 429/5xx or a failed connection.")] = 0,
     retry_backoff: Annotated[float, typer.Option("--retry-backoff", min=0.0, help="Seconds before the first retry (doubles each time; Retry-After wins if larger).")] = 0.5,
+    scrape: Annotated[float, typer.Option("--scrape-interval", help="Seconds between reads of each endpoint's Prometheus /metrics (load signals for policies, series.parquet); 0: off.")] = 1.0,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue this partial replay run folder (same trace): finished rows are kept, the rest is sent.")] = None,
     results: ResultsDir = Path("results"),
     run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id (default: <label>-<time>-<hex>).")] = None,
@@ -73,17 +75,18 @@ def replay(
     options = ReplayOptions(
         api=api.value, model=model, time_scale=time_scale, force_output_length=force_length,
         api_key_env=api_key_env, tokenize=tokenize, retries=retries, retry_backoff_s=retry_backoff,
+        scrape_s=scrape if scrape > 0 else None,
         timeouts=Timeouts(connect=_timeout(connect_timeout), first_token=_timeout(first_token_timeout),
                           between_tokens=_timeout(token_timeout), total=_timeout(total_timeout)))
     table = read_trace(trace)
     policy_args = parse_args(policy_arg)
-    pol = make_policy(policy, policy_args)
+    pol = make_policy(policy, policy_args, seed=seed)
     pre = preflight(endpoint, options)
     for note in pre.notes:
         err_console.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
     res = prepare_resume(resume, trace) if resume is not None else None
     config = {"endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
-              "policy": {"name": policy, "args": dict(policy_args)}, "options": options.describe()}
+              "policy": {"name": policy, "args": dict(policy_args)}, "seed": seed, "options": options.describe()}
     store = RunStore(res.results_dir if res else results, config=config, backend="replay",
                      label=label or policy, run_id=res.run_id if res else run_id, trace_path=trace,
                      trace_rows=table.num_rows, trace_spec=trace_spec(table))
