@@ -22,9 +22,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.sql import REQUEST_METRICS_VIEW
-from llmlb_bench.store.views import Catalog
 from llmlb_bench.sweep.cells import Cell, execute
 from llmlb_bench.sweep.stats import mean_ci
 
@@ -45,15 +42,6 @@ class CapacityTask:
         return replace(self.template, axis="rate", x=rate, rate=rate, rate_scale=rate / self.nominal_rate)
 
 
-def attainment(run_dir: Path, slo: Slo) -> float:
-    """Good requests / all requests of one run (the metrics package's SLO predicate)."""
-    cat = Catalog([run_dir])
-    cat.con.execute(REQUEST_METRICS_VIEW)
-    good, n = cat.con.execute(
-        f"SELECT count(*) FILTER (WHERE {slo.predicate()}), count(*) FROM request_metrics").fetchone()
-    return good / n if n else 0.0
-
-
 def search(task: CapacityTask, root: str | Path) -> dict[str, Any]:
     """Bisect one seed's capacity; the worker's entry point.
 
@@ -61,16 +49,12 @@ def search(task: CapacityTask, root: str | Path) -> dict[str, Any]:
     bracket it ended in, whether it is censored at ``high``, and every
     evaluation (rate, attainment, run id, whether it was simulated now) in the order made.
     """
-    root = Path(root)
-    slo = Slo.parse(task.slo)
-    assert slo is not None
     evaluations: list[dict[str, Any]] = []
 
     def meets(rate: float) -> bool:
-        cell = task.cell(rate)
-        ran = execute(cell, root)["ran"]
-        a = attainment(root / cell.run_id, slo)
-        evaluations.append({"rate": rate, "attainment": a, "run_id": cell.run_id, "ran": ran})
+        result = execute(task.cell(rate), root, task.slo)
+        a = result["figures"]["attainment"]
+        evaluations.append({"rate": rate, "attainment": a, "run_id": result["run_id"], "ran": result["ran"]})
         return a >= task.target
 
     lo, hi = task.low, task.high

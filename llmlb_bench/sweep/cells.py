@@ -34,6 +34,7 @@ from llmlb_bench.experiment import simulate_run
 from llmlb_bench.schema import read_trace, write_trace
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.store.run import RUN_JSON
+from llmlb_bench.sweep.figures import cached_figures, compute_figures
 from llmlb_bench.workload import WorkloadSpec, generate
 
 TRACES = "traces"
@@ -136,17 +137,21 @@ def ensure_trace(cell: Cell, root: Path) -> tuple[pa.Table, Path]:
     return read_trace(path), path
 
 
-def execute(cell: Cell, root: str | Path) -> dict[str, Any]:
-    """Run ``cell`` into ``root/<run_id>`` unless it is already finished; the worker's entry point.
+def execute(cell: Cell, root: str | Path, slo: str | None) -> dict[str, Any]:
+    """Run ``cell`` into ``root/<run_id>`` unless it is already finished, and return its figures
+    judged by ``slo``; the worker's entry point.
 
-    Returns ``{"run_id", "ran", "wall_s"}`` (``ran`` False when skipped).
+    Returns ``{"run_id", "ran", "figures"}`` (``ran`` False when the stored run was reused).
     """
     root = Path(root)
     run_dir = root / cell.run_id
-    if finished(run_dir, cell.key):
-        return {"run_id": cell.run_id, "ran": False, "wall_s": 0.0}
-    table, trace_path = ensure_trace(cell, root)
-    cluster = ClusterConfig.from_dict(cell.cluster_config)
-    store = simulate_run(table, trace_path, cluster, cell.policy_name, cell.policy_args, cell.seed, root,
-                         label=cell.policy, run_id=cell.run_id, sweep=cell.coordinates())
-    return {"run_id": cell.run_id, "ran": True, "wall_s": store.summary.get("wall_s", 0.0)}
+    ran = not finished(run_dir, cell.key)
+    if ran:
+        table, trace_path = ensure_trace(cell, root)
+        cluster = ClusterConfig.from_dict(cell.cluster_config)
+        simulate_run(table, trace_path, cluster, cell.policy_name, cell.policy_args, cell.seed, root,
+                     label=cell.policy, run_id=cell.run_id, sweep=cell.coordinates())
+    figures = None if ran else cached_figures(root, cell.run_id, cell.key, slo)
+    if figures is None:
+        figures = compute_figures(root, cell.run_id, cell.key, slo)
+    return {"run_id": cell.run_id, "ran": ran, "figures": figures}

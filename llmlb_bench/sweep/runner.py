@@ -25,6 +25,7 @@ from llmlb_bench.sweep.capacity import CapacityTask, combine, search
 from llmlb_bench.sweep.cells import TRACES, Cell, execute, finished
 from llmlb_bench.sweep.curves import stability_curves
 from llmlb_bench.sweep.executors import Executor
+from llmlb_bench.sweep.figures import cached_figures
 from llmlb_bench.sweep.rates import nominal_rate
 from llmlb_bench.sweep.spec import ClusterEntry, PolicyEntry, SweepSpec, WorkloadEntry
 
@@ -144,16 +145,24 @@ def _grid_phase(spec: SweepSpec, root: Path, executor: Executor, progress: Progr
     if len(set(names)) != len(names):
         raise UserError("two grid values give the same run id (values closer than 10 significant digits)",
                         spec.source)
-    todo = [c for c in cells if not finished(root / c.run_id, c.key)]
-    outcome.skipped += len(cells) - len(todo)
+    todo, figures = [], {}
+    for c in cells:
+        cached = cached_figures(root, c.run_id, c.key, spec.slo_text) if finished(root / c.run_id, c.key) else None
+        if cached is None:
+            todo.append(c)
+        else:
+            figures[c.run_id] = cached
+    outcome.skipped += len(figures)
     if progress:
-        progress.phase("grid", len(cells), len(cells) - len(todo))
-    for _, result in executor.run(execute, todo, str(root)):
+        progress.phase("grid", len(cells), len(figures))
+    for _, result in executor.run(execute, todo, str(root), spec.slo_text):
+        figures[result["run_id"]] = result["figures"]
         outcome.ran += int(result["ran"])
+        outcome.skipped += int(not result["ran"])
         if progress:
             progress.advance(result["ran"])
     outcome.cells = cells
-    outcome.curves = stability_curves(root, cells, spec.slo, spec.knee_metric)
+    outcome.curves = stability_curves(cells, figures, spec.knee_metric)
 
 
 def run_sweep(spec: SweepSpec, results: str | Path, executor: Executor,

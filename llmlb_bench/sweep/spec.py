@@ -215,6 +215,8 @@ def _workloads(s: Section, base: Path) -> tuple[WorkloadEntry, ...]:
             sub = s.section(label)
             assert sub is not None
         spec_path = base / sub.string("spec")
+        if not spec_path.is_file():
+            raise sub.error("spec", f"no such workload spec: {spec_path}")
         overrides = {"requests": sub.integer("requests", None, ge=1),
                      "duration_s": sub.number("duration_s", None, gt=0)}
         sub.finish()

@@ -1,0 +1,71 @@
+"""The figures of one cell (attainment, goodput, latency percentiles), computed once, next to the runs.
+
+Summarising a run is SQL over its requests (:func:`metrics.summary.summarize`,
+the same figures as ``llmlb report``) and costs about as much as simulating
+it (the ITL query walks every token segment), so each worker summarises the
+cell it ran, in parallel, and keeps the figures in
+``<sweep>/figures/<run_id>.json`` tagged with the cell's key and the SLO they
+were judged by. A rerun reuses them; a changed SLO recomputes them from the
+stored runs without simulating again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.metrics.summary import summarize
+from llmlb_bench.store.views import Catalog
+
+FIGURES = "figures"
+LATENCY_STATS = ("mean", "p50", "p90", "p99")
+
+
+def run_figures(summary: dict[str, Any]) -> dict[str, float | None]:
+    """The figures a curve plots, flattened from one run's summary (``ttft.p99``, ``goodput``, ...)."""
+    out: dict[str, float | None] = {"throughput": summary["request_throughput"],
+                                    "output_throughput": summary["output_throughput"]}
+    slo = summary.get("slo")
+    if slo is not None:
+        out["attainment"] = slo["attainment"]
+        out["goodput"] = slo["goodput"]
+        out["good_token_throughput"] = slo["good_token_throughput"]
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        for stat in LATENCY_STATS:
+            out[f"{name}.{stat}"] = (summary.get(name) or {}).get(stat)
+    return out
+
+
+def _path(root: Path, run_id: str) -> Path:
+    return root / FIGURES / f"{run_id}.json"
+
+
+def cached_figures(root: Path, run_id: str, key: str, slo: str | None) -> dict[str, Any] | None:
+    """Stored figures of this very run under this SLO, or None."""
+    try:
+        doc = json.loads(_path(root, run_id).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return doc["figures"] if doc.get("key") == key and doc.get("slo") == slo else None
+
+
+def compute_figures(root: Path, run_id: str, key: str, slo: str | None) -> dict[str, Any]:
+    """Summarise the stored run and keep its figures (written atomically)."""
+    cat = Catalog([root / run_id])
+    # One thread: DuckDB's parallel float sums finish in varying order, which moves the last bits of a
+    # mean between calls; sweeps promise identical figures on every executor. No progress bar: workers
+    # share the terminal (and stdout, which may be carrying JSON).
+    cat.con.execute("SET threads TO 1")
+    cat.con.execute("SET enable_progress_bar = false")
+    (summary,) = summarize(cat, Slo.parse(slo))
+    figures = run_figures(summary)
+    path = _path(root, run_id)
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_name(f".{os.getpid()}-{secrets.token_hex(4)}-{path.name}")
+    tmp.write_text(json.dumps({"run_id": run_id, "key": key, "slo": slo, "figures": figures}, sort_keys=True))
+    tmp.replace(path)
+    return figures
