@@ -228,7 +228,7 @@ def test_an_endpoint_down_at_start_is_avoided_then_used_once_it_comes_up(faults,
 def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, sig):
     f, base = faults
     trace = tmp_path / "t.parquet"
-    write_trace(make_trace(n=40, rate=20.0, output_tokens=3), trace)
+    write_trace(make_trace(n=60, rate=20.0, output_tokens=3), trace)
     cmd = [sys.executable, "-m", "llmlb_bench", "replay", str(trace), "-e", f"{base}/slow",
            "--results", str(tmp_path / "res"), "--run-id", "x", "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -236,14 +236,14 @@ def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, s
     deadline = time.monotonic() + 30
     while not (run_dir / "run.json").exists() and time.monotonic() < deadline:  # imports can be slow
         time.sleep(0.05)
-    time.sleep(0.7)  # well into the 2 s schedule
+    time.sleep(1.2)  # well into the 3 s schedule
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["status"] == "partial" and meta["reason"] == "interrupted"
     rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
-    assert sorted(r["request_id"] for r in rows) == list(range(40))
+    assert sorted(r["request_id"] for r in rows) == list(range(60))
     statuses = {r["status"] for r in rows}
     assert "ok" in statuses and "not_sent" in statuses
     assert f"--resume {run_dir}" in err
@@ -254,6 +254,6 @@ def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, s
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["status"] == "complete" and meta["summary"]["replay"]["resumed"]["carried_rows"] > 0
     rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
-    assert sorted(r["request_id"] for r in rows) == list(range(40))
+    assert sorted(r["request_id"] for r in rows) == list(range(60))
     assert {r["status"] for r in rows} == {"ok"} and {r["run_id"] for r in rows} == {"x"}
     assert not any(p.name.endswith("resume-backup") for p in (tmp_path / "res").iterdir())
