@@ -135,6 +135,7 @@ class Replica:
         self.phase = [0] * block_size                # decoders needing a new block at steps = p (mod bs)
         self.finish_heap: list[tuple[int, int, Request, int]] = []
         self._done_here: list[Request] = []          # finished at a prefill completion, reported at the boundary
+        self._aborted: list[Request] = []            # to drop at the next boundary (see ``abort``)
         self._seq = 0
         self.timeline = Timeline()
         self.version = 0                             # bumps whenever the pending boundary moves
@@ -222,6 +223,44 @@ class Replica:
                 return self.run_end
         return None
 
+    def abort(self, req: Request, t: float) -> float | None:
+        """The client of ``req`` (waiting or running here) went away at ``t``. Returns the new
+        boundary time if it moved, else None.
+
+        Used by the live server (:mod:`llmlb_bench.serve`); batch simulations never abort. As in
+        vLLM, which drops aborted requests when it next schedules: a request waiting in the FCFS
+        queue leaves at once; a running one leaves the batch at the end of the step in progress
+        (the run in flight is cut there) and is reported in ``boundary``'s ``done`` list, with
+        ``generated`` tokens, fewer than it asked for. Under other engine schedulers a waiting
+        request stays queued until it is admitted and is dropped at the boundary after that."""
+        if self._fcfs and req not in self.running:
+            self.waiting.remove(req)
+            return None
+        self._aborted.append(req)
+        if self.run_decode_only and self.run_n:
+            j = int((t - self.run_start) / self.run_gap) + 1 if t >= self.run_start else 0
+            if j < self.run_n:
+                self.run_n = j
+                self.timeline.truncate_last(j)
+                self.version += 1
+                return self.run_end
+        return None
+
+    def _drop_aborted(self, done: list[Request]) -> None:
+        """Take aborted requests out of the batch (those still queued wait for their admission)."""
+        queued = []
+        for req in self._aborted:
+            if req in self.running:
+                if req.step0 >= 0:
+                    self._release(req, -(-self._stop_decode(req) // self.bs))
+                else:
+                    self.prefilling.remove(req)
+                    self._release(req, req.blocks)
+                done.append(req)
+            elif any(w is req for w in self.waiting):
+                queued.append(req)
+        self._aborted = queued
+
     def boundary(self, done: list[Request]) -> float | None:
         """The run in flight has ended: apply it, append requests done here to ``done``
         (finished, or handed over after prefill), schedule the next step.
@@ -238,6 +277,8 @@ class Replica:
         if self._done_here:
             done.extend(self._done_here)
             self._done_here.clear()
+        if self._aborted:
+            self._drop_aborted(done)
         if self.cache is not None:
             self.cache.evict_to(self.total_blocks - self.used)
         return self._schedule()
