@@ -51,6 +51,9 @@ def test_sweep_runs_tags_every_cell_and_a_rerun_only_reports(tmp_path, capsys):
     assert [p["rate"] for p in points] == pytest.approx([10, 20, 30])
     assert [p["rate_scale"] for p in points] == pytest.approx([0.25, 0.5, 0.75])  # chat.toml offers 40 req/s
     assert all(0 <= p["attainment"]["mean"] <= 1 for p in points)
+    for curve in summary["curves"]:  # DistServe's max goodput: the highest rate still at 90% attainment
+        meeting = [p["rate"] for p in curve["points"] if p["attainment"]["mean"] >= 0.9]
+        assert (curve["max_goodput"] or {}).get("rate") == (max(meeting) if meeting else None)
     assert json.loads((results / "small" / "summary.json").read_text())["curves"] == summary["curves"]
 
     # coordinates are queryable like any run field
@@ -103,13 +106,14 @@ BASE = SMALL.replace('name = "small"\n', "")
     (BASE.replace("requests = 150", "requests = 150, duration_s = 5"), ["workloads.chat", "not both"]),
     (BASE.replace(CHAT, "nowhere.toml"), ["workloads.chat.spec", "no such workload spec", "nowhere.toml"]),
     (BASE.replace('slo = "ttft=400ms,tpot=50ms"', 'slo = "ttft=fast"'), ["slo", "cannot parse"]),
-    (BASE + "\n[capacity]\nattainment = 0.9\nrate = [5, 1]\n", ["capacity.rate", "low < high"]),
-    (BASE.replace('slo = "ttft=400ms,tpot=50ms"\n', "") + "\n[capacity]\nattainment = 0.9\nrate = [1, 5]\n",
+    (BASE + "\n[capacity]\nrate = [5, 1]\n", ["capacity.rate", "low < high"]),
+    (BASE.replace('slo = "ttft=400ms,tpot=50ms"\n', "") + "\n[capacity]\nrate = [1, 5]\n",
      ["slo", "needs an SLO"]),
-    (BASE + "\n[capacity]\nattainment = 0.9\nrate = [1, 5]\nreference = 'p3c'\n", ["capacity.reference", "p3c"]),
+    (BASE + "\n[capacity]\nrate = [1, 5]\nreference = 'p3c'\n", ["capacity.reference", "p3c"]),
     ("knee_metrc = 'e2e.p99'\n" + BASE, ["knee_metrc", "unknown field"]),
     (BASE.replace('p2c = { policy = "power_of_d", args = { d = 2 } }',
                   'p2c = { policy = "power_of_d", clusters = ["four"] }'), ["policies.p2c.clusters", "'four'"]),
+    ("attainment = 1.5\n" + BASE, ["attainment", "must be < 1"]),
     ("name = 1\n", ["name", "expected a string"]),
     ("not toml [", ["not valid TOML"]),
 ])

@@ -66,8 +66,8 @@ def test_capacity_search_finds_the_mm1_rate_that_meets_the_sojourn_slo(mm1):
     base, mu = mm1
     x, alpha = 5.0 / mu, 0.9
     theory = mu - math.log(1 / (1 - alpha)) / x
-    spec = _sweep(base, "capacity", slo=f"e2e={x:.6f}s", seeds=[1, 2, 3, 4],
-                  capacity={"attainment": alpha, "rate": [0.1 * mu, 0.95 * mu], "tolerance": 0.01})
+    spec = _sweep(base, "capacity", slo=f"e2e={x:.6f}s", seeds=[1, 2, 3, 4], attainment=alpha,
+                  capacity={"rate": [0.1 * mu, 0.95 * mu], "tolerance": 0.01})
     with make_executor("local", 2) as ex:
         cap = run_sweep(spec, base / "results", ex).capacity[0]
     assert cap["n"] == 4 and not cap["censored"]

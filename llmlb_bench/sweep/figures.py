@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.summary import summarize
+from llmlb_bench.metrics.summary import Options, summarize
 from llmlb_bench.store.views import Catalog
 
 FIGURES = "figures"
 LATENCY_STATS = ("mean", "p50", "p90", "p99")
+#: energy and cost figures of a run's summary (GPU catalog prices): what a fleet comparison divides by
+ENERGY = ("j_per_good_token", "usd_per_m_good_tokens", "gpus")
 
 
 def run_figures(summary: dict[str, Any]) -> dict[str, float | None]:
@@ -37,6 +39,9 @@ def run_figures(summary: dict[str, Any]) -> dict[str, float | None]:
     for name in ("ttft", "tpot", "itl", "e2e"):
         for stat in LATENCY_STATS:
             out[f"{name}.{stat}"] = (summary.get(name) or {}).get(stat)
+    energy = summary.get("energy") or {}
+    for key in ENERGY:
+        out[key] = energy.get(key)
     return out
 
 
@@ -61,7 +66,8 @@ def compute_figures(root: Path, run_id: str, key: str, slo: str | None) -> dict[
     # share the terminal (and stdout, which may be carrying JSON).
     cat.con.execute("SET threads TO 1")
     cat.con.execute("SET enable_progress_bar = false")
-    (summary,) = summarize(cat, Slo.parse(slo))
+    # per-run bootstrap intervals off: a sweep's intervals come from its repeats (and cost a quarter of the time)
+    (summary,) = summarize(cat, Slo.parse(slo), Options(ci=False))
     figures = run_figures(summary)
     path = _path(root, run_id)
     path.parent.mkdir(exist_ok=True)

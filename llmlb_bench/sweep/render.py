@@ -27,7 +27,7 @@ def _ci(stat: dict[str, Any] | None, spec: str, scale: float = 1.0) -> str:
 
 
 def capacity_table(summary: dict[str, Any]) -> Table:
-    target = summary["capacity_target"]
+    target = summary["target"]
     t = Table(title=f"Capacity: highest rate with SLO attainment >= {100 * target:g}% ({summary['slo']})",
               title_justify="left")
     for col in ("workload", "cluster", "policy"):
@@ -80,7 +80,10 @@ def knee_lines(summary: dict[str, Any]) -> list[str]:
         text = f"{c['workload']} / {c['cluster']} / [bold]{c['policy']}[/]: knee of {summary['knee_metric']} "
         text += f"at {summary['axis']} {knee['x']:g} ({knee['rate']:,.2f} req/s)" if knee else "not found"
         if best:
-            text += f"; max goodput {best['goodput']:,.2f} req/s at {summary['axis']} {best['x']:g}"
+            text += (f"; max goodput {best['goodput']:,.2f} req/s at {summary['axis']} {best['x']:g} "
+                     f"({best['rate']:,.2f} req/s offered, attainment {100 * best['attainment']:.1f}%)")
+        else:
+            text += f"; attainment below {100 * summary['target']:g}% at every rate"
         lines.append(text)
     return lines
 

@@ -59,7 +59,7 @@ class SweepOutcome:
             "sweep": spec.name, "description": spec.description, "source": spec.source,
             "tool_version": __version__, "slo": spec.slo_text, "seeds": list(spec.seeds),
             "axis": spec.axis, "knee_metric": spec.knee_metric,
-            "capacity_target": spec.capacity.attainment if spec.capacity else None,
+            "target": spec.target,
             "capacity": self.capacity, "curves": self.curves,
         }
 
@@ -82,7 +82,7 @@ def capacity_tasks(spec: SweepSpec) -> list[CapacityTask]:
                 continue
             for seed in spec.seeds:
                 tasks.append(CapacityTask(_template(spec, "capacity", w, c, p, seed), nominal, spec.slo_text,
-                                          cap.attainment, cap.low, cap.high, cap.tolerance))
+                                          spec.target, cap.low, cap.high, cap.tolerance))
     return tasks
 
 
@@ -162,7 +162,7 @@ def _grid_phase(spec: SweepSpec, root: Path, executor: Executor, progress: Progr
         if progress:
             progress.advance(result["ran"])
     outcome.cells = cells
-    outcome.curves = stability_curves(cells, figures, spec.knee_metric)
+    outcome.curves = stability_curves(cells, figures, spec.knee_metric, spec.target)
 
 
 def run_sweep(spec: SweepSpec, results: str | Path, executor: Executor,

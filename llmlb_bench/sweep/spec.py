@@ -21,11 +21,12 @@ Example (see docs/sweeps.md for every field)::
     round_robin = {}
     p2c = { policy = "power_of_d", args = { d = 2 } }
 
+    attainment = 0.9                  # the target of capacity and max goodput
+
     [load]
     load = [0.5, 0.75, 1.0, 1.2]      # x the reference policy's capacity
 
     [capacity]
-    attainment = 0.9
     rate = [1, 200]
 """
 
@@ -94,9 +95,8 @@ class PolicyEntry:
 
 @dataclass(frozen=True)
 class CapacitySpec:
-    """Capacity search: the highest rate whose SLO attainment reaches ``attainment``."""
+    """Capacity search: the highest rate whose SLO attainment reaches the sweep's target."""
 
-    attainment: float
     low: float
     high: float
     tolerance: float
@@ -118,6 +118,8 @@ class SweepSpec:
     values: tuple[float, ...]
     capacity: CapacitySpec | None
     knee_metric: str
+    #: SLO attainment a rate must keep: for capacity and for maximum goodput
+    target: float = 0.9
     description: str = ""
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
@@ -152,6 +154,7 @@ def parse_sweep(data: Mapping[str, Any], source: str, base: Path, default_name: 
     slo = Slo.parse(slo_text, f"{source}: slo") if slo_text else None
     seeds = _seeds(s)
     knee = s.string("knee_metric", "e2e.mean", choices=KNEE_METRICS)
+    target = s.number("attainment", 0.9, gt=0, lt=1)
     workloads = _workloads(s.section("workloads"), base)
     clusters = _clusters(s.section("clusters", None), source)
     policies = _policies(s.section("policies"), source, {c.label for c in clusters})
@@ -166,7 +169,7 @@ def parse_sweep(data: Mapping[str, Any], source: str, base: Path, default_name: 
         raise s.error("slo", "a capacity search needs an SLO (e.g. slo = \"ttft=500ms,tpot=50ms\")")
     spec = SweepSpec(name=name, source=source, slo=slo, slo_text=slo_text, seeds=seeds, workloads=workloads,
                      clusters=clusters, policies=policies, axis=axis, values=values, capacity=capacity,
-                     knee_metric=knee, description=description, raw=dict(data))
+                     knee_metric=knee, target=target, description=description, raw=dict(data))
     if axis == "load" and capacity is not None:
         ref = spec.policy(capacity.reference)
         for c in clusters:
@@ -287,7 +290,6 @@ def _grid(s: Section | None) -> tuple[str | None, tuple[float, ...]]:
 def _capacity(s: Section | None, policies: tuple[PolicyEntry, ...]) -> CapacitySpec | None:
     if s is None:
         return None
-    target = s.number("attainment", gt=0, lt=1)
     bracket = s.numbers("rate", gt=0)
     if len(bracket) != 2 or not bracket[0] < bracket[1]:
         raise s.error("rate", "expected [low, high] request rates (req/s) with low < high")
@@ -298,4 +300,4 @@ def _capacity(s: Section | None, policies: tuple[PolicyEntry, ...]) -> CapacityS
         raise s.error("policies", f"expected a list of policy labels from [policies] ({', '.join(labels)})")
     reference = s.string("reference", chosen[0], choices=chosen)
     s.finish()
-    return CapacitySpec(target, bracket[0], bracket[1], tolerance, reference, tuple(chosen))
+    return CapacitySpec(bracket[0], bracket[1], tolerance, reference, tuple(chosen))
