@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import heapq
 import json
 import resource
 import signal
@@ -54,11 +53,11 @@ from llmlb_bench.replay.preflight import Preflight, preflight, request_headers
 from llmlb_bench.replay.prompts import PromptBuilder
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
 from llmlb_bench.replay.rows import RowWriter
+from llmlb_bench.replay.schedule import INF as _INF, Schedule, TraceColumns
 from llmlb_bench.replay.scrape import Signals, parse_metrics
 from llmlb_bench.schema import trace_block_size
 from llmlb_bench.store import RunStore
 
-_INF = float("inf")
 #: the dispatcher stops sleeping this long before a send and polls the loop instead
 _SPIN_S = 0.0015
 #: dispatches in a row before the dispatcher lets I/O run (when it is behind schedule)
@@ -82,46 +81,6 @@ def replay(trace: pa.Table, endpoints: list[str], policy: Any, run: RunStore,
     return Replayer(trace, pre, policy, run, options, resume).run()
 
 
-class _Columns:
-    """The trace as plain Python lists (fast per-request access on the event loop)."""
-
-    def __init__(self, table: pa.Table, scale: float) -> None:
-        col = table.column
-        self.n = table.num_rows
-        self.rid: list[int] = col("request_id").to_pylist()
-        self.due: list[float] = [a * scale for a in col("arrival_s").to_pylist()]
-        self.inp: list[int] = col("input_tokens").to_pylist()
-        self.out: list[int] = col("output_tokens").to_pylist()
-        self.tenant = _strings(table, "tenant", "default")
-        self.slo = _strings(table, "slo_class", "default")
-        self.session = _values(table, "session_id", None)
-        self.priority = _values(table, "priority", 0)
-        self.parent = _values(table, "parent_id", None)
-        self.after = [(a or 0.0) * scale for a in _values(table, "after_parent_s", 0.0)]
-        if "prefix_hashes" in table.column_names:
-            arr = table.column("prefix_hashes").combine_chunks()
-            self._offsets = np.asarray(arr.offsets)
-            self._hashes = np.asarray(arr.values.to_numpy(zero_copy_only=False), dtype=np.uint64)
-        else:
-            self._offsets = np.zeros(self.n + 1, dtype=np.int64)
-            self._hashes = np.zeros(0, dtype=np.uint64)
-
-    def hashes(self, i: int) -> list[int]:
-        return self._hashes[self._offsets[i]:self._offsets[i + 1]].tolist()
-
-
-def _strings(table: pa.Table, name: str, default: str) -> list[str]:
-    if name not in table.column_names:
-        return [default] * table.num_rows
-    return [v if v is not None else default for v in table.column(name).cast(pa.string()).to_pylist()]
-
-
-def _values(table: pa.Table, name: str, default: Any) -> list[Any]:
-    if name not in table.column_names:
-        return [default] * table.num_rows
-    return [v if v is not None else default for v in table.column(name).to_pylist()]
-
-
 class Replayer:
     """One replay run; use :func:`replay`."""
 
@@ -135,7 +94,7 @@ class Replayer:
         self._release = getattr(policy, "release", None)
         self.run_store = run
         self.resume = resume
-        self.tr = tr = _Columns(trace, options.time_scale)
+        self.tr = tr = TraceColumns(trace, options.time_scale)
         self.prompts = PromptBuilder(trace_block_size(trace), pre.word_costs)
         self.view = View(targets=[TargetInfo(name=ep.url) for ep in pre.endpoints],
                          block_size=trace_block_size(trace))
@@ -145,25 +104,8 @@ class Replayer:
         self.path = _API_PATHS[options.api]
         self.headers = request_headers(options)
         self.writer = RowWriter(run.requests)
-        skip = resume.done_ids if resume else set()
-        self.rid_index = {rid: i for i, rid in enumerate(tr.rid)}
-        self.sched = list(tr.due)
-        self.dispatched = [tr.rid[i] in skip for i in range(tr.n)]
-        # dependent requests wait for a parent that this run sends
-        self.children: dict[int, list[int]] = {}
-        roots = []
-        for i in range(tr.n):
-            if self.dispatched[i]:
-                continue
-            parent = tr.parent[i]
-            if parent is not None and parent in self.rid_index and not self.dispatched[self.rid_index[parent]]:
-                self.children.setdefault(parent, []).append(i)
-            else:
-                roots.append(i)
-        roots.sort(key=lambda i: (tr.due[i], i))
-        self.roots = roots
-        self.waiting_children = sum(len(v) for v in self.children.values())
-        self.ready: list[tuple[float, int]] = []
+        self.schedule = Schedule(tr, resume.done_ids if resume else set())
+        self.sched = self.schedule.due
         self.flights: set[Flight] = set()
         self.held: set[int] = set()
         self.connects: set[asyncio.Task[None]] = set()
@@ -239,8 +181,7 @@ class Replayer:
         origin = 0.0
         if self.resume is not None:
             self._write_carried()
-            pending = [self.sched[i] for i in self.roots]
-            origin = min(pending) if pending else 0.0
+            origin = self.schedule.first_due()
         self.t0 = perf_counter() + self.options.start_delay_s - origin
         background = [loop.create_task(self._flush_periodically()),
                       loop.create_task(self._probe_unhealthy())]
@@ -275,17 +216,13 @@ class Replayer:
                 handle.cancel()
 
     async def _dispatch_all(self) -> None:
-        roots, ready, sched = self.roots, self.ready, self.sched
-        pos, burst, n_roots = 0, 0, len(roots)
+        schedule, burst = self.schedule, 0
         while True:
-            nxt = sched[roots[pos]] if pos < n_roots else _INF
-            from_ready = bool(ready) and ready[0][0] < nxt
-            if from_ready:
-                nxt = ready[0][0]
+            nxt = schedule.peek()
             if nxt == _INF:
-                if not self.waiting_children:
+                if not schedule.waiting:
                     return
-                await self._sleep(None)
+                await self._sleep(None)  # until a parent ends
                 continue
             delay = nxt - (perf_counter() - self.t0)
             if delay > _SPIN_S:
@@ -296,18 +233,12 @@ class Replayer:
                 burst = 0
                 await asyncio.sleep(0)
                 continue
-            if from_ready:
-                idx = heapq.heappop(ready)[1]
-            else:
-                idx = roots[pos]
-                pos += 1
             burst += 1
-            self._dispatch(idx)
+            self._dispatch(schedule.pop())
 
     # -- routing and sending -------------------------------------------------
     def _dispatch(self, idx: int) -> None:
         tr = self.tr
-        self.dispatched[idx] = True
         # the self-check: how late the client itself handled the request (connection setup,
         # which also sits between scheduled_s and sent_s, belongs to the network, not the client)
         self.lateness.append(perf_counter() - self.t0 - self.sched[idx])
@@ -331,7 +262,7 @@ class Replayer:
             if nxt is None:
                 return
             req, target = nxt
-            idx = self.rid_index[req.request_id]
+            idx = self.schedule.index[req.request_id]
             self.held.discard(idx)
             self._launch(idx, req, target)
 
@@ -514,14 +445,8 @@ class Replayer:
     def _after_end(self, idx: int) -> None:
         end = perf_counter() - self.t0
         self.last_end = end
-        kids = self.children.pop(self.tr.rid[idx], None)
-        if kids:
-            for c in kids:
-                self.sched[c] = max(self.sched[c], end + self.tr.after[c])
-                heapq.heappush(self.ready, (self.sched[c], c))
-            self.waiting_children -= len(kids)
-            if self._wake is not None and not self._wake.done():
-                self._wake.set_result(None)
+        if self.schedule.ended(idx, end) and self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)  # a dependent may be due before the dispatcher's next wake-up
         if self.held:
             self._drain_released()
         self._check_done()
@@ -572,10 +497,8 @@ class Replayer:
         for idx in sorted(self.held):
             self._write_row(idx, None, "not_sent", None)
         self.held.clear()
-        for idx in range(self.tr.n):
-            if not self.dispatched[idx]:
-                self.dispatched[idx] = True
-                self._write_row(idx, None, "not_sent", None)
+        for idx in self.schedule.untaken():
+            self._write_row(idx, None, "not_sent", None)
         for pool in self.pools:
             pool.close_all()
 
