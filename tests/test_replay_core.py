@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -74,6 +75,62 @@ def test_endpoint_urls_are_normalised_and_bad_ones_refused():
     for bad in ("localhost:8000", "ftp://x", "http://", "http://h:99999", "http://u:p@h/"):
         with pytest.raises(UserError):
             parse_endpoint(bad)
+
+
+_SSE_BODY = (b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+             b'data: {"choices":[{"delta":{"content":"b"},"finish_reason":"length"}]}\n\n'
+             b'data: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2}}\n\ndata: [DONE]\n\n')
+
+
+def _framed(mode: str) -> bytes:
+    """The same answer framed three ways HTTP/1.1 allows."""
+    if mode == "chunked":  # with a chunk extension and a trailer
+        half = len(_SSE_BODY) // 2
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + b"%x;ext=1\r\n%s\r\n" % (half, _SSE_BODY[:half])
+                + b"%x\r\n%s\r\n" % (len(_SSE_BODY) - half, _SSE_BODY[half:]) + b"0\r\nX-Trailer: 1\r\n\r\n")
+    if mode == "until-close":
+        return b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n" + _SSE_BODY
+    body = b'{"choices":[{"message":{"content":"ab"}}],"usage":{"prompt_tokens":4,"completion_tokens":2}}'
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+@pytest.mark.parametrize("mode", ["chunked", "until-close", "json"])
+def test_responses_are_parsed_however_the_bytes_arrive(servers, tmp_path, mode):
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError:
+                return  # the client closed its connection
+            lengths = [h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")]
+            await reader.readexactly(int(lengths[0]) if lengths else 0)
+            if head.startswith(b"GET /v1/models"):
+                body = b'{"data":[{"id":"m"}]}'
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                continue
+            for i in range(0, len(raw := _framed(mode))):  # one byte per write
+                writer.write(raw[i:i + 1])
+                await writer.drain()
+                await asyncio.sleep(0)
+            if mode == "until-close":
+                writer.close()
+                return
+
+    async def start() -> str:
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        servers._cleanups.append(lambda: _close(srv))
+        return f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"
+
+    url = servers.call(start)
+    _, rows, _ = run_replay(make_trace(n=3, rate=50.0, output_tokens=2), [url], tmp_path)
+    for r in rows:
+        assert r["status"] == "ok" and r["output_tokens"] == 2 and r["server_input_tokens"] == 4, r["error"]
+        assert token_count(r) == (1 if mode == "json" else 2)
+
+
+async def _close(srv: asyncio.AbstractServer) -> None:
+    srv.close()
 
 
 # -- replays -----------------------------------------------------------------

@@ -171,7 +171,7 @@ class Flight:
                 self._record(tokens, now)
                 self._abort("error", f"malformed JSON in stream: {_clip(payload)}", now)
                 return
-            if not isinstance(obj, dict):
+            if type(obj) is not dict:
                 self._record(tokens, now)
                 self._abort("error", f"malformed stream chunk (not an object): {_clip(payload)}", now)
                 return
@@ -182,22 +182,21 @@ class Flight:
             choices = obj.get("choices")
             if choices:
                 tokens += self._count_choices(choices)
-            usage = obj.get("usage")
-            if usage:
-                self._take_usage(usage)
+            if obj.get("usage"):
+                self._take_usage(obj["usage"])
         self._record(tokens, now)
 
     def _count_choices(self, choices: Any) -> int:
+        """1 if any choice carries text (one token per chunk), else 0; notes a finish reason."""
         n = 0
-        for c in choices if isinstance(choices, list) else ():
-            if not isinstance(c, dict):
+        for c in choices if type(choices) is list else ():
+            if type(c) is not dict:
                 continue
             delta = c.get("delta")
-            if isinstance(delta, dict):
-                text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-            else:
-                text = c.get("text")
-            if text:
+            if type(delta) is dict:
+                if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+                    n = 1
+            elif c.get("text"):
                 n = 1
             if c.get("finish_reason"):
                 self._finish_seen = True

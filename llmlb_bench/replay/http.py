@@ -230,12 +230,18 @@ class Connection(asyncio.Protocol):
             pos = eol + 2
             if state == _SIZE:
                 try:
-                    size = int(line.split(b";", 1)[0].strip(), 16)
-                except ValueError:
-                    self._fail(f"malformed chunk size {line[:20]!r}", now)
-                    return
+                    size = int(line, 16)
+                except ValueError:  # a chunk extension (";name=value") or garbage
+                    try:
+                        size = int(line.split(b";", 1)[0], 16)
+                    except ValueError:
+                        self._fail(f"malformed chunk size {line[:20]!r}", now)
+                        return
                 if size == 0:
                     self._chunk_state = _TRAILER
+                elif pos + size + 2 <= n and buf[pos + size:pos + size + 2] == b"\r\n":
+                    out.append(buf[pos:pos + size])  # the whole chunk is here: take it in one step
+                    pos += size + 2
                 else:
                     self._remaining, self._chunk_state = size, _DATA
             elif state == _DATA_END:
@@ -348,9 +354,9 @@ class Pool:
             self._idle.remove(conn)
 
     def close_all(self) -> None:
+        self._idle.clear()
         for conn in list(self._all):
             conn.abort()
-        self._idle.clear()
 
 
 class _Collector:
