@@ -8,6 +8,7 @@ import os
 import random
 from collections import Counter
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -197,6 +198,19 @@ def test_dependent_requests_leave_after_their_parent_ends(servers, tmp_path):
     assert r2["scheduled_s"] >= r1["last_token_s"] + 0.05 - 1e-9
     assert r3["scheduled_s"] >= r2["last_token_s"] - 1e-9
     assert all(r["sent_s"] >= r["scheduled_s"] for r in rows)
+
+
+def test_closed_loop_keeps_exactly_n_users_busy(servers, tmp_path):
+    url, _ = servers.noop(NoopConfig(ttft_s=0.01, itl_s=0.005))
+    trace = make_trace(n=15, rate=1000.0, output_tokens=4)
+    _, rows, _ = run_replay(trace, [url], tmp_path, options=ReplayOptions(users=3, think_s=0.02))
+    assert {r["status"] for r in rows} == {"ok"}
+    assert [r["scheduled_s"] for r in rows[:3]] == [0.0] * 3  # three users start together
+    ends = sorted(r["last_token_s"] for r in rows)
+    for r in rows[3:]:  # every later request waits for a user: some request ended think_s before it
+        assert any(abs(r["scheduled_s"] - (e + 0.02)) < 1e-3 for e in ends)
+    events = sorted([(r["sent_s"], 1) for r in rows] + [(r["last_token_s"], -1) for r in rows])
+    assert max(np.cumsum([d for _, d in events])) == 3
 
 
 class _Watcher(Policy):

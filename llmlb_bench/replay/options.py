@@ -29,6 +29,11 @@ class ReplayOptions:
     model: str | None = None
     #: trace times are multiplied by this (0.5 = twice the request rate)
     time_scale: float = 1.0
+    #: closed loop: this many users, each sending its next request when the last one ended
+    #: (``None``: open loop at the trace's times)
+    users: int | None = None
+    #: closed loop: seconds a user waits between the end of a request and its next one
+    think_s: float = 0.0
     #: send ``min_tokens`` and ``ignore_eos`` (vLLM, SGLang, llama.cpp) so outputs have the trace's length
     force_output_length: bool = True
     #: environment variable holding the API key, sent as a Bearer token and never stored;

@@ -104,7 +104,10 @@ class Replayer:
         self.path = _API_PATHS[options.api]
         self.headers = request_headers(options)
         self.writer = RowWriter(run.requests)
-        self.schedule = Schedule(tr, resume.done_ids if resume else set())
+        if options.users is not None and options.users < 1:
+            raise UserError("must be at least 1", "--users")
+        self.schedule = Schedule(tr, resume.done_ids if resume else set(), options.users,
+                                 options.think_s * options.time_scale)
         self.sched = self.schedule.due
         self.flights: set[Flight] = set()
         self.held: set[int] = set()

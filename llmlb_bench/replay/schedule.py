@@ -1,10 +1,18 @@
-"""When each trace request leaves: the open-loop schedule, with dependent requests.
+"""When each trace request leaves: open loop (with dependent requests) or closed loop.
 
-A request leaves at ``arrival_s`` x ``time_scale``. A dependent request
-(``parent_id`` naming a request this run sends) waits for its parent to end
-and leaves ``after_parent_s`` x ``time_scale`` later, or at its own arrival
-time if that is later. Roots are sorted once; released dependents go
-through a heap, so picking the next request costs O(log n).
+Open loop: a request leaves at ``arrival_s`` x ``time_scale``. A dependent
+request (``parent_id`` naming a request this run sends) waits for its parent
+to end and leaves ``after_parent_s`` x ``time_scale`` later, or at its own
+arrival time if that is later.
+
+Closed loop (``users`` = N): N users each send one request, wait for it to
+end, think ``think_s`` seconds and send the next row of the trace (in
+arrival order); arrival times then only set that order, and ``parent_id``
+is not used. This measures a server at a fixed concurrency, the way
+concurrency-mode benchmark clients do.
+
+Roots are sorted once; released requests go through a heap, so picking
+the next request costs O(log n).
 """
 
 from __future__ import annotations
@@ -61,8 +69,10 @@ def _values(table: pa.Table, name: str, default: Any) -> list[Any]:
 class Schedule:
     """The order and times in which the replayer sends the trace's requests."""
 
-    def __init__(self, tr: TraceColumns, skip: set[int]) -> None:
+    def __init__(self, tr: TraceColumns, skip: set[int], users: int | None = None, think_s: float = 0.0) -> None:
         self.tr = tr
+        self.users = users
+        self.think_s = think_s
         self.index = {rid: i for i, rid in enumerate(tr.rid)}
         #: scheduled time of each row (a dependent's is fixed when its parent ends)
         self.due = list(tr.due)
@@ -73,7 +83,7 @@ class Schedule:
         for i in range(tr.n):
             if self.taken[i]:
                 continue
-            parent = tr.parent[i]
+            parent = tr.parent[i] if users is None else None
             if parent is not None and parent in self.index and not self.taken[self.index[parent]]:
                 self._children.setdefault(parent, []).append(i)
             else:
@@ -83,19 +93,29 @@ class Schedule:
         self._pos = 0
         self._ready: list[tuple[float, int]] = []
         self.waiting = sum(len(v) for v in self._children.values())
+        if users is not None:  # closed loop: the first N rows leave together, the rest wait for a user
+            start = self.due[roots[0]] if roots else 0.0
+            for i in roots[:users]:
+                self.due[i] = start
+                heapq.heappush(self._ready, (start, i))
+            self._pos = min(users, len(roots))
+            self.waiting = len(roots) - self._pos
 
     def first_due(self) -> float:
         """Earliest time among requests that can leave now (0 when there are none)."""
         return self.due[self._roots[0]] if self._roots else 0.0
 
     def peek(self) -> float:
-        """Time of the next request that can leave (INF: none until a parent ends)."""
+        """Time of the next request that can leave (INF: none until a request ends)."""
+        if self.users is not None:
+            return self._ready[0][0] if self._ready else INF
         nxt = self.due[self._roots[self._pos]] if self._pos < len(self._roots) else INF
         return min(nxt, self._ready[0][0]) if self._ready else nxt
 
     def pop(self) -> int:
         """The next request (call after :meth:`peek` gave a finite time)."""
-        if self._ready and (self._pos >= len(self._roots) or self._ready[0][0] < self.due[self._roots[self._pos]]):
+        if self._ready and (self.users is not None or self._pos >= len(self._roots)
+                            or self._ready[0][0] < self.due[self._roots[self._pos]]):
             idx = heapq.heappop(self._ready)[1]
         else:
             idx = self._roots[self._pos]
@@ -104,7 +124,17 @@ class Schedule:
         return idx
 
     def ended(self, idx: int, end: float) -> bool:
-        """Request ``idx`` ended at ``end``: release its dependents; True if there were any."""
+        """Request ``idx`` ended at ``end``: release its dependents (closed loop: its user's next
+        request); True if that made a request ready."""
+        if self.users is not None:
+            if self._pos >= len(self._roots):
+                return False
+            nxt = self._roots[self._pos]
+            self._pos += 1
+            self.due[nxt] = end + self.think_s
+            heapq.heappush(self._ready, (self.due[nxt], nxt))
+            self.waiting -= 1
+            return True
         kids = self._children.pop(self.tr.rid[idx], None)
         if not kids:
             return False
