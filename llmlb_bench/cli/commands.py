@@ -9,3 +9,5 @@ from llmlb_bench.cli import trace  # noqa: F401
 from llmlb_bench.cli import replay  # noqa: F401
 from llmlb_bench.cli import sweep  # noqa: F401
 from llmlb_bench.cli import import_results  # noqa: F401
+from llmlb_bench.cli import gate  # noqa: F401
+from llmlb_bench.cli import serve  # noqa: F401

@@ -1,0 +1,71 @@
+"""``llmlb serve``: a simulated fleet behind real OpenAI-compatible HTTP endpoints."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from llmlb_bench.cli.app import app, console
+from llmlb_bench.cli.common import (Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, Replicas, SchedulerArgs,
+                                    SchedulerOpt, Seed, Tp)
+from llmlb_bench.errors import UserError
+from llmlb_bench.policies import make_policy, parse_args
+from llmlb_bench.serve import ServeOptions, run
+from llmlb_bench.sim import ClusterConfig
+
+
+@app.command()
+def serve(
+    replicas: Replicas = 1,
+    gpu: Gpu = "a100-80g",
+    model: Model = "llama-3-8b",
+    tp: Tp = 1,
+    max_num_seqs: MaxSeqs = None,
+    max_batched_tokens: MaxTokens = None,
+    scheduler: SchedulerOpt = "fcfs",
+    scheduler_arg: SchedulerArgs = None,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="One port in front of every replica, routed by --policy (0: any free port).")] = 8000,
+    port_per_replica: Annotated[Optional[int], typer.Option("--port-per-replica", min=0, max=65535, help="Replica i listens on BASE + i, each an independent engine (0: any free ports).")] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to bind (default: loopback only).")] = "127.0.0.1",
+    policy: Annotated[Optional[str], typer.Option("--policy", "-p", help="Routing policy behind the single --port (default least_outstanding; see llmlb policies).")] = None,
+    policy_arg: PolicyArgs = None,
+    speed: Annotated[float, typer.Option("--speed", help="Simulated seconds per wall-clock second (2 = everything twice as fast).")] = 1.0,
+    mean_output_tokens: Annotated[float, typer.Option("--mean-output-tokens", help="Mean answer length (geometric) when a request sets neither ignore_eos nor min_tokens = max_tokens.")] = 256.0,
+    served_model_name: Annotated[Optional[str], typer.Option("--served-model-name", help="Model name for /v1/models and requests (default: --model).")] = None,
+    seed: Seed = 0,
+) -> None:
+    """Serve a simulated fleet over OpenAI-compatible HTTP, streaming tokens at the simulated times.
+
+    Each replica is the simulator's vLLM-style engine (continuous batching, paged KV cache, prefix caching, roofline step times), advanced in real time. Prints one line per port ("r0 http://127.0.0.1:8000"), then serves until Ctrl-C or SIGTERM.
+
+    Examples:
+
+        llmlb serve --replicas 4 --port-per-replica 8000      # four engines on 8000..8003
+
+        llmlb serve --replicas 4 --port 8000 --policy power_of_d --gpu h100-sxm --speed 4
+    """
+    if port_per_replica is not None and policy is not None:
+        raise UserError("--policy routes behind the single --port; with --port-per-replica the client routes",
+                        "--policy")
+    if port_per_replica is not None and port_per_replica + replicas - 1 > 65535:
+        raise UserError(f"ports {port_per_replica}..{port_per_replica + replicas - 1} go past 65535",
+                        "--port-per-replica")
+    if not speed > 0:
+        raise UserError(f"must be > 0, got {speed!r}", "--speed")
+    cluster = ClusterConfig(replicas=replicas, gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
+                            max_num_batched_tokens=max_batched_tokens, scheduler=scheduler,
+                            scheduler_args=parse_args(scheduler_arg, "--scheduler-arg"))
+    pol = None
+    if port_per_replica is None:
+        pol = make_policy(policy or "least_outstanding", parse_args(policy_arg), seed=seed)
+    options = ServeOptions(host=host, port=port, port_per_replica=port_per_replica, speed=speed, seed=seed,
+                           mean_output_tokens=mean_output_tokens, model_name=served_model_name)
+
+    def announce(line: str) -> None:
+        console.print(line, highlight=False, soft_wrap=True)
+
+    totals = run(cluster, options, pol, announce)
+    console.print(f"stopped: {totals['finished']} requests finished, {totals['aborted']} aborted, "
+                  f"{totals['rejected']} rejected, {totals['generated_tokens']} tokens generated",
+                  highlight=False, soft_wrap=True)

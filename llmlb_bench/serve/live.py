@@ -1,0 +1,454 @@
+"""Simulated replicas advanced in real time: the engine behind ``llmlb serve``.
+
+The batch simulator (:mod:`llmlb_bench.sim.engine`) jumps from event to
+event as fast as it can. Here the same replicas (:class:`~llmlb_bench.sim.replica.Replica`,
+built by :class:`~llmlb_bench.sim.fleet.Fleet` from a
+:class:`~llmlb_bench.sim.ClusterConfig`) follow a clock: simulated time is
+``(perf_counter() - origin) x speed``. Nothing runs between events; the
+replica is brought up to "now" when something happens:
+
+* a request arrives: the replica is advanced to now (every run boundary up
+  to now is applied), then the request is enqueued at now, exactly as the
+  batch simulator enqueues a trace arrival;
+* a timer fires at the next moment a token becomes final: the end of the
+  next engine step while the replica holds streaming requests, otherwise
+  its next run boundary (a finish, an admission, a preemption);
+* a client disconnects: the request is aborted (:meth:`Replica.abort`).
+
+Which tokens are final at time ``t``: a request's tokens are the end times
+of a contiguous range of its replica's steps per admission (see
+:mod:`llmlb_bench.sim.timeline`), so the tokens it has by ``t`` are its
+closed step ranges plus the steps of its current range that ended by ``t``.
+A step that ended by ``t`` can never be undone: a later arrival only cuts
+the run in flight at the end of the step in progress. So a stream is
+written one chunk per token at the simulated token times, and the token
+times equal those of a batch simulation of the same arrivals.
+
+Routing: with one port per replica each port feeds its own replica; with one
+port in front of all of them a routing policy (the same objects as in the
+simulator and the replayer) chooses, with the same :class:`~llmlb_bench.policies.View`
+accounting as the batch simulator (own counts, fresh waiting/running/KV
+signals, exact prefix-cache contents, ``HOLD`` and ``REJECT``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from bisect import bisect_right
+from dataclasses import dataclass
+from operator import itemgetter
+from time import perf_counter
+from typing import Any, Callable, Protocol, Sequence
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.policies import RouteRequest
+from llmlb_bench.policies.base import HOLD, REJECT
+from llmlb_bench.serve.metrics import EngineMetrics
+from llmlb_bench.sim.config import ClusterConfig
+from llmlb_bench.sim.fleet import Fleet
+from llmlb_bench.sim.replica import Replica, Request
+
+#: timeline runs a replica keeps before the ones no request needs are dropped
+_TRIM_RUNS = 4096
+#: float slack when deciding whether a step has ended by a time (steps are >= microseconds long)
+_EPS = 1e-9
+
+
+class Client(Protocol):
+    """What the engine reports about one request (implemented by the HTTP layer)."""
+
+    def on_start(self, live: "LiveRequest") -> None:
+        """The request reached a replica (at once, or when a holding router released it)."""
+
+    def on_tokens(self, live: "LiveRequest", count: int) -> None:
+        """``count`` more tokens are final now (streaming requests only)."""
+
+    def on_finish(self, live: "LiveRequest", count: int) -> None:
+        """The request is done; its last ``count`` tokens were not reported yet."""
+
+    def on_reject(self, live: "LiveRequest", message: str) -> None:
+        """The router refused the request."""
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One request as the HTTP layer hands it over."""
+
+    prompt_tokens: int
+    output_tokens: int
+    #: prefix-cache block hashes of the prompt (see :mod:`llmlb_bench.serve.tokenizer`)
+    hashes: Sequence[int]
+    stream: bool
+    #: per-port mode: the replica; one-port mode: ``None`` (the policy chooses)
+    target: int | None = None
+    tenant: str = "default"
+    priority: int = 0
+    #: the requested ``max_tokens`` (what a router may know about the output)
+    max_tokens: int = 0
+    #: ``"stop"`` or ``"length"`` (see :mod:`llmlb_bench.serve.outputs`)
+    finish_reason: str = "length"
+
+
+class LiveRequest:
+    """A request from arrival to its end."""
+
+    __slots__ = ("seq", "sub", "client", "route", "req", "target", "arrival_s", "emitted", "done", "aborted",
+                 "segments", "context")
+
+    def __init__(self, seq: int, sub: Submission, client: Client, arrival_s: float) -> None:
+        self.seq = seq
+        self.sub = sub
+        self.client = client
+        self.route: RouteRequest | None = None
+        self.req: Request | None = None
+        self.target = -1
+        self.arrival_s = arrival_s
+        #: tokens reported to the client so far (streaming)
+        self.emitted = 0
+        self.done = False
+        self.aborted = False
+        #: once done: the simulated token times as ``(first token time, gap, count)`` segments
+        self.segments: list[tuple[float, float, int]] = []
+        #: the HTTP layer's own state for this request
+        self.context: Any = None
+
+    @property
+    def first_token_s(self) -> float:
+        return self.segments[0][0] if self.segments else -1.0
+
+    @property
+    def last_token_s(self) -> float:
+        if not self.segments:
+            return -1.0
+        start, gap, count = self.segments[-1]
+        return start + (count - 1) * gap
+
+    @property
+    def cached_tokens(self) -> int:
+        return max(self.req.cached, 0) if self.req is not None else 0
+
+    @property
+    def preemptions(self) -> int:
+        return self.req.preemptions if self.req is not None else 0
+
+
+class _ReplicaState:
+    """A replica and what the live engine keeps next to it."""
+
+    __slots__ = ("rep", "live", "streams", "timer", "timer_at", "metrics")
+
+    def __init__(self, rep: Replica, metrics: EngineMetrics) -> None:
+        self.rep = rep
+        self.live: dict[Request, LiveRequest] = {}      # every request on this replica
+        self.streams: dict[Request, LiveRequest] = {}   # the streaming ones
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = -1.0
+        self.metrics = metrics
+
+
+def hash_block_size(cfg: ClusterConfig) -> int:
+    """Tokens per prompt hash block: the smallest engine block size (the others must be multiples)."""
+    return min(p.block_size for p in cfg.pool_configs())
+
+
+class LiveFleet:
+    """The simulated fleet on a real clock; see the module docstring."""
+
+    def __init__(self, cfg: ClusterConfig, *, speed: float = 1.0, policy: Any = None, seed: int = 0,
+                 clock: Callable[[], float] = perf_counter) -> None:
+        if cfg.disaggregated or cfg.autoscale is not None or cfg.failures or cfg.mtbf_s is not None:
+            raise UserError("llmlb serve runs mixed pools only (no disaggregation, autoscaling or failures)",
+                            "cluster")
+        if not speed > 0:
+            raise UserError(f"must be > 0, got {speed!r}", "--speed")
+        self.cfg = cfg
+        self.speed = speed
+        self.policy = policy
+        self.block_size = hash_block_size(cfg)
+        self.fleet = Fleet(cfg, self.block_size, prefix_hashes=True, seed=seed)
+        self.replicas = self.fleet.replicas
+        self.view = self.fleet.view
+        #: longest prompt + output any replica accepts, and the model length
+        self.max_total = min(rep.max_total for rep in self.replicas)
+        self.max_model_len = min(rep.context_limit for rep in self.replicas)
+        self.states = [_ReplicaState(rep, EngineMetrics(self.max_model_len)) for rep in self.replicas]
+        self.clock = clock
+        self.origin = clock()
+        self._now = 0.0
+        self._seq = 0
+        self.held: dict[int, LiveRequest] = {}
+        #: requests the router refused
+        self.rejected = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: seconds (wall) each timer fired after its target: how well the loop keeps up
+        self.on_lateness: Callable[[float], None] | None = None
+        #: called with every request that ends (finished or aborted)
+        self.on_end: Callable[[LiveRequest], None] | None = None
+
+    # ---- time ------------------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Simulated seconds since the start (never decreasing)."""
+        t = (self.clock() - self.origin) * self.speed
+        if t > self._now:
+            self._now = t
+        return self._now
+
+    def wall(self, sim_t: float) -> float:
+        """The clock reading at which simulated time ``sim_t`` happens."""
+        return self.origin + sim_t / self.speed
+
+    # ---- requests --------------------------------------------------------------------------------
+
+    def submit(self, sub: Submission, client: Client) -> LiveRequest:
+        """A request arrives now. The client hears ``on_start`` (or ``on_reject``) possibly before this returns."""
+        t = self.now()
+        self._seq += 1
+        live = LiveRequest(self._seq, sub, client, t)
+        route = live.route = RouteRequest(self._seq, t, sub.prompt_tokens, sub.max_tokens or sub.output_tokens,
+                                          sub.tenant, None, sub.priority, "default", sub.hashes)
+        if sub.target is not None:
+            self._dispatch(live, sub.target, t)
+            return live
+        view = self.view
+        view.now = t
+        i = self.policy.choose(route, view)
+        if i == HOLD:
+            self.held[route.request_id] = live
+            self._release_held(t)
+        elif i == REJECT:
+            self._reject(live, f"rejected by the router ({getattr(self.policy, 'name', '')})")
+        else:
+            self._check_target(i)
+            self._dispatch(live, i, t)
+        return live
+
+    def cancel(self, live: LiveRequest) -> None:
+        """The client went away: drop the request (a running one leaves at the end of the current step)."""
+        if live.done or live.aborted:
+            return
+        live.aborted = True
+        if live.req is None:          # held by the router: dropped when released
+            return
+        t = self.now()
+        st = self.states[live.target]
+        self._advance(st, t)
+        if live.done:
+            return
+        rep = st.rep
+        req = live.req
+        queued = req not in rep.running
+        rep.abort(req, t)
+        if queued and rep.scheduler.fcfs:   # left the queue at once
+            self._ended(st, req, t)
+        self._arm(st)
+
+    def _check_target(self, i: Any) -> None:
+        n = len(self.replicas)
+        if not (isinstance(i, int) and 0 <= i < n):
+            raise RuntimeError(f"policy {getattr(self.policy, 'name', self.policy)!r} chose target {i!r}; "
+                               f"there are {n} targets")
+
+    def _dispatch(self, live: LiveRequest, i: int, t: float) -> None:
+        st = self.states[i]
+        rep = st.rep
+        self._advance(st, t)
+        sub = live.sub
+        self.view.on_dispatch(i, live.route)
+        hashes = None
+        if rep.cache is not None and sub.hashes:
+            stride = rep.hash_stride
+            hashes = list(sub.hashes) if stride == 1 else list(sub.hashes[stride - 1::stride])
+        req = Request(live.seq, live.route, sub.prompt_tokens, sub.output_tokens, hashes)
+        live.req = req
+        live.target = i
+        st.live[req] = live
+        if sub.stream:
+            st.streams[req] = live
+        live.client.on_start(live)
+        rep.enqueue(req, t)
+        self._signals(i, t)
+        self._arm(st)
+
+    def _reject(self, live: LiveRequest, message: str) -> None:
+        live.done = True
+        self.rejected += 1
+        live.client.on_reject(live, message)
+
+    def _release_held(self, t: float) -> None:
+        """Dispatch what the policy releases from its router-side queue."""
+        while self.held:
+            item = self.policy.release(self.view)
+            if item is None:
+                return
+            route, i = item
+            live = self.held.pop(route.request_id)
+            if live.aborted:
+                live.done = True
+                if i != REJECT:       # the policy counted it as sent: close its books at once
+                    self.view.on_dispatch(i, route)
+                    self.view.on_finish(i, route)
+                    self.policy.on_complete(route, i, self.view)
+            elif i == REJECT:
+                self._reject(live, "dropped by the router queue")
+            else:
+                self._check_target(i)
+                route.arrival_s = live.arrival_s
+                self._dispatch(live, i, t)
+
+    # ---- advancing a replica ------------------------------------------------------------------------
+
+    def _advance(self, st: _ReplicaState, t: float) -> None:
+        """Apply every run boundary of the replica up to ``t``."""
+        rep = st.rep
+        while not rep.idle and rep.run_end <= t:
+            bt = rep.run_end
+            done: list[Request] = []      # per call: ending a request may dispatch another (re-entry)
+            rep.boundary(done)
+            self._signals(rep.index, bt)
+            for req in done:
+                self._ended(st, req, bt)
+        if len(rep.timeline.runs) > _TRIM_RUNS:
+            rep.timeline.drop_before(rep.oldest_needed_step())
+
+    def _ended(self, st: _ReplicaState, req: Request, t: float) -> None:
+        """``req`` left its replica at ``t``: finished, or aborted."""
+        live = st.live.pop(req)
+        st.streams.pop(req, None)
+        live.done = True
+        i = live.target
+        self.view.on_finish(i, live.route)
+        if self.policy is not None:
+            self.policy.on_complete(live.route, i, self.view)
+        made = req.generated
+        if made:
+            live.segments = token_segments(st.rep.timeline.runs, req.spans)
+        if live.aborted:
+            st.metrics.aborted += 1
+        else:
+            st.metrics.observe(live, made)
+            live.client.on_finish(live, made - live.emitted)
+            live.emitted = made
+        if self.on_end is not None:
+            self.on_end(live)
+        if self.held:
+            self._release_held(self._now)
+
+    def _signals(self, i: int, t: float) -> None:
+        rep = self.replicas[i]
+        v = self.view
+        v.waiting[i] = len(rep.waiting)
+        v.running[i] = len(rep.running)
+        v.kv_usage[i] = rep.used / rep.total_blocks
+        v.signal_time[i] = t
+
+    # ---- streaming -----------------------------------------------------------------------------------
+
+    def _emit(self, st: _ReplicaState, t: float) -> None:
+        """Report the tokens that became final by ``t`` to each streaming request of the replica."""
+        if not st.streams:
+            return
+        last = last_step_by(st.rep.timeline.runs, t)
+        for req, live in st.streams.items():
+            start = req.span_start
+            n = 0
+            if req.spans:
+                for a, b in req.spans:
+                    n += b - a + 1
+            if 0 <= start <= last:
+                n += last - start + 1
+            if n > live.emitted:
+                live.client.on_tokens(live, n - live.emitted)
+                live.emitted = n
+
+    def _arm(self, st: _ReplicaState) -> None:
+        """Set the replica's timer to its next moment of interest (see the module docstring)."""
+        rep = st.rep
+        if rep.idle:
+            if st.timer is not None:
+                st.timer.cancel()
+                st.timer = None
+            return
+        target = next_step_end(rep.timeline.runs, self._now, rep.run_end) if st.streams else rep.run_end
+        if st.timer is not None:
+            if st.timer_at == target:
+                return
+            st.timer.cancel()
+        st.timer_at = target
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        st.timer = self._loop.call_later(max(0.0, self.wall(target) - self.clock()), self._wake, st)
+
+    def _wake(self, st: _ReplicaState) -> None:
+        st.timer = None
+        target = st.timer_at
+        late = self.clock() - self.wall(target)
+        if self.on_lateness is not None:
+            self.on_lateness(late)
+        t = self.now()
+        if t < target:                # woke a hair early (timer granularity): act as of the target
+            t = self._now = target
+        self._advance(st, t)
+        self._emit(st, t)
+        self._arm(st)
+
+    def close(self) -> None:
+        for st in self.states:
+            if st.timer is not None:
+                st.timer.cancel()
+                st.timer = None
+
+    # ---- read-outs --------------------------------------------------------------------------------------
+
+    def in_flight_tokens(self, i: int, t: float) -> tuple[int, int]:
+        """(prompt tokens of requests past their first token, tokens generated) of replica ``i``'s
+        requests in flight at ``t`` (the live part of the token counters)."""
+        st = self.states[i]
+        last = last_step_by(st.rep.timeline.runs, t)
+        prompt = made = 0
+        for req in st.live:
+            n = 0
+            if req.spans:
+                for a, b in req.spans:
+                    n += b - a + 1
+            if 0 <= req.span_start <= last:
+                n += last - req.span_start + 1
+            if n:
+                prompt += req.prompt
+                made += n
+        return prompt, made
+
+
+def last_step_by(runs: list[tuple[int, float, float, int, float]], t: float) -> int:
+    """Index of the last step that ended by ``t`` (-1: none) in a replica's timeline runs."""
+    for k in range(len(runs) - 1, -1, -1):
+        first, start, gap, count, _ = runs[k]
+        if start + gap <= t + _EPS:
+            return first + min(count, int((t - start) / gap + _EPS)) - 1
+    return -1
+
+
+def next_step_end(runs: list[tuple[int, float, float, int, float]], t: float, run_end: float) -> float:
+    """End time of the first step that ends after ``t`` in the run in flight (or the applied
+    mixed step just before it); ``run_end`` when there is none."""
+    for first, start, gap, count, _ in runs[-2:]:
+        if start + count * gap > t + _EPS:
+            k = int((t - start) / gap + _EPS) + 1
+            return start + min(max(k, 1), count) * gap
+    return run_end
+
+
+def token_segments(runs: list[tuple[int, float, float, int, float]],
+                   spans: Sequence[tuple[int, int]]) -> list[tuple[float, float, int]]:
+    """A finished request's token times as segments ``(first token time, gap, count)``, one per
+    timeline run each of its step ranges overlaps (as the simulator's ``token_times``)."""
+    segs: list[tuple[float, float, int]] = []
+    for a, b in spans:
+        k = bisect_right(runs, a, key=itemgetter(0)) - 1
+        while a <= b:
+            first, start, gap, count, _ = runs[k]
+            hi = min(b, first + count - 1)
+            segs.append((start + (a - first + 1) * gap, gap, hi - a + 1))
+            a = hi + 1
+            k += 1
+    return segs

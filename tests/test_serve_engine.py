@@ -1,0 +1,215 @@
+"""The live engine behind ``llmlb serve``: same token times as the batch simulator, streamed on time,
+aborts free what they held, router-side holds and rejections."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from llmlb_bench.policies import make_policy
+from llmlb_bench.serve.live import LiveFleet, LiveRequest, Submission
+from llmlb_bench.sim import ClusterConfig, simulate
+from llmlb_bench.sim.replica import Request
+from llmlb_bench.store import RunStore
+from tests.sim_helpers import trace
+
+SPEED = 20.0
+
+
+class Recorder:
+    """A client that records what the engine tells it, with the clock of each report."""
+
+    def __init__(self, fleet: LiveFleet) -> None:
+        self.fleet = fleet
+        self.reports: dict[int, list[tuple[int, float]]] = {}   # seq -> [(cumulative tokens, clock)]
+        self.finished: dict[int, int] = {}
+        self.rejected: dict[int, str] = {}
+        self.started: dict[int, float] = {}
+        self.done = asyncio.Event()
+        self.expected = 0
+
+    def on_start(self, live: LiveRequest) -> None:
+        self.started[live.seq] = self.fleet.clock()
+
+    def on_tokens(self, live: LiveRequest, count: int) -> None:
+        seen = self.reports.setdefault(live.seq, [])
+        seen.append(((seen[-1][0] if seen else 0) + count, self.fleet.clock()))
+
+    def on_finish(self, live: LiveRequest, count: int) -> None:
+        self.on_tokens(live, count)
+        self.finished[live.seq] = live.emitted + count
+        self._check()
+
+    def on_reject(self, live: LiveRequest, message: str) -> None:
+        self.rejected[live.seq] = message
+        self._check()
+
+    def _check(self) -> None:
+        if len(self.finished) + len(self.rejected) >= self.expected:
+            self.done.set()
+
+
+def _requests(n: int, seed: int) -> list[tuple[float, int, int, list[int]]]:
+    """(gap before sending, prompt, output, prefix hashes): three shared prefixes and unique tails."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        prompt = int(rng.integers(40, 900))
+        group = int(rng.integers(0, 3))
+        shared = [1000 * (group + 1) + k for k in range(min(prompt // 16, 20))]
+        hashes = shared + [10**6 + 1000 * i + k for k in range(prompt // 16 - len(shared))]
+        out.append((float(rng.exponential(0.03)), prompt, int(rng.integers(1, 120)), hashes))
+    return out
+
+
+def _live_run(cfg: ClusterConfig, reqs, stream: bool = True, policy=None, speed: float = SPEED):
+    async def go():
+        fleet = LiveFleet(cfg, speed=speed, policy=policy)
+        rec = Recorder(fleet)
+        rec.expected = len(reqs)
+        lives = []
+        for gap, prompt, out, hashes in reqs:
+            await asyncio.sleep(gap / speed)
+            lives.append(fleet.submit(Submission(prompt, out, hashes, stream, target=None if policy else 0), rec))
+        await asyncio.wait_for(rec.done.wait(), 60)
+        fleet.close()
+        return fleet, rec, lives
+    return asyncio.run(go())
+
+
+def test_token_times_equal_a_batch_simulation_of_the_same_arrivals(tmp_path: Path):
+    cfg = ClusterConfig(replicas=1, max_num_seqs=8, max_num_batched_tokens=512)
+    reqs = _requests(40, seed=1)
+    fleet, rec, lives = _live_run(cfg, reqs)
+    assert len(rec.finished) == len(reqs)
+    assert sum(live.cached_tokens for live in lives) > 0   # shared prefixes hit the cache
+    table = trace(np.array([live.arrival_s for live in lives]), [r[1] for r in reqs], [r[2] for r in reqs],
+                  prefix_hashes=pa.array([r[3] for r in reqs], pa.list_(pa.uint64())))
+    with RunStore(tmp_path, config={}, backend="sim", run_id="batch") as run:
+        simulate(table, cfg, make_policy("round_robin"), run)
+    rows = {r["request_id"]: r for r in pq.read_table(run.dir / "requests.parquet").to_pylist()}
+    for k, live in enumerate(lives):
+        row = rows[k]
+        assert row["status"] == "ok"
+        assert rec.finished[live.seq] == row["output_tokens"] == reqs[k][2]
+        assert live.cached_tokens == row["cached_tokens"]
+        got = [(s, g, c) for s, g, c in live.segments]
+        want = [(s["start_s"], s["gap_s"], s["count"]) for s in row["token_times"]]
+        assert len(got) == len(want)
+        assert np.allclose(np.array(got), np.array(want), rtol=0, atol=1e-9)
+
+
+def _token_times(live: LiveRequest) -> list[float]:
+    return [s + k * g for s, g, c in live.segments for k in range(c)]
+
+
+def test_streamed_tokens_are_reported_when_they_become_final(tmp_path: Path):
+    """Each report carries exactly the tokens whose simulated time has passed: never one ahead of
+    its time (beyond the loop's timer granularity), and one chunk per engine step in decode
+    (at speed 1: steps of a few milliseconds, longer than the loop's timer granularity)."""
+    cfg = ClusterConfig(replicas=1)
+    reqs = [(0.02, 300, 60, []) for _ in range(6)]
+    fleet, rec, lives = _live_run(cfg, reqs, speed=1.0)
+    lateness = []
+    for live in lives:
+        times = _token_times(live)
+        assert rec.reports[live.seq][-1][0] == len(times) == 60
+        for cum, clock in rec.reports[live.seq]:
+            due = fleet.wall(times[cum - 1])              # the last token of this report
+            assert clock >= due - 2e-3                    # never early (timer granularity aside)
+            if cum < len(times):
+                assert clock < fleet.wall(times[cum]) + 0.5   # the next one was not yet due long ago
+            lateness.append(clock - due)
+        steps = [b[0] - a[0] for a, b in zip(rec.reports[live.seq], rec.reports[live.seq][1:])]
+        assert np.mean(np.array(steps) == 1) > 0.5     # mostly one token per report (per step)
+    assert np.median(lateness) < 0.02
+
+
+def test_an_aborted_request_leaves_the_batch_and_frees_its_blocks():
+    cfg = ClusterConfig(replicas=1)
+
+    async def go():
+        fleet = LiveFleet(cfg, speed=SPEED)
+        rec = Recorder(fleet)
+        rec.expected = 2
+        lives = [fleet.submit(Submission(500, 400, [], True, target=0), rec) for _ in range(3)]
+        while not rec.reports.get(lives[1].seq) or rec.reports[lives[1].seq][-1][0] < 20:
+            await asyncio.sleep(0.01)
+        fleet.cancel(lives[1])
+        rep = fleet.replicas[0]
+        await asyncio.sleep(0.2)
+        mid = (len(rep.running), lives[1].done)
+        await asyncio.wait_for(rec.done.wait(), 60)
+        fleet.close()
+        return fleet, rec, lives, mid
+
+    fleet, rec, lives, mid = asyncio.run(go())
+    rep = fleet.replicas[0]
+    assert mid == (2, True)
+    assert lives[1].seq not in rec.finished
+    made = rec.reports[lives[1].seq][-1][0]
+    assert 20 <= made < 400 and lives[1].req.generated >= made
+    assert [rec.finished[lives[k].seq] for k in (0, 2)] == [400, 400]
+    assert rep.used == 0 and not rep.running and not rep.waiting
+    assert fleet.states[0].metrics.aborted == 1
+    assert fleet.view.outstanding_requests == [0]
+
+
+def test_an_aborted_queued_request_never_starts():
+    cfg = ClusterConfig(replicas=1, max_num_seqs=1, max_num_batched_tokens=2048)
+
+    async def go():
+        fleet = LiveFleet(cfg, speed=SPEED)
+        rec = Recorder(fleet)
+        rec.expected = 2
+        lives = [fleet.submit(Submission(100, 50, [], False, target=0), rec) for _ in range(3)]
+        fleet.cancel(lives[1])
+        assert lives[1].done and len(fleet.replicas[0].waiting) == 1
+        await asyncio.wait_for(rec.done.wait(), 60)
+        fleet.close()
+        return fleet, rec, lives
+
+    fleet, rec, lives = asyncio.run(go())
+    assert lives[1].req.generated == 0 and lives[1].seq not in rec.reports
+    assert sorted(rec.finished.values()) == [50, 50]
+
+
+def test_router_holds_and_rejects_like_the_simulator():
+    cfg = ClusterConfig(replicas=2)
+    reqs = [(0.0, 200, 40, []) for _ in range(6)]
+    fleet, rec, lives = _live_run(cfg, reqs, stream=False, policy=make_policy("fcfs_queue", {"max_outstanding": 1}))
+    assert len(rec.finished) == 6 and not fleet.held
+    starts = sorted(rec.started[live.seq] for live in lives)
+    assert starts[2] - starts[1] > 0.5 * 40 * 0.005 / SPEED    # the third waited for a completion
+    assert fleet.view.outstanding_requests == [0, 0]
+
+    fleet, rec, lives = _live_run(cfg, reqs, policy=make_policy("admission_control", {"max_outstanding": 1}))
+    assert rec.rejected and len(rec.rejected) + len(rec.finished) == 6
+    assert fleet.rejected == len(rec.rejected)
+
+
+def test_replica_abort_mid_decode_cuts_the_run_at_the_step_in_progress():
+    """The simulator hook itself: the batch continues without the aborted request."""
+    from llmlb_bench.sim.fleet import Fleet
+    from llmlb_bench.policies import RouteRequest
+
+    rep = Fleet(ClusterConfig(replicas=1), 16).replicas[0]
+    reqs = [Request(i, RouteRequest(i, 0.0, 100, 50), 100, 50) for i in range(3)]
+    for r in reqs:
+        rep.enqueue(r, 0.0)
+    done: list[Request] = []
+    while rep.run_end < 0.1:
+        rep.boundary(done)
+    gap = rep.run_gap
+    end = rep.abort(reqs[1], 0.1)
+    assert end is not None and 0.1 < end <= 0.1 + gap + 1e-12
+    rep.boundary(done)
+    assert done == [reqs[1]] and reqs[1].generated < 50
+    while not rep.idle:
+        rep.boundary(done)
+    assert [r.generated for r in done[1:]] == [50, 50] and rep.used == 0
