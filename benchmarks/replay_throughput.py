@@ -23,13 +23,9 @@ Three figures, each with 32 streamed output tokens per request:
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -38,19 +34,11 @@ import pyarrow.parquet as pq
 
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import ReplayOptions, preflight, replay
+from llmlb_bench.replay.selfcheck import client_figures, noop_server, server_records
 from llmlb_bench.schema import TRACE
 from llmlb_bench.store import RunStore
 
 OUTPUT_TOKENS = 32
-
-
-def start_server(cpu: int | None, itl_ms: float) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "llmlb_bench.replay.noop_server", "--port", "0", "--itl-ms", str(itl_ms)]
-    if cpu is not None:
-        cmd += ["--cpu", str(cpu)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline().strip()  # "listening on HOST:PORT"
-    return proc, "http://" + line.rsplit(" ", 1)[1]
 
 
 def trace(n: int, rate: float | None, seed: int = 0, input_tokens: int = 128) -> pa.Table:
@@ -74,15 +62,6 @@ def run(table: pa.Table, url: str, results: Path, name: str) -> tuple[dict, pa.T
     return summary, pq.read_table(store.dir / "requests.parquet")
 
 
-def server_records(url: str) -> dict[str, list[float]]:
-    with urllib.request.urlopen(f"{url}/stats") as resp:
-        return json.loads(resp.read())
-
-
-def pct(values: np.ndarray, qs=(50, 99, 99.9)) -> str:
-    return "  ".join(f"p{q:g} {np.percentile(values, q):.3f}" for q in qs) + f"  max {values.max():.3f}"
-
-
 def machine_noise(cpu: int, seconds: float = 3.0) -> None:
     """How often this core is taken away from a bare busy loop (shared machines and VMs steal time).
 
@@ -102,12 +81,9 @@ def machine_noise(cpu: int, seconds: float = 3.0) -> None:
 
 
 def capacity(args: argparse.Namespace, results: Path) -> None:
-    proc, url = start_server(args.server_cpu, itl_ms=0.0)
-    try:
+    with noop_server(args.server_cpu, itl_ms=0.0) as url:
         table = trace(args.capacity_requests, rate=args.capacity_offered)
         summary, rows = run(table, url, results, "capacity")
-    finally:
-        proc.terminate()
     ok = rows.filter(pa.compute.equal(rows.column("status"), "ok"))
     sent = np.asarray(ok.column("sent_s"))
     last = np.asarray(ok.column("last_token_s"))
@@ -118,31 +94,21 @@ def capacity(args: argparse.Namespace, results: Path) -> None:
 
 
 def open_loop(args: argparse.Namespace, results: Path, rate: float) -> None:
-    proc, url = start_server(args.server_cpu, itl_ms=args.itl_ms)
-    try:
+    with noop_server(args.server_cpu, itl_ms=args.itl_ms) as url:
         table = trace(int(rate * args.seconds), rate=rate, seed=int(rate))
         summary, rows = run(table, url, results, f"open-{rate:g}")
-        records = server_records(url)
-    finally:
-        proc.terminate()
-    t0 = summary["client"]["t0_clock_s"]
-    rid = rows.column("request_id").to_pylist()
-    sched = np.asarray(rows.column("scheduled_s"))
-    sent = np.asarray(rows.column("sent_s"))
-    first = np.asarray(rows.column("first_token_s"))
-    server_first = np.array([records[str(r)][1] for r in rid]) - t0
-    server_recv = np.array([records[str(r)][0] for r in rid]) - t0
-    trace_rate = (len(sched) - 1) / (sched.max() - sched.min())
-    sent_rate = (len(sent) - 1) / (sent.max() - sent.min())
-    statuses = summary["statuses"]
-    print(f"open loop {rate:g} req/s for {args.seconds:g} s ({len(rid)} requests, statuses {statuses}):")
-    print(f"  achieved send rate {sent_rate:.2f}/s vs trace {trace_rate:.2f}/s "
-          f"({100 * (sent_rate / trace_rate - 1):+.3f}%)")
-    print(f"  send lateness ms:        {pct((sent - sched) * 1e3)}")
-    print(f"  request transit ms:      {pct((server_recv - sent) * 1e3)}   (sent -> server has parsed it)")
-    print(f"  TTFT inflation ms:       {pct((first - server_first) * 1e3)}   (client first token - server write)")
+        fig = client_figures(rows, server_records(url), summary["client"]["t0_clock_s"])
+
+    def show(d: dict) -> str:
+        return "  ".join(f"{k} {v:.3f}" for k, v in d.items())
+    print(f"open loop {rate:g} req/s for {args.seconds:g} s ({fig['requests']} requests, statuses "
+          f"{summary['statuses']}):")
+    print(f"  achieved send rate {fig['send_rate_rps']:.2f}/s vs trace {fig['trace_rate_rps']:.2f}/s "
+          f"({100 * (fig['send_rate_rps'] / fig['trace_rate_rps'] - 1):+.3f}%)")
+    print(f"  send lateness ms:   {show(fig['send_lateness_ms'])}")
+    print(f"  TTFT inflation ms:  {show(fig['ttft_inflation_ms'])}   (client first token - server write)")
     print(f"  client CPU {summary['client']['cpu_ms_per_request'] * 1e3:.0f} us/request; "
-          f"run.json dispatch lag p99 {summary['client']['dispatch_lag_ms']['p99']} ms")
+          f"dispatch lag p99 {summary['client']['dispatch_lag_ms']['p99']} ms")
 
 
 def main() -> None:

@@ -156,6 +156,18 @@ def test_every_request_streams_and_is_timed_from_its_schedule(servers, tmp_path)
     assert meta["summary"]["client"]["dispatch_lag_ms"]["p99"] < 50
 
 
+def test_self_check_measures_the_client_against_a_local_noop_server():
+    from llmlb_bench.replay.selfcheck import self_check
+
+    trace = make_trace(n=200, rate=100.0, output_tokens=8)  # 2 s; the check replays the first 0.5 s
+    fig = self_check(trace, ReplayOptions(), seconds=0.5, lag_threshold_ms=1e9)
+    assert fig["requests"] == fig["ok"] == 50 and fig["trace_rate_rps"] == pytest.approx(100.0)
+    assert fig["send_rate_rps"] == pytest.approx(100.0, rel=0.05)
+    for key in ("send_lateness_ms", "ttft_inflation_ms"):
+        assert 0 <= fig[key]["p50"] <= fig[key]["p99"] <= fig[key]["max"]  # the server wrote before we read
+    assert fig["flagged"] is False
+
+
 def test_output_tokens_are_counted_and_flagged_when_the_server_sends_no_usage(servers, tmp_path):
     url, _ = servers.noop(NoopConfig(usage=False))
     _, rows, _ = run_replay(make_trace(n=5, rate=100.0, output_tokens=7), [url], tmp_path)

@@ -17,6 +17,7 @@ from llmlb_bench.cli.report import print_report
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import make_policy, parse_args
 from llmlb_bench.replay import ReplayOptions, Timeouts, preflight, prepare_resume, replay as run_replay
+from llmlb_bench.replay.selfcheck import self_check as run_self_check
 from llmlb_bench.schema import read_trace, trace_spec
 from llmlb_bench.store import RunStore
 
@@ -55,6 +56,7 @@ def replay(
     retries: Annotated[int, typer.Option("--retries", min=0, help="Extra attempts after HTTP 429/5xx or a failed connection.")] = 0,
     retry_backoff: Annotated[float, typer.Option("--retry-backoff", min=0.0, help="Seconds before the first retry (doubles each time; Retry-After wins if larger).")] = 0.5,
     scrape: Annotated[float, typer.Option("--scrape-interval", help="Seconds between reads of each endpoint's Prometheus /metrics (load signals for policies, series.parquet); 0: off.")] = 1.0,
+    self_check: Annotated[float, typer.Option("--self-check", min=0.0, help="First replay this many seconds of the trace against a local no-op server to measure the client's own lateness and TTFT inflation (stored in run.json).")] = 0.0,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue this partial replay run folder (same trace): finished rows are kept, the rest is sent.")] = None,
     results: ResultsDir = Path("results"),
     run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id (default: <label>-<time>-<hex>).")] = None,
@@ -87,6 +89,14 @@ def replay(
     pre = preflight(endpoint, options)
     for note in pre.notes:
         err_console.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
+    check = None
+    if self_check > 0:
+        check = run_self_check(table, options, self_check, options.lag_threshold_ms)
+        lat, infl = check["send_lateness_ms"], check["ttft_inflation_ms"]
+        err_console.print(f"self-check ({check['ok']} requests on a local no-op server): send lateness p99 "
+                          f"{lat['p99']} ms, TTFT inflation p99 {infl['p99']} ms"
+                          + (" [bold red](over the threshold: this client cannot keep this schedule)[/]"
+                             if check["flagged"] else ""), highlight=False, soft_wrap=True)
     res = prepare_resume(resume, trace) if resume is not None else None
     config = {"endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
               "policy": {"name": policy, "args": dict(policy_args)}, "seed": seed, "options": options.describe()}
@@ -100,6 +110,8 @@ def replay(
     try:
         with store, live if live is not None else nullcontext():
             summary = run_replay(table, endpoint, pol, store, options, pre=pre, resume=res)
+            if check is not None:
+                store.summary["client"]["self_check"] = check
     except FileExistsError:
         if res is not None:
             res.restore()
