@@ -7,16 +7,21 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from llmlb_bench.metrics.distribution import (PERCENTILES, Band, band_sql, bands_by_run, bootstrap_ci, describe,
-                                              percentile, pkey, rng_for)
+from llmlb_bench.metrics.distribution import (PERCENTILES, Band, bands_of, bootstrap_ci, describe, percentile, pkey,
+                                              rng_for)
+
+
+def query_of(table):
+    con = duckdb.connect()
+    con.register("t", table)
+    return lambda sql: con.sql(sql).to_arrow_table()
 
 
 def bands(values, weights=None, run="r"):
-    """Run :func:`band_sql` over an in-memory table (the real SQL path)."""
+    """Run :func:`bands_of` over an in-memory table (the real two-scan SQL path)."""
     weights = np.ones(len(values), dtype=np.int64) if weights is None else np.asarray(weights)
-    con = duckdb.connect()
-    con.register("t", pa.table({"run_id": [run] * len(values), "v": np.asarray(values, float), "w": weights}))
-    return bands_by_run(con.sql(band_sql("SELECT run_id, v, w FROM t")).to_arrow_table())[run]
+    table = pa.table({"key": [run] * len(values), "v": np.asarray(values, float), "w": weights})
+    return bands_of(query_of(table), "SELECT key, v, w FROM t")[run]
 
 
 def guidellm_percentile(values, weights, q):
@@ -36,8 +41,8 @@ def test_linear_percentiles_match_numpy_on_expanded_weights():
     assert band.n == len(expanded) and band.mean == pytest.approx(expanded.mean())
     for p in PERCENTILES:
         assert percentile(band, p, "linear") == pytest.approx(np.percentile(expanded, p), abs=1e-12)
-    # the band kept only rows near the percentiles, not the whole sample
-    assert len(band.v) < len(values)
+    # the band fetched only rows near the percentiles, not the whole sample
+    assert len(band.v) < len(values) / 2
 
 
 def test_inverse_cdf_percentiles_match_guidellm():
@@ -93,8 +98,18 @@ def test_empty_and_single_value():
     assert d["p99.9"] == 2.0 and d["ci"]["p50"] == [2.0, 2.0]
 
 
-def test_band_rows_of_several_runs_are_split():
-    con = duckdb.connect()
-    con.register("t", pa.table({"run_id": ["a"] * 3 + ["b"] * 2, "v": [1.0, 2.0, 3.0, 10.0, 20.0], "w": [1] * 5}))
-    out = bands_by_run(con.sql(band_sql("SELECT run_id, v, w FROM t")).to_arrow_table())
+def test_bands_of_several_keys_are_split():
+    table = pa.table({"key": ["a"] * 3 + ["b"] * 2, "v": [1.0, 2.0, 3.0, 10.0, 20.0], "w": [1] * 5})
+    out = bands_of(query_of(table), "SELECT key, v, w FROM t")
     assert percentile(out["a"], 50, "linear") == 2.0 and percentile(out["b"], 50, "linear") == 15.0
+
+
+def test_zero_negative_and_clustered_values():
+    """Values <= 0 share bucket 0; values closer than a bucket's width share one; ranks stay exact."""
+    rng = np.random.default_rng(2)
+    values = np.r_[np.zeros(300), -np.ones(5), 1.0 + rng.uniform(0, 1e-6, 2000), rng.lognormal(0, 2, 2000)]
+    weights = rng.integers(1, 5, len(values))
+    band = bands(values, weights)
+    expanded = np.repeat(values, weights)
+    for p in PERCENTILES:
+        assert percentile(band, p, "linear") == pytest.approx(np.percentile(expanded, p), abs=1e-12)

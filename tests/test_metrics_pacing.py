@@ -107,12 +107,12 @@ def test_pacing_of_a_stored_run(tmp_path):
         "token_times": [HAND[1], [seg(0.1, 0.0, 1)]], "output_tokens": [7, 1], "slo_class": ["chat", "chat"]})
     cat = Catalog([tmp_path])
     cat.con.execute(REQUEST_METRICS_VIEW)
-    out = pacing(cat, {"p": 2}, Slo.parse("ttft=1s,tpot=125ms"))["p"]
+    out = pacing(cat, {"p": (2, 0, 1)}, Slo.parse("ttft=1s,tpot=125ms"))["p"]
     fl = out["fluidity"]
     assert fl["requests"] == 2 and fl["mean"] == pytest.approx((6 / 9 + 1.0) / 2)
     assert fl["share_ge_0.9"] == 0.5
     # p99 of the fluid deadlines {0.328125, 0} -> 0.99 * 0.328125
     assert out["fluid_token_rate"] == pytest.approx(1 / (0.99 * 0.328125), rel=1e-3)
     assert out["sampled"] is False
-    sampled = pacing(cat, {"p": 2}, None, sample=1)["p"]
+    sampled = pacing(cat, {"p": (2, 0, 1)}, None, sample=1)["p"]
     assert sampled["sampled"] is True and sampled["fluidity"] is None

@@ -14,7 +14,7 @@ from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import ReportFormat, SloOpt
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.definitions import Definitions
-from llmlb_bench.metrics.pacing import DEFAULT_SAMPLE
+from llmlb_bench.metrics.sample import DEFAULT_SAMPLE
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import Options
 from llmlb_bench.report import figures, html, markdown, terminal
@@ -84,8 +84,9 @@ def report(
     window: Annotated[float, typer.Option("--window", min=1e-3, help="Fairness window in seconds.")] = 10.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap intervals.")] = 0,
     no_ci: Annotated[bool, typer.Option("--no-ci", help="Skip bootstrap confidence intervals.")] = False,
-    pacing_sample: Annotated[int, typer.Option(
-        "--pacing-sample", min=1, help="Most requests per run the token-pacing figures walk.")] = DEFAULT_SAMPLE,
+    token_sample: Annotated[int, typer.Option(
+        "--token-sample", min=1,
+        help="Ok requests per run that ITL and token pacing read in full; larger runs are block-sampled.")] = DEFAULT_SAMPLE,
 ) -> None:
     """Summarise and compare runs: latency percentiles with bootstrap intervals, SLO attainment and goodput,
     token pacing, fairness, energy and cost, load curves.
@@ -99,6 +100,6 @@ def report(
         llmlb report results/rr-20261129-120000-ab12 --format md --definitions guidellm
     """
     options = Options(definitions=definitions, seed=seed, ci=not no_ci, window_s=window, price_per_hour=price,
-                      pacing_sample=pacing_sample)
+                      token_sample=token_sample)
     print_report(runs or [Path("results")], slo, fmt, options=options, target=target, output=output,
                  figures_dir=figures_dir)

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from enum import Enum
 
 from llmlb_bench.metrics.distribution import Method
-from llmlb_bench.metrics.sql import ITL_GAPS, per_request
 
 #: Latency figures every report shows, in display order.
 LATENCY_FIGURES = ("ttft", "tpot", "itl", "e2e", "norm_latency")
@@ -38,27 +37,32 @@ class Definitions(str, Enum):
 
 @dataclass(frozen=True)
 class Figure:
-    """One latency figure: the SQL of its values and weights, and its percentile method."""
+    """One latency figure: a per-request value and weight (SQL over ``request_metrics``), or the token gaps.
 
-    source: str
+    ``value`` None means the figure is every gap between consecutive tokens
+    (:data:`llmlb_bench.metrics.sql.ITL_GAPS`), not one value per request.
+    """
+
+    value: str | None
+    weight: str
     method: Method
 
 
 def figures(defs: Definitions) -> dict[str, Figure]:
-    """The SQL source of each latency figure under ``defs``."""
+    """Each latency figure under ``defs``."""
     if defs is Definitions.guidellm:
         m: Method = "inverse_cdf"
         return {
-            "ttft": Figure(per_request("ttft_s"), m),
-            "tpot": Figure(per_request("norm_latency_s", "output_tokens"), m),
-            "itl": Figure(per_request("tpot_s", "output_tokens - 1"), m),
-            "e2e": Figure(per_request("e2e_s"), m),
-            "norm_latency": Figure(per_request("norm_latency_s"), m),
+            "ttft": Figure("ttft_s", "1", m),
+            "tpot": Figure("norm_latency_s", "output_tokens", m),
+            "itl": Figure("tpot_s", "output_tokens - 1", m),
+            "e2e": Figure("e2e_s", "1", m),
+            "norm_latency": Figure("norm_latency_s", "1", m),
         }
     return {
-        "ttft": Figure(per_request("ttft_s"), "linear"),
-        "tpot": Figure(per_request("tpot_s"), "linear"),
-        "itl": Figure(ITL_GAPS, "linear"),
-        "e2e": Figure(per_request("e2e_s"), "linear"),
-        "norm_latency": Figure(per_request("norm_latency_s"), "linear"),
+        "ttft": Figure("ttft_s", "1", "linear"),
+        "tpot": Figure("tpot_s", "1", "linear"),
+        "itl": Figure(None, "1", "linear"),
+        "e2e": Figure("e2e_s", "1", "linear"),
+        "norm_latency": Figure("norm_latency_s", "1", "linear"),
     }

@@ -1,12 +1,21 @@
-"""Percentiles with bootstrap confidence intervals, from one SQL pass per metric.
+"""Exact percentiles with bootstrap confidence intervals, in two scans and no global sort.
 
-A metric is a per-run sample of values ``v`` with integer weights ``w``
-(weight 1 for per-request figures; a gap's multiplicity for ITL, where one
-token-time segment stands for many equal gaps). One window query sorts each
-run's values, accumulates weights (``cw``) and returns only the rows whose
-ranks lie in a narrow band around each wanted percentile, plus the run's
-total weight and weighted sum. Everything else happens in NumPy on those
-few rows:
+A figure is a sample of values ``v`` with integer weights ``w`` (weight 1
+for per-request figures; a gap's multiplicity for ITL, where one token-time
+segment stands for many equal gaps). Sorting ten million values in SQL is
+what made percentiles slow, and only a few ranks are ever needed, so:
+
+1. **Histogram** (one aggregate scan): the total weight of each key (a run,
+   or a run and a group) in fine logarithmic buckets of ``v``
+   (``BUCKETS_PER_DECADE`` per decade, 0.046% wide; values <= 0 share one
+   bucket). Unweighted figures use DuckDB's ``histogram`` aggregate, which
+   costs little more than reading the column. Cumulative bucket weights say which buckets hold the ranks
+   around each wanted percentile.
+2. **Band** (one filtered scan): the rows in those buckets only. With the
+   weight of every lower bucket known, each fetched row gets its exact
+   cumulative weight ``cw``, i.e. its exact rank range.
+
+Everything else happens in NumPy on those few rows:
 
 * the point percentile, exactly as the chosen definition computes it over
   the whole sample ("linear": ``numpy.percentile``; "inverse_cdf":
@@ -16,12 +25,12 @@ few rows:
   ``F_n^-1(U_(r))`` with ``U_(r) ~ Beta(r+1, N-r)``, and the next one is
   ``U_(r) + (1-U_(r)) * Beta(1, N-r-1)``. Drawing those two uniforms per
   replicate reproduces the percentile bootstrap exactly, at O(1) cost per
-  replicate instead of O(N), which is what makes it usable on ten million
-  rows. The band is wide enough (``BAND_Z`` standard deviations of the
-  order-statistic rank, about 7, plus two ranks) that a draw falls outside
-  it with probability below 1e-11; such a draw is clipped to the band edge.
+  replicate instead of O(N). The band covers ``BAND_Z`` standard
+  deviations of the order-statistic rank (about 7, plus two ranks), so a
+  draw falls outside it with probability below 1e-11; such a draw is
+  clipped to the band edge.
 
-Replicates are seeded from (seed, run, metric, percentile), so a report is
+Replicates are seeded from (seed, run, figure, percentile), so a report is
 identical however many runs it shows and in which order.
 """
 
@@ -30,12 +39,18 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal
 
 import numpy as np
+import pyarrow as pa
+
+from llmlb_bench.metrics.sql import quote
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
 BAND_Z = 7.0
+BUCKETS_PER_DECADE = 5000
+LOWEST_BUCKET = -12 * BUCKETS_PER_DECADE     # positive values below 1e-12 share it
+ZERO_BUCKET = LOWEST_BUCKET - 1              # values <= 0
 Method = Literal["linear", "inverse_cdf"]
 
 
@@ -44,34 +59,64 @@ def pkey(p: float) -> str:
     return f"p{p:g}"
 
 
-def band_sql(source: str, percentiles: Iterable[float] = PERCENTILES) -> str:
-    """Rows ``(run_id, v, w, cw, n, vw)`` near each percentile of ``source`` (columns run_id, v, w).
+def bucket_sql(expr: str) -> str:
+    """SQL bucket of a value: ``BUCKETS_PER_DECADE`` per decade of ``log10``; values <= 0 share one; null stays null."""
+    return (f"(CASE WHEN ({expr}) > 0 THEN greatest(floor(log10({expr}) * {BUCKETS_PER_DECADE}), {LOWEST_BUCKET})::INTEGER "
+            f"WHEN ({expr}) <= 0 THEN {ZERO_BUCKET} END)")
 
-    ``cw`` is the cumulative weight up to and including the row (sorted by v),
-    ``n`` the run's total weight, ``vw`` its weighted sum. A row covers ranks
-    ``cw - w .. cw - 1`` (0-based) and is kept when that range meets a band.
-    """
-    bands = []
-    for p in percentiles:
-        q = p / 100.0
-        half = f"({BAND_Z!r} * sqrt(n * {q * (1 - q)!r}) + 2)"
-        bands.append(f"(cw - 1 >= {q!r} * (n - 1) - {half} AND cw - w <= {q!r} * n + {half})")
-    return f"""
-WITH g AS (SELECT run_id, v::DOUBLE AS v, w::BIGINT AS w FROM ({source}) WHERE w > 0 AND v IS NOT NULL),
-c AS (SELECT run_id, v, w,
-             sum(w) OVER (PARTITION BY run_id ORDER BY v ROWS UNBOUNDED PRECEDING) AS cw,
-             sum(w) OVER (PARTITION BY run_id) AS n,
-             fsum(v * w) OVER (PARTITION BY run_id) AS vw
-      FROM g)
-SELECT run_id, v, w::BIGINT AS w, cw::BIGINT AS cw, n::BIGINT AS n, vw FROM c
-WHERE {' OR '.join(bands)}
-ORDER BY run_id, cw
-"""
+
+def band_ranks(n: int, p: float) -> tuple[float, float]:
+    """The rank interval (0-based) a percentile and its bootstrap need."""
+    q = p / 100.0
+    half = BAND_Z * math.sqrt(n * q * (1 - q)) + 2
+    return q * (n - 1) - half, q * n + half
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """One key's weight per bucket (buckets ascending) and weighted sum."""
+
+    b: np.ndarray
+    w: np.ndarray
+    vw: float
+
+    @property
+    def n(self) -> int:
+        return int(self.w.sum())
+
+    def ranges(self, percentiles: Iterable[float]) -> list[tuple[int, int]]:
+        """Bucket ranges (inclusive, merged) holding every rank the percentiles' bands need."""
+        cw = np.cumsum(self.w)
+        first = cw - self.w                          # rank of each bucket's first row
+        out: list[tuple[int, int]] = []
+        for p in sorted(percentiles):
+            lo, hi = band_ranks(self.n, p)
+            i = int(np.searchsorted(cw - 1, lo, side="left"))        # first bucket reaching rank lo
+            j = int(np.searchsorted(first, hi, side="right")) - 1    # last bucket starting at or before hi
+            i, j = min(i, len(self.b) - 1), max(min(j, len(self.b) - 1), 0)
+            a, z = int(self.b[min(i, j)]), int(self.b[max(i, j)])
+            if out and a <= out[-1][1] + 1:
+                out[-1] = (out[-1][0], max(out[-1][1], z))
+            else:
+                out.append((a, z))
+        return out
+
+    def band(self, v: np.ndarray, w: np.ndarray, b: np.ndarray) -> "Band":
+        """The fetched rows of whole buckets as a band with exact cumulative weights."""
+        order = np.lexsort((v, b))
+        v, w, b = v[order], w[order], b[order]
+        below = dict(zip(self.b.tolist(), (np.cumsum(self.w) - self.w).tolist()))
+        csum = np.cumsum(w)
+        starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+        within = csum - np.repeat((csum - w)[starts], np.diff(np.r_[starts, len(b)]))
+        base = np.array([below[x] for x in b[starts].tolist()], dtype=np.int64)
+        cw = np.repeat(base, np.diff(np.r_[starts, len(b)])) + within
+        return Band(v=v, cw=cw, n=self.n, mean=self.vw / self.n)
 
 
 @dataclass(frozen=True)
 class Band:
-    """The rows of one run near its percentiles: sorted values and cumulative weights."""
+    """Rows of one key near its percentiles: sorted values and their cumulative weights."""
 
     v: np.ndarray
     cw: np.ndarray
@@ -88,18 +133,66 @@ class Band:
         return self.at_rank(np.ceil(np.asarray(u) * self.n) - 1)
 
 
-def bands_by_run(table: Any) -> dict[str, Band]:
-    """Split the rows of :func:`band_sql` by run."""
-    cols = {k: table.column(k).to_numpy(zero_copy_only=False) for k in ("run_id", "v", "cw", "n", "vw")}
-    out: dict[str, Band] = {}
-    if not len(cols["run_id"]):
-        return out
-    runs = cols["run_id"]
-    starts = np.flatnonzero(np.r_[True, runs[1:] != runs[:-1]])
-    ends = np.r_[starts[1:], len(runs)]
-    for a, b in zip(starts, ends):
-        n = int(cols["n"][a])
-        out[str(runs[a])] = Band(v=cols["v"][a:b], cw=cols["cw"][a:b], n=n, mean=float(cols["vw"][a]) / n)
+def histograms(rows: Iterable[dict[str, Any]], key_of: Callable[[dict[str, Any]], Any]) -> dict[Any, Histogram]:
+    """Histograms from rows ``{..., b, w, vw}`` of a bucket aggregate; ``key_of(row)`` names the key."""
+    buckets: dict[Any, list[tuple[int, int]]] = {}
+    sums: dict[Any, float] = {}
+    for r in rows:
+        k = key_of(r)
+        buckets.setdefault(k, []).append((r["b"], r["w"]))
+        sums[k] = sums.get(k, 0.0) + r["vw"]
+    out = {}
+    for k, bw in buckets.items():
+        arr = np.array(sorted(bw), dtype=np.int64)
+        out[k] = Histogram(b=arr[:, 0], w=arr[:, 1], vw=sums[k])
+    return out
+
+
+def ranges_sql(column: str, ranges: list[tuple[int, int]]) -> str:
+    """SQL: the value ``column`` may lie in a bucket of ``ranges`` (a cheap prefilter on raw values).
+
+    Bucket edges are widened by a millionth so float rounding of ``log10``
+    can only let extra rows through; :func:`in_ranges` on the buckets
+    DuckDB computed then keeps exactly the rows of the wanted buckets.
+    """
+    terms = []
+    for a, z in ranges:
+        lo = "NULL" if a <= ZERO_BUCKET else repr(10 ** (a / BUCKETS_PER_DECADE) * (1 - 1e-6))
+        hi = repr(0.0) if z <= ZERO_BUCKET else repr(10 ** ((z + 1) / BUCKETS_PER_DECADE) * (1 + 1e-6))
+        terms.append(f"{column} <= {hi}" if lo == "NULL" else f"{column} BETWEEN {lo} AND {hi}")
+    return "(" + " OR ".join(terms) + ")"
+
+
+def in_ranges(b: np.ndarray, ranges: list[tuple[int, int]]) -> np.ndarray:
+    """Rows whose bucket lies in a range (a null bucket, read as NaN, in none)."""
+    bb = b.astype(float)
+    mask = np.zeros(len(b), bool)
+    for a, z in ranges:
+        mask |= (bb >= a) & (bb <= z)
+    return mask
+
+
+def bands_of(query: Callable[[str], pa.Table], source: str,
+             percentiles: Iterable[float] = PERCENTILES) -> dict[str, Band]:
+    """Bands of every key of ``source`` (SQL with columns ``key``, ``v``, ``w``), in two scans.
+
+    ``query`` runs SQL and returns an Arrow table (e.g. ``Catalog.query``).
+    """
+    percentiles = tuple(percentiles)
+    src = f"SELECT key, v, w, {bucket_sql('v')} AS b FROM ({source}) WHERE w > 0 AND v IS NOT NULL"
+    hists = histograms(query(f"SELECT key, b, sum(w)::BIGINT AS w, fsum(v * w) AS vw FROM ({src}) GROUP BY ALL")
+                       .to_pylist(), lambda r: r["key"])
+    if not hists:
+        return {}
+    need = {k: h.ranges(percentiles) for k, h in hists.items()}
+    cases = " ".join(f"WHEN {quote(k)} THEN {ranges_sql('v', rng)}" for k, rng in need.items())
+    fetched = query(f"SELECT key, v, w, b FROM ({src}) WHERE CASE key {cases} ELSE FALSE END")
+    cols = {c: fetched.column(c).to_numpy(zero_copy_only=False) for c in fetched.column_names}
+    out = {}
+    for k, h in hists.items():
+        mask = (cols["key"] == k) & in_ranges(cols["b"], need[k])
+        out[k] = h.band(cols["v"][mask].astype(float), cols["w"][mask].astype(np.int64),
+                        cols["b"][mask].astype(np.int64))
     return out
 
 
@@ -148,7 +241,7 @@ def rng_for(seed: int, *key: str) -> np.random.Generator:
 def describe(band: Band | None, method: Method, *, seed: int, key: tuple[str, ...],
              percentiles: Iterable[float] = PERCENTILES, ci: bool = True,
              level: float = 0.95) -> dict[str, Any]:
-    """``{n, mean, p50, ..., ci: {p50: [lo, hi], ...}}`` for one run's metric (all None when empty)."""
+    """``{n, mean, p50, ..., ci: {p50: [lo, hi], ...}}`` for one run's figure (all None when empty)."""
     percentiles = tuple(percentiles)
     if band is None:
         return {"n": 0, "mean": None, **{pkey(p): None for p in percentiles}, "ci": None}

@@ -32,8 +32,6 @@ WHERE prev_t IS NOT NULL AND power_w IS NOT NULL
 GROUP BY ALL ORDER BY run_id, target
 """
 
-_ATTRIBUTED_SQL = "SELECT run_id, sum(energy_j) AS energy_j FROM requests GROUP BY run_id"
-
 
 def fleet(meta: Mapping[str, Any]) -> tuple[int | None, float | None]:
     """(GPUs, catalog price per hour of all of them) of a simulated run, from its run.json config."""
@@ -55,19 +53,19 @@ def fleet(meta: Mapping[str, Any]) -> tuple[int | None, float | None]:
 
 def energy_and_cost(cat: Catalog, runs: Mapping[str, Mapping[str, Any]],
                     price_per_hour: float | None = None) -> dict[str, dict[str, Any]]:
-    """``{run_id: {...}}``; ``runs`` maps run ids to ``{meta, duration_s, output_tokens, good_tokens}``."""
+    """``{run_id: {...}}``; ``runs`` maps run ids to ``{meta, duration_s, energy_j, output_tokens, good_tokens}``
+    (``energy_j``: the sum of ``requests.energy_j``, from the run's counts)."""
     per_target: dict[str, dict[str, dict[str, float]]] = {}
     for r in cat.query(_SERIES_ENERGY_SQL).to_pylist():
         per_target.setdefault(r["run_id"], {})[r["target"]] = {"energy_j": r["energy_j"], "span_s": r["span_s"]}
-    attributed = {r["run_id"]: r["energy_j"] for r in cat.query(_ATTRIBUTED_SQL).to_pylist()}
     out: dict[str, dict[str, Any]] = {}
     for run_id, info in runs.items():
         targets = per_target.get(run_id) or {}
         power = {t: v["energy_j"] / v["span_s"] for t, v in targets.items() if v["span_s"]}
         if targets:
             total, source = sum(v["energy_j"] for v in targets.values()), "series"
-        elif attributed.get(run_id) is not None:
-            total, source = attributed[run_id], "requests"
+        elif info["energy_j"] is not None:
+            total, source = info["energy_j"], "requests"
         else:
             total, source = None, None
         gpus, catalog_price = fleet(info["meta"])
@@ -78,7 +76,7 @@ def energy_and_cost(cat: Catalog, runs: Mapping[str, Mapping[str, Any]],
         out[run_id] = {
             "energy_j": total,
             "energy_source": source,
-            "attributed_energy_j": attributed.get(run_id),
+            "attributed_energy_j": info["energy_j"],
             "j_per_output_token": total / tokens if total is not None and tokens else None,
             "j_per_good_token": total / good if total is not None and good else None,
             "avg_power_w": power or None,

@@ -4,8 +4,11 @@ Service follows the Virtual Token Counter paper (Sheng et al., "Fairness in
 Serving Large Language Models", OSDI 2024): a request's service is its
 input tokens with weight 1 plus its output tokens with weight 2. Service is
 counted when it is delivered: the input tokens at the first token (prefill
-done), each output token at its own time (from ``token_times``, split
-exactly across window boundaries).
+done), the output tokens at their times, taken as evenly spaced between the
+first and the last token (split exactly across window boundaries). Reading
+only those two times, not every token's, keeps the windows cheap on ten
+million requests; a stall inside a request shifts at most its own tokens
+by less than the stall.
 
 VTC's guarantee is about *backlogged* tenants: a tenant that asks for little
 is not wronged by receiving little. A tenant is backlogged in a window when
@@ -32,37 +35,47 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from llmlb_bench.metrics.sql import quote
 from llmlb_bench.store.views import Catalog
 
 INPUT_WEIGHT = 1
 OUTPUT_WEIGHT = 2
 
 
-def _window_sql(window_s: float) -> str:
+def _window_sql(runs: Mapping[str, float], window_s: float) -> str:
+    """Per run: the VTC service gap and Jain index over windows (``runs``: run id -> first scheduled time).
+
+    Most requests wait, and stream, within one window; only those spanning
+    several are expanded window by window, which keeps the scan cheap.
+    """
     w = repr(float(window_s))
+    t0 = "CASE run_id " + " ".join(f"WHEN {quote(r)} THEN {t!r}" for r, t in runs.items()) + " END"
     return f"""
-WITH t0 AS (SELECT run_id, min(scheduled_s) AS t0 FROM requests GROUP BY run_id),
-multi AS (SELECT run_id FROM requests GROUP BY run_id HAVING count(DISTINCT coalesce(tenant, 'default')) > 1),
-req AS (SELECT r.*, coalesce(r.tenant, 'default') AS tn, t0.t0 FROM requests r JOIN t0 USING (run_id)
-        WHERE run_id IN (SELECT run_id FROM multi)),
-seg AS (SELECT run_id, tn, t0, s.start_s AS st, s.gap_s AS g, s.count AS c
-        FROM (SELECT run_id, tn, t0, unnest(token_times) AS s FROM req WHERE token_times IS NOT NULL)
-        WHERE s.count > 0),
-segwin AS (SELECT *, unnest(generate_series(floor((st - t0) / {w})::BIGINT,
-                                            floor((st + g * (c - 1) - t0) / {w})::BIGINT)) AS j FROM seg),
-outsvc AS (SELECT run_id, tn, j,
-                  {OUTPUT_WEIGHT} * sum(CASE WHEN g <= 0 THEN c ELSE greatest(0,
-                      least(c - 1, ceil((t0 + (j + 1) * {w} - st) / g) - 1)
-                      - greatest(0, ceil((t0 + j * {w} - st) / g)) + 1) END) AS svc
-           FROM segwin GROUP BY ALL),
-insvc AS (SELECT run_id, tn, floor((first_token_s - t0) / {w})::BIGINT AS j,
-                 {INPUT_WEIGHT} * sum(input_tokens) AS svc
-          FROM req WHERE first_token_s IS NOT NULL GROUP BY ALL),
-svc AS (SELECT run_id, tn, j, sum(svc)::DOUBLE AS svc FROM (SELECT * FROM outsvc UNION ALL SELECT * FROM insvc) GROUP BY ALL),
-waits AS (SELECT run_id, tn, sent_s - t0 AS a, least(first_token_s, end_s) - t0 AS b FROM (
-            SELECT *, greatest(coalesce(last_token_s, sent_s), sent_s) AS end_s FROM req) WHERE sent_s IS NOT NULL),
-backlog AS (SELECT DISTINCT run_id, tn, unnest(generate_series(floor(a / {w})::BIGINT, (ceil(b / {w}) - 1)::BIGINT)) AS j
-            FROM waits WHERE b > a),
+WITH req AS (
+    SELECT run_id, coalesce(tenant, 'default') AS tn, sent_s - t0 AS s, first_token_s - t0 AS f,
+           last_token_s - t0 AS l, greatest(coalesce(last_token_s, sent_s), sent_s) - t0 AS e,
+           input_tokens AS n_in, output_tokens AS n_out,
+           CASE WHEN output_tokens > 1 THEN (last_token_s - first_token_s) / (output_tokens - 1) ELSE 0 END AS g
+    FROM (SELECT *, {t0} AS t0 FROM requests WHERE run_id IN ({', '.join(quote(r) for r in runs)}))),
+streams AS (SELECT *, floor(f / {w})::BIGINT AS jf, floor(l / {w})::BIGINT AS jl
+            FROM req WHERE f IS NOT NULL AND n_out > 0),
+outsvc AS (
+    SELECT run_id, tn, jf AS j, {OUTPUT_WEIGHT} * n_out AS svc FROM streams WHERE jf = jl
+    UNION ALL
+    SELECT run_id, tn, j, {OUTPUT_WEIGHT} * (CASE WHEN g <= 0 THEN n_out ELSE greatest(0,
+               least(n_out - 1, ceil(((j + 1) * {w} - f) / g) - 1) - greatest(0, ceil((j * {w} - f) / g)) + 1) END)
+    FROM (SELECT *, unnest(generate_series(jf, jl)) AS j FROM streams WHERE jf < jl)),
+svc AS (SELECT run_id, tn, j, sum(svc)::DOUBLE AS svc FROM (
+            SELECT * FROM outsvc
+            UNION ALL
+            SELECT run_id, tn, floor(f / {w})::BIGINT, {INPUT_WEIGHT} * n_in FROM req WHERE f IS NOT NULL)
+        GROUP BY ALL),
+waits AS (SELECT run_id, tn, floor(s / {w})::BIGINT AS ja, (ceil(coalesce(f, e) / {w}) - 1)::BIGINT AS jb
+          FROM req WHERE s IS NOT NULL AND coalesce(f, e) > s),
+backlog AS (SELECT DISTINCT run_id, tn, j FROM (
+                SELECT run_id, tn, ja AS j FROM waits WHERE ja = jb
+                UNION ALL
+                SELECT run_id, tn, unnest(generate_series(ja, jb)) FROM waits WHERE ja < jb)),
 perwin AS (SELECT b.run_id, b.j, count(*) AS k, sum(coalesce(s.svc, 0)) AS s1,
                   sum(coalesce(s.svc, 0) ^ 2) AS s2, max(coalesce(s.svc, 0)) AS hi, min(coalesce(s.svc, 0)) AS lo
            FROM backlog b LEFT JOIN svc s USING (run_id, tn, j) GROUP BY ALL HAVING count(*) > 1)
@@ -72,13 +85,11 @@ FROM perwin GROUP BY run_id
 """
 
 
-_TENANTS_SQL = f"""
-SELECT run_id, coalesce(tenant, 'default') AS tn, count(*) AS requests,
-       (coalesce(sum({INPUT_WEIGHT} * input_tokens) FILTER (WHERE first_token_s IS NOT NULL), 0)
-         + coalesce(sum({OUTPUT_WEIGHT} * output_tokens), 0))::BIGINT AS service,
-       avg(norm_latency_s) FILTER (WHERE status = 'ok') AS norm_latency_mean
-FROM request_metrics GROUP BY ALL ORDER BY run_id, tn
-"""
+def service_columns() -> str:
+    """Aggregates for the per-tenant counts query: VTC service delivered and mean normalized latency."""
+    return (f"(coalesce(sum({INPUT_WEIGHT} * input_tokens) FILTER (WHERE first_token_s IS NOT NULL), 0) "
+            f"+ coalesce(sum({OUTPUT_WEIGHT} * output_tokens), 0))::BIGINT AS service, "
+            f"avg(norm_latency_s) FILTER (WHERE status = 'ok') AS norm_latency_mean")
 
 
 def jain(values: list[float]) -> float | None:
@@ -87,27 +98,24 @@ def jain(values: list[float]) -> float | None:
     return (sum(values) ** 2) / (len(values) * sq) if values and sq > 0 else None
 
 
-def fairness(cat: Catalog, attainment: Mapping[str, Mapping[str, Mapping[str, Any]]],
+def fairness(cat: Catalog, runs: Mapping[str, float], tenants: Mapping[str, Mapping[str, Mapping[str, Any]]],
              window_s: float = 10.0) -> dict[str, dict[str, Any]]:
-    """``{run_id: {...}}`` for runs with two or more tenants (needs ``request_metrics``).
+    """``{run_id: {...}}`` for ``runs`` (run id -> first scheduled time), the runs with two or more tenants.
 
-    ``attainment`` is :func:`llmlb_bench.metrics.goodput.by_group` over
-    tenants (its ``attainment`` values are None without an SLO).
+    ``tenants`` maps run ids to per-tenant figures from the per-group counts
+    query (:func:`service_columns`; ``attainment`` None without an SLO).
     """
-    per_tenant: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in cat.query(_TENANTS_SQL).to_pylist():
-        per_tenant.setdefault(r["run_id"], {})[r["tn"]] = {
-            "requests": r["requests"], "service": r["service"], "norm_latency_mean": r["norm_latency_mean"]}
-    windows = {r["run_id"]: r for r in cat.query(_window_sql(window_s)).to_pylist()}
+    if not runs:
+        return {}
+    windows = {r["run_id"]: r for r in cat.query(_window_sql(runs, window_s)).to_pylist()}
     out: dict[str, dict[str, Any]] = {}
-    for run_id, tenants in per_tenant.items():
-        if len(tenants) < 2:
-            continue
-        att = [a["attainment"] for a in (attainment.get(run_id) or {}).values()]
-        lat = [t["norm_latency_mean"] for t in tenants.values() if t["norm_latency_mean"]]
+    for run_id in runs:
+        per = tenants.get(run_id) or {}
+        att = [t["attainment"] for t in per.values()]
+        lat = [t["norm_latency_mean"] for t in per.values() if t["norm_latency_mean"]]
         win = windows.get(run_id) or {}
         out[run_id] = {
-            "tenants": len(tenants),
+            "tenants": len(per),
             "window_s": window_s,
             "windows": win.get("windows", 0),
             "service_gap_max": win.get("gap_max"),
@@ -115,6 +123,6 @@ def fairness(cat: Catalog, attainment: Mapping[str, Mapping[str, Mapping[str, An
             "jain_service": win.get("jain_service"),
             "jain_attainment": jain(att) if att and None not in att else None,
             "slowdown_ratio": max(lat) / min(lat) if len(lat) > 1 else None,
-            "per_tenant": tenants,
+            "per_tenant": {t: {k: d[k] for k in ("requests", "service", "norm_latency_mean")} for t, d in per.items()},
         }
     return out

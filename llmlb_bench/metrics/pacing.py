@@ -30,8 +30,8 @@ gaps, pooled over requests.
 
 Token times come as run-length segments (see ``requests.token_times``), so
 every walk above advances over a whole run of equal gaps in closed form and
-works across requests at once in NumPy. Runs with more than ``sample``
-requests use a deterministic hash sample of about that many (reported).
+works across requests at once in NumPy. Very large runs are read as a
+block sample (:mod:`llmlb_bench.metrics.sample`), reported as ``sampled``.
 """
 
 from __future__ import annotations
@@ -45,15 +45,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.sql import quote
+from llmlb_bench.metrics.sample import DEFAULT_SAMPLE, is_sampled, run_filter
 from llmlb_bench.store.views import Catalog
 
 FLUID_TARGET_MISS_RATE = 0.1
 FLUID_QUANTILE = 0.99
 FLUIDITY_LEVEL = 0.9
-DEFAULT_SAMPLE = 20_000
 _PRECISION = 2.0 ** -12          # fluid deadlines: final bracket width / the request's largest gap
-_ROUND_WORK = 2_000_000          # entries x candidates walked per round of the fluid-deadline search
+_POSITION_COST = 2_000           # fixed cost of one walk step, in entry updates (NumPy call overhead)
 
 
 @dataclass(frozen=True)
@@ -155,14 +154,21 @@ def deadline_walk(s: Streams, d_decode: np.ndarray, d_prefill: np.ndarray | None
     return missed[s.rank_of], total[s.rank_of]
 
 
+def _lanes(positions: int, entries: int) -> int:
+    """The K of the K-ary search that minimises rounds x (per-position cost + (K - 1) x per-entry cost)."""
+    def cost(k: int) -> float:
+        return math.log(1 / _PRECISION, k) * (_POSITION_COST * positions + (k - 1) * entries)
+    return min(range(2, 17), key=cost)
+
+
 def fluid_deadlines(s: Streams) -> np.ndarray:
     """Per request, the smallest decode deadline with at most 10% of its deadlines missed.
 
     A K-ary search: each round walks K - 1 evenly spaced candidates inside
     every request's bracket at once and keeps the sub-interval where the
-    miss rate crosses 10%. Wide rounds (K up to 16) amortise the per-position
-    cost of a walk on small runs; on large ones K falls to 2 (bisection),
-    which does the least work in all. The bracket starts at (0, largest gap],
+    miss rate crosses 10%. Wide rounds (K up to 16) amortise the fixed
+    per-position cost of a walk on streams of many chunks; with few entries
+    per position K falls towards 2 (bisection), which does the least work. The bracket starts at (0, largest gap],
     where no deadline is missed, and ends narrower than ``_PRECISION`` of it
     (0.025%, far below the spread of a 99th percentile across requests).
     """
@@ -171,7 +177,7 @@ def fluid_deadlines(s: Streams) -> np.ndarray:
         np.maximum(hi[:b - a], s.value[a:b], out=hi[:b - a])
     hi = hi[s.rank_of]
     lo = np.zeros(s.n)
-    k = int(np.clip(_ROUND_WORK // max(len(s.value), 1), 2, 16))
+    k = _lanes(len(s.offsets) - 1, len(s.value))
     steps = np.arange(1, k) / k
     for _ in range(math.ceil(math.log(1 / _PRECISION, k))):
         cand = lo[:, None] + (hi - lo)[:, None] * steps
@@ -220,22 +226,20 @@ def pacing_of(s: Streams, slo: Slo | None) -> dict[str, Any]:
     return out
 
 
-def load_streams(cat: Catalog, run_id: str, rows: int, sample: int = DEFAULT_SAMPLE) -> tuple[Streams, bool]:
-    """One run's ok requests with token times (a hash sample of about ``sample`` when larger)."""
-    where = f"run_id = {quote(run_id)} AND status = 'ok' AND token_times IS NOT NULL AND len(token_times) > 0"
-    sampled = rows > sample
-    if sampled:
-        where += f" AND hash(request_id) < {int(sample / rows * 2**64)}::UBIGINT"
+def load_streams(cat: Catalog, run_id: str, ok: int, id_min: int, id_max: int,
+                 sample: int = DEFAULT_SAMPLE) -> tuple[Streams, bool]:
+    """One run's ok requests with token times (a block sample when there are more than ``sample``)."""
+    where = f"{run_filter(run_id, ok, id_min, id_max, sample)} AND status = 'ok' AND len(token_times) > 0"
     table = cat.query(f"SELECT request_id, slo_class, first_token_s - sent_s AS ttft, token_times "
                       f"FROM requests WHERE {where} ORDER BY request_id")
-    return Streams.from_arrow(table), sampled
+    return Streams.from_arrow(table), is_sampled(ok, id_min, id_max, sample)
 
 
-def pacing(cat: Catalog, rows: Mapping[str, int], slo: Slo | None,
+def pacing(cat: Catalog, runs: Mapping[str, tuple[int, int, int]], slo: Slo | None,
            sample: int = DEFAULT_SAMPLE) -> dict[str, dict[str, Any]]:
-    """``{run_id: pacing figures}`` for the runs in ``rows`` (run id -> request count)."""
+    """``{run_id: pacing figures}``; ``runs`` maps run ids to (ok requests, smallest and largest request id)."""
     out = {}
-    for run_id, n in rows.items():
-        streams, sampled = load_streams(cat, run_id, n, sample)
+    for run_id, (n, id_min, id_max) in runs.items():
+        streams, sampled = load_streams(cat, run_id, n, id_min, id_max, sample)
         out[run_id] = {**pacing_of(streams, slo), "sampled": sampled}
     return out

@@ -21,27 +21,25 @@ SELECT *,
 FROM requests
 """
 
-#: Token gaps with multiplicities: a segment of ``count`` tokens spaced
-#: ``gap_s`` contributes ``count - 1`` gaps of ``gap_s``; consecutive segments
-#: contribute the gap between the last token of one and the first of the next.
-#: Keeping weights instead of expanding tokens keeps ITL cheap on simulated
-#: runs, where one segment stands for thousands of tokens; list functions
-#: (not a window over unnested rows) keep it cheap on replayed runs.
-ITL_GAPS = """
+def itl_gaps_sql(where: str = "TRUE") -> str:
+    """``(run_id, v, w)``: the token gaps of ok requests matching ``where``, with multiplicities.
+
+    A segment of ``count`` tokens spaced ``gap_s`` contributes ``count - 1``
+    gaps of ``gap_s``; consecutive segments contribute the gap between the
+    last token of one and the first of the next. Keeping weights instead of
+    expanding tokens keeps ITL cheap on simulated runs, where one segment
+    stands for thousands of tokens; list functions (not a window over
+    unnested rows) keep it cheap on replayed runs.
+    """
+    return f"""
 SELECT run_id, s.gap_s AS v, (s.count - 1)::BIGINT AS w
-FROM (SELECT run_id, unnest(token_times) AS s FROM requests WHERE status = 'ok' AND token_times IS NOT NULL)
+FROM (SELECT run_id, unnest(token_times) AS s FROM requests WHERE status = 'ok' AND {where})
 WHERE s.count > 1
 UNION ALL
 SELECT run_id, unnest(list_transform(range(1, len(token_times)), lambda i: token_times[i + 1].start_s
        - token_times[i].start_s - token_times[i].gap_s * (token_times[i].count - 1))) AS v, 1::BIGINT AS w
-FROM requests WHERE status = 'ok' AND len(token_times) > 1
+FROM requests WHERE status = 'ok' AND len(token_times) > 1 AND {where}
 """
-
-
-def per_request(column: str, weight: str = "1") -> str:
-    """Values ``(run_id, v, w)`` of one per-request column over ok requests."""
-    return (f"SELECT run_id, {column} AS v, ({weight})::BIGINT AS w FROM request_metrics "
-            f"WHERE status = 'ok' AND {column} IS NOT NULL")
 
 
 def quote(text: str) -> str:

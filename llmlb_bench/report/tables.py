@@ -146,7 +146,7 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
         ("requests with fluidity >= 0.9 (%)", _pct(("pacing", "fluidity", "share_ge_0.9")), ".1f"),
         ("fluid token rate (tokens/s/stream)", scaled(("pacing", "fluid_token_rate"), 1.0), ",.1f"),
         ("slowest-10% gap mean (ms)", scaled(("pacing", "slowest10_gap_mean_s"), 1e3), ",.1f"),
-        ("requests sampled", lambda s: "yes" if _get(s, "pacing", "sampled") else "no", "s"),
+        ("ITL and pacing from a block sample", lambda s: "yes" if _get(s, "pacing", "sampled") else "no", "s"),
     ]))
     if any(s.get("fairness") for s in doc["runs"]):
         sections.append(("Fairness across tenants", [

@@ -1,0 +1,47 @@
+"""Which requests token-level figures read: all of them, or evenly spaced blocks on very large runs.
+
+Token-level figures (vLLM's ITL, the pacing figures) read every request's
+``token_times``, by far the largest column. Up to ``sample`` ok requests a
+run is read whole; beyond, ``BLOCKS`` equal blocks of consecutive request
+ids, evenly spaced from the first id to the last, about ``sample``
+requests in all. Blocks rather than a scattered sample because request ids
+rise through a run, so the Parquet reader skips every row group outside the
+blocks: sampling ten million rows costs what reading the sample costs.
+Reports say when a run was sampled; the SQL to reproduce a sampled figure
+adds the same ``request_id BETWEEN`` ranges.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from llmlb_bench.metrics.sql import quote
+
+DEFAULT_SAMPLE = 50_000
+BLOCKS = 20
+
+
+def blocks(sample: int, id_min: int, id_max: int) -> list[tuple[int, int]]:
+    """The request id ranges of a block sample of about ``sample`` ids in [id_min, id_max]."""
+    size = max(sample // BLOCKS, 1)
+    span = id_max - id_min + 1 - size
+    starts = sorted({id_min + round(span * k / (BLOCKS - 1)) for k in range(BLOCKS)})
+    return [(a, a + size - 1) for a in starts]
+
+
+def is_sampled(ok: int, id_min: int, id_max: int, sample: int) -> bool:
+    return ok > sample and id_max - id_min + 1 > sample
+
+
+def run_filter(run_id: str, ok: int, id_min: int, id_max: int, sample: int) -> str:
+    """SQL selecting one run's requests for token-level figures."""
+    cond = f"run_id = {quote(run_id)}"
+    if is_sampled(ok, id_min, id_max, sample):
+        cond += " AND (" + " OR ".join(f"request_id BETWEEN {a} AND {b}"
+                                       for a, b in blocks(sample, id_min, id_max)) + ")"
+    return cond
+
+
+def runs_filter(runs: Mapping[str, tuple[int, int, int]], sample: int) -> str:
+    """SQL selecting the token-level requests of every run; ``runs``: run id -> (ok, id_min, id_max)."""
+    return "(" + " OR ".join(f"({run_filter(r, *v, sample)})" for r, v in runs.items()) + ")" if runs else "FALSE"
