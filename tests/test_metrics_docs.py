@@ -1,0 +1,78 @@
+"""The SQL in docs/metrics.md runs through ``llmlb query`` and gives back the report's figures."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.metrics.summary import summarize
+from llmlb_bench.store.views import Catalog
+from metrics_helpers import seg, store_run
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
+
+
+def statements() -> list[str]:
+    """Every SQL statement of the doc's ``sql`` blocks, comments removed."""
+    out = []
+    for block in re.findall(r"```sql\n(.*?)```", DOC.read_text(), re.S):
+        for stmt in re.split(r";\s*\n", block):
+            sql = "\n".join(ln for ln in stmt.splitlines() if not ln.strip().startswith("--")).strip().rstrip(";")
+            if sql:
+                out.append(sql)
+    return out
+
+
+def find(fragment: str) -> str:
+    [sql] = [s for s in statements() if fragment in s]
+    return sql
+
+
+@pytest.fixture
+def run(tmp_path):
+    """Two tenants, six requests, a power series: enough for every documented query to mean something."""
+    rows = {
+        "request_id": list(range(6)), "tenant": ["a", "b", "a", "b", "a", "b"],
+        "sent_s": [0.0, 0.3, 1.0, 1.2, 2.0, 2.5], "scheduled_s": [0.0, 0.3, 1.0, 1.2, 2.0, 2.5],
+        "first_token_s": [0.2, 1.1, 1.3, 1.9, 2.1, None], "last_token_s": [1.0, 1.5, 1.9, 2.9, 2.1, None],
+        "token_times": [[seg(0.2, 0.1, 9)], [seg(1.1, 0.0, 2), seg(1.5, 0.0, 1)], [seg(1.3, 0.2, 4)],
+                        [seg(1.9, 0.25, 5)], [seg(2.1, 0.0, 1)], None],
+        "output_tokens": [9, 3, 4, 5, 1, 0], "input_tokens": [100, 200, 300, 400, 50, 60],
+        "cached_tokens": [0, 100, 150, 0, 25, 0], "status": ["ok"] * 5 + ["error"]}
+    store_run(tmp_path, "doc", rows, series={"t_s": [0.0, 1.0, 3.0] * 2, "target": ["r0"] * 3 + ["r1"] * 3,
+                                             "power_w": [60.0, 200.0, 150.0, 50.0, 80.0, 90.0],
+                                             "kv_blocks_used": [0, 5, 3, 0, 8, 1], "kv_blocks_total": [10] * 6,
+                                             "waiting": [0, 2, 1, 0, 1, 0]})
+    cat = Catalog([tmp_path])
+    [s] = summarize(cat, Slo.parse("ttft=500ms,tpot=50ms"))
+    [ttft_only] = summarize(cat, Slo.parse("ttft=500ms"))
+    return cat, s, ttft_only
+
+
+def test_documented_queries_reproduce_the_report(run):
+    cat, s, ttft_only = run
+    q = lambda sql: cat.query_read_only(sql).to_pylist()  # noqa: E731
+    assert len(statements()) >= 10
+    for sql in statements():       # every statement is valid, read-only SQL over the views
+        q(sql)
+    [r] = q(find("ttft_p99"))
+    assert r["ttft_p99"] == pytest.approx(s["ttft"]["p99"])
+    [r] = q(find("itl_mean"))
+    assert r["itl_mean"] == pytest.approx(s["itl"]["mean"]) and r["gaps"] == s["itl"]["n"]
+    [r] = q(find("as attainment"))
+    assert r["attainment"] == pytest.approx(s["slo"]["attainment"]) and r["goodput"] == pytest.approx(s["slo"]["goodput"])
+    [r] = q(find("ceil(0.1 * sum(w)"))
+    assert list(r.values())[1] == pytest.approx(s["pacing"]["slowest10_gap_mean_s"])
+    [r] = q(find("as jain"))
+    # ttft <= 500 ms: a 3/3, b 0/3 (0.8 and 0.7 s late, one failed)
+    assert r["jain"] == pytest.approx(ttft_only["fairness"]["jain_attainment"]) == pytest.approx(0.5)
+    assert s["slo"]["attainment"] == pytest.approx(1 / 6)   # with tpot <= 50 ms only the 1-token request is good
+    [r] = q(find("max(nl) / min(nl)"))
+    assert list(r.values())[1] == pytest.approx(s["fairness"]["slowdown_ratio"])
+    energy = {r["target"]: r["avg_w"] for r in q(find("as energy_j"))}
+    assert energy == pytest.approx(s["energy"]["avg_power_w"])
+    [r] = q(find("sum(cached_tokens)"))
+    assert list(r.values())[1] == pytest.approx(s["state"]["prefix_cache_hit_rate"])
