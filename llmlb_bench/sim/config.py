@@ -25,6 +25,7 @@ from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim.catalog import GPU, Model, load_catalog
+from llmlb_bench.sim.moe import MoeSpec, check_layout
 from llmlb_bench.sim.autoscale import AutoscaleSpec
 from llmlb_bench.sim.scheduling import make_engine_scheduler
 
@@ -100,6 +101,9 @@ class ClusterConfig:
     on_failure: str = "retry"
     #: autoscaling: {"policy": "concurrency" or package.module:Class, "interval_s", "cold_start_s", "args"}
     autoscale: Mapping[str, Any] | None = None
+    #: MoE expert-load imbalance and EPLB (sim/moe.py): {"popularity": "zipf", "zipf_s": 1.0,
+    #: "eplb_interval_s": 0, "redundant_experts": 0, "drift_s": 0, ...}; None = experts evenly loaded
+    moe: Mapping[str, Any] | None = None
     #: engine-level order of admission and preemption: "fcfs", "priority" (vLLM's), or package.module:Class
     scheduler: str = "fcfs"
     scheduler_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -141,6 +145,9 @@ class ClusterConfig:
             if pool is not None and pool not in {p.name for p in pools}:
                 raise UserError(f"unknown pool {pool!r}", "cluster.autoscale.args.pool")
         make_engine_scheduler(self.scheduler, self.scheduler_args)
+        if self.moe is not None:
+            object.__setattr__(self, "moe", dict(self.moe))
+            self._check_moe(pools)
         roles = {p.role for p in pools}
         if ("prefill" in roles) != ("decode" in roles):
             raise UserError("a disaggregated cluster needs both a prefill and a decode pool", "cluster.pools")
@@ -189,6 +196,15 @@ class ClusterConfig:
             out.append(pool)
         return out
 
+    def _check_moe(self, pools: list[PoolConfig]) -> None:
+        spec = MoeSpec.parse(self.moe or {})
+        moe_pools = [p for p in pools if p.model_spec(self.catalogs).is_moe]
+        if not moe_pools:
+            raise UserError("no pool serves a MoE model (experts > 1); expert-load imbalance does not apply",
+                            "cluster.moe")
+        for p in moe_pools:
+            check_layout(spec, p.model_spec(self.catalogs).experts, p.tp, f"cluster.moe (pool {p.name})")
+
     def _check_failure(self, i: int, f: Mapping[str, Any]) -> None:
         where = f"cluster.failures[{i}]"
         unknown = sorted(set(f) - {"target", "at_s", "down_s"})
@@ -221,6 +237,7 @@ class ClusterConfig:
             d[k] = [dict(x) if isinstance(x, Mapping) else x for x in getattr(self, k)]
         d["scheduler_args"] = dict(self.scheduler_args)
         d["autoscale"] = dict(self.autoscale) if self.autoscale is not None else None
+        d["moe"] = dict(self.moe) if self.moe is not None else None
         return d
 
     @classmethod

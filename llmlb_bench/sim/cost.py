@@ -24,6 +24,13 @@ kernels (launches, small ops) that does not scale with the batch.
 
 All figures come from the catalogs; the efficiency factors and the layer
 latency are the fitted part (see :mod:`llmlb_bench.sim.calibrate`).
+
+A MoE replica with an :class:`~llmlb_bench.sim.moe.ExpertLoad` (expert
+parallelism over its ``tp`` GPUs with skewed expert popularity) waits in each
+MoE layer for its busiest GPU: the routed experts' compute is multiplied by
+the load's imbalance factor f(tokens) (``StepCost.skew_s`` is the extra time).
+Power follows the average GPU's work (the balanced compute), since the other
+GPUs idle while the busiest one finishes.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from math import sqrt
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim.catalog import GPU, Model
+from llmlb_bench.sim.moe import ExpertLoad
 
 GIB = float(1 << 30)
 #: memory the engine needs besides weights, activations and KV: CUDA context, NCCL buffers, CUDA graphs
@@ -55,10 +63,12 @@ class StepCost:
     memory_s: float
     comm_s: float
     overhead_s: float
+    #: extra compute time of the busiest GPU under expert-load imbalance (MoE with an ExpertLoad)
+    skew_s: float = 0.0
 
     @property
     def total(self) -> float:
-        return math.hypot(self.compute_s, self.memory_s) + self.comm_s + self.overhead_s
+        return math.hypot(self.compute_s + self.skew_s, self.memory_s) + self.comm_s + self.overhead_s
 
 
 class CostModel:
@@ -66,7 +76,8 @@ class CostModel:
 
     def __init__(self, model: Model, gpu: GPU, tp: int = 1, *, max_num_batched_tokens: int = 8192,
                  max_num_seqs: int = 256, gpu_memory_utilization: float = 0.9, block_size: int = 16,
-                 compute_efficiency: float | None = None, memory_efficiency: float | None = None) -> None:
+                 compute_efficiency: float | None = None, memory_efficiency: float | None = None,
+                 expert_load: ExpertLoad | None = None) -> None:
         self.model, self.gpu, self.tp = model, gpu, tp
         ce = gpu.compute_efficiency if compute_efficiency is None else compute_efficiency
         me = gpu.memory_efficiency if memory_efficiency is None else memory_efficiency
@@ -84,10 +95,16 @@ class CostModel:
             self.expert_bytes = per_expert * model.experts * model.weight_bytes / tp
             self.dense_bytes = (params - per_expert * model.experts) * model.weight_bytes / tp
             self._miss = 1.0 - model.active_experts / model.experts
+            # routed experts' share of the per-token FLOPs, which expert-load imbalance stretches
+            self.expert_flops = 2.0 * model.active_experts * per_expert / tp
+            if expert_load is not None:     # EPLB's redundant replicas: (E + R) / E the expert weights
+                self.expert_bytes *= (model.experts + expert_load.spec.redundant_experts) / model.experts
         else:
             self.expert_bytes = 0.0
             self.dense_bytes = params * model.weight_bytes / tp
             self._miss = 1.0
+            self.expert_flops = 0.0
+        self.expert_load = expert_load if model.is_moe else None
         self.weight_bytes = self.dense_bytes + self.expert_bytes
         # GQA KV heads are split across TP ranks (replicated when tp > kv_heads); MLA's latent is replicated.
         kv_shards = 1 if model.kv_lora_rank else min(tp, model.kv_heads)
@@ -109,6 +126,7 @@ class CostModel:
         self._c_token = self.linear_flops / self.peak_flops
         self._c_sample = self.lm_head_flops / self.peak_flops
         self._c_attn = self.attn_flops / self.peak_flops
+        self._c_expert = self.expert_flops / self.peak_flops
         self._m_kv = self.kv_bytes_per_token / self.bandwidth
         self._m_dense = self.dense_bytes / self.bandwidth
         self._fixed = self.overhead_s + self._ar_fixed
@@ -158,13 +176,20 @@ class CostModel:
                  + self.lm_head_flops * sampled)
         data = self.weights_read(tokens) + self.kv_bytes_per_token * (prefill_kv + decode_context)
         comm = self._ar_fixed + self._ar_per_token * tokens if tokens else 0.0
-        return StepCost(flops / self.peak_flops, data / self.bandwidth, comm, self.overhead_s)
+        return StepCost(flops / self.peak_flops, data / self.bandwidth, comm, self.overhead_s, self._skew(tokens))
+
+    def _skew(self, tokens: int) -> float:
+        """Extra seconds the busiest GPU spends on routed experts (0 without an ExpertLoad)."""
+        if self.expert_load is None or not tokens:
+            return 0.0
+        return self._c_expert * tokens * (self.expert_load.factor(tokens) - 1.0)
 
     def decode_step(self, seqs: int, context: float) -> StepCost:
         """A decode-only step of ``seqs`` requests with ``context`` total context tokens."""
         compute = ((self.linear_flops + self.lm_head_flops) * seqs + self.attn_flops * context) / self.peak_flops
         memory = (self.weights_read(seqs) + self.kv_bytes_per_token * context) / self.bandwidth
-        return StepCost(compute, memory, self._ar_fixed + self._ar_per_token * seqs, self.overhead_s)
+        return StepCost(compute, memory, self._ar_fixed + self._ar_per_token * seqs, self.overhead_s,
+                        self._skew(seqs))
 
     def decode_time(self, seqs: int, context: float) -> float:
         return self.decode_step(seqs, context).total
@@ -176,7 +201,11 @@ class CostModel:
         compute = self._c_token * tokens + self._c_attn * attn + self._c_sample * sampled
         memory = (self._m_dense + (self.expert_bytes * (1.0 - self._miss ** tokens) / self.bandwidth
                                    if self.expert_bytes else 0.0) + self._m_kv * kv)
-        total = sqrt(compute * compute + memory * memory) + self._fixed + self._ar_per_token * tokens
+        if self.expert_load is None:
+            total = sqrt(compute * compute + memory * memory) + self._fixed + self._ar_per_token * tokens
+        else:
+            skewed = compute + self._skew(tokens)
+            total = sqrt(skewed * skewed + memory * memory) + self._fixed + self._ar_per_token * tokens
         busy = self._mem_power * memory
         if compute > busy:
             busy = compute

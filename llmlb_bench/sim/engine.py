@@ -49,9 +49,9 @@ from llmlb_bench.sim.results import RequestRecorder
 from llmlb_bench.sim.series import SeriesSampler
 
 # kinds of timed deliveries
-_ARRIVE, _KV_ARRIVE, _FAIL, _RECOVER, _SCALE, _READY = 0, 1, 2, 3, 4, 5
+_ARRIVE, _KV_ARRIVE, _FAIL, _RECOVER, _SCALE, _READY, _EXPERTS = 0, 1, 2, 3, 4, 5, 6
 #: deliveries that are not work: the run ends when only these remain
-_LIFECYCLE = (_FAIL, _RECOVER, _SCALE, _READY)
+_LIFECYCLE = (_FAIL, _RECOVER, _SCALE, _READY, _EXPERTS)
 #: events between two collections of the youngest GC generation while automatic GC is paused
 _GC_EVERY = 100_000
 
@@ -141,6 +141,10 @@ class Simulation:
         if self.autoscale is not None:
             self.autoscaler = self.autoscale.make()
             self._deliver(self.autoscale.interval_s, _SCALE, None)
+        self.expert_loads = self.fleet.expert_loads()      # MoE pools with skewed experts (cluster.moe)
+        for load in self.expert_loads.values():
+            if load.next_change < math.inf:
+                self._deliver(load.next_change, _EXPERTS, load)
 
     # ---- setup ------------------------------------------------------------------------------------
 
@@ -228,8 +232,11 @@ class Simulation:
                     self._recover(payload, now)
                 elif kind == _SCALE:
                     self._scale(now)
-                else:
+                elif kind == _READY:
                     self._ready(payload, now)
+                else:
+                    payload.advance(now)     # expert popularity drifts / EPLB rebalances (sim/moe.py)
+                    self._deliver(payload.next_change, _EXPERTS, payload)
             else:
                 _, _, i, _ = heappop(boundaries)
                 rep = replicas[i]
@@ -577,7 +584,18 @@ class Simulation:
             "mean_utilization": (sum(r.busy_s for r in reps) / (gpu_hours * 3600 / reps[0].cost.tp)
                                  if gpu_hours > 0 and len({r.cost.tp for r in reps}) == 1 else None),
             "seed": self.seed,
+            **({"expert_load": {name: _expert_summary(load, end) for name, load in self.expert_loads.items()}}
+               if self.expert_loads else {}),
         }
+
+
+def _expert_summary(load: Any, end: float) -> dict[str, Any]:
+    """A MoE pool's large-batch slowdown (ep x the busiest GPU's share of routed tokens) over the
+    run: ``[time, value]`` from each change on, and its time-weighted mean."""
+    hist = [(t, f) for t, f in load.history if t <= end]
+    spans = [b - a for (a, _), b in zip(hist, [t for t, _ in hist[1:]] + [end])]
+    return {"slowdown_history": [[t, f] for t, f in hist],
+            "mean_slowdown": sum(f * w for (_, f), w in zip(hist, spans)) / end if end > 0 else hist[0][1]}
 
 
 def simulate(trace: pa.Table, cfg: ClusterConfig, policy: Any, run: Any, seed: int = 0) -> dict[str, Any]:

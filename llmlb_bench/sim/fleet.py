@@ -9,21 +9,27 @@ equal to "routable": not starting, draining, down or retired.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import TargetInfo, View
 from llmlb_bench.sim.autoscale import PoolStatus
 from llmlb_bench.sim.config import ClusterConfig, PoolConfig
 from llmlb_bench.sim.cost import CostModel
+from llmlb_bench.sim.moe import ExpertLoad, MoeSpec
 from llmlb_bench.sim.replica import Replica
 from llmlb_bench.sim.scheduling import make_engine_scheduler
 
 
-def cost_model(pool: PoolConfig, catalogs: tuple[str, ...] = ()) -> CostModel:
-    return CostModel(pool.model_spec(catalogs), pool.gpu_spec(catalogs), pool.tp,
+def cost_model(pool: PoolConfig, catalogs: tuple[str, ...] = (), moe: Mapping[str, Any] | None = None) -> CostModel:
+    """The pool's cost model; ``moe`` (``ClusterConfig.moe``) gives a MoE pool its own expert-load state."""
+    model = pool.model_spec(catalogs)
+    load = (ExpertLoad(MoeSpec.parse(moe), model.experts, model.active_experts, pool.tp)
+            if moe is not None and model.is_moe else None)
+    return CostModel(model, pool.gpu_spec(catalogs), pool.tp,
                      max_num_batched_tokens=pool.max_num_batched_tokens, max_num_seqs=pool.max_num_seqs,
-                     gpu_memory_utilization=pool.gpu_memory_utilization, block_size=pool.block_size)
+                     gpu_memory_utilization=pool.gpu_memory_utilization, block_size=pool.block_size,
+                     expert_load=load)
 
 
 def prefix_unit(pool: PoolConfig, trace_bs: int) -> tuple[int, int]:
@@ -52,7 +58,7 @@ class Fleet:
         self.cfg = cfg
         self.seed = seed      # the run's: engine schedulers that draw random numbers follow it
         self.pools = {p.name: p for p in cfg.pool_configs()}
-        self._costs = {name: cost_model(p, cfg.catalogs) for name, p in self.pools.items()}
+        self._costs = {name: cost_model(p, cfg.catalogs, cfg.moe) for name, p in self.pools.items()}
         self._units = {name: (prefix_unit(p, trace_bs) if p.enable_prefix_caching and prefix_hashes
                               and p.role != "decode" else (0, 1)) for name, p in self.pools.items()}
         self._reference = decode_capacity(next(iter(self._costs.values())))
@@ -88,6 +94,10 @@ class Fleet:
         for hook in self.on_add:
             hook(rep)
         return rep
+
+    def expert_loads(self) -> dict[str, ExpertLoad]:
+        """The MoE pools' expert-load states, by pool name."""
+        return {name: c.expert_load for name, c in self._costs.items() if c.expert_load is not None}
 
     def refresh_health(self, rep: Replica) -> None:
         self.view.healthy[rep.index] = rep.routable
