@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import random
+import struct
+import zlib
 from collections import Counter
 
 import numpy as np
@@ -166,6 +169,44 @@ def test_self_check_measures_the_client_against_a_local_noop_server():
     for key in ("send_lateness_ms", "ttft_inflation_ms"):
         assert 0 <= fig[key]["p50"] <= fig[key]["p99"] <= fig[key]["max"]  # the server wrote before we read
     assert fig["flagged"] is False
+
+
+def test_multimodal_rows_carry_real_images_and_audio(servers, tmp_path):
+    bodies = []
+
+    async def models(request):
+        return web.json_response({"data": [{"id": "m"}]})
+
+    async def chat(request):
+        bodies.append(await request.json())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices":[{"delta":{"content":"x"},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n')
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/chat/completions", chat)
+    url = servers.aiohttp(app)
+    trace = TRACE.conform(pa.table({
+        "request_id": pa.array([1, 2], pa.int64()), "arrival_s": [0.0, 0.01],
+        "input_tokens": pa.array([300, 140], pa.int32()), "output_tokens": pa.array([1, 1], pa.int32()),
+        "images": pa.array([2, 0], pa.int16()), "image_tokens": pa.array([128, 0], pa.int32()),
+        "audio_s": pa.array([0.0, 1.6], pa.float32())}), "t")
+    _, rows, _ = run_replay(trace, [url], tmp_path)
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    first, second = sorted(bodies, key=lambda b: len(b["messages"][0]["content"]), reverse=True)
+    text, *images = first["messages"][0]["content"]
+    assert len(text["text"].split()) == 300 - 128  # the images cost the rest of the prompt
+    pngs = [base64.b64decode(i["image_url"]["url"].split(",", 1)[1]) for i in images]
+    assert len(pngs) == 2 and pngs[0] != pngs[1]
+    for png in pngs:  # 64 tokens each -> 8x8 tiles of 28 px
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", png[16:24]) == (224, 224)
+        assert len(zlib.decompress(png[41:-16])) == 224 * (1 + 224 * 3)  # the image data is intact
+    text, audio = second["messages"][0]["content"]
+    assert len(text["text"].split()) == 140 - 40  # 1.6 s of audio is 40 tokens
+    wav = base64.b64decode(audio["input_audio"]["data"])
+    assert wav[:4] == b"RIFF" and len(wav) == 44 + 2 * 16000 * 1.6
 
 
 def test_output_tokens_are_counted_and_flagged_when_the_server_sends_no_usage(servers, tmp_path):

@@ -48,6 +48,7 @@ from llmlb_bench.policies import RouteRequest, TargetInfo, View
 from llmlb_bench.policies.base import HOLD, REJECT
 from llmlb_bench.replay.flight import Flight
 from llmlb_bench.replay.http import Pool, build_request, simple_request
+from llmlb_bench.replay.media import AUDIO_TOKENS_PER_S, image_side, png_data_url, wav_base64
 from llmlb_bench.replay.options import RETRY_STATUSES, ReplayOptions
 from llmlb_bench.replay.preflight import Preflight, preflight, request_headers
 from llmlb_bench.replay.prompts import PromptBuilder
@@ -116,6 +117,7 @@ class Replayer:
         self.lateness: list[float] = []
         self.recent_ttft: deque[float] = deque(maxlen=512)
         self.scraped: set[str] = set()
+        self.media_dropped = 0
         self.sent = 0
         self.first_sent = self.last_sent = self.last_end = None
         self.dispatch_done = False
@@ -281,10 +283,26 @@ class Replayer:
 
     def _request_bytes(self, idx: int, target: int) -> bytes:
         tr = self.tr
-        text = self.prompts.text(tr.inp[idx], tr.hashes(idx), tr.rid[idx])
+        images, audio_s = tr.images[idx], tr.audio_s[idx]
+        media = bool(images or audio_s)
+        if media and self.options.api != "chat":
+            self.media_dropped += 1  # only the chat API carries images and audio
+            media = False
+        # input_tokens includes what the images and audio cost; the text gets the rest
+        media_tokens = tr.image_tokens[idx] + round(audio_s * AUDIO_TOKENS_PER_S) if media else 0
+        text = self.prompts.text(max(0, tr.inp[idx] - media_tokens), tr.hashes(idx), tr.rid[idx])
         out = max(1, tr.out[idx])
         body: dict[str, Any] = {"model": self.pre.models[target]}
-        if self.options.api == "chat":
+        if media:
+            side = image_side(tr.image_tokens[idx] // images) if images else 0
+            content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+            content += [{"type": "image_url", "image_url": {"url": png_data_url(side, tr.rid[idx] * 64 + k)}}
+                        for k in range(images)]
+            if audio_s:
+                content.append({"type": "input_audio",
+                                "input_audio": {"data": wav_base64(audio_s, tr.rid[idx]), "format": "wav"}})
+            body["messages"] = [{"role": "user", "content": content}]
+        elif self.options.api == "chat":
             body["messages"] = [{"role": "user", "content": text}]
         else:
             body["prompt"] = text
@@ -604,6 +622,7 @@ class Replayer:
             "models": self.pre.models,
             "notes": self.pre.notes,
             "scraped_metrics": sorted(self.scraped),
+            "multimodal_dropped": self.media_dropped,
             "prompt_lengths": "exact (tokenize endpoint)" if self.pre.word_costs else "approximate (one word per token)",
         }
         if self.resume is not None:

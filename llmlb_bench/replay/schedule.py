@@ -42,6 +42,9 @@ class TraceColumns:
         self.priority = _values(table, "priority", 0)
         self.parent = _values(table, "parent_id", None)
         self.after = [(a or 0.0) * scale for a in _values(table, "after_parent_s", 0.0)]
+        self.images: list[int] = _values(table, "images", 0)
+        self.image_tokens: list[int] = _values(table, "image_tokens", 0)
+        self.audio_s: list[float] = _values(table, "audio_s", 0.0)
         if "prefix_hashes" in table.column_names:
             arr = table.column("prefix_hashes").combine_chunks()
             self._offsets = np.asarray(arr.offsets)
