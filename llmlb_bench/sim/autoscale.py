@@ -14,8 +14,11 @@ pool's status. It then
 
 Targets are only ever appended, so ``View`` indices stay valid.
 
-The built-in policy is Knative-style concurrency targeting; users name their
-own subclass as ``package.module:Class`` in ``ClusterConfig.autoscale``.
+Built-in policies: Knative-style concurrency targeting (``concurrency``) and
+threshold scaling on a scraped signal with a cooldown (``threshold``: the
+waiting queue or KV-cache use per replica, as KEDA/AIBrix-style autoscalers
+read them from the engines' metrics); users name their own subclass as
+``package.module:Class`` in ``ClusterConfig.autoscale``.
 """
 
 from __future__ import annotations
@@ -93,7 +96,59 @@ class ConcurrencyAutoscaler(Autoscaler):
         return out
 
 
-BUILTIN_AUTOSCALERS: dict[str, type[Autoscaler]] = {c.name: c for c in (Autoscaler, ConcurrencyAutoscaler)}
+@dataclass
+class ThresholdAutoscaler(Autoscaler):
+    """Threshold scaling on a scraped signal, with a cooldown.
+
+    The signal is the mean over a pool's routable replicas of their waiting queue
+    (``metric="queue"``: vLLM's ``num_requests_waiting``) or KV-cache use
+    (``metric="kv"``: ``gpu_cache_usage_perc``, 0..1), as the router's view last
+    scraped them (stale with ``signal_refresh_s``, as a metrics pipeline is). Above
+    ``upper`` the pool grows by ``step`` replicas, below ``lower`` it shrinks by
+    one; after any change it holds still for ``cooldown_s`` (simple scaling's
+    cooldown, which keeps it from reacting again before the last change shows),
+    always within [min_replicas, max_replicas]."""
+
+    name: ClassVar[str] = "threshold"
+    metric: str = "queue"
+    upper: float = 4.0
+    lower: float = 0.5
+    step: int = 1
+    cooldown_s: float = 60.0
+    min_replicas: int = 1
+    max_replicas: int = 64
+    pool: str | None = None
+    _last_change: dict[str, float] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.metric not in ("queue", "kv"):
+            raise ValueError(f"metric must be queue or kv (got {self.metric!r})")
+        if not 0 <= self.lower < self.upper or self.step < 1 or self.cooldown_s < 0:
+            raise ValueError("need 0 <= lower < upper, step >= 1 and cooldown_s >= 0")
+        if self.min_replicas < 1 or self.max_replicas < self.min_replicas:
+            raise ValueError("need 1 <= min_replicas <= max_replicas")
+
+    def decide(self, now: float, view: View, pools: Mapping[str, PoolStatus]) -> Mapping[str, int]:
+        out = {}
+        signal = view.waiting if self.metric == "queue" else view.kv_usage
+        for name, st in pools.items():
+            if self.pool is not None and name != self.pool:
+                continue
+            want = min(max(st.size, self.min_replicas), self.max_replicas)
+            if want == st.size and st.ready and now - self._last_change.get(name, -math.inf) >= self.cooldown_s:
+                value = sum(signal[i] for i in st.ready) / len(st.ready)
+                if value > self.upper:
+                    want = min(st.size + self.step, self.max_replicas)
+                elif value < self.lower:
+                    want = max(st.size - 1, self.min_replicas)
+            if want != st.size:
+                self._last_change[name] = now
+                out[name] = want
+        return out
+
+
+BUILTIN_AUTOSCALERS: dict[str, type[Autoscaler]] = {
+    c.name: c for c in (Autoscaler, ConcurrencyAutoscaler, ThresholdAutoscaler)}
 
 
 @dataclass(frozen=True)
