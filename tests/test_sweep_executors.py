@@ -45,14 +45,15 @@ def test_executor_choice_errors_are_user_errors():
 
 
 @pytest.mark.slow
-def test_two_hundred_cells_on_local_pool_and_on_local_ray_are_identical(tmp_path):
+def test_local_pool_and_local_ray_give_identical_runs_and_curves(tmp_path):
+    """40 cells here (each is simulated and summarised); benchmarks/sweep_executors.py runs the 200."""
     pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'llmlb-bench[ray]')")
-    spec = _grid([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0], seeds=[1, 2])
+    spec = _grid([0.3, 0.9], seeds=[1, 2])
     with make_executor("local", 2) as ex:
         local = run_sweep(spec, tmp_path / "local", ex)
     with make_executor("ray", 2) as ex:
         ray = run_sweep(spec, tmp_path / "ray", ex)
-    assert len(local.cells) == 200 and local.ran == ray.ran == 200
+    assert len(local.cells) == 40 and local.ran == ray.ran == 40
     for cell in local.cells:
         a = pq.read_table(local.root / cell.run_id / "requests.parquet")
         b = pq.read_table(ray.root / cell.run_id / "requests.parquet")

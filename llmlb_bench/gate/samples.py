@@ -1,0 +1,77 @@
+"""The evidence a gate decides on: per-request samples and per-run figures of each side.
+
+A side (baseline or candidate) is one or more run folders or results
+directories. Its runs are split into *cases*: the cells of a sweep (runs
+whose run.json has ``config.sweep`` are grouped by workload, cluster, policy
+and rate; their seeds are repeats), or else one case holding every run (the
+repeats of one configuration). Per run the gate keeps the per-request
+latencies of ok requests, which requests were ok and good, the run's duration
+and its summary (for run-level figures such as Jain's index), all from
+:func:`llmlb_bench.metrics.summary.summarize` and the ``request_metrics``
+view, so a gate's numbers are the report's numbers.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.gate.rules import LATENCIES
+from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.metrics.summary import Options, metas_of, summarize
+from llmlb_bench.store.views import Catalog
+
+ALL = "all runs"
+
+
+@dataclass
+class RunSample:
+    run_id: str
+    duration_s: float
+    ok: np.ndarray                     # bool per request
+    good: np.ndarray                   # bool per request (False without an SLO)
+    latency: dict[str, np.ndarray]     # column -> values of ok requests that have it
+    summary: dict[str, Any] = field(repr=False)
+
+
+def case_of(meta: dict[str, Any]) -> str:
+    sweep = (meta.get("config") or {}).get("sweep")
+    if not isinstance(sweep, dict) or sweep.get("phase", "grid") != "grid":
+        return ALL
+    return "/".join(str(sweep.get(k)) for k in ("workload", "cluster", "policy")) + f" @ {sweep['axis']} {sweep['x']:g}"
+
+
+def load_side(paths: Iterable[str | Path], slo: Slo | None) -> dict[str, list[RunSample]]:
+    """Runs under ``paths`` with request rows, by case (see the module docstring)."""
+    paths = list(paths)
+    cat = Catalog(paths)
+    cat.con.execute("SET threads TO 1")  # identical figures on every call (parallel float sums are not)
+    cat.con.execute("SET enable_progress_bar = false")
+    summaries = {s["run_id"]: s for s in summarize(cat, slo, Options(ci=False))}
+    if not summaries:
+        raise UserError("no runs with request rows", ", ".join(map(str, paths)))
+    good = f"coalesce({slo.predicate()}, false)" if slo else "false"
+    cols = ", ".join(f"{lat}_s" for lat in LATENCIES)
+    table = cat.query(f"SELECT run_id, status = 'ok' AS ok, {good} AS good, {cols} FROM request_metrics "
+                      f"ORDER BY run_id, request_id")
+    run_ids = np.asarray(table["run_id"].to_pylist(), dtype=object)
+    ok_all = table["ok"].to_numpy(zero_copy_only=False).astype(bool)
+    good_all = table["good"].to_numpy(zero_copy_only=False).astype(bool)
+    lat_all = {f"{lat}_s": table[f"{lat}_s"].to_numpy(zero_copy_only=False).astype(float) for lat in LATENCIES}
+    metas = metas_of(cat.runs_table)
+    cases: dict[str, list[RunSample]] = defaultdict(list)
+    for run_id, s in summaries.items():
+        rows = run_ids == run_id
+        ok = ok_all[rows]
+        latency = {}
+        for col, values in lat_all.items():
+            v = values[rows][ok]
+            latency[col] = v[~np.isnan(v)]
+        cases[case_of(metas.get(run_id, {}))].append(
+            RunSample(run_id, s["duration_s"], ok, good_all[rows], latency, s))
+    return dict(cases)
