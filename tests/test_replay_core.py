@@ -266,6 +266,25 @@ def test_closed_loop_keeps_exactly_n_users_busy(servers, tmp_path):
     assert max(np.cumsum([d for _, d in events])) == 3
 
 
+def test_worker_processes_share_one_run_and_one_clock(servers, tmp_path):
+    url, cfg = servers.noop(NoopConfig(itl_s=0.002))
+    trace = TRACE.conform(pa.table({
+        "request_id": pa.array(range(60), pa.int64()), "arrival_s": [i / 200 for i in range(60)],
+        "parent_id": pa.array([None if i % 3 == 0 else i - 1 for i in range(60)], pa.int64()),
+        "after_parent_s": [0.0] * 60,
+        "input_tokens": pa.array([20] * 60, pa.int32()), "output_tokens": pa.array([4] * 60, pa.int32())}), "t")
+    summary, rows, run_dir = run_replay(trace, [url], tmp_path, options=ReplayOptions(workers=2))
+    assert [r["request_id"] for r in rows] == list(range(60)) and {r["status"] for r in rows} == {"ok"}
+    assert summary["client"]["workers"] == 2 and summary["statuses"] == {"ok": 60}
+    by_id = {r["request_id"]: r for r in rows}
+    for r in rows:  # one clock: schedule, dependencies and the server's timestamps all agree
+        assert r["sent_s"] >= r["scheduled_s"] - 1e-9
+        if r["request_id"] % 3:
+            assert r["scheduled_s"] >= by_id[r["request_id"] - 1]["last_token_s"] - 1e-9
+        assert cfg.records[str(r["request_id"])][1] <= r["first_token_s"] + summary["client"]["t0_clock_s"]
+    assert not (run_dir / ".workers").exists()
+
+
 class _Watcher(Policy):
     """Round robin that records the scraped signals it was shown."""
 

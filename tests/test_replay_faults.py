@@ -224,17 +224,19 @@ def test_an_endpoint_down_at_start_is_avoided_then_used_once_it_comes_up(faults,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, sig):
+@pytest.mark.parametrize("sig, workers", [(signal.SIGTERM, 1), (signal.SIGINT, 1), (signal.SIGTERM, 2)])
+def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, sig, workers):
     f, base = faults
     trace = tmp_path / "t.parquet"
     write_trace(make_trace(n=60, rate=20.0, output_tokens=3), trace)
     cmd = [sys.executable, "-m", "llmlb_bench", "replay", str(trace), "-e", f"{base}/slow",
-           "--results", str(tmp_path / "res"), "--run-id", "x", "--no-progress"]
+           "--workers", str(workers), "--results", str(tmp_path / "res"), "--run-id", "x", "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "res" / "x"
     deadline = time.monotonic() + 30
-    while not (run_dir / "run.json").exists() and time.monotonic() < deadline:  # imports can be slow
+    started = [run_dir / "run.json"] + [run_dir / ".workers" / str(k) / "requests.parquet" for k in range(workers)
+                                        if workers > 1]
+    while not all(f.exists() for f in started) and time.monotonic() < deadline:  # imports can be slow
         time.sleep(0.05)
     time.sleep(1.2)  # well into the 3 s schedule
     proc.send_signal(sig)

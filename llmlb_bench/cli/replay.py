@@ -46,6 +46,7 @@ def replay(
     time_scale: Annotated[float, typer.Option("--time-scale", help="Multiply trace times by this (0.5 = twice the rate).")] = 1.0,
     users: Annotated[Optional[int], typer.Option("--users", min=1, help="Closed loop: this many users, each sending the trace's next request when its last one ended (default: open loop at trace times).")] = None,
     think_time: Annotated[float, typer.Option("--think-time", min=0.0, help="Closed loop: seconds a user waits between requests.")] = 0.0,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Client processes sharing the run when one core cannot keep the schedule (each routes its share with its own copy of the policy).")] = 1,
     api_key_env: Annotated[Optional[str], typer.Option("--api-key-env", help="Environment variable with the API key (default: OPENAI_API_KEY if set). The key is never stored.")] = None,
     tokenize: Annotated[bool, typer.Option("--tokenize", help="Use the first endpoint's /tokenize for exact prompt lengths.")] = False,
     force_length: Annotated[bool, typer.Option("--force-length/--no-force-length", help="Send min_tokens and ignore_eos so outputs have the trace's length (vLLM, SGLang, llama.cpp).")] = True,
@@ -77,7 +78,7 @@ def replay(
     if resume is not None and run_id is not None:
         raise UserError("--resume continues an existing run id; drop --run-id", "--run-id")
     options = ReplayOptions(
-        api=api.value, model=model, time_scale=time_scale, users=users, think_s=think_time,
+        api=api.value, model=model, time_scale=time_scale, users=users, think_s=think_time, workers=workers,
         force_output_length=force_length,
         api_key_env=api_key_env, tokenize=tokenize, retries=retries, retry_backoff_s=retry_backoff,
         scrape_s=scrape if scrape > 0 else None,

@@ -34,6 +34,9 @@ class ReplayOptions:
     users: int | None = None
     #: closed loop: seconds a user waits between the end of a request and its next one
     think_s: float = 0.0
+    #: client processes sharing the run (each sends a share of the trace, routes it with its own
+    #: copy of the policy, and writes its rows; the parent merges them)
+    workers: int = 1
     #: send ``min_tokens`` and ``ignore_eos`` (vLLM, SGLang, llama.cpp) so outputs have the trace's length
     force_output_length: bool = True
     #: environment variable holding the API key, sent as a Bearer token and never stored;

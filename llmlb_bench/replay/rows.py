@@ -126,3 +126,9 @@ class RowWriter:
         if cols is not None:
             self.rows += len(cols["request_id"])
             self.sink.write(cols)
+
+
+def write_table(sink: ParquetSink, table: pa.Table) -> None:
+    """Append a whole Arrow table of this sink's kind (carried-over or merged rows)."""
+    for batch in table.to_batches():
+        sink.write({name: batch.column(name) for name in batch.schema.names})

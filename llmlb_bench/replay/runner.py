@@ -53,7 +53,7 @@ from llmlb_bench.replay.options import RETRY_STATUSES, ReplayOptions
 from llmlb_bench.replay.preflight import Preflight, preflight, request_headers
 from llmlb_bench.replay.prompts import PromptBuilder
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
-from llmlb_bench.replay.rows import RowWriter
+from llmlb_bench.replay.rows import RowWriter, write_table
 from llmlb_bench.replay.schedule import INF as _INF, Schedule, TraceColumns
 from llmlb_bench.replay.scrape import Signals, parse_metrics
 from llmlb_bench.schema import trace_block_size
@@ -79,6 +79,10 @@ def replay(trace: pa.Table, endpoints: list[str], policy: Any, run: RunStore,
     """
     options = options or ReplayOptions()
     pre = pre or preflight(endpoints, options)
+    if options.workers > 1:
+        from llmlb_bench.replay.workers import replay_in_workers
+
+        return replay_in_workers(trace, pre, policy, run, options, resume)
     return Replayer(trace, pre, policy, run, options, resume).run()
 
 
@@ -86,7 +90,7 @@ class Replayer:
     """One replay run; use :func:`replay`."""
 
     def __init__(self, trace: pa.Table, pre: Preflight, policy: Any, run: RunStore,
-                 options: ReplayOptions, resume: Resume | None = None) -> None:
+                 options: ReplayOptions, resume: Resume | None = None, t0_clock: float | None = None) -> None:
         if options.time_scale <= 0:
             raise UserError("must be positive", "--time-scale")
         self.options = options
@@ -122,7 +126,9 @@ class Replayer:
         self.first_sent = self.last_sent = self.last_end = None
         self.dispatch_done = False
         self.interrupted = False
+        #: ``perf_counter()`` at trace time 0; given by the parent when several workers share a run
         self.t0 = 0.0
+        self.t0_clock = t0_clock
         self.loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Future[None] | None = None
         self._all_done: asyncio.Future[None] | None = None
@@ -174,6 +180,8 @@ class Replayer:
         return restore
 
     def _interrupt(self) -> None:
+        if self.interrupted:
+            return  # a second Ctrl-C must not cut the cleanup that writes the remaining rows
         self.interrupted = True
         if self._main_task is not None:
             self._main_task.cancel()
@@ -187,7 +195,8 @@ class Replayer:
         if self.resume is not None:
             self._write_carried()
             origin = self.schedule.first_due()
-        self.t0 = perf_counter() + self.options.start_delay_s - origin
+        self.t0 = self.t0_clock if self.t0_clock is not None else \
+            perf_counter() + self.options.start_delay_s - origin
         background = [loop.create_task(self._flush_periodically()),
                       loop.create_task(self._probe_unhealthy())]
         if self.options.progress is not None:
@@ -503,8 +512,7 @@ class Replayer:
 
     def _write_carried(self) -> None:
         assert self.resume is not None
-        for batch in self.resume.carried.to_batches():
-            self.run_store.requests.write({name: batch.column(name) for name in batch.schema.names})
+        write_table(self.run_store.requests, self.resume.carried)
         self.status.update(self.resume.carried.column("status").to_pylist())
 
     def _shutdown(self) -> None:
@@ -598,25 +606,12 @@ class Replayer:
 
     # -- summary -------------------------------------------------------------
     def _summary(self, cpu_s: float) -> dict[str, Any]:
-        lag = np.asarray(self.lateness) * 1e3
-        pct = (lambda q: round(float(np.percentile(lag, q)), 4)) if lag.size else (lambda q: None)
-        p99 = pct(99)
-        client = {
-            "event_loop": self.loop_kind,
-            "clock": "time.perf_counter (CLOCK_MONOTONIC on Linux)",
-            "t0_clock_s": self.t0,
-            "dispatch_lag_ms": {"p50": pct(50), "p99": p99, "max": round(float(lag.max()), 4) if lag.size else None},
-            "lag_threshold_ms": self.options.lag_threshold_ms,
-            "flagged": p99 is not None and p99 > self.options.lag_threshold_ms,
-            "cpu_s": round(cpu_s, 3),
-            "cpu_ms_per_request": round(cpu_s * 1e3 / self.sent, 4) if self.sent else None,
-        }
-        span = (self.last_sent - self.first_sent) if self.sent > 1 else None
+        client = client_summary(np.asarray(self.lateness), cpu_s, self.sent, self.loop_kind, self.t0,
+                                self.options.lag_threshold_ms)
         replay = {
             "statuses": dict(self.status),
             "sent": self.sent,
-            "send_rate_rps": round((self.sent - 1) / span, 3) if span else None,
-            "duration_s": round(self.last_end - self.first_sent, 6) if self.last_end is not None and self.first_sent is not None else None,
+            **send_figures(self.sent, self.first_sent, self.last_sent, self.last_end),
             "interrupted": self.interrupted,
             "endpoints": self.names,
             "models": self.pre.models,
@@ -630,6 +625,33 @@ class Replayer:
         self.run_store.summary["client"] = client
         self.run_store.summary["replay"] = replay
         return {"client": client, **replay}
+
+
+def client_summary(lateness_s: np.ndarray, cpu_s: float, sent: int, loop_kind: str, t0: float,
+                   threshold_ms: float, workers: int = 1) -> dict[str, Any]:
+    """The self-check figures stored as run.json ``summary.client``."""
+    lag = lateness_s * 1e3
+    pct = (lambda q: round(float(np.percentile(lag, q)), 4)) if lag.size else (lambda q: None)
+    p99 = pct(99)
+    return {
+        "event_loop": loop_kind,
+        "workers": workers,
+        "clock": "time.perf_counter (CLOCK_MONOTONIC on Linux)",
+        "t0_clock_s": t0,
+        "dispatch_lag_ms": {"p50": pct(50), "p99": p99, "max": round(float(lag.max()), 4) if lag.size else None},
+        "lag_threshold_ms": threshold_ms,
+        "flagged": p99 is not None and p99 > threshold_ms,
+        "cpu_s": round(cpu_s, 3),
+        "cpu_ms_per_request": round(cpu_s * 1e3 / sent, 4) if sent else None,
+    }
+
+
+def send_figures(sent: int, first_sent: float | None, last_sent: float | None,
+                 last_end: float | None) -> dict[str, float | None]:
+    """Achieved send rate and the span from the first send to the last end."""
+    span = (last_sent - first_sent) if sent > 1 and first_sent is not None and last_sent is not None else None
+    return {"send_rate_rps": round((sent - 1) / span, 3) if span else None,
+            "duration_s": round(last_end - first_sent, 6) if last_end is not None and first_sent is not None else None}
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

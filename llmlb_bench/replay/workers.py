@@ -1,0 +1,236 @@
+"""Several client processes for one replay run, when one core cannot keep the schedule.
+
+The trace is split into shares: whole families (a request and everything
+that depends on it, so dependencies stay inside one process) dealt out in
+order of first arrival, or, in closed loop, rows dealt out with the users.
+Each worker is a fresh process (``spawn``: no state shared by accident)
+running the ordinary replayer on its share, with its own copy of the
+routing policy, so a load-aware policy sees only its own process's
+in-flight requests; only the first worker scrapes ``/metrics``. All workers
+start from the same clock origin, sent to them once every one of them is
+ready, so their times are directly comparable (``CLOCK_MONOTONIC`` is
+system-wide). Each writes its rows to a part file; the parent merges them
+into the run, writes ``not_sent`` for anything a failed worker left
+without a row, and combines the self-check figures. Ctrl-C or SIGTERM is
+passed on to the workers as SIGINT, which they handle like a single
+replayer does.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.replay.options import ReplayOptions
+from llmlb_bench.replay.preflight import Preflight
+from llmlb_bench.replay.resume import Resume
+from llmlb_bench.replay.rows import write_table
+from llmlb_bench.replay.runner import Replayer, client_summary, send_figures
+from llmlb_bench.replay.schedule import Schedule, TraceColumns
+from llmlb_bench.schema import REQUESTS, SERIES, read_table
+from llmlb_bench.store import ParquetSink, RunStore
+
+
+def shares(table: pa.Table, n: int, closed_loop: bool) -> list[list[int]]:
+    """Row indices of each worker's share: whole families (open loop) or single rows (closed
+    loop), dealt out in order of arrival."""
+    rids = table.column("request_id").to_pylist()
+    arrivals = table.column("arrival_s").to_pylist()
+    parents = (table.column("parent_id").to_pylist() if "parent_id" in table.column_names and not closed_loop
+               else [None] * len(rids))
+    index = {rid: i for i, rid in enumerate(rids)}
+    root = [-1] * len(rids)
+    for i in range(len(rids)):
+        chain, j = [], i
+        while root[j] < 0:  # walk up to the oldest ancestor in the table (or a known root)
+            chain.append(j)
+            k = index.get(parents[j]) if parents[j] is not None else None
+            if k is None or k in chain:
+                root[j] = j
+                break
+            j = k
+        for c in chain:
+            root[c] = root[j]
+    family_worker: dict[int, int] = {}
+    out: list[list[int]] = [[] for _ in range(n)]
+    for i in sorted(range(len(rids)), key=lambda i: (arrivals[i], i)):
+        out[family_worker.setdefault(root[i], len(family_worker) % n)].append(i)
+    return out
+
+
+class _PartStore:
+    """What a worker's replayer writes to: the run store's sinks and summary, in a part folder."""
+
+    def __init__(self, folder: Path, run_id: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.requests = ParquetSink(folder / "requests.parquet", REQUESTS, constants={"run_id": run_id})
+        self.series = ParquetSink(folder / "series.parquet", SERIES, constants={"run_id": run_id})
+        self.summary: dict[str, Any] = {}
+
+    def close(self) -> None:
+        try:
+            self.requests.close()
+        finally:
+            self.series.close()
+
+
+def _worker(table: pa.Table, pre: Preflight, policy: Any, options: ReplayOptions, folder: str,
+            run_id: str, conn: Any) -> None:
+    """One worker process: get ready, wait for the shared clock origin, replay the share."""
+    part = _PartStore(Path(folder), run_id)
+    replayer = None
+    interrupted = False
+    try:
+        replayer = Replayer(table, pre, policy, part, options)
+        conn.send("ready")
+        try:
+            replayer.t0_clock = conn.recv()
+        except EOFError:  # the parent stopped before the start: nothing is sent
+            raise KeyboardInterrupt from None
+        replayer.run()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        part.close()
+        lateness = np.asarray(replayer.lateness if replayer is not None else [], dtype=float)
+        np.save(Path(folder) / "lateness.npy", lateness)
+        (Path(folder) / "summary.json").write_text(
+            json.dumps({"summary": part.summary, "interrupted": interrupted}, default=str))
+
+
+def replay_in_workers(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, options: ReplayOptions,
+                      resume: Resume | None = None) -> dict[str, Any]:
+    """Replay with ``options.workers`` processes; same results as :func:`replay`, merged."""
+    n = options.workers
+    closed = options.users is not None
+    if closed and options.users < n:  # type: ignore[operator]
+        raise UserError(f"{options.users} users cannot be shared by {n} workers", "--workers")
+    carried: dict[str, int] = {}
+    origin = 0.0
+    if resume is not None:
+        write_table(run.requests, resume.carried)
+        carried = dict(Counter(resume.carried.column("status").to_pylist()))
+        done = pa.array(sorted(resume.done_ids), pa.int64())
+        trace = trace.filter(pc.invert(pc.is_in(trace.column("request_id"), value_set=done)))
+        # the schedule restarts at the first request left, as in a single process
+        origin = Schedule(TraceColumns(trace, options.time_scale), set(), options.users,
+                          options.think_s * options.time_scale).first_due()
+    parts_dir = run.dir / ".workers"
+    ctx = mp.get_context("spawn")
+    procs, conns = [], []
+    for k, rows in enumerate(shares(trace, n, closed)):
+        users = None if not closed else options.users // n + (1 if k < options.users % n else 0)  # type: ignore[operator]
+        opts = replace(options, workers=1, users=users, progress=None, scrape_s=options.scrape_s if k == 0 else None)
+        parent_conn, child_conn = ctx.Pipe()
+        proc = ctx.Process(target=_worker, name=f"llmlb-replay-{k}",
+                           args=(trace.take(rows), pre, policy, opts, str(parts_dir / str(k)), run.run_id, child_conn))
+        proc.start()
+        procs.append(proc)
+        conns.append(parent_conn)
+
+    stop = {"signalled": False}
+
+    def forward(signum: int, frame: object) -> None:
+        stop["signalled"] = True
+        for proc in procs:
+            if proc.pid is not None and proc.is_alive():
+                os.kill(proc.pid, signal.SIGINT)
+
+    saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        ready = all(_ready(c) for c in conns)
+        t0 = perf_counter() + options.start_delay_s - origin
+        for c in conns:
+            if ready and not stop["signalled"]:
+                c.send(t0)
+            else:
+                c.close()  # a worker that never hears the origin stops: its rows end up not_sent
+        for proc in procs:
+            proc.join()
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    summary = _merge(trace, run, parts_dir, n, options, t0, pre, carried)
+    shutil.rmtree(parts_dir, ignore_errors=True)
+    if stop["signalled"] or summary["interrupted"]:
+        raise KeyboardInterrupt("replay interrupted")
+    return summary
+
+
+def _ready(conn: Any) -> bool:
+    try:
+        return conn.recv() == "ready"
+    except (EOFError, OSError):
+        return False
+
+
+def _merge(trace: pa.Table, run: RunStore, parts_dir: Path, n: int, options: ReplayOptions, t0: float,
+           pre: Preflight, carried: dict[str, int]) -> dict[str, Any]:
+    """Parts into the run; ``not_sent`` rows for anything no worker wrote; combined figures."""
+    written: list[pa.Table] = []
+    lateness, cpu, interrupted, loop_kind, scraped = [], 0.0, False, "asyncio", []
+    for k in range(n):
+        folder = parts_dir / str(k)
+        if (folder / "requests.parquet").exists():
+            try:
+                rows = read_table(folder / "requests.parquet", REQUESTS)
+            except UserError:  # a worker killed before closing its file
+                rows = REQUESTS.empty()
+            write_table(run.requests, rows)
+            written.append(rows.select(["request_id", "status", "sent_s", "last_token_s"]))
+        if (folder / "series.parquet").exists():
+            try:
+                write_table(run.series, read_table(folder / "series.parquet", SERIES))
+            except UserError:
+                pass
+        if (folder / "summary.json").exists():
+            info = json.loads((folder / "summary.json").read_text())
+            interrupted |= info["interrupted"]
+            client = info["summary"].get("client", {})
+            cpu += client.get("cpu_s", 0.0)
+            loop_kind = client.get("event_loop", loop_kind)
+            scraped += info["summary"].get("replay", {}).get("scraped_metrics", [])
+            lateness.append(np.load(folder / "lateness.npy"))
+        else:
+            interrupted = True
+    done = pa.concat_tables(written) if written else None
+    have = set(done.column("request_id").to_pylist()) if done is not None else set()
+    missing = [i for i, rid in enumerate(trace.column("request_id").to_pylist()) if rid not in have]
+    if missing:  # a worker that failed or never started: its rows were not sent by this run
+        lost = trace.take(missing)
+        run.requests.write({"request_id": lost.column("request_id"), "status": ["not_sent"] * len(missing),
+                            "scheduled_s": pc.multiply(lost.column("arrival_s"), options.time_scale),
+                            "input_tokens": lost.column("input_tokens"),
+                            "requested_output_tokens": lost.column("output_tokens")})
+    statuses = Counter(carried)
+    statuses.update(done.column("status").to_pylist() if done is not None else [])
+    statuses["not_sent"] += len(missing)
+    statuses = +statuses  # drop zero counts
+    sent = np.asarray(done.column("sent_s").drop_null()) if done is not None else np.zeros(0)
+    ends = pc.max(pc.coalesce(done.column("last_token_s"), done.column("sent_s"))).as_py() if done is not None else None
+    client = client_summary(np.concatenate(lateness) if lateness else np.zeros(0), cpu, int(sent.size), loop_kind,
+                            t0, options.lag_threshold_ms, workers=n)
+    replay = {"statuses": dict(statuses), "sent": int(sent.size),
+              **send_figures(int(sent.size), float(sent.min()) if sent.size else None,
+                             float(sent.max()) if sent.size else None, ends),
+              "interrupted": interrupted, "endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
+              "notes": pre.notes, "scraped_metrics": sorted(set(scraped)),
+              "prompt_lengths": "exact (tokenize endpoint)" if pre.word_costs else "approximate (one word per token)"}
+    if carried:
+        replay["resumed"] = {"carried_rows": sum(carried.values())}
+    run.summary["client"] = client
+    run.summary["replay"] = replay
+    return {"client": client, **replay}
