@@ -2,4 +2,6 @@
 
 from llmlb_bench.cli import main
 
-main()
+# guarded: worker processes (spawn) import the parent's main module and must not rerun the CLI
+if __name__ == "__main__":
+    main()
