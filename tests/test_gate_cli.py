@@ -121,3 +121,27 @@ def test_sweeps_are_gated_cell_by_cell(tmp_path, capsys):
     verdicts = json.loads(out)["verdicts"]
     assert [v["case"] for v in verdicts] == ["chat/two/rr @ rate 10", "chat/two/rr @ rate 30"]
     assert code == 1 and {v["status"] for v in verdicts} == {"fail"}
+
+
+def _capacity_summary(path: Path, per_seed: list[float]) -> Path:
+    """A sweep's summary.json as llmlb sweep writes it (only the fields a capacity rule reads)."""
+    path.mkdir(parents=True)
+    rows = [{"workload": "chat", "cluster": "a100x4", "policy": "p2c",
+             "per_seed": [{"seed": i, "capacity": c} for i, c in enumerate(per_seed)]}]
+    (path / "summary.json").write_text(json.dumps({"sweep": "policies", "capacity": rows}))
+    return path
+
+
+def test_capacity_rules_compare_sweeps_over_seeds(tmp_path, capsys):
+    base = _capacity_summary(tmp_path / "base" / "policies", [55.0, 57.0, 56.0, 58.0])
+    lower = _capacity_summary(tmp_path / "lower" / "policies", [49.0, 50.0, 48.5, 49.5])
+    close = _capacity_summary(tmp_path / "close" / "policies", [52.0, 58.0, 57.0, 53.0])
+    code, out, _ = _gate(capsys, tmp_path / "base", tmp_path / "lower", "--rule", "capacity >= -5%", "--json", "-")
+    (v,) = json.loads(out)["verdicts"]
+    assert code == 1 and v["case"] == "capacity: chat/a100x4/p2c" and v["status"] == "fail"
+    assert v["change"] == pytest.approx(49.25 / 56.5 - 1) and v["high"] < -0.05 and v["p_value"] is None
+    code, out, _ = _gate(capsys, base, close, "--rule", "capacity >= -2%", "--json", "-")
+    (v,) = json.loads(out)["verdicts"]
+    assert code == 0 and v["status"] == "noise"  # -2.2%, but the seeds spread wider than that
+    code, _, err = _gate(capsys, tmp_path / "base", tmp_path, "--rule", "capacity >= -5%")
+    assert code == 2 and "no sweep summary.json" in err

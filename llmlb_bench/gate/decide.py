@@ -18,9 +18,11 @@ an absolute rule at the candidate's value. Then:
 Latency statistics resample the requests themselves; attainment, goodput
 and throughput count good (ok) requests, whose within-run resample is a
 binomial draw, exact and cheap. Run-level figures (Jain's index, energy and
-cost per good token) are averaged over runs and resampled by run, which
-needs two runs per side; with one they are decided on the point values
-(exact for the deterministic simulator), and the output says so.
+cost per good token) are averaged over runs and resampled by run, and a
+sweep's capacity over its seeds; that needs two runs (seeds) per side, and
+with one they are decided on the point values (exact for the deterministic
+simulator), as the output says. Neither has a rank test: with three values
+a side the smallest one-sided Mann-Whitney p is 0.05, so it could never agree.
 """
 
 from __future__ import annotations

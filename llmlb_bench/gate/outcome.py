@@ -16,7 +16,7 @@ from rich.table import Table
 
 from llmlb_bench.gate.decide import BOOTSTRAP, Verdict, decide
 from llmlb_bench.gate.rules import METRICS, Rule
-from llmlb_bench.gate.samples import RunSample, load_side
+from llmlb_bench.gate.samples import RunSample, load_capacities, load_side
 from llmlb_bench.metrics.slo import Slo
 
 ICON = {"pass": "✅", "noise": "〰️", "fail": "❌", "missing": "❌"}
@@ -46,11 +46,24 @@ class GateOutcome:
 
 def run_gate(baseline: list[Path], candidate: list[Path], rules: list[Rule], slo: Slo | None,
              confidence: float = 0.95, seed: int = 0, bootstrap: int = BOOTSTRAP) -> GateOutcome:
-    """Decide every rule on every case of the candidate (cases: see :mod:`llmlb_bench.gate.samples`)."""
-    base_cases = load_side(baseline, slo)
-    cand_cases = load_side(candidate, slo)
+    """Decide every rule on every case of the candidate (cases: see :mod:`llmlb_bench.gate.samples`).
+
+    Rules on runs' requests and figures look at the runs; capacity rules at the sweeps' summaries.
+    """
     out = GateOutcome([str(p) for p in baseline], [str(p) for p in candidate],
                       slo.describe() if slo else None, confidence)
+    on_runs = [r for r in rules if r.metric.kind != "curve"]
+    on_curves = [r for r in rules if r.metric.kind == "curve"]
+    if on_runs:
+        _decide_all(out, load_side(baseline, slo), load_side(candidate, slo), on_runs, seed, bootstrap)
+    if on_curves:
+        _decide_all(out, load_capacities(baseline), load_capacities(candidate), on_curves, seed, bootstrap)
+    return out
+
+
+def _decide_all(out: GateOutcome, base_cases: dict[str, list[RunSample]], cand_cases: dict[str, list[RunSample]],
+                rules: list[Rule], seed: int, bootstrap: int) -> None:
+    confidence = out.confidence
     for case in sorted(set(base_cases) | set(cand_cases)):
         base: list[RunSample] = base_cases.get(case, [])
         cand: list[RunSample] = cand_cases.get(case, [])
@@ -61,7 +74,6 @@ def run_gate(baseline: list[Path], candidate: list[Path], rules: list[Rule], slo
                                             confidence, "case absent from the candidate"))
                 continue
             out.verdicts.append(decide(case, rule, base, cand, confidence, seed, bootstrap))
-    return out
 
 
 def _value(v: Verdict, x: float | None) -> str:

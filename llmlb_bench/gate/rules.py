@@ -36,7 +36,9 @@ class Metric:
     kind ``latency``: a statistic of one per-request latency over ok requests;
     ``share``: attainment, good requests / all requests;
     ``rate``: good (``goodput``) or ok (``throughput``) requests per second of duration;
-    ``run``: a run-level figure of the summary (``path`` into it), averaged over a side's runs.
+    ``run``: a run-level figure of the summary (``path`` into it), averaged over a side's runs;
+    ``curve``: a figure of a sweep's curve (the capacity of a workload x cluster x policy), one value
+    per seed, averaged over seeds.
     """
 
     name: str
@@ -67,6 +69,7 @@ def _metrics() -> dict[str, Metric]:
                                         unit="J"),
         "cost_per_good_token": Metric("cost_per_good_token", "run", path=("energy", "usd_per_m_good_tokens"),
                                       unit="$/M tokens"),
+        "capacity": Metric("capacity", "curve", path=("capacity",), unit="req/s"),
     }
     for lat in LATENCIES:
         for stat in LATENCY_STATS:

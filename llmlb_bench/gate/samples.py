@@ -13,6 +13,7 @@ view, so a gate's numbers are the report's numbers.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,4 +75,27 @@ def load_side(paths: Iterable[str | Path], slo: Slo | None) -> dict[str, list[Ru
             latency[col] = v[~np.isnan(v)]
         cases[case_of(metas.get(run_id, {}))].append(
             RunSample(run_id, s["duration_s"], ok, good_all[rows], latency, s))
+    return dict(cases)
+
+
+def load_capacities(paths: Iterable[str | Path]) -> dict[str, list[RunSample]]:
+    """Per-seed capacities from sweeps' summary.json, by ``capacity: workload/cluster/policy``.
+
+    Each seed's capacity becomes one sample (a seed that met the target at no
+    rate counts 0, as in the sweep's own mean), so a capacity rule is decided
+    over seeds like any run-level figure.
+    """
+    cases: dict[str, list[RunSample]] = defaultdict(list)
+    for p in map(Path, paths):
+        files = [p / "summary.json"] if (p / "summary.json").is_file() else sorted(p.glob("*/summary.json"))
+        if not files:
+            raise UserError("no sweep summary.json here: capacity rules compare llmlb sweep results "
+                            "with a [capacity] section", p)
+        for f in files:
+            doc = json.loads(f.read_text())
+            for row in doc.get("capacity") or []:
+                case = f"capacity: {row['workload']}/{row['cluster']}/{row['policy']}"
+                for s in row["per_seed"]:
+                    cases[case].append(RunSample(f"{doc['sweep']} seed {s['seed']}", 0.0, np.zeros(0, bool),
+                                                 np.zeros(0, bool), {}, {"capacity": s["capacity"] or 0.0}))
     return dict(cases)
