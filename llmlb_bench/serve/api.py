@@ -298,7 +298,7 @@ class Api:
         sub = Submission(prompt_tokens=prompt, output_tokens=out, hashes=block_hashes(ids, fleet.block_size),
                          stream=stream, target=self.target, tenant=tenant, priority=priority,
                          max_tokens=max_tokens, finish_reason=reason)
-        live = fleet.submit(sub, Responder(ex, chat, stream, usage, self.model, rng))
+        live = fleet.submit(sub, Responder(ex, chat, stream, usage, self.model, rng), ex.request.received)
         if not live.done:
             ex.on_lost = lambda: fleet.cancel(live)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import traceback
+from time import perf_counter
 from typing import Callable, Iterable
 
 MAX_HEAD = 64 << 10
@@ -30,10 +31,12 @@ _REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 40
 class HttpRequest:
     """A parsed request: method, path (without the query), lower-case headers, body."""
 
-    __slots__ = ("method", "path", "query", "version", "headers", "body")
+    __slots__ = ("method", "path", "query", "version", "headers", "body", "received")
 
     def __init__(self, method: str, path: str, query: str, version: str, headers: dict[str, str],
-                 body: bytes) -> None:
+                 body: bytes, received: float) -> None:
+        #: ``perf_counter()`` when its last byte was read (before any parsing)
+        self.received = received
         self.method = method
         self.path = path
         self.query = query
@@ -116,6 +119,7 @@ class HttpConnection(asyncio.Protocol):
         self.buf = bytearray()
         self.current: Exchange | None = None
         self._continued = False   # 100 Continue sent for the request being read
+        self._received = 0.0      # perf_counter() of the last read
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -131,6 +135,7 @@ class HttpConnection(asyncio.Protocol):
                 ex.on_lost()
 
     def data_received(self, data: bytes) -> None:
+        self._received = perf_counter()
         self.buf += data
         if self.current is None:
             self._next()
@@ -212,7 +217,8 @@ class HttpConnection(asyncio.Protocol):
             path, _, query = target.partition("?")
             conn_hdr = headers.get("connection", "").lower()
             keep = "close" not in conn_hdr if version == "HTTP/1.1" else "keep-alive" in conn_hdr
-            ex = self.current = Exchange(self, HttpRequest(method, path, query, version, headers, body), keep)
+            request = HttpRequest(method, path, query, version, headers, body, self._received)
+            ex = self.current = Exchange(self, request, keep)
             try:
                 self.handler(ex)
             except Exception:      # a bug in the handler: answer 500, keep serving, show the traceback

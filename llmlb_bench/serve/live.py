@@ -200,9 +200,12 @@ class LiveFleet:
 
     # ---- requests --------------------------------------------------------------------------------
 
-    def submit(self, sub: Submission, client: Client) -> LiveRequest:
-        """A request arrives now. The client hears ``on_start`` (or ``on_reject``) possibly before this returns."""
-        t = self.now()
+    def submit(self, sub: Submission, client: Client, received: float | None = None) -> LiveRequest:
+        """A request arrives: at clock reading ``received`` (when its last byte was read, so that parsing
+        and tokenising cost no simulated time), else now; never before an event already applied.
+        The client hears ``on_start`` (or ``on_reject``) possibly before this returns."""
+        t = self.now() if received is None else max(self._now, (received - self.origin) * self.speed)
+        self._now = t
         self._seq += 1
         live = LiveRequest(self._seq, sub, client, t)
         route = live.route = RouteRequest(self._seq, t, sub.prompt_tokens, sub.max_tokens or sub.output_tokens,

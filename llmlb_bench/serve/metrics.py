@@ -149,7 +149,7 @@ def render(fleet: "LiveFleet", indices: Iterable[int], model: str, lateness: His
         total.prompt_tokens += prompt
         total.generation_tokens += made
     blocks = sum(r.total_blocks for r in reps)
-    usage = sum(r.used for r in reps) / blocks if blocks else 0.0
+    usage = sum(r.blocks_used_at(t) for r in reps) / blocks   # exact inside a decode run too
     labels = f'model_name="{_escape(model)}",engine="{idx[0] if len(idx) == 1 else "all"}"'
     out: list[str] = []
 
