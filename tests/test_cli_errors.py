@@ -115,3 +115,14 @@ def test_help_of_every_command_has_an_example(capsys):
         assert info.value.code in (0, None)
         out = capsys.readouterr().out
         assert "Example" in out, name
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["report", "--bogus"], "No such option: --bogus"),
+    (["nosuchcommand"], "No such command 'nosuchcommand'"),
+    (["simulate"], "Missing argument 'trace'"),
+    (["simulate", "t.parquet", "--replicas", "0"], "Invalid value for '--replicas'"),
+])
+def test_usage_errors_are_one_line(args, fragment, capsys):
+    code, _, err = run_cli(args, capsys)
+    assert_one_line_error(code, err, fragment, "llmlb")

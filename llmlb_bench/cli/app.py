@@ -7,6 +7,7 @@ parse arguments and call into the package; :func:`main` turns
 
 from __future__ import annotations
 
+import importlib
 import signal
 import sys
 from typing import NoReturn
@@ -41,13 +42,32 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _click_exceptions() -> tuple[type[Exception], ...]:
+    """Click's exception base, from Typer's vendored copy and/or click itself
+    (Typer >= 0.20 ships its own ``typer._click``)."""
+    found = []
+    for module in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            found.append(importlib.import_module(module).ClickException)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def _usage_line(exc: Exception) -> str:
+    """A usage error as one line, pointing at the command's --help."""
+    message = exc.format_message()  # type: ignore[attr-defined]
+    ctx = getattr(exc, "ctx", None)
+    return f"{message} (see '{ctx.command_path} --help')" if ctx is not None else message
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     from llmlb_bench.cli import commands  # noqa: F401  (registers the commands)
 
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        rc = app(args=argv, standalone_mode=False)
+        rc = app(args=argv, standalone_mode=False, prog_name="llmlb")
     except UserError as exc:
         err_console.print(f"[bold red]error:[/] {escape(exc.line())}", highlight=False, soft_wrap=True)
         sys.exit(2)
@@ -58,12 +78,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.exit(130)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+    except Exception as exc:
+        if not isinstance(exc, _click_exceptions()):
+            raise
+        err_console.print(f"[bold red]error:[/] {escape(_usage_line(exc))}", highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
     if isinstance(rc, int) and rc:
         sys.exit(rc)
