@@ -91,7 +91,8 @@ def test_cost_model_stretches_only_the_routed_expert_compute():
     skewed, even = cost_model(cfg.pool_configs()[0], (), cfg.moe), cost_model(cfg.pool_configs()[0])
     load = skewed.expert_load
     for tokens in (1, 32, 2048, 8192):
-        a, b = skewed.step(tokens, tokens * 500.0, tokens, 0, 0.0, 1), even.step(tokens, tokens * 500.0, tokens, 0, 0.0, 1)
+        a = skewed.step(tokens, tokens * 500.0, tokens, 0, 0.0, 1)
+        b = even.step(tokens, tokens * 500.0, tokens, 0, 0.0, 1)
         assert a.compute_s == b.compute_s and a.memory_s == b.memory_s
         assert a.skew_s == pytest.approx(skewed.expert_flops * tokens * (load.factor(tokens) - 1) / skewed.peak_flops)
         t, power = skewed.run_step(tokens, tokens * 500.0, tokens, 1)

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.errors import UserError
-from llmlb_bench.policies import BUILTIN, FAMILIES
+from llmlb_bench.policies import FAMILIES
 from llmlb_bench.policies.engine import ENGINE_SCHEDULERS
 
 #: the family under which ``llmlb policies`` lists engine-level schedulers (``--scheduler``)

@@ -188,7 +188,6 @@ class Simulation:
     def run(self) -> float:
         replicas, boundaries, deliveries = self.replicas, self.boundaries, self.deliveries
         arrival, order, sampler = self.arrival.tolist(), self.order, self.sampler
-        view = self.view
         v_waiting, v_running, v_kv, v_time = self._sig
         inf = math.inf
         next_scrape = 0.0 if self._refresh > 0 else inf
