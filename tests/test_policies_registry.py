@@ -131,3 +131,17 @@ def test_args_per_policy_scopes_and_shares_parameters():
     assert got == {"random": {"seed": 5}, "power_of_d": {"d": 3}}
     with pytest.raises(UserError, match="no compared policy has a parameter 'dd'"):
         args_per_policy(["random", "power_of_d"], {"dd": 3})
+
+
+def test_policy_from_an_installed_entry_point(tmp_path, monkeypatch):
+    """A package that declares an entry point in group llmlb_bench.policies is found by name."""
+    (tmp_path / "my_router.py").write_text(
+        "from llmlb_bench.policies.routing import RoundRobin\n"
+        "class Mine(RoundRobin):\n    name = 'mine'\n")
+    dist = tmp_path / "my_router-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-router\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[llmlb_bench.policies]\nmine = my_router:Mine\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    policy = make_policy("mine")
+    assert type(policy).__name__ == "Mine"

@@ -58,9 +58,28 @@ def _coerce(raw: str) -> Any:
     return raw
 
 
+#: Entry-point group through which installed packages add routing policies:
+#: ``[project.entry-points."llmlb_bench.policies"] my_policy = "pkg.mod:MyPolicy"``.
+ENTRY_POINT_GROUP = "llmlb_bench.policies"
+
+
+def _entry_point(name: str) -> Any | None:
+    from importlib.metadata import entry_points
+
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
+    return found[0] if found else None
+
+
 def policy_class(name: str) -> type[Policy]:
+    """A policy class by built-in name, installed entry-point name, or ``module:Class`` path."""
     if name in BUILTIN:
         return BUILTIN[name]
+    ep = _entry_point(name)
+    if ep is not None:
+        try:
+            return ep.load()
+        except (ImportError, AttributeError) as exc:
+            raise UserError(f"cannot load policy {name!r} from entry point {ep.value!r}: {exc}", "--policy") from None
     if ":" in name:
         mod_name, _, attr = name.partition(":")
         try:
