@@ -11,6 +11,7 @@ note, when it is not installed.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import tempfile
 import time
@@ -54,10 +55,9 @@ def main() -> None:
         one, t_one = timed("local", 1, spec, tmp_path / "one")
         runs = {"local x1": (one, t_one)}
         runs[f"local x{args.workers}"] = timed("local", args.workers, spec, tmp_path / "local")
-        try:
-            import ray  # noqa: F401
+        if importlib.util.find_spec("ray"):
             runs[f"ray x{args.workers}"] = timed("ray", args.workers, spec, tmp_path / "ray")
-        except ImportError:
+        else:
             print("ray: not installed (pip install 'llmlb-bench[ray]'), skipped")
         print(f"{len(one.cells)} cells of {args.requests} requests, {os.cpu_count()} CPUs")
         print(f"{'executor':<12} {'wall s':>8} {'cells/s':>8} {'speed-up':>9}")

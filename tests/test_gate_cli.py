@@ -134,7 +134,7 @@ def _capacity_summary(path: Path, per_seed: list[float]) -> Path:
 
 def test_capacity_rules_compare_sweeps_over_seeds(tmp_path, capsys):
     base = _capacity_summary(tmp_path / "base" / "policies", [55.0, 57.0, 56.0, 58.0])
-    lower = _capacity_summary(tmp_path / "lower" / "policies", [49.0, 50.0, 48.5, 49.5])
+    _capacity_summary(tmp_path / "lower" / "policies", [49.0, 50.0, 48.5, 49.5])
     close = _capacity_summary(tmp_path / "close" / "policies", [52.0, 58.0, 57.0, 53.0])
     code, out, _ = _gate(capsys, tmp_path / "base", tmp_path / "lower", "--rule", "capacity >= -5%", "--json", "-")
     (v,) = json.loads(out)["verdicts"]

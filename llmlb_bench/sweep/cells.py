@@ -23,7 +23,7 @@ import json
 import os
 import secrets
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -91,9 +91,6 @@ class Cell:
     def trace_path(self, root: Path) -> Path:
         tag = _digest({"spec": self.workload_spec, "rate_scale": self.rate_scale, "seed": self.seed})[:12]
         return root / TRACES / f"{self.workload}.rs{fmt(self.rate_scale)}.s{self.seed}.{tag}.parquet"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def finished(run_dir: Path, key: str) -> bool:

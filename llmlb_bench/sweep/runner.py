@@ -14,7 +14,7 @@ Finished cells are skipped before dispatch, so a rerun after an interruption
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -102,10 +102,8 @@ def grid_cells(spec: SweepSpec, capacity: list[dict[str, Any]]) -> list[Cell]:
             for x in spec.values:
                 rate = {"rate_scale": x * nominal, "rate": x, "load": x * (reference or 0.0)}[spec.axis or ""]
                 for seed in spec.seeds:
-                    base = _template(spec, "grid", w, c, p, seed)
-                    cells.append(Cell(**{**base.to_dict(), "axis": spec.axis, "x": x, "rate": rate,
-                                         "rate_scale": rate / nominal,
-                                         "load": rate / reference if reference else None}))
+                    cells.append(replace(_template(spec, "grid", w, c, p, seed), axis=spec.axis, x=x, rate=rate,
+                                         rate_scale=rate / nominal, load=rate / reference if reference else None))
     return cells
 
 
