@@ -1,27 +1,16 @@
-"""Percentiles from band rows and their bootstrap intervals, against NumPy, GuideLLM's rule and brute force."""
+"""Percentiles of weighted samples and their bootstrap intervals, against NumPy, GuideLLM's rule and brute force."""
 
 from __future__ import annotations
 
-import duckdb
 import numpy as np
-import pyarrow as pa
 import pytest
 
-from llmlb_bench.metrics.distribution import (PERCENTILES, Band, bands_of, bootstrap_ci, describe, percentile, pkey,
-                                              rng_for)
+from llmlb_bench.metrics.distribution import (PERCENTILES, Sample, bootstrap_ci, describe, percentile, pkey, rng_for,
+                                              sample_of)
 
 
-def query_of(table):
-    con = duckdb.connect()
-    con.register("t", table)
-    return lambda sql: con.sql(sql).to_arrow_table()
-
-
-def bands(values, weights=None, run="r"):
-    """Run :func:`bands_of` over an in-memory table (the real two-scan SQL path)."""
-    weights = np.ones(len(values), dtype=np.int64) if weights is None else np.asarray(weights)
-    table = pa.table({"key": [run] * len(values), "v": np.asarray(values, float), "w": weights})
-    return bands_of(query_of(table), "SELECT key, v, w FROM t")[run]
+def bands(values, weights=None):
+    return sample_of(np.asarray(values, float), weights)
 
 
 def guidellm_percentile(values, weights, q):
@@ -41,8 +30,6 @@ def test_linear_percentiles_match_numpy_on_expanded_weights():
     assert band.n == len(expanded) and band.mean == pytest.approx(expanded.mean())
     for p in PERCENTILES:
         assert percentile(band, p, "linear") == pytest.approx(np.percentile(expanded, p), abs=1e-12)
-    # the band fetched only rows near the percentiles, not the whole sample
-    assert len(band.v) < len(values) / 2
 
 
 def test_inverse_cdf_percentiles_match_guidellm():
@@ -93,19 +80,19 @@ def test_bootstrap_is_seeded_by_run_and_figure_not_by_order():
 
 def test_empty_and_single_value():
     assert describe(None, "linear", seed=0, key=("r", "ttft"))["p50"] is None
-    one = Band(v=np.array([2.0]), cw=np.array([1]), n=1, mean=2.0)
+    one = Sample(v=np.array([2.0]), cw=np.array([1]), n=1, mean=2.0)
     d = describe(one, "linear", seed=0, key=("r", "x"))
     assert d["p99.9"] == 2.0 and d["ci"]["p50"] == [2.0, 2.0]
 
 
-def test_bands_of_several_keys_are_split():
-    table = pa.table({"key": ["a"] * 3 + ["b"] * 2, "v": [1.0, 2.0, 3.0, 10.0, 20.0], "w": [1] * 5})
-    out = bands_of(query_of(table), "SELECT key, v, w FROM t")
-    assert percentile(out["a"], 50, "linear") == 2.0 and percentile(out["b"], 50, "linear") == 15.0
+def test_nulls_and_zero_weights_are_dropped():
+    s = sample_of(np.array([3.0, np.nan, 1.0, 2.0]), np.array([1.0, 5.0, 0.0, np.nan]))
+    assert (s.v.tolist(), s.n) == ([3.0], 1)
+    assert sample_of(np.array([np.nan])) is None
 
 
 def test_zero_negative_and_clustered_values():
-    """Values <= 0 share bucket 0; values closer than a bucket's width share one; ranks stay exact."""
+    """Ties, zeros, negatives and values a millionth apart keep exact ranks."""
     rng = np.random.default_rng(2)
     values = np.r_[np.zeros(300), -np.ones(5), 1.0 + rng.uniform(0, 1e-6, 2000), rng.lognormal(0, 2, 2000)]
     weights = rng.integers(1, 5, len(values))

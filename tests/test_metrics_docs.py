@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.summary import summarize
+from llmlb_bench.metrics.summary import Options, summarize
 from llmlb_bench.store.views import Catalog
 from metrics_helpers import seg, store_run
 
@@ -66,7 +67,7 @@ def test_documented_queries_reproduce_the_report(run):
     assert r["attainment"] == pytest.approx(s["slo"]["attainment"]) and r["goodput"] == pytest.approx(s["slo"]["goodput"])
     [r] = q(find("ceil(0.1 * sum(w)"))
     assert list(r.values())[1] == pytest.approx(s["pacing"]["slowest10_gap_mean_s"])
-    [r] = q(find("as jain"))
+    [r] = q(find("as jain from"))
     # ttft <= 500 ms: a 3/3, b 0/3 (0.8 and 0.7 s late, one failed)
     assert r["jain"] == pytest.approx(ttft_only["fairness"]["jain_attainment"]) == pytest.approx(0.5)
     assert s["slo"]["attainment"] == pytest.approx(1 / 6)   # with tpot <= 50 ms only the 1-token request is good
@@ -76,3 +77,27 @@ def test_documented_queries_reproduce_the_report(run):
     assert energy == pytest.approx(s["energy"]["avg_power_w"])
     [r] = q(find("sum(cached_tokens)"))
     assert list(r.values())[1] == pytest.approx(s["state"]["prefix_cache_hit_rate"])
+
+
+def test_documented_window_sql_matches_the_numpy_windows(tmp_path):
+    """Random requests of three tenants, 1-second windows: the doc's SQL and the report agree."""
+    rng = np.random.default_rng(9)
+    n = 300
+    sent = np.sort(rng.uniform(0, 30, n))
+    first = sent + rng.exponential(0.8, n)
+    out = rng.integers(1, 60, n)
+    last = first + rng.uniform(0.01, 0.05, n) * (out - 1)
+    failed = rng.random(n) < 0.05
+    store_run(tmp_path, "win", {
+        "request_id": list(range(n)), "tenant": rng.choice(["a", "b", "c"], n).tolist(),
+        "sent_s": sent, "scheduled_s": sent, "first_token_s": [None if x else v for x, v in zip(failed, first)],
+        "last_token_s": [None if x else v for x, v in zip(failed, last)], "input_tokens": rng.integers(10, 900, n),
+        "output_tokens": np.where(failed, 0, out), "status": np.where(failed, "error", "ok").tolist()})
+    cat = Catalog([tmp_path])
+    [s] = summarize(cat, None, Options(window_s=1.0))
+    sql = find("jain_service").replace("/ 10", "/ 1").replace("* 10", "* 1").replace("+ 1) * 10", "+ 1) * 1")
+    [r] = cat.query_read_only(sql).to_pylist()
+    f = s["fairness"]
+    assert r["windows"] == f["windows"] > 10
+    assert r["gap_max"] == pytest.approx(f["service_gap_max"]) and r["gap_mean"] == pytest.approx(f["service_gap_mean"])
+    assert r["jain_service"] == pytest.approx(f["jain_service"])

@@ -8,7 +8,7 @@ import pytest
 
 from llmlb_bench.metrics.pacing import Streams, deadline_walk, fluid_deadlines, pacing, slowest_gap_mean
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.sql import REQUEST_METRICS_VIEW
+from llmlb_bench.metrics.sample import blocks, create_token_table, is_sampled
 from llmlb_bench.schema import TOKEN_SEGMENT
 from llmlb_bench.store.views import Catalog
 from metrics_helpers import seg, store_run
@@ -106,13 +106,19 @@ def test_pacing_of_a_stored_run(tmp_path):
         "first_token_s": [0.5, 0.1], "last_token_s": [1.9375, 0.1],
         "token_times": [HAND[1], [seg(0.1, 0.0, 1)]], "output_tokens": [7, 1], "slo_class": ["chat", "chat"]})
     cat = Catalog([tmp_path])
-    cat.con.execute(REQUEST_METRICS_VIEW)
-    out = pacing(cat, {"p": (2, 0, 1)}, Slo.parse("ttft=1s,tpot=125ms"))["p"]
+    create_token_table(cat.con, {"p": (2, 0, 1)}, sample=10)
+    out = pacing(cat, {"p": False}, Slo.parse("ttft=1s,tpot=125ms"))["p"]
     fl = out["fluidity"]
     assert fl["requests"] == 2 and fl["mean"] == pytest.approx((6 / 9 + 1.0) / 2)
     assert fl["share_ge_0.9"] == 0.5
     # p99 of the fluid deadlines {0.328125, 0} -> 0.99 * 0.328125
     assert out["fluid_token_rate"] == pytest.approx(1 / (0.99 * 0.328125), rel=1e-3)
     assert out["sampled"] is False
-    sampled = pacing(cat, {"p": (2, 0, 1)}, None, sample=1)["p"]
-    assert sampled["sampled"] is True and sampled["fluidity"] is None
+
+
+def test_block_sample_of_a_large_run():
+    """20 evenly spaced blocks of consecutive ids, about the sample's size in all, first and last ids included."""
+    ranges = blocks(1000, 0, 999_999)
+    assert len(ranges) == 20 and all(b - a + 1 == 50 for a, b in ranges)
+    assert ranges[0][0] == 0 and ranges[-1][1] == 999_999
+    assert is_sampled(2000, 0, 1999, 1000) and not is_sampled(500, 0, 499, 1000)

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import numpy as np
+
 from llmlb_bench.metrics.sql import quote
 from llmlb_bench.store.views import Catalog
 
@@ -42,54 +44,63 @@ INPUT_WEIGHT = 1
 OUTPUT_WEIGHT = 2
 
 
-def _window_sql(runs: Mapping[str, float], window_s: float) -> str:
-    """Per run: the VTC service gap and Jain index over windows (``runs``: run id -> first scheduled time).
+def _windows(cat: Catalog, run_id: str, t0: float, tenants: list[str], window_s: float) -> dict[str, Any]:
+    """The windowed figures of one run, from one query of its requests' times.
 
-    Most requests wait, and stream, within one window; only those spanning
-    several are expanded window by window, which keeps the scan cheap.
+    Windows are counted in NumPy, not SQL: a request touches one or two
+    windows but an SQL plan expands and de-duplicates (tenant, window) sets
+    over every request, several times slower on ten million rows. The SQL
+    equivalent is in docs/metrics.md.
     """
-    w = repr(float(window_s))
-    t0 = "CASE run_id " + " ".join(f"WHEN {quote(r)} THEN {t!r}" for r, t in runs.items()) + " END"
-    return f"""
-WITH req AS (
-    SELECT run_id, coalesce(tenant, 'default') AS tn, sent_s - t0 AS s, first_token_s - t0 AS f,
-           last_token_s - t0 AS l, greatest(coalesce(last_token_s, sent_s), sent_s) - t0 AS e,
-           input_tokens AS n_in, output_tokens AS n_out,
-           CASE WHEN output_tokens > 1 THEN (last_token_s - first_token_s) / (output_tokens - 1) ELSE 0 END AS g
-    FROM (SELECT *, {t0} AS t0 FROM requests WHERE run_id IN ({', '.join(quote(r) for r in runs)}))),
-streams AS (SELECT *, floor(f / {w})::BIGINT AS jf, floor(l / {w})::BIGINT AS jl
-            FROM req WHERE f IS NOT NULL AND n_out > 0),
-outsvc AS (
-    SELECT run_id, tn, jf AS j, {OUTPUT_WEIGHT} * n_out AS svc FROM streams WHERE jf = jl
-    UNION ALL
-    SELECT run_id, tn, j, {OUTPUT_WEIGHT} * (CASE WHEN g <= 0 THEN n_out ELSE greatest(0,
-               least(n_out - 1, ceil(((j + 1) * {w} - f) / g) - 1) - greatest(0, ceil((j * {w} - f) / g)) + 1) END)
-    FROM (SELECT *, unnest(generate_series(jf, jl)) AS j FROM streams WHERE jf < jl)),
-svc AS (SELECT run_id, tn, j, sum(svc)::DOUBLE AS svc FROM (
-            SELECT * FROM outsvc
-            UNION ALL
-            SELECT run_id, tn, floor(f / {w})::BIGINT, {INPUT_WEIGHT} * n_in FROM req WHERE f IS NOT NULL)
-        GROUP BY ALL),
-waits AS (SELECT run_id, tn, floor(s / {w})::BIGINT AS ja, (ceil(coalesce(f, e) / {w}) - 1)::BIGINT AS jb
-          FROM req WHERE s IS NOT NULL AND coalesce(f, e) > s),
-backlog AS (SELECT DISTINCT run_id, tn, j FROM (
-                SELECT run_id, tn, ja AS j FROM waits WHERE ja = jb
-                UNION ALL
-                SELECT run_id, tn, unnest(generate_series(ja, jb)) FROM waits WHERE ja < jb)),
-perwin AS (SELECT b.run_id, b.j, count(*) AS k, sum(coalesce(s.svc, 0)) AS s1,
-                  sum(coalesce(s.svc, 0) ^ 2) AS s2, max(coalesce(s.svc, 0)) AS hi, min(coalesce(s.svc, 0)) AS lo
-           FROM backlog b LEFT JOIN svc s USING (run_id, tn, j) GROUP BY ALL HAVING count(*) > 1)
-SELECT run_id, count(*) AS windows, max(hi - lo) AS gap_max, avg(hi - lo) AS gap_mean,
-       avg(CASE WHEN s2 > 0 THEN s1 * s1 / (k * s2) ELSE 1 END) AS jain_service
-FROM perwin GROUP BY run_id
-"""
-
-
-def service_columns() -> str:
-    """Aggregates for the per-tenant counts query: VTC service delivered and mean normalized latency."""
-    return (f"(coalesce(sum({INPUT_WEIGHT} * input_tokens) FILTER (WHERE first_token_s IS NOT NULL), 0) "
-            f"+ coalesce(sum({OUTPUT_WEIGHT} * output_tokens), 0))::BIGINT AS service, "
-            f"avg(norm_latency_s) FILTER (WHERE status = 'ok') AS norm_latency_mean")
+    names = " ".join(f"WHEN {quote(t)} THEN {i}" for i, t in enumerate(tenants))
+    t = cat.query(f"""
+        SELECT CASE coalesce(tenant, 'default') {names} END AS tn, sent_s - {t0!r} AS s,
+               first_token_s - {t0!r} AS f, last_token_s - {t0!r} AS l,
+               coalesce(input_tokens, 0) AS n_in, coalesce(output_tokens, 0) AS n_out
+        FROM requests WHERE run_id = {quote(run_id)}""")
+    c = {k: t.column(k).to_numpy(zero_copy_only=False) for k in t.column_names}
+    tn, s, f, l = c["tn"].astype(np.int64), c["s"], c["f"], c["l"]
+    n_in, n_out = c["n_in"].astype(float), c["n_out"].astype(float)
+    w = float(window_s)
+    started = ~np.isnan(f)
+    e = np.fmax(l, s)                                    # a request's end: last token, or when it was sent
+    nwin = int(max(np.nanmax(x) if len(x) else 0.0 for x in (s, f, l)) // w) + 1
+    cells = len(tenants) * nwin
+    jf = np.floor(np.where(started, f, 0) / w).astype(np.int64)
+    svc = np.bincount(tn[started] * nwin + jf[started], weights=INPUT_WEIGHT * n_in[started], minlength=cells)
+    out = started & (n_out > 0)
+    jl = np.floor(np.where(out, l, 0) / w).astype(np.int64)
+    one = out & (jf == jl)
+    svc += np.bincount(tn[one] * nwin + jf[one], weights=OUTPUT_WEIGHT * n_out[one], minlength=cells)
+    # streams over several windows: walk them window by window, dropping each once past its last
+    many = out & (jf < jl)
+    ff, nn, j, jend, tt = f[many], n_out[many], jf[many], jl[many], tn[many]
+    g = (l[many] - ff) / (nn - 1)
+    while len(j):
+        k_lo = np.maximum(0, np.ceil((j * w - ff) / g))
+        k_hi = np.minimum(nn - 1, np.ceil(((j + 1) * w - ff) / g) - 1)
+        svc += np.bincount(tt * nwin + j, weights=OUTPUT_WEIGHT * np.maximum(0, k_hi - k_lo + 1), minlength=cells)
+        more = j < jend
+        ff, nn, g, j, jend, tt = ff[more], nn[more], g[more], j[more] + 1, jend[more], tt[more]
+    backlog = np.zeros(cells, dtype=bool)
+    b = np.where(started, f, e)
+    waits = ~np.isnan(s) & (b > s)
+    j, jend, tt = np.floor(s[waits] / w).astype(np.int64), (np.ceil(b[waits] / w) - 1).astype(np.int64), tn[waits]
+    while len(j):
+        backlog[tt * nwin + j] = True
+        more = j < jend
+        j, jend, tt = j[more] + 1, jend[more], tt[more]
+    svc, backlog = svc.reshape(len(tenants), nwin), backlog.reshape(len(tenants), nwin)
+    k = backlog.sum(axis=0)
+    counted = np.flatnonzero(k > 1)
+    if not len(counted):
+        return {"windows": 0, "gap_max": None, "gap_mean": None, "jain_service": None}
+    x = np.where(backlog[:, counted], svc[:, counted], np.nan)
+    gaps = np.nanmax(x, axis=0) - np.nanmin(x, axis=0)
+    s1, s2 = np.nansum(x, axis=0), np.nansum(x * x, axis=0)
+    jain_w = np.where(s2 > 0, s1 * s1 / (k[counted] * np.where(s2 > 0, s2, 1)), 1.0)
+    return {"windows": len(counted), "gap_max": float(gaps.max()), "gap_mean": float(gaps.mean()),
+            "jain_service": float(jain_w.mean())}
 
 
 def jain(values: list[float]) -> float | None:
@@ -102,25 +113,23 @@ def fairness(cat: Catalog, runs: Mapping[str, float], tenants: Mapping[str, Mapp
              window_s: float = 10.0) -> dict[str, dict[str, Any]]:
     """``{run_id: {...}}`` for ``runs`` (run id -> first scheduled time), the runs with two or more tenants.
 
-    ``tenants`` maps run ids to per-tenant figures from the per-group counts
-    query (:func:`service_columns`; ``attainment`` None without an SLO).
+    ``tenants`` maps run ids to per-tenant ``{requests, service,
+    norm_latency_mean, attainment}`` (:mod:`llmlb_bench.metrics.counts`;
+    ``attainment`` None without an SLO).
     """
-    if not runs:
-        return {}
-    windows = {r["run_id"]: r for r in cat.query(_window_sql(runs, window_s)).to_pylist()}
     out: dict[str, dict[str, Any]] = {}
-    for run_id in runs:
+    for run_id, t0 in runs.items():
         per = tenants.get(run_id) or {}
         att = [t["attainment"] for t in per.values()]
         lat = [t["norm_latency_mean"] for t in per.values() if t["norm_latency_mean"]]
-        win = windows.get(run_id) or {}
+        win = _windows(cat, run_id, t0, sorted(per), window_s)
         out[run_id] = {
             "tenants": len(per),
             "window_s": window_s,
-            "windows": win.get("windows", 0),
-            "service_gap_max": win.get("gap_max"),
-            "service_gap_mean": win.get("gap_mean"),
-            "jain_service": win.get("jain_service"),
+            "windows": win["windows"],
+            "service_gap_max": win["gap_max"],
+            "service_gap_mean": win["gap_mean"],
+            "jain_service": win["jain_service"],
             "jain_attainment": jain(att) if att and None not in att else None,
             "slowdown_ratio": max(lat) / min(lat) if len(lat) > 1 else None,
             "per_tenant": {t: {k: d[k] for k in ("requests", "service", "norm_latency_mean")} for t, d in per.items()},

@@ -45,7 +45,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.sample import DEFAULT_SAMPLE, is_sampled, run_filter
+from llmlb_bench.metrics.sample import TOKENS
+from llmlb_bench.metrics.sql import quote
 from llmlb_bench.store.views import Catalog
 
 FLUID_TARGET_MISS_RATE = 0.1
@@ -226,20 +227,13 @@ def pacing_of(s: Streams, slo: Slo | None) -> dict[str, Any]:
     return out
 
 
-def load_streams(cat: Catalog, run_id: str, ok: int, id_min: int, id_max: int,
-                 sample: int = DEFAULT_SAMPLE) -> tuple[Streams, bool]:
-    """One run's ok requests with token times (a block sample when there are more than ``sample``)."""
-    where = f"{run_filter(run_id, ok, id_min, id_max, sample)} AND status = 'ok' AND len(token_times) > 0"
-    table = cat.query(f"SELECT request_id, slo_class, first_token_s - sent_s AS ttft, token_times "
-                      f"FROM requests WHERE {where} ORDER BY request_id")
-    return Streams.from_arrow(table), is_sampled(ok, id_min, id_max, sample)
+def load_streams(cat: Catalog, run_id: str) -> Streams:
+    """One run's requests from the token table (:func:`llmlb_bench.metrics.sample.create_token_table`)."""
+    return Streams.from_arrow(cat.query(f"SELECT request_id, slo_class, ttft, token_times FROM {TOKENS} "
+                                        f"WHERE run_id = {quote(run_id)} ORDER BY request_id"))
 
 
-def pacing(cat: Catalog, runs: Mapping[str, tuple[int, int, int]], slo: Slo | None,
-           sample: int = DEFAULT_SAMPLE) -> dict[str, dict[str, Any]]:
-    """``{run_id: pacing figures}``; ``runs`` maps run ids to (ok requests, smallest and largest request id)."""
-    out = {}
-    for run_id, (n, id_min, id_max) in runs.items():
-        streams, sampled = load_streams(cat, run_id, n, id_min, id_max, sample)
-        out[run_id] = {**pacing_of(streams, slo), "sampled": sampled}
-    return out
+def pacing(cat: Catalog, runs: Mapping[str, bool], slo: Slo | None) -> dict[str, dict[str, Any]]:
+    """``{run_id: pacing figures}``; ``runs`` maps run ids to whether their token table is a sample."""
+    return {run_id: {**pacing_of(load_streams(cat, run_id), slo), "sampled": sampled}
+            for run_id, sampled in runs.items()}

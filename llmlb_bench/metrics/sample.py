@@ -13,7 +13,7 @@ adds the same ``request_id BETWEEN`` ranges.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 from llmlb_bench.metrics.sql import quote
 
@@ -33,6 +33,10 @@ def is_sampled(ok: int, id_min: int, id_max: int, sample: int) -> bool:
     return ok > sample and id_max - id_min + 1 > sample
 
 
+#: The temporary table of the requests token-level figures read (ok requests with token times).
+TOKENS = "token_requests"
+
+
 def run_filter(run_id: str, ok: int, id_min: int, id_max: int, sample: int) -> str:
     """SQL selecting one run's requests for token-level figures."""
     cond = f"run_id = {quote(run_id)}"
@@ -42,6 +46,14 @@ def run_filter(run_id: str, ok: int, id_min: int, id_max: int, sample: int) -> s
     return cond
 
 
-def runs_filter(runs: Mapping[str, tuple[int, int, int]], sample: int) -> str:
-    """SQL selecting the token-level requests of every run; ``runs``: run id -> (ok, id_min, id_max)."""
-    return "(" + " OR ".join(f"({run_filter(r, *v, sample)})" for r, v in runs.items()) + ")" if runs else "FALSE"
+def create_token_table(con: Any, runs: Mapping[str, tuple[int, int, int]], sample: int) -> None:
+    """Read the token-level requests of every run once, into :data:`TOKENS` (for ITL and pacing).
+
+    ``runs`` maps run ids to (ok requests, first and last request id). One
+    SELECT per run keeps each filter simple enough for the Parquet reader to
+    skip the row groups outside the sample's blocks.
+    """
+    parts = [f"SELECT run_id, request_id, slo_class, first_token_s - sent_s AS ttft, token_times FROM requests "
+             f"WHERE {run_filter(r, *v, sample)} AND status = 'ok' AND len(token_times) > 0" for r, v in runs.items()]
+    con.execute(f"CREATE OR REPLACE TEMP TABLE {TOKENS} AS " + (" UNION ALL ".join(parts) if parts else
+                "SELECT run_id, request_id, slo_class, 0.0 AS ttft, token_times FROM requests WHERE FALSE"))

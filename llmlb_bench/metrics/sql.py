@@ -21,8 +21,8 @@ SELECT *,
 FROM requests
 """
 
-def itl_gaps_sql(where: str = "TRUE") -> str:
-    """``(run_id, v, w)``: the token gaps of ok requests matching ``where``, with multiplicities.
+def itl_gaps_sql(table: str = "requests") -> str:
+    """``(run_id, v, w)``: the token gaps of the ok requests of ``table``, with multiplicities.
 
     A segment of ``count`` tokens spaced ``gap_s`` contributes ``count - 1``
     gaps of ``gap_s``; consecutive segments contribute the gap between the
@@ -31,14 +31,15 @@ def itl_gaps_sql(where: str = "TRUE") -> str:
     stands for thousands of tokens; list functions (not a window over
     unnested rows) keep it cheap on replayed runs.
     """
+    ok = "status = 'ok'" if table == "requests" else "TRUE"
     return f"""
 SELECT run_id, s.gap_s AS v, (s.count - 1)::BIGINT AS w
-FROM (SELECT run_id, unnest(token_times) AS s FROM requests WHERE status = 'ok' AND {where})
+FROM (SELECT run_id, unnest(token_times) AS s FROM {table} WHERE {ok})
 WHERE s.count > 1
 UNION ALL
 SELECT run_id, unnest(list_transform(range(1, len(token_times)), lambda i: token_times[i + 1].start_s
        - token_times[i].start_s - token_times[i].gap_s * (token_times[i].count - 1))) AS v, 1::BIGINT AS w
-FROM requests WHERE status = 'ok' AND len(token_times) > 1 AND {where}
+FROM {table} WHERE {ok} AND len(token_times) > 1
 """
 
 

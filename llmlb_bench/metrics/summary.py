@@ -1,8 +1,9 @@
 """Per-run summary figures: every metric of docs/metrics.md for each run of a catalog.
 
 Counts, throughput and attainment are SQL aggregates over the ``requests``
-view (one scan, grouped by run, run x SLO class and run x tenant); latency
-percentiles come from :mod:`llmlb_bench.metrics.latency`; pacing,
+view (:mod:`llmlb_bench.metrics.counts`: one scan for runs, SLO classes and
+tenants); latency percentiles come from
+:mod:`llmlb_bench.metrics.latency`; pacing,
 fairness, energy and state from their modules. So any number in a report can be reproduced with
 ``llmlb query`` (docs/metrics.md gives the SQL).
 
@@ -20,16 +21,17 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from llmlb_bench.metrics.definitions import LATENCY_FIGURES, Definitions, Figure, figures
+from llmlb_bench.metrics.definitions import LATENCY_FIGURES, Definitions, figures
 from llmlb_bench.metrics.distribution import describe
 from llmlb_bench.metrics.energy import energy_and_cost
-from llmlb_bench.metrics.fairness import fairness, service_columns
+from llmlb_bench.metrics.fairness import fairness
 from llmlb_bench.metrics.goodput import offered_rate
-from llmlb_bench.metrics.latency import group_latency, group_quantile_columns, histogram_columns, latency_bands
+from llmlb_bench.metrics.counts import cells_sql, rollup
+from llmlb_bench.metrics.latency import group_latency, latency_samples
 from llmlb_bench.metrics.pacing import pacing
-from llmlb_bench.metrics.sample import DEFAULT_SAMPLE
+from llmlb_bench.metrics.sample import DEFAULT_SAMPLE, create_token_table, is_sampled
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.sql import REQUEST_METRICS_VIEW, quote
+from llmlb_bench.metrics.sql import REQUEST_METRICS_VIEW
 from llmlb_bench.metrics.state import serving_state
 from llmlb_bench.schema import STATUSES
 from llmlb_bench.store.views import Catalog
@@ -48,49 +50,10 @@ class Options:
     token_sample: int = DEFAULT_SAMPLE  # ok requests per run that token-level figures read (block sample above)
 
 
-def _count_columns(slo: Slo | None) -> str:
-    status_cols = ", ".join(f"count(*) FILTER (WHERE status = '{s}') AS {s}" for s in STATUSES)
-    return f"""count(*) AS requests, {status_cols},
-       coalesce(sum(input_tokens) FILTER (WHERE status = 'ok'), 0)::BIGINT AS input_tokens,
-       coalesce(sum(output_tokens) FILTER (WHERE status = 'ok'), 0)::BIGINT AS output_tokens,
-       coalesce(sum(cached_tokens) FILTER (WHERE status = 'ok'), 0)::BIGINT AS cached_tokens,
-       {"count(*) FILTER (WHERE good)" if slo else "NULL::BIGINT"} AS good,
-       {"coalesce(sum(output_tokens) FILTER (WHERE good), 0)::BIGINT" if slo else "NULL::BIGINT"} AS good_tokens"""
-
-
-def _source(slo: Slo | None, where: str = "TRUE") -> str:
-    return (f"SELECT * REPLACE (coalesce(slo_class, 'default') AS slo_class, coalesce(tenant, 'default') AS tenant), "
-            f"({slo.predicate() if slo else 'NULL'}) AS good FROM request_metrics WHERE {where}")
-
-
-def _runs_sql(slo: Slo | None, figs: dict[str, Figure]) -> str:
-    """Per run: counts, spans, group counts and the latency histograms (:mod:`llmlb_bench.metrics.latency`)."""
-    return f"""
-SELECT run_id, {_count_columns(slo)},
-       min(scheduled_s) AS t0, max(scheduled_s) AS last_scheduled, max(end_s) AS t1,
-       coalesce(sum(preemptions), 0)::BIGINT AS preemptions,
-       count(*) FILTER (WHERE preemptions > 0) AS preempted_requests,
-       min(request_id) AS id_min, max(request_id) AS id_max,
-       count(DISTINCT slo_class) AS classes, count(DISTINCT tenant) AS tenants, sum(energy_j) AS energy_j,
-       {histogram_columns(figs)}
-FROM ({_source(slo)}) GROUP BY run_id
-"""
-
-
-def _groups_sql(slo: Slo | None, figs: dict[str, Figure], runs: list[str]) -> str:
-    """Per run and SLO class, per run and tenant (runs with several groups): counts and p50/p99 latency."""
-    return f"""
-SELECT run_id, slo_class, tenant, grouping(slo_class) AS gc, {_count_columns(slo)}, {group_quantile_columns(figs)},
-       {service_columns()}
-FROM ({_source(slo, f"run_id IN ({', '.join(quote(r) for r in runs)})")})
-GROUP BY GROUPING SETS ((run_id, slo_class), (run_id, tenant))
-"""
-
-
-def _group(c: dict[str, Any]) -> dict[str, Any]:
-    return {"requests": c["requests"], "ok": c["ok"], "good": c["good"], "good_tokens": c["good_tokens"],
-            "attainment": None if c["good"] is None else c["good"] / c["requests"], **group_latency(c),
-            "service": c["service"], "norm_latency_mean": c["norm_latency_mean"]}
+def _group(m: dict[str, Any], latency: dict[str, Any]) -> dict[str, Any]:
+    return {"requests": m["requests"], "ok": m["ok"], "good": m["good"], "good_tokens": m["good_tokens"],
+            "attainment": None if m["good"] is None else m["good"] / m["requests"], **latency,
+            "service": m["service"], "norm_latency_mean": m["norm_latency_mean"]}
 
 
 def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = None) -> list[dict[str, Any]]:
@@ -99,26 +62,31 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     opt = options or Options()
     cat.con.execute(REQUEST_METRICS_VIEW)
     figs = figures(opt.definitions)
-    table = cat.query(_runs_sql(slo, figs))
-    counts = {r["run_id"]: r for r in table.select([c for c in table.column_names if c[:2] not in ("h_", "s_")])
-              .to_pylist()}
+    units = rollup(cat.query(cells_sql(slo)), slo)
+    counts = {u[1]: m for u, m in units.items() if u[0] == "run"}
     runs = [r for r in cat.runs_table.to_pylist() if r["run_id"] in counts]
     metas = metas_of(cat.runs_table)
     token_runs = {k: (c["ok"], c["id_min"], c["id_max"]) for k, c in counts.items()}
-    bands = latency_bands(cat, figs, table, token_runs, opt.token_sample)
-    several = [k for k, c in counts.items() if c["classes"] > 1 or c["tenants"] > 1]
+    create_token_table(cat.con, token_runs, opt.token_sample)
+    groups: dict[str, dict[str, list[str]]] = {}
+    for u in units:
+        if u[0] != "run":
+            groups.setdefault(u[1], {}).setdefault(u[0], []).append(u[2])
+    samples = latency_samples(cat, figs, counts, groups)
+    per_group = group_latency(samples, figs)
     tables: dict[str, dict[str, dict[str, dict[str, Any]]]] = {"slo_class": {}, "tenant": {}}
-    for r in cat.query(_groups_sql(slo, figs, several)).to_pylist() if several else []:
-        col = "slo_class" if r["gc"] == 0 else "tenant"
-        tables[col].setdefault(r["run_id"], {})[r[col]] = _group(r)
+    for u, m in units.items():
+        if u[0] != "run":
+            tables[u[0]].setdefault(u[1], {})[u[2]] = _group(m, per_group.get(u, {}))
     durations = {k: _duration(c, metas[k]) for k, c in counts.items()}
     energy = energy_and_cost(cat, {k: {"meta": metas[k], "duration_s": durations[k], "energy_j": counts[k]["energy_j"],
                                        "output_tokens": counts[k]["output_tokens"],
                                        "good_tokens": counts[k]["good_tokens"]} for k in counts},
                              opt.price_per_hour)
-    fair = fairness(cat, {k: c["t0"] for k, c in counts.items() if c["tenants"] > 1}, tables["tenant"], opt.window_s)
+    multi = {k: counts[k]["t0"] for k, by in tables["tenant"].items() if len(by) > 1}
+    fair = fairness(cat, multi, tables["tenant"], opt.window_s)
     state = serving_state(cat, counts, metas)
-    pace = pacing(cat, token_runs, slo, opt.token_sample)
+    pace = pacing(cat, {k: is_sampled(*v, opt.token_sample) for k, v in token_runs.items()}, slo)
     out = []
     for run in runs:
         run_id = run["run_id"]
@@ -139,7 +107,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
             "definitions": opt.definitions.value,
         }
         for name in LATENCY_FIGURES:
-            s[name] = describe(bands.get(("run", run_id, name)), figs[name].method, seed=opt.seed,
+            s[name] = describe(samples.get(("run", run_id, name)), figs[name].method, seed=opt.seed,
                                key=(run_id, name), ci=opt.ci, level=opt.confidence)
         if slo is not None:
             s["slo"] = {

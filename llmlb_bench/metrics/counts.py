@@ -1,0 +1,98 @@
+"""Counts of every run, SLO class and tenant, from one scan.
+
+The scan groups requests into cells (run, SLO class, tenant, status, good)
+with plain sums; there are few cells, so rolling them up in Python to runs,
+runs x classes and runs x tenants costs nothing, and every group's counts
+come out of the same pass as the run's (a ``FILTER`` per status and
+grouping sets cost several times more per row).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import pyarrow as pa
+
+from llmlb_bench.metrics.fairness import INPUT_WEIGHT, OUTPUT_WEIGHT
+from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.schema import STATUSES
+
+GROUPS = ("slo_class", "tenant")
+#: ("run", run_id) or (group column, run_id, group)
+Unit = tuple[str, ...]
+
+
+def cells_sql(slo: Slo | None) -> str:
+    return f"""
+SELECT run_id, slo_class, tenant, status, good, count(*) AS n,
+       sum(input_tokens)::BIGINT AS input_tokens, sum(output_tokens)::BIGINT AS output_tokens,
+       sum(cached_tokens)::BIGINT AS cached_tokens, sum(preemptions)::BIGINT AS preemptions,
+       sum((preemptions > 0)::INTEGER)::BIGINT AS preempted_requests,
+       min(scheduled_s) AS t0, max(scheduled_s) AS last_scheduled, max(end_s) AS t1,
+       min(request_id) AS id_min, max(request_id) AS id_max, sum(energy_j) AS energy_j,
+       sum(CASE WHEN first_token_s IS NOT NULL THEN input_tokens END)::BIGINT AS prefilled_tokens,
+       fsum(norm_latency_s) AS nl_sum, count(norm_latency_s) AS nl_n
+FROM (SELECT * REPLACE (coalesce(slo_class, 'default') AS slo_class, coalesce(tenant, 'default') AS tenant),
+             ({slo.predicate() if slo else 'NULL'}) AS good
+      FROM request_metrics)
+GROUP BY ALL
+"""
+
+
+def _empty() -> dict[str, Any]:
+    return {"requests": 0, **{s: 0 for s in STATUSES}, "input_tokens": 0, "output_tokens": 0, "cached_tokens": 0,
+            "good": 0, "good_tokens": 0, "preemptions": 0, "preempted_requests": 0, "t0": None,
+            "last_scheduled": None, "t1": None, "id_min": None, "id_max": None, "energy_j": None,
+            "service": 0, "nl_sum": 0.0, "nl_n": 0}
+
+
+def _merge(m: dict[str, Any], c: Mapping[str, Any]) -> None:
+    n, ok = c["n"], c["status"] == "ok"
+    m["requests"] += n
+    m[c["status"]] = m.get(c["status"], 0) + n
+    if ok:
+        for k in ("input_tokens", "output_tokens", "cached_tokens"):
+            m[k] += c[k] or 0
+        m["nl_sum"] += c["nl_sum"] or 0.0
+        m["nl_n"] += c["nl_n"]
+    if c["good"]:
+        m["good"] += n
+        m["good_tokens"] += c["output_tokens"] or 0
+    m["preemptions"] += c["preemptions"] or 0
+    m["preempted_requests"] += c["preempted_requests"] or 0
+    m["service"] += INPUT_WEIGHT * (c["prefilled_tokens"] or 0) + OUTPUT_WEIGHT * (c["output_tokens"] or 0)
+    for k, pick in (("t0", min), ("last_scheduled", max), ("t1", max), ("id_min", min), ("id_max", max)):
+        if c[k] is not None:
+            m[k] = c[k] if m[k] is None else pick(m[k], c[k])
+    if c["energy_j"] is not None:
+        m["energy_j"] = (m["energy_j"] or 0.0) + c["energy_j"]
+
+
+def rollup(cells: pa.Table, slo: Slo | None) -> dict[Unit, dict[str, Any]]:
+    """Counts per run (unit ``("run", run_id)``) and per run and group (``(column, run_id, group)``).
+
+    Groups are kept only for runs with more than one SLO class or tenant.
+    ``good`` and ``good_tokens`` are None without an SLO.
+    """
+    rows = cells.to_pylist()
+    out: dict[Unit, dict[str, Any]] = {}
+    for c in rows:
+        for unit in (("run", c["run_id"]), ("slo_class", c["run_id"], c["slo_class"]),
+                     ("tenant", c["run_id"], c["tenant"])):
+            _merge(out.setdefault(unit, _empty()), c)
+    several = {run for col in GROUPS for run in _runs_with_several(out, col)}
+    out = {u: m for u, m in out.items() if u[0] == "run" or u[1] in several}
+    for m in out.values():
+        m["norm_latency_mean"] = m.pop("nl_sum") / m["nl_n"] if m["nl_n"] else None
+        del m["nl_n"]
+        if slo is None:
+            m["good"] = m["good_tokens"] = None
+    return out
+
+
+def _runs_with_several(units: Mapping[Unit, Any], col: str) -> set[str]:
+    seen: dict[str, int] = {}
+    for u in units:
+        if u[0] == col:
+            seen[u[1]] = seen.get(u[1], 0) + 1
+    return {run for run, n in seen.items() if n > 1}
