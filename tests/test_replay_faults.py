@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 
@@ -40,6 +41,10 @@ class Faults:
     def __init__(self) -> None:
         self.calls: dict[str, list[str]] = defaultdict(list)
         self.per_connection: dict[tuple, int] = defaultdict(int)
+        #: set when a request arrives on a connection that already carried one: the replayer
+        #: reuses a connection only after it read that response to its end, so by then at
+        #: least one request has finished on the client's side (not just on the server's)
+        self.client_finished_one = threading.Event()
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -58,6 +63,8 @@ class Faults:
         n = body["max_tokens"]
         conn_key = request.transport.get_extra_info("peername")  # the client's port names the connection
         self.per_connection[conn_key] += 1
+        if self.per_connection[conn_key] > 1:
+            self.client_finished_one.set()
         if fault == "429":
             return web.json_response({"error": {"message": "slow down"}}, status=429, headers={"Retry-After": "0"})
         if fault == "500":
@@ -228,22 +235,21 @@ def test_an_endpoint_down_at_start_is_avoided_then_used_once_it_comes_up(faults,
 def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, sig, workers):
     f, base = faults
     trace = tmp_path / "t.parquet"
-    write_trace(make_trace(n=60, rate=20.0, output_tokens=3), trace)
+    write_trace(make_trace(n=80, rate=20.0, output_tokens=3), trace)
     cmd = [sys.executable, "-m", "llmlb_bench", "replay", str(trace), "-e", f"{base}/slow",
            "--workers", str(workers), "--results", str(tmp_path / "res"), "--run-id", "x", "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "res" / "x"
-    deadline = time.monotonic() + 30
-    while len(f.calls["slow"]) < 12 and time.monotonic() < deadline:  # imports can be slow
-        time.sleep(0.02)
-    time.sleep(0.2)  # a few have finished by now, most of the 3 s schedule is still ahead
+    # signal once the client has finished a request (however slow this machine is: imports,
+    # spawned workers), while most of the 4 s schedule is still ahead
+    assert f.client_finished_one.wait(timeout=60), "the replayer finished no request within 60 s"
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["status"] == "partial" and meta["reason"] == "interrupted"
     rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
-    assert sorted(r["request_id"] for r in rows) == list(range(60))
+    assert sorted(r["request_id"] for r in rows) == list(range(80))
     statuses = {r["status"] for r in rows}
     assert "ok" in statuses and "not_sent" in statuses
     assert f"--resume {run_dir}" in err
@@ -254,6 +260,6 @@ def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, s
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["status"] == "complete" and meta["summary"]["replay"]["resumed"]["carried_rows"] > 0
     rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
-    assert sorted(r["request_id"] for r in rows) == list(range(60))
+    assert sorted(r["request_id"] for r in rows) == list(range(80))
     assert {r["status"] for r in rows} == {"ok"} and {r["run_id"] for r in rows} == {"x"}
     assert not any(p.name.endswith("resume-backup") for p in (tmp_path / "res").iterdir())
