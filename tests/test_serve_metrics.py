@@ -58,7 +58,7 @@ def test_names_types_and_histogram_shape(srv):
         "vllm:time_to_first_token_seconds": "histogram", "vllm:time_per_output_token_seconds": "histogram",
         "vllm:inter_token_latency_seconds": "histogram", "vllm:request_time_per_output_token_seconds": "histogram",
         "vllm:e2e_request_latency_seconds": "histogram", "vllm:request_prompt_tokens": "histogram",
-        "vllm:request_generation_tokens": "histogram", "llmlb:timer_lateness_seconds": "histogram",
+        "vllm:request_generation_tokens": "histogram", "llmlb:token_lateness_seconds": "histogram",
     }
     for name, kind in types.items():
         assert fams[name]["type"] == kind, name

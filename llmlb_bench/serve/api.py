@@ -33,7 +33,7 @@ from llmlb_bench import __version__
 from llmlb_bench.replay.prompts import WORDS
 from llmlb_bench.serve.http import Exchange
 from llmlb_bench.serve.live import LiveFleet, LiveRequest, Submission
-from llmlb_bench.serve.metrics import Histogram, render
+from llmlb_bench.serve.metrics import render
 from llmlb_bench.serve.outputs import OutputRule, prompt_key
 from llmlb_bench.serve.tokenizer import VOCAB_SIZE, block_hashes, encode
 
@@ -199,13 +199,11 @@ class Responder:
 class Api:
     """The request handler of one port: ``target`` is its replica, or None for the routed port."""
 
-    def __init__(self, fleet: LiveFleet, target: int | None, model: str, rule: OutputRule,
-                 lateness: Histogram) -> None:
+    def __init__(self, fleet: LiveFleet, target: int | None, model: str, rule: OutputRule) -> None:
         self.fleet = fleet
         self.target = target
         self.model = model
         self.rule = rule
-        self.lateness = lateness
         self.created = int(time.time())
         self._indices = range(len(fleet.replicas)) if target is None else range(target, target + 1)
 
@@ -229,7 +227,7 @@ class Api:
                 else:
                     self.tokenize(ex, body)
             elif path == "/metrics":
-                ex.reply(200, render(self.fleet, self._indices, self.model, self.lateness).encode(),
+                ex.reply(200, render(self.fleet, self._indices, self.model).encode(),
                          content_type="text/plain; version=0.0.4; charset=utf-8")
             elif path == "/v1/models":
                 ex.reply(200, json.dumps({"object": "list", "data": [{

@@ -43,7 +43,7 @@ from typing import Any, Callable, Protocol, Sequence
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import RouteRequest
 from llmlb_bench.policies.base import HOLD, REJECT
-from llmlb_bench.serve.metrics import EngineMetrics
+from llmlb_bench.serve.metrics import LATENESS_BUCKETS, EngineMetrics, Histogram
 from llmlb_bench.sim.config import ClusterConfig
 from llmlb_bench.sim.fleet import Fleet
 from llmlb_bench.sim.replica import Replica, Request
@@ -180,8 +180,9 @@ class LiveFleet:
         #: requests the router refused
         self.rejected = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: seconds (wall) each timer fired after its target: how well the loop keeps up
-        self.on_lateness: Callable[[float], None] | None = None
+        #: per wake-up that wrote tokens: wall seconds from their due time to the end of its last write
+        self.lateness = Histogram(LATENESS_BUCKETS)
+        self._writes = 0
         #: called with every request that ends (finished or aborted)
         self.on_end: Callable[[LiveRequest], None] | None = None
 
@@ -332,6 +333,7 @@ class LiveFleet:
             st.metrics.observe(live, made)
             live.client.on_finish(live, made - live.emitted)
             live.emitted = made
+            self._writes += 1
         if self.on_end is not None:
             self.on_end(live)
         if self.held:
@@ -363,6 +365,7 @@ class LiveFleet:
             if n > live.emitted:
                 live.client.on_tokens(live, n - live.emitted)
                 live.emitted = n
+                self._writes += 1
 
     def _arm(self, st: _ReplicaState) -> None:
         """Set the replica's timer to its next moment of interest (see the module docstring)."""
@@ -385,14 +388,14 @@ class LiveFleet:
     def _wake(self, st: _ReplicaState) -> None:
         st.timer = None
         target = st.timer_at
-        late = self.clock() - self.wall(target)
-        if self.on_lateness is not None:
-            self.on_lateness(late)
         t = self.now()
         if t < target:                # woke a hair early (timer granularity): act as of the target
             t = self._now = target
+        writes = self._writes
         self._advance(st, t)
         self._emit(st, t)
+        if self._writes != writes:
+            self.lateness.observe(self.clock() - self.wall(target))
         self._arm(st)
 
     def close(self) -> None:

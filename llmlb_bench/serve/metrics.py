@@ -22,9 +22,10 @@ when a request ends. One port in front of several replicas publishes their
 sums (KV use: blocks in use over blocks in all of them), so a scraper sees
 one engine, as behind a real load balancer.
 
-``llmlb:timer_lateness_seconds`` is not vLLM's: it is how late (wall
-seconds) the server woke up for the token times it had to meet, the
-self-check of the simulation's timing.
+``llmlb:token_lateness_seconds`` is not vLLM's: the self-check of the
+timing. For every wake-up of a replica that wrote tokens, it observes the
+wall seconds from the simulated time those tokens were due to the end of
+the wake-up's last write (an upper bound for each chunk it wrote).
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ class EngineMetrics:
             prev = start + (count - 1) * gap
 
 
-def render(fleet: "LiveFleet", indices: Iterable[int], model: str, lateness: Histogram) -> str:
+def render(fleet: "LiveFleet", indices: Iterable[int], model: str) -> str:
     """The Prometheus text exposition (format 0.0.4) of replicas ``indices``, summed."""
     idx = list(indices)
     reps = [fleet.replicas[i] for i in idx]
@@ -190,9 +191,9 @@ def render(fleet: "LiveFleet", indices: Iterable[int], model: str, lateness: His
         _histogram(out, name, helps[name], hist, labels)
     _histogram(out, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                total.histograms["vllm:time_per_output_token_seconds"], labels)
-    _histogram(out, "llmlb:timer_lateness_seconds",
-               "Wall seconds the server woke up after a simulated token or step time (timing self-check).",
-               lateness, labels)
+    _histogram(out, "llmlb:token_lateness_seconds",
+               "Per wake-up that wrote tokens: wall seconds from their due time to its last write.",
+               fleet.lateness, labels)
     metric("llmlb:simulated_time_seconds", "gauge", "Simulated seconds since the server started.", t)
     metric("llmlb:speed", "gauge", "Simulated seconds per wall-clock second.", fleet.speed)
     metric("llmlb:requests_rejected_total", "counter", "Requests the routing policy refused.",

@@ -11,6 +11,8 @@ embedding) or :func:`run` for a blocking server that stops on SIGINT/SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import gc
+import resource
 import signal
 import threading
 from dataclasses import dataclass
@@ -20,7 +22,6 @@ from llmlb_bench.errors import UserError
 from llmlb_bench.serve.api import Api
 from llmlb_bench.serve.http import HttpConnection, listen
 from llmlb_bench.serve.live import LiveFleet
-from llmlb_bench.serve.metrics import LATENESS_BUCKETS, Histogram
 from llmlb_bench.serve.outputs import OutputRule
 from llmlb_bench.sim.config import ClusterConfig
 
@@ -57,8 +58,6 @@ class SimServer:
                                else policy, seed=options.seed)
         self.model = options.model_name or cfg.model
         self.rule = OutputRule(options.mean_output_tokens, options.seed)
-        self.lateness = Histogram(LATENESS_BUCKETS)
-        self.fleet.on_lateness = self.lateness.observe
         self.connections: set[HttpConnection] = set()
         self.servers: list[asyncio.AbstractServer] = []
         #: ``(name, url)`` of each port: replica names, or ``"router"``
@@ -72,7 +71,7 @@ class SimServer:
              for i in range(n)] if opt.port_per_replica is not None else [("router", None, opt.port)])
         try:
             for name, target, port in plan:
-                api = Api(self.fleet, target, self.model, self.rule, self.lateness)
+                api = Api(self.fleet, target, self.model, self.rule)
                 srv = await listen(api, opt.host, port, self.connections)
                 self.servers.append(srv)
                 host, real = srv.sockets[0].getsockname()[:2]
@@ -115,9 +114,14 @@ def run(cfg: ClusterConfig, options: ServeOptions, policy: Any = None,
     """Serve until SIGINT or SIGTERM; returns the totals. ``announce`` gets one line per port."""
     loop = new_event_loop()
     stop = asyncio.Event()
+    _raise_open_files_limit()
 
     async def main() -> dict[str, int]:
         server = await SimServer(cfg, options, policy).start()
+        # what exists now (modules, catalogs, the fleet) lives until the end: keep the collector's
+        # full passes, which stop the loop, from walking it again and again
+        gc.collect()
+        gc.freeze()
         if threading.current_thread() is threading.main_thread():
             for s in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(s, stop.set)
@@ -134,3 +138,13 @@ def run(cfg: ClusterConfig, options: ServeOptions, policy: Any = None,
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+
+
+def _raise_open_files_limit() -> None:
+    """One socket per open stream: lift the soft open-file limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
