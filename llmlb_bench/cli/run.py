@@ -8,13 +8,12 @@ from typing import Annotated, Optional
 import typer
 
 from llmlb_bench.cli.app import app, console
-from llmlb_bench.cli.common import (Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, Replicas, ReportFormat,
-                                    ResultsDir, SchedulerArgs, SchedulerOpt, Seed, SignalRefresh, SloOpt, Tp)
+from llmlb_bench.cli.common import (ClusterFile, Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, Replicas, ReportFormat,
+                                    ResultsDir, SchedulerArgs, SchedulerOpt, SignalRefresh, SloOpt, Tp, cluster_config)
 from llmlb_bench.cli.report import print_report
 from llmlb_bench.experiment import simulate_run
 from llmlb_bench.policies import args_per_policy, make_policy, parse_args
 from llmlb_bench.schema import read_trace, write_trace
-from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.store.run import new_run_id
 from llmlb_bench.workload import generate, load_spec
 
@@ -28,15 +27,16 @@ def run(
         Optional[list[str]], typer.Option("--policy", "-p", help="Policy to compare (repeatable).")
     ] = None,
     policy_arg: PolicyArgs = None,
-    replicas: Replicas = 4,
-    gpu: Gpu = "a100-80g",
-    model: Model = "llama-3-8b",
-    tp: Tp = 1,
+    cluster_file: ClusterFile = None,
+    replicas: Replicas = None,
+    gpu: Gpu = None,
+    model: Model = None,
+    tp: Tp = None,
     max_num_seqs: MaxSeqs = None,
     max_batched_tokens: MaxTokens = None,
-    scheduler: SchedulerOpt = "fcfs",
+    scheduler: SchedulerOpt = None,
     scheduler_arg: SchedulerArgs = None,
-    signal_refresh: SignalRefresh = 0.0,
+    signal_refresh: SignalRefresh = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Seed (default: the spec's own).")] = None,
     results: ResultsDir = Path("results"),
     slo: SloOpt = "ttft=500ms,tpot=50ms",
@@ -59,10 +59,9 @@ def run(
     args = args_per_policy(policies, parse_args(policy_arg))
     for name in policies:  # fail on a bad name or argument before any work is done
         make_policy(name, args[name])
-    cluster = ClusterConfig(replicas=replicas, gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
-                            max_num_batched_tokens=max_batched_tokens, scheduler=scheduler,
-                            scheduler_args=parse_args(scheduler_arg, "--scheduler-arg"),
-                            signal_refresh_s=signal_refresh)
+    cluster = cluster_config(cluster_file, replicas=replicas, gpu=gpu, model=model, tp=tp,
+                             max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
+                             scheduler_arg=scheduler_arg, signal_refresh=signal_refresh)
     workload = load_spec(spec).replace(seed=seed)  # the stored spec records the seed actually used
     table = generate(workload)
     batch = new_run_id(spec.stem)

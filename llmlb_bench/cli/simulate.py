@@ -8,13 +8,12 @@ from typing import Annotated, Optional
 import typer
 
 from llmlb_bench.cli.app import app, console
-from llmlb_bench.cli.common import (Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, Replicas, ReportFormat,
-                                    ResultsDir, SchedulerArgs, SchedulerOpt, Seed, SignalRefresh, SloOpt, Tp)
+from llmlb_bench.cli.common import (ClusterFile, Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, Replicas, ReportFormat,
+                                    ResultsDir, SchedulerArgs, SchedulerOpt, Seed, SignalRefresh, SloOpt, Tp, cluster_config)
 from llmlb_bench.cli.report import print_report
 from llmlb_bench.experiment import simulate_run
 from llmlb_bench.policies import parse_args
 from llmlb_bench.schema import read_trace
-from llmlb_bench.sim import ClusterConfig
 
 
 @app.command()
@@ -22,32 +21,36 @@ def simulate(
     trace: Annotated[Path, typer.Argument(help="Trace Parquet file (from llmlb gen or llmlb trace import).")],
     policy: Annotated[str, typer.Option("--policy", "-p", help="Routing policy (see llmlb policies).")] = "least_outstanding",
     policy_arg: PolicyArgs = None,
-    replicas: Replicas = 4,
-    gpu: Gpu = "a100-80g",
-    model: Model = "llama-3-8b",
-    tp: Tp = 1,
+    cluster_file: ClusterFile = None,
+    replicas: Replicas = None,
+    gpu: Gpu = None,
+    model: Model = None,
+    tp: Tp = None,
     max_num_seqs: MaxSeqs = None,
     max_batched_tokens: MaxTokens = None,
-    scheduler: SchedulerOpt = "fcfs",
+    scheduler: SchedulerOpt = None,
     scheduler_arg: SchedulerArgs = None,
-    signal_refresh: SignalRefresh = 0.0,
+    signal_refresh: SignalRefresh = None,
     seed: Seed = 0,
     results: ResultsDir = Path("results"),
     run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id (default: <label>-<time>-<hex>).")] = None,
     label: Annotated[Optional[str], typer.Option("--label", help="Short name shown in reports (default: policy).")] = None,
     slo: SloOpt = None,
+    fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="Report format.")] = ReportFormat.terminal,
 ) -> None:
-    """Simulate TRACE on a cluster of identical replicas and store the run under --results.
+    """Simulate TRACE on a cluster (identical replicas, or pools from --cluster) and store the run under --results.
 
     Example:
 
         llmlb simulate trace.parquet --replicas 8 --gpu h100-sxm --model llama-3-70b --tp 4 --policy round_robin
+
+        llmlb simulate trace.parquet --cluster clusters/disaggregated.toml --policy pd_pair --format json
     """
     table = read_trace(trace)
-    cluster = ClusterConfig(replicas=replicas, gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
-                            max_num_batched_tokens=max_batched_tokens, scheduler=scheduler,
-                            scheduler_args=parse_args(scheduler_arg, "--scheduler-arg"),
-                            signal_refresh_s=signal_refresh)
+    cluster = cluster_config(cluster_file, replicas=replicas, gpu=gpu, model=model, tp=tp,
+                             max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
+                             scheduler_arg=scheduler_arg, signal_refresh=signal_refresh)
     store = simulate_run(table, trace, cluster, policy, parse_args(policy_arg), seed, results, label, run_id)
-    console.print(f"stored run [bold]{store.run_id}[/] in {store.dir}")
-    print_report([store.dir], slo, ReportFormat.terminal)
+    if fmt is ReportFormat.terminal:
+        console.print(f"stored run [bold]{store.run_id}[/] in {store.dir}")
+    print_report([store.dir], slo, fmt)

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.tomlfile import read_toml
 from llmlb_bench.sim.catalog import GPU, Model, load_catalog
 from llmlb_bench.sim.moe import MoeSpec, check_layout
 from llmlb_bench.sim.autoscale import AutoscaleSpec
@@ -251,6 +253,13 @@ class ClusterConfig:
             if k in kwargs:
                 kwargs[k] = tuple(kwargs[k])
         return cls(**kwargs)
+
+
+def load_cluster(path: str | Path, overrides: Mapping[str, Any] | None = None) -> ClusterConfig:
+    """A cluster from a TOML file of ClusterConfig fields (``[[pools]]``, ``[autoscale]``,
+    ``[moe]`` ...), with ``overrides`` (e.g. command-line flags) replacing top-level fields."""
+    data = {**read_toml(path, "cluster file (.toml)"), **(overrides or {})}
+    return ClusterConfig.from_dict(data, where=str(path))
 
 
 def vllm_batch_defaults(gpu: GPU) -> tuple[int, int]:

@@ -10,23 +10,17 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
-from llmlb_bench.errors import UserError
+from llmlb_bench.tomlfile import read_toml
 from llmlb_bench.workload.agents import Fanout, parse_fanout
 from llmlb_bench.workload.arrivals import ArrivalProcess, parse_arrival
 from llmlb_bench.workload.distributions import Lengths, parse_lengths
 from llmlb_bench.workload.fields import Section
 from llmlb_bench.workload.multimodal import Multimodal, parse_multimodal
 from llmlb_bench.workload.sessions import Sessions, SystemPrompts, parse_sessions, parse_system_prompts
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
 
 T = TypeVar("T")
 
@@ -133,18 +127,7 @@ class WorkloadSpec:
 
 def load_spec(path: str | Path) -> WorkloadSpec:
     """Read and validate a workload spec file."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError("no such file", path)
-    if path.is_dir():
-        raise UserError("is a directory, expected a workload spec (.toml)", path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"not valid TOML ({exc})", path) from None
-    except UnicodeDecodeError:
-        raise UserError("not a text file", path) from None
-    return WorkloadSpec.from_dict(data, str(path))
+    return WorkloadSpec.from_dict(read_toml(path, "workload spec (.toml)"), str(path))
 
 
 def _parse(s: Section, raw: dict[str, Any]) -> WorkloadSpec:

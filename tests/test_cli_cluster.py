@@ -1,0 +1,66 @@
+"""--cluster FILE on llmlb simulate / run: example files, overrides by flags, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import make_trace
+from llmlb_bench.cli import main
+from llmlb_bench.schema import write_trace
+from llmlb_bench.sim import load_cluster
+
+CLUSTERS = sorted((Path(__file__).resolve().parents[1] / "clusters").glob("*.toml"))
+
+
+def _cli(args, capsys):
+    try:
+        main(args)
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("path", CLUSTERS, ids=[p.stem for p in CLUSTERS])
+def test_every_example_cluster_file_is_valid(path):
+    cfg = load_cluster(path)
+    assert cfg.replicas >= 1
+
+
+def test_flags_override_the_file_and_reach_run_json(tmp_path, capsys):
+    trace = tmp_path / "t.parquet"
+    write_trace(make_trace(30, rate=5.0), trace)
+    code, out, err = _cli(["simulate", str(trace), "--cluster", str(CLUSTERS[0].parent / "hetero.toml"),
+                           "--scheduler", "priority", "--results", str(tmp_path / "r"), "-f", "json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["runs"][0]["requests"] == 30
+    [meta] = [json.loads(p.read_text()) for p in (tmp_path / "r").rglob("run.json")]
+    cluster = meta["config"]["cluster"]
+    assert cluster["scheduler"] == "priority" and [p["name"] for p in cluster["pools"]] == ["h100", "a100"]
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("replicas = 2\nflavour = 'x'\n", "unknown cluster setting 'flavour'"),
+    ("replicas = [", "not valid TOML"),
+    ("gpu = 'tpu-v9'\n", "tpu-v9"),
+])
+def test_bad_cluster_files_are_one_line_errors(tmp_path, capsys, text, fragment):
+    bad = tmp_path / "c.toml"
+    bad.write_text(text)
+    trace = tmp_path / "t.parquet"
+    write_trace(make_trace(3), trace)
+    code, _, err = _cli(["simulate", str(trace), "--cluster", str(bad), "--results", str(tmp_path / "r")], capsys)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and fragment in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_missing_cluster_file(tmp_path, capsys):
+    trace = tmp_path / "t.parquet"
+    write_trace(make_trace(3), trace)
+    code, _, err = _cli(["simulate", str(trace), "--cluster", str(tmp_path / "none.toml")], capsys)
+    assert code == 2 and "none.toml: no such file" in err
