@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -48,9 +49,9 @@ def print_report(paths: list[Path], slo_text: str | None, fmt: ReportFormat, *,
     if drawn:
         figures.require()
     cat = Catalog(paths)
-    doc = build(cat, ReportOptions(slo=slo, summary=options or Options(), target=target),
-                ", ".join(map(str, paths)))
-    figs = figures.render(doc, figure_data(cat), figures_dir) if drawn else []
+    summary = replace(options or Options(), cdf=drawn)
+    doc = build(cat, ReportOptions(slo=slo, summary=summary, target=target), ", ".join(map(str, paths)))
+    figs = figures.render(doc, figure_data(cat, doc), figures_dir) if drawn else []
     if fmt is ReportFormat.json:
         _write(to_json(doc), output)
     elif fmt is ReportFormat.md:

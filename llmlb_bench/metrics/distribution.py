@@ -34,6 +34,9 @@ from typing import Any, Iterable, Literal
 import numpy as np
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
+#: Where a CDF is sampled for plots: 0.5% steps to 95%, then finer to 99.9% (the tail is where policies differ).
+CDF_PROBABILITIES: tuple[float, ...] = tuple(
+    float(p) for p in np.unique(np.r_[np.linspace(0.0, 0.95, 191), 1 - np.geomspace(0.05, 0.001, 40)]))
 Method = Literal["linear", "inverse_cdf"]
 
 
@@ -128,15 +131,19 @@ def rng_for(seed: int, *key: str) -> np.random.Generator:
 
 
 def describe(sample: Sample | None, method: Method, *, seed: int, key: tuple[str, ...],
-             percentiles: Iterable[float] = PERCENTILES, ci: bool = True,
-             level: float = 0.95) -> dict[str, Any]:
-    """``{n, mean, p50, ..., ci: {p50: [lo, hi], ...}}`` for one run's figure (all None when empty)."""
+             percentiles: Iterable[float] = PERCENTILES, ci: bool = True, level: float = 0.95,
+             cdf: bool = False) -> dict[str, Any]:
+    """``{n, mean, p50, ..., ci: {p50: [lo, hi], ...}}`` for one run's figure (all None when empty);
+    with ``cdf``, also ``cdf``: the sample's quantiles at :data:`CDF_PROBABILITIES` (for plots)."""
     percentiles = tuple(percentiles)
     if sample is None:
-        return {"n": 0, "mean": None, **{pkey(p): None for p in percentiles}, "ci": None}
+        return {"n": 0, "mean": None, **{pkey(p): None for p in percentiles}, "ci": None,
+                **({"cdf": None} if cdf else {})}
     out: dict[str, Any] = {"n": sample.n, "mean": sample.mean}
     for p in percentiles:
         out[pkey(p)] = percentile(sample, p, method)
     out["ci"] = ({pkey(p): list(bootstrap_ci(sample, p, method, rng_for(seed, *key, pkey(p)), level=level))
                   for p in percentiles} if ci else None)
+    if cdf:
+        out["cdf"] = [percentile(sample, 100 * q, method) for q in CDF_PROBABILITIES]
     return out

@@ -2,10 +2,9 @@
 
 Counts, throughput and attainment are SQL aggregates over the ``requests``
 view (:mod:`llmlb_bench.metrics.counts`: one scan for runs, SLO classes and
-tenants); latency percentiles come from
-:mod:`llmlb_bench.metrics.latency`; pacing,
-fairness, energy and state from their modules. So any number in a report can be reproduced with
-``llmlb query`` (docs/metrics.md gives the SQL).
+tenants); latency percentiles come from :mod:`llmlb_bench.metrics.latency`;
+pacing, fairness, energy and state from their modules. Any number in a
+report can be reproduced with ``llmlb query`` (docs/metrics.md gives the SQL).
 
 * duration = latest request end (last token, or send time for requests
   that never produced a token) - earliest scheduled time (for imported
@@ -48,6 +47,7 @@ class Options:
     window_s: float = 10.0              # fairness windows
     price_per_hour: float | None = None  # whole fleet, overrides the GPU catalog
     token_sample: int = DEFAULT_SAMPLE  # ok requests per run that token-level figures read (block sample above)
+    cdf: bool = False                   # also each latency figure's CDF (for plots)
 
 
 def _group(m: dict[str, Any], latency: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +108,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
         }
         for name in LATENCY_FIGURES:
             s[name] = describe(samples.get(("run", run_id, name)), figs[name].method, seed=opt.seed,
-                               key=(run_id, name), ci=opt.ci, level=opt.confidence)
+                               key=(run_id, name), ci=opt.ci, level=opt.confidence, cdf=opt.cdf)
         if slo is not None:
             s["slo"] = {
                 "spec": slo.to_dict(),

@@ -1,46 +1,31 @@
-"""The data behind the report's figures that run summaries do not hold: CDFs and timelines.
+"""The data behind the report's figures: latency CDFs (from the summaries) and timelines (SQL).
 
-Both are reduced in SQL before they reach Python, so figures cost the same
-on ten million rows as on ten thousand:
-
-* latency CDFs: each figure's quantiles at ``CDF_POINTS`` probabilities
-  (finer in the tail, where runs differ), per run;
+* latency CDFs: each figure's quantiles at
+  :data:`~llmlb_bench.metrics.distribution.CDF_PROBABILITIES`, computed with
+  the run's summary (``Options(cdf=True)``) from the sample it sorts anyway;
 * timelines: per run and replica, the series averaged over at most
   ``TIMELINE_POINTS`` equal time buckets (queue, running batch, KV use,
-  power).
+  power), reduced in SQL so a long run costs no more than a short one.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from llmlb_bench.metrics.sql import REQUEST_METRICS_VIEW
+from llmlb_bench.metrics.distribution import CDF_PROBABILITIES
 from llmlb_bench.store.views import Catalog
 
-#: Figures drawn as CDFs: (label, per-request column of ``request_metrics``, unit scale, unit).
-CDF_FIGURES = (("TTFT", "ttft_s", 1e3, "ms"), ("TPOT", "tpot_s", 1e3, "ms"), ("E2E", "e2e_s", 1.0, "s"))
+#: Figures drawn as CDFs: (label, summary figure, unit scale, unit).
+CDF_FIGURES = (("TTFT", "ttft", 1e3, "ms"), ("TPOT", "tpot", 1e3, "ms"), ("E2E", "e2e", 1.0, "s"))
 TIMELINE_POINTS = 400
 
 
-def cdf_probabilities() -> list[float]:
-    """0.5% steps to 95%, then finer steps to 99.9% (the tail is where policies differ)."""
-    body = np.linspace(0.0, 0.95, 191)
-    tail = 1 - np.geomspace(0.05, 0.001, 40)
-    return [float(p) for p in np.unique(np.r_[body, tail])]
-
-
-def latency_cdfs(cat: Catalog) -> dict[str, dict[str, dict[str, list[float]]]]:
-    """``{figure: {run_id: {"x": quantiles (display unit), "p": probabilities}}}``."""
-    cat.con.execute(REQUEST_METRICS_VIEW)
-    probs = cdf_probabilities()
-    plist = "[" + ", ".join(repr(p) for p in probs) + "]"
+def latency_cdfs(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """``{label: {run_id: {"x": quantiles (display unit), "p": probabilities}}}`` from the summaries."""
     out: dict[str, dict[str, dict[str, list[float]]]] = {}
-    for label, col, scale, _unit in CDF_FIGURES:
-        rows = cat.query(f"SELECT run_id, quantile_cont({col}, {plist}) AS q FROM request_metrics "
-                         f"WHERE status = 'ok' AND {col} IS NOT NULL GROUP BY run_id ORDER BY run_id").to_pylist()
-        out[label] = {r["run_id"]: {"x": [v * scale for v in r["q"]], "p": probs} for r in rows}
+    for label, fig, scale, _unit in CDF_FIGURES:
+        out[label] = {s["run_id"]: {"x": [v * scale for v in s[fig]["cdf"]], "p": list(CDF_PROBABILITIES)}
+                      for s in doc["runs"] if (s.get(fig) or {}).get("cdf")}
     return out
 
 
@@ -62,6 +47,6 @@ def timelines(cat: Catalog) -> dict[str, dict[str, dict[str, list[float]]]]:
     return out
 
 
-def figure_data(cat: Catalog) -> dict[str, Any]:
-    """Everything :mod:`llmlb_bench.report.figures` needs beyond the report document."""
-    return {"cdfs": latency_cdfs(cat), "timelines": timelines(cat)}
+def figure_data(cat: Catalog, doc: dict[str, Any]) -> dict[str, Any]:
+    """Everything :mod:`llmlb_bench.report.figures` needs beyond the report document's tables."""
+    return {"cdfs": latency_cdfs(doc), "timelines": timelines(cat)}
