@@ -1,0 +1,17 @@
+"""Every reproduction by name, in the order of docs/repro.md."""
+
+from __future__ import annotations
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.repro import distserve
+from llmlb_bench.repro.base import Reproduction
+
+REPRODUCTIONS: dict[str, Reproduction] = {r.name: r for r in (
+    distserve.REPRO,
+)}
+
+
+def get(name: str) -> Reproduction:
+    if name not in REPRODUCTIONS:
+        raise UserError(f"unknown reproduction {name!r} (known: {', '.join(REPRODUCTIONS)})", "llmlb repro run")
+    return REPRODUCTIONS[name]

@@ -1,0 +1,67 @@
+"""Run a reproduction: simulate its arms in a scratch folder, summarise them with the ordinary
+metrics, check the claim and write ``reports/<name>/`` (README.md and the figure).
+
+The stored runs are scratch: the report carries everything a reader needs, and the same
+seed regenerates the same report byte for byte (no timestamps, fixed figure metadata).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.experiment import simulate_run
+from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.metrics.summary import Options, summarize
+from llmlb_bench.repro.base import SCALES, Reproduction, Verdict
+from llmlb_bench.repro.readme import figure, readme
+from llmlb_bench.schema import write_trace
+from llmlb_bench.store.views import Catalog
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What ``run`` produced: the verdict, each arm's summary and the files written."""
+
+    repro: Reproduction
+    verdict: Verdict
+    summaries: dict[str, dict[str, Any]]
+    files: tuple[Path, ...]
+
+
+def evaluate(repro: Reproduction, scale: str, seed: int = 0) -> tuple[Verdict, dict[str, dict[str, Any]]]:
+    """Simulate every arm and check the claim; nothing is kept on disk."""
+    if scale not in SCALES:
+        raise UserError(f"unknown scale {scale!r} (scales: {', '.join(SCALES)})", "--scale")
+    arms = repro.arms(scale)
+    with tempfile.TemporaryDirectory(prefix=f"llmlb-repro-{repro.name}-") as tmp:
+        work = Path(tmp)
+        for i, arm in enumerate(arms):
+            trace_path = work / "traces" / f"{i}.parquet"
+            trace_path.parent.mkdir(exist_ok=True)
+            write_trace(arm.trace, trace_path)
+            simulate_run(arm.trace, trace_path, arm.cluster, arm.policy, arm.args, seed, work / "runs",
+                         label=arm.label, run_id=f"{i:02d}")
+        rows = summarize(Catalog([work / "runs"]), Slo.parse(repro.slo, f"repro {repro.name}"),
+                         Options(ci=False, window_s=repro.window_s))
+    by_id = {r["run_id"]: r for r in rows}
+    summaries = {arm.label: by_id[f"{i:02d}"] for i, arm in enumerate(arms)}
+    return repro.check(summaries), summaries
+
+
+def run(repro: Reproduction, scale: str, reports: Path, seed: int = 0) -> Outcome:
+    """Evaluate ``repro`` and write ``reports/<name>/README.md`` and its figure (SVG and PNG)."""
+    verdict, summaries = evaluate(repro, scale, seed)
+    out = reports / repro.name
+    out.mkdir(parents=True, exist_ok=True)
+    arms = repro.arms(scale)
+    files = figure(repro, arms, summaries, out)
+    text = readme(repro, arms, summaries, verdict, scale, seed, [f.name for f in files if f.suffix == ".svg"])
+    path = out / "README.md"
+    tmp = path.with_name(".README.md.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return Outcome(repro, verdict, summaries, (path, *files))
