@@ -14,13 +14,14 @@ p99, under the same definitions as the run's.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.metrics.definitions import Figure
-from llmlb_bench.metrics.distribution import sample_of
+from llmlb_bench.metrics.distribution import Sample, sample_of
 from llmlb_bench.metrics.sample import TOKENS
 from llmlb_bench.metrics.sql import itl_gaps_sql, quote
 from llmlb_bench.store.views import Catalog
@@ -28,8 +29,12 @@ from llmlb_bench.store.views import Catalog
 GROUP_FIGURES = ("ttft", "e2e")
 GROUP_PERCENTILES = (50.0, 99.0)
 
-#: ("run", run_id, figure) or (group column, run_id, group, figure)
-Key = tuple[str, ...]
+@dataclass
+class Latency:
+    """Each run's sample of each figure, and each group's p50/p99 of :data:`GROUP_FIGURES`."""
+
+    samples: dict[tuple[str, str], Sample] = field(default_factory=dict)                # (run_id, figure)
+    groups: dict[tuple[str, str, str], dict[str, float]] = field(default_factory=dict)  # (column, run_id, group)
 
 
 def _column(table: pa.Table, name: str) -> np.ndarray:
@@ -42,8 +47,16 @@ def _codes(col: str, names: list[str]) -> str:
             + f" END AS g_{col}")
 
 
-def _run_samples(cat: Catalog, run_id: str, figs: Mapping[str, Figure],
-                 groups: Mapping[str, list[str]]) -> dict[Key, Any]:
+def _group_percentiles(values: np.ndarray, method: str) -> list[float] | None:
+    """p50 and p99 by NumPy's selection (no sort); "inverted_cdf" is GuideLLM's rule."""
+    values = values[~np.isnan(values)]
+    if not len(values):
+        return None
+    qs = np.percentile(values, GROUP_PERCENTILES, method={"linear": "linear", "inverse_cdf": "inverted_cdf"}[method])
+    return [float(q) for q in qs]
+
+
+def _run(cat: Catalog, run_id: str, figs: Mapping[str, Figure], groups: Mapping[str, list[str]], into: Latency) -> None:
     per_request = {n: f for n, f in figs.items() if f.value is not None}
     cols = [f"{f.value} AS v_{n}" for n, f in per_request.items()]
     cols += [f"({f.weight})::BIGINT AS w_{n}" for n, f in per_request.items() if f.weight != "1"]
@@ -51,49 +64,34 @@ def _run_samples(cat: Catalog, run_id: str, figs: Mapping[str, Figure],
     table = cat.query(f"SELECT {', '.join(cols)} FROM request_metrics WHERE run_id = {quote(run_id)} "
                       f"AND status = 'ok'")
     codes = {col: _column(table, f"g_{col}") for col in groups}
-    out: dict[Key, Any] = {}
     for n, f in per_request.items():
         values = _column(table, f"v_{n}")
-        weights = _column(table, f"w_{n}") if f.weight != "1" else None
-        s = sample_of(values, weights)
+        s = sample_of(values, _column(table, f"w_{n}") if f.weight != "1" else None)
         if s is not None:
-            out[("run", run_id, n)] = s
+            into.samples[(run_id, n)] = s
         if n in GROUP_FIGURES:
             for col, names in groups.items():
                 for i, name in enumerate(names):
-                    g = values[(codes[col] == i) & ~np.isnan(values)]
-                    if len(g):
-                        out[(col, run_id, name, n)] = g
-    if any(f.value is None for f in figs.values()):
-        name = next(n for n, f in figs.items() if f.value is None)
-        gaps = cat.query(f"SELECT v, w FROM ({itl_gaps_sql(TOKENS)}) WHERE run_id = {quote(run_id)}")
-        s = sample_of(_column(gaps, "v"), _column(gaps, "w"))
-        if s is not None:
-            out[("run", run_id, name)] = s
-    return out
+                    qs = _group_percentiles(values[codes[col] == i], f.method)
+                    if qs is not None:
+                        into.groups.setdefault((col, run_id, name), {}).update(
+                            {f"{n}_p{p:g}": q for p, q in zip(GROUP_PERCENTILES, qs)})
+    for n, f in figs.items():
+        if f.value is None:
+            gaps = cat.query(f"SELECT v, w FROM ({itl_gaps_sql(TOKENS)}) WHERE run_id = {quote(run_id)}")
+            s = sample_of(_column(gaps, "v"), _column(gaps, "w"))
+            if s is not None:
+                into.samples[(run_id, n)] = s
 
 
-def latency_samples(cat: Catalog, figs: Mapping[str, Figure], runs: Iterable[str],
-                    groups: Mapping[str, Mapping[str, list[str]]]) -> dict[Key, Any]:
-    """Samples of every figure of every run; for the groups in ``groups`` (run -> column -> names), the
-    raw values of :data:`GROUP_FIGURES` (only their p50 and p99 are shown, which need no sort).
+def latency(cat: Catalog, figs: Mapping[str, Figure], runs: Iterable[str],
+            groups: Mapping[str, Mapping[str, list[str]]]) -> Latency:
+    """Every figure of every run, and the groups in ``groups`` (run -> column -> group names).
 
     Needs the ``request_metrics`` view and the token table
     (:func:`llmlb_bench.metrics.sample.create_token_table`).
     """
-    out: dict[Key, Any] = {}
+    out = Latency()
     for run_id in runs:
-        out.update(_run_samples(cat, run_id, figs, groups.get(run_id, {})))
-    return out
-
-
-def group_latency(samples: Mapping[Key, Any], figs: Mapping[str, Figure]) -> dict[tuple[str, ...], dict[str, Any]]:
-    """``{(column, run_id, group): {ttft_p50, ttft_p99, e2e_p50, e2e_p99}}`` (NumPy's selection, no sort;
-    "inverted_cdf" is GuideLLM's rule)."""
-    method = {"linear": "linear", "inverse_cdf": "inverted_cdf"}
-    out: dict[tuple[str, ...], dict[str, Any]] = {}
-    for k, values in samples.items():
-        if k[0] != "run":
-            qs = np.percentile(values, GROUP_PERCENTILES, method=method[figs[k[3]].method])
-            out.setdefault(k[:3], {}).update({f"{k[3]}_p{p:g}": float(q) for p, q in zip(GROUP_PERCENTILES, qs)})
+        _run(cat, run_id, figs, groups.get(run_id, {}), out)
     return out

@@ -20,13 +20,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from llmlb_bench.metrics.counts import cells_sql, rollup
 from llmlb_bench.metrics.definitions import LATENCY_FIGURES, Definitions, figures
 from llmlb_bench.metrics.distribution import describe
 from llmlb_bench.metrics.energy import energy_and_cost
 from llmlb_bench.metrics.fairness import fairness
 from llmlb_bench.metrics.goodput import offered_rate
-from llmlb_bench.metrics.counts import cells_sql, rollup
-from llmlb_bench.metrics.latency import group_latency, latency_samples
+from llmlb_bench.metrics.latency import latency
 from llmlb_bench.metrics.pacing import pacing
 from llmlb_bench.metrics.sample import DEFAULT_SAMPLE, create_token_table, is_sampled
 from llmlb_bench.metrics.slo import Slo
@@ -50,9 +50,9 @@ class Options:
     cdf: bool = False                   # also each latency figure's CDF (for plots)
 
 
-def _group(m: dict[str, Any], latency: dict[str, Any]) -> dict[str, Any]:
+def _group(m: dict[str, Any], percentiles: dict[str, float]) -> dict[str, Any]:
     return {"requests": m["requests"], "ok": m["ok"], "good": m["good"], "good_tokens": m["good_tokens"],
-            "attainment": None if m["good"] is None else m["good"] / m["requests"], **latency,
+            "attainment": None if m["good"] is None else m["good"] / m["requests"], **percentiles,
             "service": m["service"], "norm_latency_mean": m["norm_latency_mean"]}
 
 
@@ -72,12 +72,11 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     for u in units:
         if u[0] != "run":
             groups.setdefault(u[1], {}).setdefault(u[0], []).append(u[2])
-    samples = latency_samples(cat, figs, counts, groups)
-    per_group = group_latency(samples, figs)
+    lat = latency(cat, figs, counts, groups)
     tables: dict[str, dict[str, dict[str, dict[str, Any]]]] = {"slo_class": {}, "tenant": {}}
     for u, m in units.items():
         if u[0] != "run":
-            tables[u[0]].setdefault(u[1], {})[u[2]] = _group(m, per_group.get(u, {}))
+            tables[u[0]].setdefault(u[1], {})[u[2]] = _group(m, lat.groups.get(u, {}))
     durations = {k: _duration(c, metas[k]) for k, c in counts.items()}
     energy = energy_and_cost(cat, {k: {"meta": metas[k], "duration_s": durations[k], "energy_j": counts[k]["energy_j"],
                                        "output_tokens": counts[k]["output_tokens"],
@@ -107,7 +106,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
             "definitions": opt.definitions.value,
         }
         for name in LATENCY_FIGURES:
-            s[name] = describe(samples.get(("run", run_id, name)), figs[name].method, seed=opt.seed,
+            s[name] = describe(lat.samples.get((run_id, name)), figs[name].method, seed=opt.seed,
                                key=(run_id, name), ci=opt.ci, level=opt.confidence, cdf=opt.cdf)
         if slo is not None:
             s["slo"] = {
