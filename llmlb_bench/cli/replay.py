@@ -49,6 +49,7 @@ def replay(
     workers: Annotated[int, typer.Option("--workers", min=1, help="Client processes sharing the run when one core cannot keep the schedule (each routes its share with its own copy of the policy).")] = 1,
     api_key_env: Annotated[Optional[str], typer.Option("--api-key-env", help="Environment variable with the API key (default: OPENAI_API_KEY if set). The key is never stored.")] = None,
     tokenize: Annotated[bool, typer.Option("--tokenize", help="Use the first endpoint's /tokenize for exact prompt lengths.")] = False,
+    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="A local tokenizer.json (or a folder holding one) for exact prompt lengths; needs the 'tokenizers' package (extra 'tokenizer').")] = None,
     force_length: Annotated[bool, typer.Option("--force-length/--no-force-length", help="Send min_tokens and ignore_eos so outputs have the trace's length (vLLM, SGLang, llama.cpp).")] = True,
     connect_timeout: Annotated[float, typer.Option("--connect-timeout", help="Seconds to open a connection (0: none).")] = 10.0,
     first_token_timeout: Annotated[float, typer.Option("--first-token-timeout", help="Seconds from send to the first token (0: none).")] = 600.0,
@@ -80,14 +81,15 @@ def replay(
     options = ReplayOptions(
         api=api.value, model=model, time_scale=time_scale, users=users, think_s=think_time, workers=workers,
         force_output_length=force_length,
-        api_key_env=api_key_env, tokenize=tokenize, retries=retries, retry_backoff_s=retry_backoff,
+        api_key_env=api_key_env, tokenize=tokenize,
+        tokenizer=str(tokenizer) if tokenizer is not None else None, retries=retries, retry_backoff_s=retry_backoff,
         scrape_s=scrape if scrape > 0 else None,
         timeouts=Timeouts(connect=_timeout(connect_timeout), first_token=_timeout(first_token_timeout),
                           between_tokens=_timeout(token_timeout), total=_timeout(total_timeout)))
     table = read_trace(trace)
     policy_args = parse_args(policy_arg)
     pol = make_policy(policy, policy_args, seed=seed)
-    pre = preflight(endpoint, options)
+    pre = preflight(endpoint, options, table)
     for note in pre.notes:
         err_console.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
     check = None

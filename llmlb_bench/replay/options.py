@@ -44,6 +44,9 @@ class ReplayOptions:
     api_key_env: str | None = None
     #: measure per-word token costs with the first endpoint's tokenize endpoint for exact prompt lengths
     tokenize: bool = False
+    #: a local ``tokenizer.json`` (or a folder holding one) for exact prompt lengths, read with the
+    #: ``tokenizers`` package; no server endpoint needed
+    tokenizer: str | None = None
     timeouts: Timeouts = field(default_factory=Timeouts)
     #: further attempts for HTTP 429/5xx and connection failures before any response byte
     retries: int = 0

@@ -3,10 +3,12 @@
 Run before the results folder is created, so that a wrong URL, a missing
 model or a missing API key stops the command with one line and leaves
 nothing half-written: each endpoint is asked for ``/v1/models`` (model
-discovery and a health check in one), and, with ``tokenize``, the first
-healthy endpoint's ``/tokenize`` measures how many tokens each prompt word
-costs. An endpoint that does not answer is reported and marked unhealthy;
-the run goes ahead if at least one answers.
+discovery and a health check in one), and, for exact prompt lengths, the
+first healthy endpoint's ``/tokenize`` (``tokenize``) or a local tokenizer
+file (``tokenizer``) measures how many tokens each prompt piece costs and
+counts a sample of the trace's prompts (:mod:`llmlb_bench.replay.lengths`).
+An endpoint that does not answer is reported and marked unhealthy; the run
+goes ahead if at least one answers.
 """
 
 from __future__ import annotations
@@ -15,25 +17,34 @@ import asyncio
 import json
 import os
 from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
 
 from llmlb_bench import __version__
 from llmlb_bench.errors import UserError
 from llmlb_bench.replay.http import Endpoint, Pool, parse_endpoint, simple_request
+from llmlb_bench.replay.lengths import Counter, check_note, exact_lengths, load_tokenizer, local_counter
 from llmlb_bench.replay.options import ReplayOptions
-from llmlb_bench.replay.prompts import PIECES
 
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 
 
 @dataclass
 class Preflight:
-    """Endpoints, their models and health, optional word costs, and warnings for the user."""
+    """Endpoints, their models and health, optional piece costs, and warnings for the user."""
 
     endpoints: list[Endpoint]
     models: list[str]
     healthy: list[bool]
+    #: tokens of each prompt piece after other text and at a prompt's start (exact lengths), or None
     word_costs: list[int] | None = None
+    lead_costs: list[int] | None = None
     notes: list[str] = field(default_factory=list)
+    #: how prompt lengths are made, as run.json states it
+    prompt_lengths: str = "approximate (one word per token)"
+    #: whole prompts of a sample of the trace counted before the run (exact lengths only)
+    length_check: dict[str, Any] | None = None
 
 
 def request_headers(options: ReplayOptions) -> str:
@@ -47,10 +58,15 @@ def request_headers(options: ReplayOptions) -> str:
             f"User-Agent: llmlb-bench/{__version__}\r\n{auth}")
 
 
-def preflight(urls: list[str], options: ReplayOptions) -> Preflight:
-    """Parse, probe and (with ``options.tokenize``) measure the endpoints; UserError if none works."""
+def preflight(urls: list[str], options: ReplayOptions, trace: pa.Table | None = None) -> Preflight:
+    """Parse and probe the endpoints, and measure piece costs for exact prompt lengths (checked
+    on ``trace``'s prompts when given); UserError if no endpoint works."""
     if not urls:
         raise UserError("at least one --endpoint is needed", "--endpoint")
+    if options.tokenize and options.tokenizer:
+        raise UserError("give --tokenize (the server's count) or --tokenizer (a local file), not both",
+                        "--tokenizer")
+    tokenizer = load_tokenizer(options.tokenizer) if options.tokenizer else None
     endpoints = [parse_endpoint(u) for u in urls]
     seen: set[str] = set()
     for ep in endpoints:
@@ -58,10 +74,11 @@ def preflight(urls: list[str], options: ReplayOptions) -> Preflight:
             raise UserError(f"endpoint {ep.url} is given twice", "--endpoint")
         seen.add(ep.url)
     headers = request_headers(options)
-    return asyncio.run(_probe_all(endpoints, headers, options))
+    return asyncio.run(_probe_all(endpoints, headers, options, tokenizer, trace))
 
 
-async def _probe_all(endpoints: list[Endpoint], headers: str, options: ReplayOptions) -> Preflight:
+async def _probe_all(endpoints: list[Endpoint], headers: str, options: ReplayOptions, tokenizer: Any,
+                     trace: pa.Table | None) -> Preflight:
     timeout = options.timeouts.connect or 10.0
     pools = [Pool(ep, timeout) for ep in endpoints]
     try:
@@ -89,11 +106,19 @@ async def _probe_all(endpoints: list[Endpoint], headers: str, options: ReplayOpt
                 if err is None and listed and options.model not in listed:
                     notes.append(f"endpoint {ep.url} does not list model {options.model!r} "
                                  f"(it lists {', '.join(listed[:5])})")
-        costs = None
-        if options.tokenize:
+        pre = Preflight(endpoints, models, healthy, notes=notes)
+        count: Counter | None = None
+        if tokenizer is not None:
+            count, source, where = local_counter(tokenizer), f"local tokenizer {options.tokenizer}", "--tokenizer"
+        elif options.tokenize:
             first = healthy.index(True)
-            costs = await _word_costs(pools[first], headers, models[first], timeout)
-        return Preflight(endpoints, models, healthy, costs, notes)
+            count = _server_counter(pools[first], headers, models[first], timeout)
+            source, where = "tokenize endpoint", "--tokenize"
+        if count is not None:
+            pre.word_costs, pre.lead_costs, pre.length_check = await exact_lengths(count, trace, where)
+            pre.prompt_lengths = f"exact ({source})"
+            notes += check_note(pre.length_check, source)
+        return pre
     finally:
         for p in pools:
             p.close_all()
@@ -121,13 +146,9 @@ async def _models(pool: Pool, headers: str, timeout: float) -> tuple[list[str], 
         return [], None
 
 
-async def _word_costs(pool: Pool, headers: str, model: str, timeout: float) -> list[int]:
-    """Tokens of each prompt piece (a word with its leading space, or the filler), from the
-    server's ``/tokenize``.
-
-    Measured as ``count("Hello" + piece) - count("Hello")`` so that special
-    tokens the endpoint adds (BOS) cancel out."""
-    async def count(text: str) -> int:
+def _server_counter(pool: Pool, headers: str, model: str, timeout: float) -> Counter:
+    """A counter that asks the server's ``/tokenize`` (vLLM, llama.cpp), one text at a time."""
+    async def one(text: str) -> int:
         body = json.dumps({"model": model, "prompt": text, "content": text}).encode()
         try:
             status, raw = await simple_request(pool, "POST", "/tokenize", headers, body, timeout)
@@ -142,9 +163,6 @@ async def _word_costs(pool: Pool, headers: str, model: str, timeout: float) -> l
             raise UserError(f"{pool.endpoint.url}/tokenize answered something else than "
                             "{'tokens': [...]} or {'count': n}", "--tokenize") from None
 
-    base = await count("Hello")
-    costs = [await count("Hello" + piece) - base for piece in PIECES]
-    bad = [piece for piece, c in zip(PIECES, costs) if c <= 0]
-    if bad:
-        raise UserError(f"/tokenize gave a non-positive token count for {bad[0]!r}", "--tokenize")
-    return costs
+    async def count(texts: list[str]) -> list[int]:
+        return [await one(t) for t in texts]
+    return count

@@ -78,7 +78,7 @@ def replay(trace: pa.Table, endpoints: list[str], policy: Any, run: RunStore,
     KeyboardInterrupt after Ctrl-C or SIGTERM, once every row is written.
     """
     options = options or ReplayOptions()
-    pre = pre or preflight(endpoints, options)
+    pre = pre or preflight(endpoints, options, trace)
     if options.workers > 1:
         from llmlb_bench.replay.workers import replay_in_workers
 
@@ -100,7 +100,7 @@ class Replayer:
         self.run_store = run
         self.resume = resume
         self.tr = tr = TraceColumns(trace, options.time_scale)
-        self.prompts = PromptBuilder(trace_block_size(trace), pre.word_costs)
+        self.prompts = PromptBuilder(trace_block_size(trace), pre.word_costs, pre.lead_costs)
         self.view = View(targets=[TargetInfo(name=ep.url) for ep in pre.endpoints],
                          block_size=trace_block_size(trace))
         self.view.healthy[:] = pre.healthy
@@ -618,7 +618,8 @@ class Replayer:
             "notes": self.pre.notes,
             "scraped_metrics": sorted(self.scraped),
             "multimodal_dropped": self.media_dropped,
-            "prompt_lengths": "exact (tokenize endpoint)" if self.pre.word_costs else "approximate (one word per token)",
+            "prompt_lengths": self.pre.prompt_lengths,
+            "prompt_length_check": self.pre.length_check,
         }
         if self.resume is not None:
             replay["resumed"] = {"carried_rows": self.resume.carried.num_rows}

@@ -228,7 +228,7 @@ def _merge(trace: pa.Table, run: RunStore, parts_dir: Path, n: int, options: Rep
                              float(sent.max()) if sent.size else None, ends),
               "interrupted": interrupted, "endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
               "notes": pre.notes, "scraped_metrics": sorted(set(scraped)),
-              "prompt_lengths": "exact (tokenize endpoint)" if pre.word_costs else "approximate (one word per token)"}
+              "prompt_lengths": pre.prompt_lengths, "prompt_length_check": pre.length_check}
     if carried:
         replay["resumed"] = {"carried_rows": sum(carried.values())}
     run.summary["client"] = client
