@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from llmlb_bench.replay.media import png_data_url, wav_base64
 from llmlb_bench.replay.prompts import PromptBuilder
 from llmlb_bench.serve import ServeOptions
 from llmlb_bench.serve.tokenizer import encode
@@ -83,12 +84,16 @@ def test_whole_completions_and_chats(url):
     assert body["usage"]["completion_tokens"] == 9 == len(encode(body["choices"][0]["text"]))
     status, body = post_json(url, "/v1/chat/completions", {
         "messages": [{"role": "system", "content": "Be brief"}, {"role": "user", "content": [
-            {"type": "text", "text": PROMPT}, {"type": "image_url", "image_url": {"url": "data:,"}}]}],
+            {"type": "text", "text": PROMPT}, {"type": "image_url", "image_url": {"url": png_data_url(84, 1)}},
+            {"type": "input_audio", "input_audio": {"data": wav_base64(0.4, 1), "format": "wav"}}]}],
         "max_tokens": 5, "ignore_eos": True})
     assert status == 200 and body["object"] == "chat.completion"
     assert body["choices"][0]["message"]["role"] == "assistant"
-    assert body["usage"]["prompt_tokens"] == 2 + 1 + 100      # "Be brief", the joining newline, the prompt
+    # "Be brief", the newline between messages, the prompt, a 3 x 3 image (28 px a token), 0.4 s of audio
+    assert body["usage"]["prompt_tokens"] == 2 + 1 + 100 + 9 + 10
     assert len(encode(body["choices"][0]["message"]["content"])) == 5
+    bad = {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "eA=="}}]}]}
+    assert post_json(url, "/v1/chat/completions", bad)[0] == 400
 
 
 def test_free_lengths_are_geometric_deterministic_and_bounded(url):

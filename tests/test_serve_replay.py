@@ -58,6 +58,23 @@ def test_replay_round_trip_counts_exactly(tmp_path: Path):
         st.close()
 
 
+def test_multimodal_rows_round_trip(tmp_path: Path):
+    """Images and audio the replayer sizes for the trace's media tokens count back to them."""
+    n = 8
+    table = trace(np.arange(n) * 0.05, 900, 8, images=pa.array([1, 2, 0, 1, 3, 0, 1, 2], pa.int16()),
+                  image_tokens=pa.array([256, 512, 0, 64, 300, 0, 100, 128], pa.int32()),
+                  audio_s=pa.array([0, 2.0, 1.2, 0, 0, 0.5, 3.0, 0], pa.float32()))
+    st = ServeThread(ClusterConfig(replicas=1), ServeOptions(port_per_replica=0, speed=10.0))
+    try:
+        _, rows, _ = run_replay(table, st.urls, tmp_path, "round_robin", ReplayOptions(time_scale=0.1))
+    finally:
+        st.close()
+    assert [r["status"] for r in rows] == ["ok"] * n
+    # images of 256, 2 x 256, 64, 100 and 2 x 64 tokens are squares of 28-pixel tiles: exact; 300 over
+    # 3 images becomes 3 x 10 x 10 = 300 as well
+    assert [r["server_input_tokens"] for r in rows] == [900] * n
+
+
 def _start_server(*args: str) -> tuple[subprocess.Popen, list[str]]:
     """``llmlb serve`` as a real process; returns it and the URLs it announced."""
     proc = subprocess.Popen([sys.executable, "-m", "llmlb_bench", "serve", *args], cwd=ROOT,

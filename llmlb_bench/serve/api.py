@@ -7,10 +7,10 @@ Endpoints (as vLLM serves them): ``POST /v1/completions`` and
 ``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``GET /version``.
 
 A completion's prompt is a string, one string in a list, or a list of token
-ids; a chat's prompt is its messages' text contents (text parts of
-multi-part contents) joined by newlines, without a chat template, so the
-replayer's prompts count exactly their trace length (see
-:mod:`llmlb_bench.serve.tokenizer`). Honoured parameters: ``max_tokens``
+ids; a chat's prompt is its messages' contents, a newline between messages,
+without a chat template, so the replayer's prompts count exactly their trace
+length (see :mod:`llmlb_bench.serve.tokenizer`; images and audio count as in
+:mod:`llmlb_bench.serve.media`). Honoured parameters: ``max_tokens``
 (chat: also ``max_completion_tokens``; default: the rest of the model
 length, as vLLM), ``min_tokens``, ``ignore_eos`` (see
 :mod:`llmlb_bench.serve.outputs`), ``stream``,
@@ -33,6 +33,7 @@ from llmlb_bench import __version__
 from llmlb_bench.replay.prompts import WORDS
 from llmlb_bench.serve.http import Exchange
 from llmlb_bench.serve.live import LiveFleet, LiveRequest, Submission
+from llmlb_bench.serve.media import MediaError, part_ids
 from llmlb_bench.serve.metrics import render
 from llmlb_bench.serve.outputs import OutputRule, prompt_key
 from llmlb_bench.serve.tokenizer import VOCAB_SIZE, block_hashes, encode
@@ -80,7 +81,7 @@ def prompt_ids(body: dict[str, Any], chat: bool) -> list[int]:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "messages must be a non-empty list", "messages")
-        return encode(messages_text(messages))
+        return messages_ids(messages)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -93,21 +94,33 @@ def prompt_ids(body: dict[str, Any], chat: bool) -> list[int]:
     raise ApiError(400, "prompt must be a string, one string in a list, or a list of token ids", "prompt")
 
 
-def messages_text(messages: list[Any]) -> str:
-    """The text a chat prompt is made of: every text content, joined by newlines."""
-    texts: list[str] = []
-    for m in messages:
+def messages_ids(messages: list[Any]) -> list[int]:
+    """A chat prompt's token ids: each message's parts in order (text tokenised, images and audio
+    counted as in :mod:`llmlb_bench.serve.media`), a newline token between messages; no template."""
+    ids: list[int] = []
+    newline = encode("\n")
+    for k, m in enumerate(messages):
         if not isinstance(m, dict):
             raise ApiError(400, "each message must be an object with role and content", "messages")
+        if k:
+            ids += newline
         content = m.get("content")
         if isinstance(content, str):
-            texts.append(content)
+            ids += encode(content)
         elif isinstance(content, list):
-            texts.extend(p["text"] for p in content
-                         if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str))
+            for part in content:
+                if not isinstance(part, dict):
+                    raise ApiError(400, "each content part must be an object with a type", "messages")
+                if part.get("type") == "text" and isinstance(part.get("text"), str):
+                    ids += encode(part["text"])
+                else:
+                    try:
+                        ids += part_ids(part)
+                    except MediaError as err:
+                        raise ApiError(400, str(err), "messages") from None
         elif content is not None:
             raise ApiError(400, "message content must be a string or a list of parts", "messages")
-    return "\n".join(texts)
+    return ids
 
 
 class Responder:
@@ -242,7 +255,7 @@ class Api:
 
     def tokenize(self, ex: Exchange, body: dict[str, Any]) -> None:
         if isinstance(body.get("messages"), list):
-            ids = encode(messages_text(body["messages"]))
+            ids = messages_ids(body["messages"])
         else:
             text = body.get("prompt", body.get("content"))
             if not isinstance(text, str):
