@@ -169,9 +169,10 @@ def fluid_deadlines(s: Streams) -> np.ndarray:
     every request's bracket at once and keeps the sub-interval where the
     miss rate crosses 10%. Wide rounds (K up to 16) amortise the fixed
     per-position cost of a walk on streams of many chunks; with few entries
-    per position K falls towards 2 (bisection), which does the least work. The bracket starts at (0, largest gap],
-    where no deadline is missed, and ends narrower than ``_PRECISION`` of it
-    (0.025%, far below the spread of a 99th percentile across requests).
+    per position K falls towards 2 (bisection), which does the least work.
+    The bracket starts at (0, largest gap], where no deadline is missed, and
+    ends narrower than ``_PRECISION`` of it (0.025%, far below the spread of
+    a 99th percentile across requests).
     """
     hi = np.zeros(s.n)
     for a, b in zip(s.offsets[:-1], s.offsets[1:]):
@@ -208,9 +209,9 @@ def pacing_of(s: Streams, slo: Slo | None) -> dict[str, Any]:
     """The pacing figures of one run's streams."""
     out: dict[str, Any] = {"requests": s.n, "fluidity": None}
     if slo is not None and s.n:
-        lim = [slo.limits_for(c) for c in s.slo_class]
-        d_d = np.array([x.get("tpot", np.nan) for x in lim])
-        d_p = np.array([x.get("ttft", np.inf) for x in lim])
+        per_class = {c: slo.limits_for(c) for c in set(s.slo_class)}
+        d_d = np.array([per_class[c].get("tpot", np.nan) for c in s.slo_class])
+        d_p = np.array([per_class[c].get("ttft", np.inf) for c in s.slo_class])
         has = np.isfinite(d_d)
         if has.any():
             missed, total = deadline_walk(s, np.where(has, d_d, 1.0), d_p)
