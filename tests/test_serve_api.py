@@ -219,3 +219,19 @@ def test_one_routed_port_spreads_requests_over_the_replicas():
         assert done == [2, 2, 2]
     finally:
         st.close()
+
+
+def test_a_cache_aware_router_sends_a_repeated_prompt_where_it_is_cached():
+    """The routed port gives policies the prompt's block hashes, so SGLang's cache_aware policy
+    follows the prefix: five repeats of a long prompt hit the replica that computed it."""
+    from llmlb_bench.policies import make_policy
+
+    st = ServeThread(ClusterConfig(replicas=3), ServeOptions(port=0, speed=50.0), make_policy("cache_aware"))
+    prompt = PromptBuilder(16).text(800, list(range(50)), 3)
+    try:
+        cached = [post_json(st.urls[0], "/v1/completions", {"prompt": prompt, "max_tokens": 2})[1]["usage"][
+            "prompt_tokens_details"]["cached_tokens"] for _ in range(6)]
+        done = st.call(lambda: sorted(sum(s.metrics.success.values()) for s in st.server.fleet.states))
+    finally:
+        st.close()
+    assert cached == [0] + [784] * 5 and done == [0, 0, 6]

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from llmlb_bench.policies import make_policy
 from llmlb_bench.serve.live import LiveFleet, LiveRequest, Submission

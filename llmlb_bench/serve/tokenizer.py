@@ -59,11 +59,12 @@ def decode(ids: Sequence[int]) -> str:
 def block_hashes(ids: Sequence[int], block_size: int) -> list[int]:
     """Chained hashes of the full blocks of ``ids``: block ``k`` hashes its parent's hash and its own ids.
 
-    Python's hash of a tuple of ints does not depend on ``PYTHONHASHSEED``; the
-    hashes only need to agree within one server process."""
+    Unsigned 64-bit, like a trace's ``prefix_hashes`` (routing policies see them). Python's hash
+    of a tuple of ints does not depend on ``PYTHONHASHSEED``; the hashes only need to agree
+    within one server process."""
     out: list[int] = []
     h = 0
     for k in range(0, len(ids) - block_size + 1, block_size):
-        h = hash((h, tuple(ids[k:k + block_size])))
+        h = hash((h, tuple(ids[k:k + block_size]))) & 0xFFFF_FFFF_FFFF_FFFF
         out.append(h)
     return out
