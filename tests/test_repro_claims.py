@@ -1,0 +1,80 @@
+"""Each reproduction at ``--scale small``: its own check passes, and the claim's direction holds
+when read straight from the run summaries (so a lenient check cannot hide a reversed effect)."""
+
+from __future__ import annotations
+
+import pytest
+
+from llmlb_bench.repro import REPRODUCTIONS, evaluate
+
+_cache: dict[str, tuple] = {}
+
+
+def _small(name: str):
+    if name not in _cache:
+        _cache[name] = evaluate(REPRODUCTIONS[name], "small")
+    return _cache[name]
+
+
+def test_every_reproduction_states_its_source_claim_and_figure():
+    for r in REPRODUCTIONS.values():
+        assert r.source and r.claim and r.setup
+        assert r.figure in {c.key for c in r.columns}
+
+
+@pytest.mark.parametrize("name", list(REPRODUCTIONS))
+def test_small_scale_check_passes(name):
+    verdict, summaries = _small(name)
+    assert verdict.passed, verdict.evidence
+    assert all(s["requests"] > 0 for s in summaries.values())
+
+
+def test_distserve_disaggregation_wins_goodput_and_pays_in_ttft():
+    s = _small("distserve")[1]
+    mixed, split = s["colocated@3"], s["disaggregated@3"]
+    assert split["slo"]["goodput"] > 1.5 * mixed["slo"]["goodput"]
+    assert split["tpot"]["p99"] < mixed["tpot"]["p99"]
+    assert split["ttft"]["p99"] > mixed["ttft"]["p99"]
+
+
+def test_cache_aware_raises_the_hit_rate_and_lowers_ttft():
+    s = _small("sglang-cache-aware")[1]
+    hit = lambda x: x["cached_tokens"] / x["input_tokens"]  # noqa: E731
+    assert hit(s["cache_aware@25x"]) > hit(s["round_robin@25x"]) + 0.05
+    assert s["cache_aware@25x"]["ttft"]["mean"] < s["round_robin@25x"]["ttft"]["mean"]
+
+
+def test_stale_signals_make_jsq_herd_but_not_power_of_two():
+    s = _small("power-of-two-herding")[1]
+    assert s["jsq@0s"]["ttft"]["mean"] < s["random@0s"]["ttft"]["mean"]
+    assert s["jsq@2s"]["ttft"]["p99"] > 3 * s["jsq@0s"]["ttft"]["p99"]
+    assert s["power_of_two@2s"]["ttft"]["p99"] < 1.5 * s["power_of_two@0s"]["ttft"]["p99"]
+    # random ignores load, so the refresh interval cannot change it
+    assert s["random@2s"]["ttft"]["p99"] == s["random@0s"]["ttft"]["p99"]
+
+
+def test_vtc_narrows_the_service_gap_at_equal_throughput():
+    s = _small("vtc-fairness")[1]
+    assert s["vtc"]["fairness"]["service_gap_mean"] < 0.5 * s["fcfs"]["fairness"]["service_gap_mean"]
+    assert s["vtc"]["requests"] == s["fcfs"]["requests"]
+
+
+def test_early_rejection_rejects_only_under_overload_and_keeps_goodput():
+    s = _small("mooncake-early-rejection")[1]
+    assert s["early_reject@30"]["rejected"] == 0
+    assert s["early_reject@90"]["rejected"] > 0
+    assert s["early_reject@90"]["slo"]["goodput"] > 2 * s["min_ttft_admit_all@90"]["slo"]["goodput"]
+    assert s["min_ttft_admit_all@90"]["rejected"] == 0
+
+
+def test_chunked_prefill_lowers_itl_tails_and_raises_ttft():
+    s = _small("sarathi-chunked-prefill")[1]
+    assert s["chunks of 512"]["itl"]["p99"] < 0.3 * s["whole prefill"]["itl"]["p99"]
+    assert s["chunks of 512"]["ttft"]["mean"] > s["whole prefill"]["ttft"]["mean"]
+
+
+def test_sjf_gain_needs_a_good_predictor():
+    s = _small("sjf-predictor-quality")[1]
+    fcfs = s["fcfs"]["e2e"]["mean"]
+    assert s["sjf tau=0.9"]["e2e"]["mean"] < 0.6 * fcfs
+    assert abs(s["sjf tau=0"]["e2e"]["mean"] - fcfs) < 0.1 * fcfs
