@@ -126,8 +126,9 @@ def markdown(out: GateOutcome) -> str:
     """A PR comment: headline, what failed and by how much, then every check."""
     lines = [f"### {_headline(out)}", ""]
     for v in out.failed:
-        by = f" ({_change(v)}, {100 * v.confidence:g}% interval {_interval(v)})" if v.relative else \
-             f" (candidate {_value(v, v.candidate)}, interval {_interval(v)})"
+        rank = f", Mann-Whitney p = {v.p_value:.2g}" if v.p_value is not None else ""
+        by = f" ({_change(v)}, {100 * v.confidence:g}% interval {_interval(v)}{rank})" if v.relative else \
+             f" (candidate {_value(v, v.candidate)}, {100 * v.confidence:g}% interval {_interval(v)})"
         lines.append(f"- **{v.case}**: `{v.rule}` failed{by}{'; ' + v.note if v.note else ''}")
     if out.failed:
         lines.append("")
