@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from llmlb_bench.policies import make_policy
 from llmlb_bench.serve.live import LiveFleet, LiveRequest, Submission
@@ -81,12 +82,41 @@ def _live_run(cfg: ClusterConfig, reqs, stream: bool = True, policy=None, speed:
     return asyncio.run(go())
 
 
-def test_token_times_equal_a_batch_simulation_of_the_same_arrivals(tmp_path: Path):
-    cfg = ClusterConfig(replicas=1, max_num_seqs=8, max_num_batched_tokens=512)
-    reqs = _requests(40, seed=1)
+TINY_GPU = """
+[gpus.tiny-gpu]
+description = "A100 with 18 GiB: a KV cache of ~585 blocks for Llama-3-8B, so requests get preempted"
+memory_gib = 18
+bf16_tflops = 312
+hbm_gb_s = 2039
+link_gb_s = 300
+link_latency_us = 8
+idle_w = 55
+max_w = 400
+price_per_hour = 1.0
+compute_efficiency = 0.6
+memory_efficiency = 0.8
+step_overhead_ms = 2.0
+layer_latency_us = 40
+memory_power_fraction = 0.6
+"""
+
+
+@pytest.mark.parametrize("case", ["prefix_cache", "preemption"])
+def test_token_times_equal_a_batch_simulation_of_the_same_arrivals(tmp_path: Path, case: str):
+    if case == "prefix_cache":
+        cfg = ClusterConfig(replicas=1, max_num_seqs=8, max_num_batched_tokens=512)
+        reqs = _requests(40, seed=1)
+    else:
+        (tmp_path / "tiny.toml").write_text(TINY_GPU)
+        cfg = ClusterConfig(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, max_num_batched_tokens=2048,
+                            max_num_seqs=64, catalogs=(str(tmp_path / "tiny.toml"),))
+        reqs = [(gap, prompt, 10 * out, []) for gap, prompt, out, _ in _requests(30, seed=2)]
     fleet, rec, lives = _live_run(cfg, reqs)
     assert len(rec.finished) == len(reqs)
-    assert sum(live.cached_tokens for live in lives) > 0   # shared prefixes hit the cache
+    if case == "prefix_cache":
+        assert sum(live.cached_tokens for live in lives) > 0   # shared prefixes hit the cache
+    else:
+        assert sum(live.preemptions for live in lives) > 0     # KV ran out: recompute preemptions
     table = trace(np.array([live.arrival_s for live in lives]), [r[1] for r in reqs], [r[2] for r in reqs],
                   prefix_hashes=pa.array([r[3] for r in reqs], pa.list_(pa.uint64())))
     with RunStore(tmp_path, config={}, backend="sim", run_id="batch") as run:
@@ -96,7 +126,8 @@ def test_token_times_equal_a_batch_simulation_of_the_same_arrivals(tmp_path: Pat
         row = rows[k]
         assert row["status"] == "ok"
         assert rec.finished[live.seq] == row["output_tokens"] == reqs[k][2]
-        assert live.cached_tokens == row["cached_tokens"]
+        assert live.cached_tokens == row["cached_tokens"] and live.preemptions == row["preemptions"]
+        assert rec.reports[live.seq][-1][0] == reqs[k][2]       # every token streamed, once
         got = [(s, g, c) for s, g, c in live.segments]
         want = [(s["start_s"], s["gap_s"], s["count"]) for s in row["token_times"]]
         assert len(got) == len(want)
