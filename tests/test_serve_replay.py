@@ -58,6 +58,33 @@ def test_replay_round_trip_counts_exactly(tmp_path: Path):
         st.close()
 
 
+def test_streamed_chunks_reach_the_client_at_the_simulated_token_times(tmp_path: Path):
+    """Each chunk the replayer receives, against the time the engine made its token (both on
+    ``perf_counter``): never early beyond the event loop's millisecond timer resolution, and late
+    by what a loaded machine's scheduling adds (docs/serve.md has the figures; the bound here
+    is loose because the shared test machine is, but a server that wrote tokens at run
+    boundaries instead of step ends would be hundreds of milliseconds late)."""
+    table = trace(np.arange(12) * 0.05, 300, 40)
+    st = ServeThread(ClusterConfig(replicas=1), ServeOptions(port_per_replica=0, speed=1.0))
+    ended = []
+    st.server.fleet.on_end = ended.append
+    try:
+        summary, rows, _ = run_replay(table, st.urls, tmp_path, "round_robin", ReplayOptions(scrape_s=None))
+    finally:
+        st.close()
+    fleet = st.server.fleet
+    t0 = summary["client"]["t0_clock_s"]
+    errors = []
+    for row, live in zip(rows, sorted(ended, key=lambda x: x.seq)):   # requests 50 ms apart: same order
+        got = [t0 + seg["start_s"] for seg in row["token_times"] for _ in range(seg["count"])]
+        due = [fleet.wall(s + k * g) for s, g, c in live.segments for k in range(c)]
+        assert len(got) == len(due) == 40
+        errors += [a - b for a, b in zip(got, due)]
+    errors = np.array(errors)
+    assert errors.min() > -0.002
+    assert np.median(errors) < 0.02
+
+
 def test_multimodal_rows_round_trip(tmp_path: Path):
     """Images and audio the replayer sizes for the trace's media tokens count back to them."""
     n = 8
