@@ -61,13 +61,16 @@ def load_side(paths: Iterable[str | Path], slo: Slo | None) -> dict[str, list[Ru
     table = cat.query(f"SELECT run_id, status = 'ok' AS ok, {good} AS good, {cols} FROM request_metrics "
                       f"ORDER BY run_id, request_id")
     run_ids = np.asarray(table["run_id"].to_pylist(), dtype=object)
+    # rows come sorted by run: one slice per run
+    edges = np.concatenate([[0], np.flatnonzero(run_ids[1:] != run_ids[:-1]) + 1, [len(run_ids)]])
+    slices = {run_ids[a]: slice(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a}
     ok_all = table["ok"].to_numpy(zero_copy_only=False).astype(bool)
     good_all = table["good"].to_numpy(zero_copy_only=False).astype(bool)
     lat_all = {f"{lat}_s": table[f"{lat}_s"].to_numpy(zero_copy_only=False).astype(float) for lat in LATENCIES}
     metas = metas_of(cat.runs_table)
     cases: dict[str, list[RunSample]] = defaultdict(list)
     for run_id, s in summaries.items():
-        rows = run_ids == run_id
+        rows = slices[run_id]
         ok = ok_all[rows]
         latency = {}
         for col, values in lat_all.items():
