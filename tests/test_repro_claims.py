@@ -78,3 +78,10 @@ def test_sjf_gain_needs_a_good_predictor():
     fcfs = s["fcfs"]["e2e"]["mean"]
     assert s["sjf tau=0.9"]["e2e"]["mean"] < 0.6 * fcfs
     assert abs(s["sjf tau=0"]["e2e"]["mean"] - fcfs) < 0.1 * fcfs
+
+
+def test_splitwise_ha_meets_the_slo_with_less_power_than_hh():
+    s = _small("splitwise-hetero-pools")[1]
+    ha, hh = s["H100 prefill + 2x A100 decode"], s["H100 prefill + 2x H100 decode"]
+    assert ha["slo"]["attainment"] >= 0.9 and hh["slo"]["attainment"] >= 0.9
+    assert sum(ha["energy"]["avg_power_w"].values()) < sum(hh["energy"]["avg_power_w"].values())
