@@ -126,8 +126,7 @@ def messages_ids(messages: list[Any]) -> list[int]:
 class Responder:
     """Writes one completion's response as the engine reports it (the engine's ``Client``)."""
 
-    __slots__ = ("ex", "chat", "stream", "usage", "model", "rule_rng", "head", "tail", "created", "started",
-                 "words")
+    __slots__ = ("ex", "chat", "stream", "usage", "model", "rng", "head", "tail", "created", "started")
 
     def __init__(self, ex: Exchange, chat: bool, stream: bool, usage: bool, model: str, rng: Any) -> None:
         self.ex = ex
@@ -135,11 +134,10 @@ class Responder:
         self.stream = stream
         self.usage = usage
         self.model = model
-        self.rule_rng = rng
+        self.rng = rng
         self.created = int(time.time())
         self.head = self.tail = b""
         self.started = False
-        self.words: list[int] = []   # the text so far (non-streaming answers)
 
     def _id(self, live: LiveRequest) -> str:
         return f"{'chatcmpl' if self.chat else 'cmpl'}-{live.seq}"
@@ -164,14 +162,13 @@ class Responder:
             out.append(self._prefix(live) + b'[{"index":0,"delta":{"role":"assistant","content":""},'
                                             b'"logprobs":null,"finish_reason":null}]}\n\n')
         self.started = True
-        rng = self.rule_rng
-        head, tail, words = self.head, self.tail, _WORD_JSON
-        n = len(words)
+        rng, word = self.rng, OutputRule.next_word
+        head, tail = self.head, self.tail
         for _ in range(count - 1 if reason else count):
-            out.append(head + words[int(rng.random() * n)] + tail)
+            out.append(head + _WORD_JSON[word(rng)] + tail)
         if reason:
-            last = (tail.replace(b'"finish_reason":null', f'"finish_reason":"{reason}"'.encode()))
-            out.append(head + (words[int(rng.random() * n)] if count else b'""') + last)
+            last = tail.replace(b'"finish_reason":null', f'"finish_reason":"{reason}"'.encode())
+            out.append(head + (_WORD_JSON[word(rng)] if count else b'""') + last)
         return out
 
     def on_tokens(self, live: LiveRequest, count: int) -> None:
@@ -192,8 +189,7 @@ class Responder:
         self.ex.end(b"".join(out))
 
     def _whole(self, live: LiveRequest, made: int, usage: dict[str, Any]) -> None:
-        rng = self.rule_rng
-        text = "".join(" " + WORDS[int(rng.random() * len(WORDS))] for _ in range(made))
+        text = "".join(" " + WORDS[OutputRule.next_word(self.rng)] for _ in range(made))
         reason = live.sub.finish_reason
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,

@@ -93,7 +93,7 @@ class LiveRequest:
     """A request from arrival to its end."""
 
     __slots__ = ("seq", "sub", "client", "route", "req", "target", "arrival_s", "emitted", "done", "aborted",
-                 "segments", "context")
+                 "segments")
 
     def __init__(self, seq: int, sub: Submission, client: Client, arrival_s: float) -> None:
         self.seq = seq
@@ -109,8 +109,6 @@ class LiveRequest:
         self.aborted = False
         #: once done: the simulated token times as ``(first token time, gap, count)`` segments
         self.segments: list[tuple[float, float, int]] = []
-        #: the HTTP layer's own state for this request
-        self.context: Any = None
 
     @property
     def first_token_s(self) -> float:

@@ -57,6 +57,6 @@ class OutputRule:
         return (max_tokens, "length") if n >= max_tokens else (n, "stop")
 
     @staticmethod
-    def words(rng: random.Random, count: int) -> list[int]:
-        """Indices into :data:`~llmlb_bench.replay.prompts.WORDS` of the answer's ``count`` tokens."""
-        return [int(rng.random() * len(WORDS)) for _ in range(count)]
+    def next_word(rng: random.Random) -> int:
+        """Index into :data:`~llmlb_bench.replay.prompts.WORDS` of the answer's next token."""
+        return int(rng.random() * len(WORDS))
