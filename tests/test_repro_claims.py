@@ -85,3 +85,10 @@ def test_splitwise_ha_meets_the_slo_with_less_power_than_hh():
     ha, hh = s["H100 prefill + 2x A100 decode"], s["H100 prefill + 2x H100 decode"]
     assert ha["slo"]["attainment"] >= 0.9 and hh["slo"]["attainment"] >= 0.9
     assert sum(ha["energy"]["avg_power_w"].values()) < sum(hh["energy"]["avg_power_w"].values())
+
+
+def test_autoscaling_cuts_energy_per_good_token_at_equal_attainment():
+    s = _small("dynamollm-energy")[1]
+    fixed, scaled = s["fixed 2 replicas"], s["autoscaled 1-2"]
+    assert scaled["energy"]["energy_j"] < 0.9 * fixed["energy"]["energy_j"]
+    assert scaled["slo"]["good"] >= fixed["slo"]["good"] - 0.05 * fixed["requests"]
