@@ -92,3 +92,8 @@ def test_autoscaling_cuts_energy_per_good_token_at_equal_attainment():
     fixed, scaled = s["fixed 2 replicas"], s["autoscaled 1-2"]
     assert scaled["energy"]["energy_j"] < 0.9 * fixed["energy"]["energy_j"]
     assert scaled["slo"]["good"] >= fixed["slo"]["good"] - 0.05 * fixed["requests"]
+
+
+def test_token_aware_dispatch_cuts_the_ttft_tail_under_heavy_tails():
+    s = _small("llumnix-load-aware")[1]
+    assert s["least_tokens"]["ttft"]["p99"] < s["least_requests"]["ttft"]["p99"] < s["round_robin"]["ttft"]["p99"]
