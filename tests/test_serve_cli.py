@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from llmlb_bench.cli import main
+from llmlb_bench.sim import ClusterConfig
+from llmlb_bench.sim.fleet import Fleet
 from tests.serve_helpers import post_json, request
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +33,7 @@ def run_cli(args: list[str], capsys) -> tuple[int, str]:
     (["--policy", "nope"], "--policy"),
     (["--replicas", "3", "--port-per-replica", "65534"], "--port-per-replica"),
     (["--mean-output-tokens", "0.5"], "--mean-output-tokens"),
+    (["--cluster", str(ROOT / "clusters" / "disaggregated.toml")], "mixed pools only"),
 ])
 def test_bad_options_are_one_line_errors(args, fragment, capsys):
     code, err = run_cli(["serve", *args], capsys)
@@ -47,13 +50,19 @@ def test_a_busy_port_is_a_one_line_error(capsys):
 
 
 def test_the_process_serves_and_stops_on_ctrl_c():
-    proc = subprocess.Popen([sys.executable, "-m", "llmlb_bench", "serve", "--replicas", "2", "--port", "0",
-                             "--served-model-name", "sim-8b"], cwd=ROOT, stdout=subprocess.PIPE,
+    """A heterogeneous fleet from a cluster file (2 H100 + 3 A100 replicas) behind one port."""
+    proc = subprocess.Popen([sys.executable, "-m", "llmlb_bench", "serve", "--cluster", "clusters/hetero.toml",
+                             "--port", "0", "--served-model-name", "sim-8b"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         name, url = proc.stdout.readline().split()
         assert name == "router" and url.startswith("http://127.0.0.1:")
         assert json.loads(request(url, "GET", "/v1/models")[2])["data"][0]["id"] == "sim-8b"
+        info = [ln for ln in request(url, "GET", "/metrics")[2].decode().splitlines()
+                if ln.startswith("vllm:cache_config_info")]
+        h100, a100 = (ClusterConfig(replicas=1, gpu=g) for g in ("h100-sxm", "a100-80g"))
+        blocks = 2 * Fleet(h100, 16).replicas[0].total_blocks + 3 * Fleet(a100, 16).replicas[0].total_blocks
+        assert f'num_gpu_blocks="{blocks}"' in info[0]
         status, body = post_json(url, "/v1/completions", {"model": "sim-8b", "prompt": "a b c", "max_tokens": 3,
                                                           "ignore_eos": True})
         assert status == 200 and body["usage"]["completion_tokens"] == 3

@@ -7,23 +7,23 @@ from typing import Annotated, Optional
 import typer
 
 from llmlb_bench.cli.app import app, console
-from llmlb_bench.cli.common import (Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, Replicas, SchedulerArgs,
-                                    SchedulerOpt, Seed, Tp)
+from llmlb_bench.cli.common import (ClusterFile, Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, Replicas,
+                                    SchedulerArgs, SchedulerOpt, Seed, Tp, cluster_config)
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import make_policy, parse_args
 from llmlb_bench.serve import ServeOptions, run
-from llmlb_bench.sim import ClusterConfig
 
 
 @app.command()
 def serve(
-    replicas: Replicas = 1,
-    gpu: Gpu = "a100-80g",
-    model: Model = "llama-3-8b",
-    tp: Tp = 1,
+    cluster_file: ClusterFile = None,
+    replicas: Replicas = None,
+    gpu: Gpu = None,
+    model: Model = None,
+    tp: Tp = None,
     max_num_seqs: MaxSeqs = None,
     max_batched_tokens: MaxTokens = None,
-    scheduler: SchedulerOpt = "fcfs",
+    scheduler: SchedulerOpt = None,
     scheduler_arg: SchedulerArgs = None,
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="One port in front of every replica, routed by --policy (0: any free port).")] = 8000,
     port_per_replica: Annotated[Optional[int], typer.Option("--port-per-replica", min=0, max=65535, help="Replica i listens on BASE + i, each an independent engine (0: any free ports).")] = None,
@@ -37,7 +37,7 @@ def serve(
 ) -> None:
     """Serve a simulated fleet over OpenAI-compatible HTTP, streaming tokens at the simulated times.
 
-    Each replica is the simulator's vLLM-style engine (continuous batching, paged KV cache, prefix caching, roofline step times), advanced in real time. Prints one line per port ("r0 http://127.0.0.1:8000"), then serves until Ctrl-C or SIGTERM.
+    Each replica is the simulator's vLLM-style engine (continuous batching, paged KV cache, prefix caching, roofline step times), advanced in real time; --cluster takes mixed pools (heterogeneous GPUs), not disaggregation or autoscaling. Prints one line per port ("r0 http://127.0.0.1:8000"), then serves until Ctrl-C or SIGTERM.
 
     Examples:
 
@@ -48,14 +48,14 @@ def serve(
     if port_per_replica is not None and policy is not None:
         raise UserError("--policy routes behind the single --port; with --port-per-replica the client routes",
                         "--policy")
-    if port_per_replica is not None and port_per_replica + replicas - 1 > 65535:
-        raise UserError(f"ports {port_per_replica}..{port_per_replica + replicas - 1} go past 65535",
-                        "--port-per-replica")
     if not speed > 0:
         raise UserError(f"must be > 0, got {speed!r}", "--speed")
-    cluster = ClusterConfig(replicas=replicas, gpu=gpu, model=model, tp=tp, max_num_seqs=max_num_seqs,
-                            max_num_batched_tokens=max_batched_tokens, scheduler=scheduler,
-                            scheduler_args=parse_args(scheduler_arg, "--scheduler-arg"))
+    cluster = cluster_config(cluster_file, replicas=replicas, gpu=gpu, model=model, tp=tp,
+                             max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
+                             scheduler_arg=scheduler_arg, signal_refresh=None)
+    if port_per_replica is not None and port_per_replica + cluster.replicas - 1 > 65535:
+        raise UserError(f"ports {port_per_replica}..{port_per_replica + cluster.replicas - 1} go past 65535",
+                        "--port-per-replica")
     pol = None
     if port_per_replica is None:
         pol = make_policy(policy or "least_outstanding", parse_args(policy_arg), seed=seed)

@@ -157,6 +157,9 @@ class LiveFleet:
         if cfg.disaggregated or cfg.autoscale is not None or cfg.failures or cfg.mtbf_s is not None:
             raise UserError("llmlb serve runs mixed pools only (no disaggregation, autoscaling or failures)",
                             "cluster")
+        if cfg.signal_refresh_s:
+            raise UserError("llmlb serve's router reads fresh signals at every event (a router that scrapes "
+                            "/metrics sees its own staleness); leave signal_refresh_s at 0", "cluster.signal_refresh_s")
         if not speed > 0:
             raise UserError(f"must be > 0, got {speed!r}", "--speed")
         self.cfg = cfg
