@@ -356,13 +356,7 @@ class LiveFleet:
             return
         last = last_step_by(st.rep.timeline.runs, t)
         for req, live in st.streams.items():
-            start = req.span_start
-            n = 0
-            if req.spans:
-                for a, b in req.spans:
-                    n += b - a + 1
-            if 0 <= start <= last:
-                n += last - start + 1
+            n = tokens_by(req, last)
             if n > live.emitted:
                 live.client.on_tokens(live, n - live.emitted)
                 live.emitted = n
@@ -414,16 +408,24 @@ class LiveFleet:
         last = last_step_by(st.rep.timeline.runs, t)
         prompt = made = 0
         for req in st.live:
-            n = 0
-            if req.spans:
-                for a, b in req.spans:
-                    n += b - a + 1
-            if 0 <= req.span_start <= last:
-                n += last - req.span_start + 1
+            n = tokens_by(req, last)
             if n:
                 prompt += req.prompt
                 made += n
         return prompt, made
+
+
+def tokens_by(req: Request, last: int) -> int:
+    """Tokens a request still on its replica has made by the end of step ``last``: its closed
+    step ranges, and the steps of its current range up to ``last``."""
+    n = 0
+    if req.spans:
+        for a, b in req.spans:
+            n += b - a + 1
+    start = req.span_start
+    if 0 <= start <= last:
+        n += last - start + 1
+    return n
 
 
 def last_step_by(runs: list[tuple[int, float, float, int, float]], t: float) -> int:
