@@ -24,7 +24,9 @@ def test_run_writes_readme_and_figures_identically_twice(tmp_path, capsys):
     main(["repro", "run", NAME, "--scale", "small", "--reports", str(second)])
     assert "PASS" in capsys.readouterr().out
     files = sorted(p.name for p in (first / NAME).iterdir())
-    assert files == ["README.md", "itl_p99.png", "itl_p99.svg"]
+    assert files == ["README.md", "itl_p99.png", "itl_p99.svg", "verdict.json"]
+    assert (first / "README.md").read_bytes() == (second / "README.md").read_bytes()
+    assert f"]({NAME}/README.md) |" in (first / "README.md").read_text()
     for name in files:
         assert (first / NAME / name).read_bytes() == (second / NAME / name).read_bytes(), name
     text = (first / NAME / "README.md").read_text()

@@ -7,6 +7,7 @@ seed regenerates the same report byte for byte (no timestamps, fixed figure meta
 
 from __future__ import annotations
 
+import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,8 @@ from llmlb_bench.experiment import simulate_run
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import Options, summarize
 from llmlb_bench.repro.base import SCALES, Reproduction, Verdict
-from llmlb_bench.repro.readme import figure, readme
+from llmlb_bench.repro.readme import figure, index, readme
+from llmlb_bench.repro.registry import REPRODUCTIONS
 from llmlb_bench.schema import write_trace
 from llmlb_bench.store.views import Catalog
 
@@ -52,8 +54,15 @@ def evaluate(repro: Reproduction, scale: str, seed: int = 0) -> tuple[Verdict, d
     return repro.check(summaries), summaries
 
 
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
 def run(repro: Reproduction, scale: str, reports: Path, seed: int = 0) -> Outcome:
-    """Evaluate ``repro`` and write ``reports/<name>/README.md`` and its figure (SVG and PNG)."""
+    """Evaluate ``repro`` and write ``reports/<name>/`` (README.md, verdict.json, the figure as SVG
+    and PNG), then rewrite the gallery ``reports/README.md`` from every report's verdict.json."""
     verdict, summaries = evaluate(repro, scale, seed)
     out = reports / repro.name
     out.mkdir(parents=True, exist_ok=True)
@@ -61,7 +70,18 @@ def run(repro: Reproduction, scale: str, reports: Path, seed: int = 0) -> Outcom
     files = figure(repro, arms, summaries, out)
     text = readme(repro, arms, summaries, verdict, scale, seed, [f.name for f in files if f.suffix == ".svg"])
     path = out / "README.md"
-    tmp = path.with_name(".README.md.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return Outcome(repro, verdict, summaries, (path, *files))
+    _write(path, text)
+    record = {"name": repro.name, "passed": verdict.passed, "evidence": verdict.evidence, "scale": scale, "seed": seed}
+    _write(out / "verdict.json", json.dumps(record, indent=2) + "\n")
+    _write(reports / "README.md", index(_verdicts(reports)))
+    return Outcome(repro, verdict, summaries, (path, out / "verdict.json", *files))
+
+
+def _verdicts(reports: Path) -> list[tuple[Reproduction, dict[str, Any]]]:
+    """The latest verdict of every registered reproduction that has a report, in registry order."""
+    found = []
+    for r in REPRODUCTIONS.values():
+        path = reports / r.name / "verdict.json"
+        if path.exists():
+            found.append((r, json.loads(path.read_text(encoding="utf-8"))))
+    return found
