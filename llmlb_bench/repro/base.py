@@ -8,7 +8,6 @@ reproduction is judged by the same code that judges a user's runs.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -102,7 +101,3 @@ def ratio(a: float | None, b: float | None) -> float:
     if a is None or b is None:
         return float("nan")
     return a / b if b else (float("inf") if a else 1.0)
-
-
-def with_cluster(cluster: ClusterConfig, **changes: Any) -> ClusterConfig:
-    return dataclasses.replace(cluster, **changes)

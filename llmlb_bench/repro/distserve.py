@@ -5,6 +5,7 @@ inter-token times low and steady. The price is a separate prefill queue (higher 
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from llmlb_bench.repro import traces
 from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, slo_figure
@@ -14,7 +15,7 @@ RATES = {"small": (2.0, 3.0), "full": (1.0, 2.0, 3.0, 4.0)}
 REQUESTS = {"small": 200, "full": 600}
 
 
-def _trace(rate: float, n: int) -> "traces.pa.Table":
+def _trace(rate: float, n: int) -> pa.Table:
     # long prompts, medium outputs: the prefills that stall colocated decodes
     rng = np.random.default_rng(0)
     return traces.table(traces.poisson(rng, rate, n), rng.integers(1500, 4000, n), rng.integers(100, 400, n))

@@ -17,7 +17,7 @@ from llmlb_bench.errors import UserError
 from llmlb_bench.experiment import simulate_run
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import Options, summarize
-from llmlb_bench.repro.base import SCALES, Reproduction, Verdict
+from llmlb_bench.repro.base import SCALES, Arm, Reproduction, Verdict
 from llmlb_bench.repro.readme import figure, index, readme
 from llmlb_bench.repro.registry import REPRODUCTIONS
 from llmlb_bench.schema import write_trace
@@ -36,9 +36,18 @@ class Outcome:
 
 def evaluate(repro: Reproduction, scale: str, seed: int = 0) -> tuple[Verdict, dict[str, dict[str, Any]]]:
     """Simulate every arm and check the claim; nothing is kept on disk."""
+    summaries = _simulate(repro, _arms(repro, scale), seed)
+    return repro.check(summaries), summaries
+
+
+def _arms(repro: Reproduction, scale: str) -> list[Arm]:
     if scale not in SCALES:
         raise UserError(f"unknown scale {scale!r} (scales: {', '.join(SCALES)})", "--scale")
-    arms = repro.arms(scale)
+    return repro.arms(scale)
+
+
+def _simulate(repro: Reproduction, arms: list[Arm], seed: int) -> dict[str, dict[str, Any]]:
+    """Each arm's summary by label, from runs stored in a scratch folder."""
     with tempfile.TemporaryDirectory(prefix=f"llmlb-repro-{repro.name}-") as tmp:
         work = Path(tmp)
         for i, arm in enumerate(arms):
@@ -50,8 +59,7 @@ def evaluate(repro: Reproduction, scale: str, seed: int = 0) -> tuple[Verdict, d
         rows = summarize(Catalog([work / "runs"]), Slo.parse(repro.slo, f"repro {repro.name}"),
                          Options(ci=False, window_s=repro.window_s))
     by_id = {r["run_id"]: r for r in rows}
-    summaries = {arm.label: by_id[f"{i:02d}"] for i, arm in enumerate(arms)}
-    return repro.check(summaries), summaries
+    return {arm.label: by_id[f"{i:02d}"] for i, arm in enumerate(arms)}
 
 
 def _write(path: Path, text: str) -> None:
@@ -63,10 +71,11 @@ def _write(path: Path, text: str) -> None:
 def run(repro: Reproduction, scale: str, reports: Path, seed: int = 0) -> Outcome:
     """Evaluate ``repro`` and write ``reports/<name>/`` (README.md, verdict.json, the figure as SVG
     and PNG), then rewrite the gallery ``reports/README.md`` from every report's verdict.json."""
-    verdict, summaries = evaluate(repro, scale, seed)
+    arms = _arms(repro, scale)
+    summaries = _simulate(repro, arms, seed)
+    verdict = repro.check(summaries)
     out = reports / repro.name
     out.mkdir(parents=True, exist_ok=True)
-    arms = repro.arms(scale)
     files = figure(repro, arms, summaries, out)
     text = readme(repro, arms, summaries, verdict, scale, seed, [f.name for f in files if f.suffix == ".svg"])
     path = out / "README.md"

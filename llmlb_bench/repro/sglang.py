@@ -8,7 +8,8 @@ from llmlb_bench.repro import traces
 from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, ratio
 from llmlb_bench.sim import ClusterConfig
 
-# preset rate multipliers (workloads/shared-prefix.toml offers 3 req/s) and request counts
+NOMINAL_RATE = 3.0  # req/s offered by workloads/shared-prefix.toml
+# preset rate multipliers and request counts
 LOADS = {"small": (25.0,), "full": (25.0, 50.0)}
 REQUESTS = {"small": 800, "full": 2000}
 POLICIES = ("round_robin", "least_outstanding", "cache_aware")
@@ -23,7 +24,7 @@ def arms(scale: str) -> list[Arm]:
     out = []
     for load in LOADS[scale]:
         t = traces.preset("shared-prefix", seed=1, rate_scale=load, requests=REQUESTS[scale])
-        out += [Arm(f"{p}@{load:g}x", t, cluster, p, series=p, x=load * 3.0) for p in POLICIES]
+        out += [Arm(f"{p}@{load:g}x", t, cluster, p, series=p, x=load * NOMINAL_RATE) for p in POLICIES]
     return out
 
 
@@ -34,7 +35,7 @@ def check(s: dict) -> Verdict:
     thr = ratio(ca["request_throughput"], rr["request_throughput"])
     ttft = ratio(ca["ttft"]["mean"], rr["ttft"]["mean"])
     ok = dh >= 0.05 and thr >= 1.0 and ttft <= 0.7
-    return Verdict(ok, f"at {load * 3:g} req/s cache-aware vs round robin: prefix hit rate {hit_rate(rr):.1%} -> "
+    return Verdict(ok, f"at {load * NOMINAL_RATE:g} req/s cache-aware vs round robin: prefix hit rate {hit_rate(rr):.1%} -> "
                        f"{hit_rate(ca):.1%}, throughput x{thr:.3f}, mean TTFT x{ttft:.2f} (claim: hit rate +5 points "
                        "or more, throughput not lower, mean TTFT at most 0.7x)")
 
