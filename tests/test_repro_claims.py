@@ -97,3 +97,17 @@ def test_autoscaling_cuts_energy_per_good_token_at_equal_attainment():
 def test_token_aware_dispatch_cuts_the_ttft_tail_under_heavy_tails():
     s = _small("llumnix-load-aware")[1]
     assert s["least_tokens"]["ttft"]["p99"] < s["least_requests"]["ttft"]["p99"] < s["round_robin"]["ttft"]["p99"]
+
+
+@pytest.mark.parametrize("name, swap", [
+    ("vtc-fairness", {"fcfs": "vtc", "vtc": "fcfs"}),
+    ("sarathi-chunked-prefill", {"whole prefill": "chunks of 512", "chunks of 512": "whole prefill"}),
+    ("sjf-predictor-quality", {"fcfs": "sjf tau=0.9", "sjf tau=0.9": "fcfs"}),
+    ("llumnix-load-aware", {"round_robin": "least_tokens", "least_tokens": "round_robin"}),
+    ("dynamollm-energy", {"fixed 2 replicas": "autoscaled 1-2", "autoscaled 1-2": "fixed 2 replicas"}),
+])
+def test_checks_fail_when_the_effect_is_reversed(name, swap):
+    """A check that passed on the real runs must fail when baseline and treatment trade places."""
+    summaries = _small(name)[1]
+    reversed_ = {k: summaries[swap.get(k, k)] for k in summaries}
+    assert not REPRODUCTIONS[name].check(reversed_).passed

@@ -48,3 +48,17 @@ def test_bad_invocations_are_one_line_errors(argv, fragment, tmp_path, capsys):
     assert info.value.code == 2
     assert fragment in err and "Traceback" not in err
     assert not any(tmp_path.iterdir()), "nothing written"
+
+
+def test_a_failed_check_still_writes_its_report_and_exits_1(tmp_path, monkeypatch, capsys):
+    import dataclasses
+
+    from llmlb_bench.repro import Verdict
+
+    failing = dataclasses.replace(REPRODUCTIONS[NAME], check=lambda s: Verdict(False, "forced failure"))
+    monkeypatch.setitem(REPRODUCTIONS, NAME, failing)
+    with pytest.raises(SystemExit) as info:
+        main(["repro", "run", NAME, "--scale", "small", "--reports", str(tmp_path)])
+    assert info.value.code == 1
+    assert "FAIL" in capsys.readouterr().out
+    assert "**Verdict: FAIL** — forced failure" in (tmp_path / NAME / "README.md").read_text()
