@@ -2,8 +2,10 @@
 
 Prints wall time, cells per second and the speed-up over one worker for each
 executor, then checks that both wrote byte-identical request tables and the
-same stability curves (the done-when of issue 8). Ray is skipped, with a
-note, when it is not installed.
+same stability curves (the done-when of issue 8), with the largest relative
+difference between figures (metrics' ITL mean may differ in its last bit
+between copies of a run in different folders). Ray is skipped, with a note,
+when it is not installed.
 
     python benchmarks/sweep_executors.py [--requests 500] [--workers N]
 """
@@ -44,6 +46,17 @@ def timed(name: str, workers: int, spec, results: Path) -> tuple[SweepOutcome, f
     return outcome, time.perf_counter() - t0
 
 
+def max_relative_difference(a: object, b: object) -> float:
+    """Largest relative difference between the numbers of two same-shaped curve structures."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return max((max_relative_difference(a[k], b[k]) for k in a), default=0.0)
+    if isinstance(a, list) and isinstance(b, list):
+        return max((max_relative_difference(x, y) for x, y in zip(a, b)), default=0.0)
+    if isinstance(a, float) and isinstance(b, float) and a != b:
+        return abs(a - b) / max(abs(a), abs(b))
+    return 0.0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=500, help="requests per cell")
@@ -67,7 +80,9 @@ def main() -> None:
         for name, (outcome, _) in runs.items():
             same = all(pq.read_table(one.root / c.run_id / "requests.parquet").equals(
                 pq.read_table(outcome.root / c.run_id / "requests.parquet")) for c in one.cells)
-            print(f"{name}: requests identical to local x1: {same}; curves identical: {outcome.curves == one.curves}")
+            worst = max_relative_difference(outcome.curves, one.curves)
+            print(f"{name}: requests identical to local x1: {same}; curves identical: {outcome.curves == one.curves} "
+                  f"(largest relative difference {worst:.1e})")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Executors: the local process pool and Ray run the same cells to byte-identical results."""
+"""Executors: the local process pool and Ray write identical runs, and the same curves up to rounding."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.sweep import LocalExecutor, make_executor, parse_sweep, run_sweep
+from sweep_helpers import close
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,4 +59,6 @@ def test_local_pool_and_local_ray_give_identical_runs_and_curves(tmp_path):
         a = pq.read_table(local.root / cell.run_id / "requests.parquet")
         b = pq.read_table(ray.root / cell.run_id / "requests.parquet")
         assert a.equals(b), cell.run_id
-    assert local.curves == ray.curves
+    # the figures agree to rounding: metrics' ITL mean can differ in the last bit between two copies of the same
+    # run in different folders (its per-bucket sums are added in the aggregate's row order)
+    assert close(local.curves, ray.curves)
