@@ -30,7 +30,7 @@ def test_run_writes_readme_and_figures_identically_twice(tmp_path, capsys):
     for name in files:
         assert (first / NAME / name).read_bytes() == (second / NAME / name).read_bytes(), name
     text = (first / NAME / "README.md").read_text()
-    assert "**Verdict: PASS**" in text and "| whole prefill | round_robin |" in text
+    assert "**Verdict: PASS**" in text and "| whole prefill | round_robin / fcfs |" in text
     assert "![ITL p99 (s)](itl_p99.svg)" in text
     assert str(tmp_path) not in text
 

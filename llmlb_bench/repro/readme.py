@@ -11,11 +11,12 @@ from llmlb_bench.report.figures import _plt
 
 def table(repro: Reproduction, arms: list[Arm], summaries: dict[str, dict[str, Any]]) -> str:
     """The results as a Markdown table, one row per arm, in the order the arms ran."""
-    head = ["run", "policy"] + [c.header for c in repro.columns]
+    head = ["run", "routing / engine scheduler"] + [c.header for c in repro.columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm in arms:
         s = summaries[arm.label]
-        lines.append("| " + " | ".join([arm.label, arm.policy] + [c.text(s) for c in repro.columns]) + " |")
+        policy = f"{arm.policy} / {arm.cluster.scheduler}"
+        lines.append("| " + " | ".join([arm.label, policy] + [c.text(s) for c in repro.columns]) + " |")
     return "\n".join(lines)
 
 
