@@ -17,6 +17,7 @@ from llmlb_bench.cli.report import print_report
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import make_policy, parse_args
 from llmlb_bench.replay import ReplayOptions, Timeouts, preflight, prepare_resume, replay as run_replay
+from llmlb_bench.replay.power import open_sources
 from llmlb_bench.replay.selfcheck import self_check as run_self_check
 from llmlb_bench.schema import read_trace, trace_spec
 from llmlb_bench.store import RunStore
@@ -58,6 +59,8 @@ def replay(
     retries: Annotated[int, typer.Option("--retries", min=0, help="Extra attempts after HTTP 429/5xx or a failed connection.")] = 0,
     retry_backoff: Annotated[float, typer.Option("--retry-backoff", min=0.0, help="Seconds before the first retry (doubles each time; Retry-After wins if larger).")] = 0.5,
     scrape: Annotated[float, typer.Option("--scrape-interval", help="Seconds between reads of each endpoint's Prometheus /metrics (load signals for policies, series.parquet); 0: off.")] = 1.0,
+    power_source: Annotated[Optional[list[str]], typer.Option("--power-source", help="Energy: nvml[:0,1] (local GPUs' energy counters; extra 'nvml'), prometheus:URL (a DCGM exporter) or constant:WATTS; once for the fleet or once per --endpoint. Power goes to series.parquet, energy to each request's energy_j.")] = None,
+    power_interval: Annotated[float, typer.Option("--power-interval", min=0.05, help="Seconds between power readings.")] = 1.0,
     self_check: Annotated[float, typer.Option("--self-check", min=0.0, help="First replay this many seconds of the trace against a local no-op server to measure the client's own lateness and TTFT inflation (stored in run.json).")] = 0.0,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue this partial replay run folder (same trace): finished rows are kept, the rest is sent.")] = None,
     results: ResultsDir = Path("results"),
@@ -83,13 +86,15 @@ def replay(
         force_output_length=force_length,
         api_key_env=api_key_env, tokenize=tokenize,
         tokenizer=str(tokenizer) if tokenizer is not None else None, retries=retries, retry_backoff_s=retry_backoff,
-        scrape_s=scrape if scrape > 0 else None,
+        scrape_s=scrape if scrape > 0 else None, power_sources=list(power_source or []),
+        power_interval_s=power_interval,
         timeouts=Timeouts(connect=_timeout(connect_timeout), first_token=_timeout(first_token_timeout),
                           between_tokens=_timeout(token_timeout), total=_timeout(total_timeout)))
     table = read_trace(trace)
     policy_args = parse_args(policy_arg)
     pol = make_policy(policy, policy_args, seed=seed)
     pre = preflight(endpoint, options, table)
+    power = open_sources(options.power_sources, [ep.url for ep in pre.endpoints]) if power_source else None
     for note in pre.notes:
         err_console.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
     check = None
@@ -112,7 +117,7 @@ def replay(
         options.progress = lambda c: live.update(_progress_line(c), refresh=True)
     try:
         with store, live if live is not None else nullcontext():
-            summary = run_replay(table, endpoint, pol, store, options, pre=pre, resume=res)
+            summary = run_replay(table, endpoint, pol, store, options, pre=pre, resume=res, power=power)
             if check is not None:
                 store.summary["client"]["self_check"] = check
     except FileExistsError:
@@ -133,6 +138,10 @@ def replay(
     console.print(f"sent {summary['sent']} requests at {summary['send_rate_rps'] or 0:.1f}/s; "
                   f"statuses {summary['statuses']}; dispatch lag p99 {lag['p99']} ms"
                   + (" [bold red](over threshold: the client was the bottleneck)[/]" if client["flagged"] else ""))
+    energy = store.summary.get("energy")
+    if energy:
+        console.print(f"energy {energy['energy_j'] / 1e3:,.3f} kJ: {energy['attributed_j'] / 1e3:,.3f} kJ attributed "
+                      f"to requests, {energy['idle_j'] / 1e3:,.3f} kJ idle")
     print_report([store.dir], slo, ReportFormat.terminal)
 
 

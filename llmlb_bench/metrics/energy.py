@@ -2,7 +2,8 @@
 
 * Energy of a replica = sum over its series samples of ``power_w x (t_s -
   previous t_s)``: ``power_w`` is the mean power over the interval ending at
-  the sample (as the simulator writes it), so this is exact. Average power
+  the sample (as the simulator and the replayer write it), so this is exact;
+  rows without power (the replayer's scraped load signals) are not samples. Average power
   per replica = its energy / the time its samples span. Run energy = the sum
   over replicas (idle power included). Runs without power samples fall back
   to the energy attributed to requests (``requests.energy_j``, which leaves
@@ -27,8 +28,8 @@ from llmlb_bench.store.views import Catalog
 _SERIES_ENERGY_SQL = """
 SELECT run_id, target, sum(power_w * (t_s - prev_t)) AS energy_j, max(t_s) - min(prev_t) AS span_s
 FROM (SELECT run_id, target, t_s, power_w, lag(t_s) OVER (PARTITION BY run_id, target ORDER BY t_s) AS prev_t
-      FROM series)
-WHERE prev_t IS NOT NULL AND power_w IS NOT NULL
+      FROM series WHERE power_w IS NOT NULL)
+WHERE prev_t IS NOT NULL
 GROUP BY ALL ORDER BY run_id, target
 """
 

@@ -54,6 +54,11 @@ class ReplayOptions:
     retry_backoff_s: float = 0.5
     #: seconds between scrapes of each endpoint's Prometheus ``/metrics`` (``None``: never)
     scrape_s: float | None = 1.0
+    #: where power comes from (``nvml[:0,1]``, ``prometheus:URL``, ``constant:WATTS``): once for the
+    #: fleet or once per endpoint; energy is then attributed to requests (see replay.power)
+    power_sources: list[str] = field(default_factory=list)
+    #: seconds between power readings
+    power_interval_s: float = 1.0
     #: a run whose dispatch lag p99 exceeds this is flagged in run.json
     lag_threshold_ms: float = 5.0
     #: seconds between the start call and the first scheduled send (connections are set up meanwhile)

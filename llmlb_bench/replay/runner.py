@@ -50,6 +50,7 @@ from llmlb_bench.replay.flight import Flight
 from llmlb_bench.replay.http import Pool, build_request, simple_request
 from llmlb_bench.replay.media import AUDIO_TOKENS_PER_S, image_side, png_data_url, wav_base64
 from llmlb_bench.replay.options import RETRY_STATUSES, ReplayOptions
+from llmlb_bench.replay.power import Domain, PowerSampler, join_energy, open_sources
 from llmlb_bench.replay.preflight import Preflight, preflight, request_headers
 from llmlb_bench.replay.prompts import PromptBuilder
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
@@ -68,22 +69,52 @@ _API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 def replay(trace: pa.Table, endpoints: list[str], policy: Any, run: RunStore,
            options: ReplayOptions | None = None, *, pre: Preflight | None = None,
-           resume: Resume | None = None) -> dict[str, Any]:
+           resume: Resume | None = None, power: list[Domain] | None = None) -> dict[str, Any]:
     """Replay ``trace`` against ``endpoints`` with client-side routing by ``policy``.
 
     Rows go to ``run.requests``; the client self-check to
     ``run.summary["client"]`` and totals to ``run.summary["replay"]``.
-    ``pre`` is the result of :func:`preflight` when the caller already ran
-    it (the CLI does, before creating the run folder). Raises
-    KeyboardInterrupt after Ctrl-C or SIGTERM, once every row is written.
+    ``pre`` is the result of :func:`preflight` and ``power`` that of
+    :func:`~llmlb_bench.replay.power.open_sources` when the caller already
+    has them (the CLI does, before creating the run folder). With power
+    sources, power goes to ``run.series`` and, when the run store closes,
+    energy to the requests' ``energy_j`` and ``run.summary["energy"]``.
+    Raises KeyboardInterrupt after Ctrl-C or SIGTERM, once every row is written.
     """
     options = options or ReplayOptions()
     pre = pre or preflight(endpoints, options, trace)
-    if options.workers > 1:
-        from llmlb_bench.replay.workers import replay_in_workers
+    if power is None and options.power_sources:
+        power = open_sources(options.power_sources, [ep.url for ep in pre.endpoints])
+    sampler = PowerSampler(power, options.power_interval_s) if power else None
+    if sampler is not None:
+        sampler.start()
+    try:
+        if options.workers > 1:
+            from llmlb_bench.replay.workers import replay_in_workers
 
-        return replay_in_workers(trace, pre, policy, run, options, resume)
-    return Replayer(trace, pre, policy, run, options, resume).run()
+            return replay_in_workers(trace, pre, policy, run, options, resume)
+        return Replayer(trace, pre, policy, run, options, resume).run()
+    finally:
+        if sampler is not None:
+            _keep_power(sampler, run, resume)
+
+
+def _keep_power(sampler: PowerSampler, run: RunStore, resume: Resume | None) -> None:
+    """Power readings into the series, and energy into the requests once the store closes."""
+    sampler.stop()
+    t0 = (run.summary.get("client") or {}).get("t0_clock_s")
+    if t0 is None:  # the run never started
+        return
+    run.series.write(sampler.series(t0))
+    domains = [(d.target, d.endpoints) for d in sampler.domains]
+    keep = set(resume.done_ids) if resume is not None else set()
+
+    def finalize(store: RunStore) -> None:
+        energy = join_energy(store.dir, domains, keep)
+        for target, info in sampler.describe().items():
+            energy["domains"][target].update(info)
+        store.summary["energy"] = {**energy, "interval_s": sampler.interval}
+    run.finalizers.append(finalize)
 
 
 class Replayer:

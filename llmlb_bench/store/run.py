@@ -18,7 +18,7 @@ import socket
 import sys
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from llmlb_bench import __version__
 from llmlb_bench.schema import REQUESTS, SERIES, TRACE
@@ -81,6 +81,9 @@ class RunStore:
         self.run_id = run_id or new_run_id(label)
         self.dir = Path(results_dir) / self.run_id
         self.summary: dict[str, Any] = {}
+        #: called with this store once its Parquet files are closed, before run.json is written
+        #: (the replayer fills requests' energy_j from the run's own power series there)
+        self.finalizers: list[Callable[["RunStore"], None]] = []
         self._rows_per_group = rows_per_group
         self._flush_s = flush_s
         self.meta: dict[str, Any] = {
@@ -124,6 +127,8 @@ class RunStore:
             self.requests.close()
         finally:
             self.series.close()
+        for finalize in self.finalizers:
+            finalize(self)
         if exc_type is None:
             self.meta["status"] = "complete"
         else:
