@@ -74,7 +74,9 @@ def rollup(cells: pa.Table, slo: Slo | None) -> dict[Unit, dict[str, Any]]:
     Groups are kept only for runs with more than one SLO class or tenant.
     ``good`` and ``good_tokens`` are None without an SLO.
     """
-    rows = cells.to_pylist()
+    # in a fixed order, so sums of floats come out the same to the last bit whatever order DuckDB returned
+    rows = sorted(cells.to_pylist(), key=lambda c: (c["run_id"], c["slo_class"], c["tenant"], c["status"],
+                                                    str(c["good"])))
     out: dict[Unit, dict[str, Any]] = {}
     for c in rows:
         for unit in (("run", c["run_id"]), ("slo_class", c["run_id"], c["slo_class"]),

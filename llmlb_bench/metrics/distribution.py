@@ -82,7 +82,7 @@ def sample_of(values: np.ndarray, weights: np.ndarray | None = None) -> "Sample 
     v, w = v[keep], wf[keep].astype(np.int64)
     if not len(v):
         return None
-    order = np.argsort(v, kind="stable")
+    order = np.lexsort((w, v))          # ties ordered by weight too: the same sums whatever order rows came in
     v, w = v[order], w[order]
     cw = np.cumsum(w)
     return Sample(v=v, cw=cw, n=int(cw[-1]), mean=float((v * w).sum() / cw[-1]))
