@@ -7,7 +7,9 @@ and ``itl_s`` apart, and records for each request (by its
 ``X-Request-Id``) when it had read the request and when it started writing the first
 and last token, on ``time.perf_counter`` - the same system-wide monotonic
 clock the replayer uses on Linux, so client-side inflation can be computed
-exactly. ``GET /stats`` returns those records.
+exactly. ``GET /stats`` returns those records. A client that sends no
+request id (GuideLLM) gets the record's key (``n<count>``) as the text of
+its first token, so its own output names the record.
 
 It is a raw asyncio protocol rather than an aiohttp app because aiohttp's
 per-chunk write path costs more CPU than the whole client under test.
@@ -50,12 +52,15 @@ def _event(obj: dict[str, Any]) -> bytes:
     return _chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
 
 
-_TOKEN = {
-    "chat": _event({"id": "noop", "object": "chat.completion.chunk", "model": "noop",
-                    "choices": [{"index": 0, "delta": {"content": " tok"}, "finish_reason": None}]}),
-    "completions": _event({"id": "noop", "object": "text_completion", "model": "noop",
-                           "choices": [{"index": 0, "text": " tok", "finish_reason": None}]}),
-}
+def _token_event(api: str, text: str) -> bytes:
+    if api == "chat":
+        return _event({"id": "noop", "object": "chat.completion.chunk", "model": "noop",
+                       "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
+    return _event({"id": "noop", "object": "text_completion", "model": "noop",
+                   "choices": [{"index": 0, "text": text, "finish_reason": None}]})
+
+
+_TOKEN = {api: _token_event(api, " tok") for api in ("chat", "completions")}
 _SSE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
              b"Transfer-Encoding: chunked\r\n\r\n")
 _DONE = _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
@@ -66,6 +71,22 @@ def _json_response(status: int, obj: Any) -> bytes:
     reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
     return (b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
             % (status, reason.encode(), len(body))) + body
+
+
+def _prompt_text(req: dict[str, Any], api: str) -> str:
+    """The prompt's text: a completions prompt, or the chat messages' text, whether each
+    message's content is a string or a list of parts (as other benchmark clients send)."""
+    if api != "chat":
+        prompt = req.get("prompt", "")
+        return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+    texts = []
+    for msg in req.get("messages") or ():
+        content = msg.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts += [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+    return "".join(texts)
 
 
 class NoopProtocol(asyncio.Protocol):
@@ -129,10 +150,12 @@ class NoopProtocol(asyncio.Protocol):
 
     def _complete(self, api: str, headers: dict[str, str], body: bytes, now: float) -> None:
         req = json.loads(body)
-        n = max(1, int(req.get("max_tokens") or 16))
-        prompt = req["messages"][-1]["content"] if api == "chat" else req.get("prompt", "")
+        n = max(1, int(req.get("max_tokens") or req.get("max_completion_tokens") or 16))
+        prompt = _prompt_text(req, api)
         usage = self.cfg.usage and bool((req.get("stream_options") or {}).get("include_usage"))
-        record = self.cfg.records[headers.get("x-request-id", str(len(self.cfg.records)))] = [now, 0.0, 0.0, n]
+        rid = headers.get("x-request-id")
+        key = rid if rid is not None else f"n{len(self.cfg.records)}"
+        record = self.cfg.records[key] = [now, 0.0, 0.0, n]
         tail = _event({"id": "noop", "choices": [{"index": 0, "delta": {}, "text": "", "finish_reason": "length"}]})
         if usage:
             tail += _event({"id": "noop", "choices": [], "usage": {
@@ -140,10 +163,11 @@ class NoopProtocol(asyncio.Protocol):
                 "total_tokens": len(prompt.encode()) + n}})
         tail += _DONE
         token = _TOKEN[api]
+        first = token if rid is not None else _token_event(api, f" {key}")
         assert self.transport is not None
         if self.cfg.ttft_s <= 0 and self.cfg.itl_s <= 0:
             record[1] = perf_counter()
-            self.transport.write(_SSE_HEAD + token)
+            self.transport.write(_SSE_HEAD + first)
             record[2] = perf_counter()
             self.transport.write(token * (n - 1) + tail)
             self._next()
@@ -158,7 +182,7 @@ class NoopProtocol(asyncio.Protocol):
                 self.cfg.running -= 1
                 return
             t = perf_counter()
-            self.transport.write(token)
+            self.transport.write(first if i == 0 else token)
             if i == 0:
                 record[1] = t
             if i + 1 < n:
