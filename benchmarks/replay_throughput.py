@@ -15,9 +15,15 @@ Three figures, each with 32 streamed output tokens per request:
   client's per-request cost);
 * open loop at 100 and 500 requests/s (Poisson arrivals, tokens 2 ms apart):
   achieved send rate against the trace's rate, send lateness and TTFT
-  inflation percentiles.
+  inflation percentiles;
+* worker scaling (``--workers 1 2 ...``): the capacity run again with N
+  client processes (``ReplayOptions.workers``), one core per process: N=1
+  on the client core alone, N>1 on every core of the machine (with only 2
+  cores, the second is shared with the server, which costs about a quarter
+  of what the client does per request). Client CPU per request, summed over
+  the workers, is the figure that does not depend on the cores available.
 
-    python benchmarks/replay_throughput.py [--seconds 10] [--capacity-requests 20000]
+    python benchmarks/replay_throughput.py [--seconds 10] [--capacity-requests 20000] [--workers 1 2]
 """
 
 from __future__ import annotations
@@ -54,8 +60,8 @@ def trace(n: int, rate: float | None, seed: int = 0, input_tokens: int = 128) ->
     }), "bench")
 
 
-def run(table: pa.Table, url: str, results: Path, name: str) -> tuple[dict, pa.Table]:
-    options = ReplayOptions(api="chat")
+def run(table: pa.Table, url: str, results: Path, name: str, workers: int = 1) -> tuple[dict, pa.Table]:
+    options = ReplayOptions(api="chat", workers=workers)
     pre = preflight([url], options)
     with RunStore(results, config={}, backend="replay", run_id=name) as store:
         summary = replay(table, [url], make_policy("round_robin"), store, options, pre=pre)
@@ -80,17 +86,21 @@ def machine_noise(cpu: int, seconds: float = 3.0) -> None:
           f"(> 0.5 ms), {g.sum() / seconds / 10:.1f}% of the time, longest {g.max():.1f} ms")
 
 
-def capacity(args: argparse.Namespace, results: Path) -> None:
+def capacity(args: argparse.Namespace, results: Path, workers: int = 1) -> float:
+    """Streamed requests/s completed when more is offered than the client can do."""
+    offered = args.capacity_offered * workers
     with noop_server(args.server_cpu, itl_ms=0.0) as url:
-        table = trace(args.capacity_requests, rate=args.capacity_offered)
-        summary, rows = run(table, url, results, "capacity")
+        table = trace(args.capacity_requests * workers, rate=offered)
+        summary, rows = run(table, url, results, f"capacity-{workers}", workers)
     ok = rows.filter(pa.compute.equal(rows.column("status"), "ok"))
     sent = np.asarray(ok.column("sent_s"))
     last = np.asarray(ok.column("last_token_s"))
-    span = last.max() - sent.min()
-    print(f"capacity: {ok.num_rows}/{rows.num_rows} ok, {ok.num_rows / span:,.0f} streamed requests/s completed "
-          f"(offered {args.capacity_offered:,.0f}/s, {OUTPUT_TOKENS} tokens each); client CPU "
-          f"{summary['client']['cpu_ms_per_request'] * 1e3:.0f} us/request")
+    rps = ok.num_rows / (last.max() - sent.min())
+    print(f"capacity with {workers} client process{'es' if workers > 1 else ''}: {ok.num_rows}/{rows.num_rows} ok, "
+          f"{rps:,.0f} streamed requests/s completed (offered {offered:,.0f}/s, {OUTPUT_TOKENS} tokens each); "
+          f"client CPU {summary['client']['cpu_ms_per_request'] * 1e3:.0f} us/request; "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    return rps
 
 
 def open_loop(args: argparse.Namespace, results: Path, rate: float) -> None:
@@ -118,6 +128,9 @@ def main() -> None:
     ap.add_argument("--itl-ms", type=float, default=2.0, help="server's gap between tokens in open-loop runs")
     ap.add_argument("--capacity-requests", type=int, default=20000)
     ap.add_argument("--capacity-offered", type=float, default=6000.0, help="offered rate of the capacity run")
+    ap.add_argument("--workers", type=int, nargs="*", default=[],
+                    help="also measure capacity with these numbers of client processes (e.g. 1 2)")
+    ap.add_argument("--no-open-loop", action="store_true", help="only the capacity runs")
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--server-cpu", type=int, default=1)
     args = ap.parse_args()
@@ -132,8 +145,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp)
         capacity(args, results)
-        for rate in args.rates:
-            open_loop(args, results, rate)
+        if not args.no_open_loop:
+            for rate in args.rates:
+                open_loop(args, results, rate)
+        scaling = {}
+        for n in args.workers:
+            # one process per core: a single worker on the client core, more on all of them
+            os.sched_setaffinity(0, {args.client_cpu} if n == 1 else set(range(os.cpu_count() or 1)))
+            scaling[n] = capacity(args, results, n)
+        if len(scaling) > 1 and 1 in scaling:
+            print("worker scaling: " + ", ".join(f"{n} -> {v / scaling[1]:.2f}x" for n, v in scaling.items()))
 
 
 if __name__ == "__main__":

@@ -209,3 +209,17 @@ def test_power_source_errors_are_one_line_and_write_nothing(servers, tmp_path, c
 def test_open_sources_rejects_a_count_that_fits_neither_rule():
     with pytest.raises(UserError, match="one per endpoint"):
         open_sources(["constant:1", "constant:2"], ["a", "b", "c"])
+
+
+def test_worker_processes_share_the_parents_power_readings(servers, tmp_path):
+    url, _ = servers.noop(NoopConfig(itl_s=0.005))
+    options = ReplayOptions(workers=2, power_sources=["constant:250"], power_interval_s=0.1, scrape_s=None)
+    with RunStore(tmp_path, config={}, backend="replay", run_id="w") as run:
+        replay(make_trace(n=40, rate=50.0, output_tokens=8), [url], make_policy("round_robin"), run, options,
+               pre=preflight([url], options))
+    rows = pq.read_table(run.dir / "requests.parquet").to_pylist()
+    energy = json.loads((run.dir / "run.json").read_text())["summary"]["energy"]
+    assert len(rows) == 40 and all(r["status"] == "ok" and r["energy_j"] > 0 for r in rows)
+    assert sum(r["energy_j"] for r in rows) == pytest.approx(energy["attributed_j"])
+    assert energy["energy_j"] == pytest.approx(250.0 * energy["domains"][url]["span_s"])
+    assert energy["domains"][url]["source"] == "constant:250"
