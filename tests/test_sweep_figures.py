@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from llmlb_bench.sweep.knee import kneedle
+from llmlb_bench.metrics.knee import kneedle
 from llmlb_bench.sweep.stats import mean_ci
 
 

@@ -7,7 +7,7 @@ carries the run's figures with their bootstrap intervals, so a plot can
 draw confidence bands. Per curve:
 
 * knee: the offered rate past which mean E2E latency climbs steeply,
-  found by Kneedle (:func:`llmlb_bench.sweep.knee.kneedle`: scale both axes
+  found by Kneedle (:func:`llmlb_bench.metrics.knee.kneedle`: scale both axes
   to [0, 1] and take the point furthest below the diagonal; exact on a
   hockey stick). It depends on the range swept, so compare knees of curves
   swept over the same rates;
@@ -20,7 +20,7 @@ from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
 from llmlb_bench.metrics.goodput import max_goodput
-from llmlb_bench.sweep.knee import kneedle
+from llmlb_bench.metrics.knee import kneedle
 
 KNEE_FIGURE = ("e2e", "mean")
 #: Latency figures carried on each point (with their intervals).

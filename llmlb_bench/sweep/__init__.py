@@ -11,7 +11,7 @@ See docs/sweeps.md.
 """
 
 from llmlb_bench.sweep.executors import EXECUTORS, Executor, LocalExecutor, RayExecutor, make_executor
-from llmlb_bench.sweep.knee import kneedle
+from llmlb_bench.metrics.knee import kneedle
 from llmlb_bench.sweep.runner import Progress, SweepOutcome, run_sweep
 from llmlb_bench.sweep.spec import SweepSpec, load_sweep, parse_sweep
 

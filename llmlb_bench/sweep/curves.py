@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from llmlb_bench.metrics.goodput import max_goodput
 from llmlb_bench.sweep.cells import Cell
-from llmlb_bench.sweep.knee import kneedle
+from llmlb_bench.metrics.knee import kneedle
 from llmlb_bench.sweep.stats import mean_ci
 
 
