@@ -94,7 +94,7 @@ def test_markdown_and_json_to_stdout_and_a_rules_file(sides, capsys):
     (["--rule", "goodput => 5%"], "cannot parse rule"),
     ([], "give at least one --rule"),
     (["--rule", "goodput >= -5%", "--slo", ""], "need an --slo"),
-    (["--rules", "missing.toml"], "no such rules file"),
+    (["--rules", "missing.toml"], "missing.toml: no such file"),
 ])
 def test_usage_errors_exit_2_with_one_line(sides, capsys, args, fragment):
     code, _, err = _gate(capsys, sides["base"], sides["same"], *args)

@@ -13,16 +13,12 @@ must satisfy it (latency limits need a unit: us, ms or s). Rules come from
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.tomlfile import read_toml
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
 
 LATENCIES = ("ttft", "tpot", "e2e")
 LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99")
@@ -129,12 +125,7 @@ def parse_rule(text: str, where: str = "--rule") -> Rule:
 def load_rules(path: str | Path) -> list[Rule]:
     """Rules from a TOML file with ``rules = [...]``."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError("no such rules file", path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"not valid TOML ({exc})", path) from None
+    data = read_toml(path, "rules file (.toml)")
     rules = data.get("rules")
     unknown = sorted(set(data) - {"rules"})
     if unknown:

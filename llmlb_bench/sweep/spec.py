@@ -33,22 +33,18 @@ Example (see docs/sweeps.md for every field)::
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.tomlfile import read_toml
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.policies import make_policy
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.workload import WorkloadSpec, load_spec
 from llmlb_bench.workload.fields import Section
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
 
 #: The x axis of a grid: how the offered rate is given.
 AXES = ("rate_scale", "rate", "load")
@@ -134,15 +130,7 @@ class SweepSpec:
 def load_sweep(path: str | Path) -> SweepSpec:
     """Read and validate a sweep file (workload paths are relative to it)."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError("no such file" if not path.exists() else "not a file, expected a sweep (.toml)", path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"not valid TOML ({exc})", path) from None
-    except UnicodeDecodeError:
-        raise UserError("not a text file", path) from None
-    return parse_sweep(data, str(path), path.parent, default_name=path.stem)
+    return parse_sweep(read_toml(path, "sweep (.toml)"), str(path), path.parent, default_name=path.stem)
 
 
 def parse_sweep(data: Mapping[str, Any], source: str, base: Path, default_name: str = "sweep") -> SweepSpec:
