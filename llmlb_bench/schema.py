@@ -250,6 +250,22 @@ def read_trace(path: str | Path) -> pa.Table:
     return table
 
 
+def trace_table(arrival: Any, input_tokens: Any, output_tokens: Any, where: str = "trace", **extra: Any) -> pa.Table:
+    """A TRACE table from columns (request ids 0..n-1; scalar lengths broadcast), for code
+    that builds small traces by hand: tests, reproductions, benchmarks."""
+    import numpy as np
+
+    n = len(arrival)
+    cols = {
+        "request_id": np.arange(n, dtype=np.int64),
+        "arrival_s": np.asarray(arrival, dtype=np.float64),
+        "input_tokens": np.broadcast_to(np.asarray(input_tokens, dtype=np.int32), (n,)).copy(),
+        "output_tokens": np.broadcast_to(np.asarray(output_tokens, dtype=np.int32), (n,)).copy(),
+        **extra,
+    }
+    return TRACE.conform(pa.table(cols), where)
+
+
 def trace_spec(table: pa.Table) -> dict[str, Any] | None:
     """The generating spec stored in a trace's metadata, if any."""
     raw = (table.schema.metadata or {}).get(META_SPEC)

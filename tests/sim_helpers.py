@@ -10,22 +10,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from llmlb_bench.policies import make_policy
-from llmlb_bench.schema import TRACE
+from llmlb_bench.schema import trace_table
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
 
 
 def trace(arrival: np.ndarray, input_tokens: Any, output_tokens: Any, **extra: Any) -> pa.Table:
     """A TRACE table; scalar lengths are broadcast."""
-    n = len(arrival)
-    cols = {
-        "request_id": np.arange(n, dtype=np.int64),
-        "arrival_s": np.asarray(arrival, dtype=np.float64),
-        "input_tokens": np.broadcast_to(np.asarray(input_tokens, dtype=np.int32), (n,)).copy(),
-        "output_tokens": np.broadcast_to(np.asarray(output_tokens, dtype=np.int32), (n,)).copy(),
-        **extra,
-    }
-    return TRACE.conform(pa.table(cols), "test")
+    return trace_table(arrival, input_tokens, output_tokens, "test", **extra)
 
 
 def poisson_trace(n: int, rate: float, seed: int = 0, input_mean: float = 600, output_mean: float = 150) -> pa.Table:

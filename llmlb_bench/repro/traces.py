@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from llmlb_bench.schema import TRACE
+from llmlb_bench.schema import trace_table
 from llmlb_bench.workload import generate, load_spec
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
@@ -18,15 +18,7 @@ WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
 
 def table(arrival: np.ndarray, input_tokens: Any, output_tokens: Any, **extra: Any) -> pa.Table:
     """A TRACE table from columns; scalar lengths are broadcast."""
-    n = len(arrival)
-    cols = {
-        "request_id": np.arange(n, dtype=np.int64),
-        "arrival_s": np.asarray(arrival, dtype=np.float64),
-        "input_tokens": np.broadcast_to(np.asarray(input_tokens, dtype=np.int32), (n,)).copy(),
-        "output_tokens": np.broadcast_to(np.asarray(output_tokens, dtype=np.int32), (n,)).copy(),
-        **extra,
-    }
-    return TRACE.conform(pa.table(cols), "repro")
+    return trace_table(arrival, input_tokens, output_tokens, "repro", **extra)
 
 
 def poisson(rng: np.random.Generator, rate: float, n: int) -> np.ndarray:
