@@ -277,7 +277,7 @@ def main() -> None:
     ap.add_argument("--tools", nargs="+", default=["llmlb", "guidellm", "aiperf"], choices=["llmlb", *PEERS])
     ap.add_argument("--rates", type=float, nargs="+", default=[100.0, 500.0])
     ap.add_argument("--seconds", type=float, default=10.0, help="duration of each run")
-    ap.add_argument("--repeat", type=int, default=1, help="runs of each measurement (the median is tabled)")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of every measurement (the best is tabled)")
     ap.add_argument("--no-capacity", action="store_true")
     ap.add_argument("--itl-ms", type=float, default=2.0, help="server's gap between tokens in open-loop runs")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds a peer's run may take (startup included)")
@@ -312,29 +312,30 @@ def main() -> None:
 
 
 def table(results: dict, args: argparse.Namespace) -> None:
-    """Medians over the rounds, with each peer's figure as a multiple of llmlb's."""
-    def med(tool: str, rate: float | None, pick: Callable[[dict, dict], float]) -> float | None:
+    """Each tool's best round (the machine's noise only ever adds lateness and takes capacity),
+    with each peer's figure as a multiple of llmlb's."""
+    def best(tool: str, rate: float | None, pick: Callable[[dict, dict], float]) -> float | None:
         vals = [pick(f, c) for f, c, why in results.get((tool, rate), []) if not why]
-        return float(np.median(vals)) if vals else None
+        return (max(vals) if rate is None else min(vals)) if vals else None
 
     def cell(v: float | None, base: float | None, fmt: str) -> str:
         text = "-" if v is None else format(v, fmt) + (f" ({v / base:.1f}x)" if base else "")
         return text.rjust(18)
 
-    print("\nmedians over rounds; (Nx) = the peer's figure as a multiple of llmlb's")
+    print("\nbest of the rounds; (Nx) = the peer's figure as a multiple of llmlb's")
     if not args.no_capacity:
-        base = med("llmlb", None, lambda f, c: c["rps"])
+        base = best("llmlb", None, lambda f, c: c["rps"])
         print(f"{'capacity':12s}{'requests/s':>18}   (llmlb's as a multiple of it)")
         for t in args.tools:
-            v = med(t, None, lambda f, c: c["rps"])
+            v = best(t, None, lambda f, c: c["rps"])
             ratio = f"   ({base / v:.1f}x)" if t != "llmlb" and v and base else ""
             print(f"{t:12s}{cell(v, None, ',.0f')}{ratio}")
     keys = [("lateness", "p50"), ("lateness", "p99"), ("inflation", "p50"), ("inflation", "p99")]
     for rate in args.rates:
         print(f"\n{f'{rate:g} req/s':12s}" + "".join(f"{f'{k} {q} ms':>18}" for k, q in keys))
-        base = [med("llmlb", rate, lambda f, c, k=k: f[k[0]][k[1]]) for k in keys]
+        base = [best("llmlb", rate, lambda f, c, k=k: f[k[0]][k[1]]) for k in keys]
         for t in args.tools:
-            print(f"{t:12s}" + "".join(cell(med(t, rate, lambda f, c, k=k: f[k[0]][k[1]]),
+            print(f"{t:12s}" + "".join(cell(best(t, rate, lambda f, c, k=k: f[k[0]][k[1]]),
                                             b if t != "llmlb" else None, ".2f") for k, b in zip(keys, base)))
 
 if __name__ == "__main__":
