@@ -144,7 +144,8 @@ def main() -> None:
     machine_noise(args.client_cpu)
     with tempfile.TemporaryDirectory() as tmp:
         results = Path(tmp)
-        capacity(args, results)
+        if 1 not in args.workers:  # else measured below
+            capacity(args, results)
         if not args.no_open_loop:
             for rate in args.rates:
                 open_loop(args, results, rate)
