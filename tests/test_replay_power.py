@@ -75,8 +75,9 @@ def test_attribution_splits_each_intervals_energy_by_tokens_processed():
     assert energy[0] == pytest.approx(100 * 41 / 51 + 200 * 3 / 15)
     assert energy[1] == pytest.approx(100 * 10 / 51 + 200 * 12 / 15)
     assert np.isnan(energy[2]) and np.isnan(energy[3])
-    assert summary["A"] == pytest.approx({"endpoints": ["A"], "energy_j": 350.0, "attributed_j": 300.0,
-                                          "idle_j": 50.0, "span_s": 3.0})
+    assert summary["A"]["endpoints"] == ["A"]  # pytest >= 9.2 refuses approx over nested values
+    assert {k: v for k, v in summary["A"].items() if k != "endpoints"} == pytest.approx(
+        {"energy_j": 350.0, "attributed_j": 300.0, "idle_j": 50.0, "span_s": 3.0})
 
 
 def test_a_counter_source_gives_exact_mean_power_and_missed_readings_leave_no_hole():

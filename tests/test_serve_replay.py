@@ -162,7 +162,8 @@ def test_replay_against_serve_matches_simulate(tmp_path: Path, speed: float):
     step later, the router breaks a tie the other way). So the tolerance is the spread of the
     simulator's own percentiles when each arrival is delayed as the client's sends were (a
     random draw from the replay's measured send lateness) plus up to 1 ms of wall time (loopback,
-    the server's wake-up), widened by 3% and, for TTFT, by 2 ms of wall time."""
+    the server's wake-up), widened by 5% and by 2 ms (TTFT) / 0.5 ms (TPOT) of wall time: on a
+    loaded CI machine the server's token writes run a little late, which stretches TPOT."""
     table = poisson_trace(120, rate=10.0, seed=5, input_mean=800, output_mean=60)
     cfg = ClusterConfig(replicas=2, gpu="a100-80g", model="llama-3-8b")
     proc, urls = _start_server("--replicas", "2", "--gpu", "a100-80g", "--model", "llama-3-8b",
@@ -186,6 +187,6 @@ def test_replay_against_serve_matches_simulate(tmp_path: Path, speed: float):
         spread.append(_percentiles(_simulate(tmp_path, table.set_column(column, "arrival_s", pa.array(moved)),
                                              cfg, f"moved{k}"), 1.0))
     spread = np.array(spread)
-    slack = np.array([[0.002 * speed], [0.0]])
-    low, high = spread.min(axis=0) * 0.97 - slack, spread.max(axis=0) * 1.03 + slack
+    slack = np.array([[0.002 * speed], [0.0005 * speed]])
+    low, high = spread.min(axis=0) * 0.95 - slack, spread.max(axis=0) * 1.05 + slack
     assert np.all((low <= got) & (got <= high)), (got, want, low, high)
