@@ -16,7 +16,7 @@ schedule is the tool's own: llmlb's ``scheduled_s``, GuideLLM's
 ``targeted_start``, and for AIPerf, which keeps no schedule per request,
 the constant-rate grid ``first credit + k / rate`` in credit order. Open
 loop at constant rates (default 100 and 500 requests/s, 10 s), tokens 2 ms
-apart; capacity with the whole answer written at once: llmlb offered 6,000
+apart; capacity with the whole answer written at once: llmlb offered 12,000
 requests/s (20,000 requests), GuideLLM's ``throughput`` profile and AIPerf
 at a concurrency of 256 for the run's duration; completed requests over the
 span from the first send to the last completion.
@@ -67,7 +67,7 @@ BENCH = ROOT / ".bench"
 OUTPUT_TOKENS = 32
 INPUT_TOKENS = 128
 #: llmlb's capacity run: this many requests offered at this rate, more than one core can stream
-CAPACITY_REQUESTS, CAPACITY_OFFERED = 20_000, 6_000.0
+CAPACITY_REQUESTS, CAPACITY_OFFERED = 20_000, 12_000.0
 PEERS = {"guidellm": "guidellm==0.8.1", "aiperf": "aiperf==0.13.0"}
 HF_REPO = "llmlb/bench-tokenizer"
 _REVISION = "0" * 40

@@ -125,10 +125,9 @@ class Prometheus:
         self.timeout = timeout
         self.name = f"prometheus:{self.url}"
         try:
-            first = self.read()
+            self.read()
         except OSError as exc:
             raise UserError(f"cannot read {self.url}: {exc}", "--power-source") from None
-        self.metric = DCGM_ENERGY if first.energy_j is not None else DCGM_POWER
 
     def read(self) -> Reading:
         try:
