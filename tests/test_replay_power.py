@@ -198,6 +198,8 @@ def test_power_source_errors_are_one_line_and_write_nothing(servers, tmp_path, c
 
     assert "unknown power source 'rapl'" in error("rapl")
     assert "watts >= 0" in error("constant:-3")
+    line = error("prometheus:http://user:secret@127.0.0.1:9")
+    assert "without credentials" in line and "secret" not in line
     assert "one power source for the fleet or one per endpoint" in error("constant:1", "constant:2")
     assert "cannot read http://127.0.0.1:9/metrics" in error("prometheus:http://127.0.0.1:9")
     assert "neither DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION nor DCGM_FI_DEV_POWER_USAGE" in error(f"prometheus:{url}/metrics")

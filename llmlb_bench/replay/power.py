@@ -119,8 +119,9 @@ class Prometheus:
     """A DCGM exporter's ``/metrics``: the energy counter when present, else the power gauge."""
 
     def __init__(self, url: str, timeout: float = 2.0) -> None:
-        if not re.match(r"^https?://[^/]+", url):
-            raise UserError(f"expected prometheus:http(s)://HOST:PORT[/path], got {url!r}", "--power-source")
+        if not re.match(r"^https?://[^/@]+(/|$)", url):  # no credentials: the URL is stored in run.json
+            raise UserError("expected prometheus:http(s)://HOST:PORT[/path], without credentials (the URL is "
+                            "not echoed here, as it may hold one)", "--power-source")
         self.url = url if re.match(r"^https?://[^/]+/.", url) else url.rstrip("/") + "/metrics"
         self.timeout = timeout
         self.name = f"prometheus:{self.url}"
