@@ -41,3 +41,24 @@ def by_request_id(table: pa.Table) -> pa.Table:
     import pyarrow.compute as pc
 
     return table.take(pc.sort_indices(table, [("request_id", "ascending")]))
+
+
+#: An A100-like GPU with little memory left for KV cache (~585 blocks for Llama-3-8B), so
+#: requests get preempted; write it to a .toml file and pass it in ClusterConfig.catalogs.
+TINY_GPU = """
+[gpus.tiny-gpu]
+description = "A100 with 18 GiB: a KV cache of ~585 blocks for Llama-3-8B, so requests get preempted"
+memory_gib = 18
+bf16_tflops = 312
+hbm_gb_s = 2039
+link_gb_s = 300
+link_latency_us = 8
+idle_w = 55
+max_w = 400
+price_per_hour = 1.0
+compute_efficiency = 0.6
+memory_efficiency = 0.8
+step_overhead_ms = 2.0
+layer_latency_us = 40
+memory_power_fraction = 0.6
+"""

@@ -16,7 +16,7 @@ from llmlb_bench.serve.live import LiveFleet, LiveRequest, Submission
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.sim.replica import Request
 from llmlb_bench.store import RunStore
-from tests.sim_helpers import trace
+from tests.sim_helpers import TINY_GPU, trace
 
 SPEED = 20.0
 
@@ -80,25 +80,6 @@ def _live_run(cfg: ClusterConfig, reqs, stream: bool = True, policy=None, speed:
         fleet.close()
         return fleet, rec, lives
     return asyncio.run(go())
-
-
-TINY_GPU = """
-[gpus.tiny-gpu]
-description = "A100 with 18 GiB: a KV cache of ~585 blocks for Llama-3-8B, so requests get preempted"
-memory_gib = 18
-bf16_tflops = 312
-hbm_gb_s = 2039
-link_gb_s = 300
-link_latency_us = 8
-idle_w = 55
-max_w = 400
-price_per_hour = 1.0
-compute_efficiency = 0.6
-memory_efficiency = 0.8
-step_overhead_ms = 2.0
-layer_latency_us = 40
-memory_power_fraction = 0.6
-"""
 
 
 @pytest.mark.parametrize("case", ["prefix_cache", "preemption"])

@@ -9,7 +9,7 @@ import pytest
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.sim import replica as replica_mod
 from llmlb_bench.sim.cost import CostModel
-from sim_helpers import by_request_id, poisson_trace, run_sim, trace
+from sim_helpers import TINY_GPU, by_request_id, poisson_trace, run_sim, trace
 
 
 def _token_times(row_segments: list[dict]) -> np.ndarray:
@@ -49,23 +49,7 @@ def test_identical_inputs_give_identical_rows(tmp_path):
 def tiny_kv_catalog(tmp_path):
     """An A100-like GPU with little memory left for KV cache (~585 blocks for Llama-3-8B)."""
     path = tmp_path / "tiny.toml"
-    path.write_text("""
-[gpus.tiny-gpu]
-description = "A100 with 18 GiB: leaves a small KV cache"
-memory_gib = 18
-bf16_tflops = 312
-hbm_gb_s = 2039
-link_gb_s = 300
-link_latency_us = 8
-idle_w = 55
-max_w = 400
-price_per_hour = 1.0
-compute_efficiency = 0.6
-memory_efficiency = 0.8
-step_overhead_ms = 2.0
-layer_latency_us = 40
-memory_power_fraction = 0.6
-""")
+    path.write_text(TINY_GPU)
     return str(path)
 
 
