@@ -104,6 +104,15 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+#: Above this Hill alpha the largest values are nearly equal: the lengths are capped or
+#: light-tailed, and the number itself says nothing (it grows without bound as the top flattens).
+BOUNDED_ALPHA = 20.0
+
+
+def _tail(alpha: float) -> str:
+    return f"> {BOUNDED_ALPHA:g} (bounded or light tail)" if alpha > BOUNDED_ALPHA else _fmt(alpha)
+
+
 def _stats_table(f: dict[str, Any], title: str) -> Table:
     table = Table(title=title, show_header=True)
     table.add_column("figure")
@@ -116,7 +125,7 @@ def _stats_table(f: dict[str, Any], title: str) -> Table:
         q = f[col]
         table.add_row(f"{col} mean / p50 / p90 / p99 / max",
                       " / ".join(_fmt(q[k]) for k in ("mean", "p50", "p90", "p99", "max")))
-        table.add_row(f"{col} Hill tail index", _fmt(q["hill_alpha"]))
+        table.add_row(f"{col} Hill tail index", _tail(q["hill_alpha"]))
     for key in ("io_spearman", "io_pearson_log", "dependent_requests"):
         if key in f:
             table.add_row(key, _fmt(f[key]))
