@@ -4,18 +4,25 @@ Why columns and a writer thread: building one dict per request and letting
 the sink convert it costs more than the HTTP exchange itself at thousands of
 requests per second, and encoding a Parquet row group (zstd) on the event
 loop would stall every stream for milliseconds and show up as fake latency.
-Here each finished request appends plain values to lists; every few hundred
-rows they become Arrow arrays in one go, and the sink's write (which flushes
-row groups with the GIL released) runs on a single background thread, so
-rows keep their order.
+Each finished request appends plain values to lists (token times to typed
+``array`` buffers); handing them over is a swap of buffers, and everything
+that costs time (Arrow conversion, about 2 us per row plus 10 ns per token
+segment, and the sink's write) runs on a single background thread, so rows
+keep their order. Converting on the event loop instead made the dispatcher
+up to 10 ms late once a second at 500 requests/s; the replayer also lowers
+the interpreter's switch interval so that this thread cannot keep the event
+loop waiting for the GIL for long (see ``runner.Replayer.run``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+from array import array
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.schema import TOKEN_SEGMENT
@@ -51,10 +58,9 @@ class RowBuffer:
 
     def _clear(self) -> None:
         self._cols: list[list[Any]] = [[] for _ in SCALARS]
-        self._seg_start: list[float] = []
-        self._seg_count: list[int] = []
-        self._offsets: list[int] = [0]
-        self._has_segments: list[bool] = []
+        self._seg_start = array("d")
+        self._seg_count = array("i")
+        self._offsets = array("i", [0])
 
     def __len__(self) -> int:
         return len(self._cols[0])
@@ -67,24 +73,55 @@ class RowBuffer:
         if seg_start:
             self._seg_start.extend(seg_start)
             self._seg_count.extend(seg_count or ())
-        self._has_segments.append(bool(seg_start))
         self._offsets.append(len(self._seg_start))
 
-    def take(self) -> dict[str, pa.Array] | None:
-        """Everything buffered as Arrow columns (and an empty buffer), or None."""
+    def detach(self) -> "RawRows | None":
+        """What is buffered, for :func:`to_arrow` on another thread (and an empty buffer), or None.
+
+        Cheap on purpose: the event loop calls it."""
         if not len(self):
             return None
-        out = {name: pa.array(col, type=typ) for (name, typ), col in zip(SCALARS, self._cols)}
-        n_seg = len(self._seg_start)
-        segments = pa.StructArray.from_arrays(
-            [pa.array(self._seg_start, pa.float64()), pa.array([0.0] * n_seg, pa.float64()),
-             pa.array(self._seg_count, pa.int32())],
-            fields=list(TOKEN_SEGMENT))
-        mask = pa.array([not h for h in self._has_segments], pa.bool_())
-        out["token_times"] = pa.ListArray.from_arrays(pa.array(self._offsets, pa.int32()), segments,
-                                                      mask=mask)
+        raw = RawRows(self._cols, self._seg_start, self._seg_count, self._offsets)
         self._clear()
+        return raw
+
+
+class RawRows:
+    """A detached :class:`RowBuffer`'s contents."""
+
+    __slots__ = ("cols", "seg_start", "seg_count", "offsets")
+
+    def __init__(self, cols: list[list[Any]], seg_start: array, seg_count: array, offsets: array) -> None:
+        self.cols, self.seg_start, self.seg_count, self.offsets = cols, seg_start, seg_count, offsets
+
+    def __len__(self) -> int:
+        return len(self.cols[0])
+
+    def to_arrow(self) -> dict[str, pa.Array]:
+        """The rows as Arrow columns; a row without segments gets a null ``token_times``."""
+        out = {name: pa.array(col, type=typ) for (name, typ), col in zip(SCALARS, self.cols)}
+        starts = np.frombuffer(self.seg_start, dtype=np.float64) if self.seg_start else np.zeros(0)
+        counts = np.frombuffer(self.seg_count, dtype=np.int32) if self.seg_count else np.zeros(0, np.int32)
+        offsets = np.frombuffer(self.offsets, dtype=np.int32)
+        segments = pa.StructArray.from_arrays(
+            [pa.array(starts), pa.array(np.zeros(starts.size)), pa.array(counts)], fields=list(TOKEN_SEGMENT))
+        out["token_times"] = pa.ListArray.from_arrays(pa.array(offsets), segments,
+                                                      mask=pa.array(offsets[1:] == offsets[:-1]))
         return out
+
+
+def _background() -> None:
+    """Run this thread only when no other thread wants the CPU (Linux ``SCHED_IDLE``).
+
+    With the replayer pinned to one core, the writer's work would otherwise
+    take the core from the event loop for a scheduler slice (milliseconds)
+    at a time; at idle priority the event loop preempts it the moment it
+    wakes up. Where the call is not available, the thread keeps normal priority."""
+    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # pid 0: this thread
+        except OSError:
+            pass
 
 
 class RowWriter:
@@ -94,7 +131,7 @@ class RowWriter:
         self.sink = sink
         self.buffer = RowBuffer()
         self.batch_rows = batch_rows
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmlb-rows")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmlb-rows", initializer=_background)
         self._pending: list[asyncio.Future[None]] = []
         self.rows = 0
 
@@ -103,14 +140,17 @@ class RowWriter:
 
     def submit(self) -> None:
         """Hand what is buffered to the writer thread (in order, without waiting)."""
-        cols = self.buffer.take()
-        if cols is not None:
-            self.rows += len(cols["request_id"])
+        raw = self.buffer.detach()
+        if raw is not None:
+            self.rows += len(raw)
             loop = asyncio.get_running_loop()
             for fut in [f for f in self._pending if f.done()]:
                 self._pending.remove(fut)
                 fut.result()  # a failed write surfaces here rather than vanishing
-            self._pending.append(loop.run_in_executor(self._pool, self.sink.write, cols))
+            self._pending.append(loop.run_in_executor(self._pool, self._write, raw))
+
+    def _write(self, raw: RawRows) -> None:
+        self.sink.write(raw.to_arrow())
 
     async def drain(self) -> None:
         """Submit the rest and wait until the thread has written everything."""
@@ -122,10 +162,10 @@ class RowWriter:
     def close(self) -> None:
         """Write anything left synchronously (after the loop is gone) and stop the thread."""
         self._pool.shutdown(wait=True)
-        cols = self.buffer.take()
-        if cols is not None:
-            self.rows += len(cols["request_id"])
-            self.sink.write(cols)
+        raw = self.buffer.detach()
+        if raw is not None:
+            self.rows += len(raw)
+            self._write(raw)
 
 
 def write_table(sink: ParquetSink, table: pa.Table) -> None:

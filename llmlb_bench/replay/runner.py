@@ -35,6 +35,7 @@ import gc
 import json
 import resource
 import signal
+import sys
 import threading
 from collections import Counter, deque
 from time import perf_counter
@@ -64,6 +65,8 @@ from llmlb_bench.store import RunStore
 _SPIN_S = 0.0015
 #: dispatches in a row before the dispatcher lets I/O run (when it is behind schedule)
 _BURST = 32
+#: how long a thread waits for the GIL before asking for it, while the replay runs (default 5 ms)
+_SWITCH_S = 0.0002
 _API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
@@ -183,9 +186,14 @@ class Replayer:
         # the event loop, from walking them again and again
         gc.collect()
         gc.freeze()
+        # the row writer thread converts and writes rows while the loop runs; by default a thread
+        # that wants the GIL waits 5 ms before asking for it, which the dispatcher would pay as lateness
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(_SWITCH_S)
         try:
             loop.run_until_complete(self._main())
         finally:
+            sys.setswitchinterval(switch)
             gc.unfreeze()
             restore()
             loop.run_until_complete(loop.shutdown_asyncgens())
