@@ -44,6 +44,9 @@ class GPU:
     step_overhead_ms: float
     layer_latency_us: float
     memory_power_fraction: float
+    #: effective host<->GPU bandwidth per GPU, GB/s (KV swap to CPU); optional in user catalogs,
+    #: where it defaults to PCIe Gen4 x16 (catalog/gpus.toml cites the figures)
+    host_link_gb_s: float = 25.0
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,7 @@ class Catalog:
             raise UserError(f"unknown model {name!r} (known: {', '.join(sorted(self.models))})", where) from None
 
 
-_FLOAT_POSITIVE = {"memory_gib", "bf16_tflops", "hbm_gb_s", "link_gb_s", "max_w", "params_b",
+_FLOAT_POSITIVE = {"memory_gib", "bf16_tflops", "hbm_gb_s", "link_gb_s", "host_link_gb_s", "max_w", "params_b",
                    "active_params_b", "weight_bytes", "kv_bytes"}
 _FRACTION = {"compute_efficiency", "memory_efficiency", "memory_power_fraction"}
 
@@ -114,6 +117,8 @@ def _record(cls: type, name: str, raw: Mapping[str, Any], where: str) -> Any:
     values: dict[str, Any] = {"name": name}
     for fname, f in fields.items():
         if fname not in raw:
+            if f.default is not dataclasses.MISSING:
+                continue
             raise UserError(f"entry {name!r} is missing field {fname!r}", where)
         v = raw[fname]
         want = f.type if isinstance(f.type, str) else f.type.__name__

@@ -32,12 +32,14 @@ from llmlb_bench.sim.autoscale import AutoscaleSpec
 from llmlb_bench.sim.scheduling import make_engine_scheduler
 
 ROLES = ("mixed", "prefill", "decode")
+PREEMPTION_MODES = ("recompute", "swap")
 FAILURE_MODES = ("retry", "fail")
 TOKEN_TIMES = ("segments", "summary")
 
 #: fields a pool may set (the rest of ClusterConfig is cluster-wide)
 POOL_FIELDS = ("replicas", "gpu", "model", "tp", "max_num_seqs", "max_num_batched_tokens", "block_size",
-               "gpu_memory_utilization", "chunked_prefill", "enable_prefix_caching", "max_model_len")
+               "gpu_memory_utilization", "chunked_prefill", "enable_prefix_caching", "max_model_len", "preemption",
+               "swap_space_gib")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,9 @@ class PoolConfig:
     chunked_prefill: bool
     enable_prefix_caching: bool
     max_model_len: int | None
+    # defaulted so that pool records stored before these settings existed still load
+    preemption: str = "recompute"
+    swap_space_gib: float = 4.0
 
     def gpu_spec(self, catalogs: tuple[str, ...] = ()) -> GPU:
         return load_catalog(catalogs).gpu(self.gpu)
@@ -89,6 +94,12 @@ class ClusterConfig:
     enable_prefix_caching: bool = True
     #: longest prompt + output a request may have; ``None`` = the model's context length
     max_model_len: int | None = None
+    #: what a replica does with a request it preempts when KV blocks run out: "recompute" (vLLM v1, the
+    #: only mode it has: drop the KV, prefill again later) or "swap" (vLLM v0's ``preemption_mode="swap"``:
+    #: copy the KV to CPU memory over the host link and back; recompute when the swap space is full)
+    preemption: str = "recompute"
+    #: CPU memory per GPU for swapped-out KV blocks, GiB (vLLM's ``swap_space``, default 4); used by "swap"
+    swap_space_gib: float = 4.0
     #: pools of replicas (dicts of POOL_FIELDS plus ``name`` and ``role``); empty = one pool from the fields above
     pools: tuple[Any, ...] = ()
     #: prefill -> decode KV transfer link (disaggregation): bandwidth per prefill replica and latency
@@ -285,6 +296,12 @@ def _check_engine(p: PoolConfig, where: str, catalogs: tuple[str, ...]) -> None:
                         f"({p.max_num_seqs})", f"{where}.max_num_batched_tokens")
     if p.max_model_len is not None and (not isinstance(p.max_model_len, int) or p.max_model_len < 2):
         raise UserError("must be an integer >= 2", f"{where}.max_model_len")
+    if p.preemption not in PREEMPTION_MODES:
+        raise UserError(f"must be one of {', '.join(PREEMPTION_MODES)}, got {p.preemption!r}", f"{where}.preemption")
+    if isinstance(p.swap_space_gib, bool) or not isinstance(p.swap_space_gib, (int, float)) or p.swap_space_gib < 0:
+        raise UserError(f"must be a number of GiB >= 0, got {p.swap_space_gib!r}", f"{where}.swap_space_gib")
+    if p.preemption == "swap" and not p.swap_space_gib > 0:
+        raise UserError("preemption = \"swap\" needs swap_space_gib > 0", f"{where}.swap_space_gib")
     cat = load_catalog(catalogs)
     cat.gpu(p.gpu, f"{where}.gpu")
     cat.model(p.model, f"{where}.model")

@@ -120,6 +120,9 @@ class CostModel:
             self._ar_fixed = self._ar_per_token = 0.0
         self.kv_blocks = self._kv_blocks(max_num_batched_tokens, max_num_seqs, gpu_memory_utilization, block_size)
         self.block_size = block_size
+        #: seconds to copy one KV block between GPU and host memory (KV swap): every GPU copies its
+        #: own shard over its own host link, in parallel, so one GPU's share of the bytes counts
+        self.swap_block_s = self.kv_bytes_per_token * block_size / (gpu.host_link_gb_s * 1e9)
         # Largest d(step time)/d(context token): bounds how fast a decode step slows down as contexts grow.
         self.context_slope = math.hypot(self.attn_flops / self.peak_flops, self.kv_bytes_per_token / self.bandwidth)
         # Coefficients of the simulator's hot path (:meth:`run_step`): seconds per unit.
@@ -151,6 +154,10 @@ class CostModel:
                 f"+ activations {(activations + NON_TORCH_BYTES) / GIB:.1f} GiB per GPU exceed "
                 f"{budget / GIB:.1f} GiB usable; raise tp or gpu_memory_utilization", "cluster")
         return blocks
+
+    def swap_blocks(self, swap_space_gib: float) -> int:
+        """KV blocks that ``swap_space_gib`` of CPU memory per GPU holds (vLLM v0: swap_space // block bytes)."""
+        return int(swap_space_gib * GIB // (self.kv_bytes_per_token * self.block_size))
 
     def weights_read(self, tokens: int) -> float:
         """Weight bytes one step reads: all dense weights, and the experts that ``tokens`` tokens touch.

@@ -569,6 +569,8 @@ class Simulation:
             "events": self.events,
             "steps": sum(r.step for r in reps),
             "preemptions": sum(r.preemptions for r in reps),
+            "prefill_tokens": sum(r.prefill_tokens for r in reps),
+            **({"swap": _swap_summary(reps)} if any(r.swap_total for r in reps) else {}),
             "retries": self.retries,
             "failures": sum(r.failures for r in reps),
             "kv_blocks": {r.name: r.total_blocks for r in reps},
@@ -586,6 +588,16 @@ class Simulation:
             **({"expert_load": {name: _expert_summary(load, end) for name, load in self.expert_loads.items()}}
                if self.expert_loads else {}),
         }
+
+
+def _swap_summary(reps: list[Any]) -> dict[str, Any]:
+    """KV swap totals of the replicas that swap: preemptions that swapped out, swap-ins, preemptions
+    that recomputed because the swap space was full, and seconds spent copying over host links."""
+    swapping = [r for r in reps if r.swap_total]
+    return {"swap_outs": sum(r.swap_outs for r in swapping), "swap_ins": sum(r.swap_ins for r in swapping),
+            "recompute_fallbacks": sum(r.swap_fallbacks for r in swapping),
+            "transfer_s": sum(r.swap_time_s for r in swapping),
+            "swap_blocks": {r.name: r.swap_total for r in swapping}}
 
 
 def _expert_summary(load: Any, end: float) -> dict[str, Any]:

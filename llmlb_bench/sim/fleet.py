@@ -75,12 +75,14 @@ class Fleet:
         p = self.pools[pool_name]
         i = len(self.replicas)
         unit, stride = self._units[pool_name]
-        rep = Replica(i, f"r{i}", self._costs[pool_name], max_num_seqs=p.max_num_seqs,
+        cost = self._costs[pool_name]
+        rep = Replica(i, f"r{i}", cost, max_num_seqs=p.max_num_seqs,
                       max_num_batched_tokens=p.max_num_batched_tokens, block_size=p.block_size,
                       chunked_prefill=p.chunked_prefill, prefix_unit_blocks=unit, pool=p.name, role=p.role,
                       scheduler=make_engine_scheduler(self.cfg.scheduler, self.cfg.scheduler_args, self.seed),
                       context_limit=p.max_model_len or p.model_spec(self.cfg.catalogs).max_context,
-                      hash_stride=stride, created_at=now)
+                      hash_stride=stride, created_at=now,
+                      swap_blocks=cost.swap_blocks(p.swap_space_gib) if p.preemption == "swap" else 0)
         rep.starting = starting
         rep.t = now
         self.replicas.append(rep)

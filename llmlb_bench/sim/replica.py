@@ -15,6 +15,20 @@ admitted running request (or the scheduler's victim) is preempted
 (recompute: its blocks are freed and it goes back to the head of the
 waiting queue, keeping the tokens it already streamed), as vLLM does.
 
+With ``swap_blocks`` > 0 (vLLM v0's ``preemption_mode="swap"``) the victim's
+KV blocks are copied to CPU memory instead, when they fit in what is left of
+the swap space (else it is recomputed, where vLLM v0 would abort the engine).
+Swapped requests wait in their own queue, which comes before the waiting
+queue: at a step that preempts nobody, they are swapped back in (the most
+recently swapped first; under FCFS that is the earliest admitted, as vLLM
+v0's arrival order gives, and under other schedulers the most urgent, since
+victims are taken least urgent first) while a seat, the token budget and
+their blocks remain, and no waiting request is admitted while one is still
+out. A swapped-in request resumes where it stopped (decode, or the rest of
+its prefill) without recomputing anything. The copies run over the GPU's
+host link before the step's forward pass, as vLLM v0's worker does, so the
+step that swaps lasts ``blocks x swap_block_s`` longer, at idle power.
+
 Why this is fast: between two events that change the batch (an arrival that
 can be admitted, a prefill chunk, a finish, a preemption, running out of
 free blocks) every step is a decode step of the same requests, so a whole
@@ -93,7 +107,7 @@ class Replica:
                  max_num_batched_tokens: int, block_size: int, chunked_prefill: bool,
                  prefix_unit_blocks: int = 0, pool: str = "default", role: str = "mixed",
                  scheduler: EngineScheduler | None = None, context_limit: int = 1 << 30, hash_stride: int = 1,
-                 created_at: float = 0.0) -> None:
+                 created_at: float = 0.0, swap_blocks: int = 0) -> None:
         self.index = index
         self.name = name
         self.pool = pool
@@ -134,6 +148,13 @@ class Replica:
         self.context = 0                             # their total context for the next step
         self.phase = [0] * block_size                # decoders needing a new block at steps = p (mod bs)
         self.finish_heap: list[tuple[int, int, Request, int]] = []
+        #: KV swap (0 blocks: preemption by recompute only): the CPU blocks, those in use, the swapped-out
+        #: requests as (request, blocks, was decoding), next to swap in first, and the transfer seconds
+        #: the step being planned owes
+        self.swap_total = swap_blocks
+        self.swap_used = 0
+        self.swapped: deque[tuple[Request, int, bool]] = deque()
+        self.swap_s = 0.0
         self._done_here: list[Request] = []          # finished at a prefill completion, reported at the boundary
         self._aborted: list[Request] = []            # to drop at the next boundary (see ``abort``)
         self._seq = 0
@@ -150,6 +171,9 @@ class Replica:
         self.run_decode_only = False
         # totals
         self.preemptions = 0
+        self.prefill_tokens = 0                      # prompt tokens computed, recomputed ones included
+        self.swap_outs = self.swap_ins = self.swap_fallbacks = 0
+        self.swap_time_s = 0.0
         self.failures = 0
         self.energy_j = 0.0                          # up to the last boundary (or to ``idle_since``)
         self.idle_since = created_at
@@ -190,7 +214,7 @@ class Replica:
     def oldest_needed_step(self) -> int:
         """The first step whose timeline entry an unfinished request still needs."""
         oldest = self.step + 1
-        for group in (self.running, self.waiting):
+        for group in (self.running, self.waiting, (r for r, _, _ in self.swapped)):
             for req in group:
                 first = req.spans[0][0] if req.spans else req.span_start
                 if 0 <= first < oldest:
@@ -214,7 +238,7 @@ class Replica:
         # A decode run ends early at the next step boundary when the newcomer could be admitted there
         # (with no decode step at all if it arrives during the mixed step that precedes the run).
         if (self.run_decode_only and self.run_n and len(self.running) < self.max_seqs
-                and (len(self.waiting) == 1 or not self._fcfs)):
+                and (len(self.waiting) == 1 or not self._fcfs) and not self.swapped):
             j = int((t - self.run_start) / self.run_gap) + 1 if t >= self.run_start else 0
             if j < self.run_n:
                 self.run_n = j
@@ -232,7 +256,13 @@ class Replica:
         queue leaves at once; a running one leaves the batch at the end of the step in progress
         (the run in flight is cut there) and is reported in ``boundary``'s ``done`` list, with
         ``generated`` tokens, fewer than it asked for. Under other engine schedulers a waiting
-        request stays queued until it is admitted and is dropped at the boundary after that."""
+        request stays queued until it is admitted and is dropped at the boundary after that.
+        A swapped-out request leaves at once, giving back its swap space."""
+        for k, (r, blocks, _) in enumerate(self.swapped):
+            if r is req:
+                del self.swapped[k]
+                self.swap_used -= blocks
+                return None
         if self._fcfs and req not in self.running:
             self.waiting.remove(req)
             return None
@@ -299,6 +329,7 @@ class Replica:
         cache = self.cache
         for req, chunk in self.run_chunks:
             req.computed += chunk
+            self.prefill_tokens += chunk
             if not self._fcfs:   # a chunk that completes the prefill also samples a token
                 self.scheduler.on_tokens(req, chunk, int(req.computed == req.prompt + req.generated), self.t)
             if cache is not None and req.hashes is not None:
@@ -378,9 +409,10 @@ class Replica:
             spans.append((req.span_start, self.step))
 
     def _preempt(self) -> tuple[Request, bool]:
-        """Preempt a running request (recompute): the most recently admitted one under FCFS,
-        else the engine scheduler's victim. Returns it and whether it was decoding and
-        needed a new block at the next step."""
+        """Preempt a running request: the most recently admitted one under FCFS, else the
+        engine scheduler's victim; swap its KV out when swapping is on and the swap space
+        has room, else recompute. Returns it and whether it was decoding and needed a new
+        block at the next step."""
         if self._fcfs:
             req = next(reversed(self.running))
         else:
@@ -390,27 +422,82 @@ class Replica:
         if decoding:
             phase_hit = (self.step + 1 - (req.step0 - req.ctx0)) % self.bs == 0
             computed = self._stop_decode(req)
-            self._free(req, -(-computed // self.bs))
+            blocks = -(-computed // self.bs)
             if req.spans is None:
                 req.spans = []
             req.spans.append((req.span_start, self.step))
         else:
             phase_hit = False
             self.prefilling.remove(req)
-            self._free(req, req.blocks)
-        req.computed = 0
+            blocks = req.blocks
+        self._free(req, blocks)
         req.span_start = -1
         req.preemptions += 1
         self.preemptions += 1
+        if self.swap_total and self._swap_out(req, blocks, decoding):
+            return req, decoding and phase_hit
+        req.computed = 0
         if self._fcfs:
             self.waiting.appendleft(req)
         else:
             self.waiting.requeue(req)
         return req, decoding and phase_hit
 
+    def _swap_out(self, req: Request, blocks: int, decoding: bool) -> bool:
+        """Copy the ``blocks`` KV blocks of the preempted ``req`` to CPU memory if they fit there
+        (the copy's time goes to the step being planned). Returns whether it was swapped."""
+        if self.swap_used + blocks > self.swap_total:
+            self.swap_fallbacks += 1
+            return False
+        self.swap_used += blocks
+        self.swap_s += blocks * self.cost.swap_block_s
+        self.swap_outs += 1
+        self.swapped.appendleft((req, blocks, decoding))
+        return True
+
+    def _swap_in(self, budget: int, free: int, need: int,
+                 chunks: list[tuple[Request, int]]) -> tuple[int, int, int]:
+        """Bring swapped-out requests back (see the module docstring) while a seat, the token
+        budget and their blocks remain. Decoders rejoin the batch at the step being planned;
+        partial prefills get a chunk in ``chunks``. Returns the budget, free blocks and blocks the
+        decoders need at the next step, updated."""
+        swapped, bs = self.swapped, self.bs
+        while swapped and budget > 0 and len(self.running) < self.max_seqs:
+            req, blocks, decoding = swapped[0]
+            if decoding:
+                chunk = 1
+                extra = int(req.computed % bs == 0)     # its next token starts a block
+            else:
+                todo = req.prompt + req.generated - req.computed
+                chunk = min(todo, budget)
+                if chunk < todo and not self.chunked:
+                    break
+                extra = -(-(req.computed + chunk) // bs) - blocks
+            if blocks + extra > free:
+                break
+            swapped.popleft()
+            self.swap_used -= blocks
+            self.swap_s += blocks * self.cost.swap_block_s
+            self.swap_ins += 1
+            self.running[req] = None
+            self.used += blocks
+            free -= blocks + extra
+            budget -= chunk
+            if decoding:
+                req.span_start = self.step + 1
+                self._start_decode(req)
+                need += extra
+            else:
+                req.blocks = blocks + extra
+                self.used += extra
+                self.prefilling.append(req)
+                chunks.append((req, chunk))
+        return budget, free, need
+
     def drain(self, t: float) -> list[Request]:
-        """Remove every request at time ``t`` (replica failure): returns them; KV and cache are lost."""
-        reqs = list(self.running) + list(self.waiting)
+        """Remove every request at time ``t`` (replica failure): returns them; KV (swapped-out
+        KV too) and cache are lost."""
+        reqs = list(self.running) + list(self.waiting) + [r for r, _, _ in self.swapped]
         for req in reqs:
             if req.step0 >= 0:
                 self._stop_decode(req)
@@ -420,6 +507,9 @@ class Replica:
         self.running.clear()
         self.prefilling.clear()
         self.waiting.clear()
+        self.swapped.clear()
+        self.swap_used = 0
+        self.swap_s = 0.0
         self.finish_heap.clear()
         self.used = self.decoding = self.context = 0
         self.phase = [0] * self.bs
@@ -439,7 +529,7 @@ class Replica:
     def _schedule(self) -> float | None:
         bs = self.bs
         need = self.phase[(self.step + 1) % bs] if self.decoding else 0
-        if not self.waiting and not self.prefilling and need <= self.total_blocks - self.used:
+        if not self.waiting and not self.prefilling and not self.swapped and need <= self.total_blocks - self.used:
             return self._plan([], False)      # the common case: only decodes continue
         budget = self.budget - self.decoding
         preempted = False
@@ -473,10 +563,15 @@ class Replica:
             free -= nb
             budget -= chunk
             chunks.append((req, chunk))
-        # 3. waiting requests in the scheduler's order, only if nothing was preempted this step
+        # 3. swapped-out requests, then waiting ones in the scheduler's order, only if nothing was
+        # preempted this step; none is admitted while a swapped request is still out (vLLM v0)
         if not preempted:
             waiting = self.waiting
             cache = self.cache
+            if self.swapped:
+                budget, free, need = self._swap_in(budget, free, need, chunks)
+                if self.swapped:
+                    budget = 0
             while waiting and budget > 0 and len(self.running) < self.max_seqs:
                 req = waiting[0] if self._fcfs else waiting.head(self.t)
                 hit = revive = 0
@@ -555,6 +650,8 @@ class Replica:
                     ending = True
         gap, power = self.cost.run_step(tokens + decoding, attn + self.context, kv + self.context,
                                         decoding + completing)
+        if self.swap_s:
+            gap, power = self._with_swap(gap, power)
         share = power * gap / (tokens + decoding)
         for req, chunk in chunks:
             req.energy += share * chunk
@@ -579,7 +676,7 @@ class Replica:
         """A run of decode steps up to the next finish, block shortage or step-time drift."""
         decoding = self.decoding
         n = self._next_finish() - self.step
-        if preempted or self.prefilling:
+        if preempted or self.prefilling or self.swap_s:
             n = 1
         else:
             free = self.total_blocks - self.used
@@ -591,6 +688,8 @@ class Replica:
                 n = n_tol if n_tol > 0 else 1
         ctx = self.context + decoding * (n - 1) / 2
         gap, power = self.cost.run_step(decoding, ctx, ctx, decoding)
+        if self.swap_s:
+            gap, power = self._with_swap(gap, power)
         self.run_chunks = []
         self.run_n = n
         self.run_gap = gap
@@ -600,6 +699,15 @@ class Replica:
         if n:   # n = 0 only behind an applied mixed step, when the next step needs a preemption
             self.timeline.runs.append((self.step + 1, self.run_start, gap, n, power * gap / decoding))
         return self.run_start + n * gap
+
+    def _with_swap(self, gap: float, power: float) -> tuple[float, float]:
+        """(step time, power) of a step that first copies the pending swap traffic over the host
+        link: longer by the copy time, which the GPUs spend at idle power."""
+        t = self.swap_s
+        self.swap_s = 0.0
+        self.swap_time_s += t
+        total = gap + t
+        return total, (power * gap + self.cost.idle_power_w * t) / total
 
     def _next_finish(self) -> int:
         """Step at which the next decoding request finishes (drops stale heap entries)."""
