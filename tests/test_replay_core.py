@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import random
+import socket
 import struct
 import zlib
 from collections import Counter
@@ -24,7 +25,7 @@ from llmlb_bench.errors import UserError
 from llmlb_bench.policies import Policy, RouteRequest, View
 from llmlb_bench.policies.base import HOLD, REJECT
 from llmlb_bench.replay import ReplayOptions
-from llmlb_bench.replay.http import parse_endpoint
+from llmlb_bench.replay.http import Pool, parse_endpoint
 from llmlb_bench.replay.noop_server import NoopConfig
 from llmlb_bench.replay.prompts import PIECES, PromptBuilder
 from llmlb_bench.replay.sse import SSEDecoder
@@ -79,6 +80,44 @@ def test_endpoint_urls_are_normalised_and_bad_ones_refused():
     for bad in ("localhost:8000", "ftp://x", "http://", "http://h:99999", "http://u:p@h/"):
         with pytest.raises(UserError):
             parse_endpoint(bad)
+
+
+async def _until(cond, timeout: float = 5.0) -> None:
+    end = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        assert asyncio.get_running_loop().time() < end, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+def test_pool_keeps_spare_connections_ahead_of_need_and_leaves_a_dead_endpoint_alone():
+    async def main() -> None:
+        accepted: list[asyncio.StreamWriter] = []
+
+        async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(writer)
+            await reader.read()  # until the client closes
+
+        srv = await asyncio.start_server(hold, "127.0.0.1", 0)
+        pool = Pool(parse_endpoint(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}"), 5.0, spare=3)
+        pool.top_up()
+        await _until(lambda: len(accepted) == 3 and not pool._opening)
+        assert pool.take_idle() is not None  # a spare, ready; taking it opens the next one
+        await _until(lambda: len(accepted) == 4 and not pool._opening)
+        await asyncio.sleep(0.05)
+        assert len(accepted) == 4  # one in use + three spare, no more
+        pool.close_all()
+        srv.close()
+
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        probe.close()  # nothing listens there now
+        down = Pool(parse_endpoint(f"http://127.0.0.1:{port}"), 5.0, spare=3)
+        down.top_up()
+        await _until(lambda: not down._opening)
+        assert down.take_idle() is None and not down._opening  # no new attempts after a failed one
+
+    asyncio.run(main())
 
 
 _SSE_BODY = (b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'

@@ -316,23 +316,58 @@ class Connection(asyncio.Protocol):
 
 
 class Pool:
-    """Keep-alive connections to one endpoint; unbounded, as open-loop load needs."""
+    """Keep-alive connections to one endpoint; unbounded, as open-loop load needs.
 
-    def __init__(self, endpoint: Endpoint, connect_timeout: float | None) -> None:
+    With ``spare`` > 0 the pool keeps that many connections idle or being
+    opened ahead of need (topped up each time one is taken), so a request
+    arriving in a burst above the concurrency seen so far finds a connection
+    ready instead of paying the TCP (and TLS) handshake between its scheduled
+    and its sent time. A failed spare connect stops the topping up until an
+    ordinary connect succeeds again, so an endpoint that is down is not
+    hammered by the pool.
+    """
+
+    def __init__(self, endpoint: Endpoint, connect_timeout: float | None, spare: int = 0) -> None:
         self.endpoint = endpoint
         self.connect_timeout = connect_timeout
+        self.spare = spare
         self._idle: list[Connection] = []
         self._all: set[Connection] = set()
+        self._opening: set[asyncio.Task[None]] = set()
+        self._spare_failed = False
         self._ssl = ssl.create_default_context() if endpoint.tls else None
 
     def take_idle(self) -> Connection | None:
         """Most recently used idle connection, or None."""
         idle = self._idle
+        conn = None
         while idle:
-            conn = idle.pop()
-            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
-                return conn
-        return None
+            c = idle.pop()
+            if not c.closed and c.transport is not None and not c.transport.is_closing():
+                conn = c
+                break
+        if self.spare:
+            self.top_up()
+        return conn
+
+    def top_up(self) -> None:
+        """Start opening connections until ``spare`` are idle or on their way."""
+        short = self.spare - len(self._idle) - len(self._opening)
+        if short <= 0 or self._spare_failed:
+            return
+        loop = asyncio.get_running_loop()
+        for _ in range(short):
+            task = loop.create_task(self._open_spare())
+            self._opening.add(task)
+            task.add_done_callback(self._opening.discard)
+
+    async def _open_spare(self) -> None:
+        try:
+            conn = await self.connect()
+        except (OSError, asyncio.TimeoutError):
+            self._spare_failed = True
+            return
+        self.release(conn)
 
     async def connect(self) -> Connection:
         """Open a new connection; raises OSError or asyncio.TimeoutError."""
@@ -342,6 +377,7 @@ class Pool:
             loop.create_connection(lambda: Connection(self), ep.host, ep.port, ssl=self._ssl),
             self.connect_timeout)
         self._all.add(conn)
+        self._spare_failed = False
         return conn
 
     def release(self, conn: Connection) -> None:
@@ -354,6 +390,8 @@ class Pool:
             self._idle.remove(conn)
 
     def close_all(self) -> None:
+        for task in list(self._opening):
+            task.cancel()
         self._idle.clear()
         for conn in list(self._all):
             conn.abort()

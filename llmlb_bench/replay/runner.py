@@ -65,6 +65,9 @@ from llmlb_bench.store import RunStore
 _SPIN_S = 0.0015
 #: dispatches in a row before the dispatcher lets I/O run (when it is behind schedule)
 _BURST = 32
+#: connections each endpoint's pool keeps open ahead of need (see http.Pool); the first ones are
+#: opened during the start delay
+_SPARE_CONNECTIONS = 8
 #: how long a thread waits for the GIL before asking for it, while the replay runs (default 5 ms)
 _SWITCH_S = 0.0002
 _API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -139,7 +142,7 @@ class Replayer:
                          block_size=trace_block_size(trace))
         self.view.healthy[:] = pre.healthy
         self.names = [ep.url for ep in pre.endpoints]
-        self.pools = [Pool(ep, options.timeouts.connect) for ep in pre.endpoints]
+        self.pools = [Pool(ep, options.timeouts.connect, spare=_SPARE_CONNECTIONS) for ep in pre.endpoints]
         self.path = _API_PATHS[options.api]
         self.headers = request_headers(options)
         self.writer = RowWriter(run.requests)
@@ -236,6 +239,8 @@ class Replayer:
             origin = self.schedule.first_due()
         self.t0 = self.t0_clock if self.t0_clock is not None else \
             perf_counter() + self.options.start_delay_s - origin
+        for pool in self.pools:
+            pool.top_up()
         background = [loop.create_task(self._flush_periodically()),
                       loop.create_task(self._probe_unhealthy())]
         if self.options.progress is not None:
