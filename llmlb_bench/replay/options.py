@@ -37,6 +37,12 @@ class ReplayOptions:
     #: client processes sharing the run (each sends a share of the trace, routes it with its own
     #: copy of the policy, and writes its rows; the parent merges them)
     workers: int = 1
+    #: where the workers run: ``"process"`` (local processes) or ``"ray"`` (Ray actors spread over
+    #: the nodes of a cluster, clocks measured and corrected; see replay.ray_workers)
+    executor: Literal["process", "ray"] = "process"
+    #: Ray cluster to connect to (``auto``, ``host:port``, ``ray://host:10001``); ``None``: a private
+    #: local Ray instance, or the one this process has already started
+    address: str | None = None
     #: send ``min_tokens`` and ``ignore_eos`` (vLLM, SGLang, llama.cpp) so outputs have the trace's length
     force_output_length: bool = True
     #: environment variable holding the API key, sent as a Bearer token and never stored;

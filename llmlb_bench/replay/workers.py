@@ -14,6 +14,10 @@ into the run, writes ``not_sent`` for anything a failed worker left
 without a row, and combines the self-check figures. Ctrl-C or SIGTERM is
 passed on to the workers as SIGINT, which they handle like a single
 replayer does.
+
+With ``executor="ray"`` the workers are Ray actors instead, possibly on
+other machines (:mod:`llmlb_bench.replay.ray_workers`); the split, the
+merge and the rows for lost requests are the same code.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import os
 import shutil
 import signal
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -36,7 +40,7 @@ import pyarrow.compute as pc
 from llmlb_bench.errors import UserError
 from llmlb_bench.replay.options import ReplayOptions
 from llmlb_bench.replay.preflight import Preflight
-from llmlb_bench.replay.resume import Resume
+from llmlb_bench.replay.resume import INTERRUPTED, Resume
 from llmlb_bench.replay.rows import write_table
 from llmlb_bench.replay.runner import Replayer, client_summary, send_figures
 from llmlb_bench.replay.schedule import Schedule, TraceColumns
@@ -71,7 +75,7 @@ def shares(table: pa.Table, n: int, closed_loop: bool) -> list[list[int]]:
     return out
 
 
-class _PartStore:
+class PartStore:
     """What a worker's replayer writes to: the run store's sinks and summary, in a part folder."""
 
     def __init__(self, folder: Path, run_id: str) -> None:
@@ -90,7 +94,7 @@ class _PartStore:
 def _worker(table: pa.Table, pre: Preflight, policy: Any, options: ReplayOptions, folder: str,
             run_id: str, conn: Any) -> None:
     """One worker process: get ready, wait for the shared clock origin, replay the share."""
-    part = _PartStore(Path(folder), run_id)
+    part = PartStore(Path(folder), run_id)
     replayer = None
     interrupted = False
     try:
@@ -111,9 +115,21 @@ def _worker(table: pa.Table, pre: Preflight, policy: Any, options: ReplayOptions
             json.dumps({"summary": part.summary, "interrupted": interrupted}, default=str))
 
 
-def replay_in_workers(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, options: ReplayOptions,
-                      resume: Resume | None = None) -> dict[str, Any]:
-    """Replay with ``options.workers`` processes; same results as :func:`replay`, merged."""
+@dataclass
+class WorkerPlan:
+    """What the workers of one run get: the rows left to send, each worker's share and options."""
+
+    trace: pa.Table
+    shares: list[list[int]]
+    options: list[ReplayOptions]
+    #: statuses of the rows a resumed run carries over (already written to the run)
+    carried: dict[str, int]
+    #: trace time at which the schedule (re)starts
+    origin: float
+
+
+def plan_workers(trace: pa.Table, run: RunStore, options: ReplayOptions, resume: Resume | None) -> WorkerPlan:
+    """Split the run into ``options.workers`` shares; a resumed run's finished rows go to the run now."""
     n = options.workers
     closed = options.users is not None
     if closed and options.users < n:  # type: ignore[operator]
@@ -128,15 +144,31 @@ def replay_in_workers(trace: pa.Table, pre: Preflight, policy: Any, run: RunStor
         # the schedule restarts at the first request left, as in a single process
         origin = Schedule(TraceColumns(trace, options.time_scale), set(), options.users,
                           options.think_s * options.time_scale).first_due()
+    opts = []
+    for k in range(n):
+        users = None if not closed else options.users // n + (1 if k < options.users % n else 0)  # type: ignore[operator]
+        opts.append(replace(options, workers=1, users=users, progress=None,
+                            scrape_s=options.scrape_s if k == 0 else None))
+    return WorkerPlan(trace, shares(trace, n, closed), opts, carried, origin)
+
+
+def replay_in_workers(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, options: ReplayOptions,
+                      resume: Resume | None = None) -> dict[str, Any]:
+    """Replay with ``options.workers`` processes (or Ray actors, with ``options.executor == "ray"``);
+    same results as :func:`replay`, merged."""
+    if options.executor == "ray":
+        from llmlb_bench.replay.ray_workers import replay_on_ray
+
+        return replay_on_ray(trace, pre, policy, run, options, resume)
+    plan = plan_workers(trace, run, options, resume)
     parts_dir = run.dir / ".workers"
     ctx = mp.get_context("spawn")
     procs, conns = [], []
-    for k, rows in enumerate(shares(trace, n, closed)):
-        users = None if not closed else options.users // n + (1 if k < options.users % n else 0)  # type: ignore[operator]
-        opts = replace(options, workers=1, users=users, progress=None, scrape_s=options.scrape_s if k == 0 else None)
+    for k, (rows, opts) in enumerate(zip(plan.shares, plan.options)):
         parent_conn, child_conn = ctx.Pipe()
         proc = ctx.Process(target=_worker, name=f"llmlb-replay-{k}",
-                           args=(trace.take(rows), pre, policy, opts, str(parts_dir / str(k)), run.run_id, child_conn))
+                           args=(plan.trace.take(rows), pre, policy, opts, str(parts_dir / str(k)), run.run_id,
+                                 child_conn))
         proc.start()
         procs.append(proc)
         conns.append(parent_conn)
@@ -152,7 +184,7 @@ def replay_in_workers(trace: pa.Table, pre: Preflight, policy: Any, run: RunStor
     saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         ready = all(_ready(c) for c in conns)
-        t0 = perf_counter() + options.start_delay_s - origin
+        t0 = perf_counter() + options.start_delay_s - plan.origin
         for c in conns:
             if ready and not stop["signalled"]:
                 c.send(t0)
@@ -163,7 +195,8 @@ def replay_in_workers(trace: pa.Table, pre: Preflight, policy: Any, run: RunStor
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
-    summary = _merge(trace, run, parts_dir, n, options, t0, pre, carried)
+    summary = merge_outcomes(plan, run, [_read_part(parts_dir / str(k)) for k in range(options.workers)],
+                             options, t0, pre)
     shutil.rmtree(parts_dir, ignore_errors=True)
     if stop["signalled"] or summary["interrupted"]:
         raise KeyboardInterrupt("replay interrupted")
@@ -177,60 +210,100 @@ def _ready(conn: Any) -> bool:
         return False
 
 
-def _merge(trace: pa.Table, run: RunStore, parts_dir: Path, n: int, options: ReplayOptions, t0: float,
-           pre: Preflight, carried: dict[str, int]) -> dict[str, Any]:
-    """Parts into the run; ``not_sent`` rows for anything no worker wrote; combined figures."""
+@dataclass
+class WorkerOutcome:
+    """What one worker left behind, its times already on the parent's timeline."""
+
+    #: its rows (``None``: none readable)
+    requests: pa.Table | None = None
+    series: pa.Table | None = None
+    #: its replayer's summary (``None``: it never finished, so the run is incomplete)
+    summary: dict[str, Any] | None = None
+    #: its dispatch lag, seconds per request
+    lateness: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    interrupted: bool = False
+    #: parent time by which a lost worker had stopped: its rows without a result that were due by
+    #: then may have been sent, and are written as ``error``/``interrupted`` rather than ``not_sent``
+    lost_s: float | None = None
+
+
+def _read_part(folder: Path) -> WorkerOutcome:
+    """A worker process's part folder (what a killed worker managed to write, too)."""
+    out = WorkerOutcome()
+    if (folder / "requests.parquet").exists():
+        try:
+            out.requests = read_table(folder / "requests.parquet", REQUESTS)
+        except UserError:  # a worker killed before closing its file
+            pass
+    if (folder / "series.parquet").exists():
+        try:
+            out.series = read_table(folder / "series.parquet", SERIES)
+        except UserError:
+            pass
+    if (folder / "summary.json").exists():
+        info = json.loads((folder / "summary.json").read_text())
+        out.summary, out.interrupted = info["summary"], info["interrupted"]
+        out.lateness = np.load(folder / "lateness.npy")
+    return out
+
+
+def merge_outcomes(plan: WorkerPlan, run: RunStore, outcomes: list[WorkerOutcome], options: ReplayOptions,
+                   t0: float, pre: Preflight) -> dict[str, Any]:
+    """Workers' rows into the run, a row for every trace row no worker wrote, combined figures."""
     written: list[pa.Table] = []
     lateness, cpu, interrupted, loop_kind, scraped = [], 0.0, False, "asyncio", []
-    for k in range(n):
-        folder = parts_dir / str(k)
-        if (folder / "requests.parquet").exists():
-            try:
-                rows = read_table(folder / "requests.parquet", REQUESTS)
-            except UserError:  # a worker killed before closing its file
-                rows = REQUESTS.empty()
-            write_table(run.requests, rows)
-            written.append(rows.select(["request_id", "status", "sent_s", "last_token_s"]))
-        if (folder / "series.parquet").exists():
-            try:
-                write_table(run.series, read_table(folder / "series.parquet", SERIES))
-            except UserError:
-                pass
-        if (folder / "summary.json").exists():
-            info = json.loads((folder / "summary.json").read_text())
-            interrupted |= info["interrupted"]
-            client = info["summary"].get("client", {})
-            cpu += client.get("cpu_s", 0.0)
-            loop_kind = client.get("event_loop", loop_kind)
-            scraped += info["summary"].get("replay", {}).get("scraped_metrics", [])
-            lateness.append(np.load(folder / "lateness.npy"))
-        else:
+    for out in outcomes:
+        if out.requests is not None:
+            write_table(run.requests, out.requests)
+            written.append(out.requests.select(["request_id", "status", "sent_s", "last_token_s"]))
+        if out.series is not None:
+            write_table(run.series, out.series)
+        if out.summary is None:
             interrupted = True
+            continue
+        interrupted |= out.interrupted
+        client = out.summary.get("client", {})
+        cpu += client.get("cpu_s", 0.0)
+        loop_kind = client.get("event_loop", loop_kind)
+        scraped += out.summary.get("replay", {}).get("scraped_metrics", [])
+        lateness.append(out.lateness)
     done = pa.concat_tables(written) if written else None
     have = set(done.column("request_id").to_pylist()) if done is not None else set()
-    missing = [i for i, rid in enumerate(trace.column("request_id").to_pylist()) if rid not in have]
-    if missing:  # a worker that failed or never started: its rows were not sent by this run
-        lost = trace.take(missing)
-        run.requests.write({"request_id": lost.column("request_id"), "status": ["not_sent"] * len(missing),
-                            "scheduled_s": pc.multiply(lost.column("arrival_s"), options.time_scale),
-                            "input_tokens": lost.column("input_tokens"),
-                            "requested_output_tokens": lost.column("output_tokens")})
-    statuses = Counter(carried)
+    statuses = Counter(plan.carried)
     statuses.update(done.column("status").to_pylist() if done is not None else [])
-    statuses["not_sent"] += len(missing)
+    rids = plan.trace.column("request_id").to_pylist()
+    for rows, out in zip(plan.shares, outcomes):
+        missing = [i for i in rows if rids[i] not in have]
+        if missing:  # a worker that failed or never started: its rows were not sent by this run
+            statuses.update(_write_lost(run, plan.trace.take(missing), options.time_scale, out.lost_s))
     statuses = +statuses  # drop zero counts
     sent = np.asarray(done.column("sent_s").drop_null()) if done is not None else np.zeros(0)
     ends = pc.max(pc.coalesce(done.column("last_token_s"), done.column("sent_s"))).as_py() if done is not None else None
     client = client_summary(np.concatenate(lateness) if lateness else np.zeros(0), cpu, int(sent.size), loop_kind,
-                            t0, options.lag_threshold_ms, workers=n)
+                            t0, options.lag_threshold_ms, workers=options.workers)
     replay = {"statuses": dict(statuses), "sent": int(sent.size),
               **send_figures(int(sent.size), float(sent.min()) if sent.size else None,
                              float(sent.max()) if sent.size else None, ends),
               "interrupted": interrupted, "endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
               "notes": pre.notes, "scraped_metrics": sorted(set(scraped)),
               "prompt_lengths": pre.prompt_lengths, "prompt_length_check": pre.length_check}
-    if carried:
-        replay["resumed"] = {"carried_rows": sum(carried.values())}
+    if plan.carried:
+        replay["resumed"] = {"carried_rows": sum(plan.carried.values())}
     run.summary["client"] = client
     run.summary["replay"] = replay
     return {"client": client, **replay}
+
+
+def _write_lost(run: RunStore, lost: pa.Table, time_scale: float, lost_s: float | None) -> Counter[str]:
+    """Rows for requests a worker left without a result: ``not_sent``, or, when the worker was lost
+    after their earliest send time, ``error``/``interrupted`` (they may have been sent; a resume
+    sends them again)."""
+    scheduled = pc.multiply(lost.column("arrival_s"), time_scale)
+    maybe_sent = (pc.less_equal(scheduled, lost_s) if lost_s is not None
+                  else pa.array([False] * lost.num_rows))
+    status = pc.if_else(maybe_sent, "error", "not_sent")
+    run.requests.write({"request_id": lost.column("request_id"), "status": status,
+                        "error": pc.if_else(maybe_sent, INTERRUPTED, pa.scalar(None, pa.string())),
+                        "scheduled_s": scheduled, "input_tokens": lost.column("input_tokens"),
+                        "requested_output_tokens": lost.column("output_tokens")})
+    return Counter(status.to_pylist())

@@ -1,0 +1,283 @@
+"""Load generation across machines: a replay's workers as Ray actors, their clocks corrected.
+
+For loads one machine cannot generate, ``llmlb replay --workers N
+--executor ray`` runs the N workers of :mod:`llmlb_bench.replay.workers`
+as Ray actors placed with the ``SPREAD`` strategy, so that on a cluster
+they land on different nodes. Nothing is shared through a file system:
+each actor gets its share of the trace as Arrow IPC bytes and hands its
+rows back the same way.
+
+Clocks are the hard part. Each actor times its requests with its own
+monotonic ``perf_counter``, which means nothing on another machine, so:
+
+1. the parent measures each actor's wall-clock offset with several round
+   trips (:mod:`llmlb_bench.replay.clock`: Cristian's method, the sample
+   with the smallest round trip, whose half is the uncertainty);
+2. it picks one wall-clock instant for trace time 0 on its own clock and
+   tells each actor that instant on the actor's clock (plus its offset),
+   which each actor turns into its own ``perf_counter`` origin;
+3. each actor reports its rows relative to that origin together with the
+   origin read on its own wall clock; the parent maps the origin back
+   through the offset onto its own timeline and shifts every timestamp
+   (``scheduled_s``, ``sent_s``, token times, series ``t_s``) by the
+   difference before merging.
+
+What remains uncertain is each offset's half round trip, and the drift of
+the clocks during the run, which is not corrected: the parent measures the
+offsets again after the run and stores both in run.json
+(``summary.client.ray_workers``) so a reader sees whether it mattered.
+
+A worker that dies (its node lost, its process killed) leaves rows
+without a result: those that were due before the parent noticed are
+written as ``error``/``interrupted`` (they may have been sent), the rest
+as ``not_sent``, and the run is kept as partial for ``--resume``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from time import perf_counter
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.replay.clock import ClockOffset, measure_offset, perf_instant
+from llmlb_bench.replay.options import ReplayOptions
+from llmlb_bench.replay.preflight import Preflight
+from llmlb_bench.replay.resume import Resume
+from llmlb_bench.replay.runner import Replayer
+from llmlb_bench.replay.workers import WorkerOutcome, PartStore, merge_outcomes, plan_workers
+from llmlb_bench.schema import REQUESTS, SERIES, read_table
+from llmlb_bench.store import RunStore
+
+#: the common start lies this far ahead of the moment the parent sends it, so that every actor has it
+#: in time even on a busy cluster (a Ray call takes milliseconds; an actor that hears it late only
+#: starts late, which its dispatch lag shows)
+START_MARGIN_S = 0.5
+#: how long actors may take to be placed and to get ready (a cluster without free CPUs never places them)
+READY_TIMEOUT_S = 120.0
+#: result columns that are times on the replay's timeline
+_REQUEST_TIMES = ("scheduled_s", "sent_s", "first_token_s", "last_token_s")
+
+
+class ReplayActor:
+    """One load generator on a Ray node: replays its share on its own clocks, hands its rows back as data.
+
+    ``clock`` is the wall clock the parent's offset measurement reads and the
+    start instant is given in (injectable so tests can skew it).
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._replayer: Replayer | None = None
+        self._part: PartStore | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._stopped = False
+
+    def prepare(self, share: bytes, pre: Preflight, policy: Any, options: ReplayOptions,
+                run_id: str) -> dict[str, Any]:
+        """Build the replayer for this share (rows in a node-local folder until the run ends); where it is."""
+        import ray
+
+        self._tmp = tempfile.TemporaryDirectory(prefix="llmlb-replay-")
+        self._part = PartStore(Path(self._tmp.name), run_id)
+        self._replayer = Replayer(_from_ipc(share), pre, policy, self._part, options)
+        return {"node_id": ray.get_runtime_context().get_node_id(), "hostname": socket.gethostname(),
+                "pid": os.getpid()}
+
+    def now(self) -> float:
+        """This actor's wall clock (one ping of the offset measurement)."""
+        return self._clock()
+
+    def run(self, t0_wall: float) -> dict[str, Any]:
+        """Replay with trace time 0 at ``t0_wall`` on this actor's clock; rows relative to that origin."""
+        replayer, part, tmp = self._replayer, self._part, self._tmp
+        assert replayer is not None and part is not None and tmp is not None
+        replayer.t0_clock = perf_instant(t0_wall, self._clock)
+        # the origin as this actor's wall clock reads it now (the parent maps it through the offset)
+        t0_own = self._clock() - (perf_counter() - replayer.t0_clock)
+        interrupted = self._stopped
+        try:
+            if not interrupted:
+                replayer.run()
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            part.close()
+        try:
+            return {"requests": _to_ipc(read_table(part.requests.path, REQUESTS)),
+                    "series": _to_ipc(read_table(part.series.path, SERIES)),
+                    "summary": part.summary, "interrupted": interrupted,
+                    "lateness": np.asarray(replayer.lateness, dtype=float), "t0_wall_s": t0_own}
+        finally:
+            tmp.cleanup()
+
+    def stop(self) -> None:
+        """Ctrl-C for this actor: the replay stops as a single replayer does on SIGINT, rows written."""
+        self._stopped = True
+        replayer = self._replayer
+        loop = replayer.loop if replayer is not None else None
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(_interrupt_when_started, replayer)
+            except RuntimeError:  # the loop has already closed: the run is over
+                pass
+
+
+def _interrupt_when_started(replayer: Replayer) -> None:
+    """Interrupt the replayer once its main task runs (an interrupt before that would be lost)."""
+    assert replayer.loop is not None
+    if replayer._main_task is None:
+        replayer.loop.call_soon(_interrupt_when_started, replayer)
+    else:
+        replayer._interrupt()
+
+
+def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, options: ReplayOptions,
+                  resume: Resume | None = None, *,
+                  clocks: Sequence[Callable[[], float]] | None = None) -> dict[str, Any]:
+    """Replay with ``options.workers`` Ray actors (cluster ``options.address``); same results as the
+    process workers, on the parent's timeline. ``clocks`` replaces each actor's wall clock (tests)."""
+    plan = plan_workers(trace, run, options, resume)
+    n = options.workers
+    details: list[dict[str, Any]] = [{"rows": len(rows)} for rows in plan.shares]
+    outcomes = [WorkerOutcome() for _ in range(n)]
+    stop = {"signalled": False}
+    with _ray_session(options.address, n) as ray:
+        actor_class = ray.remote(ReplayActor)
+        actors = [actor_class.options(num_cpus=1, max_concurrency=2, scheduling_strategy="SPREAD",
+                                      max_restarts=0).remote(*([clocks[k]] if clocks else []))
+                  for k in range(n)]
+
+        def forward(signum: int, frame: object) -> None:
+            stop["signalled"] = True
+            for actor in actors:
+                actor.stop.remote()
+
+        saved = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            prepared = [actor.prepare.remote(_to_ipc(plan.trace.take(rows)), pre, policy, opts, run.run_id)
+                        for actor, rows, opts in zip(actors, plan.shares, plan.options)]
+            ready, _ = ray.wait(prepared, num_returns=n, timeout=READY_TIMEOUT_S)
+            if len(ready) < n:
+                raise UserError(f"the Ray cluster placed {len(ready)} of {n} replay actors within "
+                                f"{READY_TIMEOUT_S:g} s (each needs one free CPU)", "--workers")
+            live: dict[int, ClockOffset] = {}
+            for k, ref in enumerate(prepared):
+                place, error = _get(ray, lambda: ray.get(ref))
+                offset, error = (None, error) if error else _get(ray, lambda: _offset(ray, actors[k]))
+                if offset is None:
+                    details[k]["error"] = error
+                    continue
+                details[k].update(place, **offset.describe())
+                live[k] = offset
+            # trace time 0 on the parent's wall clock, and the same instant on its perf_counter
+            t0_wall = time.time() + START_MARGIN_S + options.start_delay_s - plan.origin
+            t0 = perf_instant(t0_wall)
+            running = {actors[k].run.remote(t0_wall + off.offset_s): k for k, off in live.items()
+                       if not stop["signalled"]}
+            while running:
+                done, _ = ray.wait(list(running), num_returns=1, timeout=0.2)
+                for ref in done:
+                    k = running.pop(ref)
+                    result, error = _get(ray, lambda: ray.get(ref))
+                    if error is None:
+                        outcomes[k] = _outcome(result, live[k], t0_wall, details[k])
+                        after, _ = _get(ray, lambda: _offset(ray, actors[k]))  # the drift, not corrected
+                        details[k]["offset_after_s"] = after.offset_s if after is not None else None
+                    else:  # the actor is gone: it stopped sending by now at the latest
+                        details[k]["error"] = error
+                        outcomes[k].lost_s = perf_counter() - t0
+        finally:
+            for s, handler in saved.items():
+                signal.signal(s, handler)
+    summary = merge_outcomes(plan, run, outcomes, options, t0, pre)
+    summary["client"].update(clock="time.perf_counter of the parent; actors' times mapped onto it through "
+                                   "their measured wall-clock offsets", ray_workers=details)
+    if stop["signalled"] or summary["interrupted"]:
+        raise KeyboardInterrupt("replay interrupted")
+    return summary
+
+
+@contextmanager
+def _ray_session(address: str | None, workers: int) -> Iterator[Any]:
+    """Ray as this process already started it, or connected (started locally) for this run only."""
+    try:
+        import ray
+    except ImportError:
+        ray = None
+    if ray is not None and ray.is_initialized():
+        yield ray
+        return
+    from llmlb_bench.sweep.executors import RayExecutor  # the sweep's start-up: private instance or cluster
+
+    with RayExecutor(address, workers):
+        import ray
+
+        yield ray
+
+
+def _get(ray: Any, call: Callable[[], Any]) -> tuple[Any, str | None]:
+    """``(value, None)`` from a call to an actor, or ``(None, what went wrong in one line)``; a
+    user's mistake found in an actor is raised as the one-line error it is."""
+    try:
+        return call(), None
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, UserError):
+            raise exc.cause from None
+        return None, f"{type(exc.cause).__name__}: {exc.cause}".splitlines()[0]
+    except ray.exceptions.RayError as exc:  # the actor died: node lost, process killed
+        return None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
+
+
+def _offset(ray: Any, actor: Any) -> ClockOffset:
+    return measure_offset(lambda: ray.get(actor.now.remote()))
+
+
+def _outcome(result: dict[str, Any], offset: ClockOffset, t0_wall: float, detail: dict[str, Any]) -> WorkerOutcome:
+    """An actor's result on the parent's timeline: its origin, read on its clock, mapped through the offset."""
+    shift = result["t0_wall_s"] - offset.offset_s - t0_wall
+    detail["shift_s"] = shift
+    return WorkerOutcome(requests=shift_requests(_from_ipc(result["requests"]), shift),
+                         series=_shift_columns(_from_ipc(result["series"]), ("t_s",), shift),
+                         summary=result["summary"], lateness=result["lateness"],
+                         interrupted=result["interrupted"])
+
+
+def shift_requests(table: pa.Table, shift: float) -> pa.Table:
+    """Result rows with every time (``token_times`` segment starts too) moved by ``shift`` seconds."""
+    table = _shift_columns(table, _REQUEST_TIMES, shift)
+    tokens = table.column("token_times").combine_chunks()
+    segments = tokens.values
+    moved = pa.StructArray.from_arrays(
+        [pc.add(segments.field("start_s"), shift), segments.field("gap_s"), segments.field("count")],
+        fields=list(segments.type))
+    tokens = pa.ListArray.from_arrays(tokens.offsets, moved, type=tokens.type, mask=tokens.is_null())
+    return table.set_column(table.schema.get_field_index("token_times"), table.schema.field("token_times"), tokens)
+
+
+def _shift_columns(table: pa.Table, names: Sequence[str], shift: float) -> pa.Table:
+    for name in names:
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, table.schema.field(name), pc.add(table.column(name), shift))
+    return table
+
+
+def _to_ipc(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def _from_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_stream(data).read_all()

@@ -1,0 +1,179 @@
+"""Load generation through Ray actors: same rows as process workers, skewed clocks measured and
+corrected, a dead actor's rows accounted for. One local Ray instance serves the whole module."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from llmlb_bench.policies import make_policy
+from llmlb_bench.policies.routing import RoundRobin
+from llmlb_bench.replay import ReplayOptions, preflight
+from llmlb_bench.replay.clock import measure_offset, perf_instant
+from llmlb_bench.replay.noop_server import NoopConfig
+from llmlb_bench.replay.ray_workers import replay_on_ray, shift_requests
+from llmlb_bench.schema import REQUESTS, TRACE
+from llmlb_bench.store import RunStore
+from conftest import make_trace
+from replay_helpers import run_replay, servers, token_count  # noqa: F401  (fixture)
+
+
+class SkewedClock:
+    """A wall clock ``skew_s`` ahead of this machine's (what another machine without NTP may read)."""
+
+    def __init__(self, skew_s: float) -> None:
+        self.skew_s = skew_s
+
+    def __call__(self) -> float:
+        return time.time() + self.skew_s
+
+
+class DiesAt(RoundRobin):
+    """Round robin whose process exits when asked to route one request: a client machine lost mid-run."""
+
+    def __init__(self, request_id: int) -> None:
+        super().__init__()
+        self.request_id = request_id
+
+    def choose(self, req, view):  # type: ignore[no-untyped-def]
+        if req.request_id == self.request_id:
+            os._exit(1)
+        return super().choose(req, view)
+
+
+# -- without Ray ------------------------------------------------------------------------------
+
+def test_offset_estimate_keeps_the_fastest_round_trip_and_brackets_the_truth():
+    delays = iter([(0.004, 0.001), (0.0002, 0.0003), (0.002, 0.0)])  # (outbound, return) seconds
+    now = [1000.0]
+
+    def clock() -> float:
+        return now[0]
+
+    def remote() -> float:
+        out, back = next(delays)
+        now[0] += out
+        reading = now[0] + 3.7
+        now[0] += back
+        return reading
+
+    est = measure_offset(remote, pings=3, clock=clock)
+    assert est.rtt_s == pytest.approx(0.0005)
+    assert abs(est.offset_s - 3.7) <= est.rtt_s / 2 + 1e-12
+    assert est.describe()["uncertainty_s"] == pytest.approx(0.00025)
+
+
+def test_perf_instant_turns_a_skewed_wall_instant_into_this_machines_monotonic_clock():
+    clock = SkewedClock(-42.0)
+    target = clock() + 0.25
+    assert perf_instant(target, clock) - time.perf_counter() == pytest.approx(0.25, abs=2e-3)
+
+
+def test_shift_moves_every_time_including_token_segments_and_keeps_nulls():
+    table = REQUESTS.conform(pa.table({
+        "run_id": ["r", "r"], "request_id": pa.array([1, 2], pa.int64()), "status": ["ok", "not_sent"],
+        "scheduled_s": [0.5, 1.0], "sent_s": [0.6, None], "first_token_s": [0.7, None], "last_token_s": [0.9, None],
+        "token_times": pa.array([[{"start_s": 0.7, "gap_s": 0.1, "count": 3}], None],
+                                pa.list_(REQUESTS.schema.field("token_times").type.value_type))}), "t")
+    rows = shift_requests(table, 2.0).to_pylist()
+    assert [r["scheduled_s"] for r in rows] == [2.5, 3.0]
+    assert rows[0]["sent_s"] == 2.6 and rows[0]["last_token_s"] == 2.9 and rows[1]["sent_s"] is None
+    assert rows[0]["token_times"] == [{"start_s": 2.7, "gap_s": 0.1, "count": 3}] and rows[1]["token_times"] is None
+
+
+# -- with a local Ray instance ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'llmlb-bench[ray]')")
+    from llmlb_bench.sweep.executors import RayExecutor
+
+    # this module's clocks and policies travel to the actors by value (they cannot import tests/)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with RayExecutor(None, workers=2):
+        yield ray
+
+
+def _family_trace(n: int = 60) -> pa.Table:
+    """Requests in families of three (each sent when its parent ends), 200 per second."""
+    return TRACE.conform(pa.table({
+        "request_id": pa.array(range(n), pa.int64()), "arrival_s": [i / 200 for i in range(n)],
+        "parent_id": pa.array([None if i % 3 == 0 else i - 1 for i in range(n)], pa.int64()),
+        "after_parent_s": [0.0] * n, "input_tokens": pa.array([20 + i for i in range(n)], pa.int32()),
+        "output_tokens": pa.array([1 + i % 7 for i in range(n)], pa.int32())}), "t")
+
+
+def _accounting(rows: list[dict]) -> list[tuple]:
+    return [(r["request_id"], r["status"], r["input_tokens"], r["requested_output_tokens"], r["output_tokens"],
+             token_count(r)) for r in rows]
+
+
+def test_ray_actors_give_the_rows_of_process_workers(ray_instance, servers, tmp_path):
+    url, _ = servers.noop(NoopConfig(itl_s=0.002))
+    trace = _family_trace()
+    _, by_process, _ = run_replay(trace, [url], tmp_path, options=ReplayOptions(workers=2), run_id="p")
+    summary, by_ray, run_dir = run_replay(trace, [url], tmp_path, options=ReplayOptions(workers=2, executor="ray"),
+                                          run_id="r")
+    assert [r["request_id"] for r in by_ray] == list(range(60)) and summary["statuses"] == {"ok": 60}
+    assert _accounting(by_ray) == _accounting(by_process)
+    by_id = {r["request_id"]: r for r in by_ray}
+    for r in by_ray:  # dependencies held across the merge: a child leaves after its parent ended
+        if r["request_id"] % 3:
+            assert r["scheduled_s"] >= by_id[r["request_id"] - 1]["last_token_s"] - 1e-6
+    workers = json.loads((run_dir / "run.json").read_text())["summary"]["client"]["ray_workers"]
+    assert [w["rows"] for w in workers] == [30, 30]
+    for w in workers:  # one machine: the clocks agree to within the measurement's uncertainty
+        assert w["hostname"] and w["node_id"] and "error" not in w
+        assert abs(w["offset_s"]) <= w["uncertainty_s"] + 1e-4 and abs(w["offset_after_s"]) < 0.01
+
+
+def test_skewed_actor_clocks_are_measured_and_corrected(ray_instance, servers, tmp_path):
+    url, cfg = servers.noop()
+    options = ReplayOptions(workers=2, executor="ray", scrape_s=None)
+    trace = make_trace(n=80, rate=100.0, output_tokens=2)
+    with RunStore(tmp_path, config={}, backend="replay", run_id="skew") as run:
+        summary = replay_on_ray(trace, preflight([url], options), make_policy("round_robin"), run, options,
+                                clocks=[SkewedClock(3.7), SkewedClock(-1.2)])
+    workers = summary["client"]["ray_workers"]
+    for w, skew in zip(workers, (3.7, -1.2)):
+        assert abs(w["offset_s"] - skew) <= w["uncertainty_s"] + 1e-4
+        assert abs(w["shift_s"]) < 1e-3  # the actor started at the instant it was given
+    rows = pq.read_table(run.dir / "requests.parquet").to_pylist()
+    assert len(rows) == 80 and {r["status"] for r in rows} == {"ok"}
+    late = np.array([r["sent_s"] - r["scheduled_s"] for r in rows])
+    assert late.min() >= -1e-3 and np.median(late) < 0.005 and late.max() < 0.05
+    # the server's own clock (this process's) agrees with the merged times: it read each request
+    # just after the merged sent_s, not seconds away
+    t0 = summary["client"]["t0_clock_s"]
+    read = np.array([cfg.records[str(r["request_id"])][0] - t0 - r["sent_s"] for r in rows])
+    assert read.min() > -1e-3 and np.median(read) < 0.005
+
+
+def test_a_dead_actor_leaves_error_and_not_sent_rows_and_a_partial_run(ray_instance, servers, tmp_path):
+    url, _ = servers.noop()
+    options = ReplayOptions(workers=2, executor="ray", scrape_s=None)
+    trace = make_trace(n=150, rate=50.0, output_tokens=2)  # 3 s; worker 0 (even ids) dies at 0.4 s
+    with pytest.raises(KeyboardInterrupt):
+        with RunStore(tmp_path, config={}, backend="replay", run_id="dead") as run:
+            replay_on_ray(trace, preflight([url], options), DiesAt(20), run, options)
+    meta = json.loads((run.dir / "run.json").read_text())
+    assert meta["status"] == "partial"
+    workers = meta["summary"]["client"]["ray_workers"]
+    assert "error" in workers[0] and "error" not in workers[1]
+    rows = sorted(pq.read_table(run.dir / "requests.parquet").to_pylist(), key=lambda r: r["request_id"])
+    assert [r["request_id"] for r in rows] == list(range(150))
+    assert {r["status"] for r in rows if r["request_id"] % 2} == {"ok"}
+    lost = [r for r in rows if r["request_id"] % 2 == 0]
+    maybe_sent = [r for r in lost if r["status"] == "error"]
+    assert {r["status"] for r in lost} <= {"error", "not_sent"}
+    assert all(r["error"] == "interrupted" for r in maybe_sent) and len(maybe_sent) >= 11  # ids 0..20
+    # due before the parent saw the actor gone: maybe sent; after: certainly not
+    assert max(r["scheduled_s"] for r in maybe_sent) < min((r["scheduled_s"] for r in lost
+                                                            if r["status"] == "not_sent"), default=np.inf)
