@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 
@@ -19,7 +21,8 @@ from llmlb_bench.replay import ReplayOptions, preflight
 from llmlb_bench.replay.clock import measure_offset, perf_instant
 from llmlb_bench.replay.noop_server import NoopConfig
 from llmlb_bench.replay.ray_workers import replay_on_ray, shift_requests
-from llmlb_bench.schema import REQUESTS, TRACE
+from llmlb_bench.cli import main
+from llmlb_bench.schema import REQUESTS, TRACE, write_trace
 from llmlb_bench.store import RunStore
 from conftest import make_trace
 from replay_helpers import run_replay, servers, token_count  # noqa: F401  (fixture)
@@ -177,3 +180,50 @@ def test_a_dead_actor_leaves_error_and_not_sent_rows_and_a_partial_run(ray_insta
     # due before the parent saw the actor gone: maybe sent; after: certainly not
     assert max(r["scheduled_s"] for r in maybe_sent) < min((r["scheduled_s"] for r in lost
                                                             if r["status"] == "not_sent"), default=np.inf)
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--executor", "ray"], "Ray actors share the load of --workers 2 or more"),
+    (["--workers", "2", "--address", "auto"], "--address needs --executor ray"),
+])
+def test_cli_refuses_ray_options_that_do_not_fit(tmp_path, capsys, args, fragment):
+    with pytest.raises(SystemExit) as info:
+        main(["replay", str(tmp_path / "t.parquet"), "-e", "http://127.0.0.1:9", "--results", str(tmp_path / "res"),
+              *args])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and fragment in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "res").exists()
+
+
+@pytest.mark.slow
+def test_cli_ray_run_interrupted_then_resumed_has_one_row_per_request(servers, tmp_path):
+    """The whole path a user takes: a private Ray instance per command, Ctrl-C, --resume (about 30 s)."""
+    url, cfg = servers.noop(NoopConfig(itl_s=0.01))
+    trace = tmp_path / "t.parquet"
+    write_trace(make_trace(n=80, rate=20.0, output_tokens=3), trace)
+    cmd = [sys.executable, "-m", "llmlb_bench", "replay", str(trace), "-e", url, "--workers", "2",
+           "--executor", "ray", "--results", str(tmp_path / "res"), "--no-progress"]
+    proc = subprocess.Popen([*cmd, "--run-id", "x"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    while len(cfg.records) < 5 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert len(cfg.records) >= 5, "the actors sent nothing within 90 s"
+    proc.send_signal(signal.SIGINT)  # most of the 4 s schedule is still ahead
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    run_dir = tmp_path / "res" / "x"
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "partial" and len(meta["summary"]["client"]["ray_workers"]) == 2
+    rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
+    assert sorted(r["request_id"] for r in rows) == list(range(80))
+    assert {"ok", "not_sent"} <= {r["status"] for r in rows}
+
+    done = subprocess.run([*cmd, "--resume", str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["config"]["options"]["executor"] == "ray"
+    assert meta["summary"]["replay"]["resumed"]["carried_rows"] > 0
+    rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
+    assert sorted(r["request_id"] for r in rows) == list(range(80)) and {r["status"] for r in rows} == {"ok"}

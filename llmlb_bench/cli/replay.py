@@ -23,6 +23,11 @@ from llmlb_bench.schema import read_trace, trace_spec
 from llmlb_bench.store import RunStore
 
 
+class WorkerExecutor(str, Enum):
+    process = "process"
+    ray = "ray"
+
+
 class Api(str, Enum):
     chat = "chat"
     completions = "completions"
@@ -48,6 +53,8 @@ def replay(
     users: Annotated[Optional[int], typer.Option("--users", min=1, help="Closed loop: this many users, each sending the trace's next request when its last one ended (default: open loop at trace times).")] = None,
     think_time: Annotated[float, typer.Option("--think-time", min=0.0, help="Closed loop: seconds a user waits between requests.")] = 0.0,
     workers: Annotated[int, typer.Option("--workers", min=1, help="Client processes sharing the run when one core cannot keep the schedule (each routes its share with its own copy of the policy).")] = 1,
+    executor: Annotated[WorkerExecutor, typer.Option("--executor", help="Where the --workers run: local processes, or Ray actors spread over the nodes of a Ray cluster for loads one machine cannot generate (each actor's clock offset is measured and corrected; extra 'ray').")] = WorkerExecutor.process,
+    address: Annotated[Optional[str], typer.Option("--address", help="Ray cluster for --executor ray: auto, host:port or ray://host:10001 (default: a private local Ray instance).")] = None,
     api_key_env: Annotated[Optional[str], typer.Option("--api-key-env", help="Environment variable with the API key (default: OPENAI_API_KEY if set). The key is never stored.")] = None,
     tokenize: Annotated[bool, typer.Option("--tokenize", help="Use the first endpoint's /tokenize for exact prompt lengths.")] = False,
     tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="A local tokenizer.json (or a folder holding one) for exact prompt lengths; needs the 'tokenizers' package (extra 'tokenizer').")] = None,
@@ -76,13 +83,22 @@ def replay(
     Example:
 
         llmlb replay trace.parquet -e http://127.0.0.1:8000 -e http://127.0.0.1:8001 --policy least_outstanding --time-scale 0.5
+
+    Load from 8 machines of a Ray cluster (llmlb-bench installed on each node):
+
+        llmlb replay trace.parquet -e http://10.0.0.5:8000 --workers 8 --executor ray --address auto
     """
     if time_scale <= 0:
         raise UserError("must be positive", "--time-scale")
+    if executor is WorkerExecutor.ray and workers < 2:
+        raise UserError("Ray actors share the load of --workers 2 or more", "--executor")
+    if address is not None and executor is not WorkerExecutor.ray:
+        raise UserError("--address needs --executor ray", "--address")
     if resume is not None and run_id is not None:
         raise UserError("--resume continues an existing run id; drop --run-id", "--run-id")
     options = ReplayOptions(
         api=api.value, model=model, time_scale=time_scale, users=users, think_s=think_time, workers=workers,
+        executor=executor.value, address=address,
         force_output_length=force_length,
         api_key_env=api_key_env, tokenize=tokenize,
         tokenizer=str(tokenizer) if tokenizer is not None else None, retries=retries, retry_backoff_s=retry_backoff,
