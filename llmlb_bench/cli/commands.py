@@ -12,3 +12,4 @@ from llmlb_bench.cli import import_results  # noqa: F401
 from llmlb_bench.cli import gate  # noqa: F401
 from llmlb_bench.cli import serve  # noqa: F401
 from llmlb_bench.cli import repro  # noqa: F401
+from llmlb_bench.cli import capacity  # noqa: F401

@@ -13,6 +13,11 @@ Each evaluation is an ordinary cell (stored, tagged ``phase = capacity``),
 so a rerun replays the same bisection from stored runs without simulating
 again. Repeats give one capacity per seed; their mean and Student-t
 interval are the figure to report.
+
+The bisection itself (:func:`bisect`) only asks a ``meets(rate)`` probe, so
+the same search runs on the simulator (:func:`search`) and against real
+endpoints (:mod:`llmlb_bench.sweep.endpoint_capacity`), where a probe may
+refuse to start because it would not fit in what is left of a budget.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from llmlb_bench.sweep.cells import Cell, execute
 from llmlb_bench.sweep.stats import mean_ci
@@ -42,12 +47,65 @@ class CapacityTask:
         return replace(self.template, axis="rate", x=rate, rate=rate, rate_scale=rate / self.nominal_rate)
 
 
-def search(task: CapacityTask, root: str | Path) -> dict[str, Any]:
-    """Bisect one seed's capacity; the worker's entry point.
+class OutOfBudget(Exception):
+    """Raised by a probe that would not fit in what is left of the search's budget; the search stops there."""
 
-    Returns the capacity (None when even ``low`` misses the target), the
-    bracket it ended in, whether it is censored at ``high``, and every
-    evaluation (rate, attainment, run id, whether it was simulated now) in the order made.
+
+def bisect(meets: Callable[[float], bool], low: float, high: float, tolerance: float,
+           high_last: bool = False) -> dict[str, Any]:
+    """Geometric bisection for the highest rate at which ``meets`` holds, assuming it fails from some rate on.
+
+    Evaluates ``low``, then ``high``, then geometric midpoints until
+    ``high / low <= 1 + tolerance``. With ``high_last`` the top of the bracket
+    is taken to miss until every midpoint has met, and is evaluated only
+    then: the same answer (when ``meets`` is monotone) without the most
+    overloaded evaluation, which on a real endpoint is the slowest and
+    leaves the longest queue. Returns the capacity (the highest rate
+    observed to meet, None when none did), the bracket ``[highest rate that
+    met or 0, lowest rate that missed or inf]``, and why it is censored:
+    ``below`` (even ``low`` misses), ``above`` (``high`` meets), ``budget``
+    (``meets`` raised :class:`OutOfBudget` first) or None.
+    """
+    met: float | None = None
+    missed: float | None = None
+
+    def probe(rate: float) -> bool:
+        nonlocal met, missed
+        ok = meets(rate)
+        if ok:
+            met = rate
+        else:
+            missed = rate
+        return ok
+
+    def outcome(censored: str | None) -> dict[str, Any]:
+        return {"capacity": met, "bracket": [0.0 if met is None else met, math.inf if missed is None else missed],
+                "censored": censored}
+
+    try:
+        if not probe(low):
+            return outcome("below")
+        if not high_last and probe(high):
+            return outcome("above")
+        lo, hi = low, high
+        while hi / lo > 1.0 + tolerance:
+            mid = math.sqrt(lo * hi)
+            if probe(mid):
+                lo = mid
+            else:
+                hi = mid
+        if high_last and missed is None and probe(high):   # every midpoint met: does the top too?
+            return outcome("above")
+    except OutOfBudget:
+        return outcome("budget")
+    return outcome(None)
+
+
+def search(task: CapacityTask, root: str | Path) -> dict[str, Any]:
+    """Bisect one seed's capacity on the simulator; the worker's entry point.
+
+    Returns :func:`bisect`'s outcome with the seed and every evaluation
+    (rate, attainment, run id, whether it was simulated now) in the order made.
     """
     evaluations: list[dict[str, Any]] = []
 
@@ -57,19 +115,8 @@ def search(task: CapacityTask, root: str | Path) -> dict[str, Any]:
         evaluations.append({"rate": rate, "attainment": a, "run_id": result["run_id"], "ran": result["ran"]})
         return a >= task.target
 
-    lo, hi = task.low, task.high
-    out = {"seed": task.template.seed, "evaluations": evaluations}
-    if not meets(lo):
-        return {**out, "capacity": None, "bracket": [0.0, lo], "censored": "below"}
-    if meets(hi):
-        return {**out, "capacity": hi, "bracket": [hi, math.inf], "censored": "above"}
-    while hi / lo > 1.0 + task.tolerance:
-        mid = math.sqrt(lo * hi)
-        if meets(mid):
-            lo = mid
-        else:
-            hi = mid
-    return {**out, "capacity": lo, "bracket": [lo, hi], "censored": None}
+    return {"seed": task.template.seed, "evaluations": evaluations,
+            **bisect(meets, task.low, task.high, task.tolerance)}
 
 
 def combine(per_seed: list[dict[str, Any]]) -> dict[str, Any]:

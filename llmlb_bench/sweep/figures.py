@@ -58,9 +58,16 @@ def cached_figures(root: Path, run_id: str, key: str, slo: str | None) -> dict[s
     return doc["figures"] if doc.get("key") == key and doc.get("slo") == slo else None
 
 
-def compute_figures(root: Path, run_id: str, key: str, slo: str | None) -> dict[str, Any]:
-    """Summarise the stored run and keep its figures (written atomically)."""
+def compute_figures(root: Path, run_id: str, key: str, slo: str | None, since_s: float = 0.0) -> dict[str, Any]:
+    """Summarise the stored run and keep its figures (written atomically).
+
+    ``since_s`` > 0 judges only the requests scheduled from then on (an
+    endpoint capacity probe's warm-up is sent but not judged).
+    """
     cat = Catalog([root / run_id])
+    if since_s > 0:
+        cat.con.execute("ALTER VIEW requests RENAME TO all_requests")
+        cat.con.execute(f"CREATE VIEW requests AS SELECT * FROM all_requests WHERE scheduled_s >= {since_s!r}")
     # One thread: DuckDB's parallel float sums finish in varying order, which moves the last bits of a
     # mean between calls; sweeps promise identical figures on every executor. No progress bar: workers
     # share the terminal (and stdout, which may be carrying JSON).
@@ -72,6 +79,7 @@ def compute_figures(root: Path, run_id: str, key: str, slo: str | None) -> dict[
     path = _path(root, run_id)
     path.parent.mkdir(exist_ok=True)
     tmp = path.with_name(f".{os.getpid()}-{secrets.token_hex(4)}-{path.name}")
-    tmp.write_text(json.dumps({"run_id": run_id, "key": key, "slo": slo, "figures": figures}, sort_keys=True))
+    doc = {"run_id": run_id, "key": key, "slo": slo, "figures": figures, **({"since_s": since_s} if since_s else {})}
+    tmp.write_text(json.dumps(doc, sort_keys=True))
     tmp.replace(path)
     return figures
