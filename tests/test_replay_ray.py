@@ -18,7 +18,7 @@ import pytest
 from llmlb_bench.policies import make_policy
 from llmlb_bench.policies.routing import RoundRobin
 from llmlb_bench.replay import ReplayOptions, preflight
-from llmlb_bench.replay.clock import measure_offset, perf_instant
+from llmlb_bench.replay.clock import SkewedClock, measure_offset, perf_instant
 from llmlb_bench.replay.noop_server import NoopConfig
 from llmlb_bench.replay.ray_workers import replay_on_ray, shift_requests
 from llmlb_bench.cli import main
@@ -26,16 +26,6 @@ from llmlb_bench.schema import REQUESTS, TRACE, write_trace
 from llmlb_bench.store import RunStore
 from conftest import make_trace
 from replay_helpers import run_replay, servers, token_count  # noqa: F401  (fixture)
-
-
-class SkewedClock:
-    """A wall clock ``skew_s`` ahead of this machine's (what another machine without NTP may read)."""
-
-    def __init__(self, skew_s: float) -> None:
-        self.skew_s = skew_s
-
-    def __call__(self) -> float:
-        return time.time() + self.skew_s
 
 
 class DiesAt(RoundRobin):
@@ -98,7 +88,7 @@ def ray_instance():
     ray = pytest.importorskip("ray", reason="Ray is an optional extra (pip install 'llmlb-bench[ray]')")
     from llmlb_bench.sweep.executors import RayExecutor
 
-    # this module's clocks and policies travel to the actors by value (they cannot import tests/)
+    # this module's policy travels to the actors by value (they cannot import tests/)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     with RayExecutor(None, workers=2):
         yield ray

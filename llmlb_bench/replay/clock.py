@@ -58,3 +58,15 @@ def perf_instant(wall_s: float, clock: Callable[[], float] = time.time) -> float
     into it, on the machine that calls it.
     """
     return time.perf_counter() + (wall_s - clock())
+
+
+class SkewedClock:
+    """This machine's wall clock ``skew_s`` seconds off, as a machine without time synchronisation
+    reads it: on one machine, where the truth is known, it shows whether an offset was measured and
+    corrected (the tests, ``benchmarks/replay_ray.py``)."""
+
+    def __init__(self, skew_s: float) -> None:
+        self.skew_s = skew_s
+
+    def __call__(self) -> float:
+        return time.time() + self.skew_s
