@@ -37,7 +37,7 @@ FAILURE_MODES = ("retry", "fail")
 TOKEN_TIMES = ("segments", "summary")
 
 #: fields a pool may set (the rest of ClusterConfig is cluster-wide)
-POOL_FIELDS = ("replicas", "gpu", "model", "tp", "max_num_seqs", "max_num_batched_tokens", "block_size",
+POOL_FIELDS = ("replicas", "gpu", "model", "tp", "pp", "max_num_seqs", "max_num_batched_tokens", "block_size",
                "gpu_memory_utilization", "chunked_prefill", "enable_prefix_caching", "max_model_len", "preemption",
                "swap_space_gib")
 
@@ -62,6 +62,12 @@ class PoolConfig:
     # defaulted so that pool records stored before these settings existed still load
     preemption: str = "recompute"
     swap_space_gib: float = 4.0
+    pp: int = 1
+
+    @property
+    def gpus(self) -> int:
+        """GPUs per replica: tp x pp."""
+        return self.tp * self.pp
 
     def gpu_spec(self, catalogs: tuple[str, ...] = ()) -> GPU:
         return load_catalog(catalogs).gpu(self.gpu)
@@ -78,8 +84,11 @@ class ClusterConfig:
     replicas: int = 4
     gpu: str = "a100-80g"
     model: str = "llama-3-8b"
-    #: tensor-parallel degree: GPUs per replica
+    #: tensor-parallel degree: GPUs per pipeline stage
     tp: int = 1
+    #: pipeline-parallel degree: stages per replica, so a replica has tp x pp GPUs (see sim/cost.py for
+    #: what is modelled: no micro-batching, one batch through the stages in turn)
+    pp: int = 1
     #: vLLM ``max_num_seqs``: at most this many requests in the running batch (None: vLLM's default for the GPU)
     max_num_seqs: int | None = None
     #: vLLM ``max_num_batched_tokens``: token budget of one engine step (None: vLLM's default for the GPU)
@@ -284,7 +293,7 @@ def vllm_batch_defaults(gpu: GPU) -> tuple[int, int]:
 
 
 def _check_engine(p: PoolConfig, where: str, catalogs: tuple[str, ...]) -> None:
-    for name in ("replicas", "tp", "max_num_seqs", "max_num_batched_tokens", "block_size"):
+    for name in ("replicas", "tp", "pp", "max_num_seqs", "max_num_batched_tokens", "block_size"):
         v = getattr(p, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise UserError(f"must be a positive integer, got {v!r}", f"{where}.{name}")
@@ -304,4 +313,6 @@ def _check_engine(p: PoolConfig, where: str, catalogs: tuple[str, ...]) -> None:
         raise UserError("preemption = \"swap\" needs swap_space_gib > 0", f"{where}.swap_space_gib")
     cat = load_catalog(catalogs)
     cat.gpu(p.gpu, f"{where}.gpu")
-    cat.model(p.model, f"{where}.model")
+    layers = cat.model(p.model, f"{where}.model").layers
+    if p.pp > layers:
+        raise UserError(f"{p.model} has {layers} layers, fewer than pp = {p.pp} stages", f"{where}.pp")

@@ -31,6 +31,25 @@ MoE layer for its busiest GPU: the routed experts' compute is multiplied by
 the load's imbalance factor f(tokens) (``StepCost.skew_s`` is the extra time).
 Power follows the average GPU's work (the balanced compute), since the other
 GPUs idle while the busiest one finishes.
+
+Pipeline parallelism (``pp`` stages of ``tp`` GPUs each, vLLM's contiguous
+split of the layers) is modelled without micro-batching: one batch goes
+through the stages one after the other, and the next step starts when the
+last stage has sampled. That is how one step of a batch behaves in any
+engine; what it leaves out is vLLM's overlap of up to ``pp`` batches in
+flight (v0's virtual engines, v1's batch queue), which would need one
+scheduler per in-flight batch in each replica. So a stage runs its share of
+the layers, and the sum over stages of the roofline above is the tp-only
+step time (every term scales with the layer count, so the sum over stages of
+hypot(c_i, m_i) is hypot(sum c, sum m)), plus ``pp - 1`` sends of the batch's
+hidden state and residual (2 x tokens x hidden bf16, each TP rank sending its
+1/tp slice, as vLLM's ``send_tensor_dict`` does) at the interconnect's
+latency and bandwidth. The step's latency is therefore slightly above the
+tp-only one while weights and KV per GPU shrink by ``pp``: KV capacity grows
+``pp``-fold and more (the weights freed count too), throughput does not.
+Memory per GPU is the largest stage's: ceil(layers / pp) of the layers'
+weights and KV. Power: the ``pp x tp`` GPUs draw idle power, and only one
+stage's ``tp`` GPUs are busy at a time.
 """
 
 from __future__ import annotations
@@ -72,13 +91,17 @@ class StepCost:
 
 
 class CostModel:
-    """Step times and KV capacity for one replica (``tp`` GPUs of one type serving one model)."""
+    """Step times and KV capacity for one replica (``tp x pp`` GPUs of one type serving one model)."""
 
-    def __init__(self, model: Model, gpu: GPU, tp: int = 1, *, max_num_batched_tokens: int = 8192,
+    def __init__(self, model: Model, gpu: GPU, tp: int = 1, *, pp: int = 1, max_num_batched_tokens: int = 8192,
                  max_num_seqs: int = 256, gpu_memory_utilization: float = 0.9, block_size: int = 16,
                  compute_efficiency: float | None = None, memory_efficiency: float | None = None,
                  expert_load: ExpertLoad | None = None) -> None:
-        self.model, self.gpu, self.tp = model, gpu, tp
+        self.model, self.gpu, self.tp, self.pp = model, gpu, tp, pp
+        #: GPUs of one replica
+        self.gpus = tp * pp
+        #: share of the layers (weights, KV) on the largest pipeline stage
+        self.stage_fraction = -(-model.layers // pp) / model.layers
         ce = gpu.compute_efficiency if compute_efficiency is None else compute_efficiency
         me = gpu.memory_efficiency if memory_efficiency is None else memory_efficiency
         self.peak_flops = gpu.bf16_tflops * 1e12 * ce
@@ -105,24 +128,35 @@ class CostModel:
             self._miss = 1.0
             self.expert_flops = 0.0
         self.expert_load = expert_load if model.is_moe else None
-        self.weight_bytes = self.dense_bytes + self.expert_bytes
+        # (dense_bytes and expert_bytes are per TP rank over all stages: what one step reads, stage after stage)
+        #: weight bytes on one GPU (the largest stage)
+        self.weight_bytes = (self.dense_bytes + self.expert_bytes) * self.stage_fraction
         # GQA KV heads are split across TP ranks (replicated when tp > kv_heads); MLA's latent is replicated.
         kv_shards = 1 if model.kv_lora_rank else min(tp, model.kv_heads)
+        #: KV bytes of one token per TP rank over all stages (what attention reads in a step)
         self.kv_bytes_per_token = model.kv_bytes_per_token / kv_shards
+        #: ... and on one GPU (the largest stage): what capacity and swap copies count
+        self.kv_bytes_per_token_gpu = self.kv_bytes_per_token * self.stage_fraction
         self.overhead_s = gpu.step_overhead_ms / 1000.0 + model.layers * gpu.layer_latency_us * 1e-6
         # Two all-reduces of the hidden state per layer (after attention and after the MLP), each
         # costing a fixed latency plus the ring's 2 (tp-1)/tp of the message over the link bandwidth.
         if tp > 1:
-            self._ar_fixed = 2 * model.layers * gpu.link_latency_us * 1e-6
-            self._ar_per_token = (2 * model.layers * all_reduce_bytes_factor(tp) * model.hidden * ACTIVATION_BYTES
-                                  / (gpu.link_gb_s * 1e9))
+            ar_fixed = 2 * model.layers * gpu.link_latency_us * 1e-6
+            ar_per_token = (2 * model.layers * all_reduce_bytes_factor(tp) * model.hidden * ACTIVATION_BYTES
+                            / (gpu.link_gb_s * 1e9))
         else:
-            self._ar_fixed = self._ar_per_token = 0.0
+            ar_fixed = ar_per_token = 0.0
+        # Pipeline sends between stages (see the module docstring): a latency and 2 x hidden / tp bytes per token each.
+        self.pp_send_fixed = (pp - 1) * gpu.link_latency_us * 1e-6
+        self.pp_send_per_token = (pp - 1) * 2 * model.hidden * ACTIVATION_BYTES / tp / (gpu.link_gb_s * 1e9)
+        #: communication per step: a fixed part and seconds per token of the batch
+        self._comm_fixed = ar_fixed + self.pp_send_fixed
+        self._comm_per_token = ar_per_token + self.pp_send_per_token
         self.kv_blocks = self._kv_blocks(max_num_batched_tokens, max_num_seqs, gpu_memory_utilization, block_size)
         self.block_size = block_size
         #: seconds to copy one KV block between GPU and host memory (KV swap): every GPU copies its
         #: own shard over its own host link, in parallel, so one GPU's share of the bytes counts
-        self.swap_block_s = self.kv_bytes_per_token * block_size / (gpu.host_link_gb_s * 1e9)
+        self.swap_block_s = self.kv_bytes_per_token_gpu * block_size / (gpu.host_link_gb_s * 1e9)
         # Largest d(step time)/d(context token): bounds how fast a decode step slows down as contexts grow.
         self.context_slope = math.hypot(self.attn_flops / self.peak_flops, self.kv_bytes_per_token / self.bandwidth)
         # Coefficients of the simulator's hot path (:meth:`run_step`): seconds per unit.
@@ -132,32 +166,33 @@ class CostModel:
         self._c_expert = self.expert_flops / self.peak_flops
         self._m_kv = self.kv_bytes_per_token / self.bandwidth
         self._m_dense = self.dense_bytes / self.bandwidth
-        self._fixed = self.overhead_s + self._ar_fixed
-        self._idle_w = tp * gpu.idle_w
+        self._fixed = self.overhead_s + self._comm_fixed
+        self._idle_w = self.gpus * gpu.idle_w
         self._dyn_w = tp * (gpu.max_w - gpu.idle_w)
         self._mem_power = gpu.memory_power_fraction
         #: the fastest possible decode step (all weights, no context): a floor for step times
         self.min_step_s = self._fixed + self._m_dense
 
     def _kv_blocks(self, max_tokens: int, max_seqs: int, util: float, block_size: int) -> int:
-        """KV blocks per replica: GPU memory x utilisation - weights - activation peak - non-torch memory."""
+        """KV blocks per replica: GPU memory x utilisation - weights - activation peak - non-torch memory,
+        on the GPU of the largest stage (vLLM takes the smallest block count over its workers)."""
         m = self.model
         budget = self.gpu.memory_gib * GIB * util
         # Peak activations of a full-budget forward pass (hidden states, MLP intermediates) + fp32 logits.
         activations = (max_tokens * (4 * m.hidden + 2 * m.intermediate * max(1, m.active_experts) / self.tp) * 2
                        + max_seqs * m.vocab * 4)
         free = budget - self.weight_bytes - activations - NON_TORCH_BYTES
-        blocks = int(free // (self.kv_bytes_per_token * block_size))
+        blocks = int(free // (self.kv_bytes_per_token_gpu * block_size))
         if blocks < 1:
             raise UserError(
-                f"{m.name} does not fit on {self.tp} x {self.gpu.name}: weights {self.weight_bytes / GIB:.1f} GiB "
+                f"{m.name} does not fit on {self.gpus} x {self.gpu.name}: weights {self.weight_bytes / GIB:.1f} GiB "
                 f"+ activations {(activations + NON_TORCH_BYTES) / GIB:.1f} GiB per GPU exceed "
-                f"{budget / GIB:.1f} GiB usable; raise tp or gpu_memory_utilization", "cluster")
+                f"{budget / GIB:.1f} GiB usable; raise tp, pp or gpu_memory_utilization", "cluster")
         return blocks
 
     def swap_blocks(self, swap_space_gib: float) -> int:
         """KV blocks that ``swap_space_gib`` of CPU memory per GPU holds (vLLM v0: swap_space // block bytes)."""
-        return int(swap_space_gib * GIB // (self.kv_bytes_per_token * self.block_size))
+        return int(swap_space_gib * GIB // (self.kv_bytes_per_token_gpu * self.block_size))
 
     def weights_read(self, tokens: int) -> float:
         """Weight bytes one step reads: all dense weights, and the experts that ``tokens`` tokens touch.
@@ -182,7 +217,7 @@ class CostModel:
         flops = (self.linear_flops * tokens + self.attn_flops * (prefill_attn + decode_context)
                  + self.lm_head_flops * sampled)
         data = self.weights_read(tokens) + self.kv_bytes_per_token * (prefill_kv + decode_context)
-        comm = self._ar_fixed + self._ar_per_token * tokens if tokens else 0.0
+        comm = self._comm_fixed + self._comm_per_token * tokens if tokens else 0.0
         return StepCost(flops / self.peak_flops, data / self.bandwidth, comm, self.overhead_s, self._skew(tokens))
 
     def _skew(self, tokens: int) -> float:
@@ -195,7 +230,7 @@ class CostModel:
         """A decode-only step of ``seqs`` requests with ``context`` total context tokens."""
         compute = ((self.linear_flops + self.lm_head_flops) * seqs + self.attn_flops * context) / self.peak_flops
         memory = (self.weights_read(seqs) + self.kv_bytes_per_token * context) / self.bandwidth
-        return StepCost(compute, memory, self._ar_fixed + self._ar_per_token * seqs, self.overhead_s,
+        return StepCost(compute, memory, self._comm_fixed + self._comm_per_token * seqs, self.overhead_s,
                         self._skew(seqs))
 
     def decode_time(self, seqs: int, context: float) -> float:
@@ -209,19 +244,20 @@ class CostModel:
         memory = (self._m_dense + (self.expert_bytes * (1.0 - self._miss ** tokens) / self.bandwidth
                                    if self.expert_bytes else 0.0) + self._m_kv * kv)
         if self.expert_load is None:
-            total = sqrt(compute * compute + memory * memory) + self._fixed + self._ar_per_token * tokens
+            total = sqrt(compute * compute + memory * memory) + self._fixed + self._comm_per_token * tokens
         else:
             skewed = compute + self._skew(tokens)
-            total = sqrt(skewed * skewed + memory * memory) + self._fixed + self._ar_per_token * tokens
+            total = sqrt(skewed * skewed + memory * memory) + self._fixed + self._comm_per_token * tokens
         busy = self._mem_power * memory
         if compute > busy:
             busy = compute
         return total, self._idle_w + self._dyn_w * (busy / total if busy < total else 1.0)
 
     def power_w(self, c: StepCost) -> float:
-        """Average power of the replica's ``tp`` GPUs during a step.
+        """Average power of the replica's ``tp x pp`` GPUs during a step.
 
-        idle + (max - idle) x activity, where activity is the compute-busy share of
+        All draw idle power; one stage's ``tp`` GPUs at a time add
+        (max - idle) x activity, where activity is the compute-busy share of
         the step, or the memory-busy share weighted by ``memory_power_fraction``
         (streaming memory draws less than saturating tensor cores), whichever is
         larger. Communication and host overhead count as idle.
@@ -229,8 +265,8 @@ class CostModel:
         g = self.gpu
         total = c.total
         activity = max(c.compute_s, g.memory_power_fraction * c.memory_s) / total if total > 0 else 0.0
-        return self.tp * (g.idle_w + (g.max_w - g.idle_w) * min(1.0, activity))
+        return self.gpus * g.idle_w + self.tp * (g.max_w - g.idle_w) * min(1.0, activity)
 
     @property
     def idle_power_w(self) -> float:
-        return self.tp * self.gpu.idle_w
+        return self.gpus * self.gpu.idle_w

@@ -582,8 +582,8 @@ class Simulation:
             "cost_usd": cost_usd,
             "replicas": {"initial": self.cfg.replicas, "added": len(reps) - self.cfg.replicas,
                          "retired": sum(r.retired_at is not None for r in reps)},
-            "mean_utilization": (sum(r.busy_s for r in reps) / (gpu_hours * 3600 / reps[0].cost.tp)
-                                 if gpu_hours > 0 and len({r.cost.tp for r in reps}) == 1 else None),
+            "mean_utilization": (sum(r.busy_s for r in reps) / (gpu_hours * 3600 / reps[0].cost.gpus)
+                                 if gpu_hours > 0 and len({r.cost.gpus for r in reps}) == 1 else None),
             "seed": self.seed,
             **({"expert_load": {name: _expert_summary(load, end) for name, load in self.expert_loads.items()}}
                if self.expert_loads else {}),

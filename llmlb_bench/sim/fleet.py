@@ -26,7 +26,7 @@ def cost_model(pool: PoolConfig, catalogs: tuple[str, ...] = (), moe: Mapping[st
     model = pool.model_spec(catalogs)
     load = (ExpertLoad(MoeSpec.parse(moe), model.experts, model.active_experts, pool.tp)
             if moe is not None and model.is_moe else None)
-    return CostModel(model, pool.gpu_spec(catalogs), pool.tp,
+    return CostModel(model, pool.gpu_spec(catalogs), pool.tp, pp=pool.pp,
                      max_num_batched_tokens=pool.max_num_batched_tokens, max_num_seqs=pool.max_num_seqs,
                      gpu_memory_utilization=pool.gpu_memory_utilization, block_size=pool.block_size,
                      expert_load=load)
@@ -128,7 +128,7 @@ class Fleet:
         """GPU-hours and on-demand dollars of every replica from its creation to its retirement (or ``end``)."""
         hours = cost = 0.0
         for r in self.replicas:
-            h = r.cost.tp * (min(end, r.retired_at if r.retired_at is not None else end) - r.created_at) / 3600.0
+            h = r.cost.gpus * (min(end, r.retired_at if r.retired_at is not None else end) - r.created_at) / 3600.0
             hours += h
             cost += h * r.cost.gpu.price_per_hour
         return hours, cost
