@@ -14,7 +14,6 @@ from llmlb_bench.cli.app import app, console
 from llmlb_bench.errors import UserError
 from llmlb_bench.schema import read_trace, write_trace
 from llmlb_bench.workload import WorkloadSpec, generate
-from llmlb_bench.workload.fit import compare, fit_trace
 from llmlb_bench.workload.importers import FORMATS, import_trace
 from llmlb_bench.workload.plots import write_plots
 from llmlb_bench.workload.stats import one_line, trace_stats
@@ -155,6 +154,9 @@ def fit(
 
         llmlb trace fit conv.parquet -o conv-fit.toml && llmlb gen conv-fit.toml -o look-alike.parquet --rate-scale 2
     """
+    # the fitting code needs scipy.stats (half a second to import): loaded only by this command
+    from llmlb_bench.workload.fit import compare, fit_trace
+
     if window is not None and window <= 0:
         raise UserError("--window must be > 0")
     table = read_trace(trace)

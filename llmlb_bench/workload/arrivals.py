@@ -26,7 +26,6 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from scipy import optimize, special
 
 from llmlb_bench.schema import read_trace
 from llmlb_bench.workload.fields import Section
@@ -169,6 +168,8 @@ def gamma_shape(cv: float) -> float:
 
 def weibull_shape(cv: float) -> float:
     """Weibull shape k whose CV is ``cv`` (CV decreases monotonically in k)."""
+    from scipy import optimize, special  # imported where used: scipy costs every CLI command ~0.5 s otherwise
+
     def f(log_k: float) -> float:
         k = math.exp(log_k)
         g1 = special.gammaln(1 + 1 / k)
@@ -186,6 +187,8 @@ def gap_sampler(family: str, cv: float) -> Callable[[np.random.Generator, int], 
         k = gamma_shape(cv)
         return lambda rng, n: rng.standard_gamma(k, n) / k
     if family == "weibull":
+        from scipy import special
+
         k = weibull_shape(cv)
         scale = 1.0 / math.exp(special.gammaln(1 + 1 / k))
         return lambda rng, n: scale * rng.weibull(k, n)

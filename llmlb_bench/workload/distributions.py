@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 import numpy as np
-from scipy import special
 
 from llmlb_bench.workload.fields import Section
 
@@ -38,6 +37,8 @@ class Distribution(ABC):
 
     def from_normal(self, z: np.ndarray) -> np.ndarray:
         """Map standard normals to this distribution (the copula's marginal step)."""
+        from scipy import special  # imported where used: scipy costs every CLI command ~0.5 s otherwise
+
         return self.ppf(special.ndtr(z))
 
     @abstractmethod
@@ -68,9 +69,13 @@ class Lognormal(Distribution):
         return np.exp(self.mu + self.sigma * z)
 
     def ppf(self, u: np.ndarray) -> np.ndarray:
+        from scipy import special
+
         return self.from_normal(special.ndtri(u))
 
     def cdf(self, x: np.ndarray) -> np.ndarray:
+        from scipy import special
+
         x = np.asarray(x, dtype=float)
         with np.errstate(divide="ignore"):
             return special.ndtr((np.log(np.maximum(x, 0.0)) - self.mu) / self.sigma)

@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from scipy import stats as sps
 
 from llmlb_bench.schema import trace_block_size
 from llmlb_bench.workload.prefixes import reuse_ratio
@@ -130,6 +129,8 @@ def trace_stats(table: pa.Table) -> dict[str, Any]:
     result: dict[str, Any] = {**arrival_stats(arrival), "input_tokens": length_stats(inp),
                               "output_tokens": length_stats(out)}
     if len(inp) > 2 and np.ptp(inp) > 0 and np.ptp(out) > 0:
+        from scipy import stats as sps  # imported where used: scipy costs every CLI command ~0.5 s otherwise
+
         result["io_spearman"] = float(sps.spearmanr(inp, out).statistic)
         result["io_pearson_log"] = float(np.corrcoef(np.log1p(inp), np.log1p(out))[0, 1])
     hashes = table.column("prefix_hashes")
