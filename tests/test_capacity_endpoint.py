@@ -17,7 +17,9 @@ from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.sweep.capacity import CapacityTask, OutOfBudget, bisect, search
 from llmlb_bench.sweep.cells import Cell
+from llmlb_bench.store import RunStore
 from llmlb_bench.sweep.endpoint_capacity import EndpointSearch, fresh_prompts, run_search
+from llmlb_bench.sweep.figures import compute_figures
 from llmlb_bench.sweep.rates import nominal_rate
 from llmlb_bench.workload import generate, load_spec
 from tests.serve_helpers import ServeThread
@@ -102,7 +104,7 @@ def _search(workload: Path, urls: list[str], **kw) -> EndpointSearch:
 def test_budget_of_time_and_of_requests_stops_the_search_early(tmp_path: Path, workload: Path):
     """A probe that would not fit is not started: the search ends censored 'budget' with the bracket
     reached, within the wall-time budget plus at most one cooldown, and exactly at the request
-    budget's last whole probe."""
+    budget's last whole probe; rerun under the same name, it reuses its finished probes."""
     st = ServeThread(ClusterConfig(**CLUSTER), ServeOptions(port_per_replica=0))
     try:
         start = time.perf_counter()
@@ -117,6 +119,8 @@ def test_budget_of_time_and_of_requests_stops_the_search_early(tmp_path: Path, w
         spec = search.spec
         rows = [generate(spec, seed=3, rate_scale=r / nominal_rate(spec)).num_rows for r in (2.0, 4.0)]
         out = run_search(_search(workload, st.urls, name="r", budget_requests=sum(rows) + 1), tmp_path)
+        # the same name again: finished probes are reused (free), the search goes on where it stopped
+        resumed = run_search(_search(workload, st.urls, name="r", budget_requests=sum(rows) + 1), tmp_path)
     finally:
         st.close()
     assert [p["rate"] for p in out["probes"]] == [2.0, 4.0]
@@ -124,6 +128,23 @@ def test_budget_of_time_and_of_requests_stops_the_search_early(tmp_path: Path, w
     run = json.loads((tmp_path / "r" / out["probes"][1]["run_id"] / "run.json").read_text())
     assert run["status"] == "complete" and run["backend"] == "replay"
     assert run["config"]["sweep"]["phase"] == "capacity" and run["config"]["sweep"]["rate"] == 4.0
+    assert resumed["probes"][:2] == [{**p, "ran": False, "wall_s": None} for p in out["probes"]]
+    assert resumed["probes"][2]["ran"] and resumed["spent"]["requests"] == resumed["probes"][2]["requests"]
+
+
+def test_warm_up_requests_are_sent_but_not_judged(tmp_path: Path):
+    """Figures judged from ``since_s`` leave out the requests scheduled before it (and only those)."""
+    n = 10
+    ttft = [1.0] * 3 + [0.1] * (n - 3)          # the first three miss ttft=500ms
+    with RunStore(tmp_path, config={}, backend="test", run_id="probe") as run:
+        run.requests.write({"request_id": list(range(n)), "status": ["ok"] * n,
+                            "scheduled_s": [0.5 * i for i in range(n)], "sent_s": [0.5 * i for i in range(n)],
+                            "first_token_s": [0.5 * i + t for i, t in enumerate(ttft)],
+                            "last_token_s": [0.5 * i + t + 0.2 for i, t in enumerate(ttft)],
+                            "output_tokens": [5] * n})
+    assert compute_figures(tmp_path, "probe", "k", "ttft=500ms")["attainment"] == pytest.approx(0.7)
+    judged = compute_figures(tmp_path, "probe", "k", "ttft=500ms", since_s=1.5)
+    assert judged["attainment"] == 1.0 and judged["ttft.p90"] == pytest.approx(0.1)
 
 
 def _free_port() -> int:

@@ -58,6 +58,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from llmlb_bench import __version__
+from llmlb_bench.errors import UserError
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import Preflight, ReplayOptions, preflight, replay
 from llmlb_bench.replay.scrape import parse_metrics
@@ -208,9 +209,13 @@ def run_search(search: EndpointSearch, results: str | Path, pre: Preflight | Non
     ``on_probe`` hears each probe's record as it is made.
     """
     pre = pre or preflight(search.endpoints, search.options)
+    task = search.task()
+    # the lowest rate's trace is the shortest prefix of every other (common random numbers)
+    if generate(search.spec, seed=search.seed, rate_scale=search.low / task.nominal_rate).num_rows == 0:
+        raise UserError(f"a probe at {search.low:g} req/s holds no request; lengthen the probe or raise "
+                        "the bracket's low end", search.spec.source)
     root = Path(results) / search.name
     (root / TRACES).mkdir(parents=True, exist_ok=True)
-    task = search.task()
     clock = _Clock(search)
     probes: list[dict[str, Any]] = []
     scale = search.options.time_scale
