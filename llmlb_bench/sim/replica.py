@@ -571,7 +571,7 @@ class Replica:
             if self.swapped:
                 budget, free, need = self._swap_in(budget, free, need, chunks)
                 if self.swapped:
-                    budget = 0
+                    budget = 0      # admits no waiting request while one is still out
             while waiting and budget > 0 and len(self.running) < self.max_seqs:
                 req = waiting[0] if self._fcfs else waiting.head(self.t)
                 hit = revive = 0
