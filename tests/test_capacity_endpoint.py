@@ -132,6 +132,23 @@ def test_budget_of_time_and_of_requests_stops_the_search_early(tmp_path: Path, w
     assert resumed["probes"][2]["ran"] and resumed["spent"]["requests"] == resumed["probes"][2]["requests"]
 
 
+def test_cli_prints_the_verdict_and_every_probe(tmp_path: Path, workload: Path, capsys):
+    """The terminal report: capacity, bracket, why it is censored, and one row per probe with its run id."""
+    st = ServeThread(ClusterConfig(**CLUSTER), ServeOptions(port_per_replica=0))
+    try:
+        main(["capacity", str(workload), "-e", st.urls[0], "--slo", SLO, "--rate", "2,8", "--probe-duration", "1s",
+              "--cooldown", "0.1s", "--budget-requests", "6", "--seed", "3", "-r", str(tmp_path), "--name", "cli"])
+    finally:
+        st.close()
+    out, err = capsys.readouterr()
+    summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
+    assert summary["censored"] == "budget" and summary["probes"]
+    text = " ".join(out.split())
+    assert f"capacity {summary['capacity']:,.3g} req/s" in text and "censored: budget" in text
+    assert all(p["run_id"] in "".join(out.replace("│", "").split()) for p in summary["probes"])
+    assert err.count("probe ") == len(summary["probes"])
+
+
 def test_warm_up_requests_are_sent_but_not_judged(tmp_path: Path):
     """Figures judged from ``since_s`` leave out the requests scheduled before it (and only those)."""
     n = 10

@@ -142,15 +142,14 @@ def render(summary: dict[str, Any], out: Console) -> None:
     spent = summary["spent"]
     out.print(f"{len(summary['probes'])} probes, {spent['requests']:,} requests sent, {spent['seconds']:,.1f} s "
               f"-> {summary['root']}", highlight=False)
-    t = Table(title=f"Probes against {', '.join(summary['endpoints'])} ({summary['policy']['name']})",
-              title_justify="left")
-    t.add_column("#", justify="right")
-    for col in ("rate req/s", "requests", "attainment", "goodput req/s", "TTFT p90 ms", "TPOT p90 ms"):
+    t = Table(title=f"Probes in the order made, against {', '.join(summary['endpoints'])} "
+                    f"({summary['policy']['name']}); goodput in req/s", title_justify="left")
+    for col in ("req/s", "requests", "attained", "goodput", "TTFT p90 ms", "TPOT p90 ms"):
         t.add_column(col, justify="right")
     t.add_column("meets")
-    t.add_column("run id")
-    for i, p in enumerate(summary["probes"], 1):
-        t.add_row(str(i), f"{p['rate']:,.3g}", f"{p['requests']:,}", _pct(p["attainment"]),
+    t.add_column("run id", overflow="fold")
+    for p in summary["probes"]:
+        t.add_row(f"{p['rate']:,.3g}", f"{p['requests']:,}", _pct(p["attainment"]),
                   "-" if p["goodput"] is None else f"{p['goodput']:,.2f}", _ms(p["ttft_p90"]), _ms(p["tpot_p90"]),
                   "yes" if p["meets"] else "no", p["run_id"] + ("" if p["ran"] else " (reused)"))
     out.print(t)
