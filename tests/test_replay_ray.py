@@ -22,6 +22,7 @@ from llmlb_bench.replay.clock import SkewedClock, measure_offset, perf_instant
 from llmlb_bench.replay.noop_server import NoopConfig
 from llmlb_bench.replay.ray_workers import replay_on_ray, shift_requests
 from llmlb_bench.cli import main
+from llmlb_bench.errors import UserError
 from llmlb_bench.schema import REQUESTS, TRACE, write_trace
 from llmlb_bench.store import RunStore
 from conftest import make_trace
@@ -217,3 +218,17 @@ def test_cli_ray_run_interrupted_then_resumed_has_one_row_per_request(servers, t
     assert meta["summary"]["replay"]["resumed"]["carried_rows"] > 0
     rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
     assert sorted(r["request_id"] for r in rows) == list(range(80)) and {r["status"] for r in rows} == {"ok"}
+
+
+def test_actors_the_cluster_cannot_place_are_a_one_line_error(ray_instance, servers, tmp_path, monkeypatch):
+    """Last in the module: the unplaceable actor's request may linger in the shared instance."""
+    import llmlb_bench.replay.ray_workers as ray_workers
+
+    monkeypatch.setattr(ray_workers, "READY_TIMEOUT_S", 2.0)
+    url, _ = servers.noop()
+    options = ReplayOptions(workers=3, executor="ray", scrape_s=None)  # one CPU each; the instance has 2
+    with pytest.raises(UserError, match=r"only [0-2] of 3 Ray actors were ready within 2 s") as info:
+        with RunStore(tmp_path, config={}, backend="replay", run_id="big") as run:
+            replay_on_ray(make_trace(n=6, rate=100.0), preflight([url], options), make_policy("round_robin"),
+                          run, options)
+    assert info.value.where == "--workers"

@@ -169,8 +169,8 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, o
                         for actor, rows, opts in zip(actors, plan.shares, plan.options)]
             ready, _ = ray.wait(prepared, num_returns=n, timeout=READY_TIMEOUT_S)
             if len(ready) < n:
-                raise UserError(f"the Ray cluster placed {len(ready)} of {n} replay actors within "
-                                f"{READY_TIMEOUT_S:g} s (each needs one free CPU)", "--workers")
+                raise UserError(f"only {len(ready)} of {n} Ray actors were ready within {READY_TIMEOUT_S:g} s "
+                                f"(each needs one free CPU on the cluster)", "--workers")
             live: dict[int, ClockOffset] = {}
             for k, ref in enumerate(prepared):
                 place, error = _get(ray, lambda: ray.get(ref))
