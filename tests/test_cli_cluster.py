@@ -43,6 +43,20 @@ def test_flags_override_the_file_and_reach_run_json(tmp_path, capsys):
     assert cluster["scheduler"] == "priority" and [p["name"] for p in cluster["pools"]] == ["h100", "a100"]
 
 
+def test_pipeline_stages_from_the_flag_are_counted_in_gpus_and_cost(tmp_path, capsys):
+    trace = tmp_path / "t.parquet"
+    write_trace(make_trace(20, rate=5.0), trace)
+    code, out, err = _cli(["simulate", str(trace), "--replicas", "2", "--tp", "2", "--pp", "2", "--gpu", "a100-80g",
+                           "--results", str(tmp_path / "r"), "-f", "json"], capsys)
+    assert code == 0, err
+    energy = json.loads(out)["runs"][0]["energy"]
+    [meta] = [json.loads(p.read_text()) for p in (tmp_path / "r").rglob("run.json")]
+    assert meta["config"]["cluster"]["pools"][0]["pp"] == 2
+    assert energy["gpus"] == 8  # 2 replicas x tp 2 x pp 2
+    # the report's catalog cost and the simulator's own bill agree
+    assert energy["cost_usd"] == pytest.approx(meta["summary"]["cost_usd"], rel=1e-6)
+
+
 @pytest.mark.parametrize("text, fragment", [
     ("replicas = 2\nflavour = 'x'\n", "unknown cluster setting 'flavour'"),
     ("replicas = [", "not valid TOML"),

@@ -32,6 +32,8 @@ Gpu = Annotated[Optional[str], typer.Option(
     "--gpu", help="GPU type from the catalog (see docs/simulator.md) [default: a100-80g].")]
 Model = Annotated[Optional[str], typer.Option("--model", help="Model from the catalog [default: llama-3-8b].")]
 Tp = Annotated[Optional[int], typer.Option("--tp", min=1, help="Tensor-parallel degree per replica [default: 1].")]
+Pp = Annotated[Optional[int], typer.Option("--pp", min=1, help="Pipeline-parallel stages per replica (each on tp "
+                                                               "GPUs) [default: 1].")]
 MaxSeqs = Annotated[Optional[int], typer.Option(
     "--max-num-seqs", min=1, help="Max running requests per replica [default: vLLM's default for the GPU].")]
 MaxTokens = Annotated[Optional[int], typer.Option(
@@ -50,14 +52,14 @@ SignalRefresh = Annotated[Optional[float], typer.Option(
 
 
 def cluster_config(cluster_file: Path | None, *, replicas: int | None, gpu: str | None, model: str | None,
-                   tp: int | None, max_num_seqs: int | None, max_batched_tokens: int | None,
+                   tp: int | None, pp: int | None, max_num_seqs: int | None, max_batched_tokens: int | None,
                    scheduler: str | None, scheduler_arg: list[str] | None,
                    signal_refresh: float | None) -> "ClusterConfig":
     """The cluster the flags describe: the --cluster file (or defaults) with given flags on top."""
     from llmlb_bench.policies import parse_args
     from llmlb_bench.sim import ClusterConfig, load_cluster
 
-    flags = {"replicas": replicas, "gpu": gpu, "model": model, "tp": tp, "max_num_seqs": max_num_seqs,
+    flags = {"replicas": replicas, "gpu": gpu, "model": model, "tp": tp, "pp": pp, "max_num_seqs": max_num_seqs,
              "max_num_batched_tokens": max_batched_tokens, "scheduler": scheduler,
              "scheduler_args": parse_args(scheduler_arg, "--scheduler-arg") or None,
              "signal_refresh_s": signal_refresh}

@@ -9,7 +9,7 @@ import typer
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import (ClusterFile, Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, Replicas, ReportFormat,
-                                    ResultsDir, SchedulerArgs, SchedulerOpt, SignalRefresh, SloOpt, Tp, cluster_config)
+                                    ResultsDir, SchedulerArgs, SchedulerOpt, SignalRefresh, SloOpt, Tp, Pp, cluster_config)
 from llmlb_bench.cli.report import print_report
 from llmlb_bench.experiment import simulate_run
 from llmlb_bench.policies import args_per_policy, make_policy, parse_args
@@ -32,6 +32,7 @@ def run(
     gpu: Gpu = None,
     model: Model = None,
     tp: Tp = None,
+    pp: Pp = None,
     max_num_seqs: MaxSeqs = None,
     max_batched_tokens: MaxTokens = None,
     scheduler: SchedulerOpt = None,
@@ -59,7 +60,7 @@ def run(
     args = args_per_policy(policies, parse_args(policy_arg))
     for name in policies:  # fail on a bad name or argument before any work is done
         make_policy(name, args[name])
-    cluster = cluster_config(cluster_file, replicas=replicas, gpu=gpu, model=model, tp=tp,
+    cluster = cluster_config(cluster_file, replicas=replicas, gpu=gpu, model=model, tp=tp, pp=pp,
                              max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
                              scheduler_arg=scheduler_arg, signal_refresh=signal_refresh)
     workload = load_spec(spec).replace(seed=seed)  # the stored spec records the seed actually used

@@ -8,7 +8,7 @@ import typer
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import (ClusterFile, Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, Replicas,
-                                    SchedulerArgs, SchedulerOpt, Seed, Tp, cluster_config)
+                                    SchedulerArgs, SchedulerOpt, Seed, Tp, Pp, cluster_config)
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import make_policy, parse_args
 from llmlb_bench.serve import ServeOptions, run
@@ -21,6 +21,7 @@ def serve(
     gpu: Gpu = None,
     model: Model = None,
     tp: Tp = None,
+    pp: Pp = None,
     max_num_seqs: MaxSeqs = None,
     max_batched_tokens: MaxTokens = None,
     scheduler: SchedulerOpt = None,
@@ -50,7 +51,7 @@ def serve(
                         "--policy")
     if not speed > 0:
         raise UserError(f"must be > 0, got {speed!r}", "--speed")
-    cluster = cluster_config(cluster_file, replicas=replicas, gpu=gpu, model=model, tp=tp,
+    cluster = cluster_config(cluster_file, replicas=replicas, gpu=gpu, model=model, tp=tp, pp=pp,
                              max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
                              scheduler_arg=scheduler_arg, signal_refresh=None)
     if port_per_replica is not None and port_per_replica + cluster.replicas - 1 > 65535:

@@ -9,7 +9,7 @@ import typer
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import (ClusterFile, Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, Replicas, ReportFormat,
-                                    ResultsDir, SchedulerArgs, SchedulerOpt, Seed, SignalRefresh, SloOpt, Tp, cluster_config)
+                                    ResultsDir, SchedulerArgs, SchedulerOpt, Seed, SignalRefresh, SloOpt, Tp, Pp, cluster_config)
 from llmlb_bench.cli.report import print_report
 from llmlb_bench.experiment import simulate_run
 from llmlb_bench.policies import parse_args
@@ -26,6 +26,7 @@ def simulate(
     gpu: Gpu = None,
     model: Model = None,
     tp: Tp = None,
+    pp: Pp = None,
     max_num_seqs: MaxSeqs = None,
     max_batched_tokens: MaxTokens = None,
     scheduler: SchedulerOpt = None,
@@ -47,7 +48,7 @@ def simulate(
         llmlb simulate trace.parquet --cluster clusters/disaggregated.toml --policy pd_pair --format json
     """
     table = read_trace(trace)
-    cluster = cluster_config(cluster_file, replicas=replicas, gpu=gpu, model=model, tp=tp,
+    cluster = cluster_config(cluster_file, replicas=replicas, gpu=gpu, model=model, tp=tp, pp=pp,
                              max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
                              scheduler_arg=scheduler_arg, signal_refresh=signal_refresh)
     store = simulate_run(table, trace, cluster, policy, parse_args(policy_arg), seed, results, label, run_id)

@@ -40,13 +40,13 @@ def fleet(meta: Mapping[str, Any]) -> tuple[int | None, float | None]:
     pools = cluster.get("pools") or []
     if not pools:
         return None, None
-    gpus = sum(int(p.get("replicas", 0)) * int(p.get("tp", 1)) for p in pools)
+    per_pool = [int(p.get("replicas", 0)) * int(p.get("tp", 1)) * int(p.get("pp", 1)) for p in pools]
+    gpus = sum(per_pool)
     from llmlb_bench.sim import load_catalog  # the simulator's catalog: only needed for simulated runs
 
     try:
         catalog = load_catalog(cluster.get("catalogs") or ())
-        price = sum(int(p.get("replicas", 0)) * int(p.get("tp", 1)) * catalog.gpu(p["gpu"]).price_per_hour
-                    for p in pools)
+        price = sum(n * catalog.gpu(p["gpu"]).price_per_hour for n, p in zip(per_pool, pools))
     except (UserError, KeyError):
         return gpus, None
     return gpus, price

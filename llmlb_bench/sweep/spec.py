@@ -73,7 +73,7 @@ class ClusterEntry:
     @property
     def price_per_hour(self) -> float:
         """On-demand USD per hour of the whole fleet (GPUs x catalog price)."""
-        return sum(p.replicas * p.tp * p.gpu_spec(self.config.catalogs).price_per_hour
+        return sum(p.replicas * p.gpus * p.gpu_spec(self.config.catalogs).price_per_hour
                    for p in self.config.pool_configs())
 
 
