@@ -125,7 +125,7 @@ def test_ray_actors_give_the_rows_of_process_workers(ray_instance, servers, tmp_
     assert [w["rows"] for w in workers] == [30, 30]
     for w in workers:  # one machine: the clocks agree to within the measurement's uncertainty
         assert w["hostname"] and w["node_id"] and "error" not in w
-        assert abs(w["offset_s"]) <= w["uncertainty_s"] + 1e-4 and abs(w["offset_after_s"]) < 0.01
+        assert abs(w["offset_s"]) <= w["uncertainty_s"] + 1e-4 and abs(w["offset_after_s"]) < 0.05
 
 
 def test_skewed_actor_clocks_are_measured_and_corrected(ray_instance, servers, tmp_path):
@@ -141,8 +141,10 @@ def test_skewed_actor_clocks_are_measured_and_corrected(ray_instance, servers, t
         assert abs(w["shift_s"]) < 1e-3  # the actor started at the instant it was given
     rows = pq.read_table(run.dir / "requests.parquet").to_pylist()
     assert len(rows) == 80 and {r["status"] for r in rows} == {"ok"}
+    # an offset left uncorrected would put a whole share seconds early or late; a loaded machine's
+    # stalls make single requests tens of milliseconds late
     late = np.array([r["sent_s"] - r["scheduled_s"] for r in rows])
-    assert late.min() >= -1e-3 and np.median(late) < 0.005 and late.max() < 0.05
+    assert late.min() >= -1e-3 and np.median(late) < 0.005 and late.max() < 0.5
     # the server's own clock (this process's) agrees with the merged times: it read each request
     # just after the merged sent_s, not seconds away
     t0 = summary["client"]["t0_clock_s"]
