@@ -107,7 +107,14 @@ def capacity(
     pre = preflight(search.endpoints, options)
     for note in pre.notes:
         err_console.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
-    summary = run_search(search, results, pre, on_probe=lambda p: err_console.print(_probe_line(p), highlight=False))
+    try:
+        summary = run_search(search, results, pre,
+                             on_probe=lambda p: err_console.print(_probe_line(p), highlight=False))
+    except KeyboardInterrupt:
+        err_console.print(f"search interrupted; finished probes are kept in {Path(results) / search.name}, "
+                          f"and the same command with --name {search.name} resumes it", highlight=False,
+                          soft_wrap=True)
+        raise
     if fmt is ReportFormat.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
         return
