@@ -128,7 +128,8 @@ def test_budget_of_time_and_of_requests_stops_the_search_early(tmp_path: Path, w
     run = json.loads((tmp_path / "r" / out["probes"][1]["run_id"] / "run.json").read_text())
     assert run["status"] == "complete" and run["backend"] == "replay"
     assert run["config"]["sweep"]["phase"] == "capacity" and run["config"]["sweep"]["rate"] == 4.0
-    assert resumed["probes"][:2] == [{**p, "ran": False, "wall_s": None} for p in out["probes"]]
+    assert all(p["drained"] for p in out["probes"])    # llmlb serve publishes vLLM's gauges
+    assert resumed["probes"][:2] == [{**p, "ran": False, "wall_s": None, "drained": None} for p in out["probes"]]
     assert resumed["probes"][2]["ran"] and resumed["spent"]["requests"] == resumed["probes"][2]["requests"]
 
 

@@ -132,8 +132,9 @@ def _ms(v: float | None) -> str:
 def _probe_line(p: dict[str, Any]) -> str:
     verdict = "meets" if p["meets"] else "misses"
     how = "sent" if p["ran"] else "reused"
+    busy = "; the endpoints were still busy when it started" if p["drained"] is False else ""
     return (f"probe {p['rate']:,.3g} req/s: attainment {_pct(p['attainment'])} -> {verdict} "
-            f"({p['requests']} requests {how}, run {p['run_id']})")
+            f"({p['requests']} requests {how}, run {p['run_id']}{busy})")
 
 
 def render(summary: dict[str, Any], out: Console) -> None:

@@ -12,17 +12,16 @@ same answer without the most overloaded probe.
 
 What makes a probe trustworthy:
 
-* **cooldown**: a probe past capacity leaves a queue behind, which would
-  flatter nothing and hurt the next probe. Before every probe but the first
-  the search sleeps ``cooldown_s``, then, for endpoints that publish engine
-  gauges on ``/metrics`` (vLLM, SGLang, llama.cpp, TGI, ``llmlb serve``),
-  waits until none has a running or waiting request (the first probe waits
-  for that too, without the sleep);
+* **cooldown**: a probe past capacity leaves a queue behind that would slow
+  the next probe down. Before every probe but the first the search sleeps
+  ``cooldown_s``, then, for endpoints that publish engine gauges on
+  ``/metrics`` (vLLM, SGLang, llama.cpp, TGI, ``llmlb serve``), waits until
+  none has a running or waiting request (the first probe waits for that too,
+  without the sleep); each probe records whether the endpoints were idle;
 * **warm-up**: after a cooldown the engine starts empty, so the first
   requests of a probe meet no queue and no batch. The first ``warmup``
   fraction of each probe's requests (by schedule) are sent, loading the
-  engine, but not judged.
-
+  engine, but not judged;
 * **cold prompts**: the replayer makes a prompt's text from the request's id
   and prefix hashes, so the same requests at every rate would be the same
   text, and an endpoint's prefix cache would serve later probes from what
@@ -138,9 +137,9 @@ def _gauges_busy(url: str) -> bool | None:
 def fresh_prompts(table: pa.Table, salt: int) -> pa.Table:
     """``table`` with request ids (and parent ids) shifted and prefix hashes XORed by ``salt``.
 
-    XOR keeps which requests share which leading blocks; the shift (a
-    multiple of 2**32, below 2**62) keeps generated ids unique and parents
-    pointing at their children's parents.
+    XOR keeps which requests share which leading blocks; one shift of every
+    id (a multiple of 2**32, below 2**62) keeps them unique and each parent
+    id naming its parent.
     """
     offset = (salt % (1 << 30)) << 32
     for name in ("request_id", "parent_id"):
@@ -240,11 +239,12 @@ def run_search(search: EndpointSearch, results: str | Path, pre: Preflight | Non
         span = max(arrivals, default=0.0) * scale
         reused = finished(root / cell.run_id, cell.key)
         started = time.perf_counter()
+        drained: bool | None = None     # the endpoints' gauges showed no work before it (None: reused)
         if not reused:
             pause = search.cooldown_s if clock.requests else 0.0
             clock.check(table.num_rows, span, pause)
             time.sleep(pause)
-            wait_idle(search.endpoints, clock.deadline())
+            drained = wait_idle(search.endpoints, clock.deadline())
             clock.check(table.num_rows, span, 0.0)   # a slow drain may have eaten the room
             started = time.perf_counter()
             _replay_probe(search, pre, cell, table, root)
@@ -257,7 +257,7 @@ def run_search(search: EndpointSearch, results: str | Path, pre: Preflight | Non
                   "attainment": figures["attainment"], "goodput": figures["goodput"],
                   "ttft_p90": figures["ttft.p90"], "tpot_p90": figures["tpot.p90"],
                   "meets": figures["attainment"] is not None and figures["attainment"] >= search.target,
-                  "run_id": cell.run_id, "ran": not reused,
+                  "run_id": cell.run_id, "ran": not reused, "drained": drained,
                   "wall_s": None if reused else time.perf_counter() - started}
         probes.append(record)
         summary(None)
