@@ -11,14 +11,16 @@ import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from llmlb_bench.cli import main
+from llmlb_bench.cli.capacity import render_repeats
 from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.sweep.capacity import CapacityTask, OutOfBudget, bisect, search
 from llmlb_bench.sweep.cells import Cell
 from llmlb_bench.store import RunStore
-from llmlb_bench.sweep.endpoint_capacity import EndpointSearch, fresh_prompts, run_search
+from llmlb_bench.sweep.endpoint_capacity import EndpointSearch, fresh_prompts, run_repeats, run_search
 from llmlb_bench.sweep.figures import compute_figures
 from llmlb_bench.sweep.rates import nominal_rate
 from llmlb_bench.workload import generate, load_spec
@@ -133,12 +135,45 @@ def test_budget_of_time_and_of_requests_stops_the_search_early(tmp_path: Path, w
     assert resumed["probes"][2]["ran"] and resumed["spent"]["requests"] == resumed["probes"][2]["requests"]
 
 
+def test_repeats_search_once_per_seed_within_one_budget_and_report_the_mean(tmp_path: Path, workload: Path):
+    """Two seeds, each an ordinary search in its own folder, sharing one request budget; the summary's
+    mean and interval are those of the seeds' capacities; a seed left without budget is listed, not averaged."""
+    st = ServeThread(ClusterConfig(**CLUSTER), ServeOptions(port_per_replica=0))
+    try:
+        out = run_repeats(_search(workload, st.urls, name="rep", tolerance=1.0, cooldown_s=0.1), 2, tmp_path)
+        spec = _search(workload, st.urls).spec
+        first = generate(spec, seed=3, rate_scale=2.0 / nominal_rate(spec)).num_rows
+        # a budget the first seed's probes exhaust: the second seed cannot probe at all
+        cut = run_repeats(_search(workload, st.urls, name="cut", tolerance=1.0, cooldown_s=0.1,
+                                  budget_requests=first), 2, tmp_path)
+    finally:
+        st.close()
+    seeds = out["per_seed"]
+    assert [r["seed"] for r in seeds] == [3, 4] and out["n"] == 2 and out["not_measured"] == []
+    caps = [json.loads(Path(r["summary"]).read_text())["capacity"] for r in seeds]
+    assert caps == [r["capacity"] for r in seeds] and all(c is not None for c in caps)
+    assert out["mean"] == pytest.approx(sum(caps) / 2)
+    if caps[0] != caps[1]:
+        assert out["low"] < out["mean"] < out["high"]
+    assert out["spent"]["requests"] == sum(r["requests"] for r in seeds)
+    assert json.loads((tmp_path / "rep" / "summary.json").read_text())["mean"] == out["mean"]
+    assert (tmp_path / "rep" / "rep-s3").is_dir() and (tmp_path / "rep" / "rep-s4").is_dir()
+    assert cut["n"] == 1 and cut["not_measured"] == [4] and cut["spent"]["requests"] == first
+    assert cut["per_seed"][1]["probes"] == 0 and cut["per_seed"][1]["censored"] == "budget"
+    console = Console(record=True, width=200)
+    render_repeats(cut, console)
+    text = console.export_text()
+    assert f"capacity {cut['mean']:,.3g} req/s, mean of 1 seed" in text
+    assert "not measured within the budget: seeds 4" in text and "cut-s4" in text
+
+
 def test_cli_prints_the_verdict_and_every_probe(tmp_path: Path, workload: Path, capsys):
     """The terminal report: capacity, bracket, why it is censored, and one row per probe with its run id."""
     st = ServeThread(ClusterConfig(**CLUSTER), ServeOptions(port_per_replica=0))
     try:
         main(["capacity", str(workload), "-e", st.urls[0], "--slo", SLO, "--rate", "2,8", "--probe-duration", "1s",
-              "--cooldown", "0.1s", "--budget-requests", "6", "--seed", "3", "-r", str(tmp_path), "--name", "cli"])
+              "--cooldown", "0.1s", "--budget-requests", "6", "--seed", "3", "-r", str(tmp_path), "--name", "cli",
+              "--workers", "2"])
     finally:
         st.close()
     out, err = capsys.readouterr()
@@ -148,6 +183,9 @@ def test_cli_prints_the_verdict_and_every_probe(tmp_path: Path, workload: Path, 
     assert f"capacity {summary['capacity']:,.3g} req/s" in text and "censored: budget" in text
     assert all(p["run_id"] in "".join(out.replace("│", "").split()) for p in summary["probes"])
     assert err.count("probe ") == len(summary["probes"])
+    # probes are ordinary replays: --workers reaches them (two client processes merged into one run)
+    run = json.loads((tmp_path / "cli" / summary["probes"][0]["run_id"] / "run.json").read_text())
+    assert run["config"]["options"]["workers"] == 2 and run["status"] == "complete"
 
 
 def test_warm_up_requests_are_sent_but_not_judged(tmp_path: Path):

@@ -15,12 +15,12 @@ from rich.table import Table
 
 from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.cli.common import PolicyArgs, ReportFormat, ResultsDir, SloOpt
-from llmlb_bench.cli.replay import Api
+from llmlb_bench.cli.replay import Api, Executor, RayAddress, WorkerExecutor, Workers, check_workers
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.policies import make_policy, parse_args
 from llmlb_bench.replay import ReplayOptions, preflight
-from llmlb_bench.sweep.endpoint_capacity import EndpointSearch, run_search
+from llmlb_bench.sweep.endpoint_capacity import EndpointSearch, run_repeats, run_search
 from llmlb_bench.workload import load_spec
 
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
@@ -66,8 +66,12 @@ def capacity(
     policy: Annotated[str, typer.Option("--policy", "-p", help="Routing policy over the endpoints (see llmlb policies).")] = "least_outstanding",
     policy_arg: PolicyArgs = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Seed of the workload and the policy, the same at every probe (default: the spec's).")] = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Searches with seeds SEED, SEED+1, ... within the one budget; reports their mean capacity and 95% interval.")] = 1,
     api: Annotated[Api, typer.Option("--api", help="Which API to call.")] = Api.chat,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name to send (default: each endpoint's first /v1/models entry).")] = None,
+    workers: Workers = 1,
+    executor: Executor = WorkerExecutor.process,
+    address: RayAddress = None,
     results: ResultsDir = Path("results"),
     name: Annotated[Optional[str], typer.Option("--name", help="Folder under --results (default: capacity-<workload>-<UTC time>); an earlier search's name resumes it, reusing its finished probes.")] = None,
     fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="Output format (terminal or json).")] = ReportFormat.terminal,
@@ -81,6 +85,8 @@ def capacity(
         llmlb capacity workloads/chat.toml -e http://127.0.0.1:8000 -e http://127.0.0.1:8001 --slo ttft=500ms,tpot=50ms --rate 1,200 --probe-duration 30s --budget 20m
 
         llmlb capacity workloads/chat.toml -e http://127.0.0.1:8000 --slo ttft=1s --rate 2,50 --probe-requests 500 --budget-requests 5000 --format json
+
+        llmlb capacity workloads/chat.toml -e http://127.0.0.1:8000 --slo ttft=500ms --rate 2,50 --repeats 3 --budget 1h
     """
     if not slo:
         raise UserError("a capacity search needs an SLO, e.g. --slo ttft=500ms,tpot=50ms", "--slo")
@@ -97,7 +103,8 @@ def capacity(
     spec = spec.replace(requests=probe_requests) if probe_requests else spec.replace(duration_s=probe_s)
     args = parse_args(policy_arg)
     make_policy(policy, args)   # a wrong policy or argument stops here, before any request is sent
-    options = ReplayOptions(api=api.value, model=model)
+    check_workers(workers, executor, address)
+    options = ReplayOptions(api=api.value, model=model, workers=workers, executor=executor.value, address=address)
     label = _LABEL.sub("-", workload.stem) or "workload"
     search = EndpointSearch(
         name=name or f"capacity-{label}-{dt.datetime.now(dt.timezone.utc):%Y%m%d-%H%M%S}", workload=label,
@@ -108,8 +115,8 @@ def capacity(
     for note in pre.notes:
         err_console.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
     try:
-        summary = run_search(search, results, pre,
-                             on_probe=lambda p: err_console.print(_probe_line(p), highlight=False))
+        summary = (run_search(search, results, pre, _print_probe) if repeats == 1
+                   else run_repeats(search, repeats, results, pre, _print_probe))
     except KeyboardInterrupt:
         err_console.print(f"search interrupted; finished probes are kept in {Path(results) / search.name}, "
                           f"and the same command with --name {search.name} resumes it", highlight=False,
@@ -118,7 +125,7 @@ def capacity(
     if fmt is ReportFormat.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
         return
-    render(summary, console)
+    (render if repeats == 1 else render_repeats)(summary, console)
 
 
 def _pct(v: float | None) -> str:
@@ -127,6 +134,10 @@ def _pct(v: float | None) -> str:
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{1e3 * v:,.1f}"
+
+
+def _print_probe(p: dict[str, Any]) -> None:
+    err_console.print(_probe_line(p), highlight=False)
 
 
 def _probe_line(p: dict[str, Any]) -> str:
@@ -160,4 +171,29 @@ def render(summary: dict[str, Any], out: Console) -> None:
         t.add_row(f"{p['rate']:,.3g}", f"{p['requests']:,}", _pct(p["attainment"]),
                   "-" if p["goodput"] is None else f"{p['goodput']:,.2f}", _ms(p["ttft_p90"]), _ms(p["tpot_p90"]),
                   "yes" if p["meets"] else "no", p["run_id"] + ("" if p["ran"] else " (reused)"))
+    out.print(t)
+
+
+def render_repeats(summary: dict[str, Any], out: Console) -> None:
+    """The mean capacity and its interval, then one row per seed (each seed's probes are in its summary.json)."""
+    mean = summary["mean"]
+    interval = ("" if summary["low"] is None
+                else f" (95% interval {summary['low']:,.3g} to {summary['high']:,.3g})")
+    out.print(f"capacity [bold]{'none' if mean is None else format(mean, ',.3g') + ' req/s'}[/]{interval}, mean "
+              f"of {summary['n']} seed{'s' if summary['n'] != 1 else ''}, at {100 * summary['target']:g}% "
+              f"attainment of {summary['slo']}"
+              + (f"; censored seeds: {', '.join(summary['censored'])}" if summary["censored"] else "")
+              + (f"; not measured within the budget: seeds {', '.join(map(str, summary['not_measured']))}"
+                 if summary["not_measured"] else ""))
+    spent = summary["spent"]
+    out.print(f"{spent['requests']:,} requests sent, {spent['seconds']:,.1f} s -> {summary['root']}", highlight=False)
+    t = Table(title="Per seed", title_justify="left")
+    for col in ("seed", "capacity req/s", "bracket req/s", "censored", "probes", "requests"):
+        t.add_column(col, justify="right")
+    t.add_column("summary", overflow="fold")
+    for r in summary["per_seed"]:
+        low, high = r["bracket"]
+        t.add_row(str(r["seed"]), "-" if r["capacity"] is None else f"{r['capacity']:,.3g}",
+                  f"[{low:,.3g}, {'inf' if high is None else format(high, ',.3g')}]", r["censored"] or "",
+                  str(r["probes"]), f"{r['requests']:,}", r["summary"])
     out.print(t)

@@ -33,6 +33,19 @@ class Api(str, Enum):
     completions = "completions"
 
 
+Workers = Annotated[int, typer.Option("--workers", min=1, help="Client processes sharing the run when one core cannot keep the schedule (each routes its share with its own copy of the policy).")]
+Executor = Annotated[WorkerExecutor, typer.Option("--executor", help="Where the --workers run: local processes, or Ray actors spread over the nodes of a Ray cluster for loads one machine cannot generate (each actor's clock offset is measured and corrected; extra 'ray').")]
+RayAddress = Annotated[Optional[str], typer.Option("--address", help="Ray cluster for --executor ray: auto, host:port or ray://host:10001 (default: a private local Ray instance).")]
+
+
+def check_workers(workers: int, executor: WorkerExecutor, address: str | None) -> None:
+    """The combinations of --workers, --executor and --address that mean something."""
+    if executor is WorkerExecutor.ray and workers < 2:
+        raise UserError("Ray actors share the load of --workers 2 or more", "--executor")
+    if address is not None and executor is not WorkerExecutor.ray:
+        raise UserError("--address needs --executor ray", "--address")
+
+
 def _timeout(value: float | None) -> float | None:
     """0 on the command line means "no timeout"."""
     return None if value is None or value <= 0 else value
@@ -52,9 +65,9 @@ def replay(
     time_scale: Annotated[float, typer.Option("--time-scale", help="Multiply trace times by this (0.5 = twice the rate).")] = 1.0,
     users: Annotated[Optional[int], typer.Option("--users", min=1, help="Closed loop: this many users, each sending the trace's next request when its last one ended (default: open loop at trace times).")] = None,
     think_time: Annotated[float, typer.Option("--think-time", min=0.0, help="Closed loop: seconds a user waits between requests.")] = 0.0,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Client processes sharing the run when one core cannot keep the schedule (each routes its share with its own copy of the policy).")] = 1,
-    executor: Annotated[WorkerExecutor, typer.Option("--executor", help="Where the --workers run: local processes, or Ray actors spread over the nodes of a Ray cluster for loads one machine cannot generate (each actor's clock offset is measured and corrected; extra 'ray').")] = WorkerExecutor.process,
-    address: Annotated[Optional[str], typer.Option("--address", help="Ray cluster for --executor ray: auto, host:port or ray://host:10001 (default: a private local Ray instance).")] = None,
+    workers: Workers = 1,
+    executor: Executor = WorkerExecutor.process,
+    address: RayAddress = None,
     api_key_env: Annotated[Optional[str], typer.Option("--api-key-env", help="Environment variable with the API key (default: OPENAI_API_KEY if set). The key is never stored.")] = None,
     tokenize: Annotated[bool, typer.Option("--tokenize", help="Use the first endpoint's /tokenize for exact prompt lengths.")] = False,
     tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="A local tokenizer.json (or a folder holding one) for exact prompt lengths; needs the 'tokenizers' package (extra 'tokenizer').")] = None,
@@ -90,10 +103,7 @@ def replay(
     """
     if time_scale <= 0:
         raise UserError("must be positive", "--time-scale")
-    if executor is WorkerExecutor.ray and workers < 2:
-        raise UserError("Ray actors share the load of --workers 2 or more", "--executor")
-    if address is not None and executor is not WorkerExecutor.ray:
-        raise UserError("--address needs --executor ray", "--address")
+    check_workers(workers, executor, address)
     if resume is not None and run_id is not None:
         raise UserError("--resume continues an existing run id; drop --run-id", "--run-id")
     options = ReplayOptions(

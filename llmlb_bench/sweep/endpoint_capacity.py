@@ -37,6 +37,10 @@ longest tail any earlier probe had after its last send (draining, storing,
 summarising). A probe that does not fit is not started: the search stops
 with the bracket reached, censored ``budget``.
 
+Repeats (:func:`run_repeats`) search once per seed within the one budget,
+each seed a different sample of requests, and report the mean capacity with
+its Student-t interval, like the simulator's sweep.
+
 A stored probe that finished under the same settings (same run id and cell
 key) is reused instead of sent again, so rerunning a search under the same
 ``name`` resumes it; a fresh name measures afresh.
@@ -64,7 +68,7 @@ from llmlb_bench.replay.scrape import parse_metrics
 from llmlb_bench.schema import trace_spec, write_trace
 from llmlb_bench.store import RunStore
 from llmlb_bench.store.run import write_json_atomic
-from llmlb_bench.sweep.capacity import CapacityTask, OutOfBudget, bisect
+from llmlb_bench.sweep.capacity import CapacityTask, OutOfBudget, bisect, combine
 from llmlb_bench.sweep.cells import TRACES, Cell, finished
 from llmlb_bench.sweep.figures import compute_figures
 from llmlb_bench.sweep.rates import nominal_rate
@@ -266,6 +270,44 @@ def run_search(search: EndpointSearch, results: str | Path, pre: Preflight | Non
         return record["meets"]
 
     return summary(bisect(meets, search.low, search.high, search.tolerance, high_last=True))
+
+
+def run_repeats(search: EndpointSearch, repeats: int, results: str | Path, pre: Preflight | None = None,
+                on_probe: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """One search per seed (``search.seed``, +1, ...), all within ``search``'s one budget; their mean
+    capacity with its Student-t interval, as the simulator's sweep reports it.
+
+    Seed ``k``'s search is an ordinary search named ``<name>-s<k>`` in
+    ``results/<name>/`` (so a rerun resumes every one of them), given what
+    the earlier seeds left of the budget. A seed whose search could not make
+    a single probe within the budget measured nothing and is left out of the
+    mean (listed, censored ``budget``); one that stopped on the budget with
+    a capacity found counts with it, a lower bound (flagged in ``censored``).
+    Writes and returns ``results/<name>/summary.json``.
+    """
+    pre = pre or preflight(search.endpoints, search.options)
+    root = Path(results) / search.name
+    start = time.perf_counter()
+    requests = 0
+    per_seed: list[dict[str, Any]] = []
+    for seed in range(search.seed, search.seed + repeats):
+        left_s = None if search.budget_s is None else search.budget_s - (time.perf_counter() - start)
+        left_requests = None if search.budget_requests is None else search.budget_requests - requests
+        one = replace(search, name=f"{search.name}-s{seed}", seed=seed, budget_s=left_s,
+                      budget_requests=left_requests)
+        out = run_search(one, root, pre, on_probe)
+        requests += out["spent"]["requests"]
+        per_seed.append({"seed": seed, "capacity": out["capacity"], "bracket": out["bracket"],
+                         "censored": out["censored"], "probes": len(out["probes"]),
+                         "requests": out["spent"]["requests"], "summary": str(Path(out["root"]) / SUMMARY)})
+    measured = [r for r in per_seed if r["probes"] and not (r["censored"] == "budget" and r["capacity"] is None)]
+    doc = {"tool_version": __version__, **search.describe(), "repeats": repeats, "root": str(root),
+           "status": "complete", **combine(measured),
+           "not_measured": [r["seed"] for r in per_seed if r not in measured], "per_seed": per_seed,
+           "spent": {"seconds": time.perf_counter() - start, "requests": requests}}
+    doc.pop("seed")
+    write_json_atomic(root / SUMMARY, doc)
+    return doc
 
 
 def _replay_probe(search: EndpointSearch, pre: Preflight, cell: Cell, table: pa.Table, root: Path) -> None:
