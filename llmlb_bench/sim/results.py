@@ -133,22 +133,18 @@ class RequestRecorder:
         }
 
     def _write(self, parts: list[dict[str, Any]]) -> None:
-        cols = {k: _concat([p[k] for p in parts]) for k in parts[0]}
-        rows = cols.pop("rows")
-        src = self._trace.take(pa.array(rows))
-        self.sink.write({
-            "request_id": src.column("request_id").combine_chunks(),
-            "tenant": src.column("tenant").cast(pa.string()).combine_chunks(),
-            "slo_class": src.column("slo_class").cast(pa.string()).combine_chunks(),
-            "scheduled_s": np.array([self.scheduled_s[r] for r in rows.tolist()]),
-            "sent_s": pa.array([self.sent_s[r] for r in rows.tolist()], pa.float64()),
-            "input_tokens": src.column("input_tokens").combine_chunks(),
-            "requested_output_tokens": src.column("output_tokens").combine_chunks(),
-            **cols,
-        })
-
-
-def _concat(pieces: list[Any]) -> Any:
-    if all(isinstance(p, np.ndarray) for p in pieces):
-        return np.concatenate(pieces)
-    return pa.concat_arrays([p if isinstance(p, pa.Array) else pa.array(p) for p in pieces])
+        """Each part (one replica's finished requests, or the ended ones) as its own batch of rows:
+        concatenating them first would copy every token segment once more."""
+        for cols in parts:
+            rows = cols.pop("rows")
+            src = self._trace.take(pa.array(rows))
+            self.sink.write({
+                "request_id": src.column("request_id").combine_chunks(),
+                "tenant": src.column("tenant").cast(pa.string()).combine_chunks(),
+                "slo_class": src.column("slo_class").cast(pa.string()).combine_chunks(),
+                "scheduled_s": np.array([self.scheduled_s[r] for r in rows.tolist()]),
+                "sent_s": pa.array([self.sent_s[r] for r in rows.tolist()], pa.float64()),
+                "input_tokens": src.column("input_tokens").combine_chunks(),
+                "requested_output_tokens": src.column("output_tokens").combine_chunks(),
+                **cols,
+            })

@@ -62,21 +62,6 @@ def step_end_times(tl: Columns, steps: np.ndarray) -> np.ndarray:
     return start[r] + (steps - first[r] + 1) * gap[r]
 
 
-def _clip(tl: Columns, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The runs overlapping each step range ``[a, b]`` (a <= b): range index, run index, lo, hi."""
-    first, count = tl[0], tl[3]
-    r0 = np.searchsorted(first, a, side="right") - 1
-    r1 = np.searchsorted(first, b, side="right") - 1
-    nseg = r1 - r0 + 1
-    total = int(nseg.sum())
-    owner = np.repeat(np.arange(len(a)), nseg)
-    run = r0[owner] + (np.arange(total) - np.repeat(np.cumsum(nseg) - nseg, nseg))
-    run_first = first[run]
-    lo = np.maximum(a[owner], run_first)
-    hi = np.minimum(b[owner], run_first + count[run] - 1)
-    return nseg, owner, run, lo, hi
-
-
 def summary_segments(first_s: np.ndarray, last_s: np.ndarray, count: np.ndarray, lead_s: np.ndarray) -> pa.ListArray:
     """``token_times`` of one evenly spaced segment per request over the ``count`` tokens it made
     on its last replica, from ``first_s`` to ``last_s`` (exact ends), preceded by the lead token
@@ -109,10 +94,21 @@ def token_segments(tl: Columns, span_a: np.ndarray, span_b: np.ndarray, spans_pe
     (the prefill replica's first token under disaggregation), or NaN.
     Returns a ``list<TOKEN_SEGMENT>`` array, one list per request.
     """
-    start, gap = tl[1], tl[2]
-    nseg, owner, run, lo, hi = _clip(tl, span_a, span_b)
-    seg_start = start[run] + (lo - tl[0][run] + 1) * gap[run]
+    first, start, gap, count = tl[0], tl[1], tl[2], tl[3]
+    # the runs each span overlaps: r0..r1, consecutive, so the flat run index is a ramp per span
+    r0 = np.searchsorted(first, span_a, side="right") - 1
+    nseg = np.searchsorted(first, span_b, side="right") - r0
+    head = np.cumsum(nseg) - nseg                  # each span's first segment
+    run = np.arange(int(nseg.sum())) + np.repeat(r0 - head, nseg)
+    run_first = first[run]
+    # a segment covers its whole run, except that a span's first one starts at the span's first step
+    # and its last one ends at the span's last step
+    lo = run_first.copy()
+    lo[head] = span_a
+    hi = run_first + count[run] - 1
+    hi[head + nseg - 1] = span_b
     seg_gap = gap[run]
+    seg_start = start[run] + (lo - run_first + 1) * seg_gap
     seg_count = hi - lo + 1
     # segments per request = its spans' segments, plus one for a lead token
     span_req = np.repeat(np.arange(len(spans_per_request)), spans_per_request)
