@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import threading
 import time
 from collections import defaultdict
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
@@ -24,6 +26,7 @@ from conftest import make_trace
 from replay_helpers import run_replay, servers, token_count  # noqa: F401  (servers is a fixture)
 
 from llmlb_bench.replay import ReplayOptions, Timeouts
+from llmlb_bench.replay.selfcheck import noop_server
 from llmlb_bench.schema import write_trace
 
 TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"t"},"finish_reason":null}]}\n\n'
@@ -263,3 +266,27 @@ def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, s
     assert sorted(r["request_id"] for r in rows) == list(range(80))
     assert {r["status"] for r in rows} == {"ok"} and {r["run_id"] for r in rows} == {"x"}
     assert not any(p.name.endswith("resume-backup") for p in (tmp_path / "res").iterdir())
+
+
+@pytest.mark.slow
+def test_ten_thousand_streams_open_at_once(tmp_path):
+    """The issue's scale: 10,000 concurrent streams, each holding a socket, against a server in its own
+    process. The replayer lifts its open-file limit; every request ends ok, and at the peak (nearly)
+    all of them are open together."""
+    n = 10_000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < n + 1_000:
+        pytest.skip("the hard open-file limit of this machine is below 11,000")
+    trace = make_trace(n, rate=n / 1.0, output_tokens=2)   # all sent within a second or two
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # a common default: both processes must lift it
+    try:
+        with noop_server(ttft_ms=6000.0) as url:            # each stream open for six seconds
+            summary, rows, _ = run_replay(trace, [url], tmp_path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert summary["statuses"] == {"ok": n}
+    assert all(r["output_tokens"] == 2 for r in rows)
+    opened = np.sort([r["sent_s"] for r in rows])
+    closed = np.sort([r["last_token_s"] for r in rows])
+    open_at_each_send = np.arange(1, n + 1) - np.searchsorted(closed, opened, side="right")
+    assert open_at_each_send.max() >= 0.95 * n

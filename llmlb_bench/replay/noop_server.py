@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
 
+from llmlb_bench.openfiles import raise_open_files_limit
+
 
 @dataclass
 class NoopConfig:
@@ -218,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
+    raise_open_files_limit()   # one socket per stream
     cfg = NoopConfig(model=args.model, ttft_s=args.ttft_ms / 1e3, itl_s=args.itl_ms / 1e3, usage=not args.no_usage)
     try:
         import uvloop

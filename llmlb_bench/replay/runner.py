@@ -45,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.openfiles import raise_open_files_limit
 from llmlb_bench.policies import RouteRequest, TargetInfo, View
 from llmlb_bench.policies.base import HOLD, REJECT
 from llmlb_bench.replay.flight import Flight
@@ -182,7 +183,7 @@ class Replayer:
         except ImportError:  # pragma: no cover - uvloop is an optional extra
             loop = asyncio.new_event_loop()
         self.loop = loop
-        _raise_open_files_limit()
+        raise_open_files_limit()
         cpu0 = _cpu_seconds()
         restore = self._install_signals(loop)
         # the trace columns live for the whole run: keep the collector's full passes, which stop
@@ -707,14 +708,3 @@ def _resolve(fut: asyncio.Future[None]) -> None:
 def _cpu_seconds() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
-
-
-def _raise_open_files_limit() -> None:
-    """One socket per concurrent stream: lift the soft open-file limit to the hard one."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError):
-            pass

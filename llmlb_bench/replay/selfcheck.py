@@ -34,9 +34,10 @@ from llmlb_bench.replay.options import ReplayOptions
 
 
 @contextmanager
-def noop_server(cpu: int | None = None, itl_ms: float = 0.0) -> Iterator[str]:
+def noop_server(cpu: int | None = None, itl_ms: float = 0.0, ttft_ms: float = 0.0) -> Iterator[str]:
     """Run the no-op server in a subprocess (pinned to ``cpu`` if given); yields its URL."""
-    cmd = [sys.executable, "-m", "llmlb_bench.replay.noop_server", "--port", "0", "--itl-ms", str(itl_ms)]
+    cmd = [sys.executable, "-m", "llmlb_bench.replay.noop_server", "--port", "0", "--itl-ms", str(itl_ms),
+           "--ttft-ms", str(ttft_ms)]
     if cpu is not None:
         cmd += ["--cpu", str(cpu)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import resource
 import signal
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.openfiles import raise_open_files_limit
 from llmlb_bench.serve.api import Api
 from llmlb_bench.serve.http import HttpConnection, listen
 from llmlb_bench.serve.live import LiveFleet
@@ -114,7 +114,7 @@ def run(cfg: ClusterConfig, options: ServeOptions, policy: Any = None,
     """Serve until SIGINT or SIGTERM; returns the totals. ``announce`` gets one line per port."""
     loop = new_event_loop()
     stop = asyncio.Event()
-    _raise_open_files_limit()
+    raise_open_files_limit()
 
     async def main() -> dict[str, int]:
         server = await SimServer(cfg, options, policy).start()
@@ -138,13 +138,3 @@ def run(cfg: ClusterConfig, options: ServeOptions, policy: Any = None,
     finally:
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
-
-
-def _raise_open_files_limit() -> None:
-    """One socket per open stream: lift the soft open-file limit to the hard one."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        except (ValueError, OSError):
-            pass
