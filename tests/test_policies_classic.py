@@ -116,3 +116,23 @@ def test_consistent_hash_skips_unhealthy_and_bounded_load_skips_full_targets():
     assert bounded.choose(req(2, session_id=42), view(4, outstanding_requests=load)) != home
     load = [1, 1, 1, 1]  # cap = ceil(1.25 * (4 + 1) / 4) = 2: home has room
     assert bounded.choose(req(3, session_id=42), view(4, outstanding_requests=load)) == home
+
+
+def test_argmin_healthy_is_the_first_smallest_healthy_value_from_start_on():
+    """The scan every load-aware policy uses, against its definition, with and without unhealthy targets
+    (the all-healthy case takes a faster path)."""
+    import random
+
+    from llmlb_bench.policies.select import argmin_healthy
+
+    rng = random.Random(7)
+    for _ in range(5000):
+        n = rng.randint(1, 12)
+        v = view(n)
+        v.healthy = [True] * n if rng.random() < 0.5 else [rng.random() < 0.7 for _ in range(n)]
+        values = [rng.randint(0, 3) for _ in range(n)]
+        start = rng.randint(0, 40)
+        order = [(start + k) % n for k in range(n)]
+        healthy = [i for i in order if v.healthy[i]]
+        expected = min(healthy, key=lambda i: (values[i], order.index(i))) if healthy else start % n
+        assert argmin_healthy(values, v, start) == expected
