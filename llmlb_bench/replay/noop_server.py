@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
 
+from llmlb_bench.gcpause import pause_full_collections
 from llmlb_bench.openfiles import raise_open_files_limit
 
 
@@ -221,6 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     raise_open_files_limit()   # one socket per stream
+    pause_full_collections()   # the truth clients are measured against must not stall (see gcpause)
     cfg = NoopConfig(model=args.model, ttft_s=args.ttft_ms / 1e3, itl_s=args.itl_ms / 1e3, usage=not args.no_usage)
     try:
         import uvloop

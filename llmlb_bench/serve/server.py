@@ -11,13 +11,13 @@ embedding) or :func:`run` for a blocking server that stops on SIGINT/SIGTERM.
 from __future__ import annotations
 
 import asyncio
-import gc
 import signal
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.gcpause import pause_full_collections
 from llmlb_bench.openfiles import raise_open_files_limit
 from llmlb_bench.serve.api import Api
 from llmlb_bench.serve.http import HttpConnection, listen
@@ -118,10 +118,9 @@ def run(cfg: ClusterConfig, options: ServeOptions, policy: Any = None,
 
     async def main() -> dict[str, int]:
         server = await SimServer(cfg, options, policy).start()
-        # what exists now (modules, catalogs, the fleet) lives until the end: keep the collector's
-        # full passes, which stop the loop, from walking it again and again
-        gc.collect()
-        gc.freeze()
+        # what exists now (modules, catalogs, the fleet) lives until the end, and what requests leave
+        # behind grows: keep the collector's full passes, which stop the loop, away (see gcpause)
+        pause_full_collections()
         if threading.current_thread() is threading.main_thread():
             for s in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(s, stop.set)
