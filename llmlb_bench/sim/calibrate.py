@@ -54,14 +54,19 @@ class Profile:
     seconds: np.ndarray
 
 
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    """A profile's rows by header name; an unreadable file is a one-line error."""
+    try:
+        with path.open(newline="") as f:
+            return list(csv.DictReader(f))
+    except OSError as exc:
+        raise UserError(f"cannot read profile ({exc.strerror})", path) from None
+
+
 def read_vidur_mlp(path: str | Path, gpu: str, model: str) -> Profile:
     """Read one Vidur ``mlp.csv`` (median of each operator, summed over the layer)."""
     path = Path(path)
-    try:
-        with path.open(newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError as exc:
-        raise UserError(f"cannot read profile ({exc.strerror})", path) from None
+    rows = _read_csv(path)
     need = [f"time_stats.{op}.median" for op in LAYER_OPS] + ["num_tokens", "num_tensor_parallel_workers"]
     if not rows or any(c not in rows[0] for c in need):
         missing = next((c for c in need if not rows or c not in rows[0]), need[0])
@@ -209,11 +214,7 @@ def read_vidur_all_reduce(path: str | Path, gpu: str) -> AllReduceProfile:
     """Read Vidur's ``all_reduce.csv`` (``size`` in fp16 elements, median time in ms), keeping
     the rows where all GPUs sit in one node (tensor parallelism does not cross nodes)."""
     path = Path(path)
-    try:
-        with path.open(newline="") as f:
-            rows = list(csv.DictReader(f))
-    except OSError as exc:
-        raise UserError(f"cannot read profile ({exc.strerror})", path) from None
+    rows = _read_csv(path)
     need = ("time_stats.all_reduce.median", "num_workers", "size", "devices_per_node")
     missing = next((c for c in need if not rows or c not in rows[0]), None)
     if missing:

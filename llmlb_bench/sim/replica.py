@@ -239,13 +239,19 @@ class Replica:
         # (with no decode step at all if it arrives during the mixed step that precedes the run).
         if (self.run_decode_only and self.run_n and len(self.running) < self.max_seqs
                 and (len(self.waiting) == 1 or not self._fcfs) and not self.swapped):
-            j = int((t - self.run_start) / self.run_gap) + 1 if t >= self.run_start else 0
-            if j < self.run_n:
-                self.run_n = j
-                self.timeline.truncate_last(j)
-                self.version += 1
-                return self.run_end
+            return self._cut_after(t)
         return None
+
+    def _cut_after(self, t: float) -> float | None:
+        """End the decode run in flight at the first step boundary after ``t``; returns the new
+        boundary time, or None when the run ends there anyway."""
+        j = int((t - self.run_start) / self.run_gap) + 1 if t >= self.run_start else 0
+        if j >= self.run_n:
+            return None
+        self.run_n = j
+        self.timeline.truncate_last(j)
+        self.version += 1
+        return self.run_end
 
     def abort(self, req: Request, t: float) -> float | None:
         """The client of ``req`` (waiting or running here) went away at ``t``. Returns the new
@@ -268,12 +274,7 @@ class Replica:
             return None
         self._aborted.append(req)
         if self.run_decode_only and self.run_n:
-            j = int((t - self.run_start) / self.run_gap) + 1 if t >= self.run_start else 0
-            if j < self.run_n:
-                self.run_n = j
-                self.timeline.truncate_last(j)
-                self.version += 1
-                return self.run_end
+            return self._cut_after(t)
         return None
 
     def _drop_aborted(self, done: list[Request]) -> None:
