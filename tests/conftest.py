@@ -22,6 +22,19 @@ def make_trace(n: int = 10, rate: float = 2.0, input_tokens: int = 100, output_t
     }), "test")
 
 
+def cli(args: list[str], capsys) -> tuple[int, str, str]:
+    """Run the CLI in-process: (exit code, stdout, stderr), the code 0 when it returns normally."""
+    from llmlb_bench.cli import main
+
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

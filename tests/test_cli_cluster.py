@@ -7,22 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_trace
-from llmlb_bench.cli import main
+from conftest import cli, make_trace
 from llmlb_bench.schema import write_trace
 from llmlb_bench.sim import load_cluster
 
 CLUSTERS = sorted((Path(__file__).resolve().parents[1] / "clusters").glob("*.toml"))
 
 
-def _cli(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("path", CLUSTERS, ids=[p.stem for p in CLUSTERS])
@@ -34,7 +25,7 @@ def test_every_example_cluster_file_is_valid(path):
 def test_flags_override_the_file_and_reach_run_json(tmp_path, capsys):
     trace = tmp_path / "t.parquet"
     write_trace(make_trace(30, rate=5.0), trace)
-    code, out, err = _cli(["simulate", str(trace), "--cluster", str(CLUSTERS[0].parent / "hetero.toml"),
+    code, out, err = cli(["simulate", str(trace), "--cluster", str(CLUSTERS[0].parent / "hetero.toml"),
                            "--scheduler", "priority", "--results", str(tmp_path / "r"), "-f", "json"], capsys)
     assert code == 0, err
     assert json.loads(out)["runs"][0]["requests"] == 30
@@ -46,7 +37,7 @@ def test_flags_override_the_file_and_reach_run_json(tmp_path, capsys):
 def test_pipeline_stages_from_the_flag_are_counted_in_gpus_and_cost(tmp_path, capsys):
     trace = tmp_path / "t.parquet"
     write_trace(make_trace(20, rate=5.0), trace)
-    code, out, err = _cli(["simulate", str(trace), "--replicas", "2", "--tp", "2", "--pp", "2", "--gpu", "a100-80g",
+    code, out, err = cli(["simulate", str(trace), "--replicas", "2", "--tp", "2", "--pp", "2", "--gpu", "a100-80g",
                            "--results", str(tmp_path / "r"), "-f", "json"], capsys)
     assert code == 0, err
     energy = json.loads(out)["runs"][0]["energy"]
@@ -67,7 +58,7 @@ def test_bad_cluster_files_are_one_line_errors(tmp_path, capsys, text, fragment)
     bad.write_text(text)
     trace = tmp_path / "t.parquet"
     write_trace(make_trace(3), trace)
-    code, _, err = _cli(["simulate", str(trace), "--cluster", str(bad), "--results", str(tmp_path / "r")], capsys)
+    code, _, err = cli(["simulate", str(trace), "--cluster", str(bad), "--results", str(tmp_path / "r")], capsys)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1 and fragment in lines[0] and "Traceback" not in err
     assert not (tmp_path / "r").exists()
@@ -76,5 +67,5 @@ def test_bad_cluster_files_are_one_line_errors(tmp_path, capsys, text, fragment)
 def test_missing_cluster_file(tmp_path, capsys):
     trace = tmp_path / "t.parquet"
     write_trace(make_trace(3), trace)
-    code, _, err = _cli(["simulate", str(trace), "--cluster", str(tmp_path / "none.toml")], capsys)
+    code, _, err = cli(["simulate", str(trace), "--cluster", str(tmp_path / "none.toml")], capsys)
     assert code == 2 and "none.toml: no such file" in err

@@ -5,8 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from llmlb_bench.cli import main

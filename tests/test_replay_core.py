@@ -17,10 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
-from conftest import make_trace
+from conftest import cli, make_trace
 from replay_helpers import run_replay, servers, token_count  # noqa: F401  (servers is a fixture)
 
-from llmlb_bench.cli import main
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import Policy, RouteRequest, View
 from llmlb_bench.policies.base import HOLD, REJECT
@@ -417,14 +416,6 @@ def test_policy_rejections_and_held_requests_are_honoured(servers, tmp_path):
 
 
 # -- CLI -----------------------------------------------------------------------
-def _cli(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_cli_replays_and_never_stores_the_api_key(servers, tmp_path, capsys, monkeypatch):
@@ -449,7 +440,7 @@ def test_cli_replays_and_never_stores_the_api_key(servers, tmp_path, capsys, mon
     trace = tmp_path / "t.parquet"
     write_trace(make_trace(n=3, rate=100.0), trace)
     monkeypatch.setenv("MY_KEY", "sk-secret-123")
-    code, out, err = _cli(["replay", str(trace), "-e", url, "--api-key-env", "MY_KEY", "--results",
+    code, out, err = cli(["replay", str(trace), "-e", url, "--api-key-env", "MY_KEY", "--results",
                            str(tmp_path / "res"), "--run-id", "k", "--no-progress"], capsys)
     assert code == 0, err
     assert seen == ["Bearer sk-secret-123"] * 4
@@ -467,7 +458,7 @@ def test_cli_replays_and_never_stores_the_api_key(servers, tmp_path, capsys, mon
 def test_cli_errors_are_one_line_and_write_nothing(tmp_path, capsys, args, fragment):
     trace = tmp_path / "t.parquet"
     write_trace(make_trace(n=2), trace)
-    code, _, err = _cli(["replay", str(trace), *args, "--results", str(tmp_path / "res")], capsys)
+    code, _, err = cli(["replay", str(trace), *args, "--results", str(tmp_path / "res")], capsys)
     assert code == 2
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and fragment in lines[0], err

@@ -17,10 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
-from conftest import make_trace
+from conftest import cli, make_trace
 from replay_helpers import servers  # noqa: F401  (a fixture)
 
-from llmlb_bench.cli import main
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.energy import _SERIES_ENERGY_SQL
 from llmlb_bench.policies import make_policy
@@ -138,14 +137,6 @@ def _dcgm_app(kind: str) -> web.Application:
     return app
 
 
-def _cli(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.parametrize("kind", ["gauge", "counter"])
@@ -153,7 +144,7 @@ def test_cli_reads_a_dcgm_exporter_and_fills_energy(servers, tmp_path, capsys, k
     url, _ = servers.noop(NoopConfig(itl_s=0.005))
     dcgm = servers.aiohttp(_dcgm_app(kind))
     write_trace(make_trace(n=30, rate=30.0, output_tokens=10), tmp_path / "t.parquet")
-    code, out, err = _cli(["replay", str(tmp_path / "t.parquet"), "-e", url, "--power-source", f"prometheus:{dcgm}",
+    code, out, err = cli(["replay", str(tmp_path / "t.parquet"), "-e", url, "--power-source", f"prometheus:{dcgm}",
                            "--power-interval", "0.2", "--results", str(tmp_path / "res"), "--run-id", "p",
                            "--no-progress"], capsys)
     assert code == 0, err
@@ -189,7 +180,7 @@ def test_power_source_errors_are_one_line_and_write_nothing(servers, tmp_path, c
 
     def error(*sources: str) -> str:
         args = [a for s in sources for a in ("--power-source", s)]
-        code, _, err = _cli(["replay", str(tmp_path / "t.parquet"), "-e", url, *args,
+        code, _, err = cli(["replay", str(tmp_path / "t.parquet"), "-e", url, *args,
                              "--results", str(tmp_path / "res")], capsys)
         lines = [ln for ln in err.strip().splitlines() if ln.strip()]
         assert code == 2 and len(lines) == 1, err

@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
+from conftest import cli
 from replay_helpers import servers  # noqa: F401  (a fixture)
 
-from llmlb_bench.cli import main
 from llmlb_bench.errors import UserError
 from llmlb_bench.replay.lengths import check_lengths, load_tokenizer, local_counter, piece_costs
 from llmlb_bench.replay.prompts import WORDS, PromptBuilder
@@ -141,14 +141,6 @@ def _usage_server(servers, tok: Tokenizer) -> str:
     return servers.aiohttp(app)
 
 
-def _cli(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_cli_tokenizer_makes_the_servers_prompt_counts_equal_the_trace(servers, tmp_path, capsys):
@@ -159,7 +151,7 @@ def test_cli_tokenizer_makes_the_servers_prompt_counts_equal_the_trace(servers, 
     url = _usage_server(servers, tok)
     trace = _trace(n=30)
     write_trace(trace, tmp_path / "t.parquet")
-    code, out, err = _cli(["replay", str(tmp_path / "t.parquet"), "-e", url, "--api", "completions",
+    code, out, err = cli(["replay", str(tmp_path / "t.parquet"), "-e", url, "--api", "completions",
                            "--tokenizer", str(folder), "--results", str(tmp_path / "res"), "--run-id", "k",
                            "--no-progress", "--scrape-interval", "0"], capsys)
     assert code == 0, err
@@ -172,7 +164,7 @@ def test_cli_tokenizer_makes_the_servers_prompt_counts_equal_the_trace(servers, 
     assert replay["prompt_lengths"] == f"exact (local tokenizer {folder})"
     assert (replay["prompt_length_check"]["exact"], replay["prompt_length_check"]["checked"]) == (29, 30)
     # without it, one word per token: the same server counts otherwise
-    code, _, err = _cli(["replay", str(tmp_path / "t.parquet"), "-e", url, "--api", "completions",
+    code, _, err = cli(["replay", str(tmp_path / "t.parquet"), "-e", url, "--api", "completions",
                          "--results", str(tmp_path / "res"), "--run-id", "a", "--no-progress",
                          "--scrape-interval", "0"], capsys)
     assert code == 0, err
@@ -182,7 +174,7 @@ def test_cli_tokenizer_makes_the_servers_prompt_counts_equal_the_trace(servers, 
 
 def _one_line_error(tmp_path, capsys, extra):
     write_trace(_trace(n=10), tmp_path / "t.parquet")
-    code, _, err = _cli(["replay", str(tmp_path / "t.parquet"), "-e", "http://127.0.0.1:9", *extra,
+    code, _, err = cli(["replay", str(tmp_path / "t.parquet"), "-e", "http://127.0.0.1:9", *extra,
                          "--results", str(tmp_path / "res")], capsys)
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1, err

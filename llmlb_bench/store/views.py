@@ -18,7 +18,6 @@ from typing import Any, Iterable
 
 import duckdb
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.schema import REQUESTS, SERIES, TableSpec, open_parquet
