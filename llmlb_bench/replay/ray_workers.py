@@ -27,10 +27,13 @@ the clocks during the run, which is not corrected: the parent measures the
 offsets again after the run and stores both in run.json
 (``summary.client.ray_workers``) so a reader sees whether it mattered.
 
-A worker that dies (its node lost, its process killed) leaves rows
-without a result: those that were due before the parent noticed are
-written as ``error``/``interrupted`` (they may have been sent), the rest
-as ``not_sent``, and the run is kept as partial for ``--resume``.
+Finished rows travel back while the run goes on: the parent takes each
+actor's new rows about once a second (:data:`POLL_S`), so what an actor had
+finished survives it. A worker that dies (its node lost, its process
+killed) leaves the rest without a result: those that were due before the
+parent noticed are written as ``error``/``interrupted`` (they may have been
+sent), the others as ``not_sent``, and the run is kept as partial for
+``--resume``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import os
 import signal
 import socket
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -58,6 +62,7 @@ from llmlb_bench.replay.runner import Replayer
 from llmlb_bench.replay.workers import WorkerOutcome, PartStore, merge_outcomes, plan_workers
 from llmlb_bench.schema import REQUESTS, SERIES, read_table
 from llmlb_bench.store import RunStore
+from llmlb_bench.store.sink import rows_table
 
 #: the common start lies this far ahead of the moment the parent sends it, so that every actor has it
 #: in time even on a busy cluster (a Ray call takes milliseconds; an actor that hears it late only
@@ -65,8 +70,37 @@ from llmlb_bench.store import RunStore
 START_MARGIN_S = 0.5
 #: how long actors may take to be placed and to get ready (a cluster without free CPUs never places them)
 READY_TIMEOUT_S = 120.0
+#: seconds between the parent's collections of the actors' finished rows
+POLL_S = 1.0
 #: result columns that are times on the replay's timeline
 _REQUEST_TIMES = ("scheduled_s", "sent_s", "first_token_s", "last_token_s")
+
+
+class RowTap:
+    """An actor's requests sink: finished rows kept in memory until the parent takes them.
+
+    The replayer's writer thread writes; a Ray call on the actor's second
+    thread takes (:meth:`ReplayActor.take_rows`)."""
+
+    def __init__(self, run_id: str) -> None:
+        self._constants = {"run_id": run_id}
+        self._lock = threading.Lock()
+        self._tables: list[pa.Table] = []
+
+    def write(self, columns: Any) -> None:
+        table = rows_table(REQUESTS, columns, self._constants)
+        if table is not None:
+            with self._lock:
+                self._tables.append(table)
+
+    def take(self) -> pa.Table:
+        """Every row written since the last call."""
+        with self._lock:
+            tables, self._tables = self._tables, []
+        return pa.concat_tables(tables) if tables else REQUESTS.schema.empty_table()
+
+    def close(self) -> None:
+        """Nothing to flush: rows leave through :meth:`take`."""
 
 
 class ReplayActor:
@@ -80,7 +114,9 @@ class ReplayActor:
         self._clock = clock
         self._replayer: Replayer | None = None
         self._part: PartStore | None = None
+        self._tap: RowTap | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._t0_own: float | None = None
         self._stopped = False
 
     def prepare(self, share: bytes, pre: Preflight, policy: Any, options: ReplayOptions,
@@ -89,7 +125,8 @@ class ReplayActor:
         import ray
 
         self._tmp = tempfile.TemporaryDirectory(prefix="llmlb-replay-")
-        self._part = PartStore(Path(self._tmp.name), run_id)
+        self._tap = RowTap(run_id)
+        self._part = PartStore(Path(self._tmp.name), run_id, requests=self._tap)
         self._replayer = Replayer(_from_ipc(share), pre, policy, self._part, options)
         return {"node_id": ray.get_runtime_context().get_node_id(), "hostname": socket.gethostname(),
                 "pid": os.getpid()}
@@ -100,11 +137,11 @@ class ReplayActor:
 
     def run(self, t0_wall: float) -> dict[str, Any]:
         """Replay with trace time 0 at ``t0_wall`` on this actor's clock; rows relative to that origin."""
-        replayer, part, tmp = self._replayer, self._part, self._tmp
-        assert replayer is not None and part is not None and tmp is not None
+        replayer, part, tap, tmp = self._replayer, self._part, self._tap, self._tmp
+        assert replayer is not None and part is not None and tap is not None and tmp is not None
         replayer.t0_clock = perf_instant(t0_wall, self._clock)
         # the origin as this actor's wall clock reads it now (the parent maps it through the offset)
-        t0_own = self._clock() - (perf_counter() - replayer.t0_clock)
+        t0_own = self._t0_own = self._clock() - (perf_counter() - replayer.t0_clock)
         interrupted = self._stopped
         try:
             if not interrupted:
@@ -114,12 +151,19 @@ class ReplayActor:
         finally:
             part.close()
         try:
-            return {"requests": _to_ipc(read_table(part.requests.path, REQUESTS)),
+            return {"requests": _to_ipc(tap.take()),
                     "series": _to_ipc(read_table(part.series.path, SERIES)),
                     "summary": part.summary, "interrupted": interrupted,
                     "lateness": np.asarray(replayer.lateness, dtype=float), "t0_wall_s": t0_own}
         finally:
             tmp.cleanup()
+
+    def take_rows(self) -> dict[str, Any] | None:
+        """The rows finished since the last call, and the origin their times count from (None before
+        the run has started)."""
+        if self._t0_own is None or self._tap is None:
+            return None
+        return {"requests": _to_ipc(self._tap.take()), "t0_wall_s": self._t0_own}
 
     def stop(self) -> None:
         """Ctrl-C for this actor: the replay stops as a single replayer does on SIGINT, rows written."""
@@ -185,10 +229,15 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, o
             t0 = perf_instant(t0_wall)
             running = {actors[k].run.remote(t0_wall + off.offset_s): k for k, off in live.items()
                        if not stop["signalled"]}
+            streamed: list[list[pa.Table]] = [[] for _ in range(n)]   # rows taken while running
+            asked: dict[Any, int] = {}      # take_rows calls not answered yet (at most one per actor)
+            next_poll = perf_counter() + POLL_S
             while running:
                 done, _ = ray.wait(list(running), num_returns=1, timeout=0.2)
                 for ref in done:
                     k = running.pop(ref)
+                    for call in [c for c, j in asked.items() if j == k]:   # rows it took before the end
+                        _collect(ray, call, asked.pop(call), live, t0_wall, streamed)
                     result, error = _get(ray, lambda: ray.get(ref))
                     if error is None:
                         outcomes[k] = _outcome(result, live[k], t0_wall, details[k])
@@ -197,6 +246,15 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, o
                     else:  # the actor is gone: it stopped sending by now at the latest
                         details[k]["error"] = error
                         outcomes[k].lost_s = perf_counter() - t0
+                    outcomes[k].requests = _concat([*streamed[k], outcomes[k].requests])
+                if running and perf_counter() >= next_poll:
+                    next_poll = perf_counter() + POLL_S
+                    waiting = set(asked.values())
+                    asked.update({actors[k].take_rows.remote(): k for k in running.values() if k not in waiting})
+                if asked:
+                    answered, _ = ray.wait(list(asked), num_returns=len(asked), timeout=0)
+                    for call in answered:
+                        _collect(ray, call, asked.pop(call), live, t0_wall, streamed)
         finally:
             for s, handler in saved.items():
                 signal.signal(s, handler)
@@ -241,6 +299,23 @@ def _get(ray: Any, call: Callable[[], Any]) -> tuple[Any, str | None]:
 
 def _offset(ray: Any, actor: Any) -> ClockOffset:
     return measure_offset(lambda: ray.get(actor.now.remote()))
+
+
+def _collect(ray: Any, call: Any, k: int, live: dict[int, ClockOffset], t0_wall: float,
+             streamed: list[list[pa.Table]]) -> None:
+    """Actor ``k``'s answer to a ``take_rows`` call: its new rows, moved onto our timeline. A call is
+    only made again once answered, so no rows are taken twice or left behind unread (those of a
+    dead actor's last call are lost with it, and its requests written like its others)."""
+    got, _ = _get(ray, lambda: ray.get(call))
+    if got is not None:
+        rows = _from_ipc(got["requests"])
+        if rows.num_rows:
+            streamed[k].append(shift_requests(rows, got["t0_wall_s"] - live[k].offset_s - t0_wall))
+
+
+def _concat(tables: Sequence[pa.Table | None]) -> pa.Table | None:
+    present = [t for t in tables if t is not None]
+    return pa.concat_tables(present) if present else None
 
 
 def _outcome(result: dict[str, Any], offset: ClockOffset, t0_wall: float, detail: dict[str, Any]) -> WorkerOutcome:

@@ -78,9 +78,12 @@ def shares(table: pa.Table, n: int, closed_loop: bool) -> list[list[int]]:
 class PartStore:
     """What a worker's replayer writes to: the run store's sinks and summary, in a part folder."""
 
-    def __init__(self, folder: Path, run_id: str) -> None:
+    def __init__(self, folder: Path, run_id: str, requests: Any = None) -> None:
+        """``requests``: another sink for the rows (anything with ``write`` and ``close``), instead of
+        ``folder/requests.parquet``."""
         folder.mkdir(parents=True, exist_ok=True)
-        self.requests = ParquetSink(folder / "requests.parquet", REQUESTS, constants={"run_id": run_id})
+        self.requests = requests if requests is not None else ParquetSink(
+            folder / "requests.parquet", REQUESTS, constants={"run_id": run_id})
         self.series = ParquetSink(folder / "series.parquet", SERIES, constants={"run_id": run_id})
         self.summary: dict[str, Any] = {}
 

@@ -20,6 +20,25 @@ import pyarrow.parquet as pq
 from llmlb_bench.schema import TableSpec
 
 
+def rows_table(spec: TableSpec, columns: Mapping[str, Sequence[Any] | pa.Array],
+               constants: Mapping[str, Any]) -> pa.Table | None:
+    """Columns (lists, NumPy or Arrow arrays) as a table of ``spec``'s schema, None when there is no row.
+
+    Columns of the schema that are absent are null, except ``constants``, which fill every row."""
+    n = len(next(iter(columns.values()))) if columns else 0
+    if n == 0:
+        return None
+    arrays = []
+    for f in spec.schema:
+        if f.name in columns:
+            arrays.append(pa.array(columns[f.name], type=f.type))
+        elif f.name in constants:
+            arrays.append(pa.array([constants[f.name]] * n, type=f.type))
+        else:
+            arrays.append(pa.nulls(n, type=f.type))
+    return pa.Table.from_arrays(arrays, schema=spec.schema)
+
+
 class ParquetSink:
     """Append rows of one :class:`TableSpec` to a Parquet file in row groups."""
 
@@ -54,18 +73,9 @@ class ParquetSink:
         Columns of the schema that are absent are null, except ``constants``
         given at construction (e.g. ``run_id``), which fill every row.
         """
-        n = len(next(iter(columns.values()))) if columns else 0
-        if n == 0:
-            return
-        arrays = []
-        for f in self.spec.schema:
-            if f.name in columns:
-                arrays.append(pa.array(columns[f.name], type=f.type))
-            elif f.name in self.constants:
-                arrays.append(pa.array([self.constants[f.name]] * n, type=f.type))
-            else:
-                arrays.append(pa.nulls(n, type=f.type))
-        self._append(pa.Table.from_arrays(arrays, schema=self.spec.schema))
+        table = rows_table(self.spec, columns, self.constants)
+        if table is not None:
+            self._append(table)
 
     def write_rows(self, rows: Sequence[Mapping[str, Any]]) -> None:
         """Buffer rows given as dicts (convenient for low-rate producers such as the replayer)."""
