@@ -69,3 +69,17 @@ def test_missing_cluster_file(tmp_path, capsys):
     write_trace(make_trace(3), trace)
     code, _, err = cli(["simulate", str(trace), "--cluster", str(tmp_path / "none.toml")], capsys)
     assert code == 2 and "none.toml: no such file" in err
+
+
+@pytest.mark.parametrize("command", ["simulate", "run", "serve"])
+def test_every_simulating_command_lists_the_cluster_flags_with_their_defaults(command, capsys, monkeypatch):
+    """The flags are declared once (cli.common.cluster_flags) and spliced into each command; the
+    bracketed defaults in their help are text, not Rich markup that would swallow them."""
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = cli([command, "--help"], capsys)
+    assert code == 0
+    for flag in ("--cluster", "--replicas", "--gpu", "--model", "--tp", "--pp", "--max-num-seqs",
+                 "--max-batched-tokens", "--scheduler", "--scheduler-arg"):
+        assert f" {flag} " in out, flag
+    assert "Number of replicas [default: 4]." in out and "[[pools]]" in out
+    assert ("--signal-refresh" in out) == (command != "serve")  # a live server has no scrape interval

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 
@@ -25,22 +28,22 @@ Seed = Annotated[int, typer.Option("--seed", help="Seed for every random choice 
 # cluster shape (the simulator's ClusterConfig fields). Every flag defaults to None: unset
 # flags leave the --cluster file's value, or ClusterConfig's default, in force.
 ClusterFile = Annotated[Optional[Path], typer.Option(
-    "--cluster", help="Cluster TOML: ClusterConfig fields, [[pools]] for mixed or disaggregated fleets, "
-                      "[autoscale], [moe] (see clusters/). Flags below override its top-level fields.")]
-Replicas = Annotated[Optional[int], typer.Option("--replicas", min=1, help="Number of replicas [default: 4].")]
+    "--cluster", help="Cluster TOML: ClusterConfig fields, [\\[pools]] for mixed or disaggregated fleets, "
+                      "\\[autoscale], \\[moe] (see clusters/). Flags below override its top-level fields.")]
+Replicas = Annotated[Optional[int], typer.Option("--replicas", min=1, help="Number of replicas \\[default: 4].")]
 Gpu = Annotated[Optional[str], typer.Option(
-    "--gpu", help="GPU type from the catalog (see docs/simulator.md) [default: a100-80g].")]
-Model = Annotated[Optional[str], typer.Option("--model", help="Model from the catalog [default: llama-3-8b].")]
-Tp = Annotated[Optional[int], typer.Option("--tp", min=1, help="Tensor-parallel degree per replica [default: 1].")]
+    "--gpu", help="GPU type from the catalog (see docs/simulator.md) \\[default: a100-80g].")]
+Model = Annotated[Optional[str], typer.Option("--model", help="Model from the catalog \\[default: llama-3-8b].")]
+Tp = Annotated[Optional[int], typer.Option("--tp", min=1, help="Tensor-parallel degree per replica \\[default: 1].")]
 Pp = Annotated[Optional[int], typer.Option("--pp", min=1, help="Pipeline-parallel stages per replica (each on tp "
-                                                               "GPUs) [default: 1].")]
+                                                               "GPUs) \\[default: 1].")]
 MaxSeqs = Annotated[Optional[int], typer.Option(
-    "--max-num-seqs", min=1, help="Max running requests per replica [default: vLLM's default for the GPU].")]
+    "--max-num-seqs", min=1, help="Max running requests per replica \\[default: vLLM's default for the GPU].")]
 MaxTokens = Annotated[Optional[int], typer.Option(
-    "--max-batched-tokens", min=1, help="Token budget per engine step [default: vLLM's default for the GPU].")]
+    "--max-batched-tokens", min=1, help="Token budget per engine step \\[default: vLLM's default for the GPU].")]
 SchedulerOpt = Annotated[Optional[str], typer.Option(
     "--scheduler", help="Engine-level scheduler of each replica: fcfs, priority, sjf, vtc, deadline "
-                        "or package.module:Class (see llmlb policies) [default: fcfs].")]
+                        "or package.module:Class (see llmlb policies) \\[default: fcfs].")]
 SchedulerArgs = Annotated[
     Optional[list[str]],
     typer.Option("--scheduler-arg", help="Engine scheduler parameter key=value (repeatable)."),
@@ -48,25 +51,74 @@ SchedulerArgs = Annotated[
 SignalRefresh = Annotated[Optional[float], typer.Option(
     "--signal-refresh", min=0.0, help="Seconds between scrapes of the replicas' queue and KV signals that "
                                       "routers read (0 = always fresh; the router's own counts are exact) "
-                                      "[default: 0].")]
+                                      "\\[default: 0].")]
 
 
-def cluster_config(cluster_file: Path | None, *, replicas: int | None, gpu: str | None, model: str | None,
-                   tp: int | None, pp: int | None, max_num_seqs: int | None, max_batched_tokens: int | None,
-                   scheduler: str | None, scheduler_arg: list[str] | None,
-                   signal_refresh: float | None) -> "ClusterConfig":
-    """The cluster the flags describe: the --cluster file (or defaults) with given flags on top."""
-    from llmlb_bench.policies import parse_args
-    from llmlb_bench.sim import ClusterConfig, load_cluster
+#: the cluster flags, in the order --help lists them (see :func:`cluster_flags`)
+_CLUSTER_FLAGS = tuple(
+    inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=option)
+    for name, option in (("cluster_file", ClusterFile), ("replicas", Replicas), ("gpu", Gpu), ("model", Model),
+                         ("tp", Tp), ("pp", Pp), ("max_num_seqs", MaxSeqs), ("max_batched_tokens", MaxTokens),
+                         ("scheduler", SchedulerOpt), ("scheduler_arg", SchedulerArgs),
+                         ("signal_refresh", SignalRefresh)))
 
-    flags = {"replicas": replicas, "gpu": gpu, "model": model, "tp": tp, "pp": pp, "max_num_seqs": max_num_seqs,
-             "max_num_batched_tokens": max_batched_tokens, "scheduler": scheduler,
-             "scheduler_args": parse_args(scheduler_arg, "--scheduler-arg") or None,
-             "signal_refresh_s": signal_refresh}
-    given = {k: v for k, v in flags.items() if v is not None}
-    if cluster_file is not None:
-        return load_cluster(cluster_file, given)
-    return ClusterConfig.from_dict(given)
+
+@dataclass(frozen=True)
+class ClusterFlags:
+    """The cluster flags as given on the command line (None: not given)."""
+
+    cluster_file: Path | None = None
+    replicas: int | None = None
+    gpu: str | None = None
+    model: str | None = None
+    tp: int | None = None
+    pp: int | None = None
+    max_num_seqs: int | None = None
+    max_batched_tokens: int | None = None
+    scheduler: str | None = None
+    scheduler_arg: list[str] | None = None
+    signal_refresh: float | None = None
+
+    def config(self) -> "ClusterConfig":
+        """The cluster the flags describe: the --cluster file (or defaults) with given flags on top."""
+        from llmlb_bench.policies import parse_args
+        from llmlb_bench.sim import ClusterConfig, load_cluster
+
+        flags = {"replicas": self.replicas, "gpu": self.gpu, "model": self.model, "tp": self.tp, "pp": self.pp,
+                 "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_batched_tokens,
+                 "scheduler": self.scheduler,
+                 "scheduler_args": parse_args(self.scheduler_arg, "--scheduler-arg") or None,
+                 "signal_refresh_s": self.signal_refresh}
+        given = {k: v for k, v in flags.items() if v is not None}
+        if self.cluster_file is not None:
+            return load_cluster(self.cluster_file, given)
+        return ClusterConfig.from_dict(given)
+
+
+def cluster_flags(without: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the cluster flags (--cluster, --replicas, --gpu, ..., less those named in
+    ``without``) in place of its parameter ``cluster: ClusterFlags``, which receives them.
+
+    Why a decorator: Typer reads a command's options from its signature, so
+    every command that simulates would otherwise repeat the same eleven
+    parameters; here they are declared once and spliced into each signature
+    where ``cluster`` stands (which is also where --help lists them)."""
+    flags = [p for p in _CLUSTER_FLAGS if p.name not in without]
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(command, eval_str=True)
+        params = [q for p in sig.parameters.values() for q in (flags if p.name == "cluster" else [p])]
+
+        @functools.wraps(command)
+        def with_flags(**kwargs: Any) -> Any:
+            given = {p.name: kwargs.pop(p.name) for p in flags}
+            return command(cluster=ClusterFlags(**given), **kwargs)
+
+        with_flags.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+        with_flags.__annotations__ = {p.name: p.annotation for p in params} | {"return": sig.return_annotation}
+        return with_flags
+
+    return decorate
 
 
 class ReportFormat(str, Enum):

@@ -8,8 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from llmlb_bench.cli.app import app, console
-from llmlb_bench.cli.common import (ClusterFile, Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, Replicas, ReportFormat,
-                                    ResultsDir, SchedulerArgs, SchedulerOpt, SignalRefresh, SloOpt, Tp, Pp, cluster_config)
+from llmlb_bench.cli.common import ClusterFlags, PolicyArgs, ReportFormat, ResultsDir, SloOpt, cluster_flags
 from llmlb_bench.cli.report import print_report
 from llmlb_bench.experiment import simulate_run
 from llmlb_bench.policies import args_per_policy, make_policy, parse_args
@@ -21,23 +20,14 @@ DEFAULT_POLICIES = ["round_robin", "least_outstanding"]
 
 
 @app.command()
+@cluster_flags()
 def run(
     spec: Annotated[Path, typer.Argument(help="Workload spec (TOML), e.g. workloads/chat.toml.")],
     policy: Annotated[
         Optional[list[str]], typer.Option("--policy", "-p", help="Policy to compare (repeatable).")
     ] = None,
     policy_arg: PolicyArgs = None,
-    cluster_file: ClusterFile = None,
-    replicas: Replicas = None,
-    gpu: Gpu = None,
-    model: Model = None,
-    tp: Tp = None,
-    pp: Pp = None,
-    max_num_seqs: MaxSeqs = None,
-    max_batched_tokens: MaxTokens = None,
-    scheduler: SchedulerOpt = None,
-    scheduler_arg: SchedulerArgs = None,
-    signal_refresh: SignalRefresh = None,
+    cluster: ClusterFlags = ClusterFlags(),
     seed: Annotated[Optional[int], typer.Option("--seed", help="Seed (default: the spec's own).")] = None,
     results: ResultsDir = Path("results"),
     slo: SloOpt = "ttft=500ms,tpot=50ms",
@@ -60,9 +50,7 @@ def run(
     args = args_per_policy(policies, parse_args(policy_arg))
     for name in policies:  # fail on a bad name or argument before any work is done
         make_policy(name, args[name])
-    cluster = cluster_config(cluster_file, replicas=replicas, gpu=gpu, model=model, tp=tp, pp=pp,
-                             max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
-                             scheduler_arg=scheduler_arg, signal_refresh=signal_refresh)
+    config = cluster.config()
     workload = load_spec(spec).replace(seed=seed)  # the stored spec records the seed actually used
     table = generate(workload)
     batch = new_run_id(spec.stem)
@@ -73,7 +61,7 @@ def run(
         console.print(f"trace: {table.num_rows:,} requests -> {trace_path}")
     dirs = []
     for name in policies:
-        store = simulate_run(table, trace_path, cluster, name, args[name], workload.seed, results / batch,
+        store = simulate_run(table, trace_path, config, name, args[name], workload.seed, results / batch,
                              label=name, run_id=f"{batch}-{name.replace(':', '_').replace('.', '_')}")
         dirs.append(store.dir)
         if fmt is ReportFormat.terminal:

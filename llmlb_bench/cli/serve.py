@@ -7,25 +7,16 @@ from typing import Annotated, Optional
 import typer
 
 from llmlb_bench.cli.app import app, console
-from llmlb_bench.cli.common import (ClusterFile, Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, Replicas,
-                                    SchedulerArgs, SchedulerOpt, Seed, Tp, Pp, cluster_config)
+from llmlb_bench.cli.common import ClusterFlags, PolicyArgs, Seed, cluster_flags
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import make_policy, parse_args
 from llmlb_bench.serve import ServeOptions, run
 
 
 @app.command()
+@cluster_flags(("signal_refresh",))
 def serve(
-    cluster_file: ClusterFile = None,
-    replicas: Replicas = None,
-    gpu: Gpu = None,
-    model: Model = None,
-    tp: Tp = None,
-    pp: Pp = None,
-    max_num_seqs: MaxSeqs = None,
-    max_batched_tokens: MaxTokens = None,
-    scheduler: SchedulerOpt = None,
-    scheduler_arg: SchedulerArgs = None,
+    cluster: ClusterFlags = ClusterFlags(),
     port: Annotated[int, typer.Option("--port", min=0, max=65535, help="One port in front of every replica, routed by --policy (0: any free port).")] = 8000,
     port_per_replica: Annotated[Optional[int], typer.Option("--port-per-replica", min=0, max=65535, help="Replica i listens on BASE + i, each an independent engine (0: any free ports).")] = None,
     host: Annotated[str, typer.Option("--host", help="Address to bind (default: loopback only).")] = "127.0.0.1",
@@ -51,11 +42,9 @@ def serve(
                         "--policy")
     if not speed > 0:
         raise UserError(f"must be > 0, got {speed!r}", "--speed")
-    cluster = cluster_config(cluster_file, replicas=replicas, gpu=gpu, model=model, tp=tp, pp=pp,
-                             max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
-                             scheduler_arg=scheduler_arg, signal_refresh=None)
-    if port_per_replica is not None and port_per_replica + cluster.replicas - 1 > 65535:
-        raise UserError(f"ports {port_per_replica}..{port_per_replica + cluster.replicas - 1} go past 65535",
+    config = cluster.config()
+    if port_per_replica is not None and port_per_replica + config.replicas - 1 > 65535:
+        raise UserError(f"ports {port_per_replica}..{port_per_replica + config.replicas - 1} go past 65535",
                         "--port-per-replica")
     pol = None
     if port_per_replica is None:
@@ -66,7 +55,7 @@ def serve(
     def announce(line: str) -> None:
         console.print(line, highlight=False, soft_wrap=True)
 
-    totals = run(cluster, options, pol, announce)
+    totals = run(config, options, pol, announce)
     console.print(f"stopped: {totals['finished']} requests finished, {totals['aborted']} aborted, "
                   f"{totals['rejected']} rejected, {totals['generated_tokens']} tokens generated",
                   highlight=False, soft_wrap=True)

@@ -8,8 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from llmlb_bench.cli.app import app, console
-from llmlb_bench.cli.common import (ClusterFile, Gpu, MaxSeqs, MaxTokens, Model, PolicyArgs, Replicas, ReportFormat,
-                                    ResultsDir, SchedulerArgs, SchedulerOpt, Seed, SignalRefresh, SloOpt, Tp, Pp, cluster_config)
+from llmlb_bench.cli.common import ClusterFlags, PolicyArgs, ReportFormat, ResultsDir, Seed, SloOpt, cluster_flags
 from llmlb_bench.cli.report import print_report
 from llmlb_bench.experiment import simulate_run
 from llmlb_bench.policies import parse_args
@@ -17,21 +16,12 @@ from llmlb_bench.schema import read_trace
 
 
 @app.command()
+@cluster_flags()
 def simulate(
     trace: Annotated[Path, typer.Argument(help="Trace Parquet file (from llmlb gen or llmlb trace import).")],
     policy: Annotated[str, typer.Option("--policy", "-p", help="Routing policy (see llmlb policies).")] = "least_outstanding",
     policy_arg: PolicyArgs = None,
-    cluster_file: ClusterFile = None,
-    replicas: Replicas = None,
-    gpu: Gpu = None,
-    model: Model = None,
-    tp: Tp = None,
-    pp: Pp = None,
-    max_num_seqs: MaxSeqs = None,
-    max_batched_tokens: MaxTokens = None,
-    scheduler: SchedulerOpt = None,
-    scheduler_arg: SchedulerArgs = None,
-    signal_refresh: SignalRefresh = None,
+    cluster: ClusterFlags = ClusterFlags(),
     seed: Seed = 0,
     results: ResultsDir = Path("results"),
     run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id (default: <label>-<time>-<hex>).")] = None,
@@ -48,10 +38,8 @@ def simulate(
         llmlb simulate trace.parquet --cluster clusters/disaggregated.toml --policy pd_pair --format json
     """
     table = read_trace(trace)
-    cluster = cluster_config(cluster_file, replicas=replicas, gpu=gpu, model=model, tp=tp, pp=pp,
-                             max_num_seqs=max_num_seqs, max_batched_tokens=max_batched_tokens, scheduler=scheduler,
-                             scheduler_arg=scheduler_arg, signal_refresh=signal_refresh)
-    store = simulate_run(table, trace, cluster, policy, parse_args(policy_arg), seed, results, label, run_id)
+    config = cluster.config()
+    store = simulate_run(table, trace, config, policy, parse_args(policy_arg), seed, results, label, run_id)
     if fmt is ReportFormat.terminal:
         console.print(f"stored run [bold]{store.run_id}[/] in {store.dir}")
     print_report([store.dir], slo, fmt)
