@@ -12,8 +12,8 @@ from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import SloOpt
 from llmlb_bench.errors import UserError
 from llmlb_bench.gate import junit_xml, load_rules, markdown, parse_rule, run_gate, terminal_table, to_json
-from llmlb_bench.gate.outcome import save
 from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.store.run import write_text_atomic
 
 Out = Optional[Path]
 
@@ -24,7 +24,7 @@ def _write(path: Path | None, text: str) -> None:
     if str(path) == "-":
         sys.stdout.write(text)
     else:
-        save(path, text)
+        write_text_atomic(path, text)
 
 
 @app.command()

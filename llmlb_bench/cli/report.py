@@ -21,6 +21,7 @@ from llmlb_bench.metrics.summary import Options
 from llmlb_bench.report import figures, html, markdown, terminal
 from llmlb_bench.report.document import ReportOptions, build, to_json
 from llmlb_bench.report.figdata import figure_data
+from llmlb_bench.store.run import write_text_atomic
 from llmlb_bench.store.views import Catalog
 
 
@@ -31,13 +32,7 @@ def _write(text: str, output: Path | None) -> None:
         return
     if output.is_dir():
         raise UserError("is a directory, expected a file name", output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(output)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text_atomic(output, text)
 
 
 def print_report(paths: list[Path], slo_text: str | None, fmt: ReportFormat, *,

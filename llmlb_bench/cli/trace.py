@@ -13,6 +13,7 @@ from rich.table import Table
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.errors import UserError
 from llmlb_bench.schema import read_trace, write_trace
+from llmlb_bench.store.run import write_text_atomic
 from llmlb_bench.workload import WorkloadSpec, generate
 from llmlb_bench.workload.importers import FORMATS, import_trace
 from llmlb_bench.workload.plots import write_plots
@@ -181,7 +182,5 @@ def fit(
     for note in result.notes:
         console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
         comment.append(f"note: {note}")
-    tmp = output.with_name(f".{output.name}.tmp")
-    tmp.write_text(dumps(result.spec, comment="\n".join(comment)))
-    tmp.replace(output)
+    write_text_atomic(output, dumps(result.spec, comment="\n".join(comment)))
     console.print(f"wrote {output}", highlight=False)

@@ -164,14 +164,3 @@ def junit_xml(out: GateOutcome) -> str:
 
 def to_json(out: GateOutcome) -> str:
     return json.dumps(out.to_dict(), indent=2) + "\n"
-
-
-def save(path: Path, text: str) -> None:
-    """Write through a temporary file and rename: CI never picks up half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)

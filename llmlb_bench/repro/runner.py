@@ -21,6 +21,7 @@ from llmlb_bench.repro.base import SCALES, Arm, Reproduction, Verdict
 from llmlb_bench.repro.readme import figure, index, readme
 from llmlb_bench.repro.registry import REPRODUCTIONS
 from llmlb_bench.schema import write_trace
+from llmlb_bench.store.run import write_text_atomic
 from llmlb_bench.store.views import Catalog
 
 
@@ -62,12 +63,6 @@ def _simulate(repro: Reproduction, arms: list[Arm], seed: int) -> dict[str, dict
     return {arm.label: by_id[f"{i:02d}"] for i, arm in enumerate(arms)}
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
 def run(repro: Reproduction, scale: str, reports: Path, seed: int = 0) -> Outcome:
     """Evaluate ``repro`` and write ``reports/<name>/`` (README.md, verdict.json, the figure as SVG
     and PNG), then rewrite the gallery ``reports/README.md`` from every report's verdict.json."""
@@ -79,10 +74,10 @@ def run(repro: Reproduction, scale: str, reports: Path, seed: int = 0) -> Outcom
     files = figure(repro, arms, summaries, out)
     text = readme(repro, arms, summaries, verdict, scale, seed, [f.name for f in files if f.suffix == ".svg"])
     path = out / "README.md"
-    _write(path, text)
+    write_text_atomic(path, text)
     record = {"name": repro.name, "passed": verdict.passed, "evidence": verdict.evidence, "scale": scale, "seed": seed}
-    _write(out / "verdict.json", json.dumps(record, indent=2) + "\n")
-    _write(reports / "README.md", index(_verdicts(reports)))
+    write_text_atomic(out / "verdict.json", json.dumps(record, indent=2) + "\n")
+    write_text_atomic(reports / "README.md", index(_verdicts(reports)))
     return Outcome(repro, verdict, summaries, (path, out / "verdict.json", *files))
 
 
