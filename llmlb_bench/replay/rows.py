@@ -51,9 +51,14 @@ SCALARS: tuple[tuple[str, pa.DataType], ...] = (
 
 
 class RowBuffer:
-    """Column lists for finished requests; ``token_times`` kept as flat segments plus offsets."""
+    """Column lists for finished requests; ``token_times`` kept as flat segments plus offsets.
+
+    Segment starts are taken as the clock read them; ``origin`` (the run's time 0 on that clock) is
+    subtracted when the rows become Arrow arrays, off the event loop and in one NumPy operation
+    rather than once per token."""
 
     def __init__(self) -> None:
+        self.origin = 0.0
         self._clear()
 
     def _clear(self) -> None:
@@ -67,7 +72,7 @@ class RowBuffer:
 
     def add(self, values: Sequence[Any], seg_start: Sequence[float] | None,
             seg_count: Sequence[int] | None) -> None:
-        """One row: ``values`` in :data:`SCALARS` order; segments ``None`` when no token arrived."""
+        """One row: ``values`` in :data:`SCALARS` order; segments (clock times) ``None`` when no token arrived."""
         for col, v in zip(self._cols, values):
             col.append(v)
         if seg_start:
@@ -81,7 +86,7 @@ class RowBuffer:
         Cheap on purpose: the event loop calls it."""
         if not len(self):
             return None
-        raw = RawRows(self._cols, self._seg_start, self._seg_count, self._offsets)
+        raw = RawRows(self._cols, self._seg_start, self._seg_count, self._offsets, self.origin)
         self._clear()
         return raw
 
@@ -89,10 +94,12 @@ class RowBuffer:
 class RawRows:
     """A detached :class:`RowBuffer`'s contents."""
 
-    __slots__ = ("cols", "seg_start", "seg_count", "offsets")
+    __slots__ = ("cols", "seg_start", "seg_count", "offsets", "origin")
 
-    def __init__(self, cols: list[list[Any]], seg_start: array, seg_count: array, offsets: array) -> None:
+    def __init__(self, cols: list[list[Any]], seg_start: array, seg_count: array, offsets: array,
+                 origin: float) -> None:
         self.cols, self.seg_start, self.seg_count, self.offsets = cols, seg_start, seg_count, offsets
+        self.origin = origin
 
     def __len__(self) -> int:
         return len(self.cols[0])
@@ -100,7 +107,8 @@ class RawRows:
     def to_arrow(self) -> dict[str, pa.Array]:
         """The rows as Arrow columns; a row without segments gets a null ``token_times``."""
         out = {name: pa.array(col, type=typ) for (name, typ), col in zip(SCALARS, self.cols)}
-        starts = np.frombuffer(self.seg_start, dtype=np.float64) if self.seg_start else np.zeros(0)
+        starts = (np.frombuffer(self.seg_start, dtype=np.float64) - self.origin if self.seg_start
+                  else np.zeros(0))
         counts = np.frombuffer(self.seg_count, dtype=np.int32) if self.seg_count else np.zeros(0, np.int32)
         offsets = np.frombuffer(self.offsets, dtype=np.int32)
         segments = pa.StructArray.from_arrays(

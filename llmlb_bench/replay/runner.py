@@ -240,6 +240,7 @@ class Replayer:
             origin = self.schedule.first_due()
         self.t0 = self.t0_clock if self.t0_clock is not None else \
             perf_counter() + self.options.start_delay_s - origin
+        self.writer.buffer.origin = self.t0
         for pool in self.pools:
             pool.top_up()
         background = [loop.create_task(self._flush_periodically()),
@@ -551,7 +552,7 @@ class Replayer:
                       None if f.last is None else f.last - t0,
                       tr.inp[idx], tr.out[idx], out if f.sent is not None else None, f.cached, status,
                       error, f.http_status, f.usage_in, estimated if f.sent is not None else None)
-            self.writer.buffer.add(values, [s - t0 for s in f.seg_start], f.seg_count)
+            self.writer.buffer.add(values, f.seg_start, f.seg_count)
         if self.writer.due():
             self.writer.submit()
 
