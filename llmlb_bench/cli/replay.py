@@ -13,12 +13,12 @@ from rich.text import Text
 
 from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.cli.common import PolicyArgs, ReportFormat, ResultsDir, Seed, SloOpt
-from llmlb_bench.cli.report import print_report
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import make_policy, parse_args
 from llmlb_bench.replay import ReplayOptions, Timeouts, preflight, prepare_resume, replay as run_replay
 from llmlb_bench.replay.power import open_sources
 from llmlb_bench.replay.selfcheck import self_check as run_self_check
+from llmlb_bench.report.output import print_report
 from llmlb_bench.schema import read_trace, trace_spec
 from llmlb_bench.store import RunStore
 
@@ -168,7 +168,7 @@ def replay(
     if energy:
         console.print(f"energy {energy['energy_j'] / 1e3:,.3f} kJ: {energy['attributed_j'] / 1e3:,.3f} kJ attributed "
                       f"to requests, {energy['idle_j'] / 1e3:,.3f} kJ idle")
-    print_report([store.dir], slo, ReportFormat.terminal)
+    print_report([store.dir], slo, ReportFormat.terminal, console=console)
 
 
 def _progress_line(c: dict[str, Any]) -> Text:

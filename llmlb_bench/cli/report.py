@@ -2,65 +2,17 @@
 
 from __future__ import annotations
 
-import io
-import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import ReportFormat, SloOpt
-from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.definitions import Definitions
 from llmlb_bench.metrics.sample import DEFAULT_SAMPLE
-from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import Options
-from llmlb_bench.report import figures, html, markdown, terminal
-from llmlb_bench.report.document import ReportOptions, build, to_json
-from llmlb_bench.report.figdata import figure_data
-from llmlb_bench.store.run import write_text_atomic
-from llmlb_bench.store.views import Catalog
-
-
-def _write(text: str, output: Path | None) -> None:
-    """To stdout, or atomically to ``output`` (a failed report leaves no half-written file)."""
-    if output is None:
-        sys.stdout.write(text)
-        return
-    if output.is_dir():
-        raise UserError("is a directory, expected a file name", output)
-    write_text_atomic(output, text)
-
-
-def print_report(paths: list[Path], slo_text: str | None, fmt: ReportFormat, *,
-                 options: Options | None = None, target: float = 0.9, output: Path | None = None,
-                 figures_dir: Path | None = None) -> None:
-    """Build the report of the runs under ``paths`` and render it (also used by run/simulate/replay)."""
-    slo = Slo.parse(slo_text)
-    drawn = fmt is ReportFormat.html or figures_dir is not None
-    if drawn:
-        figures.require()
-    cat = Catalog(paths)
-    summary = replace(options or Options(), cdf=drawn)
-    doc = build(cat, ReportOptions(slo=slo, summary=summary, target=target), ", ".join(map(str, paths)))
-    figs = figures.render(doc, figure_data(cat, doc), figures_dir) if drawn else []
-    if fmt is ReportFormat.json:
-        _write(to_json(doc), output)
-    elif fmt is ReportFormat.md:
-        _write(markdown.render(doc), output)
-    elif fmt is ReportFormat.html:
-        _write(html.render(doc, figs), output)
-    elif output is None:
-        terminal.render(doc, console)
-    else:
-        out = Console(record=True, width=160, file=io.StringIO())
-        terminal.render(doc, out)
-        _write(out.export_text(), output)
-    if figures_dir is not None:
-        Console(stderr=True).print(f"figures: {len(figs)} x {', '.join(figures.FORMATS)} -> {figures_dir}")
+from llmlb_bench.report.output import print_report
 
 
 @app.command()
@@ -98,4 +50,4 @@ def report(
     options = Options(definitions=definitions, seed=seed, ci=not no_ci, window_s=window, price_per_hour=price,
                       token_sample=token_sample)
     print_report(runs or [Path("results")], slo, fmt, options=options, target=target, output=output,
-                 figures_dir=figures_dir)
+                 figures_dir=figures_dir, console=console)

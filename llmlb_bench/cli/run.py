@@ -9,9 +9,9 @@ import typer
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import ClusterFlags, PolicyArgs, ReportFormat, ResultsDir, SloOpt, cluster_flags
-from llmlb_bench.cli.report import print_report
 from llmlb_bench.experiment import simulate_run
 from llmlb_bench.policies import args_per_policy, make_policy, parse_args
+from llmlb_bench.report.output import print_report
 from llmlb_bench.schema import read_trace, write_trace
 from llmlb_bench.store.run import new_run_id
 from llmlb_bench.workload import generate, load_spec
@@ -66,4 +66,4 @@ def run(
         dirs.append(store.dir)
         if fmt is ReportFormat.terminal:
             console.print(f"simulated {name}: {store.summary.get('wall_s', 0):.2f} s -> {store.dir}")
-    print_report(dirs, slo, fmt)
+    print_report(dirs, slo, fmt, console=console)

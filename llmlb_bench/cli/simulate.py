@@ -9,9 +9,9 @@ import typer
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import ClusterFlags, PolicyArgs, ReportFormat, ResultsDir, Seed, SloOpt, cluster_flags
-from llmlb_bench.cli.report import print_report
 from llmlb_bench.experiment import simulate_run
 from llmlb_bench.policies import parse_args
+from llmlb_bench.report.output import print_report
 from llmlb_bench.schema import read_trace
 
 
@@ -42,4 +42,4 @@ def simulate(
     store = simulate_run(table, trace, config, policy, parse_args(policy_arg), seed, results, label, run_id)
     if fmt is ReportFormat.terminal:
         console.print(f"stored run [bold]{store.run_id}[/] in {store.dir}")
-    print_report([store.dir], slo, fmt)
+    print_report([store.dir], slo, fmt, console=console)

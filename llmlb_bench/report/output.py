@@ -1,0 +1,66 @@
+"""Build the report of some run folders and write it in one format (``llmlb report``, and the end of
+``simulate``, ``run`` and ``replay``).
+
+Lives with the renderers rather than in the CLI so every command that ends
+with a report shares one code path, and the CLI modules only parse options.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.metrics.summary import Options
+from llmlb_bench.report import figures, html, markdown, terminal
+from llmlb_bench.report.document import ReportOptions, build, to_json
+from llmlb_bench.report.figdata import figure_data
+from llmlb_bench.store.run import write_text_atomic
+from llmlb_bench.store.views import Catalog
+
+#: the formats :func:`print_report` writes (``cli.common.ReportFormat`` has the same values)
+FORMATS = ("terminal", "json", "md", "html")
+
+
+def _write(text: str, output: Path | None) -> None:
+    """To stdout, or atomically to ``output`` (a failed report leaves no half-written file)."""
+    if output is None:
+        sys.stdout.write(text)
+        return
+    if output.is_dir():
+        raise UserError("is a directory, expected a file name", output)
+    write_text_atomic(output, text)
+
+
+def print_report(paths: list[Path], slo_text: str | None, fmt: str, *,
+                 options: Options | None = None, target: float = 0.9, output: Path | None = None,
+                 figures_dir: Path | None = None, console: Console | None = None) -> None:
+    """Build the report of the runs under ``paths`` and render it as ``fmt`` (one of :data:`FORMATS`)."""
+    fmt = str(getattr(fmt, "value", fmt))
+    slo = Slo.parse(slo_text)
+    drawn = fmt == "html" or figures_dir is not None
+    if drawn:
+        figures.require()
+    cat = Catalog(paths)
+    summary = replace(options or Options(), cdf=drawn)
+    doc = build(cat, ReportOptions(slo=slo, summary=summary, target=target), ", ".join(map(str, paths)))
+    figs = figures.render(doc, figure_data(cat, doc), figures_dir) if drawn else []
+    if fmt == "json":
+        _write(to_json(doc), output)
+    elif fmt == "md":
+        _write(markdown.render(doc), output)
+    elif fmt == "html":
+        _write(html.render(doc, figs), output)
+    elif output is None:
+        terminal.render(doc, console or Console())
+    else:
+        out = Console(record=True, width=160, file=io.StringIO())
+        terminal.render(doc, out)
+        _write(out.export_text(), output)
+    if figures_dir is not None:
+        Console(stderr=True).print(f"figures: {len(figs)} x {', '.join(figures.FORMATS)} -> {figures_dir}")
