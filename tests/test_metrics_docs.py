@@ -101,3 +101,22 @@ def test_documented_window_sql_matches_the_numpy_windows(tmp_path):
     assert r["windows"] == f["windows"] > 10
     assert r["gap_max"] == pytest.approx(f["service_gap_max"]) and r["gap_mean"] == pytest.approx(f["service_gap_mean"])
     assert r["jain_service"] == pytest.approx(f["jain_service"])
+
+
+def test_documented_origin_sql_counts_a_simulated_run_from_arrival(tmp_path):
+    """A simulated run whose router held requests: the doc's TTFT and wait queries give the report's figures."""
+    n = 50
+    rng = np.random.default_rng(3)
+    sched = np.sort(rng.uniform(0, 10, n))
+    sent = sched + rng.exponential(0.5, n) * (rng.random(n) < 0.6)
+    first = sent + 0.05
+    store_run(tmp_path, "held", {"request_id": list(range(n)), "scheduled_s": sched, "sent_s": sent,
+                                 "first_token_s": first, "last_token_s": first + 0.2, "output_tokens": [5] * n,
+                                 "status": ["ok"] * n}, backend="sim")
+    cat = Catalog([tmp_path])
+    [s] = summarize(cat, None)
+    [r] = cat.query(find("ttft_p99")).to_pylist()
+    assert r["ttft_p99"] == pytest.approx(s["ttft"]["p99"]) == pytest.approx(np.percentile(first - sched, 99))
+    [r] = cat.query(find("share_waited")).to_pylist()
+    assert list(r.values())[1] == pytest.approx(s["wait"]["mean"])
+    assert r["share_waited"] == pytest.approx(s["wait"]["share"])

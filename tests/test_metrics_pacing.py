@@ -9,6 +9,7 @@ import pytest
 from llmlb_bench.metrics.pacing import Streams, deadline_walk, fluid_deadlines, pacing, slowest_gap_mean
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sample import blocks, create_token_table, is_sampled
+from llmlb_bench.metrics.sql import request_metrics_sql
 from llmlb_bench.schema import TOKEN_SEGMENT
 from llmlb_bench.store.views import Catalog
 from metrics_helpers import seg, store_run
@@ -106,6 +107,7 @@ def test_pacing_of_a_stored_run(tmp_path):
         "first_token_s": [0.5, 0.1], "last_token_s": [1.9375, 0.1],
         "token_times": [HAND[1], [seg(0.1, 0.0, 1)]], "output_tokens": [7, 1], "slo_class": ["chat", "chat"]})
     cat = Catalog([tmp_path])
+    cat.con.execute(request_metrics_sql())
     create_token_table(cat.con, {"p": (2, 0, 1)}, sample=10)
     out = pacing(cat, {"p": False}, Slo.parse("ttft=1s,tpot=125ms"))["p"]
     fl = out["fluidity"]

@@ -28,6 +28,8 @@ from llmlb_bench.metrics.distribution import Method
 
 #: Latency figures every report shows, in display order.
 LATENCY_FIGURES = ("ttft", "tpot", "itl", "e2e", "norm_latency")
+#: sent - scheduled: the router wait, or a replay's client lag (llmlb_bench.metrics.origin)
+WAIT = "wait"
 
 
 class Definitions(str, Enum):
@@ -46,6 +48,10 @@ class Figure:
     value: str | None
     weight: str
     method: Method
+
+
+#: the wait's figure, the same under both definitions
+WAIT_FIGURE = Figure("wait_s", "1", "linear")
 
 
 def figures(defs: Definitions) -> dict[str, Figure]:

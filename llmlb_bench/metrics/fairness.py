@@ -13,7 +13,8 @@ by less than the stall.
 VTC's guarantee is about *backlogged* tenants: a tenant that asks for little
 is not wronged by receiving little. A tenant is backlogged in a window when
 one of its requests was waiting in it, i.e. the window overlaps
-[sent, first token) of the request (queueing and prefill). Over windows of
+[origin, first token) of the request (queueing and prefill; the origin is
+arrival or send, as latency counts: :mod:`llmlb_bench.metrics.origin`). Over windows of
 ``window_s`` seconds from the run's first scheduled time, counting only
 windows with at least two backlogged tenants:
 
@@ -54,10 +55,10 @@ def _windows(cat: Catalog, run_id: str, t0: float, tenants: list[str], window_s:
     """
     names = " ".join(f"WHEN {quote(t)} THEN {i}" for i, t in enumerate(tenants))
     t = cat.query(f"""
-        SELECT CASE coalesce(tenant, 'default') {names} END AS tn, sent_s - {t0!r} AS s,
+        SELECT CASE coalesce(tenant, 'default') {names} END AS tn, origin_s - {t0!r} AS s,
                first_token_s - {t0!r} AS f, last_token_s - {t0!r} AS l,
                coalesce(input_tokens, 0) AS n_in, coalesce(output_tokens, 0) AS n_out
-        FROM requests WHERE run_id = {quote(run_id)}""")
+        FROM request_metrics WHERE run_id = {quote(run_id)}""")
     c = {k: t.column(k).to_numpy(zero_copy_only=False) for k in t.column_names}
     tn, s, f, l = c["tn"].astype(np.int64), c["s"], c["f"], c["l"]
     n_in, n_out = c["n_in"].astype(float), c["n_out"].astype(float)

@@ -53,7 +53,7 @@ def create_token_table(con: Any, runs: Mapping[str, tuple[int, int, int]], sampl
     SELECT per run keeps each filter simple enough for the Parquet reader to
     skip the row groups outside the sample's blocks.
     """
-    parts = [f"SELECT run_id, request_id, slo_class, first_token_s - sent_s AS ttft, token_times FROM requests "
+    parts = [f"SELECT run_id, request_id, slo_class, ttft_s AS ttft, token_times FROM request_metrics "
              f"WHERE {run_filter(r, *v, sample)} AND status = 'ok' AND len(token_times) > 0" for r, v in runs.items()]
     con.execute(f"CREATE OR REPLACE TEMP TABLE {TOKENS} AS " + (" UNION ALL ".join(parts) if parts else
                 "SELECT run_id, request_id, slo_class, 0.0 AS ttft, token_times FROM requests WHERE FALSE"))

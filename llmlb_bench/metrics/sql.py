@@ -1,7 +1,8 @@
 """SQL building blocks over the ``requests`` view.
 
-Per-request times follow vLLM ``bench serve`` (see docs/metrics.md):
-TTFT = first token - sent; E2E = last token - sent;
+Per-request times follow vLLM ``bench serve`` (see docs/metrics.md), counted
+from each row's latency origin (arrival or send, :mod:`llmlb_bench.metrics.origin`):
+TTFT = first token - origin; E2E = last token - origin;
 TPOT = (E2E - TTFT) / (output_tokens - 1) for requests with more than one
 output token; ITL = every gap between consecutive tokens of a request;
 normalized latency = E2E / output tokens (Etalon), which is also what
@@ -10,16 +11,36 @@ GuideLLM calls TPOT (see :mod:`llmlb_bench.metrics.definitions`).
 
 from __future__ import annotations
 
-REQUEST_METRICS_VIEW = """
+from typing import Iterable
+
+
+def origin_sql(arrival_runs: Iterable[str]) -> str:
+    """Each row's latency origin: ``scheduled_s`` for the runs in ``arrival_runs``, ``sent_s`` for the others."""
+    runs = list(arrival_runs)
+    if not runs:
+        return "sent_s"
+    return f"CASE WHEN run_id IN ({', '.join(map(quote, runs))}) THEN scheduled_s ELSE sent_s END"
+
+
+def request_metrics_sql(arrival_runs: Iterable[str] = ()) -> str:
+    """The ``request_metrics`` view: ``requests`` plus each row's latency origin and per-request figures.
+
+    ``origin_s`` is ``scheduled_s`` (arrival) for ``arrival_runs`` and
+    ``sent_s`` for the others (:mod:`llmlb_bench.metrics.origin`); ``wait_s``
+    = ``sent_s - scheduled_s`` is the router wait (simulator) or the client's
+    lag (replay).
+    """
+    return f"""
 CREATE OR REPLACE VIEW request_metrics AS
 SELECT *,
-       first_token_s - sent_s AS ttft_s,
-       last_token_s - sent_s AS e2e_s,
+       first_token_s - origin_s AS ttft_s,
+       last_token_s - origin_s AS e2e_s,
        CASE WHEN output_tokens > 1 THEN (last_token_s - first_token_s) / (output_tokens - 1) END AS tpot_s,
-       CASE WHEN output_tokens > 0 THEN (last_token_s - sent_s) / output_tokens END AS norm_latency_s,
+       CASE WHEN output_tokens > 0 THEN (last_token_s - origin_s) / output_tokens END AS norm_latency_s,
        greatest(coalesce(last_token_s, sent_s, scheduled_s), coalesce(sent_s, scheduled_s)) AS end_s
-FROM requests
+FROM (SELECT *, {origin_sql(arrival_runs)} AS origin_s, sent_s - scheduled_s AS wait_s FROM requests)
 """
+
 
 def itl_gaps_sql(table: str = "requests") -> str:
     """``(run_id, v, w)``: the token gaps of the ok requests of ``table``, with multiplicities.

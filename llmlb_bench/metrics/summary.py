@@ -20,17 +20,20 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from llmlb_bench.metrics.counts import cells_sql, rollup
-from llmlb_bench.metrics.definitions import LATENCY_FIGURES, Definitions, figures
-from llmlb_bench.metrics.distribution import describe
+from llmlb_bench.metrics.definitions import LATENCY_FIGURES, WAIT, WAIT_FIGURE, Definitions, figures
+from llmlb_bench.metrics.distribution import Sample, describe
 from llmlb_bench.metrics.energy import energy_and_cost
 from llmlb_bench.metrics.fairness import fairness
 from llmlb_bench.metrics.goodput import offered_rate
 from llmlb_bench.metrics.latency import latency
+from llmlb_bench.metrics.origin import arrival_runs, lag_threshold_ms, latency_from, wait_kind
 from llmlb_bench.metrics.pacing import pacing
 from llmlb_bench.metrics.sample import DEFAULT_SAMPLE, create_token_table, is_sampled
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.sql import REQUEST_METRICS_VIEW
+from llmlb_bench.metrics.sql import request_metrics_sql
 from llmlb_bench.metrics.state import serving_state
 from llmlb_bench.schema import STATUSES
 from llmlb_bench.store.views import Catalog
@@ -60,19 +63,19 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     """One summary dict per run that has request rows, in the catalog's order
     (run folders as given; folders found inside a results directory sorted by path)."""
     opt = options or Options()
-    cat.con.execute(REQUEST_METRICS_VIEW)
+    metas = metas_of(cat.runs_table)
+    cat.con.execute(request_metrics_sql(arrival_runs(metas)))
     figs = figures(opt.definitions)
     units = rollup(cat.query(cells_sql(slo)), slo)
     counts = {u[1]: m for u, m in units.items() if u[0] == "run"}
     runs = [r for r in cat.runs_table.to_pylist() if r["run_id"] in counts]
-    metas = metas_of(cat.runs_table)
     token_runs = {k: (c["ok"], c["id_min"], c["id_max"]) for k, c in counts.items()}
     create_token_table(cat.con, token_runs, opt.token_sample)
     groups: dict[str, dict[str, list[str]]] = {}
     for u in units:
         if u[0] != "run":
             groups.setdefault(u[1], {}).setdefault(u[0], []).append(u[2])
-    lat = latency(cat, figs, counts, groups)
+    lat = latency(cat, {**figs, WAIT: WAIT_FIGURE}, counts, groups)
     tables: dict[str, dict[str, dict[str, dict[str, Any]]]] = {"slo_class": {}, "tenant": {}}
     for u, m in units.items():
         if u[0] != "run":
@@ -104,6 +107,8 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
             "input_tokens": c["input_tokens"], "output_tokens": c["output_tokens"],
             "cached_tokens": c["cached_tokens"], "preemptions": c["preemptions"],
             "definitions": opt.definitions.value,
+            "latency_from": latency_from(metas[run_id]),
+            "wait": _wait(lat.samples.get((run_id, WAIT)), metas[run_id]),
         }
         for name in LATENCY_FIGURES:
             s[name] = describe(lat.samples.get((run_id, name)), figs[name].method, seed=opt.seed,
@@ -125,6 +130,23 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
         s["state"] = state.get(run_id)
         out.append(s)
     return out
+
+
+def _wait(sample: Sample | None, meta: dict[str, Any]) -> dict[str, Any]:
+    """``sent_s - scheduled_s`` of the ok requests: router wait or client lag (:mod:`~llmlb_bench.metrics.origin`).
+
+    ``share`` is the share of requests that waited at all (more than 1 us);
+    ``flagged`` marks a replay whose client lag p99 exceeds its threshold.
+    """
+    kind = wait_kind(meta)
+    d = describe(sample, "linear", seed=0, key=(), percentiles=(50.0, 99.0), ci=False)
+    d.pop("ci")
+    d["max"] = float(sample.v[-1]) if sample is not None else None
+    d["share"] = float(1.0 - np.searchsorted(sample.v, 1e-6, side="right") / sample.n) if sample is not None else None
+    d["kind"] = kind
+    d["included"] = latency_from(meta) == "arrival"
+    d["flagged"] = kind != "router" and d["p99"] is not None and d["p99"] * 1e3 > lag_threshold_ms(meta)
+    return d
 
 
 def _duration(c: dict[str, Any], meta: dict[str, Any]) -> float:

@@ -19,6 +19,7 @@ from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.load import load_curves
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import Options, metas_of, summarize
+from llmlb_bench.report.notes import run_notes
 from llmlb_bench.store.views import Catalog
 
 
@@ -47,6 +48,7 @@ def build(cat: Catalog, options: ReportOptions, where: str = "runs") -> dict[str
         "options": options.to_dict(),
         "runs": runs,
         "curves": load_curves(runs, metas_of(cat.runs_table), options.target),
+        "notes": run_notes(runs),
     }
 
 

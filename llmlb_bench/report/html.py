@@ -26,7 +26,7 @@ th { background: #f5f5f7; position: sticky; top: 0; }
 tr.section td { font-weight: 600; background: #fafafa; text-align: left; }
 figure { margin: 1em 0 2em; } figcaption { color: #555; font-size: .9em; }
 figure svg { max-width: 100%; height: auto; }
-.note { color: #555; font-size: .9em; } .scroll { overflow-x: auto; }
+.note { color: #555; font-size: .9em; } .warn { color: #8a4b00; background: #fff6e5; padding: 2px 6px; } .scroll { overflow-x: auto; }
 """
 
 
@@ -50,6 +50,7 @@ def render(doc: dict[str, Any], figs: list[tuple[str, str, str]]) -> str:
     if opts["slo_text"]:
         subtitle += f", SLO {opts['slo_text']}"
     body = [f"<h1>llmlb report</h1><p class=\"note\">{html.escape(subtitle)} · llmlb-bench {__version__}</p>"]
+    body += [f'<p class="warn">note: {html.escape(n)}</p>' for n in doc.get("notes") or ()]
     all_tables = tables.all_tables(doc)
     body.append(table_html(all_tables[0]))
     body.append("<h2>Figures</h2>")

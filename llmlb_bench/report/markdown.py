@@ -37,7 +37,5 @@ def render(doc: dict[str, Any]) -> str:
     parts += [table_md(t) for t in (tables.groups(doc, "per_class"), tables.groups(doc, "per_tenant")) if t is not None]
     parts += [table_md(t) for t in tables.curves(doc)]
     parts.append("<details><summary>All figures</summary>\n\n" + table_md(tables.details(doc)) + "\n\n</details>")
-    partial = [s["run_id"] for s in doc["runs"] if s["status"] != "complete"]
-    if partial:
-        parts.append("> Note: " + ", ".join(partial) + " did not complete; figures cover the rows stored.")
+    parts += [f"> Note: {_cell(n)}" for n in doc.get("notes") or ()]
     return "\n\n".join(parts) + "\n"

@@ -79,6 +79,10 @@ def _pct(path: tuple[str, ...]) -> Getter:
     return scaled(path, 100.0)
 
 
+#: what ``sent_s - scheduled_s`` is, by :func:`llmlb_bench.metrics.origin.wait_kind`
+WAIT_KINDS = {"router": "router wait", "client": "client lag", "router+client": "router wait + client lag"}
+
+
 def _failed(s: dict[str, Any]) -> int:
     return s["error"] + s["timeout"] + s["rejected"] + s["not_sent"]
 
@@ -96,6 +100,8 @@ def comparison(doc: dict[str, Any]) -> Table:
         ("TPOT\np99 ms", scaled(("tpot", "p99"), 1e3), ",.2f"),
         ("E2E\np99 s", scaled(("e2e", "p99"), 1.0), ",.2f"),
     ]
+    if any((_get(s, "wait", "p99") or 0) > 1e-6 for s in doc["runs"]):
+        cols.append(("wait\np99 ms", scaled(("wait", "p99"), 1e3), ",.1f"))
     if with_slo:
         cols += [("attain\n%", _pct(("slo", "attainment")), ".1f"),
                  ("goodput\nreq/s", scaled(("slo", "goodput"), 1.0), ",.2f")]
@@ -131,6 +137,15 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
             ("duration (s)", lambda s: s["duration_s"], ",.1f"),
             ("requests/s", lambda s: s["request_throughput"], ",.2f"),
             ("output tokens/s", lambda s: s["output_throughput"], ",.0f"),
+        ]),
+        ("Before the first byte (metrics.origin)", [
+            ("latency counted from", lambda s: s.get("latency_from"), "s"),
+            ("sent - scheduled is", lambda s: WAIT_KINDS.get(_get(s, "wait", "kind")), "s"),
+            ("  mean (ms)", scaled(("wait", "mean"), 1e3), ",.2f"),
+            ("  p99 (ms)", scaled(("wait", "p99"), 1e3), ",.2f"),
+            ("  max (ms)", scaled(("wait", "max"), 1e3), ",.2f"),
+            ("  requests that waited (%)", _pct(("wait", "share")), ".1f"),
+            ("  included in latency", lambda s: _yes(_get(s, "wait", "included")), "s"),
         ]),
         (f"Latency ({defs} definitions)", latency),
     ]
@@ -183,6 +198,10 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
             ("flagged too slow", lambda s: {True: "YES", False: "no"}.get(_get(s, "state", "client", "flagged")), "s"),
         ]))
     return sections
+
+
+def _yes(flag: Any) -> str | None:
+    return {True: "yes", False: "no"}.get(flag)
 
 
 def _pair(a: Any, b: Any) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table as RichTable
 
 from llmlb_bench.report import tables
@@ -50,6 +51,5 @@ def render(doc: dict[str, Any], console: Console) -> None:
         chunk = runs[k:k + per_table]
         title = "Details" if len(runs) <= per_table else f"Details (runs {k + 1}-{k + len(chunk)} of {len(runs)})"
         console.print(_rich(tables.details(doc, chunk), title))
-    for s in runs:
-        if s["status"] != "complete":
-            console.print(f"[yellow]note:[/] run {s['run_id']} is {s['status']}; its figures cover the rows it stored")
+    for note in doc.get("notes") or ():
+        console.print(f"[yellow]note:[/] {escape(note)}")
