@@ -173,6 +173,9 @@ REQUESTS = TableSpec(
             pa.field("server_input_tokens", pa.int32()),
             # replayer only: true when the server sent no usage and output_tokens counts stream chunks
             pa.field("output_tokens_estimated", pa.bool_()),
+            # replayer only: the backend the response named when the endpoint is a router (its
+            # decision; see llmlb_bench.routers.identity); null when nothing named one
+            pa.field("backend", pa.string()),
         ]
     ),
     required=frozenset({"run_id", "request_id", "status"}),

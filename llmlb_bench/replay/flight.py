@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from llmlb_bench.policies import RouteRequest
 from llmlb_bench.replay.http import Connection
 from llmlb_bench.replay.sse import SSEDecoder
+from llmlb_bench.routers.identity import backend_from_headers
 
 try:  # a faster JSON parser when installed; the standard one otherwise
     from orjson import loads as _loads
@@ -53,7 +54,7 @@ class Flight:
         "idx", "route", "target", "request", "scheduled_s", "owner",
         "sent", "attempt_start", "attempts", "reused", "fresh_used", "conn", "timer",
         "first", "last", "last_rx", "seg_start", "seg_count", "chunks",
-        "usage_out", "usage_in", "cached", "http_status", "done",
+        "usage_out", "usage_in", "cached", "http_status", "backend", "done",
         "_mode", "_sse", "_parts", "_size", "_finish_seen", "_retry_after",
     )
 
@@ -88,6 +89,8 @@ class Flight:
         self.usage_in: int | None = None
         self.cached: int | None = None
         self.http_status: int | None = None
+        #: the backend the response names (a router's decision), see routers.identity
+        self.backend: str | None = None
         self._mode = 0
         self._sse: SSEDecoder | None = None
         self._parts: list[bytes] = []
@@ -99,6 +102,7 @@ class Flight:
     def on_head(self, status: int, headers: dict[str, str], now: float) -> None:
         self.http_status = status
         self.last_rx = now
+        self.backend = backend_from_headers(headers)
         if 200 <= status < 300:
             ctype = headers.get("content-type", "").lower()
             if "text/event-stream" in ctype:

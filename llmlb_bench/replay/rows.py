@@ -47,6 +47,7 @@ SCALARS: tuple[tuple[str, pa.DataType], ...] = (
     ("http_status", pa.int16()),
     ("server_input_tokens", pa.int32()),
     ("output_tokens_estimated", pa.bool_()),
+    ("backend", pa.string()),
 )
 
 

@@ -542,7 +542,7 @@ class Replayer:
         self.status[status] += 1
         if f is None:
             values = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], None, self.sched[idx], None, None, None,
-                      tr.inp[idx], tr.out[idx], None, None, status, error, None, None, None)
+                      tr.inp[idx], tr.out[idx], None, None, status, error, None, None, None, None)
             self.writer.buffer.add(values, None, None)
         else:
             out, estimated = f.output_tokens()
@@ -551,7 +551,7 @@ class Replayer:
                       None if f.first is None else f.first - t0,
                       None if f.last is None else f.last - t0,
                       tr.inp[idx], tr.out[idx], out if f.sent is not None else None, f.cached, status,
-                      error, f.http_status, f.usage_in, estimated if f.sent is not None else None)
+                      error, f.http_status, f.usage_in, estimated if f.sent is not None else None, f.backend)
             self.writer.buffer.add(values, f.seg_start, f.seg_count)
         if self.writer.due():
             self.writer.submit()

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, Callable
 
 from llmlb_bench import __version__
 from llmlb_bench.replay.prompts import WORDS
 from llmlb_bench.serve.http import Exchange
+from llmlb_bench.routers.identity import BACKEND_HEADER
 from llmlb_bench.serve.live import LiveFleet, LiveRequest, Submission
 from llmlb_bench.serve.media import MediaError, part_ids
 from llmlb_bench.serve.metrics import render
@@ -126,10 +127,12 @@ def messages_ids(messages: list[Any]) -> list[int]:
 class Responder:
     """Writes one completion's response as the engine reports it (the engine's ``Client``)."""
 
-    __slots__ = ("ex", "chat", "stream", "usage", "model", "rng", "head", "tail", "created", "started")
+    __slots__ = ("ex", "chat", "stream", "usage", "model", "rng", "backend", "head", "tail", "created", "started")
 
-    def __init__(self, ex: Exchange, chat: bool, stream: bool, usage: bool, model: str, rng: Any) -> None:
+    def __init__(self, ex: Exchange, chat: bool, stream: bool, usage: bool, model: str, rng: Any,
+                 backend: Callable[[LiveRequest], str]) -> None:
         self.ex = ex
+        self.backend = backend
         self.chat = chat
         self.stream = stream
         self.usage = usage
@@ -138,6 +141,14 @@ class Responder:
         self.created = int(time.time())
         self.head = self.tail = b""
         self.started = False
+
+    def _identity(self, live: LiveRequest) -> list[tuple[str, str]]:
+        """``X-Llmlb-Backend`` (which backend served it, see :meth:`Api.backend`) and the
+        client's ``X-Request-Id`` echoed: a replay through any router that passes backend headers
+        on learns each request's backend from these."""
+        out = [(BACKEND_HEADER, self.backend(live))]
+        rid = self.ex.request.headers.get("x-request-id")
+        return out + [("X-Request-Id", rid)] if rid else out
 
     def _id(self, live: LiveRequest) -> str:
         return f"{'chatcmpl' if self.chat else 'cmpl'}-{live.seq}"
@@ -150,8 +161,7 @@ class Responder:
     def on_start(self, live: LiveRequest) -> None:
         if not self.stream:
             return
-        rid = self.ex.request.headers.get("x-request-id")
-        self.ex.start_stream(headers=[("Cache-Control", "no-cache")] + ([("X-Request-Id", rid)] if rid else []))
+        self.ex.start_stream(headers=[("Cache-Control", "no-cache")] + self._identity(live))
         self.head = self._prefix(live) + (b'[{"index":0,"delta":{"content":' if self.chat else b'[{"index":0,"text":')
         self.tail = (b'},"logprobs":null,"finish_reason":null}]}\n\n' if self.chat
                      else b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n')
@@ -198,8 +208,7 @@ class Responder:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None}
         body = {"id": self._id(live), "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [choice], "usage": usage}
-        rid = self.ex.request.headers.get("x-request-id")
-        self.ex.reply(200, json.dumps(body).encode(), headers=[("X-Request-Id", rid)] if rid else ())
+        self.ex.reply(200, json.dumps(body).encode(), headers=self._identity(live))
 
     def on_reject(self, live: LiveRequest, message: str) -> None:
         self.ex.reply(429, ApiError(429, message).body())
@@ -215,9 +224,20 @@ class Api:
         self.rule = rule
         self.created = int(time.time())
         self._indices = range(len(fleet.replicas)) if target is None else range(target, target + 1)
+        self._url: str | None = None
+
+    def backend(self, live: LiveRequest) -> str:
+        """This backend's identity: the URL this port listens on (what a router calls the worker;
+        unique across ``llmlb serve`` processes), with ``#`` and the replica's name behind the routed
+        ``--port``. Read from the socket once, on the first request."""
+        if self.target is None:
+            return f"{self._url}#{self.fleet.replicas[live.target].name}"
+        return self._url  # type: ignore[return-value]
 
     def __call__(self, ex: Exchange) -> None:
         req = ex.request
+        if self._url is None:
+            self._url = _listen_url(ex)
         path, method = req.path, req.method
         routes = {"/v1/completions": "POST", "/v1/chat/completions": "POST", "/tokenize": "POST",
                   "/v1/models": "GET", "/health": "GET", "/metrics": "GET", "/version": "GET"}
@@ -305,9 +325,16 @@ class Api:
         sub = Submission(prompt_tokens=prompt, output_tokens=out, hashes=block_hashes(ids, fleet.block_size),
                          stream=stream, target=self.target, tenant=tenant, priority=priority,
                          max_tokens=max_tokens, finish_reason=reason)
-        live = fleet.submit(sub, Responder(ex, chat, stream, usage, self.model, rng), ex.request.received)
+        live = fleet.submit(sub, Responder(ex, chat, stream, usage, self.model, rng, self.backend), ex.request.received)
         if not live.done:
             ex.on_lost = lambda: fleet.cancel(live)
+
+
+def _listen_url(ex: Exchange) -> str:
+    """``http://host:port`` of the socket the exchange came in on."""
+    transport = ex.conn.transport
+    host, port = transport.get_extra_info("sockname")[:2] if transport is not None else ("unknown", 0)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _json_body(raw: bytes) -> dict[str, Any]:
