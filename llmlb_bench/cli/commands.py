@@ -13,3 +13,4 @@ from llmlb_bench.cli import gate  # noqa: F401
 from llmlb_bench.cli import serve  # noqa: F401
 from llmlb_bench.cli import repro  # noqa: F401
 from llmlb_bench.cli import capacity  # noqa: F401
+from llmlb_bench.cli import calibrate  # noqa: F401

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 
+from llmlb_bench.errors import UserError
+
 if TYPE_CHECKING:
     from llmlb_bench.sim import ClusterConfig
 
@@ -53,6 +55,10 @@ SignalRefresh = Annotated[Optional[float], typer.Option(
                                       "routers read (0 = always fresh; the router's own counts are exact) "
                                       "\\[default: 0].")]
 
+ProfileOpt = Annotated[Optional[Path], typer.Option(
+    "--profile", help="Measured engine profile (JSON from llmlb calibrate): its step times, KV blocks and engine "
+                      "settings replace the roofline's for every pool (docs/fidelity.md).")]
+
 
 #: the cluster flags, in the order --help lists them (see :func:`cluster_flags`)
 _CLUSTER_FLAGS = tuple(
@@ -60,7 +66,7 @@ _CLUSTER_FLAGS = tuple(
     for name, option in (("cluster_file", ClusterFile), ("replicas", Replicas), ("gpu", Gpu), ("model", Model),
                          ("tp", Tp), ("pp", Pp), ("max_num_seqs", MaxSeqs), ("max_batched_tokens", MaxTokens),
                          ("scheduler", SchedulerOpt), ("scheduler_arg", SchedulerArgs),
-                         ("signal_refresh", SignalRefresh)))
+                         ("signal_refresh", SignalRefresh), ("profile", ProfileOpt)))
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ class ClusterFlags:
     scheduler: str | None = None
     scheduler_arg: list[str] | None = None
     signal_refresh: float | None = None
+    profile: Path | None = None
 
     def config(self) -> "ClusterConfig":
         """The cluster the flags describe: the --cluster file (or defaults) with given flags on top."""
@@ -90,9 +97,12 @@ class ClusterFlags:
                  "scheduler_args": parse_args(self.scheduler_arg, "--scheduler-arg") or None,
                  "signal_refresh_s": self.signal_refresh}
         given = {k: v for k, v in flags.items() if v is not None}
-        if self.cluster_file is not None:
-            return load_cluster(self.cluster_file, given)
-        return ClusterConfig.from_dict(given)
+        if self.profile is not None:
+            for key, flag in (("max_num_seqs", "--max-num-seqs"), ("max_num_batched_tokens", "--max-batched-tokens")):
+                if key in given:
+                    raise UserError("the profile fixes the engine settings; edit its 'engine' section instead", flag)
+        cfg = load_cluster(self.cluster_file, given) if self.cluster_file is not None else ClusterConfig.from_dict(given)
+        return cfg.with_profile(self.profile) if self.profile is not None else cfg
 
 
 def cluster_flags(without: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

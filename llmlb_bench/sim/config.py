@@ -30,6 +30,7 @@ from llmlb_bench.sim.catalog import GPU, Model, load_catalog
 from llmlb_bench.sim.moe import MoeSpec, check_layout
 from llmlb_bench.sim.autoscale import AutoscaleSpec
 from llmlb_bench.sim.scheduling import make_engine_scheduler
+from llmlb_bench.sim.profile import EngineProfile, resolve_profile
 
 ROLES = ("mixed", "prefill", "decode")
 PREEMPTION_MODES = ("recompute", "swap")
@@ -39,7 +40,9 @@ TOKEN_TIMES = ("segments", "summary")
 #: fields a pool may set (the rest of ClusterConfig is cluster-wide)
 POOL_FIELDS = ("replicas", "gpu", "model", "tp", "pp", "max_num_seqs", "max_num_batched_tokens", "block_size",
                "gpu_memory_utilization", "chunked_prefill", "enable_prefix_caching", "max_model_len", "preemption",
-               "swap_space_gib")
+               "swap_space_gib", "profile")
+#: engine settings a pool with a measured profile takes from it (sim/profile.py)
+PROFILE_ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,9 @@ class PoolConfig:
     preemption: str = "recompute"
     swap_space_gib: float = 4.0
     pp: int = 1
+    #: a measured engine profile's content (sim/profile.py, ``llmlb calibrate``): its step times,
+    #: KV blocks and engine settings replace the roofline's; None = the roofline
+    profile: Mapping[str, Any] | None = None
 
     @property
     def gpus(self) -> int:
@@ -140,9 +146,15 @@ class ClusterConfig:
     token_times: str = "segments"
     #: extra catalog TOML files (user-defined GPUs / models)
     catalogs: tuple[str, ...] = ()
+    #: a measured engine profile for every pool (``llmlb calibrate``): a file path or its content;
+    #: stored as the content. Its step times and KV capacity replace the roofline's, and its engine
+    #: settings (max_num_seqs, max_num_batched_tokens, block_size, max_model_len, prefix caching)
+    #: the pools' (sim/profile.py)
+    profile: Mapping[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "catalogs", tuple(str(c) for c in self.catalogs))
+        object.__setattr__(self, "profile", resolve_profile(self.profile))
         object.__setattr__(self, "failures", tuple(dict(f) for f in self.failures))
         pools = self._resolve_pools()
         object.__setattr__(self, "pools", tuple(dataclasses.asdict(p) for p in pools))
@@ -197,6 +209,9 @@ class ClusterConfig:
                 raise UserError(f"unknown pool setting {unknown[0]!r} (known: name, role, {', '.join(POOL_FIELDS)})",
                                 where)
             values = {k: given.get(k, getattr(self, k)) for k in POOL_FIELDS}
+            values["profile"] = resolve_profile(values["profile"], where=f"{where}.profile")
+            if values["profile"] is not None:
+                values.update(_profile_engine(values, f"{where}.profile"))
             if values["max_num_seqs"] is None or values["max_num_batched_tokens"] is None:
                 cat = load_catalog(self.catalogs)
                 tokens, seqs = vllm_batch_defaults(cat.gpu(values["gpu"], f"{where}.gpu"))
@@ -262,6 +277,13 @@ class ClusterConfig:
         d["moe"] = dict(self.moe) if self.moe is not None else None
         return d
 
+    def with_profile(self, profile: Mapping[str, Any] | str | Path) -> "ClusterConfig":
+        """The same cluster with every pool on the measured ``profile`` (a path or its content)."""
+        d = self.to_dict()
+        d["profile"] = resolve_profile(profile, where="profile")
+        d["pools"] = [{**p, "profile": d["profile"]} for p in d["pools"]]
+        return ClusterConfig.from_dict(d)
+
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "cluster") -> "ClusterConfig":
         known = {f.name for f in dataclasses.fields(cls)}
@@ -277,9 +299,28 @@ class ClusterConfig:
 
 def load_cluster(path: str | Path, overrides: Mapping[str, Any] | None = None) -> ClusterConfig:
     """A cluster from a TOML file of ClusterConfig fields (``[[pools]]``, ``[autoscale]``,
-    ``[moe]`` ...), with ``overrides`` (e.g. command-line flags) replacing top-level fields."""
-    data = {**read_toml(path, "cluster file (.toml)"), **(overrides or {})}
-    return ClusterConfig.from_dict(data, where=str(path))
+    ``[moe]`` ...), with ``overrides`` (e.g. command-line flags) replacing top-level fields.
+    ``profile`` paths in the file are relative to the file's folder."""
+    data = read_toml(path, "cluster file (.toml)")
+    base = Path(path).parent
+    if data.get("profile") is not None:
+        data["profile"] = resolve_profile(data["profile"], base, f"{path}: profile")
+    pools = data.get("pools")
+    if isinstance(pools, list):
+        data["pools"] = [{**p, "profile": resolve_profile(p["profile"], base, f"{path}: pools[{i}].profile")}
+                         if isinstance(p, dict) and p.get("profile") is not None else p for i, p in enumerate(pools)]
+    return ClusterConfig.from_dict({**data, **(overrides or {})}, where=str(path))
+
+
+def _profile_engine(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The engine settings a pool takes from its measured profile (see sim/profile.py)."""
+    prof = EngineProfile.from_dict(values["profile"], where)
+    if values["preemption"] == "swap":
+        raise UserError("a measured profile has no KV swap (vLLM v1 recomputes preempted requests); "
+                        "leave preemption at \"recompute\"", where)
+    out: dict[str, Any] = {k: getattr(prof, k) for k in PROFILE_ENGINE_FIELDS}
+    out["enable_prefix_caching"] = bool(values["enable_prefix_caching"]) and prof.enable_prefix_caching
+    return out
 
 
 def vllm_batch_defaults(gpu: GPU) -> tuple[int, int]:

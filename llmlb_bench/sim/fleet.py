@@ -17,13 +17,18 @@ from llmlb_bench.sim.autoscale import PoolStatus
 from llmlb_bench.sim.config import ClusterConfig, PoolConfig
 from llmlb_bench.sim.cost import CostModel
 from llmlb_bench.sim.moe import ExpertLoad, MoeSpec
+from llmlb_bench.sim.profile import EngineProfile, ProfileCost
 from llmlb_bench.sim.replica import Replica
 from llmlb_bench.sim.scheduling import make_engine_scheduler
 
 
-def cost_model(pool: PoolConfig, catalogs: tuple[str, ...] = (), moe: Mapping[str, Any] | None = None) -> CostModel:
-    """The pool's cost model; ``moe`` (``ClusterConfig.moe``) gives a MoE pool its own expert-load state."""
+def cost_model(pool: PoolConfig, catalogs: tuple[str, ...] = (),
+               moe: Mapping[str, Any] | None = None) -> CostModel | ProfileCost:
+    """The pool's cost model: its measured profile's when it has one, else the roofline; ``moe``
+    (``ClusterConfig.moe``) gives a roofline MoE pool its own expert-load state."""
     model = pool.model_spec(catalogs)
+    if pool.profile is not None:
+        return ProfileCost(EngineProfile.from_dict(pool.profile), model, pool.gpu_spec(catalogs), pool.tp, pool.pp)
     load = (ExpertLoad(MoeSpec.parse(moe), model.experts, model.active_experts, pool.tp)
             if moe is not None and model.is_moe else None)
     return CostModel(model, pool.gpu_spec(catalogs), pool.tp, pp=pool.pp,
@@ -46,7 +51,7 @@ def prefix_unit(pool: PoolConfig, trace_bs: int) -> tuple[int, int]:
                     f"must divide one another (or disable prefix caching)", f"cluster.pools[{pool.name}].block_size")
 
 
-def decode_capacity(cost: CostModel) -> float:
+def decode_capacity(cost: CostModel | ProfileCost) -> float:
     """Serving speed for ``TargetInfo.capacity``: decode tokens/s of a 64-request batch at 1k context."""
     return 64 / cost.decode_time(64, 64 * 1024)
 

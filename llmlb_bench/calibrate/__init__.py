@@ -1,0 +1,66 @@
+"""``llmlb calibrate``: fit the simulator's step-time model to a live OpenAI-compatible endpoint.
+
+:func:`calibrate` reads the engine's settings (:mod:`.engine`), replays the
+probes (:mod:`.probes`), fits the coefficients (:mod:`.fit`) and returns the
+profile (:mod:`llmlb_bench.sim.profile`) with the fit's residuals in it.
+docs/fidelity.md says what the profile predicts, and how well.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from llmlb_bench import __version__
+from llmlb_bench.calibrate.engine import EngineInfo, discover
+from llmlb_bench.calibrate.fit import Fit, fit, observations
+from llmlb_bench.calibrate.probes import ProbePlan, Prober, plan
+from llmlb_bench.replay import ReplayOptions, preflight
+from llmlb_bench.sim.profile import PROFILE_VERSION, STEP_TERMS, EngineProfile
+
+__all__ = ["Calibration", "calibrate", "discover", "plan"]
+
+
+@dataclass
+class Calibration:
+    profile: dict[str, Any]
+    fit: Fit
+    engine: EngineInfo
+    plan: ProbePlan
+
+
+def calibrate(url: str, given: Mapping[str, Any], *, options: ReplayOptions | None = None,
+              max_prompt: int | None = None, batches: Sequence[int] | None = None,
+              contexts: Sequence[int] | None = None, decode_tokens: int = 48, repeats: int = 2,
+              results: Path | None = None, seed: int = 0) -> Calibration:
+    """Probe ``url`` and fit its profile. ``given``: engine settings from flags (None = ask the
+    engine); probe runs go to ``results`` (a scratch folder when None)."""
+    options = options or ReplayOptions(api="completions")
+    info = discover(url, given, options.model)
+    options = ReplayOptions(**{**options.__dict__, "model": info.model})
+    p = plan(info.settings, max_prompt, batches, contexts, decode_tokens, repeats)
+    pre = preflight([url], options)
+    with tempfile.TemporaryDirectory(prefix="llmlb-calibrate-") as tmp:
+        root = Path(results) if results is not None else Path(tmp)
+        runs = Prober(url, pre, options, root, seed).all(p)
+    obs, notes = observations(runs, info.settings["max_num_batched_tokens"])
+    result = fit(obs, notes)
+    profile = {
+        "llmlb_profile": PROFILE_VERSION,
+        "source": {"endpoint": info.url, "engine": info.kind, "model": info.model,
+                   "measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                   "tool_version": __version__, "settings_from": info.sources, "assumed": info.assumed,
+                   "prompt_lengths": pre.prompt_lengths},
+        "engine": dict(info.settings),
+        "step": {k: result.coefficients[k] for k in STEP_TERMS},
+        "request_overhead_s": result.coefficients["request_overhead_s"],
+        "fit": {"by_probe": result.summary(), "notes": result.notes,
+                "observations": [{"probe": o.probe, "what": o.what, "measured_s": round(o.measured_s, 6),
+                                  "predicted_s": round(o.predicted_s, 6), "outlier": o.outlier}
+                                 for o in result.observations]},
+    }
+    EngineProfile.from_dict(profile, "calibrated profile")   # the file must load where it is used
+    return Calibration(profile, result, info, p)

@@ -1,0 +1,174 @@
+"""From probe results to the profile's step-time coefficients, and the residuals of the fit.
+
+Every observation is a measured time that the model of :mod:`llmlb_bench.sim.profile`
+writes as a sum of step times, so it is linear in the coefficients
+(``base_s, per_token_s, per_sample_s, per_attn_s, per_kv_s``) plus the request
+overhead: a lone prefill of P prompt tokens of which c are cached runs
+ceil((P - c) / budget) chunks, each of s new tokens after c_k computed ones
+(attn = s (c_k + (s + 1) / 2), kv = c_k + s, one sample at the last), exactly as
+the simulator's replica plans them; a decode window of B requests at contexts
+n_i is B tokens, B samples and sum n_i of attention and KV per step.
+
+The fit minimises the sum of squared RELATIVE errors (each observation counts
+the same whatever its size) under non-negativity (a cost cannot be negative),
+with each column scaled to unit size first (the terms differ by six orders of
+magnitude). Observations more than max(25%, 4 x the median) off after a first
+fit are reported as outliers (a shared machine stalls now and then) and the fit
+is repeated without them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from llmlb_bench.calibrate.probes import ProbeRun
+from llmlb_bench.errors import UserError
+from llmlb_bench.sim.profile import STEP_TERMS
+
+#: the fitted unknowns: the step terms, then the request overhead (time to first token only)
+UNKNOWNS = (*STEP_TERMS, "request_overhead_s")
+#: fewest decode steps a window must hold to count
+MIN_WINDOW_STEPS = 4
+
+
+@dataclass
+class Observation:
+    probe: str
+    what: str
+    features: np.ndarray        # one per UNKNOWNS
+    measured_s: float
+    predicted_s: float = float("nan")
+    outlier: bool = False
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.measured_s - 1.0
+
+
+@dataclass
+class Fit:
+    coefficients: dict[str, float]
+    observations: list[Observation]
+    notes: list[str]
+
+    def summary(self) -> dict[str, Any]:
+        """Mean and largest absolute relative error per probe kind (outliers left out), in %."""
+        out: dict[str, Any] = {}
+        for kind in sorted({o.probe for o in self.observations}):
+            errs = np.array([abs(o.error) for o in self.observations if o.probe == kind and not o.outlier])
+            out[kind] = {"observations": int(errs.size),
+                         "outliers": sum(o.outlier for o in self.observations if o.probe == kind),
+                         "mean_abs_error_pct": round(100 * float(errs.mean()), 2) if errs.size else None,
+                         "max_abs_error_pct": round(100 * float(errs.max()), 2) if errs.size else None}
+        return out
+
+
+def prefill_features(prompt: int, cached: int, budget: int) -> np.ndarray:
+    """The summed step features of a lone request's prefill (see the module docstring)."""
+    f = np.zeros(len(UNKNOWNS))
+    done = cached
+    while done < prompt:
+        s = min(budget, prompt - done)
+        f[0] += 1
+        f[1] += s
+        f[3] += s * (done + (s + 1) / 2)
+        f[4] += done + s
+        done += s
+    f[2] = 1.0
+    f[5] = 1.0
+    return f
+
+
+def _token_times(row: dict[str, Any]) -> np.ndarray:
+    parts = [seg["start_s"] + seg["gap_s"] * np.arange(seg["count"]) for seg in row["token_times"] or []]
+    return np.sort(np.concatenate(parts)) if parts else np.zeros(0)
+
+
+def _prompt(row: dict[str, Any]) -> int:
+    server = row.get("server_input_tokens")
+    return int(server) if server is not None else int(row["input_tokens"])
+
+
+def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observation], list[str]]:
+    """Every usable observation of the probes, and notes on what could not be used."""
+    obs: list[Observation] = []
+    notes: list[str] = []
+    no_cached = False
+    for run in runs:
+        ok = [r for r in run.rows if r["status"] == "ok" and r["first_token_s"] is not None]
+        if len(ok) < len(run.rows):
+            notes.append(f"{run.kind} {run.params}: {len(run.rows) - len(ok)} of {len(run.rows)} requests failed "
+                         f"({next((r['error'] for r in run.rows if r['status'] != 'ok'), '')})")
+        if run.kind in ("prefill", "cache"):
+            for k, r in enumerate(ok):
+                cached = r.get("cached_tokens")
+                if cached is None:
+                    if run.kind == "cache" and k == 1:
+                        no_cached = True
+                        continue
+                    cached = 0
+                p = _prompt(r)
+                cached = min(int(cached), p - 1)
+                what = f"prompt {p}" + (f", {cached} cached" if cached else "")
+                obs.append(Observation(run.kind, what, prefill_features(p, cached, budget),
+                                       r["first_token_s"] - r["sent_s"]))
+        else:
+            if len(ok) < run.params["batch"]:
+                continue
+            t0 = max(r["first_token_s"] for r in ok)
+            t1 = min(r["last_token_s"] for r in ok)
+            gaps, context = [], 0.0
+            for r in ok:
+                t = _token_times(r)
+                idx = np.nonzero((t >= t0) & (t <= t1))[0]
+                if idx.size < 2 or idx[-1] - idx[0] < MIN_WINDOW_STEPS:
+                    gaps = []
+                    break
+                gaps.append((t[idx[-1]] - t[idx[0]]) / (idx[-1] - idx[0]))
+                context += _prompt(r) + (idx[0] + idx[-1]) / 2
+            if not gaps:
+                notes.append(f"decode batch {run.params['batch']} at {run.params['context']} tokens: fewer than "
+                             f"{MIN_WINDOW_STEPS} steps with the whole batch decoding (raise --decode-tokens)")
+                continue
+            b = len(ok)
+            f = np.array([1.0, b, b, context, context, 0.0])
+            obs.append(Observation("decode", f"batch {b}, context {run.params['context']}", f,
+                                   float(np.median(gaps))))
+    if no_cached:
+        notes.append("the engine reports no prompt_tokens_details.cached_tokens (vLLM: "
+                     "--enable-prompt-tokens-details): repeated prompts left out of the fit")
+    return obs, notes
+
+
+def _solve(obs: Sequence[Observation]) -> np.ndarray:
+    from scipy.optimize import nnls
+
+    x = np.array([o.features for o in obs])
+    y = np.array([o.measured_s for o in obs])
+    a = x / y[:, None]
+    scale = np.abs(a).max(axis=0)
+    scale[scale == 0] = 1.0
+    theta, _ = nnls(a / scale, np.ones(len(obs)))
+    return theta / scale
+
+
+def fit(obs: list[Observation], notes: list[str]) -> Fit:
+    """The coefficients (see the module docstring); predictions written into ``obs``."""
+    if not any(o.probe == "decode" for o in obs) or not any(o.probe != "decode" for o in obs):
+        raise UserError("the probes gave no usable decode or prefill observation; see the notes above: "
+                        + "; ".join(notes), "llmlb calibrate")
+    theta = _solve(obs)
+    pred = np.array([o.features @ theta for o in obs])
+    err = np.abs(pred / np.array([o.measured_s for o in obs]) - 1.0)
+    limit = max(0.25, 4 * float(np.median(err)))
+    keep = [o for o, e in zip(obs, err) if e <= limit]
+    if len(keep) < len(obs) and len(keep) >= len(UNKNOWNS):
+        for o, e in zip(obs, err):
+            o.outlier = e > limit
+        theta = _solve(keep)
+    for o in obs:
+        o.predicted_s = float(o.features @ theta)
+    return Fit({k: float(v) for k, v in zip(UNKNOWNS, theta)}, obs, notes)

@@ -1,0 +1,142 @@
+"""The black-box probes of ``llmlb calibrate``: small traces replayed against the endpoint.
+
+Each probe is an ordinary trace replayed with the ordinary replayer (its prompt
+materialisation, exact lengths with ``--tokenize``, usage counting and
+``cached_tokens``), stored as an ordinary run, and turned into observations
+of the step-time model (:mod:`llmlb_bench.calibrate.fit`):
+
+* **prefill**: one request at a time (closed loop, one user), one output token,
+  prompts from a few tokens to past the step budget: time to first token =
+  the request overhead + the prefill steps (chunks of ``max_num_batched_tokens``);
+* **decode**: B requests sent at once with prompts of L tokens and the same
+  output length, for B up to ``max_num_seqs`` and a few L; the observation is
+  the mean step time over the window in which all B decode (after the last
+  first token, before the first last token), so staggered admissions and
+  prefill chunks stay out of it;
+* **cache**: a prompt of whole KV blocks plus a short tail, sent twice in a row
+  with the same prefix hashes: the second prefill starts from the cached
+  blocks (the engine's ``cached_tokens`` says how many).
+
+Prompts never repeat across probes (fresh salted hashes and request ids), so
+only the cache probe's second requests can hit the prefix cache.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from llmlb_bench.policies import make_policy
+from llmlb_bench.replay import Preflight, ReplayOptions, replay
+from llmlb_bench.schema import trace_table, write_trace
+from llmlb_bench.store import RunStore
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """Which probes to send (sizes already fitted to the engine's limits)."""
+
+    prompts: tuple[int, ...]                 # prefill probe prompt lengths
+    repeats: int                             # each prefill length this many times
+    batches: tuple[int, ...]                 # decode probe batch sizes
+    contexts: tuple[int, ...]                # decode probe prompt lengths
+    decode_tokens: int                       # decode probe output length
+    cache_blocks: tuple[int, ...]            # cache probe: whole blocks shared by the pair
+    block_size: int
+
+    def requests(self) -> int:
+        return (len(self.prompts) * self.repeats + sum(self.batches) * len(self.contexts)
+                + 2 * len(self.cache_blocks))
+
+
+def plan(settings: dict[str, Any], max_prompt: int | None, batches: Sequence[int] | None,
+         contexts: Sequence[int] | None, decode_tokens: int, repeats: int) -> ProbePlan:
+    """Probe sizes within the engine's model length, seats and KV capacity."""
+    bs, seqs, budget = settings["block_size"], settings["max_num_seqs"], settings["max_num_batched_tokens"]
+    kv_tokens = settings["num_kv_blocks"] * bs
+    limit = min(settings["max_model_len"] - 2, kv_tokens - bs)
+    top = min(max_prompt or 2 * budget, limit)
+    grid = sorted({max(8, int(round(top * f))) for f in (0.01, 0.05, 0.1, 0.2, 0.35, 0.5, 0.7, 0.85, 1.0)})
+    if batches is None:
+        batches = [b for b in (1, 2, 4, 8, 16, 32, 64) if b <= seqs] or [1]
+        if seqs not in batches and seqs <= 64:
+            batches.append(seqs)
+    longest = min(top, settings["max_model_len"] - decode_tokens - 1)
+    if contexts is None:
+        contexts = sorted({16, max(16, longest // 4), max(16, longest // 2)})
+    usable = [b for b in batches if b <= seqs]
+    # whole blocks the cache pair shares: a quarter and a half of the largest prompt
+    cache = sorted({k for k in (max(1, top // (4 * bs)), max(1, top // (2 * bs))) if k * bs + 8 <= limit})
+    return ProbePlan(prompts=tuple(grid), repeats=repeats, batches=tuple(usable), contexts=tuple(contexts),
+                     decode_tokens=decode_tokens, cache_blocks=tuple(cache), block_size=bs)
+
+
+@dataclass
+class ProbeRun:
+    """One replayed probe: its kind, parameters and result rows (dicts of the requests table)."""
+
+    kind: str                   # prefill, decode, cache
+    params: dict[str, Any]
+    rows: list[dict[str, Any]]
+
+
+class Prober:
+    """Replays probe traces against one endpoint into ``root`` (one run per probe)."""
+
+    def __init__(self, url: str, pre: Preflight, options: ReplayOptions, root: Path, seed: int = 0) -> None:
+        self.url, self.pre, self.root = url, pre, root
+        self.options = replace(options, progress=None, scrape_s=None)
+        self.rng = random.Random(seed)
+        self._next_id = self.rng.randrange(1 << 40)
+        self._runs = 0
+
+    def _ids(self, n: int) -> np.ndarray:
+        ids = np.arange(self._next_id, self._next_id + n, dtype=np.int64)
+        self._next_id += n
+        return ids
+
+    def _replay(self, kind: str, table: pa.Table, options: ReplayOptions, block_size: int) -> list[dict[str, Any]]:
+        run_id = f"{self._runs:03d}-{kind}"
+        self._runs += 1
+        trace_path = self.root / "traces" / f"{run_id}.parquet"
+        write_trace(table, trace_path, block_size=block_size)
+        config = {"endpoints": [self.url], "calibrate": kind, "options": options.describe()}
+        store = RunStore(self.root, config=config, backend="replay", label=f"calibrate {kind}", run_id=run_id,
+                         trace_path=trace_path, trace_rows=table.num_rows)
+        with store:
+            replay(table, [self.url], make_policy("round_robin", {}), store, options, pre=self.pre)
+        import pyarrow.parquet as pq
+        return pq.read_table(store.dir / "requests.parquet").to_pylist()
+
+    def prefill(self, prompts: Sequence[int], repeats: int, block_size: int) -> ProbeRun:
+        order = [p for _ in range(repeats) for p in prompts]
+        self.rng.shuffle(order)
+        n = len(order)
+        table = trace_table(np.zeros(n), order, 1, "probe", request_id=self._ids(n))
+        rows = self._replay("prefill", table, replace(self.options, users=1, think_s=0.05), block_size)
+        return ProbeRun("prefill", {"prompts": list(prompts), "repeats": repeats}, rows)
+
+    def decode(self, batch: int, context: int, tokens: int, block_size: int) -> ProbeRun:
+        table = trace_table(np.zeros(batch), context, tokens, "probe", request_id=self._ids(batch))
+        rows = self._replay("decode", table, self.options, block_size)
+        return ProbeRun("decode", {"batch": batch, "context": context, "tokens": tokens}, rows)
+
+    def cache(self, blocks: int, block_size: int) -> ProbeRun:
+        hashes = [self.rng.randrange(1, 1 << 63) for _ in range(blocks)]
+        prompt = blocks * block_size + 8
+        table = trace_table(np.zeros(2), prompt, 1, "probe", request_id=self._ids(2),
+                            prefix_hashes=pa.array([hashes, hashes], pa.list_(pa.uint64())))
+        rows = self._replay("cache", table, replace(self.options, users=1, think_s=0.05), block_size)
+        return ProbeRun("cache", {"blocks": blocks, "prompt": prompt}, rows)
+
+    def all(self, p: ProbePlan) -> list[ProbeRun]:
+        """Every probe of the plan: cache pairs, prefill, then decode from small to large."""
+        runs = [self.cache(k, p.block_size) for k in p.cache_blocks]
+        runs.append(self.prefill(p.prompts, p.repeats, p.block_size))
+        runs += [self.decode(b, c, p.decode_tokens, p.block_size) for c in p.contexts for b in p.batches]
+        return runs

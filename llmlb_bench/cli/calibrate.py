@@ -1,0 +1,94 @@
+"""``llmlb calibrate``: probe a live endpoint and write the simulator profile that predicts it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from llmlb_bench.cli.app import app, console
+from llmlb_bench.cli.replay import Api
+from llmlb_bench.errors import UserError
+from llmlb_bench.replay import ReplayOptions
+from llmlb_bench.store.run import write_text_atomic
+
+
+def _ints(text: Optional[str], flag: str) -> Optional[list[int]]:
+    if text is None:
+        return None
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UserError(f"expected comma-separated positive integers, got {text!r}", flag) from None
+    if not values or min(values) < 1:
+        raise UserError(f"expected comma-separated positive integers, got {text!r}", flag)
+    return values
+
+
+@app.command()
+def calibrate(
+    endpoint: Annotated[str, typer.Argument(help="Base URL of an OpenAI-compatible server (vLLM, llama-server, llmlb serve, ...).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Profile file to write (JSON); give it to simulate, run, serve, sweep or repro with --profile, or as profile = in a cluster TOML.")] = Path("profile.json"),
+    api: Annotated[Api, typer.Option("--api", help="Which API the probes call (completions: no chat template around the prompt).")] = Api.completions,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name to send (default: the endpoint's first /v1/models entry).")] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", min=1, help="The engine's max_num_seqs (default: what the engine publishes, else vLLM's 256).")] = None,
+    max_batched_tokens: Annotated[Optional[int], typer.Option("--max-batched-tokens", min=1, help="The engine's max_num_batched_tokens (default: what it publishes, else vLLM's 2048).")] = None,
+    block_size: Annotated[Optional[int], typer.Option("--block-size", min=1, help="KV block size in tokens (default: vllm:cache_config_info).")] = None,
+    kv_blocks: Annotated[Optional[int], typer.Option("--kv-blocks", min=1, help="KV blocks of the engine (default: vllm:cache_config_info num_gpu_blocks).")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", min=2, help="Longest prompt + output (default: /v1/models max_model_len).")] = None,
+    prefix_caching: Annotated[Optional[bool], typer.Option("--prefix-caching/--no-prefix-caching", help="Whether the engine caches prompt prefixes (default: what it publishes, else on).")] = None,
+    max_prompt: Annotated[Optional[int], typer.Option("--max-prompt", min=8, help="Longest prefill probe (default: twice the step budget, within the model length and KV).")] = None,
+    batches: Annotated[Optional[str], typer.Option("--batches", help="Decode probe batch sizes, e.g. 1,2,4,8 (default: powers of two up to max_num_seqs, at most 64).")] = None,
+    contexts: Annotated[Optional[str], typer.Option("--contexts", help="Decode probe prompt lengths, e.g. 16,512,1024 (default: 16, a quarter and half of --max-prompt).")] = None,
+    decode_tokens: Annotated[int, typer.Option("--decode-tokens", min=8, help="Output tokens of each decode probe request.")] = 48,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Times each prefill probe length is sent.")] = 2,
+    tokenize: Annotated[bool, typer.Option("--tokenize", help="Exact prompt lengths from the endpoint's /tokenize.")] = False,
+    tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="A local tokenizer.json (or folder) for exact prompt lengths.")] = None,
+    results: Annotated[Optional[Path], typer.Option("--results", "-r", help="Keep the probe runs in this folder (default: a scratch folder, deleted).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the probes' prompts and order.")] = 0,
+) -> None:
+    """Fit the simulator's step-time model to ENDPOINT: prefill probes of growing prompt length, concurrent decodes at growing batch and context, and repeated prefixes; print the fit and its residuals and write the profile.
+
+    Engine settings are read from the engine where it publishes them (vLLM's vllm:cache_config_info, /v1/models, llama.cpp's /props) or given as flags; see docs/fidelity.md.
+
+    Example:
+
+        llmlb calibrate http://127.0.0.1:8000 --max-num-seqs 16 --max-batched-tokens 2048 -o vllm-cpu.json
+    """
+    from llmlb_bench.calibrate import calibrate as run_calibration
+
+    if output.exists() and output.is_dir():
+        raise UserError("is a folder, expected a profile file to write", output)
+    given = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_batched_tokens, "block_size": block_size,
+             "num_kv_blocks": kv_blocks, "max_model_len": max_model_len, "enable_prefix_caching": prefix_caching}
+    options = ReplayOptions(api=api.value, model=model, tokenize=tokenize,
+                            tokenizer=str(tokenizer) if tokenizer else None)
+    cal = run_calibration(endpoint, given, options=options, max_prompt=max_prompt,
+                          batches=_ints(batches, "--batches"), contexts=_ints(contexts, "--contexts"),
+                          decode_tokens=decode_tokens, repeats=repeats, results=results, seed=seed)
+    info = cal.engine
+    console.print(f"[bold]{info.kind}[/] at {info.url}, model {info.model}: " + ", ".join(
+        f"{k} {v} ({info.sources[k]})" for k, v in info.settings.items()), highlight=False, soft_wrap=True)
+    t = Table("probe", "observation", "measured ms", "predicted ms", "error %", title="Fit residuals")
+    for o in cal.fit.observations:
+        t.add_row(o.probe, o.what + (" [dim](outlier)[/]" if o.outlier else ""), f"{1e3 * o.measured_s:.2f}",
+                  f"{1e3 * o.predicted_s:.2f}", f"{100 * o.error:+.1f}")
+    console.print(t)
+    for kind, s in cal.fit.summary().items():
+        console.print(f"{kind}: {s['observations']} observations, mean |error| {s['mean_abs_error_pct']}%, "
+                      f"max {s['max_abs_error_pct']}%" + (f", {s['outliers']} outliers" if s["outliers"] else ""),
+                      highlight=False)
+    step = cal.profile["step"]
+    console.print("step_s = {base_s:.4g} + {per_token_s:.4g} x tokens + {per_sample_s:.4g} x sampled + "
+                  "{per_attn_s:.4g} x attn + {per_kv_s:.4g} x kv".format(**step)
+                  + f";  request overhead {1e3 * cal.profile['request_overhead_s']:.2f} ms", highlight=False)
+    for note in cal.fit.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    if info.assumed:
+        console.print(f"[yellow]assumed (not published by the engine, not given):[/] {', '.join(info.assumed)}",
+                      highlight=False)
+    write_text_atomic(output, json.dumps(cal.profile, indent=2) + "\n")
+    console.print(f"wrote {output}", highlight=False)

@@ -1,0 +1,177 @@
+"""Measured engine profiles: a step-time model fitted to a live endpoint (``llmlb calibrate``).
+
+The roofline of :mod:`llmlb_bench.sim.cost` predicts step times from a GPU's
+datasheet and a model's shape. A profile instead states what one engine,
+on one machine, serving one model, was measured to take. Its step time is
+linear in the quantities the replica's scheduler already computes for every
+step (:meth:`CostModel.run_step`'s arguments)::
+
+    step_s = base_s + per_token_s x tokens + per_sample_s x sampled
+             + per_attn_s x attn + per_kv_s x kv
+
+``tokens``: new tokens in the step (prefill chunks plus one per decoding
+request); ``sampled``: requests that sample a token (decoders plus completed
+prefills: LM head, sampler, detokenising and streaming the token);
+``attn``: the sum over new tokens of the context each attends to (quadratic in
+a prefill chunk, the context length for a decode token); ``kv``: KV tokens
+read (each decoder's context, each chunk's prefix plus itself). Why linear:
+below saturation each of these costs scales with its count, and the profile
+is fitted on the operating range the probes cover (prompts up to the step
+budget and beyond, batches up to ``max_num_seqs``); see docs/fidelity.md for
+what that range is and how far from it the fit was checked.
+
+``request_overhead_s`` is the part of a lone request's time to first token
+that no step accounts for (HTTP, tokenising, handing the request to the
+engine and the first token back): fitted so that it does not bias the step
+terms, stated in the profile and in docs/fidelity.md.
+
+A profile also fixes the engine settings the scheduler needs: ``max_num_seqs``,
+``max_num_batched_tokens``, KV ``block_size``, the number of KV blocks, the
+model length, and whether prefix caching is on. A pool with a profile takes
+these from it (they are properties of the measured engine; edit the file to
+ask "what if"). Energy and price still come from the pool's ``gpu`` entry:
+every step draws the GPU's maximum power, idle time its idle power.
+
+The file is JSON (written by ``llmlb calibrate``, readable and editable by
+hand); its content travels in the cluster config, so run.json holds it and a
+run can be reproduced without the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.sim.catalog import GPU, Model
+
+#: the format's version (``llmlb_profile`` key)
+PROFILE_VERSION = 1
+#: step-time coefficients, in the order of :meth:`ProfileCost.features`
+STEP_TERMS = ("base_s", "per_token_s", "per_sample_s", "per_attn_s", "per_kv_s")
+#: engine settings a profile fixes, and whether each must be a positive integer
+ENGINE_INTS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "max_model_len")
+#: smallest context slope used for the replica's run-length tolerance (a profile may have none)
+_MIN_SLOPE = 1e-15
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """A validated profile (see the module docstring)."""
+
+    step: Mapping[str, float]
+    request_overhead_s: float
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    num_kv_blocks: int
+    max_model_len: int
+    enable_prefix_caching: bool
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "profile") -> "EngineProfile":
+        if not isinstance(d, Mapping):
+            raise UserError("a profile must be a JSON object", where)
+        version = d.get("llmlb_profile")
+        if version != PROFILE_VERSION:
+            raise UserError(f"not an llmlb profile of version {PROFILE_VERSION} (llmlb_profile = {version!r}); "
+                            "write one with llmlb calibrate", where)
+        step, engine = d.get("step"), d.get("engine")
+        if not isinstance(step, Mapping) or not isinstance(engine, Mapping):
+            raise UserError("needs a 'step' and an 'engine' object", where)
+        coeffs = {}
+        for k in STEP_TERMS:
+            v = step.get(k)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise UserError(f"must be a number >= 0, got {v!r}", f"{where}: step.{k}")
+            coeffs[k] = float(v)
+        if not coeffs["base_s"] + coeffs["per_token_s"] + coeffs["per_sample_s"] > 0:
+            raise UserError("a step must take time: base_s, per_token_s or per_sample_s must be > 0", f"{where}: step")
+        ints = {}
+        for k in ENGINE_INTS:
+            v = engine.get(k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UserError(f"must be a positive integer, got {v!r}", f"{where}: engine.{k}")
+            ints[k] = v
+        if ints["max_num_batched_tokens"] < ints["max_num_seqs"]:
+            raise UserError("max_num_batched_tokens must be >= max_num_seqs", f"{where}: engine")
+        caching = engine.get("enable_prefix_caching", True)
+        if not isinstance(caching, bool):
+            raise UserError(f"must be true or false, got {caching!r}", f"{where}: engine.enable_prefix_caching")
+        overhead = d.get("request_overhead_s", 0.0)
+        if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not overhead >= 0:
+            raise UserError(f"must be a number >= 0, got {overhead!r}", f"{where}: request_overhead_s")
+        return cls(step=coeffs, request_overhead_s=float(overhead), enable_prefix_caching=caching,
+                   raw=json.loads(json.dumps(d)), **ints)
+
+    def step_time(self, tokens: float, attn: float, kv: float, sampled: float) -> float:
+        s = self.step
+        return (s["base_s"] + s["per_token_s"] * tokens + s["per_sample_s"] * sampled
+                + s["per_attn_s"] * attn + s["per_kv_s"] * kv)
+
+
+def read_profile(path: str | Path) -> dict[str, Any]:
+    """A profile file's content, validated (one-line errors naming the file)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError("no such profile file" if not path.exists() else "not a file, expected a profile (.json)",
+                        path)
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"not a JSON profile ({exc})", path) from None
+    EngineProfile.from_dict(d, str(path))
+    return d
+
+
+def resolve_profile(value: Any, base: str | Path | None = None, where: str = "cluster.profile") -> dict[str, Any] | None:
+    """A cluster's ``profile`` setting as the profile's content: a path (relative to ``base`` when
+    given) is read, a table is validated, None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, (str, Path)):
+        path = Path(value)
+        if base is not None and not path.is_absolute():
+            path = Path(base) / path
+        return read_profile(path)
+    EngineProfile.from_dict(value, where)
+    return json.loads(json.dumps(value))
+
+
+class ProfileCost:
+    """The replica's cost model from a measured profile: the interface of
+    :class:`~llmlb_bench.sim.cost.CostModel` that replicas and fleets use."""
+
+    def __init__(self, profile: EngineProfile, model: Model, gpu: GPU, tp: int = 1, pp: int = 1) -> None:
+        self.profile = profile
+        self.model, self.gpu, self.tp, self.pp = model, gpu, tp, pp
+        self.gpus = tp * pp
+        self.expert_load = None
+        self.block_size = profile.block_size
+        self.kv_blocks = profile.num_kv_blocks
+        s = profile.step
+        self._base, self._tok, self._smp = s["base_s"], s["per_token_s"], s["per_sample_s"]
+        self._attn, self._kv = s["per_attn_s"], s["per_kv_s"]
+        self.request_overhead_s = profile.request_overhead_s
+        #: the fastest possible decode step (one request, no context): a floor for step times
+        self.min_step_s = self._base + self._tok + self._smp
+        self.context_slope = max(self._attn + self._kv, _MIN_SLOPE)
+        self.idle_power_w = self.gpus * gpu.idle_w
+        self._busy_w = self.gpus * gpu.max_w
+        #: a measured engine has no KV swap (vLLM v1 recomputes preempted requests)
+        self.swap_block_s = 0.0
+
+    def swap_blocks(self, swap_space_gib: float) -> int:
+        return 0
+
+    def run_step(self, tokens: int, attn: float, kv: float, sampled: int) -> tuple[float, float]:
+        """(step time, power) of a step; see the module docstring."""
+        return (self._base + self._tok * tokens + self._smp * sampled + self._attn * attn + self._kv * kv,
+                self._busy_w)
+
+    def decode_time(self, seqs: int, context: float) -> float:
+        return self.run_step(seqs, context, context, seqs)[0]

@@ -1,0 +1,147 @@
+"""llmlb calibrate against llmlb serve (a real HTTP server whose cost model is known exactly), and
+measured profiles in the simulator: step times against their formula, config hooks, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmlb_bench.calibrate.fit import prefill_features
+from llmlb_bench.errors import UserError
+from llmlb_bench.schema import trace_table
+from llmlb_bench.sim import ClusterConfig, load_cluster
+from llmlb_bench.sim.profile import STEP_TERMS, EngineProfile
+from tests.conftest import cli
+from tests.sim_helpers import run_sim
+from tests.test_serve_replay import _start_server, _stop_server
+
+#: the ground truth llmlb serve runs with (steps of a few ms: far above the server's timer jitter)
+STEP = {"base_s": 0.004, "per_token_s": 1e-4, "per_sample_s": 5e-4, "per_attn_s": 2e-8, "per_kv_s": 1e-6}
+ENGINE = {"max_num_seqs": 16, "max_num_batched_tokens": 1024, "block_size": 32, "num_kv_blocks": 2000,
+          "max_model_len": 4096, "enable_prefix_caching": True}
+
+
+def profile(**step: float) -> dict:
+    return {"llmlb_profile": 1, "engine": dict(ENGINE), "step": {**STEP, **step}, "request_overhead_s": 0.0}
+
+
+@pytest.fixture
+def profile_file(tmp_path: Path) -> Path:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile()))
+    return path
+
+
+def test_lone_prefill_and_decode_take_the_profile_formula(profile_file: Path, tmp_path: Path):
+    """One request of 1,500 prompt tokens (two chunks of the 1,024 budget) and 20 output tokens:
+    TTFT is the two prefill steps, and every decode step base + token + sample + context terms."""
+    cfg = ClusterConfig(replicas=1).with_profile(profile_file)
+    requests, _, _ = run_sim(tmp_path, trace_table([0.0], 1500, 20), cfg)
+    r = requests.to_pylist()[0]
+    p = EngineProfile.from_dict(profile())
+    f = prefill_features(1500, 0, 1024)
+    ttft = float(f[:5] @ np.array([p.step[k] for k in STEP_TERMS]))
+    assert r["first_token_s"] - r["sent_s"] == pytest.approx(ttft, rel=1e-9)
+    # decode steps at contexts 1501..1519: the run's mean context, the formula's step
+    tpot = (r["last_token_s"] - r["first_token_s"]) / 19
+    mean_ctx = 1500 + 1 + 9
+    assert tpot == pytest.approx(p.step_time(1, mean_ctx, mean_ctx, 1), rel=0.005)
+
+
+def test_profile_fixes_the_engine_and_travels_in_the_config(profile_file: Path, tmp_path: Path):
+    cfg = ClusterConfig(replicas=2, block_size=16, max_num_seqs=256).with_profile(profile_file)
+    pool = cfg.pool_configs()[0]
+    assert (pool.max_num_seqs, pool.max_num_batched_tokens, pool.block_size, pool.max_model_len) == (16, 1024, 32, 4096)
+    assert cfg.replicas == 2
+    again = ClusterConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg
+    # a cluster TOML names the profile relative to itself
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.toml").write_text('replicas = 3\nprofile = "../p.json"\n')
+    loaded = load_cluster(tmp_path / "sub" / "c.toml")
+    assert loaded.pool_configs()[0].profile == profile()
+    # default runs are untouched: no profile, the roofline
+    assert ClusterConfig().pool_configs()[0].profile is None
+
+
+@pytest.mark.parametrize("bad, where", [
+    ({"llmlb_profile": 2}, "llmlb_profile"),
+    ({**profile(), "step": {**STEP, "per_token_s": -1}}, "step.per_token_s"),
+    ({**profile(), "engine": {**ENGINE, "num_kv_blocks": 0}}, "engine.num_kv_blocks"),
+    ({**profile(), "engine": {**ENGINE, "max_num_batched_tokens": 8}}, "max_num_batched_tokens must be >="),
+])
+def test_bad_profiles_are_one_line_errors(tmp_path: Path, capsys, bad: dict, where: str):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    trace = tmp_path / "t.parquet"
+    code, _, _ = cli(["gen", "workloads/chat.toml", "-o", str(trace), "--requests", "5"], capsys)
+    assert code == 0
+    code, out, err = cli(["simulate", str(trace), "--profile", str(path), "-r", str(tmp_path / "res")], capsys)
+    assert code == 2 and where in err and str(path) in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "res").exists()
+
+
+def test_profile_flag_conflicts_and_missing_file(tmp_path: Path, capsys, profile_file: Path):
+    trace = tmp_path / "t.parquet"
+    cli(["gen", "workloads/chat.toml", "-o", str(trace), "--requests", "5"], capsys)
+    code, _, err = cli(["simulate", str(trace), "--profile", str(profile_file), "--max-num-seqs", "4"], capsys)
+    assert code == 2 and "--max-num-seqs" in err
+    code, _, err = cli(["simulate", str(trace), "--profile", str(tmp_path / "nope.json")], capsys)
+    assert code == 2 and "no such profile file" in err
+    code, _, err = cli(["simulate", str(trace), "--profile", str(profile_file), "-r", str(tmp_path / "r"),
+                        "--format", "json"], capsys)
+    assert code == 0, err
+    meta = json.loads(next((tmp_path / "r").glob("*/run.json")).read_text())
+    assert meta["config"]["cluster"]["profile"]["step"] == STEP
+
+
+def test_swap_preemption_with_a_profile_is_refused(profile_file: Path):
+    with pytest.raises(UserError, match="no KV swap"):
+        ClusterConfig(preemption="swap", profile=str(profile_file))
+
+
+def test_calibrate_bad_endpoint_is_one_line(tmp_path: Path, capsys):
+    code, _, err = cli(["calibrate", "http://127.0.0.1:9", "-o", str(tmp_path / "p.json")], capsys)
+    assert code == 2 and "no answer from the endpoint" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "p.json").exists()
+    code, _, err = cli(["calibrate", "http://127.0.0.1:9", "--batches", "1,x"], capsys)
+    assert code == 2 and "--batches" in err
+
+
+@pytest.mark.slow
+def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, profile_file: Path, capsys):
+    """llmlb serve replays the known profile in real time; calibrating against it must give back
+    its coefficients: base, per-token, per-sample and per-KV-token terms within 10%, the
+    attention term (small at these lengths, traded against the per-token term) within 40%, and
+    step times over the probed range within 5%."""
+    proc, urls = _start_server("--replicas", "1", "--port", "0", "--profile", str(profile_file))
+    try:
+        out = tmp_path / "fit.json"
+        code, stdout, err = cli(["calibrate", urls[0], "-o", str(out), "--max-num-seqs", "16",
+                                 "--max-batched-tokens", "1024", "--batches", "1,4,16", "--decode-tokens", "40"],
+                                capsys)
+        assert code == 0, err
+    finally:
+        _stop_server(proc)
+    assert "Fit residuals" in stdout
+    got = json.loads(out.read_text())
+    assert got["engine"] == {**ENGINE}        # block size, KV blocks and model length from the engine
+    assert got["source"]["engine"] == "llmlb-serve"
+    step = got["step"]
+    for k in ("base_s", "per_token_s", "per_sample_s", "per_kv_s"):
+        assert step[k] == pytest.approx(STEP[k], rel=0.10), k
+    assert step["per_attn_s"] == pytest.approx(STEP["per_attn_s"], rel=0.40)
+    truth, fitted = EngineProfile.from_dict(profile()), EngineProfile.from_dict(got)
+    for p in (50, 500, 1000, 2000):
+        f = prefill_features(p, 0, 1024)[:5]
+        assert fitted.step_time(*f[[1, 3, 4, 2]]) == pytest.approx(truth.step_time(*f[[1, 3, 4, 2]]), rel=0.05)
+    for b, ctx in ((1, 16), (8, 8 * 500), (16, 16 * 1000)):
+        assert fitted.step_time(b, ctx, ctx, b) == pytest.approx(truth.step_time(b, ctx, ctx, b), rel=0.05)
+    assert got["request_overhead_s"] < 0.003
+    cache = [o for o in got["fit"]["observations"] if o["probe"] == "cache" and "cached" in o["what"]]
+    # the whole shared blocks (the prompt less its 8-token tail) came from the cache
+    assert cache and all(o["what"].endswith(f"{int(o['what'].split()[1].rstrip(',')) - 8} cached") for o in cache)
