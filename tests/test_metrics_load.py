@@ -6,7 +6,7 @@ import pytest
 
 from llmlb_bench.metrics.load import load_curves
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.summary import metas_of, summarize
+from llmlb_bench.metrics.summary import summarize
 from llmlb_bench.store.views import Catalog
 from metrics_helpers import store_run
 
@@ -31,8 +31,8 @@ def sweep(tmp_path):
 def test_curves_group_runs_by_configuration_and_find_the_knee(sweep):
     cat = Catalog([sweep])
     summaries = summarize(cat, Slo.parse("e2e=2s"))
-    curves = load_curves(summaries, metas_of(cat.runs_table), target=0.9)
-    assert sorted(c["name"] for c in curves) == ["sim / lo", "sim / rr"]
+    curves = load_curves(summaries, target=0.9)
+    assert sorted(c["name"] for c in curves) == ["lo", "rr"]
     for c in curves:
         assert [p["rate"] for p in c["points"]] == sorted(HOCKEY)
         assert [p["e2e"]["mean"] for p in c["points"]] == pytest.approx(list(HOCKEY.values()))
@@ -48,4 +48,24 @@ def test_a_single_rate_makes_no_curve(tmp_path):
                                 "first_token_s": [0.1, 1.1], "last_token_s": [0.2, 1.2], "output_tokens": [2, 2],
                                 "status": ["ok", "ok"]})
     cat = Catalog([tmp_path])
-    assert load_curves(summarize(cat), metas_of(cat.runs_table)) == []
+    assert load_curves(summarize(cat)) == []
+
+
+def test_curves_join_only_runs_that_differ_in_load_alone(tmp_path):
+    """Two unrelated replays at different rates (other endpoints, other traces) make no curve;
+    runs are named by what sets them apart."""
+    for run_id, backend, rate, eps in (("a", "replay", 5.0, ["http://127.0.0.1:1"]),
+                                       ("b", "replay", 9.0, ["http://127.0.0.1:2", "http://127.0.0.1:3"]),
+                                       ("c", "sim", 5.0, None)):
+        store_run(tmp_path, run_id, {"request_id": [0, 1], "sent_s": [0.0, 1.0], "scheduled_s": [0.0, 1.0],
+                                     "first_token_s": [0.1, 1.1], "last_token_s": [0.2, 1.2],
+                                     "output_tokens": [2, 2], "status": ["ok", "ok"]}, backend=backend,
+                  label="least_outstanding",
+                  config={"offered_rate": rate, "policy": {"name": "least_outstanding"},
+                          **({"endpoints": eps} if eps else {})})
+    summaries = summarize(Catalog([tmp_path]))
+    assert load_curves(summaries) == []
+    names = {s["run_id"]: s["name"] for s in summaries}
+    assert names == {"a": "backend replay · cluster 1 endpoint · rate 5 req/s",
+                     "b": "backend replay · cluster 2 endpoints · rate 9 req/s",
+                     "c": "backend sim · cluster - · rate 5 req/s"}

@@ -62,7 +62,7 @@ def results(tmp_path):
 
 def test_terminal_report_has_sections_and_group_tables(results, capsys):
     out = run_cli(["report", str(results), "--slo", "ttft=250ms;batch:ttft=500ms"], capsys).out
-    for text in ("Comparison", "Per SLO class", "Per tenant", "Load: test / p", "Details", "Latency (vllm definitions)",
+    for text in ("Comparison", "Per SLO class", "Per tenant", "Load: p", "Details", "Latency (vllm definitions)",
                  "Token pacing", "Fairness across tenants", "Energy and cost", "Serving state", "policy0", "policy2"):
         assert text in out, text
 
@@ -78,7 +78,7 @@ def test_terminal_splits_many_runs_into_tables_that_fit(results):
 def test_markdown_is_a_pr_comment(results, capsys):
     out = run_cli(["report", str(results), "--format", "md", "--slo", "ttft=250ms"], capsys).out
     assert out.startswith("### llmlb report — 3 run(s)")
-    assert "| run | policy | requests |" in out and "<details><summary>All figures</summary>" in out
+    assert "| run | requests |" in out and "<details><summary>All figures</summary>" in out
     # every table row has as many cells as its header
     for block in re.findall(r"(\| .+\|\n\|[:\-|]+\|\n(?:\|.*\|\n)+)", out):
         lines = block.strip().splitlines()
@@ -121,7 +121,7 @@ def test_html_is_self_contained(results, tmp_path, capsys):
     assert text.count("<svg") == 7
     assert not re.search(r"""(src|href)\s*=\s*["'](?!#)""", text), "no external resources"
     assert "<script" not in text
-    assert ">Per tenant<" in text and ">Load: test / p<" in text
+    assert ">Per tenant<" in text and ">Load: p<" in text
 
 
 def test_figure_files_are_deterministic(results, tmp_path, capsys):
@@ -131,7 +131,7 @@ def test_figure_files_are_deterministic(results, tmp_path, capsys):
         run_cli(["report", str(results), "--figures", str(d), "--format", "json", "-o", str(d / "r.json")], capsys)
     names = sorted(p.name for p in a.iterdir() if p.suffix != ".json")
     assert {n.rsplit(".", 1)[1] for n in names} == {"png", "svg", "pdf"} and len(names) == 7 * 3
-    assert "load_test_p.svg" in names and "timeline_policy0.png" in names
+    assert "load_p.svg" in names and "timeline_policy0.png" in names
     for n in names:
         assert (a / n).read_bytes() == (b / n).read_bytes(), n
 

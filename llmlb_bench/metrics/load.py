@@ -1,8 +1,9 @@
 """Stability over load: latency and throughput against offered rate, the knee, maximum goodput.
 
 Runs of one configuration at several offered rates form a curve. A
-configuration is the sweep's (workload, cluster, policy) when run.json
-records ``config.sweep``, else (backend, policy or label). Each point
+configuration is every facet of a run's identity but its load
+(:mod:`llmlb_bench.metrics.identity`: backend, policy, cluster, workload,
+time scale, seed), so only runs that differ in load alone are joined. Each point
 carries the run's figures with their bootstrap intervals, so a plot can
 draw confidence bands. Per curve:
 
@@ -20,6 +21,7 @@ from collections import defaultdict
 from typing import Any, Iterable, Mapping
 
 from llmlb_bench.metrics.goodput import max_goodput
+from llmlb_bench.metrics.identity import LOAD, distinct, without_load
 from llmlb_bench.metrics.knee import kneedle
 
 KNEE_FIGURE = ("e2e", "mean")
@@ -27,12 +29,10 @@ KNEE_FIGURE = ("e2e", "mean")
 POINT_LATENCIES = ("ttft", "tpot", "itl", "e2e")
 
 
-def configuration(summary: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
-    """The name of the curve a run belongs to."""
-    sweep = (meta.get("config") or {}).get("sweep")
-    if isinstance(sweep, Mapping) and sweep.get("policy"):
-        return " / ".join(str(sweep[k]) for k in ("workload", "cluster", "policy") if sweep.get(k))
-    return " / ".join(str(x) for x in (summary.get("backend"), summary.get("policy") or summary.get("label")) if x)
+def configuration(summary: Mapping[str, Any]) -> str:
+    """The key of the curve a run belongs to: every facet of its identity but the load
+    (:func:`llmlb_bench.metrics.identity.without_load`), so a curve joins runs that differ in load alone."""
+    return without_load(summary.get("facets") or {})
 
 
 def _point(s: Mapping[str, Any]) -> dict[str, Any]:
@@ -45,25 +45,28 @@ def _point(s: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def load_curves(summaries: Iterable[Mapping[str, Any]], metas: Mapping[str, Mapping[str, Any]],
-                target: float = 0.9) -> list[dict[str, Any]]:
+def load_curves(summaries: Iterable[Mapping[str, Any]], target: float = 0.9) -> list[dict[str, Any]]:
     """Curves with at least two offered rates, in the order their first run appears.
 
-    ``metas`` maps run ids to their run.json documents. Each curve is
-    ``{name, points (by rate), knee_rate, max_goodput}``.
+    Each summary carries its ``facets`` (:func:`llmlb_bench.metrics.identity.facets`).
+    Each curve is ``{name, points (by rate), knee_rate, max_goodput}``; its
+    name lists the facets (but the load) that set it apart from the other runs.
     """
+    summaries = list(summaries)
     groups: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for s in summaries:
         if s.get("offered_rate") is not None:
-            groups[configuration(s, metas.get(s["run_id"]) or {})].append(s)
+            groups[configuration(s)].append(s)
+    shown = [f for f in distinct(s.get("facets") or {} for s in summaries) if f != LOAD]
     curves = []
-    for name, runs in groups.items():
+    for runs in groups.values():
         if len({s["offered_rate"] for s in runs}) < 2:
             continue
         points = sorted((_point(s) for s in runs), key=lambda p: p["rate"])
         fig, stat = KNEE_FIGURE
+        f = runs[0].get("facets") or {}
         curves.append({
-            "name": name,
+            "name": " · ".join(str(f.get(k)) for k in shown) or str(f.get("policy") or runs[0].get("label")),
             "points": points,
             "knee_figure": f"{fig}.{stat}",
             "knee_rate": kneedle([p["rate"] for p in points], [p[fig].get(stat) for p in points]),

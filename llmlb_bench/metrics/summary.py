@@ -28,6 +28,7 @@ from llmlb_bench.metrics.distribution import Sample, describe
 from llmlb_bench.metrics.energy import energy_and_cost
 from llmlb_bench.metrics.fairness import fairness
 from llmlb_bench.metrics.goodput import offered_rate
+from llmlb_bench.metrics.identity import facets, names
 from llmlb_bench.metrics.latency import latency
 from llmlb_bench.metrics.origin import arrival_runs, lag_threshold_ms, latency_from, wait_kind
 from llmlb_bench.metrics.pacing import pacing
@@ -95,18 +96,20 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
         c = counts[run_id]
         duration = durations[run_id]
         per_s = (lambda x: x / duration) if duration > 0 else (lambda x: None)
+        offered = offered_rate(metas[run_id], c["requests"], c["t0"], c["last_scheduled"])
         s: dict[str, Any] = {
             "run_id": run_id, "label": run["label"], "policy": run["policy"],
             "backend": run["backend"], "status": run["status"],
             "requests": c["requests"], **{st: c[st] for st in STATUSES},
             "duration_s": duration,
-            "offered_rate": offered_rate(metas[run_id], c["requests"], c["t0"], c["last_scheduled"]),
+            "offered_rate": offered,
             "request_throughput": per_s(c["ok"]),
             "output_throughput": per_s(c["output_tokens"]),
             "input_throughput": per_s(c["input_tokens"]),
             "input_tokens": c["input_tokens"], "output_tokens": c["output_tokens"],
             "cached_tokens": c["cached_tokens"], "preemptions": c["preemptions"],
             "definitions": opt.definitions.value,
+            "facets": facets(metas[run_id], offered),
             "latency_from": latency_from(metas[run_id]),
             "wait": _wait(lat.samples.get((run_id, WAIT)), metas[run_id]),
         }
@@ -129,6 +132,9 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
         s["energy"] = energy.get(run_id)
         s["state"] = state.get(run_id)
         out.append(s)
+    named = names({s["run_id"]: s["facets"] for s in out}, {s["run_id"]: s["label"] for s in out})
+    for s in out:
+        s["name"] = named[s["run_id"]]
     return out
 
 

@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.metrics.identity import common
 from llmlb_bench.metrics.load import load_curves
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.summary import Options, metas_of, summarize
+from llmlb_bench.metrics.summary import Options, summarize
 from llmlb_bench.report.notes import run_notes
 from llmlb_bench.store.views import Catalog
 
@@ -47,7 +48,8 @@ def build(cat: Catalog, options: ReportOptions, where: str = "runs") -> dict[str
     return {
         "options": options.to_dict(),
         "runs": runs,
-        "curves": load_curves(runs, metas_of(cat.runs_table), options.target),
+        "curves": load_curves(runs, options.target),
+        "common": common(s["facets"] for s in runs),
         "notes": run_notes(runs),
     }
 

@@ -67,7 +67,8 @@ def interval(fig: str, p: str, scale: float, spec: str) -> Getter:
 
 
 def run_name(s: dict[str, Any]) -> str:
-    return s["label"] or s["run_id"]
+    """The run's name in this report: the facets that set it apart (metrics.identity), else its label."""
+    return s.get("name") or s["label"] or s["run_id"]
 
 
 #: name, unit label, display scale, format of each latency figure
@@ -108,14 +109,13 @@ def comparison(doc: dict[str, Any]) -> Table:
     cols += [("J/tok", scaled(("energy", "j_per_good_token" if with_slo else "j_per_output_token"), 1.0), ",.3f"),
              ("$/M\ngood tok" if with_slo else "$/M\ntok",
               scaled(("energy", "usd_per_m_good_tokens" if with_slo else "usd_per_m_output_tokens"), 1.0), ",.2f")]
-    # the policy column only when it says something the run name does not
-    policy = any((s["policy"] or s["backend"]) != run_name(s) for s in doc["runs"])
-    t = Table("Comparison", ["run"] + (["policy"] if policy else []) + [c[0] for c in cols])
+    t = Table("Comparison", ["run"] + [c[0] for c in cols])
     for s in doc["runs"]:
-        t.rows.append([run_name(s)] + ([s["policy"] or s["backend"] or "-"] if policy else [])
-                      + [fmt(g(s), spec) for _, g, spec in cols])
+        t.rows.append([run_name(s)] + [fmt(g(s), spec) for _, g, spec in cols])
+    notes = [f"all runs: {doc['common']}"] if doc.get("common") else []
     if with_slo:
-        t.note = f"SLO {doc['options']['slo_text']}; J/tok and $/M per SLO-compliant output token"
+        notes.append(f"SLO {doc['options']['slo_text']}; J/tok and $/M per SLO-compliant output token")
+    t.note = "; ".join(notes) or None
     return t
 
 

@@ -1,0 +1,135 @@
+"""What sets a run apart from the others it is compared with, read from run.json.
+
+A run is identified by its **facets**: backend, policy (with its
+arguments), cluster shape (pools of replicas x GPU, model, TP/PP; a replay's
+endpoints), the workload (the trace's generating spec, else the trace file),
+the rate (a sweep's rate or load, or the recorded offered rate), the
+replay's time scale, and the seed. A report names each run by the facets
+whose values differ across the runs it shows (``least_outstanding · seed 2``),
+so three ``least_outstanding`` runs of different backends and fleets are
+told apart, and joins runs into a load curve only when they differ in load
+alone (every facet but the rate equal).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+#: facet order in a name; ``rate`` is the load facet a curve varies
+FACETS = ("policy", "backend", "cluster", "workload", "rate", "time_scale", "seed")
+LOAD = "rate"
+
+
+def _policy(cfg: Mapping[str, Any]) -> str | None:
+    p = cfg.get("policy")
+    if isinstance(p, Mapping):
+        args = p.get("args") or {}
+        extra = ",".join(f"{k}={v}" for k, v in sorted(args.items()))
+        return f"{p.get('name')}({extra})" if extra else p.get("name")
+    return p if isinstance(p, str) else None
+
+
+def _cluster(cfg: Mapping[str, Any]) -> str | None:
+    c = cfg.get("cluster")
+    if isinstance(c, Mapping):
+        pools = c.get("pools") or [c]
+        parts = []
+        for p in pools:
+            par = f" tp{p.get('tp', 1)}" + (f"pp{p['pp']}" if (p.get("pp") or 1) > 1 else "")
+            role = f" {p['role']}" if p.get("role") not in (None, "mixed") else ""
+            parts.append(f"{p.get('replicas')}x{p.get('gpu')} {p.get('model')}{par}{role}")
+        return " + ".join(parts)
+    eps = cfg.get("endpoints")
+    if isinstance(eps, list):
+        models = cfg.get("models")
+        model = f" {'/'.join(sorted(set(map(str, models.values()))))}" if isinstance(models, Mapping) and models else ""
+        return f"{len(eps)} endpoint{'s' if len(eps) != 1 else ''}{model}"
+    return None
+
+
+def _workload(meta: Mapping[str, Any]) -> str | None:
+    cfg = meta.get("config") or {}
+    sweep = cfg.get("sweep")
+    if isinstance(sweep, Mapping) and sweep.get("workload"):
+        return str(sweep["workload"])
+    trace = meta.get("trace") or {}
+    spec = trace.get("spec")
+    if isinstance(spec, Mapping) and spec.get("name"):
+        return str(spec["name"]) + (f"#{trace['sha256'][:6]}" if trace.get("sha256") else "")
+    if trace.get("path"):
+        return Path(str(trace["path"])).stem
+    return None
+
+
+def _rate(meta: Mapping[str, Any], offered: float | None) -> str | None:
+    cfg = meta.get("config") or {}
+    sweep = cfg.get("sweep")
+    if isinstance(sweep, Mapping) and sweep.get("axis") is not None and sweep.get("x") is not None:
+        return f"{sweep['axis']} {sweep['x']:g}"
+    return f"{offered:.4g} req/s" if offered else None
+
+
+def facets(meta: Mapping[str, Any], offered_rate: float | None = None) -> dict[str, str | None]:
+    """Each facet's value for one run (None when run.json does not say)."""
+    cfg = meta.get("config") or {}
+    opts = cfg.get("options") or {}
+    scale = opts.get("time_scale") if isinstance(opts, Mapping) else None
+    seed = cfg.get("seed")
+    sweep = cfg.get("sweep") if isinstance(cfg.get("sweep"), Mapping) else {}
+    return {
+        "policy": _policy(cfg) or meta.get("label"),
+        "backend": meta.get("backend"),
+        "cluster": str(sweep["cluster"]) if sweep.get("cluster") else _cluster(cfg),
+        "workload": _workload(meta),
+        "rate": _rate(meta, offered_rate),
+        "time_scale": None if scale in (None, 1, 1.0) else f"x{scale:g}",
+        "seed": None if seed is None else str(seed),
+    }
+
+
+def _shown(facet: str, value: str | None) -> str:
+    if facet == "policy":
+        return value or "-"
+    return f"{facet.replace('_', ' ')} {value if value is not None else '-'}"
+
+
+def distinct(all_facets: Iterable[Mapping[str, str | None]]) -> list[str]:
+    """The facets whose values differ among these runs, in :data:`FACETS` order."""
+    rows = list(all_facets)
+    return [f for f in FACETS if len({r.get(f) for r in rows}) > 1]
+
+
+def names(runs: Mapping[str, Mapping[str, str | None]], labels: Mapping[str, str]) -> dict[str, str]:
+    """run id -> a name made of the facets that set it apart (``labels`` when nothing does).
+
+    Labels the user gave (``--label``: one per run, none equal to its
+    policy, the default label) are kept as they are. Runs still alike in every facet (repeats under the same settings) get
+    their label, then their run id, so no two names collide.
+    """
+    given = [labels.get(r) for r in runs]
+    if all(given) and len(set(given)) == len(given) and all(labels[r] != f.get("policy") for r, f in runs.items()):
+        return {r: labels[r] for r in runs}          # labels the user chose, one per run: they win
+    keys = distinct(runs.values())
+    out = {r: " · ".join(_shown(k, f.get(k)) for k in keys) if keys else labels.get(r) or r
+           for r, f in runs.items()}
+    dup = Counter(out.values())
+    for r in runs:
+        if dup[out[r]] > 1:
+            out[r] = f"{out[r]} · {labels.get(r) or r}" if keys else r
+    dup = Counter(out.values())
+    return {r: (f"{n} · {r}" if dup[n] > 1 else n) for r, n in out.items()}
+
+
+def without_load(f: Mapping[str, str | None]) -> str:
+    """A key equal for runs that differ in load alone (the configuration of a load curve)."""
+    return json.dumps({k: v for k, v in f.items() if k != LOAD}, sort_keys=True)
+
+
+def common(all_facets: Iterable[Mapping[str, str | None]]) -> str:
+    """What every run shares (``policy round_robin · backend sim · ...``): the context of their names."""
+    rows = list(all_facets)
+    keys = [f for f in FACETS if rows and len({r.get(f) for r in rows}) == 1 and rows[0].get(f) is not None]
+    return " · ".join(f"{k.replace('_', ' ')} {rows[0][k]}" for k in keys)
