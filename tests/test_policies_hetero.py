@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from llmlb_bench.policies import RouteRequest, TargetInfo, View, make_policy
+from llmlb_bench.policies import REJECT, RouteRequest, TargetInfo, View, make_policy
 
 
 def req(i: int = 0) -> RouteRequest:
@@ -49,5 +49,5 @@ def test_pd_pair_picks_the_shortest_queue_in_each_pool():
 def test_pd_pair_reports_a_missing_pool_and_falls_back_to_jsq_without_pools():
     v = View([TargetInfo("x"), TargetInfo("y")], outstanding_requests=[3, 1])
     pol = make_policy("pd_pair")
-    assert pol.choose_pair(req(), v) == (-1, -1)
+    assert pol.choose_pair(req(), v) is REJECT
     assert pol.choose(req(), v) == 1

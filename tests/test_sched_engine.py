@@ -121,7 +121,7 @@ def test_vtc_counters_equal_the_weighted_service_delivered(tmp_path, tiny_kv_cat
         assert rep.preemptions > 0
         vtc = rep.scheduler
         for u in "xyz":
-            rows = [i for i in range(n) if sim.tenant[i] == u]
+            rows = [i for i in range(n) if sim.cols.tenant[i] == u]
             expected = sum(sim.inp[i] + 2 * sim.out[i] for i in rows)
             # lifts only ever add: the counter is the service plus the lifts it received
             assert vtc.counter(u) >= expected

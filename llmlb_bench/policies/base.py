@@ -16,32 +16,51 @@ policy returns the index of the chosen target, and is told when a request it
 routed completes, so that stateful policies (prefix indexes, session maps)
 can keep their own books.
 
-Besides a target index, ``choose`` may return two sentinels, which backends
-must honour:
+Besides a target index, ``choose`` may return one of two :class:`Verdict`
+values (a :data:`Decision` is either):
 
 * :data:`REJECT`: the router refuses the request (admission control). The
   backend never sends it and writes it with status ``"rejected"``; the policy
   gets no ``on_complete`` for it.
 * :data:`HOLD`: the policy keeps the request in its own router-side queue
   (EDF, shortest-predicted-first). After a HOLD and after every completion
-  the backend calls ``release(view)`` until it returns ``None``; each
+  ``release(view)`` is called until it returns ``None``; each
   ``(request, target)`` it returns is dispatched (or, with target
   :data:`REJECT`, written as rejected) exactly as if ``choose`` had returned it.
 
 Disaggregated clusters (targets whose ``TargetInfo.pool`` is ``"prefill"`` or
 ``"decode"``) ask policies that have it for ``choose_pair(req, view) ->
-(prefill_target, decode_target)`` instead of ``choose``.
+(prefill_target, decode_target)`` (or :data:`REJECT`) instead of ``choose``.
+
+Backends never call these hooks themselves: :class:`~llmlb_bench.policies.router.Router`
+drives them (the decision, the HOLD queue, the bounds check, the view's accounting),
+so the protocol is honoured the same way in the simulator, ``llmlb serve`` and the replayer.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Optional, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Final, Literal, Optional, Protocol, Sequence, Union
 
-#: ``choose`` result: refuse the request; the backend writes status "rejected" and never sends it.
-REJECT = -1
-#: ``choose`` result: the policy queued the request; the backend must drain ``release(view)``.
-HOLD = -2
+
+class Verdict(enum.Enum):
+    """What ``choose`` returns when it does not name a target."""
+
+    #: refuse the request; it is written with status "rejected" and never sent
+    REJECT = "reject"
+    #: the policy queued the request; ``release(view)`` hands it out later
+    HOLD = "hold"
+
+
+REJECT: Final = Verdict.REJECT
+HOLD: Final = Verdict.HOLD
+#: a routing decision: the index of a target, :data:`REJECT` or :data:`HOLD`
+Decision = Union[int, Verdict]
+#: what ``release`` hands out: a held request and its target (or :data:`REJECT`)
+Released = tuple["RouteRequest", Union[int, Literal[Verdict.REJECT]]]
+#: what ``choose_pair`` returns: (prefill target, decode target), or :data:`REJECT`
+PairDecision = Union[tuple[int, int], Literal[Verdict.REJECT]]
 
 
 @dataclass(slots=True)
@@ -112,32 +131,33 @@ class View:
         self.outstanding_tokens[i] -= req.input_tokens + req.max_output_tokens
 
 
-class RoutingPolicy(Protocol):
-    """Chooses a target for each request."""
+class Policy(Protocol):
+    """A routing policy: every hook a backend's :class:`~llmlb_bench.policies.router.Router` calls.
 
-    name: ClassVar[str]
-
-    def choose(self, req: RouteRequest, view: View) -> int:
-        """Return the index of the target for ``req``."""
-        ...
-
-    def on_complete(self, req: RouteRequest, target: int, view: View) -> None:
-        """Called when a request routed by this policy ends; stateless policies ignore it."""
-        ...
-
-
-class Policy:
-    """Convenience base: no-op completion hook, empty router queue, parameter description."""
+    Built-in policies subclass it and inherit the defaults (no completion hook,
+    an empty router queue, no ``choose_pair``); a user's class may also just
+    have the same methods (structural typing). Only ``choose`` is required.
+    """
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     #: parameter name -> (default, one-line meaning); used by ``llmlb policies``
     params: ClassVar[dict[str, tuple[Any, str]]] = {}
 
+    def choose(self, req: RouteRequest, view: View) -> Decision:
+        """The target for ``req`` (an index into ``view.targets``), or REJECT, or HOLD."""
+        raise NotImplementedError
+
+    def choose_pair(self, req: RouteRequest, view: View) -> PairDecision:
+        """(prefill target, decode target) on a disaggregated fleet, or REJECT. Policies that
+        cannot pair keep this default; the Router refuses a disaggregated fleet for them."""
+        raise NotImplementedError(f"policy {self.name!r} cannot route a disaggregated cluster")
+
     def on_complete(self, req: RouteRequest, target: int, view: View) -> None:
+        """A request routed to ``target`` ended (any status but router-rejected)."""
         return None
 
-    def release(self, view: View) -> tuple[RouteRequest, int] | None:
+    def release(self, view: View) -> Released | None:
         """Next held request to dispatch and its target (or REJECT); ``None`` when nothing can go now."""
         return None
 

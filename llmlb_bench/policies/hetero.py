@@ -23,7 +23,7 @@ without both pools, ``choose`` is plain JSQ over all targets.
 
 from __future__ import annotations
 
-from llmlb_bench.policies.base import Policy, RouteRequest, View
+from llmlb_bench.policies.base import REJECT, PairDecision, Policy, RouteRequest, View
 from llmlb_bench.policies.select import argmin_healthy
 
 
@@ -99,12 +99,13 @@ class PrefillDecodePair(Policy):
                 best, best_v = i, values[i]
         return best
 
-    def choose_pair(self, req: RouteRequest, view: View) -> tuple[int, int]:
-        """(prefill target, decode target); -1 for a pool with no healthy member."""
+    def choose_pair(self, req: RouteRequest, view: View) -> PairDecision:
+        """(prefill target, decode target); REJECT when a pool has no healthy member."""
         self._tie += 1
         prefill = self._shortest(view.outstanding_requests, view, self.prefill_pool)
         decode_values = view.outstanding_tokens if self.decode_load == "tokens" else view.outstanding_requests
-        return prefill, self._shortest(decode_values, view, self.decode_pool)
+        decode = self._shortest(decode_values, view, self.decode_pool)
+        return REJECT if prefill < 0 or decode < 0 else (prefill, decode)
 
     def choose(self, req: RouteRequest, view: View) -> int:
         self._tie += 1

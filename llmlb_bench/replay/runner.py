@@ -46,8 +46,7 @@ import pyarrow as pa
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.openfiles import raise_open_files_limit
-from llmlb_bench.policies import RouteRequest, TargetInfo, View
-from llmlb_bench.policies.base import HOLD, REJECT
+from llmlb_bench.policies import Policy, PolicyError, RouteRequest, Router, TargetInfo, View
 from llmlb_bench.replay.flight import Flight
 from llmlb_bench.replay.http import Pool, build_request, simple_request
 from llmlb_bench.replay.media import AUDIO_TOKENS_PER_S, image_side, png_data_url, wav_base64
@@ -57,10 +56,11 @@ from llmlb_bench.replay.preflight import Preflight, preflight, request_headers
 from llmlb_bench.replay.prompts import PromptBuilder
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
 from llmlb_bench.replay.rows import RowWriter, write_table
-from llmlb_bench.replay.schedule import INF as _INF, Schedule, TraceColumns
+from llmlb_bench.replay.schedule import INF as _INF, Schedule
 from llmlb_bench.replay.scrape import Signals, parse_metrics
 from llmlb_bench.schema import trace_block_size
 from llmlb_bench.store import RunStore
+from llmlb_bench.trace_columns import TraceColumns
 
 #: the dispatcher stops sleeping this long before a send and polls the loop instead
 _SPIN_S = 0.0015
@@ -127,14 +127,13 @@ def _keep_power(sampler: PowerSampler, run: RunStore, resume: Resume | None) -> 
 class Replayer:
     """One replay run; use :func:`replay`."""
 
-    def __init__(self, trace: pa.Table, pre: Preflight, policy: Any, run: RunStore,
+    def __init__(self, trace: pa.Table, pre: Preflight, policy: Policy, run: RunStore,
                  options: ReplayOptions, resume: Resume | None = None, t0_clock: float | None = None) -> None:
         if options.time_scale <= 0:
             raise UserError("must be positive", "--time-scale")
         self.options = options
         self.pre = pre
         self.policy = policy
-        self._release = getattr(policy, "release", None)
         self.run_store = run
         self.resume = resume
         self.tr = tr = TraceColumns(trace, options.time_scale)
@@ -142,6 +141,8 @@ class Replayer:
         self.view = View(targets=[TargetInfo(name=ep.url) for ep in pre.endpoints],
                          block_size=trace_block_size(trace))
         self.view.healthy[:] = pre.healthy
+        #: the policy in front of the endpoints: decisions, router queue, target check, the view's books
+        self.router: Router[int] = Router(policy, self.view, dispatch=self._launch, reject=self._refused)
         self.names = [ep.url for ep in pre.endpoints]
         self.pools = [Pool(ep, options.timeouts.connect, spare=_SPARE_CONNECTIONS) for ep in pre.endpoints]
         self.path = _API_PATHS[options.api]
@@ -153,7 +154,6 @@ class Replayer:
                                  options.think_s * options.time_scale)
         self.sched = self.schedule.due
         self.flights: set[Flight] = set()
-        self.held: set[int] = set()
         self.connects: set[asyncio.Task[None]] = set()
         self.status = Counter[str]()
         self.lateness: list[float] = []
@@ -173,6 +173,8 @@ class Replayer:
         self._main_task: asyncio.Task[None] | None = None
         self.stopping = False
         self.loop_kind = "asyncio"
+        #: a policy that broke the contract on a callback (see :meth:`_drain`); raised when the run ends
+        self.policy_error: PolicyError | None = None
 
     # -- event loop and signals ---------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -204,6 +206,8 @@ class Replayer:
             loop.close()
             self.writer.close()
         summary = self._summary(_cpu_seconds() - cpu0)
+        if self.policy_error is not None:
+            raise self.policy_error
         if self.interrupted:
             raise KeyboardInterrupt("replay interrupted")
         return summary
@@ -302,36 +306,31 @@ class Replayer:
         # the self-check: how late the client itself handled the request (connection setup,
         # which also sits between scheduled_s and sent_s, belongs to the network, not the client)
         self.lateness.append(perf_counter() - self.t0 - self.sched[idx])
-        req = RouteRequest(request_id=tr.rid[idx], arrival_s=self.sched[idx], input_tokens=tr.inp[idx],
-                           max_output_tokens=tr.out[idx], tenant=tr.tenant[idx],
-                           session_id=tr.session[idx], priority=tr.priority[idx],
-                           slo_class=tr.slo[idx], prefix_hashes=tr.hashes(idx))
-        self.view.now = perf_counter() - self.t0
-        choice = self.policy.choose(req, self.view)
-        if choice == HOLD:
-            self.held.add(idx)
-            self._drain_released()
-        else:
-            self._launch(idx, req, choice)
+        req = tr.route_request(idx, self.sched[idx])
+        try:
+            self.router.route(idx, req, perf_counter() - self.t0)
+        except PolicyError as exc:   # ends the run (raised out of the dispatcher); the row is written first
+            if req.request_id not in self.router.held:
+                self._write_row(idx, None, "error", exc.problem)
+            raise
 
-    def _drain_released(self) -> None:
-        if self._release is None or self.stopping:
-            return
-        while self.held:
-            nxt = self._release(self.view)
-            if nxt is None:
-                return
-            req, target = nxt
-            idx = self.schedule.index[req.request_id]
-            self.held.discard(idx)
-            self._launch(idx, req, target)
+    def _drain(self) -> None:
+        """Release what the policy lets go; on a callback, so a broken policy stops the run from here."""
+        try:
+            self.router.drain()
+        except PolicyError as exc:
+            if self.policy_error is None:
+                self.policy_error = exc
+            if self._main_task is not None:
+                self._main_task.cancel()
 
-    def _launch(self, idx: int, req: RouteRequest, target: int) -> None:
-        if target == REJECT:
-            self._write_row(idx, None, "rejected", "rejected by the routing policy")
-            self._after_end(idx)
-            return
-        self.view.on_dispatch(target, req)
+    def _refused(self, idx: int, req: RouteRequest, why: str) -> None:
+        self._write_row(idx, None, "rejected", why)
+        self._after_end(idx)
+
+    def _launch(self, idx: int, req: RouteRequest, target: int, _decode: int = -1) -> None:
+        """The router sent row ``idx`` to endpoint ``target``."""
+        self.router.sent(target, req)
         f = Flight(idx, req, target, self._request_bytes(idx, target), self.sched[idx], self)
         self.flights.add(f)
         self._attempt(f, fresh=False)
@@ -514,8 +513,7 @@ class Replayer:
         if status == "ok" and f.first is not None and f.sent is not None:
             self.recent_ttft.append(f.first - f.sent)
         self.view.now = now - self.t0
-        self.view.on_finish(f.target, f.route)
-        self.policy.on_complete(f.route, f.target, self.view)
+        self.router.complete(f.target, f.route, drain=False)
         self._after_end(f.idx)
 
     def _after_end(self, idx: int) -> None:
@@ -523,16 +521,15 @@ class Replayer:
         self.last_end = end
         if self.schedule.ended(idx, end) and self._wake is not None and not self._wake.done():
             self._wake.set_result(None)  # a dependent may be due before the dispatcher's next wake-up
-        if self.held:
-            self._drain_released()
+        if self.router.held and not self.stopping:
+            self._drain()
         self._check_done()
 
     def _check_done(self) -> None:
         if self.dispatch_done and not self.flights:
-            if self.held:  # the policy still holds requests nothing will release
-                for idx in sorted(self.held):
-                    self._write_row(idx, None, "rejected", "held by the routing policy when the run ended")
-                self.held.clear()
+            # the policy still holds requests nothing will release
+            for idx in sorted(self.router.take_held()):
+                self._write_row(idx, None, "rejected", "held by the routing policy when the run ended")
             if self._all_done is not None and not self._all_done.done():
                 self._all_done.set_result(None)
 
@@ -569,9 +566,8 @@ class Replayer:
             task.cancel()
         for f in list(self.flights):
             self.finished(f, "error", INTERRUPTED, now)
-        for idx in sorted(self.held):
+        for idx in sorted(self.router.take_held()):
             self._write_row(idx, None, "not_sent", None)
-        self.held.clear()
         for idx in self.schedule.untaken():
             self._write_row(idx, None, "not_sent", None)
         for pool in self.pools:

@@ -18,55 +18,10 @@ the next request costs O(log n).
 from __future__ import annotations
 
 import heapq
-from typing import Any
 
-import numpy as np
-import pyarrow as pa
+from llmlb_bench.trace_columns import TraceColumns
 
 INF = float("inf")
-
-
-class TraceColumns:
-    """The trace as plain Python lists (fast per-request access on the event loop)."""
-
-    def __init__(self, table: pa.Table, scale: float) -> None:
-        col = table.column
-        self.n = table.num_rows
-        self.rid: list[int] = col("request_id").to_pylist()
-        self.due: list[float] = [a * scale for a in col("arrival_s").to_pylist()]
-        self.inp: list[int] = col("input_tokens").to_pylist()
-        self.out: list[int] = col("output_tokens").to_pylist()
-        self.tenant = _strings(table, "tenant", "default")
-        self.slo = _strings(table, "slo_class", "default")
-        self.session = _values(table, "session_id", None)
-        self.priority = _values(table, "priority", 0)
-        self.parent = _values(table, "parent_id", None)
-        self.after = [(a or 0.0) * scale for a in _values(table, "after_parent_s", 0.0)]
-        self.images: list[int] = _values(table, "images", 0)
-        self.image_tokens: list[int] = _values(table, "image_tokens", 0)
-        self.audio_s: list[float] = _values(table, "audio_s", 0.0)
-        if "prefix_hashes" in table.column_names:
-            arr = table.column("prefix_hashes").combine_chunks()
-            self._offsets = np.asarray(arr.offsets)
-            self._hashes = np.asarray(arr.values.to_numpy(zero_copy_only=False), dtype=np.uint64)
-        else:
-            self._offsets = np.zeros(self.n + 1, dtype=np.int64)
-            self._hashes = np.zeros(0, dtype=np.uint64)
-
-    def hashes(self, i: int) -> list[int]:
-        return self._hashes[self._offsets[i]:self._offsets[i + 1]].tolist()
-
-
-def _strings(table: pa.Table, name: str, default: str) -> list[str]:
-    if name not in table.column_names:
-        return [default] * table.num_rows
-    return [v if v is not None else default for v in table.column(name).cast(pa.string()).to_pylist()]
-
-
-def _values(table: pa.Table, name: str, default: Any) -> list[Any]:
-    if name not in table.column_names:
-        return [default] * table.num_rows
-    return [v if v is not None else default for v in table.column(name).to_pylist()]
 
 
 class Schedule:
@@ -76,22 +31,23 @@ class Schedule:
         self.tr = tr
         self.users = users
         self.think_s = think_s
-        self.index = {rid: i for i, rid in enumerate(tr.rid)}
         #: scheduled time of each row (a dependent's is fixed when its parent ends)
-        self.due = list(tr.due)
+        self.due = list(tr.arrival)
         #: rows handed out (or skipped because a resumed run already has them)
         self.taken = [rid in skip for rid in tr.rid]
+        #: parent row -> its dependent rows (open loop only; a parent a resumed run already has releases nothing)
         self._children: dict[int, list[int]] = {}
         roots = []
+        parents = tr.parent_rows().tolist() if users is None else [-1] * tr.n
         for i in range(tr.n):
             if self.taken[i]:
                 continue
-            parent = tr.parent[i] if users is None else None
-            if parent is not None and parent in self.index and not self.taken[self.index[parent]]:
+            parent = parents[i]
+            if parent >= 0 and not self.taken[parent]:
                 self._children.setdefault(parent, []).append(i)
             else:
                 roots.append(i)
-        roots.sort(key=lambda i: (tr.due[i], i))
+        roots.sort(key=lambda i: (self.due[i], i))
         self._roots = roots
         self._pos = 0
         self._ready: list[tuple[float, int]] = []
@@ -138,7 +94,7 @@ class Schedule:
             heapq.heappush(self._ready, (self.due[nxt], nxt))
             self.waiting -= 1
             return True
-        kids = self._children.pop(self.tr.rid[idx], None)
+        kids = self._children.pop(idx, None)
         if not kids:
             return False
         for c in kids:

@@ -43,9 +43,10 @@ from llmlb_bench.replay.preflight import Preflight
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
 from llmlb_bench.replay.rows import write_table
 from llmlb_bench.replay.runner import Replayer, client_summary, send_figures
-from llmlb_bench.replay.schedule import Schedule, TraceColumns
+from llmlb_bench.replay.schedule import Schedule
 from llmlb_bench.schema import REQUESTS, SERIES, read_table
 from llmlb_bench.store import ParquetSink, RunStore
+from llmlb_bench.trace_columns import TraceColumns
 
 
 def shares(table: pa.Table, n: int, closed_loop: bool) -> list[list[int]]:

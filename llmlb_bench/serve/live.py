@@ -26,9 +26,10 @@ times equal those of a batch simulation of the same arrivals.
 
 Routing: with one port per replica each port feeds its own replica; with one
 port in front of all of them a routing policy (the same objects as in the
-simulator and the replayer) chooses, with the same :class:`~llmlb_bench.policies.View`
-accounting as the batch simulator (own counts, fresh waiting/running/KV
-signals, exact prefix-cache contents, ``HOLD`` and ``REJECT``).
+simulator and the replayer) chooses through the same
+:class:`~llmlb_bench.policies.Router` as the batch simulator (``HOLD`` and
+``REJECT``, the target check, the view's own counts), with fresh
+waiting/running/KV signals and exact prefix-cache contents.
 """
 
 from __future__ import annotations
@@ -41,8 +42,7 @@ from time import perf_counter
 from typing import Any, Callable, Protocol, Sequence
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.policies import RouteRequest
-from llmlb_bench.policies.base import HOLD, REJECT
+from llmlb_bench.policies import Decision, Policy, PolicyError, RouteRequest, Router, View
 from llmlb_bench.serve.metrics import LATENESS_BUCKETS, EngineMetrics, Histogram
 from llmlb_bench.sim.config import ClusterConfig
 from llmlb_bench.sim.fleet import Fleet
@@ -144,6 +144,16 @@ class _ReplicaState:
         self.metrics = metrics
 
 
+class _PortPerReplica(Policy):
+    """The router of per-port mode: each port feeds its own replica, so nothing is chosen;
+    the :class:`Router` only keeps the view's books."""
+
+    name = "port_per_replica"
+
+    def choose(self, req: RouteRequest, view: View) -> Decision:
+        raise PolicyError("per-port mode routes nothing: each port feeds its own replica")
+
+
 def hash_block_size(cfg: ClusterConfig) -> int:
     """Tokens per prompt hash block: the smallest engine block size (the others must be multiples)."""
     return min(p.block_size for p in cfg.pool_configs())
@@ -152,7 +162,7 @@ def hash_block_size(cfg: ClusterConfig) -> int:
 class LiveFleet:
     """The simulated fleet on a real clock; see the module docstring."""
 
-    def __init__(self, cfg: ClusterConfig, *, speed: float = 1.0, policy: Any = None, seed: int = 0,
+    def __init__(self, cfg: ClusterConfig, *, speed: float = 1.0, policy: Policy | None = None, seed: int = 0,
                  clock: Callable[[], float] = perf_counter) -> None:
         if cfg.disaggregated or cfg.autoscale is not None or cfg.failures or cfg.mtbf_s is not None:
             raise UserError("llmlb serve runs mixed pools only (no disaggregation, autoscaling or failures)",
@@ -177,7 +187,8 @@ class LiveFleet:
         self.origin = clock()
         self._now = 0.0
         self._seq = 0
-        self.held: dict[int, LiveRequest] = {}
+        self.router: Router[LiveRequest] = Router(policy if policy is not None else _PortPerReplica(), self.view,
+                                                  dispatch=self._routed, reject=self._refused)
         #: requests the router refused
         self.rejected = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -214,19 +225,14 @@ class LiveFleet:
                                           sub.tenant, None, sub.priority, "default", sub.hashes)
         if sub.target is not None:
             self._dispatch(live, sub.target, t)
-            return live
-        view = self.view
-        view.now = t
-        i = self.policy.choose(route, view)
-        if i == HOLD:
-            self.held[route.request_id] = live
-            self._release_held(t)
-        elif i == REJECT:
-            self._reject(live, f"rejected by the router ({getattr(self.policy, 'name', '')})")
         else:
-            self._check_target(i)
-            self._dispatch(live, i, t)
+            self.router.route(live, route, t)
         return live
+
+    @property
+    def held(self) -> dict[int, LiveRequest]:
+        """Requests the policy holds in its router queue, by request id."""
+        return self.router.held
 
     def cancel(self, live: LiveRequest) -> None:
         """The client went away: drop the request (a running one leaves at the end of the current step)."""
@@ -248,18 +254,28 @@ class LiveFleet:
             self._ended(st, req, t)
         self._arm(st)
 
-    def _check_target(self, i: Any) -> None:
-        n = len(self.replicas)
-        if not (isinstance(i, int) and 0 <= i < n):
-            raise RuntimeError(f"policy {getattr(self.policy, 'name', self.policy)!r} chose target {i!r}; "
-                               f"there are {n} targets")
+    def _routed(self, live: LiveRequest, route: RouteRequest, i: int, _decode: int) -> None:
+        """The router chose replica ``i`` (at once, or on releasing the request from its queue)."""
+        if live.aborted:              # held, and the client left: the policy counted it as sent, so
+            live.done = True          # close its books at once
+            self.router.sent(i, route)
+            self.router.complete(i, route, drain=False)
+            return
+        self._dispatch(live, i, self._now)
+
+    def _refused(self, live: LiveRequest, route: RouteRequest, message: str) -> None:
+        if live.aborted:
+            live.done = True
+        else:
+            self._reject(live, message)
 
     def _dispatch(self, live: LiveRequest, i: int, t: float) -> None:
         st = self.states[i]
         rep = st.rep
         self._advance(st, t)
         sub = live.sub
-        self.view.on_dispatch(i, live.route)
+        assert live.route is not None
+        self.router.sent(i, live.route)
         hashes = None
         if rep.cache is not None and sub.hashes:
             stride = rep.hash_stride
@@ -279,27 +295,6 @@ class LiveFleet:
         live.done = True
         self.rejected += 1
         live.client.on_reject(live, message)
-
-    def _release_held(self, t: float) -> None:
-        """Dispatch what the policy releases from its router-side queue."""
-        while self.held:
-            item = self.policy.release(self.view)
-            if item is None:
-                return
-            route, i = item
-            live = self.held.pop(route.request_id)
-            if live.aborted:
-                live.done = True
-                if i != REJECT:       # the policy counted it as sent: close its books at once
-                    self.view.on_dispatch(i, route)
-                    self.view.on_finish(i, route)
-                    self.policy.on_complete(route, i, self.view)
-            elif i == REJECT:
-                self._reject(live, "dropped by the router queue")
-            else:
-                self._check_target(i)
-                route.arrival_s = live.arrival_s
-                self._dispatch(live, i, t)
 
     # ---- advancing a replica ------------------------------------------------------------------------
 
@@ -321,10 +316,8 @@ class LiveFleet:
         live = st.live.pop(req)
         st.streams.pop(req, None)
         live.done = True
-        i = live.target
-        self.view.on_finish(i, live.route)
-        if self.policy is not None:
-            self.policy.on_complete(live.route, i, self.view)
+        assert live.route is not None
+        self.router.complete(live.target, live.route, drain=False)
         made = req.generated
         if made:
             live.segments = token_segments(st.rep.timeline.runs, req.spans)
@@ -337,8 +330,8 @@ class LiveFleet:
             self._writes += 1
         if self.on_end is not None:
             self.on_end(live)
-        if self.held:
-            self._release_held(self._now)
+        if self.router.held:
+            self.router.drain()
 
     def _signals(self, i: int, t: float) -> None:
         rep = self.replicas[i]

@@ -20,9 +20,10 @@ KV-usage signals at each of its boundaries and at each dispatch (so
 ``signal_time`` is always now) or, with ``signal_refresh_s`` > 0, only when a
 scraper would read them (at multiples of the interval, all replicas at once,
 as of that instant: routers then act on stale signals, as real ones do),
-publishes exact prefix-cache contents through ``View.cached_prefix``, and
-honours the policy's ``REJECT`` and ``HOLD`` answers (draining ``release``
-after every hold and completion).
+publishes exact prefix-cache contents through ``View.cached_prefix``. The
+decisions themselves, the router queue (``HOLD`` / ``release``), ``REJECT``,
+the target check and the view's books go through the one
+:class:`~llmlb_bench.policies.Router`, as in ``llmlb serve`` and the replayer.
 """
 
 from __future__ import annotations
@@ -38,8 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.policies import RouteRequest
-from llmlb_bench.policies.base import HOLD, REJECT
+from llmlb_bench.policies import Policy, RouteRequest, Router
 from llmlb_bench.schema import TRACE, trace_block_size
 from llmlb_bench.sim.autoscale import AutoscaleSpec, PoolStatus
 from llmlb_bench.sim.config import ClusterConfig
@@ -47,6 +47,7 @@ from llmlb_bench.sim.fleet import Fleet
 from llmlb_bench.sim.replica import Replica, Request
 from llmlb_bench.sim.results import RequestRecorder
 from llmlb_bench.sim.series import SeriesSampler
+from llmlb_bench.trace_columns import TraceColumns
 
 # kinds of timed deliveries
 _ARRIVE, _KV_ARRIVE, _FAIL, _RECOVER, _SCALE, _READY, _EXPERTS = 0, 1, 2, 3, 4, 5, 6
@@ -68,53 +69,32 @@ class _Unread:
 _UNREAD = _Unread()
 
 
-def _strings(col: pa.ChunkedArray, default: str) -> list[str]:
-    """A dictionary/string column as Python strings, decoding each distinct value once."""
-    arr = col.combine_chunks()
-    if pa.types.is_dictionary(arr.type):
-        values = arr.dictionary.to_pylist() + [default]
-        return [values[i] for i in arr.indices.fill_null(len(values) - 1).to_numpy(zero_copy_only=False).tolist()]
-    return arr.fill_null(default).to_pylist()
-
-
 class Simulation:
     """One simulated run; see :func:`simulate`."""
 
-    def __init__(self, trace: pa.Table, cfg: ClusterConfig, policy: Any, run: Any, seed: int) -> None:
+    def __init__(self, trace: pa.Table, cfg: ClusterConfig, policy: Policy, run: Any, seed: int) -> None:
         self.cfg = cfg
         self.policy = policy
         self.seed = seed
         self.rng = np.random.default_rng(seed)
         trace = TRACE.conform(trace, "trace")
         self.trace = trace
-        n = self.n = trace.num_rows
-        hcol = trace.column("prefix_hashes").combine_chunks()
-        has_hashes = hcol.null_count < n and len(hcol.flatten()) > 0
-        self.fleet = Fleet(cfg, trace_block_size(trace), has_hashes, seed)
+        self.n = trace.num_rows
+        self.cols = cols = TraceColumns(trace)
+        self.fleet = Fleet(cfg, trace_block_size(trace), cols.has_hashes, seed)
         self.replicas = self.fleet.replicas
         self.view = self.fleet.view
-        # trace columns as Python lists: indexing them is the fastest per-request access
-        self.rid = trace.column("request_id").to_numpy().tolist()
-        self.arrival = trace.column("arrival_s").to_numpy().astype(np.float64)
-        self.inp = trace.column("input_tokens").to_numpy().tolist()
-        self.out = trace.column("output_tokens").to_numpy().tolist()
-        self.tenant = _strings(trace.column("tenant"), "default")
-        self.slo = _strings(trace.column("slo_class"), "default")
-        self.prio = trace.column("priority").fill_null(0).to_numpy().tolist()
-        scol = trace.column("session_id")
-        self.session = scol.fill_null(-1).to_numpy().tolist() if scol.null_count < n else None
-        if has_hashes:
-            self._hoff = hcol.offsets.to_numpy()
-            self._hval = hcol.flatten().to_numpy()
-        else:
-            self._hoff = None
+        self._disagg = cfg.disaggregated
+        self.router: Router[int] = Router(policy, self.view, dispatch=self._dispatch, reject=self._rejected,
+                                          on_release=self._released, disaggregated=self._disagg)
+        self.rid, self.inp, self.out = cols.rid, cols.inp, cols.out
         # per row: when the request reached the router (after its parent, for dependents) and
         # when it was first sent to a target (None: not yet); plain lists are fastest per item
-        self.scheduled: list[float] = self.arrival.tolist()
-        self.sent: list[float | None] = [None] * n
-        self.children, independent = self._dependencies(trace)
-        self.order = independent[np.lexsort((trace.column("request_id").to_numpy()[independent],
-                                             self.arrival[independent]))].tolist()
+        self.scheduled: list[float] = list(cols.arrival)
+        self.sent: list[float | None] = [None] * self.n
+        self.children, independent = cols.dependencies()
+        self.order = independent[np.lexsort((np.asarray(cols.rid)[independent],
+                                             cols.arrival_np[independent]))].tolist()
         self.recorder = RequestRecorder(trace, run.requests, self.replicas, self.scheduled, self.sent,
                                         cfg.token_times)
         self.sampler = SeriesSampler(run.series, self.replicas, cfg.series_interval_s)
@@ -124,13 +104,9 @@ class Simulation:
         self._seq = itertools.count()   # tie-breaker of equal times: insertion order
         self._work = 0                   # pending deliveries other than life-cycle events
         self._k = 0                      # independent arrivals routed so far
-        self.held: dict[int, int] = {}   # request_id -> row, requests the policy holds
+        self._now = 0.0                  # the time of the event being handled
         self.events = 0
         self.retries = 0
-        self._disagg = cfg.disaggregated
-        if self._disagg and not hasattr(policy, "choose_pair"):
-            raise UserError(f"policy {getattr(policy, 'name', policy)!r} cannot route a disaggregated cluster "
-                            f"(it has no choose_pair); try pd_pair", "--policy")
         # scraped signals: written at every event when fresh; else only by _scrape, every signal_refresh_s
         self._refresh = cfg.signal_refresh_s
         view = self.view
@@ -147,23 +123,6 @@ class Simulation:
                 self._deliver(load.next_change, _EXPERTS, load)
 
     # ---- setup ------------------------------------------------------------------------------------
-
-    def _dependencies(self, trace: pa.Table) -> tuple[dict[int, list[int]], np.ndarray]:
-        """Children per parent row, and the rows that arrive on their own."""
-        parent = trace.column("parent_id")
-        if parent.null_count == self.n:
-            return {}, np.arange(self.n)
-        ids = trace.column("request_id").to_numpy()
-        sorter = np.argsort(ids, kind="stable")
-        pid = parent.fill_null(-1).to_numpy()
-        pos = np.clip(np.searchsorted(ids, pid, sorter=sorter), 0, self.n - 1)
-        prow = sorter[pos]
-        linked = (pid >= 0) & (ids[prow] == pid) & (prow != np.arange(self.n))
-        self.after = trace.column("after_parent_s").fill_null(0.0).to_numpy()
-        children: dict[int, list[int]] = {}
-        for child, par in zip(np.nonzero(linked)[0].tolist(), prow[linked].tolist()):
-            children.setdefault(par, []).append(child)
-        return children, np.nonzero(~linked)[0]
 
     def _schedule_failures(self) -> None:
         cfg = self.cfg
@@ -187,7 +146,7 @@ class Simulation:
 
     def run(self) -> float:
         replicas, boundaries, deliveries = self.replicas, self.boundaries, self.deliveries
-        arrival, order, sampler = self.arrival.tolist(), self.order, self.sampler
+        arrival, order, sampler = self.cols.arrival, self.order, self.sampler
         v_waiting, v_running, v_kv, v_time = self._sig
         inf = math.inf
         next_scrape = 0.0 if self._refresh > 0 else inf
@@ -204,7 +163,7 @@ class Simulation:
             td = deliveries[0][0] if deliveries else inf
             if ta == inf and tb == inf and not self._work:
                 break                    # only failures of an idle, finished cluster remain
-            now = ta if ta <= td and ta <= tb else (td if td <= tb else tb)
+            now = self._now = ta if ta <= td and ta <= tb else (td if td <= tb else tb)
             if now >= sampler.next_t:
                 sampler.sample_until(now)
             if now >= next_scrape:
@@ -254,7 +213,7 @@ class Simulation:
                 v_time[i] = now
         self.events = events
         end = max([now] + [r.t for r in replicas])
-        for _, _, row in sorted((self.scheduled[r], self.rid[r], r) for r in self.held.values()):
+        for _, _, row in sorted((self.scheduled[r], self.rid[r], r) for r in self.router.take_held()):
             self._end_unrouted(row, "not_sent", "held by the router until the end of the run")
         return float(end)
 
@@ -264,60 +223,27 @@ class Simulation:
         """A request reaches the router at ``t`` (first time, after its parent, or as a retry)."""
         if self.sent[row] is None:
             self.scheduled[row] = t
-        sess = self.session[row] if self.session is not None else -1
-        hashes: Sequence[int] = ()
-        if self._hoff is not None:
-            hashes = self._hval[self._hoff[row]:self._hoff[row + 1]].tolist()
-        route = RouteRequest(self.rid[row], t, self.inp[row], self.out[row], self.tenant[row],
-                             None if sess < 0 else sess, self.prio[row], self.slo[row], hashes)
-        view = self.view
-        view.now = t
+        route = self.cols.route_request(row, t)
         if self._disagg:
-            p, d = self.policy.choose_pair(route, view)
-            if p < 0 or d < 0:
-                self._end_unrouted(row, "rejected", "no healthy prefill or decode target")
-                return
-            self._check_target(p)
-            self._check_target(d)
-            self._dispatch(row, route, p, t, decode_target=d)
-            return
-        i = self.policy.choose(route, view)
-        if i == HOLD:
-            self.held[route.request_id] = row
-            self._release_held(t)
-        elif i == REJECT:
-            self._end_unrouted(row, "rejected", f"rejected by the router ({getattr(self.policy, 'name', '')})")
+            self.router.route_pair(row, route, t)
         else:
-            self._check_target(i)
-            self._dispatch(row, route, i, t)
+            self.router.route(row, route, t)
 
-    def _check_target(self, i: Any) -> None:
-        n = len(self.replicas)
-        if not (isinstance(i, int) and 0 <= i < n):
-            raise UserError(f"policy {getattr(self.policy, 'name', self.policy)!r} chose target {i!r}; "
-                            f"there are {n} targets (0..{n - 1})", "--policy")
+    def _rejected(self, row: int, route: RouteRequest, why: str) -> None:
+        self._end_unrouted(row, "rejected", why)
 
-    def _release_held(self, t: float) -> None:
-        """Dispatch what the policy releases from its router-side queue."""
-        while self.held:
-            item = self.policy.release(self.view)
-            if item is None:
-                return
-            route, i = item
-            row = self.held.pop(route.request_id)
-            if i == REJECT:
-                self._end_unrouted(row, "rejected", "dropped by the router queue")
-            else:
-                self._check_target(i)
-                route.arrival_s = self.scheduled[row]
-                self._dispatch(row, route, i, t)
+    def _released(self, row: int, route: RouteRequest) -> None:
+        route.arrival_s = self.scheduled[row]   # a held retry is released with its first arrival
 
-    def _dispatch(self, row: int, route: RouteRequest, i: int, t: float, decode_target: int = -1) -> None:
-        view = self.view
-        view.on_dispatch(i, route)
+    def _dispatch(self, row: int, route: RouteRequest, i: int, decode_target: int = -1) -> None:
+        """The router sent row ``row`` to replica ``i`` (and, disaggregated, its decode to ``decode_target``)."""
+        t = self._now
+        router = self.router
+        router.sent(i, route)
         if self.sent[row] is None:
             self.sent[row] = t
         rep = self.replicas[i]
+        view = self.view
         error = self._admission_error(row, i)
         if error is None and not view.healthy[i]:
             error = f"target {rep.name} is " + ("down" if rep.down else "not in service (starting or removed)")
@@ -325,11 +251,10 @@ class Simulation:
                 self.inp[row] + self.out[row] - 1):
             error = f"needs more KV blocks than decode target {self.replicas[decode_target].name} has"
         if error is not None:
-            view.on_finish(i, route)
-            self.policy.on_complete(route, i, view)
+            router.complete(i, route, drain=False)
             self.recorder.ended(row, rep.name, "rejected" if view.healthy[i] else "error", error)
             self._release_children(row, t)
-            self._release_held(t)
+            router.drain()
             return
         hashes = None
         if rep.cache is not None and route.prefix_hashes:
@@ -371,26 +296,25 @@ class Simulation:
     # ---- completions ------------------------------------------------------------------------------------
 
     def _done(self, req: Request, t: float) -> None:
-        view = self.view
-        i = req.target
-        view.on_finish(i, req.route)
+        router = self.router
         if req.stop < req.out:
+            router.left(req.target, req.route)
             self._hand_over(req, t)
             return
-        self.policy.on_complete(req.route, i, view)
+        router.complete(req.target, req.route, drain=False)
         self.recorder.finished(req)
         if self.children:
             if req.hashes is not None:
                 self._cache_reply(req)
             self._release_children(req.row, t)
-        if self.held:
-            self._release_held(t)
+        if router.held:
+            router.drain()
 
     def _hand_over(self, req: Request, t: float) -> None:
         """Prefill done on a prefill replica: ship the KV cache to the decode replica."""
         cfg = self.cfg
         p, d = req.target, req.decode_target
-        self.view.on_dispatch(d, req.route)
+        self.router.sent(d, req.route)
         prefill = self.replicas[p]
         nbytes = req.prompt * prefill.cost.model.kv_bytes_per_token
         prefill.link_free_at = max(t, prefill.link_free_at) + nbytes / (cfg.kv_link_gb_s * 1e9)
@@ -407,7 +331,6 @@ class Simulation:
     def _kv_arrive(self, req: Request, t: float) -> None:
         rep = self.replicas[req.decode_target]
         if not self.view.healthy[rep.index]:
-            self.view.on_finish(rep.index, req.route)
             self._lose(req, t, f"decode target {rep.name} is down")
             return
         self._push(rep, rep.enqueue(req, t))
@@ -428,7 +351,7 @@ class Simulation:
             return
         stride = rep.hash_stride
         for child in self.children.get(req.row, ()):
-            hashes = self._hval[self._hoff[child]:self._hoff[child + 1]].tolist()
+            hashes = self.cols.hashes(child)
             if stride > 1:
                 hashes = hashes[stride - 1::stride]
             if len(hashes) >= upto and hashes[:own] == req.hashes[:own]:
@@ -438,7 +361,7 @@ class Simulation:
 
     def _release_children(self, row: int, t: float) -> None:
         for child in self.children.get(row, ()):
-            self._deliver(max(self.scheduled[child], t + float(self.after[child])), _ARRIVE, child)
+            self._deliver(max(self.scheduled[child], t + self.cols.after[child]), _ARRIVE, child)
 
     def _end_unrouted(self, row: int, status: str, error: str) -> None:
         self.recorder.ended(row, None, status, error)
@@ -480,7 +403,6 @@ class Simulation:
         self.fleet.refresh_health(rep)
         rep.failures += 1
         for req in rep.drain(t):
-            self.view.on_finish(i, req.route)
             self._lose(req, t, f"replica {rep.name} failed")
         self._signals(rep, t)
         if down < 0:
@@ -489,7 +411,7 @@ class Simulation:
 
     def _lose(self, req: Request, t: float, error: str) -> None:
         """A request lost with its replica: retried through the router, or reported as an error."""
-        self.policy.on_complete(req.route, req.target, self.view)
+        self.router.complete(req.target, req.route, drain=False)
         if self.cfg.on_failure == "retry":
             self.retries += 1
             self._deliver(t, _ARRIVE, req.row)
@@ -505,7 +427,7 @@ class Simulation:
         self._signals(rep, t)
         if self.cfg.mtbf_s is not None and rep.retired_at is None:
             self._deliver(t + float(self.rng.exponential(self.cfg.mtbf_s)), _FAIL, (i, -1.0))
-        self._release_held(t)
+        self.router.drain()
 
     def _scale(self, t: float) -> None:
         """An autoscaling decision: grow or shrink pools toward the autoscaler's sizes."""
@@ -528,7 +450,7 @@ class Simulation:
                 self._shrink(st, -change, t)
         if self.events_pending():
             self._deliver(t + self.autoscale.interval_s, _SCALE, None)
-        self._release_held(t)
+        self.router.drain()
 
     def _shrink(self, st: PoolStatus, k: int, t: float) -> None:
         """Remove ``k`` replicas: starting ones first (newest first), then the ready ones with the
@@ -548,7 +470,7 @@ class Simulation:
         if rep.starting:
             rep.starting = False
             self.fleet.refresh_health(rep)
-            self._release_held(t)
+            self.router.drain()
 
     def events_pending(self) -> bool:
         """Whether anything but life-cycle events is left to simulate."""
@@ -609,7 +531,7 @@ def _expert_summary(load: Any, end: float) -> dict[str, Any]:
             "mean_slowdown": sum(f * w for (_, f), w in zip(hist, spans)) / end if end > 0 else hist[0][1]}
 
 
-def simulate(trace: pa.Table, cfg: ClusterConfig, policy: Any, run: Any, seed: int = 0) -> dict[str, Any]:
+def simulate(trace: pa.Table, cfg: ClusterConfig, policy: Policy, run: Any, seed: int = 0) -> dict[str, Any]:
     """Simulate ``trace`` on the cluster ``cfg`` routed by ``policy``; stream rows into ``run``.
 
     ``run`` has ``.requests`` and ``.series`` sinks (a :class:`~llmlb_bench.store.RunStore`).

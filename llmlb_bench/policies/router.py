@@ -1,0 +1,187 @@
+"""The one router every backend calls: decisions, the HOLD queue, bounds checks, the view's books.
+
+A :class:`~llmlb_bench.policies.base.Policy` only answers questions. What a
+router *does* with the answers is the same in the simulator
+(:mod:`llmlb_bench.sim.engine`), ``llmlb serve`` (:mod:`llmlb_bench.serve.live`)
+and the replayer (:mod:`llmlb_bench.replay.runner`), so it lives here once:
+
+* :meth:`Router.route` asks ``choose`` and acts on the :data:`Decision`: a
+  target is bounds-checked (a bad one raises :class:`PolicyError`, in every
+  backend) and handed to the backend's ``dispatch`` callback; REJECT goes to
+  its ``reject`` callback; HOLD keeps the backend's item in the router queue
+  and drains ``release``. :meth:`Router.route_pair` is the same for
+  disaggregated fleets (``choose_pair``).
+* :meth:`Router.drain` hands out what the policy releases (after a HOLD, a
+  completion, a replica coming back ...).
+* :meth:`Router.sent`, :meth:`Router.left` and :meth:`Router.complete` keep the
+  view's own accounting (outstanding requests and tokens) and call
+  ``on_complete``; the backend calls them at the moment a request really
+  leaves for a target and really ends there.
+
+The backend's *item* is whatever it needs to find the request again (a trace
+row, a live request, an ``asyncio.Future`` in a proxy); the router only
+stores it while the policy holds the request. Use from an aiohttp handler::
+
+    router = Router(policy, view, dispatch=lambda fut, req, i, _d: fut.set_result(i),
+                    reject=lambda fut, req, why: fut.set_result(why))
+    fut = loop.create_future()
+    router.route(fut, req)          # resolves at once, or later when the policy releases it
+    outcome = await fut             # an int target: router.sent(i, req), proxy, then router.complete(i, req)
+
+A target out of range raises :class:`PolicyError` (a user's policy broke the
+contract: the run stops with that one line, in every backend); a request whose
+release was refused stays in :attr:`Router.held`, so the backend still writes its row.
+
+Callbacks may re-enter the router (a dispatch that fails at once may
+``complete`` and so ``drain`` again); the held item is removed before its
+callback runs, so each held request is handed out exactly once.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Generic, TypeVar
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.policies.base import HOLD, REJECT, Decision, Policy, Released, RouteRequest, View
+
+Item = TypeVar("Item")
+
+#: ``dispatch(item, request, target, decode_target)``: send the request to ``target``
+#: (``decode_target`` >= 0 only for a disaggregated pair)
+Dispatch = Callable[[Item, RouteRequest, int, int], None]
+#: ``reject(item, request, reason)``: the router refused the request; write it as "rejected"
+Reject = Callable[[Item, RouteRequest, str], None]
+
+
+class PolicyError(UserError):
+    """A policy broke its contract (a target out of range, no ``choose_pair`` for a disaggregated fleet)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem, "--policy")
+
+
+def _nothing_held(view: View) -> Released | None:
+    return None
+
+
+def _ignore(req: RouteRequest, target: int, view: View) -> None:
+    return None
+
+
+def can_pair(policy: Policy) -> bool:
+    """Whether the policy has its own ``choose_pair`` (the protocol's default only raises)."""
+    own = getattr(type(policy), "choose_pair", None)
+    return own is not None and own is not Policy.choose_pair
+
+
+class Router(Generic[Item]):
+    """A policy in front of a backend; see the module docstring."""
+
+    __slots__ = ("policy", "view", "held", "_dispatch", "_reject", "_on_release", "_choose", "_release",
+                 "_on_complete", "_name")
+
+    def __init__(self, policy: Policy, view: View, *, dispatch: Dispatch[Item], reject: Reject[Item],
+                 on_release: Callable[[Item, RouteRequest], None] | None = None,
+                 disaggregated: bool = False) -> None:
+        """``on_release(item, request)`` runs just before a held request is dispatched (the simulator
+        gives it back its first arrival time). ``disaggregated``: the fleet has prefill and decode
+        pools, so requests go through :meth:`route_pair`; a policy without ``choose_pair`` is refused."""
+        if disaggregated and not can_pair(policy):
+            raise PolicyError(f"policy {getattr(policy, 'name', policy)!r} cannot route a disaggregated "
+                              f"cluster (it has no choose_pair); try pd_pair")
+        self.policy = policy
+        self.view = view
+        #: request_id -> the backend's item, for requests the policy holds
+        self.held: dict[int, Item] = {}
+        self._dispatch = dispatch
+        self._reject = reject
+        self._on_release = on_release
+        # the hooks, bound once; a policy that only has ``choose`` gets the protocol's defaults
+        self._choose = policy.choose
+        self._release: Callable[[View], Released | None] = getattr(policy, "release", _nothing_held)
+        self._on_complete: Callable[[RouteRequest, int, View], None] = getattr(policy, "on_complete", _ignore)
+        self._name = getattr(policy, "name", "") or type(policy).__name__
+
+    # ---- decisions ------------------------------------------------------------------------------
+
+    def route(self, item: Item, req: RouteRequest, now: float) -> Decision:
+        """Ask the policy for ``req`` at time ``now`` and act on the answer; returns the decision."""
+        view = self.view
+        view.now = now
+        d = self._choose(req, view)
+        if isinstance(d, int) and 0 <= d < len(view.targets):
+            self._dispatch(item, req, d, -1)
+        elif d is HOLD:
+            self.held[req.request_id] = item
+            self.drain()
+        elif d is REJECT:
+            self._reject(item, req, f"rejected by the router ({self._name})")
+        else:
+            raise self._out_of_range(d)
+        return d
+
+    def route_pair(self, item: Item, req: RouteRequest, now: float) -> Decision:
+        """:meth:`route` for a disaggregated fleet: ``choose_pair`` names a prefill and a decode target."""
+        view = self.view
+        view.now = now
+        pair = self.policy.choose_pair(req, view)
+        if pair is REJECT:
+            self._reject(item, req, "no healthy prefill or decode target")
+            return REJECT
+        p, d = pair
+        self.check(p)
+        self.check(d)
+        self._dispatch(item, req, p, d)
+        return p
+
+    def drain(self) -> None:
+        """Dispatch (or reject) what the policy releases from its queue until it releases nothing."""
+        held = self.held
+        release = self._release
+        while held:
+            item_ = release(self.view)
+            if item_ is None:
+                return
+            req, target = item_
+            if target is not REJECT:
+                self.check(target)    # before the pop: a refused release stays held, so it still gets its row
+            item = held.pop(req.request_id)
+            if target is REJECT:
+                self._reject(item, req, "dropped by the router queue")
+                continue
+            if self._on_release is not None:
+                self._on_release(item, req)
+            self._dispatch(item, req, target, -1)
+
+    def take_held(self) -> list[Item]:
+        """Empty the router queue (the run ended while the policy still held these); the caller writes them."""
+        items = list(self.held.values())
+        self.held.clear()
+        return items
+
+    def check(self, target: object) -> None:
+        """Raise :class:`PolicyError` unless ``target`` indexes a target of the view."""
+        if not (isinstance(target, int) and 0 <= target < len(self.view.targets)):
+            raise self._out_of_range(target)
+
+    def _out_of_range(self, target: object) -> PolicyError:
+        n = len(self.view.targets)
+        return PolicyError(f"policy {self._name!r} chose target {target!r}; there are {n} targets (0..{n - 1})")
+
+    # ---- the view's own accounting --------------------------------------------------------------
+
+    def sent(self, target: int, req: RouteRequest) -> None:
+        """``req`` left for ``target`` (or, disaggregated, its next phase began there)."""
+        self.view.on_dispatch(target, req)
+
+    def left(self, target: int, req: RouteRequest) -> None:
+        """``req`` ended at ``target`` but goes on elsewhere (a prefill handed over to its decode target)."""
+        self.view.on_finish(target, req)
+
+    def complete(self, target: int, req: RouteRequest, drain: bool = True) -> None:
+        """``req`` ended at ``target`` (any status): close the books, tell the policy, and (unless the
+        caller drains later itself) release what the policy now lets go."""
+        self.view.on_finish(target, req)
+        self._on_complete(req, target, self.view)
+        if drain and self.held:
+            self.drain()

@@ -1,0 +1,135 @@
+"""A trace's columns as plain Python lists: read once, indexed per request by the simulator and the replayer.
+
+Both backends handle one request at a time on a hot loop, where indexing a
+Python list is the fastest per-row access there is. This is the one place
+that turns a trace table into those lists, builds the
+:class:`~llmlb_bench.policies.RouteRequest` a router sees
+(:meth:`TraceColumns.route_request`), and links dependent requests to their
+parents (:meth:`TraceColumns.dependencies`).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from llmlb_bench.policies.base import RouteRequest
+
+
+def _strings(col: pa.ChunkedArray, default: str) -> list[str]:
+    """A dictionary/string column as Python strings, decoding each distinct value once."""
+    arr = col.combine_chunks()
+    if pa.types.is_dictionary(arr.type):
+        values = arr.dictionary.to_pylist() + [default]
+        return [values[i] for i in arr.indices.fill_null(len(values) - 1).to_numpy(zero_copy_only=False).tolist()]
+    return arr.fill_null(default).to_pylist()
+
+
+class TraceColumns:
+    """The trace's columns; ``scale`` multiplies its times (the replayer's ``--time-scale``)."""
+
+    def __init__(self, table: pa.Table, scale: float = 1.0) -> None:
+        self.table = table
+        self.n = n = table.num_rows
+        self.rid: list[int] = self._ints("request_id", 0)
+        arrival = self._col("arrival_s")
+        self.arrival_np: np.ndarray = arrival.to_numpy().astype(np.float64) if arrival is not None else np.zeros(n)
+        if scale != 1.0:
+            self.arrival_np = self.arrival_np * scale
+        #: when each request is due, seconds from the start (scaled)
+        self.arrival: list[float] = self.arrival_np.tolist()
+        self.inp: list[int] = self._ints("input_tokens", 0)
+        self.out: list[int] = self._ints("output_tokens", 0)
+        self.tenant = self._str("tenant", "default")
+        self.slo = self._str("slo_class", "default")
+        self.priority: list[int] = self._ints("priority", 0)
+        scol = self._col("session_id")
+        self.session: list[int | None] = ([None] * n if scol is None or scol.null_count == n
+                                          else scol.to_pylist())
+        hcol = self._col("prefix_hashes")
+        arr = hcol.combine_chunks() if hcol is not None else None
+        #: whether any row names prefix-cache blocks
+        self.has_hashes = arr is not None and arr.null_count < n and len(arr.flatten()) > 0
+        if arr is not None and self.has_hashes:
+            self.hash_offsets = np.asarray(arr.offsets)
+            self.hash_values = np.asarray(arr.values.to_numpy(zero_copy_only=False), dtype=np.uint64)
+        else:
+            self.hash_offsets = np.zeros(n + 1, dtype=np.int64)
+            self.hash_values = np.zeros(0, dtype=np.uint64)
+        self._scale = scale
+
+    # ---- columns ----------------------------------------------------------------------------------
+
+    def _col(self, name: str) -> pa.ChunkedArray | None:
+        return self.table.column(name) if name in self.table.column_names else None
+
+    def _ints(self, name: str, default: int) -> list[int]:
+        col = self._col(name)
+        if col is None:
+            return [default] * self.n
+        return col.fill_null(default).to_numpy().tolist()
+
+    def _str(self, name: str, default: str) -> list[str]:
+        col = self._col(name)
+        return [default] * self.n if col is None else _strings(col, default)
+
+    def _values(self, name: str, default: Any) -> list[Any]:
+        col = self._col(name)
+        if col is None:
+            return [default] * self.n
+        return col.fill_null(default).to_pylist()
+
+    @cached_property
+    def after(self) -> list[float]:
+        """``after_parent_s`` per row (scaled; 0 where none)."""
+        return [a * self._scale for a in self._values("after_parent_s", 0.0)]
+
+    @cached_property
+    def images(self) -> list[int]:
+        return self._values("images", 0)
+
+    @cached_property
+    def image_tokens(self) -> list[int]:
+        return self._values("image_tokens", 0)
+
+    @cached_property
+    def audio_s(self) -> list[float]:
+        return self._values("audio_s", 0.0)
+
+    def hashes(self, i: int) -> list[int]:
+        """Row ``i``'s prefix-cache block hashes."""
+        return self.hash_values[self.hash_offsets[i]:self.hash_offsets[i + 1]].tolist()
+
+    # ---- requests ---------------------------------------------------------------------------------
+
+    def route_request(self, i: int, arrival_s: float) -> RouteRequest:
+        """What a router knows about row ``i`` when it reaches the router at ``arrival_s``."""
+        return RouteRequest(self.rid[i], arrival_s, self.inp[i], self.out[i], self.tenant[i], self.session[i],
+                            self.priority[i], self.slo[i], self.hashes(i) if self.has_hashes else ())
+
+    def parent_rows(self) -> np.ndarray:
+        """Per row, the row of its parent (``parent_id`` naming another row of the trace), else -1."""
+        n = self.n
+        parent = self._col("parent_id")
+        if parent is None or parent.null_count == n:
+            return np.full(n, -1, dtype=np.int64)
+        ids = np.asarray(self.rid, dtype=np.int64)
+        sorter = np.argsort(ids, kind="stable")
+        pid = parent.fill_null(-1).to_numpy()
+        pos = np.clip(np.searchsorted(ids, pid, sorter=sorter), 0, n - 1)
+        prow = sorter[pos]
+        linked = (pid >= 0) & (ids[prow] == pid) & (prow != np.arange(n))
+        return np.where(linked, prow, -1)
+
+    def dependencies(self) -> tuple[dict[int, list[int]], np.ndarray]:
+        """Children rows per parent row (each released when its parent ends), and the rows that
+        arrive on their own."""
+        prow = self.parent_rows()
+        linked = prow >= 0
+        children: dict[int, list[int]] = {}
+        for child, par in zip(np.nonzero(linked)[0].tolist(), prow[linked].tolist()):
+            children.setdefault(par, []).append(child)
+        return children, np.nonzero(~linked)[0]
