@@ -10,8 +10,9 @@ import textwrap
 import pyarrow.parquet as pq
 import pytest
 
-from llmlb_bench.schema import REQUESTS, read_table
+from llmlb_bench.schema import REQUESTS
 from llmlb_bench.store import ParquetSink, RunStore
+from llmlb_bench.store.parts import read_parts, table_files
 from llmlb_bench.store.views import Catalog
 
 
@@ -26,9 +27,10 @@ def test_sink_flushes_row_groups_by_size(tmp_path):
     sink.write(_rows(60, 60))
     assert sink.rows_written == 120
     sink.close()
-    pf = pq.ParquetFile(tmp_path / "r.parquet")
-    assert pf.metadata.num_rows == 120
-    assert read_table(tmp_path / "r.parquet", REQUESTS).column("run_id").to_pylist() == ["x"] * 120
+    assert [f.name for f in table_files(tmp_path / "r.parquet")] == ["part-00000.parquet"]  # one flush, one part
+    assert pq.ParquetFile(tmp_path / "r.parquet" / "part-00000.parquet").metadata.num_row_groups == 2
+    assert pq.read_table(tmp_path / "r.parquet").num_rows == 120  # a part folder reads as one table
+    assert read_parts(tmp_path / "r.parquet", REQUESTS).column("run_id").to_pylist() == ["x"] * 120
 
 
 def test_sink_flushes_by_time(tmp_path):
@@ -53,7 +55,7 @@ def test_run_that_raises_keeps_flushed_rows_and_is_partial(tmp_path):
     meta = json.loads((tmp_path / "boom" / "run.json").read_text())
     assert meta["status"] == "partial"
     assert meta["reason"] == "RuntimeError: simulated crash"
-    table = read_table(tmp_path / "boom" / "requests.parquet", REQUESTS)
+    table = read_parts(tmp_path / "boom" / "requests.parquet", REQUESTS)
     assert table.num_rows == 25  # close() flushed the buffered tail too
     cat = Catalog([tmp_path])
     assert cat.query("select status from runs").column(0).to_pylist() == ["partial"]
@@ -75,7 +77,7 @@ def test_sigterm_marks_run_partial_in_a_real_process(tmp_path):
     assert proc.returncode != 0
     meta = json.loads((tmp_path / "term" / "run.json").read_text())
     assert meta["status"] == "partial" and meta["reason"] == "interrupted"
-    assert pq.ParquetFile(tmp_path / "term" / "requests.parquet").metadata.num_rows == 8
+    assert pq.read_table(tmp_path / "term" / "requests.parquet").num_rows == 8
 
 
 def test_killed_run_is_listed_as_broken_not_fatal(tmp_path):

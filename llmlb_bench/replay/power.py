@@ -49,10 +49,11 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.schema import REQUESTS, read_table
+from llmlb_bench.schema import REQUESTS, SERIES
+from llmlb_bench.store.parts import read_parts, replace_table
+from llmlb_bench.store.run import REQUESTS_FILE, SERIES_FILE
 
 #: the target name of a domain that several endpoints share
 FLEET = "fleet"
@@ -341,18 +342,17 @@ def _spread(start: float, end: float, tokens: float, t: np.ndarray) -> tuple[np.
 def join_energy(run_dir: Path, domains: Sequence[tuple[str, Sequence[str]]], keep_ids: set[int]) -> dict[str, Any]:
     """Fill ``energy_j`` of a closed run's requests.parquet from its series.parquet (rows whose
     request id is in ``keep_ids`` keep theirs); returns the energy summary for run.json."""
-    req_path = run_dir / "requests.parquet"
-    requests = read_table(req_path, REQUESTS)
-    series = pq.read_table(run_dir / "series.parquet", columns=["t_s", "target", "power_w"])
+    req_path = run_dir / REQUESTS_FILE
+    requests = read_parts(req_path, REQUESTS)
+    series = read_parts(run_dir / SERIES_FILE, SERIES).select(["t_s", "target", "power_w"])
     energy, per_domain = attribute(series, requests, domains)
     keep = np.isin(np.asarray(requests.column("request_id")), np.fromiter(keep_ids, dtype=np.int64))
     old = _floats(requests, "energy_j")
     energy = np.where(keep, old, energy)
     column = pa.array(energy, pa.float64(), mask=np.isnan(energy))
     table = requests.set_column(requests.schema.get_field_index("energy_j"), "energy_j", column)
-    tmp = req_path.with_name(".requests.parquet.tmp")
-    pq.write_table(table.cast(REQUESTS.schema.with_metadata(REQUESTS.metadata())), tmp, compression="zstd")
-    tmp.replace(req_path)
+    schema = REQUESTS.schema.with_metadata(REQUESTS.metadata())
+    replace_table(req_path, [table.cast(schema)], schema, compression="zstd")
     total = sum(d["energy_j"] for d in per_domain.values())
     idle = sum(d["idle_j"] for d in per_domain.values())
     return {"energy_j": total, "attributed_j": float(np.nansum(energy[~keep])), "idle_j": idle,

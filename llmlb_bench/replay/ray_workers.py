@@ -60,8 +60,9 @@ from llmlb_bench.replay.preflight import Preflight
 from llmlb_bench.replay.resume import Resume
 from llmlb_bench.replay.runner import Replayer
 from llmlb_bench.replay.workers import WorkerOutcome, PartStore, merge_outcomes, plan_workers
-from llmlb_bench.schema import REQUESTS, SERIES, read_table
+from llmlb_bench.schema import REQUESTS, SERIES
 from llmlb_bench.store import RunStore
+from llmlb_bench.store.parts import read_parts
 from llmlb_bench.store.sink import rows_table
 
 #: the common start lies this far ahead of the moment the parent sends it, so that every actor has it
@@ -152,7 +153,7 @@ class ReplayActor:
             part.close()
         try:
             return {"requests": _to_ipc(tap.take()),
-                    "series": _to_ipc(read_table(part.series.path, SERIES)),
+                    "series": _to_ipc(read_parts(part.series.path, SERIES)),
                     "summary": part.summary, "interrupted": interrupted,
                     "lateness": np.asarray(replayer.lateness, dtype=float), "t0_wall_s": t0_own}
         finally:

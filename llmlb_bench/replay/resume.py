@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.schema import REQUESTS, read_table
+from llmlb_bench.schema import REQUESTS
+from llmlb_bench.store.parts import read_parts
 from llmlb_bench.store.run import REQUESTS_FILE, RUN_JSON, file_sha256
 
 #: ``error`` text of a request that was in flight when the run was interrupted
@@ -68,7 +69,7 @@ def prepare_resume(run_dir: str | Path, trace_path: str | Path) -> Resume:
     recorded = (meta.get("trace") or {}).get("sha256")
     if recorded and recorded != file_sha256(trace_path):
         raise UserError(f"the run replayed a different trace than {trace_path}", run_dir)
-    table = read_table(run_dir / REQUESTS_FILE, REQUESTS)
+    table = read_parts(run_dir / REQUESTS_FILE, REQUESTS)
     status = table.column("status")
     interrupted = pc.fill_null(pc.equal(table.column("error"), INTERRUPTED), False)
     keep = pc.and_(pc.not_equal(status, "not_sent"), pc.invert(interrupted))

@@ -44,8 +44,9 @@ from llmlb_bench.replay.resume import INTERRUPTED, Resume
 from llmlb_bench.replay.rows import write_table
 from llmlb_bench.replay.runner import Replayer, client_summary, send_figures
 from llmlb_bench.replay.schedule import Schedule
-from llmlb_bench.schema import REQUESTS, SERIES, read_table
+from llmlb_bench.schema import REQUESTS, SERIES
 from llmlb_bench.store import ParquetSink, RunStore
+from llmlb_bench.store.parts import read_parts, table_files
 from llmlb_bench.trace_columns import TraceColumns
 
 
@@ -234,14 +235,14 @@ class WorkerOutcome:
 def _read_part(folder: Path) -> WorkerOutcome:
     """A worker process's part folder (what a killed worker managed to write, too)."""
     out = WorkerOutcome()
-    if (folder / "requests.parquet").exists():
+    if table_files(folder / "requests.parquet"):  # a killed worker's flushed parts are whole files
         try:
-            out.requests = read_table(folder / "requests.parquet", REQUESTS)
-        except UserError:  # a worker killed before closing its file
+            out.requests = read_parts(folder / "requests.parquet", REQUESTS)
+        except UserError:
             pass
-    if (folder / "series.parquet").exists():
+    if table_files(folder / "series.parquet"):
         try:
-            out.series = read_table(folder / "series.parquet", SERIES)
+            out.series = read_parts(folder / "series.parquet", SERIES)
         except UserError:
             pass
     if (folder / "summary.json").exists():

@@ -8,19 +8,26 @@ are closed in every case, so whatever was flushed stays readable.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
 import json
 import os
 import platform
 import secrets
+import shutil
+import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from llmlb_bench import __version__
+from llmlb_bench.errors import UserError
+from llmlb_bench.names import MAX_LEN, check_name, to_name
+from llmlb_bench.redact import redact_argv, redact_tree
 from llmlb_bench.schema import REQUESTS, SERIES, TRACE
 from llmlb_bench.store.sink import ParquetSink
 
@@ -32,8 +39,7 @@ SERIES_FILE = "series.parquet"
 def new_run_id(label: str = "run") -> str:
     """A sortable, unique run id: ``<label>-<UTC time>-<4 hex>``."""
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in label) or "run"
-    return f"{safe}-{stamp}-{secrets.token_hex(2)}"
+    return f"{to_name(label, limit=MAX_LEN - 24)}-{stamp}-{secrets.token_hex(2)}"
 
 
 def file_sha256(path: str | Path) -> str:
@@ -68,8 +74,33 @@ def write_text_atomic(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _stored_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """run.json as written: every string redacted, the command line option-aware (``--api-key X``)."""
+    doc = redact_tree(dict(meta))
+    doc["argv"] = redact_argv(meta.get("argv") or [])
+    return doc
+
+
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM back for the block (on the main thread; elsewhere they cannot be
+    handled anyway), then raise the KeyboardInterrupt one of them asked for, if any."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    saved = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+    if caught:
+        raise KeyboardInterrupt(f"signal {caught[0]}")
 
 
 class RunStore:
@@ -87,7 +118,7 @@ class RunStore:
                  label: str = "run", run_id: str | None = None, trace_path: str | Path | None = None,
                  trace_rows: int | None = None, trace_spec: Mapping[str, Any] | None = None,
                  rows_per_group: int = 65536, flush_s: float = 2.0) -> None:
-        self.run_id = run_id or new_run_id(label)
+        self.run_id = check_name(run_id, "--run-id") if run_id is not None else new_run_id(label)
         self.dir = Path(results_dir) / self.run_id
         self.summary: dict[str, Any] = {}
         #: called with this store once its Parquet files are closed, before run.json is written
@@ -121,8 +152,9 @@ class RunStore:
     def __enter__(self) -> "RunStore":
         if self.dir.exists():
             raise FileExistsError(f"run folder already exists: {self.dir}")
+        self._made_results = not self.dir.parent.exists()
         self.dir.mkdir(parents=True)
-        write_json_atomic(self.dir / RUN_JSON, self.meta)
+        write_json_atomic(self.dir / RUN_JSON, _stored_meta(self.meta))
         const = {"run_id": self.run_id}
         self.requests = ParquetSink(self.dir / REQUESTS_FILE, REQUESTS, constants=const,
                                     rows_per_group=self._rows_per_group, flush_s=self._flush_s)
@@ -132,10 +164,23 @@ class RunStore:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        with signals_deferred():  # a second Ctrl-C must not cut the writing of run.json short
+            self._finish(exc_type, exc)
+
+    def _finish(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
         try:
             self.requests.close()
         finally:
             self.series.close()
+        if exc_type is not None and issubclass(exc_type, UserError) and self.requests.rows_written == 0 \
+                and self.series.rows_written == 0:
+            # bad input found once the run had started (e.g. no Ray cluster at --address) and before
+            # anything was done: like every refused command, it leaves nothing behind
+            shutil.rmtree(self.dir, ignore_errors=True)
+            if self._made_results:
+                with contextlib.suppress(OSError):
+                    self.dir.parent.rmdir()  # only when empty
+            return
         for finalize in self.finalizers:
             finalize(self)
         if exc_type is None:
@@ -149,4 +194,4 @@ class RunStore:
         self.meta["finished_utc"] = _now()
         self.meta["rows"] = {"requests": self.requests.rows_written, "series": self.series.rows_written}
         self.meta["summary"] = self.summary
-        write_json_atomic(self.dir / RUN_JSON, self.meta)
+        write_json_atomic(self.dir / RUN_JSON, _stored_meta(self.meta))

@@ -1,11 +1,12 @@
 """Streaming Parquet sink.
 
 Rows arrive while a run is in flight. They are buffered as columns and
-flushed as one Parquet row group when the buffer holds ``rows_per_group``
-rows or ``flush_s`` seconds have passed since the last flush, so an
-interrupted run keeps all but its last few seconds. ``close()`` writes the
-Parquet footer; the run store calls it on success *and* on failure, which is
-what keeps flushed rows readable after an exception, Ctrl-C or SIGTERM.
+flushed when the buffer holds ``rows_per_group`` rows or ``flush_s`` seconds
+have passed since the last flush. Each flush writes one complete Parquet part
+file into the sink's folder (:mod:`llmlb_bench.store.parts`: temporary name,
+fsync, rename), so a run killed at any instant — SIGKILL and power loss
+included, where no ``finally`` runs — keeps every row flushed before it: at
+most the last ``flush_s`` seconds of finished rows are lost.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from typing import Any, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from llmlb_bench.redact import redact_array
 from llmlb_bench.schema import TableSpec
+from llmlb_bench.store.parts import replace_table, table_files, write_part
+
+#: at close, a folder of more parts than this whose mean part is under half a row group
+#: (a long, slow replay flushing every 2 s) is compacted into one part
+COMPACT_PARTS = 16
 
 
 def rows_table(spec: TableSpec, columns: Mapping[str, Sequence[Any] | pa.Array],
@@ -40,7 +47,7 @@ def rows_table(spec: TableSpec, columns: Mapping[str, Sequence[Any] | pa.Array],
 
 
 class ParquetSink:
-    """Append rows of one :class:`TableSpec` to a Parquet file in row groups."""
+    """Append rows of one :class:`TableSpec` to a part folder (``path``), one part per flush."""
 
     def __init__(self, path: str | Path, spec: TableSpec, *, rows_per_group: int = 65536,
                  flush_s: float = 2.0, constants: Mapping[str, Any] | None = None,
@@ -62,8 +69,10 @@ class ParquetSink:
         schema = spec.schema
         strings = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_dictionary(f.type)]
         flat = [f.name for f in schema if not pa.types.is_nested(f.type)]
-        self._writer = pq.ParquetWriter(self.path, schema.with_metadata(spec.metadata()), compression="zstd",
-                                        use_dictionary=strings, write_statistics=flat)
+        self._schema = schema.with_metadata(spec.metadata())
+        self._options = {"compression": "zstd", "use_dictionary": strings, "write_statistics": flat}
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._parts = len(table_files(self.path))
         self.rows_written = 0
         self.closed = False
 
@@ -84,27 +93,38 @@ class ParquetSink:
             self.write({k: [r.get(k) for r in rows] for k in names})
 
     def _append(self, table: pa.Table) -> None:
+        i = table.schema.get_field_index("error")
+        if i >= 0:  # outside text (a server's error body) is stored only redacted
+            table = table.set_column(i, table.field(i), redact_array(table.column(i)))
         self._pending.append(table)
         self._pending_rows += table.num_rows
         if self._pending_rows >= self.rows_per_group or self._clock() - self._last_flush >= self.flush_s:
             self.flush()
 
     def flush(self) -> None:
-        """Write what is buffered as row groups now."""
+        """Write what is buffered as one complete part file now."""
         if self._pending_rows:
-            table = pa.concat_tables(self._pending)
-            self._writer.write_table(table, row_group_size=self.rows_per_group)
-            self.rows_written += table.num_rows
+            self._write_part(self._pending)
+            self.rows_written += self._pending_rows
         self._pending.clear()
         self._pending_rows = 0
         self._last_flush = self._clock()
 
+    def _write_part(self, tables: list[pa.Table]) -> None:
+        write_part(self.path, self._parts, tables, self._schema, row_group_size=self.rows_per_group,
+                   **self._options)
+        self._parts += 1
+
     def close(self) -> None:
-        """Flush and write the footer; safe to call twice."""
+        """Flush; a folder with no part gets an empty one (the schema); many small parts are
+        compacted into one. Safe to call twice."""
         if self.closed:
             return
-        try:
-            self.flush()
-        finally:
-            self._writer.close()
-            self.closed = True
+        self.closed = True
+        self.flush()
+        if self._parts == 0:
+            self._write_part([])
+        elif self._parts > COMPACT_PARTS and self.rows_written < self._parts * self.rows_per_group // 2:
+            files = table_files(self.path)
+            replace_table(self.path, (pq.read_table(f) for f in files), self._schema,
+                          row_group_size=self.rows_per_group, **self._options)

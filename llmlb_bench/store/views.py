@@ -5,22 +5,34 @@
 ``runs`` is a small table built from each ``run.json``, flattened to the
 columns people filter on, with the full document kept as JSON in ``meta``.
 
-A run whose Parquet footer is missing (the process was killed with
-SIGKILL before it could close its files) cannot be read; it is listed in
-``runs`` with status ``broken`` and left out of the other views.
+Each run's tables are part folders (:mod:`llmlb_bench.store.parts`); a run
+killed with SIGKILL keeps its flushed parts and is read like any other. A run
+with an unreadable part (a damaged file, or a pre-part-folder file without its
+footer) is listed in ``runs`` with status ``broken`` and left out of the others.
+
+User SQL (``llmlb query``) runs on a *confined* catalog: its views read Arrow
+datasets opened here, and the DuckDB connection has file-system access off
+(``enable_external_access=false``: no file path reaches DuckDB at all, so no
+``COPY ... TO``, ``read_text``, ``ATTACH`` or ``EXPORT DATABASE``),
+extension install and autoload off, and its configuration locked
+(``lock_configuration=true``, set last, after the views exist). What a
+statement can do is bounded by the connection, not by reading the SQL.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
 import duckdb
 import pyarrow as pa
+import pyarrow.dataset as pads
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.schema import REQUESTS, SERIES, TableSpec, open_parquet
+from llmlb_bench.store.parts import table_files
 from llmlb_bench.store.run import REQUESTS_FILE, RUN_JSON, SERIES_FILE
 
 RUNS_SCHEMA = pa.schema(
@@ -33,8 +45,15 @@ RUNS_SCHEMA = pa.schema(
     ]
 )
 
-#: Statement types ``llmlb query`` accepts: it is a read-only interface.
-READ_ONLY = {"SELECT", "EXPLAIN"}
+#: Statement types ``llmlb query`` accepts (a second fence: the confined connection is the first)
+READ_ONLY = {"SELECT", "EXPLAIN SELECT"}
+
+_EXPLAINED = re.compile(r"\s*explain\s+(?:analy[sz]e\s+)?(.*)", re.IGNORECASE | re.DOTALL)
+
+#: DuckDB settings of a confined connection given when it opens; ``enable_external_access`` and
+#: ``lock_configuration`` are set after the views exist (registering Arrow data needs neither)
+CONFINED_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+                   "allow_community_extensions": False, "allow_unsigned_extensions": False}
 
 
 def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
@@ -64,14 +83,17 @@ def load_run_meta(run_dir: Path) -> dict[str, Any]:
     return meta
 
 
-def _readable(path: Path, spec: TableSpec) -> bool:
-    if not path.is_file():
-        return False
+def _readable(path: Path, spec: TableSpec) -> list[Path] | None:
+    """The part files of the table at ``path`` when every one opens as ``spec``, else None."""
+    files = table_files(path)
+    if not files:
+        return None
     try:
-        open_parquet(path, spec)
-        return True
+        for f in files:
+            open_parquet(f, spec)
     except UserError:
-        return False
+        return None
+    return files
 
 
 def _runs_row(meta: dict[str, Any], run_dir: Path, broken: bool) -> dict[str, Any]:
@@ -92,28 +114,41 @@ def _runs_row(meta: dict[str, Any], run_dir: Path, broken: bool) -> dict[str, An
 
 
 class Catalog:
-    """An in-memory DuckDB connection with the three views registered."""
+    """An in-memory DuckDB connection with the three views registered.
 
-    def __init__(self, paths: Iterable[str | Path]) -> None:
+    ``confined=True`` for SQL a user wrote (see the module docstring); the package's own metric
+    queries use the default connection, which reads the Parquet files natively."""
+
+    def __init__(self, paths: Iterable[str | Path], *, confined: bool = False) -> None:
         self.run_dirs = find_run_dirs(paths)
-        self.con = duckdb.connect(":memory:")
+        self.confined = confined
+        self.con = duckdb.connect(":memory:", config=CONFINED_CONFIG if confined else {})
         rows, req_files, ser_files = [], [], []
         for d in self.run_dirs:
             meta = load_run_meta(d)
-            req_ok = _readable(d / REQUESTS_FILE, REQUESTS)
-            rows.append(_runs_row(meta, d, broken=not req_ok))
-            if req_ok:
-                req_files.append(str(d / REQUESTS_FILE))
-                if _readable(d / SERIES_FILE, SERIES):
-                    ser_files.append(str(d / SERIES_FILE))
+            req = _readable(d / REQUESTS_FILE, REQUESTS)
+            rows.append(_runs_row(meta, d, broken=req is None))
+            if req is not None:
+                req_files.extend(str(f) for f in req)
+                ser_files.extend(str(f) for f in _readable(d / SERIES_FILE, SERIES) or [])
         self.runs_table = pa.Table.from_pylist(rows, schema=RUNS_SCHEMA)
         self.con.register("_runs", self.runs_table)
         self.con.execute("CREATE VIEW runs AS SELECT * FROM _runs")
         self._parquet_view("requests", req_files, REQUESTS)
         self._parquet_view("series", ser_files, SERIES)
+        if confined:
+            self.con.execute("SET enable_external_access = false")
+            self.con.execute("SET lock_configuration = true")
 
     def _parquet_view(self, name: str, files: list[str], spec: TableSpec) -> None:
-        if files:
+        if files and self.confined:
+            # the files are opened here, by Arrow; DuckDB scans the dataset and never sees a path.
+            # Columns are united by name as read_parquet(union_by_name) does (older runs lack some)
+            schema = pa.unify_schemas([pads.dataset(f, format="parquet").schema for f in files],
+                                      promote_options="permissive")
+            self.con.register(f"_{name}_data", pads.dataset(files, format="parquet", schema=schema))
+            self.con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_data")
+        elif files:
             listing = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
             self.con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{listing}], union_by_name=true)")
         else:
@@ -125,7 +160,9 @@ class Catalog:
         return self.con.sql(sql, params=params).to_arrow_table()
 
     def query_read_only(self, sql: str) -> pa.Table:
-        """Run a user's SQL: only SELECT / EXPLAIN statements, one at a time."""
+        """Run a user's SQL on a confined catalog: one SELECT or EXPLAIN statement."""
+        if not self.confined:
+            raise RuntimeError("user SQL runs only on a Catalog opened with confined=True")
         try:
             statements = self.con.extract_statements(sql)
         except duckdb.Error as exc:
@@ -133,9 +170,19 @@ class Catalog:
         if len(statements) != 1:
             raise UserError(f"expected one SQL statement, got {len(statements)}", "query")
         kind = statements[0].type.name
+        if kind == "EXPLAIN":  # EXPLAIN ANALYZE runs the statement it explains: that must be a SELECT too
+            inner = _EXPLAINED.match(statements[0].query)
+            kind = "EXPLAIN " + (self._statement_kind(inner.group(1)) if inner else "?")
         if kind not in READ_ONLY:
-            raise UserError(f"only read-only queries (SELECT, EXPLAIN) are allowed, got {kind}", "query")
+            raise UserError(f"only read-only queries (SELECT, EXPLAIN SELECT) are allowed, got {kind}", "query")
         try:
             return self.con.sql(sql).to_arrow_table()
         except duckdb.Error as exc:
             raise UserError(str(exc).splitlines()[0], "query") from None
+
+    def _statement_kind(self, sql: str) -> str:
+        try:
+            statements = self.con.extract_statements(sql)
+        except duckdb.Error:
+            return "?"
+        return statements[0].type.name if len(statements) == 1 else "?"
