@@ -57,7 +57,7 @@ def test_sweep_runs_tags_every_cell_and_a_rerun_only_reports(tmp_path, capsys):
     assert json.loads((results / "small" / "summary.json").read_text())["curves"] == summary["curves"]
 
     # coordinates are queryable like any run field
-    rows = Catalog([results / "small"]).query_read_only(
+    rows = Catalog([results / "small"], confined=True).query_read_only(
         "select meta->>'$.config.sweep.policy' as policy, (meta->>'$.config.sweep.rate')::double as rate, "
         "(meta->>'$.config.sweep.seed')::int as seed, count(*) as n from runs group by all order by all").to_pylist()
     assert rows == [{"policy": p, "rate": r, "seed": 3, "n": 1} for p in ("p2c", "rr") for r in (10.0, 20.0, 30.0)]

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.redact import redact
 
 app = typer.Typer(
     name="llmlb",
@@ -40,6 +41,13 @@ def fail(problem: str, where: str | None = None) -> NoReturn:
 def _raise_interrupt(signum: int, frame: object) -> None:
     """SIGTERM behaves like Ctrl-C: runs flush their sinks and are marked partial."""
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _exiting() -> None:
+    """An interrupted command is on its way out: more Ctrl-C (or SIGTERM) must not raise in the
+    exit callbacks (thread joins, atexit), where they would print a traceback."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
 
 
 def _click_exceptions() -> tuple[type[Exception], ...]:
@@ -69,14 +77,16 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rc = app(args=argv, standalone_mode=False, prog_name="llmlb")
     except UserError as exc:
-        err_console.print(f"[bold red]error:[/] {escape(exc.line())}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(redact(exc.line()))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
+        _exiting()
         err_console.print("[yellow]interrupted[/]")
         sys.exit(130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:
+        _exiting()
         sys.exit(130)
     except Exception as exc:
         if not isinstance(exc, _click_exceptions()):

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmlb_bench.cli.app import app, console, err_console
-from llmlb_bench.cli.common import PolicyArgs, ReportFormat, ResultsDir, SloOpt
+from llmlb_bench.cli.common import PolicyArgs, ReportFormat, ResultsDir, SloOpt, checked_name
 from llmlb_bench.cli.replay import Api, Executor, RayAddress, WorkerExecutor, Workers, check_workers
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.slo import Slo
@@ -73,7 +73,7 @@ def capacity(
     executor: Executor = WorkerExecutor.process,
     address: RayAddress = None,
     results: ResultsDir = Path("results"),
-    name: Annotated[Optional[str], typer.Option("--name", help="Folder under --results (default: capacity-<workload>-<UTC time>); an earlier search's name resumes it, reusing its finished probes.")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", callback=checked_name, help="Folder under --results (default: capacity-<workload>-<UTC time>); an earlier search's name resumes it, reusing its finished probes.")] = None,
     fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="Output format (terminal or json).")] = ReportFormat.terminal,
 ) -> None:
     """Find the highest request rate the ENDPOINTs serve with at least --attainment of requests within --slo, by geometric bisection over --rate, each probe a real open-loop replay.

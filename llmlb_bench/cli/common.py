@@ -17,9 +17,27 @@ if TYPE_CHECKING:
     from llmlb_bench.sim import ClusterConfig
 
 ResultsDir = Annotated[Path, typer.Option("--results", "-r", help="Results directory (one folder per run).")]
+def _checked_slo(value: Optional[str]) -> Optional[str]:
+    """Parse --slo as the command line is read, so a bad SLO stops a command before any work."""
+    from llmlb_bench.metrics.slo import Slo
+
+    Slo.parse(value)
+    return value
+
+
+def checked_name(param: typer.CallbackParam, value: Optional[str]) -> Optional[str]:
+    """Check a name that becomes a folder (--run-id, --name) as the command line is read."""
+    from llmlb_bench.names import check_name
+
+    return None if value is None else check_name(value, param.opts[0])
+
+
+RunId = Annotated[Optional[str], typer.Option("--run-id", callback=checked_name,
+                                              help="Run id, the run's folder name (default: <label>-<time>-<hex>).")]
 SloOpt = Annotated[
     Optional[str],
-    typer.Option("--slo", help="Per-request SLO, e.g. ttft=500ms,tpot=50ms,e2e=20s (units us/ms/s; ms if omitted)."),
+    typer.Option("--slo", callback=_checked_slo,
+                 help="Per-request SLO, e.g. ttft=500ms,tpot=50ms,e2e=20s (units us/ms/s; ms if omitted)."),
 ]
 PolicyArgs = Annotated[
     Optional[list[str]],

@@ -33,7 +33,7 @@ def query(
 
         llmlb query "select run_id, count(*), avg(first_token_s - sent_s) from requests group by 1"
     """
-    table = Catalog([results]).query_read_only(sql)
+    table = Catalog([results], confined=True).query_read_only(sql)
     if fmt is TableFormat.csv:
         pacsv.write_csv(_flatten(table), sys.stdout.buffer)
     elif fmt is TableFormat.json:

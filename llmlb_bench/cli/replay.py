@@ -9,12 +9,14 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.text import Text
 
 from llmlb_bench.cli.app import app, console, err_console
-from llmlb_bench.cli.common import PolicyArgs, ReportFormat, ResultsDir, Seed, SloOpt
+from llmlb_bench.cli.common import PolicyArgs, ReportFormat, ResultsDir, RunId, Seed, SloOpt
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import make_policy, parse_args
+from llmlb_bench.redact import redact
 from llmlb_bench.replay import ReplayOptions, Timeouts, preflight, prepare_resume, replay as run_replay
 from llmlb_bench.replay.power import open_sources
 from llmlb_bench.replay.selfcheck import self_check as run_self_check
@@ -84,7 +86,7 @@ def replay(
     self_check: Annotated[float, typer.Option("--self-check", min=0.0, help="First replay this many seconds of the trace against a local no-op server to measure the client's own lateness and TTFT inflation (stored in run.json).")] = 0.0,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue this partial replay run folder (same trace): finished rows are kept, the rest is sent.")] = None,
     results: ResultsDir = Path("results"),
-    run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id (default: <label>-<time>-<hex>).")] = None,
+    run_id: RunId = None,
     label: Annotated[Optional[str], typer.Option("--label", help="Short name shown in reports (default: policy).")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Live counters on stderr (when it is a terminal).")] = True,
     slo: SloOpt = None,
@@ -122,7 +124,7 @@ def replay(
     pre = preflight(endpoint, options, table)
     power = open_sources(options.power_sources, [ep.url for ep in pre.endpoints]) if power_source else None
     for note in pre.notes:
-        err_console.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
+        err_console.print(f"[yellow]warning:[/] {escape(redact(note))}", highlight=False, soft_wrap=True)
     check = None
     if self_check > 0:
         check = run_self_check(table, options, self_check, options.lag_threshold_ms)
@@ -150,6 +152,10 @@ def replay(
         if res is not None:
             res.restore()
         raise UserError("a run with this id already exists", store.dir) from None
+    except UserError:
+        if res is not None and not store.dir.exists():
+            res.restore()  # refused before anything was done (the store left no folder)
+        raise
     except KeyboardInterrupt:
         if res is not None:
             res.discard_backup()  # the new partial run holds the carried rows too

@@ -7,12 +7,13 @@ from typing import Annotated, Optional
 
 import typer
 
-from llmlb_bench.cli.app import app, console
-from llmlb_bench.cli.common import ClusterFlags, PolicyArgs, ReportFormat, ResultsDir, Seed, SloOpt, cluster_flags
+from llmlb_bench.cli.app import app, console, err_console
+from llmlb_bench.cli.common import ClusterFlags, PolicyArgs, ReportFormat, ResultsDir, RunId, Seed, SloOpt, cluster_flags
 from llmlb_bench.experiment import simulate_run
 from llmlb_bench.policies import parse_args
 from llmlb_bench.report.output import print_report
 from llmlb_bench.schema import read_trace
+from llmlb_bench.store import new_run_id
 
 
 @app.command()
@@ -24,7 +25,7 @@ def simulate(
     cluster: ClusterFlags = ClusterFlags(),
     seed: Seed = 0,
     results: ResultsDir = Path("results"),
-    run_id: Annotated[Optional[str], typer.Option("--run-id", help="Run id (default: <label>-<time>-<hex>).")] = None,
+    run_id: RunId = None,
     label: Annotated[Optional[str], typer.Option("--label", help="Short name shown in reports (default: policy).")] = None,
     slo: SloOpt = None,
     fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="Report format.")] = ReportFormat.terminal,
@@ -39,7 +40,14 @@ def simulate(
     """
     table = read_trace(trace)
     config = cluster.config()
-    store = simulate_run(table, trace, config, policy, parse_args(policy_arg), seed, results, label, run_id)
+    run_id = run_id or new_run_id(label or policy)
+    try:
+        store = simulate_run(table, trace, config, policy, parse_args(policy_arg), seed, results, label, run_id)
+    except KeyboardInterrupt:
+        if (Path(results) / run_id / "run.json").is_file():
+            err_console.print(f"simulation interrupted; the partial run (requests simulated so far) is kept in "
+                              f"{Path(results) / run_id}", highlight=False, soft_wrap=True)
+        raise
     if fmt is ReportFormat.terminal:
         console.print(f"stored run [bold]{store.run_id}[/] in {store.dir}")
     print_report([store.dir], slo, fmt, console=console)

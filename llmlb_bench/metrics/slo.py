@@ -61,8 +61,11 @@ class Slo:
 
     @classmethod
     def parse(cls, text: str | None, where: str = "--slo") -> "Slo | None":
-        if not text:
+        """None for no SLO; an empty or limit-less text is an error (it would silently mean none)."""
+        if text is None:
             return None
+        if not text.strip(" ;"):
+            raise UserError("is empty: give limits such as ttft=500ms,tpot=50ms, or leave it out", where)
         default: Limits = ()
         classes: dict[str, Limits] = {}
         for part in text.split(";"):

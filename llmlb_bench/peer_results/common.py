@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.names import to_name
 from llmlb_bench.store import RunStore
 from llmlb_bench.store.run import file_sha256
 
@@ -76,12 +77,8 @@ def chunk_segments(first: float, gaps: Sequence[float]) -> list[dict[str, Any]]:
     return out
 
 
-def safe_name(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text) or "run"
-
-
 def run_id_for(run: ImportedRun, tool: str, source: Path) -> str:
-    return safe_name(f"{tool}-{source.stem}" + (f"-{run.name}" if run.name else ""))
+    return to_name(f"{tool}-{source.stem}" + (f"-{run.name}" if run.name else ""))
 
 
 def store(run: ImportedRun, tool: str, source: Path, results: Path, label: str | None = None) -> Path:

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from llmlb_bench import __version__
 from llmlb_bench.errors import UserError
+from llmlb_bench.redact import add_secret
 from llmlb_bench.replay.http import Endpoint, Pool, parse_endpoint, simple_request
 from llmlb_bench.replay.lengths import Counter, check_note, exact_lengths, load_tokenizer, local_counter
 from llmlb_bench.replay.options import ReplayOptions
@@ -53,6 +54,7 @@ def request_headers(options: ReplayOptions) -> str:
     key = os.environ.get(env)
     if options.api_key_env and not key:
         raise UserError(f"environment variable {options.api_key_env} is not set", "--api-key-env")
+    add_secret(key)  # never stored or printed, whatever a server echoes back
     auth = f"Authorization: Bearer {key}\r\n" if key else ""
     return (f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
             f"User-Agent: llmlb-bench/{__version__}\r\n{auth}")
