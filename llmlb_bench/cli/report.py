@@ -31,6 +31,8 @@ def report(
         "--price-per-hour", min=0.0, help="Fleet price in $/hour (default: GPU catalog, simulated runs).")] = None,
     window: Annotated[float, typer.Option("--window", min=1e-3, help="Fairness window in seconds.")] = 10.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap intervals.")] = 0,
+    baseline: Annotated[Optional[str], typer.Option(
+        "--baseline", help="Run (id, name or folder) the verdicts compare the others with (default: the first).")] = None,
     no_ci: Annotated[bool, typer.Option("--no-ci", help="Skip bootstrap confidence intervals.")] = False,
     token_sample: Annotated[int, typer.Option(
         "--token-sample", min=1,
@@ -46,8 +48,10 @@ def report(
         llmlb report results/ --slo ttft=1s --format html -o report.html --figures figs/
 
         llmlb report results/rr-20261129-120000-ab12 --format md --definitions guidellm
+
+        llmlb report results/ --slo ttft=500ms --baseline round_robin
     """
     options = Options(definitions=definitions, seed=seed, ci=not no_ci, window_s=window, price_per_hour=price,
                       token_sample=token_sample)
     print_report(runs or [Path("results")], slo, fmt, options=options, target=target, output=output,
-                 figures_dir=figures_dir, console=console)
+                 figures_dir=figures_dir, console=console, baseline=baseline)

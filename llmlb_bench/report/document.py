@@ -1,7 +1,8 @@
 """The report document: everything a renderer shows, computed once from a catalog.
 
 ``build`` returns a plain dict (JSON-ready after :func:`to_json`): the
-options it was made with, one summary per run
+options it was made with, the verdicts against the baseline
+(:mod:`llmlb_bench.report.verdict`), one summary per run
 (:func:`llmlb_bench.metrics.summary.summarize`) and the load curves across
 runs (:func:`llmlb_bench.metrics.load.load_curves`). Every renderer —
 terminal, Markdown, JSON, HTML — reads this document and nothing else, so
@@ -21,6 +22,7 @@ from llmlb_bench.metrics.load import load_curves
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import Options, summarize
 from llmlb_bench.report.notes import run_notes
+from llmlb_bench.report.verdict import verdicts
 from llmlb_bench.store.views import Catalog
 
 
@@ -31,6 +33,7 @@ class ReportOptions:
     slo: Slo | None = None
     summary: Options = field(default_factory=Options)
     target: float = 0.9
+    baseline: str | None = None          # run id, name or folder of the verdicts' baseline (default: the first)
 
     def to_dict(self) -> dict[str, Any]:
         opts = asdict(self.summary)
@@ -45,7 +48,10 @@ def build(cat: Catalog, options: ReportOptions, where: str = "runs") -> dict[str
     runs = summarize(cat, options.slo, options.summary)
     if not runs:
         raise UserError("no runs with request rows found", where)
+    folders = {r["run_id"]: r["dir"] for r in cat.runs_table.to_pylist()}
     return {
+        "verdicts": verdicts(runs, folders, options.slo, options.baseline, options.summary.confidence,
+                             options.summary.seed),
         "options": options.to_dict(),
         "runs": runs,
         "curves": load_curves(runs, options.target),

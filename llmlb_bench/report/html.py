@@ -14,6 +14,7 @@ from typing import Any
 from llmlb_bench import __version__
 from llmlb_bench.report import tables
 from llmlb_bench.report.tables import Table
+from llmlb_bench.report.verdict import verdict_lines
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1200px;
@@ -26,7 +27,7 @@ th { background: #f5f5f7; position: sticky; top: 0; }
 tr.section td { font-weight: 600; background: #fafafa; text-align: left; }
 figure { margin: 1em 0 2em; } figcaption { color: #555; font-size: .9em; }
 figure svg { max-width: 100%; height: auto; }
-.note { color: #555; font-size: .9em; } .warn { color: #8a4b00; background: #fff6e5; padding: 2px 6px; } .scroll { overflow-x: auto; }
+.note { color: #555; font-size: .9em; } .verdict { font-size: 1.1em; } .warn { color: #8a4b00; background: #fff6e5; padding: 2px 6px; } .scroll { overflow-x: auto; }
 """
 
 
@@ -50,6 +51,7 @@ def render(doc: dict[str, Any], figs: list[tuple[str, str, str]]) -> str:
     if opts["slo_text"]:
         subtitle += f", SLO {opts['slo_text']}"
     body = [f"<h1>llmlb report</h1><p class=\"note\">{html.escape(subtitle)} · llmlb-bench {__version__}</p>"]
+    body += [f'<p class="verdict"><b>Verdict:</b> {html.escape(line)}</p>' for line in verdict_lines(doc)]
     body += [f'<p class="warn">note: {html.escape(n)}</p>' for n in doc.get("notes") or ()]
     all_tables = tables.all_tables(doc)
     body.append(table_html(all_tables[0]))

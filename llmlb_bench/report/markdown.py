@@ -11,6 +11,7 @@ from typing import Any
 
 from llmlb_bench.report import tables
 from llmlb_bench.report.tables import Table
+from llmlb_bench.report.verdict import verdict_lines
 
 
 def _cell(text: str) -> str:
@@ -33,7 +34,9 @@ def render(doc: dict[str, Any]) -> str:
     head = f"### llmlb report — {len(doc['runs'])} run(s), {opts['definitions']} definitions"
     if opts["slo_text"]:
         head += f", SLO `{opts['slo_text']}`"
-    parts = [head, table_md(tables.comparison(doc))]
+    parts = [head] + [f"**Verdict:** {_cell(line)}" for line in verdict_lines(doc)]
+    parts.append(table_md(tables.comparison(doc)))
+    parts += [table_md(t) for t in tables.verdict_tables(doc)]
     parts += [table_md(t) for t in (tables.groups(doc, "per_class"), tables.groups(doc, "per_tenant")) if t is not None]
     parts += [table_md(t) for t in tables.curves(doc)]
     parts.append("<details><summary>All figures</summary>\n\n" + table_md(tables.details(doc)) + "\n\n</details>")

@@ -39,7 +39,8 @@ def _write(text: str, output: Path | None) -> None:
 
 def print_report(paths: list[Path], slo_text: str | None, fmt: str, *,
                  options: Options | None = None, target: float = 0.9, output: Path | None = None,
-                 figures_dir: Path | None = None, console: Console | None = None) -> None:
+                 figures_dir: Path | None = None, console: Console | None = None,
+                 baseline: str | None = None) -> None:
     """Build the report of the runs under ``paths`` and render it as ``fmt`` (one of :data:`FORMATS`)."""
     fmt = str(getattr(fmt, "value", fmt))
     slo = Slo.parse(slo_text)
@@ -48,7 +49,8 @@ def print_report(paths: list[Path], slo_text: str | None, fmt: str, *,
         figures.require()
     cat = Catalog(paths)
     summary = replace(options or Options(), cdf=drawn)
-    doc = build(cat, ReportOptions(slo=slo, summary=summary, target=target), ", ".join(map(str, paths)))
+    doc = build(cat, ReportOptions(slo=slo, summary=summary, target=target, baseline=baseline),
+                ", ".join(map(str, paths)))
     figs = figures.render(doc, figure_data(cat, doc), figures_dir) if drawn else []
     if fmt == "json":
         _write(to_json(doc), output)

@@ -192,6 +192,7 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
     ]))
     if any(_get(s, "state", "client") for s in doc["runs"]):
         sections.append(("Client self-check", [
+            ("event loop", lambda s: _get(s, "state", "client", "event_loop") or "-", "s"),
             ("dispatch lag p99 (ms)", scaled(("state", "client", "dispatch_lag_ms", "p99"), 1.0), ",.2f"),
             ("dispatch lag max (ms)", scaled(("state", "client", "dispatch_lag_ms", "max"), 1.0), ",.2f"),
             ("client CPU per request (ms)", scaled(("state", "client", "cpu_ms_per_request"), 1.0), ",.3f"),
@@ -268,9 +269,35 @@ def curves(doc: dict[str, Any]) -> list[Table]:
     return out
 
 
+#: gate metric -> display scale, format and unit in a verdict table
+_VERDICT_UNITS = {"p99_ttft": (1e3, ",.1f", " ms"), "p99_tpot": (1e3, ",.2f", " ms"), "p99_e2e": (1.0, ",.2f", " s"),
+                  "attainment": (100.0, ".1f", "%"), "throughput": (1.0, ",.2f", " req/s"),
+                  "goodput": (1.0, ",.2f", " req/s")}
+
+
+def verdict_tables(doc: dict[str, Any]) -> list[Table]:
+    """One table per comparison with the baseline: each headline figure's values, change, interval, p-value."""
+    v = doc.get("verdicts") or {}
+    out = []
+    for comp in v.get("comparisons") or ():
+        t = Table(f"Verdict: {comp['candidate']} vs {comp['baseline']}",
+                  ["figure", "baseline", "candidate", "change %", "95% CI %", "p (Holm)", "verdict"])
+        for c in comp["changes"]:
+            scale, spec, unit = _VERDICT_UNITS.get(c["metric"], (1.0, ",.2f", ""))
+            val = lambda x: "-" if x is None else fmt(x * scale, spec) + unit  # noqa: E731
+            ci = "-" if c["low"] is None else f"{100 * c['low']:+.1f} .. {100 * c['high']:+.1f}"
+            t.rows.append([c["figure"], val(c["baseline_value"]), val(c["candidate_value"]),
+                           f"{100 * c['change']:+.1f}", ci, fmt(c["p_adjusted"], ".3g"),
+                           c["direction"] if c["significant"] else "noise"])
+        t.note = comp["sentence"]
+        out.append(t)
+    return out
+
+
 def all_tables(doc: dict[str, Any]) -> list[Table]:
     """The tables of a full report, in order (details last: it is the longest)."""
     out = [comparison(doc)]
+    out += verdict_tables(doc)
     out += [t for t in (groups(doc, "per_class"), groups(doc, "per_tenant")) if t is not None]
     out += curves(doc)
     out.append(details(doc))

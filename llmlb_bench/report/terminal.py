@@ -16,6 +16,7 @@ from rich.table import Table as RichTable
 
 from llmlb_bench.report import tables
 from llmlb_bench.report.tables import Table
+from llmlb_bench.report.verdict import verdict_lines
 
 FIGURE_WIDTH = 42
 RUN_WIDTH = 18
@@ -39,7 +40,11 @@ def render(doc: dict[str, Any], console: Console) -> None:
     slo = doc["options"]["slo_text"]
     console.print(f"[bold]llmlb report[/] — {len(doc['runs'])} run(s), {doc['options']['definitions']} definitions"
                   + (f", SLO {slo}" if slo else ""))
+    for line in verdict_lines(doc):
+        console.print(f"[bold]verdict:[/] {escape(line)}")
     console.print(_rich(tables.comparison(doc)))
+    for t in tables.verdict_tables(doc):
+        console.print(_rich(t))
     for t in (tables.groups(doc, "per_class"), tables.groups(doc, "per_tenant")):
         if t is not None:
             console.print(_rich(t))

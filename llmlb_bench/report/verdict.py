@@ -1,0 +1,123 @@
+"""Verdicts: which run is better than the baseline, by how much, and whether it is beyond noise.
+
+The baseline is the report's first run, or the one named with
+``--baseline``. For every other run and each headline figure (TTFT, TPOT
+and E2E p99, throughput; attainment and goodput with an SLO) the verdict
+gives the relative change, candidate / baseline - 1, with its bootstrap
+interval and a two-sided p-value, all from the gate's statistics
+(:func:`llmlb_bench.gate.decide.relative_change`: requests redrawn within
+each run, paired by trace when both runs replayed the same one). The
+p-values of one comparison are Holm-adjusted over its figures, so "beyond
+noise" means the same thing however many figures are shown; a change is
+*significant* when its adjusted p-value is below 1 - confidence and it is at
+least :data:`NEGLIGIBLE` (1%) in size; smaller ones count as within noise.
+
+Each comparison is summed up in one sentence a reader can act on:
+``least_outstanding vs round_robin: TTFT p99 -23% [-28, -18] better,
+goodput +4% [+1, +7] better; other differences within noise``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from llmlb_bench.errors import UserError
+
+#: gate metric -> (name in a sentence, whether higher is better)
+HEADLINE = {"p99_ttft": ("TTFT p99", False), "p99_tpot": ("TPOT p99", False), "p99_e2e": ("E2E p99", False),
+            "throughput": ("throughput", True)}
+HEADLINE_SLO = {"attainment": ("attainment", True), "goodput": ("goodput", True)}
+#: comparisons beyond this many runs are left out (each one redraws every request 2,000 times)
+MAX_RUNS = 12
+
+
+#: changes smaller than this are called negligible even when the bootstrap tells them from zero
+#: (a paired bootstrap resolves a 0.1% throughput change that no reader should act on)
+NEGLIGIBLE = 0.01
+
+
+def _pct(x: float) -> str:
+    return (f"{100 * x:+.1f}" if abs(x) < 0.1 else f"{100 * x:+.0f}").replace("-", "−")
+
+
+def _change_text(c: dict[str, Any]) -> str:
+    iv = f" [{_pct(c['low'])}, {_pct(c['high'])}]" if c["low"] is not None else ""
+    return f"{c['figure']} {_pct(c['change'])}%{iv}" + (f" {c['direction']}" if c["significant"] else "")
+
+
+def sentence(v: dict[str, Any]) -> str:
+    """The one line of a comparison."""
+    head = f"{v['candidate']} vs {v['baseline']}"
+    sig = [c for c in v["changes"] if c["significant"]]
+    if not sig:
+        return f"{head}: no difference beyond noise on {len(v['changes'])} figures"
+    rest = "; other differences within noise" if len(sig) < len(v["changes"]) else ""
+    return f"{head}: " + ", ".join(_change_text(c) for c in sig) + rest
+
+
+def verdict_lines(doc: dict[str, Any]) -> list[str]:
+    """The sentences on top of a report (or why there are none)."""
+    v = doc.get("verdicts")
+    if not v:
+        return []
+    return [c["sentence"] for c in v["comparisons"]] or ([v["note"]] if v.get("note") else [])
+
+
+def pick_baseline(runs: list[dict[str, Any]], baseline: str | None) -> dict[str, Any]:
+    """The run named ``baseline`` (run id, name, label or folder), else the first."""
+    if baseline is None:
+        return runs[0]
+    for s in runs:
+        if baseline in (s["run_id"], s.get("name"), s.get("label")):
+            return s
+    name = Path(baseline).name
+    for s in runs:
+        if name == s["run_id"]:
+            return s
+    raise UserError(f"no run {baseline!r} in this report (runs: {', '.join(s['run_id'] for s in runs)})",
+                    "--baseline")
+
+
+def verdicts(runs: list[dict[str, Any]], folders: dict[str, str], slo: Any, baseline: str | None,
+             confidence: float = 0.95, seed: int = 0) -> dict[str, Any] | None:
+    """``{baseline, comparisons: [{candidate, baseline, changes: [...], sentence}], note}`` (None: one run)."""
+    if len(runs) < 2:
+        return None
+    base = pick_baseline(runs, baseline)
+    if len(runs) > MAX_RUNS:
+        return {"baseline": base["run_id"], "comparisons": [],
+                "note": f"{len(runs)} runs: verdicts are computed for at most {MAX_RUNS}; report fewer runs"}
+    from llmlb_bench.gate.decide import holm, relative_change
+    from llmlb_bench.gate.samples import load_side
+
+    samples = {r.run_id: r for side in load_side([folders[s["run_id"]] for s in runs], slo).values() for r in side}
+    figures = {**HEADLINE, **(HEADLINE_SLO if slo is not None else {})}
+    out = []
+    for s in runs:
+        if s is base:
+            continue
+        changes = []
+        for metric, (label, higher) in figures.items():
+            c = relative_change(metric, [samples[base["run_id"]]], [samples[s["run_id"]]], confidence, seed)
+            if c.change is None:
+                continue
+            better = (c.change > 0) == higher
+            changes.append({"metric": metric, "figure": label, "baseline_value": c.baseline,
+                            "candidate_value": c.candidate, "change": c.change, "low": c.low, "high": c.high,
+                            "p_value": c.p_value, "design": c.design,
+                            "direction": "better" if better else "worse"})
+        ps = [c["p_value"] for c in changes]
+        known = [i for i, p in enumerate(ps) if p is not None]
+        adjusted = holm([ps[i] for i in known]) if known else []
+        for c in changes:
+            c["p_adjusted"] = None
+            c["significant"] = False
+        for i, p in zip(known, adjusted):
+            changes[i]["p_adjusted"] = float(p)
+            changes[i]["significant"] = bool(p < 1 - confidence) and abs(changes[i]["change"]) >= NEGLIGIBLE
+        v = {"candidate": s.get("name") or s["run_id"], "candidate_run": s["run_id"],
+             "baseline": base.get("name") or base["run_id"], "baseline_run": base["run_id"], "changes": changes}
+        v["sentence"] = sentence(v)
+        out.append(v)
+    return {"baseline": base["run_id"], "confidence": confidence, "comparisons": out, "note": None}
