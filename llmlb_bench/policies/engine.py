@@ -47,6 +47,7 @@ from collections import deque
 from heapq import heappop, heappush
 from typing import Any, ClassVar, Iterator, Protocol, Sequence
 
+from llmlb_bench.policies.base import RouteRequest
 from llmlb_bench.policies.oracle import KendallOracle
 from llmlb_bench.policies.queueing import parse_deadlines
 
@@ -178,7 +179,7 @@ class PriorityScheduler(KeyedScheduler):
     summary = "vLLM priority scheduling: lowest trace priority value first, then arrival; preempt the least urgent."
 
     def key(self, req: Any) -> float:
-        return req.route.priority
+        return float(req.route.priority)
 
 
 class PredictedShortestJobFirst(KeyedScheduler):
@@ -215,7 +216,7 @@ class PredictedShortestJobFirst(KeyedScheduler):
         return super().make_queue(replica)
 
     def key(self, req: Any) -> float:
-        return self._oracle.predict(req.out) + self.aging * req.route.arrival_s
+        return float(self._oracle.predict(req.out) + self.aging * req.route.arrival_s)
 
 
 class DeadlineScheduler(KeyedScheduler):
@@ -240,7 +241,7 @@ class DeadlineScheduler(KeyedScheduler):
         self._by_class = parse_deadlines(deadlines)
 
     def key(self, req: Any) -> float:
-        r = req.route
+        r: RouteRequest = req.route
         return r.arrival_s + self._by_class.get(r.slo_class, self.deadline_s)
 
 

@@ -90,7 +90,7 @@ class PrefillDecodePair(Policy):
         self.prefill_pool, self.decode_pool, self.decode_load = prefill_pool, decode_pool, decode_load
         self._tie = 0
 
-    def _shortest(self, values: list, view: View, pool: str) -> int:
+    def _shortest(self, values: list[int], view: View, pool: str) -> int:
         n = len(view)
         best, best_v = -1, 0
         for k in range(n):

@@ -145,7 +145,7 @@ class PrefixIndex:
                 parent[h] = prev
                 kids[h] = 1
                 prev = h
-            kids[prev] = 0
+            kids[hashes[n - 1]] = 0         # the new leaf
         last = hashes[n - 1]
         stamp[last] = clock
         if not kids[last]:

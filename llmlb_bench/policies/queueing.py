@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 
-from llmlb_bench.policies.base import HOLD, REJECT, Policy, RouteRequest, View
+from llmlb_bench.policies.base import HOLD, REJECT, Decision, Policy, Released, RouteRequest, View
 from llmlb_bench.policies.oracle import KendallOracle
 
 
@@ -64,7 +64,7 @@ class RouterQueue(Policy):
                 best, best_load = i, load
         return best
 
-    def choose(self, req: RouteRequest, view: View) -> int:
+    def choose(self, req: RouteRequest, view: View) -> Decision:
         if not self._heap:
             target = self._room(view)
             if target >= 0:
@@ -73,7 +73,7 @@ class RouterQueue(Policy):
         self._seq += 1
         return HOLD
 
-    def release(self, view: View) -> tuple[RouteRequest, int] | None:
+    def release(self, view: View) -> Released | None:
         if not self._heap:
             return None
         req = self._heap[0][2]

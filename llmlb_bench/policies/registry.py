@@ -7,11 +7,11 @@ policy without editing this package.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.plugins import load_class
 from llmlb_bench.policies.affinity import ConsistentHash
 from llmlb_bench.policies.base import Policy
 from llmlb_bench.policies.cache_aware import CacheAware
@@ -77,15 +77,13 @@ def policy_class(name: str) -> type[Policy]:
     ep = _entry_point(name)
     if ep is not None:
         try:
-            return ep.load()
+            loaded: type[Policy] = ep.load()
+            return loaded
         except (ImportError, AttributeError) as exc:
             raise UserError(f"cannot load policy {name!r} from entry point {ep.value!r}: {exc}", "--policy") from None
     if ":" in name:
-        mod_name, _, attr = name.partition(":")
-        try:
-            return getattr(importlib.import_module(mod_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise UserError(f"cannot load policy {name!r}: {exc}", "--policy") from None
+        cls: type[Policy] = load_class(name, "policy", "--policy")
+        return cls
     raise UserError(f"unknown policy {name!r} (known: {', '.join(sorted(BUILTIN))})", "--policy")
 
 

@@ -39,14 +39,19 @@ def argmin_healthy(values: Sequence[float], view: View, start: int = 0) -> int:
 
 def healthy_min_max(values: Sequence[float], view: View) -> tuple[float, float]:
     """Smallest and largest value over healthy targets ((0, 0) when none is healthy)."""
-    lo = hi = None
+    lo: float = 0
+    hi: float = 0
+    seen = False
     for v, ok in zip(values, view.healthy):
         if ok:
-            if lo is None or v < lo:
+            if not seen:
+                lo = hi = v
+                seen = True
+            elif v < lo:
                 lo = v
-            if hi is None or v > hi:
+            elif v > hi:
                 hi = v
-    return (lo, hi) if lo is not None else (0, 0)
+    return lo, hi
 
 
 def random_healthy(rng: Random, view: View) -> int:

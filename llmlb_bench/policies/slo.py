@@ -15,7 +15,7 @@ the request with status "rejected" and never sends it.
 
 from __future__ import annotations
 
-from llmlb_bench.policies.base import REJECT, Policy, RouteRequest, View
+from llmlb_bench.policies.base import REJECT, Decision, Policy, RouteRequest, View
 from llmlb_bench.policies.prefix_index import PrefixIndex, overlap
 
 
@@ -72,7 +72,7 @@ class PredictedTtft(Policy):
             out[i] = max(0.0, self._busy_until[i] - view.now) + uncached / rate
         return out
 
-    def choose(self, req: RouteRequest, view: View) -> int:
+    def choose(self, req: RouteRequest, view: View) -> Decision:
         """Smallest predicted TTFT; ties (idle targets, no cache) go to the fewest in
         flight, then rotate, so that an underloaded cluster is not served by one replica."""
         ttft = self.predicted(req, view)
@@ -109,14 +109,15 @@ class AdmissionControl(Policy):
         self.max_outstanding, self.max_outstanding_tokens = max_outstanding, max_outstanding_tokens
         self._tie = 0
 
-    def choose(self, req: RouteRequest, view: View) -> int:
+    def choose(self, req: RouteRequest, view: View) -> Decision:
         """Fewest in flight among targets under both limits; none under them -> REJECT.
         A target with nothing outstanding always admits, so one request larger
         than the token limit is not refused forever."""
         self._tie += 1
         n = len(view)
         cost = req.input_tokens + req.max_output_tokens
-        best, best_load = REJECT, 0
+        best: Decision = REJECT
+        best_load = 0
         for k in range(n):
             i = (self._tie + k) % n
             load = view.outstanding_requests[i]

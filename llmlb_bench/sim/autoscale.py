@@ -23,13 +23,13 @@ read them from the engines' metrics); users name their own subclass as
 
 from __future__ import annotations
 
-import importlib
 import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.plugins import load_class
 from llmlb_bench.policies import View
 
 
@@ -177,13 +177,7 @@ class AutoscaleSpec:
         if self.policy in BUILTIN_AUTOSCALERS:
             cls: Any = BUILTIN_AUTOSCALERS[self.policy]
         elif ":" in self.policy:
-            mod, _, attr = self.policy.partition(":")
-            try:
-                cls = getattr(importlib.import_module(mod), attr)
-            except (ImportError, AttributeError) as exc:
-                raise UserError(f"cannot load autoscaler {self.policy!r}: {exc}", where) from None
-            if not (isinstance(cls, type) and issubclass(cls, Autoscaler)):
-                raise UserError(f"{self.policy!r} is not an Autoscaler subclass", where)
+            cls = load_class(self.policy, "autoscaler", where, Autoscaler)
         else:
             raise UserError(f"unknown autoscaler {self.policy!r} (known: {', '.join(BUILTIN_AUTOSCALERS)}, "
                             f"or package.module:Class)", where)

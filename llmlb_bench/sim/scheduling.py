@@ -9,11 +9,11 @@ Each replica gets its own instance, because a scheduler keeps per-replica state
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.plugins import load_class
 from llmlb_bench.policies.engine import ENGINE_SCHEDULERS, EngineScheduler
 from llmlb_bench.policies.registry import check_param_type
 
@@ -25,13 +25,7 @@ def scheduler_class(name: str) -> type[EngineScheduler]:
     if name in ENGINE_SCHEDULERS:
         return ENGINE_SCHEDULERS[name]
     if ":" in name:
-        mod, _, attr = name.partition(":")
-        try:
-            cls = getattr(importlib.import_module(mod), attr)
-        except (ImportError, AttributeError) as exc:
-            raise UserError(f"cannot load engine scheduler {name!r}: {exc}", where) from None
-        if not (isinstance(cls, type) and issubclass(cls, EngineScheduler)):
-            raise UserError(f"{name!r} is not an EngineScheduler subclass", where)
+        cls: type[EngineScheduler] = load_class(name, "engine scheduler", where, EngineScheduler)
         return cls
     raise UserError(f"unknown engine scheduler {name!r} (known: {', '.join(ENGINE_SCHEDULERS)}, "
                     f"or package.module:Class)", where)

@@ -1,0 +1,25 @@
+"""The one loader of user classes named ``package.module:Class`` (routing policies, engine
+schedulers, autoscalers), so every ``--policy``/``scheduler``/``autoscale.policy`` path fails alike:
+one line naming the setting, the path and why."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from llmlb_bench.errors import UserError
+
+
+def load_class(path: str, what: str, where: str, base: type | None = None) -> Any:
+    """The class at ``path`` (``package.module:Class``); ``what`` names it in errors ("policy"),
+    ``where`` is the setting. With ``base`` the class must subclass it."""
+    mod_name, sep, attr = path.partition(":")
+    if not sep or not mod_name or not attr:
+        raise UserError(f"{path!r} is not package.module:Class", where)
+    try:
+        cls = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UserError(f"cannot load {what} {path!r}: {exc}", where) from None
+    if base is not None and not (isinstance(cls, type) and issubclass(cls, base)):
+        raise UserError(f"{path!r} is not a {base.__name__} subclass", where)
+    return cls
