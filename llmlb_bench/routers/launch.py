@@ -75,7 +75,7 @@ class RouterProcess:
         self.metrics_url = f"http://127.0.0.1:{prom}/metrics"
         argv = [*ensure(name), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
                 "--policy", policy, "--prometheus-port", str(prom), "--prometheus-host", "127.0.0.1",
-                "--log-level", "debug" if debug_log else "warning", *(extra or [])]
+                "--log-level", "debug" if debug_log else "error", *(extra or [])]
         if cpus:
             argv = ["taskset", "-c", cpus, *argv]
         self.argv = argv
