@@ -1,6 +1,6 @@
 """Replay a trace against a real third-party engine on this CPU: llama.cpp ``llama-server``.
 
-Writes the tiny random-weight model (llmlb_bench.replay.llama_engine),
+Writes the tiny random-weight model (llmlb_bench.engines.llama),
 starts ``llama-server`` with 8 slots, replays a Poisson trace whose prompts
 share system prefixes, and prints what the replayer measured together with
 the accounting checks: outputs as long as requested (usage, ``ignore_eos``),
@@ -24,9 +24,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from llmlb_bench.engines.llama import LlamaServer, find_llama_server, write_tiny_llama
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import ReplayOptions, preflight, replay
-from llmlb_bench.replay.llama_engine import LlamaServer, find_llama_server, write_tiny_llama
 from llmlb_bench.schema import TRACE
 from llmlb_bench.store import RunStore
 

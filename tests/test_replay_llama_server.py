@@ -1,7 +1,7 @@
 """The replayer against a real third-party engine: upstream llama.cpp ``llama-server`` on CPU.
 
 The model is a tiny random-weight LLaMA the test writes itself
-(llmlb_bench.replay.llama_engine: one ASCII character per token, only letters
+(llmlb_bench.engines.llama: one ASCII character per token, only letters
 sampled). The binary is built once by scripts/build_llama_server.sh (about
 7.5 minutes on 2 cores) into a cache outside the checkout; without it (or
 without the ``gguf`` package) the test skips and says how to get it.
@@ -18,7 +18,7 @@ import pytest
 from replay_helpers import run_replay, token_count
 
 from llmlb_bench.replay import ReplayOptions
-from llmlb_bench.replay.llama_engine import LlamaServer, find_llama_server, write_tiny_llama
+from llmlb_bench.engines.llama import LlamaServer, find_llama_server, write_tiny_llama
 from llmlb_bench.schema import TRACE
 
 pytestmark = pytest.mark.slow

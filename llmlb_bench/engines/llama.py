@@ -1,11 +1,14 @@
 """A real serving engine on a CPU, without a model download: llama.cpp ``llama-server`` and a tiny
 random-weight LLaMA written in GGUF.
 
-The replayer's real-engine test and benchmark need a serving stack nobody
-on this project wrote, that batches concurrent requests, streams and
-reports usage; ``llama-server`` does, at thousands of tokens per second
-on this tiny model. The binary comes from scripts/build_llama_server.sh
-(cached outside the checkout); writing the model needs the ``gguf`` package.
+Why this ships in the package (not only in tests): users without a GPU,
+or who want to try a routing policy before renting one, get a real
+third-party engine on their laptop, that batches concurrent requests,
+streams and reports usage (``llama-server`` does, at thousands of tokens
+per second on this tiny model); the replayer's real-engine test and
+benchmark use the same code. The binary comes from
+scripts/build_llama_server.sh (cached outside the checkout); writing the
+model needs the ``gguf`` package. docs/engines.md tells how to start it.
 
 Shape of the model and why:
 

@@ -1,0 +1,144 @@
+"""A tiny random-weight LLaMA in Hugging Face format, with a locally trained tokenizer: a model
+folder vLLM (or any HF-format engine) can serve without downloading anything.
+
+Why written by hand (NumPy and a few lines of safetensors) rather than with
+``transformers``: the folder is then written from the project's own
+virtualenv, which has no PyTorch; only the ``tokenizers`` package (extra
+``tokenizer``) is needed, to train the tokenizer.
+
+The folder holds ``config.json`` (``LlamaForCausalLM``), ``model.safetensors``
+(bfloat16, random normal weights, a few MB), ``tokenizer.json`` (byte-level
+BPE trained on the replayer's prompt words, see
+:mod:`llmlb_bench.replay.prompts`, plus filler words), ``tokenizer_config.json``
+(``PreTrainedTokenizerFast`` with a small chat template) and
+``generation_config.json``. Choices that matter for measurement:
+
+* byte-level pre-tokenisation splits text before each space-led word, so a
+  prompt's tokens are the concatenation of its blocks' tokens and a shared
+  text prefix is a shared token prefix (what the engine's prefix cache hashes);
+* no BOS or other special token is added to prompts, so
+  ``usage.prompt_tokens`` is the prompt's own token count;
+* weights are random, so outputs are gibberish and EOS comes early: send
+  ``ignore_eos`` (the replayer does by default) to get the trace's lengths.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from llmlb_bench.errors import UserError
+
+#: special tokens, in id order
+SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
+#: a chat template in the shape vLLM's chat endpoint needs (roles, contents, generation prompt)
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
+
+
+def write_tiny_model(dest: str | Path, *, vocab_size: int = 1024, hidden_size: int = 256,
+                     intermediate_size: int = 512, num_layers: int = 4, num_heads: int = 4,
+                     num_kv_heads: int = 2, max_position_embeddings: int = 4096, seed: int = 0) -> Path:
+    """Write the model folder ``dest`` (created; files in it are replaced) and return it.
+
+    The defaults (about 5 MB) decode ~100 tokens/s per stream in vLLM on one
+    CPU core: slow enough that the engine, not HTTP, is what a test measures."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    tokenizer = _train_tokenizer(vocab_size)
+    tokenizer.save(str(dest / "tokenizer.json"))
+    vocab = tokenizer.get_vocab_size()
+    head_dim = hidden_size // num_heads
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
+        "hidden_size": hidden_size, "intermediate_size": intermediate_size, "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads, "head_dim": head_dim,
+        "max_position_embeddings": max_position_embeddings, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "bos_token_id": SPECIALS.index("<s>"), "eos_token_id": SPECIALS.index("</s>"),
+        "pad_token_id": SPECIALS.index("<pad>"), "attention_bias": False, "mlp_bias": False,
+    }
+    rng = np.random.default_rng(seed)
+
+    def rand(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    h, q, kv = hidden_size, num_heads * head_dim, num_kv_heads * head_dim
+    tensors = {"model.embed_tokens.weight": rand(vocab, h), "model.norm.weight": np.ones(h, np.float32),
+               "lm_head.weight": rand(vocab, h)}
+    for i in range(num_layers):
+        p = f"model.layers.{i}."
+        tensors.update({
+            p + "input_layernorm.weight": np.ones(h, np.float32),
+            p + "post_attention_layernorm.weight": np.ones(h, np.float32),
+            p + "self_attn.q_proj.weight": rand(q, h), p + "self_attn.k_proj.weight": rand(kv, h),
+            p + "self_attn.v_proj.weight": rand(kv, h), p + "self_attn.o_proj.weight": rand(h, q),
+            p + "mlp.gate_proj.weight": rand(intermediate_size, h), p + "mlp.up_proj.weight": rand(intermediate_size, h),
+            p + "mlp.down_proj.weight": rand(h, intermediate_size),
+        })
+    _write_safetensors(dest / "model.safetensors", tensors)
+    (dest / "config.json").write_text(json.dumps(config, indent=1) + "\n")
+    (dest / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}) + "\n")
+    (dest / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "bos_token": "<s>",
+        "eos_token": "</s>", "pad_token": "<pad>", "add_bos_token": False, "add_eos_token": False,
+        "model_max_length": max_position_embeddings, "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE}, indent=1) + "\n")
+    return dest
+
+
+def _corpus() -> list[str]:
+    """Training text: the prompt builder's words (so they become one or few tokens each) and
+    filler words (a corpus of the prompt words alone runs out of merges below the target size)."""
+    from llmlb_bench.replay.prompts import WORDS
+
+    rng = np.random.default_rng(1)
+    words = list(WORDS)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    filler = ["".join(rng.choice(letters, int(rng.integers(3, 9)))) for _ in range(2000)]
+    lines = [" ".join(rng.permutation(words)) for _ in range(20)]
+    lines += [" ".join(filler[i:i + 20]) for i in range(0, len(filler), 20)]
+    lines += ["Hello, world! 0123456789 .,;:?!'\"()[]{}<>-_+=*/\\|@#$%^&~`"]
+    return lines
+
+
+def _train_tokenizer(vocab_size: int):
+    try:
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError:
+        raise UserError("writing the tiny model's tokenizer needs the 'tokenizers' package: "
+                        "pip install 'llmlb-bench[tokenizer]'", "tokenizer") from None
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    return tok
+
+
+def _write_safetensors(path: Path, tensors: dict[str, np.ndarray]) -> None:
+    """The safetensors layout (an 8-byte little-endian header length, a JSON header, raw data),
+    every tensor stored as bfloat16: float32 rounded to its upper 16 bits."""
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    blobs, offset = [], 0
+    for name, a in tensors.items():
+        bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
+        bf16 = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")  # round to nearest even
+        raw = bf16.tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("wb") as f:
+        f.write(struct.pack("<Q", len(head)))
+        f.write(head)
+        for raw in blobs:
+            f.write(raw)
+    tmp.replace(path)

