@@ -379,7 +379,9 @@ def test_endpoints_without_metrics_are_not_asked_again(servers, tmp_path):
     url = servers.aiohttp(app)
     summary, rows, run_dir = run_replay(make_trace(n=10, rate=50.0), [url], tmp_path,
                                         options=ReplayOptions(scrape_s=0.02))
-    assert {r["status"] for r in rows} == {"ok"} and len(calls) == 1
+    # asked once by the scraper and once by the server-side cross-check (replay.selfcheck), never again
+    assert {r["status"] for r in rows} == {"ok"} and len(calls) == 2
+    assert summary["client"]["server_check"]["available"] is False
     assert summary["scraped_metrics"] == [] and pq.read_table(run_dir / "series.parquet").num_rows == 0
 
 

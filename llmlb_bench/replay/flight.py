@@ -24,7 +24,7 @@ from llmlb_bench.replay.http import Connection
 from llmlb_bench.replay.sse import SSEDecoder
 from llmlb_bench.routers.identity import backend_from_headers
 
-try:  # a faster JSON parser when installed; the standard one otherwise
+try:  # orjson is a core dependency where it has wheels (parsing is most of the per-token cost)
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover - depends on the environment
     _loads = json.loads

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any
 
+from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.gcpause import pause_full_collections
 from llmlb_bench.openfiles import raise_open_files_limit
 
@@ -45,6 +46,8 @@ class NoopConfig:
     records: dict[str, list[float]] = field(default_factory=dict)
     #: streams being written now, published on ``/metrics`` under vLLM's gauge names
     running: int = 0
+    #: completion requests read so far, published on ``/metrics`` as ``llmlb:requests_received_total``
+    received: int = 0
 
 
 def _chunk(data: bytes) -> bytes:
@@ -132,7 +135,9 @@ class NoopProtocol(asyncio.Protocol):
             self._reply(_json_response(200, {"status": "ok"}))
         elif method == "GET" and path == "/metrics":
             text = (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"{cfg.model}\"}} "
-                    f"{cfg.running}\nvllm:num_requests_waiting{{model_name=\"{cfg.model}\"}} 0\n").encode()
+                    f"{cfg.running}\nvllm:num_requests_waiting{{model_name=\"{cfg.model}\"}} 0\n"
+                    f"# TYPE llmlb:requests_received_total counter\nllmlb:requests_received_total {cfg.received}\n"
+                    ).encode()
             self._reply(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: %d\r\n\r\n%s"
                         % (len(text), text))
         elif method == "GET" and path == "/stats":
@@ -152,6 +157,7 @@ class NoopProtocol(asyncio.Protocol):
         self._next()
 
     def _complete(self, api: str, headers: dict[str, str], body: bytes, now: float) -> None:
+        self.cfg.received += 1
         req = json.loads(body)
         n = max(1, int(req.get("max_tokens") or req.get("max_completion_tokens") or 16))
         prompt = _prompt_text(req, api)
@@ -224,12 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     raise_open_files_limit()   # one socket per stream
     pause_full_collections()   # the truth clients are measured against must not stall (see gcpause)
     cfg = NoopConfig(model=args.model, ttft_s=args.ttft_ms / 1e3, itl_s=args.itl_ms / 1e3, usage=not args.no_usage)
-    try:
-        import uvloop
-
-        loop = uvloop.new_event_loop()
-    except ImportError:  # pragma: no cover
-        loop = asyncio.new_event_loop()
+    loop, _ = new_event_loop()
     server = loop.run_until_complete(start(cfg, args.host, args.port))
     print(f"listening on {args.host}:{server.sockets[0].getsockname()[1]}", flush=True)
     try:

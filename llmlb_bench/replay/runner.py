@@ -16,11 +16,12 @@ shifted so that 0 is the trace's time 0):
 * ``first_token_s`` / ``last_token_s`` / ``token_times``: when the socket
   read that carried the first / last / each token chunk returned.
 
-One event loop (uvloop when installed) runs everything: a dispatcher that
-sleeps until about 1.5 ms before the next send and then polls the loop
-until the exact time (timer wake-ups are only millisecond-precise), the
-connections' protocol callbacks, one timer per request for its timeouts,
-and a row writer that hands finished rows to a background thread.
+One event loop (uvloop where it has wheels: llmlb_bench.eventloop) runs
+everything: a dispatcher that sleeps until about 1.5 ms before the next
+send and then polls the loop until the exact time (timer wake-ups are
+only millisecond-precise), the connections' protocol callbacks, one timer
+per request for its timeouts, and a row writer that hands finished rows
+to a background thread.
 
 Every trace row gets exactly one result row: ``ok``, ``error``,
 ``timeout``, ``rejected`` (HTTP 429, or refused by the routing policy), or
@@ -45,6 +46,7 @@ import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.openfiles import raise_open_files_limit
 from llmlb_bench.policies import Policy, PolicyError, RouteRequest, Router, TargetInfo, View
 from llmlb_bench.replay.flight import Flight
@@ -58,6 +60,7 @@ from llmlb_bench.replay.resume import INTERRUPTED, Resume
 from llmlb_bench.replay.rows import RowWriter, write_table
 from llmlb_bench.replay.schedule import INF as _INF, Schedule
 from llmlb_bench.replay.scrape import Signals, parse_metrics
+from llmlb_bench.replay.selfcheck import ServerWitness, server_check
 from llmlb_bench.schema import trace_block_size
 from llmlb_bench.store import RunStore
 from llmlb_bench.trace_columns import TraceColumns
@@ -95,15 +98,41 @@ def replay(trace: pa.Table, endpoints: list[str], policy: Any, run: RunStore,
     sampler = PowerSampler(power, options.power_interval_s) if power else None
     if sampler is not None:
         sampler.start()
+    witness = ServerWitness([ep.url for ep in pre.endpoints], options.scrape_s) if options.scrape_s else None
     try:
+        if witness is not None:
+            witness.__enter__()
         if options.workers > 1:
             from llmlb_bench.replay.workers import replay_in_workers
 
             return replay_in_workers(trace, pre, policy, run, options, resume)
         return Replayer(trace, pre, policy, run, options, resume).run()
     finally:
+        if witness is not None:
+            witness.__exit__()
+            _keep_server_check(witness, run, resume)
         if sampler is not None:
             _keep_power(sampler, run, resume)
+
+
+def _keep_server_check(witness: ServerWitness, run: RunStore, resume: Resume | None) -> None:
+    """Sent against received (replay.selfcheck.server_check) into ``summary.client`` once the
+    requests file is closed; rows carried over by ``--resume`` were sent in another run."""
+    t0 = (run.summary.get("client") or {}).get("t0_clock_s")
+    if t0 is None:  # the run never started
+        return
+    carried = pa.array(sorted(resume.done_ids) if resume is not None else [], pa.int64())
+
+    def finalize(store: RunStore) -> None:
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(store.dir / "requests.parquet", columns=["request_id", "target", "sent_s"])
+        if len(carried):
+            rows = rows.filter(pc.invert(pc.is_in(rows.column("request_id"), value_set=carried)))
+        readings = dict(zip(witness.urls, witness.readings))
+        store.summary.setdefault("client", {})["server_check"] = server_check(rows, readings, t0)
+    run.finalizers.append(finalize)
 
 
 def _keep_power(sampler: PowerSampler, run: RunStore, resume: Resume | None) -> None:
@@ -178,12 +207,7 @@ class Replayer:
 
     # -- event loop and signals ---------------------------------------------
     def run(self) -> dict[str, Any]:
-        try:
-            import uvloop
-
-            loop, self.loop_kind = uvloop.new_event_loop(), "uvloop"
-        except ImportError:  # pragma: no cover - uvloop is an optional extra
-            loop = asyncio.new_event_loop()
+        loop, self.loop_kind = new_event_loop()
         self.loop = loop
         raise_open_files_limit()
         cpu0 = _cpu_seconds()

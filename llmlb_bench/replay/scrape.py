@@ -23,6 +23,7 @@ count, so series rows also get ``kv_blocks_used``/``kv_blocks_total``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 _WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred", "tgi_queue_size")
 _RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing",
@@ -43,16 +44,22 @@ class Signals:
         return self.waiting is not None or self.running is not None or self.kv_usage is not None
 
 
-def parse_metrics(text: str) -> Signals:
-    """Read the known gauges from Prometheus text exposition (other lines are ignored)."""
-    sums: dict[str, float] = {}
-    blocks = None
+def metric_lines(text: str) -> Iterator[tuple[str, str, str]]:
+    """``(name, labels, value text)`` of each sample line of Prometheus text exposition."""
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
         name_labels, _, rest = line.partition(" ")
         name, _, labels = name_labels.partition("{")
-        value_text = rest.split()[0] if rest.split() else ""
+        value = rest.split()
+        yield name, labels, value[0] if value else ""
+
+
+def parse_metrics(text: str) -> Signals:
+    """Read the known gauges from Prometheus text exposition (other lines are ignored)."""
+    sums: dict[str, float] = {}
+    blocks = None
+    for name, labels, value_text in metric_lines(text):
         if name == "vllm:cache_config_info" and 'num_gpu_blocks="' in labels:
             raw = labels.split('num_gpu_blocks="', 1)[1].split('"', 1)[0]
             blocks = int(raw) if raw.isdigit() else None

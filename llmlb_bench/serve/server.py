@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.gcpause import pause_full_collections
 from llmlb_bench.openfiles import raise_open_files_limit
 from llmlb_bench.serve.api import Api
@@ -100,19 +101,10 @@ class SimServer:
                 "rejected": self.fleet.rejected, "generated_tokens": sum(m.generation_tokens for m in ms)}
 
 
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop when installed (a faster loop), else asyncio's own."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - optional extra
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
 def run(cfg: ClusterConfig, options: ServeOptions, policy: Any = None,
         announce: Callable[[str], None] = print) -> dict[str, int]:
     """Serve until SIGINT or SIGTERM; returns the totals. ``announce`` gets one line per port."""
-    loop = new_event_loop()
+    loop, _ = new_event_loop()
     stop = asyncio.Event()
     raise_open_files_limit()
 
