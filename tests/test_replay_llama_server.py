@@ -3,42 +3,35 @@
 The model is a tiny random-weight LLaMA the test writes itself
 (llmlb_bench.engines.llama: one ASCII character per token, only letters
 sampled). The binary is built once by scripts/build_llama_server.sh (about
-7.5 minutes on 2 cores) into a cache outside the checkout; without it (or
-without the ``gguf`` package) the test skips and says how to get it.
+7.5 minutes on 2 cores; scripts/test.sh runs it) into a cache outside the
+checkout; without it (or without the ``gguf`` package) the test fails where
+``CI`` is set and skips elsewhere, saying how to get it (engines_helpers).
 """
 
 from __future__ import annotations
-
-import socket
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from engines_helpers import llama_server_binary, require_module
 from replay_helpers import run_replay, token_count
 
+from llmlb_bench.engines.llama import LlamaServer, write_tiny_llama
 from llmlb_bench.replay import ReplayOptions
-from llmlb_bench.engines.llama import LlamaServer, find_llama_server, write_tiny_llama
+from llmlb_bench.routers.launch import free_ports
 from llmlb_bench.schema import TRACE
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def llama_url(tmp_path_factory):
-    binary = find_llama_server()
-    if binary is None:
-        pytest.skip("llama-server not built: run scripts/build_llama_server.sh (or set LLMLB_LLAMA_SERVER)")
-    pytest.importorskip("gguf", reason="the tiny test model is written with the gguf package")
+    binary = llama_server_binary()
+    require_module("gguf", "the tiny test model is written with the gguf package")
     model = write_tiny_llama(tmp_path_factory.mktemp("llama") / "tiny.gguf", n_embd=256, n_layer=4, n_head=8,
                              n_head_kv=4, n_ff=512)
-    with LlamaServer(binary, model, _free_port()) as server:
+    with LlamaServer(binary, model, free_ports(1)[0]) as server:
         yield server.url
 
 
