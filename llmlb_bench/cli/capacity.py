@@ -21,19 +21,10 @@ from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.policies import make_policy, parse_args
 from llmlb_bench.replay import ReplayOptions, preflight
 from llmlb_bench.sweep.endpoint_capacity import EndpointSearch, run_repeats, run_search
+from llmlb_bench.units import parse_duration
 from llmlb_bench.workload import load_spec
 
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h)?\s*$")
-_SECONDS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _LABEL = re.compile(r"[^A-Za-z0-9_-]+")
-
-
-def parse_duration(text: str, where: str) -> float:
-    """``500ms``, ``30s``, ``10m``, ``1h`` or plain seconds."""
-    m = _DURATION.match(text)
-    if not m:
-        raise UserError(f"cannot parse {text!r}; expected a duration like 30s, 10m or 500ms", where)
-    return float(m.group(1)) * _SECONDS[m.group(2) or "s"]
 
 
 def parse_bracket(text: str) -> tuple[float, float]:

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.tomlfile import read_toml
+from llmlb_bench.units import seconds
 
 
 LATENCIES = ("ttft", "tpot", "e2e")
 LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99")
-_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def parse_rule(text: str, where: str = "--rule") -> Rule:
     if metric.kind == "latency":
         if unit is None:
             raise UserError(f"an absolute latency limit needs a unit (us, ms, s): {text!r}", where)
-        return Rule(text.strip(), metric, op, value * _UNITS[unit], False)
+        return Rule(text.strip(), metric, op, seconds(value, unit), False)
     if unit is not None:
         raise UserError(f"{name} takes a relative (%) or unitless limit, not {unit!r}: {text!r}", where)
     return Rule(text.strip(), metric, op, value, False)

@@ -15,6 +15,7 @@ from typing import Any
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.sql import quote
+from llmlb_bench.units import seconds
 
 #: metric name in the SLO string -> per-request SQL expression (seconds)
 SLO_METRICS = {
@@ -22,7 +23,6 @@ SLO_METRICS = {
     "tpot": "coalesce(tpot_s, 0)",  # vLLM counts single-token requests as meeting any TPOT SLO
     "e2e": "e2e_s",
 }
-_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 _ITEM = re.compile(r"^\s*([a-z0-9_]+)\s*=\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(us|ms|s)?\s*$")
 _CLASS = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*:(.*)$")
 
@@ -40,7 +40,7 @@ def _parse_limits(text: str, where: str) -> Limits:
             raise UserError(f"unknown SLO metric {name!r} (known: {', '.join(SLO_METRICS)})", where)
         if value <= 0:
             raise UserError(f"SLO {name} must be positive", where)
-        limits[name] = value * _UNITS[unit]
+        limits[name] = seconds(value, unit)
     return tuple(limits.items())
 
 
