@@ -38,7 +38,8 @@ def test_per_class_slos(classes):
     # chat: ttft .2 ok, .8 missed; batch: e2e 10 ok, failed one not
     assert s["per_class"]["chat"]["good"] == 1 and s["per_class"]["batch"]["good"] == 1
     assert s["slo"]["good"] == 2 and s["slo"]["good_tokens"] == 40
-    assert s["slo"]["goodput"] == pytest.approx(2 / 12.0)
+    assert s["slo"]["goodput"] == pytest.approx(2 / 4.0)                    # arrival window 3 x 4 / 3 s
+    assert s["over_duration"]["goodput"] == pytest.approx(2 / 12.0)        # to the last token at 12 s
     assert slo.limits_for("batch") == {"e2e": 15.0} and slo.limits_for("chat") == {"ttft": 0.5}
     assert slo.describe() == "ttft=500ms;batch:e2e=15000ms"
     assert slo.to_dict() == {"ttft_s": 0.5, "classes": {"batch": {"e2e_s": 15.0}}}
@@ -78,3 +79,17 @@ def test_max_goodput_is_the_highest_rate_meeting_the_target(tmp_path):
     assert best["rate"] == 8.0 and best["attainment"] == pytest.approx(23 / 25) and best["run_id"] == "r8"
     assert max_goodput(summaries, 0.96)["rate"] == 1.0
     assert max_goodput(summaries, 1.01) is None
+
+
+def test_the_drain_tail_does_not_deflate_goodput(tmp_path):
+    """100 requests at 1 req/s, each 30 s long: over the arrival window goodput is the offered rate;
+    over the whole duration (vLLM bench serve's) the 30 s tail after the last arrival deflates it by a quarter."""
+    n = 100
+    sched = [float(i) for i in range(n)]
+    store_run(tmp_path, "tail", {"request_id": list(range(n)), "scheduled_s": sched, "sent_s": sched,
+                                 "first_token_s": [t + 0.1 for t in sched], "last_token_s": [t + 30.0 for t in sched],
+                                 "output_tokens": [100] * n, "status": ["ok"] * n})
+    [s] = summarize(Catalog([tmp_path]), Slo.parse("ttft=500ms"))
+    assert s["offered_rate"] == pytest.approx(1.0)
+    assert s["slo"]["goodput"] == pytest.approx(1.0) and s["request_throughput"] == pytest.approx(1.0)
+    assert s["over_duration"]["goodput"] == pytest.approx(100 / 129.0)

@@ -45,8 +45,13 @@ def test_counts_throughput_and_latency_percentiles(hand_run):
     [s] = summarize(Catalog([hand_run]))
     assert (s["requests"], s["ok"], s["error"]) == (4, 3, 1)
     assert s["duration_s"] == pytest.approx(3.2)  # first scheduled 0 -> last token 3.2
-    assert s["request_throughput"] == pytest.approx(3 / 3.2)
-    assert s["output_throughput"] == pytest.approx(9 / 3.2)
+    # arrivals every second: window (3 - 0) x 4 / 3 = 4 s, over which 4 requests arrive at the offered 1 req/s
+    assert s["window_s"] == pytest.approx(4.0) and s["offered_rate"] == pytest.approx(1.0)
+    assert s["request_throughput"] == pytest.approx(3 / 4.0)
+    assert s["output_throughput"] == pytest.approx(9 / 4.0)
+    # vLLM bench serve's, over the whole duration
+    assert s["over_duration"]["request_throughput"] == pytest.approx(3 / 3.2)
+    assert s["over_duration"]["output_throughput"] == pytest.approx(9 / 3.2)
     ttft = [0.1, 0.3, 0.2]
     for p in (50, 90, 99):
         assert s["ttft"][f"p{p}"] == pytest.approx(np.percentile(ttft, p))
@@ -63,8 +68,10 @@ def test_slo_attainment_and_goodput(hand_run):
     # r1 meets both; r2 misses TTFT; r3 failed; r4 meets TTFT and has no TPOT (counts as met, as in vLLM)
     assert s["slo"]["good"] == 2
     assert s["slo"]["attainment"] == pytest.approx(0.5)
-    assert s["slo"]["goodput"] == pytest.approx(2 / 3.2)
-    assert s["slo"]["good_token_throughput"] == pytest.approx(6 / 3.2)
+    assert s["slo"]["goodput"] == pytest.approx(2 / 4.0)
+    assert s["slo"]["good_token_throughput"] == pytest.approx(6 / 4.0)
+    assert s["over_duration"]["goodput"] == pytest.approx(2 / 3.2)
+    assert s["over_duration"]["good_token_throughput"] == pytest.approx(6 / 3.2)
 
 
 def test_itl_percentiles_match_numpy_on_random_segments(tmp_path):

@@ -26,7 +26,7 @@ def report(
     definitions: Annotated[Definitions, typer.Option(
         "--definitions", help="TPOT/ITL definitions: vllm (bench serve) or guidellm.")] = Definitions.vllm,
     target: Annotated[float, typer.Option(
-        "--attainment-target", min=0.0, max=1.0, help="Attainment a load must reach to count for max goodput.")] = 0.9,
+        "--attainment-target", min=0.0, max=1.0, help="Attainment a load must reach to count for capacity (DistServe's max goodput).")] = 0.9,
     price: Annotated[Optional[float], typer.Option(
         "--price-per-hour", min=0.0, help="Fleet price in $/hour (default: GPU catalog, simulated runs).")] = None,
     window: Annotated[float, typer.Option("--window", min=1e-3, help="Fairness window in seconds.")] = 10.0,

@@ -12,7 +12,8 @@ draw confidence bands. Per curve:
   to [0, 1] and take the point furthest below the diagonal; exact on a
   hockey stick). It depends on the range swept, so compare knees of curves
   swept over the same rates;
-* max goodput: :func:`llmlb_bench.metrics.goodput.max_goodput` (DistServe).
+* capacity: :func:`llmlb_bench.metrics.goodput.max_goodput` (DistServe's maximum goodput: the highest
+  offered rate whose attainment reaches the target).
 """
 
 from __future__ import annotations

@@ -9,9 +9,14 @@ report can be reproduced with ``llmlb query`` (docs/metrics.md gives the SQL).
 * duration = latest request end (last token, or send time for requests
   that never produced a token) - earliest scheduled time (for imported
   runs without a common clock: the duration the tool measured);
-* throughput = ok requests (output tokens) / duration;
+* arrival window = (last - first scheduled time) x n / (n - 1): the span over
+  which the n requests arrived, so that n / window is the offered rate
+  (:func:`arrival_window`);
+* throughput = ok requests (output tokens) / arrival window;
 * attainment = good requests / all requests (failed ones count as not good);
-* goodput = good requests (their output tokens) / duration.
+* goodput = good requests (their output tokens) / arrival window;
+* the same rates over the whole duration, vLLM ``bench serve``'s (the drain
+  tail after the last arrival included), under ``over_duration``.
 """
 
 from __future__ import annotations
@@ -95,17 +100,23 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
         run_id = run["run_id"]
         c = counts[run_id]
         duration = durations[run_id]
-        per_s = (lambda x: x / duration) if duration > 0 else (lambda x: None)
+        window = arrival_window(c["requests"], c["t0"], c["last_scheduled"], metas[run_id]) or duration
+        per_s = (lambda x: x / window) if window > 0 else (lambda x: None)
+        per_d = (lambda x: x / duration) if duration > 0 else (lambda x: None)
         offered = offered_rate(metas[run_id], c["requests"], c["t0"], c["last_scheduled"])
         s: dict[str, Any] = {
             "run_id": run_id, "label": run["label"], "policy": run["policy"],
             "backend": run["backend"], "status": run["status"],
             "requests": c["requests"], **{st: c[st] for st in STATUSES},
             "duration_s": duration,
+            "window_s": window,
             "offered_rate": offered,
             "request_throughput": per_s(c["ok"]),
             "output_throughput": per_s(c["output_tokens"]),
             "input_throughput": per_s(c["input_tokens"]),
+            "over_duration": {"request_throughput": per_d(c["ok"]), "output_throughput": per_d(c["output_tokens"]),
+                              "goodput": per_d(c["good"]) if slo is not None else None,
+                              "good_token_throughput": per_d(c["good_tokens"]) if slo is not None else None},
             "input_tokens": c["input_tokens"], "output_tokens": c["output_tokens"],
             "cached_tokens": c["cached_tokens"], "preemptions": c["preemptions"],
             "definitions": opt.definitions.value,
@@ -153,6 +164,18 @@ def _wait(sample: Sample | None, meta: dict[str, Any]) -> dict[str, Any]:
     d["included"] = latency_from(meta) == "arrival"
     d["flagged"] = kind != "router" and d["p99"] is not None and d["p99"] * 1e3 > lag_threshold_ms(meta)
     return d
+
+
+def arrival_window(requests: int, first_s: float | None, last_s: float | None,
+                   meta: dict[str, Any]) -> float | None:
+    """(last - first scheduled) x n / (n - 1): n requests over it is the offered rate; None when unknown
+    (one request, or an import whose requests each ran on their own clock)."""
+    imported = (meta.get("summary") or {}).get("import") or {}
+    if imported.get("clock") == "per_request":
+        return None
+    if requests > 1 and first_s is not None and last_s is not None and last_s > first_s:
+        return (last_s - first_s) * requests / (requests - 1)
+    return None
 
 
 def _duration(c: dict[str, Any], meta: dict[str, Any]) -> float:

@@ -28,7 +28,7 @@ from llmlb_bench.store.views import Catalog
 
 @dataclass(frozen=True)
 class ReportOptions:
-    """What a report computes: the SLO, the summary options and the attainment target of max goodput."""
+    """What a report computes: the SLO, the summary options and the attainment target of capacity."""
 
     slo: Slo | None = None
     summary: Options = field(default_factory=Options)

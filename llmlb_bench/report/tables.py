@@ -134,9 +134,11 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
             ("offered rate (req/s)", lambda s: s["offered_rate"], ",.2f"),
         ]),
         ("Throughput", [
-            ("duration (s)", lambda s: s["duration_s"], ",.1f"),
-            ("requests/s", lambda s: s["request_throughput"], ",.2f"),
-            ("output tokens/s", lambda s: s["output_throughput"], ",.0f"),
+            ("arrival window (s)", lambda s: s.get("window_s"), ",.1f"),
+            ("duration, to the last token (s)", lambda s: s["duration_s"], ",.1f"),
+            ("requests/s (arrival window)", lambda s: s["request_throughput"], ",.2f"),
+            ("output tokens/s (arrival window)", lambda s: s["output_throughput"], ",.0f"),
+            ("requests/s over duration (vLLM)", scaled(("over_duration", "request_throughput"), 1.0), ",.2f"),
         ]),
         ("Before the first byte (metrics.origin)", [
             ("latency counted from", lambda s: s.get("latency_from"), "s"),
@@ -152,7 +154,8 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
     if doc["options"]["slo"] is not None:
         sections.append(("SLO", [
             ("attainment (%)", _pct(("slo", "attainment")), ".1f"),
-            ("goodput (requests/s)", scaled(("slo", "goodput"), 1.0), ",.2f"),
+            ("goodput (requests/s, arrival window)", scaled(("slo", "goodput"), 1.0), ",.2f"),
+            ("goodput over duration (vLLM)", scaled(("over_duration", "goodput"), 1.0), ",.2f"),
             ("good output tokens/s", scaled(("slo", "good_token_throughput"), 1.0), ",.0f"),
         ]))
     sections.append(("Token pacing", [
@@ -262,8 +265,9 @@ def curves(doc: dict[str, Any]) -> list[Table]:
         notes = [f"knee ({c['knee_figure']}, Kneedle): {fmt(c['knee_rate'], ',.2f')} req/s"]
         if doc["options"]["slo"] is not None:
             target = 100 * doc["options"]["attainment_target"]
-            notes.append(f"max goodput (highest rate with attainment >= {target:g}%): "
-                         + (f"{fmt(mg['rate'], ',.2f')} req/s" if mg else "none"))
+            notes.append(f"capacity (highest offered rate with attainment >= {target:g}%): "
+                         + (f"{fmt(mg['rate'], ',.2f')} req/s, goodput there {fmt(mg['goodput'], ',.2f')} req/s"
+                            if mg else "none"))
         t.note = "; ".join(notes)
         out.append(t)
     return out

@@ -80,8 +80,8 @@ def knee_lines(summary: dict[str, Any]) -> list[str]:
         text = f"{c['workload']} / {c['cluster']} / [bold]{c['policy']}[/]: knee of {summary['knee_metric']} "
         text += f"at {summary['axis']} {knee['x']:g} ({knee['rate']:,.2f} req/s)" if knee else "not found"
         if best:
-            text += (f"; max goodput {best['goodput']:,.2f} req/s at {summary['axis']} {best['x']:g} "
-                     f"({best['rate']:,.2f} req/s offered, attainment {100 * best['attainment']:.1f}%)")
+            text += (f"; capacity {best['rate']:,.2f} req/s offered at {summary['axis']} {best['x']:g} "
+                     f"(goodput there {best['goodput']:,.2f} req/s, attainment {100 * best['attainment']:.1f}%)")
         else:
             text += f"; attainment below {100 * summary['target']:g}% at every rate"
         lines.append(text)

@@ -21,7 +21,7 @@ Example (see docs/sweeps.md for every field)::
     round_robin = {}
     p2c = { policy = "power_of_d", args = { d = 2 } }
 
-    attainment = 0.9                  # the target of capacity and max goodput
+    attainment = 0.9                  # the target of capacity (DistServe's max goodput)
 
     [load]
     load = [0.5, 0.75, 1.0, 1.2]      # x the reference policy's capacity
