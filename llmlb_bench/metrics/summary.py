@@ -41,6 +41,7 @@ from llmlb_bench.metrics.sample import DEFAULT_SAMPLE, create_token_table, is_sa
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sql import request_metrics_sql
 from llmlb_bench.metrics.state import serving_state
+from llmlb_bench.metrics.steady import steady_state
 from llmlb_bench.schema import STATUSES
 from llmlb_bench.store.views import Catalog
 
@@ -143,6 +144,12 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
         s["energy"] = energy.get(run_id)
         s["state"] = state.get(run_id)
         out.append(s)
+    steady = steady_state(cat, {s["run_id"]: {
+        "window_s": s["window_s"], "attainment": (s.get("slo") or {}).get("attainment"),
+        "tail_s": None if counts[s["run_id"]]["t1"] is None else
+        counts[s["run_id"]]["t1"] - counts[s["run_id"]]["last_scheduled"]} for s in out}, slo)
+    for s in out:
+        s["steady"] = steady[s["run_id"]]
     named = names({s["run_id"]: s["facets"] for s in out}, {s["run_id"]: s["label"] for s in out})
     for s in out:
         s["name"] = named[s["run_id"]]

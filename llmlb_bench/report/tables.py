@@ -110,9 +110,14 @@ def comparison(doc: dict[str, Any]) -> Table:
              ("$/M\ngood tok" if with_slo else "$/M\ntok",
               scaled(("energy", "usd_per_m_good_tokens" if with_slo else "usd_per_m_output_tokens"), 1.0), ",.2f")]
     t = Table("Comparison", ["run"] + [c[0] for c in cols])
+    unsteady = False
     for s in doc["runs"]:
-        t.rows.append([run_name(s)] + [fmt(g(s), spec) for _, g, spec in cols])
+        mark = "" if (s.get("steady") or {}).get("steady", True) else " (!)"
+        unsteady |= bool(mark)
+        t.rows.append([run_name(s) + mark] + [fmt(g(s), spec) for _, g, spec in cols])
     notes = [f"all runs: {doc['common']}"] if doc.get("common") else []
+    if unsteady:
+        notes.append("(!) not in steady state: its means depend on how long it ran (see the notes)")
     if with_slo:
         notes.append(f"SLO {doc['options']['slo_text']}; J/tok and $/M per SLO-compliant output token")
     t.note = "; ".join(notes) or None
@@ -148,6 +153,12 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
             ("  max (ms)", scaled(("wait", "max"), 1e3), ",.2f"),
             ("  requests that waited (%)", _pct(("wait", "share")), ".1f"),
             ("  included in latency", lambda s: _yes(_get(s, "wait", "included")), "s"),
+        ]),
+        ("Steady state (metrics.steady)", [
+            ("in steady state", lambda s: _yes(_get(s, "steady", "steady")), "s"),
+            ("TTFT mean, 2nd tenth of arrivals (s)", lambda s: _part(s, 1), ",.2f"),
+            ("TTFT mean, last tenth of arrivals (s)", lambda s: _part(s, -1), ",.2f"),
+            ("drain tail after the last arrival (s)", scaled(("steady", "tail_s"), 1.0), ",.1f"),
         ]),
         (f"Latency ({defs} definitions)", latency),
     ]
@@ -202,6 +213,11 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
             ("flagged too slow", lambda s: {True: "YES", False: "no"}.get(_get(s, "state", "client", "flagged")), "s"),
         ]))
     return sections
+
+
+def _part(s: dict[str, Any], i: int) -> float | None:
+    parts = _get(s, "steady", "parts") or []
+    return parts[i]["ttft_mean"] if len(parts) > max(i, -i - 1) else None
 
 
 def _yes(flag: Any) -> str | None:

@@ -1,0 +1,74 @@
+"""Whether a run is in steady state, or its means describe a queue that never settled.
+
+The run's arrival window is cut into ten equal parts by arrival time; per
+part, the mean TTFT of its ok requests (counted from the latency origin, so
+a router-side queue shows) and its attainment. A run is flagged when
+
+* **the queue grows through the run**: requests arriving in the last tenth
+  wait at least twice as long for their first token as those of the second
+  tenth (the first is skipped: it starts from an empty fleet), and at least
+  1 s longer (or the TTFT limit of the SLO, when smaller) — the fleet is
+  offered more than it serves;
+* **the drain tail dominates**: the time from the last arrival to the last
+  token is longer than the arrival window itself;
+* **attainment collapses in the last windows**: the last tenth's attainment
+  is more than 20 points below the run's.
+
+A run past capacity (150% load) shows all three; its means and
+percentiles depend on how long it ran, so the report says so rather than
+let them be read as the fleet's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.store.views import Catalog
+
+PARTS = 10
+GROWTH_RATIO, GROWTH_MIN_S = 2.0, 1.0
+COLLAPSE = 0.20
+
+
+def _sql(slo: Slo | None) -> str:
+    good = f"({slo.predicate()})::INTEGER" if slo else "NULL::INTEGER"
+    return f"""
+WITH r AS (
+  SELECT run_id, scheduled_s, ttft_s, status = 'ok' AS ok, {good} AS good,
+         min(scheduled_s) OVER (PARTITION BY run_id) AS t0, max(scheduled_s) OVER (PARTITION BY run_id) AS t1
+  FROM request_metrics)
+SELECT run_id, least(floor((scheduled_s - t0) / greatest(t1 - t0, 1e-9) * {PARTS}), {PARTS - 1})::INTEGER AS part,
+       avg(CASE WHEN ok THEN ttft_s END) AS ttft_mean, avg(good) AS attainment, count(*) AS n
+FROM r GROUP BY ALL ORDER BY run_id, part
+"""
+
+
+def steady_state(cat: Catalog, runs: Mapping[str, Mapping[str, Any]], slo: Slo | None) -> dict[str, dict[str, Any]]:
+    """run id -> ``{flags: [sentences], parts: [{part, ttft_mean, attainment, n}], tail_s, window_s}``.
+
+    ``runs`` maps run ids to ``{window_s, tail_s, attainment}`` of the run's summary.
+    """
+    parts: dict[str, list[dict[str, Any]]] = {}
+    for row in cat.query(_sql(slo)).to_pylist():
+        parts.setdefault(row.pop("run_id"), []).append(row)
+    limit = min(slo.limits_for(None).get("ttft", GROWTH_MIN_S), GROWTH_MIN_S) if slo else GROWTH_MIN_S
+    out = {}
+    for run_id, r in runs.items():
+        p = {x["part"]: x for x in parts.get(run_id, [])}
+        flags = []
+        early, late = (p.get(1) or {}).get("ttft_mean"), (p.get(PARTS - 1) or {}).get("ttft_mean")
+        if len(p) >= PARTS and early is not None and late is not None and late >= GROWTH_RATIO * early \
+                and late - early >= limit:
+            flags.append(f"the queue grows through the run (mean TTFT {early:,.2f} s for requests arriving in the "
+                         f"second tenth, {late:,.2f} s in the last): offered more than it serves")
+        window, tail = r.get("window_s"), r.get("tail_s")
+        if window and tail is not None and tail > window:
+            flags.append(f"the drain tail ({tail:,.1f} s after the last arrival) is longer than the arrival "
+                         f"window ({window:,.1f} s)")
+        last_att, att = (p.get(PARTS - 1) or {}).get("attainment"), r.get("attainment")
+        if last_att is not None and att is not None and last_att < att - COLLAPSE:
+            flags.append(f"attainment collapses in the last tenth of arrivals ({100 * last_att:.0f}% against "
+                         f"{100 * att:.0f}% over the run)")
+        out[run_id] = {"steady": not flags, "flags": flags, "tail_s": tail, "parts": [p[k] for k in sorted(p)]}
+    return out
