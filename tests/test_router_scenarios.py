@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmlb_bench.routers.bench import error_kind
+from llmlb_bench.routers.bench import agreement, error_kind
 from llmlb_bench.routers.scenarios import offered_hit_rate, prefix_ladder, sessions, suite
 from llmlb_bench.store.views import Catalog
 from tests.conftest import cli
@@ -47,6 +47,17 @@ def test_error_kinds():
     assert error_kind("timeout", "no token for 30 s", None, False) == "timeout"
 
 
+def test_agreement_same_and_colocation():
+    """Swapped labels: no request on the same backend, yet the same partition (Rand index 1);
+    one request moved: Rand index from the pair count by hand."""
+    x = {0: "a", 1: "a", 2: "b", 3: "b"}
+    assert agreement(x, {0: "b", 1: "b", 2: "a", 3: "a"}) == {"same": 0.0, "colocation": 1.0}
+    got = agreement(x, {0: "a", 1: "a", 2: "b", 3: "a"})
+    # pairs: (0,1) together both; (2,3) together in x only; (0,3), (1,3) apart in x only; (0,2),(1,2) apart both
+    assert got["same"] == 0.75 and got["colocation"] == pytest.approx(3 / 6)
+    assert agreement({}, x) == {"same": None, "colocation": None}
+
+
 def test_suite_names_are_unique_and_scale():
     small, full = suite(0.1), suite(1.0)
     assert [s.name for s in small] == [s.name for s in full] and len({s.name for s in full}) == len(full)
@@ -68,7 +79,8 @@ def test_bench_smoke_through_vllm_router(tmp_path: Path, capsys):
     prefix = cells[1]
     assert prefix["cpu_ms_per_request"] > 0 and prefix["added_ttft_p50_s"] is not None
     assert prefix["hit_rate_delivered"] <= prefix["hit_rate_offered"] + 1e-9
-    assert 0 <= prefix["agreement_with_direct"] <= 1
+    for key in ("agreement_direct", "agreement_sim", "colocation_direct", "colocation_sim"):
+        assert 0 <= prefix[key] <= 1
     readme = (tmp_path / "README.md").read_text()
     assert "### failover" in readme and "| vllm-router |" in readme
     cat = Catalog([tmp_path])   # ordinary runs: the query layer reads them

@@ -32,7 +32,7 @@ def install(
 
 @routers_app.command("bench")
 def bench(
-    router: Annotated[Optional[list[str]], typer.Option("--router", "-r", help="Router to test (repeatable; default: vllm-router, sglang-router, smg).")] = None,
+    router: Annotated[Optional[list[str]], typer.Option("--router", "-r", help="Router to test (repeatable; default: vllm-router, sglang-router, smg; also llmlb-route, llmlb's own proxy).")] = None,
     scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario (repeatable; default: all; see docs/routers.md).")] = None,
     policy: Annotated[str, typer.Option("--policy", "-p", help="The routers' --policy; the direct control uses llmlb's policy of that name (round_robin if llmlb has none).")] = "cache_aware",
     scale: Annotated[float, typer.Option("--scale", help="Multiplies each scenario's request count (0.2 for a quick run).")] = 1.0,
@@ -52,14 +52,16 @@ def bench(
     """
     from llmlb_bench.routers.bench import BenchOptions, run_suite
     from llmlb_bench.routers.install import PACKAGES
+    from llmlb_bench.routers.launch import LLMLB_ROUTE
     from llmlb_bench.routers.report import markdown
     from llmlb_bench.routers.scenarios import suite
     from llmlb_bench.store.run import write_text_atomic
 
     routers = router or list(PACKAGES)
+    known = [*PACKAGES, LLMLB_ROUTE]
     for r in routers:
-        if r not in PACKAGES:
-            raise UserError(f"unknown router {r!r} (known: {', '.join(PACKAGES)})", "--router")
+        if r not in known:
+            raise UserError(f"unknown router {r!r} (known: {', '.join(known)})", "--router")
     if not scale > 0:
         raise UserError(f"must be > 0, got {scale!r}", "--scale")
     every = suite(scale, seed)

@@ -36,6 +36,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from llmlb_bench.eventloop import new_event_loop
+from llmlb_bench.gcpause import pause_full_collections
 from llmlb_bench.policies import RouteRequest, TargetInfo, View
 from llmlb_bench.policies.router import Router
 from llmlb_bench.replay.rows import RowWriter
@@ -426,12 +428,13 @@ def _error(status: int, message: str) -> web.Response:
 def serve_forever(backends: list[str], policy: Any, run: RunStore, options: RouteOptions,
                   announce: Any = print) -> dict[str, Any]:
     """Run the proxy until SIGTERM or SIGINT, then drain; returns the status counts."""
-    loop = asyncio.new_event_loop()
+    loop, _ = new_event_loop()  # uvloop where it has wheels: a third less CPU per proxied request
     asyncio.set_event_loop(loop)
     stop = asyncio.Event()
 
     async def main() -> dict[str, Any]:
         proxy = await RouteProxy(backends, policy, run, options).start()
+        pause_full_collections()  # no full GC pass stalls every stream in flight (as in llmlb serve)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         announce(f"route {proxy.url}")

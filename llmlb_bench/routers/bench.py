@@ -200,31 +200,84 @@ def run_suite(scenarios: list[Scenario], routers: list[str], out: Path, opt: Ben
     cells: list[dict[str, Any]] = []
     for sc in scenarios:
         ports = free_ports(len(sc.fleet.speeds))
+        mine = []
         for router in [DIRECT, *routers]:
             progress(f"{sc.name} / {router} ...")
-            cells.append(run_cell(sc, router, ports, out, opt))
-    added(cells, out)
+            mine.append(run_cell(sc, router, ports, out, opt))
+        # decision-level fidelity: each router against llmlb's policy of the same name, replayed
+        # (the direct run, same backends and URLs) and simulated
+        placed = {c["router"]: decisions(out / sc.name / c["router"] / "requests.parquet") for c in mine}
+        sim = simulate_decisions(sc, opt.policy, [f"http://127.0.0.1:{p}" for p in ports], out)
+        for c in mine:
+            if c["router"] != DIRECT:
+                for ref, other in (("direct", placed[DIRECT]), ("sim", sim)):
+                    got = agreement(placed[c["router"]], other)
+                    c[f"agreement_{ref}"], c[f"colocation_{ref}"] = got["same"], got["colocation"]
+        cells += mine
+    added(cells)
     (out / "figures.json").write_text(json.dumps(cells, indent=1) + "\n")
     return cells
 
 
-def agreement(a: Path, b: Path) -> float | None:
-    """Decision agreement: the share of requests both runs sent to a known backend that went to
-    the same one (the runs of one scenario use the same backend URLs)."""
-    x = dict(zip(*pq.read_table(a, columns=["request_id", "backend"]).to_pydict().values()))
-    y = dict(zip(*pq.read_table(b, columns=["request_id", "backend"]).to_pydict().values()))
-    both = [k for k in x if x[k] is not None and y.get(k) is not None]
-    return sum(x[k] == y[k] for k in both) / len(both) if both else None
+def decisions(path: Path, names: dict[str, str] | None = None) -> dict[int, str]:
+    """request_id -> backend of a run; a simulated run's replica names are mapped through ``names``
+    (replica ``r{i}`` stands for backend ``i``)."""
+    t = pq.read_table(path, columns=["request_id", "backend", "target"]).to_pydict()
+    out = {}
+    for rid, backend, target in zip(t["request_id"], t["backend"], t["target"]):
+        b = backend if backend is not None else (names or {}).get(target) if target is not None else None
+        if b is not None:
+            out[rid] = b
+    return out
 
 
-def added(cells: list[dict[str, Any]], out: Path | None = None) -> None:
-    """Each router cell's added latency: its percentile minus the direct run's, same scenario;
-    with ``out``, also its decision agreement with the direct run (llmlb's policy of that name)."""
+def agreement(x: dict[int, str], y: dict[int, str]) -> dict[str, float | None]:
+    """``same``: the share of requests both runs placed that went to the same backend (decision
+    agreement); ``colocation``: the Rand index of the two placements — the share of request pairs
+    both put together or both apart — which does not care which backend got which group (an
+    identical partition under swapped backend labels scores 1)."""
+    both = [k for k in x if k in y]
+    if not both:
+        return {"same": None, "colocation": None}
+    same = sum(x[k] == y[k] for k in both) / len(both)
+    n = len(both)
+    cont: dict[tuple[str, str], int] = {}
+    for k in both:
+        cont[(x[k], y[k])] = cont.get((x[k], y[k]), 0) + 1
+
+    def pairs(counts: Any) -> float:
+        return sum(c * (c - 1) / 2 for c in counts)
+    a_pairs = pairs(_margin(cont, 0).values())
+    b_pairs = pairs(_margin(cont, 1).values())
+    together = pairs(cont.values())
+    total = n * (n - 1) / 2
+    rand = (total + 2 * together - a_pairs - b_pairs) / total if total else 1.0
+    return {"same": same, "colocation": rand}
+
+
+def _margin(cont: dict[tuple[str, str], int], side: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for key, c in cont.items():
+        out[key[side]] = out.get(key[side], 0) + c
+    return out
+
+
+def simulate_decisions(scenario: Scenario, policy: str, urls: list[str], out: Path) -> dict[int, str]:
+    """The same trace through llmlb's simulator under llmlb's policy of that name (replicas of
+    the backends' model; ``r{i}`` = backend ``i``)."""
+    from llmlb_bench.sim import ClusterConfig, simulate
+
+    cfg = ClusterConfig(replicas=len(urls))
+    with RunStore(out / scenario.name, config={"cluster": cfg.to_dict()}, backend="sim", run_id="sim",
+                  label="sim") as run:
+        simulate(scenario.trace, cfg, _direct_policy(policy), run, seed=0)
+    return decisions(run.dir / "requests.parquet", {f"r{i}": u for i, u in enumerate(urls)})
+
+
+def added(cells: list[dict[str, Any]]) -> None:
+    """Each router cell's added latency: its percentile minus the direct run's, same scenario."""
     direct = {c["scenario"]: c for c in cells if c["router"] == DIRECT}
     for c in cells:
-        if out is not None and c["router"] != DIRECT and c["scenario"] in direct:
-            c["agreement_with_direct"] = agreement(out / c["scenario"] / DIRECT / "requests.parquet",
-                                                   out / c["scenario"] / c["router"] / "requests.parquet")
         d = direct.get(c["scenario"])
         for key in ("ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s"):
             c[f"added_{key}"] = (None if d is None or c[key] is None or d[key] is None or c["router"] == DIRECT

@@ -13,12 +13,16 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.routers.install import ensure
+
+#: the name under which ``llmlb route`` stands beside the PyPI routers
+LLMLB_ROUTE = "llmlb-route"
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -62,7 +66,8 @@ def _status(url: str) -> int:
 
 
 class RouterProcess:
-    """One router in front of ``workers``; ``url`` is where clients send requests."""
+    """One router in front of ``workers`` (a PyPI router, or :data:`LLMLB_ROUTE`); ``url`` is where
+    clients send requests."""
 
     def __init__(self, name: str, policy: str, workers: list[str], log: Path,
                  extra: list[str] | None = None, debug_log: bool = False, cpus: str | None = None) -> None:
@@ -72,10 +77,14 @@ class RouterProcess:
         self.log = log
         port, prom = free_ports(2)
         self.url = f"http://127.0.0.1:{port}"
-        self.metrics_url = f"http://127.0.0.1:{prom}/metrics"
-        argv = [*ensure(name), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
-                "--policy", policy, "--prometheus-port", str(prom), "--prometheus-host", "127.0.0.1",
-                "--log-level", "debug" if debug_log else "error", *(extra or [])]
+        if name == LLMLB_ROUTE:  # llmlb's own proxy, side by side with the Rust routers
+            argv = [sys.executable, "-m", "llmlb_bench", "route", *[a for w in workers for a in ("-b", w)],
+                    "--policy", policy, "--port", str(port), "--results", str(log.with_suffix(".runs")),
+                    *(extra or [])]
+        else:
+            argv = [*ensure(name), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
+                    "--policy", policy, "--prometheus-port", str(prom), "--prometheus-host", "127.0.0.1",
+                    "--log-level", "debug" if debug_log else "error", *(extra or [])]
         if cpus:
             argv = ["taskset", "-c", cpus, *argv]
         self.argv = argv

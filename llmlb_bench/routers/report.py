@@ -21,7 +21,7 @@ def _errors(kinds: dict[str, int]) -> str:
 
 COLUMNS = ("router", "TTFT p50 / p99 ms", "added TTFT p50 / p99 ms", "E2E p50 / p99 ms", "added E2E p50 / p99 ms",
            "router CPU ms/req", "Jain (backends)", "hit rate delivered / offered", "SLO met", "goodput req/s",
-           "same backend as llmlb", "errors the client saw")
+           "same backend as llmlb replay / sim", "co-location agreement replay / sim", "errors the client saw")
 
 
 def markdown(cells: Iterable[dict[str, Any]], summaries: dict[str, str] | None = None) -> str:
@@ -47,7 +47,8 @@ def markdown(cells: Iterable[dict[str, Any]], summaries: dict[str, str] | None =
                 f"{c['hit_rate_delivered']:.1%} / {c['hit_rate_offered']:.1%}",
                 f"{c['slo_attainment']:.1%}",
                 _f(c["goodput_rps"], "{:.1f}"),
-                _f(c.get("agreement_with_direct"), "{:.1%}"),
+                f"{_f(c.get('agreement_direct'), '{:.1%}')} / {_f(c.get('agreement_sim'), '{:.1%}')}",
+                f"{_f(c.get('colocation_direct'), '{:.1%}')} / {_f(c.get('colocation_sim'), '{:.1%}')}",
                 _errors(c["errors"]),
             ]) + " |")
         out.append("")
