@@ -446,8 +446,8 @@ def test_cli_replays_and_never_stores_the_api_key(servers, tmp_path, capsys, mon
                            str(tmp_path / "res"), "--run-id", "k", "--no-progress"], capsys)
     assert code == 0, err
     assert seen == ["Bearer sk-secret-123"] * 4
-    for f in (tmp_path / "res" / "k").iterdir():
-        assert b"sk-secret-123" not in f.read_bytes()
+    for f in (tmp_path / "res" / "k").rglob("*"):
+        assert f.is_dir() or b"sk-secret-123" not in f.read_bytes()
     assert "sk-secret-123" not in out + err
 
 

@@ -44,16 +44,16 @@ import socket
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from time import perf_counter
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.raycluster import ray_session
 from llmlb_bench.replay.clock import ClockOffset, measure_offset, perf_instant
 from llmlb_bench.replay.options import ReplayOptions
 from llmlb_bench.replay.preflight import Preflight
@@ -93,6 +93,12 @@ class RowTap:
         if table is not None:
             with self._lock:
                 self._tables.append(table)
+
+    #: rows are durable once the parent has taken them; nothing here to flush
+    pending_rows = 0
+
+    def flush_if_due(self) -> None:
+        pass
 
     def take(self) -> pa.Table:
         """Every row written since the last call."""
@@ -197,7 +203,7 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, o
     details: list[dict[str, Any]] = [{"rows": len(rows)} for rows in plan.shares]
     outcomes = [WorkerOutcome() for _ in range(n)]
     stop = {"signalled": False}
-    with _ray_session(options.address, n) as ray:
+    with ray_session(options.address, n) as ray:
         actor_class = ray.remote(ReplayActor)
         actors = [actor_class.options(num_cpus=1, max_concurrency=2, scheduling_strategy="SPREAD",
                                       max_restarts=0).remote(*([clocks[k]] if clocks else []))
@@ -265,24 +271,6 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, o
     if stop["signalled"] or summary["interrupted"]:
         raise KeyboardInterrupt("replay interrupted")
     return summary
-
-
-@contextmanager
-def _ray_session(address: str | None, workers: int) -> Iterator[Any]:
-    """Ray as this process already started it, or connected (started locally) for this run only."""
-    try:
-        import ray
-    except ImportError:
-        ray = None
-    if ray is not None and ray.is_initialized():
-        yield ray
-        return
-    from llmlb_bench.sweep.executors import RayExecutor  # the sweep's start-up: private instance or cluster
-
-    with RayExecutor(address, workers):
-        import ray
-
-        yield ray
 
 
 def _get(ray: Any, call: Callable[[], Any]) -> tuple[Any, str | None]:

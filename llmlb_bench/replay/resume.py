@@ -2,9 +2,11 @@
 
 An interrupted run already has one row per trace request: the finished
 ones, ``error``/``interrupted`` for those cut off in flight, and
-``not_sent`` for the rest. Resuming keeps the finished rows, sends the
-others again, and writes the result under the same run id, so the run
-ends with exactly one row per trace request again.
+``not_sent`` for the rest. A killed run (SIGKILL, OOM, power loss) has only
+the rows flushed before the kill, in its part files (and its worker
+processes' part folders). Resuming keeps the finished rows, sends every
+other trace request, and writes the result under the same run id, so the
+run ends with exactly one row per trace request again.
 
 The old folder is moved aside (``.<run_id>.resume-backup``) before the new
 one is created and removed once the new run is closed; if anything fails
@@ -18,6 +20,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -51,6 +54,19 @@ class Resume:
         shutil.rmtree(self.backup, ignore_errors=True)
 
 
+def _rows_kept(run_dir: Path) -> pa.Table:
+    """The run's rows, and those its worker processes had written to their own part folders
+    (``.workers/<k>/``) if the run was killed before it merged them; one row per request id."""
+    tables = [read_parts(run_dir / REQUESTS_FILE, REQUESTS)]
+    tables += [read_parts(d / REQUESTS_FILE, REQUESTS) for d in sorted((run_dir / ".workers").glob("*"))]
+    table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+    if len(tables) > 1:  # merged rows and their workers' copies: keep the first of each id
+        ids = table.column("request_id").to_numpy()
+        _, first = np.unique(ids, return_index=True)
+        table = table.take(pa.array(np.sort(first)))
+    return table
+
+
 def prepare_resume(run_dir: str | Path, trace_path: str | Path) -> Resume:
     """Check that ``run_dir`` is a partial replay of ``trace_path``, keep its finished rows,
     and move the folder aside so the run can be written again under the same id."""
@@ -69,7 +85,7 @@ def prepare_resume(run_dir: str | Path, trace_path: str | Path) -> Resume:
     recorded = (meta.get("trace") or {}).get("sha256")
     if recorded and recorded != file_sha256(trace_path):
         raise UserError(f"the run replayed a different trace than {trace_path}", run_dir)
-    table = read_parts(run_dir / REQUESTS_FILE, REQUESTS)
+    table = _rows_kept(run_dir)
     status = table.column("status")
     interrupted = pc.fill_null(pc.equal(table.column("error"), INTERRUPTED), False)
     keep = pc.and_(pc.not_equal(status, "not_sent"), pc.invert(interrupted))

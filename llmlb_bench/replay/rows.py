@@ -148,18 +148,22 @@ class RowWriter:
         return len(self.buffer) >= self.batch_rows
 
     def submit(self) -> None:
-        """Hand what is buffered to the writer thread (in order, without waiting)."""
+        """Hand what is buffered to the writer thread (in order, without waiting); with nothing
+        new, still let the sink flush rows it holds once its interval has passed (the replayer
+        calls this every second, so finished rows reach the disk within about two)."""
         raw = self.buffer.detach()
-        if raw is not None:
-            self.rows += len(raw)
+        if raw is not None or self.sink.pending_rows:
+            self.rows += len(raw) if raw is not None else 0
             loop = asyncio.get_running_loop()
             for fut in [f for f in self._pending if f.done()]:
                 self._pending.remove(fut)
                 fut.result()  # a failed write surfaces here rather than vanishing
             self._pending.append(loop.run_in_executor(self._pool, self._write, raw))
 
-    def _write(self, raw: RawRows) -> None:
-        self.sink.write(raw.to_arrow())
+    def _write(self, raw: RawRows | None) -> None:
+        if raw is not None:
+            self.sink.write(raw.to_arrow())
+        self.sink.flush_if_due()
 
     async def drain(self) -> None:
         """Submit the rest and wait until the thread has written everything."""

@@ -59,6 +59,22 @@ def host_info() -> dict[str, Any]:
     }
 
 
+def process_gone(meta: Mapping[str, Any]) -> bool:
+    """A ``running`` run whose process, on this host, no longer exists: it was killed (SIGKILL,
+    the OOM killer, a power loss) before it could say ``partial``."""
+    pid = meta.get("pid")
+    if meta.get("status") != "running" or not isinstance(pid, int) or \
+            (meta.get("host") or {}).get("hostname") != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # someone else's process: it exists
+        return False
+    return False
+
+
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -117,7 +133,7 @@ class RunStore:
     def __init__(self, results_dir: str | Path, *, config: Mapping[str, Any], backend: str,
                  label: str = "run", run_id: str | None = None, trace_path: str | Path | None = None,
                  trace_rows: int | None = None, trace_spec: Mapping[str, Any] | None = None,
-                 rows_per_group: int = 65536, flush_s: float = 2.0) -> None:
+                 rows_per_group: int = 65536, flush_s: float = 1.0) -> None:
         self.run_id = check_name(run_id, "--run-id") if run_id is not None else new_run_id(label)
         self.dir = Path(results_dir) / self.run_id
         self.summary: dict[str, Any] = {}
@@ -138,6 +154,7 @@ class RunStore:
             "schema_versions": {s.kind: s.version for s in (TRACE, REQUESTS, SERIES)},
             "argv": sys.argv,
             "host": host_info(),
+            "pid": os.getpid(),
             "config": dict(config),
             "trace": None,
         }

@@ -33,7 +33,7 @@ import pyarrow.dataset as pads
 from llmlb_bench.errors import UserError
 from llmlb_bench.schema import REQUESTS, SERIES, TableSpec, open_parquet
 from llmlb_bench.store.parts import table_files
-from llmlb_bench.store.run import REQUESTS_FILE, RUN_JSON, SERIES_FILE
+from llmlb_bench.store.run import REQUESTS_FILE, RUN_JSON, SERIES_FILE, process_gone
 
 RUNS_SCHEMA = pa.schema(
     [
@@ -84,10 +84,9 @@ def load_run_meta(run_dir: Path) -> dict[str, Any]:
 
 
 def _readable(path: Path, spec: TableSpec) -> list[Path] | None:
-    """The part files of the table at ``path`` when every one opens as ``spec``, else None."""
+    """The part files of the table at ``path`` when every one opens as ``spec`` (none when a run
+    was killed before its first flush), else None."""
     files = table_files(path)
-    if not files:
-        return None
     try:
         for f in files:
             open_parquet(f, spec)
@@ -104,7 +103,8 @@ def _runs_row(meta: dict[str, Any], run_dir: Path, broken: bool) -> dict[str, An
         policy = policy.get("name")
     return {
         "run_id": meta["run_id"], "label": meta.get("label"), "backend": meta.get("backend"),
-        "status": "broken" if broken else meta.get("status"), "reason": meta.get("reason"),
+        "status": "broken" if broken else "killed" if process_gone(meta) else meta.get("status"),
+        "reason": meta.get("reason"),
         "created_utc": meta.get("created_utc"), "finished_utc": meta.get("finished_utc"),
         "policy": policy, "seed": cfg.get("seed"), "trace_sha256": trace.get("sha256"),
         "trace_path": trace.get("path"), "requests": (meta.get("rows") or {}).get("requests"),

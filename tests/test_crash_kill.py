@@ -1,0 +1,139 @@
+"""Runs survive SIGKILL at random instants (docs/security.md, "crash safety").
+
+Real processes: ``llmlb simulate`` and ``llmlb replay`` (against the no-op
+server in its own process) are killed with SIGKILL at seeded random instants
+once their first rows are on disk. What was flushed must read back whole
+(every part a complete Parquet file, one row per request id), the run must
+show as ``killed``, and ``llmlb replay --resume`` must finish the replay with
+exactly one row per trace row, keeping the rows that survived unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import make_trace
+from llmlb_bench.schema import REQUESTS, write_trace
+from llmlb_bench.store.parts import read_parts, table_files
+from llmlb_bench.store.sink import ParquetSink
+from llmlb_bench.store.views import Catalog
+
+pytestmark = pytest.mark.slow
+
+LLMLB = [sys.executable, "-m", "llmlb_bench"]
+#: kill instants, seconds after the first part file appears (seeded: the same instants on every run)
+INSTANTS = [round(random.Random(15).uniform(0.2, 1.5), 2) for _ in range(2)]
+
+
+def _wait_for_part(proc: subprocess.Popen, folder: Path, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not table_files(folder):
+        assert proc.poll() is None, f"the run ended before its first flush: {proc.communicate()}"
+        assert time.monotonic() < deadline, "no part file appeared"
+        time.sleep(0.05)
+
+
+def _kill(proc: subprocess.Popen, after_s: float) -> None:
+    time.sleep(after_s)
+    assert proc.poll() is None, "the run finished before the kill: make it longer"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+
+
+def _check_survivors(run_dir: Path, trace_ids: set[int]) -> list[dict]:
+    parts = table_files(run_dir / "requests.parquet")
+    assert parts and all(pq.ParquetFile(p).metadata.num_rows >= 0 for p in parts)  # every part is whole
+    assert not [p for p in (run_dir / "requests.parquet").iterdir() if p.name.startswith(".")], "a temporary file"
+    rows = read_parts(run_dir / "requests.parquet", REQUESTS).to_pylist()
+    ids = [r["request_id"] for r in rows]
+    assert rows and len(ids) == len(set(ids)) and set(ids) <= trace_ids
+    cat = Catalog([run_dir])
+    assert cat.query("select status from runs").column(0).to_pylist() == ["killed"]
+    assert cat.query("select count(*) from requests").column(0).to_pylist() == [len(rows)]
+    return rows
+
+
+@pytest.mark.parametrize("after_s", INSTANTS)
+def test_simulate_killed_keeps_its_flushed_rows(tmp_path, after_s):
+    spec = tmp_path / "w.toml"
+    spec.write_text('name = "w"\nseed = 3\nrequests = 200000\n[tenants.a]\narrival = { process = "poisson", rate = 40.0 }\n'
+                    'input = { dist = "lognormal", median = 300, sigma = 1.0, max = 4096 }\n'
+                    'output = { dist = "lognormal", median = 150, sigma = 0.8, max = 1024 }\n')
+    subprocess.run(LLMLB + ["gen", str(spec), "-o", str(tmp_path / "t.parquet")], check=True, capture_output=True)
+    proc = subprocess.Popen(LLMLB + ["simulate", str(tmp_path / "t.parquet"), "-r", str(tmp_path / "res"),
+                                     "--run-id", "s", "-f", "json"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _wait_for_part(proc, tmp_path / "res" / "s" / "requests.parquet")
+    _kill(proc, after_s)
+    rows = _check_survivors(tmp_path / "res" / "s", set(range(200000)))
+    assert {r["status"] for r in rows} <= {"ok", "rejected", "error", "timeout"}
+
+
+@pytest.fixture
+def noop():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "llmlb_bench.replay.noop_server", "--port", str(port),
+                             "--itl-ms", "20"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert "listening" in proc.stdout.readline()
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("after_s", INSTANTS)
+def test_replay_killed_then_resumed_ends_with_one_row_per_trace_row(tmp_path, noop, after_s):
+    n = 300
+    write_trace(make_trace(n=n, rate=40.0, output_tokens=5), tmp_path / "t.parquet")
+    run_dir = tmp_path / "res" / "k"
+    proc = subprocess.Popen(LLMLB + ["replay", str(tmp_path / "t.parquet"), "-e", noop, "-r", str(tmp_path / "res"),
+                                     "--run-id", "k", "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _wait_for_part(proc, run_dir / "requests.parquet")
+    _kill(proc, after_s)
+    killed_at = time.perf_counter()  # the server's clock (perf_counter is system-wide on Linux)
+    survivors = {r["request_id"]: r for r in _check_survivors(run_dir, set(range(n)))}
+    # every request the server had finished well before the kill survived (the aim is 2 s; the
+    # margin is for a loaded machine, where the writer thread runs at idle priority)
+    records = json.load(urllib.request.urlopen(f"{noop}/stats", timeout=10))
+    done_early = {int(k) for k, (_, _, last, _) in records.items() if 0 < last < killed_at - 8.0}
+    assert done_early <= set(survivors)
+
+    out = subprocess.run(LLMLB + ["replay", str(tmp_path / "t.parquet"), "-e", noop, "--resume", str(run_dir),
+                                  "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
+    assert sorted(r["request_id"] for r in rows) == list(range(n))  # exactly one row per trace row
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "complete"
+    kept = {r["request_id"]: r for r in rows if r["request_id"] in survivors}
+    assert all(kept[i]["sent_s"] == r["sent_s"] and kept[i]["status"] == r["status"]
+               for i, r in survivors.items() if r["status"] == "ok")
+    assert not any(p.name.endswith("resume-backup") for p in (tmp_path / "res").iterdir())
+
+
+def test_rows_reach_the_disk_within_the_flush_interval(tmp_path):
+    """The bound itself, on a fake clock: a buffered row is in a complete part file by the first
+    ``flush_if_due`` call ``flush_s`` after the previous flush, even if no row follows it."""
+    now = [0.0]
+    sink = ParquetSink(tmp_path / "r", REQUESTS, flush_s=1.0, constants={"run_id": "x"}, clock=lambda: now[0])
+    now[0] = 0.5
+    sink.write({"request_id": [1], "status": ["ok"]})
+    assert table_files(tmp_path / "r") == [] and sink.pending_rows == 1
+    now[0] = 0.9
+    sink.flush_if_due()
+    assert table_files(tmp_path / "r") == []
+    now[0] = 1.0
+    sink.flush_if_due()  # what the replayer's once-a-second timer calls
+    # never closed, like a killed process's sink: the part stands alone
+    assert pq.read_table(tmp_path / "r").column("request_id").to_pylist() == [1] and sink.pending_rows == 0
