@@ -168,11 +168,6 @@ class ExpertLoad:
         self._tabulate(0.0)
 
     @property
-    def slots_per_gpu(self) -> int:
-        """Expert replicas each GPU holds once EPLB has placed the redundant ones."""
-        return (self.experts + self.spec.redundant_experts) // self.ep
-
-    @property
     def next_change(self) -> float:
         return min(self._next_drift, self._next_eplb)
 

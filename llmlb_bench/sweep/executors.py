@@ -23,10 +23,10 @@ import multiprocessing
 import os
 from abc import ABC, abstractmethod
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.raycluster import start_ray
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -88,24 +88,8 @@ class RayExecutor(Executor):
     """
 
     def __init__(self, address: str | None = None, workers: int | None = None) -> None:
-        try:
-            import ray
-        except ImportError:
-            raise UserError("Ray is not installed; install the extra: pip install 'llmlb-bench[ray]'",
-                            "--executor") from None
-        self._ray = ray
+        self._ray = ray = start_ray(address, workers)
         self._remotes: dict[Callable[..., Any], Any] = {}
-        if address is None:
-            package_root = str(Path(__file__).resolve().parents[2])
-            path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
-            ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
-        else:
-            try:
-                ray.init(address=address, log_to_driver=False, configure_logging=False)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise UserError(f"cannot connect to Ray at {address!r}: {str(exc).splitlines()[0]}",
-                                "--address") from None
         self.workers = int(ray.cluster_resources().get("CPU", 1))
 
     def run(self, fn: Callable[..., R], tasks: Iterable[T], *args: Any) -> Iterator[tuple[T, R]]:
