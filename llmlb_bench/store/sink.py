@@ -22,9 +22,9 @@ from llmlb_bench.redact import redact_array
 from llmlb_bench.schema import TableSpec
 from llmlb_bench.store.parts import replace_table, table_files, write_part
 
-#: at close, a folder of more parts than this whose mean part is under half a row group
+#: at close, a folder of more parts than this whose mean part is under an eighth of a row group
 #: (a long, slow replay flushing every 2 s) is compacted into one part
-COMPACT_PARTS = 16
+COMPACT_PARTS = 64
 
 
 def rows_table(spec: TableSpec, columns: Mapping[str, Sequence[Any] | pa.Array],
@@ -92,7 +92,20 @@ class ParquetSink:
             table = table.set_column(i, table.field(i), redact_array(table.column(i)))
         self._pending.append(table)
         self._pending_rows += table.num_rows
-        if self._pending_rows >= self.rows_per_group or self._clock() - self._last_flush >= self.flush_s:
+        if self._pending_rows >= self.rows_per_group:
+            self.flush()
+        else:
+            self.flush_if_due()
+
+    @property
+    def pending_rows(self) -> int:
+        """Rows buffered, not yet on disk."""
+        return self._pending_rows
+
+    def flush_if_due(self) -> None:
+        """Flush when rows are buffered and ``flush_s`` has passed since the last flush (producers
+        that may go quiet call it on a timer, so buffered rows do not wait for the next write)."""
+        if self._pending_rows and self._clock() - self._last_flush >= self.flush_s:
             self.flush()
 
     def flush(self) -> None:
@@ -118,7 +131,7 @@ class ParquetSink:
         self.flush()
         if self._parts == 0:
             self._write_part([])
-        elif self._parts > COMPACT_PARTS and self.rows_written < self._parts * self.rows_per_group // 2:
+        elif self._parts > COMPACT_PARTS and self.rows_written < self._parts * self.rows_per_group // 8:
             files = table_files(self.path)
             replace_table(self.path, (pq.read_table(f) for f in files), self._schema,
                           row_group_size=self.rows_per_group, **self._options)
