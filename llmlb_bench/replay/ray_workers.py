@@ -94,6 +94,12 @@ class RowTap:
             with self._lock:
                 self._tables.append(table)
 
+    #: rows are durable once the parent has taken them; nothing here to flush
+    pending_rows = 0
+
+    def flush_if_due(self) -> None:
+        pass
+
     def take(self) -> pa.Table:
         """Every row written since the last call."""
         with self._lock:
