@@ -46,18 +46,34 @@ class ReportOptions:
 def build(cat: Catalog, options: ReportOptions, where: str = "runs") -> dict[str, Any]:
     """The report document of every run in ``cat`` that has request rows."""
     runs = summarize(cat, options.slo, options.summary)
+    dropped = left_out(cat, {s["run_id"] for s in runs})
     if not runs:
-        raise UserError("no runs with request rows found", where)
+        raise UserError("no runs with request rows found"
+                        + (f" ({'; '.join(d['why'] for d in dropped)})" if dropped else ""), where)
     folders = {r["run_id"]: r["dir"] for r in cat.runs_table.to_pylist()}
     return {
+        "left_out": dropped,
         "verdicts": verdicts(runs, folders, options.slo, options.baseline, options.summary.confidence,
                              options.summary.seed),
         "options": options.to_dict(),
         "runs": runs,
         "curves": load_curves(runs, options.target),
         "common": common(s["facets"] for s in runs),
-        "notes": run_notes(runs),
+        "notes": [d["why"] for d in dropped] + run_notes(runs),
     }
+
+
+def left_out(cat: Catalog, shown: set[str]) -> list[dict[str, Any]]:
+    """Runs found but not in the report, each with why: a broken requests table, or no request rows."""
+    out = []
+    for r in cat.runs_table.to_pylist():
+        if r["run_id"] in shown:
+            continue
+        why = ("its requests table cannot be read (broken)" if r["status"] == "broken" else
+               f"it has no request rows (status {r['status']})")
+        out.append({"run_id": r["run_id"], "dir": r["dir"], "status": r["status"],
+                    "why": f"run {r['run_id']} ({r['dir']}) left out: {why}"})
+    return out
 
 
 def _finite(x: Any) -> Any:

@@ -34,11 +34,12 @@ def render(doc: dict[str, Any]) -> str:
     head = f"### llmlb report — {len(doc['runs'])} run(s), {opts['definitions']} definitions"
     if opts["slo_text"]:
         head += f", SLO `{opts['slo_text']}`"
-    parts = [head] + [f"**Verdict:** {_cell(line)}" for line in verdict_lines(doc)]
+    parts = [head] + [f"> Note: {_cell(n)}" for n in doc.get("notes") or ()]
+    parts += [f"**Verdict:** {_cell(line)}" for line in verdict_lines(doc)]
     parts.append(table_md(tables.comparison(doc)))
     parts += [table_md(t) for t in tables.verdict_tables(doc)]
     parts += [table_md(t) for t in (tables.groups(doc, "per_class"), tables.groups(doc, "per_tenant")) if t is not None]
     parts += [table_md(t) for t in tables.curves(doc)]
     parts.append("<details><summary>All figures</summary>\n\n" + table_md(tables.details(doc)) + "\n\n</details>")
-    parts += [f"> Note: {_cell(n)}" for n in doc.get("notes") or ()]
+
     return "\n\n".join(parts) + "\n"

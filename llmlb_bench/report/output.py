@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.slo import Slo
@@ -64,5 +65,13 @@ def print_report(paths: list[Path], slo_text: str | None, fmt: str, *,
         out = Console(record=True, width=160, file=io.StringIO())
         terminal.render(doc, out)
         _write(out.export_text(), output)
+    err = Console(stderr=True)
     if figures_dir is not None:
-        Console(stderr=True).print(f"figures: {len(figs)} x {', '.join(figures.FORMATS)} -> {figures_dir}")
+        err.print(f"figures: {len(figs)} x {', '.join(figures.FORMATS)} -> {figures_dir}")
+    for d in doc["left_out"]:
+        err.print(f"[bold yellow]warning:[/] {escape(d['why'])}", highlight=False, soft_wrap=True)
+    named = {Path(p).resolve() for p in paths}
+    for d in doc["left_out"]:
+        if Path(d["dir"]).resolve() in named:
+            raise UserError(f"run {d['run_id']} was named but left out of the report: {d['why'].split(': ', 1)[1]}",
+                            d["dir"])

@@ -36,10 +36,12 @@ def _rich(t: Table, title: str | None = None) -> RichTable:
 
 
 def render(doc: dict[str, Any], console: Console) -> None:
-    """Print every table of the report (and a note on partial runs)."""
+    """Print every table of the report, its notes and verdicts on top."""
     slo = doc["options"]["slo_text"]
     console.print(f"[bold]llmlb report[/] — {len(doc['runs'])} run(s), {doc['options']['definitions']} definitions"
                   + (f", SLO {slo}" if slo else ""))
+    for note in doc.get("notes") or ():
+        console.print(f"[yellow]note:[/] {escape(note)}")
     for line in verdict_lines(doc):
         console.print(f"[bold]verdict:[/] {escape(line)}")
     console.print(_rich(tables.comparison(doc)))
@@ -56,5 +58,4 @@ def render(doc: dict[str, Any], console: Console) -> None:
         chunk = runs[k:k + per_table]
         title = "Details" if len(runs) <= per_table else f"Details (runs {k + 1}-{k + len(chunk)} of {len(runs)})"
         console.print(_rich(tables.details(doc, chunk), title))
-    for note in doc.get("notes") or ():
-        console.print(f"[yellow]note:[/] {escape(note)}")
+
