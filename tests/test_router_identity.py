@@ -59,6 +59,7 @@ def test_backend_recorded_through_real_router(tmp_path: Path, fleet, name: str):
         n = 16
         _, rows, _ = run_replay(poisson_trace(n, 40.0, seed=2, input_mean=60, output_mean=8), [router.url],
                                 tmp_path, "round_robin", FAST, run_id=name)
+        counted = router.worker_counts()
         if name == "smg":
             headers = request(router.url, "POST", "/v1/completions", {"model": "llama-3-8b", "prompt": "hi", "max_tokens": 1, "stream": True})[1]
             assert headers["x-smg-routed-worker-id"] == headers["x-llmlb-backend"]
@@ -66,6 +67,8 @@ def test_backend_recorded_through_real_router(tmp_path: Path, fleet, name: str):
     assert all(r["target"] == router.url for r in rows)
     counts = Counter(r["backend"] for r in rows)
     assert set(counts) == set(fleet.urls) and abs(counts[fleet.urls[0]] - counts[fleet.urls[1]]) <= 2
+    # the router's own per-worker counters give the same split (per backend, not per request)
+    assert {u: counted.get(u, 0) for u in fleet.urls} == {u: counts[u] for u in fleet.urls}
     if name != "vllm-router":  # vllm-router logs no per-request worker
         logged = backends_from_log(router.log)
         assert {r["request_id"]: r["backend"] for r in rows} == {int(k): v for k, v in logged.items() if k.isdigit()}

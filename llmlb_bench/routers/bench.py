@@ -117,6 +117,7 @@ def run_cell(scenario: Scenario, router: str, ports: list[int], out: Path, opt: 
                   "backends": urls, "speeds": list(scenario.fleet.speeds), "events": list(scenario.fleet.events),
                   "router_argv": proc.argv if proc else None}
         cpu0 = proc.cpu_s() if proc else 0.0
+        counted0 = proc.worker_counts() if proc else {}
         # a restart does not wait for readiness: the router's health checks are what is under test
         actions: dict[str, Callable[[Backend], Any]] = {"kill": Backend.kill,
                                                         "start": lambda b: b.start(wait=False)}
@@ -135,6 +136,7 @@ def run_cell(scenario: Scenario, router: str, ports: list[int], out: Path, opt: 
                 series["t_s"] = [t - t0 for t in series["t_s"]]
                 run.series.write(series)
         cpu = (proc.cpu_s() - cpu0) if proc else None
+        counted = {w: c - counted0.get(w, 0.0) for w, c in proc.worker_counts().items()} if proc else {}
     finally:
         scraper.stop_event.set()
         for t in timers:
@@ -143,7 +145,9 @@ def run_cell(scenario: Scenario, router: str, ports: list[int], out: Path, opt: 
             proc.stop()
         for b in fleet:
             b.stop()
-    return figures(scenario, router, out / scenario.name / router / "requests.parquet", urls, cpu, opt)
+    fig = figures(scenario, router, out / scenario.name / router / "requests.parquet", urls, cpu, opt)
+    fig["router_counted_per_backend"] = counted or None
+    return fig
 
 
 def _pct(values: np.ndarray, q: float) -> float | None:

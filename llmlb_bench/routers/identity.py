@@ -51,3 +51,33 @@ def backends_from_log(path: Path) -> dict[str, str]:
             if rid and url:
                 found.setdefault(rid.group(1), url.group(1).rstrip("/"))
     return found
+
+
+#: per-worker request counters of the routers' Prometheus endpoints, first present wins:
+#: vllm-router counts its policy's decisions; smg (and sglang-router 0.3.2, built on it) counts
+#: each worker's circuit-breaker outcomes, one per attempt
+COUNTERS = ("vllm_router_policy_decisions_total", "smg_worker_cb_outcomes_total")
+_WORKER = re.compile(r'worker="([^"]+)"')
+
+
+def worker_counts(metrics_text: str) -> dict[str, float]:
+    """Requests per worker URL from a router's ``/metrics`` (see :data:`COUNTERS`); {} when none.
+
+    Scraped before and after a run, the difference is the router's own count per backend: a
+    per-backend split (not per request) for routers whose backends do not name themselves."""
+    sums: dict[str, dict[str, float]] = {}
+    for line in metrics_text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name, _, rest = line.partition("{")
+        if name not in COUNTERS:
+            continue
+        worker = _WORKER.search(rest)
+        try:
+            value = float(rest.rsplit("}", 1)[1].split()[0])
+        except (IndexError, ValueError):
+            continue
+        if worker:
+            per = sums.setdefault(name, {})
+            per[worker.group(1).rstrip("/")] = per.get(worker.group(1).rstrip("/"), 0.0) + value
+    return next((sums[n] for n in COUNTERS if n in sums), {})

@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.routers.identity import worker_counts
 from llmlb_bench.routers.install import ensure
 
 #: the name under which ``llmlb route`` stands beside the PyPI routers
@@ -77,6 +78,7 @@ class RouterProcess:
         self.log = log
         port, prom = free_ports(2)
         self.url = f"http://127.0.0.1:{port}"
+        self.metrics_url = f"http://127.0.0.1:{prom}/metrics"
         if name == LLMLB_ROUTE:  # llmlb's own proxy, side by side with the Rust routers
             argv = [sys.executable, "-m", "llmlb_bench", "route", *[a for w in workers for a in ("-b", w)],
                     "--policy", policy, "--port", str(port), "--results", str(log.with_suffix(".runs")),
@@ -113,6 +115,16 @@ class RouterProcess:
 
     def cpu_s(self) -> float:
         return process_cpu_s(self.proc.pid)
+
+    def worker_counts(self) -> dict[str, float]:
+        """The router's own requests per worker (:func:`identity.worker_counts`); {} without them."""
+        if self.name == LLMLB_ROUTE:
+            return {}
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=5) as r:
+                return worker_counts(r.read().decode(errors="replace"))
+        except OSError:
+            return {}
 
     def stop(self) -> None:
         """SIGTERM to the router's process group, SIGKILL after 5 s; idempotent."""
