@@ -49,7 +49,7 @@ def test_pipeline_stages_from_the_flag_are_counted_in_gpus_and_cost(tmp_path, ca
 
 
 @pytest.mark.parametrize("text, fragment", [
-    ("replicas = 2\nflavour = 'x'\n", "unknown cluster setting 'flavour'"),
+    ("replicas = 2\nflavour = 'x'\n", "unknown field 'flavour'"),
     ("replicas = [", "not valid TOML"),
     ("gpu = 'tpu-v9'\n", "tpu-v9"),
 ])

@@ -57,7 +57,7 @@ def test_config_round_trips_through_json():
     cfg = ClusterConfig(replicas=8, gpu="h100-sxm", model="llama-3-70b", tp=4, max_num_seqs=128)
     back = ClusterConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert back == cfg
-    with pytest.raises(UserError, match="unknown cluster setting 'replica'"):
+    with pytest.raises(UserError, match="unknown field 'replica' \\(did you mean 'replicas'\\?\\)"):
         ClusterConfig.from_dict({"replica": 3})
 
 

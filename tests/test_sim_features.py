@@ -197,7 +197,7 @@ def test_engine_defaults_follow_vllm_per_gpu_class():
 
 
 def test_pool_settings_are_validated():
-    with pytest.raises(UserError, match="unknown pool setting 'gpus'") as e:
+    with pytest.raises(UserError, match="unknown field 'gpus' \\(did you mean 'gpu'\\?\\)") as e:
         ClusterConfig(pools=[{"gpus": "h100-sxm"}])
     assert e.value.where == "cluster.pools[0]"
     with pytest.raises(UserError, match="unknown GPU") as e:
@@ -419,7 +419,7 @@ class FixedSchedule:
 
 
 def test_autoscale_settings_are_validated():
-    with pytest.raises(UserError, match="unknown setting 'every'"):
+    with pytest.raises(UserError, match="unknown field 'every'"):
         ClusterConfig(autoscale={"every": 3})
     with pytest.raises(UserError, match="unknown autoscaler 'hpa'"):
         ClusterConfig(autoscale={"policy": "hpa"})

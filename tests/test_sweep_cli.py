@@ -98,7 +98,7 @@ BASE = SMALL.replace('name = "small"\n', "")
      ["policies.rr", "unknown policy 'round_robbin'"]),
     (BASE.replace("args = { d = 2 }", "args = { dd = 2 }"), ["policies.p2c", "no parameter 'dd'"]),
     (BASE.replace("two = { replicas = 2 }", "two = { replicas = 2, gpus = 'x' }"),
-     ["clusters.two", "unknown cluster setting 'gpus'"]),
+     ["clusters.two", "unknown field 'gpus' (did you mean 'gpu'?)"]),
     (BASE.replace("two = { replicas = 2 }", "two = { gpu = 'tpu-v9' }"), ["clusters.two", "tpu-v9"]),
     (BASE.replace("two = {", "'two words' = {"), ["clusters.two words", "not a valid label"]),
     (BASE.replace("seeds = [3]", "seeds = [3, 3]"), ["seeds", "seeds repeat"]),

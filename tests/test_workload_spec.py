@@ -64,9 +64,14 @@ def test_negative_sigma(tmp_path):
 
 def test_typo_is_an_unknown_field(tmp_path):
     line = error_of(tmp_path, GOOD.replace("sigma = 0.5", "sigm = 0.5"))
-    assert "tenants.chat.output.sigma: missing required field (is 'sigm' a typo?)" in line
+    assert "tenants.chat.output: unknown field 'sigm' (did you mean 'sigma'?)" in line
     line = error_of(tmp_path, GOOD.replace("max = 512", "maxx = 512"))
-    assert "tenants.chat.output.maxx: unknown field" in line
+    assert "tenants.chat.output: unknown field 'maxx' (did you mean 'max'?)" in line
+    # a typo is named as such, not by the symptom it causes (a missing or conflicting field)
+    line = error_of(tmp_path, GOOD.replace("requests =", "reqests ="))
+    assert "unknown field 'reqests' (did you mean 'requests'?)" in line
+    line = error_of(tmp_path, GOOD.replace("median = 300", "medain = 300"))
+    assert "unknown field 'medain' (did you mean 'median'?)" in line
 
 
 def test_wrong_type(tmp_path):

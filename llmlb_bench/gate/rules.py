@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.tomlfile import read_toml
+from llmlb_bench.tomlfile import check_fields, read_toml
 from llmlb_bench.units import seconds
 
 
@@ -127,9 +127,7 @@ def load_rules(path: str | Path) -> list[Rule]:
     path = Path(path)
     data = read_toml(path, "rules file (.toml)")
     rules = data.get("rules")
-    unknown = sorted(set(data) - {"rules"})
-    if unknown:
-        raise UserError(f"unknown field {unknown[0]!r} (a rules file holds rules = [...])", path)
+    check_fields(data, {"rules"}, path)
     if not isinstance(rules, list) or not rules or not all(isinstance(r, str) for r in rules):
         raise UserError("rules must be a non-empty list of strings such as 'goodput >= -5%'", path)
     return [parse_rule(r, f"{path}: rules[{i}]") for i, r in enumerate(rules)]

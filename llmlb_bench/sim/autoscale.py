@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Mapping
 from llmlb_bench.errors import UserError
 from llmlb_bench.plugins import load_class
 from llmlb_bench.policies import View
+from llmlb_bench.tomlfile import check_fields
 
 
 @dataclass(frozen=True)
@@ -163,9 +164,7 @@ class AutoscaleSpec:
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> "AutoscaleSpec":
         where = "cluster.autoscale"
-        unknown = sorted(set(raw) - {"policy", "interval_s", "cold_start_s", "args"})
-        if unknown:
-            raise UserError(f"unknown setting {unknown[0]!r} (known: policy, interval_s, cold_start_s, args)", where)
+        check_fields(raw, {"policy", "interval_s", "cold_start_s", "args"}, where)
         spec = cls(**{k: v for k, v in raw.items() if k != "args"}, args=dict(raw.get("args") or {}))
         if not spec.interval_s > 0 or spec.cold_start_s < 0:
             raise UserError("interval_s must be > 0 and cold_start_s >= 0", where)

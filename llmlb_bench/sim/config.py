@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.tomlfile import read_toml
+from llmlb_bench.tomlfile import check_fields, read_toml
 from llmlb_bench.sim.catalog import GPU, Model, load_catalog
 from llmlb_bench.sim.moe import MoeSpec, check_layout
 from llmlb_bench.sim.autoscale import AutoscaleSpec
@@ -204,10 +204,7 @@ class ClusterConfig:
                 given = dataclasses.asdict(given)
             if not isinstance(given, Mapping):
                 raise UserError("each pool must be a table of settings", where)
-            unknown = sorted(set(given) - set(POOL_FIELDS) - {"name", "role"})
-            if unknown:
-                raise UserError(f"unknown pool setting {unknown[0]!r} (known: name, role, {', '.join(POOL_FIELDS)})",
-                                where)
+            check_fields(given, {*POOL_FIELDS, "name", "role"}, where)
             values = {k: given.get(k, getattr(self, k)) for k in POOL_FIELDS}
             values["profile"] = resolve_profile(values["profile"], where=f"{where}.profile")
             if values["profile"] is not None:
@@ -286,10 +283,7 @@ class ClusterConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "cluster") -> "ClusterConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise UserError(f"unknown cluster setting {unknown[0]!r} (known: {', '.join(sorted(known))})", where)
+        check_fields(d, {f.name for f in dataclasses.fields(cls)}, where)
         kwargs = dict(d)
         for k in ("catalogs", "pools", "failures"):
             if k in kwargs:

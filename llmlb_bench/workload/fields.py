@@ -9,11 +9,11 @@ silently ignored and the experiment run with a default).
 
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Any, Iterator, Mapping, Sequence
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.tomlfile import closest, unknown_field
 
 _REQUIRED = object()
 
@@ -28,6 +28,8 @@ class Section:
         self.path = path
         self.source = source
         self._used: set[str] = set()
+        #: every name this table was asked for (read or tested with :meth:`has`): the known fields
+        self._asked: set[str] = set()
 
     def dotted(self, key: str | int) -> str:
         if isinstance(key, int):
@@ -35,21 +37,33 @@ class Section:
         return f"{self.path}.{key}" if self.path else key
 
     def error(self, key: str | int | None, problem: str) -> UserError:
-        """A :class:`UserError` for field ``key`` of this section (or the section itself)."""
+        """A :class:`UserError` for field ``key`` of this section (or the section itself); when a key
+        of the table is a misspelling of a field asked for, that is the error instead (a missing or
+        conflicting field is then only its symptom)."""
+        typo = self._typo()
+        if typo is not None:
+            return typo
         name = self.dotted(key) if key is not None else (self.path or "spec")
         return UserError(f"{name}: {problem}", self.source)
 
+    def _typo(self) -> UserError | None:
+        absent = {k for k in self._asked if k not in self.data}
+        for key in sorted(k for k in self.data if k not in self._asked and isinstance(k, str)):
+            if closest(key, absent):
+                return unknown_field(key, self._asked, self.source, f"{self.path}: " if self.path else "")
+        return None
+
     def has(self, key: str) -> bool:
+        self._asked.add(key)
         return key in self.data
 
     def raw(self, key: str, default: Any = _REQUIRED) -> Any:
         """The value of ``key`` unchecked (marks it used)."""
         self._used.add(key)
+        self._asked.add(key)
         if key not in self.data:
             if default is _REQUIRED:
-                near = difflib.get_close_matches(key, [k for k in self.data if k not in self._used], n=1)
-                hint = f" (is {near[0]!r} a typo?)" if near else ""
-                raise self.error(key, f"missing required field{hint}")
+                raise self.error(key, "missing required field")
             return default
         return self.data[key]
 
@@ -132,8 +146,7 @@ class Section:
         """Refuse keys that were never read: they are typos or unsupported options."""
         unknown = sorted(set(self.data) - self._used)
         if unknown:
-            known = ", ".join(sorted(self._used)) or "none"
-            raise self.error(unknown[0], f"unknown field (this table reads: {known})")
+            raise unknown_field(unknown[0], self._asked, self.source, f"{self.path}: " if self.path else "")
 
 
 def check_number(section: Section, key: str, value: Any, *, gt: float | None = None, ge: float | None = None,
