@@ -86,3 +86,15 @@ def test_bench_smoke_through_vllm_router(tmp_path: Path, capsys):
     cat = Catalog([tmp_path])   # ordinary runs: the query layer reads them
     n = cat.con.execute("SELECT count(*) FROM requests WHERE backend IS NOT NULL").fetchone()[0]
     assert n >= 4 * 24 - 8
+
+
+@pytest.mark.parametrize("args, where", [
+    (["routers", "bench", "-r", "nope"], "--router"),
+    (["routers", "bench", "-s", "nope"], "--scenario"),
+    (["routers", "bench", "--scale", "0"], "--scale"),
+    (["route", "-b", "localhost:8000"], "--backend"),
+    (["route", "-b", "http://127.0.0.1:8000", "-p", "nope"], "--policy"),
+])
+def test_bad_input_is_one_line(args: list[str], where: str, capsys):
+    code, out, err = cli(args, capsys)
+    assert code == 2 and err.strip().count("\n") == 0 and where in err and "Traceback" not in err
