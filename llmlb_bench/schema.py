@@ -194,6 +194,8 @@ SERIES = TableSpec(
             pa.field("kv_blocks_used", pa.int32()),
             pa.field("kv_blocks_total", pa.int32()),
             pa.field("power_w", pa.float32()),
+            # preemptions since the target's previous sample (replayer: vLLM's counter); files without it read as null
+            pa.field("preemptions", pa.int32()),
         ]
     ),
     required=frozenset({"run_id", "t_s", "target"}),

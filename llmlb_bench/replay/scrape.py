@@ -9,15 +9,19 @@ series.parquet. Metric names per engine (gauges, summed over label sets):
 =========  ===============================  ==============================  =============================================
 engine     waiting                          running                         KV cache use (0..1)
 =========  ===============================  ==============================  =============================================
-vLLM       ``vllm:num_requests_waiting``    ``vllm:num_requests_running``   ``vllm:kv_cache_usage_perc`` (v1),
-                                                                            ``vllm:gpu_cache_usage_perc`` (v0)
+vLLM       ``vllm:num_requests_waiting``    ``vllm:num_requests_running``   ``vllm:kv_cache_usage_perc`` (V1 engine),
+                                                                            ``vllm:gpu_cache_usage_perc`` (V0, removed)
 SGLang     ``sglang:num_queue_reqs``        ``sglang:num_running_reqs``     ``sglang:token_usage``
 llama.cpp  ``llamacpp:requests_deferred``   ``llamacpp:requests_processing`` ``llamacpp:kv_cache_usage_ratio``
 TGI        ``tgi_queue_size``               ``tgi_batch_current_size``      -
 =========  ===============================  ==============================  =============================================
 
 vLLM's ``vllm:cache_config_info{num_gpu_blocks="N"}`` gives the KV block
-count, so series rows also get ``kv_blocks_used``/``kv_blocks_total``.
+count, so series rows also get ``kv_blocks_used``/``kv_blocks_total``. Its
+counter ``vllm:num_preemptions_total`` becomes the series column
+``preemptions``: the increase since the target's previous scrape (see
+:func:`counter_delta`), so a run shows when the engine preempted, and the
+count from before the run never enters it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ _WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requ
 _RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing",
             "tgi_batch_current_size")
 _KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio")
+_PREEMPTIONS = ("vllm:num_preemptions_total",)
 
 
 @dataclass
@@ -39,6 +44,8 @@ class Signals:
     running: int | None = None
     kv_usage: float | None = None
     kv_blocks_total: int | None = None
+    #: the engine's preemption counter since it started (a counter: compare two scrapes)
+    preemptions_total: float | None = None
 
     def known(self) -> bool:
         return self.waiting is not None or self.running is not None or self.kv_usage is not None
@@ -64,7 +71,7 @@ def parse_metrics(text: str) -> Signals:
             raw = labels.split('num_gpu_blocks="', 1)[1].split('"', 1)[0]
             blocks = int(raw) if raw.isdigit() else None
             continue
-        if name in _WAITING or name in _RUNNING or name in _KV:
+        if name in _WAITING or name in _RUNNING or name in _KV or name in _PREEMPTIONS:
             try:
                 sums[name] = sums.get(name, 0.0) + float(value_text)
             except ValueError:
@@ -75,4 +82,12 @@ def parse_metrics(text: str) -> Signals:
 
     waiting, running, kv = first(_WAITING), first(_RUNNING), first(_KV)
     return Signals(waiting=None if waiting is None else int(waiting), running=None if running is None else int(running),
-                   kv_usage=kv, kv_blocks_total=blocks)
+                   kv_usage=kv, kv_blocks_total=blocks, preemptions_total=first(_PREEMPTIONS))
+
+
+def counter_delta(previous: float | None, current: float | None) -> int | None:
+    """The increase of a Prometheus counter between two scrapes; None without both readings.
+    A counter that went down was reset (the engine restarted): its new value is the increase."""
+    if previous is None or current is None:
+        return None
+    return int(round(current - previous if current >= previous else current))

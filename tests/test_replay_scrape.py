@@ -1,0 +1,35 @@
+"""Reading engines' Prometheus text: vLLM's current (V1 engine) names, as the CPU build publishes them.
+
+The sample lines are copied from a real vLLM 0.32 ``/metrics`` answer (tests/test_replay_vllm.py
+checks the same against a live server); two engine label sets are summed, as for data parallelism.
+"""
+
+from __future__ import annotations
+
+from llmlb_bench.replay.scrape import counter_delta, parse_metrics
+
+VLLM = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 3.0
+vllm:num_requests_running{engine="1",model_name="tiny"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 4.0
+vllm:num_requests_waiting{engine="1",model_name="tiny"} 0.0
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
+vllm:num_preemptions_total{engine="0",model_name="tiny"} 7.0
+vllm:num_preemptions_total{engine="1",model_name="tiny"} 4.0
+vllm:num_preemptions_created{engine="0",model_name="tiny"} 1.7961240031659472e+09
+vllm:cache_config_info{block_size="128",enable_prefix_caching="True",engine="0",num_gpu_blocks="40",num_gpu_blocks_override="40"} 1.0
+"""
+
+
+def test_vllm_v1_gauges_counters_and_block_count():
+    sig = parse_metrics(VLLM)
+    assert (sig.running, sig.waiting, sig.kv_usage) == (5, 4, 0.25)  # summed over engines; KV a 0-1 fraction
+    assert sig.kv_blocks_total == 40 and sig.preemptions_total == 11.0  # _created lines are not the counter
+
+
+def test_counter_deltas_between_scrapes():
+    assert counter_delta(None, 11.0) is None and counter_delta(11.0, None) is None  # the first scrape: no delta
+    assert counter_delta(11.0, 11.0) == 0 and counter_delta(11.0, 14.0) == 3
+    assert counter_delta(14.0, 2.0) == 2  # the engine restarted: its counter began again at 0
