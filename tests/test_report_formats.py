@@ -143,3 +143,14 @@ def test_html_without_matplotlib_is_a_one_line_error(results, tmp_path, capsys, 
     assert not (tmp_path / "r.html").exists()
     # the terminal report does not need it
     assert "Comparison" in run_cli(["report", str(results)], capsys).out
+
+
+def test_the_report_reads_at_80_columns(results):
+    """No line wider than the terminal: the comparison and load tables turn to one column per run."""
+    doc = build(Catalog([results]), ReportOptions(slo=Slo.parse("ttft=250ms")))
+    console = Console(width=80, record=True, file=sys.stderr)
+    terminal.render(doc, console)
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    # transposed comparison: figures down the side, every run a column, no header cut into pieces
+    assert "│ TTFT p99 ms " in text and "attain %" in text

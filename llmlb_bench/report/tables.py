@@ -39,6 +39,13 @@ class Table:
         self.rows.append([name] + [""] * (len(self.header) - 1))
 
 
+def transpose(t: Table) -> Table:
+    """Rows become columns: a one-row-per-run table turned into one column per run (for narrow screens)."""
+    return Table(t.title, ["figure"] + [r[0] for r in t.rows],
+                 [[h.replace("\n", " ")] + [r[i] for r in t.rows] for i, h in enumerate(t.header) if i > 0],
+                 note=t.note)
+
+
 def fmt(value: Any, spec: str) -> str:
     """A number in ``spec`` format, '-' when missing."""
     if value is None or (isinstance(value, float) and value != value):
@@ -301,12 +308,13 @@ def verdict_tables(doc: dict[str, Any]) -> list[Table]:
     out = []
     for comp in v.get("comparisons") or ():
         t = Table(f"Verdict: {comp['candidate']} vs {comp['baseline']}",
-                  ["figure", "baseline", "candidate", "change %", "95% CI %", "p (Holm)", "verdict"])
+                  ["figure", "base", "cand", "change\n%", "95% CI\n%", "p\nHolm", "verdict"])
         for c in comp["changes"]:
             scale, spec, unit = _VERDICT_UNITS.get(c["metric"], (1.0, ",.2f", ""))
-            val = lambda x: "-" if x is None else fmt(x * scale, spec) + unit  # noqa: E731
-            ci = "-" if c["low"] is None else f"{100 * c['low']:+.1f} .. {100 * c['high']:+.1f}"
-            t.rows.append([c["figure"], val(c["baseline_value"]), val(c["candidate_value"]),
+            val = lambda x: "-" if x is None else fmt(x * scale, spec)  # noqa: E731
+            ci = "-" if c["low"] is None else f"{100 * c['low']:+.1f}..{100 * c['high']:+.1f}"
+            t.rows.append([f"{c['figure']} {unit.strip()}".strip(),
+                           val(c["baseline_value"]), val(c["candidate_value"]),
                            f"{100 * c['change']:+.1f}", ci, fmt(c["p_adjusted"], ".3g"),
                            c["direction"] if c["significant"] else "noise"])
         t.note = comp["sentence"]

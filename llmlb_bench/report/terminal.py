@@ -1,6 +1,7 @@
 """The report in a terminal: Rich tables.
 
-The details table puts runs side by side (one column per run) so a policy
+The comparison (one row per run) is printed as it is when it fits the
+console, else transposed like the details. The details table puts runs side by side (one column per run) so a policy
 comparison reads left to right; with more runs than fit the console's
 width it is split into several tables of as many runs as fit, each
 repeating the figure column, rather than squeezing every column unreadable.
@@ -35,6 +36,34 @@ def _rich(t: Table, title: str | None = None) -> RichTable:
     return out
 
 
+def _width(t: Table) -> int:
+    """Columns a table needs unwrapped: each column's widest line plus borders and padding."""
+    cols = zip(*([t.header] + t.rows))
+    return 1 + sum(3 + max(len(line) for cell in col for line in cell.split("\n")) for col in cols)
+
+
+def _print_fitting(console: Console, t: Table) -> None:
+    """``t`` as it is when it fits the console; else transposed (one row per column, one column per run),
+    split into as many tables as it takes, each repeating the figure column."""
+    if _width(t) <= console.width:
+        console.print(_rich(t))
+        return
+    flipped = tables.transpose(t)
+    if not flipped.header[1:]:
+        console.print(_rich(t))
+        return
+    first = max(len(r[0]) for r in flipped.rows) + 3
+    per_table = max(1, (console.width - first - 1) // RUN_WIDTH)
+    names = flipped.header[1:]
+    for k in range(0, len(names), per_table):
+        part = Table(flipped.title if len(names) <= per_table else
+                     f"{flipped.title} (runs {k + 1}-{min(k + per_table, len(names))} of {len(names)})",
+                     [flipped.header[0]] + names[k:k + per_table],
+                     [[r[0]] + r[1 + k:1 + k + per_table] for r in flipped.rows],
+                     note=flipped.note if k + per_table >= len(names) else None)
+        console.print(_rich(part))
+
+
 def render(doc: dict[str, Any], console: Console) -> None:
     """Print every table of the report, its notes and verdicts on top."""
     slo = doc["options"]["slo_text"]
@@ -44,14 +73,14 @@ def render(doc: dict[str, Any], console: Console) -> None:
         console.print(f"[yellow]note:[/] {escape(note)}")
     for line in verdict_lines(doc):
         console.print(f"[bold]verdict:[/] {escape(line)}")
-    console.print(_rich(tables.comparison(doc)))
+    _print_fitting(console, tables.comparison(doc))
     for t in tables.verdict_tables(doc):
         console.print(_rich(t))
     for t in (tables.groups(doc, "per_class"), tables.groups(doc, "per_tenant")):
         if t is not None:
             console.print(_rich(t))
     for t in tables.curves(doc):
-        console.print(_rich(t))
+        _print_fitting(console, t)
     per_table = max(1, (console.width - FIGURE_WIDTH) // RUN_WIDTH)
     runs = doc["runs"]
     for k in range(0, len(runs), per_table):

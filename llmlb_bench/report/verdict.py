@@ -92,6 +92,8 @@ def verdicts(runs: list[dict[str, Any]], folders: dict[str, str], slo: Any, base
     from llmlb_bench.gate.samples import load_side
 
     samples = {r.run_id: r for side in load_side([folders[s["run_id"]] for s in runs], slo).values() for r in side}
+    for s in runs:   # rates per second of the arrival window, as the report's (metrics.summary)
+        samples[s["run_id"]].duration_s = s.get("window_s") or s["duration_s"]
     figures = {**HEADLINE, **(HEADLINE_SLO if slo is not None else {})}
     out = []
     for s in runs:
