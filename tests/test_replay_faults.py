@@ -271,8 +271,13 @@ def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, s
 @pytest.mark.slow
 def test_ten_thousand_streams_open_at_once(tmp_path):
     """The issue's scale: 10,000 concurrent streams, each holding a socket, against a server in its own
-    process. The replayer lifts its open-file limit; every request ends ok, and at the peak (nearly)
-    all of them are open together."""
+    process. The replayer lifts its open-file limit; every request ends ok, each stream stays open for
+    the server's six seconds, and so at the peak every request sent in the densest six seconds is open.
+
+    Not a timed figure (this test must not flake on a loaded machine): how fast 10,000 sends go out
+    depends on the load, so the peak is checked against the send times the run itself recorded; a
+    client that capped or serialized its connections spreads its sends over a minute and fails the
+    bound on the densest window."""
     n = 10_000
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < n + 1_000:
@@ -289,4 +294,7 @@ def test_ten_thousand_streams_open_at_once(tmp_path):
     opened = np.sort([r["sent_s"] for r in rows])
     closed = np.sort([r["last_token_s"] for r in rows])
     open_at_each_send = np.arange(1, n + 1) - np.searchsorted(closed, opened, side="right")
-    assert open_at_each_send.max() >= 0.95 * n
+    held = np.array([r["last_token_s"] - r["sent_s"] for r in rows])
+    assert held.min() >= 5.9                                # the server's 6 s, less clock granularity
+    densest = (np.arange(n) - np.searchsorted(opened, opened - 5.9, side="left") + 1).max()
+    assert open_at_each_send.max() >= densest >= n // 2     # all due within a second; 8.6 s run when quiet
