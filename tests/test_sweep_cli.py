@@ -67,6 +67,16 @@ def test_sweep_runs_tags_every_cell_and_a_rerun_only_reports(tmp_path, capsys):
     assert "simulated 0 runs, reused 6" in out
     assert "Stability: chat on two" in out and "knee of e2e.mean" in out
 
+    # HTML and Markdown from the basic install: tables, knees and one inline SVG chart per figure
+    main(["sweep", str(sweep), "-r", str(results), "-j", "1", "--format", "html"])
+    page = capsys.readouterr().out
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert page.count("<svg") == 4 and "<script" not in page and "<h2>Stability: chat on two" in page
+    assert "capacity" in page or "attainment below" in page
+    main(["sweep", str(sweep), "-r", str(results), "-j", "1", "--format", "md"])
+    md = capsys.readouterr().out
+    assert md.startswith("### llmlb sweep small") and "| policy | rate |" in md
+
 
 def test_a_changed_sweep_file_does_not_overwrite_finished_cells(tmp_path, capsys):
     results = tmp_path / "results"

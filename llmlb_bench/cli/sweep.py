@@ -14,7 +14,7 @@ from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.cli.common import ReportFormat, ResultsDir
 from llmlb_bench.sweep import load_sweep, make_executor, run_sweep
 from llmlb_bench.sweep.executors import EXECUTORS
-from llmlb_bench.sweep.render import render
+from llmlb_bench.sweep.render import render, render_html, render_markdown
 
 
 class _Bar:
@@ -56,17 +56,25 @@ def sweep(
 
         llmlb sweep sweeps/policies.toml --executor ray --address auto
 
+        llmlb sweep sweeps/policies.toml --format html > sweep.html   # tables and curves, no matplotlib needed
+
         llmlb query -r results/policies "select meta->>'$.config.sweep.policy' as policy, count(*) from runs group by 1"
     """
     spec = load_sweep(file)
     with make_executor(executor, workers, address) as ex:
         bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                       TimeRemainingColumn(), console=err_console, transient=fmt is ReportFormat.json)
+                       TimeRemainingColumn(), console=err_console, transient=fmt is not ReportFormat.terminal)
         with bar:
             outcome = run_sweep(spec, results, ex, _Bar(bar))
     summary = outcome.summary(spec)
     if fmt is ReportFormat.json:
         sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
+        return
+    if fmt is ReportFormat.md:
+        sys.stdout.write(render_markdown(summary))
+        return
+    if fmt is ReportFormat.html:
+        sys.stdout.write(render_html(summary))
         return
     console.print(f"sweep [bold]{spec.name}[/]: simulated {outcome.ran} runs, reused {outcome.skipped} "
                   f"finished earlier -> {outcome.root}")

@@ -16,7 +16,7 @@ from llmlb_bench.report import tables
 from llmlb_bench.report.tables import Table
 from llmlb_bench.report.verdict import verdict_lines
 
-_CSS = """
+CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1200px;
        color: #1d1d1f; background: #fff; padding: 0 1em; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 2em; border-bottom: 1px solid #ddd; }
@@ -61,5 +61,5 @@ def render(doc: dict[str, Any], figs: list[tuple[str, str, str]]) -> str:
     body += [table_html(t) for t in all_tables[1:]]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>llmlb report</title><style>{_CSS}</style></head><body>\n"
+            f"<title>llmlb report</title><style>{CSS}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")

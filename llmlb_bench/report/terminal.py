@@ -23,7 +23,7 @@ FIGURE_WIDTH = 42
 RUN_WIDTH = 18
 
 
-def _rich(t: Table, title: str | None = None) -> RichTable:
+def rich_table(t: Table, title: str | None = None) -> RichTable:
     out = RichTable(title=title or t.title, header_style="bold", title_justify="left", caption=t.note,
                     caption_justify="left")
     for i, h in enumerate(t.header):
@@ -46,11 +46,11 @@ def _print_fitting(console: Console, t: Table) -> None:
     """``t`` as it is when it fits the console; else transposed (one row per column, one column per run),
     split into as many tables as it takes, each repeating the figure column."""
     if _width(t) <= console.width:
-        console.print(_rich(t))
+        console.print(rich_table(t))
         return
     flipped = tables.transpose(t)
     if not flipped.header[1:]:
-        console.print(_rich(t))
+        console.print(rich_table(t))
         return
     first = max(len(r[0]) for r in flipped.rows) + 3
     per_table = max(1, (console.width - first - 1) // RUN_WIDTH)
@@ -61,7 +61,7 @@ def _print_fitting(console: Console, t: Table) -> None:
                      [flipped.header[0]] + names[k:k + per_table],
                      [[r[0]] + r[1 + k:1 + k + per_table] for r in flipped.rows],
                      note=flipped.note if k + per_table >= len(names) else None)
-        console.print(_rich(part))
+        console.print(rich_table(part))
 
 
 def render(doc: dict[str, Any], console: Console) -> None:
@@ -75,10 +75,10 @@ def render(doc: dict[str, Any], console: Console) -> None:
         console.print(f"[bold]verdict:[/] {escape(line)}")
     _print_fitting(console, tables.comparison(doc))
     for t in tables.verdict_tables(doc):
-        console.print(_rich(t))
+        console.print(rich_table(t))
     for t in (tables.groups(doc, "per_class"), tables.groups(doc, "per_tenant")):
         if t is not None:
-            console.print(_rich(t))
+            console.print(rich_table(t))
     for t in tables.curves(doc):
         _print_fitting(console, t)
     per_table = max(1, (console.width - FIGURE_WIDTH) // RUN_WIDTH)
@@ -86,5 +86,5 @@ def render(doc: dict[str, Any], console: Console) -> None:
     for k in range(0, len(runs), per_table):
         chunk = runs[k:k + per_table]
         title = "Details" if len(runs) <= per_table else f"Details (runs {k + 1}-{k + len(chunk)} of {len(runs)})"
-        console.print(_rich(tables.details(doc, chunk), title))
+        console.print(rich_table(tables.details(doc, chunk), title))
 

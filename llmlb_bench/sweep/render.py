@@ -1,16 +1,27 @@
-"""Terminal tables of a sweep's outcome: capacities, then one stability table per workload x cluster.
+"""A sweep's outcome as tables and charts: capacities, one stability table per workload x cluster, knees.
 
 Long format (one row per policy and rate) rather than one column per
-policy: a sweep of six policies over ten rates still fits a terminal.
+policy: a sweep of six policies over ten rates still fits a terminal. The
+tables are the report's plain models (:class:`llmlb_bench.report.tables.Table`),
+so the terminal, Markdown and HTML show the same cells; the HTML adds one
+inline-SVG chart per figure against load (no matplotlib needed).
 """
 
 from __future__ import annotations
 
+import html
 from itertools import groupby
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
+
+from llmlb_bench import __version__
+from llmlb_bench.report import svg
+from llmlb_bench.report.html import CSS, table_html
+from llmlb_bench.report.markdown import table_md
+from llmlb_bench.report.tables import Table
+from llmlb_bench.report.terminal import rich_table
 
 
 def _num(v: float | None, spec: str, scale: float = 1.0) -> str:
@@ -28,20 +39,16 @@ def _ci(stat: dict[str, Any] | None, spec: str, scale: float = 1.0) -> str:
 
 def capacity_table(summary: dict[str, Any]) -> Table:
     target = summary["target"]
-    t = Table(title=f"Capacity: highest rate with SLO attainment >= {100 * target:g}% ({summary['slo']})",
-              title_justify="left")
-    for col in ("workload", "cluster", "policy"):
-        t.add_column(col)
-    for col in ("capacity (req/s)", "95% CI", "seeds", "$/h", "requests per $"):
-        t.add_column(col, justify="right")
-    t.add_column("note")
+    t = Table(f"Capacity: highest rate with SLO attainment >= {100 * target:g}% ({summary['slo']})",
+              ["workload", "cluster", "policy", "capacity\nreq/s", "95% CI", "seeds", "$/h", "requests\nper $",
+               "note"])
+    note = {"below": "misses the target at the lowest rate tried",
+            "above": "meets it at the highest rate tried (lower bound)"}
     for r in summary["capacity"]:
         ci = "-" if r["low"] is None else f"{max(r['low'], 0):,.2f} - {r['high']:,.2f}"
-        note = {"below": "misses the target at the lowest rate tried",
-                "above": "meets it at the highest rate tried (lower bound)"}
-        t.add_row(r["workload"], r["cluster"], r["policy"], _num(r["mean"], ",.2f"), ci, str(r["n"]),
-                  _num(r["price_per_hour"], ",.2f"), _num(r["requests_per_usd"], ",.0f"),
-                  "; ".join(note[c] for c in r["censored"]))
+        t.rows.append([r["workload"], r["cluster"], r["policy"], _num(r["mean"], ",.2f"), ci, str(r["n"]),
+                       _num(r["price_per_hour"], ",.2f"), _num(r["requests_per_usd"], ",.0f"),
+                       "; ".join(note[c] for c in r["censored"])])
     return t
 
 
@@ -50,16 +57,10 @@ def curve_tables(summary: dict[str, Any]) -> list[Table]:
     slo = summary["slo"] is not None
     tables = []
     for (workload, cluster), curves in groupby(summary["curves"], key=lambda c: (c["workload"], c["cluster"])):
-        t = Table(title=f"Stability: {workload} on {cluster}" + (f" (SLO {summary['slo']})" if slo else ""),
-                  title_justify="left", caption="mean over seeds ± half the 95% interval", caption_justify="left")
-        t.add_column("policy")
-        t.add_column(axis, justify="right")
-        t.add_column("req/s offered", justify="right")
-        if slo:
-            t.add_column("attainment %", justify="right")
-            t.add_column("goodput req/s", justify="right")
-        for col in ("TTFT p99 ms", "TPOT p99 ms", "E2E mean s"):
-            t.add_column(col, justify="right")
+        header = ["policy", axis, "req/s\noffered"] + (["attain\n%", "goodput\nreq/s"] if slo else []) \
+            + ["TTFT p99\nms", "TPOT p99\nms", "E2E mean\ns"]
+        t = Table(f"Stability: {workload} on {cluster}" + (f" (SLO {summary['slo']})" if slo else ""), header,
+                  note="mean over seeds ± half the 95% interval")
         for curve in curves:
             for i, p in enumerate(curve["points"]):
                 row = [curve["policy"] if i == 0 else "", f"{p['x']:g}", f"{p['rate']:,.2f}"]
@@ -67,7 +68,7 @@ def curve_tables(summary: dict[str, Any]) -> list[Table]:
                     row += [_ci(p.get("attainment"), ".1f", 100), _ci(p.get("goodput"), ",.2f")]
                 row += [_ci(p.get("ttft.p99"), ",.0f", 1e3), _ci(p.get("tpot.p99"), ",.1f", 1e3),
                         _ci(p.get("e2e.mean"), ",.2f")]
-                t.add_row(*row, end_section=i == len(curve["points"]) - 1)
+                t.rows.append(row)
         tables.append(t)
     return tables
 
@@ -77,7 +78,7 @@ def knee_lines(summary: dict[str, Any]) -> list[str]:
     for c in summary["curves"]:
         knee = c["knee"]
         best = c["max_goodput"]
-        text = f"{c['workload']} / {c['cluster']} / [bold]{c['policy']}[/]: knee of {summary['knee_metric']} "
+        text = f"{c['workload']} / {c['cluster']} / {c['policy']}: knee of {summary['knee_metric']} "
         text += f"at {summary['axis']} {knee['x']:g} ({knee['rate']:,.2f} req/s)" if knee else "not found"
         if best:
             text += (f"; capacity {best['rate']:,.2f} req/s offered at {summary['axis']} {best['x']:g} "
@@ -88,11 +89,50 @@ def knee_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _tables(summary: dict[str, Any]) -> list[Table]:
+    return ([capacity_table(summary)] if summary["capacity"] else []) + curve_tables(summary)
+
+
 def render(summary: dict[str, Any], console: Console) -> None:
-    if summary["capacity"]:
-        console.print(capacity_table(summary))
-    if summary["curves"]:
-        for table in curve_tables(summary):
-            console.print(table)
-        for line in knee_lines(summary):
-            console.print(line)
+    for t in _tables(summary):
+        console.print(rich_table(t))
+    for line in knee_lines(summary):
+        console.print(escape(line))
+
+
+def render_markdown(summary: dict[str, Any]) -> str:
+    parts = [f"### llmlb sweep {summary.get('sweep', '')}"]
+    parts += [table_md(t) for t in _tables(summary)]
+    parts += [f"- {line}" for line in knee_lines(summary)]
+    return "\n\n".join(parts) + "\n"
+
+
+#: (point figure, chart title, y label, scale)
+CHARTS = (("attainment", "SLO attainment", "%", 100.0), ("goodput", "Goodput", "req/s", 1.0),
+          ("ttft.p99", "TTFT p99", "ms", 1e3), ("e2e.mean", "Mean E2E", "s", 1.0))
+
+
+def charts(summary: dict[str, Any]) -> list[str]:
+    """One inline SVG per figure and workload x cluster: a line per policy against the sweep's axis."""
+    out = []
+    for (workload, cluster), curves in groupby(summary["curves"], key=lambda c: (c["workload"], c["cluster"])):
+        curves = list(curves)
+        for fig, title, unit, scale in CHARTS:
+            series = [(c["policy"], [p["x"] for p in c["points"]],
+                       [None if (p.get(fig) or {}).get("mean") is None else p[fig]["mean"] * scale
+                        for p in c["points"]]) for c in curves]
+            chart = svg.line_chart(f"{title}: {workload} on {cluster}", series, summary["axis"], unit)
+            if chart:
+                out.append(chart)
+    return out
+
+
+def render_html(summary: dict[str, Any]) -> str:
+    """A self-contained page: tables, knees and capacities, and the curves as inline SVG."""
+    body = [f"<h1>llmlb sweep {html.escape(str(summary.get('sweep', '')))}</h1>"
+            f"<p class=\"note\">llmlb-bench {__version__}</p>"]
+    body += [f"<figure>{c}</figure>" for c in charts(summary)]
+    body += [table_html(t) for t in _tables(summary)]
+    body += ["<ul>"] + [f"<li>{html.escape(line)}</li>" for line in knee_lines(summary)] + ["</ul>"]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>llmlb sweep</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n")
