@@ -1,7 +1,9 @@
-"""One simulated run end to end: trace + cluster + policy -> a stored run.
+"""One run end to end: trace + cluster (or endpoints) + policy -> a stored run.
 
-Shared by ``llmlb simulate`` and ``llmlb run`` (and later sweeps), so the
-run.json of every simulated run records the same reproduction recipe.
+:func:`simulate_run` is shared by ``llmlb simulate``, ``llmlb run`` and
+simulated sweeps; :func:`replay_run` by ``llmlb replay`` and ``llmlb
+capacity``'s probes. So the run.json of every run records the same
+reproduction recipe, whichever command made it, and the commands only parse.
 """
 
 from __future__ import annotations
@@ -11,7 +13,12 @@ from typing import Any, Mapping
 
 import pyarrow as pa
 
+from llmlb_bench.errors import UserError
 from llmlb_bench.policies import make_policy
+from llmlb_bench.replay import ReplayOptions, replay
+from llmlb_bench.replay.power import Domain
+from llmlb_bench.replay.preflight import Preflight
+from llmlb_bench.replay.resume import Resume
 from llmlb_bench.schema import trace_spec
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
@@ -38,4 +45,54 @@ def simulate_run(trace: pa.Table, trace_path: Path, cluster: ClusterConfig, poli
                      trace_path=trace_path, trace_rows=trace.num_rows, trace_spec=trace_spec(trace))
     with store as run:
         run.summary.update(simulate(trace, cluster, pol, run, seed=seed))
+    return store
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped a replay; the run is kept as partial in ``run_dir`` (``--resume`` it)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(f"run kept as partial in {run_dir}")
+        self.run_dir = run_dir
+
+
+def replay_run(trace: pa.Table, trace_path: Path, pre: Preflight, policy: str, policy_args: Mapping[str, Any],
+               seed: int, results: Path, options: ReplayOptions, *, label: str | None = None,
+               run_id: str | None = None, sweep: Mapping[str, Any] | None = None, resume: Resume | None = None,
+               power: list[Domain] | None = None, client_notes: Mapping[str, Any] | None = None) -> RunStore:
+    """Replay ``trace`` against the endpoints ``pre`` checked, routed by ``policy``; returns the closed run.
+
+    ``resume``: continue that partial run (its folder, moved aside by ``prepare_resume``, is put
+    back if the replay is refused before it starts). ``client_notes`` go into the summary's
+    ``client`` section (the self-check). Ctrl-C raises :class:`RunInterrupted`.
+    """
+    pol = make_policy(policy, policy_args, seed=seed)   # fresh state: every run routes from scratch
+    config: dict[str, Any] = {"endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
+                              "policy": {"name": policy, "args": dict(policy_args)}, "seed": seed,
+                              "options": options.describe()}
+    if sweep is not None:
+        config["sweep"] = dict(sweep)
+    store = RunStore(resume.results_dir if resume else results, config=config, backend="replay",
+                     label=label or policy, run_id=resume.run_id if resume else run_id, trace_path=trace_path,
+                     trace_rows=trace.num_rows, trace_spec=trace_spec(trace))
+    try:
+        with store:
+            replay(trace, [ep.url for ep in pre.endpoints], pol, store, options, pre=pre, resume=resume,
+                   power=power)
+            if client_notes:
+                store.summary["client"].update(client_notes)
+    except FileExistsError:
+        if resume is not None:
+            resume.restore()
+        raise UserError("a run with this id already exists", store.dir) from None
+    except UserError:
+        if resume is not None and not store.dir.exists():
+            resume.restore()  # refused before anything was done (the store left no folder)
+        raise
+    except KeyboardInterrupt:
+        if resume is not None:
+            resume.discard_backup()  # the new partial run holds the carried rows too
+        raise RunInterrupted(store.dir) from None
+    if resume is not None:
+        resume.discard_backup()
     return store

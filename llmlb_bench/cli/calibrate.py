@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from llmlb_bench.cli.app import app, console
-from llmlb_bench.cli.replay import Api
+from llmlb_bench.cli.common import Api
 from llmlb_bench.errors import UserError
 from llmlb_bench.replay import ReplayOptions
 from llmlb_bench.store.run import write_text_atomic
@@ -44,7 +44,7 @@ def calibrate(
     batches: Annotated[Optional[str], typer.Option("--batches", help="Decode probe batch sizes, e.g. 1,2,4,8 (default: powers of two up to max_num_seqs, at most 64).")] = None,
     contexts: Annotated[Optional[str], typer.Option("--contexts", help="Decode probe prompt lengths, e.g. 16,512,1024 (default: 16, a quarter and half of --max-prompt).")] = None,
     decode_tokens: Annotated[int, typer.Option("--decode-tokens", min=8, help="Output tokens of each decode probe request.")] = 48,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Times each prefill probe length is sent.")] = 2,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Times each prefill probe length and each decode group is sent.")] = 2,
     tokenize: Annotated[bool, typer.Option("--tokenize", help="Exact prompt lengths from the endpoint's /tokenize.")] = False,
     tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="A local tokenizer.json (or folder) for exact prompt lengths.")] = None,
     results: Annotated[Optional[Path], typer.Option("--results", "-r", help="Keep the probe runs in this folder (default: a scratch folder, deleted).")] = None,

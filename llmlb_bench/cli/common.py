@@ -160,3 +160,28 @@ class TableFormat(str, Enum):
     table = "table"
     csv = "csv"
     json = "json"
+
+
+# ---- options of the commands that replay against endpoints (replay, capacity, calibrate) ----------------
+
+class WorkerExecutor(str, Enum):
+    process = "process"
+    ray = "ray"
+
+
+class Api(str, Enum):
+    chat = "chat"
+    completions = "completions"
+
+
+Workers = Annotated[int, typer.Option("--workers", min=1, help="Client processes sharing the run when one core cannot keep the schedule (each routes its share with its own copy of the policy).")]
+Executor = Annotated[WorkerExecutor, typer.Option("--executor", help="Where the --workers run: local processes, or Ray actors spread over the nodes of a Ray cluster for loads one machine cannot generate (each actor's clock offset is measured and corrected; extra 'ray').")]
+RayAddress = Annotated[Optional[str], typer.Option("--address", help="Ray cluster for --executor ray: auto, host:port or ray://host:10001 (default: a private local Ray instance).")]
+
+
+def check_workers(workers: int, executor: WorkerExecutor, address: str | None) -> None:
+    """The combinations of --workers, --executor and --address that mean something."""
+    if executor is WorkerExecutor.ray and workers < 2:
+        raise UserError("Ray actors share the load of --workers 2 or more", "--executor")
+    if address is not None and executor is not WorkerExecutor.ray:
+        raise UserError("--address needs --executor ray", "--address")

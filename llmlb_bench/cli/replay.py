@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -13,39 +12,17 @@ from rich.markup import escape
 from rich.text import Text
 
 from llmlb_bench.cli.app import app, console, err_console
-from llmlb_bench.cli.common import PolicyArgs, ReportFormat, ResultsDir, RunId, Seed, SloOpt
+from llmlb_bench.cli.common import (Api, Executor, PolicyArgs, RayAddress, ReportFormat, ResultsDir, RunId, Seed,
+                                    SloOpt, WorkerExecutor, Workers, check_workers)
 from llmlb_bench.errors import UserError
+from llmlb_bench.experiment import RunInterrupted, replay_run
 from llmlb_bench.policies import make_policy, parse_args
 from llmlb_bench.redact import redact
-from llmlb_bench.replay import ReplayOptions, Timeouts, preflight, prepare_resume, replay as run_replay
+from llmlb_bench.replay import ReplayOptions, Timeouts, preflight, prepare_resume
 from llmlb_bench.replay.power import open_sources
 from llmlb_bench.replay.selfcheck import self_check as run_self_check
 from llmlb_bench.report.output import print_report
-from llmlb_bench.schema import read_trace, trace_spec
-from llmlb_bench.store import RunStore
-
-
-class WorkerExecutor(str, Enum):
-    process = "process"
-    ray = "ray"
-
-
-class Api(str, Enum):
-    chat = "chat"
-    completions = "completions"
-
-
-Workers = Annotated[int, typer.Option("--workers", min=1, help="Client processes sharing the run when one core cannot keep the schedule (each routes its share with its own copy of the policy).")]
-Executor = Annotated[WorkerExecutor, typer.Option("--executor", help="Where the --workers run: local processes, or Ray actors spread over the nodes of a Ray cluster for loads one machine cannot generate (each actor's clock offset is measured and corrected; extra 'ray').")]
-RayAddress = Annotated[Optional[str], typer.Option("--address", help="Ray cluster for --executor ray: auto, host:port or ray://host:10001 (default: a private local Ray instance).")]
-
-
-def check_workers(workers: int, executor: WorkerExecutor, address: str | None) -> None:
-    """The combinations of --workers, --executor and --address that mean something."""
-    if executor is WorkerExecutor.ray and workers < 2:
-        raise UserError("Ray actors share the load of --workers 2 or more", "--executor")
-    if address is not None and executor is not WorkerExecutor.ray:
-        raise UserError("--address needs --executor ray", "--address")
+from llmlb_bench.schema import read_trace
 
 
 def _timeout(value: float | None) -> float | None:
@@ -120,7 +97,7 @@ def replay(
                           between_tokens=_timeout(token_timeout), total=_timeout(total_timeout)))
     table = read_trace(trace)
     policy_args = parse_args(policy_arg)
-    pol = make_policy(policy, policy_args, seed=seed)
+    make_policy(policy, policy_args, seed=seed)   # a bad --policy or --policy-arg stops before the preflight
     pre = preflight(endpoint, options, table)
     power = open_sources(options.power_sources, [ep.url for ep in pre.endpoints]) if power_source else None
     for note in pre.notes:
@@ -134,37 +111,21 @@ def replay(
                           + (" [bold red](over the threshold: this client cannot keep this schedule)[/]"
                              if check["flagged"] else ""), highlight=False, soft_wrap=True)
     res = prepare_resume(resume, trace) if resume is not None else None
-    config = {"endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
-              "policy": {"name": policy, "args": dict(policy_args)}, "seed": seed, "options": options.describe()}
-    store = RunStore(res.results_dir if res else results, config=config, backend="replay",
-                     label=label or policy, run_id=res.run_id if res else run_id, trace_path=trace,
-                     trace_rows=table.num_rows, trace_spec=trace_spec(table))
     live = Live(Text(""), console=err_console, auto_refresh=False, transient=True) \
         if progress and err_console.is_terminal else None
     if live is not None:
         options.progress = lambda c: live.update(_progress_line(c), refresh=True)
     try:
-        with store, live if live is not None else nullcontext():
-            summary = run_replay(table, endpoint, pol, store, options, pre=pre, resume=res, power=power)
-            if check is not None:
-                store.summary["client"]["self_check"] = check
-    except FileExistsError:
-        if res is not None:
-            res.restore()
-        raise UserError("a run with this id already exists", store.dir) from None
-    except UserError:
-        if res is not None and not store.dir.exists():
-            res.restore()  # refused before anything was done (the store left no folder)
-        raise
-    except KeyboardInterrupt:
-        if res is not None:
-            res.discard_backup()  # the new partial run holds the carried rows too
-        err_console.print(f"run kept as partial in {store.dir}; continue it with --resume {store.dir}",
+        with live if live is not None else nullcontext():
+            store = replay_run(table, trace, pre, policy, policy_args, seed, results, options, label=label,
+                               run_id=run_id, resume=res, power=power,
+                               client_notes={"self_check": check} if check is not None else None)
+    except RunInterrupted as exc:
+        err_console.print(f"run kept as partial in {exc.run_dir}; continue it with --resume {exc.run_dir}",
                           highlight=False, soft_wrap=True)
         raise
-    if res is not None:
-        res.discard_backup()
-    client = summary["client"]
+    summary = store.summary["replay"]
+    client = store.summary["client"]
     lag = client["dispatch_lag_ms"]
     console.print(f"stored run [bold]{store.run_id}[/] in {store.dir}")
     console.print(f"sent {summary['sent']} requests at {summary['send_rate_rps'] or 0:.1f}/s; "

@@ -62,11 +62,10 @@ import pyarrow.compute as pc
 
 from llmlb_bench import __version__
 from llmlb_bench.errors import UserError
-from llmlb_bench.policies import make_policy
-from llmlb_bench.replay import Preflight, ReplayOptions, preflight, replay
+from llmlb_bench.experiment import replay_run
+from llmlb_bench.replay import Preflight, ReplayOptions, preflight
 from llmlb_bench.replay.scrape import parse_metrics
-from llmlb_bench.schema import trace_spec, write_trace
-from llmlb_bench.store import RunStore
+from llmlb_bench.schema import write_trace
 from llmlb_bench.store.run import write_json_atomic
 from llmlb_bench.sweep.capacity import CapacityTask, OutOfBudget, bisect, combine
 from llmlb_bench.sweep.cells import TRACES, Cell, finished
@@ -315,12 +314,6 @@ def _replay_probe(search: EndpointSearch, pre: Preflight, cell: Cell, table: pa.
     ordinary replay run tagged with its coordinates."""
     trace_path = root / TRACES / f"{cell.run_id}.parquet"
     write_trace(table, trace_path, spec=search.spec.to_dict(), block_size=search.spec.block_size)
-    policy = make_policy(search.policy, search.policy_args, seed=search.seed)   # fresh state every probe
-    config = {"endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
-              "policy": {"name": search.policy, "args": dict(search.policy_args)}, "seed": search.seed,
-              "options": search.options.describe(), "sweep": cell.coordinates()}
-    store = RunStore(root, config=config, backend="replay", label=search.policy, run_id=cell.run_id,
-                     trace_path=trace_path, trace_rows=table.num_rows, trace_spec=trace_spec(table))
-    with store:
-        replay(table, search.endpoints, policy, store, replace(search.options, progress=None), pre=pre)
+    replay_run(table, trace_path, pre, search.policy, search.policy_args, search.seed, root,   # a fresh policy
+               replace(search.options, progress=None), run_id=cell.run_id, sweep=cell.coordinates())
 
