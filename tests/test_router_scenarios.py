@@ -98,3 +98,9 @@ def test_bench_smoke_through_vllm_router(tmp_path: Path, capsys):
 def test_bad_input_is_one_line(args: list[str], where: str, capsys):
     code, out, err = cli(args, capsys)
     assert code == 2 and err.strip().count("\n") == 0 and where in err and "Traceback" not in err
+
+
+def test_bench_refuses_an_out_folder_with_runs(tmp_path: Path, capsys):
+    (tmp_path / "failover" / "direct").mkdir(parents=True)
+    code, _, err = cli(["routers", "bench", "-s", "failover", "--out", str(tmp_path)], capsys)
+    assert code == 2 and "give another --out" in err

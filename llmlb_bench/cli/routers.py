@@ -70,6 +70,10 @@ def bench(
         if s not in names:
             raise UserError(f"unknown scenario {s!r} (known: {', '.join(names)})", "--scenario")
     chosen = [s for s in every if not scenario or s.name in scenario]
+    taken = [out / s.name / r for s in chosen for r in ["direct", "sim", *routers] if (out / s.name / r).exists()]
+    if taken:
+        raise UserError(f"already holds runs of this suite ({taken[0].relative_to(out)}, ...); give another --out",
+                        str(out))
     opt = BenchOptions(policy=policy, slo_ttft_s=slo_ttft, slo_tpot_s=slo_tpot, router_cpus=router_cpus)
     out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
