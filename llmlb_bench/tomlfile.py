@@ -9,8 +9,11 @@ reader of these files (workload specs, clusters, sweeps, gate rules).
 
 from __future__ import annotations
 
+import collections.abc
 import difflib
 import sys
+import types
+import typing
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -45,6 +48,48 @@ def check_fields(data: Mapping[str, Any], known: Iterable[str], where: str | Pat
     known = set(known)
     for name in sorted(set(data) - known):
         raise unknown_field(name, known, where, prefix)
+
+
+def _accepted(annotation: Any) -> tuple[type, ...] | None:
+    """The TOML value types a field of this type annotation takes (None: any)."""
+    if annotation is Any or annotation is object:
+        return None
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        out: list[type] = []
+        for a in args:
+            got = _accepted(a)
+            if got is None:
+                return None
+            out.extend(got)
+        return tuple(out)
+    base = origin or annotation
+    if base is type(None):
+        return (type(None),)
+    if base is float:
+        return (int, float)
+    if base in (tuple, list, collections.abc.Sequence):
+        return (list, tuple)
+    if base in (dict, collections.abc.Mapping):
+        return (dict,)
+    return (base,) if isinstance(base, type) else None
+
+
+def check_types(data: Mapping[str, Any], hints: Mapping[str, Any], where: str | Path, prefix: str = "") -> None:
+    """Refuse the first value of ``data`` whose type its field's annotation in ``hints`` does not allow
+    (a list where a GPU name goes, a string for a count): one line, not a TypeError further on."""
+    for name, value in data.items():
+        accepted = _accepted(hints[name]) if name in hints else None
+        if accepted is None or (isinstance(value, accepted) and not (isinstance(value, bool) and bool not in accepted)):
+            continue
+        want = " or ".join(_TOML_NAMES.get(t, t.__name__) for t in dict.fromkeys(accepted))
+        raise UserError(f"{prefix}{name}: expected {want}, got {_TOML_NAMES.get(type(value), type(value).__name__)}",
+                        where)
+
+
+_TOML_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true/false", list: "an array",
+               tuple: "an array", dict: "a table", type(None): "nothing"}
 
 
 def read_toml(path: str | Path, what: str = "TOML file") -> dict[str, Any]:

@@ -24,6 +24,7 @@ read them from the engines' metrics); users name their own subclass as
 from __future__ import annotations
 
 import math
+import typing
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
@@ -31,7 +32,7 @@ from typing import Any, ClassVar, Mapping
 from llmlb_bench.errors import UserError
 from llmlb_bench.plugins import load_class
 from llmlb_bench.policies import View
-from llmlb_bench.tomlfile import check_fields
+from llmlb_bench.tomlfile import check_fields, check_types
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ class AutoscaleSpec:
     def parse(cls, raw: Mapping[str, Any]) -> "AutoscaleSpec":
         where = "cluster.autoscale"
         check_fields(raw, {"policy", "interval_s", "cold_start_s", "args"}, where)
+        check_types(raw, typing.get_type_hints(cls), where)
         spec = cls(**{k: v for k, v in raw.items() if k != "args"}, args=dict(raw.get("args") or {}))
         if not spec.interval_s > 0 or spec.cold_start_s < 0:
             raise UserError("interval_s must be > 0 and cold_start_s >= 0", where)

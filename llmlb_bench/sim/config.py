@@ -20,12 +20,14 @@ take the top-level values, and ``replicas`` becomes the total::
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.tomlfile import check_fields, read_toml
+from llmlb_bench.tomlfile import check_fields, check_types, read_toml
 from llmlb_bench.sim.catalog import GPU, Model, load_catalog
 from llmlb_bench.sim.moe import MoeSpec, check_layout
 from llmlb_bench.sim.autoscale import AutoscaleSpec
@@ -176,7 +178,7 @@ class ClusterConfig:
             object.__setattr__(self, "autoscale", dict(self.autoscale))
             spec = AutoscaleSpec.parse(self.autoscale)
             pool = spec.args.get("pool")
-            if pool is not None and pool not in {p.name for p in pools}:
+            if pool is not None and (not isinstance(pool, str) or pool not in {p.name for p in pools}):
                 raise UserError(f"unknown pool {pool!r}", "cluster.autoscale.args.pool")
         make_engine_scheduler(self.scheduler, self.scheduler_args)
         if self.moe is not None:
@@ -205,6 +207,7 @@ class ClusterConfig:
             if not isinstance(given, Mapping):
                 raise UserError("each pool must be a table of settings", where)
             check_fields(given, {*POOL_FIELDS, "name", "role"}, where)
+            check_types(given, {**_hints(), "name": str, "role": str}, where)
             values = {k: given.get(k, getattr(self, k)) for k in POOL_FIELDS}
             values["profile"] = resolve_profile(values["profile"], where=f"{where}.profile")
             if values["profile"] is not None:
@@ -284,11 +287,18 @@ class ClusterConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "cluster") -> "ClusterConfig":
         check_fields(d, {f.name for f in dataclasses.fields(cls)}, where)
+        check_types(d, _hints(), where)
         kwargs = dict(d)
         for k in ("catalogs", "pools", "failures"):
             if k in kwargs:
                 kwargs[k] = tuple(kwargs[k])
         return cls(**kwargs)
+
+
+@functools.cache
+def _hints() -> dict[str, Any]:
+    """ClusterConfig's field types, which a cluster file's values must have."""
+    return typing.get_type_hints(ClusterConfig)
 
 
 def load_cluster(path: str | Path, overrides: Mapping[str, Any] | None = None) -> ClusterConfig:
