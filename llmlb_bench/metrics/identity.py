@@ -3,7 +3,7 @@
 A run is identified by its **facets**: backend, policy (with its
 arguments), cluster shape (pools of replicas x GPU, model, TP/PP; a replay's
 endpoints), the workload (the trace's generating spec, else the trace file),
-the rate (a sweep's rate or load, or the recorded offered rate), the
+the rate (a sweep's rate or load, or the offered rate run.json declares), the
 replay's time scale, and the seed. A report names each run by the facets
 whose values differ across the runs it shows (``least_outstanding · seed 2``),
 so three ``least_outstanding`` runs of different backends and fleets are
@@ -64,15 +64,18 @@ def _workload(meta: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _rate(meta: Mapping[str, Any], offered: float | None) -> str | None:
+def _rate(meta: Mapping[str, Any]) -> str | None:
+    """The load the run was *set* to: a sweep's axis value, else a declared offered rate. A rate measured
+    from the schedule is no facet: runs of one trace with dependent requests realise slightly different ones."""
     cfg = meta.get("config") or {}
     sweep = cfg.get("sweep")
     if isinstance(sweep, Mapping) and sweep.get("axis") is not None and sweep.get("x") is not None:
         return f"{sweep['axis']} {sweep['x']:g}"
-    return f"{offered:.4g} req/s" if offered else None
+    declared = cfg.get("offered_rate")
+    return f"{declared:g} req/s" if isinstance(declared, (int, float)) and declared > 0 else None
 
 
-def facets(meta: Mapping[str, Any], offered_rate: float | None = None) -> dict[str, str | None]:
+def facets(meta: Mapping[str, Any]) -> dict[str, str | None]:
     """Each facet's value for one run (None when run.json does not say)."""
     cfg = meta.get("config") or {}
     opts = cfg.get("options") or {}
@@ -84,7 +87,7 @@ def facets(meta: Mapping[str, Any], offered_rate: float | None = None) -> dict[s
         "backend": meta.get("backend"),
         "cluster": str(sweep["cluster"]) if sweep.get("cluster") else _cluster(cfg),
         "workload": _workload(meta),
-        "rate": _rate(meta, offered_rate),
+        "rate": _rate(meta),
         "time_scale": None if scale in (None, 1, 1.0) else f"x{scale:g}",
         "seed": None if seed is None else str(seed),
     }

@@ -121,7 +121,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
             "input_tokens": c["input_tokens"], "output_tokens": c["output_tokens"],
             "cached_tokens": c["cached_tokens"], "preemptions": c["preemptions"],
             "definitions": opt.definitions.value,
-            "facets": facets(metas[run_id], offered),
+            "facets": facets(metas[run_id]),
             "latency_from": latency_from(metas[run_id]),
             "wait": _wait(lat.samples.get((run_id, WAIT)), metas[run_id]),
         }
