@@ -92,7 +92,7 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 def _stored_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
     """run.json as written: every string redacted, the command line option-aware (``--api-key X``)."""
-    doc = redact_tree(dict(meta))
+    doc: dict[str, Any] = redact_tree(dict(meta))
     doc["argv"] = redact_argv(meta.get("argv") or [])
     return doc
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -51,7 +51,7 @@ class ParquetSink:
 
     def __init__(self, path: str | Path, spec: TableSpec, *, rows_per_group: int = 65536,
                  flush_s: float = 2.0, constants: Mapping[str, Any] | None = None,
-                 clock=time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.path = Path(path)
         self.spec = spec
         self.rows_per_group = rows_per_group

@@ -52,8 +52,9 @@ _EXPLAINED = re.compile(r"\s*explain\s+(?:analy[sz]e\s+)?(.*)", re.IGNORECASE | 
 
 #: DuckDB settings of a confined connection given when it opens; ``enable_external_access`` and
 #: ``lock_configuration`` are set after the views exist (registering Arrow data needs neither)
-CONFINED_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False,
-                   "allow_community_extensions": False, "allow_unsigned_extensions": False}
+CONFINED_CONFIG: dict[str, str | bool | int | float | list[str]] = {
+    "autoinstall_known_extensions": False, "autoload_known_extensions": False,
+    "allow_community_extensions": False, "allow_unsigned_extensions": False}
 
 
 def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
@@ -70,7 +71,13 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
         else:
             raise UserError("not a run folder (no run.json) nor a results directory", p)
     seen: set[Path] = set()
-    return [d for d in found if not (d.resolve() in seen or seen.add(d.resolve()))]
+    unique = []
+    for d in found:
+        key = d.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(d)
+    return unique
 
 
 def load_run_meta(run_dir: Path) -> dict[str, Any]:
@@ -123,7 +130,9 @@ class Catalog:
         self.run_dirs = find_run_dirs(paths)
         self.confined = confined
         self.con = duckdb.connect(":memory:", config=CONFINED_CONFIG if confined else {})
-        rows, req_files, ser_files = [], [], []
+        rows: list[dict[str, Any]] = []
+        req_files: list[str] = []
+        ser_files: list[str] = []
         for d in self.run_dirs:
             meta = load_run_meta(d)
             req = _readable(d / REQUESTS_FILE, REQUESTS)

@@ -1,0 +1,28 @@
+"""mypy over the typed core (the policy contract, the schemas, the run store), strict; the files
+and settings are pyproject's [tool.mypy], so this test and a bare ``mypy`` check the same thing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_mypy_strict_passes_on_the_typed_core():
+    proc = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_typed_core_is_checked_strictly():
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    conf = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert conf["strict"] is True
+    assert {"llmlb_bench/policies", "llmlb_bench/schema.py", "llmlb_bench/store"} <= set(conf["files"])
