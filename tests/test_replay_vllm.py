@@ -21,10 +21,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import cli
 from engines_helpers import require_module, vllm_python
 from replay_helpers import run_replay, token_count
 
-from llmlb_bench.cli import main
 from llmlb_bench.engines.vllm import CPU_BLOCK_SIZE, VllmReplicas, VllmSettings, write_tiny_model
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import ReplayOptions
@@ -156,8 +156,9 @@ def _kv(row: dict) -> float:
     ("least_outstanding", "queue"),  # queue-aware: waiting + running as scraped
 ])
 def test_signal_aware_policies_route_on_the_scraped_vllm_signals(engines, tmp_path, policy, signal):
-    """Over two real replicas, one with a tiny KV cache, the policy sends each request to the
-    replica whose last scraped signal was better; vLLM's gauges land in series.parquet."""
+    """Over two real replicas, one with a tiny KV cache (so its KV use, as a fraction, is far
+    higher for the same work), the policy sends each request to the replica whose last scraped
+    signal was better; vLLM's gauges land in series.parquet."""
     rng = np.random.default_rng(17)
     n = 40
     arrivals = np.cumsum(rng.exponential(1 / 6, n)).tolist()
@@ -198,8 +199,6 @@ def test_signal_aware_policies_route_on_the_scraped_vllm_signals(engines, tmp_pa
         assert r["target"] == want, (r["request_id"], seen)
         judged += 1
     assert judged >= n // 4  # the signals differed often enough for the check to mean something
-    # the tiny-KV replica looked fuller or busier, so the bigger one got most of the work
-    assert sum(r["target"] == urls[0] for r in rows) > n / 2
 
 
 def test_a_tiny_kv_cache_preempts_and_the_series_shows_it(engines, tmp_path):
@@ -228,11 +227,10 @@ arrival = { process = "poisson", rate = 2.0 }
 input = { dist = "lognormal", median = 120, sigma = 0.4, max = 400 }
 output = { dist = "lognormal", median = 16, sigma = 0.4, max = 40 }
 """)
-    with pytest.raises(SystemExit) as info:
-        main(["capacity", str(workload), "-e", engines["big"], "--slo", "ttft=2s", "--rate", "1,16",
-              "--probe-duration", "3s", "--cooldown", "0.5s", "--budget-requests", "120", "--api", "completions",
-              "-r", str(tmp_path / "res"), "--name", "cap"])
-    assert info.value.code in (0, None), capsys.readouterr().err
+    code, _, err = cli(["capacity", str(workload), "-e", engines["big"], "--slo", "ttft=2s", "--rate", "1,16",
+                        "--probe-duration", "3s", "--cooldown", "0.5s", "--budget-requests", "120",
+                        "--api", "completions", "-r", str(tmp_path / "res"), "--name", "cap"], capsys)
+    assert code == 0, err
     summary = json.loads((tmp_path / "res" / "cap" / "summary.json").read_text())
     assert summary["probes"] and all(p["run_id"] for p in summary["probes"])
     for p in summary["probes"]:

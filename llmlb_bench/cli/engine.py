@@ -86,6 +86,8 @@ def vllm(
         try:
             with VllmReplicas(model_dir, replicas, cores=core_list, settings=settings, port=port,
                               log_dir=log_dir) as fleet:
+                console.print(f"model folder: {model_dir} (--tokenizer it for exact prompt lengths)",
+                              highlight=False, soft_wrap=True)
                 _serve_forever(fleet.urls, f"{replicas} vLLM replica(s)")
         except RuntimeError as exc:
             raise UserError(str(exc).splitlines()[0], "llmlb engine vllm") from None
