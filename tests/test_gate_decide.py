@@ -1,9 +1,10 @@
 """Gate rules and decisions on synthetic samples with known distributions.
 
 The property that matters in CI: with no real change the gate fails rarely
-(about its level, 1 - confidence = 5%, even with a zero allowance that the
+(at most its level, 1 - confidence, even with a zero allowance that the
 point estimate violates half the time), and a real regression beyond the
-allowance fails nearly always. Trials are seeded, so the rates are exact
+allowance fails nearly always. Requests here are independent, so a single
+run a side (a block bootstrap within it) is a fair test. Trials are seeded, so the rates are exact
 for this code, not flaky.
 """
 
@@ -79,8 +80,8 @@ def test_noise_alone_rarely_fails(rule):
     rng = np.random.default_rng(1)
     parsed = parse_rule(rule)
     statuses = [decide("c", parsed, [run(rng)], [run(rng)], seed=k, b=300).status for k in range(300)]
-    assert statuses.count("noise") > 60                 # violations seen, judged as noise
-    assert statuses.count("fail") / len(statuses) <= 0.07  # 5% level + the sampling error of 300 trials
+    assert statuses.count("noise") > 100                # violations seen, judged as noise
+    assert statuses.count("fail") / len(statuses) <= 0.01 + 3 * (0.01 * 0.99 / 300) ** 0.5  # level 1% + 3 SE
 
 
 @pytest.mark.parametrize("rule, change", [("p99_e2e <= +10%", dict(scale=1.5)), ("mean_e2e <= +10%", dict(scale=1.3)),
@@ -94,12 +95,14 @@ def test_a_real_regression_fails_nearly_always(rule, change):
     assert statuses.count("fail") >= 38
 
 
-def test_repeats_are_pooled_and_resampled_within_runs():
+def test_repeats_are_pooled_and_compared_over_runs():
+    """Several runs a side (of other traces): the figure pools their requests, the test looks at the
+    spread of the runs' own values (Welch), which is what a repeat moves."""
     rng = np.random.default_rng(3)
-    base = [run(rng, 400, run_id=f"b{i}") for i in range(3)]
-    cand = [run(rng, 400, scale=1.4, run_id=f"c{i}") for i in range(3)]
+    base = [run(rng, 400, run_id=f"b{i}") for i in range(5)]
+    cand = [run(rng, 400, scale=1.4, run_id=f"c{i}") for i in range(5)]
     v = decide("c", parse_rule("mean_e2e <= +10%"), base, cand, b=500)
-    assert v.status == "fail" and v.low > 0.10 and v.p_value < 0.05
+    assert v.design == "runs" and v.status == "fail" and v.low > 0.10 and v.p_value < 0.01
     assert v.change == pytest.approx(np.mean(np.concatenate([r.latency["e2e_s"] for r in cand]))
                                      / np.mean(np.concatenate([r.latency["e2e_s"] for r in base])) - 1)
 
@@ -117,8 +120,9 @@ def test_run_level_figures_use_repeats_or_decide_on_points():
     fair = lambda j, i: run(rng, 50, summary={"fairness": {"jain_service": j}}, run_id=f"r{i}")  # noqa: E731
     single = decide("c", parse_rule("jain >= 0.9"), [], [fair(0.85, 0)])
     assert single.status == "fail" and single.low is None and "single run" in single.note
-    repeats = decide("c", parse_rule("jain >= -1%"), [fair(0.95, 0), fair(0.96, 1)], [fair(0.90, 2), fair(0.91, 3)])
-    assert repeats.status == "fail" and repeats.high < -0.01
+    repeats = decide("c", parse_rule("jain >= -1%"), [fair(0.95 + 0.005 * i, i) for i in range(4)],
+                     [fair(0.90 + 0.005 * i, 4 + i) for i in range(4)])
+    assert repeats.status == "fail" and repeats.high < -0.01 and repeats.design == "runs"
     assert decide("c", parse_rule("jain >= 0.9"), [], [run(rng, 50)]).status == "missing"
 
 

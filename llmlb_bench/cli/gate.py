@@ -35,8 +35,11 @@ def gate(
         "--rule", help="Rule, e.g. 'goodput >= -5%', 'p99_ttft <= +10%', 'attainment >= 0.95' (repeatable).")] = None,
     rules: Annotated[Out, typer.Option("--rules", help="TOML file with rules = [...].")] = None,
     slo: SloOpt = None,
-    confidence: Annotated[float, typer.Option("--confidence", min=0.5, max=0.999,
-                                              help="Confidence of intervals and tests.")] = 0.95,
+    confidence: Annotated[float, typer.Option("--confidence", min=0.5, max=0.999, help=(
+        "Family-wise confidence: with no real change the whole gate (all rules, all cases) fails with "
+        "probability at most 1 - this."))] = 0.99,
+    detect: Annotated[float, typer.Option("--detect", min=0.001, max=0.9, help=(
+        "For the repeats column: the regression beyond a limit (0.05 = 5%) to be caught with 90% power."))] = 0.05,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap.")] = 0,
     md: Annotated[Out, typer.Option("--markdown", help="Write a Markdown summary (PR comment) here; - for stdout.")] = None,
     junit: Annotated[Out, typer.Option("--junit", help="Write JUnit XML here.")] = None,
@@ -44,7 +47,7 @@ def gate(
 ) -> None:
     """Compare CANDIDATE with BASELINE under the rules; exit 0 pass, 1 regression, 2 usage error.
 
-    A rule fails only when the change is beyond its limit with the given confidence (bootstrap interval) and, for per-request metrics, a one-sided Mann-Whitney U test agrees; a change within noise is reported, not failed.
+    A rule fails only when the change is beyond its limit with family-wise confidence over all the rules (one joint bootstrap, runs of the same trace paired, step-down max-T); a change within noise is reported, not failed. The repeats column says how many runs a side would catch a regression --detect beyond the limit with 90% power.
 
     Example:
 
@@ -56,7 +59,7 @@ def gate(
     slo_parsed = Slo.parse(slo)
     if slo_parsed is None and any(r.metric.name in ("attainment", "goodput") for r in parsed):
         raise UserError("attainment and goodput rules need an --slo", "--slo")
-    out = run_gate([baseline], [candidate], parsed, slo_parsed, confidence, seed)
+    out = run_gate([baseline], [candidate], parsed, slo_parsed, confidence, seed, detect=detect)
     _write(md, markdown(out))
     _write(junit, junit_xml(out))
     _write(json_out, to_json(out))

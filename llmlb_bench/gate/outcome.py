@@ -14,9 +14,9 @@ from typing import Any
 
 from rich.table import Table
 
-from llmlb_bench.gate.decide import BOOTSTRAP, Verdict, decide
+from llmlb_bench.gate.decide import BOOTSTRAP, DETECT, POWER, Verdict, decide_family
 from llmlb_bench.gate.rules import METRICS, Rule
-from llmlb_bench.gate.samples import RunSample, load_capacities, load_side
+from llmlb_bench.gate.samples import load_capacities, load_side
 from llmlb_bench.metrics.slo import Slo
 
 ICON = {"pass": "✅", "noise": "〰️", "fail": "❌", "missing": "❌"}
@@ -28,6 +28,8 @@ class GateOutcome:
     candidate: list[str]
     slo: str | None
     confidence: float
+    detect: float = DETECT      # the regression beyond a limit that ``repeats_needed`` is for
+    power: float = POWER
     verdicts: list[Verdict] = field(default_factory=list)
 
     @property
@@ -41,39 +43,31 @@ class GateOutcome:
     def to_dict(self) -> dict[str, Any]:
         return {"result": "regression" if self.failed else "pass", "exit_code": self.exit_code,
                 "baseline": self.baseline, "candidate": self.candidate, "slo": self.slo,
-                "confidence": self.confidence, "verdicts": [v.to_dict() for v in self.verdicts]}
+                "confidence": self.confidence, "family_wise": True, "detect": self.detect, "power": self.power,
+                "verdicts": [v.to_dict() for v in self.verdicts]}
 
 
 def run_gate(baseline: list[Path], candidate: list[Path], rules: list[Rule], slo: Slo | None,
-             confidence: float = 0.95, seed: int = 0, bootstrap: int = BOOTSTRAP) -> GateOutcome:
-    """Decide every rule on every case of the candidate (cases: see :mod:`llmlb_bench.gate.samples`).
+             confidence: float = 0.99, seed: int = 0, bootstrap: int = BOOTSTRAP,
+             detect: float = DETECT, power: float = POWER) -> GateOutcome:
+    """Decide every rule on every case of the candidate (cases: see :mod:`llmlb_bench.gate.samples`) as one
+    family: noise alone fails the gate with probability at most 1 - ``confidence`` (docs/gates.md).
 
     Rules on runs' requests and figures look at the runs; capacity rules at the sweeps' summaries.
     """
     out = GateOutcome([str(p) for p in baseline], [str(p) for p in candidate],
-                      slo.describe() if slo else None, confidence)
+                      slo.describe() if slo else None, confidence, detect, power)
     on_runs = [r for r in rules if r.metric.kind != "curve"]
     on_curves = [r for r in rules if r.metric.kind == "curve"]
+    sides = []
     if on_runs:
-        _decide_all(out, load_side(baseline, slo), load_side(candidate, slo), on_runs, seed, bootstrap)
+        sides.append((load_side(baseline, slo), load_side(candidate, slo), on_runs))
     if on_curves:
-        _decide_all(out, load_capacities(baseline), load_capacities(candidate), on_curves, seed, bootstrap)
+        sides.append((load_capacities(baseline), load_capacities(candidate), on_curves))
+    for base_cases, cand_cases, group in sides:
+        cases = [(c, base_cases.get(c, []), cand_cases.get(c, [])) for c in sorted(set(base_cases) | set(cand_cases))]
+        out.verdicts += decide_family(cases, group, confidence, seed, bootstrap, detect, power)
     return out
-
-
-def _decide_all(out: GateOutcome, base_cases: dict[str, list[RunSample]], cand_cases: dict[str, list[RunSample]],
-                rules: list[Rule], seed: int, bootstrap: int) -> None:
-    confidence = out.confidence
-    for case in sorted(set(base_cases) | set(cand_cases)):
-        base: list[RunSample] = base_cases.get(case, [])
-        cand: list[RunSample] = cand_cases.get(case, [])
-        for rule in rules:
-            if not cand:
-                out.verdicts.append(Verdict(case, rule.text, rule.metric.name, rule.relative,
-                                            rule.describe_limit(), "missing", None, None, None, None, None, None,
-                                            confidence, "case absent from the candidate"))
-                continue
-            out.verdicts.append(decide(case, rule, base, cand, confidence, seed, bootstrap))
 
 
 def _value(v: Verdict, x: float | None) -> str:
@@ -104,19 +98,28 @@ def _headline(out: GateOutcome) -> str:
     return f"✅ llmlb gate: pass — {n} checks" + (f" ({noisy} within noise)" if noisy else "")
 
 
-COLUMNS = ("", "case", "rule", "baseline", "candidate", "change", "interval", "p (MWU)", "note")
+COLUMNS = ("", "case", "rule", "baseline", "candidate", "change", "interval", "p (family)", "repeats", "note")
+
+
+def _repeats(v: Verdict) -> str:
+    return "-" if v.repeats_needed is None else str(v.repeats_needed)
 
 
 def _rows(out: GateOutcome) -> list[list[str]]:
     return [[ICON[v.status], v.case, v.rule, _value(v, v.baseline), _value(v, v.candidate), _change(v),
-             _interval(v), _p(v), v.note] for v in out.verdicts]
+             _interval(v), _p(v), _repeats(v), "; ".join(x for x in (v.design, v.note) if x)] for v in out.verdicts]
+
+
+def _legend(out: GateOutcome) -> str:
+    return (f"interval: {100 * out.confidence:g}% bootstrap; p: family-wise (step-down max-T over all "
+            f"{len(out.verdicts)} checks), fail when < {1 - out.confidence:g}; repeats: runs a side needed to catch "
+            f"a regression {100 * out.detect:g}% beyond the limit with {100 * out.power:g}% power")
 
 
 def terminal_table(out: GateOutcome) -> Table:
-    t = Table(title=_headline(out), title_justify="left",
-              caption=f"interval: {100 * out.confidence:g}% bootstrap; p: one-sided Mann-Whitney U", caption_justify="left")
+    t = Table(title=_headline(out), title_justify="left", caption=_legend(out), caption_justify="left")
     for c in COLUMNS:
-        t.add_column(c, justify="right" if c in ("baseline", "candidate", "change", "p (MWU)") else "left")
+        t.add_column(c, justify="right" if c in ("baseline", "candidate", "change", "p (family)", "repeats") else "left")
     for row in _rows(out):
         t.add_row(*row)
     return t
@@ -126,7 +129,7 @@ def markdown(out: GateOutcome) -> str:
     """A PR comment: headline, what failed and by how much, then every check."""
     lines = [f"### {_headline(out)}", ""]
     for v in out.failed:
-        rank = f", Mann-Whitney p = {v.p_value:.2g}" if v.p_value is not None else ""
+        rank = f", family-wise p = {v.p_value:.2g}" if v.p_value is not None else ""
         by = f" ({_change(v)}, {100 * v.confidence:g}% interval {_interval(v)}{rank})" if v.relative else \
              f" (candidate {_value(v, v.candidate)}, {100 * v.confidence:g}% interval {_interval(v)})"
         lines.append(f"- **{v.case}**: `{v.rule}` failed{by}{'; ' + v.note if v.note else ''}")
@@ -138,8 +141,7 @@ def markdown(out: GateOutcome) -> str:
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
     lines += ["", f"Baseline: `{', '.join(out.baseline)}` · candidate: `{', '.join(out.candidate)}`"
               + (f" · SLO `{out.slo}`" if out.slo else "")
-              + f" · {100 * out.confidence:g}% bootstrap intervals, one-sided Mann-Whitney U. "
-              "〰️ = outside the limit but within noise (not failed)."]
+              + f" · {_legend(out)}. 〰️ = outside the limit but within noise (not failed)."]
     return "\n".join(lines) + "\n"
 
 
@@ -150,7 +152,8 @@ def junit_xml(out: GateOutcome) -> str:
     for v in out.verdicts:
         tc = ET.SubElement(suite, "testcase", classname=f"llmlb.gate.{v.case}", name=v.rule)
         detail = (f"baseline {_value(v, v.baseline)}, candidate {_value(v, v.candidate)}, change {_change(v)}, "
-                  f"interval {_interval(v)}, p {_p(v)}" + (f"; {v.note}" if v.note else ""))
+                  f"interval {_interval(v)}, family-wise p {_p(v)}, repeats needed {_repeats(v)}"
+                  + (f"; {v.note}" if v.note else ""))
         if v.status in ("fail", "missing"):
             ET.SubElement(tc, "failure", message=f"{v.rule}: {v.status}", type=v.status).text = detail
         else:

@@ -4,9 +4,12 @@ A side (baseline or candidate) is one or more run folders or results
 directories. Its runs are split into *cases*: the cells of a sweep (runs
 whose run.json has ``config.sweep`` are grouped by workload, cluster, policy
 and rate; their seeds are repeats), or else one case holding every run (the
-repeats of one configuration). Per run the gate keeps the per-request
-latencies of ok requests, which requests were ok and good, the run's duration
-and its summary (for run-level figures such as Jain's index), all from
+repeats of one configuration). Per run the gate keeps, request by request
+(sorted by request id), the id, whether it was ok and good, and its latencies
+(NaN where the request was not ok or has no such latency); the run's
+duration, the SHA-256 of the trace it replayed (so that runs of the same trace
+on both sides can be paired) and its summary (for run-level figures such as
+Jain's index), all from
 :func:`llmlb_bench.metrics.summary.summarize` and the ``request_metrics``
 view, so a gate's numbers are the report's numbers.
 """
@@ -36,8 +39,10 @@ class RunSample:
     duration_s: float
     ok: np.ndarray                     # bool per request
     good: np.ndarray                   # bool per request (False without an SLO)
-    latency: dict[str, np.ndarray]     # column -> values of ok requests that have it
+    latency: dict[str, np.ndarray]     # column -> value per request (NaN: not ok, or none)
     summary: dict[str, Any] = field(repr=False)
+    request_id: np.ndarray | None = None  # int per request, ascending (None: figures only, no requests)
+    trace: str | None = None              # SHA-256 of the trace file the run replayed
 
 
 def case_of(meta: dict[str, Any]) -> str:
@@ -58,7 +63,7 @@ def load_side(paths: Iterable[str | Path], slo: Slo | None) -> dict[str, list[Ru
         raise UserError("no runs with request rows", ", ".join(map(str, paths)))
     good = f"coalesce({slo.predicate()}, false)" if slo else "false"
     cols = ", ".join(f"{lat}_s" for lat in LATENCIES)
-    table = cat.query(f"SELECT run_id, status = 'ok' AS ok, {good} AS good, {cols} FROM request_metrics "
+    table = cat.query(f"SELECT run_id, request_id, status = 'ok' AS ok, {good} AS good, {cols} FROM request_metrics "
                       f"ORDER BY run_id, request_id")
     run_ids = np.asarray(table["run_id"].to_pylist(), dtype=object)
     # rows come sorted by run: one slice per run
@@ -67,17 +72,16 @@ def load_side(paths: Iterable[str | Path], slo: Slo | None) -> dict[str, list[Ru
     ok_all = table["ok"].to_numpy(zero_copy_only=False).astype(bool)
     good_all = table["good"].to_numpy(zero_copy_only=False).astype(bool)
     lat_all = {f"{lat}_s": table[f"{lat}_s"].to_numpy(zero_copy_only=False).astype(float) for lat in LATENCIES}
+    ids_all = table["request_id"].to_numpy(zero_copy_only=False).astype(np.int64)
     metas = metas_of(cat.runs_table)
     cases: dict[str, list[RunSample]] = defaultdict(list)
     for run_id, s in summaries.items():
         rows = slices[run_id]
         ok = ok_all[rows]
-        latency = {}
-        for col, values in lat_all.items():
-            v = values[rows][ok]
-            latency[col] = v[~np.isnan(v)]
-        cases[case_of(metas.get(run_id, {}))].append(
-            RunSample(run_id, s["duration_s"], ok, good_all[rows], latency, s))
+        latency = {col: np.where(ok, values[rows], np.nan) for col, values in lat_all.items()}
+        meta = metas.get(run_id, {})
+        cases[case_of(meta)].append(RunSample(run_id, s["duration_s"], ok, good_all[rows], latency, s,
+                                              ids_all[rows], (meta.get("trace") or {}).get("sha256")))
     return dict(cases)
 
 
