@@ -1,4 +1,4 @@
-"""llmlb's replayer, GuideLLM and AIPerf side by side against the same fast local server.
+"""llmlb's replayer, GuideLLM, AIPerf and a bare aiohttp loop side by side against one truth server.
 
 The no-op streaming server (llmlb_bench.replay.noop_server) runs pinned to
 one core and records, per request, when it read the request and when it
@@ -14,12 +14,16 @@ whichever tool sent it::
 ``perf_counter`` by the offset between the two clocks, read here). The
 schedule is the tool's own: llmlb's ``scheduled_s``, GuideLLM's
 ``targeted_start``, and for AIPerf, which keeps no schedule per request,
-the constant-rate grid ``first credit + k / rate`` in credit order. Open
-loop at constant rates (default 100 and 500 requests/s, 10 s), tokens 2 ms
-apart; capacity with the whole answer written at once: llmlb offered 12,000
-requests/s (20,000 requests), GuideLLM's ``throughput`` profile and AIPerf
-at a concurrency of 256 for the run's duration; completed requests over the
-span from the first send to the last completion.
+the constant-rate grid ``first credit + k / rate`` in credit order, and
+for the bare aiohttp loop (benchmarks/peers/aiohttp_loop.py: one asyncio
+loop, one ClientSession, one task per request) its own sleep target. Open
+loop at constant rates (default 500 and 1,000 requests/s, 10 s), tokens 2 ms
+apart; capacity with the whole answer written at once, every tool closed
+loop at a concurrency of 256 (llmlb ``users=256``, GuideLLM's
+``throughput`` profile, AIPerf ``--concurrency 256``, the aiohttp loop's 256
+tasks); completed requests over the span from the first send to the last
+completion. llmlb runs as installed (``pip install llmlb-bench``: uvloop and
+orjson where they have wheels); the event loop that ran is printed.
 
 GuideLLM and AIPerf are installed, each into its own virtualenv under
 .bench/ (git-ignored), on first use, and use a byte-level BPE tokenizer
@@ -29,8 +33,12 @@ local paths through the hub cache when offline), with HF_HUB_OFFLINE=1:
 nothing reaches a hub. The machine's load average and core noise are
 printed with every run, because on a shared machine they decide the p99s.
 
-    python benchmarks/replay_vs_peers.py [--rates 100 500] [--seconds 10] [--repeat 1]
-                                         [--tools llmlb guidellm aiperf] [--no-capacity]
+    flock /tmp/llmlb-measure.lock python benchmarks/replay_vs_peers.py [--rates 500 1000] [--seconds 10]
+        [--repeat 3] [--tools llmlb aiohttp guidellm aiperf] [--no-capacity]
+
+Every figure is printed per round as it is measured; the table at the end
+gives each tool's median over the rounds with the range (min-max) and each
+peer's figure as a multiple of llmlb's.
 """
 
 from __future__ import annotations
@@ -66,9 +74,11 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / ".bench"
 OUTPUT_TOKENS = 32
 INPUT_TOKENS = 128
-#: llmlb's capacity run: this many requests offered at this rate, more than one core can stream
-CAPACITY_REQUESTS, CAPACITY_OFFERED = 20_000, 12_000.0
+#: the capacity runs: closed loop at this concurrency; llmlb's trace has this many requests
+CONCURRENCY, CAPACITY_REQUESTS = 256, 20_000
 PEERS = {"guidellm": "guidellm==0.8.1", "aiperf": "aiperf==0.13.0"}
+TOOLS = ("llmlb", "aiohttp", *PEERS)
+AIOHTTP_LOOP = Path(__file__).resolve().parent / "peers" / "aiohttp_loop.py"
 HF_REPO = "llmlb/bench-tokenizer"
 _REVISION = "0" * 40
 
@@ -153,8 +163,8 @@ def constant_trace(n: int, rate: float) -> pa.Table:
 def run_llmlb(url: str, rate: float | None, seconds: float, cpu: int, work: Path) -> tuple[dict, dict]:
     """llmlb in this process, pinned to the client core. Returns (open-loop figures, capacity)."""
     os.sched_setaffinity(0, {cpu})
-    table = constant_trace(int(rate * seconds), rate) if rate else constant_trace(CAPACITY_REQUESTS, CAPACITY_OFFERED)
-    options = ReplayOptions(api="chat", scrape_s=None)
+    table = constant_trace(int(rate * seconds), rate) if rate else constant_trace(CAPACITY_REQUESTS, 1.0)
+    options = ReplayOptions(api="chat", scrape_s=None, users=None if rate else CONCURRENCY)
     with RunStore(work, config={}, backend="replay", run_id=f"llmlb-{rate or 'cap'}") as store:
         summary = replay(table, [url], make_policy("round_robin"), store, options, pre=preflight([url], options))
     rows = pq.read_table(store.dir / "requests.parquet")
@@ -166,8 +176,29 @@ def run_llmlb(url: str, rate: float | None, seconds: float, cpu: int, work: Path
                   np.asarray(ok.column("first_token_s")) + t0, np.array([recs[k][1] for k in keys]), rows.num_rows)
     ends = np.asarray(ok.column("last_token_s"))
     starts = np.asarray(ok.column("sent_s"))
-    cap = {"completed": ok.num_rows, "rps": ok.num_rows / (ends.max() - starts.min())}
+    cap = {"completed": ok.num_rows, "rps": ok.num_rows / (ends.max() - starts.min()),
+           "loop": summary["client"]["event_loop"], "cpu_ms": summary["client"]["cpu_ms_per_request"]}
     return fig, cap
+
+
+def run_aiohttp(url: str, rate: float | None, seconds: float, cpu: int, work: Path,
+                timeout: float) -> tuple[dict | None, dict | None, str | None]:
+    """The bare aiohttp loop (benchmarks/peers/aiohttp_loop.py) in its own process on the client core."""
+    out = work / f"aiohttp-{rate or 'cap'}.jsonl"
+    load = ["--rate", f"{rate:g}"] if rate else ["--concurrency", str(CONCURRENCY)]
+    cmd = [sys.executable, str(AIOHTTP_LOOP), url, str(out), *load, "--seconds", f"{seconds:g}",
+           "--tokens", str(OUTPUT_TOKENS), "--prompt-words", str(INPUT_TOKENS)]
+    why = _run_peer(cmd, dict(os.environ), cpu, work / f"aiohttp-{rate or 'cap'}.log", timeout)
+    if why:
+        return None, None, why
+    lines = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
+    ok = [x for x in lines if x["ok"]]
+    recs = server_records(url)
+    keys = [str(x["id"]) for x in ok]
+    fig = figures(np.array([x["scheduled"] for x in ok]), np.array([recs[k][0] for k in keys]),
+                  np.array([x["first"] for x in ok]), np.array([recs[k][1] for k in keys]), len(lines))
+    span = max(x["end"] for x in ok) - min(recs[k][0] for k in keys)
+    return fig, {"completed": len(ok), "rps": len(ok) / span}, None
 
 
 def _run_peer(cmd: list[str], env: dict[str, str], cpu: int, log: Path, timeout: float) -> str | None:
@@ -191,7 +222,7 @@ def peer_env(hf_home: Path) -> dict[str, str]:
 def run_guidellm(url: str, rate: float | None, seconds: float, cpu: int, work: Path, tok: Path,
                  hf_home: Path, timeout: float) -> tuple[dict | None, dict | None, str | None]:
     out = work / f"guidellm-{rate or 'cap'}.json"
-    profile = f"kind=constant,rate={rate:g}" if rate else "kind=throughput,max_concurrency=256"
+    profile = f"kind=constant,rate={rate:g}" if rate else f"kind=throughput,max_concurrency={CONCURRENCY}"
     cmd = [str(peer_venv("guidellm")), "run", "--backend", f"kind=openai_http,target={url}",
            "--profile", profile, "--constraint", f"kind=max_duration,seconds={seconds:g}",
            "--data", f"kind=synthetic_text,prompt_tokens={INPUT_TOKENS},output_tokens={OUTPUT_TOKENS}",
@@ -218,7 +249,8 @@ def run_aiperf(url: str, rate: float | None, seconds: float, cpu: int, work: Pat
                timeout: float) -> tuple[dict | None, dict | None, str | None]:
     out = work / f"aiperf-{rate or 'cap'}"
     load = (["--request-rate", f"{rate:g}", "--arrival-pattern", "constant", "--request-count",
-             str(int(rate * seconds))] if rate else ["--concurrency", "256", "--benchmark-duration", f"{seconds:g}"])
+             str(int(rate * seconds))] if rate else ["--concurrency", str(CONCURRENCY), "--benchmark-duration",
+                                                     f"{seconds:g}"])
     cmd = [str(peer_venv("aiperf")), "profile", "--model", "noop", "--url", url, "--endpoint-type", "chat",
            "--streaming", "--tokenizer", HF_REPO, "--isl", str(INPUT_TOKENS), "--osl", str(OUTPUT_TOKENS),
            *load, "--ui", "none", "--artifact-dir", str(out), "--export-level", "records", "--random-seed", "1"]
@@ -254,6 +286,8 @@ def measure(tool: str, rate: float | None, args: argparse.Namespace, work: Path,
         if tool == "llmlb":
             fig, cap = run_llmlb(url, rate, args.seconds, args.client_cpu, work)
             why = None
+        elif tool == "aiohttp":
+            fig, cap, why = run_aiohttp(url, rate, args.seconds, args.client_cpu, work, args.timeout)
         elif tool == "guidellm":
             fig, cap, why = run_guidellm(url, rate, args.seconds, args.client_cpu, work, tok, hf_home, args.timeout)
         else:
@@ -267,17 +301,18 @@ def measure(tool: str, rate: float | None, args: argparse.Namespace, work: Path,
               f"p50 {lat['p50']:.2f} p99 {lat['p99']:.2f}; TTFT inflation ms p50 {inf['p50']:.2f} "
               f"p99 {inf['p99']:.2f} (load average {load:.1f})", flush=True)
     else:
+        extra = f"; {cap['loop']}, client CPU {cap['cpu_ms'] * 1e3:.0f} us/request" if "loop" in cap else ""
         print(f"  {tool:8s} {what}: {cap['completed']} completed, {cap['rps']:,.0f} streamed requests/s "
-              f"(load average {load:.1f})", flush=True)
+              f"(load average {load:.1f}{extra})", flush=True)
     return fig, cap, why
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tools", nargs="+", default=["llmlb", "guidellm", "aiperf"], choices=["llmlb", *PEERS])
-    ap.add_argument("--rates", type=float, nargs="+", default=[100.0, 500.0])
+    ap.add_argument("--tools", nargs="+", default=list(TOOLS), choices=TOOLS)
+    ap.add_argument("--rates", type=float, nargs="+", default=[500.0, 1000.0])
     ap.add_argument("--seconds", type=float, default=10.0, help="duration of each run")
-    ap.add_argument("--repeat", type=int, default=1, help="rounds of every measurement (the best is tabled)")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds of every measurement (median and range tabled)")
     ap.add_argument("--no-capacity", action="store_true")
     ap.add_argument("--itl-ms", type=float, default=2.0, help="server's gap between tokens in open-loop runs")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds a peer's run may take (startup included)")
@@ -312,31 +347,36 @@ def main() -> None:
 
 
 def table(results: dict, args: argparse.Namespace) -> None:
-    """Each tool's best round (the machine's noise only ever adds lateness and takes capacity),
-    with each peer's figure as a multiple of llmlb's."""
-    def best(tool: str, rate: float | None, pick: Callable[[dict, dict], float]) -> float | None:
-        vals = [pick(f, c) for f, c, why in results.get((tool, rate), []) if not why]
-        return (max(vals) if rate is None else min(vals)) if vals else None
+    """Each tool's median over the rounds with its range, and each peer's median as a multiple of llmlb's."""
+    def values(tool: str, rate: float | None, pick: Callable[[dict, dict], float]) -> list[float]:
+        return [pick(f, c) for f, c, why in results.get((tool, rate), []) if not why]
 
-    def cell(v: float | None, base: float | None, fmt: str) -> str:
-        text = "-" if v is None else format(v, fmt) + (f" ({v / base:.1f}x)" if base else "")
-        return text.rjust(18)
+    def cell(v: list[float], base: list[float] | None, fmt: str) -> str:
+        if not v:
+            return "-".rjust(30)
+        med = float(np.median(v))
+        text = format(med, fmt) + (f" [{format(min(v), fmt)}-{format(max(v), fmt)}]" if len(v) > 1 else "")
+        if base:
+            text += f" ({med / float(np.median(base)):.1f}x)"
+        return text.rjust(30)
 
-    print("\nbest of the rounds; (Nx) = the peer's figure as a multiple of llmlb's")
+    print(f"\nmedian [min-max] of {args.repeat} round(s); (Nx) = the tool's median as a multiple of llmlb's")
     if not args.no_capacity:
-        base = best("llmlb", None, lambda f, c: c["rps"])
-        print(f"{'capacity':12s}{'requests/s':>18}   (llmlb's as a multiple of it)")
+        base = values("llmlb", None, lambda f, c: c["rps"])
+        print(f"{'capacity':12s}{'requests/s':>30}")
         for t in args.tools:
-            v = best(t, None, lambda f, c: c["rps"])
-            ratio = f"   ({base / v:.1f}x)" if t != "llmlb" and v and base else ""
-            print(f"{t:12s}{cell(v, None, ',.0f')}{ratio}")
+            print(f"{t:12s}{cell(values(t, None, lambda f, c: c['rps']), base if t != 'llmlb' else None, ',.0f')}")
     keys = [("lateness", "p50"), ("lateness", "p99"), ("inflation", "p50"), ("inflation", "p99")]
     for rate in args.rates:
-        print(f"\n{f'{rate:g} req/s':12s}" + "".join(f"{f'{k} {q} ms':>18}" for k, q in keys))
-        base = [best("llmlb", rate, lambda f, c, k=k: f[k[0]][k[1]]) for k in keys]
+        print(f"\n{f'{rate:g} req/s':12s}" + "".join(f"{f'{k} {q} ms':>30}" for k, q in keys))
         for t in args.tools:
-            print(f"{t:12s}" + "".join(cell(best(t, rate, lambda f, c, k=k: f[k[0]][k[1]]),
-                                            b if t != "llmlb" else None, ".2f") for k, b in zip(keys, base)))
+            row = []
+            for k in keys:
+                pick = (lambda f, c, k=k: f[k[0]][k[1]])
+                base = values("llmlb", rate, pick) if t != "llmlb" else None
+                row.append(cell(values(t, rate, pick), base, ".2f"))
+            print(f"{t:12s}" + "".join(row))
+
 
 if __name__ == "__main__":
     main()
