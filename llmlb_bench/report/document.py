@@ -50,10 +50,9 @@ def build(cat: Catalog, options: ReportOptions, where: str = "runs") -> dict[str
     if not runs:
         raise UserError("no runs with request rows found"
                         + (f" ({'; '.join(d['why'] for d in dropped)})" if dropped else ""), where)
-    folders = {r["run_id"]: r["dir"] for r in cat.runs_table.to_pylist()}
     return {
         "left_out": dropped,
-        "verdicts": verdicts(runs, folders, options.slo, options.baseline, options.summary.confidence,
+        "verdicts": verdicts(cat, runs, options.slo, options.baseline, options.summary.confidence,
                              options.summary.seed),
         "options": options.to_dict(),
         "runs": runs,

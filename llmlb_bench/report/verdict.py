@@ -22,7 +22,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from llmlb_bench.errors import UserError
+from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.metrics.sql import quote
+from llmlb_bench.metrics.summary import metas_of
+from llmlb_bench.store.views import Catalog
 
 #: gate metric -> (name in a sentence, whether higher is better)
 HEADLINE = {"p99_ttft": ("TTFT p99", False), "p99_tpot": ("TPOT p99", False), "p99_e2e": ("E2E p99", False),
@@ -30,6 +36,8 @@ HEADLINE = {"p99_ttft": ("TTFT p99", False), "p99_tpot": ("TPOT p99", False), "p
 HEADLINE_SLO = {"attainment": ("attainment", True), "goodput": ("goodput", True)}
 #: comparisons beyond this many runs are left out (each one redraws every request 2,000 times)
 MAX_RUNS = 12
+#: ... and beyond this many requests in all
+MAX_REQUESTS = 2_000_000
 
 
 #: changes smaller than this are called negligible even when the bootstrap tells them from zero
@@ -79,7 +87,32 @@ def pick_baseline(runs: list[dict[str, Any]], baseline: str | None) -> dict[str,
                     "--baseline")
 
 
-def verdicts(runs: list[dict[str, Any]], folders: dict[str, str], slo: Any, baseline: str | None,
+def _samples(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None) -> dict[str, Any]:
+    """The gate's per-run samples (:class:`llmlb_bench.gate.samples.RunSample`) read from the report's own
+    catalog, whose ``request_metrics`` view the summary made: one query, no second summary. Rates are
+    per second of the arrival window, as the report's."""
+    from llmlb_bench.gate.rules import LATENCIES
+    from llmlb_bench.gate.samples import RunSample
+
+    good = f"coalesce({slo.predicate()}, false)" if slo else "false"
+    cols = ", ".join(f"{lat}_s" for lat in LATENCIES)
+    metas = metas_of(cat.runs_table)
+    out = {}
+    for s in runs:
+        t = cat.query(f"SELECT request_id, status = 'ok' AS ok, {good} AS good, {cols} FROM request_metrics "
+                      f"WHERE run_id = {quote(s['run_id'])} ORDER BY request_id")
+        ok = t["ok"].to_numpy(zero_copy_only=False).astype(bool)
+        latency = {f"{lat}_s": np.where(ok, t[f"{lat}_s"].to_numpy(zero_copy_only=False).astype(float), np.nan)
+                   for lat in LATENCIES}
+        out[s["run_id"]] = RunSample(
+            s["run_id"], s.get("window_s") or s["duration_s"], ok,
+            t["good"].to_numpy(zero_copy_only=False).astype(bool), latency, s,
+            t["request_id"].to_numpy(zero_copy_only=False).astype(np.int64),
+            ((metas.get(s["run_id"]) or {}).get("trace") or {}).get("sha256"))
+    return out
+
+
+def verdicts(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None, baseline: str | None,
              confidence: float = 0.95, seed: int = 0) -> dict[str, Any] | None:
     """``{baseline, comparisons: [{candidate, baseline, changes: [...], sentence}], note}`` (None: one run)."""
     if len(runs) < 2:
@@ -88,12 +121,14 @@ def verdicts(runs: list[dict[str, Any]], folders: dict[str, str], slo: Any, base
     if len(runs) > MAX_RUNS:
         return {"baseline": base["run_id"], "comparisons": [],
                 "note": f"{len(runs)} runs: verdicts are computed for at most {MAX_RUNS}; report fewer runs"}
+    total = sum(s["requests"] for s in runs)
+    if total > MAX_REQUESTS:
+        return {"baseline": base["run_id"], "comparisons": [],
+                "note": f"{total:,} requests: verdicts are computed up to {MAX_REQUESTS:,} (each redraws every "
+                        f"request 2,000 times); compare these runs with llmlb gate"}
     from llmlb_bench.gate.decide import holm, relative_change
-    from llmlb_bench.gate.samples import load_side
 
-    samples = {r.run_id: r for side in load_side([folders[s["run_id"]] for s in runs], slo).values() for r in side}
-    for s in runs:   # rates per second of the arrival window, as the report's (metrics.summary)
-        samples[s["run_id"]].duration_s = s.get("window_s") or s["duration_s"]
+    samples = _samples(cat, runs, slo)
     figures = {**HEADLINE, **(HEADLINE_SLO if slo is not None else {})}
     out = []
     for s in runs:
