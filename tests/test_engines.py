@@ -1,0 +1,144 @@
+"""The local engine launchers (llmlb_bench.engines) and ``llmlb engine``.
+
+Fast: the tiny HF model folder (safetensors layout, tokenizer properties the
+replayer's prompt sharing relies on), the command line and environment of a
+replica, and the command's errors. Slow: ``llmlb engine vllm`` started as a real
+process, used, and stopped by SIGTERM, leaving no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import cli
+from engines_helpers import require_module, vllm_python
+from test_cli_errors import assert_one_line_error
+
+from llmlb_bench.engines.vllm import VllmReplicas, VllmSettings, write_tiny_model
+from llmlb_bench.replay.prompts import PIECES, PromptBuilder
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    require_module("tokenizers", "the tiny model's tokenizer is trained with the tokenizers package")
+    return write_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+def test_the_tiny_model_folder_is_a_complete_llama_checkpoint(tiny: Path):
+    config = json.loads((tiny / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["torch_dtype"] == "bfloat16"
+    raw = (tiny / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    h, layers = config["hidden_size"], config["num_hidden_layers"]
+    kv = config["num_key_value_heads"] * config["head_dim"]
+    assert header["model.embed_tokens.weight"]["shape"] == [config["vocab_size"], h]
+    assert header[f"model.layers.{layers - 1}.self_attn.k_proj.weight"]["shape"] == [kv, h]
+    assert len([k for k in header if k != "__metadata__"]) == 3 + 9 * layers
+    end = max(t["data_offsets"][1] for k, t in header.items() if k != "__metadata__")
+    assert len(raw) == 8 + n + end  # the data offsets cover the file exactly
+    # bfloat16 is float32's upper half: the stored norm weights are exactly 1.0
+    start = 8 + n + header["model.norm.weight"]["data_offsets"][0]
+    ones = np.frombuffer(raw[start:start + 2 * h], "<u2").astype(np.uint32) << 16
+    assert np.all(ones.view(np.float32) == 1.0)
+    tok = json.loads((tiny / "tokenizer_config.json").read_text())
+    assert tok["add_bos_token"] is False and "add_generation_prompt" in tok["chat_template"]
+
+
+def test_prompts_tokenize_block_by_block(tiny: Path):
+    """Why shared trace prefixes stay shared token prefixes: a prompt's tokens are its blocks'
+    tokens in order, no special token is added, and every prompt word is one token."""
+    from tokenizers import Tokenizer
+
+    t = Tokenizer.from_file(str(tiny / "tokenizer.json"))
+    count = [len(t.encode(p, add_special_tokens=False).ids) for p in PIECES]
+    assert count[:-1] == [1] * (len(PIECES) - 1)
+    b = PromptBuilder(16)
+    blocks = [b.text(16, [h], 0) for h in (11, 12, 13)]
+    whole = t.encode("".join(blocks)).ids
+    assert whole == [i for blk in blocks for i in t.encode(blk).ids] and len(whole) == 48
+
+
+def test_each_replica_is_pinned_to_its_core_on_loopback(tiny: Path):
+    fleet = VllmReplicas(tiny, 2, cores=[1, 0], port=9100, python=Path("/venv/bin/python"),
+                         settings=[VllmSettings(), VllmSettings(num_gpu_blocks=40, max_num_batched_tokens=512)])
+    assert fleet.urls == ["http://127.0.0.1:9100", "http://127.0.0.1:9101"]
+    cmd = fleet.command(1)
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "9101"
+    assert cmd[cmd.index("--num-gpu-blocks-override") + 1] == "40" and "--enable-prompt-tokens-details" in cmd
+    assert "--num-gpu-blocks-override" not in fleet.command(0)
+    env = fleet.env(0)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["VLLM_HOST_IP"] == "127.0.0.1"
+    with pytest.raises(ValueError):
+        VllmReplicas(tiny, 2, settings=[VllmSettings(), VllmSettings(served_model="other")])
+
+
+def test_engine_command_errors_are_one_line(tmp_path: Path, capsys, monkeypatch):
+    code, _, err = cli(["engine", "vllm", "--model", str(tmp_path)], capsys)
+    if "not installed" in err:  # the first check: no vLLM here
+        assert_one_line_error(code, err, "scripts/install_vllm_cpu.sh")
+    else:
+        assert_one_line_error(code, err, "--model", "no config.json")
+    monkeypatch.setenv("LLMLB_VLLM_PYTHON", sys.executable)
+    code, _, err = cli(["engine", "vllm", "--replicas", "2", "--cores", "0"], capsys)
+    assert_one_line_error(code, err, "--cores", "2 replicas need 2 cores")
+    monkeypatch.setenv("LLMLB_CACHE_DIR", str(tmp_path / "empty"))
+    monkeypatch.delenv("LLMLB_VLLM_PYTHON")
+    code, _, err = cli(["engine", "vllm"], capsys)
+    assert_one_line_error(code, err, "not installed", "scripts/install_vllm_cpu.sh")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+@pytest.mark.slow
+def test_llmlb_engine_vllm_serves_until_sigterm_and_leaves_nothing(tmp_path: Path):
+    vllm_python()
+    proc = subprocess.Popen([sys.executable, "-m", "llmlb_bench", "engine", "vllm", "--log-dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url, lines = None, []
+        deadline = time.monotonic() + 600
+        while url is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            url = line.strip() if line.startswith("http://127.0.0.1:") else None
+        assert url, "".join(lines)
+        with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
+            assert json.loads(r.read())["data"][0]["id"] == "tiny"
+        server_pid = next(int(p) for p in os.listdir("/proc") if p.isdigit() and _is_child(int(p), proc.pid))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130  # like Ctrl-C
+        deadline = time.monotonic() + 10
+        while _group_alive(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _group_alive(server_pid)  # API server, engine core and worker all gone
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _is_child(pid: int, parent: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return int(stat.rsplit(")", 1)[1].split()[1]) == parent
