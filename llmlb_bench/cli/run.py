@@ -7,10 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from llmlb_bench.cli.app import app, console
+from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.cli.common import ClusterFlags, PolicyArgs, ReportFormat, ResultsDir, SloOpt, cluster_flags
 from llmlb_bench.experiment import simulate_run
 from llmlb_bench.policies import args_per_policy, make_policy, parse_args
+from llmlb_bench.progress import working
 from llmlb_bench.report.output import print_report
 from llmlb_bench.schema import read_trace, write_trace
 from llmlb_bench.store.run import new_run_id
@@ -61,8 +62,17 @@ def run(
         console.print(f"trace: {table.num_rows:,} requests -> {trace_path}")
     dirs = []
     for name in policies:
-        store = simulate_run(table, trace_path, config, name, args[name], workload.seed, results / batch,
-                             label=name, run_id=f"{batch}-{name.replace(':', '_').replace('.', '_')}")
+        run_id = f"{batch}-{name.replace(':', '_').replace('.', '_')}"
+        try:
+            with working(err_console, f"simulating {table.num_rows:,} requests under {name}"):
+                store = simulate_run(table, trace_path, config, name, args[name], workload.seed, results / batch,
+                                     label=name, run_id=run_id)
+        except KeyboardInterrupt:
+            if (results / batch / run_id / "run.json").is_file():
+                err_console.print(f"interrupted; the partial run of {name} (requests simulated so far) is kept in "
+                                  f"{results / batch / run_id}, the finished ones beside it", highlight=False,
+                                  soft_wrap=True)
+            raise
         dirs.append(store.dir)
         if fmt is ReportFormat.terminal:
             console.print(f"simulated {name}: {store.summary.get('wall_s', 0):.2f} s -> {store.dir}")

@@ -11,6 +11,7 @@ from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.cli.common import ClusterFlags, PolicyArgs, ReportFormat, ResultsDir, RunId, Seed, SloOpt, cluster_flags
 from llmlb_bench.experiment import simulate_run
 from llmlb_bench.policies import parse_args
+from llmlb_bench.progress import working
 from llmlb_bench.report.output import print_report
 from llmlb_bench.schema import read_trace
 from llmlb_bench.store import new_run_id
@@ -42,7 +43,8 @@ def simulate(
     config = cluster.config()
     run_id = run_id or new_run_id(label or policy)
     try:
-        store = simulate_run(table, trace, config, policy, parse_args(policy_arg), seed, results, label, run_id)
+        with working(err_console, f"simulating {table.num_rows:,} requests under {policy}"):
+            store = simulate_run(table, trace, config, policy, parse_args(policy_arg), seed, results, label, run_id)
     except KeyboardInterrupt:
         if (Path(results) / run_id / "run.json").is_file():
             err_console.print(f"simulation interrupted; the partial run (requests simulated so far) is kept in "

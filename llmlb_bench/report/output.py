@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import sys
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from rich.markup import escape
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import Options
+from llmlb_bench.progress import working
 from llmlb_bench.report import figures, html, markdown, terminal
 from llmlb_bench.report.document import ReportOptions, build, to_json
 from llmlb_bench.report.figdata import figure_data
@@ -48,11 +50,14 @@ def print_report(paths: list[Path], slo_text: str | None, fmt: str, *,
     drawn = fmt == "html" or figures_dir is not None
     if drawn:
         figures.require()
-    cat = Catalog(paths)
-    summary = replace(options or Options(), cdf=drawn)
-    doc = build(cat, ReportOptions(slo=slo, summary=summary, target=target, baseline=baseline),
-                ", ".join(map(str, paths)))
-    figs = figures.render(doc, figure_data(cat, doc), figures_dir) if drawn else []
+    err = Console(stderr=True)
+    with working(err, "report: reading the runs and computing every figure"):
+        cat = Catalog(paths)
+        summary = replace(options or Options(), cdf=drawn)
+        doc = build(cat, ReportOptions(slo=slo, summary=summary, target=target, baseline=baseline),
+                    ", ".join(map(str, paths)))
+    with working(err, f"report: drawing the figures of {len(doc['runs'])} run(s)") if drawn else nullcontext():
+        figs = figures.render(doc, figure_data(cat, doc), figures_dir) if drawn else []
     if fmt == "json":
         _write(to_json(doc), output)
     elif fmt == "md":
@@ -65,7 +70,6 @@ def print_report(paths: list[Path], slo_text: str | None, fmt: str, *,
         out = Console(record=True, width=160, file=io.StringIO())
         terminal.render(doc, out)
         _write(out.export_text(), output)
-    err = Console(stderr=True)
     if figures_dir is not None:
         err.print(f"figures: {len(figs)} x {', '.join(figures.FORMATS)} -> {figures_dir}")
     for d in doc["left_out"]:
