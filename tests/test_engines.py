@@ -8,6 +8,7 @@ process, used, and stopped by SIGTERM, leaving no process behind.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -67,6 +68,27 @@ def test_prompts_tokenize_block_by_block(tiny: Path):
     blocks = [b.text(16, [h], 0) for h in (11, 12, 13)]
     whole = t.encode("".join(blocks)).ids
     assert whole == [i for blk in blocks for i in t.encode(blk).ids] and len(whole) == 48
+
+
+def test_exact_prompts_keep_their_shared_token_prefix_with_multi_token_words(tmp_path: Path):
+    """A smaller vocabulary splits most prompt words into 2-5 tokens, so exact filling (whole
+    words, then a shortest exact combination) does real work: lengths stay exact, and two prompts
+    that share k prefix hashes share at least their first k blocks of tokens."""
+    require_module("tokenizers", "the tiny model's tokenizer is trained with the tokenizers package")
+    from llmlb_bench.replay.lengths import load_tokenizer, local_counter, piece_costs
+
+    t = load_tokenizer(write_tiny_model(tmp_path / "v400", vocab_size=400, num_layers=1))
+    after, lead = asyncio.run(piece_costs(local_counter(t), "test"))
+    assert max(after) >= 4 and sum(c > 1 for c in after) > len(after) / 2  # the hard case
+    b, rng = PromptBuilder(16, after, lead), np.random.default_rng(4)
+    for r in range(150):
+        n = int(rng.integers(20, 600))
+        k = int(rng.integers(0, n // 16 + 1))
+        prompts = [b.text(n, [1000 + j for j in range(k)] + [salt + 1000 * r + j for j in range(n // 16 + 1 - k)],
+                          r + salt) for salt in (10**6, 5 * 10**6)]
+        ids = [t.encode(p, add_special_tokens=False).ids for p in prompts]
+        assert len(ids[0]) == len(ids[1]) == n
+        assert ids[0][:k * 16] == ids[1][:k * 16]
 
 
 def test_each_replica_is_pinned_to_its_core_on_loopback(tiny: Path):
