@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -124,3 +126,15 @@ def test_block_sample_of_a_large_run():
     assert len(ranges) == 20 and all(b - a + 1 == 50 for a, b in ranges)
     assert ranges[0][0] == 0 and ranges[-1][1] == 999_999
     assert is_sampled(2000, 0, 1999, 1000) and not is_sampled(500, 0, 499, 1000)
+
+
+def test_slowest_ten_percent_mean_matches_the_expanded_gaps_with_ties():
+    """The partial selection gives the brute-force mean of the largest 10% of all gaps, ties included."""
+    rng = np.random.default_rng(5)
+    for n in (1, 7, 5000):
+        value = np.round(rng.exponential(0.05, n), 3)             # rounded: many equal gaps
+        mult = rng.integers(1, 6, n)
+        s = Streams(ttft=np.zeros(1), slo_class=[None], rank_of=np.zeros(1, np.int64), value=value, mult=mult,
+                    offsets=np.array([0, n]))
+        gaps = np.sort(np.repeat(value, mult))[::-1]
+        assert slowest_gap_mean(s) == pytest.approx(gaps[:math.ceil(0.1 * len(gaps))].mean(), rel=1e-12)

@@ -198,7 +198,10 @@ def slowest_gap_mean(s: Streams, share: float = 0.1) -> float | None:
     if n == 0:
         return None
     k = math.ceil(share * n)
-    order = np.argsort(-s.value, kind="stable")
+    # the k largest gaps lie among the k largest entries (each entry holds at least one gap): select
+    # those in linear time and sort only them (entries of equal value are interchangeable in the sum)
+    top = np.argpartition(-s.value, k - 1)[:k] if k < len(s.value) else np.arange(len(s.value))
+    order = top[np.argsort(-s.value[top], kind="stable")]
     v, m = s.value[order], s.mult[order]
     before = np.cumsum(m) - m
     take = np.clip(k - before, 0, m)
