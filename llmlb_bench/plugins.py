@@ -21,5 +21,6 @@ def load_class(path: str, what: str, where: str, base: type | None = None) -> An
     except (ImportError, AttributeError) as exc:
         raise UserError(f"cannot load {what} {path!r}: {exc}", where) from None
     if base is not None and not (isinstance(cls, type) and issubclass(cls, base)):
-        raise UserError(f"{path!r} is not a {base.__name__} subclass", where)
+        article = "an" if base.__name__[:1] in "AEIOU" else "a"
+        raise UserError(f"{path!r} is not {article} {base.__name__} subclass", where)
     return cls

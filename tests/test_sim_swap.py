@@ -166,7 +166,7 @@ def test_an_aborted_swapped_out_request_gives_back_its_swap_space(catalog):
     while not rep.swapped:
         rep.boundary(done)
     assert rep.swapped[0][0] is reqs[2] and rep.swap_used == 210
-    assert rep.abort(reqs[2], rep.t) is None
+    assert rep.abort(reqs[2], rep.t) is True   # left the swap space at once
     assert not rep.swapped and rep.swap_used == 0
     while not rep.idle:
         rep.boundary(done)

@@ -18,23 +18,31 @@ and orders that replica's own queue. Built in:
 * ``deadline``: earliest deadline first, the deadline being arrival + the
   TTFT target of the request's SLO class.
 
-How a replica uses a scheduler. ``fcfs`` is the replica's built-in fast path
-(a deque). For any other scheduler the replica asks ``make_queue(replica)``
-once for its waiting queue, an object with
+How a replica uses a scheduler. The replica asks ``make_queue(replica)``
+once for its waiting queue (as vLLM v1's scheduler holds a request queue of
+its policy's kind: ``FcfsQueue``, a deque, for ``fcfs``), an object with
 
-* ``append(req)``: a request arrives; ``requeue(req)``: a preempted one returns;
+* ``append(req)``: a request arrives; ``requeue(req)``: a preempted one returns
+  (FCFS: to the front);
 * ``head(now)``: the request to try next (the replica stops admitting when it
   does not fit: no skipping, as in vLLM); ``pop_head()``: it was admitted;
+* ``newcomer_may_lead()``: whether the request just appended could be the next
+  one admitted (FCFS: only into an empty queue), which decides whether a
+  decode run in flight is cut at the next step for it;
+* ``drop(req)``: a client went away; True if the request left the queue at
+  once (FCFS), False if it stays queued until admitted and is dropped then;
 * ``len()``, iteration and ``clear()``.
 
-and calls ``victim(running, now)`` (running requests in admission order) when
-it must preempt, ``on_tokens(req, prompt_tokens, output_tokens, now)`` when
+and calls ``victim(running, now)`` (the running requests in admission order: a
+dict used as an ordered set; iterate it or ``reversed()`` it) when it must
+preempt, ``on_tokens(req, prompt_tokens, output_tokens, now)`` when
 tokens are computed (a prefill chunk, its sampled first token, or a request's
 decode tokens when it leaves the batch, while ``req.step0`` is still set) and
 ``on_decode(req)`` when a request starts decoding (``req.step0`` = its first
 decode step). ``req.route`` is the :class:`~llmlb_bench.policies.RouteRequest`;
 ``req.sched`` is a slot a scheduler may use per request.
 
+There is no FCFS branch in the replica: FCFS is this interface too.
 A user's scheduler subclasses :class:`EngineScheduler`, sets ``fcfs = False``
 and overrides ``pick(waiting, now)`` (index into the waiting list, oldest
 first) — simple, and O(waiting) per admission — or ``make_queue`` for a
@@ -53,12 +61,14 @@ from llmlb_bench.policies.queueing import parse_deadlines
 
 
 class WaitingQueue(Protocol):
-    """A replica's waiting queue under a non-FCFS scheduler."""
+    """A replica's waiting queue (see the module docstring)."""
 
     def append(self, req: Any) -> None: ...
     def requeue(self, req: Any) -> None: ...
     def head(self, now: float) -> Any: ...
-    def pop_head(self) -> None: ...
+    def pop_head(self) -> Any: ...
+    def newcomer_may_lead(self) -> bool: ...
+    def drop(self, req: Any) -> bool: ...
     def clear(self) -> None: ...
     def __len__(self) -> int: ...
     def __iter__(self) -> Iterator[Any]: ...
@@ -71,24 +81,51 @@ class EngineScheduler:
     summary: ClassVar[str] = "First come, first served; preempt the most recently admitted (vLLM's default)."
     #: parameter name -> (default, one-line meaning); used by ``llmlb policies``
     params: ClassVar[dict[str, tuple[Any, str]]] = {}
-    #: whether the replica may use its deque fast path (only FCFS)
+    #: arrival order: the deque :class:`FcfsQueue`; a subclass that sets False gets a
+    #: :class:`PickQueue` ordered by its ``pick``
     fcfs: ClassVar[bool] = True
 
     def make_queue(self, replica: Any) -> WaitingQueue:
         """The waiting queue of ``replica`` (called once per replica; each has its own scheduler)."""
-        return PickQueue(self)
+        return FcfsQueue() if self.fcfs else PickQueue(self)
 
     def pick(self, waiting: Sequence[Any], now: float) -> int:
         return 0
 
-    def victim(self, running: Sequence[Any], now: float) -> Any:
-        return running[-1]
+    def victim(self, running: Any, now: float) -> Any:
+        """The request to preempt: the most recently admitted."""
+        return next(reversed(running))
+
+    # queue defaults for the schedulers that are their own queue (``make_queue`` returns self)
+    def newcomer_may_lead(self) -> bool:
+        return True
+
+    def drop(self, req: Any) -> bool:
+        return False
 
     def on_tokens(self, req: Any, prompt_tokens: int, output_tokens: int, now: float) -> None:
         return None
 
     def on_decode(self, req: Any) -> None:
         return None
+
+
+class FcfsQueue(deque):  # type: ignore[type-arg]
+    """vLLM v1's FCFS request queue: arrivals at the back, a preempted request back at the front."""
+
+    __slots__ = ()
+    requeue = deque.appendleft
+    pop_head = deque.popleft
+
+    def head(self, now: float) -> Any:
+        return self[0]
+
+    def newcomer_may_lead(self) -> bool:
+        return len(self) == 1
+
+    def drop(self, req: Any) -> bool:
+        self.remove(req)
+        return True
 
 
 class PickQueue:
@@ -114,6 +151,12 @@ class PickQueue:
 
     def pop_head(self) -> None:
         del self._items[self._pos]
+
+    def newcomer_may_lead(self) -> bool:
+        return True
+
+    def drop(self, req: Any) -> bool:
+        return False
 
     def clear(self) -> None:
         self._items.clear()
@@ -164,7 +207,7 @@ class KeyedScheduler(EngineScheduler):
     def __iter__(self) -> Iterator[Any]:
         return (req for _, req in self._heap)
 
-    def victim(self, running: Sequence[Any], now: float) -> Any:
+    def victim(self, running: Any, now: float) -> Any:
         return max(running, key=_sched_key)
 
 

@@ -246,12 +246,8 @@ class LiveFleet:
         self._advance(st, t)
         if live.done:
             return
-        rep = st.rep
-        req = live.req
-        queued = req not in rep.running
-        rep.abort(req, t)
-        if queued and rep.scheduler.fcfs:   # left the queue at once
-            self._ended(st, req, t)
+        if st.rep.abort(live.req, t):   # left the queue (or the swap space) at once
+            self._ended(st, live.req, t)
         self._arm(st)
 
     def _routed(self, live: LiveRequest, route: RouteRequest, i: int, _decode: int) -> None:

@@ -60,6 +60,7 @@ from typing import Any, Sequence
 
 from llmlb_bench.sim.cost import CostModel
 from llmlb_bench.sim.prefix_cache import PrefixCache
+from llmlb_bench.policies.engine import WaitingQueue
 from llmlb_bench.sim.scheduling import EngineScheduler
 from llmlb_bench.sim.timeline import Timeline
 
@@ -136,14 +137,13 @@ class Replica:
         self._tol_steps = STEP_TIME_TOLERANCE * cost.min_step_s / cost.context_slope
         self.cache = PrefixCache(prefix_unit_blocks) if prefix_unit_blocks else None
         self.scheduler = scheduler if scheduler is not None else EngineScheduler()
-        self._fcfs = self.scheduler.fcfs
         self.used = 0                                # blocks referenced as of the last boundary
         self.step = 0                                # steps completed
         self.t = 0.0                                 # time of the last boundary
         self.running: dict[Request, None] = {}       # admission order (the preemption victim is the last)
         self.prefilling: list[Request] = []          # running requests still in prefill, admission order
-        # FCFS: a deque (the fast path); otherwise the scheduler's own queue (see policies.engine)
-        self.waiting: Any = deque() if self._fcfs else self.scheduler.make_queue(self)
+        # the engine scheduler's queue (FCFS: a deque; see policies.engine)
+        self.waiting: WaitingQueue = self.scheduler.make_queue(self)
         self.decoding = 0                            # running requests in decode
         self.context = 0                             # their total context for the next step
         self.phase = [0] * block_size                # decoders needing a new block at steps = p (mod bs)
@@ -238,7 +238,7 @@ class Replica:
         # A decode run ends early at the next step boundary when the newcomer could be admitted there
         # (with no decode step at all if it arrives during the mixed step that precedes the run).
         if (self.run_decode_only and self.run_n and len(self.running) < self.max_seqs
-                and (len(self.waiting) == 1 or not self._fcfs) and not self.swapped):
+                and self.waiting.newcomer_may_lead() and not self.swapped):
             return self._cut_after(t)
         return None
 
@@ -253,9 +253,9 @@ class Replica:
         self.version += 1
         return self.run_end
 
-    def abort(self, req: Request, t: float) -> float | None:
-        """The client of ``req`` (waiting or running here) went away at ``t``. Returns the new
-        boundary time if it moved, else None.
+    def abort(self, req: Request, t: float) -> bool:
+        """The client of ``req`` (waiting or running here) went away at ``t``. Returns True when it
+        left at once (from the queue or the swap space), False when it leaves at a later boundary.
 
         Used by the live server (:mod:`llmlb_bench.serve`); batch simulations never abort. As in
         vLLM, which drops aborted requests when it next schedules: a request waiting in the FCFS
@@ -268,14 +268,13 @@ class Replica:
             if r is req:
                 del self.swapped[k]
                 self.swap_used -= blocks
-                return None
-        if self._fcfs and req not in self.running:
-            self.waiting.remove(req)
-            return None
+                return True
+        if req not in self.running and self.waiting.drop(req):
+            return True
         self._aborted.append(req)
         if self.run_decode_only and self.run_n:
-            return self._cut_after(t)
-        return None
+            self._cut_after(t)
+        return False
 
     def _drop_aborted(self, done: list[Request]) -> None:
         """Take aborted requests out of the batch (those still queued wait for their admission)."""
@@ -328,11 +327,12 @@ class Replica:
             return
         step = self.step
         cache = self.cache
+        on_tokens = self.scheduler.on_tokens
         for req, chunk in self.run_chunks:
             req.computed += chunk
             self.prefill_tokens += chunk
-            if not self._fcfs:   # a chunk that completes the prefill also samples a token
-                self.scheduler.on_tokens(req, chunk, int(req.computed == req.prompt + req.generated), self.t)
+            # a chunk that completes the prefill also samples a token
+            on_tokens(req, chunk, int(req.computed == req.prompt + req.generated), self.t)
             if cache is not None and req.hashes is not None:
                 full = min(req.computed, req.prompt) // (self.bs * cache.unit_blocks)
                 if full > req.shared:
@@ -359,8 +359,7 @@ class Replica:
         self.phase[(s0 - c) % self.bs] += 1
         self.decoding += 1
         self.context += c + 1
-        if not self._fcfs:
-            self.scheduler.on_decode(req)
+        self.scheduler.on_decode(req)
         self._seq += 1
         heappush(self.finish_heap, (s0 + req.stop - req.generated - 1, self._seq, req, req.gen))
 
@@ -369,8 +368,7 @@ class Replica:
         advanced = self.step - req.step0 + 1
         computed = req.ctx0 + advanced
         req.generated += advanced
-        if not self._fcfs:
-            self.scheduler.on_tokens(req, 0, advanced, self.t)
+        self.scheduler.on_tokens(req, 0, advanced, self.t)
         req.computed = computed
         self.phase[(req.step0 - req.ctx0) % self.bs] -= 1
         self.decoding -= 1
@@ -410,14 +408,10 @@ class Replica:
             spans.append((req.span_start, self.step))
 
     def _preempt(self) -> tuple[Request, bool]:
-        """Preempt a running request: the most recently admitted one under FCFS, else the
-        engine scheduler's victim; swap its KV out when swapping is on and the swap space
-        has room, else recompute. Returns it and whether it was decoding and needed a new
-        block at the next step."""
-        if self._fcfs:
-            req = next(reversed(self.running))
-        else:
-            req = self.scheduler.victim(list(self.running), self.t)
+        """Preempt the engine scheduler's victim (FCFS: the most recently admitted); swap its KV
+        out when swapping is on and the swap space has room, else recompute and requeue it.
+        Returns it and whether it was decoding and needed a new block at the next step."""
+        req = self.scheduler.victim(self.running, self.t)
         del self.running[req]
         decoding = req.step0 >= 0
         if decoding:
@@ -438,10 +432,7 @@ class Replica:
         if self.swap_total and self._swap_out(req, blocks, decoding):
             return req, decoding and phase_hit
         req.computed = 0
-        if self._fcfs:
-            self.waiting.appendleft(req)
-        else:
-            self.waiting.requeue(req)
+        self.waiting.requeue(req)
         return req, decoding and phase_hit
 
     def _swap_out(self, req: Request, blocks: int, decoding: bool) -> bool:
@@ -528,21 +519,38 @@ class Replica:
     # ---- the scheduler -------------------------------------------------------------------------------
 
     def _schedule(self) -> float | None:
-        bs = self.bs
-        need = self.phase[(self.step + 1) % bs] if self.decoding else 0
+        """Plan the next step at a boundary, in vLLM's order: room for the decodes' new KV blocks
+        (preempting when they do not fit), the running prefills' next chunks, then, unless this
+        step preempted, newcomers: swapped-out requests back in and waiting ones in the queue's
+        order while the token budget, the batch size and the free blocks allow."""
+        need = self.phase[(self.step + 1) % self.bs] if self.decoding else 0
         if not self.waiting and not self.prefilling and not self.swapped and need <= self.total_blocks - self.used:
             return self._plan([], False)      # the common case: only decodes continue
-        budget = self.budget - self.decoding
+        chunks: list[tuple[Request, int]] = []
+        need, preempted = self._fit_decodes(need)
+        budget, free, need, preempted = self._continue_prefills(need, preempted, chunks)
+        if not preempted:
+            self._admit(budget, free, need, chunks)
+        return self._plan(chunks, preempted)
+
+    def _fit_decodes(self, need: int) -> tuple[int, bool]:
+        """Each decode takes one token slot, and ``need`` of them a new block: preempt victims until
+        those blocks fit. Returns the blocks still needed and whether anything was preempted."""
         preempted = False
-        # 1. decodes: one slot each; preempt from the tail until their new blocks fit
         while need > self.total_blocks - self.used:
             _, hit = self._preempt()
             preempted = True
-            budget = self.budget - self.decoding
             need -= hit
+        return need, preempted
+
+    def _continue_prefills(self, need: int, preempted: bool,
+                           chunks: list[tuple[Request, int]]) -> tuple[int, int, int, bool]:
+        """Next chunk of each running prefill, in admission order, within the token budget left by
+        the decodes; preempts (possibly the prefill itself) when its blocks do not fit. Appends to
+        ``chunks``; returns (budget left, free blocks, blocks the decodes need, preempted)."""
+        bs = self.bs
+        budget = self.budget - self.decoding
         free = self.total_blocks - self.used - need
-        chunks: list[tuple[Request, int]] = []
-        # 2. running prefills, in admission order
         for req in list(self.prefilling):
             if budget <= 0:
                 break
@@ -564,55 +572,55 @@ class Replica:
             free -= nb
             budget -= chunk
             chunks.append((req, chunk))
-        # 3. swapped-out requests, then waiting ones in the scheduler's order, only if nothing was
-        # preempted this step; none is admitted while a swapped request is still out (vLLM v0)
-        if not preempted:
-            waiting = self.waiting
-            cache = self.cache
+        return budget, free, need, preempted
+
+    def _admit(self, budget: int, free: int, need: int, chunks: list[tuple[Request, int]]) -> None:
+        """Swapped-out requests back in first (none is admitted while one is still out, as in vLLM
+        v0), then waiting ones from the head of the queue, reusing cached prefix blocks, until one
+        does not fit (no skipping). Appends their first chunks to ``chunks``."""
+        bs = self.bs
+        waiting = self.waiting
+        cache = self.cache
+        if self.swapped:
+            budget, free, need = self._swap_in(budget, free, need, chunks)
             if self.swapped:
-                budget, free, need = self._swap_in(budget, free, need, chunks)
-                if self.swapped:
-                    budget = 0      # admits no waiting request while one is still out
-            while waiting and budget > 0 and len(self.running) < self.max_seqs:
-                req = waiting[0] if self._fcfs else waiting.head(self.t)
-                hit = revive = 0
-                if cache is not None and req.hashes is not None and req.computed == 0:
-                    unit = bs * cache.unit_blocks
-                    # at least one prompt token is always computed (the step must sample)
-                    hit = cache.match(req.hashes, (req.prompt + req.generated - 1) // unit)
-                    revive = cache.revive_cost(req.hashes, hit) if hit else 0
-                computed = hit * bs * cache.unit_blocks if hit else req.computed
-                todo = req.prompt + req.generated - computed
-                chunk = min(todo, budget)
-                if chunk < todo and not self.chunked:
-                    break
-                held = hit * cache.unit_blocks if hit else req.blocks
-                nb = -(-(computed + chunk) // bs) - held
-                if nb + revive > free:
-                    break
-                if self._fcfs:
-                    waiting.popleft()
-                else:
-                    waiting.pop_head()
-                if hit:
-                    self.used += cache.acquire(req.hashes, hit)
-                    req.shared = hit
-                    req.computed = computed
-                    req.blocks = held
-                if cache is not None and req.cached < 0:
-                    req.cached = computed if req.hashes is not None else 0
-                    cache.lookups += 1
-                    cache.hits += hit > 0
-                self.running[req] = None
-                self.prefilling.append(req)
-                req.blocks += nb
-                self.used += nb
-                free -= nb + revive
-                budget -= chunk
-                chunks.append((req, chunk))
-            if cache is not None:
-                cache.evict_to(self.total_blocks - self.used - need)
-        return self._plan(chunks, preempted)
+                budget = 0      # admits no waiting request while one is still out
+        while waiting and budget > 0 and len(self.running) < self.max_seqs:
+            req = waiting.head(self.t)
+            hit = revive = 0
+            if cache is not None and req.hashes is not None and req.computed == 0:
+                unit = bs * cache.unit_blocks
+                # at least one prompt token is always computed (the step must sample)
+                hit = cache.match(req.hashes, (req.prompt + req.generated - 1) // unit)
+                revive = cache.revive_cost(req.hashes, hit) if hit else 0
+            computed = hit * bs * cache.unit_blocks if hit else req.computed
+            todo = req.prompt + req.generated - computed
+            chunk = min(todo, budget)
+            if chunk < todo and not self.chunked:
+                break
+            held = hit * cache.unit_blocks if hit else req.blocks
+            nb = -(-(computed + chunk) // bs) - held
+            if nb + revive > free:
+                break
+            waiting.pop_head()
+            if hit:
+                self.used += cache.acquire(req.hashes, hit)
+                req.shared = hit
+                req.computed = computed
+                req.blocks = held
+            if cache is not None and req.cached < 0:
+                req.cached = computed if req.hashes is not None else 0
+                cache.lookups += 1
+                cache.hits += hit > 0
+            self.running[req] = None
+            self.prefilling.append(req)
+            req.blocks += nb
+            self.used += nb
+            free -= nb + revive
+            budget -= chunk
+            chunks.append((req, chunk))
+        if cache is not None:
+            cache.evict_to(self.total_blocks - self.used - need)
 
     def _plan(self, chunks: list[tuple[Request, int]], preempted: bool) -> float | None:
         """Start the next run at ``self.t``: one mixed step, or a run of identical decode steps."""
