@@ -96,10 +96,13 @@ def test_chat_stream_with_lengths_from_the_served_folders_tokenizer(engines, tmp
     assert [r["server_input_tokens"] for r in rows] == inputs
 
 
-def _predicted_cached(inputs: list[int], hashes: list[list[int]], block: int) -> list[int]:
+def _predicted_cached(inputs: list[int], hashes: list[list[int]], block: int, lead: int = 0,
+                      totals: list[int] | None = None) -> list[int]:
     """What vLLM's prefix cache must give each request of a sequential replay: the longest run of
-    leading hashes it shares with an earlier request, in tokens, less the one prompt token vLLM
-    always computes, down to whole 128-token KV blocks."""
+    leading hashes it shares with an earlier request, in tokens (after ``lead`` tokens every prompt
+    starts with, e.g. a chat template's header), less the one prompt token vLLM always computes
+    (of ``totals``, the prompts' full lengths), down to whole 128-token KV blocks."""
+    totals = totals or inputs
     out = []
     for r, (n, h) in enumerate(zip(inputs, hashes)):
         shared = 0
@@ -108,31 +111,43 @@ def _predicted_cached(inputs: list[int], hashes: list[list[int]], block: int) ->
             while k < min(len(h), len(hashes[q])) and h[k] == hashes[q][k]:
                 k += 1
             shared = max(shared, min(k * block, inputs[q], n))
-        out.append(min(shared, n - 1) // CPU_BLOCK_SIZE * CPU_BLOCK_SIZE)
+        out.append(min(lead + shared, totals[r] - 1) // CPU_BLOCK_SIZE * CPU_BLOCK_SIZE)
     return out
 
 
-def test_shared_prefixes_reach_the_engines_prefix_cache(engines, tmp_path):
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_shared_prefixes_reach_the_engines_prefix_cache(engines, tmp_path, api):
     """A shared-prefix trace gets the cached tokens its hashes predict, to the block, per request
-    (usage.prompt_tokens_details) and in total (vllm:prefix_cache_hits_total)."""
-    block, rng = 16, np.random.default_rng(11)
+    (usage.prompt_tokens_details) and in total (vllm:prefix_cache_hits_total); through the chat
+    template too, whose header every prompt shares."""
+    block, rng, base = 16, np.random.default_rng(11), 7_000_000 if api == "completions" else 8_000_000
     inputs, hashes = [], []
     for g, shared_blocks in enumerate((9, 17, 24, 33)):  # 144, 272, 384, 528 shared tokens
-        prefix = [7_000_000 + 1000 * g + k for k in range(shared_blocks)]
+        prefix = [base + 1000 * g + k for k in range(shared_blocks)]
         for m in range(4):
             n = shared_blocks * block + int(rng.integers(5, 90))
-            own = [7_500_000 + 1000 * (4 * g + m) + k for k in range(n // block + 1 - shared_blocks)]
+            own = [base + 500_000 + 1000 * (4 * g + m) + k for k in range(n // block + 1 - shared_blocks)]
             inputs.append(n)
             hashes.append(prefix + own)
-    trace = _trace(inputs, [4] * len(inputs), hashes, first_id=3000, block_size=block)
+    trace = _trace(inputs, [4] * len(inputs), hashes, first_id=3000 if api == "completions" else 3500,
+                   block_size=block)
     before = _counter(engines["big"], "vllm:prefix_cache_hits_total")
     summary, rows, _ = run_replay(trace, [engines["big"]], tmp_path, options=ReplayOptions(
-        api="completions", tokenizer=str(engines["model"]), users=1, scrape_s=None))
+        api=api, tokenizer=str(engines["model"]), users=1, scrape_s=None))
     hits = _counter(engines["big"], "vllm:prefix_cache_hits_total") - before
     assert summary["statuses"] == {"ok": len(inputs)}
-    assert [r["server_input_tokens"] for r in rows] == inputs
-    predicted = _predicted_cached(inputs, hashes, block)
-    assert predicted[1:4] == [128] * 3 and predicted[13:] == [512] * 3  # the theory, spelled out
+    totals = [r["server_input_tokens"] for r in rows]
+    if api == "completions":
+        assert totals == inputs
+        predicted = _predicted_cached(inputs, hashes, block)
+        assert predicted[1:4] == [128] * 3 and predicted[13:] == [512] * 3  # the theory, spelled out
+    else:  # the template's header "<s>user\n" comes before the content, the rest after it
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(engines["model"] / "tokenizer.json"))
+        header = len(tok.encode("<s>user\n", add_special_tokens=False).ids)
+        assert all(t > n + header > n for t, n in zip(totals, inputs))
+        predicted = _predicted_cached(inputs, hashes, block, lead=header, totals=totals)
     assert [r["cached_tokens"] for r in rows] == predicted
     assert hits == sum(predicted)
 
