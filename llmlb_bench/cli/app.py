@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import signal
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -39,13 +39,15 @@ def fail(problem: str, where: str | None = None) -> NoReturn:
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
-    """SIGTERM behaves like Ctrl-C: runs flush their sinks and are marked partial."""
+    """SIGTERM behaves like Ctrl-C: runs flush their sinks and are marked partial. The first one
+    stops the command; later ones are ignored, so they cannot cut the cleanup short or land in the
+    exit callbacks (thread joins, atexit) as a traceback."""
+    _exiting()
     raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _exiting() -> None:
-    """An interrupted command is on its way out: more Ctrl-C (or SIGTERM) must not raise in the
-    exit callbacks (thread joins, atexit), where they would print a traceback."""
+    """An interrupted command is on its way out: more Ctrl-C (or SIGTERM) must not raise again."""
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, signal.SIG_IGN)
 
@@ -74,8 +76,24 @@ def main(argv: list[str] | None = None) -> None:
     from llmlb_bench.cli import commands  # noqa: F401  (registers the commands)
 
     signal.signal(signal.SIGTERM, _raise_interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _raise_interrupt)
+    rc = None
     try:
-        rc = app(args=argv, standalone_mode=False, prog_name="llmlb")
+        rc = _run(argv)
+    finally:
+        if rc == 130:  # an interrupt Typer caught (it returns Exit(130) without standalone mode)
+            _exiting()
+        elif signal.getsignal(signal.SIGINT) is _raise_interrupt:  # in-process runs (tests) get Ctrl-C back
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    if isinstance(rc, int) and rc:
+        sys.exit(rc)
+
+
+def _run(argv: list[str] | None) -> Any:
+    """The command, its errors turned into one line and an exit code."""
+    try:
+        return app(args=argv, standalone_mode=False, prog_name="llmlb")
     except UserError as exc:
         err_console.print(f"[bold red]error:[/] {escape(redact(exc.line()))}", highlight=False, soft_wrap=True)
         sys.exit(2)
@@ -93,5 +111,3 @@ def main(argv: list[str] | None = None) -> None:
             raise
         err_console.print(f"[bold red]error:[/] {escape(_usage_line(exc))}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    if isinstance(rc, int) and rc:
-        sys.exit(rc)
