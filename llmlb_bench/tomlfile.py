@@ -1,4 +1,6 @@
-"""Reading the TOML files users write (workload specs, clusters, sweeps, gate rules, catalogs).
+"""Reading the TOML files users write (workload specs, clusters, sweeps, gate rules, catalogs),
+and writing the ones the tool makes for them (``trace fit`` and ``trace import`` specs) with
+tomli-w, so what is written is standard TOML that this reader reads back.
 
 One reader so every such file fails the same way: one line naming the file
 and what is wrong with it (missing, a folder, not text, not TOML); and one
@@ -16,6 +18,8 @@ import types
 import typing
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+
+import tomli_w
 
 from llmlb_bench.errors import UserError
 
@@ -105,3 +109,17 @@ def read_toml(path: str | Path, what: str = "TOML file") -> dict[str, Any]:
         raise UserError(f"not valid TOML ({exc})", path) from None
     except UnicodeDecodeError:
         raise UserError("not a text file", path) from None
+
+
+def dumps_toml(data: Mapping[str, Any], comment: str | None = None) -> str:
+    """TOML text for ``data``, ``None`` values left out (TOML has no null); ``comment`` lines on top."""
+    head = "".join(f"# {line}".rstrip() + "\n" for line in comment.splitlines()) + "\n" if comment else ""
+    return head + tomli_w.dumps(_without_none(data))
+
+
+def _without_none(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_without_none(v) for v in value]
+    return value

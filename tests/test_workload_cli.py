@@ -38,7 +38,7 @@ def test_gen_writes_trace_with_overrides(tmp_path, capsys):
     # the stored spec alone regenerates the same trace
     again = tmp_path / "again.parquet"
     spec_file = tmp_path / "s.toml"
-    from llmlb_bench.workload.tomlwrite import dumps
+    from llmlb_bench.tomlfile import dumps_toml as dumps
 
     spec_file.write_text(dumps(spec))
     cli_ok(["gen", str(spec_file), "-o", str(again)], capsys)

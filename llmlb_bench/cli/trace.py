@@ -18,7 +18,7 @@ from llmlb_bench.workload import WorkloadSpec, generate
 from llmlb_bench.workload.importers import FORMATS, import_trace
 from llmlb_bench.workload.plots import write_plots
 from llmlb_bench.workload.stats import one_line, trace_stats
-from llmlb_bench.workload.tomlwrite import dumps
+from llmlb_bench.tomlfile import dumps_toml
 
 trace_app = typer.Typer(help="Import real traces, characterise traces, fit workload specs to them.\n\n"
                         "Example:  llmlb trace import mooncake conversation_trace.jsonl -o mc.parquet && "
@@ -67,7 +67,7 @@ def import_(
     if spec_out is not None:
         if result.spec is None:
             raise UserError("--spec-out only applies to formats that generate from a spec (servegen)")
-        spec_out.write_text(dumps(result.spec, comment=f"Workload spec imported from {source}"))
+        spec_out.write_text(dumps_toml(result.spec, comment=f"Workload spec imported from {source}"))
     console.print(f"{output}: {one_line(result.table)} (imported in {time.perf_counter() - start:.2f} s)",
                   highlight=False, soft_wrap=True)
 
@@ -182,5 +182,5 @@ def fit(
     for note in result.notes:
         console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
         comment.append(f"note: {note}")
-    write_text_atomic(output, dumps(result.spec, comment="\n".join(comment)))
+    write_text_atomic(output, dumps_toml(result.spec, comment="\n".join(comment)))
     console.print(f"wrote {output}", highlight=False)
