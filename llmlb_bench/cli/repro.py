@@ -8,8 +8,9 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from llmlb_bench.cli.app import app, console
+from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.errors import UserError
+from llmlb_bench.progress import working
 from llmlb_bench.repro import REPRODUCTIONS, get, run as run_repro
 from llmlb_bench.repro.base import SCALES
 
@@ -41,8 +42,9 @@ def run(
         raise UserError("give one reproduction NAME or --all", "llmlb repro run")
     chosen = list(REPRODUCTIONS.values()) if all_ else [get(name)]  # type: ignore[arg-type]
     failed = 0
-    for r in chosen:
-        out = run_repro(r, scale, reports, seed)
+    for i, r in enumerate(chosen, 1):
+        with working(err_console, f"[{i}/{len(chosen)}] {r.name}: simulating and checking the claim"):
+            out = run_repro(r, scale, reports, seed)
         word = "[green]PASS[/]" if out.verdict.passed else "[red]FAIL[/]"
         console.print(f"{word} {r.name}: {out.verdict.evidence}\n  -> {out.files[0]}")
         failed += not out.verdict.passed
