@@ -136,11 +136,17 @@ def test_figure_files_are_deterministic(results, tmp_path, capsys):
         assert (a / n).read_bytes() == (b / n).read_bytes(), n
 
 
-def test_html_without_matplotlib_is_a_one_line_error(results, tmp_path, capsys, monkeypatch):
+def test_html_without_matplotlib_has_inline_svg_and_figure_files_say_what_to_install(results, tmp_path, capsys,
+                                                                                     monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    line = fail_cli(["report", str(results), "--format", "html", "-o", str(tmp_path / "r.html")], capsys)
+    page = tmp_path / "r.html"
+    run_cli(["report", str(results), "--format", "html", "-o", str(page), "--slo", "ttft=250ms"], capsys)
+    text = page.read_text()
+    # TTFT and E2E CDFs, the load curve's goodput and E2E p99: drawn by report.svg
+    assert text.count("<svg") == 4 and "<script" not in text and ">TTFT CDF<" in text
+    line = fail_cli(["report", str(results), "--figures", str(tmp_path / "figs")], capsys)
     assert "pip install 'llmlb-bench[plots]'" in line
-    assert not (tmp_path / "r.html").exists()
+    assert not (tmp_path / "figs").exists()
     # the terminal report does not need it
     assert "Comparison" in run_cli(["report", str(results)], capsys).out
 

@@ -34,13 +34,22 @@ def _plt() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise UserError("figures need matplotlib: pip install 'llmlb-bench[plots]'", "--format html / --figures") from None
+        raise UserError("figure files need matplotlib: pip install 'llmlb-bench[plots]'", "--figures") from None
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
     plt.rcParams.update({"svg.hashsalt": "llmlb", "svg.fonttype": "path", "font.size": 9,
                          "axes.grid": True, "grid.alpha": 0.3, "figure.dpi": 100})
     return plt
+
+
+def available() -> bool:
+    """Whether matplotlib can be imported (without importing it twice)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def require() -> None:

@@ -20,7 +20,7 @@ from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import Options
 from llmlb_bench.progress import working
-from llmlb_bench.report import figures, html, markdown, terminal
+from llmlb_bench.report import figures, html, markdown, svg, terminal
 from llmlb_bench.report.document import ReportOptions, build, to_json
 from llmlb_bench.report.figdata import figure_data
 from llmlb_bench.store.run import write_text_atomic
@@ -48,7 +48,9 @@ def print_report(paths: list[Path], slo_text: str | None, fmt: str, *,
     fmt = str(getattr(fmt, "value", fmt))
     slo = Slo.parse(slo_text)
     drawn = fmt == "html" or figures_dir is not None
-    if drawn:
+    # figure files need matplotlib; an HTML page without it gets inline-SVG charts (report.svg)
+    with_matplotlib = figures_dir is not None or figures.available()
+    if figures_dir is not None:
         figures.require()
     err = Console(stderr=True)
     with working(err, "report: reading the runs and computing every figure"):
@@ -57,7 +59,12 @@ def print_report(paths: list[Path], slo_text: str | None, fmt: str, *,
         doc = build(cat, ReportOptions(slo=slo, summary=summary, target=target, baseline=baseline),
                     ", ".join(map(str, paths)))
     with working(err, f"report: drawing the figures of {len(doc['runs'])} run(s)") if drawn else nullcontext():
-        figs = figures.render(doc, figure_data(cat, doc), figures_dir) if drawn else []
+        if not drawn:
+            figs = []
+        elif with_matplotlib:
+            figs = figures.render(doc, figure_data(cat, doc), figures_dir)
+        else:
+            figs = svg.report_figures(doc)
     if fmt == "json":
         _write(to_json(doc), output)
     elif fmt == "md":

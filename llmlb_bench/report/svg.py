@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 #: a colour-blind-safe cycle (Okabe-Ito)
 COLOURS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
@@ -72,3 +72,28 @@ def line_chart(title: str, series: Sequence[Series], xlabel: str, ylabel: str) -
                    f'stroke-width="2"/><text x="{W - RIGHT + 32}" y="{ly}">{html.escape(name[:26])}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+def report_figures(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The HTML report's figures without matplotlib: latency CDFs of TTFT and E2E (one line per run)
+    and each load curve's goodput and E2E p99 against the offered rate; ``(stem, caption, svg)``."""
+    from llmlb_bench.metrics.distribution import CDF_PROBABILITIES
+    from llmlb_bench.report.tables import run_name
+
+    out = []
+    for fig, label, unit, scale in (("ttft", "TTFT", "ms", 1e3), ("e2e", "E2E", "s", 1.0)):
+        series = [(run_name(s), [v * scale for v in (s.get(fig) or {}).get("cdf") or []],
+                   [100 * p for p in CDF_PROBABILITIES]) for s in doc["runs"] if (s.get(fig) or {}).get("cdf")]
+        series = [(n, xs, ys) for n, xs, ys in series if xs]
+        chart = line_chart(f"{label} CDF", series, f"{label} ({unit})", "% of requests") if series else ""
+        if chart:
+            out.append((f"cdf_{fig}", f"{label}: share of ok requests at or below each latency", chart))
+    for c in doc["curves"]:
+        rates = [p["rate"] for p in c["points"]]
+        for key, label, unit, get in (("goodput", "Goodput", "req/s", lambda p: p.get("goodput")),
+                                      ("e2e_p99", "E2E p99", "s", lambda p: (p.get("e2e") or {}).get("p99"))):
+            chart = line_chart(f"{label}: {c['name']}", [(c["name"], rates, [get(p) for p in c["points"]])],
+                               "offered req/s", unit)
+            if chart:
+                out.append((f"load_{key}", f"{label} against offered load: {c['name']}", chart))
+    return out
