@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
+from prometheus_client.parser import text_string_to_metric_families
+
 _WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred", "tgi_queue_size")
 _RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing",
             "tgi_batch_current_size")
@@ -51,31 +53,35 @@ class Signals:
         return self.waiting is not None or self.running is not None or self.kv_usage is not None
 
 
-def metric_lines(text: str) -> Iterator[tuple[str, str, str]]:
-    """``(name, labels, value text)`` of each sample line of Prometheus text exposition."""
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name_labels, _, rest = line.partition(" ")
-        name, _, labels = name_labels.partition("{")
-        value = rest.split()
-        yield name, labels, value[0] if value else ""
+def metric_lines(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
+    """``(sample name, labels, value)`` of each sample of Prometheus text exposition, parsed by
+    prometheus_client. A malformed line (an engine's bug) costs only that line: the text is then
+    parsed again line by line, skipping the lines that do not parse."""
+    try:
+        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+    except ValueError:
+        samples = []
+        for line in text.splitlines():
+            if line and line[0] != "#":
+                try:
+                    samples.extend(s for family in text_string_to_metric_families(line) for s in family.samples)
+                except ValueError:
+                    continue
+    for sample in samples:
+        yield sample.name, sample.labels, sample.value
 
 
 def parse_metrics(text: str) -> Signals:
     """Read the known gauges from Prometheus text exposition (other lines are ignored)."""
     sums: dict[str, float] = {}
     blocks = None
-    for name, labels, value_text in metric_lines(text):
-        if name == "vllm:cache_config_info" and 'num_gpu_blocks="' in labels:
-            raw = labels.split('num_gpu_blocks="', 1)[1].split('"', 1)[0]
+    for name, labels, value in metric_lines(text):
+        if name == "vllm:cache_config_info" and "num_gpu_blocks" in labels:
+            raw = labels["num_gpu_blocks"]
             blocks = int(raw) if raw.isdigit() else None
             continue
         if name in _WAITING or name in _RUNNING or name in _KV or name in _PREEMPTIONS:
-            try:
-                sums[name] = sums.get(name, 0.0) + float(value_text)
-            except ValueError:
-                continue
+            sums[name] = sums.get(name, 0.0) + value
 
     def first(names: tuple[str, ...]) -> float | None:
         return next((sums[n] for n in names if n in sums), None)
