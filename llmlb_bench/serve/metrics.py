@@ -22,6 +22,12 @@ when a request ends. One port in front of several replicas publishes their
 sums (KV use: blocks in use over blocks in all of them), so a scraper sees
 one engine, as behind a real load balancer.
 
+The text is written by prometheus_client (``generate_latest`` over a
+collector that yields this render's metric families), so the exposition
+format is the reference implementation's; the counts behind it are kept
+here, since they are summed over replicas at render time and ITL is observed
+with weights (one observation per run of equal gaps).
+
 ``llmlb:token_lateness_seconds`` is not vLLM's: the self-check of the
 timing. For every wake-up of a replica that wrote tokens, it observes the
 wall seconds from the simulated time those tokens were due to the end of
@@ -31,7 +37,11 @@ the wake-up's last write (an upper bound for each chunk it wrote).
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
 
 if TYPE_CHECKING:
     from llmlb_bench.serve.live import LiveFleet, LiveRequest
@@ -151,11 +161,14 @@ def render(fleet: "LiveFleet", indices: Iterable[int], model: str) -> str:
         total.generation_tokens += made
     blocks = sum(r.total_blocks for r in reps)
     usage = sum(r.blocks_used_at(t) for r in reps) / blocks   # exact inside a decode run too
-    labels = f'model_name="{_escape(model)}",engine="{idx[0] if len(idx) == 1 else "all"}"'
-    out: list[str] = []
+    names, values = ["model_name", "engine"], [model, str(idx[0]) if len(idx) == 1 else "all"]
+    out: list[Metric] = []
 
-    def metric(name: str, kind: str, help_text: str, value: float, extra: str = "") -> None:
-        out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n{name}{{{labels}{extra}}} {_num(value)}\n")
+    def metric(name: str, kind: str, help_text: str, value: float, extra: dict[str, str] | None = None) -> None:
+        fam = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
+            name, help_text, labels=names + list(extra or {}))
+        fam.add_metric(values + list((extra or {}).values()), value)
+        out.append(fam)
 
     metric("vllm:num_requests_running", "gauge", "Number of requests in model execution batches.",
            sum(len(r.running) for r in reps))
@@ -165,7 +178,7 @@ def render(fleet: "LiveFleet", indices: Iterable[int], model: str) -> str:
     metric("vllm:gpu_cache_usage_perc", "gauge", "GPU KV-cache usage. 1 means 100 percent usage.", usage)
     bs = reps[0].bs
     metric("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig", 1,
-           f',block_size="{bs}",num_gpu_blocks="{blocks}"')
+           {"block_size": str(bs), "num_gpu_blocks": str(blocks)})
     metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", total.prompt_tokens)
     metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
            total.generation_tokens)
@@ -175,10 +188,11 @@ def render(fleet: "LiveFleet", indices: Iterable[int], model: str) -> str:
            "Prefix cache queries, in terms of number of queried tokens.", total.cache_queries)
     metric("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
            total.cache_hits)
-    out.append("# HELP vllm:request_success_total Count of successfully processed requests.\n"
-               "# TYPE vllm:request_success_total counter\n")
+    success = CounterMetricFamily("vllm:request_success_total", "Count of successfully processed requests.",
+                                  labels=names + ["finished_reason"])
     for reason, n in total.success.items():
-        out.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {n}\n')
+        success.add_metric(values + [reason], n)
+    out.append(success)
     helps = {
         "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
         "vllm:time_per_output_token_seconds": "Histogram of time per output token in seconds.",
@@ -188,32 +202,42 @@ def render(fleet: "LiveFleet", indices: Iterable[int], model: str) -> str:
         "vllm:request_generation_tokens": "Number of generation tokens processed.",
     }
     for name, hist in total.histograms.items():
-        _histogram(out, name, helps[name], hist, labels)
-    _histogram(out, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-               total.histograms["vllm:time_per_output_token_seconds"], labels)
-    _histogram(out, "llmlb:token_lateness_seconds",
-               "Per wake-up that wrote tokens: wall seconds from their due time to its last write.",
-               fleet.lateness, labels)
+        out.append(_histogram(name, helps[name], hist, names, values))
+    out.append(_histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                          total.histograms["vllm:time_per_output_token_seconds"], names, values))
+    out.append(_histogram("llmlb:token_lateness_seconds",
+                          "Per wake-up that wrote tokens: wall seconds from their due time to its last write.",
+                          fleet.lateness, names, values))
     metric("llmlb:simulated_time_seconds", "gauge", "Simulated seconds since the server started.", t)
     metric("llmlb:speed", "gauge", "Simulated seconds per wall-clock second.", fleet.speed)
     metric("llmlb:requests_rejected_total", "counter", "Requests the routing policy refused.",
            fleet.rejected if len(idx) > 1 else 0)
-    return "".join(out)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(out))
+    return generate_latest(registry).decode()
 
 
-def _histogram(out: list[str], name: str, help_text: str, hist: Histogram, labels: str) -> None:
-    out.append(f"# HELP {name} {help_text}\n# TYPE {name} histogram\n")
+class _Families(Collector):
+    """One render's metric families, handed to prometheus_client's text writer."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families)
+
+
+def _histogram(name: str, help_text: str, hist: Histogram, names: list[str], values: list[str]) -> Metric:
+    fam = HistogramMetricFamily(name, help_text, labels=names)
+    buckets: list[tuple[str, float]] = []
     acc = 0
     for bound, c in zip(hist.bounds, hist.counts):
         acc += c
-        out.append(f'{name}_bucket{{{labels},le="{_num(bound)}"}} {acc}\n')
-    out.append(f'{name}_bucket{{{labels},le="+Inf"}} {hist.count}\n')
-    out.append(f"{name}_sum{{{labels}}} {_num(hist.sum)}\n{name}_count{{{labels}}} {hist.count}\n")
+        buckets.append((_num(bound), acc))
+    buckets.append(("+Inf", hist.count))
+    fam.add_metric(values, buckets, hist.sum)
+    return fam
 
 
 def _num(v: float) -> str:
     return repr(float(v)) if isinstance(v, float) else str(v)
-
-
-def _escape(s: str) -> str:
-    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
