@@ -13,7 +13,7 @@ Three figures, each with 32 streamed output tokens per request:
 * capacity: requests/s completed when the offered load exceeds what one
   client core can do (the whole response arrives at once, so this is the
   client's per-request cost);
-* open loop at 100 and 500 requests/s (Poisson arrivals, tokens 2 ms apart):
+* open loop at 500 and 1,000 requests/s (Poisson arrivals, tokens 2 ms apart):
   achieved send rate against the trace's rate, send lateness and TTFT
   inflation percentiles;
 * worker scaling (``--workers 1 2 ...``): the capacity run again with N
@@ -23,7 +23,8 @@ Three figures, each with 32 streamed output tokens per request:
   of what the client does per request). Client CPU per request, summed over
   the workers, is the figure that does not depend on the cores available.
 
-    python benchmarks/replay_throughput.py [--seconds 10] [--capacity-requests 20000] [--workers 1 2]
+    flock /tmp/llmlb-measure.lock python benchmarks/replay_throughput.py [--seconds 10] [--capacity-requests 20000]
+        [--rates 500 1000] [--workers 1 2]
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import ReplayOptions, preflight, replay
 from llmlb_bench.replay.selfcheck import client_figures, noop_server, server_records
@@ -124,21 +126,19 @@ def open_loop(args: argparse.Namespace, results: Path, rate: float) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=10.0, help="duration of each open-loop run")
-    ap.add_argument("--rates", type=float, nargs="+", default=[100.0, 500.0])
+    ap.add_argument("--rates", type=float, nargs="+", default=[500.0, 1000.0])
     ap.add_argument("--itl-ms", type=float, default=2.0, help="server's gap between tokens in open-loop runs")
     ap.add_argument("--capacity-requests", type=int, default=20000)
-    ap.add_argument("--capacity-offered", type=float, default=6000.0, help="offered rate of the capacity run")
+    ap.add_argument("--capacity-offered", type=float, default=20000.0,
+                    help="offered rate of the capacity run (above what one client core completes)")
     ap.add_argument("--workers", type=int, nargs="*", default=[],
                     help="also measure capacity with these numbers of client processes (e.g. 1 2)")
     ap.add_argument("--no-open-loop", action="store_true", help="only the capacity runs")
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--server-cpu", type=int, default=1)
     args = ap.parse_args()
-    try:
-        import uvloop  # noqa: F401
-        loop = "uvloop"
-    except ImportError:
-        loop = "asyncio (install uvloop for the figures the docs quote)"
+    probe, loop = new_event_loop()  # what the replayer will run on (LLMLB_EVENT_LOOP=asyncio to compare)
+    probe.close()
     print(f"client on CPU {args.client_cpu}, server on CPU {args.server_cpu}, event loop {loop}, "
           f"{os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M')}")
     machine_noise(args.client_cpu)
