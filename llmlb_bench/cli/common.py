@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
 from llmlb_bench.errors import UserError
-
-if TYPE_CHECKING:
-    from llmlb_bench.sim import ClusterConfig
+from llmlb_bench.sim.config import ClusterConfig
 
 ResultsDir = Annotated[Path, typer.Option("--results", "-r", help="Results directory (one folder per run).")]
 def _checked_slo(value: Optional[str]) -> Optional[str]:
@@ -46,24 +45,26 @@ PolicyArgs = Annotated[
 Seed = Annotated[int, typer.Option("--seed", help="Seed for every random choice of the run.")]
 
 # cluster shape (the simulator's ClusterConfig fields). Every flag defaults to None: unset
-# flags leave the --cluster file's value, or ClusterConfig's default, in force.
+# flags leave the --cluster file's value, or ClusterConfig's default, in force; the defaults the
+# help shows are read from ClusterConfig, so they cannot drift from it.
+_DEFAULT = {f.name: f.default for f in dataclasses.fields(ClusterConfig)}
 ClusterFile = Annotated[Optional[Path], typer.Option(
     "--cluster", help="Cluster TOML: ClusterConfig fields, [\\[pools]] for mixed or disaggregated fleets, "
                       "\\[autoscale], \\[moe] (see clusters/). Flags below override its top-level fields.")]
-Replicas = Annotated[Optional[int], typer.Option("--replicas", min=1, help="Number of replicas \\[default: 4].")]
+Replicas = Annotated[Optional[int], typer.Option("--replicas", min=1, help=f"Number of replicas \\[default: {_DEFAULT['replicas']}].")]
 Gpu = Annotated[Optional[str], typer.Option(
-    "--gpu", help="GPU type from the catalog (see docs/simulator.md) \\[default: a100-80g].")]
-Model = Annotated[Optional[str], typer.Option("--model", help="Model from the catalog \\[default: llama-3-8b].")]
-Tp = Annotated[Optional[int], typer.Option("--tp", min=1, help="Tensor-parallel degree per replica \\[default: 1].")]
+    "--gpu", help=f"GPU type from the catalog (see docs/simulator.md) \\[default: {_DEFAULT['gpu']}].")]
+Model = Annotated[Optional[str], typer.Option("--model", help=f"Model from the catalog \\[default: {_DEFAULT['model']}].")]
+Tp = Annotated[Optional[int], typer.Option("--tp", min=1, help=f"Tensor-parallel degree per replica \\[default: {_DEFAULT['tp']}].")]
 Pp = Annotated[Optional[int], typer.Option("--pp", min=1, help="Pipeline-parallel stages per replica (each on tp "
-                                                               "GPUs) \\[default: 1].")]
+                                                               f"GPUs) \\[default: {_DEFAULT['pp']}].")]
 MaxSeqs = Annotated[Optional[int], typer.Option(
     "--max-num-seqs", min=1, help="Max running requests per replica \\[default: vLLM's default for the GPU].")]
 MaxTokens = Annotated[Optional[int], typer.Option(
     "--max-batched-tokens", min=1, help="Token budget per engine step \\[default: vLLM's default for the GPU].")]
 SchedulerOpt = Annotated[Optional[str], typer.Option(
     "--scheduler", help="Engine-level scheduler of each replica: fcfs, priority, sjf, vtc, deadline "
-                        "or package.module:Class (see llmlb policies) \\[default: fcfs].")]
+                        f"or package.module:Class (see llmlb policies) \\[default: {_DEFAULT['scheduler']}].")]
 SchedulerArgs = Annotated[
     Optional[list[str]],
     typer.Option("--scheduler-arg", help="Engine scheduler parameter key=value (repeatable)."),
@@ -71,7 +72,7 @@ SchedulerArgs = Annotated[
 SignalRefresh = Annotated[Optional[float], typer.Option(
     "--signal-refresh", min=0.0, help="Seconds between scrapes of the replicas' queue and KV signals that "
                                       "routers read (0 = always fresh; the router's own counts are exact) "
-                                      "\\[default: 0].")]
+                                      f"\\[default: {_DEFAULT['signal_refresh_s']:g}].")]
 
 ProfileOpt = Annotated[Optional[Path], typer.Option(
     "--profile", help="Measured engine profile (JSON from llmlb calibrate): its step times, KV blocks and engine "
