@@ -1,35 +1,35 @@
 """How often does ``llmlb gate`` fail with no change (family-wise), and how often does it catch a 5% regression?
 
-Two sources of runs:
+Three pools of runs of the chat workload (400 requests at 0.75 x its rate,
+2 replicas), made once (``--pool DIR`` keeps them between invocations):
 
-* **simulated** (unpaired): ``llmlb simulate``-style runs of the chat workload
-  (400 requests at 0.75 x its rate, 2 replicas, least-outstanding), each with
-  its own trace seed. A pool of ``--sim-runs`` runs is simulated once; a
-  trial draws ``--repeats`` runs for the baseline and as many *other* runs for
-  the candidate, so the two sides differ by trace and seed, as in CI repeats.
-* **replay** (paired): ``--traces`` traces of the same workload, each replayed
-  ``--replays`` times by ``llmlb replay`` (a subprocess) against one
-  ``llmlb serve`` (a subprocess; 2 replicas, server-side least-outstanding,
-  ``--speed 2``) on loopback. Every row is a real measured request. A trial
-  takes ``--repeats`` traces and, for each, two *different* real replays of it:
-  one for the baseline, one for the candidate, so the gate pairs them by trace
-  (what differs between the sides is real timing noise only).
+* **simulated, paired**: 16 traces x 16 seeds of ``power_of_d``'s random
+  choices (``simulate_run``); a trial draws ``--repeats`` traces and, for
+  each, two different seeds: one run for the baseline, one for the candidate
+  (same trace: the gate pairs them);
+* **simulated, unpaired**: 60 traces, each simulated once with its own seed
+  under ``least_outstanding``; a trial draws ``--repeats`` runs a side, no
+  trace on both sides (repeats with other seeds);
+* **replay, paired**: ``--traces`` traces, each replayed ``--replays`` times by
+  ``llmlb replay`` (a subprocess) against one ``llmlb serve`` (a subprocess;
+  2 replicas, server-side least-outstanding, ``--speed 2``) on loopback:
+  every row is a real measured request; a trial draws pairs as above.
 
-Trials (``--trials`` each): **no change** decides the gate on the drawn runs
-as they are; **regression** first injects a 5% regression into the
-candidate's rows: every latency (TTFT, TPOT, E2E) x 1.05 and goodness
-re-derived from the SLO ("everything 5% slower"), or 5% of the good requests
-chosen at random turned not good ("goodput -5%"); half the trials each. The
-rows are real (measured or simulated); only the choice of runs and the
-injection are drawn. Runs recur across trials (the pool is finite), so the
-trials are not fully independent and the printed binomial (Wilson) intervals
-are somewhat narrower than the truth; the number of distinct runs is printed.
+Trials (``--trials`` each; ``--single-trials`` with one run a side, whose
+bootstrap costs 100x the CPU): **no change** decides the gate on the drawn
+runs as they are; **regression** first changes the candidate's rows: every
+latency (TTFT, TPOT, E2E) x 1.05 with goodness re-derived from the SLO
+("latency x1.05"), or 5% of the good requests chosen at random turned not
+good ("goodput -5%"); half the trials each. The rows are the runs' own; only
+the choice of runs and the injection are drawn. Runs recur across trials
+(the pools are finite), so trials are not fully independent and the printed
+binomial (Wilson) intervals are somewhat narrower than the truth.
 
 The gate's rules have zero allowance (``goodput >= -0%``, ``p99_ttft <= +0%``,
 ...): with no change every rule sits on its limit, the hardest case for the
 family-wise false-fail rate, and a 5% regression is 5% beyond each limit.
 
-    flock /tmp/llmlb-measure.lock nice -n 5 python benchmarks/gate_power.py [--trials 1000] [--repeats 3]
+    flock /tmp/llmlb-measure.lock nice -n 5 python benchmarks/gate_power.py [--trials 1000] [--repeats 1,3,5,8]
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def main() -> None:
         runs = []
         if args.only != "replay":
             runs.append(("simulated, paired by trace (same traces, other seeds of power_of_d's random choices)",
-                         sim_pool(pool / "sim-paired", 8, 12, "power_of_d"), draw_paired))
+                         sim_pool(pool / "sim-paired", 16, 16, "power_of_d"), draw_paired))
             runs.append(("simulated, unpaired (other traces and seeds, least_outstanding)",
                          sim_pool(pool / "sim-unpaired", 60, 1, "least_outstanding"), draw_unpaired))
         if args.only != "sim":

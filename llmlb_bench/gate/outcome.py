@@ -111,9 +111,10 @@ def _rows(out: GateOutcome) -> list[list[str]]:
 
 
 def _legend(out: GateOutcome) -> str:
-    return (f"interval: {100 * out.confidence:g}% bootstrap; p: family-wise (step-down max-T over all "
-            f"{len(out.verdicts)} checks), fail when < {1 - out.confidence:g}; repeats: runs a side needed to catch "
-            f"a regression {100 * out.detect:g}% beyond the limit with {100 * out.power:g}% power")
+    return (f"interval: {100 * out.confidence:g}% (t over runs; bootstrap within one run); p: adjusted over all "
+            f"{len(out.verdicts)} checks (Holm; step-down max-T when every check is a bootstrap), fail when < "
+            f"{1 - out.confidence:g}; repeats: runs a side to catch a regression {100 * out.detect:g}% beyond the "
+            f"limit with {100 * out.power:g}% power")
 
 
 def terminal_table(out: GateOutcome) -> Table:
