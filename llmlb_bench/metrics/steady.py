@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.metrics.sql import quote
 from llmlb_bench.store.views import Catalog
 
 PARTS = 10
@@ -31,26 +32,26 @@ GROWTH_RATIO, GROWTH_MIN_S = 2.0, 1.0
 COLLAPSE = 0.20
 
 
-def _sql(slo: Slo | None) -> str:
+def _sql(slo: Slo | None, spans: Mapping[str, tuple[float, float]]) -> str:
+    """Per run and tenth of its arrival window: mean TTFT of ok requests and attainment (one grouped scan)."""
     good = f"({slo.predicate()})::INTEGER" if slo else "NULL::INTEGER"
+    values = ", ".join(f"({quote(r)}, {a!r}, {max(b - a, 1e-9)!r})" for r, (a, b) in spans.items())
     return f"""
-WITH r AS (
-  SELECT run_id, scheduled_s, ttft_s, status = 'ok' AS ok, {good} AS good,
-         min(scheduled_s) OVER (PARTITION BY run_id) AS t0, max(scheduled_s) OVER (PARTITION BY run_id) AS t1
-  FROM request_metrics)
-SELECT run_id, least(floor((scheduled_s - t0) / greatest(t1 - t0, 1e-9) * {PARTS}), {PARTS - 1})::INTEGER AS part,
-       avg(CASE WHEN ok THEN ttft_s END) AS ttft_mean, avg(good) AS attainment, count(*) AS n
-FROM r GROUP BY ALL ORDER BY run_id, part
+WITH b(run_id, t0, span) AS (VALUES {values})
+SELECT run_id, least(floor((scheduled_s - t0) / span * {PARTS}), {PARTS - 1})::INTEGER AS part,
+       avg(CASE WHEN status = 'ok' THEN ttft_s END) AS ttft_mean, avg({good}) AS attainment, count(*) AS n
+FROM request_metrics JOIN b USING (run_id) GROUP BY ALL ORDER BY run_id, part
 """
 
 
 def steady_state(cat: Catalog, runs: Mapping[str, Mapping[str, Any]], slo: Slo | None) -> dict[str, dict[str, Any]]:
     """run id -> ``{flags: [sentences], parts: [{part, ttft_mean, attainment, n}], tail_s, window_s}``.
 
-    ``runs`` maps run ids to ``{window_s, tail_s, attainment}`` of the run's summary.
+    ``runs`` maps run ids to ``{t0, t1 (first and last scheduled time), window_s, tail_s, attainment}``.
     """
     parts: dict[str, list[dict[str, Any]]] = {}
-    for row in cat.query(_sql(slo)).to_pylist():
+    spans = {r: (v["t0"], v["t1"]) for r, v in runs.items() if v.get("t0") is not None and v.get("t1") is not None}
+    for row in (cat.query(_sql(slo, spans)).to_pylist() if spans else []):
         parts.setdefault(row.pop("run_id"), []).append(row)
     limit = min(slo.limits_for(None).get("ttft", GROWTH_MIN_S), GROWTH_MIN_S) if slo else GROWTH_MIN_S
     out = {}

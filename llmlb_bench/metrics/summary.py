@@ -145,6 +145,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
         s["state"] = state.get(run_id)
         out.append(s)
     steady = steady_state(cat, {s["run_id"]: {
+        "t0": counts[s["run_id"]]["t0"], "t1": counts[s["run_id"]]["last_scheduled"],
         "window_s": s["window_s"], "attainment": (s.get("slo") or {}).get("attainment"),
         "tail_s": None if counts[s["run_id"]]["t1"] is None else
         counts[s["run_id"]]["t1"] - counts[s["run_id"]]["last_scheduled"]} for s in out}, slo)
