@@ -13,17 +13,16 @@ from __future__ import annotations
 import json
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
 from conftest import make_trace
+from llmlb_bench.replay.selfcheck import noop_server, server_records
 from llmlb_bench.schema import REQUESTS, write_trace
 from llmlb_bench.store.parts import read_parts, table_files
 from llmlb_bench.store.sink import ParquetSink
@@ -32,15 +31,17 @@ from llmlb_bench.store.views import Catalog
 pytestmark = pytest.mark.slow
 
 LLMLB = [sys.executable, "-m", "llmlb_bench"]
-#: kill instants, seconds after the first part file appears (seeded: the same instants on every run)
-INSTANTS = [round(random.Random(15).uniform(0.2, 1.5), 2) for _ in range(2)]
+#: kill instants: a random moment (seeded: the same on every run) within the second after the
+#: second part file appears; counted in parts rather than seconds, so a fast or a loaded machine
+#: still kills the run mid-way, with rows flushed before and work left after
+INSTANTS = [round(random.Random(15).uniform(0.0, 1.0), 2) for _ in range(2)]
 
 
-def _wait_for_part(proc: subprocess.Popen, folder: Path, timeout: float = 120.0) -> None:
+def _wait_for_part(proc: subprocess.Popen, folder: Path, parts: int = 2, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
-    while not table_files(folder):
-        assert proc.poll() is None, f"the run ended before its first flush: {proc.communicate()}"
-        assert time.monotonic() < deadline, "no part file appeared"
+    while len(table_files(folder)) < parts:
+        assert proc.poll() is None, f"the run ended before its parts appeared: {proc.communicate()}"
+        assert time.monotonic() < deadline, "the part files did not appear"
         time.sleep(0.05)
 
 
@@ -64,13 +65,20 @@ def _check_survivors(run_dir: Path, trace_ids: set[int]) -> list[dict]:
     return rows
 
 
+def big_trace(folder: Path, requests: int = 200_000) -> Path:
+    """A trace the simulator needs several seconds for (time to interrupt or kill it mid-run)."""
+    (folder / "w.toml").write_text(
+        f'name = "w"\nseed = 3\nrequests = {requests}\n[tenants.a]\narrival = {{ process = "poisson", rate = 40.0 }}\n'
+        'input = { dist = "lognormal", median = 300, sigma = 1.0, max = 4096 }\n'
+        'output = { dist = "lognormal", median = 150, sigma = 0.8, max = 1024 }\n')
+    subprocess.run(LLMLB + ["gen", str(folder / "w.toml"), "-o", str(folder / "t.parquet")], check=True,
+                   capture_output=True)
+    return folder / "t.parquet"
+
+
 @pytest.mark.parametrize("after_s", INSTANTS)
 def test_simulate_killed_keeps_its_flushed_rows(tmp_path, after_s):
-    spec = tmp_path / "w.toml"
-    spec.write_text('name = "w"\nseed = 3\nrequests = 200000\n[tenants.a]\narrival = { process = "poisson", rate = 40.0 }\n'
-                    'input = { dist = "lognormal", median = 300, sigma = 1.0, max = 4096 }\n'
-                    'output = { dist = "lognormal", median = 150, sigma = 0.8, max = 1024 }\n')
-    subprocess.run(LLMLB + ["gen", str(spec), "-o", str(tmp_path / "t.parquet")], check=True, capture_output=True)
+    big_trace(tmp_path)
     proc = subprocess.Popen(LLMLB + ["simulate", str(tmp_path / "t.parquet"), "-r", str(tmp_path / "res"),
                                      "--run-id", "s", "-f", "json"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _wait_for_part(proc, tmp_path / "res" / "s" / "requests.parquet")
@@ -81,15 +89,8 @@ def test_simulate_killed_keeps_its_flushed_rows(tmp_path, after_s):
 
 @pytest.fixture
 def noop():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "llmlb_bench.replay.noop_server", "--port", str(port),
-                             "--itl-ms", "20"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert "listening" in proc.stdout.readline()
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=10)
+    with noop_server(itl_ms=20.0) as url:
+        yield url
 
 
 @pytest.mark.parametrize("after_s", INSTANTS)
@@ -106,7 +107,7 @@ def test_replay_killed_then_resumed_ends_with_one_row_per_trace_row(tmp_path, no
     survivors = {r["request_id"]: r for r in _check_survivors(run_dir, set(range(n)))}
     # every request the server had finished well before the kill survived (the aim is 2 s; the
     # margin is for a loaded machine, where the writer thread runs at idle priority)
-    records = json.load(urllib.request.urlopen(f"{noop}/stats", timeout=10))
+    records = server_records(noop)
     done_early = {int(k) for k, (_, _, last, _) in records.items() if 0 < last < killed_at - 8.0}
     assert done_early <= set(survivors)
 

@@ -9,24 +9,21 @@ cleanup and in the exit callbacks, where they used to print a traceback).
 from __future__ import annotations
 
 import json
+import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 
 import pytest
 
 from conftest import make_trace
+from test_crash_kill import LLMLB, big_trace
+from llmlb_bench.replay.selfcheck import noop_server
 from llmlb_bench.schema import write_trace
 from llmlb_bench.store.parts import table_files
 
 pytestmark = pytest.mark.slow
 
-LLMLB = [sys.executable, "-m", "llmlb_bench"]
-SPEC = ('name = "w"\nseed = 3\nrequests = 200000\n[tenants.a]\narrival = { process = "poisson", rate = 40.0 }\n'
-        'input = { dist = "lognormal", median = 300, sigma = 1.0, max = 4096 }\n'
-        'output = { dist = "lognormal", median = 150, sigma = 0.8, max = 1024 }\n')
 
 
 def _three_ctrl_c(proc: subprocess.Popen, run_dir, timeout: float = 120.0) -> str:
@@ -46,9 +43,7 @@ def _three_ctrl_c(proc: subprocess.Popen, run_dir, timeout: float = 120.0) -> st
 
 
 def test_simulate_interrupted_three_times(tmp_path):
-    (tmp_path / "w.toml").write_text(SPEC)
-    subprocess.run(LLMLB + ["gen", str(tmp_path / "w.toml"), "-o", str(tmp_path / "t.parquet")], check=True,
-                   capture_output=True)
+    big_trace(tmp_path)
     proc = subprocess.Popen(LLMLB + ["simulate", str(tmp_path / "t.parquet"), "-r", str(tmp_path / "res"),
                                      "--run-id", "s"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     err = _three_ctrl_c(proc, tmp_path / "res" / "s")
@@ -57,15 +52,8 @@ def test_simulate_interrupted_three_times(tmp_path):
 
 @pytest.fixture
 def noop():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "llmlb_bench.replay.noop_server", "--port", str(port),
-                             "--itl-ms", "50"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert "listening" in proc.stdout.readline()
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=10)
+    with noop_server(itl_ms=50.0) as url:
+        yield url
 
 
 def test_replay_interrupted_three_times(tmp_path, noop):
@@ -80,7 +68,7 @@ def test_replay_interrupted_three_times(tmp_path, noop):
 def test_ray_without_a_cluster_leaves_no_run_behind(tmp_path, noop, monkeypatch):
     pytest.importorskip("ray")
     write_trace(make_trace(n=4), tmp_path / "t.parquet")
-    env = {**__import__("os").environ, "RAY_TMPDIR": str(tmp_path / "ray")}  # no cluster that 'auto' could find
+    env = {**os.environ, "RAY_TMPDIR": str(tmp_path / "ray")}  # no cluster that 'auto' could find
     env.pop("RAY_ADDRESS", None)
     out = subprocess.run(LLMLB + ["replay", str(tmp_path / "t.parquet"), "-e", noop, "--workers", "2", "--executor",
                                   "ray", "--address", "auto", "-r", str(tmp_path / "res"), "--no-progress"],

@@ -7,6 +7,8 @@ bad one before generating, simulating or replaying anything (nothing appears und
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from conftest import cli, make_trace
@@ -15,7 +17,7 @@ from llmlb_bench.names import MAX_LEN, check_name, to_name
 from llmlb_bench.schema import write_trace
 from llmlb_bench.store import RunStore
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]
 BAD_NAMES = ["../x", "/tmp/abs", "x/../../y", ".", "..", ".hidden", "a\\b", "a b", "", "x" * (MAX_LEN + 1),
              "run\x00id", "~root", "résumé"]
 
@@ -70,3 +72,21 @@ def test_a_bad_slo_stops_run_simulate_and_replay_before_any_work(slo, problem, t
         code, _, err = cli(cmd + ["-r", str(tmp_path / "res"), "--slo", slo], capsys)
         assert code == 2 and err.startswith("error: --slo:") and problem in err, (cmd, err)
     assert not (tmp_path / "res").exists()
+
+
+def test_every_listening_command_binds_loopback_by_default():
+    """Servers (serve, route, engines ...) listen on 127.0.0.1 unless --host says otherwise."""
+    import typer
+
+    from llmlb_bench.cli import commands  # noqa: F401  (registers the commands)
+    from llmlb_bench.cli.app import app
+
+    def walk(cmd, path):
+        yield path, cmd
+        for name, sub in getattr(cmd, "commands", {}).items():
+            yield from walk(sub, f"{path} {name}")
+
+    hosts = {path: p.default for path, cmd in walk(typer.main.get_command(app), "llmlb")
+             for p in getattr(cmd, "params", []) if p.name == "host"}
+    assert {"llmlb serve", "llmlb route"} <= set(hosts)
+    assert all(default == "127.0.0.1" for default in hosts.values()), hosts
