@@ -3,7 +3,7 @@
 For the steps that give no count to draw a bar from (a simulation, building
 a report). Transient and on stderr, so stdout stays clean for ``--format
 json`` and a finished command leaves only its output; shown only on a
-terminal (Rich prints nothing live into a pipe or a file).
+terminal.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 @contextmanager
 def working(console: Console, text: str) -> Iterator[None]:
+    if not console.is_terminal:        # nothing live into a pipe or a file, not even a blank line
+        yield
+        return
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                   transient=True) as bar:
         bar.add_task(text, total=None)
