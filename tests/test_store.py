@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,7 @@ import pytest
 
 from llmlb_bench.schema import REQUESTS
 from llmlb_bench.store import ParquetSink, RunStore
-from llmlb_bench.store.parts import read_parts, table_files
+from llmlb_bench.store.parts import read_parts, replace_table, table_files
 from llmlb_bench.store.views import Catalog
 
 
@@ -80,7 +81,7 @@ def test_sigterm_marks_run_partial_in_a_real_process(tmp_path):
     assert pq.read_table(tmp_path / "term" / "requests.parquet").num_rows == 8
 
 
-def test_killed_run_is_listed_as_broken_not_fatal(tmp_path):
+def test_unreadable_run_is_listed_as_broken_not_fatal(tmp_path):
     with RunStore(tmp_path, config={}, backend="sim", run_id="good") as run:
         run.requests.write(_rows(0, 3))
     (tmp_path / "dead").mkdir()
@@ -90,3 +91,64 @@ def test_killed_run_is_listed_as_broken_not_fatal(tmp_path):
     status = dict(cat.query("select run_id, status from runs order by 1").to_pylist()[i].values() for i in range(2))
     assert status == {"dead": "broken", "good": "complete"}
     assert cat.query("select count(*) from requests").column(0).to_pylist() == [3]
+
+
+def test_many_small_parts_are_compacted_at_close_and_read_the_same(tmp_path):
+    now = [0.0]
+    sink = ParquetSink(tmp_path / "r.parquet", REQUESTS, flush_s=1.0, constants={"run_id": "x"}, clock=lambda: now[0])
+    for i in range(100):  # a slow replay: one part a second
+        now[0] += 1.0
+        sink.write(_rows(i, 1))
+    assert len(table_files(tmp_path / "r.parquet")) == 100
+    sink.close()
+    assert [f.name for f in table_files(tmp_path / "r.parquet")] == ["part-00000.parquet"]
+    assert read_parts(tmp_path / "r.parquet", REQUESTS).column("request_id").to_pylist() == list(range(100))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.parquet"]  # no .new / .old left
+
+
+def test_a_table_replaced_is_readable_at_every_step(tmp_path):
+    """replace_table swaps folders by two renames; a reader between them reads the old folder."""
+    sink = ParquetSink(tmp_path / "r.parquet", REQUESTS, constants={"run_id": "x"})
+    sink.write(_rows(0, 3))
+    sink.close()
+    (tmp_path / "r.parquet").rename(tmp_path / ".r.parquet.old")  # killed between the renames
+    assert read_parts(tmp_path / "r.parquet", REQUESTS).num_rows == 3
+    (tmp_path / ".r.parquet.old").rename(tmp_path / "r.parquet")
+    table = read_parts(tmp_path / "r.parquet", REQUESTS).slice(0, 2)
+    replace_table(tmp_path / "r.parquet", [table], table.schema)
+    assert read_parts(tmp_path / "r.parquet", REQUESTS).num_rows == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.parquet"]
+
+
+def test_a_run_whose_process_is_gone_shows_as_killed(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    with RunStore(tmp_path, config={}, backend="replay", run_id="gone") as run:
+        run.requests.write(_rows(0, 2))
+    meta = json.loads((tmp_path / "gone" / "run.json").read_text())
+    meta.update(status="running", pid=int(proc.stdout))  # as a SIGKILL leaves it
+    (tmp_path / "gone" / "run.json").write_text(json.dumps(meta))
+    assert Catalog([tmp_path]).query("select status from runs").column(0).to_pylist() == ["killed"]
+    meta["pid"] = os.getpid()  # still running (this process)
+    (tmp_path / "gone" / "run.json").write_text(json.dumps(meta))
+    assert Catalog([tmp_path]).query("select status from runs").column(0).to_pylist() == ["running"]
+
+
+def test_resume_keeps_the_rows_of_a_killed_runs_workers_once(tmp_path):
+    from llmlb_bench.replay.resume import prepare_resume
+    from llmlb_bench.schema import write_trace
+
+    from conftest import make_trace
+
+    write_trace(make_trace(n=6), tmp_path / "t.parquet")
+    with RunStore(tmp_path / "res", config={}, backend="replay", run_id="w", trace_path=tmp_path / "t.parquet"):
+        pass
+    run_dir = tmp_path / "res" / "w"
+    meta = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**meta, "status": "running"}))
+    for k, ids in ((0, [0, 2]), (1, [1, 2])):  # request 2 in both (merged, then killed before cleanup)
+        sink = ParquetSink(run_dir / ".workers" / str(k) / "requests.parquet", REQUESTS, constants={"run_id": "w"})
+        sink.write({"request_id": ids, "status": ["ok"] * 2})
+        sink.flush()  # never closed, as in a killed worker
+    res = prepare_resume(run_dir, tmp_path / "t.parquet")
+    assert sorted(res.carried.column("request_id").to_pylist()) == [0, 1, 2] and res.done_ids == {0, 1, 2}
+    res.restore()
