@@ -88,7 +88,7 @@ def test_eplb_rebalances_on_its_period_and_catches_up_with_drift():
 
 def test_cost_model_stretches_only_the_routed_expert_compute():
     cfg = ClusterConfig(model="mixtral-8x7b", gpu="h100-sxm", tp=4, moe={"zipf_s": 1.2})
-    skewed, even = cost_model(cfg.pool_configs()[0], (), cfg.moe), cost_model(cfg.pool_configs()[0])
+    skewed, even = cost_model(cfg.pool_configs()[0], (), cfg.moe_spec), cost_model(cfg.pool_configs()[0])
     load = skewed.expert_load
     for tokens in (1, 32, 2048, 8192):
         a = skewed.step(tokens, tokens * 500.0, tokens, 0, 0.0, 1)
@@ -104,7 +104,7 @@ def test_cost_model_stretches_only_the_routed_expert_compute():
     # EPLB's redundant replicas cost memory: (8 + 4) / 8 the expert weights, fewer KV blocks
     cfg_r = ClusterConfig(model="mixtral-8x7b", gpu="h100-sxm", tp=4,
                           moe={"zipf_s": 1.2, "eplb_interval_s": 10, "redundant_experts": 4})
-    red = cost_model(cfg_r.pool_configs()[0], (), cfg_r.moe)
+    red = cost_model(cfg_r.pool_configs()[0], (), cfg_r.moe_spec)
     assert red.expert_bytes == pytest.approx(even.expert_bytes * 1.5) and red.kv_blocks < even.kv_blocks
 
 

@@ -176,7 +176,8 @@ class ClusterConfig:
         object.__setattr__(self, "scheduler_args", dict(self.scheduler_args))
         if self.autoscale is not None:
             object.__setattr__(self, "autoscale", dict(self.autoscale))
-            spec = AutoscaleSpec.parse(self.autoscale)
+            spec = self.autoscale_spec
+            assert spec is not None
             pool = spec.args.get("pool")
             if pool is not None and (not isinstance(pool, str) or pool not in {p.name for p in pools}):
                 raise UserError(f"unknown pool {pool!r}", "cluster.autoscale.args.pool")
@@ -234,7 +235,8 @@ class ClusterConfig:
         return out
 
     def _check_moe(self, pools: list[PoolConfig]) -> None:
-        spec = MoeSpec.parse(self.moe or {})
+        spec = self.moe_spec
+        assert spec is not None
         moe_pools = [p for p in pools if p.model_spec(self.catalogs).is_moe]
         if not moe_pools:
             raise UserError("no pool serves a MoE model (experts > 1); expert-load imbalance does not apply",
@@ -254,7 +256,23 @@ class ClusterConfig:
             raise UserError("at_s must be >= 0 and down_s > 0", where)
 
     def pool_configs(self) -> tuple[PoolConfig, ...]:
+        return self._pool_configs
+
+    # parsed once, when first asked for (frozen dataclasses allow cached_property: it writes the
+    # instance's __dict__); not fields, so equality, to_dict and run.json see only the settings
+    @functools.cached_property
+    def _pool_configs(self) -> tuple[PoolConfig, ...]:
         return tuple(PoolConfig(**p) for p in self.pools)
+
+    @functools.cached_property
+    def autoscale_spec(self) -> AutoscaleSpec | None:
+        """``autoscale`` parsed (and validated) once."""
+        return AutoscaleSpec.parse(self.autoscale) if self.autoscale is not None else None
+
+    @functools.cached_property
+    def moe_spec(self) -> MoeSpec | None:
+        """``moe`` parsed (and validated) once."""
+        return MoeSpec.parse(self.moe) if self.moe is not None else None
 
     @property
     def disaggregated(self) -> bool:

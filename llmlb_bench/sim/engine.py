@@ -41,7 +41,7 @@ import pyarrow as pa
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import Policy, RouteRequest, Router
 from llmlb_bench.schema import TRACE, trace_block_size
-from llmlb_bench.sim.autoscale import AutoscaleSpec, PoolStatus
+from llmlb_bench.sim.autoscale import PoolStatus
 from llmlb_bench.sim.config import ClusterConfig
 from llmlb_bench.sim.fleet import Fleet
 from llmlb_bench.sim.replica import Replica, Request
@@ -113,7 +113,7 @@ class Simulation:
         self._sig: tuple[Any, Any, Any, Any] = ((view.waiting, view.running, view.kv_usage, view.signal_time)
                                                 if self._refresh == 0 else (_UNREAD,) * 4)
         self._schedule_failures()
-        self.autoscale = AutoscaleSpec.parse(cfg.autoscale) if cfg.autoscale is not None else None
+        self.autoscale = cfg.autoscale_spec
         if self.autoscale is not None:
             self.autoscaler = self.autoscale.make()
             self._deliver(self.autoscale.interval_s, _SCALE, None)

@@ -9,7 +9,7 @@ equal to "routable": not starting, draining, down or retired.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import TargetInfo, View
@@ -23,13 +23,13 @@ from llmlb_bench.sim.scheduling import make_engine_scheduler
 
 
 def cost_model(pool: PoolConfig, catalogs: tuple[str, ...] = (),
-               moe: Mapping[str, Any] | None = None) -> CostModel | ProfileCost:
+               moe: MoeSpec | None = None) -> CostModel | ProfileCost:
     """The pool's cost model: its measured profile's when it has one, else the roofline; ``moe``
-    (``ClusterConfig.moe``) gives a roofline MoE pool its own expert-load state."""
+    (``ClusterConfig.moe_spec``) gives a roofline MoE pool its own expert-load state."""
     model = pool.model_spec(catalogs)
     if pool.profile is not None:
         return ProfileCost(EngineProfile.from_dict(pool.profile), model, pool.gpu_spec(catalogs), pool.tp, pool.pp)
-    load = (ExpertLoad(MoeSpec.parse(moe), model.experts, model.active_experts, pool.tp)
+    load = (ExpertLoad(moe, model.experts, model.active_experts, pool.tp)
             if moe is not None and model.is_moe else None)
     return CostModel(model, pool.gpu_spec(catalogs), pool.tp, pp=pool.pp,
                      max_num_batched_tokens=pool.max_num_batched_tokens, max_num_seqs=pool.max_num_seqs,
@@ -63,7 +63,7 @@ class Fleet:
         self.cfg = cfg
         self.seed = seed      # the run's: engine schedulers that draw random numbers follow it
         self.pools = {p.name: p for p in cfg.pool_configs()}
-        self._costs = {name: cost_model(p, cfg.catalogs, cfg.moe) for name, p in self.pools.items()}
+        self._costs = {name: cost_model(p, cfg.catalogs, cfg.moe_spec) for name, p in self.pools.items()}
         self._units = {name: (prefix_unit(p, trace_bs) if p.enable_prefix_caching and prefix_hashes
                               and p.role != "decode" else (0, 1)) for name, p in self.pools.items()}
         self._reference = decode_capacity(next(iter(self._costs.values())))
