@@ -51,6 +51,21 @@ def test_lone_prefill_and_decode_take_the_profile_formula(profile_file: Path, tm
     assert tpot == pytest.approx(p.step_time(1, mean_ctx, mean_ctx, 1), rel=0.005)
 
 
+def test_request_overhead_lengthens_the_step_that_samples_a_first_token(tmp_path: Path):
+    """Two requests arriving together: the first is admitted alone (the replica was idle), the
+    second at the next step, so their first tokens come one and two overheads later; the
+    second's overhead also holds up the first's decode (they share that step), and decode-only
+    steps do not change."""
+    with_overhead = {**profile(), "request_overhead_s": 0.01}
+    base, _, _ = run_sim(tmp_path / "a", trace_table([0.0, 0.0], 100, 5), ClusterConfig(replicas=1).with_profile(profile()))
+    more, _, _ = run_sim(tmp_path / "b", trace_table([0.0, 0.0], 100, 5),
+                         ClusterConfig(replicas=1).with_profile(with_overhead))
+    for k, (a, b) in enumerate(zip(base.to_pylist(), more.to_pylist())):
+        assert b["first_token_s"] - a["first_token_s"] == pytest.approx(0.01 * (k + 1), abs=1e-12)
+        assert (b["last_token_s"] - b["first_token_s"]) - (a["last_token_s"] - a["first_token_s"]) == \
+            pytest.approx(0.01 * (1 - k), abs=1e-12)
+
+
 def test_profile_fixes_the_engine_and_travels_in_the_config(profile_file: Path, tmp_path: Path):
     cfg = ClusterConfig(replicas=2, block_size=16, max_num_seqs=256).with_profile(profile_file)
     pool = cfg.pool_configs()[0]

@@ -99,9 +99,14 @@ def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observatio
     no_cached = False
     for run in runs:
         ok = [r for r in run.rows if r["status"] == "ok" and r["first_token_s"] is not None]
-        if len(ok) < len(run.rows):
-            notes.append(f"{run.kind} {run.params}: {len(run.rows) - len(ok)} of {len(run.rows)} requests failed "
-                         f"({next((r['error'] for r in run.rows if r['status'] != 'ok'), '')})")
+        failed = [r for r in run.rows if r["status"] != "ok"]
+        if failed:
+            notes.append(f"{run.kind} {run.params}: {len(failed)} of {len(run.rows)} requests failed "
+                         f"({failed[0]['error']})")
+        silent = len(run.rows) - len(failed) - len(ok)
+        if silent:
+            notes.append(f"{run.kind} {run.params}: {silent} of {len(run.rows)} requests streamed no visible token "
+                         "(text that decodes to nothing, e.g. a partial UTF-8 byte); left out")
         if run.kind in ("prefill", "cache"):
             for k, r in enumerate(ok):
                 cached = r.get("cached_tokens")
@@ -167,7 +172,7 @@ def fit(obs: list[Observation], notes: list[str]) -> Fit:
     keep = [o for o, e in zip(obs, err) if e <= limit]
     if len(keep) < len(obs) and len(keep) >= len(UNKNOWNS):
         for o, e in zip(obs, err):
-            o.outlier = e > limit
+            o.outlier = bool(e > limit)
         theta = _solve(keep)
     for o in obs:
         o.predicted_s = float(o.features @ theta)

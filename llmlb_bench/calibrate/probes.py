@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import Preflight, ReplayOptions, replay
-from llmlb_bench.schema import trace_table, write_trace
+from llmlb_bench.schema import read_trace, trace_table, write_trace
 from llmlb_bench.store import RunStore
 
 
@@ -42,7 +42,7 @@ class ProbePlan:
     """Which probes to send (sizes already fitted to the engine's limits)."""
 
     prompts: tuple[int, ...]                 # prefill probe prompt lengths
-    repeats: int                             # each prefill length this many times
+    repeats: int                             # each prefill length and decode group this many times
     batches: tuple[int, ...]                 # decode probe batch sizes
     contexts: tuple[int, ...]                # decode probe prompt lengths
     decode_tokens: int                       # decode probe output length
@@ -50,8 +50,7 @@ class ProbePlan:
     block_size: int
 
     def requests(self) -> int:
-        return (len(self.prompts) * self.repeats + sum(self.batches) * len(self.contexts)
-                + 2 * len(self.cache_blocks))
+        return (len(self.prompts) + sum(self.batches) * len(self.contexts)) * self.repeats + 2 * len(self.cache_blocks)
 
 
 def plan(settings: dict[str, Any], max_prompt: int | None, batches: Sequence[int] | None,
@@ -105,6 +104,7 @@ class Prober:
         self._runs += 1
         trace_path = self.root / "traces" / f"{run_id}.parquet"
         write_trace(table, trace_path, block_size=block_size)
+        table = read_trace(trace_path)          # with its block size in the metadata, as the replayer reads it
         config = {"endpoints": [self.url], "calibrate": kind, "options": options.describe()}
         store = RunStore(self.root, config=config, backend="replay", label=f"calibrate {kind}", run_id=run_id,
                          trace_path=trace_path, trace_rows=table.num_rows)
@@ -135,8 +135,12 @@ class Prober:
         return ProbeRun("cache", {"blocks": blocks, "prompt": prompt}, rows)
 
     def all(self, p: ProbePlan) -> list[ProbeRun]:
-        """Every probe of the plan: cache pairs, prefill, then decode from small to large."""
+        """Every probe of the plan after a warm-up: cache pairs, prefill, then the decode groups
+        (each ``repeats`` times) in random order."""
+        self.prefill(p.prompts[::2], 1, p.block_size)     # warm-up (first requests after a start are slow), unused
         runs = [self.cache(k, p.block_size) for k in p.cache_blocks]
         runs.append(self.prefill(p.prompts, p.repeats, p.block_size))
-        runs += [self.decode(b, c, p.decode_tokens, p.block_size) for c in p.contexts for b in p.batches]
+        groups = [(b, c) for c in p.contexts for b in p.batches] * p.repeats
+        self.rng.shuffle(groups)        # so that a slow spell of a shared machine hits no one size only
+        runs += [self.decode(b, c, p.decode_tokens, p.block_size) for b, c in groups]
         return runs

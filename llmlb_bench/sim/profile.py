@@ -22,8 +22,10 @@ what that range is and how far from it the fit was checked.
 
 ``request_overhead_s`` is the part of a lone request's time to first token
 that no step accounts for (HTTP, tokenising, handing the request to the
-engine and the first token back): fitted so that it does not bias the step
-terms, stated in the profile and in docs/fidelity.md.
+engine and the first token back). The replica adds it to the step that
+samples a request's first token: on an engine whose API server shares the
+core with the model (vLLM's CPU build pinned to one core) that work does hold
+up the batch; on a GPU it overlaps the step and is small.
 
 A profile also fixes the engine settings the scheduler needs: ``max_num_seqs``,
 ``max_num_batched_tokens``, KV ``block_size``, the number of KV blocks, the
@@ -70,7 +72,6 @@ class EngineProfile:
     num_kv_blocks: int
     max_model_len: int
     enable_prefix_caching: bool
-    raw: Mapping[str, Any]
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "profile") -> "EngineProfile":
@@ -105,8 +106,7 @@ class EngineProfile:
         overhead = d.get("request_overhead_s", 0.0)
         if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not overhead >= 0:
             raise UserError(f"must be a number >= 0, got {overhead!r}", f"{where}: request_overhead_s")
-        return cls(step=coeffs, request_overhead_s=float(overhead), enable_prefix_caching=caching,
-                   raw=json.loads(json.dumps(d)), **ints)
+        return cls(step=coeffs, request_overhead_s=float(overhead), enable_prefix_caching=caching, **ints)
 
     def step_time(self, tokens: float, attn: float, kv: float, sampled: float) -> float:
         s = self.step

@@ -659,6 +659,7 @@ class Replica:
                     ending = True
         gap, power = self.cost.run_step(tokens + decoding, attn + self.context, kv + self.context,
                                         decoding + completing)
+        gap += self.cost.request_overhead_s * completing     # a measured profile's (sim/profile.py); else 0
         if self.swap_s:
             gap, power = self._with_swap(gap, power)
         share = power * gap / (tokens + decoding)
