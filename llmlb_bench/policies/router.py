@@ -13,7 +13,7 @@ and the replayer (:mod:`llmlb_bench.replay.runner`), so it lives here once:
   disaggregated fleets (``choose_pair``).
 * :meth:`Router.drain` hands out what the policy releases (after a HOLD, a
   completion, a replica coming back ...).
-* :meth:`Router.sent`, :meth:`Router.left` and :meth:`Router.complete` keep the
+* :attr:`Router.sent`, :attr:`Router.left` and :meth:`Router.complete` keep the
   view's own accounting (outstanding requests and tokens) and call
   ``on_complete``; the backend calls them at the moment a request really
   leaves for a target and really ends there.
@@ -77,8 +77,8 @@ def can_pair(policy: Policy) -> bool:
 class Router(Generic[Item]):
     """A policy in front of a backend; see the module docstring."""
 
-    __slots__ = ("policy", "view", "held", "_dispatch", "_reject", "_on_release", "_choose", "_release",
-                 "_on_complete", "_name")
+    __slots__ = ("policy", "view", "held", "sent", "left", "_dispatch", "_reject", "_on_release", "_choose",
+                 "_release", "_on_complete", "_name")
 
     def __init__(self, policy: Policy, view: View, *, dispatch: Dispatch[Item], reject: Reject[Item],
                  on_release: Callable[[Item, RouteRequest], None] | None = None,
@@ -91,6 +91,10 @@ class Router(Generic[Item]):
                               f"cluster (it has no choose_pair); try pd_pair")
         self.policy = policy
         self.view = view
+        #: ``sent(target, req)``: ``req`` left for ``target`` (or, disaggregated, its next phase began there)
+        self.sent: Callable[[int, RouteRequest], None] = view.on_dispatch
+        #: ``left(target, req)``: ``req`` ended at ``target`` but goes on elsewhere (a prefill handed over)
+        self.left: Callable[[int, RouteRequest], None] = view.on_finish
         #: request_id -> the backend's item, for requests the policy holds
         self.held: dict[int, Item] = {}
         self._dispatch = dispatch
@@ -169,14 +173,6 @@ class Router(Generic[Item]):
         return PolicyError(f"policy {self._name!r} chose target {target!r}; there are {n} targets (0..{n - 1})")
 
     # ---- the view's own accounting --------------------------------------------------------------
-
-    def sent(self, target: int, req: RouteRequest) -> None:
-        """``req`` left for ``target`` (or, disaggregated, its next phase began there)."""
-        self.view.on_dispatch(target, req)
-
-    def left(self, target: int, req: RouteRequest) -> None:
-        """``req`` ended at ``target`` but goes on elsewhere (a prefill handed over to its decode target)."""
-        self.view.on_finish(target, req)
 
     def complete(self, target: int, req: RouteRequest, drain: bool = True) -> None:
         """``req`` ended at ``target`` (any status): close the books, tell the policy, and (unless the
