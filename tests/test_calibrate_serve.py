@@ -67,10 +67,16 @@ def test_request_overhead_lengthens_the_step_that_samples_a_first_token(tmp_path
 
 
 def test_profile_fixes_the_engine_and_travels_in_the_config(profile_file: Path, tmp_path: Path):
-    cfg = ClusterConfig(replicas=2, block_size=16, max_num_seqs=256).with_profile(profile_file)
+    cfg = ClusterConfig(replicas=2, block_size=16).with_profile(profile_file)
     pool = cfg.pool_configs()[0]
     assert (pool.max_num_seqs, pool.max_num_batched_tokens, pool.block_size, pool.max_model_len) == (16, 1024, 32, 4096)
     assert cfg.replicas == 2
+    # settings the cluster gives win over the profile's, but never the block size (KV blocks are in its units)
+    pool = ClusterConfig(max_num_seqs=8, max_num_batched_tokens=256, block_size=16).with_profile(profile_file).pool_configs()[0]
+    assert (pool.max_num_seqs, pool.max_num_batched_tokens, pool.block_size) == (8, 256, 32)
+    pools = ClusterConfig(pools=({"name": "a", "replicas": 1}, {"name": "b", "replicas": 2, "max_num_seqs": 4}),
+                          profile=str(profile_file)).pool_configs()
+    assert [(p.replicas, p.max_num_seqs, p.block_size) for p in pools] == [(1, 16, 32), (2, 4, 32)]
     again = ClusterConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert again == cfg
     # a cluster TOML names the profile relative to itself
@@ -100,18 +106,17 @@ def test_bad_profiles_are_one_line_errors(tmp_path: Path, capsys, bad: dict, whe
     assert not (tmp_path / "res").exists()
 
 
-def test_profile_flag_conflicts_and_missing_file(tmp_path: Path, capsys, profile_file: Path):
+def test_profile_flag_on_simulate_and_a_missing_file(tmp_path: Path, capsys, profile_file: Path):
     trace = tmp_path / "t.parquet"
     cli(["gen", "workloads/chat.toml", "-o", str(trace), "--requests", "5"], capsys)
-    code, _, err = cli(["simulate", str(trace), "--profile", str(profile_file), "--max-num-seqs", "4"], capsys)
-    assert code == 2 and "--max-num-seqs" in err
     code, _, err = cli(["simulate", str(trace), "--profile", str(tmp_path / "nope.json")], capsys)
     assert code == 2 and "no such profile file" in err
-    code, _, err = cli(["simulate", str(trace), "--profile", str(profile_file), "-r", str(tmp_path / "r"),
-                        "--format", "json"], capsys)
+    code, _, err = cli(["simulate", str(trace), "--profile", str(profile_file), "--max-num-seqs", "4",
+                        "-r", str(tmp_path / "r"), "--format", "json"], capsys)
     assert code == 0, err
-    meta = json.loads(next((tmp_path / "r").glob("*/run.json")).read_text())
-    assert meta["config"]["cluster"]["profile"]["step"] == STEP
+    cluster = json.loads(next((tmp_path / "r").glob("*/run.json")).read_text())["config"]["cluster"]
+    assert cluster["profile"]["step"] == STEP
+    assert (cluster["pools"][0]["max_num_seqs"], cluster["pools"][0]["block_size"]) == (4, 32)
 
 
 def test_swap_preemption_with_a_profile_is_refused(profile_file: Path):
@@ -160,3 +165,25 @@ def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, profile
     cache = [o for o in got["fit"]["observations"] if o["probe"] == "cache" and "cached" in o["what"]]
     # the whole shared blocks (the prompt less its 8-token tail) came from the cache
     assert cache and all(o["what"].endswith(f"{int(o['what'].split()[1].rstrip(',')) - 8} cached") for o in cache)
+
+
+def test_sweep_and_repro_take_a_profile(tmp_path: Path, profile_file: Path):
+    """A sweep's cluster names a profile relative to the sweep file; a reproduction's arms all run
+    on one, keeping their own engine settings (Sarathi's chunk sizes)."""
+    from llmlb_bench.repro import get
+    from llmlb_bench.repro.runner import _arms
+    from llmlb_bench.sweep.spec import load_sweep
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "sweep.toml").write_text(
+        f'name = "cal"\nslo = "ttft=500ms"\n[workloads]\nchat = {{ spec = "{root}/workloads/chat.toml", requests = 50 }}\n'
+        '[clusters]\ncal = { replicas = 2, profile = "../p.json" }\n[policies]\nround_robin = {}\n'
+        '[load]\nrate = [1.0]\n')
+    sweep = load_sweep(tmp_path / "s" / "sweep.toml")
+    assert sweep.clusters[0].config.pool_configs()[0].profile == profile()
+    arms = _arms(get("sarathi-chunked-prefill"), "small", profile())
+    assert all(a.cluster.pool_configs()[0].profile == profile() for a in arms)
+    chunked = [(a.label, a.cluster.pool_configs()[0].max_num_batched_tokens) for a in arms
+               if a.label.startswith("chunks of")]
+    assert chunked and all(label == f"chunks of {tokens}" for label, tokens in chunked)

@@ -75,8 +75,8 @@ SignalRefresh = Annotated[Optional[float], typer.Option(
                                       f"\\[default: {_DEFAULT['signal_refresh_s']:g}].")]
 
 ProfileOpt = Annotated[Optional[Path], typer.Option(
-    "--profile", help="Measured engine profile (JSON from llmlb calibrate): its step times, KV blocks and engine "
-                      "settings replace the roofline's for every pool (docs/fidelity.md).")]
+    "--profile", help="Measured engine profile (JSON from llmlb calibrate) for every pool: its step times and KV "
+                      "blocks replace the roofline's, its engine settings fill those not given (docs/fidelity.md).")]
 
 
 #: the cluster flags, in the order --help lists them (see :func:`cluster_flags`)
@@ -116,10 +116,6 @@ class ClusterFlags:
                  "scheduler_args": parse_args(self.scheduler_arg, "--scheduler-arg") or None,
                  "signal_refresh_s": self.signal_refresh}
         given = {k: v for k, v in flags.items() if v is not None}
-        if self.profile is not None:
-            for key, flag in (("max_num_seqs", "--max-num-seqs"), ("max_num_batched_tokens", "--max-batched-tokens")):
-                if key in given:
-                    raise UserError("the profile fixes the engine settings; edit its 'engine' section instead", flag)
         cfg = load_cluster(self.cluster_file, given) if self.cluster_file is not None else ClusterConfig.from_dict(given)
         return cfg.with_profile(self.profile) if self.profile is not None else cfg
 

@@ -36,15 +36,19 @@ def run(
     scale: Annotated[str, typer.Option("--scale", help=f"Size of the runs: {' or '.join(SCALES)}.")] = "full",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the simulator and randomised policies.")] = 0,
     reports: Annotated[Path, typer.Option("--reports", help="Folder of the reports (one subfolder each).")] = Path("reports"),
+    profile: Annotated[Optional[Path], typer.Option("--profile", help="Run every arm on a measured engine profile (JSON from llmlb calibrate) instead of the roofline; give --reports a folder of its own.")] = None,
 ) -> None:
     """Run reproductions and write their reports; exit 1 when a claim's check fails."""
+    from llmlb_bench.sim.profile import read_profile
+
     if all_ == (name is not None):
         raise UserError("give one reproduction NAME or --all", "llmlb repro run")
     chosen = list(REPRODUCTIONS.values()) if all_ else [get(name)]  # type: ignore[arg-type]
+    measured = read_profile(profile) if profile is not None else None
     failed = 0
     for i, r in enumerate(chosen, 1):
         with working(err_console, f"[{i}/{len(chosen)}] {r.name}: simulating and checking the claim"):
-            out = run_repro(r, scale, reports, seed)
+            out = run_repro(r, scale, reports, seed, measured)
         word = "[green]PASS[/]" if out.verdict.passed else "[red]FAIL[/]"
         console.print(f"{word} {r.name}: {out.verdict.evidence}\n  -> {out.files[0]}")
         failed += not out.verdict.passed

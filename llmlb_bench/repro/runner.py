@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.experiment import simulate_run
@@ -35,16 +35,20 @@ class Outcome:
     files: tuple[Path, ...]
 
 
-def evaluate(repro: Reproduction, scale: str, seed: int = 0) -> tuple[Verdict, dict[str, dict[str, Any]]]:
+def evaluate(repro: Reproduction, scale: str, seed: int = 0,
+             profile: Mapping[str, Any] | None = None) -> tuple[Verdict, dict[str, dict[str, Any]]]:
     """Simulate every arm and check the claim; nothing is kept on disk."""
-    summaries = _simulate(repro, _arms(repro, scale), seed)
+    summaries = _simulate(repro, _arms(repro, scale, profile), seed)
     return repro.check(summaries), summaries
 
 
-def _arms(repro: Reproduction, scale: str) -> list[Arm]:
+def _arms(repro: Reproduction, scale: str, profile: Mapping[str, Any] | None = None) -> list[Arm]:
+    """The reproduction's arms; with a measured ``profile`` every arm's cluster runs on it
+    (the arms' own engine settings, e.g. Sarathi's chunk sizes, still apply)."""
     if scale not in SCALES:
         raise UserError(f"unknown scale {scale!r} (scales: {', '.join(SCALES)})", "--scale")
-    return repro.arms(scale)
+    arms = repro.arms(scale)
+    return arms if profile is None else [replace(a, cluster=a.cluster.with_profile(profile)) for a in arms]
 
 
 def _simulate(repro: Reproduction, arms: list[Arm], seed: int) -> dict[str, dict[str, Any]]:
@@ -63,10 +67,12 @@ def _simulate(repro: Reproduction, arms: list[Arm], seed: int) -> dict[str, dict
     return {arm.label: by_id[f"{i:02d}"] for i, arm in enumerate(arms)}
 
 
-def run(repro: Reproduction, scale: str, reports: Path, seed: int = 0) -> Outcome:
+def run(repro: Reproduction, scale: str, reports: Path, seed: int = 0,
+        profile: Mapping[str, Any] | None = None) -> Outcome:
     """Evaluate ``repro`` and write ``reports/<name>/`` (README.md, verdict.json, the figure as SVG
-    and PNG), then rewrite the gallery ``reports/README.md`` from every report's verdict.json."""
-    arms = _arms(repro, scale)
+    and PNG), then rewrite the gallery ``reports/README.md`` from every report's verdict.json.
+    With a measured ``profile`` (sim/profile.py), verdict.json names the engine it came from."""
+    arms = _arms(repro, scale, profile)
     summaries = _simulate(repro, arms, seed)
     verdict = repro.check(summaries)
     out = reports / repro.name
@@ -76,6 +82,8 @@ def run(repro: Reproduction, scale: str, reports: Path, seed: int = 0) -> Outcom
     path = out / "README.md"
     write_text_atomic(path, text)
     record = {"name": repro.name, "passed": verdict.passed, "evidence": verdict.evidence, "scale": scale, "seed": seed}
+    if profile is not None:
+        record["profile"] = profile.get("source", {})
     write_text_atomic(out / "verdict.json", json.dumps(record, indent=2) + "\n")
     write_text_atomic(reports / "README.md", index(_verdicts(reports)))
     return Outcome(repro, verdict, summaries, (path, out / "verdict.json", *files))

@@ -43,8 +43,9 @@ TOKEN_TIMES = ("segments", "summary")
 POOL_FIELDS = ("replicas", "gpu", "model", "tp", "pp", "max_num_seqs", "max_num_batched_tokens", "block_size",
                "gpu_memory_utilization", "chunked_prefill", "enable_prefix_caching", "max_model_len", "preemption",
                "swap_space_gib", "profile")
-#: engine settings a pool with a measured profile takes from it (sim/profile.py)
-PROFILE_ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len")
+#: engine settings a pool with a measured profile takes from it unless the pool sets them (sim/profile.py);
+#: the KV block size always comes from the profile (its KV block count is in those blocks)
+PROFILE_ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
 
 
 @dataclass(frozen=True)
@@ -149,9 +150,9 @@ class ClusterConfig:
     #: extra catalog TOML files (user-defined GPUs / models)
     catalogs: tuple[str, ...] = ()
     #: a measured engine profile for every pool (``llmlb calibrate``): a file path or its content;
-    #: stored as the content. Its step times and KV capacity replace the roofline's, and its engine
-    #: settings (max_num_seqs, max_num_batched_tokens, block_size, max_model_len, prefix caching)
-    #: the pools' (sim/profile.py)
+    #: stored as the content. Its step times, KV blocks and block size replace the roofline's, and
+    #: its max_num_seqs, max_num_batched_tokens and max_model_len fill those left unset; prefix
+    #: caching is on only if both say so (sim/profile.py)
     profile: Mapping[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
@@ -296,10 +297,15 @@ class ClusterConfig:
         return d
 
     def with_profile(self, profile: Mapping[str, Any] | str | Path) -> "ClusterConfig":
-        """The same cluster with every pool on the measured ``profile`` (a path or its content)."""
+        """The same cluster with every pool on the measured ``profile`` (a path or its content).
+        Engine settings the cluster left unset (None) come from the profile; a cluster without
+        pools of its own is rebuilt from its top-level fields so that they stay unset."""
         d = self.to_dict()
         d["profile"] = resolve_profile(profile, where="profile")
-        d["pools"] = [{**p, "profile": d["profile"]} for p in d["pools"]]
+        if len(d["pools"]) == 1 and d["pools"][0]["name"] == "default":
+            d["pools"] = []
+        else:
+            d["pools"] = [{**p, "profile": d["profile"]} for p in d["pools"]]
         return ClusterConfig.from_dict(d)
 
     @classmethod
@@ -340,7 +346,8 @@ def _profile_engine(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     if values["preemption"] == "swap":
         raise UserError("a measured profile has no KV swap (vLLM v1 recomputes preempted requests); "
                         "leave preemption at \"recompute\"", where)
-    out: dict[str, Any] = {k: getattr(prof, k) for k in PROFILE_ENGINE_FIELDS}
+    out: dict[str, Any] = {k: getattr(prof, k) if values[k] is None else values[k] for k in PROFILE_ENGINE_FIELDS}
+    out["block_size"] = prof.block_size
     out["enable_prefix_caching"] = bool(values["enable_prefix_caching"]) and prof.enable_prefix_caching
     return out
 

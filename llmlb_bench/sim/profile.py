@@ -27,12 +27,15 @@ samples a request's first token: on an engine whose API server shares the
 core with the model (vLLM's CPU build pinned to one core) that work does hold
 up the batch; on a GPU it overlaps the step and is small.
 
-A profile also fixes the engine settings the scheduler needs: ``max_num_seqs``,
+A profile also records the engine settings the scheduler needs: ``max_num_seqs``,
 ``max_num_batched_tokens``, KV ``block_size``, the number of KV blocks, the
 model length, and whether prefix caching is on. A pool with a profile takes
-these from it (they are properties of the measured engine; edit the file to
-ask "what if"). Energy and price still come from the pool's ``gpu`` entry:
-every step draws the GPU's maximum power, idle time its idle power.
+its KV blocks and block size from it, and its other settings where the pool
+leaves them unset (so ``--max-num-seqs 32`` asks "what if" of the measured
+engine; for another KV size edit ``num_kv_blocks`` in the file); prefix
+caching is on only when both the pool and the profile say so. Energy and
+price still come from the pool's ``gpu`` entry: every step draws the GPU's
+maximum power, idle time its idle power.
 
 The file is JSON (written by ``llmlb calibrate``, readable and editable by
 hand); its content travels in the cluster config, so run.json holds it and a

@@ -42,6 +42,7 @@ from llmlb_bench.tomlfile import read_toml
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.policies import make_policy
 from llmlb_bench.sim import ClusterConfig
+from llmlb_bench.sim.profile import resolve_profile
 from llmlb_bench.workload import WorkloadSpec, load_spec
 from llmlb_bench.workload.fields import Section
 
@@ -227,7 +228,10 @@ def _clusters(s: Section | None, source: str) -> tuple[ClusterEntry, ...]:
         sub = s.section(label)
         assert sub is not None
         try:
-            cfg = ClusterConfig.from_dict(sub.data)
+            data = dict(sub.data)
+            if data.get("profile") is not None:      # a measured profile's path is relative to the sweep file
+                data["profile"] = resolve_profile(data["profile"], Path(source).parent)
+            cfg = ClusterConfig.from_dict(data)
         except UserError as exc:
             raise UserError(f"clusters.{label}: {exc.line()}", source) from None
         except TypeError as exc:  # a wrongly typed field the config does not check itself
