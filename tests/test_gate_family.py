@@ -14,6 +14,7 @@ import pytest
 from scipy import stats
 
 from llmlb_bench.gate import decide_family, holm, parse_rule, relative_change, repeats_needed
+from llmlb_bench.gate.outcome import GateOutcome, markdown
 from llmlb_bench.gate.samples import RunSample
 
 D = sys.modules["llmlb_bench.gate.decide"]  # the module (the package exports the function decide)
@@ -88,6 +89,10 @@ def test_pairing_needs_the_same_traces_and_request_ids():
     assert v.design == "paired runs"
     v = decide_family([("c", base[:1], cand[:1])], RULES[:1])[0]
     assert v.design == "paired" and "one run a side" in v.note
+    out = GateOutcome(["b"], ["c"], None, 0.99, verdicts=[v])
+    assert "1 checks had one run a side" in markdown(out)
+    assert "one run a side" not in markdown(GateOutcome(["b"], ["c"], None, 0.99,
+                                                        verdicts=decide_family([("c", base, cand)], RULES[:1])))
 
 
 def test_repeats_needed_matches_the_closed_form_and_delivers_the_power():

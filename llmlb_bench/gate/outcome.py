@@ -114,7 +114,14 @@ def _legend(out: GateOutcome) -> str:
     return (f"interval: {100 * out.confidence:g}% (t over runs; bootstrap within one run); p: adjusted over all "
             f"{len(out.verdicts)} checks (Holm; step-down max-T when every check is a bootstrap), fail when < "
             f"{1 - out.confidence:g}; repeats: runs a side to catch a regression {100 * out.detect:g}% beyond the "
-            f"limit with {100 * out.power:g}% power")
+            f"limit with {100 * out.power:g}% power" + _single_run_warning(out))
+
+
+def _single_run_warning(out: GateOutcome) -> str:
+    single = sum(v.design in ("paired", "within-run") for v in out.verdicts)
+    return (f". ⚠️ {single} checks had one run a side: run-to-run noise is unseen there, and such gates failed "
+            "19-31% of no-change trials at level 1% in benchmarks/gate_power.py (docs/gates.md); give repeats"
+            if single else "")
 
 
 def terminal_table(out: GateOutcome) -> Table:
