@@ -141,6 +141,11 @@ def _weighted_percentile(x: np.ndarray, w: np.ndarray, q: float) -> np.ndarray:
     return np.where(total > 0, out, np.nan)
 
 
+def _flags(metric: Metric, run: RunSample) -> np.ndarray:
+    """What a count metric counts: good requests (attainment, goodput) or ok ones (throughput)."""
+    return run.good if metric.kind == "share" or metric.column == "good" else run.ok
+
+
 def _request_stat(metric: Metric, runs: Sequence[RunSample], w: np.ndarray) -> np.ndarray:
     """The metric on the side's pooled requests weighted by ``w`` (rows: replicates; columns: requests)."""
     if metric.kind == "latency":
@@ -152,8 +157,7 @@ def _request_stat(metric: Metric, runs: Sequence[RunSample], w: np.ndarray) -> n
             with np.errstate(invalid="ignore", divide="ignore"):
                 return np.where(n > 0, wv @ x / np.maximum(n, 1), np.nan)
         return _weighted_percentile(x, wv, float(metric.stat[1:]))
-    flags = np.concatenate([r.good if metric.kind == "share" or metric.column == "good" else r.ok
-                            for r in runs]).astype(float)
+    flags = np.concatenate([_flags(metric, r) for r in runs]).astype(float)
     if metric.kind == "share":
         return w @ flags / max(len(flags), 1) if len(flags) else np.full(len(w), np.nan)
     duration = sum(r.duration_s for r in runs)
@@ -459,8 +463,7 @@ def _rank_test(rule: Rule, base: list[RunSample], cand: list[RunSample]) -> floa
         a, b = (np.concatenate([r.latency[m.column] for r in side]) for side in (cand, base))
         a, b = a[~np.isnan(a)], b[~np.isnan(b)]
     elif m.kind in ("share", "rate"):
-        pick = (lambda r: r.good) if m.kind == "share" or m.column == "good" else (lambda r: r.ok)  # noqa: E731
-        a, b = (np.concatenate([pick(r) for r in side]).astype(float) for side in (cand, base))
+        a, b = (np.concatenate([_flags(m, r) for r in side]).astype(float) for side in (cand, base))
     else:
         return None
     if len(a) == 0 or len(b) == 0:
