@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import make_trace
+from conftest import cli, make_trace
 from llmlb_bench.replay import ReplayOptions
 from llmlb_bench.replay.noop_server import NoopConfig, NoopProtocol
 from llmlb_bench.replay.selfcheck import received_count
@@ -99,7 +99,7 @@ class StallingServer:
         self.sock.close()
 
 
-def test_a_server_that_stops_accepting_is_flagged_though_the_client_sent_on_time(servers, tmp_path):
+def test_a_server_that_stops_accepting_is_flagged_though_the_client_sent_on_time(servers, tmp_path, capsys):
     cfg = NoopConfig(ttft_s=1.0)  # each stream holds its connection for a second: new requests need new ones
     srv = StallingServer(servers, cfg)
     try:
@@ -126,3 +126,6 @@ def test_a_server_that_stops_accepting_is_flagged_though_the_client_sent_on_time
     # a lower bound of the server's own lateness (the readings are 0.25 s apart)
     assert check["lag_limit_s"] < check["lag_s"] <= late + 0.25
     assert check["endpoints"][srv.url]["received"] == 150
+    code, out, _ = cli(["report", str(run_dir), "--format", "md"], capsys)
+    line = next(x for x in out.splitlines() if "server behind the sends" in x)
+    assert code == 0 and f"{check['lag_s']:.2f} YES" in line

@@ -218,8 +218,17 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
             ("dispatch lag max (ms)", scaled(("state", "client", "dispatch_lag_ms", "max"), 1.0), ",.2f"),
             ("client CPU per request (ms)", scaled(("state", "client", "cpu_ms_per_request"), 1.0), ",.3f"),
             ("flagged too slow", lambda s: {True: "YES", False: "no"}.get(_get(s, "state", "client", "flagged")), "s"),
+            ("server behind the sends (s; YES > 1 s)", lambda s: _server_lag(_get(s, "state", "client", "server_check")),
+             "s"),
         ]))
     return sections
+
+
+def _server_lag(check: Any) -> str | None:
+    """The server-side cross-check of a replay (replay.selfcheck.server_check), as one cell."""
+    if not isinstance(check, dict) or not check.get("available"):
+        return None
+    return f"{check['lag_s']:.2f}" + (" YES" if check.get("flagged") else "")
 
 
 def _part(s: dict[str, Any], i: int) -> float | None:
