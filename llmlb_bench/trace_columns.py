@@ -107,8 +107,10 @@ class TraceColumns:
 
     def route_request(self, i: int, arrival_s: float) -> RouteRequest:
         """What a router knows about row ``i`` when it reaches the router at ``arrival_s``."""
+        off = self.hash_offsets
         return RouteRequest(self.rid[i], arrival_s, self.inp[i], self.out[i], self.tenant[i], self.session[i],
-                            self.priority[i], self.slo[i], self.hashes(i) if self.has_hashes else ())
+                            self.priority[i], self.slo[i],
+                            self.hash_values[off[i]:off[i + 1]].tolist() if self.has_hashes else ())
 
     def parent_rows(self) -> np.ndarray:
         """Per row, the row of its parent (``parent_id`` naming another row of the trace), else -1."""

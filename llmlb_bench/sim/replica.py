@@ -137,6 +137,11 @@ class Replica:
         self._tol_steps = STEP_TIME_TOLERANCE * cost.min_step_s / cost.context_slope
         self.cache = PrefixCache(prefix_unit_blocks) if prefix_unit_blocks else None
         self.scheduler = scheduler if scheduler is not None else EngineScheduler()
+        # whether the scheduler counts tokens (VTC does; FCFS and the static-key ones keep the base's
+        # no-op hooks, which then are not called: a few calls per request on the hot path)
+        sched = type(self.scheduler)
+        self._observes = (sched.on_tokens is not EngineScheduler.on_tokens
+                          or sched.on_decode is not EngineScheduler.on_decode)
         self.used = 0                                # blocks referenced as of the last boundary
         self.step = 0                                # steps completed
         self.t = 0.0                                 # time of the last boundary
@@ -327,12 +332,12 @@ class Replica:
             return
         step = self.step
         cache = self.cache
-        on_tokens = self.scheduler.on_tokens
+        on_tokens = self.scheduler.on_tokens if self._observes else None
         for req, chunk in self.run_chunks:
             req.computed += chunk
             self.prefill_tokens += chunk
-            # a chunk that completes the prefill also samples a token
-            on_tokens(req, chunk, int(req.computed == req.prompt + req.generated), self.t)
+            if on_tokens is not None:   # a chunk that completes the prefill also samples a token
+                on_tokens(req, chunk, int(req.computed == req.prompt + req.generated), self.t)
             if cache is not None and req.hashes is not None:
                 full = min(req.computed, req.prompt) // (self.bs * cache.unit_blocks)
                 if full > req.shared:
@@ -359,7 +364,8 @@ class Replica:
         self.phase[(s0 - c) % self.bs] += 1
         self.decoding += 1
         self.context += c + 1
-        self.scheduler.on_decode(req)
+        if self._observes:
+            self.scheduler.on_decode(req)
         self._seq += 1
         heappush(self.finish_heap, (s0 + req.stop - req.generated - 1, self._seq, req, req.gen))
 
@@ -368,7 +374,8 @@ class Replica:
         advanced = self.step - req.step0 + 1
         computed = req.ctx0 + advanced
         req.generated += advanced
-        self.scheduler.on_tokens(req, 0, advanced, self.t)
+        if self._observes:
+            self.scheduler.on_tokens(req, 0, advanced, self.t)
         req.computed = computed
         self.phase[(req.step0 - req.ctx0) % self.bs] -= 1
         self.decoding -= 1
@@ -527,30 +534,31 @@ class Replica:
         if not self.waiting and not self.prefilling and not self.swapped and need <= self.total_blocks - self.used:
             return self._plan([], False)      # the common case: only decodes continue
         chunks: list[tuple[Request, int]] = []
-        need, preempted = self._fit_decodes(need)
-        budget, free, need, preempted = self._continue_prefills(need, preempted, chunks)
+        preempted = need > self.total_blocks - self.used
+        if preempted:
+            need = self._fit_decodes(need)
+        budget = self.budget - self.decoding
+        free = self.total_blocks - self.used - need
+        if self.prefilling:
+            budget, free, need, preempted = self._continue_prefills(budget, free, need, preempted, chunks)
         if not preempted:
             self._admit(budget, free, need, chunks)
         return self._plan(chunks, preempted)
 
-    def _fit_decodes(self, need: int) -> tuple[int, bool]:
-        """Each decode takes one token slot, and ``need`` of them a new block: preempt victims until
-        those blocks fit. Returns the blocks still needed and whether anything was preempted."""
-        preempted = False
+    def _fit_decodes(self, need: int) -> int:
+        """Each decode takes one token slot, and ``need`` of them a new block, more than are free:
+        preempt victims until those blocks fit. Returns the blocks still needed."""
         while need > self.total_blocks - self.used:
             _, hit = self._preempt()
-            preempted = True
             need -= hit
-        return need, preempted
+        return need
 
-    def _continue_prefills(self, need: int, preempted: bool,
+    def _continue_prefills(self, budget: int, free: int, need: int, preempted: bool,
                            chunks: list[tuple[Request, int]]) -> tuple[int, int, int, bool]:
-        """Next chunk of each running prefill, in admission order, within the token budget left by
-        the decodes; preempts (possibly the prefill itself) when its blocks do not fit. Appends to
+        """Next chunk of each running prefill, in admission order, within the token ``budget`` the
+        decodes left; preempts (possibly the prefill itself) when its blocks do not fit. Appends to
         ``chunks``; returns (budget left, free blocks, blocks the decodes need, preempted)."""
         bs = self.bs
-        budget = self.budget - self.decoding
-        free = self.total_blocks - self.used - need
         for req in list(self.prefilling):
             if budget <= 0:
                 break
