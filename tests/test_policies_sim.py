@@ -74,6 +74,11 @@ def chat(n: int, rate: float, seed: int = 0, output_sigma: float = 0.8):
     return trace(np.cumsum(rng.exponential(1.0 / rate, n)), inp, out)
 
 
+def run_name(policy: str, args: dict) -> str:
+    """A run id (a plain file name) for a policy and its arguments."""
+    return "-".join([policy, *(f"{key}{value}" for key, value in args.items())])
+
+
 def simulate_with(tmp_path, table, cfg, name: str, args: dict, run_id: str):
     """Like ``run_sim``, with policy arguments."""
     with RunStore(tmp_path, config={}, backend="sim", run_id=run_id) as run:
@@ -120,7 +125,7 @@ def test_predicted_sjf_at_the_router_lowers_mean_latency_with_a_good_predictor_o
     cfg = ClusterConfig(replicas=4)
 
     def mean_latency(name: str, args: dict) -> float:
-        requests, _ = simulate_with(tmp_path, table, cfg, name, {"max_outstanding": 32, **args}, f"{name}{args}")
+        requests, _ = simulate_with(tmp_path, table, cfg, name, {"max_outstanding": 32, **args}, run_name(name, args))
         return float(np.mean(requests.column("last_token_s").to_numpy() - requests.column("scheduled_s").to_numpy()))
 
     fcfs = mean_latency("fcfs_queue", {})
@@ -156,7 +161,7 @@ def test_capacity_weighted_routing_uses_a_mixed_pool_better(tmp_path):
     span = table.column("arrival_s")[-1].as_py()
 
     def run(name: str, args: dict):
-        requests = simulate_with(tmp_path, table, cfg, name, args, f"{name}{args}")[0]
+        requests = simulate_with(tmp_path, table, cfg, name, args, run_name(name, args))[0]
         e2e = requests.column("last_token_s").to_numpy() - requests.column("scheduled_s").to_numpy()
         return goodput(requests, span, 1.0, 0.05), float(e2e.mean())
 
