@@ -5,12 +5,13 @@ SIGTERM drains: the stream in flight finishes, the run is complete."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -144,8 +145,8 @@ def test_replay_through_route_in_front_of_serve(tmp_path: Path):
 
 
 def test_sigterm_drains_stream_in_flight(tmp_path: Path):
-    """`llmlb route` as a process: SIGTERM during a 40-token stream; the stream still ends with
-    [DONE], new connections are refused, the process exits 0 and run.json says complete."""
+    """`llmlb route` as a process: SIGTERM once a 200-token stream has started; new connections are
+    refused at once, the stream still ends with [DONE], the process exits 0, run.json says complete."""
     fleet = ServeThread(ClusterConfig(replicas=1), ServeOptions(port_per_replica=0, speed=1.0))
     port = free_ports(1)[0]
     proc = subprocess.Popen([sys.executable, "-m", "llmlb_bench", "route", "-b", fleet.urls[0], "--port", str(port),
@@ -153,26 +154,28 @@ def test_sigterm_drains_stream_in_flight(tmp_path: Path):
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert "route http://127.0.0.1:" in proc.stdout.readline()
-        url = f"http://127.0.0.1:{port}"
-        got: dict = {}
-
-        def stream() -> None:
-            got["answer"] = request(url, "POST", "/v1/completions",
-                                    {"prompt": "a b c", "max_tokens": 40, "min_tokens": 40, "stream": True})
-        t = threading.Thread(target=stream)
-        t.start()
-        time.sleep(0.4)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/v1/completions", body=json.dumps(
+            {"prompt": "a b c", "max_tokens": 200, "min_tokens": 200, "stream": True}),
+            headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()     # the stream has started: the request is in flight
         proc.send_signal(signal.SIGTERM)
-        t.join(30)
+        deadline, refused, draining = time.monotonic() + 2.0, False, False
+        while not refused and time.monotonic() < deadline:   # listening stops while the stream goes on
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                time.sleep(0.02)
+            except OSError:
+                refused, draining = True, proc.poll() is None   # refused while still serving the stream
+        status, body = resp.status, resp.read()
+        conn.close()
         assert proc.wait(30) == 0
-        status, _, body = got["answer"]
-        assert status == 200 and body.endswith(b"data: [DONE]\n\n") and body.count(b'"choices":[{') == 40
-        with pytest.raises(OSError):
-            request(url, "GET", "/health", timeout=2)
+        assert refused and draining
+        assert status == 200 and body.endswith(b"data: [DONE]\n\n") and body.count(b'"choices":[{') == 200
         meta = json.loads((tmp_path / "d" / "run.json").read_text())
         assert meta["status"] == "complete"
         [row] = rows_of(tmp_path / "d")
-        assert row["status"] == "ok" and row["output_tokens"] == 40
+        assert row["status"] == "ok" and row["output_tokens"] == 200
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)

@@ -84,8 +84,8 @@ class RouteProxy:
         self.run = run
         self.view = View([TargetInfo(name=b) for b in self.backends], block_size=self.options.block_size)
         self.router: Router[asyncio.Future[Any]] = Router(
-            policy, self.view, dispatch=lambda fut, req, i, _d: fut.done() or fut.set_result(i),
-            reject=lambda fut, req, why: fut.done() or fut.set_result(why))
+            policy, self.view, dispatch=lambda fut, req, i, _d: _resolve(fut, i),
+            reject=lambda fut, req, why: _resolve(fut, why))
         self.writer = RowWriter(run.requests)
         self.t0 = perf_counter()
         self.writer.buffer.origin = self.t0
@@ -403,11 +403,16 @@ class _Row:
             proxy.writer.submit()
 
 
+def _resolve(fut: "asyncio.Future[Any]", value: Any) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
 def _route_request(body: dict[str, Any], rid: int, now: float, block: int) -> RouteRequest:
     """What the policy sees: prompt tokens and prefix blocks by llmlb's word tokenizer."""
     if isinstance(body.get("messages"), list):
-        text = "\n".join(m.get("content") if isinstance(m.get("content"), str) else ""
-                         for m in body["messages"] if isinstance(m, dict))
+        text = "\n".join(str(m["content"]) for m in body["messages"]
+                         if isinstance(m, dict) and isinstance(m.get("content"), str))
     else:
         p = body.get("prompt")
         text = p if isinstance(p, str) else (p[0] if isinstance(p, list) and p and isinstance(p[0], str) else "")

@@ -17,7 +17,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -249,8 +249,8 @@ def agreement(x: dict[int, str], y: dict[int, str]) -> dict[str, float | None]:
     for k in both:
         cont[(x[k], y[k])] = cont.get((x[k], y[k]), 0) + 1
 
-    def pairs(counts: Any) -> float:
-        return sum(c * (c - 1) / 2 for c in counts)
+    def pairs(counts: Iterable[int]) -> float:
+        return float(sum(c * (c - 1) / 2 for c in counts))
     a_pairs = pairs(_margin(cont, 0).values())
     b_pairs = pairs(_margin(cont, 1).values())
     together = pairs(cont.values())

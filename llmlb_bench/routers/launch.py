@@ -59,9 +59,9 @@ def process_cpu_s(pid: int) -> float:
 def _status(url: str) -> int:
     try:
         with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status
+            return int(r.status)
     except urllib.error.HTTPError as err:
-        return err.code
+        return int(err.code)
     except OSError:
         return 0
 

@@ -75,9 +75,9 @@ def sessions(n_sessions: int, turns: int, rate: float, seed: int) -> pa.Table:
             chain += [10**9 + s * 10**5 + len(chain) + k for k in range(6)]  # answer + next question
             t += float(rng.uniform(0.6, 1.4))
     rows.sort(key=lambda r: r[0])
-    arr, sid, turn, hs, inp, out = zip(*rows)
-    return trace_table(np.array(arr), np.array(inp), np.array(out), "sessions",
-                       session_id=np.array(sid, np.int64), turn=np.array(turn, np.int32), prefix_hashes=_hashes(list(hs)))
+    arr, sid, turns_, hs, inp, out = zip(*rows)
+    return trace_table(np.array(arr), np.array(inp), np.array(out), "sessions", session_id=np.array(sid, np.int64),
+                       turn=np.array(turns_, np.int32), prefix_hashes=_hashes(list(hs)))
 
 
 def bursty(n: int, seed: int) -> pa.Table:
