@@ -56,7 +56,7 @@ def test_request_overhead_lengthens_the_step_that_samples_a_first_token(tmp_path
     second at the next step, so their first tokens come one and two overheads later; the
     second's overhead also holds up the first's decode (they share that step), and decode-only
     steps do not change."""
-    with_overhead = {**profile(), "request_overhead_s": 0.01}
+    with_overhead = {**profile(), "request_overhead_s": 0.005, "request_per_prompt_token_s": 5e-5}   # 10 ms at 100
     base, _, _ = run_sim(tmp_path / "a", trace_table([0.0, 0.0], 100, 5), ClusterConfig(replicas=1).with_profile(profile()))
     more, _, _ = run_sim(tmp_path / "b", trace_table([0.0, 0.0], 100, 5),
                          ClusterConfig(replicas=1).with_profile(with_overhead))

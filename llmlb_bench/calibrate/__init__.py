@@ -57,6 +57,7 @@ def calibrate(url: str, given: Mapping[str, Any], *, options: ReplayOptions | No
         "engine": dict(info.settings),
         "step": {k: result.coefficients[k] for k in STEP_TERMS},
         "request_overhead_s": result.coefficients["request_overhead_s"],
+        "request_per_prompt_token_s": result.coefficients["request_per_prompt_token_s"],
         "fit": {"by_probe": result.summary(), "notes": result.notes,
                 "observations": [{"probe": o.probe, "what": o.what, "measured_s": round(o.measured_s, 6),
                                   "predicted_s": round(o.predicted_s, 6), "outlier": o.outlier}

@@ -6,7 +6,9 @@ writes as a sum of step times, so it is linear in the coefficients
 overhead: a lone prefill of P prompt tokens of which c are cached runs
 ceil((P - c) / budget) chunks, each of s new tokens after c_k computed ones
 (attn = s (c_k + (s + 1) / 2), kv = c_k + s, one sample at the last), exactly as
-the simulator's replica plans them; a decode window of B requests at contexts
+the simulator's replica plans them, plus the request overhead and its part per
+prompt token (which only the cache probe, whose computed tokens are fewer than
+its prompt's, tells apart from the per-token step term); a decode window of B requests at contexts
 n_i is B tokens, B samples and sum n_i of attention and KV per step.
 
 The fit minimises the sum of squared RELATIVE errors (each observation counts
@@ -28,8 +30,9 @@ from llmlb_bench.calibrate.probes import ProbeRun
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim.profile import STEP_TERMS
 
-#: the fitted unknowns: the step terms, then the request overhead (time to first token only)
-UNKNOWNS = (*STEP_TERMS, "request_overhead_s")
+#: the fitted unknowns: the step terms, then the request overhead and its part per prompt token
+#: (time to first token only)
+UNKNOWNS = (*STEP_TERMS, "request_overhead_s", "request_per_prompt_token_s")
 #: fewest decode steps a window must hold to count
 MIN_WINDOW_STEPS = 4
 
@@ -79,6 +82,7 @@ def prefill_features(prompt: int, cached: int, budget: int) -> np.ndarray:
         done += s
     f[2] = 1.0
     f[5] = 1.0
+    f[6] = prompt
     return f
 
 
@@ -139,7 +143,7 @@ def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observatio
                              f"{MIN_WINDOW_STEPS} steps with the whole batch decoding (raise --decode-tokens)")
                 continue
             b = len(ok)
-            f = np.array([1.0, b, b, context, context, 0.0])
+            f = np.array([1.0, b, b, context, context, 0.0, 0.0])
             obs.append(Observation("decode", f"batch {b}, context {run.params['context']}", f,
                                    float(np.median(gaps))))
     if no_cached:

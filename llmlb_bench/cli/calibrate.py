@@ -84,7 +84,8 @@ def calibrate(
     step = cal.profile["step"]
     console.print("step_s = {base_s:.4g} + {per_token_s:.4g} x tokens + {per_sample_s:.4g} x sampled + "
                   "{per_attn_s:.4g} x attn + {per_kv_s:.4g} x kv".format(**step)
-                  + f";  request overhead {1e3 * cal.profile['request_overhead_s']:.2f} ms", highlight=False)
+                  + f";  request overhead {1e3 * cal.profile['request_overhead_s']:.3f} ms + "
+                    f"{1e6 * cal.profile['request_per_prompt_token_s']:.3f} us x prompt tokens", highlight=False)
     for note in cal.fit.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     if info.assumed:

@@ -93,9 +93,12 @@ class StepCost:
 class CostModel:
     """Step times and KV capacity for one replica (``tp x pp`` GPUs of one type serving one model)."""
 
-    #: seconds a step lasts longer per request whose first token it samples: none in the roofline;
-    #: a measured profile's request overhead (see :mod:`llmlb_bench.sim.profile`)
-    request_overhead_s = 0.0
+    @staticmethod
+    def request_overhead(requests: int, prompt_tokens: int) -> float:
+        """Seconds a step lasts longer for the ``requests`` (of ``prompt_tokens`` prompt tokens in
+        all) whose first token it samples: none in the roofline; a measured profile's request
+        overhead (see :mod:`llmlb_bench.sim.profile`)."""
+        return 0.0
 
     def __init__(self, model: Model, gpu: GPU, tp: int = 1, *, pp: int = 1, max_num_batched_tokens: int = 8192,
                  max_num_seqs: int = 256, gpu_memory_utilization: float = 0.9, block_size: int = 16,

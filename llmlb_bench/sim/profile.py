@@ -20,9 +20,11 @@ is fitted on the operating range the probes cover (prompts up to the step
 budget and beyond, batches up to ``max_num_seqs``); see docs/fidelity.md for
 what that range is and how far from it the fit was checked.
 
-``request_overhead_s`` is the part of a lone request's time to first token
-that no step accounts for (HTTP, tokenising, handing the request to the
-engine and the first token back). The replica adds it to the step that
+``request_overhead_s + request_per_prompt_token_s x prompt`` is the part of
+a lone request's time to first token that no step accounts for: HTTP,
+handing the request to the engine and the first token back, and work that
+grows with the WHOLE prompt, cached part included (tokenising it, hashing its
+blocks for the prefix-cache lookup). The replica adds it to the step that
 samples a request's first token: on an engine whose API server shares the
 core with the model (vLLM's CPU build pinned to one core) that work does hold
 up the batch; on a GPU it overlaps the step and is small.
@@ -69,6 +71,7 @@ class EngineProfile:
 
     step: Mapping[str, float]
     request_overhead_s: float
+    request_per_prompt_token_s: float
     max_num_seqs: int
     max_num_batched_tokens: int
     block_size: int
@@ -106,10 +109,13 @@ class EngineProfile:
         caching = engine.get("enable_prefix_caching", True)
         if not isinstance(caching, bool):
             raise UserError(f"must be true or false, got {caching!r}", f"{where}: engine.enable_prefix_caching")
-        overhead = d.get("request_overhead_s", 0.0)
-        if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not overhead >= 0:
-            raise UserError(f"must be a number >= 0, got {overhead!r}", f"{where}: request_overhead_s")
-        return cls(step=coeffs, request_overhead_s=float(overhead), enable_prefix_caching=caching, **ints)
+        overhead = {}
+        for k in ("request_overhead_s", "request_per_prompt_token_s"):
+            v = d.get(k, 0.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise UserError(f"must be a number >= 0, got {v!r}", f"{where}: {k}")
+            overhead[k] = float(v)
+        return cls(step=coeffs, enable_prefix_caching=caching, **overhead, **ints)
 
     def step_time(self, tokens: float, attn: float, kv: float, sampled: float) -> float:
         s = self.step
@@ -159,7 +165,7 @@ class ProfileCost:
         s = profile.step
         self._base, self._tok, self._smp = s["base_s"], s["per_token_s"], s["per_sample_s"]
         self._attn, self._kv = s["per_attn_s"], s["per_kv_s"]
-        self.request_overhead_s = profile.request_overhead_s
+        self._req, self._req_token = profile.request_overhead_s, profile.request_per_prompt_token_s
         #: the fastest possible decode step (one request, no context): a floor for step times
         self.min_step_s = self._base + self._tok + self._smp
         self.context_slope = max(self._attn + self._kv, _MIN_SLOPE)
@@ -175,6 +181,11 @@ class ProfileCost:
         """(step time, power) of a step; see the module docstring."""
         return (self._base + self._tok * tokens + self._smp * sampled + self._attn * attn + self._kv * kv,
                 self._busy_w)
+
+    def request_overhead(self, requests: int, prompt_tokens: int) -> float:
+        """Seconds added to the step that samples the first token of ``requests`` requests of
+        ``prompt_tokens`` prompt tokens in all (see the module docstring)."""
+        return self._req * requests + self._req_token * prompt_tokens
 
     def decode_time(self, seqs: int, context: float) -> float:
         return self.run_step(seqs, context, context, seqs)[0]

