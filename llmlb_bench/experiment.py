@@ -9,19 +9,21 @@ reproduction recipe, whichever command made it, and the commands only parse.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import make_policy
-from llmlb_bench.replay import ReplayOptions, replay
-from llmlb_bench.replay.power import Domain
-from llmlb_bench.replay.preflight import Preflight
-from llmlb_bench.replay.resume import Resume
 from llmlb_bench.schema import trace_spec
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
+
+if TYPE_CHECKING:  # the replayer is imported by replay_run only: simulated sweeps' workers never load it
+    from llmlb_bench.replay import ReplayOptions
+    from llmlb_bench.replay.power import Domain
+    from llmlb_bench.replay.preflight import Preflight
+    from llmlb_bench.replay.resume import Resume
 
 
 def simulate_run(trace: pa.Table, trace_path: Path, cluster: ClusterConfig, policy: str,
@@ -66,6 +68,8 @@ def replay_run(trace: pa.Table, trace_path: Path, pre: Preflight, policy: str, p
     back if the replay is refused before it starts). ``client_notes`` go into the summary's
     ``client`` section (the self-check). Ctrl-C raises :class:`RunInterrupted`.
     """
+    from llmlb_bench.replay import replay
+
     pol = make_policy(policy, policy_args, seed=seed)   # fresh state: every run routes from scratch
     config: dict[str, Any] = {"endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
                               "policy": {"name": policy, "args": dict(policy_args)}, "seed": seed,
