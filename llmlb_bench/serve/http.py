@@ -6,6 +6,10 @@ SSE chunk to each of its streams. Through aiohttp each chunk is an awaited
 which costs more CPU than everything else the server does per token; here a
 chunk is one ``transport.write`` from the engine's timer callback, and a
 client's disconnect reaches the engine at once (``connection_lost``).
+Measured (``benchmarks/sse_server_compare.py``: 200 streams, a chunk to each
+every 10 ms, same loop, three interleaved 5 s rounds, load average 2.3): this
+server 5.6-6.7 us of CPU per chunk, an aiohttp ``StreamResponse`` server
+10.3-12.7 us, i.e. aiohttp needs 1.81-2.01x the CPU per streamed token.
 
 The framing covers what OpenAI-compatible clients and routers send:
 ``Content-Length`` request bodies, keep-alive, pipelined requests (answered
