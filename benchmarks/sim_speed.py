@@ -38,7 +38,7 @@ def one(requests: int, replicas: int, token_times: str, policy: str) -> dict:
         with RunStore(results, config={"cluster": cfg.to_dict()}, backend="sim", label="speed") as run:
             summary = simulate(trace, cfg, make_policy(policy), run)
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-        size = sum(f.stat().st_size for f in run.dir.iterdir())
+        size = sum(f.stat().st_size for f in run.dir.rglob("*") if f.is_file())   # tables are part folders
     return {"requests": requests, "replicas": replicas, "token_times": token_times, "policy": policy,
             "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "requests_per_s": round(requests / wall),
             "events": summary["events"], "sim_time_s": round(summary["sim_time_s"], 1),
