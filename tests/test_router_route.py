@@ -25,6 +25,7 @@ from llmlb_bench.routers.launch import free_ports
 from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.store import RunStore
+from tests.conftest import cli
 from tests.replay_helpers import ServerThread, run_replay
 from tests.serve_helpers import ServeThread, request
 from tests.sim_helpers import poisson_trace
@@ -119,7 +120,7 @@ def test_refused_backend_is_retried_then_error_rows(tmp_path: Path):
         st.close()
 
 
-def test_replay_through_route_in_front_of_serve(tmp_path: Path):
+def test_replay_through_route_in_front_of_serve(tmp_path: Path, capsys):
     """A replay through llmlb route: both sides write one row per request; the proxy's rows name
     the backend the replayer's rows name (the X-Llmlb-Backend header llmlb serve set)."""
     fleet = ServeThread(ClusterConfig(replicas=2), ServeOptions(port_per_replica=0, speed=20.0))
@@ -139,6 +140,12 @@ def test_replay_through_route_in_front_of_serve(tmp_path: Path):
         assert sum(r["output_tokens"] for r in rows) == sum(r["output_tokens"] for r in client_rows)
         series = pq.read_table(run.dir / "series.parquet").to_pylist()
         assert {s["target"] for s in series} <= set(fleet.urls) and series   # backends' /metrics scraped
+        code, out, err = cli(["report", str(tmp_path / "proxy"), "--format", "json"], capsys)   # an ordinary run
+        assert code == 0, err
+        [report] = json.loads(out)["runs"]
+        # the proxy is the router: latency counts from arrival, and the wait is the router's own
+        assert (report["run_id"], report["requests"], report["ok"]) == ("p", 20, 20)
+        assert report["latency_from"] == "arrival" and report["wait"]["kind"] == "router"
     finally:
         st.close()
         fleet.close()

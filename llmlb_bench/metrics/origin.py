@@ -15,6 +15,9 @@ request (``sent_s``):
   ``sent_s`` too, together with the client's lag, which a row cannot tell
   apart; latency counts from arrival and the report flags that it includes
   the client's lag (the run's self-check gives its size);
+* ``llmlb route`` runs: the proxy is the router; ``scheduled_s`` is when the
+  request reached it and ``sent_s`` when it forwarded it, so latency counts
+  from arrival and ``sent_s - scheduled_s`` is the router wait;
 * other replays and imported runs: the router, if any, sits behind the
   endpoint (``llmlb serve``, a router process), so its queue is already
   inside ``first_token_s - sent_s``; latency counts from ``sent_s`` and
@@ -58,7 +61,7 @@ def holds_requests(policy: str | None) -> bool:
 def latency_from(meta: Mapping[str, Any]) -> str:
     """:data:`ARRIVAL` or :data:`SENT` for a run, from its run.json (see the module docstring)."""
     backend = meta.get("backend")
-    if backend == "sim":
+    if backend in ("sim", "route"):
         return ARRIVAL
     if backend == "replay" and holds_requests(_policy_name(meta)):
         return ARRIVAL
@@ -67,7 +70,7 @@ def latency_from(meta: Mapping[str, Any]) -> str:
 
 def wait_kind(meta: Mapping[str, Any]) -> str:
     """What ``sent_s - scheduled_s`` is in a run: ``router`` wait, ``client`` lag, or ``router+client``."""
-    if meta.get("backend") == "sim":
+    if meta.get("backend") in ("sim", "route"):
         return "router"
     return "router+client" if latency_from(meta) == ARRIVAL else "client"
 
