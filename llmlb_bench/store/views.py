@@ -181,7 +181,7 @@ class Catalog:
         kind = statements[0].type.name
         if kind == "EXPLAIN":  # EXPLAIN ANALYZE runs the statement it explains: that must be a SELECT too
             inner = _EXPLAINED.match(statements[0].query)
-            kind = "EXPLAIN " + (self._statement_kind(inner.group(1)) if inner else "?")
+            kind = "EXPLAIN " + (self._statement_kind(inner.group(1)) if inner else "(unreadable: put comments after it)")
         if kind not in READ_ONLY:
             raise UserError(f"only read-only queries (SELECT, EXPLAIN SELECT) are allowed, got {kind}", "query")
         try:
