@@ -146,10 +146,13 @@ class Simulation:
 
     def run(self) -> float:
         replicas, boundaries, deliveries = self.replicas, self.boundaries, self.deliveries
-        arrival, order, sampler = self.cols.arrival, self.order, self.sampler
+        order, sampler = self.order, self.sampler
+        arrival = self.cols.arrival
+        due = [arrival[r] for r in order]            # arrival times in routing order: one index per event
         v_waiting, v_running, v_kv, v_time = self._sig
         inf = math.inf
         next_scrape = 0.0 if self._refresh > 0 else inf
+        next_sample = sampler.next_t
         n_order = len(order)
         k = 0
         events = 0
@@ -159,13 +162,14 @@ class Simulation:
             while boundaries and boundaries[0][3] != replicas[boundaries[0][2]].version:
                 heappop(boundaries)
             tb = boundaries[0][0] if boundaries else inf
-            ta = arrival[order[k]] if k < n_order else inf
+            ta = due[k] if k < n_order else inf
             td = deliveries[0][0] if deliveries else inf
             if ta == inf and tb == inf and not self._work:
                 break                    # only failures of an idle, finished cluster remain
             now = self._now = ta if ta <= td and ta <= tb else (td if td <= tb else tb)
-            if now >= sampler.next_t:
+            if now >= next_sample:
                 sampler.sample_until(now)
+                next_sample = sampler.next_t
             if now >= next_scrape:
                 next_scrape = self._scrape(now)
             events += 1
