@@ -25,7 +25,7 @@ stores it while the policy holds the request. Use from an aiohttp handler::
     router = Router(policy, view, dispatch=lambda fut, req, i, _d: fut.set_result(i),
                     reject=lambda fut, req, why: fut.set_result(why))
     fut = loop.create_future()
-    router.route(fut, req)          # resolves at once, or later when the policy releases it
+    router.route(fut, req, now)     # resolves at once, or later when the policy releases it
     outcome = await fut             # an int target: router.sent(i, req), proxy, then router.complete(i, req)
 
 A target out of range raises :class:`PolicyError` (a user's policy broke the
