@@ -141,6 +141,9 @@ def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, profile
     proc, urls = _start_server("--replicas", "1", "--port", "0", "--profile", str(profile_file))
     try:
         out = tmp_path / "fit.json"
+        code, _, err = cli(["calibrate", urls[0], "-o", str(out), "--max-num-seqs", "16", "--max-batched-tokens", "8"],
+                           capsys)
+        assert code == 2 and "--max-batched-tokens" in err and not out.exists()
         code, stdout, err = cli(["calibrate", urls[0], "-o", str(out), "--max-num-seqs", "16",
                                  "--max-batched-tokens", "1024", "--batches", "1,4,16", "--decode-tokens", "40"],
                                 capsys)

@@ -132,6 +132,8 @@ def discover(url: str, given: Mapping[str, Any], model: str | None = None) -> En
         else:
             raise UserError(f"the endpoint ({kind}) does not publish {key}; give {flag}", url)
     if settings["max_num_batched_tokens"] < settings["max_num_seqs"]:
-        # vLLM raises its budget to max_num_seqs as well (every running request decodes each step)
-        settings["max_num_batched_tokens"] = settings["max_num_seqs"]
+        if sources["max_num_batched_tokens"] == "flag":
+            # vLLM refuses this too: every running request must be able to decode in one step
+            raise UserError(f"must be >= max_num_seqs ({settings['max_num_seqs']})", "--max-batched-tokens")
+        settings["max_num_batched_tokens"] = settings["max_num_seqs"]   # the assumed default, raised as vLLM would
     return EngineInfo(url=base, kind=kind, model=str(card.get("id")), settings=settings, sources=sources)
