@@ -10,8 +10,9 @@ rule on the candidate's value.
 independent (a queue's latencies are correlated over a busy period; a
 replay's whole run is slower when its machine is busier; a trace's bursts
 set its queueing), so redrawing requests under-states how much a repeat
-moves a figure. ``benchmarks/gate_power.py`` measured it: 31-55% false
-fails at level 1% with one run a side. So, per case:
+moves a figure. ``benchmarks/gate_power.py`` measured it: with one run a
+side, 31-55% false fails at level 1% (19-31% with the rank-test guard). So,
+per case:
 
 * **paired runs**: baseline and candidate runs of the same traces (same
   trace SHA-256 in run.json and the same request ids; the recipe of
