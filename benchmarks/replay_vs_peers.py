@@ -353,22 +353,24 @@ def table(results: dict, args: argparse.Namespace) -> None:
 
     def cell(v: list[float], base: list[float] | None, fmt: str) -> str:
         if not v:
-            return "-".rjust(30)
+            return "-".rjust(36)
         med = float(np.median(v))
         text = format(med, fmt) + (f" [{format(min(v), fmt)}-{format(max(v), fmt)}]" if len(v) > 1 else "")
         if base:
             text += f" ({med / float(np.median(base)):.1f}x)"
-        return text.rjust(30)
+        return text.rjust(36)
 
     print(f"\nmedian [min-max] of {args.repeat} round(s); (Nx) = the tool's median as a multiple of llmlb's")
     if not args.no_capacity:
         base = values("llmlb", None, lambda f, c: c["rps"])
-        print(f"{'capacity':12s}{'requests/s':>30}")
+        print(f"{'capacity':12s}{'requests/s':>36}   (llmlb's median as a multiple of it)")
         for t in args.tools:
-            print(f"{t:12s}{cell(values(t, None, lambda f, c: c['rps']), base if t != 'llmlb' else None, ',.0f')}")
+            v = values(t, None, lambda f, c: c["rps"])
+            ratio = f"   ({np.median(base) / np.median(v):.1f}x)" if t != "llmlb" and v and base else ""
+            print(f"{t:12s}{cell(v, None, ',.0f')}{ratio}")
     keys = [("lateness", "p50"), ("lateness", "p99"), ("inflation", "p50"), ("inflation", "p99")]
     for rate in args.rates:
-        print(f"\n{f'{rate:g} req/s':12s}" + "".join(f"{f'{k} {q} ms':>30}" for k, q in keys))
+        print(f"\n{f'{rate:g} req/s':12s}" + "".join(f"{f'{k} {q} ms':>36}" for k, q in keys))
         for t in args.tools:
             row = []
             for k in keys:
