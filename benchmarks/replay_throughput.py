@@ -24,7 +24,7 @@ Three figures, each with 32 streamed output tokens per request:
   the workers, is the figure that does not depend on the cores available.
 
     flock /tmp/llmlb-measure.lock python benchmarks/replay_throughput.py [--seconds 10] [--capacity-requests 20000]
-        [--rates 500 1000] [--workers 1 2]
+        [--rates 500 1000] [--workers 1 2] [--profile]
 """
 
 from __future__ import annotations
@@ -88,11 +88,47 @@ def machine_noise(cpu: int, seconds: float = 3.0) -> None:
           f"(> 0.5 ms), {g.sum() / seconds / 10:.1f}% of the time, longest {g.max():.1f} ms")
 
 
+#: where a request's client time goes: (label, functions whose cumulative time counts there)
+PROFILE_PARTS = (
+    ("response: HTTP framing, SSE, JSON, tokens, the row", (("http.py", "data_received"),)),
+    ("  of which the end: outcome, result row", (("runner.py", "finished"),)),
+    ("request: routing, prompt text, JSON body, send", (("runner.py", "_dispatch"),)),
+)
+
+
+def profile_breakdown(prof: "cProfile.Profile", n: int) -> None:
+    """Cumulative time per request of the hot path's parts (cProfile adds its own overhead:
+    the shares, not the absolute figures, are what it tells)."""
+    import pstats
+
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    cum: dict[tuple[str, str], float] = {}
+    for (path, _, name), (_, _, _, ct, _) in stats.items():
+        key = (os.path.basename(path), name)
+        cum[key] = cum.get(key, 0.0) + ct
+    total = cum.get(("runner.py", "run"), 0.0)
+    print(f"profile of the capacity run ({n} requests): {total / n * 1e6:.0f} us/request under cProfile")
+    for label, keys in PROFILE_PARTS:
+        t = sum(cum.get(k, 0.0) for k in keys)
+        print(f"  {label:55s} {t / n * 1e6:6.1f} us/request  {100 * t / total:5.1f}%")
+    for key in (("http.py", "_feed_chunked"), ("sse.py", "feed"), ("flight.py", "_on_events"),
+                ("runner.py", "_request_bytes"), ("http.py", "send"), ("runner.py", "_write_row")):
+        print(f"    {key[0]}:{key[1]:20s} {cum.get(key, 0.0) / n * 1e6:6.1f} us/request (cumulative)")
+
+
 def capacity(args: argparse.Namespace, results: Path, workers: int = 1) -> float:
     """Streamed requests/s completed when more is offered than the client can do."""
     offered = args.capacity_offered * workers
     with noop_server(args.server_cpu, itl_ms=0.0) as url:
         table = trace(args.capacity_requests * workers, rate=offered)
+        if args.profile and workers == 1:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
+            run(table, url, results, "profile", workers)
+            prof.disable()
+            profile_breakdown(prof, table.num_rows)
         summary, rows = run(table, url, results, f"capacity-{workers}", workers)
     ok = rows.filter(pa.compute.equal(rows.column("status"), "ok"))
     sent = np.asarray(ok.column("sent_s"))
@@ -134,6 +170,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="*", default=[],
                     help="also measure capacity with these numbers of client processes (e.g. 1 2)")
     ap.add_argument("--no-open-loop", action="store_true", help="only the capacity runs")
+    ap.add_argument("--profile", action="store_true",
+                    help="first profile the capacity run (cProfile) and print where the time per request goes")
     ap.add_argument("--client-cpu", type=int, default=0)
     ap.add_argument("--server-cpu", type=int, default=1)
     args = ap.parse_args()
