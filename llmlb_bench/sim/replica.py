@@ -541,7 +541,7 @@ class Replica:
         free = self.total_blocks - self.used - need
         if self.prefilling:
             budget, free, need, preempted = self._continue_prefills(budget, free, need, preempted, chunks)
-        if not preempted:
+        if not preempted and (self.waiting or self.swapped or self.cache is not None):
             self._admit(budget, free, need, chunks)
         return self._plan(chunks, preempted)
 
