@@ -120,6 +120,23 @@ def test_a_table_replaced_is_readable_at_every_step(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.parquet"]
 
 
+def test_a_part_left_half_written_by_a_kill_is_not_read(tmp_path):
+    """A SIGKILL during a flush leaves that part's temporary file (a Parquet file without its
+    footer): no reader takes it for a part, so the flushed rows before it still read whole."""
+    sink = ParquetSink(tmp_path / "r.parquet", REQUESTS, constants={"run_id": "x"})
+    sink.write(_rows(0, 3))
+    sink.flush()
+    whole = table_files(tmp_path / "r.parquet")[0]
+    (tmp_path / "r.parquet" / ".part-00001.parquet.tmp").write_bytes(whole.read_bytes()[:-40])
+    assert table_files(tmp_path / "r.parquet") == [whole]
+    assert read_parts(tmp_path / "r.parquet", REQUESTS).num_rows == 3
+    assert pq.read_table(tmp_path / "r.parquet").num_rows == 3
+    (tmp_path / "run").mkdir()
+    (tmp_path / "r.parquet").rename(tmp_path / "run" / "requests.parquet")
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"run_id": "x", "status": "running"}))
+    assert Catalog([tmp_path / "run"]).query("select count(*) from requests").column(0).to_pylist() == [3]
+
+
 def test_a_run_whose_process_is_gone_shows_as_killed(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     with RunStore(tmp_path, config={}, backend="replay", run_id="gone") as run:
