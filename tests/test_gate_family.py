@@ -83,7 +83,7 @@ def test_pairing_needs_the_same_traces_and_request_ids():
     base, cand = _paired_sides(rng, 3, 0.01)
     assert D.pairing(base, cand) is not None
     assert D.pairing(base, cand[:2]) is None
-    other = [RunSample(r.run_id, r.duration_s, r.ok, r.good, r.latency, r.summary, r.request_id, "x") for r in cand]
+    other = [RunSample(r.run_id, r.window_s, r.ok, r.good, r.latency, r.summary, r.request_id, "x") for r in cand]
     assert D.pairing(base, other) is None
     v = decide_family([("c", base, cand)], RULES[:1])[0]
     assert v.design == "paired runs"

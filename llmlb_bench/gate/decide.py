@@ -161,8 +161,8 @@ def _request_stat(metric: Metric, runs: Sequence[RunSample], w: np.ndarray) -> n
     flags = np.concatenate([_flags(metric, r) for r in runs]).astype(float)
     if metric.kind == "share":
         return w @ flags / max(len(flags), 1) if len(flags) else np.full(len(w), np.nan)
-    duration = sum(r.duration_s for r in runs)
-    return w @ flags / duration if duration > 0 else np.full(len(w), np.nan)
+    window = sum(r.window_s for r in runs)
+    return w @ flags / window if window > 0 else np.full(len(w), np.nan)
 
 
 def _figure(run: RunSample, path: tuple[str, ...]) -> float | None:

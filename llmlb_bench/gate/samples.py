@@ -36,7 +36,7 @@ ALL = "all runs"
 @dataclass
 class RunSample:
     run_id: str
-    duration_s: float
+    window_s: float                    # the arrival window (s): rates are per second of it, as in the report
     ok: np.ndarray                     # bool per request
     good: np.ndarray                   # bool per request (False without an SLO)
     latency: dict[str, np.ndarray]     # column -> value per request (NaN: not ok, or none)
@@ -80,7 +80,7 @@ def load_side(paths: Iterable[str | Path], slo: Slo | None) -> dict[str, list[Ru
         ok = ok_all[rows]
         latency = {col: np.where(ok, values[rows], np.nan) for col, values in lat_all.items()}
         meta = metas.get(run_id, {})
-        cases[case_of(meta)].append(RunSample(run_id, s["duration_s"], ok, good_all[rows], latency, s,
+        cases[case_of(meta)].append(RunSample(run_id, s["window_s"], ok, good_all[rows], latency, s,
                                               ids_all[rows], (meta.get("trace") or {}).get("sha256")))
     return dict(cases)
 
