@@ -49,6 +49,7 @@ from llmlb_bench.replay import ReplayOptions, replay
 from llmlb_bench.schema import read_trace, trace_table, write_trace
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
+from llmlb_bench.sweep.endpoint_capacity import fresh_prompts
 from llmlb_bench.workload import WorkloadSpec, generate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,13 +102,21 @@ class Bench:
 
     def replay(self, table: pa.Table, urls: list[str], policy: str = "round_robin", users: int | None = None,
                scrape_s: float | None = 0.5) -> tuple[list[dict], list[dict]]:
-        table, path = self._path(table)
+        """Replay with fresh prompt text (ids and hashes salted per replay: the engine's prefix cache
+        must not serve one replay from another's prompts, the simulator starts cold); the rows get
+        the trace's request ids back."""
+        salt = 0x9E3779B97F4A7C15 * (self.n + 1) % (1 << 62)
+        table, path = self._path(fresh_prompts(table, salt))
+        offset = (salt % (1 << 30)) << 32
         opts = ReplayOptions(api="completions", tokenize=True, users=users, scrape_s=scrape_s)
         store = RunStore(self.work / "runs", config={}, backend="replay", run_id=f"{self.n:03d}-real", trace_path=path,
                          trace_rows=table.num_rows)
         with store:
             replay(table, urls, make_policy(policy, {}, seed=0), store, opts)
-        return _rows(store.dir)
+        rows, series = _rows(store.dir)
+        for r in rows:
+            r["request_id"] -= offset
+        return rows, series
 
     def simulate(self, table: pa.Table, cfg: ClusterConfig, policy: str = "round_robin") -> tuple[list[dict], list[dict]]:
         table, path = self._path(table)
