@@ -33,3 +33,18 @@ def test_counter_deltas_between_scrapes():
     assert counter_delta(None, 11.0) is None and counter_delta(11.0, None) is None  # the first scrape: no delta
     assert counter_delta(11.0, 11.0) == 0 and counter_delta(11.0, 14.0) == 3
     assert counter_delta(14.0, 2.0) == 2  # the engine restarted: its counter began again at 0
+
+
+def test_series_rows_turn_scrapes_into_series_columns():
+    """One row per scrape: KV blocks used from the fraction and the block count, preemptions as
+    the increase since the same target's previous scrape (none at a target's first)."""
+    from llmlb_bench.replay.scrape import SeriesRows, Signals
+    series = SeriesRows()
+    series.add(0.0, "a", Signals(waiting=2, running=3, kv_usage=0.25, kv_blocks_total=40, preemptions_total=7.0))
+    series.add(0.0, "b", Signals(waiting=0, running=1))
+    series.add(1.0, "a", Signals(waiting=1, running=4, kv_usage=0.5, kv_blocks_total=40, preemptions_total=9.0))
+    rows = series.take()
+    assert rows == {"t_s": [0.0, 0.0, 1.0], "target": ["a", "b", "a"], "waiting": [2, 0, 1], "running": [3, 1, 4],
+                    "kv_blocks_used": [10, None, 20], "kv_blocks_total": [40, None, 40],
+                    "preemptions": [None, None, 2]}
+    assert series.take() is None

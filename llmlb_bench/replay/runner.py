@@ -59,7 +59,7 @@ from llmlb_bench.replay.prompts import PromptBuilder
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
 from llmlb_bench.replay.rows import RowWriter, write_table
 from llmlb_bench.replay.schedule import INF as _INF, Schedule
-from llmlb_bench.replay.scrape import Signals, counter_delta, parse_metrics
+from llmlb_bench.replay.scrape import SeriesRows, Signals, parse_metrics, update_view
 from llmlb_bench.replay.selfcheck import ServerWitness, server_check
 from llmlb_bench.schema import trace_block_size
 from llmlb_bench.store import RunStore
@@ -620,33 +620,21 @@ class Replayer:
     async def _scrape_metrics(self, interval: float) -> None:
         """Engine load signals into the policies' view and series.parquet (see replay.scrape)."""
         active = list(range(len(self.pools)))
-        preempted: dict[int, float | None] = {}  # each target's preemption counter at its previous scrape
+        series = SeriesRows()
         while active:
             answers = await asyncio.gather(*(self._scrape(i, interval) for i in active))
             now = perf_counter() - self.t0
-            rows: dict[str, list[Any]] = {k: [] for k in ("t_s", "target", "waiting", "running",
-                                                           "kv_blocks_used", "kv_blocks_total", "preemptions")}
             for i, sig in zip(list(active), answers):
                 if sig is False:  # no /metrics, or none of the known names: stop asking
                     active.remove(i)
                     continue
                 if sig is None:  # unreachable this time
                     continue
-                view = self.view
-                view.waiting[i] = sig.waiting if sig.waiting is not None else view.waiting[i]
-                view.running[i] = sig.running if sig.running is not None else view.running[i]
-                view.kv_usage[i] = sig.kv_usage if sig.kv_usage is not None else view.kv_usage[i]
-                view.signal_time[i] = now
+                update_view(self.view, i, sig, now)
                 self.scraped.add(self.names[i])
-                total = sig.kv_blocks_total
-                for k, v in (("t_s", now), ("target", self.names[i]), ("waiting", sig.waiting),
-                             ("running", sig.running), ("kv_blocks_total", total),
-                             ("kv_blocks_used", round(sig.kv_usage * total)
-                              if total is not None and sig.kv_usage is not None else None),
-                             ("preemptions", counter_delta(preempted.get(i), sig.preemptions_total))):
-                    rows[k].append(v)
-                preempted[i] = sig.preemptions_total
-            if rows["t_s"]:
+                series.add(now, self.names[i], sig)
+            rows = series.take()
+            if rows:
                 self.run_store.series.write(rows)
             await asyncio.sleep(interval)
 

@@ -27,7 +27,7 @@ count from before the run never enters it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -97,3 +97,45 @@ def counter_delta(previous: float | None, current: float | None) -> int | None:
     if previous is None or current is None:
         return None
     return int(round(current - previous if current >= previous else current))
+
+
+def update_view(view: Any, i: int, sig: Signals, now: float) -> None:
+    """Put one scrape of target ``i`` into the policies' view (a metric the engine does not
+    publish keeps the view's own value) and stamp it with the time it was read."""
+    if sig.waiting is not None:
+        view.waiting[i] = sig.waiting
+    if sig.running is not None:
+        view.running[i] = sig.running
+    if sig.kv_usage is not None:
+        view.kv_usage[i] = sig.kv_usage
+    view.signal_time[i] = now
+
+
+class SeriesRows:
+    """Scrapes as series.parquet rows (columns of the SERIES schema), one per answered scrape.
+
+    The one place that turns a scrape into a row, for every scraper (the replayer, ``llmlb
+    route``, the router bench): KV blocks used from the 0..1 fraction and the block count, and
+    ``preemptions`` as the increase since the same target's previous scrape."""
+
+    COLUMNS = ("t_s", "target", "waiting", "running", "kv_blocks_used", "kv_blocks_total", "preemptions")
+
+    def __init__(self) -> None:
+        self._preempted: dict[str, float | None] = {}
+        self.rows: dict[str, list[Any]] = {k: [] for k in self.COLUMNS}
+
+    def add(self, t_s: float, target: str, sig: Signals) -> None:
+        total = sig.kv_blocks_total
+        used = round(sig.kv_usage * total) if total is not None and sig.kv_usage is not None else None
+        row = (t_s, target, sig.waiting, sig.running, used, total,
+               counter_delta(self._preempted.get(target), sig.preemptions_total))
+        for k, v in zip(self.COLUMNS, row):
+            self.rows[k].append(v)
+        self._preempted[target] = sig.preemptions_total
+
+    def take(self) -> dict[str, list[Any]] | None:
+        """The rows added since the last call (None when there are none), then start afresh."""
+        if not self.rows["t_s"]:
+            return None
+        rows, self.rows = self.rows, {k: [] for k in self.COLUMNS}
+        return rows

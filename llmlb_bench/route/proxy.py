@@ -41,7 +41,7 @@ from llmlb_bench.gcpause import pause_full_collections
 from llmlb_bench.policies import RouteRequest, TargetInfo, View
 from llmlb_bench.policies.router import Router
 from llmlb_bench.replay.rows import RowWriter
-from llmlb_bench.replay.scrape import parse_metrics
+from llmlb_bench.replay.scrape import SeriesRows, parse_metrics, update_view
 from llmlb_bench.routers.identity import BACKEND_HEADER
 from llmlb_bench.serve.tokenizer import block_hashes, encode
 from llmlb_bench.store import RunStore
@@ -281,9 +281,8 @@ class RouteProxy:
 
     async def _scrape_loop(self) -> None:
         assert self._session is not None
+        series = SeriesRows()
         while True:
-            rows: dict[str, list[Any]] = {k: [] for k in ("t_s", "target", "waiting", "running",
-                                                           "kv_blocks_used", "kv_blocks_total")}
             for i, url in enumerate(self.backends):
                 try:
                     async with self._session.get(url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as r:
@@ -294,17 +293,11 @@ class RouteProxy:
                     continue
                 if not sig.known():
                     continue
-                v, now = self.view, self.now()
-                v.waiting[i] = sig.waiting if sig.waiting is not None else v.waiting[i]
-                v.running[i] = sig.running if sig.running is not None else v.running[i]
-                v.kv_usage[i] = sig.kv_usage if sig.kv_usage is not None else v.kv_usage[i]
-                v.signal_time[i] = now
-                total = sig.kv_blocks_total
-                used = round(sig.kv_usage * total) if total is not None and sig.kv_usage is not None else None
-                for k, val in (("t_s", now), ("target", url), ("waiting", sig.waiting), ("running", sig.running),
-                               ("kv_blocks_used", used), ("kv_blocks_total", total)):
-                    rows[k].append(val)
-            if rows["t_s"]:
+                now = self.now()
+                update_view(self.view, i, sig, now)
+                series.add(now, url, sig)
+            rows = series.take()
+            if rows:
                 self.run.series.write(rows)
             await asyncio.sleep(self.options.scrape_s)
 

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from llmlb_bench.metrics.fairness import jain
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import ReplayOptions, replay
-from llmlb_bench.replay.scrape import parse_metrics
+from llmlb_bench.replay.scrape import SeriesRows, parse_metrics
 from llmlb_bench.routers.fleet import Backend
 from llmlb_bench.routers.launch import RouterProcess, free_ports
 from llmlb_bench.routers.scenarios import Scenario, offered_hit_rate
@@ -69,7 +69,7 @@ class _Scraper(threading.Thread):
     def __init__(self, urls: list[str], interval: float) -> None:
         super().__init__(daemon=True)
         self.urls, self.interval = urls, interval
-        self.rows: list[dict[str, Any]] = []
+        self.series = SeriesRows()
         self.stop_event = threading.Event()
 
     def run(self) -> None:
@@ -80,11 +80,7 @@ class _Scraper(threading.Thread):
                         sig = parse_metrics(r.read().decode(errors="replace"))
                 except OSError:
                     continue  # a killed backend has no series while it is down
-                used = (round(sig.kv_usage * sig.kv_blocks_total) if sig.kv_usage is not None
-                        and sig.kv_blocks_total else None)
-                self.rows.append({"t_s": time.perf_counter(), "target": url, "waiting": sig.waiting,
-                                  "running": sig.running, "kv_blocks_used": used,
-                                  "kv_blocks_total": sig.kv_blocks_total})
+                self.series.add(time.perf_counter(), url, sig)
 
 
 def _direct_policy(name: str) -> Any:
@@ -131,8 +127,8 @@ def run_cell(scenario: Scenario, router: str, ports: list[int], out: Path, opt: 
             scraper.stop_event.set()
             scraper.join()
             t0 = summary.get("client", {}).get("t0_clock_s", 0.0)
-            if scraper.rows:
-                series = {k: [r[k] for r in scraper.rows] for k in scraper.rows[0]}
+            series = scraper.series.take()
+            if series:
                 series["t_s"] = [t - t0 for t in series["t_s"]]
                 run.series.write(series)
         cpu = (proc.cpu_s() - cpu0) if proc else None
