@@ -9,7 +9,8 @@ replica is brought up to "now" when something happens:
 
 * a request arrives: the replica is advanced to now (every run boundary up
   to now is applied), then the request is enqueued at now, exactly as the
-  batch simulator enqueues a trace arrival;
+  batch simulator enqueues a trace arrival (with a measured profile, after its
+  request overhead, as there: see :mod:`llmlb_bench.sim.profile`);
 * a timer fires at the next moment a token becomes final: the end of the
   next engine step while the replica holds streaming requests, otherwise
   its next run boundary (a finish, an admission, a preemption);
@@ -93,7 +94,7 @@ class LiveRequest:
     """A request from arrival to its end."""
 
     __slots__ = ("seq", "sub", "client", "route", "req", "target", "arrival_s", "emitted", "done", "aborted",
-                 "segments")
+                 "segments", "entering")
 
     def __init__(self, seq: int, sub: Submission, client: Client, arrival_s: float) -> None:
         self.seq = seq
@@ -107,6 +108,8 @@ class LiveRequest:
         self.emitted = 0
         self.done = False
         self.aborted = False
+        #: dispatched, still in the replica's API server (a profile's request overhead)
+        self.entering = False
         #: once done: the simulated token times as ``(first token time, gap, count)`` segments
         self.segments: list[tuple[float, float, int]] = []
 
@@ -239,8 +242,8 @@ class LiveFleet:
         if live.done or live.aborted:
             return
         live.aborted = True
-        if live.req is None:          # held by the router: dropped when released
-            return
+        if live.req is None or live.entering:   # held by the router (dropped when released) or not
+            return                              # yet in the engine (ends when it would enter)
         t = self.now()
         st = self.states[live.target]
         self._advance(st, t)
@@ -283,8 +286,27 @@ class LiveFleet:
         if sub.stream:
             st.streams[req] = live
         live.client.on_start(live)
+        delay = rep.cost.request_overhead(1, req.prompt)
+        if delay > 0:       # as in the batch simulator: the engine sees the request that much later
+            live.entering = True
+            asyncio.get_running_loop().call_later(max(0.0, self.wall(t + delay) - self.clock()), self._enter,
+                                                  st, live, t + delay)
+            return
         rep.enqueue(req, t)
         self._signals(i, t)
+        self._arm(st)
+
+    def _enter(self, st: _ReplicaState, live: LiveRequest, due: float) -> None:
+        """``live`` reaches its engine's queue (``due``, or now if the timer fired late)."""
+        live.entering = False
+        t = self._now = max(self.now(), due)
+        assert live.req is not None
+        if live.aborted:
+            self._ended(st, live.req, t)
+            return
+        self._advance(st, t)
+        st.rep.enqueue(live.req, t)
+        self._signals(st.rep.index, t)
         self._arm(st)
 
     def _reject(self, live: LiveRequest, message: str) -> None:

@@ -95,8 +95,8 @@ class CostModel:
 
     @staticmethod
     def request_overhead(requests: int, prompt_tokens: int) -> float:
-        """Seconds a step lasts longer for the ``requests`` (of ``prompt_tokens`` prompt tokens in
-        all) whose first token it samples: none in the roofline; a measured profile's request
+        """Seconds ``requests`` requests (of ``prompt_tokens`` prompt tokens in all) spend between
+        their dispatch and the engine's queue: none in the roofline; a measured profile's request
         overhead (see :mod:`llmlb_bench.sim.profile`)."""
         return 0.0
 

@@ -50,7 +50,7 @@ from llmlb_bench.sim.series import SeriesSampler
 from llmlb_bench.trace_columns import TraceColumns
 
 # kinds of timed deliveries
-_ARRIVE, _KV_ARRIVE, _FAIL, _RECOVER, _SCALE, _READY, _EXPERTS = 0, 1, 2, 3, 4, 5, 6
+_ARRIVE, _KV_ARRIVE, _FAIL, _RECOVER, _SCALE, _READY, _EXPERTS, _ENGINE_ARRIVE = 0, 1, 2, 3, 4, 5, 6, 7
 #: deliveries that are not work: the run ends when only these remain
 _LIFECYCLE = (_FAIL, _RECOVER, _SCALE, _READY, _EXPERTS)
 #: events between two collections of the youngest GC generation while automatic GC is paused
@@ -188,6 +188,9 @@ class Simulation:
                 elif kind == _KV_ARRIVE:
                     self._work -= 1
                     self._kv_arrive(payload, now)
+                elif kind == _ENGINE_ARRIVE:
+                    self._work -= 1
+                    self._reach_engine(payload, now)
                 elif kind == _FAIL:
                     self._fail(payload, now)
                 elif kind == _RECOVER:
@@ -205,7 +208,7 @@ class Simulation:
                 nt = rep.boundary(done)
                 if nt is not None:
                     heappush(boundaries, (nt, next(self._seq), i, rep.version))
-                elif rep.draining and not rep.waiting:
+                elif rep.draining and not rep.waiting and not rep.entering:
                     rep.retire(now)
                 if done:
                     for req in done:
@@ -272,6 +275,12 @@ class Simulation:
             req.stop = 1
             req.prefill_target = i
             req.decode_target = decode_target
+        delay = rep.cost.request_overhead(1, req.prompt)
+        if delay > 0:       # a measured profile's API-server time (sim/profile.py): the engine sees it later
+            req.target = i
+            rep.entering += 1
+            self._deliver(t + delay, _ENGINE_ARRIVE, req)
+            return
         nt = rep.enqueue(req, t)
         if nt is not None:
             heappush(self.boundaries, (nt, next(self._seq), i, rep.version))
@@ -334,6 +343,17 @@ class Simulation:
         req.computed = req.prompt         # the KV arrives with the request
         req.stop = req.out
         self._deliver(prefill.link_free_at + cfg.kv_link_latency_ms / 1000.0, _KV_ARRIVE, req)
+
+    def _reach_engine(self, req: Request, t: float) -> None:
+        """A request dispatched to ``req.target`` reaches its engine's queue after the profile's
+        request overhead (lost if the replica failed meanwhile)."""
+        rep = self.replicas[req.target]
+        rep.entering -= 1
+        if rep.down:
+            self._lose(req, t, f"replica {rep.name} failed")
+            return
+        self._push(rep, rep.enqueue(req, t))
+        self._signals(rep, t)
 
     def _kv_arrive(self, req: Request, t: float) -> None:
         rep = self.replicas[req.decode_target]
@@ -469,7 +489,7 @@ class Simulation:
             rep.starting = False
             rep.draining = True
             self.fleet.refresh_health(rep)
-            if rep.idle and not rep.waiting:
+            if rep.idle and not rep.waiting and not rep.entering:
                 rep.retire(t)
 
     def _ready(self, i: int, t: float) -> None:

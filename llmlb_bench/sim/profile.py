@@ -24,10 +24,18 @@ what that range is and how far from it the fit was checked.
 a lone request's time to first token that no step accounts for: HTTP,
 handing the request to the engine and the first token back, and work that
 grows with the WHOLE prompt, cached part included (tokenising it, hashing its
-blocks for the prefix-cache lookup). The replica adds it to the step that
-samples a request's first token: on an engine whose API server shares the
-core with the model (vLLM's CPU build pinned to one core) that work does hold
-up the batch; on a GPU it overlaps the step and is small.
+blocks for the prefix-cache lookup). The simulator applies it as a delay
+between a request's dispatch to a replica and its arrival in the engine's
+waiting queue (sim/engine.py, serve/live.py), not inside a step: in vLLM v1
+that work is the API server process's (HTTP, tokenising, detokenising) and
+the engine core's input thread's (deserialising, block hashes), which run
+beside the engine core's busy loop instead of stopping it, so one request's
+arrival does not lengthen the steps of the batch already running. The part
+of it that is really the first token's way back (engine core -> API server
+-> client) delays every token of the request alike, which for latency from
+arrival is the same as arriving that much later. A lone request's time to
+first token is this delay plus its prefill steps, which is how
+``llmlb calibrate`` fits it.
 
 A profile also records the engine settings the scheduler needs: ``max_num_seqs``,
 ``max_num_batched_tokens``, KV ``block_size``, the number of KV blocks, the
@@ -183,8 +191,8 @@ class ProfileCost:
                 self._busy_w)
 
     def request_overhead(self, requests: int, prompt_tokens: int) -> float:
-        """Seconds added to the step that samples the first token of ``requests`` requests of
-        ``prompt_tokens`` prompt tokens in all (see the module docstring)."""
+        """Seconds ``requests`` requests of ``prompt_tokens`` prompt tokens in all spend between their
+        dispatch and the engine's waiting queue (see the module docstring)."""
         return self._req * requests + self._req_token * prompt_tokens
 
     def decode_time(self, seqs: int, context: float) -> float:

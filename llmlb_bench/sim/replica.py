@@ -121,6 +121,8 @@ class Replica:
         self.created_at = created_at
         self.retired_at: float | None = None
         self.starting = self.draining = self.down = False
+        #: requests dispatched here still in the API server (a profile's request overhead; see sim/engine.py)
+        self.entering = 0
         #: when the outbound KV link (disaggregation) is free again
         self.link_free_at = 0.0
         self.cost = cost
@@ -654,7 +656,7 @@ class Replica:
         decoding = self.decoding
         tokens = 0
         attn = kv = 0.0
-        completing = prompts = 0
+        completing = 0
         ending = False        # a request gets its last token on this replica at this step
         for req, chunk in chunks:
             c = req.computed
@@ -663,12 +665,10 @@ class Replica:
             kv += c + chunk
             if c + chunk == req.prompt + req.generated:
                 completing += 1
-                prompts += req.prompt
                 if req.generated + 1 >= req.stop:
                     ending = True
         gap, power = self.cost.run_step(tokens + decoding, attn + self.context, kv + self.context,
                                         decoding + completing)
-        gap += self.cost.request_overhead(completing, prompts)     # a measured profile's (sim/profile.py); else 0
         if self.swap_s:
             gap, power = self._with_swap(gap, power)
         share = power * gap / (tokens + decoding)
