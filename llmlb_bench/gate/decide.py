@@ -222,6 +222,13 @@ def _log(x: Any) -> Any:
         return np.log(x)
 
 
+def _finite_log(x: np.ndarray) -> np.ndarray:
+    """Logs of bootstrap replicates, NaN where a replicate is zero (nanvar leaves those out)."""
+    logs = _log(x)
+    logs[~np.isfinite(logs)] = np.nan
+    return logs
+
+
 @dataclass
 class Evidence:
     """What the data say about d, the log change (relative) or the candidate's value (absolute)."""
@@ -263,9 +270,9 @@ def evidence(m: Metric, base: Sequence[RunSample], cand: Sequence[RunSample], re
     runs_c, runs_b = len(cand), len(base) if relative else 0
     if reps is not None:
         rb, rc = reps
-        d = _log(rc / rb) if relative else rc
+        d = _finite_log(rc) - _finite_log(rb) if relative else rc
         if relative and not paired:  # independent sides: each side's variance scales with its own runs
-            var = float(np.nanvar(_log(rb))) * runs_b + float(np.nanvar(_log(rc))) * runs_c
+            var = float(np.nanvar(_finite_log(rb))) * runs_b + float(np.nanvar(_finite_log(rc))) * runs_c
         else:
             var = float(np.nanvar(d)) * runs_c
         return Evidence(value, "paired" if paired else "within-run", reps=d, var_runs=var)
