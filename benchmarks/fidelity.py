@@ -258,7 +258,7 @@ def main() -> None:
                                   "fit": profile["fit"]["by_probe"]}
             print(f"calibrated in {time.time() - t:.0f} s: {profile['step']}, overhead "
                   f"{1e3 * profile['request_overhead_s']:.2f} ms; fit {profile['fit']['by_probe']}", flush=True)
-            cfg = ClusterConfig(replicas=1).with_profile(profile)
+            cfg = ClusterConfig.build(replicas=1).with_profile(profile)
             out["capacity"] = {s: capacity(bench, url, s) for s in SHAPES}
             print(f"capacity (req/s): {out['capacity']}", flush=True)
             save()
@@ -337,7 +337,7 @@ def tiny_kv(bench: Bench, model: Path, profile: dict[str, Any]) -> dict[str, Any
         before = metric_total(reps.urls[0], "vllm:num_preemptions_total")
         real, _ = bench.replay(trace, reps.urls)
         real_preempt = metric_total(reps.urls[0], "vllm:num_preemptions_total") - before
-    sim, _ = bench.simulate(trace, ClusterConfig(replicas=1).with_profile(small))
+    sim, _ = bench.simulate(trace, ClusterConfig.build(replicas=1).with_profile(small))
     c = compare(real, sim)
     return {"blocks": blocks, "preemptions_real": real_preempt,
             "preemptions_sim": sum(r["preemptions"] or 0 for r in sim),
@@ -350,7 +350,7 @@ def policy_ranking(bench: Bench, model: Path, profile: dict[str, Any], cap1: flo
     about 70% of two replicas' capacity, real against simulated, each real run twice."""
     trace = trace_at("multiturn", 0.7 * 2 * cap1, 200)
     span = float(np.max(trace.column("arrival_s").to_numpy()))
-    cfg = ClusterConfig(replicas=2).with_profile(profile)
+    cfg = ClusterConfig.build(replicas=2).with_profile(profile)
     settings = VllmSettings(max_num_seqs=SEQS, max_num_batched_tokens=BUDGET)
     out: dict[str, Any] = {}
     with VllmReplicas(model, 2, cores=[0, 1], settings=settings) as reps:

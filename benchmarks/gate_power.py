@@ -75,7 +75,7 @@ def sim_pool(folder: Path, traces: int, seeds: int, policy: str) -> list[RunSamp
         for k in range(seeds):
             if not (folder / "runs" / f"t{s}-k{k}").exists():
                 path = _trace(folder / "traces", s)
-                simulate_run(read_trace(path), path, ClusterConfig(replicas=2), policy, {}, k, folder / "runs",
+                simulate_run(read_trace(path), path, ClusterConfig.build(replicas=2), policy, {}, k, folder / "runs",
                              run_id=f"t{s}-k{k}")
     return [r for case in load_side([folder / "runs"], Slo.parse(SLO)).values() for r in case]
 

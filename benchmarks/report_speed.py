@@ -50,7 +50,7 @@ def main() -> None:
         sims, reports = [], []
         for i in range(args.repeats):
             t0 = time.perf_counter()
-            store = simulate_run(table, root / "t.parquet", ClusterConfig(replicas=4), "least_outstanding", {}, 1,
+            store = simulate_run(table, root / "t.parquet", ClusterConfig.build(replicas=4), "least_outstanding", {}, 1,
                                  root / "r", run_id=f"run{i}")
             sims.append(time.perf_counter() - t0)
             t0 = time.perf_counter()

@@ -44,7 +44,7 @@ def one(trace: Any, replicas: int, cluster: dict[str, Any]) -> dict[str, Any]:
     from llmlb_bench.sim import ClusterConfig, simulate
     from llmlb_bench.store import RunStore
 
-    cfg = ClusterConfig(replicas=replicas, token_times="summary", **cluster)
+    cfg = ClusterConfig.build(replicas=replicas, token_times="summary", **cluster)
     with tempfile.TemporaryDirectory() as results:
         cpu0 = time.process_time()
         with RunStore(results, config={"cluster": cfg.to_dict()}, backend="sim", label="speed") as run:

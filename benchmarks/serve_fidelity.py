@@ -62,7 +62,7 @@ def figures(rows: list[dict], scale: float) -> np.ndarray:
 
 def sim_rows(table: pa.Table, results: Path, name: str) -> list[dict]:
     with RunStore(results, config={}, backend="sim", run_id=name) as run:
-        simulate(table, ClusterConfig(replicas=2), make_policy("least_outstanding"), run)
+        simulate(table, ClusterConfig.build(replicas=2), make_policy("least_outstanding"), run)
     return pq.read_table(run.dir / "requests.parquet").to_pylist()
 
 

@@ -32,7 +32,7 @@ def one(requests: int, replicas: int, token_times: str, policy: str) -> dict:
 
     spec = load_spec(REPO / "workloads" / "chat.toml").replace(requests=requests)
     trace = generate(spec, rate_scale=replicas / 4)
-    cfg = ClusterConfig(replicas=replicas, token_times=token_times)
+    cfg = ClusterConfig.build(replicas=replicas, token_times=token_times)
     with tempfile.TemporaryDirectory() as results:
         wall0, cpu0 = time.perf_counter(), time.process_time()
         with RunStore(results, config={"cluster": cfg.to_dict()}, backend="sim", label="speed") as run:

@@ -48,7 +48,7 @@ def _run(arrival: np.ndarray, prompt, output, cfg: ClusterConfig, policy: str, a
 
 def _service(cfg: ClusterConfig) -> np.ndarray:
     """Service time of a lone 1-token-prompt request by output length (index), from the cost model."""
-    cost = cost_model(cfg.pool_configs()[0])
+    cost = cost_model(cfg.pools[0])
     prefill = cost.step(1, 1.0, 1, 0, 0, 1).total
     decode = [cost.decode_time(1, j + 2) for j in range(3000)]
     return np.concatenate([[0.0], prefill + np.concatenate([[0.0], np.cumsum(decode)])[:2999]])
@@ -69,7 +69,7 @@ def main() -> None:
     print(f"{runs} runs of {n:,} requests each\n")
     print("| queue | load | theory mean wait | simulated (average of runs) | error of average | per-run errors |")
     print("|---|---|---|---|---|---|")
-    md1 = ClusterConfig(replicas=1, max_num_seqs=1)
+    md1 = ClusterConfig.build(replicas=1, max_num_seqs=1)
     d = float(_run(np.array([0.0]), 100, 10, md1, "round_robin", {})[0])
     for rho in (0.5, 0.8, 0.9):
         waits = [float(np.mean(_run(_poisson(n, d / rho, s), 100, 10, md1, "round_robin", {}) - d))
@@ -86,7 +86,7 @@ def main() -> None:
             theory.append(rho / st.mean() * (st ** 2).mean() / (2 * (1 - rho)))
         _report("M/M/1 (P-K, Cs^2 = 0.99)", rho, waits, float(np.mean(theory)))
     c = 4
-    mmc = ClusterConfig(replicas=c, max_num_seqs=1)
+    mmc = ClusterConfig.build(replicas=c, max_num_seqs=1)
     for rho in (0.7,):
         waits, means = [], []
         for s in range(runs):

@@ -97,11 +97,11 @@ class Setup:
 
     def cluster(self) -> Any:
         from llmlb_bench.sim import ClusterConfig
-        return ClusterConfig(replicas=self.replicas, gpu=self.gpu, model=self.model, tp=1,
-                             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_tokens,
-                             block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
-                             chunked_prefill=False, enable_prefix_caching=False, max_model_len=self.max_tokens,
-                             token_times="summary")
+        return ClusterConfig.build(replicas=self.replicas, gpu=self.gpu, model=self.model, tp=1,
+                                   max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_tokens,
+                                   block_size=self.block_size, gpu_memory_utilization=self.gpu_memory_utilization,
+                                   chunked_prefill=False, enable_prefix_caching=False, max_model_len=self.max_tokens,
+                                   token_times="summary")
 
     def cost_model(self) -> Any:
         from llmlb_bench.sim.catalog import load_catalog

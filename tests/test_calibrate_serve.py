@@ -38,7 +38,7 @@ def profile_file(tmp_path: Path) -> Path:
 def test_lone_prefill_and_decode_take_the_profile_formula(profile_file: Path, tmp_path: Path):
     """One request of 1,500 prompt tokens (two chunks of the 1,024 budget) and 20 output tokens:
     TTFT is the two prefill steps, and every decode step base + token + sample + context terms."""
-    cfg = ClusterConfig(replicas=1).with_profile(profile_file)
+    cfg = ClusterConfig.build(replicas=1).with_profile(profile_file)
     requests, _, _ = run_sim(tmp_path, trace_table([0.0], 1500, 20), cfg)
     r = requests.to_pylist()[0]
     p = EngineProfile.from_dict(profile())
@@ -58,13 +58,13 @@ def test_request_overhead_delays_the_request_not_the_batch(tmp_path: Path):
     token). A lone request's time to first token is what calibrate's fit predicts for it."""
     with_overhead = {**profile(), "request_overhead_s": 0.005, "request_per_prompt_token_s": 5e-5}
     trace = trace_table([0.0, 0.02], 100, 40)
-    base, _, _ = run_sim(tmp_path / "a", trace, ClusterConfig(replicas=1).with_profile(profile()))
-    more, _, _ = run_sim(tmp_path / "b", trace, ClusterConfig(replicas=1).with_profile(with_overhead))
+    base, _, _ = run_sim(tmp_path / "a", trace, ClusterConfig.build(replicas=1).with_profile(profile()))
+    more, _, _ = run_sim(tmp_path / "b", trace, ClusterConfig.build(replicas=1).with_profile(with_overhead))
     for a, b in zip(base.to_pylist(), more.to_pylist()):
         assert b["first_token_s"] - a["first_token_s"] == pytest.approx(0.01, abs=1e-12)
         assert b["last_token_s"] - a["last_token_s"] == pytest.approx(0.01, abs=1e-12)
     lone, _, _ = run_sim(tmp_path / "c", trace_table([0.0], 1500, 2),
-                         ClusterConfig(replicas=1).with_profile(with_overhead))
+                         ClusterConfig.build(replicas=1).with_profile(with_overhead))
     p = EngineProfile.from_dict(with_overhead)
     theta = np.array([p.step[k] for k in STEP_TERMS] + [p.request_overhead_s, p.request_per_prompt_token_s])
     r = lone.to_pylist()[0]
@@ -72,15 +72,15 @@ def test_request_overhead_delays_the_request_not_the_batch(tmp_path: Path):
 
 
 def test_profile_fixes_the_engine_and_travels_in_the_config(profile_file: Path, tmp_path: Path):
-    cfg = ClusterConfig(replicas=2, block_size=16).with_profile(profile_file)
-    pool = cfg.pool_configs()[0]
+    cfg = ClusterConfig.build(replicas=2, block_size=16).with_profile(profile_file)
+    pool = cfg.pools[0]
     assert (pool.max_num_seqs, pool.max_num_batched_tokens, pool.block_size, pool.max_model_len) == (16, 1024, 32, 4096)
     assert cfg.replicas == 2
     # settings the cluster gives win over the profile's, but never the block size (KV blocks are in its units)
-    pool = ClusterConfig(max_num_seqs=8, max_num_batched_tokens=256, block_size=16).with_profile(profile_file).pool_configs()[0]
+    pool = ClusterConfig.build(max_num_seqs=8, max_num_batched_tokens=256, block_size=16).with_profile(profile_file).pools[0]
     assert (pool.max_num_seqs, pool.max_num_batched_tokens, pool.block_size) == (8, 256, 32)
-    pools = ClusterConfig(pools=({"name": "a", "replicas": 1}, {"name": "b", "replicas": 2, "max_num_seqs": 4}),
-                          profile=str(profile_file)).pool_configs()
+    pools = ClusterConfig.build(pools=({"name": "a", "replicas": 1}, {"name": "b", "replicas": 2, "max_num_seqs": 4}),
+                          profile=str(profile_file)).pools
     assert [(p.replicas, p.max_num_seqs, p.block_size) for p in pools] == [(1, 16, 32), (2, 4, 32)]
     again = ClusterConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert again == cfg
@@ -88,9 +88,9 @@ def test_profile_fixes_the_engine_and_travels_in_the_config(profile_file: Path, 
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "c.toml").write_text('replicas = 3\nprofile = "../p.json"\n')
     loaded = load_cluster(tmp_path / "sub" / "c.toml")
-    assert loaded.pool_configs()[0].profile == profile()
+    assert loaded.pools[0].profile == profile()
     # default runs are untouched: no profile, the roofline
-    assert ClusterConfig().pool_configs()[0].profile is None
+    assert ClusterConfig.build().pools[0].profile is None
 
 
 @pytest.mark.parametrize("bad, where", [
@@ -126,7 +126,7 @@ def test_profile_flag_on_simulate_and_a_missing_file(tmp_path: Path, capsys, pro
 
 def test_swap_preemption_with_a_profile_is_refused(profile_file: Path):
     with pytest.raises(UserError, match="no KV swap"):
-        ClusterConfig(preemption="swap", profile=str(profile_file))
+        ClusterConfig.build(preemption="swap", profile=str(profile_file))
 
 
 def test_calibrate_bad_endpoint_is_one_line(tmp_path: Path, capsys):
@@ -196,9 +196,9 @@ def test_sweep_and_repro_take_a_profile(tmp_path: Path, profile_file: Path):
         '[clusters]\ncal = { replicas = 2, profile = "../p.json" }\n[policies]\nround_robin = {}\n'
         '[load]\nrate = [1.0]\n')
     sweep = load_sweep(tmp_path / "s" / "sweep.toml")
-    assert sweep.clusters[0].config.pool_configs()[0].profile == profile()
+    assert sweep.clusters[0].config.pools[0].profile == profile()
     arms = _arms(get("sarathi-chunked-prefill"), "small", profile())
-    assert all(a.cluster.pool_configs()[0].profile == profile() for a in arms)
-    chunked = [(a.label, a.cluster.pool_configs()[0].max_num_batched_tokens) for a in arms
+    assert all(a.cluster.pools[0].profile == profile() for a in arms)
+    chunked = [(a.label, a.cluster.pools[0].max_num_batched_tokens) for a in arms
                if a.label.startswith("chunks of")]
     assert chunked and all(label == f"chunks of {tokens}" for label, tokens in chunked)

@@ -61,7 +61,7 @@ def test_calibrate_a_real_vllm_replica(vllm, tmp_path, capsys):
     prefill = [o for o in profile["fit"]["observations"] if o["probe"] == "prefill" and not o["outlier"]]
     longest = max(prefill, key=lambda o: int(o["what"].split()[1]))
     p = int(longest["what"].split()[1])
-    requests, _, _ = run_sim(tmp_path, trace_table([0.0], p, 1), ClusterConfig(replicas=1).with_profile(profile))
+    requests, _, _ = run_sim(tmp_path, trace_table([0.0], p, 1), ClusterConfig.build(replicas=1).with_profile(profile))
     r = requests.to_pylist()[0]
     assert r["first_token_s"] - r["sent_s"] == pytest.approx(longest["predicted_s"], abs=1e-6)   # stored to 1 us
     measured = np.median([o["measured_s"] for o in prefill if int(o["what"].split()[1]) == p])

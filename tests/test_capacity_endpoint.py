@@ -107,7 +107,7 @@ def test_budget_of_time_and_of_requests_stops_the_search_early(tmp_path: Path, w
     """A probe that would not fit is not started: the search ends censored 'budget' with the bracket
     reached, within the wall-time budget plus at most one cooldown, and exactly at the request
     budget's last whole probe; rerun under the same name, it reuses its finished probes."""
-    st = ServeThread(ClusterConfig(**CLUSTER), ServeOptions(port_per_replica=0))
+    st = ServeThread(ClusterConfig.build(**CLUSTER), ServeOptions(port_per_replica=0))
     try:
         start = time.perf_counter()
         out = run_search(_search(workload, st.urls, budget_s=5.0, cooldown_s=1.0), tmp_path)
@@ -138,7 +138,7 @@ def test_budget_of_time_and_of_requests_stops_the_search_early(tmp_path: Path, w
 def test_repeats_search_once_per_seed_within_one_budget_and_report_the_mean(tmp_path: Path, workload: Path):
     """Two seeds, each an ordinary search in its own folder, sharing one request budget; the summary's
     mean and interval are those of the seeds' capacities; a seed left without budget is listed, not averaged."""
-    st = ServeThread(ClusterConfig(**CLUSTER), ServeOptions(port_per_replica=0))
+    st = ServeThread(ClusterConfig.build(**CLUSTER), ServeOptions(port_per_replica=0))
     try:
         out = run_repeats(_search(workload, st.urls, name="rep", tolerance=1.0, cooldown_s=0.1), 2, tmp_path)
         spec = _search(workload, st.urls).spec
@@ -169,7 +169,7 @@ def test_repeats_search_once_per_seed_within_one_budget_and_report_the_mean(tmp_
 
 def test_cli_prints_the_verdict_and_every_probe(tmp_path: Path, workload: Path, capsys):
     """The terminal report: capacity, bracket, why it is censored, and one row per probe with its run id."""
-    st = ServeThread(ClusterConfig(**CLUSTER), ServeOptions(port_per_replica=0))
+    st = ServeThread(ClusterConfig.build(**CLUSTER), ServeOptions(port_per_replica=0))
     try:
         main(["capacity", str(workload), "-e", st.urls[0], "--slo", SLO, "--rate", "2,8", "--probe-duration", "1s",
               "--cooldown", "0.1s", "--budget-requests", "6", "--seed", "3", "-r", str(tmp_path), "--name", "cli",
@@ -226,7 +226,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, workload: Path
 
 def _simulator_capacity(root: Path, workload: Path, low: float, high: float, tolerance: float) -> dict:
     spec = load_spec(workload)
-    cfg = ClusterConfig(**CLUSTER)
+    cfg = ClusterConfig.build(**CLUSTER)
     template = Cell(sweep="sim", phase="capacity", workload="chat", cluster="one", policy="least_outstanding",
                     axis="rate", x=0.0, rate_scale=1.0, rate=0.0, seed=3, workload_spec=spec.to_dict(),
                     workload_source=spec.source, cluster_config=cfg.to_dict(), policy_name="least_outstanding")

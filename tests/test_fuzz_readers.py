@@ -120,7 +120,7 @@ def test_workload_specs(doc):
 @given(st.sampled_from(CLUSTERS).flatmap(mutated))
 def test_cluster_files(doc):
     _count("cluster")
-    _must_be_user_error(lambda: ClusterConfig.from_dict(doc, where="fuzz.toml").pool_configs())
+    _must_be_user_error(lambda: ClusterConfig.from_dict(doc, where="fuzz.toml").pools)
 
 
 @FUZZ

@@ -34,10 +34,10 @@ def _runs(root: Path, seeds: list[int], cluster: ClusterConfig) -> Path:
 @pytest.fixture(scope="module")
 def sides(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gate")
-    good = ClusterConfig(replicas=2)
+    good = ClusterConfig.build(replicas=2)
     return {"base": _runs(tmp / "base", [1, 2, 3], good),
             "same": _runs(tmp / "same", [4, 5, 6], good),
-            "worse": _runs(tmp / "worse", [4, 5, 6], ClusterConfig(replicas=2, max_num_seqs=12)),
+            "worse": _runs(tmp / "worse", [4, 5, 6], ClusterConfig.build(replicas=2, max_num_seqs=12)),
             "tmp": tmp}
 
 

@@ -37,7 +37,7 @@ def _erlang_c_probability(c: int, rho: float) -> float:
 
 def _mmc_run(tmp_path, c: int, rho: float, n: int, seed: int) -> tuple[dict, np.ndarray, np.ndarray]:
     """Simulate M/M/c behind fcfs_queue; (summary, arrival, service) per request."""
-    cfg = ClusterConfig(replicas=c, max_num_seqs=1)
+    cfg = ClusterConfig.build(replicas=c, max_num_seqs=1)
     out = _exponential_lengths(n, seed=seed)
     s = _service_times(cfg)[out]
     arrival = _poisson(n, s.mean() / (c * rho), seed=seed + 1000)

@@ -18,7 +18,7 @@ def loads(tmp_path_factory):
     """Four replicas serve about 45 req/s of this workload: 10 req/s is steady, 60 req/s is not."""
     root = tmp_path_factory.mktemp("steady")
     for rate in (10.0, 60.0):
-        run_sim(root, poisson_trace(3000, rate=rate, seed=2), ClusterConfig(replicas=4), run_id=f"r{rate:g}")
+        run_sim(root, poisson_trace(3000, rate=rate, seed=2), ClusterConfig.build(replicas=4), run_id=f"r{rate:g}")
     return root
 
 

@@ -143,12 +143,12 @@ class _Always(Policy):
 def test_out_of_range_in_the_simulator(tmp_path):
     with pytest.raises(PolicyError, match="--policy: policy 'always' chose target -1; there are 2 targets"):
         with RunStore(tmp_path, config={}, backend="sim", run_id="bad") as run:
-            simulate(trace(np.array([0.0, 0.1]), 10, 10), ClusterConfig(replicas=2), _Always(-1), run)
+            simulate(trace(np.array([0.0, 0.1]), 10, 10), ClusterConfig.build(replicas=2), _Always(-1), run)
 
 
 def test_out_of_range_in_llmlb_serve():
     async def go():
-        fleet = LiveFleet(ClusterConfig(replicas=2), policy=_Always(-1))
+        fleet = LiveFleet(ClusterConfig.build(replicas=2), policy=_Always(-1))
         with pytest.raises(PolicyError, match="chose target -1"):
             fleet.submit(Submission(10, 5, (), stream=False), client=None)  # type: ignore[arg-type]
         assert fleet.view.outstanding_requests == [0, 0]

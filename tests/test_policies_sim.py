@@ -28,13 +28,13 @@ def test_power_of_two_beats_random_on_p99_ttft_at_85_percent_load(tmp_path):
     """Eight single-slot replicas (max_num_seqs = 1) with fixed lengths are eight
     M/D/1 servers under random routing; at 85% load the power of two choices
     cuts the p99 TTFT to about a fifth (supermarket model)."""
-    one = run_sim(tmp_path, trace(np.array([0.0]), PROMPT, OUTPUT), ClusterConfig(replicas=1, max_num_seqs=1),
+    one = run_sim(tmp_path, trace(np.array([0.0]), PROMPT, OUTPUT), ClusterConfig.build(replicas=1, max_num_seqs=1),
                   run_id="alone")[0]
     service = one.column("last_token_s")[0].as_py()
     replicas, load, n = 8, 0.85, 16_000
     gaps = np.random.default_rng(5).exponential(1.0, n)
     arrival = np.cumsum(gaps / gaps.mean() * service / (load * replicas))
-    cfg = ClusterConfig(replicas=replicas, max_num_seqs=1)
+    cfg = ClusterConfig.build(replicas=replicas, max_num_seqs=1)
     random_ttft = ttft(run_sim(tmp_path, trace(arrival, PROMPT, OUTPUT), cfg, "random", run_id="random")[0])
     p2_ttft = ttft(run_sim(tmp_path, trace(arrival, PROMPT, OUTPUT), cfg, "power_of_d", run_id="p2")[0])
     # random routing really is at 85%: its mean wait is Pollaczek-Khinchine's rho D / (2 (1 - rho))
@@ -51,7 +51,7 @@ def test_cache_aware_raises_prefix_hits_and_throughput_over_round_robin_on_the_s
     turns, so each turn recomputes history another replica holds; SGLang's
     cache_aware keeps them together."""
     table = generate(load_spec(SHARED_PREFIX).replace(requests=1000), rate_scale=40.0)
-    cfg = ClusterConfig(replicas=4)
+    cfg = ClusterConfig.build(replicas=4)
     figures = {}
     for name in ("round_robin", "cache_aware"):
         requests, _, summary = run_sim(tmp_path, table, cfg, name, run_id=name)
@@ -100,7 +100,7 @@ def test_early_rejection_raises_goodput_at_one_and_a_half_times_overload(tmp_pat
     SLO (TTFT <= 1 s, TPOT <= 100 ms); refusing what cannot be served in time
     keeps the rest on time."""
     table = chat(4000, rate=75.0)
-    cfg = ClusterConfig(replicas=4)
+    cfg = ClusterConfig.build(replicas=4)
     span = table.column("arrival_s")[-1].as_py()
 
     jsq, _ = simulate_with(tmp_path, table, cfg, "least_outstanding", {}, "jsq")
@@ -122,7 +122,7 @@ def test_predicted_sjf_at_the_router_lowers_mean_latency_with_a_good_predictor_o
     predicted output first halves the mean end-to-end latency with tau = 0.9 and
     changes nothing with tau = 0, whose order is as good as arrival order."""
     table = chat(4000, rate=45.0, output_sigma=1.0)
-    cfg = ClusterConfig(replicas=4)
+    cfg = ClusterConfig.build(replicas=4)
 
     def mean_latency(name: str, args: dict) -> float:
         requests, _ = simulate_with(tmp_path, table, cfg, name, {"max_outstanding": 32, **args}, run_name(name, args))
@@ -144,8 +144,8 @@ def test_disaggregation_with_pd_pair_raises_goodput_under_a_tight_tpot_slo(tmp_p
     def tight_goodput(cfg, name: str) -> float:
         return goodput(simulate_with(tmp_path, table, cfg, name, {}, name)[0], span, 1.0, 0.02)
 
-    colocated = tight_goodput(ClusterConfig(replicas=4), "least_outstanding")
-    disaggregated = tight_goodput(ClusterConfig(pools=[{"name": "prefill", "replicas": 2},
+    colocated = tight_goodput(ClusterConfig.build(replicas=4), "least_outstanding")
+    disaggregated = tight_goodput(ClusterConfig.build(pools=[{"name": "prefill", "replicas": 2},
                                                        {"name": "decode", "replicas": 2}]), "pd_pair")
     # measured: 3.6 vs 29.2 requests/s within TTFT <= 1 s and TPOT <= 20 ms
     assert disaggregated > 3 * colocated
@@ -155,7 +155,7 @@ def test_capacity_weighted_routing_uses_a_mixed_pool_better(tmp_path):
     """Two H100 and two A100 replicas (the simulator sets TargetInfo.capacity from its
     cost model) at 70 requests/s: equal shares overload the A100s; weighting by
     capacity keeps every replica within its means."""
-    cfg = ClusterConfig(pools=[{"name": "fast", "replicas": 2, "gpu": "h100-sxm"},
+    cfg = ClusterConfig.build(pools=[{"name": "fast", "replicas": 2, "gpu": "h100-sxm"},
                                {"name": "slow", "replicas": 2, "gpu": "a100-80g"}])
     table = chat(4000, rate=70.0, seed=2)
     span = table.column("arrival_s")[-1].as_py()
@@ -177,7 +177,7 @@ def test_capacity_weighted_routing_uses_a_mixed_pool_better(tmp_path):
 def test_every_builtin_policy_runs_in_the_simulator(tmp_path, name):
     """Moderate load, defaults: no policy holds or rejects, every request completes."""
     table = poisson_trace(300, rate=20.0, seed=2)
-    requests, _, summary = run_sim(tmp_path, table, ClusterConfig(replicas=3), name, run_id=name)
+    requests, _, summary = run_sim(tmp_path, table, ClusterConfig.build(replicas=3), name, run_id=name)
     assert requests.num_rows == 300
     assert pc.all(pc.equal(requests.column("status"), "ok")).as_py()
     assert len(set(requests.column("target").to_pylist())) >= 2

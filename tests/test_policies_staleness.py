@@ -41,7 +41,7 @@ def _run(tmp_path, table, cfg, policy, run_id):
 def test_scraped_signals_change_only_at_refresh_ticks_while_own_counts_stay_exact(tmp_path):
     table = poisson_trace(400, rate=40.0, seed=3)
     rec = Recorder()
-    _run(tmp_path, table, ClusterConfig(replicas=4, signal_refresh_s=0.5), rec, "stale")
+    _run(tmp_path, table, ClusterConfig.build(replicas=4, signal_refresh_s=0.5), rec, "stale")
     by_tick: dict[float, list] = {}
     for now, times, scraped, own in rec.seen:
         tick = math.floor(now / 0.5) * 0.5
@@ -56,7 +56,7 @@ def test_scraped_signals_change_only_at_refresh_ticks_while_own_counts_stay_exac
     # fresh signals (the default) are current at every decision: a replica's waiting + running is
     # exactly what the router has in flight there
     fresh = Recorder()
-    _run(tmp_path, table, ClusterConfig(replicas=4), fresh, "fresh")
+    _run(tmp_path, table, ClusterConfig.build(replicas=4), fresh, "fresh")
     assert all(scraped == own for _, _, scraped, own in fresh.seen)
 
 
@@ -73,7 +73,7 @@ def _herding(req):
 def test_jsq_on_stale_scraped_queues_herds_and_power_of_two_does_not(tmp_path):
     # 8 replicas, 40 req/s of chat-like requests; signals scraped every 2 s
     table = poisson_trace(3000, rate=40.0, seed=1)
-    fresh, stale = ClusterConfig(replicas=8), ClusterConfig(replicas=8, signal_refresh_s=2.0)
+    fresh, stale = ClusterConfig.build(replicas=8), ClusterConfig.build(replicas=8, signal_refresh_s=2.0)
     scraped = {"load": "scraped"}
     jsq_fresh = _herding(_run(tmp_path, table, fresh, make_policy("least_outstanding", scraped), "jf"))
     jsq_stale = _herding(_run(tmp_path, table, stale, make_policy("least_outstanding", scraped), "js"))
@@ -86,16 +86,16 @@ def test_jsq_on_stale_scraped_queues_herds_and_power_of_two_does_not(tmp_path):
 
 def test_own_accounting_is_unaffected_by_the_scrape_interval(tmp_path):
     table = poisson_trace(600, rate=40.0, seed=2)
-    a = by_request_id(_run(tmp_path, table, ClusterConfig(replicas=4), make_policy("least_outstanding"), "a"))
-    b = by_request_id(_run(tmp_path, table, ClusterConfig(replicas=4, signal_refresh_s=5.0),
+    a = by_request_id(_run(tmp_path, table, ClusterConfig.build(replicas=4), make_policy("least_outstanding"), "a"))
+    b = by_request_id(_run(tmp_path, table, ClusterConfig.build(replicas=4, signal_refresh_s=5.0),
                            make_policy("least_outstanding"), "b"))
     assert a.drop(["run_id"]).equals(b.drop(["run_id"]))
 
 
 def test_signal_refresh_is_validated_and_recorded():
-    cfg = ClusterConfig(signal_refresh_s=0.25)
+    cfg = ClusterConfig.build(signal_refresh_s=0.25)
     assert ClusterConfig.from_dict(cfg.to_dict()).signal_refresh_s == 0.25
     with pytest.raises(UserError, match="cluster.signal_refresh_s: must be >= 0"):
-        ClusterConfig(signal_refresh_s=-1)
+        ClusterConfig.build(signal_refresh_s=-1)
     with pytest.raises(UserError, match="load must be one of requests, scraped"):
         make_policy("least_outstanding", {"load": "tokens"})

@@ -21,7 +21,7 @@ class _Quiet:
 
 def test_served_metrics_parse_back_to_the_fleet_state():
     async def go():
-        fleet = LiveFleet(ClusterConfig(replicas=2, max_num_seqs=1), policy=make_policy("round_robin"),
+        fleet = LiveFleet(ClusterConfig.build(replicas=2, max_num_seqs=1), policy=make_policy("round_robin"),
                           clock=lambda: 0.0)                     # a frozen clock: nothing finishes
         for _ in range(5):
             fleet.submit(Submission(100, 50, (), stream=False), _Quiet())

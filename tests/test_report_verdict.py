@@ -25,7 +25,7 @@ def runs(tmp_path_factory):
     """One busy trace on four replicas: random routing queues far more than least_outstanding."""
     root = tmp_path_factory.mktemp("verdict")
     table = poisson_trace(3000, rate=30.0, seed=4)
-    cfg = ClusterConfig(replicas=4)
+    cfg = ClusterConfig.build(replicas=4)
     for policy in ("least_outstanding", "random"):
         run_sim(root, table, cfg, policy=policy, run_id=policy)
     return root
@@ -59,7 +59,7 @@ def test_baseline_option_flips_the_comparison_and_bad_names_are_user_errors(runs
 
 def test_runs_alike_but_for_the_seed_differ_within_noise(tmp_path):
     """random routing under two seeds on one trace: only chance tells them apart."""
-    cfg = ClusterConfig(replicas=4)
+    cfg = ClusterConfig.build(replicas=4)
     table = poisson_trace(2000, rate=15.0, seed=1)
     targets = []
     for seed in (1, 2):

@@ -28,7 +28,7 @@ FAST = ReplayOptions(time_scale=0.2, scrape_s=None, model="llama-3-8b")
 
 @pytest.fixture(scope="module")
 def fleet():
-    st = ServeThread(ClusterConfig(replicas=2), ServeOptions(port_per_replica=0, speed=20.0))
+    st = ServeThread(ClusterConfig.build(replicas=2), ServeOptions(port_per_replica=0, speed=20.0))
     yield st
     st.close()
 
@@ -41,7 +41,7 @@ def test_serve_names_itself_direct_and_routed(tmp_path: Path, fleet):
     assert [r["status"] for r in rows] == ["ok"] * 12
     assert all(r["backend"] == r["target"] for r in rows)
     assert Counter(r["backend"] for r in rows) == {fleet.urls[0]: 6, fleet.urls[1]: 6}
-    routed = ServeThread(ClusterConfig(replicas=2), ServeOptions(port=0, speed=20.0), make_policy("round_robin"))
+    routed = ServeThread(ClusterConfig.build(replicas=2), ServeOptions(port=0, speed=20.0), make_policy("round_robin"))
     try:
         body = {"prompt": "hello there", "max_tokens": 2}
         names = {request(routed.urls[0], "POST", "/v1/completions", body)[1]["x-llmlb-backend"] for _ in range(4)}

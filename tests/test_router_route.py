@@ -123,7 +123,7 @@ def test_refused_backend_is_retried_then_error_rows(tmp_path: Path):
 def test_replay_through_route_in_front_of_serve(tmp_path: Path, capsys):
     """A replay through llmlb route: both sides write one row per request; the proxy's rows name
     the backend the replayer's rows name (the X-Llmlb-Backend header llmlb serve set)."""
-    fleet = ServeThread(ClusterConfig(replicas=2), ServeOptions(port_per_replica=0, speed=20.0))
+    fleet = ServeThread(ClusterConfig.build(replicas=2), ServeOptions(port_per_replica=0, speed=20.0))
     st = ServerThread()
     try:
         with RunStore(tmp_path / "proxy", config={}, backend="route", run_id="p") as run:
@@ -154,7 +154,7 @@ def test_replay_through_route_in_front_of_serve(tmp_path: Path, capsys):
 def test_sigterm_drains_stream_in_flight(tmp_path: Path):
     """`llmlb route` as a process: SIGTERM once a 200-token stream has started; new connections are
     refused at once, the stream still ends with [DONE], the process exits 0, run.json says complete."""
-    fleet = ServeThread(ClusterConfig(replicas=1), ServeOptions(port_per_replica=0, speed=1.0))
+    fleet = ServeThread(ClusterConfig.build(replicas=1), ServeOptions(port_per_replica=0, speed=1.0))
     port = free_ports(1)[0]
     proc = subprocess.Popen([sys.executable, "-m", "llmlb_bench", "route", "-b", fleet.urls[0], "--port", str(port),
                              "--results", str(tmp_path), "--run-id", "d", "--scrape-interval", "0"],

@@ -34,7 +34,7 @@ def _two_tenants(heavy_rate: float, light_rate: float, duration: float, seed: in
 
 
 def _simulate(tmp_path, table, run_id, seed=0, **cluster):
-    cfg = ClusterConfig(replicas=1, **cluster)
+    cfg = ClusterConfig.build(replicas=1, **cluster)
     with RunStore(tmp_path, config={"cluster": cfg.to_dict()}, backend="sim", run_id=run_id) as run:
         simulate(table, cfg, make_policy("round_robin"), run, seed=seed)
     return pq.read_table(tmp_path / run_id / "requests.parquet")

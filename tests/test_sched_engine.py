@@ -18,7 +18,7 @@ from test_sim_core import tiny_kv_catalog  # noqa: F401  (fixture)
 
 
 def _order(tmp_path, table, run_id="s", **cfg) -> list[int]:
-    req = run_sim(tmp_path, table, ClusterConfig(replicas=1, max_num_seqs=1, **cfg), run_id=run_id)[0]
+    req = run_sim(tmp_path, table, ClusterConfig.build(replicas=1, max_num_seqs=1, **cfg), run_id=run_id)[0]
     return [r["request_id"] for r in sorted(req.to_pylist(), key=lambda r: r["first_token_s"])]
 
 
@@ -42,7 +42,7 @@ def test_sjf_aging_bounds_how_long_a_long_job_is_overtaken(tmp_path):
     table = trace(arrival, 50, np.concatenate([[100, 2000], np.full(n, 10)]))
 
     def shorts_before_long(aging: float) -> int:
-        req = by_request_id(run_sim(tmp_path, table, ClusterConfig(
+        req = by_request_id(run_sim(tmp_path, table, ClusterConfig.build(
             replicas=1, max_num_seqs=1, scheduler="sjf", scheduler_args={"tau": 1.0, "aging": aging}),
             run_id=f"a{aging}")[0])
         first = req.column("first_token_s").to_numpy()
@@ -78,7 +78,7 @@ def test_deadline_scheduler_preempts_the_latest_deadline(tmp_path, tiny_kv_catal
                max_num_batched_tokens=8192, max_num_seqs=256)
     slo = pa.array(["tight", "loose", "tight"]).dictionary_encode()
     table = trace(np.array([0.0, 0.01, 0.02]), 2000, 2000, slo_class=slo)
-    req = by_request_id(run_sim(tmp_path, table, ClusterConfig(
+    req = by_request_id(run_sim(tmp_path, table, ClusterConfig.build(
         **cfg, scheduler="deadline", scheduler_args={"deadlines": "tight=1,loose=100"}), run_id="p")[0])
     p = req.column("preemptions").to_pylist()
     assert p[1] > 0 and p[0] == p[2] == 0
@@ -97,7 +97,7 @@ def test_vtc_lifts_a_returning_tenant_instead_of_letting_it_catch_up(tmp_path):
     ab = np.arange(60) * 0.001
     arrival = np.concatenate([ab, 5.0 + np.arange(10) * 0.001])
     table = trace(arrival, 100, 50, tenant=_tenants("ab" * 30 + "c" * 10))
-    req = run_sim(tmp_path, table, ClusterConfig(replicas=1, max_num_seqs=1, scheduler="vtc"))[0]
+    req = run_sim(tmp_path, table, ClusterConfig.build(replicas=1, max_num_seqs=1, scheduler="vtc"))[0]
     rows = sorted(req.to_pylist(), key=lambda r: r["first_token_s"])
     after = [r["tenant"] for r in rows if r["first_token_s"] > 5.0][:12]
     # lifted to the others' counter, c takes its turn with them instead of ten turns in a row
@@ -111,9 +111,9 @@ def test_vtc_counters_equal_the_weighted_service_delivered(tmp_path, tiny_kv_cat
     n = 40
     table = trace(np.sort(rng.uniform(0, 2, n)), rng.integers(200, 1200, n), rng.integers(50, 900, n),
                   tenant=_tenants("".join(rng.choice(list("xyz"), n))))
-    cfg = ClusterConfig(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, catalogs=(tiny_kv_catalog,),
-                        max_num_batched_tokens=8192, max_num_seqs=256, scheduler="vtc",
-                        scheduler_args={"input_weight": 1.0, "output_weight": 2.0})
+    cfg = ClusterConfig.build(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, catalogs=(tiny_kv_catalog,),
+                              max_num_batched_tokens=8192, max_num_seqs=256, scheduler="vtc",
+                              scheduler_args={"input_weight": 1.0, "output_weight": 2.0})
     with RunStore(tmp_path, config={}, backend="sim", run_id="v") as run:
         sim = Simulation(table, cfg, make_policy("round_robin"), run, 0)
         sim.run()
@@ -133,7 +133,7 @@ def test_vtc_counters_equal_the_weighted_service_delivered(tmp_path, tiny_kv_cat
 def test_vtc_without_lifts_counts_exactly(tmp_path):
     # one tenant: no lifts, so the counter is exactly the weighted tokens served
     table = trace(np.arange(20) * 0.05, np.arange(20) * 37 + 100, np.arange(20) * 11 + 5)
-    cfg = ClusterConfig(replicas=1, max_num_seqs=4, scheduler="vtc", scheduler_args={"output_weight": 3})
+    cfg = ClusterConfig.build(replicas=1, max_num_seqs=4, scheduler="vtc", scheduler_args={"output_weight": 3})
     with RunStore(tmp_path, config={}, backend="sim", run_id="v1") as run:
         sim = Simulation(table, cfg, make_policy("round_robin"), run, 0)
         sim.run()
@@ -145,22 +145,22 @@ def test_vtc_without_lifts_counts_exactly(tmp_path):
 
 def test_schedulers_are_selected_by_name_with_checked_arguments():
     assert list(ENGINE_SCHEDULERS) == ["fcfs", "priority", "sjf", "vtc", "deadline"]
-    cfg = ClusterConfig(scheduler="sjf", scheduler_args={"tau": 0.9, "aging": 5})
+    cfg = ClusterConfig.build(scheduler="sjf", scheduler_args={"tau": 0.9, "aging": 5})
     assert ClusterConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(UserError, match="parameter 'tau' expects float, got 'high'"):
-        ClusterConfig(scheduler="sjf", scheduler_args={"tau": "high"})
+        ClusterConfig.build(scheduler="sjf", scheduler_args={"tau": "high"})
     with pytest.raises(UserError, match=r"tau must be in \[-1, 1\]"):
-        ClusterConfig(scheduler="sjf", scheduler_args={"tau": 2.0})
+        ClusterConfig.build(scheduler="sjf", scheduler_args={"tau": 2.0})
     with pytest.raises(UserError, match="unexpected keyword argument 'weights'"):
-        ClusterConfig(scheduler="vtc", scheduler_args={"weights": "a=2"})
+        ClusterConfig.build(scheduler="vtc", scheduler_args={"weights": "a=2"})
     with pytest.raises(UserError, match="deadlines: expected slo_class=seconds"):
-        ClusterConfig(scheduler="deadline", scheduler_args={"deadlines": "interactive"})
+        ClusterConfig.build(scheduler="deadline", scheduler_args={"deadlines": "interactive"})
 
 
 def test_fcfs_default_is_unchanged_by_naming_it(tmp_path):
     table = trace(np.arange(50) * 0.02, 300, np.arange(50) % 7 * 20 + 10)
-    a = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=2), run_id="a")[0])
-    b = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=2, scheduler="fcfs"), run_id="b")[0])
+    a = by_request_id(run_sim(tmp_path, table, ClusterConfig.build(replicas=2), run_id="a")[0])
+    b = by_request_id(run_sim(tmp_path, table, ClusterConfig.build(replicas=2, scheduler="fcfs"), run_id="b")[0])
     assert a.drop(["run_id"]).equals(b.drop(["run_id"]))
 
 

@@ -21,7 +21,7 @@ PROMPT = PromptBuilder(16).text(100, [11, 22, 33], 5)   # 100 tokens, as the rep
 
 @pytest.fixture(scope="module")
 def srv():
-    st = ServeThread(ClusterConfig(replicas=1), ServeOptions(port_per_replica=0, speed=50.0, mean_output_tokens=20))
+    st = ServeThread(ClusterConfig.build(replicas=1), ServeOptions(port_per_replica=0, speed=50.0, mean_output_tokens=20))
     yield st
     st.close()
 
@@ -209,7 +209,7 @@ def test_shared_prompt_prefixes_hit_the_prefix_cache(url):
 def test_one_routed_port_spreads_requests_over_the_replicas():
     from llmlb_bench.policies import make_policy
 
-    st = ServeThread(ClusterConfig(replicas=3), ServeOptions(port=0, speed=50.0), make_policy("round_robin"))
+    st = ServeThread(ClusterConfig.build(replicas=3), ServeOptions(port=0, speed=50.0), make_policy("round_robin"))
     try:
         assert len(st.urls) == 1
         for _ in range(6):
@@ -226,7 +226,7 @@ def test_a_cache_aware_router_sends_a_repeated_prompt_where_it_is_cached():
     follows the prefix: five repeats of a long prompt hit the replica that computed it."""
     from llmlb_bench.policies import make_policy
 
-    st = ServeThread(ClusterConfig(replicas=3), ServeOptions(port=0, speed=50.0), make_policy("cache_aware"))
+    st = ServeThread(ClusterConfig.build(replicas=3), ServeOptions(port=0, speed=50.0), make_policy("cache_aware"))
     prompt = PromptBuilder(16).text(800, list(range(50)), 3)
     try:
         cached = [post_json(st.urls[0], "/v1/completions", {"prompt": prompt, "max_tokens": 2})[1]["usage"][

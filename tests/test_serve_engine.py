@@ -85,12 +85,12 @@ def _live_run(cfg: ClusterConfig, reqs, stream: bool = True, policy=None, speed:
 @pytest.mark.parametrize("case", ["prefix_cache", "preemption"])
 def test_token_times_equal_a_batch_simulation_of_the_same_arrivals(tmp_path: Path, case: str):
     if case == "prefix_cache":
-        cfg = ClusterConfig(replicas=1, max_num_seqs=8, max_num_batched_tokens=512)
+        cfg = ClusterConfig.build(replicas=1, max_num_seqs=8, max_num_batched_tokens=512)
         reqs = _requests(40, seed=1)
     else:
         (tmp_path / "tiny.toml").write_text(TINY_GPU)
-        cfg = ClusterConfig(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, max_num_batched_tokens=2048,
-                            max_num_seqs=64, catalogs=(str(tmp_path / "tiny.toml"),))
+        cfg = ClusterConfig.build(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, max_num_batched_tokens=2048,
+                                  max_num_seqs=64, catalogs=(str(tmp_path / "tiny.toml"),))
         reqs = [(gap, prompt, 10 * out, []) for gap, prompt, out, _ in _requests(30, seed=2)]
     fleet, rec, lives = _live_run(cfg, reqs)
     assert len(rec.finished) == len(reqs)
@@ -123,7 +123,7 @@ def test_streamed_tokens_are_reported_when_they_become_final(tmp_path: Path):
     """Each report carries exactly the tokens whose simulated time has passed: never one ahead of
     its time (beyond the loop's timer granularity), and one chunk per engine step in decode
     (at speed 1: steps of a few milliseconds, longer than the loop's timer granularity)."""
-    cfg = ClusterConfig(replicas=1)
+    cfg = ClusterConfig.build(replicas=1)
     reqs = [(0.02, 300, 60, []) for _ in range(6)]
     fleet, rec, lives = _live_run(cfg, reqs, speed=1.0)
     lateness = []
@@ -142,7 +142,7 @@ def test_streamed_tokens_are_reported_when_they_become_final(tmp_path: Path):
 
 
 def test_an_aborted_request_leaves_the_batch_and_frees_its_blocks():
-    cfg = ClusterConfig(replicas=1)
+    cfg = ClusterConfig.build(replicas=1)
 
     async def go():
         fleet = LiveFleet(cfg, speed=SPEED)
@@ -172,7 +172,7 @@ def test_an_aborted_request_leaves_the_batch_and_frees_its_blocks():
 
 
 def test_an_aborted_queued_request_never_starts():
-    cfg = ClusterConfig(replicas=1, max_num_seqs=1, max_num_batched_tokens=2048)
+    cfg = ClusterConfig.build(replicas=1, max_num_seqs=1, max_num_batched_tokens=2048)
 
     async def go():
         fleet = LiveFleet(cfg, speed=SPEED)
@@ -191,7 +191,7 @@ def test_an_aborted_queued_request_never_starts():
 
 
 def test_router_holds_and_rejects_like_the_simulator():
-    cfg = ClusterConfig(replicas=2)
+    cfg = ClusterConfig.build(replicas=2)
     reqs = [(0.0, 200, 40, []) for _ in range(6)]
     fleet, rec, lives = _live_run(cfg, reqs, stream=False, policy=make_policy("fcfs_queue", {"max_outstanding": 1}))
     assert len(rec.finished) == 6 and not fleet.held
@@ -209,7 +209,7 @@ def test_replica_abort_mid_decode_cuts_the_run_at_the_step_in_progress():
     from llmlb_bench.sim.fleet import Fleet
     from llmlb_bench.policies import RouteRequest
 
-    rep = Fleet(ClusterConfig(replicas=1), 16).replicas[0]
+    rep = Fleet(ClusterConfig.build(replicas=1), 16).replicas[0]
     reqs = [Request(i, RouteRequest(i, 0.0, 100, 50), 100, 50) for i in range(3)]
     for r in reqs:
         rep.enqueue(r, 0.0)

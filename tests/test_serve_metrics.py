@@ -39,7 +39,7 @@ def value(fams: dict, family: str, sample: str | None = None, **labels: str) -> 
 
 @pytest.fixture(scope="module")
 def srv():
-    st = ServeThread(ClusterConfig(replicas=1), ServeOptions(port_per_replica=0, speed=5.0))
+    st = ServeThread(ClusterConfig.build(replicas=1), ServeOptions(port_per_replica=0, speed=5.0))
     ended = []
     st.server.fleet.on_end = ended.append
     st.ended = ended

@@ -42,7 +42,7 @@ def test_replay_round_trip_counts_exactly(tmp_path: Path):
     """The server counts the replayer's prompts exactly (both prompt modes), honours the forced
     output lengths, reports usage, and its prefix cache sees the trace's shared prefixes."""
     table = shared_prefix_trace(24, rate=20.0, seed=3)
-    st = ServeThread(ClusterConfig(replicas=2), ServeOptions(port_per_replica=0, speed=10.0))
+    st = ServeThread(ClusterConfig.build(replicas=2), ServeOptions(port_per_replica=0, speed=10.0))
     try:
         for tokenize in (False, True):
             _, rows, _ = run_replay(table, st.urls, tmp_path, "round_robin",
@@ -65,7 +65,7 @@ def test_streamed_chunks_reach_the_client_at_the_simulated_token_times(tmp_path:
     is loose because the shared test machine is, but a server that wrote tokens at run
     boundaries instead of step ends would be hundreds of milliseconds late)."""
     table = trace(np.arange(12) * 0.05, 300, 40)
-    st = ServeThread(ClusterConfig(replicas=1), ServeOptions(port_per_replica=0, speed=1.0))
+    st = ServeThread(ClusterConfig.build(replicas=1), ServeOptions(port_per_replica=0, speed=1.0))
     ended = []
     st.server.fleet.on_end = ended.append
     try:
@@ -91,7 +91,7 @@ def test_multimodal_rows_round_trip(tmp_path: Path):
     table = trace(np.arange(n) * 0.05, 900, 8, images=pa.array([1, 2, 0, 1, 3, 0, 1, 2], pa.int16()),
                   image_tokens=pa.array([256, 512, 0, 64, 300, 0, 100, 128], pa.int32()),
                   audio_s=pa.array([0, 2.0, 1.2, 0, 0, 0.5, 3.0, 0], pa.float32()))
-    st = ServeThread(ClusterConfig(replicas=1), ServeOptions(port_per_replica=0, speed=10.0))
+    st = ServeThread(ClusterConfig.build(replicas=1), ServeOptions(port_per_replica=0, speed=10.0))
     try:
         _, rows, _ = run_replay(table, st.urls, tmp_path, "round_robin", ReplayOptions(time_scale=0.1))
     finally:
@@ -165,7 +165,7 @@ def test_replay_against_serve_matches_simulate(tmp_path: Path, speed: float):
     the server's wake-up), widened by 5% and by 2 ms (TTFT) / 0.5 ms (TPOT) of wall time: on a
     loaded CI machine the server's token writes run a little late, which stretches TPOT."""
     table = poisson_trace(120, rate=10.0, seed=5, input_mean=800, output_mean=60)
-    cfg = ClusterConfig(replicas=2, gpu="a100-80g", model="llama-3-8b")
+    cfg = ClusterConfig.build(replicas=2, gpu="a100-80g", model="llama-3-8b")
     proc, urls = _start_server("--replicas", "2", "--gpu", "a100-80g", "--model", "llama-3-8b",
                                "--port-per-replica", "0", "--speed", str(speed))
     try:

@@ -39,9 +39,9 @@ def _ttft(req, start, end):
 
 def test_threshold_autoscaler_follows_a_step_load_and_its_cold_start_costs_ttft(tmp_path):
     table = _step_load()
-    cold = run_sim(tmp_path, table, ClusterConfig(replicas=1, max_num_seqs=16, autoscale=_autoscale(30.0)), run_id="c")
-    warm = run_sim(tmp_path, table, ClusterConfig(replicas=1, max_num_seqs=16, autoscale=_autoscale(0.0)), run_id="w")
-    fixed = run_sim(tmp_path, table, ClusterConfig(replicas=1, max_num_seqs=16), run_id="f")
+    cold = run_sim(tmp_path, table, ClusterConfig.build(replicas=1, max_num_seqs=16, autoscale=_autoscale(30.0)), run_id="c")
+    warm = run_sim(tmp_path, table, ClusterConfig.build(replicas=1, max_num_seqs=16, autoscale=_autoscale(0.0)), run_id="w")
+    fixed = run_sim(tmp_path, table, ClusterConfig.build(replicas=1, max_num_seqs=16), run_id="f")
     req, series, summary = cold
     # the fleet over time, from series.parquet: replicas sampled at each tick
     size = collections.Counter(series.column("t_s").to_pylist())
@@ -58,7 +58,7 @@ def test_threshold_autoscaler_follows_a_step_load_and_its_cold_start_costs_ttft(
 
 def test_energy_and_gpu_hours_cover_starting_and_idle_replicas(tmp_path):
     req, series, summary = run_sim(tmp_path, _step_load(),
-                                   ClusterConfig(replicas=1, max_num_seqs=16, autoscale=_autoscale(30.0)))
+                                   ClusterConfig.build(replicas=1, max_num_seqs=16, autoscale=_autoscale(30.0)))
     gpu = load_catalog().gpus["a100-80g"]
     rows = series.to_pylist()
     # integrating every replica's sampled power (1 s intervals) gives the run's energy
@@ -79,12 +79,12 @@ def test_energy_and_gpu_hours_cover_starting_and_idle_replicas(tmp_path):
 
 
 def test_threshold_autoscaler_settings_are_checked():
-    cfg = ClusterConfig(autoscale=_autoscale(10.0))
+    cfg = ClusterConfig.build(autoscale=_autoscale(10.0))
     assert ClusterConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(UserError, match="metric must be queue or kv"):
-        ClusterConfig(autoscale={"policy": "threshold", "args": {"metric": "power"}})
+        ClusterConfig.build(autoscale={"policy": "threshold", "args": {"metric": "power"}})
     with pytest.raises(UserError, match="lower < upper"):
-        ClusterConfig(autoscale={"policy": "threshold", "args": {"upper": 0.2, "lower": 0.5}})
+        ClusterConfig.build(autoscale={"policy": "threshold", "args": {"upper": 0.2, "lower": 0.5}})
 
 
 def test_threshold_rule_on_a_hand_built_view():

@@ -24,9 +24,9 @@ def test_chunked_prefill_lowers_tpot_tails_at_some_ttft_cost(tmp_path):
     arrival = np.cumsum(rng.exponential(1 / 4.0, n))
     prompt = np.where(rng.random(n) < 0.2, 7000, rng.integers(100, 400, n))
     table = trace(arrival, prompt, rng.integers(100, 300, n))
-    whole = _metrics(run_sim(tmp_path, table, ClusterConfig(replicas=1, chunked_prefill=False), run_id="whole")[0]
+    whole = _metrics(run_sim(tmp_path, table, ClusterConfig.build(replicas=1, chunked_prefill=False), run_id="whole")[0]
                      .to_pylist())
-    chunked = _metrics(run_sim(tmp_path, table, ClusterConfig(replicas=1, max_num_batched_tokens=512),
+    chunked = _metrics(run_sim(tmp_path, table, ClusterConfig.build(replicas=1, max_num_batched_tokens=512),
                                run_id="chunked")[0].to_pylist())
     assert np.percentile(chunked["tpot"], 99) < 0.8 * np.percentile(whole["tpot"], 99)
     assert np.percentile(chunked["itl"], 99) < 0.2 * np.percentile(whole["itl"], 99)
@@ -39,8 +39,8 @@ def test_disaggregation_raises_tpot_slo_attainment(tmp_path):
     rng = np.random.default_rng(0)
     n = 600
     table = trace(np.cumsum(rng.exponential(1 / 3.0, n)), rng.integers(1500, 4000, n), rng.integers(100, 400, n))
-    mixed = _metrics(run_sim(tmp_path, table, ClusterConfig(replicas=3), run_id="mixed")[0].to_pylist())
-    pd = ClusterConfig(pools=[{"name": "prefill", "replicas": 1}, {"name": "decode", "replicas": 2}])
+    mixed = _metrics(run_sim(tmp_path, table, ClusterConfig.build(replicas=3), run_id="mixed")[0].to_pylist())
+    pd = ClusterConfig.build(pools=[{"name": "prefill", "replicas": 1}, {"name": "decode", "replicas": 2}])
     split = _metrics(run_sim(tmp_path, table, pd, policy="pd_pair", run_id="pd")[0].to_pylist())
     slo = 0.015
     assert np.mean(split["tpot"] <= slo) > 0.95 > 0.6 > np.mean(mixed["tpot"] <= slo)

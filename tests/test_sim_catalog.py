@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.sim import ClusterConfig, CostModel, load_catalog
+from llmlb_bench.sim import ClusterConfig, CostModel, PoolConfig, load_catalog
 
 GPUS = {"a100-80g", "h100-sxm", "h200", "l4", "a10g", "mi300x", "b200"}
 MODELS = {"llama-2-7b", "llama-3-8b", "llama-3-70b", "qwen2.5-7b", "qwen2.5-72b", "mixtral-8x7b", "deepseek-v3"}
@@ -35,34 +36,53 @@ def test_every_figure_in_the_builtin_catalog_cites_a_source():
 
 def test_unknown_names_list_the_known_ones():
     with pytest.raises(UserError, match=r"unknown GPU 'h100'.*h100-sxm") as e:
-        ClusterConfig(gpu="h100")
+        ClusterConfig.build(gpu="h100")
     assert e.value.where == "cluster.gpu"
     with pytest.raises(UserError, match=r"unknown model 'llama3'.*llama-3-8b"):
-        ClusterConfig(model="llama3")
+        ClusterConfig.build(model="llama3")
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"replicas": 0}, "cluster.replicas"),
-    ({"tp": 1.5}, "cluster.tp"),
-    ({"gpu_memory_utilization": 1.2}, "cluster.gpu_memory_utilization"),
-    ({"max_num_seqs": 512, "max_num_batched_tokens": 256}, "cluster.max_num_batched_tokens"),
+@pytest.mark.parametrize("kwargs, line", [
+    ({"replicas": 0}, "cluster.replicas: must be a positive integer"),
+    ({"tp": 0}, "cluster.tp: must be a positive integer"),
+    # keyword settings are type-checked like a cluster file's: the line names the field
+    ({"tp": 1.5}, "cluster: tp: expected an integer, got a number"),
+    ({"gpu_memory_utilization": 1.2}, "cluster.gpu_memory_utilization: must be in (0, 1]"),
+    ({"max_num_seqs": 512, "max_num_batched_tokens": 256}, "cluster.max_num_batched_tokens: "),
 ])
-def test_bad_settings_name_the_field(kwargs, field):
+def test_bad_settings_name_the_field(kwargs, line):
     with pytest.raises(UserError) as e:
-        ClusterConfig(**kwargs)
-    assert e.value.where == field
+        ClusterConfig.build(**kwargs)
+    assert str(e.value).startswith(line)
 
 
 def test_config_round_trips_through_json():
-    cfg = ClusterConfig(replicas=8, gpu="h100-sxm", model="llama-3-70b", tp=4, max_num_seqs=128)
+    cfg = ClusterConfig.build(replicas=8, gpu="h100-sxm", model="llama-3-70b", tp=4, max_num_seqs=128)
     back = ClusterConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert back == cfg
     with pytest.raises(UserError, match="unknown field 'replica' \\(did you mean 'replicas'\\?\\)"):
         ClusterConfig.from_dict({"replica": 3})
 
 
+def test_settings_are_parsed_once_into_typed_pools_and_stored_as_tables():
+    cfg = ClusterConfig.build(tp=2, pools=({"name": "prefill", "replicas": 1},
+                                           {"name": "decode", "replicas": 2, "gpu": "h100-sxm"}))
+    assert all(isinstance(p, PoolConfig) for p in cfg.pools)
+    assert [(p.name, p.role, p.replicas, p.gpu, p.tp) for p in cfg.pools] == \
+        [("prefill", "prefill", 1, "a100-80g", 2), ("decode", "decode", 2, "h100-sxm", 2)]
+    assert cfg.replicas == 3 and cfg.disaggregated
+    # vLLM's batch defaults per GPU, filled in when parsed
+    assert [(p.max_num_seqs, p.max_num_batched_tokens) for p in cfg.pools] == [(256, 2048), (1024, 8192)]
+    stored = json.loads(json.dumps(cfg.to_dict()))          # run.json: every pool a table of all its fields
+    assert [sorted(p) for p in stored["pools"]] == [sorted(f.name for f in dataclasses.fields(PoolConfig))] * 2
+    assert ClusterConfig.from_dict(stored) == cfg
+    assert [p.name for p in ClusterConfig.build(replicas=2).pools] == ["default"]
+    with pytest.raises(TypeError, match="ClusterConfig.build"):
+        ClusterConfig(replicas=2)                           # unparsed settings are refused, not half-used
+
+
 def test_model_that_does_not_fit_is_a_user_error():
-    cfg = ClusterConfig(gpu="a100-80g", model="llama-3-70b", tp=1)
+    cfg = ClusterConfig.build(gpu="a100-80g", model="llama-3-70b", tp=1)
     with pytest.raises(UserError, match="does not fit.*raise tp"):
         CostModel(cfg.model_spec, cfg.gpu_spec, cfg.tp)
 
@@ -92,7 +112,7 @@ max_context = 8192
 """)
     cat = load_catalog([path])
     assert cat.models["llama-3-8b-fp8"].kv_bytes_per_token == 64 * 1024
-    cfg = ClusterConfig(model="llama-3-8b-fp8", catalogs=(str(path),))
+    cfg = ClusterConfig.build(model="llama-3-8b-fp8", catalogs=(str(path),))
     fp8 = CostModel(cfg.model_spec, cfg.gpu_spec)
     bf16 = CostModel(load_catalog().models["llama-3-8b"], cfg.gpu_spec)
     assert fp8.kv_blocks > 2 * bf16.kv_blocks and fp8.decode_time(1, 100) < bf16.decode_time(1, 100)

@@ -18,7 +18,7 @@ def _token_times(row_segments: list[dict]) -> np.ndarray:
 
 def test_every_request_one_row_with_all_its_tokens(tmp_path):
     table = poisson_trace(600, rate=12.0, seed=3)
-    req, series, summary = run_sim(tmp_path, table, ClusterConfig(replicas=2))
+    req, series, summary = run_sim(tmp_path, table, ClusterConfig.build(replicas=2))
     assert req.num_rows == 600 and summary["status"] == {"ok": 600}
     assert sorted(req.column("request_id").to_pylist()) == list(range(600))
     req = by_request_id(req)
@@ -38,7 +38,7 @@ def test_every_request_one_row_with_all_its_tokens(tmp_path):
 
 def test_identical_inputs_give_identical_rows(tmp_path):
     table = poisson_trace(400, rate=20.0, seed=5)
-    cfg = ClusterConfig(replicas=3)
+    cfg = ClusterConfig.build(replicas=3)
     a, sa, _ = run_sim(tmp_path, table, cfg, run_id="a")
     b, sb, _ = run_sim(tmp_path, table, cfg, run_id="b")
     assert a.drop(["run_id"]).equals(b.drop(["run_id"]))
@@ -54,8 +54,8 @@ def tiny_kv_catalog(tmp_path):
 
 
 def test_kv_never_over_capacity_and_preemption_recomputes(tmp_path, tiny_kv_catalog, monkeypatch):
-    cfg = ClusterConfig(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, catalogs=(tiny_kv_catalog,),
-                        max_num_batched_tokens=8192, max_num_seqs=256)
+    cfg = ClusterConfig.build(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, catalogs=(tiny_kv_catalog,),
+                              max_num_batched_tokens=8192, max_num_seqs=256)
     checked = []
     original = replica_mod.Replica.boundary
 
@@ -91,8 +91,8 @@ def _blocks_held(rep, r) -> int:
 
 
 def test_requests_that_never_fit_are_rejected_with_a_reason(tmp_path, tiny_kv_catalog):
-    cfg = ClusterConfig(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, catalogs=(tiny_kv_catalog,),
-                        max_model_len=16384, max_num_batched_tokens=8192, max_num_seqs=256)
+    cfg = ClusterConfig.build(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, catalogs=(tiny_kv_catalog,),
+                              max_model_len=16384, max_num_batched_tokens=8192, max_num_seqs=256)
     # 631 blocks of 16 tokens = 10096 KV slots
     table = trace(np.array([0.0, 0.1, 0.2, 0.3, 0.4]), [100, 10000, 20000, 100, 9000], [10, 100, 10, 0, 1000])
     req = by_request_id(run_sim(tmp_path, table, cfg)[0])
@@ -108,7 +108,7 @@ def test_decode_runs_sum_to_the_step_by_step_time(tmp_path):
     """A lone request: prefill step + (output - 1) decode steps, each from the roofline at its own context.
     The simulator advances the decode steps as runs timed at their mean context; the smooth roofline
     is nearly linear in the context within a run, so the total matches to a few parts per million."""
-    cfg = ClusterConfig(replicas=1, max_num_batched_tokens=8192)
+    cfg = ClusterConfig.build(replicas=1, max_num_batched_tokens=8192)
     req = run_sim(tmp_path, trace(np.array([0.0]), 3000, 2000), cfg)[0].to_pylist()[0]
     cost = CostModel(cfg.model_spec, cfg.gpu_spec, 1)
     expected = cost.step(3000, 3000 * (3000 + 1) / 2, 3000, 0, 0, 1).total
@@ -119,15 +119,15 @@ def test_decode_runs_sum_to_the_step_by_step_time(tmp_path):
 
 def test_chunked_prefill_splits_long_prompts_and_off_waits_for_room(tmp_path):
     table = trace(np.array([0.0]), 20000, 5)
-    cfg = ClusterConfig(replicas=1, model="qwen2.5-7b", max_num_batched_tokens=4096, max_num_seqs=4)
+    cfg = ClusterConfig.build(replicas=1, model="qwen2.5-7b", max_num_batched_tokens=4096, max_num_seqs=4)
     row = run_sim(tmp_path, table, cfg, run_id="chunked")[0].to_pylist()[0]
     assert row["status"] == "ok"
     # five chunks of at most 4096 tokens: the first token comes after 5 steps
     cost = CostModel(cfg.model_spec, cfg.gpu_spec, 1, max_num_batched_tokens=4096, max_num_seqs=4)
     one_step = cost.step(4096, 4096 * 4097 / 2, 4096, 0, 0, 0).total
     assert row["first_token_s"] > 4 * one_step
-    off = ClusterConfig(replicas=1, model="qwen2.5-7b", max_num_batched_tokens=4096, max_num_seqs=4,
-                        chunked_prefill=False)
+    off = ClusterConfig.build(replicas=1, model="qwen2.5-7b", max_num_batched_tokens=4096, max_num_seqs=4,
+                              chunked_prefill=False)
     row = run_sim(tmp_path, table, off, run_id="unchunked")[0].to_pylist()[0]
     assert row["status"] == "rejected" and "chunked prefill off" in row["error"]
 
@@ -150,7 +150,7 @@ def test_router_view_sees_replica_signals(tmp_path):
 
     table = trace(np.arange(50) * 0.01, 500, 200)
     with RunStore(tmp_path, config={}, backend="sim", run_id="spy") as run:
-        simulate(table, ClusterConfig(replicas=2), Spy(), run)
+        simulate(table, ClusterConfig.build(replicas=2), Spy(), run)
     assert [s[1][0] for s in seen] == list(range(50)), "own accounting: one more outstanding per dispatch"
     assert max(s[2][0] for s in seen) > 10 and max(s[3][0] for s in seen) > 0
     assert all(s[1][1] == 0 for s in seen)
@@ -172,4 +172,4 @@ def test_bad_policy_choice_is_a_user_error(tmp_path):
 
     with pytest.raises(UserError, match="chose target 7"):
         with RunStore(tmp_path, config={}, backend="sim", run_id="bad") as run:
-            simulate(trace(np.array([0.0]), 10, 10), ClusterConfig(replicas=2), Bad(), run)
+            simulate(trace(np.array([0.0]), 10, 10), ClusterConfig.build(replicas=2), Bad(), run)

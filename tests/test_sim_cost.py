@@ -12,8 +12,8 @@ from llmlb_bench.sim.fleet import cost_model
 
 
 def _model(gpu: str = "a100-80g", model: str = "llama-3-8b", tp: int = 1) -> CostModel:
-    cfg = ClusterConfig(gpu=gpu, model=model, tp=tp, max_num_batched_tokens=8192, max_num_seqs=256)
-    return cost_model(cfg.pool_configs()[0])
+    cfg = ClusterConfig.build(gpu=gpu, model=model, tp=tp, max_num_batched_tokens=8192, max_num_seqs=256)
+    return cost_model(cfg.pools[0])
 
 
 def test_kv_capacity_is_memory_minus_weights_activations_and_reserve():

@@ -22,7 +22,7 @@ def _tokens(row: dict) -> np.ndarray:
 # ---- energy ------------------------------------------------------------------------------------
 
 def test_energy_is_conserved_and_power_stays_within_the_board_limits(tmp_path):
-    cfg = ClusterConfig(replicas=2)
+    cfg = ClusterConfig.build(replicas=2)
     req, series, summary = run_sim(tmp_path, poisson_trace(400, rate=8.0, seed=2), cfg)
     gpu = load_catalog().gpus["a100-80g"]
     # every joule of every busy step is attributed to some request; idle time is not
@@ -40,7 +40,7 @@ def test_energy_is_conserved_and_power_stays_within_the_board_limits(tmp_path):
 
 
 def test_longer_outputs_cost_more_energy(tmp_path):
-    cfg = ClusterConfig(replicas=1)
+    cfg = ClusterConfig.build(replicas=1)
     table = trace(np.array([0.0, 100.0]), [500, 500], [50, 500])
     energy = by_request_id(run_sim(tmp_path, table, cfg)[0]).column("energy_j").to_pylist()
     assert 5 < energy[1] / energy[0] < 12
@@ -59,8 +59,8 @@ def _shared_prefix_trace(n: int, prefix_blocks: int, own_blocks: int, gap_s: flo
 
 def test_prefix_caching_skips_shared_prefill_and_cuts_ttft(tmp_path):
     table = _shared_prefix_trace(40, prefix_blocks=200, own_blocks=8, gap_s=0.5)
-    on = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=1), run_id="on")[0])
-    off = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=1, enable_prefix_caching=False),
+    on = by_request_id(run_sim(tmp_path, table, ClusterConfig.build(replicas=1), run_id="on")[0])
+    off = by_request_id(run_sim(tmp_path, table, ClusterConfig.build(replicas=1, enable_prefix_caching=False),
                                 run_id="off")[0])
     cached = on.column("cached_tokens").to_pylist()
     assert cached[0] == 0 and all(c == 200 * 16 for c in cached[1:])
@@ -78,14 +78,14 @@ def test_next_turn_of_a_conversation_hits_the_cached_reply(tmp_path):
                   parent_id=pa.array([None, 0, None], pa.int64()),
                   after_parent_s=pa.array([None, 1.0, None], pa.float64()),
                   prefix_hashes=pa.array([hashes(1000), hashes(1256), [1, 2, 3]], pa.list_(pa.uint64())))
-    req = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=1))[0])
+    req = by_request_id(run_sim(tmp_path, table, ClusterConfig.build(replicas=1))[0])
     # 1000 + 200 - 1 tokens of KV -> 74 full blocks, of which the prompt had 62
     assert req.column("cached_tokens").to_pylist() == [0, 74 * 16, 0]
 
 
 def test_engine_block_size_coarser_than_the_trace_hashes(tmp_path):
     table = _shared_prefix_trace(10, prefix_blocks=64, own_blocks=4, gap_s=0.5)   # 16-token hashes
-    req = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=1, block_size=32))[0])
+    req = by_request_id(run_sim(tmp_path, table, ClusterConfig.build(replicas=1, block_size=32))[0])
     assert req.column("cached_tokens").to_pylist()[1:] == [64 * 16] * 9
 
 
@@ -107,7 +107,7 @@ def test_view_publishes_exact_cache_contents(tmp_path):
 
     table = _shared_prefix_trace(5, prefix_blocks=10, own_blocks=2, gap_s=1.0)
     with RunStore(tmp_path, config={}, backend="sim", run_id="spy") as run:
-        simulate(table, ClusterConfig(replicas=2), Spy(), run)
+        simulate(table, ClusterConfig.build(replicas=2), Spy(), run)
     assert seen[0] == [0, 0] and all(s == [10, 0] for s in seen[1:])
 
 
@@ -121,7 +121,7 @@ def test_router_queue_holds_requests_and_releases_them(tmp_path):
 
     table = trace(np.arange(40) * 0.01, 300, 100)
     with RunStore(tmp_path, config={}, backend="sim", run_id="q") as run:
-        simulate(table, ClusterConfig(replicas=2), make_policy("fcfs_queue", {"max_outstanding": 3}), run)
+        simulate(table, ClusterConfig.build(replicas=2), make_policy("fcfs_queue", {"max_outstanding": 3}), run)
     req = by_request_id(pq.read_table(run.dir / "requests.parquet"))
     assert req.column("status").to_pylist() == ["ok"] * 40
     held = pc.greater(req.column("sent_s"), req.column("scheduled_s"))
@@ -134,7 +134,7 @@ def test_router_queue_holds_requests_and_releases_them(tmp_path):
 
 def test_router_rejections_are_rows_with_a_reason(tmp_path):
     table = trace(np.arange(30) * 0.001, 300, 300)
-    req = run_sim(tmp_path, table, ClusterConfig(replicas=1), policy="admission_control")[0]
+    req = run_sim(tmp_path, table, ClusterConfig.build(replicas=1), policy="admission_control")[0]
     # default limit 128 in flight: all admitted; a limit of 5 rejects the burst's tail
     assert set(req.column("status").to_pylist()) == {"ok"}
     from llmlb_bench.policies import make_policy
@@ -143,7 +143,7 @@ def test_router_rejections_are_rows_with_a_reason(tmp_path):
     import pyarrow.parquet as pq
 
     with RunStore(tmp_path, config={}, backend="sim", run_id="ac") as run:
-        simulate(table, ClusterConfig(replicas=1), make_policy("admission_control", {"max_outstanding": 5}), run)
+        simulate(table, ClusterConfig.build(replicas=1), make_policy("admission_control", {"max_outstanding": 5}), run)
     req = by_request_id(pq.read_table(run.dir / "requests.parquet"))
     status = req.column("status").to_pylist()
     assert status[:5] == ["ok"] * 5 and status.count("rejected") == 25
@@ -158,7 +158,7 @@ def test_children_start_after_their_parent_plus_think_time(tmp_path):
     table = trace(np.zeros(4), 200, [100, 50, 50, 10],
                   parent_id=pa.array([None, 0, 1, 0], pa.int64()),
                   after_parent_s=pa.array([None, 2.0, 0.5, 0.0], pa.float64()))
-    req = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=2))[0]).to_pylist()
+    req = by_request_id(run_sim(tmp_path, table, ClusterConfig.build(replicas=2))[0]).to_pylist()
     assert req[1]["scheduled_s"] == pytest.approx(req[0]["last_token_s"] + 2.0)
     assert req[2]["scheduled_s"] == pytest.approx(req[1]["last_token_s"] + 0.5)
     assert req[3]["scheduled_s"] == pytest.approx(req[0]["last_token_s"])
@@ -168,14 +168,14 @@ def test_children_start_after_their_parent_plus_think_time(tmp_path):
 def test_a_child_never_comes_before_its_own_arrival_time(tmp_path):
     table = trace(np.array([0.0, 50.0]), 100, 10, parent_id=pa.array([None, 0], pa.int64()),
                   after_parent_s=pa.array([None, 0.1], pa.float64()))
-    req = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=1))[0]).to_pylist()
+    req = by_request_id(run_sim(tmp_path, table, ClusterConfig.build(replicas=1))[0]).to_pylist()
     assert req[1]["scheduled_s"] == 50.0
 
 
 # ---- heterogeneous pools ----------------------------------------------------------------------------------
 
 def test_heterogeneous_pools_serve_at_their_own_speed(tmp_path):
-    cfg = ClusterConfig(pools=[{"name": "fast", "replicas": 1, "gpu": "h100-sxm"},
+    cfg = ClusterConfig.build(pools=[{"name": "fast", "replicas": 1, "gpu": "h100-sxm"},
                                {"name": "slow", "replicas": 1, "gpu": "a100-80g"}])
     assert cfg.replicas == 2
     table = trace(np.arange(2) * 0.0, 1000, 500)
@@ -186,33 +186,33 @@ def test_heterogeneous_pools_serve_at_their_own_speed(tmp_path):
 
 
 def test_engine_defaults_follow_vllm_per_gpu_class():
-    pools = {p.gpu: p for p in ClusterConfig(pools=[{"name": "a", "gpu": "a100-80g"}, {"name": "h", "gpu": "h100-sxm"},
-                                                    {"name": "l", "gpu": "l4"}]).pool_configs()}
+    pools = {p.gpu: p for p in ClusterConfig.build(pools=[{"name": "a", "gpu": "a100-80g"}, {"name": "h", "gpu": "h100-sxm"},
+                                                    {"name": "l", "gpu": "l4"}]).pools}
     assert (pools["a100-80g"].max_num_batched_tokens, pools["a100-80g"].max_num_seqs) == (2048, 256)
     assert (pools["h100-sxm"].max_num_batched_tokens, pools["h100-sxm"].max_num_seqs) == (8192, 1024)
     assert (pools["l4"].max_num_batched_tokens, pools["l4"].max_num_seqs) == (2048, 256)
-    unchunked = ClusterConfig(chunked_prefill=False).pool_configs()[0]
+    unchunked = ClusterConfig.build(chunked_prefill=False).pools[0]
     assert unchunked.max_num_batched_tokens == 8192, "the model length, so any prompt fits one step"
-    assert ClusterConfig(max_num_seqs=64).pool_configs()[0].max_num_seqs == 64
+    assert ClusterConfig.build(max_num_seqs=64).pools[0].max_num_seqs == 64
 
 
 def test_pool_settings_are_validated():
     with pytest.raises(UserError, match="unknown field 'gpus' \\(did you mean 'gpu'\\?\\)") as e:
-        ClusterConfig(pools=[{"gpus": "h100-sxm"}])
+        ClusterConfig.build(pools=[{"gpus": "h100-sxm"}])
     assert e.value.where == "cluster.pools[0]"
     with pytest.raises(UserError, match="unknown GPU") as e:
-        ClusterConfig(pools=[{"replicas": 1}, {"gpu": "x"}])
+        ClusterConfig.build(pools=[{"replicas": 1}, {"gpu": "x"}])
     assert e.value.where == "cluster.pools[1].gpu"
     with pytest.raises(UserError, match="needs both a prefill and a decode pool"):
-        ClusterConfig(pools=[{"name": "prefill"}])
-    cfg = ClusterConfig(pools=[{"name": "a", "replicas": 2}, {"name": "b", "replicas": 3, "tp": 2}])
+        ClusterConfig.build(pools=[{"name": "prefill"}])
+    cfg = ClusterConfig.build(pools=[{"name": "a", "replicas": 2}, {"name": "b", "replicas": 3, "tp": 2}])
     assert ClusterConfig.from_dict(cfg.to_dict()) == cfg
 
 
 # ---- prefill/decode disaggregation ---------------------------------------------------------------------------
 
-PD = ClusterConfig(pools=[{"name": "prefill", "replicas": 1}, {"name": "decode", "replicas": 2}],
-                   kv_link_gb_s=25.0, kv_link_latency_ms=2.0)
+PD = ClusterConfig.build(pools=[{"name": "prefill", "replicas": 1}, {"name": "decode", "replicas": 2}],
+                         kv_link_gb_s=25.0, kv_link_latency_ms=2.0)
 
 
 def test_disaggregated_requests_prefill_on_one_pool_and_decode_on_the_other(tmp_path):
@@ -240,7 +240,7 @@ def test_disaggregation_needs_a_pair_policy(tmp_path):
 # ---- failures ------------------------------------------------------------------------------------------
 
 def test_failed_replica_requests_are_retried_elsewhere(tmp_path):
-    cfg = ClusterConfig(replicas=2, failures=[{"target": "r0", "at_s": 5.0, "down_s": 1000.0}])
+    cfg = ClusterConfig.build(replicas=2, failures=[{"target": "r0", "at_s": 5.0, "down_s": 1000.0}])
     table = poisson_trace(200, rate=10.0, seed=6)
     req, _, summary = run_sim(tmp_path, table, cfg, policy="least_outstanding")
     assert set(req.column("status").to_pylist()) == {"ok"}
@@ -250,7 +250,7 @@ def test_failed_replica_requests_are_retried_elsewhere(tmp_path):
 
 
 def test_failure_mode_fail_reports_errors(tmp_path):
-    cfg = ClusterConfig(replicas=2, failures=[{"target": "r0", "at_s": 5.0, "down_s": 3.0}], on_failure="fail")
+    cfg = ClusterConfig.build(replicas=2, failures=[{"target": "r0", "at_s": 5.0, "down_s": 3.0}], on_failure="fail")
     req, _, summary = run_sim(tmp_path, poisson_trace(200, rate=10.0, seed=6), cfg, policy="round_robin")
     errors = req.filter(pc.equal(req.column("status"), "error"))
     assert errors.num_rows > 0 and summary["status"]["error"] == errors.num_rows
@@ -272,7 +272,7 @@ def test_sending_to_a_down_target_is_an_error(tmp_path):
         def on_complete(self, req, target, view):
             return None
 
-    cfg = ClusterConfig(replicas=2, failures=[{"target": "r0", "at_s": 1.0, "down_s": 2.0}], on_failure="fail")
+    cfg = ClusterConfig.build(replicas=2, failures=[{"target": "r0", "at_s": 1.0, "down_s": 2.0}], on_failure="fail")
     with RunStore(tmp_path, config={}, backend="sim", run_id="down") as run:
         simulate(trace(np.array([0.5, 1.5, 2.5, 3.5]), 100, 2000), cfg, Always0(), run)
     req = by_request_id(pq.read_table(run.dir / "requests.parquet"))
@@ -281,7 +281,7 @@ def test_sending_to_a_down_target_is_an_error(tmp_path):
 
 
 def test_random_failures_follow_the_seed(tmp_path):
-    cfg = ClusterConfig(replicas=3, mtbf_s=20.0, mttr_s=5.0)
+    cfg = ClusterConfig.build(replicas=3, mtbf_s=20.0, mttr_s=5.0)
     table = poisson_trace(300, rate=10.0, seed=8)
     a = run_sim(tmp_path, table, cfg, seed=1, run_id="a")
     b = run_sim(tmp_path, table, cfg, seed=1, run_id="b")
@@ -295,8 +295,8 @@ def test_random_failures_follow_the_seed(tmp_path):
 
 def test_summary_token_times_keep_first_last_and_count(tmp_path):
     table = poisson_trace(200, rate=10.0, seed=9)
-    full = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=2), run_id="full")[0])
-    small = by_request_id(run_sim(tmp_path, table, ClusterConfig(replicas=2, token_times="summary"),
+    full = by_request_id(run_sim(tmp_path, table, ClusterConfig.build(replicas=2), run_id="full")[0])
+    small = by_request_id(run_sim(tmp_path, table, ClusterConfig.build(replicas=2, token_times="summary"),
                                   run_id="small")[0])
     for col in ("first_token_s", "last_token_s", "output_tokens", "energy_j"):
         assert small.column(col).equals(full.column(col))
@@ -315,8 +315,8 @@ def _service_order(req: pa.Table) -> list[int]:
 def test_priority_scheduling_admits_urgent_requests_first(tmp_path):
     # one seat: the first request runs, the other four queue; priorities 0 (urgent) .. 2
     table = trace(np.arange(5) * 0.001, 200, 50, priority=pa.array([2, 2, 1, 2, 0], pa.int8()))
-    fcfs = run_sim(tmp_path, table, ClusterConfig(replicas=1, max_num_seqs=1), run_id="fcfs")[0]
-    prio = run_sim(tmp_path, table, ClusterConfig(replicas=1, max_num_seqs=1, scheduler="priority"),
+    fcfs = run_sim(tmp_path, table, ClusterConfig.build(replicas=1, max_num_seqs=1), run_id="fcfs")[0]
+    prio = run_sim(tmp_path, table, ClusterConfig.build(replicas=1, max_num_seqs=1, scheduler="priority"),
                    run_id="prio")[0]
     assert _service_order(fcfs) == [0, 1, 2, 3, 4]
     assert _service_order(prio) == [0, 4, 2, 1, 3]
@@ -327,8 +327,8 @@ def test_priority_scheduling_preempts_the_least_urgent(tmp_path, tiny_kv_catalog
                max_num_batched_tokens=8192, max_num_seqs=256)
     # three long requests that cannot all keep growing in 631 blocks; the middle one is least urgent
     table = trace(np.array([0.0, 0.01, 0.02]), 2000, 2000, priority=pa.array([0, 5, 0], pa.int8()))
-    fcfs = by_request_id(run_sim(tmp_path, table, ClusterConfig(**cfg), run_id="f")[0])
-    prio = by_request_id(run_sim(tmp_path, table, ClusterConfig(**cfg, scheduler="priority"), run_id="p")[0])
+    fcfs = by_request_id(run_sim(tmp_path, table, ClusterConfig.build(**cfg), run_id="f")[0])
+    prio = by_request_id(run_sim(tmp_path, table, ClusterConfig.build(**cfg, scheduler="priority"), run_id="p")[0])
     assert fcfs.column("preemptions").to_pylist()[2] > 0, "FCFS preempts the newest"
     p = prio.column("preemptions").to_pylist()
     assert p[1] > 0 and p[0] == p[2] == 0, "priority preempts the least urgent"
@@ -353,17 +353,17 @@ class SPF(EngineScheduler):
 
 def test_custom_engine_scheduler_by_dotted_path(tmp_path):
     table = trace(np.arange(4) * 0.001, [300, 900, 100, 500], 20)
-    cfg = ClusterConfig(replicas=1, max_num_seqs=1, scheduler="test_sim_features:SPF",
-                        scheduler_args={"starvation_s": 5.0})
+    cfg = ClusterConfig.build(replicas=1, max_num_seqs=1, scheduler="test_sim_features:SPF",
+                              scheduler_args={"starvation_s": 5.0})
     assert ClusterConfig.from_dict(cfg.to_dict()) == cfg
     req = run_sim(tmp_path, table, cfg)[0]
     assert _service_order(req) == [0, 2, 3, 1]
     with pytest.raises(UserError, match="unknown engine scheduler 'lifo'"):
-        ClusterConfig(scheduler="lifo")
+        ClusterConfig.build(scheduler="lifo")
     with pytest.raises(UserError, match="not an EngineScheduler"):
-        ClusterConfig(scheduler="test_sim_features:NotAScheduler")
+        ClusterConfig.build(scheduler="test_sim_features:NotAScheduler")
     with pytest.raises(UserError, match="unexpected keyword"):
-        ClusterConfig(scheduler="test_sim_features:SPF", scheduler_args={"x": 1})
+        ClusterConfig.build(scheduler="test_sim_features:SPF", scheduler_args={"x": 1})
 
 
 # ---- autoscaling ---------------------------------------------------------------------------------------------
@@ -381,7 +381,7 @@ AUTOSCALE = {"policy": "concurrency", "interval_s": 2.0, "cold_start_s": 10.0,
 
 
 def test_autoscaler_adds_replicas_under_load_and_retires_them_after(tmp_path):
-    cfg = ClusterConfig(replicas=1, autoscale=AUTOSCALE)
+    cfg = ClusterConfig.build(replicas=1, autoscale=AUTOSCALE)
     assert ClusterConfig.from_dict(cfg.to_dict()) == cfg
     req, series, summary = run_sim(tmp_path, _two_bursts(), cfg)
     assert set(req.column("status").to_pylist()) == {"ok"}
@@ -406,9 +406,9 @@ def test_autoscaler_adds_replicas_under_load_and_retires_them_after(tmp_path):
 
 def test_autoscaling_is_deterministic_and_beats_a_fixed_small_fleet(tmp_path):
     table = _two_bursts()
-    a = run_sim(tmp_path, table, ClusterConfig(replicas=1, autoscale=AUTOSCALE), run_id="a")
-    b = run_sim(tmp_path, table, ClusterConfig(replicas=1, autoscale=AUTOSCALE), run_id="b")
-    fixed = run_sim(tmp_path, table, ClusterConfig(replicas=1), run_id="fixed")
+    a = run_sim(tmp_path, table, ClusterConfig.build(replicas=1, autoscale=AUTOSCALE), run_id="a")
+    b = run_sim(tmp_path, table, ClusterConfig.build(replicas=1, autoscale=AUTOSCALE), run_id="b")
+    fixed = run_sim(tmp_path, table, ClusterConfig.build(replicas=1), run_id="fixed")
     assert a[0].drop(["run_id"]).equals(b[0].drop(["run_id"]))
     e2e = lambda t: np.mean(pc.subtract(t.column("last_token_s"), t.column("sent_s")).to_numpy())  # noqa: E731
     assert e2e(a[0]) < 0.5 * e2e(fixed[0])
@@ -420,12 +420,12 @@ class FixedSchedule:
 
 def test_autoscale_settings_are_validated():
     with pytest.raises(UserError, match="unknown field 'every'"):
-        ClusterConfig(autoscale={"every": 3})
+        ClusterConfig.build(autoscale={"every": 3})
     with pytest.raises(UserError, match="unknown autoscaler 'hpa'"):
-        ClusterConfig(autoscale={"policy": "hpa"})
+        ClusterConfig.build(autoscale={"policy": "hpa"})
     with pytest.raises(UserError, match="not an Autoscaler"):
-        ClusterConfig(autoscale={"policy": "test_sim_features:FixedSchedule"})
+        ClusterConfig.build(autoscale={"policy": "test_sim_features:FixedSchedule"})
     with pytest.raises(UserError, match="min_replicas"):
-        ClusterConfig(autoscale={"args": {"min_replicas": 3, "max_replicas": 2}})
+        ClusterConfig.build(autoscale={"args": {"min_replicas": 3, "max_replicas": 2}})
     with pytest.raises(UserError, match="unknown pool 'gpu'"):
-        ClusterConfig(autoscale={"args": {"pool": "gpu"}})
+        ClusterConfig.build(autoscale={"args": {"pool": "gpu"}})

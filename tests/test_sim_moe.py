@@ -87,8 +87,8 @@ def test_eplb_rebalances_on_its_period_and_catches_up_with_drift():
 
 
 def test_cost_model_stretches_only_the_routed_expert_compute():
-    cfg = ClusterConfig(model="mixtral-8x7b", gpu="h100-sxm", tp=4, moe={"zipf_s": 1.2})
-    skewed, even = cost_model(cfg.pool_configs()[0], (), cfg.moe_spec), cost_model(cfg.pool_configs()[0])
+    cfg = ClusterConfig.build(model="mixtral-8x7b", gpu="h100-sxm", tp=4, moe={"zipf_s": 1.2})
+    skewed, even = cost_model(cfg.pools[0], (), cfg.moe_spec), cost_model(cfg.pools[0])
     load = skewed.expert_load
     for tokens in (1, 32, 2048, 8192):
         a = skewed.step(tokens, tokens * 500.0, tokens, 0, 0.0, 1)
@@ -102,9 +102,9 @@ def test_cost_model_stretches_only_the_routed_expert_compute():
     a, b = skewed.step(8192, 8192 * 4096.0, 8192, 0, 0.0, 1), even.step(8192, 8192 * 4096.0, 8192, 0, 0.0, 1)
     assert a.total / b.total > 1 + 0.5 * (load.factor(8192) - 1)
     # EPLB's redundant replicas cost memory: (8 + 4) / 8 the expert weights, fewer KV blocks
-    cfg_r = ClusterConfig(model="mixtral-8x7b", gpu="h100-sxm", tp=4,
-                          moe={"zipf_s": 1.2, "eplb_interval_s": 10, "redundant_experts": 4})
-    red = cost_model(cfg_r.pool_configs()[0], (), cfg_r.moe_spec)
+    cfg_r = ClusterConfig.build(model="mixtral-8x7b", gpu="h100-sxm", tp=4,
+                                moe={"zipf_s": 1.2, "eplb_interval_s": 10, "redundant_experts": 4})
+    red = cost_model(cfg_r.pools[0], (), cfg_r.moe_spec)
     assert red.expert_bytes == pytest.approx(even.expert_bytes * 1.5) and red.kv_blocks < even.kv_blocks
 
 
@@ -114,7 +114,7 @@ def test_expert_skew_slows_prefill_and_eplb_wins_it_back(tmp_path):
     base = dict(replicas=2, model="mixtral-8x7b", gpu="h100-sxm", tp=4)
 
     def ttft(run_id, moe):
-        req, _, summary = run_sim(tmp_path, table, ClusterConfig(**base, moe=moe), run_id=run_id)
+        req, _, summary = run_sim(tmp_path, table, ClusterConfig.build(**base, moe=moe), run_id=run_id)
         return float(np.mean(req.column("first_token_s").to_numpy() - req.column("sent_s").to_numpy())), summary
 
     even, _ = ttft("even", None)
@@ -130,14 +130,14 @@ def test_expert_skew_slows_prefill_and_eplb_wins_it_back(tmp_path):
 
 def test_moe_settings_are_checked():
     with pytest.raises(UserError, match="no pool serves a MoE model"):
-        ClusterConfig(model="llama-3-8b", moe={"zipf_s": 1.0})
+        ClusterConfig.build(model="llama-3-8b", moe={"zipf_s": 1.0})
     with pytest.raises(UserError, match="unknown setting 'skew'"):
-        ClusterConfig(model="mixtral-8x7b", gpu="h100-sxm", tp=4, moe={"skew": 1.0})
+        ClusterConfig.build(model="mixtral-8x7b", gpu="h100-sxm", tp=4, moe={"skew": 1.0})
     with pytest.raises(UserError, match=r"must split evenly over the 4 GPUs"):
-        ClusterConfig(model="mixtral-8x7b", gpu="h100-sxm", tp=4, moe={"eplb_interval_s": 5, "redundant_experts": 2})
+        ClusterConfig.build(model="mixtral-8x7b", gpu="h100-sxm", tp=4, moe={"eplb_interval_s": 5, "redundant_experts": 2})
     with pytest.raises(UserError, match="set eplb_interval_s > 0"):
-        ClusterConfig(model="mixtral-8x7b", gpu="h100-sxm", tp=4, moe={"redundant_experts": 4})
+        ClusterConfig.build(model="mixtral-8x7b", gpu="h100-sxm", tp=4, moe={"redundant_experts": 4})
     with pytest.raises(UserError, match="cluster.moe.popularity"):
-        ClusterConfig(model="mixtral-8x7b", gpu="h100-sxm", tp=4, moe={"popularity": "pareto"})
-    cfg = ClusterConfig(model="mixtral-8x7b", gpu="h100-sxm", tp=4, moe={"popularity": "dirichlet", "alpha": 0.3})
+        ClusterConfig.build(model="mixtral-8x7b", gpu="h100-sxm", tp=4, moe={"popularity": "pareto"})
+    cfg = ClusterConfig.build(model="mixtral-8x7b", gpu="h100-sxm", tp=4, moe={"popularity": "dirichlet", "alpha": 0.3})
     assert ClusterConfig.from_dict(cfg.to_dict()) == cfg

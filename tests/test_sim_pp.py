@@ -52,7 +52,7 @@ def test_one_requests_prefill_takes_the_tp_time_plus_the_sends_between_stages(tm
     prompt, out = 3000, 200
     runs = {}
     for tp, pp in ((2, 1), (2, 2), (2, 4)):
-        cfg = ClusterConfig(replicas=1, gpu="a100-80g", model="llama-3-8b", tp=tp, pp=pp, max_num_batched_tokens=8192)
+        cfg = ClusterConfig.build(replicas=1, gpu="a100-80g", model="llama-3-8b", tp=tp, pp=pp, max_num_batched_tokens=8192)
         runs[pp] = run_sim(tmp_path, trace(np.array([0.0]), prompt, out), cfg, run_id=f"pp{pp}")[0].to_pylist()[0]
     for pp in (2, 4):
         send = A100_LINK_S + 2 * HIDDEN * 2 / 2 / (A100_LINK_GB_S * 1e9)        # one send, per token of the batch
@@ -66,7 +66,7 @@ def test_one_requests_prefill_takes_the_tp_time_plus_the_sends_between_stages(tm
 
 
 def test_a_pipeline_draws_idle_power_on_every_gpu_and_counts_every_gpu_hour(tmp_path):
-    cfg = ClusterConfig(replicas=1, gpu="a100-80g", model="llama-3-8b", tp=2, pp=2, series_interval_s=1.0)
+    cfg = ClusterConfig.build(replicas=1, gpu="a100-80g", model="llama-3-8b", tp=2, pp=2, series_interval_s=1.0)
     req, series, summary = run_sim(tmp_path, trace(np.array([0.0, 20.0]), 1000, 100), cfg)
     end = summary["sim_time_s"]
     assert summary["gpu_hours"] == pytest.approx(4 * end / 3600, rel=1e-12)
@@ -88,11 +88,11 @@ def test_pp_lets_a_model_too_big_for_one_gpu_fit():
 @pytest.mark.parametrize("pp, message", [(0, "must be a positive integer"), (33, "fewer than pp = 33 stages")])
 def test_bad_pp_names_the_field(pp, message):
     with pytest.raises(UserError) as err:
-        ClusterConfig(model="llama-3-8b", pp=pp)
+        ClusterConfig.build(model="llama-3-8b", pp=pp)
     assert message in str(err.value) and "cluster.pp" in str(err.value)
 
 
 def test_pp_is_a_per_pool_setting():
-    cfg = ClusterConfig(model="llama-3-8b", pools=[{"name": "a", "replicas": 1, "pp": 2}, {"name": "b", "replicas": 1}])
-    assert [p.gpus for p in cfg.pool_configs()] == [2, 1]
+    cfg = ClusterConfig.build(model="llama-3-8b", pools=[{"name": "a", "replicas": 1, "pp": 2}, {"name": "b", "replicas": 1}])
+    assert [p.gpus for p in cfg.pools] == [2, 1]
     assert ClusterConfig.from_dict(cfg.to_dict()) == cfg

@@ -34,7 +34,7 @@ from llmlb_bench.sim import simulate
 from llmlb_bench.store import RunStore
 from sim_helpers import by_request_id, run_sim, trace
 
-MD1 = ClusterConfig(replicas=1, max_num_seqs=1)
+MD1 = ClusterConfig.build(replicas=1, max_num_seqs=1)
 PROMPT, OUTPUT = 100, 10
 
 
@@ -91,7 +91,7 @@ MEAN_OUT = 100
 
 def _service_times(cfg: ClusterConfig) -> np.ndarray:
     """Service time of a lone 1-token-prompt request by output length, from the cost model."""
-    cost = cost_model(cfg.pool_configs()[0])
+    cost = cost_model(cfg.pools[0])
     prefill = cost.step(1, 1.0, 1, 0, 0, 1).total
     decode = [cost.decode_time(1, j + 2) for j in range(3000)]
     return np.concatenate([[0.0], prefill + np.concatenate([[0.0], np.cumsum(decode)])[:2999]])
@@ -102,7 +102,7 @@ def _exponential_lengths(n: int, seed: int) -> np.ndarray:
 
 
 def test_mm1_mean_wait_matches_pollaczek_khinchine(tmp_path):
-    cfg = ClusterConfig(replicas=1, max_num_seqs=1)
+    cfg = ClusterConfig.build(replicas=1, max_num_seqs=1)
     out = _exponential_lengths(50_000, seed=1)
     s = _service_times(cfg)[out]
     rho = 0.5
@@ -125,7 +125,7 @@ def _erlang_c_wait(c: int, rho: float, mean_s: float) -> float:
 def _cluster_waits(tmp_path, policy: str, args: dict, c: int, rho: float, n: int, seed: int,
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(arrival, service, wait) per request of a c-replica cluster at load rho."""
-    cfg = ClusterConfig(replicas=c, max_num_seqs=1)
+    cfg = ClusterConfig.build(replicas=c, max_num_seqs=1)
     out = _exponential_lengths(n, seed=seed)
     s = _service_times(cfg)[out]
     arrival = _poisson(n, s.mean() / (c * rho), seed=seed + 1000)

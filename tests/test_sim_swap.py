@@ -36,7 +36,7 @@ def catalog(tmp_path):
 def _cfg(catalog: str, gpu: str = "tiny-gpu", **kw) -> ClusterConfig:
     base = dict(replicas=1, gpu=gpu, gpu_memory_utilization=1.0, catalogs=(catalog,), max_num_batched_tokens=8192,
                 max_num_seqs=256)
-    return ClusterConfig(**{**base, **kw})
+    return ClusterConfig.build(**{**base, **kw})
 
 
 def _three_long_requests():
@@ -181,7 +181,7 @@ def test_an_aborted_swapped_out_request_gives_back_its_swap_space(catalog):
 def test_bad_swap_settings_name_the_field(setting, value, message):
     kw = {"preemption": "swap", setting: value}
     with pytest.raises(UserError) as err:
-        ClusterConfig(**kw)
+        ClusterConfig.build(**kw)
     assert message in str(err.value) and f"cluster.{setting}" in str(err.value)
 
 

@@ -22,8 +22,8 @@ def _trace(rate: float, n: int) -> pa.Table:
 
 
 def arms(scale: str) -> list[Arm]:
-    mixed = ClusterConfig(replicas=3)
-    split = ClusterConfig(pools=({"name": "prefill", "replicas": 1}, {"name": "decode", "replicas": 2}))
+    mixed = ClusterConfig.build(replicas=3)
+    split = ClusterConfig.build(pools=({"name": "prefill", "replicas": 1}, {"name": "decode", "replicas": 2}))
     out = []
     for rate in RATES[scale]:
         t = _trace(rate, REQUESTS[scale])

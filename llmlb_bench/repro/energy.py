@@ -22,8 +22,8 @@ def autoscale(max_replicas: int) -> dict:
 def arms(scale: str) -> list[Arm]:
     t = traces.preset("diurnal", seed=1, rate_scale=RATE_SCALE[scale])
     n = PEAK_REPLICAS[scale]
-    return [Arm(f"fixed {n} replicas", t, ClusterConfig(replicas=n), "least_outstanding"),
-            Arm(f"autoscaled 1-{n}", t, ClusterConfig(replicas=n, autoscale=autoscale(n)), "least_outstanding")]
+    return [Arm(f"fixed {n} replicas", t, ClusterConfig.build(replicas=n), "least_outstanding"),
+            Arm(f"autoscaled 1-{n}", t, ClusterConfig.build(replicas=n, autoscale=autoscale(n)), "least_outstanding")]
 
 
 def check(s: dict) -> Verdict:

@@ -18,7 +18,7 @@ POLICIES = (("random", "random", {}),
 
 def arms(scale: str) -> list[Arm]:
     t = traces.chat(REQUESTS[scale], rate=40.0, seed=1)
-    return [Arm(f"{label}@{r:g}s", t, ClusterConfig(replicas=8, signal_refresh_s=r), policy, args, series=label, x=r)
+    return [Arm(f"{label}@{r:g}s", t, ClusterConfig.build(replicas=8, signal_refresh_s=r), policy, args, series=label, x=r)
             for r in REFRESH[scale] for label, policy, args in POLICIES]
 
 

@@ -16,17 +16,17 @@ ATTAINMENT = 0.9
 
 
 def _pd(prefill: tuple[str, int], decode: tuple[str, int]) -> ClusterConfig:
-    return ClusterConfig(pools=({"name": "prefill", "gpu": prefill[0], "replicas": prefill[1]},
+    return ClusterConfig.build(pools=({"name": "prefill", "gpu": prefill[0], "replicas": prefill[1]},
                                 {"name": "decode", "gpu": decode[0], "replicas": decode[1]}))
 
 
 # label -> (cluster, policy)
 FLEETS: dict[str, tuple[ClusterConfig, str]] = {
-    "2x H100": (ClusterConfig(replicas=2, gpu="h100-sxm"), "least_outstanding"),
-    "3x H100": (ClusterConfig(replicas=3, gpu="h100-sxm"), "least_outstanding"),
-    "3x A100": (ClusterConfig(replicas=3), "least_outstanding"),
-    "4x A100": (ClusterConfig(replicas=4), "least_outstanding"),
-    "H100 + 2x A100 mixed": (ClusterConfig(pools=({"name": "h100", "gpu": "h100-sxm", "replicas": 1},
+    "2x H100": (ClusterConfig.build(replicas=2, gpu="h100-sxm"), "least_outstanding"),
+    "3x H100": (ClusterConfig.build(replicas=3, gpu="h100-sxm"), "least_outstanding"),
+    "3x A100": (ClusterConfig.build(replicas=3), "least_outstanding"),
+    "4x A100": (ClusterConfig.build(replicas=4), "least_outstanding"),
+    "H100 + 2x A100 mixed": (ClusterConfig.build(pools=({"name": "h100", "gpu": "h100-sxm", "replicas": 1},
                                                   {"name": "a100", "gpu": "a100-80g", "replicas": 2})),
                              "capacity_weighted"),
     "H100 prefill + 2x H100 decode": (_pd(("h100-sxm", 1), ("h100-sxm", 2)), "pd_pair"),

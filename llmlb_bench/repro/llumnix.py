@@ -25,7 +25,7 @@ def arms(scale: str) -> list[Arm]:
     rng = np.random.default_rng(4)
     t = traces.table(traces.poisson(rng, RATE, n), traces.lognormal(rng, 400, 1.4, n, 16000),
                      traces.lognormal(rng, 120, 1.3, n, 4000))
-    return [Arm(label, t, ClusterConfig(replicas=4), p, a) for label, p, a in POLICIES]
+    return [Arm(label, t, ClusterConfig.build(replicas=4), p, a) for label, p, a in POLICIES]
 
 
 def check(s: dict) -> Verdict:

@@ -17,7 +17,7 @@ POLICIES = (("least_outstanding", "least_outstanding", {}),
 
 
 def arms(scale: str) -> list[Arm]:
-    cluster = ClusterConfig(replicas=4)
+    cluster = ClusterConfig.build(replicas=4)
     out = []
     for rate in RATES[scale]:
         t = traces.chat(int(rate * DURATION_S[scale]), rate=rate, seed=2)

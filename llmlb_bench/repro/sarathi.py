@@ -21,8 +21,8 @@ def arms(scale: str) -> list[Arm]:
     arrival = traces.poisson(rng, 4.0, n)
     prompt = np.where(rng.random(n) < 0.2, 7000, rng.integers(100, 400, n))
     t = traces.table(arrival, prompt, rng.integers(100, 300, n))
-    out = [Arm("whole prefill", t, ClusterConfig(replicas=1, chunked_prefill=False))]
-    out += [Arm(f"chunks of {c}", t, ClusterConfig(replicas=1, max_num_batched_tokens=c)) for c in CHUNKS[scale]]
+    out = [Arm("whole prefill", t, ClusterConfig.build(replicas=1, chunked_prefill=False))]
+    out += [Arm(f"chunks of {c}", t, ClusterConfig.build(replicas=1, max_num_batched_tokens=c)) for c in CHUNKS[scale]]
     return out
 
 

@@ -20,7 +20,7 @@ def hit_rate(s: dict) -> float | None:
 
 
 def arms(scale: str) -> list[Arm]:
-    cluster = ClusterConfig(replicas=4)
+    cluster = ClusterConfig.build(replicas=4)
     out = []
     for load in LOADS[scale]:
         t = traces.preset("shared-prefix", seed=1, rate_scale=load, requests=REQUESTS[scale])

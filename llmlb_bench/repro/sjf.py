@@ -21,8 +21,8 @@ def arms(scale: str) -> list[Arm]:
     n = REQUESTS[scale]
     rng = np.random.default_rng(1)
     t = traces.table(traces.poisson(rng, 6.0, n), 200, traces.lognormal(rng, 100, 1.0, n, 2000))
-    out = [Arm("fcfs", t, ClusterConfig(replicas=1, max_num_seqs=8))]
-    out += [Arm(f"sjf tau={tau:g}", t, ClusterConfig(replicas=1, max_num_seqs=8, scheduler="sjf",
+    out = [Arm("fcfs", t, ClusterConfig.build(replicas=1, max_num_seqs=8))]
+    out += [Arm(f"sjf tau={tau:g}", t, ClusterConfig.build(replicas=1, max_num_seqs=8, scheduler="sjf",
                                                       scheduler_args={"tau": tau})) for tau in TAUS[scale]]
     return out
 

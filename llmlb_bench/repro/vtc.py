@@ -30,8 +30,8 @@ def two_tenants(duration: float, seed: int = 0) -> pa.Table:
 
 def arms(scale: str) -> list[Arm]:
     t = two_tenants(DURATION[scale])
-    return [Arm("fcfs", t, ClusterConfig(replicas=1, max_num_seqs=16)),
-            Arm("vtc", t, ClusterConfig(replicas=1, max_num_seqs=16, scheduler="vtc"))]
+    return [Arm("fcfs", t, ClusterConfig.build(replicas=1, max_num_seqs=16)),
+            Arm("vtc", t, ClusterConfig.build(replicas=1, max_num_seqs=16, scheduler="vtc"))]
 
 
 def light_norm(s: dict) -> float | None:

@@ -267,7 +267,7 @@ def simulate_decisions(scenario: Scenario, policy: str, urls: list[str], out: Pa
     the backends' model; ``r{i}`` = backend ``i``)."""
     from llmlb_bench.sim import ClusterConfig, simulate
 
-    cfg = ClusterConfig(replicas=len(urls))
+    cfg = ClusterConfig.build(replicas=len(urls))
     with RunStore(out / scenario.name, config={"cluster": cfg.to_dict()}, backend="sim", run_id="sim",
                   label="sim") as run:
         simulate(scenario.trace, cfg, _direct_policy(policy), run, seed=0)

@@ -159,7 +159,7 @@ class _PortPerReplica(Policy):
 
 def hash_block_size(cfg: ClusterConfig) -> int:
     """Tokens per prompt hash block: the smallest engine block size (the others must be multiples)."""
-    return min(p.block_size for p in cfg.pool_configs())
+    return min(p.block_size for p in cfg.pools)
 
 
 class LiveFleet:

@@ -2,7 +2,7 @@
 with a paged KV cache and a roofline cost model, driven by a trace and a routing policy.
 
     from llmlb_bench.sim import ClusterConfig, simulate, load_catalog
-    summary = simulate(trace, ClusterConfig(replicas=4, gpu="h100-sxm"), policy, run, seed=0)
+    summary = simulate(trace, ClusterConfig.build(replicas=4, gpu="h100-sxm"), policy, run, seed=0)
 
 See docs/simulator.md for the model, its assumptions and its validation.
 """

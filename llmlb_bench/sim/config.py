@@ -2,17 +2,21 @@
 
 ``ClusterConfig`` is a frozen, JSON-able record stored in every run's
 run.json, so a simulated run can be reproduced from its results folder
-alone (``ClusterConfig.from_dict(run_json["config"]["cluster"])``).
+alone (``ClusterConfig.from_dict(run_json["config"]["cluster"])``). The
+settings (a cluster file, flags, keyword arguments) are parsed once, by
+``ClusterConfig.from_dict`` / ``ClusterConfig.build``, into typed values:
+``pools`` is a tuple of resolved :class:`PoolConfig`, a profile its content,
+``autoscale`` / ``moe`` are checked into their specs.
 Engine defaults follow vLLM v1's defaults for online serving.
 
 The simple form describes N identical replicas::
 
-    ClusterConfig(replicas=4, gpu="h100-sxm", model="llama-3-8b")
+    ClusterConfig.build(replicas=4, gpu="h100-sxm", model="llama-3-8b")
 
 Heterogeneous and disaggregated clusters list pools; a pool's unset fields
 take the top-level values, and ``replicas`` becomes the total::
 
-    ClusterConfig(model="llama-3-70b", tp=4, pools=[
+    ClusterConfig.build(model="llama-3-70b", tp=4, pools=[
         {"name": "prefill", "replicas": 2, "gpu": "h100-sxm"},      # role from the name
         {"name": "decode", "replicas": 6, "gpu": "a100-80g"}])
 """
@@ -87,7 +91,9 @@ class PoolConfig:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """The simulated cluster. Every field has a default; see the module docstring for pools."""
+    """The simulated cluster, parsed: made by :meth:`build` or :meth:`from_dict` (which check the
+    settings and resolve the pools), never rewritten after. Every setting has a default; see the
+    module docstring for pools."""
 
     #: number of replicas (each replica is one engine instance on ``tp`` GPUs); with pools: the total
     replicas: int = 4
@@ -118,13 +124,14 @@ class ClusterConfig:
     preemption: str = "recompute"
     #: CPU memory per GPU for swapped-out KV blocks, GiB (vLLM's ``swap_space``, default 4); used by "swap"
     swap_space_gib: float = 4.0
-    #: pools of replicas (dicts of POOL_FIELDS plus ``name`` and ``role``); empty = one pool from the fields above
-    pools: tuple[Any, ...] = ()
+    #: the pools of replicas, resolved. Given as tables of POOL_FIELDS plus ``name`` and ``role`` (unset
+    #: fields take the values above); none given = one pool "default" of the fields above
+    pools: tuple[PoolConfig, ...] = ()
     #: prefill -> decode KV transfer link (disaggregation): bandwidth per prefill replica and latency
     kv_link_gb_s: float = 50.0
     kv_link_latency_ms: float = 1.0
     #: scheduled replica failures: ``{"target": "r1", "at_s": 60, "down_s": 30}``
-    failures: tuple[Any, ...] = ()
+    failures: tuple[Mapping[str, Any], ...] = ()
     #: random failures: mean time between failures per replica (None = none) and mean time to repair
     mtbf_s: float | None = None
     mttr_s: float = 60.0
@@ -149,19 +156,49 @@ class ClusterConfig:
     token_times: str = "segments"
     #: extra catalog TOML files (user-defined GPUs / models)
     catalogs: tuple[str, ...] = ()
-    #: a measured engine profile for every pool (``llmlb calibrate``): a file path or its content;
-    #: stored as the content. Its step times, KV blocks and block size replace the roofline's, and
+    #: a measured engine profile for every pool (``llmlb calibrate``): given as a file path or its
+    #: content, held as the content. Its step times, KV blocks and block size replace the roofline's, and
     #: its max_num_seqs, max_num_batched_tokens and max_model_len fill those left unset; prefix
     #: caching is on only if both say so (sim/profile.py)
-    profile: Mapping[str, Any] | str | None = None
+    profile: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "catalogs", tuple(str(c) for c in self.catalogs))
-        object.__setattr__(self, "profile", resolve_profile(self.profile))
-        object.__setattr__(self, "failures", tuple(dict(f) for f in self.failures))
-        pools = self._resolve_pools()
-        object.__setattr__(self, "pools", tuple(dataclasses.asdict(p) for p in pools))
-        object.__setattr__(self, "replicas", sum(p.replicas for p in pools))
+        # a check, not a rewrite: every field already holds its parsed value (see ``from_dict``)
+        if not self.pools or not all(isinstance(p, PoolConfig) for p in self.pools):
+            raise TypeError("ClusterConfig holds parsed settings: make one with ClusterConfig.build(**settings) "
+                            "or ClusterConfig.from_dict(mapping)")
+
+    @classmethod
+    def build(cls, **settings: Any) -> "ClusterConfig":
+        """The cluster of these settings (ClusterConfig's fields; pools as tables of settings),
+        parsed and checked like a cluster file: ``ClusterConfig.build(replicas=4, gpu="h100-sxm")``."""
+        return cls.from_dict(settings)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "cluster") -> "ClusterConfig":
+        """Parse and check settings (a cluster file's tables, command-line flags, a run.json's
+        ``config.cluster``) once, into typed values: pools resolved into :class:`PoolConfig`,
+        profiles into their content, ``autoscale`` / ``moe`` into their specs. Errors are one
+        line naming the field."""
+        check_fields(d, {f.name for f in dataclasses.fields(cls)}, where)
+        check_types(d, _hints(), where)
+        given = {**_DEFAULTS, **d}
+        catalogs = tuple(str(c) for c in given["catalogs"])
+        given["profile"] = resolve_profile(given["profile"])
+        failures = tuple(given["failures"])
+        for i, f in enumerate(failures):
+            if not isinstance(f, Mapping):
+                raise UserError("each failure must be a table of target, at_s and down_s", f"cluster.failures[{i}]")
+        pools = _parse_pools(given, catalogs)
+        cfg = cls(**{**given, "catalogs": catalogs, "pools": pools, "replicas": sum(p.replicas for p in pools),
+                     "failures": tuple(dict(f) for f in failures), "scheduler_args": dict(given["scheduler_args"]),
+                     "autoscale": dict(given["autoscale"]) if given["autoscale"] is not None else None,
+                     "moe": dict(given["moe"]) if given["moe"] is not None else None})
+        cfg._check()
+        return cfg
+
+    def _check(self) -> None:
+        """The cluster-wide checks, on the parsed values (``from_dict`` runs them once)."""
         for name in ("kv_link_gb_s", "series_interval_s", "mttr_s"):
             if not getattr(self, name) > 0:
                 raise UserError(f"must be > 0, got {getattr(self, name)!r}", f"cluster.{name}")
@@ -174,71 +211,28 @@ class ClusterConfig:
             raise UserError(f"must be one of {', '.join(TOKEN_TIMES)}, got {self.token_times!r}", "cluster.token_times")
         if self.on_failure not in FAILURE_MODES:
             raise UserError(f"must be one of {', '.join(FAILURE_MODES)}, got {self.on_failure!r}", "cluster.on_failure")
-        object.__setattr__(self, "scheduler_args", dict(self.scheduler_args))
-        if self.autoscale is not None:
-            object.__setattr__(self, "autoscale", dict(self.autoscale))
-            spec = self.autoscale_spec
-            assert spec is not None
+        spec = self.autoscale_spec
+        if spec is not None:
             pool = spec.args.get("pool")
-            if pool is not None and (not isinstance(pool, str) or pool not in {p.name for p in pools}):
+            if pool is not None and (not isinstance(pool, str) or pool not in {p.name for p in self.pools}):
                 raise UserError(f"unknown pool {pool!r}", "cluster.autoscale.args.pool")
         make_engine_scheduler(self.scheduler, self.scheduler_args)
         if self.moe is not None:
-            object.__setattr__(self, "moe", dict(self.moe))
-            self._check_moe(pools)
-        roles = {p.role for p in pools}
+            self._check_moe()
+        roles = {p.role for p in self.pools}
         if ("prefill" in roles) != ("decode" in roles):
             raise UserError("a disaggregated cluster needs both a prefill and a decode pool", "cluster.pools")
         if "mixed" in roles and "prefill" in roles:
             raise UserError("pools are either all mixed or split into prefill and decode", "cluster.pools")
-        if "prefill" in roles and len({(p.model) for p in pools}) > 1:
+        if "prefill" in roles and len({(p.model) for p in self.pools}) > 1:
             raise UserError("prefill and decode pools must serve the same model", "cluster.pools")
         for i, f in enumerate(self.failures):
             self._check_failure(i, f)
 
-    def _resolve_pools(self) -> list[PoolConfig]:
-        raw = list(self.pools) or [{}]
-        if not self.pools:
-            raw = [{"replicas": self.replicas}]
-        names: set[str] = set()
-        out = []
-        for i, given in enumerate(raw):
-            where = f"cluster.pools[{i}]" if self.pools else "cluster"
-            if isinstance(given, PoolConfig):
-                given = dataclasses.asdict(given)
-            if not isinstance(given, Mapping):
-                raise UserError("each pool must be a table of settings", where)
-            check_fields(given, {*POOL_FIELDS, "name", "role"}, where)
-            check_types(given, {**_hints(), "name": str, "role": str}, where)
-            values = {k: given.get(k, getattr(self, k)) for k in POOL_FIELDS}
-            values["profile"] = resolve_profile(values["profile"], where=f"{where}.profile")
-            if values["profile"] is not None:
-                values.update(_profile_engine(values, f"{where}.profile"))
-            if values["max_num_seqs"] is None or values["max_num_batched_tokens"] is None:
-                cat = load_catalog(self.catalogs)
-                tokens, seqs = vllm_batch_defaults(cat.gpu(values["gpu"], f"{where}.gpu"))
-                if not values["chunked_prefill"]:
-                    # vLLM without chunked prefill: a step must hold any prompt whole
-                    tokens = max(values["max_model_len"] or cat.model(values["model"], f"{where}.model").max_context,
-                                 seqs)
-                values["max_num_seqs"] = values["max_num_seqs"] or seqs
-                values["max_num_batched_tokens"] = values["max_num_batched_tokens"] or tokens
-            name = str(given.get("name", "default" if not self.pools else f"pool{i}"))
-            role = given.get("role", name if name in ("prefill", "decode") else "mixed")
-            if role not in ROLES:
-                raise UserError(f"role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
-            if name in names:
-                raise UserError(f"duplicate pool name {name!r}", f"{where}.name")
-            names.add(name)
-            pool = PoolConfig(name=name, role=role, **values)
-            _check_engine(pool, where if self.pools else "cluster", self.catalogs)
-            out.append(pool)
-        return out
-
-    def _check_moe(self, pools: list[PoolConfig]) -> None:
+    def _check_moe(self) -> None:
         spec = self.moe_spec
         assert spec is not None
-        moe_pools = [p for p in pools if p.model_spec(self.catalogs).is_moe]
+        moe_pools = [p for p in self.pools if p.model_spec(self.catalogs).is_moe]
         if not moe_pools:
             raise UserError("no pool serves a MoE model (experts > 1); expert-load imbalance does not apply",
                             "cluster.moe")
@@ -256,15 +250,8 @@ class ClusterConfig:
         if not (isinstance(f["at_s"], (int, float)) and f["at_s"] >= 0) or f.get("down_s", 1) <= 0:
             raise UserError("at_s must be >= 0 and down_s > 0", where)
 
-    def pool_configs(self) -> tuple[PoolConfig, ...]:
-        return self._pool_configs
-
-    # parsed once, when first asked for (frozen dataclasses allow cached_property: it writes the
-    # instance's __dict__); not fields, so equality, to_dict and run.json see only the settings
-    @functools.cached_property
-    def _pool_configs(self) -> tuple[PoolConfig, ...]:
-        return tuple(PoolConfig(**p) for p in self.pools)
-
+    # parsed once, when ``from_dict`` checks the cluster (frozen dataclasses allow cached_property:
+    # it writes the instance's __dict__); not fields, so equality, to_dict and run.json see only the settings
     @functools.cached_property
     def autoscale_spec(self) -> AutoscaleSpec | None:
         """``autoscale`` parsed (and validated) once."""
@@ -277,7 +264,7 @@ class ClusterConfig:
 
     @property
     def disaggregated(self) -> bool:
-        return any(p["role"] == "prefill" for p in self.pools)
+        return any(p.role == "prefill" for p in self.pools)
 
     @property
     def gpu_spec(self) -> GPU:
@@ -288,12 +275,11 @@ class ClusterConfig:
         return load_catalog(self.catalogs).model(self.model)
 
     def to_dict(self) -> dict[str, Any]:
+        """The settings as JSON-able data (run.json's ``config.cluster``); ``from_dict`` reads them back
+        into an equal ClusterConfig. Pools are stored resolved, one table of every PoolConfig field each."""
         d = dataclasses.asdict(self)
         for k in ("catalogs", "pools", "failures"):
-            d[k] = [dict(x) if isinstance(x, Mapping) else x for x in getattr(self, k)]
-        d["scheduler_args"] = dict(self.scheduler_args)
-        d["autoscale"] = dict(self.autoscale) if self.autoscale is not None else None
-        d["moe"] = dict(self.moe) if self.moe is not None else None
+            d[k] = list(d[k])
         return d
 
     def with_profile(self, profile: Mapping[str, Any] | str | Path) -> "ClusterConfig":
@@ -308,21 +294,56 @@ class ClusterConfig:
             d["pools"] = [{**p, "profile": d["profile"]} for p in d["pools"]]
         return ClusterConfig.from_dict(d)
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str = "cluster") -> "ClusterConfig":
-        check_fields(d, {f.name for f in dataclasses.fields(cls)}, where)
-        check_types(d, _hints(), where)
-        kwargs = dict(d)
-        for k in ("catalogs", "pools", "failures"):
-            if k in kwargs:
-                kwargs[k] = tuple(kwargs[k])
-        return cls(**kwargs)
+
+def _parse_pools(given: Mapping[str, Any], catalogs: tuple[str, ...]) -> tuple[PoolConfig, ...]:
+    """The pools of a cluster's settings, resolved: a pool's unset fields take the top-level
+    values; no pools = one pool "default" of the top-level fields."""
+    listed = bool(given["pools"])
+    raw = list(given["pools"]) if listed else [{"replicas": given["replicas"]}]
+    names: set[str] = set()
+    out = []
+    for i, pool_given in enumerate(raw):
+        where = f"cluster.pools[{i}]" if listed else "cluster"
+        if not isinstance(pool_given, Mapping):
+            raise UserError("each pool must be a table of settings", where)
+        check_fields(pool_given, {*POOL_FIELDS, "name", "role"}, where)
+        check_types(pool_given, {**_hints(), "name": str, "role": str}, where)
+        values = {k: pool_given.get(k, given[k]) for k in POOL_FIELDS}
+        values["profile"] = resolve_profile(values["profile"], where=f"{where}.profile")
+        if values["profile"] is not None:
+            values.update(_profile_engine(values, f"{where}.profile"))
+        if values["max_num_seqs"] is None or values["max_num_batched_tokens"] is None:
+            cat = load_catalog(catalogs)
+            tokens, seqs = vllm_batch_defaults(cat.gpu(values["gpu"], f"{where}.gpu"))
+            if not values["chunked_prefill"]:
+                # vLLM without chunked prefill: a step must hold any prompt whole
+                tokens = max(values["max_model_len"] or cat.model(values["model"], f"{where}.model").max_context,
+                             seqs)
+            values["max_num_seqs"] = values["max_num_seqs"] or seqs
+            values["max_num_batched_tokens"] = values["max_num_batched_tokens"] or tokens
+        name = str(pool_given.get("name", "default" if not listed else f"pool{i}"))
+        role = pool_given.get("role", name if name in ("prefill", "decode") else "mixed")
+        if role not in ROLES:
+            raise UserError(f"role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
+        if name in names:
+            raise UserError(f"duplicate pool name {name!r}", f"{where}.name")
+        names.add(name)
+        pool = PoolConfig(name=name, role=role, **values)
+        _check_engine(pool, where, catalogs)
+        out.append(pool)
+    return tuple(out)
 
 
 @functools.cache
 def _hints() -> dict[str, Any]:
-    """ClusterConfig's field types, which a cluster file's values must have."""
-    return typing.get_type_hints(ClusterConfig)
+    """The types a cluster's settings must have: ClusterConfig's field types, except that a
+    profile may be given as a file path (parsed, it is the file's content)."""
+    return {**typing.get_type_hints(ClusterConfig), "profile": Mapping[str, Any] | str | None}
+
+
+#: every setting's default, from the dataclass
+_DEFAULTS: dict[str, Any] = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+                             for f in dataclasses.fields(ClusterConfig)}
 
 
 def load_cluster(path: str | Path, overrides: Mapping[str, Any] | None = None) -> ClusterConfig:

@@ -62,7 +62,7 @@ class Fleet:
     def __init__(self, cfg: ClusterConfig, trace_bs: int = 16, prefix_hashes: bool = False, seed: int = 0) -> None:
         self.cfg = cfg
         self.seed = seed      # the run's: engine schedulers that draw random numbers follow it
-        self.pools = {p.name: p for p in cfg.pool_configs()}
+        self.pools = {p.name: p for p in cfg.pools}
         self._costs = {name: cost_model(p, cfg.catalogs, cfg.moe_spec) for name, p in self.pools.items()}
         self._units = {name: (prefix_unit(p, trace_bs) if p.enable_prefix_caching and prefix_hashes
                               and p.role != "decode" else (0, 1)) for name, p in self.pools.items()}

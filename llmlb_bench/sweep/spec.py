@@ -75,7 +75,7 @@ class ClusterEntry:
     def price_per_hour(self) -> float:
         """On-demand USD per hour of the whole fleet (GPUs x catalog price)."""
         return sum(p.replicas * p.gpus * p.gpu_spec(self.config.catalogs).price_per_hour
-                   for p in self.config.pool_configs())
+                   for p in self.config.pools)
 
 
 @dataclass(frozen=True)
@@ -221,7 +221,7 @@ def _workloads(s: Section, base: Path) -> tuple[WorkloadEntry, ...]:
 
 def _clusters(s: Section | None, source: str) -> tuple[ClusterEntry, ...]:
     if s is None or not s.data:
-        return (ClusterEntry("default", ClusterConfig()),)
+        return (ClusterEntry("default", ClusterConfig.build()),)
     out = []
     for label, _ in s.items():
         _label(s, label, label)
