@@ -9,11 +9,17 @@ import numpy as np
 import pytest
 
 from llmlb_bench.cli import main
+from engines_helpers import require, require_module
 from metrics_helpers import seg, store_run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _browser():
+    """A real browser, or fail where ``CI`` is set (.ci/run installs it) and skip elsewhere."""
+    require(CHROMIUM, "chromium", "apt-get install chromium (.ci/run does)")
 
 
 def chromium(*args: str, profile) -> subprocess.CompletedProcess:
@@ -31,7 +37,7 @@ def console_messages(stderr: str) -> list[str]:
 
 @pytest.fixture
 def page(tmp_path):
-    pytest.importorskip("matplotlib")
+    require_module("matplotlib", "the page's full figure set")
     rng = np.random.default_rng(0)
     for rate in (2.0, 4.0, 8.0):
         n = 40
