@@ -22,7 +22,12 @@ app.add_typer(routers_app, name="routers")
 def install(
     names: Annotated[Optional[list[str]], typer.Argument(help="Routers to install (default: all three).")] = None,
 ) -> None:
-    """Install routers into their own virtual environments under ${LLMLB_CACHE_DIR:-~/.cache/llmlb-bench}/routers/."""
+    """Install routers into their own virtual environments under ${LLMLB_CACHE_DIR:-~/.cache/llmlb-bench}/routers/.
+
+    Example:
+
+        llmlb routers install vllm-router smg
+    """
     from llmlb_bench.routers.install import PACKAGES, ensure, venv
 
     for name in names or list(PACKAGES):
