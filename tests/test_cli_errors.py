@@ -124,3 +124,11 @@ def test_help_of_every_command_has_an_example(capsys):
 def test_usage_errors_are_one_line(args, fragment, capsys):
     code, _, err = run_cli(args, capsys)
     assert_one_line_error(code, err, fragment, "llmlb")
+
+
+def test_routers_install_names_the_argument_and_installs_nothing(tmp_path, monkeypatch, capsys):
+    """A misspelt router among good ones is refused before the first (slow) install starts."""
+    monkeypatch.setenv("LLMLB_CACHE_DIR", str(tmp_path))
+    code, _, err = run_cli(["routers", "install", "smg", "vllm-routr"], capsys)
+    assert_one_line_error(code, err, "NAMES", "unknown router 'vllm-routr'")
+    assert not (tmp_path / "routers").exists()

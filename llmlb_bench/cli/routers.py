@@ -28,9 +28,12 @@ def install(
 
         llmlb routers install vllm-router smg
     """
-    from llmlb_bench.routers.install import PACKAGES, ensure, venv
+    from llmlb_bench.routers.install import PACKAGES, ensure, package, venv
 
-    for name in names or list(PACKAGES):
+    chosen = names or list(PACKAGES)
+    for name in chosen:  # every name checked before the first (slow) install
+        package(name, "NAMES")
+    for name in chosen:
         ensure(name)
         console.print(f"{name}: {venv(name)}", highlight=False, soft_wrap=True)
 

@@ -39,9 +39,10 @@ def cache_root() -> Path:
     return Path(os.environ.get("LLMLB_CACHE_DIR") or Path.home() / ".cache" / "llmlb-bench") / "routers"
 
 
-def package(name: str) -> RouterPackage:
+def package(name: str, where: str = "--router") -> RouterPackage:
+    """The router called ``name``; ``where`` names the flag or argument it came from, for the error."""
     if name not in PACKAGES:
-        raise UserError(f"unknown router {name!r} (known: {', '.join(PACKAGES)})", "--router")
+        raise UserError(f"unknown router {name!r} (known: {', '.join(PACKAGES)})", where)
     return PACKAGES[name]
 
 
