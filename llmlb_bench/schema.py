@@ -176,6 +176,10 @@ REQUESTS = TableSpec(
             # replayer only: the backend the response named when the endpoint is a router (its
             # decision; see llmlb_bench.routers.identity); null when nothing named one
             pa.field("backend", pa.string()),
+            # speculative decoding: draft tokens proposed for this request and those the target
+            # accepted (the simulator's draws); null where nothing drafted or nothing counted them
+            pa.field("spec_draft_tokens", pa.int32()),
+            pa.field("spec_accepted_tokens", pa.int32()),
         ]
     ),
     required=frozenset({"run_id", "request_id", "status"}),

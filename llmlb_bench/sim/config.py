@@ -37,6 +37,7 @@ from llmlb_bench.sim.moe import MoeSpec, check_layout
 from llmlb_bench.sim.autoscale import AutoscaleSpec
 from llmlb_bench.sim.scheduling import make_engine_scheduler
 from llmlb_bench.sim.profile import EngineProfile, resolve_profile
+from llmlb_bench.sim.speculative import SpeculativeSpec
 
 ROLES = ("mixed", "prefill", "decode")
 PREEMPTION_MODES = ("recompute", "swap")
@@ -46,7 +47,7 @@ TOKEN_TIMES = ("segments", "summary")
 #: fields a pool may set (the rest of ClusterConfig is cluster-wide)
 POOL_FIELDS = ("replicas", "gpu", "model", "tp", "pp", "max_num_seqs", "max_num_batched_tokens", "block_size",
                "gpu_memory_utilization", "chunked_prefill", "enable_prefix_caching", "max_model_len", "preemption",
-               "swap_space_gib", "profile")
+               "swap_space_gib", "profile", "speculative")
 #: engine settings a pool with a measured profile takes from it unless the pool sets them (sim/profile.py);
 #: the KV block size always comes from the profile (its KV block count is in those blocks)
 PROFILE_ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
@@ -76,6 +77,14 @@ class PoolConfig:
     #: a measured engine profile's content (sim/profile.py, ``llmlb calibrate``): its step times,
     #: KV blocks and engine settings replace the roofline's; None = the roofline
     profile: Mapping[str, Any] | None = None
+    #: speculative decoding (sim/speculative.py): {"method", "num_speculative_tokens", "acceptance",
+    #: "acceptance_by", "classes", "draft_model", "cost_ratio"}; None = one token per step
+    speculative: Mapping[str, Any] | None = None
+
+    @property
+    def speculative_spec(self) -> SpeculativeSpec | None:
+        """``speculative`` parsed (checked when the cluster was parsed)."""
+        return SpeculativeSpec.parse(self.speculative, "speculative") if self.speculative is not None else None
 
     @property
     def gpus(self) -> int:
@@ -161,6 +170,8 @@ class ClusterConfig:
     #: its max_num_seqs, max_num_batched_tokens and max_model_len fill those left unset; prefix
     #: caching is on only if both say so (sim/profile.py)
     profile: Mapping[str, Any] | None = None
+    #: speculative decoding for every pool that does not set its own (sim/speculative.py); None = off
+    speculative: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # a check, not a rewrite: every field already holds its parsed value (see ``from_dict``)
@@ -404,6 +415,10 @@ def _check_engine(p: PoolConfig, where: str, catalogs: tuple[str, ...]) -> None:
         raise UserError("preemption = \"swap\" needs swap_space_gib > 0", f"{where}.swap_space_gib")
     cat = load_catalog(catalogs)
     cat.gpu(p.gpu, f"{where}.gpu")
+    if p.speculative is not None:
+        spec = SpeculativeSpec.parse(p.speculative, f"{where}.speculative")
+        if spec.draft_model is not None:
+            cat.model(spec.draft_model, f"{where}.speculative.draft_model")
     layers = cat.model(p.model, f"{where}.model").layers
     if p.pp > layers:
         raise UserError(f"{p.model} has {layers} layers, fewer than pp = {p.pp} stages", f"{where}.pp")

@@ -81,7 +81,7 @@ class Simulation:
         self.trace = trace
         self.n = trace.num_rows
         self.cols = cols = TraceColumns(trace)
-        self.fleet = Fleet(cfg, trace_block_size(trace), cols.has_hashes, seed)
+        self.fleet = Fleet(cfg, trace_block_size(trace), cols.has_hashes, seed, trace)
         self.replicas = self.fleet.replicas
         self.view = self.fleet.view
         self._disagg = cfg.disaggregated

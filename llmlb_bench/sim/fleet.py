@@ -11,15 +11,19 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import pyarrow as pa
+
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import TargetInfo, View
 from llmlb_bench.sim.autoscale import PoolStatus
+from llmlb_bench.sim.catalog import load_catalog
 from llmlb_bench.sim.config import ClusterConfig, PoolConfig
 from llmlb_bench.sim.cost import CostModel
 from llmlb_bench.sim.moe import ExpertLoad, MoeSpec
 from llmlb_bench.sim.profile import EngineProfile, ProfileCost
 from llmlb_bench.sim.replica import Replica
 from llmlb_bench.sim.scheduling import make_engine_scheduler
+from llmlb_bench.sim.speculative import Speculation
 
 
 def cost_model(pool: PoolConfig, catalogs: tuple[str, ...] = (),
@@ -51,6 +55,19 @@ def prefix_unit(pool: PoolConfig, trace_bs: int) -> tuple[int, int]:
                     f"must divide one another (or disable prefix caching)", f"cluster.pools[{pool.name}].block_size")
 
 
+def speculation(pool: PoolConfig, cost: CostModel | ProfileCost, catalogs: tuple[str, ...],
+                trace: pa.Table | None, seed: int) -> Speculation | None:
+    """The pool's proposer (None without speculative settings); acceptance rates per row of
+    ``trace`` when there is one."""
+    spec = pool.speculative_spec
+    if spec is None:
+        return None
+    draft = (CostModel(load_catalog(catalogs).model(spec.draft_model), pool.gpu_spec(catalogs), pool.tp)
+             if spec.draft_model is not None else None)
+    rates = Speculation.class_rates(spec, trace) if trace is not None else None
+    return Speculation(spec, cost, draft, pool.model_spec(catalogs).layers, rates, seed)
+
+
 def decode_capacity(cost: CostModel | ProfileCost) -> float:
     """Serving speed for ``TargetInfo.capacity``: decode tokens/s of a 64-request batch at 1k context."""
     return 64 / cost.decode_time(64, 64 * 1024)
@@ -59,11 +76,14 @@ def decode_capacity(cost: CostModel | ProfileCost) -> float:
 class Fleet:
     """Replicas by index (``r0``, ``r1``, ... in creation order) and the router's view of them."""
 
-    def __init__(self, cfg: ClusterConfig, trace_bs: int = 16, prefix_hashes: bool = False, seed: int = 0) -> None:
+    def __init__(self, cfg: ClusterConfig, trace_bs: int = 16, prefix_hashes: bool = False, seed: int = 0,
+                 trace: pa.Table | None = None) -> None:
         self.cfg = cfg
-        self.seed = seed      # the run's: engine schedulers that draw random numbers follow it
+        self.seed = seed      # the run's: engine schedulers and speculative acceptance draws follow it
         self.pools = {p.name: p for p in cfg.pools}
         self._costs = {name: cost_model(p, cfg.catalogs, cfg.moe_spec) for name, p in self.pools.items()}
+        self._spec = {name: speculation(p, self._costs[name], cfg.catalogs, trace, seed)
+                      for name, p in self.pools.items()}
         self._units = {name: (prefix_unit(p, trace_bs) if p.enable_prefix_caching and prefix_hashes
                               and p.role != "decode" else (0, 1)) for name, p in self.pools.items()}
         self._reference = decode_capacity(next(iter(self._costs.values())))
@@ -87,7 +107,8 @@ class Fleet:
                       scheduler=make_engine_scheduler(self.cfg.scheduler, self.cfg.scheduler_args, self.seed),
                       context_limit=p.max_model_len or p.model_spec(self.cfg.catalogs).max_context,
                       hash_stride=stride, created_at=now,
-                      swap_blocks=cost.swap_blocks(p.swap_space_gib) if p.preemption == "swap" else 0)
+                      swap_blocks=cost.swap_blocks(p.swap_space_gib) if p.preemption == "swap" else 0,
+                      speculation=self._spec[pool_name])
         rep.starting = starting
         rep.t = now
         self.replicas.append(rep)

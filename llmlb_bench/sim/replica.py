@@ -62,6 +62,7 @@ from llmlb_bench.sim.cost import CostModel
 from llmlb_bench.sim.prefix_cache import PrefixCache
 from llmlb_bench.policies.engine import WaitingQueue
 from llmlb_bench.sim.scheduling import EngineScheduler
+from llmlb_bench.sim.speculative import Speculation, Stint
 from llmlb_bench.sim.timeline import Timeline
 
 #: largest relative growth of the decode step time within one run
@@ -73,7 +74,7 @@ class Request:
 
     __slots__ = ("row", "route", "prompt", "out", "stop", "generated", "computed", "blocks", "ctx0", "step0",
                  "gen", "span_start", "spans", "preemptions", "cached", "hashes", "shared", "energy",
-                 "first_token_s", "prefill_target", "decode_target", "target", "sched")
+                 "first_token_s", "prefill_target", "decode_target", "target", "sched", "stints")
 
     def __init__(self, row: int, route: Any, prompt: int, out: int, hashes: Sequence[int] | None = None) -> None:
         self.row = row
@@ -99,6 +100,7 @@ class Request:
         self.decode_target = -1
         self.target = -1
         self.sched: Any = None   # per-request state of a non-FCFS engine scheduler (e.g. its sort key)
+        self.stints: list[Stint] | None = None   # decode stints under speculative decoding (sim/speculative.py)
 
 
 class Replica:
@@ -108,7 +110,7 @@ class Replica:
                  max_num_batched_tokens: int, block_size: int, chunked_prefill: bool,
                  prefix_unit_blocks: int = 0, pool: str = "default", role: str = "mixed",
                  scheduler: EngineScheduler | None = None, context_limit: int = 1 << 30, hash_stride: int = 1,
-                 created_at: float = 0.0, swap_blocks: int = 0) -> None:
+                 created_at: float = 0.0, swap_blocks: int = 0, speculation: Speculation | None = None) -> None:
         self.index = index
         self.name = name
         self.pool = pool
@@ -126,6 +128,8 @@ class Replica:
         #: when the outbound KV link (disaggregation) is free again
         self.link_free_at = 0.0
         self.cost = cost
+        #: the pool's proposer (None: one token per step, as without speculative decoding)
+        self.spec = speculation
         self.max_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
         self.bs = block_size
@@ -369,15 +373,24 @@ class Replica:
         if self._observes:
             self.scheduler.on_decode(req)
         self._seq += 1
-        heappush(self.finish_heap, (s0 + req.stop - req.generated - 1, self._seq, req, req.gen))
+        steps = req.stop - req.generated
+        if self.spec is not None:
+            stints = req.stints if req.stints is not None else []
+            accepted, emitted = self.spec.draw(req.row, len(stints), steps)
+            stints.append(Stint(s0, accepted, emitted))
+            req.stints = stints
+            steps = len(emitted)
+        heappush(self.finish_heap, (s0 + steps - 1, self._seq, req, req.gen))
 
     def _stop_decode(self, req: Request) -> int:
         """Take ``req`` out of decode at the current boundary; returns the tokens in its KV."""
         advanced = self.step - req.step0 + 1
         computed = req.ctx0 + advanced
-        req.generated += advanced
+        # speculative: ``advanced`` steps made the tokens drawn for them (KV: one slot per step)
+        made = advanced if req.stints is None else req.stints[-1].cut(advanced)
+        req.generated += made
         if self._observes:
-            self.scheduler.on_tokens(req, 0, advanced, self.t)
+            self.scheduler.on_tokens(req, 0, made, self.t)
         req.computed = computed
         self.phase[(req.step0 - req.ctx0) % self.bs] -= 1
         self.decoding -= 1
@@ -667,8 +680,11 @@ class Replica:
                 completing += 1
                 if req.generated + 1 >= req.stop:
                     ending = True
-        gap, power = self.cost.run_step(tokens + decoding, attn + self.context, kv + self.context,
-                                        decoding + completing)
+        if self.spec is None:
+            gap, power = self.cost.run_step(tokens + decoding, attn + self.context, kv + self.context,
+                                            decoding + completing)
+        else:
+            gap, power = self.spec.step(tokens, attn, kv, completing, decoding, self.context)
         if self.swap_s:
             gap, power = self._with_swap(gap, power)
         share = power * gap / (tokens + decoding)
@@ -706,7 +722,8 @@ class Replica:
             if n > n_tol:
                 n = n_tol if n_tol > 0 else 1
         ctx = self.context + decoding * (n - 1) / 2
-        gap, power = self.cost.run_step(decoding, ctx, ctx, decoding)
+        gap, power = (self.cost.run_step(decoding, ctx, ctx, decoding) if self.spec is None
+                      else self.spec.step(0, 0.0, 0.0, 0, decoding, ctx))
         if self.swap_s:
             gap, power = self._with_swap(gap, power)
         self.run_chunks = []

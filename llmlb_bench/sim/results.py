@@ -16,7 +16,9 @@ import pyarrow as pa
 
 from llmlb_bench.schema import TOKEN_SEGMENT
 from llmlb_bench.sim.replica import Replica, Request
-from llmlb_bench.sim.timeline import decode_energy, step_end_times, summary_segments, token_segments
+from llmlb_bench.sim.speculative import step_tokens
+from llmlb_bench.sim.timeline import (Columns, list_array, decode_energy, step_end_times, summary_segments,
+                                      token_segments)
 
 
 class RequestRecorder:
@@ -110,6 +112,10 @@ class RequestRecorder:
         here_first = step_end_times(tl, a[ends - nspans])
         last = step_end_times(tl, b[ends - 1])
         here = np.add.reduceat(b - a + 1, ends - nspans)
+        segments: pa.ListArray | None = None
+        spec: dict[str, np.ndarray] = {}
+        if rep.spec is not None:
+            here, segments, spec = _speculative_columns(tl, reqs, rep.spec.k, a, b, nspans, lead)
         energy = np.array([r.energy for r in reqs]) + decode_energy(tl, a, b, nspans)
         self.attributed_energy_j += float(energy.sum())
         names = [r.name for r in self.replicas]
@@ -119,7 +125,7 @@ class RequestRecorder:
             "first_token_s": np.where(has_lead, lead, here_first),
             "last_token_s": last,
             "token_times": (summary_segments(here_first, last, here, lead) if self.summary_tokens
-                            else token_segments(tl, a, b, nspans, lead)),
+                            else segments if segments is not None else token_segments(tl, a, b, nspans, lead)),
             "output_tokens": (here + has_lead).astype(np.int32),
             "cached_tokens": np.array([max(r.cached, 0) for r in reqs], dtype=np.int32),
             "status": pa.array(["ok"] * n, pa.string()),
@@ -130,6 +136,7 @@ class RequestRecorder:
             "decode_target": pa.array([names[r.decode_target] if r.decode_target >= 0 else None for r in reqs],
                                       pa.string()),
             "energy_j": energy,
+            **spec,
         }
 
     def _write(self, parts: list[dict[str, Any]]) -> None:
@@ -148,3 +155,36 @@ class RequestRecorder:
                 "requested_output_tokens": src.column("output_tokens").combine_chunks(),
                 **cols,
             })
+
+
+def _speculative_columns(tl: Columns, reqs: Sequence[Request], k: int, a: np.ndarray, b: np.ndarray,
+                         nspans: np.ndarray, lead: np.ndarray) -> tuple[np.ndarray, pa.ListArray, dict[str, np.ndarray]]:
+    """A speculative replica's requests: tokens made here, ``token_times`` with one segment per
+    step (the step's tokens bundled at its end: gap 0), and the columns of tokens drafted (``k``
+    per verify step) and accepted.
+
+    Python per step, not per run of steps: each verify step's token count is its own draw."""
+    n = len(reqs)
+    here, per_req = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    drafted, accepted = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    starts: list[np.ndarray] = []
+    counts: list[np.ndarray] = []
+    j = 0
+    for i, req in enumerate(reqs):
+        stints = req.stints or []
+        if not np.isnan(lead[i]):
+            starts.append(lead[i:i + 1])
+            counts.append(np.ones(1, dtype=np.int64))
+            per_req[i] += 1
+        for span in range(j, j + int(nspans[i])):
+            made = step_tokens(stints, int(a[span]), int(b[span]))
+            starts.append(step_end_times(tl, np.arange(a[span], b[span] + 1)))
+            counts.append(made)
+            per_req[i] += len(made)
+            here[i] += int(made.sum())
+        j += int(nspans[i])
+        drafted[i] = k * sum(st.steps for st in stints)
+        accepted[i] = sum(int(st.accepted.sum()) for st in stints)
+    start = np.concatenate(starts)
+    segments = list_array(per_req, start, np.zeros(len(start)), np.concatenate(counts))
+    return here, segments, {"spec_draft_tokens": drafted.astype(np.int32), "spec_accepted_tokens": accepted.astype(np.int32)}

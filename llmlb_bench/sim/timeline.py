@@ -75,10 +75,10 @@ def summary_segments(first_s: np.ndarray, last_s: np.ndarray, count: np.ndarray,
     seg_count = np.ones(len(seg_start), dtype=np.int64)
     seg_start[pos], seg_gap[pos], seg_count[pos] = first_s, gap, count
     seg_start[pos[has_lead] - 1] = lead_s[has_lead]
-    return _list_array(per_req, seg_start, seg_gap, seg_count)
+    return list_array(per_req, seg_start, seg_gap, seg_count)
 
 
-def _list_array(per_req: np.ndarray, start: np.ndarray, gap: np.ndarray, count: np.ndarray) -> pa.ListArray:
+def list_array(per_req: np.ndarray, start: np.ndarray, gap: np.ndarray, count: np.ndarray) -> pa.ListArray:
     offsets = np.concatenate([[0], np.cumsum(per_req)]).astype(np.int32)
     segs = pa.StructArray.from_arrays(
         [pa.array(start), pa.array(gap), pa.array(count.astype(np.int32))], fields=list(TOKEN_SEGMENT))
@@ -124,7 +124,7 @@ def token_segments(tl: Columns, span_a: np.ndarray, span_b: np.ndarray, spans_pe
         s[keep], g[keep], c[keep] = seg_start, seg_gap, seg_count
         s[lead_pos] = lead_s[has_lead]
         seg_start, seg_gap, seg_count = s, g, c
-    return _list_array(per_req, seg_start, seg_gap, seg_count)
+    return list_array(per_req, seg_start, seg_gap, seg_count)
 
 
 def decode_energy(tl: Columns, span_a: np.ndarray, span_b: np.ndarray, spans_per_request: np.ndarray) -> np.ndarray:
