@@ -123,6 +123,9 @@ TRACE = TableSpec(
             pa.field("turn", pa.int32()),
             pa.field("parent_id", pa.int64()),
             pa.field("after_parent_s", pa.float64()),
+            # a join: further requests (ids) this one also waits for; it leaves after_parent_s after
+            # the last of its parent and these ends. Readers that do not know it ignore it
+            pa.field("wait_ids", pa.list_(pa.int64())),
             pa.field("input_tokens", pa.int32(), nullable=False),
             pa.field("output_tokens", pa.int32(), nullable=False),
             pa.field("prefix_hashes", pa.list_(pa.uint64())),
@@ -151,6 +154,9 @@ REQUESTS = TableSpec(
             pa.field("request_id", pa.int64(), nullable=False),
             pa.field("tenant", pa.string()),
             pa.field("slo_class", pa.string()),
+            # copied from the trace (null outside conversations): conversation-level metrics need no join
+            pa.field("session_id", pa.int64()),
+            pa.field("turn", pa.int32()),
             pa.field("target", pa.string()),
             pa.field("scheduled_s", pa.float64()),
             pa.field("sent_s", pa.float64()),

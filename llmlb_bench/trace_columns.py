@@ -112,26 +112,67 @@ class TraceColumns:
                             self.priority[i], self.slo[i],
                             self.hash_values[off[i]:off[i + 1]].tolist() if self.has_hashes else ())
 
+    @cached_property
+    def turn(self) -> list[int | None]:
+        """``turn`` per row (None outside conversations)."""
+        col = self._col("turn")
+        return [None] * self.n if col is None or col.null_count == self.n else col.to_pylist()
+
+    def _rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """The row of each request id in ``ids`` (-1 where no row of the trace has it)."""
+        n = self.n
+        rid = np.asarray(self.rid, dtype=np.int64)
+        sorter = np.argsort(rid, kind="stable")
+        pos = np.clip(np.searchsorted(rid, ids, sorter=sorter), 0, n - 1)
+        rows = sorter[pos] if n else np.zeros(len(ids), dtype=np.int64)
+        return np.where((ids >= 0) & (rid[rows] == ids), rows, -1) if n else rows - 1
+
     def parent_rows(self) -> np.ndarray:
         """Per row, the row of its parent (``parent_id`` naming another row of the trace), else -1."""
         n = self.n
         parent = self._col("parent_id")
         if parent is None or parent.null_count == n:
             return np.full(n, -1, dtype=np.int64)
-        ids = np.asarray(self.rid, dtype=np.int64)
-        sorter = np.argsort(ids, kind="stable")
-        pid = parent.fill_null(-1).to_numpy()
-        pos = np.clip(np.searchsorted(ids, pid, sorter=sorter), 0, n - 1)
-        prow = sorter[pos]
-        linked = (pid >= 0) & (ids[prow] == pid) & (prow != np.arange(n))
-        return np.where(linked, prow, -1)
+        prow = self._rows_of(parent.fill_null(-1).to_numpy())
+        return np.where(prow != np.arange(n), prow, -1)
 
-    def dependencies(self) -> tuple[dict[int, list[int]], np.ndarray]:
-        """Children rows per parent row (each released when its parent ends), and the rows that
-        arrive on their own."""
+    def waited_rows(self) -> dict[int, list[int]]:
+        """The rows each dependent row waits for: its parent, then those ``wait_ids`` names (a
+        join), each once; ids naming no other row of the trace are left out. Rows that wait for
+        nothing are not keys."""
         prow = self.parent_rows()
-        linked = prow >= 0
+        linked = np.flatnonzero(prow >= 0)
+        deps = {i: [p] for i, p in zip(linked.tolist(), prow[linked].tolist())}
+        col = self._col("wait_ids")
+        if col is None or col.null_count == self.n:
+            return deps
+        arr = col.combine_chunks()
+        offsets = np.asarray(arr.offsets)
+        rows = self._rows_of(np.asarray(arr.values.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64))
+        for i in np.flatnonzero(np.diff(offsets)).tolist():
+            mine = deps.setdefault(i, [])
+            for r in rows[offsets[i]:offsets[i + 1]].tolist():
+                if r >= 0 and r != i and r not in mine:
+                    mine.append(r)
+            if not mine:
+                del deps[i]
+        return deps
+
+    def dependencies(self, skip: list[bool] | None = None) -> tuple[dict[int, list[int]], list[int], np.ndarray]:
+        """Dependent rows per row they wait for (a parent, or a join's other inputs), how many
+        rows each row still waits for (it is released when that reaches 0, after the last of
+        them ends), and the rows that arrive on their own. A row in ``skip`` (one a resumed run
+        already has) waits for nothing and releases nothing, and is not among the independent."""
         children: dict[int, list[int]] = {}
-        for child, par in zip(np.nonzero(linked)[0].tolist(), prow[linked].tolist()):
-            children.setdefault(par, []).append(child)
-        return children, np.nonzero(~linked)[0]
+        pending = [0] * self.n
+        for row, deps in sorted(self.waited_rows().items()):
+            if skip is not None and skip[row]:
+                continue
+            for d in deps:
+                if skip is None or not skip[d]:
+                    children.setdefault(d, []).append(row)
+                    pending[row] += 1
+        free = np.asarray(pending) == 0
+        if skip is not None:
+            free &= ~np.asarray(skip, dtype=bool)
+        return children, pending, np.flatnonzero(free)

@@ -51,6 +51,7 @@ def replay(
     tokenize: Annotated[bool, typer.Option("--tokenize", help="Use the first endpoint's /tokenize for exact prompt lengths.")] = False,
     tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="A local tokenizer.json (or a folder holding one) for exact prompt lengths; needs the 'tokenizers' package (extra 'tokenizer').")] = None,
     force_length: Annotated[bool, typer.Option("--force-length/--no-force-length", help="Send min_tokens and ignore_eos so outputs have the trace's length (vLLM, SGLang, llama.cpp).")] = True,
+    thread: Annotated[bool, typer.Option("--thread/--no-thread", help="Build a dependent request's prompt from its parent's prompt and the answer the server returned (conversations, agents), so the server's prefix cache sees the reply's sharing; --no-thread materialises every prompt from the trace's hashes.")] = True,
     connect_timeout: Annotated[float, typer.Option("--connect-timeout", help="Seconds to open a connection (0: none).")] = 10.0,
     first_token_timeout: Annotated[float, typer.Option("--first-token-timeout", help="Seconds from send to the first token (0: none).")] = 600.0,
     token_timeout: Annotated[float, typer.Option("--token-timeout", help="Longest silence between tokens, seconds (0: none).")] = 120.0,
@@ -88,7 +89,7 @@ def replay(
     options = ReplayOptions(
         api=api.value, model=model, time_scale=time_scale, users=users, think_s=think_time, workers=workers,
         executor=executor.value, address=address,
-        force_output_length=force_length,
+        force_output_length=force_length, thread=thread,
         api_key_env=api_key_env, tokenize=tokenize,
         tokenizer=str(tokenizer) if tokenizer is not None else None, retries=retries, retry_backoff_s=retry_backoff,
         scrape_s=scrape if scrape > 0 else None, power_sources=list(power_source or []),

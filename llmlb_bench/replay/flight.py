@@ -54,7 +54,7 @@ class Flight:
         "idx", "route", "target", "request", "scheduled_s", "owner",
         "sent", "attempt_start", "attempts", "reused", "fresh_used", "conn", "timer",
         "first", "last", "last_rx", "seg_start", "seg_count", "chunks",
-        "usage_out", "usage_in", "cached", "http_status", "backend", "done",
+        "usage_out", "usage_in", "cached", "http_status", "backend", "done", "answer",
         "_mode", "_sse", "_parts", "_size", "_finish_seen", "_retry_after",
     )
 
@@ -74,6 +74,9 @@ class Flight:
         self.conn: Connection | None = None
         self.timer: Any = None
         self.done = False
+        #: the answer's text pieces, kept only when a dependent request will extend it
+        #: (replay.threads); None: not kept
+        self.answer: list[str] | None = None
         self.reset_attempt()
 
     def reset_attempt(self) -> None:
@@ -97,6 +100,8 @@ class Flight:
         self._size = 0
         self._finish_seen = False
         self._retry_after: float | None = None
+        if self.answer is not None:
+            self.answer = []
 
     # -- connection callbacks --------------------------------------------
     def on_head(self, status: int, headers: dict[str, str], now: float) -> None:
@@ -200,8 +205,12 @@ class Flight:
             if type(delta) is dict:
                 if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
                     n = 1
+                    if self.answer is not None and delta.get("content"):
+                        self.answer.append(delta["content"])
             elif c.get("text"):
                 n = 1
+                if self.answer is not None:
+                    self.answer.append(c["text"])
             if c.get("finish_reason"):
                 self._finish_seen = True
         return n
@@ -244,6 +253,8 @@ class Flight:
                 msg = c.get("message")
                 text = (msg.get("content") if isinstance(msg, dict) else c.get("text")) or text
         self._take_usage(obj.get("usage"))
+        if self.answer is not None and isinstance(text, str):
+            self.answer.append(text)
         self._record(1 if text else 0, now)
         self._finish_seen = True
         self.owner.finished(self, "ok", None, now)

@@ -45,6 +45,9 @@ class ReplayOptions:
     address: str | None = None
     #: send ``min_tokens`` and ``ignore_eos`` (vLLM, SGLang, llama.cpp) so outputs have the trace's length
     force_output_length: bool = True
+    #: a dependent request's prompt extends its parent's prompt and the answer the server returned
+    #: (replay.threads); False: every prompt materialised from the trace's hashes
+    thread: bool = True
     #: environment variable holding the API key, sent as a Bearer token and never stored;
     #: ``None``: ``OPENAI_API_KEY`` when it is set, else no key
     api_key_env: str | None = None

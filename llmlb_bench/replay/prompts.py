@@ -127,6 +127,11 @@ class PromptBuilder:
             parts.append(self._text_at(_splitmix64(request_id ^ _TAIL_SALT), remaining, not parts))
         return "".join(parts)
 
+    def continuation(self, tokens: int, request_id: int) -> str:
+        """``tokens`` tokens of text unique to the request, to follow other text (a threaded
+        turn's new user or tool message, :mod:`llmlb_bench.replay.threads`)."""
+        return self._text_at(_splitmix64(request_id ^ _TAIL_SALT), tokens, False)
+
     def _block(self, h: int, tokens: int, lead: bool) -> str:
         key = (h, tokens, lead)
         text = self._cache.get(key)

@@ -33,6 +33,8 @@ SCALARS: tuple[tuple[str, pa.DataType], ...] = (
     ("request_id", pa.int64()),
     ("tenant", pa.string()),
     ("slo_class", pa.string()),
+    ("session_id", pa.int64()),
+    ("turn", pa.int32()),
     ("target", pa.string()),
     ("scheduled_s", pa.float64()),
     ("sent_s", pa.float64()),

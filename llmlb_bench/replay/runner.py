@@ -61,6 +61,7 @@ from llmlb_bench.replay.rows import RowWriter, write_table
 from llmlb_bench.replay.schedule import INF as _INF, Schedule
 from llmlb_bench.replay.scrape import SeriesRows, Signals, parse_metrics, update_view
 from llmlb_bench.replay.selfcheck import ServerWitness, server_check
+from llmlb_bench.replay.threads import Threads
 from llmlb_bench.schema import trace_block_size
 from llmlb_bench.store import RunStore
 from llmlb_bench.trace_columns import TraceColumns
@@ -167,6 +168,10 @@ class Replayer:
         self.resume = resume
         self.tr = tr = TraceColumns(trace, options.time_scale)
         self.prompts = PromptBuilder(trace_block_size(trace), pre.word_costs, pre.lead_costs)
+        #: dependent requests' prompts from their parents' real answers (open loop only: closed
+        #: loop sends rows in order, without their parents)
+        self.threads = Threads(tr, self.prompts, options.api == "chat") \
+            if options.thread and options.users is None else None
         self.view = View(targets=[TargetInfo(name=ep.url) for ep in pre.endpoints],
                          block_size=trace_block_size(trace))
         self.view.healthy[:] = pre.healthy
@@ -349,6 +354,8 @@ class Replayer:
                 self._main_task.cancel()
 
     def _refused(self, idx: int, req: RouteRequest, why: str) -> None:
+        if self.threads is not None:
+            self.threads.ended(idx)
         self._write_row(idx, None, "rejected", why)
         self._after_end(idx)
 
@@ -356,6 +363,8 @@ class Replayer:
         """The router sent row ``idx`` to endpoint ``target``."""
         self.router.sent(target, req)
         f = Flight(idx, req, target, self._request_bytes(idx, target), self.sched[idx], self)
+        if self.threads is not None and self.threads.keeps(idx):
+            f.answer = []  # something waits for this answer: keep its text
         self.flights.add(f)
         self._attempt(f, fresh=False)
 
@@ -368,7 +377,9 @@ class Replayer:
             media = False
         # input_tokens includes what the images and audio cost; the text gets the rest
         media_tokens = tr.image_tokens[idx] + round(audio_s * AUDIO_TOKENS_PER_S) if media else 0
-        text = self.prompts.text(max(0, tr.inp[idx] - media_tokens), tr.hashes(idx), tr.rid[idx])
+        tokens = max(0, tr.inp[idx] - media_tokens)
+        threaded = self.threads.prompt(idx, tokens, media) if self.threads is not None else None
+        text = self.prompts.text(tokens, tr.hashes(idx), tr.rid[idx]) if threaded is None else ""
         out = max(1, tr.out[idx])
         body: dict[str, Any] = {"model": self.pre.models[target]}
         if media:
@@ -381,9 +392,11 @@ class Replayer:
                                 "input_audio": {"data": wav_base64(audio_s, tr.rid[idx]), "format": "wav"}})
             body["messages"] = [{"role": "user", "content": content}]
         elif self.options.api == "chat":
-            body["messages"] = [{"role": "user", "content": text}]
+            body["messages"] = threaded if threaded is not None else [{"role": "user", "content": text}]
         else:
-            body["prompt"] = text
+            body["prompt"] = threaded if threaded is not None else text
+        if self.threads is not None and not media:
+            self.threads.sent(idx, body["messages"] if self.options.api == "chat" else body["prompt"])
         body.update(max_tokens=out, stream=True, stream_options={"include_usage": True})
         if self.options.force_output_length:
             body.update(min_tokens=out, ignore_eos=True)
@@ -533,6 +546,10 @@ class Replayer:
             f.conn.abort()
             f.conn = None
         self.flights.discard(f)
+        if self.threads is not None:
+            if status == "ok" and f.answer is not None:
+                self.threads.answered(f.idx, "".join(f.answer), f.output_tokens()[0])
+            self.threads.ended(f.idx)
         self._write_row(f.idx, f, status, error)
         if status == "ok" and f.first is not None and f.sent is not None:
             self.recent_ttft.append(f.first - f.sent)
@@ -562,12 +579,14 @@ class Replayer:
         tr, t0 = self.tr, self.t0
         self.status[status] += 1
         if f is None:
-            values = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], None, self.sched[idx], None, None, None,
+            values = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], tr.session[idx], tr.turn[idx], None,
+                      self.sched[idx], None, None, None,
                       tr.inp[idx], tr.out[idx], None, None, status, error, None, None, None, None)
             self.writer.buffer.add(values, None, None)
         else:
             out, estimated = f.output_tokens()
-            values = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], self.names[f.target], f.scheduled_s,
+            values = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], tr.session[idx], tr.turn[idx],
+                      self.names[f.target], f.scheduled_s,
                       None if f.sent is None else f.sent - t0,
                       None if f.first is None else f.first - t0,
                       None if f.last is None else f.last - t0,

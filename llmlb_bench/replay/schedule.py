@@ -2,8 +2,9 @@
 
 Open loop: a request leaves at ``arrival_s`` x ``time_scale``. A dependent
 request (``parent_id`` naming a request this run sends) waits for its parent
-to end and leaves ``after_parent_s`` x ``time_scale`` later, or at its own
-arrival time if that is later.
+to end, and a join also for the requests its ``wait_ids`` name; it leaves
+``after_parent_s`` x ``time_scale`` after the last of them ends, or at its
+own arrival time if that is later.
 
 Closed loop (``users`` = N): N users each send one request, wait for it to
 end, think ``think_s`` seconds and send the next row of the trace (in
@@ -35,23 +36,20 @@ class Schedule:
         self.due = list(tr.arrival)
         #: rows handed out (or skipped because a resumed run already has them)
         self.taken = [rid in skip for rid in tr.rid]
-        #: parent row -> its dependent rows (open loop only; a parent a resumed run already has releases nothing)
+        #: row -> the rows waiting for it, and how many rows each still waits for (open loop only;
+        #: a row a resumed run already has releases nothing and is waited for by nothing)
         self._children: dict[int, list[int]] = {}
-        roots = []
-        parents = tr.parent_rows().tolist() if users is None else [-1] * tr.n
-        for i in range(tr.n):
-            if self.taken[i]:
-                continue
-            parent = parents[i]
-            if parent >= 0 and not self.taken[parent]:
-                self._children.setdefault(parent, []).append(i)
-            else:
-                roots.append(i)
+        self._pending = [0] * tr.n
+        if users is None:
+            self._children, self._pending, free = tr.dependencies(self.taken)
+            roots = free.tolist()
+        else:
+            roots = [i for i in range(tr.n) if not self.taken[i]]
         roots.sort(key=lambda i: (self.due[i], i))
         self._roots = roots
         self._pos = 0
         self._ready: list[tuple[float, int]] = []
-        self.waiting = sum(len(v) for v in self._children.values())
+        self.waiting = sum(1 for p in self._pending if p)
         if users is not None:  # closed loop: the first N rows leave together, the rest wait for a user
             start = self.due[roots[0]] if roots else 0.0
             for i in roots[:users]:
@@ -95,13 +93,15 @@ class Schedule:
             self.waiting -= 1
             return True
         kids = self._children.pop(idx, None)
-        if not kids:
-            return False
-        for c in kids:
-            self.due[c] = max(self.due[c], end + self.tr.after[c])
-            heapq.heappush(self._ready, (self.due[c], c))
-        self.waiting -= len(kids)
-        return True
+        released = False
+        for c in kids or ():
+            self._pending[c] -= 1
+            if not self._pending[c]:  # the last request it waits for: leave after_parent_s later
+                self.due[c] = max(self.due[c], end + self.tr.after[c])
+                heapq.heappush(self._ready, (self.due[c], c))
+                self.waiting -= 1
+                released = True
+        return released
 
     def untaken(self) -> list[int]:
         """Rows never handed out (written as not_sent after an interrupt); marks them taken."""

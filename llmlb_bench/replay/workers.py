@@ -51,29 +51,29 @@ from llmlb_bench.trace_columns import TraceColumns
 
 
 def shares(table: pa.Table, n: int, closed_loop: bool) -> list[list[int]]:
-    """Row indices of each worker's share: whole families (open loop) or single rows (closed
-    loop), dealt out in order of arrival."""
-    rids = table.column("request_id").to_pylist()
-    arrivals = table.column("arrival_s").to_pylist()
-    parents = (table.column("parent_id").to_pylist() if "parent_id" in table.column_names and not closed_loop
-               else [None] * len(rids))
-    index = {rid: i for i, rid in enumerate(rids)}
-    root = [-1] * len(rids)
-    for i in range(len(rids)):
-        chain, j = [], i
-        while root[j] < 0:  # walk up to the oldest ancestor in the table (or a known root)
-            chain.append(j)
-            k = index.get(parents[j]) if parents[j] is not None else None
-            if k is None or k in chain:
-                root[j] = j
-                break
-            j = k
-        for c in chain:
-            root[c] = root[j]
+    """Row indices of each worker's share: whole families (open loop: a request, everything that
+    waits for it and everything it waits for, joins included, so a conversation's turns and its
+    prompts' threading stay in one process) or single rows (closed loop), dealt out in order of
+    arrival."""
+    tr = TraceColumns(table)
+    root = list(range(tr.n))
+
+    def find(i: int) -> int:
+        while root[i] != i:
+            root[i] = root[root[i]]
+            i = root[i]
+        return i
+
+    if not closed_loop:
+        for row, deps in tr.waited_rows().items():
+            for d in deps:
+                a, b = find(row), find(d)
+                if a != b:
+                    root[max(a, b)] = min(a, b)
     family_worker: dict[int, int] = {}
     out: list[list[int]] = [[] for _ in range(n)]
-    for i in sorted(range(len(rids)), key=lambda i: (arrivals[i], i)):
-        out[family_worker.setdefault(root[i], len(family_worker) % n)].append(i)
+    for i in sorted(range(tr.n), key=lambda i: (tr.arrival[i], i)):
+        out[family_worker.setdefault(find(i), len(family_worker) % n)].append(i)
     return out
 
 
@@ -310,5 +310,6 @@ def _write_lost(run: RunStore, lost: pa.Table, time_scale: float, lost_s: float 
     run.requests.write({"request_id": lost.column("request_id"), "status": status,
                         "error": pc.if_else(maybe_sent, INTERRUPTED, pa.scalar(None, pa.string())),
                         "scheduled_s": scheduled, "input_tokens": lost.column("input_tokens"),
+                        **{c: lost.column(c) for c in ("session_id", "turn") if c in lost.column_names},
                         "requested_output_tokens": lost.column("output_tokens")})
     return Counter(status.to_pylist())

@@ -383,7 +383,7 @@ class _Row:
         details = u.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         target = proxy.backends[self.target] if self.target is not None else None
-        values = (self.rid, self.req.tenant, None, target, self.arrival, self.sent,
+        values = (self.rid, self.req.tenant, None, self.req.session_id, None, target, self.arrival, self.sent,
                   self.first, self.last,
                   inp if isinstance(inp, int) else self.req.input_tokens, self.req.max_output_tokens,
                   out if isinstance(out, int) else (self.tokens if self.sent is not None else None),

@@ -92,7 +92,8 @@ class Simulation:
         # when it was first sent to a target (None: not yet); plain lists are fastest per item
         self.scheduled: list[float] = list(cols.arrival)
         self.sent: list[float | None] = [None] * self.n
-        self.children, independent = cols.dependencies()
+        # dependents per row, and how many rows each still waits for (a join waits for several)
+        self.children, self._pending, independent = cols.dependencies()
         self.order = independent[np.lexsort((np.asarray(cols.rid)[independent],
                                              cols.arrival_np[independent]))].tolist()
         self.recorder = RequestRecorder(trace, run.requests, self.replicas, self.scheduled, self.sent,
@@ -387,8 +388,13 @@ class Simulation:
                 return
 
     def _release_children(self, row: int, t: float) -> None:
+        """``row`` ended at ``t``: a dependent arrives ``after_parent_s`` after the last of the
+        requests it waits for (its parent, and a join's other inputs) ends."""
+        pending = self._pending
         for child in self.children.get(row, ()):
-            self._deliver(max(self.scheduled[child], t + self.cols.after[child]), _ARRIVE, child)
+            pending[child] -= 1
+            if not pending[child]:
+                self._deliver(max(self.scheduled[child], t + self.cols.after[child]), _ARRIVE, child)
 
     def _end_unrouted(self, row: int, status: str, error: str) -> None:
         self.recorder.ended(row, None, status, error)

@@ -32,7 +32,8 @@ class RequestRecorder:
         self.scheduled_s = scheduled_s
         self.sent_s = sent_s
         self.batch_rows = batch_rows
-        self._trace = trace.select(["request_id", "tenant", "slo_class", "input_tokens", "output_tokens"])
+        self._trace = trace.select(["request_id", "tenant", "slo_class", "session_id", "turn", "input_tokens",
+                                    "output_tokens"])
         self._finished: list[list[Request]] = [[] for _ in replicas]
         self._other: dict[str, list] = {"rows": [], "target": [], "status": [], "error": []}
         self.pending = 0
@@ -149,6 +150,8 @@ class RequestRecorder:
                 "request_id": src.column("request_id").combine_chunks(),
                 "tenant": src.column("tenant").cast(pa.string()).combine_chunks(),
                 "slo_class": src.column("slo_class").cast(pa.string()).combine_chunks(),
+                "session_id": src.column("session_id").combine_chunks(),
+                "turn": src.column("turn").combine_chunks(),
                 "scheduled_s": np.array([self.scheduled_s[r] for r in rows.tolist()]),
                 "sent_s": pa.array([self.sent_s[r] for r in rows.tolist()], pa.float64()),
                 "input_tokens": src.column("input_tokens").combine_chunks(),

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.schema import TRACE
-from llmlb_bench.workload.prefixes import OWN, SESSION, SYSTEM, chained_hashes, stream_keys
+from llmlb_bench.workload.prefixes import JOIN, OWN, SESSION, SYSTEM, chained_hashes, stream_keys
 from llmlb_bench.workload.sessions import segment_exclusive_cumsum
 from llmlb_bench.workload.spec import TenantSpec, WorkloadSpec
 
@@ -42,6 +42,8 @@ class Stream(IntEnum):
     SYSTEM_GROUPS = 4
     MULTIMODAL = 5
     FANOUT = 6
+    TOOLS = 7
+    JOINS = 8
 
 
 def stream(seed: int, scope: str, which: Stream) -> np.random.Generator:
@@ -55,6 +57,7 @@ class TenantRequests:
 
     ``parent`` is a row index within this tenant (-1: none); ``session`` a
     tenant-local id (-1: none); ``turn`` -1 when not a conversation turn.
+    A join waits for rows ``wait_lo`` to ``wait_hi`` - 1 too (-1: not a join).
     ``bounds``/``keys`` describe each prompt's prefix streams (see
     :mod:`llmlb_bench.workload.prefixes`); ``None`` when hashes are not wanted.
     """
@@ -69,6 +72,8 @@ class TenantRequests:
     images: np.ndarray
     image_tokens: np.ndarray
     audio_s: np.ndarray
+    wait_lo: np.ndarray
+    wait_hi: np.ndarray
     bounds: np.ndarray | None
     keys: np.ndarray | None
 
@@ -78,10 +83,15 @@ class TenantRequests:
                                  for f in fields(self)})
 
     def select(self, mask: np.ndarray) -> TenantRequests:
-        """Keep the rows in ``mask`` (a kept row's parent must be kept) and renumber parents."""
+        """Keep the rows in ``mask`` (a kept row's parent must be kept) and renumber parents and
+        the rows joins wait for (a dropped one is waited for no more)."""
         new_index = np.cumsum(mask) - 1
+        before = np.concatenate([[0], np.cumsum(mask)])  # kept rows before each index
         out = self.take(mask)
         out.parent = np.where(out.parent >= 0, new_index[np.maximum(out.parent, 0)], -1)
+        joins = out.wait_lo >= 0
+        out.wait_lo = np.where(joins, before[np.maximum(out.wait_lo, 0)], -1)
+        out.wait_hi = np.where(joins, before[np.maximum(out.wait_hi, 0)], -1)
         return out
 
     def __len__(self) -> int:
@@ -100,6 +110,9 @@ def tenant_requests(t: TenantSpec, seed: int, horizon: float, rate_scale: float,
     starts = t.arrival.times(stream(seed, t.name, Stream.ARRIVALS), horizon, rate_scale)
     if t.sessions is not None:
         session, turn, think = t.sessions.expand(stream(seed, t.name, Stream.SESSIONS), starts)
+        if t.sessions.tools is not None:  # tool turns: a tool's time instead of a human's think time
+            tool, tool_s, tool_tokens = t.sessions.tools.draw(stream(seed, t.name, Stream.TOOLS), turn)
+            think = np.where(tool, tool_s, think)
         arrival = starts[session] + segment_exclusive_cumsum(think, session) + think
         idx = np.arange(len(session))
         parent = np.where(turn > 0, idx - 1, -1)
@@ -110,6 +123,8 @@ def tenant_requests(t: TenantSpec, seed: int, horizon: float, rate_scale: float,
         session = np.arange(n0) if t.fanout is not None else np.full(n0, -1)
     n = len(arrival)
     new_in, out = _lengths(t, stream(seed, t.name, Stream.LENGTHS), n)
+    if t.sessions is not None and t.sessions.tools is not None:
+        new_in = np.where(tool, tool_tokens, new_in)  # the tool's result is the turn's new input
     images = image_tokens = np.zeros(n, np.int64)
     audio = np.zeros(n)
     if t.multimodal is not None:
@@ -132,7 +147,7 @@ def tenant_requests(t: TenantSpec, seed: int, horizon: float, rate_scale: float,
     reqs = TenantRequests(
         arrival_s=arrival, input_tokens=prompt, output_tokens=out, session=session, turn=turn, parent=parent,
         after_parent_s=after, images=images, image_tokens=image_tokens, audio_s=audio,
-        bounds=np.stack([system, prompt], axis=1) if hashes else None,
+        wait_lo=np.full(n, -1), wait_hi=np.full(n, -1), bounds=np.stack([system, prompt], axis=1) if hashes else None,
         keys=np.stack([sys_keys, stream_keys(SESSION, t.name, session) if t.sessions is not None
                        else stream_keys(OWN, t.name, np.arange(n))], axis=1) if hashes else None,
     )
@@ -140,18 +155,21 @@ def tenant_requests(t: TenantSpec, seed: int, horizon: float, rate_scale: float,
         # Context only grows within a session, so this drops a suffix of each session.
         reqs = reqs.select((turn <= 0) | (prompt + out <= t.max_context))
     if t.fanout is not None:
-        reqs = _fan_out(t, reqs, stream(seed, t.name, Stream.FANOUT), hashes)
+        reqs = _fan_out(t, reqs, stream(seed, t.name, Stream.FANOUT), hashes,
+                        stream(seed, t.name, Stream.JOINS) if t.fanout.join else None)
     late = reqs.arrival_s >= horizon
     return reqs.select(~late) if late.any() else reqs
 
 
-def _fan_out(t: TenantSpec, reqs: TenantRequests, rng: np.random.Generator, hashes: bool) -> TenantRequests:
-    """Append ``depth`` generations of children; each child's prompt extends its parent's context."""
+def _fan_out(t: TenantSpec, reqs: TenantRequests, rng: np.random.Generator, hashes: bool,
+             join_rng: np.random.Generator | None) -> TenantRequests:
+    """Append ``depth`` generations of children; each child's prompt extends its parent's context.
+    With ``join_rng``, each generation's parents with children also get a join request."""
     f = t.fanout
     assert f is not None
     parts = [reqs]
     gen = np.arange(len(reqs))
-    cur, base = reqs, 0
+    cur, base, end = reqs, 0, len(reqs)   # `cur` starts at row `base`; `end` rows so far
     for _ in range(f.depth):
         k = f.children.sample(rng, len(gen)).astype(np.int64)
         src = np.repeat(gen, k)  # row in `cur` of each child's parent
@@ -162,19 +180,52 @@ def _fan_out(t: TenantSpec, reqs: TenantRequests, rng: np.random.Generator, hash
         context = cur.input_tokens[src] + cur.output_tokens[src]
         prompt = context + f.tool_tokens.sample(rng, m).astype(np.int64)
         out = (f.output or t.output).sample(rng, m).astype(np.int64)
-        first = base + len(cur)
+        first = end
         child = TenantRequests(
             arrival_s=cur.arrival_s[src] + tool, input_tokens=prompt, output_tokens=out,
             session=cur.session[src], turn=np.full(m, -1), parent=base + src, after_parent_s=tool,
             images=np.zeros(m, np.int64), image_tokens=np.zeros(m, np.int64), audio_s=np.zeros(m),
+            wait_lo=np.full(m, -1), wait_hi=np.full(m, -1),
             bounds=np.column_stack([cur.bounds[src, :-1], context, prompt]) if hashes else None,
             keys=np.column_stack([cur.keys[src], stream_keys(OWN, t.name, first + np.arange(m))]) if hashes else None,
         )
         if t.max_context is not None:
             child = child.take(prompt + out <= t.max_context)  # parents live in earlier parts
         parts.append(child)
+        end = first + len(child)
+        if join_rng is not None:
+            parts.append(_joins(t, cur, base, child, first, join_rng, hashes))
+            end += len(parts[-1])
         base, cur, gen = first, child, np.arange(len(child))
     return _concat(parts)
+
+
+def _joins(t: TenantSpec, cur: TenantRequests, base: int, child: TenantRequests, first: int,
+           rng: np.random.Generator, hashes: bool) -> TenantRequests:
+    """One join per row of ``cur`` (rows ``base``...) with children in ``child`` (rows ``first``...,
+    contiguous per parent): parent context + the children's answers + its own tokens, sent when
+    the last child ends."""
+    f = t.fanout
+    assert f is not None
+    parent = child.parent - base
+    owners, lo = np.unique(parent, return_index=True)
+    hi = np.r_[lo[1:], len(parent)]
+    m = len(owners)
+    answers = np.add.reduceat(child.output_tokens, lo) if m else np.zeros(0, np.int64)
+    context = cur.input_tokens[owners] + cur.output_tokens[owners]
+    prompt = context + answers + (f.join_tokens or f.tool_tokens).sample(rng, m).astype(np.int64)
+    out = (f.output or t.output).sample(rng, m).astype(np.int64)
+    last = np.maximum.reduceat(child.arrival_s, lo) if m else np.zeros(0)
+    own = first + len(child)
+    joins = TenantRequests(
+        arrival_s=last, input_tokens=prompt, output_tokens=out, session=cur.session[owners],
+        turn=np.full(m, -1), parent=base + owners, after_parent_s=np.zeros(m),
+        images=np.zeros(m, np.int64), image_tokens=np.zeros(m, np.int64), audio_s=np.zeros(m),
+        wait_lo=first + lo, wait_hi=first + hi,
+        bounds=np.column_stack([cur.bounds[owners, :-1], context, prompt]) if hashes else None,
+        keys=np.column_stack([cur.keys[owners], stream_keys(JOIN, t.name, own + np.arange(m))]) if hashes else None,
+    )
+    return joins.take(prompt + out <= t.max_context) if t.max_context is not None else joins
 
 
 def _pad(a: np.ndarray, width: int) -> np.ndarray:
@@ -314,10 +365,26 @@ def _assemble(spec: WorkloadSpec, parts: list[TenantRequests], limit: int | None
         columns["turn"] = nullable(turn + 1, turn < 0, pa.int32())
         columns["parent_id"] = nullable(parent, parent < 0, pa.int64())
         columns["after_parent_s"] = nullable(scaled(all_rows.after_parent_s[order]), parent < 0, pa.float64())
+        if any(t.fanout is not None and t.fanout.join for t in tenants):
+            columns["wait_ids"] = _wait_ids(all_rows.wait_lo[order] + row_offset, all_rows.wait_hi[order] + row_offset,
+                                            all_rows.wait_lo[order] >= 0, new_id)
     if all_rows.bounds is not None and all_rows.keys is not None:
         columns["prefix_hashes"] = chained_hashes(all_rows.bounds[order], all_rows.keys[order], spec.block_size)
     arrays = [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in TRACE.schema]
     return pa.Table.from_arrays(arrays, schema=TRACE.schema)
+
+
+def _wait_ids(lo: np.ndarray, hi: np.ndarray, join: np.ndarray, new_id: np.ndarray) -> pa.ListArray:
+    """``wait_ids`` of the assembled rows: a join's waited-for rows (``lo`` to ``hi`` - 1, over all
+    tenants' rows) as request ids, without those the cut at N requests dropped; null elsewhere."""
+    counts = np.where(join, hi - lo, 0)
+    rows = np.repeat(lo, counts) + (np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts))
+    ids = new_id[rows] if len(rows) else np.zeros(0, np.int64)
+    keep = ids >= 0
+    kept = np.bincount(np.repeat(np.arange(len(lo)), counts)[keep], minlength=len(lo))
+    offsets = np.concatenate([[0], np.cumsum(kept)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids[keep], pa.int64()),
+                                    mask=pa.array(~join))
 
 
 def _int32(values: np.ndarray, name: str, spec: WorkloadSpec) -> np.ndarray:

@@ -48,6 +48,8 @@ def mix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 #: Stream kinds, mixed into keys so a session and a request with equal ids never collide.
 SYSTEM, SESSION, OWN = 1, 2, 3
+#: a join request's own tokens (agents.Fanout.join): keyed apart from the children's own streams
+JOIN = 4
 
 
 def stream_keys(kind: int, scope: str, ids: np.ndarray) -> np.ndarray:

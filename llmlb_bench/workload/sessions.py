@@ -8,6 +8,12 @@ a think time after turn k *completes*: it is a dependent request
 (``parent_id`` = turn k, ``after_parent_s`` = think time) and its
 ``arrival_s`` is only the earliest possible time.
 
+An agent's session (``tools``) also has tool turns: the model's call asks
+for a tool, the tool runs ``tool_s`` seconds, and the next call carries the
+tool's result (``tokens``) instead of a user's message; its
+``after_parent_s`` is the tool's time, not a human's think time. Context
+grows and shares its prefix across tool turns exactly as across human turns.
+
 System prompts come from a pool of ``groups`` prompts whose popularity is
 Zipf(``popularity``) over the groups; tenants naming the same ``pool`` draw
 from the same prompts.
@@ -24,9 +30,26 @@ from llmlb_bench.workload.fields import Section
 
 
 @dataclass(frozen=True)
+class ToolTurns:
+    """Turns after a tool call: the share of turns (after the first) that are, the tool's time,
+    and the tokens of its result (the turn's new input)."""
+
+    share: float
+    tool_s: Distribution
+    tokens: Lengths
+
+    def draw(self, rng: np.random.Generator, turn: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per request: whether it follows a tool call, the tool's time, its result's tokens."""
+        n = len(turn)
+        tool = (turn > 0) & (rng.random(n) < self.share)
+        return tool, np.maximum(self.tool_s.sample(rng, n), 0.0), self.tokens.sample(rng, n).astype(np.int64)
+
+
+@dataclass(frozen=True)
 class Sessions:
     turns: Lengths
     think_s: Distribution
+    tools: ToolTurns | None = None
 
     def expand(self, rng: np.random.Generator, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per request (session-major order): session index, turn (0-based), think time before it."""
@@ -65,7 +88,16 @@ def segment_exclusive_cumsum(values: np.ndarray, segment: np.ndarray) -> np.ndar
 
 
 def parse_sessions(s: Section) -> Sessions:
-    out = Sessions(turns=parse_lengths(s.section("turns")), think_s=parse_distribution(s.section("think_s")))
+    tools = s.section("tools", None)
+    out = Sessions(turns=parse_lengths(s.section("turns")), think_s=parse_distribution(s.section("think_s")),
+                   tools=_parse_tools(tools) if tools is not None else None)
+    s.finish()
+    return out
+
+
+def _parse_tools(s: Section) -> ToolTurns:
+    out = ToolTurns(share=s.number("share", ge=0, le=1), tool_s=parse_distribution(s.section("tool_s")),
+                    tokens=parse_lengths(s.section("tokens")))
     s.finish()
     return out
 
