@@ -47,6 +47,9 @@ class TableSpec:
     schema: pa.Schema
     required: frozenset[str]
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    #: optional columns a writer leaves out when every value is null (readers fill them in again),
+    #: so files that do not use a newer feature stay byte for byte what they were before it
+    sparse: frozenset[str] = frozenset()
 
     def metadata(self, extra: Mapping[bytes, bytes] | None = None) -> dict[bytes, bytes]:
         """Key-value metadata to embed in a file of this kind."""
@@ -135,11 +138,14 @@ TRACE = TableSpec(
             pa.field("priority", pa.int8()),
             pa.field("slo_class", pa.dictionary(pa.int32(), pa.string())),
             pa.field("kind", pa.dictionary(pa.int32(), pa.string())),
+            # the LoRA adapter the request names (sent as the OpenAI ``model``); null = the base model
+            pa.field("adapter", pa.dictionary(pa.int32(), pa.string())),
         ]
     ),
     required=frozenset({"request_id", "arrival_s", "input_tokens", "output_tokens"}),
     defaults={"tenant": "default", "images": 0, "image_tokens": 0, "audio_s": 0.0, "priority": 0,
               "slo_class": "default", "kind": "chat"},
+    sparse=frozenset({"adapter", "wait_ids"}),
 )
 
 #: Values of ``requests.status``.
@@ -186,6 +192,8 @@ REQUESTS = TableSpec(
             # accepted (the simulator's draws); null where nothing drafted or nothing counted them
             pa.field("spec_draft_tokens", pa.int32()),
             pa.field("spec_accepted_tokens", pa.int32()),
+            # copied from the trace: the LoRA adapter the request named (null = the base model)
+            pa.field("adapter", pa.string()),
         ]
     ),
     required=frozenset({"run_id", "request_id", "status"}),
@@ -206,6 +214,9 @@ SERIES = TableSpec(
             pa.field("power_w", pa.float32()),
             # preemptions since the target's previous sample (replayer: vLLM's counter); files without it read as null
             pa.field("preemptions", pa.int32()),
+            # LoRA adapters loaded into the target's GPU slots since its previous sample (simulator;
+            # null where the target serves no adapters)
+            pa.field("adapter_loads", pa.int32()),
         ]
     ),
     required=frozenset({"run_id", "t_s", "target"}),
@@ -301,6 +312,9 @@ def write_trace(table: pa.Table, path: str | Path, spec: Mapping[str, Any] | Non
     if block_size is not None:
         extra[META_BLOCK_SIZE] = str(block_size).encode()
     table = TRACE.conform(table, path)
+    for name in TRACE.sparse:
+        if table.column(name).null_count == table.num_rows:
+            table = table.drop_columns([name])
     table = table.replace_schema_metadata(TRACE.metadata(extra))
     write_atomic(table, path)
 

@@ -10,6 +10,7 @@ parents (:meth:`TraceColumns.dependencies`).
 
 from __future__ import annotations
 
+import hashlib
 from functools import cached_property
 from typing import Any
 
@@ -26,6 +27,21 @@ def _strings(col: pa.ChunkedArray, default: str) -> list[str]:
         values = arr.dictionary.to_pylist() + [default]
         return [values[i] for i in arr.indices.fill_null(len(values) - 1).to_numpy(zero_copy_only=False).tolist()]
     return arr.fill_null(default).to_pylist()
+
+
+def _salted(values: np.ndarray, offsets: np.ndarray, adapter: list[str | None]) -> np.ndarray:
+    """Prefix hashes of rows that name a LoRA adapter, XOR-ed with a key of the adapter.
+
+    KV computed under one adapter is not the base model's or another adapter's (vLLM's block
+    hashes include the LoRA id, GIE's prefix index the model name), so equal prompts under
+    different adapters share no cache. The same key on every block of a row keeps the chain:
+    two rows share leading blocks exactly when they did and name the same adapter."""
+    keys = {a: np.uint64(int.from_bytes(hashlib.blake2b(a.encode(), digest_size=8).digest(), "little"))
+            for a in set(adapter) if a is not None}
+    per_row = np.array([keys[a] if a is not None else 0 for a in adapter], dtype=np.uint64)
+    out = values.copy()
+    out[offsets[0]:offsets[-1]] ^= np.repeat(per_row, np.diff(offsets))
+    return out
 
 
 class TraceColumns:
@@ -53,9 +69,15 @@ class TraceColumns:
         arr = hcol.combine_chunks() if hcol is not None else None
         #: whether any row names prefix-cache blocks
         self.has_hashes = arr is not None and arr.null_count < n and len(arr.flatten()) > 0
+        acol = self._col("adapter")
+        #: per row, the LoRA adapter it names (None: the base model)
+        self.adapter: list[str | None] = ([None] * n if acol is None or acol.null_count == n
+                                          else acol.cast(pa.string()).to_pylist())
         if arr is not None and self.has_hashes:
             self.hash_offsets = np.asarray(arr.offsets)
             self.hash_values = np.asarray(arr.values.to_numpy(zero_copy_only=False), dtype=np.uint64)
+            if acol is not None and acol.null_count < n:
+                self.hash_values = _salted(self.hash_values, self.hash_offsets, self.adapter)
         else:
             self.hash_offsets = np.zeros(n + 1, dtype=np.int64)
             self.hash_values = np.zeros(0, dtype=np.uint64)
@@ -110,7 +132,8 @@ class TraceColumns:
         off = self.hash_offsets
         return RouteRequest(self.rid[i], arrival_s, self.inp[i], self.out[i], self.tenant[i], self.session[i],
                             self.priority[i], self.slo[i],
-                            self.hash_values[off[i]:off[i + 1]].tolist() if self.has_hashes else ())
+                            self.hash_values[off[i]:off[i + 1]].tolist() if self.has_hashes else (),
+                            self.adapter[i])
 
     @cached_property
     def turn(self) -> list[int | None]:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Final, Literal, Optional, Protocol, Sequence, Union
+from typing import Any, Callable, ClassVar, Collection, Final, Literal, Optional, Protocol, Sequence, Union
 
 
 class Verdict(enum.Enum):
@@ -77,6 +77,8 @@ class RouteRequest:
     priority: int = 0
     slo_class: str = "default"
     prefix_hashes: Sequence[int] = ()
+    #: the LoRA adapter it names (the OpenAI ``model`` it is sent with); None = the base model
+    adapter: str | None = None
 
 
 @dataclass(slots=True)
@@ -88,6 +90,20 @@ class TargetInfo:
     gpu: str = ""
     #: relative serving capacity (e.g. from the cost model), for capacity-weighted policies
     capacity: float = 1.0
+
+
+class AdapterState(Protocol):
+    """A target's LoRA adapters, as vLLM's ``vllm:lora_requests_info`` gauge publishes them:
+    the adapters of the requests in its running batch and in its waiting queue, and how many
+    distinct adapters one batch may hold (``max_lora``). The simulator's replicas publish their
+    own (exact); the replayer's scraper reads the gauge (as stale as the scrape)."""
+
+    @property
+    def max_loras(self) -> int: ...
+    @property
+    def running(self) -> Collection[str]: ...
+    @property
+    def waiting(self) -> Collection[str]: ...
 
 
 @dataclass
@@ -109,9 +125,13 @@ class View:
     #: ``cached_prefix(i, prefix_hashes)`` = leading blocks target ``i`` holds now.
     #: ``None`` means no events; cache-aware policies then use their own approximate index.
     cached_prefix: Optional[Callable[[int, Sequence[int]], int]] = None
+    #: each target's LoRA adapters (None: it publishes none, e.g. it serves no adapters)
+    adapters: list[Optional[AdapterState]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.targets)
+        if not self.adapters:
+            self.adapters = [None] * n
         for name, zero in (("outstanding_requests", 0), ("outstanding_tokens", 0), ("waiting", 0),
                            ("running", 0), ("kv_usage", 0.0), ("healthy", True), ("signal_time", 0.0)):
             if not getattr(self, name):

@@ -17,6 +17,7 @@ from llmlb_bench.policies.base import Policy
 from llmlb_bench.policies.cache_aware import CacheAware
 from llmlb_bench.policies.hetero import CapacityWeighted, PrefillDecodePair
 from llmlb_bench.policies.kv_cost import DynamoKvCost
+from llmlb_bench.policies.lora import LoraAffinity
 from llmlb_bench.policies.preble import Preble
 from llmlb_bench.policies.predictive import LeastPredictedWork
 from llmlb_bench.policies.queueing import EarliestDeadlineFirst, PredictedShortestFirst, RouterQueue
@@ -31,6 +32,7 @@ FAMILIES: dict[str, tuple[type[Policy], ...]] = {
     "queue/slo": (PredictedTtft, AdmissionControl, RouterQueue, EarliestDeadlineFirst),
     "predictive": (LeastPredictedWork, PredictedShortestFirst),
     "heterogeneity": (CapacityWeighted, PrefillDecodePair),
+    "lora": (LoraAffinity,),
 }
 BUILTIN: dict[str, type[Policy]] = {cls.name: cls for group in FAMILIES.values() for cls in group}
 

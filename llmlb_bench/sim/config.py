@@ -33,6 +33,7 @@ from typing import Any, Mapping
 from llmlb_bench.errors import UserError
 from llmlb_bench.tomlfile import check_fields, check_types, read_toml
 from llmlb_bench.sim.catalog import GPU, Model, load_catalog
+from llmlb_bench.sim.lora import VLLM_LORA_RANKS
 from llmlb_bench.sim.moe import MoeSpec, check_layout
 from llmlb_bench.sim.autoscale import AutoscaleSpec
 from llmlb_bench.sim.scheduling import make_engine_scheduler
@@ -47,7 +48,8 @@ TOKEN_TIMES = ("segments", "summary")
 #: fields a pool may set (the rest of ClusterConfig is cluster-wide)
 POOL_FIELDS = ("replicas", "gpu", "model", "tp", "pp", "max_num_seqs", "max_num_batched_tokens", "block_size",
                "gpu_memory_utilization", "chunked_prefill", "enable_prefix_caching", "max_model_len", "preemption",
-               "swap_space_gib", "profile", "speculative")
+               "swap_space_gib", "profile", "speculative", "max_loras", "max_cpu_loras", "lora_rank",
+               "lora_adapter_mib", "lora_fetch_gb_s")
 #: engine settings a pool with a measured profile takes from it unless the pool sets them (sim/profile.py);
 #: the KV block size always comes from the profile (its KV block count is in those blocks)
 PROFILE_ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
@@ -80,6 +82,12 @@ class PoolConfig:
     #: speculative decoding (sim/speculative.py): {"method", "num_speculative_tokens", "acceptance",
     #: "acceptance_by", "classes", "draft_model", "cost_ratio"}; None = one token per step
     speculative: Mapping[str, Any] | None = None
+    # multi-LoRA (sim/lora.py); max_loras = 0: no adapters
+    max_loras: int = 0
+    max_cpu_loras: int | None = None
+    lora_rank: int = 16
+    lora_adapter_mib: float | None = None
+    lora_fetch_gb_s: float = 2.0
 
     @property
     def speculative_spec(self) -> SpeculativeSpec | None:
@@ -133,6 +141,19 @@ class ClusterConfig:
     preemption: str = "recompute"
     #: CPU memory per GPU for swapped-out KV blocks, GiB (vLLM's ``swap_space``, default 4); used by "swap"
     swap_space_gib: float = 4.0
+    #: multi-LoRA (sim/lora.py, vLLM's ``--enable-lora``): at most this many distinct adapters in one
+    #: running batch, and as many GPU slots (vLLM ``--max-loras``); 0 = no LoRA: requests that name an
+    #: adapter fail, as at a vLLM started without adapters
+    max_loras: int = 0
+    #: adapters kept in host memory (vLLM ``--max-cpu-loras``; None = max_loras, vLLM's default)
+    max_cpu_loras: int | None = None
+    #: the adapters' rank (vLLM ``--max-lora-rank`` set to it): their size on every linear layer
+    lora_rank: int = 16
+    #: one adapter's size in MiB, when known (None: from lora_rank and the model's shapes)
+    lora_adapter_mib: float | None = None
+    #: storage -> host memory bandwidth, GB/s, for an adapter not in the host cache (an NVMe read and
+    #: safetensors parse; an assumption, set it from a measurement)
+    lora_fetch_gb_s: float = 2.0
     #: the pools of replicas, resolved. Given as tables of POOL_FIELDS plus ``name`` and ``role`` (unset
     #: fields take the values above); none given = one pool "default" of the fields above
     pools: tuple[PoolConfig, ...] = ()
@@ -394,6 +415,26 @@ def vllm_batch_defaults(gpu: GPU) -> tuple[int, int]:
     return 2048, 256
 
 
+def _check_lora(p: PoolConfig, where: str) -> None:
+    """LoRA settings as vLLM checks them (vllm/config/lora.py)."""
+    for name in ("max_loras", "max_cpu_loras", "lora_rank"):
+        v = getattr(p, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "max_loras" else 1)):
+            raise UserError(f"must be an integer >= {0 if name == 'max_loras' else 1}, got {v!r}", f"{where}.{name}")
+    if p.lora_rank not in VLLM_LORA_RANKS:
+        raise UserError(f"vLLM takes a LoRA rank of {', '.join(map(str, VLLM_LORA_RANKS))}; got {p.lora_rank}",
+                        f"{where}.lora_rank")
+    if p.max_cpu_loras is not None and p.max_cpu_loras < p.max_loras:
+        raise UserError(f"must be >= max_loras ({p.max_loras}), as vLLM requires", f"{where}.max_cpu_loras")
+    for name in ("lora_adapter_mib", "lora_fetch_gb_s"):
+        v = getattr(p, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+            raise UserError(f"must be a number > 0, got {v!r}", f"{where}.{name}")
+    if p.max_loras and p.preemption == "swap":
+        raise UserError("LoRA adapters are modelled on vLLM v1, which has no KV swap; leave preemption at "
+                        "\"recompute\"", f"{where}.max_loras")
+
+
 def _check_engine(p: PoolConfig, where: str, catalogs: tuple[str, ...]) -> None:
     for name in ("replicas", "tp", "pp", "max_num_seqs", "max_num_batched_tokens", "block_size"):
         v = getattr(p, name)
@@ -413,6 +454,7 @@ def _check_engine(p: PoolConfig, where: str, catalogs: tuple[str, ...]) -> None:
         raise UserError(f"must be a number of GiB >= 0, got {p.swap_space_gib!r}", f"{where}.swap_space_gib")
     if p.preemption == "swap" and not p.swap_space_gib > 0:
         raise UserError("preemption = \"swap\" needs swap_space_gib > 0", f"{where}.swap_space_gib")
+    _check_lora(p, where)
     cat = load_catalog(catalogs)
     cat.gpu(p.gpu, f"{where}.gpu")
     if p.speculative is not None:

@@ -254,8 +254,8 @@ class Simulation:
         view = self.view
         prompt, output = self.inp[row], self.out[row]
         # the common case inline (one call less per request); _admission_error says why not
-        error = None if 1 <= prompt and 1 <= output and prompt + output <= rep.max_total else \
-            self._admission_error(row, i)
+        error = None if (1 <= prompt and 1 <= output and prompt + output <= rep.max_total
+                         and (route.adapter is None or rep.lora is not None)) else self._admission_error(row, i)
         if error is None and not view.healthy[i]:
             error = f"target {rep.name} is " + ("down" if rep.down else "not in service (starting or removed)")
         if error is None and decode_target >= 0 and not self.replicas[decode_target].fits(
@@ -295,6 +295,9 @@ class Simulation:
         """Why a request can never be served by replica ``i`` (vLLM rejects these up front), or None."""
         prompt, output = self.inp[row], self.out[row]
         rep = self.replicas[i]
+        adapter = self.cols.adapter[row]
+        if adapter is not None and rep.lora is None:
+            return f"the model {adapter!r} does not exist: {rep.name} serves no LoRA adapters (max_loras = 0)"
         if prompt >= 1 and output >= 1 and prompt + output <= rep.max_total:
             return None
         if prompt < 1 or output < 1:
@@ -526,6 +529,7 @@ class Simulation:
             "preemptions": sum(r.preemptions for r in reps),
             "prefill_tokens": sum(r.prefill_tokens for r in reps),
             **({"swap": _swap_summary(reps)} if any(r.swap_total for r in reps) else {}),
+            **({"lora": _lora_summary(reps)} if any(r.lora is not None for r in reps) else {}),
             "retries": self.retries,
             "failures": sum(r.failures for r in reps),
             "kv_blocks": {r.name: r.total_blocks for r in reps},
@@ -553,6 +557,16 @@ def _swap_summary(reps: list[Any]) -> dict[str, Any]:
             "recompute_fallbacks": sum(r.swap_fallbacks for r in swapping),
             "transfer_s": sum(r.swap_time_s for r in swapping),
             "swap_blocks": {r.name: r.swap_total for r in swapping}}
+
+
+def _lora_summary(reps: list[Any]) -> dict[str, Any]:
+    """LoRA totals of the replicas that serve adapters: adapters copied into GPU slots, read from
+    storage into the host cache, the seconds those loads added to steps, and the KV blocks the
+    adapter slots took, per replica."""
+    serving = [r for r in reps if r.lora is not None]
+    return {"loads": {r.name: r.lora.loads for r in serving}, "fetches": {r.name: r.lora.fetches for r in serving},
+            "load_time_s": sum(r.lora.load_time_s for r in serving),
+            "reserved_kv_blocks": {r.name: r.lora.costs.reserved_blocks for r in serving}}
 
 
 def _expert_summary(load: Any, end: float) -> dict[str, Any]:

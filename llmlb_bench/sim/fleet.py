@@ -19,6 +19,7 @@ from llmlb_bench.sim.autoscale import PoolStatus
 from llmlb_bench.sim.catalog import load_catalog
 from llmlb_bench.sim.config import ClusterConfig, PoolConfig
 from llmlb_bench.sim.cost import CostModel
+from llmlb_bench.sim.lora import lora_costs
 from llmlb_bench.sim.moe import ExpertLoad, MoeSpec
 from llmlb_bench.sim.profile import EngineProfile, ProfileCost
 from llmlb_bench.sim.replica import Replica
@@ -86,6 +87,8 @@ class Fleet:
                       for name, p in self.pools.items()}
         self._units = {name: (prefix_unit(p, trace_bs) if p.enable_prefix_caching and prefix_hashes
                               and p.role != "decode" else (0, 1)) for name, p in self.pools.items()}
+        self._lora = {name: lora_costs(p.max_loras, p.max_cpu_loras, p.lora_rank, p.lora_adapter_mib,
+                                       p.lora_fetch_gb_s, self._costs[name]) for name, p in self.pools.items()}
         self._reference = decode_capacity(next(iter(self._costs.values())))
         caching = any(u[0] for u in self._units.values())
         self.replicas: list[Replica] = []
@@ -108,7 +111,7 @@ class Fleet:
                       context_limit=p.max_model_len or p.model_spec(self.cfg.catalogs).max_context,
                       hash_stride=stride, created_at=now,
                       swap_blocks=cost.swap_blocks(p.swap_space_gib) if p.preemption == "swap" else 0,
-                      speculation=self._spec[pool_name])
+                      speculation=self._spec[pool_name], lora=self._lora[pool_name])
         rep.starting = starting
         rep.t = now
         self.replicas.append(rep)
@@ -119,6 +122,7 @@ class Fleet:
                            ("running", 0), ("kv_usage", 0.0), ("signal_time", now)):
             getattr(v, name).append(zero)
         v.healthy.append(rep.routable)
+        v.adapters.append(rep.lora)       # exact, like cached_prefix: the replica's own books
         for hook in self.on_add:
             hook(rep)
         return rep

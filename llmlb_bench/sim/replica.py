@@ -59,6 +59,7 @@ from heapq import heappop, heappush
 from typing import Any, Sequence
 
 from llmlb_bench.sim.cost import CostModel
+from llmlb_bench.sim.lora import AdapterSlots, LoraCosts
 from llmlb_bench.sim.prefix_cache import PrefixCache
 from llmlb_bench.policies.engine import WaitingQueue
 from llmlb_bench.sim.scheduling import EngineScheduler
@@ -74,7 +75,7 @@ class Request:
 
     __slots__ = ("row", "route", "prompt", "out", "stop", "generated", "computed", "blocks", "ctx0", "step0",
                  "gen", "span_start", "spans", "preemptions", "cached", "hashes", "shared", "energy",
-                 "first_token_s", "prefill_target", "decode_target", "target", "sched", "stints")
+                 "first_token_s", "prefill_target", "decode_target", "target", "sched", "stints", "adapter")
 
     def __init__(self, row: int, route: Any, prompt: int, out: int, hashes: Sequence[int] | None = None) -> None:
         self.row = row
@@ -101,6 +102,7 @@ class Request:
         self.target = -1
         self.sched: Any = None   # per-request state of a non-FCFS engine scheduler (e.g. its sort key)
         self.stints: list[Stint] | None = None   # decode stints under speculative decoding (sim/speculative.py)
+        self.adapter: str | None = route.adapter if route is not None else None   # LoRA adapter (None: base)
 
 
 class Replica:
@@ -110,7 +112,8 @@ class Replica:
                  max_num_batched_tokens: int, block_size: int, chunked_prefill: bool,
                  prefix_unit_blocks: int = 0, pool: str = "default", role: str = "mixed",
                  scheduler: EngineScheduler | None = None, context_limit: int = 1 << 30, hash_stride: int = 1,
-                 created_at: float = 0.0, swap_blocks: int = 0, speculation: Speculation | None = None) -> None:
+                 created_at: float = 0.0, swap_blocks: int = 0, speculation: Speculation | None = None,
+                 lora: LoraCosts | None = None) -> None:
         self.index = index
         self.name = name
         self.pool = pool
@@ -134,7 +137,10 @@ class Replica:
         self.budget = max_num_batched_tokens
         self.bs = block_size
         self.chunked = chunked_prefill
-        self.total_blocks = cost.kv_blocks
+        #: LoRA adapter slots (sim/lora.py; None: the replica serves the base model only); their
+        #: preallocated GPU buffers come off the KV cache
+        self.lora = AdapterSlots(lora) if lora is not None else None
+        self.total_blocks = cost.kv_blocks - (lora.reserved_blocks if lora is not None else 0)
         #: longest prompt + output this replica can ever serve (model length, KV capacity, unchunked budget)
         self.max_total = min(context_limit, self.total_blocks * block_size + 1,
                              context_limit if chunked_prefill else max_num_batched_tokens + 1)
@@ -160,8 +166,8 @@ class Replica:
         self.phase = [0] * block_size                # decoders needing a new block at steps = p (mod bs)
         self.finish_heap: list[tuple[int, int, Request, int]] = []
         #: KV swap (0 blocks: preemption by recompute only): the CPU blocks, those in use, the swapped-out
-        #: requests as (request, blocks, was decoding), next to swap in first, and the transfer seconds
-        #: the step being planned owes
+        #: requests as (request, blocks, was decoding), next to swap in first, and the host-link transfer
+        #: seconds the step being planned owes (swap copies, or LoRA adapter loads)
         self.swap_total = swap_blocks
         self.swap_used = 0
         self.swapped: deque[tuple[Request, int, bool]] = deque()
@@ -242,6 +248,8 @@ class Replica:
         """A request arrives at time ``t``. Returns the new boundary time if it moved, else None."""
         req.target = self.index
         self.waiting.append(req)
+        if self.lora is not None:
+            self.lora.enqueue(req.adapter)
         if self.idle:
             self.energy_j += self.cost.idle_power_w * (t - self.idle_since)
             self.t = t
@@ -249,7 +257,8 @@ class Replica:
         # A decode run ends early at the next step boundary when the newcomer could be admitted there
         # (with no decode step at all if it arrives during the mixed step that precedes the run).
         if (self.run_decode_only and self.run_n and len(self.running) < self.max_seqs
-                and self.waiting.newcomer_may_lead() and not self.swapped):
+                and self.waiting.newcomer_may_lead() and not self.swapped
+                and (self.lora is None or self.lora.can_join(req.adapter))):
             return self._cut_after(t)
         return None
 
@@ -281,6 +290,8 @@ class Replica:
                 self.swap_used -= blocks
                 return True
         if req not in self.running and self.waiting.drop(req):
+            if self.lora is not None:
+                self.lora.dequeue(req.adapter)
             return True
         self._aborted.append(req)
         if self.run_decode_only and self.run_n:
@@ -422,6 +433,8 @@ class Replica:
     def _release(self, req: Request, blocks: int) -> None:
         """``req`` leaves this replica for good (finished or handed over)."""
         del self.running[req]
+        if self.lora is not None:
+            self.lora.leave(req.adapter)
         self._free(req, blocks)
         spans = req.spans
         if spans is None:
@@ -435,6 +448,9 @@ class Replica:
         Returns it and whether it was decoding and needed a new block at the next step."""
         req = self.scheduler.victim(self.running, self.t)
         del self.running[req]
+        if self.lora is not None:
+            self.lora.leave(req.adapter)
+            self.lora.enqueue(req.adapter)     # back to the waiting queue (LoRA excludes KV swap)
         decoding = req.step0 >= 0
         if decoding:
             phase_hit = (self.step + 1 - (req.step0 - req.ctx0)) % self.bs == 0
@@ -524,6 +540,8 @@ class Replica:
         self.swapped.clear()
         self.swap_used = 0
         self.swap_s = 0.0
+        if self.lora is not None:
+            self.lora.clear()
         self.finish_heap.clear()
         self.used = self.decoding = self.context = 0
         self.phase = [0] * self.bs
@@ -600,16 +618,24 @@ class Replica:
     def _admit(self, budget: int, free: int, need: int, chunks: list[tuple[Request, int]]) -> None:
         """Swapped-out requests back in first (none is admitted while one is still out, as in vLLM
         v0), then waiting ones from the head of the queue, reusing cached prefix blocks, until one
-        does not fit (no skipping). Appends their first chunks to ``chunks``."""
+        does not fit (no skipping, except a request whose LoRA adapter finds no slot in the batch:
+        it keeps its place and the next one is tried, as vLLM v1 does). Appends their first chunks
+        to ``chunks``."""
         bs = self.bs
         waiting = self.waiting
         cache = self.cache
+        lora = self.lora
+        skipped: list[Request] = []
         if self.swapped:
             budget, free, need = self._swap_in(budget, free, need, chunks)
             if self.swapped:
                 budget = 0      # admits no waiting request while one is still out
         while waiting and budget > 0 and len(self.running) < self.max_seqs:
             req = waiting.head(self.t)
+            if lora is not None and not lora.can_join(req.adapter):
+                waiting.pop_head()
+                skipped.append(req)
+                continue
             hit = revive = 0
             if cache is not None and req.hashes is not None and req.computed == 0:
                 unit = bs * cache.unit_blocks
@@ -642,6 +668,10 @@ class Replica:
             free -= nb + revive
             budget -= chunk
             chunks.append((req, chunk))
+            if lora is not None:
+                self.swap_s += lora.join(req.adapter)
+        for req in reversed(skipped):
+            waiting.requeue(req)
         if cache is not None:
             cache.evict_to(self.total_blocks - self.used - need)
 

@@ -33,7 +33,7 @@ class RequestRecorder:
         self.sent_s = sent_s
         self.batch_rows = batch_rows
         self._trace = trace.select(["request_id", "tenant", "slo_class", "session_id", "turn", "input_tokens",
-                                    "output_tokens"])
+                                    "output_tokens", "adapter"])
         self._finished: list[list[Request]] = [[] for _ in replicas]
         self._other: dict[str, list] = {"rows": [], "target": [], "status": [], "error": []}
         self.pending = 0
@@ -156,6 +156,7 @@ class RequestRecorder:
                 "sent_s": pa.array([self.sent_s[r] for r in rows.tolist()], pa.float64()),
                 "input_tokens": src.column("input_tokens").combine_chunks(),
                 "requested_output_tokens": src.column("output_tokens").combine_chunks(),
+                "adapter": src.column("adapter").cast(pa.string()).combine_chunks(),
                 **cols,
             })
 

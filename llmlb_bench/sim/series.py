@@ -27,11 +27,15 @@ class SeriesSampler:
         self.next_t = 0.0
         self._last_t = 0.0
         self._last_e = [0.0] * len(replicas)
-        self._cols: dict[str, list] = {k: [] for k in _COLUMNS}
+        #: LoRA: each replica's adapter loads at its previous sample (the column only when a pool serves adapters)
+        self._lora = any(r.lora is not None for r in replicas)
+        self._last_loads = [0] * len(replicas)
+        self._cols: dict[str, list] = {k: [] for k in _COLUMNS + (("adapter_loads",) if self._lora else ())}
 
     def track(self, rep: Replica) -> None:
         """A replica joined the fleet (autoscaling): sampled from its creation on."""
         self._last_e.append(0.0)
+        self._last_loads.append(0)
 
     def sample_until(self, t: float, final: bool = False) -> None:
         """Take every sample due before ``t`` (and at ``t`` itself when ``final``)."""
@@ -51,6 +55,10 @@ class SeriesSampler:
                 c["kv_blocks_total"].append(rep.total_blocks)
                 c["power_w"].append((e - self._last_e[rep.index]) / dt if dt > 0 else rep.cost.idle_power_w)
                 self._last_e[rep.index] = e
+                if self._lora:
+                    loads = rep.lora.loads if rep.lora is not None else 0
+                    c["adapter_loads"].append(loads - self._last_loads[rep.index] if rep.lora is not None else None)
+                    self._last_loads[rep.index] = loads
             self._last_t = tick
             self._k += 1
             self.next_t = self._k * self.interval
@@ -60,5 +68,5 @@ class SeriesSampler:
     def flush(self) -> None:
         c = self._cols
         if c["t_s"]:
-            self.sink.write({k: (np.array(v) if k != "target" else v) for k, v in c.items()})
+            self.sink.write({k: (np.array(v) if k not in ("target", "adapter_loads") else v) for k, v in c.items()})
         self._cols = {k: [] for k in c}

@@ -44,6 +44,7 @@ class Stream(IntEnum):
     FANOUT = 6
     TOOLS = 7
     JOINS = 8
+    ADAPTERS = 9
 
 
 def stream(seed: int, scope: str, which: Stream) -> np.random.Generator:
@@ -284,7 +285,7 @@ def generate(spec: WorkloadSpec, seed: int | None = None, rate_scale: float = 1.
     if spec.duration_s is not None:
         horizon = spec.duration_s / spec.time_scale
         parts = [tenant_requests(t, seed, horizon, scale, hashes) for t in spec.tenants]
-        return _assemble(spec, parts, None)
+        return _assemble(spec, parts, None, seed)
     n = spec.requests
     assert n is not None
     horizon = _horizon_for(spec, n, scale)
@@ -294,10 +295,10 @@ def generate(spec: WorkloadSpec, seed: int | None = None, rate_scale: float = 1.
         if sum(len(p) for p in parts) >= n or horizon >= limit:
             break
         horizon = min(horizon * 1.5, limit)
-    return _assemble(spec, parts, n)
+    return _assemble(spec, parts, n, seed)
 
 
-def _assemble(spec: WorkloadSpec, parts: list[TenantRequests], limit: int | None) -> pa.Table:
+def _assemble(spec: WorkloadSpec, parts: list[TenantRequests], limit: int | None, seed: int) -> pa.Table:
     sizes = [len(p) for p in parts]
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     all_rows = parts[0] if len(parts) == 1 else _concat(parts)
@@ -368,6 +369,8 @@ def _assemble(spec: WorkloadSpec, parts: list[TenantRequests], limit: int | None
         if any(t.fanout is not None and t.fanout.join for t in tenants):
             columns["wait_ids"] = _wait_ids(all_rows.wait_lo[order] + row_offset, all_rows.wait_hi[order] + row_offset,
                                             all_rows.wait_lo[order] >= 0, new_id)
+    if any(t.adapters is not None for t in tenants):
+        columns["adapter"] = _adapter_column(spec, parts, order, seed)
     if all_rows.bounds is not None and all_rows.keys is not None:
         columns["prefix_hashes"] = chained_hashes(all_rows.bounds[order], all_rows.keys[order], spec.block_size)
     arrays = [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in TRACE.schema]
@@ -385,6 +388,27 @@ def _wait_ids(lo: np.ndarray, hi: np.ndarray, join: np.ndarray, new_id: np.ndarr
     offsets = np.concatenate([[0], np.cumsum(kept)]).astype(np.int32)
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids[keep], pa.int64()),
                                     mask=pa.array(~join))
+
+
+def _adapter_column(spec: WorkloadSpec, parts: list[TenantRequests], order: slice | np.ndarray,
+                    seed: int) -> pa.DictionaryArray:
+    """The ``adapter`` column: each tenant's draws (one per session, else per request), coded into
+    one dictionary of every tenant's names; null for the base model."""
+    names: list[str] = []
+    code: list[np.ndarray] = []
+    for t, p in zip(spec.tenants, parts):
+        if t.adapters is None or not len(p):
+            code.append(np.full(len(p), -1, np.int32))
+            continue
+        sessions = int(p.session.max()) + 1 if (p.session >= 0).any() else 0
+        owners = np.where(p.session >= 0, p.session, sessions + np.arange(len(p)))
+        local = t.adapters.draw(stream(seed, t.name, Stream.ADAPTERS), owners)
+        known = {n: i for i, n in enumerate(names)}
+        glob = np.asarray([known.setdefault(n, len(known)) for n in t.adapters.names], np.int32)
+        names = list(known)
+        code.append(np.where(local >= 0, glob[np.maximum(local, 0)], -1).astype(np.int32))
+    codes = np.concatenate(code)[order]
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=codes < 0), pa.array(names, pa.string()))
 
 
 def _int32(values: np.ndarray, name: str, spec: WorkloadSpec) -> np.ndarray:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
 from llmlb_bench.tomlfile import read_toml
+from llmlb_bench.workload.adapters import Adapters, parse_adapters
 from llmlb_bench.workload.agents import Fanout, parse_fanout
 from llmlb_bench.workload.arrivals import ArrivalProcess, parse_arrival
 from llmlb_bench.workload.distributions import Lengths, parse_lengths
@@ -50,6 +51,8 @@ class TenantSpec:
     fanout: Fanout | None = None
     max_context: int | None = None
     label: str = ""
+    #: the LoRA adapters its requests name (None: all go to the base model)
+    adapters: Adapters | None = None
 
     @property
     def tenant(self) -> str:
@@ -172,6 +175,7 @@ def _tenant(s: Section, name: str) -> TenantSpec:
         fanout=_optional(s, "fanout", parse_fanout),
         max_context=s.integer("max_context", None, ge=1),
         label=s.string("label", ""),
+        adapters=_optional(s, "adapters", parse_adapters),
     )
     s.finish()
     return spec

@@ -15,27 +15,30 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from llmlb_bench.workload.importers.tabular import Columns, assemble, check_file, concat, csv_batches, numbers, \
+from llmlb_bench.workload.importers.tabular import ADAPTER_NAMES, Columns, adapters, assemble, check_file, concat, csv_batches, numbers, \
     timestamps_ns
 
 COLUMNS = Columns(
     required={"time": ["TIMESTAMP"], "input": ["ContextTokens"], "output": ["GeneratedTokens"]},
-    optional={"images": ["NumImages"]},
+    optional={"images": ["NumImages"], "adapter": list(ADAPTER_NAMES)},
 )
 
 
 def read_azure(path: str | Path, kind: str = "chat") -> pa.Table:
     path = check_file(path)
-    times, inputs, outputs, images = [], [], [], []
-    for line, cols in csv_batches(path, COLUMNS, {"time": pa.string()}):
+    times, inputs, outputs, images, adapter = [], [], [], [], []
+    for line, cols in csv_batches(path, COLUMNS, {"time": pa.string(), "adapter": pa.string()}):
         times.append(timestamps_ns(cols["time"], "TIMESTAMP", path, line))
         inputs.append(numbers(cols["input"], "ContextTokens", path, line))
         outputs.append(numbers(cols["output"], "GeneratedTokens", path, line))
         if "images" in cols:
             images.append(numbers(cols["images"], "NumImages", path, line))
+        if "adapter" in cols:
+            adapter.append(cols["adapter"])
     t = concat(times)
     arrival = (t - t.min()) / 1e9
     n = len(arrival)
     return assemble(arrival, concat(inputs), concat(outputs), source=path,
                     images=concat(images).astype(np.int16) if images else None,
+                    adapter=adapters(concat(adapter)) if adapter else None,
                     kind=pa.array(np.full(n, kind)).dictionary_encode())

@@ -20,35 +20,41 @@ import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.workload.importers.tabular import Columns, assemble, check_file, concat, dictionary, \
+from llmlb_bench.workload.importers.tabular import ADAPTER_NAMES, Columns, adapters, assemble, check_file, concat, dictionary, \
     jsonl_batches, numbers
 
 MOONCAKE_BLOCK = 512
 BAILIAN_BLOCK = 16
 
 MOONCAKE = Columns(required={"time": ["timestamp"], "input": ["input_length"], "output": ["output_length"],
-                             "hashes": ["hash_ids"]})
+                             "hashes": ["hash_ids"]}, optional={"adapter": list(ADAPTER_NAMES)})
 BAILIAN = Columns(required={"time": ["timestamp"], "input": ["input_length"], "output": ["output_length"],
                             "hashes": ["hash_ids"], "chat": ["chat_id"]},
-                  optional={"parent": ["parent_chat_id"], "turn": ["turn"], "type": ["type"]})
+                  optional={"parent": ["parent_chat_id"], "turn": ["turn"], "type": ["type"],
+                            "adapter": list(ADAPTER_NAMES)})
 HASHES = pa.list_(pa.uint64())
 
 
 def read_mooncake(path: str | Path) -> pa.Table:
     path = check_file(path)
-    time, inp, out, hashes = [], [], [], []
-    for line, cols in jsonl_batches(path, MOONCAKE, {"hashes": HASHES, "time": pa.float64()}):
+    time, inp, out, hashes, adapter = [], [], [], [], []
+    for line, cols in jsonl_batches(path, MOONCAKE, {"hashes": HASHES, "time": pa.float64(), "adapter": pa.string()}):
         time.append(numbers(cols["time"], "timestamp", path, line, dtype=np.float64) / 1000.0)
         inp.append(numbers(cols["input"], "input_length", path, line))
         out.append(numbers(cols["output"], "output_length", path, line))
         hashes.append(cols["hashes"])
-    return assemble(concat(time), concat(inp), concat(out), source=path, prefix_hashes=concat(hashes))
+        if "adapter" in cols:
+            adapter.append(cols["adapter"])
+    return assemble(concat(time), concat(inp), concat(out), source=path, prefix_hashes=concat(hashes),
+                    adapter=adapters(concat(adapter)) if adapter else None)
 
 
 def read_bailian(path: str | Path) -> pa.Table:
     path = check_file(path)
-    parts: dict[str, list] = {k: [] for k in ("time", "input", "output", "hashes", "chat", "parent", "turn", "type")}
-    for line, cols in jsonl_batches(path, BAILIAN, {"hashes": HASHES, "time": pa.float64(), "type": pa.string()}):
+    parts: dict[str, list] = {k: [] for k in ("time", "input", "output", "hashes", "chat", "parent", "turn", "type",
+                                              "adapter")}
+    for line, cols in jsonl_batches(path, BAILIAN, {"hashes": HASHES, "time": pa.float64(), "type": pa.string(),
+                                                    "adapter": pa.string()}):
         parts["time"].append(numbers(cols["time"], "timestamp", path, line, dtype=np.float64))
         parts["input"].append(numbers(cols["input"], "input_length", path, line))
         parts["output"].append(numbers(cols["output"], "output_length", path, line))
@@ -60,13 +66,16 @@ def read_bailian(path: str | Path) -> pa.Table:
             parts["turn"].append(numbers(cols["turn"], "turn", path, line))
         if "type" in cols:
             parts["type"].append(cols["type"])
+        if "adapter" in cols:
+            parts["adapter"].append(cols["adapter"])
     chat = concat(parts["chat"])
     parent_row = _rows_of(chat, concat(parts["parent"]), path) if parts["parent"] else None
     session = _roots(parent_row) if parent_row is not None else None
     return assemble(concat(parts["time"]), concat(parts["input"]), concat(parts["output"]), source=path,
                     prefix_hashes=concat(parts["hashes"]), parent_row=parent_row, session_id=session,
                     turn=concat(parts["turn"]).astype(np.int32) if parts["turn"] else None,
-                    kind=dictionary(concat(parts["type"])) if parts["type"] else None)
+                    kind=dictionary(concat(parts["type"])) if parts["type"] else None,
+                    adapter=adapters(concat(parts["adapter"])) if parts["adapter"] else None)
 
 
 def _rows_of(chat: np.ndarray, parent_chat: np.ndarray, path: Path) -> np.ndarray:

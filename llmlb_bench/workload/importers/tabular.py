@@ -251,6 +251,20 @@ def dictionary(values: pa.ChunkedArray | pa.Array) -> pa.Array:
     return pc.dictionary_encode(values.cast(pa.string())).cast(pa.dictionary(pa.int32(), pa.string()))
 
 
+#: header spellings of a per-request LoRA adapter column, which any importer reads where present
+ADAPTER_NAMES = ("adapter", "lora", "lora_name", "lora_adapter", "adapter_id", "lora_id")
+
+
+def adapters(values: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """An adapter column as the trace's ``adapter``: dictionary strings, null (the base model)
+    where the cell is empty; ids written as numbers become their decimal text."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    text = values.cast(pa.string())
+    blank = pc.or_kleene(pc.is_null(text), pc.equal(pc.utf8_trim_whitespace(text), ""))
+    return dictionary(pc.if_else(blank, pa.scalar(None, pa.string()), text))
+
+
 def concat(chunks: list[Any]) -> Any:
     """Join per-batch pieces (NumPy arrays or Arrow arrays)."""
     if chunks and isinstance(chunks[0], (pa.Array, pa.ChunkedArray)):
