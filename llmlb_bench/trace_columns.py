@@ -10,7 +10,6 @@ parents (:meth:`TraceColumns.dependencies`).
 
 from __future__ import annotations
 
-import hashlib
 from functools import cached_property
 from typing import Any
 
@@ -18,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.policies.base import RouteRequest
+from llmlb_bench.policies.lora import adapter_key
 
 
 def _strings(col: pa.ChunkedArray, default: str) -> list[str]:
@@ -30,14 +30,9 @@ def _strings(col: pa.ChunkedArray, default: str) -> list[str]:
 
 
 def _salted(values: np.ndarray, offsets: np.ndarray, adapter: list[str | None]) -> np.ndarray:
-    """Prefix hashes of rows that name a LoRA adapter, XOR-ed with a key of the adapter.
-
-    KV computed under one adapter is not the base model's or another adapter's (vLLM's block
-    hashes include the LoRA id, GIE's prefix index the model name), so equal prompts under
-    different adapters share no cache. The same key on every block of a row keeps the chain:
-    two rows share leading blocks exactly when they did and name the same adapter."""
-    keys = {a: np.uint64(int.from_bytes(hashlib.blake2b(a.encode(), digest_size=8).digest(), "little"))
-            for a in set(adapter) if a is not None}
+    """Prefix hashes of rows that name a LoRA adapter, XOR-ed with the adapter's key
+    (:func:`~llmlb_bench.policies.lora.adapter_key`: no KV is shared across adapters)."""
+    keys = {a: np.uint64(adapter_key(a)) for a in set(adapter) if a is not None}
     per_row = np.array([keys[a] if a is not None else 0 for a in adapter], dtype=np.uint64)
     out = values.copy()
     out[offsets[0]:offsets[-1]] ^= np.repeat(per_row, np.diff(offsets))

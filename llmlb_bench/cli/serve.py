@@ -25,6 +25,7 @@ def serve(
     speed: Annotated[float, typer.Option("--speed", help="Simulated seconds per wall-clock second (2 = everything twice as fast).")] = 1.0,
     mean_output_tokens: Annotated[float, typer.Option("--mean-output-tokens", help="Mean answer length (geometric) when a request sets neither ignore_eos nor min_tokens = max_tokens.")] = 256.0,
     served_model_name: Annotated[Optional[str], typer.Option("--served-model-name", help="Model name for /v1/models and requests (default: --model).")] = None,
+    lora_modules: Annotated[Optional[list[str]], typer.Option("--lora-modules", help="LoRA adapter names served besides the base model (repeatable; needs a cluster with max_loras > 0, whose slots the replicas model).")] = None,
     seed: Seed = 0,
 ) -> None:
     """Serve a simulated fleet over OpenAI-compatible HTTP, streaming tokens at the simulated times.
@@ -50,7 +51,8 @@ def serve(
     if port_per_replica is None:
         pol = make_policy(policy or "least_outstanding", parse_args(policy_arg), seed=seed)
     options = ServeOptions(host=host, port=port, port_per_replica=port_per_replica, speed=speed, seed=seed,
-                           mean_output_tokens=mean_output_tokens, model_name=served_model_name)
+                           mean_output_tokens=mean_output_tokens, model_name=served_model_name,
+                           lora_modules=tuple(lora_modules or ()))
 
     def announce(line: str) -> None:
         console.print(line, highlight=False, soft_wrap=True)

@@ -23,7 +23,29 @@ publishes no adapter state gets least-outstanding routing.
 
 from __future__ import annotations
 
+import hashlib
+from collections import Counter
+from typing import Sequence
+
 from llmlb_bench.policies.base import AdapterState, Policy, RouteRequest, View
+
+
+def adapter_key(adapter: str) -> int:
+    """The 64-bit key XOR-ed into every prefix hash of a request naming ``adapter``.
+
+    KV computed under one adapter is not the base model's or another adapter's (vLLM's block
+    hashes include the LoRA id, GIE's prefix index the model name), so equal prompts under
+    different adapters share no cache. One key on every block of a request keeps the chain:
+    two requests share leading blocks exactly when they did and name the same adapter."""
+    return int.from_bytes(hashlib.blake2b(adapter.encode(), digest_size=8).digest(), "little")
+
+
+def salted(hashes: Sequence[int], adapter: str | None) -> list[int]:
+    """``hashes`` of a request naming ``adapter`` (unchanged for the base model)."""
+    if adapter is None:
+        return list(hashes)
+    key = adapter_key(adapter)
+    return [h ^ key for h in hashes]
 
 
 def adapter_score(adapter: str | None, state: AdapterState | None) -> float:
@@ -56,3 +78,26 @@ class LoraAffinity(Policy):
         low = [i for i in healthy if view.waiting[i] <= self.queue_threshold] or healthy
         adapters, out = view.adapters, view.outstanding_requests
         return min(low, key=lambda i: (-adapter_score(req.adapter, adapters[i]), out[i], i))
+
+
+class RoutedAdapters:
+    """A target's adapters by a proxy's own books (``llmlb route``): the adapters of the requests
+    it sent there that have not ended, as ``running`` (it cannot tell the engine's batch from its
+    queue, so ``waiting`` stays empty), and ``max_loras`` as the engine last published it (0 until
+    a scrape says, so a free slot is never assumed). Fresher than a scrape, which lags by its
+    interval; blind to traffic that reaches the engine by another way."""
+
+    def __init__(self) -> None:
+        self.max_loras = 0
+        self.running: Counter[str] = Counter()
+        self.waiting: frozenset[str] = frozenset()
+
+    def sent(self, adapter: str | None) -> None:
+        if adapter is not None:
+            self.running[adapter] += 1
+
+    def ended(self, adapter: str | None) -> None:
+        if adapter is not None:
+            self.running[adapter] -= 1
+            if self.running[adapter] <= 0:
+                del self.running[adapter]

@@ -50,6 +50,7 @@ SCALARS: tuple[tuple[str, pa.DataType], ...] = (
     ("server_input_tokens", pa.int32()),
     ("output_tokens_estimated", pa.bool_()),
     ("backend", pa.string()),
+    ("adapter", pa.string()),
 )
 
 

@@ -381,7 +381,8 @@ class Replayer:
         threaded = self.threads.prompt(idx, tokens, media) if self.threads is not None else None
         text = self.prompts.text(tokens, tr.hashes(idx), tr.rid[idx]) if threaded is None else ""
         out = max(1, tr.out[idx])
-        body: dict[str, Any] = {"model": self.pre.models[target]}
+        # a LoRA adapter is served under its own name (vLLM's --lora-modules NAME=DIR)
+        body: dict[str, Any] = {"model": tr.adapter[idx] or self.pre.models[target]}
         if media:
             side = image_side(tr.image_tokens[idx] // images) if images else 0
             content: list[dict[str, Any]] = [{"type": "text", "text": text}]
@@ -581,7 +582,7 @@ class Replayer:
         if f is None:
             values = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], tr.session[idx], tr.turn[idx], None,
                       self.sched[idx], None, None, None,
-                      tr.inp[idx], tr.out[idx], None, None, status, error, None, None, None, None)
+                      tr.inp[idx], tr.out[idx], None, None, status, error, None, None, None, None, tr.adapter[idx])
             self.writer.buffer.add(values, None, None)
         else:
             out, estimated = f.output_tokens()
@@ -591,7 +592,8 @@ class Replayer:
                       None if f.first is None else f.first - t0,
                       None if f.last is None else f.last - t0,
                       tr.inp[idx], tr.out[idx], out if f.sent is not None else None, f.cached, status,
-                      error, f.http_status, f.usage_in, estimated if f.sent is not None else None, f.backend)
+                      error, f.http_status, f.usage_in, estimated if f.sent is not None else None, f.backend,
+                      tr.adapter[idx])
             self.writer.buffer.add(values, f.seg_start, f.seg_count)
         if self.writer.due():
             self.writer.submit()

@@ -22,6 +22,14 @@ counter ``vllm:num_preemptions_total`` becomes the series column
 ``preemptions``: the increase since the target's previous scrape (see
 :func:`counter_delta`), so a run shows when the engine preempted, and the
 count from before the run never enters it.
+
+vLLM started with ``--enable-lora`` publishes its adapters only as
+``vllm:lora_requests_info{max_lora, running_lora_adapters,
+waiting_lora_adapters}``: the adapters (comma-separated names) of the
+requests in the running batch and in the waiting queue, as labels of a gauge
+whose value is the time it was last set. Old label sets stay exposed, so the
+current one is the series with the largest value (:class:`LoraInfo`, the
+view's ``adapters``, read by LoRA-affinity routing).
 """
 
 from __future__ import annotations
@@ -36,6 +44,20 @@ _RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:re
             "tgi_batch_current_size")
 _KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio")
 _PREEMPTIONS = ("vllm:num_preemptions_total",)
+_LORA = "vllm:lora_requests_info"
+
+
+@dataclass(frozen=True)
+class LoraInfo:
+    """A vLLM endpoint's adapters as of one scrape (an ``AdapterState`` for the policies' view)."""
+
+    max_loras: int
+    running: frozenset[str]
+    waiting: frozenset[str]
+
+
+def _adapter_names(label: str) -> frozenset[str]:
+    return frozenset(a for a in (x.strip() for x in label.split(",")) if a)
 
 
 @dataclass
@@ -48,6 +70,8 @@ class Signals:
     kv_blocks_total: int | None = None
     #: the engine's preemption counter since it started (a counter: compare two scrapes)
     preemptions_total: float | None = None
+    #: vLLM's LoRA adapters (None: the engine serves none, or publishes nothing about them)
+    lora: LoraInfo | None = None
 
     def known(self) -> bool:
         return self.waiting is not None or self.running is not None or self.kv_usage is not None
@@ -75,10 +99,15 @@ def parse_metrics(text: str) -> Signals:
     """Read the known gauges from Prometheus text exposition (other lines are ignored)."""
     sums: dict[str, float] = {}
     blocks = None
+    lora: tuple[float, LoraInfo] | None = None
     for name, labels, value in metric_lines(text):
         if name == "vllm:cache_config_info" and "num_gpu_blocks" in labels:
             raw = labels["num_gpu_blocks"]
             blocks = int(raw) if raw.isdigit() else None
+            continue
+        if name == _LORA and labels.get("max_lora", "").isdigit() and (lora is None or value > lora[0]):
+            lora = (value, LoraInfo(int(labels["max_lora"]), _adapter_names(labels.get("running_lora_adapters", "")),
+                                    _adapter_names(labels.get("waiting_lora_adapters", ""))))
             continue
         if name in _WAITING or name in _RUNNING or name in _KV or name in _PREEMPTIONS:
             sums[name] = sums.get(name, 0.0) + value
@@ -88,7 +117,8 @@ def parse_metrics(text: str) -> Signals:
 
     waiting, running, kv = first(_WAITING), first(_RUNNING), first(_KV)
     return Signals(waiting=None if waiting is None else int(waiting), running=None if running is None else int(running),
-                   kv_usage=kv, kv_blocks_total=blocks, preemptions_total=first(_PREEMPTIONS))
+                   kv_usage=kv, kv_blocks_total=blocks, preemptions_total=first(_PREEMPTIONS),
+                   lora=lora[1] if lora is not None else None)
 
 
 def counter_delta(previous: float | None, current: float | None) -> int | None:
@@ -108,6 +138,8 @@ def update_view(view: Any, i: int, sig: Signals, now: float) -> None:
         view.running[i] = sig.running
     if sig.kv_usage is not None:
         view.kv_usage[i] = sig.kv_usage
+    if sig.lora is not None:
+        view.adapters[i] = sig.lora
     view.signal_time[i] = now
 
 

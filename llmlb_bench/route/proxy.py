@@ -39,6 +39,7 @@ from aiohttp import web
 from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.gcpause import pause_full_collections
 from llmlb_bench.policies import RouteRequest, TargetInfo, View
+from llmlb_bench.policies.lora import RoutedAdapters, salted
 from llmlb_bench.policies.router import Router
 from llmlb_bench.replay.rows import RowWriter
 from llmlb_bench.replay.scrape import SeriesRows, parse_metrics, update_view
@@ -83,6 +84,11 @@ class RouteProxy:
         self.options = options or RouteOptions()
         self.run = run
         self.view = View([TargetInfo(name=b) for b in self.backends], block_size=self.options.block_size)
+        # LoRA: the adapters each backend serves are known from its /v1/models (entries with a parent);
+        # which are in use there, from the proxy's own books (policies/lora.py)
+        self.lora_models: set[str] = set()
+        self.own_adapters = [RoutedAdapters() for _ in self.backends]
+        self.view.adapters = list(self.own_adapters)
         self.router: Router[asyncio.Future[Any]] = Router(
             policy, self.view, dispatch=lambda fut, req, i, _d: _resolve(fut, i),
             reject=lambda fut, req, why: _resolve(fut, why))
@@ -119,6 +125,7 @@ class RouteProxy:
         host, port = self._runner.addresses[0][:2]
         self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
         await self._check_health()
+        await self._learn_adapters()
         self._tasks.append(asyncio.create_task(self._health_loop()))
         if self.options.scrape_s > 0:
             self._tasks.append(asyncio.create_task(self._scrape_loop()))
@@ -189,7 +196,7 @@ class RouteProxy:
                 raise ValueError
         except ValueError:
             return _error(400, "the request body must be a JSON object")
-        req = _route_request(body, rid, arrival, self.options.block_size)
+        req = _route_request(body, rid, arrival, self.options.block_size, self.lora_models)
         headers = {k: request.headers[k] for k in _FORWARD if k in request.headers}
         headers["Content-Type"] = "application/json"
         row = _Row(rid, req, arrival)
@@ -201,11 +208,13 @@ class RouteProxy:
                 row.finish(self, "rejected", str(target), 429)
                 return _error(429, str(target))
             self.router.sent(target, req)
+            self.own_adapters[target].sent(req.adapter)
             row.target, row.sent = target, self.now()
             try:
                 return await self._forward(request, target, raw, headers, row)
             except aiohttp.ClientConnectorError as exc:  # nothing was sent: try another backend
                 self.router.complete(target, req)
+                self.own_adapters[target].ended(req.adapter)
                 self.view.healthy[target] = False
                 if row.attempts > self.options.retries or not any(self.view.healthy) or self.draining:
                     row.finish(self, "error", f"backend unreachable: {exc.os_error or exc}", 502)
@@ -259,8 +268,23 @@ class RouteProxy:
         finally:
             if done or row.finished:
                 self.router.complete(target, row.req)
+                self.own_adapters[target].ended(row.req.adapter)
 
     # -- backends ---------------------------------------------------------------------------
+    async def _learn_adapters(self) -> None:
+        """The LoRA adapters the backends serve: vLLM lists each ``--lora-modules`` entry in
+        /v1/models with its base model as ``parent``. A request whose ``model`` is one of them
+        names that adapter; any other model is the base model."""
+        assert self._session is not None
+        for url in self.backends:
+            try:
+                async with self._session.get(url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                    listed = (await resp.json(content_type=None)).get("data", []) if resp.status == 200 else []
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError):
+                continue
+            self.lora_models |= {m["id"] for m in listed if isinstance(m, dict) and m.get("parent")
+                                 and isinstance(m.get("id"), str)}
+
     async def _check_health(self) -> None:
         assert self._session is not None
 
@@ -294,6 +318,9 @@ class RouteProxy:
                 if not sig.known():
                     continue
                 now = self.now()
+                if sig.lora is not None:      # the slots count; which adapters are in use, the own books say
+                    self.own_adapters[i].max_loras = sig.lora.max_loras
+                    sig.lora = None
                 update_view(self.view, i, sig, now)
                 series.add(now, url, sig)
             rows = series.take()
@@ -390,7 +417,7 @@ class _Row:
                   cached if isinstance(cached, int) else None, status,
                   error if self.attempts == 1 or error is None else f"{error} ({self.attempts} attempts)",
                   http_status, inp if isinstance(inp, int) else None,
-                  (not isinstance(out, int)) if self.sent is not None else None, self.backend)
+                  (not isinstance(out, int)) if self.sent is not None else None, self.backend, self.req.adapter)
         proxy.writer.buffer.add(values, [s + proxy.t0 for s in self.seg_start] or None, self.seg_count or None)
         if proxy.writer.due():
             proxy.writer.submit()
@@ -401,8 +428,9 @@ def _resolve(fut: "asyncio.Future[Any]", value: Any) -> None:
         fut.set_result(value)
 
 
-def _route_request(body: dict[str, Any], rid: int, now: float, block: int) -> RouteRequest:
-    """What the policy sees: prompt tokens and prefix blocks by llmlb's word tokenizer."""
+def _route_request(body: dict[str, Any], rid: int, now: float, block: int, adapters: set[str]) -> RouteRequest:
+    """What the policy sees: prompt tokens and prefix blocks by llmlb's word tokenizer, and the
+    LoRA adapter when ``model`` names one of ``adapters``."""
     if isinstance(body.get("messages"), list):
         text = "\n".join(str(m["content"]) for m in body["messages"]
                          if isinstance(m, dict) and isinstance(m.get("content"), str))
@@ -412,10 +440,12 @@ def _route_request(body: dict[str, Any], rid: int, now: float, block: int) -> Ro
     ids = encode(text)
     mt = body.get("max_completion_tokens", body.get("max_tokens"))
     user = body.get("user")
+    model = body.get("model")
+    adapter = model if isinstance(model, str) and model in adapters else None
     return RouteRequest(request_id=rid, arrival_s=now, input_tokens=len(ids),
                         max_output_tokens=mt if isinstance(mt, int) and mt > 0 else 256,
                         tenant=user if isinstance(user, str) else "default",
-                        prefix_hashes=block_hashes(ids, block))
+                        prefix_hashes=salted(block_hashes(ids, block), adapter), adapter=adapter)
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from llmlb_bench import __version__
 from llmlb_bench.replay.prompts import WORDS
+from llmlb_bench.policies.lora import salted
 from llmlb_bench.serve.http import Exchange
 from llmlb_bench.routers.identity import BACKEND_HEADER
 from llmlb_bench.serve.live import LiveFleet, LiveRequest, Submission
@@ -217,10 +218,14 @@ class Responder:
 class Api:
     """The request handler of one port: ``target`` is its replica, or None for the routed port."""
 
-    def __init__(self, fleet: LiveFleet, target: int | None, model: str, rule: OutputRule) -> None:
+    def __init__(self, fleet: LiveFleet, target: int | None, model: str, rule: OutputRule,
+                 adapters: tuple[str, ...] = ()) -> None:
         self.fleet = fleet
         self.target = target
         self.model = model
+        #: LoRA adapters served besides the base model (requests name them as ``model``)
+        self.adapters = frozenset(adapters)
+        self._listed = (model,) + tuple(a for a in adapters if a != model)
         self.rule = rule
         self.created = int(time.time())
         self._indices = range(len(fleet.replicas)) if target is None else range(target, target + 1)
@@ -259,9 +264,11 @@ class Api:
                 ex.reply(200, render(self.fleet, self._indices, self.model).encode(),
                          content_type="text/plain; version=0.0.4; charset=utf-8")
             elif path == "/v1/models":
+                # as vLLM lists them: an adapter has the base model as its parent
                 ex.reply(200, json.dumps({"object": "list", "data": [{
-                    "id": self.model, "object": "model", "created": self.created, "owned_by": "llmlb-bench",
-                    "root": self.model, "parent": None, "max_model_len": self.fleet.max_model_len}]}).encode())
+                    "id": m, "object": "model", "created": self.created, "owned_by": "llmlb-bench",
+                    "root": m, "parent": None if m == self.model else self.model,
+                    "max_model_len": self.fleet.max_model_len} for m in self._listed]}).encode())
             elif path == "/version":
                 ex.reply(200, json.dumps({"version": __version__, "server": "llmlb serve"}).encode())
             else:
@@ -282,8 +289,9 @@ class Api:
 
     def complete(self, ex: Exchange, body: dict[str, Any], chat: bool) -> None:
         model = body.get("model")
-        if model is not None and model != self.model:
+        if model is not None and model != self.model and model not in self.adapters:
             raise ApiError(404, f"The model `{model}` does not exist.", "model")
+        adapter = model if model in self.adapters and model != self.model else None
         if body.get("n", 1) != 1:
             raise ApiError(400, "only n = 1 is supported", "n")
         ids = prompt_ids(body, chat)
@@ -322,10 +330,12 @@ class Api:
                                 f"tokens a replica can hold (its KV cache)", "max_tokens")
         tenant = body.get("user") if isinstance(body.get("user"), str) else "default"
         priority = _int(body, "priority", -(1 << 31)) or 0
-        sub = Submission(prompt_tokens=prompt, output_tokens=out, hashes=block_hashes(ids, fleet.block_size),
+        sub = Submission(prompt_tokens=prompt, output_tokens=out,
+                         hashes=salted(block_hashes(ids, fleet.block_size), adapter),
                          stream=stream, target=self.target, tenant=tenant, priority=priority,
-                         max_tokens=max_tokens, finish_reason=reason)
-        live = fleet.submit(sub, Responder(ex, chat, stream, usage, self.model, rng, self.backend), ex.request.received)
+                         max_tokens=max_tokens, finish_reason=reason, adapter=adapter)
+        live = fleet.submit(sub, Responder(ex, chat, stream, usage, adapter or self.model, rng, self.backend),
+                            ex.request.received)
         if not live.done:
             ex.on_lost = lambda: fleet.cancel(live)
 

@@ -88,6 +88,8 @@ class Submission:
     max_tokens: int = 0
     #: ``"stop"`` or ``"length"`` (see :mod:`llmlb_bench.serve.outputs`)
     finish_reason: str = "length"
+    #: the LoRA adapter it names (None: the base model)
+    adapter: str | None = None
 
 
 class LiveRequest:
@@ -225,7 +227,7 @@ class LiveFleet:
         self._seq += 1
         live = LiveRequest(self._seq, sub, client, t)
         route = live.route = RouteRequest(self._seq, t, sub.prompt_tokens, sub.max_tokens or sub.output_tokens,
-                                          sub.tenant, None, sub.priority, "default", sub.hashes)
+                                          sub.tenant, None, sub.priority, "default", sub.hashes, sub.adapter)
         if sub.target is not None:
             self._dispatch(live, sub.target, t)
         else:

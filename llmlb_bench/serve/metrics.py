@@ -36,6 +36,7 @@ the wake-up's last write (an upper bound for each chunk it wrote).
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
@@ -179,6 +180,11 @@ def render(fleet: "LiveFleet", indices: Iterable[int], model: str) -> str:
     bs = reps[0].bs
     metric("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig", 1,
            {"block_size": str(bs), "num_gpu_blocks": str(blocks)})
+    lora = reps[0].lora if len(reps) == 1 else None
+    if lora is not None:   # one engine's adapters, as vLLM publishes them (value: when they were read)
+        metric("vllm:lora_requests_info", "gauge", "Running stats on lora requests.", time.time(),
+               {"max_lora": str(lora.max_loras), "running_lora_adapters": ",".join(sorted(lora.running)),
+                "waiting_lora_adapters": ",".join(sorted(lora.waiting))})
     metric("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", total.prompt_tokens)
     metric("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.",
            total.generation_tokens)

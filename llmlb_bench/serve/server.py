@@ -43,6 +43,8 @@ class ServeOptions:
     mean_output_tokens: float = 256.0
     #: the model name clients send and /v1/models lists (default: the catalog model)
     model_name: str | None = None
+    #: LoRA adapters served under their own names besides the base model (vLLM's --lora-modules)
+    lora_modules: tuple[str, ...] = ()
 
 
 class SimServer:
@@ -53,6 +55,8 @@ class SimServer:
             raise UserError("one port in front of several replicas needs a routing policy", "--policy")
         if not options.mean_output_tokens >= 1:
             raise UserError(f"must be >= 1, got {options.mean_output_tokens!r}", "--mean-output-tokens")
+        if options.lora_modules and any(p.max_loras == 0 for p in cfg.pools):
+            raise UserError("LoRA adapters need adapter slots: set max_loras in the cluster", "--lora-modules")
         self.cfg = cfg
         self.options = options
         self.fleet = LiveFleet(cfg, speed=options.speed, policy=None if options.port_per_replica is not None
@@ -72,7 +76,7 @@ class SimServer:
              for i in range(n)] if opt.port_per_replica is not None else [("router", None, opt.port)])
         try:
             for name, target, port in plan:
-                api = Api(self.fleet, target, self.model, self.rule)
+                api = Api(self.fleet, target, self.model, self.rule, opt.lora_modules)
                 srv = await listen(api, opt.host, port, self.connections)
                 self.servers.append(srv)
                 host, real = srv.sockets[0].getsockname()[:2]
