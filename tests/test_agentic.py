@@ -222,3 +222,52 @@ def test_the_coding_agent_preset_has_tool_turns_with_a_heavy_tail_growing_contex
     by_id = {r["request_id"]: r for r in rows}
     assert all(r["input_tokens"] > by_id[r["parent_id"]]["input_tokens"] for r in turns)  # context grows
     assert sum(1 for r in rows if r["wait_ids"]) > 10
+
+
+def test_conversation_figures_follow_their_definitions_and_the_documented_sql(tmp_path):
+    from metrics_helpers import store_run
+
+    from llmlb_bench.metrics.slo import Slo
+    from llmlb_bench.metrics.summary import summarize
+    from llmlb_bench.report.document import ReportOptions, build
+    from llmlb_bench.report.tables import details
+    from llmlb_bench.store.views import Catalog
+
+    # session 0: three ok turns (TTFT 0.1, 0.3, 0.2); session 1: two turns, the second fails;
+    # session 2: one turn and an agent child (no turn), TTFT 0.6 > the SLO's 0.5; a row outside
+    # any session is not counted
+    rows = {
+        "request_id": list(range(8)),
+        "session_id": [0, 0, 0, 1, 1, 2, 2, None], "turn": [1, 2, 3, 1, 2, 1, None, None],
+        "scheduled_s": [0.0, 2.0, 5.0, 1.0, 3.0, 0.5, 1.5, 0.0], "sent_s": [0.0, 2.0, 5.0, 1.0, 3.0, 0.5, 1.5, 0.0],
+        "first_token_s": [0.1, 2.3, 5.2, 1.1, None, 1.1, 1.6, 0.1],
+        "last_token_s": [1.0, 3.0, 6.5, 2.0, None, 1.4, 2.5, 0.5],
+        "input_tokens": [100, 300, 500, 80, 200, 50, 70, 10], "output_tokens": [10, 10, 10, 10, 0, 10, 10, 10],
+        "cached_tokens": [0, 96, 288, 0, 0, 0, 48, 0], "status": ["ok"] * 4 + ["error"] + ["ok"] * 3,
+    }
+    store_run(tmp_path, "c", rows, config={"backend": "sim"}, backend="sim")
+    [s] = summarize(Catalog([tmp_path]), Slo.parse("ttft=500ms"))
+    c = s["conversations"]
+    assert (c["sessions"], c["completed"]) == (3, 2)
+    assert c["requests_mean"] == pytest.approx(7 / 3)
+    assert c["attainment"] == pytest.approx(1 / 3)  # only session 0 has every request good
+    completion = np.array([6.5 - 0.0, 2.5 - 0.5])  # sessions 0 and 2
+    assert c["completion_s"]["p50"] == pytest.approx(np.percentile(completion, 50))
+    assert c["completion_s"]["p99"] == pytest.approx(np.percentile(completion, 99))
+    assert c["tokens"]["input_mean"] == pytest.approx((900 + 280 + 120) / 3)
+    assert c["tokens"]["cached_mean"] == pytest.approx((384 + 48) / 3)
+    by_turn = {t["turn"]: t for t in c["ttft_by_turn"]}
+    assert by_turn[1]["requests"] == 3 and by_turn[1]["p50"] == pytest.approx(0.1)  # 0.1, 0.1, 0.6
+    assert by_turn[2]["requests"] == 1 and by_turn[2]["p50"] == pytest.approx(0.3)
+    assert by_turn[3]["p99"] == pytest.approx(0.2)
+    table = details(build(Catalog([tmp_path]), ReportOptions(slo=Slo.parse("ttft=500ms"))))
+    shown = {r[0]: r[1] for r in table.rows}
+    assert shown["session attainment (%)"] == "33.3" and shown["TTFT p50 / p99 turn 2 (ms)"] == "300 / 300"
+    # the documented SQL gives the same
+    user = Catalog([tmp_path], confined=True)
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text()
+    sql = doc.split("## Conversations", 1)[1].split("```sql\n", 1)[1].split("```", 1)[0]
+    first = [q for q in sql.split(";\n") if "completed" in q][0]
+    [got] = user.query_read_only(first).to_pylist()
+    assert (got["sessions"], got["completed"]) == (3, 2)
+    assert got["p99"] == pytest.approx(c["completion_s"]["p99"])

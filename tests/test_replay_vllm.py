@@ -252,3 +252,65 @@ output = { dist = "lognormal", median = 16, sigma = 0.4, max = 40 }
         run = json.loads((tmp_path / "res" / "cap" / p["run_id"] / "run.json").read_text())
         assert run["status"] == "complete"
     assert summary["capacity"] is None or 1 <= summary["capacity"] <= 16
+
+
+def _sessions_trace(first_id: int, base: int) -> pa.Table:
+    """Two 3-turn conversations on the completions API: turn k+1 = turn k's prompt + its 200-token
+    reply + a 150-token new message; hashes (16-token blocks) shared along each conversation."""
+    inputs, outputs, hashes, parents, sessions, turns, arrivals = [], [], [], [], [], [], []
+    for s in range(2):
+        n = 300
+        for k in range(3):
+            rid = first_id + 3 * s + k
+            inputs.append(n)
+            outputs.append(200)
+            hashes.append([base + 10_000 * s + j for j in range(-(-n // 16))])
+            parents.append(rid - 1 if k else None)
+            sessions.append(s)
+            turns.append(k + 1)
+            arrivals.append(0.05 * s)
+            n += 200 + 150
+    table = _trace(inputs, outputs, hashes, first_id=first_id, arrivals=arrivals)
+    for name, values, type_ in (("parent_id", parents, pa.int64()), ("session_id", sessions, pa.int64()),
+                                ("turn", turns, pa.int32()), ("after_parent_s", [0.0] * 6, pa.float64())):
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(values, type_))
+    return table
+
+
+def test_threaded_turns_reuse_the_previous_answers_kv_in_vllms_prefix_cache(engines, tmp_path):
+    """Replayed with threading, turn k+1's prompt carries turn k's real answer, so vLLM's cache
+    serves the previous prompt *and* its reply; materialised from the hashes alone (--no-thread)
+    only the previous prompt. Lengths stay within a few tokens of the trace's.
+
+    The tiny model's random weights emit random tokens, byte fragments included, whose decoded
+    text re-tokenises differently (from the first token on); a real model's text re-tokenises
+    the same, apart from rare boundary merges. vLLM's ``allowed_token_ids`` keeps the answer to
+    whole-word tokens (" the", " of", ...), so it stands for a real model's text."""
+    from tokenizers import Tokenizer
+
+    from llmlb_bench.replay.prompts import PIECES
+
+    tok = Tokenizer.from_file(str(engines["model"] / "tokenizer.json"))
+    words = sorted({ids[0] for ids in (tok.encode(p, add_special_tokens=False).ids for p in PIECES[:-1])
+                    if len(ids) == 1})
+    assert len(words) > 50
+    runs = {}
+    for thread, first_id, base in ((True, 9000, 91_000_000), (False, 9100, 92_000_000)):
+        summary, rows, _ = run_replay(_sessions_trace(first_id, base), [engines["big"]], tmp_path / str(thread),
+                                      options=ReplayOptions(api="completions", tokenizer=str(engines["model"]),
+                                                            thread=thread, scrape_s=None,
+                                                            extra_body={"allowed_token_ids": words}))
+        assert summary["statuses"] == {"ok": 6}, [r["error"] for r in rows if r["error"]]
+        runs[thread] = rows
+    for threaded, plain in zip(runs[True], runs[False]):
+        if threaded["turn"] == 1:
+            assert threaded["cached_tokens"] == plain["cached_tokens"] == 0
+            continue
+        prev = threaded["input_tokens"] - 350  # the previous turn's prompt
+        # without threading: the previous prompt's whole 128-token blocks, never the reply
+        assert plain["cached_tokens"] == prev // CPU_BLOCK_SIZE * CPU_BLOCK_SIZE
+        # threaded: at least one block of the reply as well, up to all of it
+        assert plain["cached_tokens"] + CPU_BLOCK_SIZE <= threaded["cached_tokens"] \
+            <= (prev + 199) // CPU_BLOCK_SIZE * CPU_BLOCK_SIZE
+        assert abs(threaded["server_input_tokens"] - threaded["input_tokens"]) <= 0.05 * threaded["input_tokens"]
+    assert [r["session_id"] for r in runs[True]] == [0, 0, 0, 1, 1, 1]

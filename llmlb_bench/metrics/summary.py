@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from llmlb_bench.metrics.conversations import conversations
 from llmlb_bench.metrics.counts import cells_sql, rollup
 from llmlb_bench.metrics.definitions import LATENCY_FIGURES, WAIT, WAIT_FIGURE, Definitions, figures
 from llmlb_bench.metrics.distribution import Sample, describe
@@ -96,6 +97,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     fair = fairness(cat, multi, tables["tenant"], opt.window_s)
     state = serving_state(cat, counts, metas)
     pace = pacing(cat, {k: is_sampled(*v, opt.token_sample) for k, v in token_runs.items()}, slo)
+    talks = conversations(cat, slo)
     out = []
     for run in runs:
         run_id = run["run_id"]
@@ -143,6 +145,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
         s["fairness"] = fair.get(run_id)
         s["energy"] = energy.get(run_id)
         s["state"] = state.get(run_id)
+        s["conversations"] = talks.get(run_id)  # None for a run without sessions
         out.append(s)
     steady = steady_state(cat, {s["run_id"]: {
         "t0": counts[s["run_id"]]["t0"], "t1": counts[s["run_id"]]["last_scheduled"],

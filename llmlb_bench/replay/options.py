@@ -45,6 +45,9 @@ class ReplayOptions:
     address: str | None = None
     #: send ``min_tokens`` and ``ignore_eos`` (vLLM, SGLang, llama.cpp) so outputs have the trace's length
     force_output_length: bool = True
+    #: further fields merged into every request body, e.g. an engine's own sampling parameters
+    #: (vLLM's ``allowed_token_ids``, ``top_k``)
+    extra_body: dict[str, Any] = field(default_factory=dict)
     #: a dependent request's prompt extends its parent's prompt and the answer the server returned
     #: (replay.threads); False: every prompt materialised from the trace's hashes
     thread: bool = True

@@ -401,6 +401,8 @@ class Replayer:
         body.update(max_tokens=out, stream=True, stream_options={"include_usage": True})
         if self.options.force_output_length:
             body.update(min_tokens=out, ignore_eos=True)
+        if self.options.extra_body:
+            body.update(self.options.extra_body)
         return build_request("POST", self.pre.endpoints[target], self.path,
                              f"{self.headers}X-Request-Id: {tr.rid[idx]}\r\n",
                              json.dumps(body, separators=(",", ":")).encode())

@@ -193,6 +193,9 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
             ("VTC service gap mean (tokens)", scaled(("fairness", "service_gap_mean"), 1.0), ",.0f"),
             ("slowdown ratio max/min", scaled(("fairness", "slowdown_ratio"), 1.0), ".2f"),
         ]))
+    talks = [s["conversations"] for s in doc["runs"] if s.get("conversations")]
+    if talks:
+        sections.append(("Conversations", _conversation_rows(talks)))
     sections.append(("Energy and cost", [
         ("energy (kJ)", scaled(("energy", "energy_j"), 1e-3), ",.2f"),
         ("J per output token", scaled(("energy", "j_per_output_token"), 1.0), ",.3f"),
@@ -222,6 +225,29 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
              "s"),
         ]))
     return sections
+
+
+def _conversation_rows(talks: list[dict[str, Any]]) -> list[tuple[str, Getter, str]]:
+    """Session figures, then TTFT p50 / p99 per turn index (metrics/conversations.py)."""
+    rows: list[tuple[str, Getter, str]] = [
+        ("sessions", scaled(("conversations", "sessions"), 1), ",d"),
+        ("completed sessions (all requests ok)", scaled(("conversations", "completed"), 1), ",d"),
+        ("requests per session mean", scaled(("conversations", "requests_mean"), 1.0), ",.1f"),
+        ("session attainment (%)", _pct(("conversations", "attainment")), ".1f"),
+        ("session completion p50 (s)", scaled(("conversations", "completion_s", "p50"), 1.0), ",.2f"),
+        ("session completion p99 (s)", scaled(("conversations", "completion_s", "p99"), 1.0), ",.2f"),
+        ("prompt tokens per session mean", scaled(("conversations", "tokens", "input_mean"), 1.0), ",.0f"),
+        ("cached prompt tokens per session mean", scaled(("conversations", "tokens", "cached_mean"), 1.0), ",.0f"),
+        ("output tokens per session mean", scaled(("conversations", "tokens", "output_mean"), 1.0), ",.0f"),
+    ]
+    turns = sorted({(t["turn"], t["pooled"]) for c in talks for t in c["ttft_by_turn"]})
+    for turn, pooled in turns:
+        def get(s: dict[str, Any], turn: int = turn) -> str | None:
+            by = {t["turn"]: t for t in _get(s, "conversations", "ttft_by_turn") or ()}
+            t = by.get(turn)
+            return None if t is None else f"{fmt(1e3 * t['p50'], ',.0f')} / {fmt(1e3 * t['p99'], ',.0f')}"
+        rows.append((f"TTFT p50 / p99 turn {turn}{'+' if pooled else ''} (ms)", get, "s"))
+    return rows
 
 
 def _server_lag(check: Any) -> str | None:
