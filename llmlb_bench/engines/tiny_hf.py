@@ -91,6 +91,40 @@ def write_tiny_model(dest: str | Path, *, vocab_size: int = 1024, hidden_size: i
     return dest
 
 
+def write_tiny_adapter(dest: str | Path, model_dir: str | Path, *, rank: int = 8,
+                       targets: tuple[str, ...] = ("q_proj", "v_proj"), seed: int = 0) -> Path:
+    """Write a random LoRA adapter for the model in ``model_dir`` as a PEFT folder (what vLLM's
+    ``--lora-modules NAME=DIR`` loads): ``adapter_config.json`` and ``adapter_model.safetensors``
+    with, per layer and target projection, ``lora_A`` (rank x d_in) and ``lora_B`` (d_out x rank).
+
+    Why B is not zero (PEFT initialises it so): an adapter that changes nothing would make a test
+    of adapters unable to tell them from the base model. Shapes come from the model's config."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    h = cfg["hidden_size"]
+    head = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    out_dim = {"q_proj": cfg["num_attention_heads"] * head, "k_proj": cfg["num_key_value_heads"] * head,
+               "v_proj": cfg["num_key_value_heads"] * head, "o_proj": h}
+    in_dim = {"q_proj": h, "k_proj": h, "v_proj": h, "o_proj": cfg["num_attention_heads"] * head}
+    unknown = sorted(set(targets) - set(out_dim))
+    if unknown:
+        raise UserError(f"unknown target module {unknown[0]!r} (choose from {', '.join(out_dim)})", "targets")
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for i in range(cfg["num_hidden_layers"]):
+        for t in targets:
+            p = f"base_model.model.model.layers.{i}.self_attn.{t}."
+            tensors[p + "lora_A.weight"] = (rng.standard_normal((rank, in_dim[t])) * 0.02).astype(np.float32)
+            tensors[p + "lora_B.weight"] = (rng.standard_normal((out_dim[t], rank)) * 0.02).astype(np.float32)
+    _write_safetensors(dest / "adapter_model.safetensors", tensors)
+    (dest / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank, "lora_dropout": 0.0,
+        "bias": "none", "target_modules": list(targets), "base_model_name_or_path": str(model_dir),
+        "fan_in_fan_out": False, "modules_to_save": None}, indent=1) + "\n")
+    return dest
+
+
 def _corpus() -> list[str]:
     """Training text: the prompt builder's words (so they become one or few tokens each) and
     filler words (a corpus of the prompt words alone runs out of merges below the target size)."""

@@ -26,12 +26,12 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO, Mapping, Sequence
 
-from llmlb_bench.engines.tiny_hf import write_tiny_model
+from llmlb_bench.engines.tiny_hf import write_tiny_adapter, write_tiny_model
 from llmlb_bench.routers.launch import free_ports
 
-__all__ = ["VllmReplicas", "VllmSettings", "cache_dir", "find_vllm", "write_tiny_model"]
+__all__ = ["VllmReplicas", "VllmSettings", "cache_dir", "find_vllm", "write_tiny_adapter", "write_tiny_model"]
 
 #: KV cache block size of vLLM's CPU build (tokens); prefix-cache hits come in steps of this
 CPU_BLOCK_SIZE = 128
@@ -78,6 +78,15 @@ class VllmSettings:
     dtype: str = "bfloat16"
     #: no graph compilation: ready in 35-60 s instead of 1-2.5 min (compiled graphs are not cached here)
     enforce_eager: bool = True
+    #: LoRA adapters served besides the base model, name -> PEFT folder (vLLM's --enable-lora
+    #: --lora-modules NAME=DIR; :func:`~llmlb_bench.engines.tiny_hf.write_tiny_adapter` writes some)
+    lora_modules: Mapping[str, str] = field(default_factory=dict)
+    #: distinct adapters in one running batch, and GPU slots (vLLM's --max-loras)
+    max_loras: int = 1
+    #: the largest adapter rank served (vLLM's --max-lora-rank)
+    max_lora_rank: int = 8
+    #: adapters cached in CPU memory (vLLM's --max-cpu-loras; None: vLLM's default, max_loras)
+    max_cpu_loras: int | None = None
     extra_args: Sequence[str] = field(default_factory=tuple)
 
     def args(self) -> list[str]:
@@ -92,6 +101,11 @@ class VllmSettings:
             out.append("--enable-prompt-tokens-details")
         if self.enforce_eager:
             out.append("--enforce-eager")
+        if self.lora_modules:
+            out += ["--enable-lora", "--max-loras", str(self.max_loras), "--max-lora-rank", str(self.max_lora_rank),
+                    "--lora-modules", *(f"{name}={path}" for name, path in self.lora_modules.items())]
+            if self.max_cpu_loras is not None:
+                out += ["--max-cpu-loras", str(self.max_cpu_loras)]
         return out + list(self.extra_args)
 
 
