@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from llmlb_bench.calibrate import calibrate
+from llmlb_bench.engines.tiny_hf import word_token_ids
 from llmlb_bench.engines.vllm import VllmReplicas, VllmSettings, write_tiny_model
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import ReplayOptions, replay
@@ -90,9 +91,13 @@ def trace_at(shape: str, rate: float, requests: int) -> pa.Table:
 
 
 class Bench:
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, extra_body: dict[str, Any]) -> None:
         self.work = work
         self.n = 0
+        #: every replay's further body fields: the tiny model's answers kept to whole words
+        #: (engines.tiny_hf.word_token_ids), so that multi-turn replays, which send each answer
+        #: back in the next turn (replay.threads), can reuse its KV as with a real model's text
+        self.extra_body = extra_body
 
     def _path(self, table: pa.Table) -> tuple[pa.Table, Path]:
         self.n += 1
@@ -108,7 +113,8 @@ class Bench:
         salt = 0x9E3779B97F4A7C15 * (self.n + 1) % (1 << 62)
         table, path = self._path(fresh_prompts(table, salt))
         offset = (salt % (1 << 30)) << 32
-        opts = ReplayOptions(api="completions", tokenize=True, users=users, scrape_s=scrape_s)
+        opts = ReplayOptions(api="completions", tokenize=True, users=users, scrape_s=scrape_s,
+                             extra_body=self.extra_body)
         store = RunStore(self.work / "runs", config={}, backend="replay", run_id=f"{self.n:03d}-real", trace_path=path,
                          trace_rows=table.num_rows)
         with store:
@@ -229,9 +235,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write every figure as JSON here")
     ap.add_argument("--requests", type=int, default=150, help="requests per latency trace")
     ap.add_argument("--repeats", type=int, default=3, help="replays of the 60%% Poisson trace (noise)")
+    ap.add_argument("--shapes", default="", help="comma-separated trace shapes to replay (default all: "
+                    + ", ".join(SHAPES) + ")")
     ap.add_argument("--skip", default="", help="comma-separated stages to skip: serve, tiny_kv, policies")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
+    wanted = set(filter(None, args.shapes.split(",")))
+    if wanted - set(SHAPES):
+        ap.error(f"--shapes: choose from {', '.join(SHAPES)}")
+    shapes = [s for s in SHAPES if s in wanted] if wanted else list(SHAPES)
 
     def save() -> None:         # after every stage, so a later failure keeps what was measured
         if args.out:
@@ -243,8 +255,8 @@ def main() -> None:
                                                                                "max_num_batched_tokens": BUDGET}}
     with tempfile.TemporaryDirectory(prefix="llmlb-fidelity-") as tmp:
         work = Path(tmp)
-        bench = Bench(work)
         model = write_tiny_model(work / "tiny")
+        bench = Bench(work, {"allowed_token_ids": word_token_ids(model)})
         settings = VllmSettings(max_num_seqs=SEQS, max_num_batched_tokens=BUDGET)
         with VllmReplicas(model, 1, cores=[1], settings=settings) as reps:
             url = reps.urls[0]
@@ -259,12 +271,12 @@ def main() -> None:
             print(f"calibrated in {time.time() - t:.0f} s: {profile['step']}, overhead "
                   f"{1e3 * profile['request_overhead_s']:.2f} ms; fit {profile['fit']['by_probe']}", flush=True)
             cfg = ClusterConfig.build(replicas=1).with_profile(profile)
-            out["capacity"] = {s: capacity(bench, url, s) for s in SHAPES}
+            out["capacity"] = {s: capacity(bench, url, s) for s in shapes}
             print(f"capacity (req/s): {out['capacity']}", flush=True)
             save()
             out["latency"] = []
             print(HEADER)
-            for shape in SHAPES:
+            for shape in shapes:
                 for load in LOADS:
                     rate = load * out["capacity"][shape]
                     trace = trace_at(shape, rate, args.requests)

@@ -271,3 +271,17 @@ def test_conversation_figures_follow_their_definitions_and_the_documented_sql(tm
     [got] = user.query_read_only(first).to_pylist()
     assert (got["sessions"], got["completed"]) == (3, 2)
     assert got["p99"] == pytest.approx(c["completion_s"]["p99"])
+
+
+def test_keeping_a_conversations_kv_cuts_later_turns_ttft_and_session_time():
+    """The CachedAttention reproduction's direction, read straight from its summaries."""
+    from llmlb_bench.repro import REPRODUCTIONS, evaluate
+
+    verdict, s = evaluate(REPRODUCTIONS["cachedattention-multiturn"], "small")
+    assert verdict.passed, verdict.evidence
+    off, on = s["recompute"], s["kv kept"]
+    assert off["cached_tokens"] == 0 and on["cached_tokens"] > 0.8 * on["input_tokens"]
+    late = lambda x: x["conversations"]["ttft_by_turn"][-1]["p50"]  # noqa: E731
+    assert late(on) < 0.5 * late(off) and on["ttft"]["mean"] < 0.5 * off["ttft"]["mean"]
+    assert on["conversations"]["completion_s"]["p50"] < off["conversations"]["completion_s"]["p50"]
+    assert on["conversations"]["sessions"] == off["conversations"]["sessions"]

@@ -125,6 +125,25 @@ def write_tiny_adapter(dest: str | Path, model_dir: str | Path, *, rank: int = 8
     return dest
 
 
+def word_token_ids(model: str | Path) -> list[int]:
+    """Ids of the tiny tokenizer's tokens that are one whole prompt word (" the", " of", ...).
+
+    Random weights emit random tokens, byte fragments included, whose decoded text re-tokenises
+    differently (from the first token on), so a conversation that sends the answer back could
+    never reuse the answer's KV, which a real model's text does. Passing these ids as vLLM's
+    ``allowed_token_ids`` keeps answers to whole words that re-tokenise to the same ids."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise UserError("reading the tiny model's tokenizer needs the 'tokenizers' package: "
+                        "pip install 'llmlb-bench[tokenizer]'", "tokenizer") from None
+    from llmlb_bench.replay.prompts import WORDS
+
+    tok = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
+    encoded = (tok.encode(" " + w, add_special_tokens=False).ids for w in WORDS)
+    return sorted({ids[0] for ids in encoded if len(ids) == 1})
+
+
 def _corpus() -> list[str]:
     """Training text: the prompt builder's words (so they become one or few tokens each) and
     filler words (a corpus of the prompt words alone runs out of merges below the target size)."""
