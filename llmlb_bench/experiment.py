@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.metrics.cache_accounting import keep_accounting
 from llmlb_bench.policies import make_policy
-from llmlb_bench.schema import trace_spec
+from llmlb_bench.schema import trace_block_size, trace_spec
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
 
@@ -45,8 +46,11 @@ def simulate_run(trace: pa.Table, trace_path: Path, cluster: ClusterConfig, poli
         config["sweep"] = dict(sweep)
     store = RunStore(results, config=config, backend="sim", label=label or policy, run_id=run_id,
                      trace_path=trace_path, trace_rows=trace.num_rows, trace_spec=trace_spec(trace))
+    units: dict[str, int] = {}      # filled from the simulator's summary: its caching replicas
+    keep_accounting(store, trace, units)
     with store as run:
         run.summary.update(simulate(trace, cluster, pol, run, seed=seed))
+        units.update(run.summary.get("prefix_cache_units") or {})
     return store
 
 
@@ -68,6 +72,7 @@ def replay_run(trace: pa.Table, trace_path: Path, pre: Preflight, policy: str, p
     back if the replay is refused before it starts). ``client_notes`` go into the summary's
     ``client`` section (the self-check). Ctrl-C raises :class:`RunInterrupted`.
     """
+    from llmlb_bench.calibrate.engine import cache_block_size
     from llmlb_bench.replay import replay
 
     pol = make_policy(policy, policy_args, seed=seed)   # fresh state: every run routes from scratch
@@ -79,6 +84,11 @@ def replay_run(trace: pa.Table, trace_path: Path, pre: Preflight, policy: str, p
     store = RunStore(resume.results_dir if resume else results, config=config, backend="replay",
                      label=label or policy, run_id=resume.run_id if resume else run_id, trace_path=trace_path,
                      trace_rows=trace.num_rows, trace_spec=trace_spec(trace))
+    # the KV block each engine caches in, where it says (vLLM's cache_config_info), else the
+    # trace's block; engines that say their prefix caching is off are left out
+    blocks = {ep.url: cache_block_size(ep.url) for ep in pre.endpoints}
+    units = {url: trace_block_size(trace) if b is None else b for url, b in blocks.items() if b != 0}
+    keep_accounting(store, trace, units)
     try:
         with store:
             replay(trace, [ep.url for ep in pre.endpoints], pol, store, options, pre=pre, resume=resume,

@@ -194,6 +194,9 @@ REQUESTS = TableSpec(
             pa.field("spec_accepted_tokens", pa.int32()),
             # copied from the trace: the LoRA adapter the request named (null = the base model)
             pa.field("adapter", pa.string()),
+            # a cache-aware policy's expected cached prompt tokens on the target it chose (the
+            # Router records Policy.predicted_cached); null for policies that predict nothing
+            pa.field("predicted_cached_tokens", pa.int32()),
         ]
     ),
     required=frozenset({"run_id", "request_id", "status"}),
@@ -222,7 +225,23 @@ SERIES = TableSpec(
     required=frozenset({"run_id", "t_s", "target"}),
 )
 
-SPECS = {s.kind: s for s in (TRACE, REQUESTS, SERIES)}
+#: Per request, where the prefix cache's hits went (llmlb_bench.metrics.cache_accounting, written
+#: at the end of a run whose trace has prefix hashes; docs/prefix-cache.md). Tokens throughout;
+#: offered = granularity + failed + routing + in_flight + eviction + stale + unmeasured + achieved.
+CACHE_ACCOUNTING = TableSpec(
+    kind="cache_accounting",
+    version=1,
+    schema=pa.schema(
+        [pa.field("run_id", pa.string(), nullable=False), pa.field("request_id", pa.int64(), nullable=False),
+         pa.field("holder", pa.string()), pa.field("unit_tokens", pa.int32())]
+        + [pa.field(f"{name}_tokens", pa.int64()) for name in (
+            "offered", "reachable", "achieved", "granularity", "failed", "routing", "in_flight", "eviction",
+            "stale", "unmeasured", "beyond")]
+    ),
+    required=frozenset({"run_id", "request_id"}),
+)
+
+SPECS = {s.kind: s for s in (TRACE, REQUESTS, SERIES, CACHE_ACCOUNTING)}
 
 
 def open_parquet(path: str | Path, spec: TableSpec) -> pq.ParquetFile:

@@ -73,6 +73,17 @@ def _int(value: Any) -> int | None:
     return v if v > 0 else None
 
 
+def cache_block_size(url: str) -> int | None:
+    """The KV block (tokens) the engine behind ``url`` caches prefixes in, from vLLM's
+    ``vllm:cache_config_info`` (``llmlb serve`` publishes it too); 0 when it says prefix caching
+    is off; None when it does not say."""
+    got = _get(f"{url.rstrip('/').removesuffix('/v1')}/metrics", timeout=5.0)
+    labels = metric_labels(got[1], "vllm:cache_config_info") if got and got[0] == 200 else None
+    if labels and labels.get("enable_prefix_caching") == "False":
+        return 0
+    return _int(labels.get("block_size")) if labels else None
+
+
 def discover(url: str, given: Mapping[str, Any], model: str | None = None) -> EngineInfo:
     """The endpoint's engine settings: ``given`` (flags; None = not given) over what the engine
     publishes over assumed vLLM defaults. One-line errors for an endpoint that does not answer

@@ -19,7 +19,7 @@ from llmlb_bench.store.views import Catalog
 
 @app.command()
 def query(
-    sql: Annotated[str, typer.Argument(help="One SELECT statement over the views requests, runs, series.")],
+    sql: Annotated[str, typer.Argument(help="One SELECT statement over the views requests, runs, series, cache_accounting.")],
     results: ResultsDir = Path("results"),
     fmt: Annotated[TableFormat, typer.Option("--format", "-f", help="Output format.")] = TableFormat.table,
     limit: Annotated[int, typer.Option("--limit", help="Most rows to print as a table (csv/json print all).")] = 200,
@@ -27,7 +27,9 @@ def query(
     """Run read-only SQL (DuckDB) over all runs under --results.
 
     Views: requests (one row per request, all runs), runs (one row per run,
-    from run.json; full document in column meta), series (per-target samples).
+    from run.json; full document in column meta), series (per-target samples),
+    cache_accounting (per request, where its prefix-cache hits went; runs whose
+    trace has prefix hashes; docs/prefix-cache.md).
 
     Example:
 

@@ -41,6 +41,7 @@ from llmlb_bench.metrics.pacing import pacing
 from llmlb_bench.metrics.sample import DEFAULT_SAMPLE, create_token_table, is_sampled
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sql import request_metrics_sql
+from llmlb_bench.metrics.cache_accounting import accounting_summary
 from llmlb_bench.metrics.state import serving_state
 from llmlb_bench.metrics.steady import steady_state
 from llmlb_bench.schema import STATUSES
@@ -96,6 +97,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     multi = {k: counts[k]["t0"] for k, by in tables["tenant"].items() if len(by) > 1}
     fair = fairness(cat, multi, tables["tenant"], opt.window_s)
     state = serving_state(cat, counts, metas)
+    cache = accounting_summary(cat)
     pace = pacing(cat, {k: is_sampled(*v, opt.token_sample) for k, v in token_runs.items()}, slo)
     talks = conversations(cat, slo)
     out = []
@@ -146,6 +148,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
         s["energy"] = energy.get(run_id)
         s["state"] = state.get(run_id)
         s["conversations"] = talks.get(run_id)  # None for a run without sessions
+        s["prefix_cache"] = cache.get(run_id)
         out.append(s)
     steady = steady_state(cat, {s["run_id"]: {
         "t0": counts[s["run_id"]]["t0"], "t1": counts[s["run_id"]]["last_scheduled"],

@@ -79,6 +79,9 @@ class RouteRequest:
     prefix_hashes: Sequence[int] = ()
     #: the LoRA adapter it names (the OpenAI ``model`` it is sent with); None = the base model
     adapter: str | None = None
+    #: set by the Router once a target is chosen: the prompt tokens the policy expected that target
+    #: to have cached (``Policy.predicted_cached``); None when the policy makes no such prediction
+    predicted_cached_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -179,6 +182,13 @@ class Policy(Protocol):
 
     def release(self, view: View) -> Released | None:
         """Next held request to dispatch and its target (or REJECT); ``None`` when nothing can go now."""
+        return None
+
+    def predicted_cached(self, req: RouteRequest, target: int, view: View) -> int | None:
+        """Prompt tokens of ``req`` the policy expects ``target`` to serve from its prefix cache, asked
+        right after it chose ``target`` (cache-aware policies answer from their index; the Router
+        records it as ``predicted_cached_tokens``, so predicted and delivered hits can be compared);
+        None: no prediction."""
         return None
 
     def describe(self) -> dict[str, Any]:

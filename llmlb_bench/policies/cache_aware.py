@@ -23,12 +23,12 @@ wins, so that runs are deterministic.
 
 from __future__ import annotations
 
-from llmlb_bench.policies.base import Policy, RouteRequest, View
-from llmlb_bench.policies.prefix_index import PrefixIndex
+from llmlb_bench.policies.base import RouteRequest, View
+from llmlb_bench.policies.prefix_index import PrefixIndex, PrefixPredicting
 from llmlb_bench.policies.select import argmin_healthy, healthy_min_max
 
 
-class CacheAware(Policy):
+class CacheAware(PrefixPredicting):
     name = "cache_aware"
     summary = "SGLang router: longest cached prefix unless load is imbalanced (then shortest queue); LRU radix tree."
     params = {
@@ -71,11 +71,13 @@ class CacheAware(Policy):
         loads = view.outstanding_requests
         lo, hi = healthy_min_max(loads, view)
         hashes = req.prefix_hashes
+        # matched in every branch (a lookup changes nothing), so the recorded prediction is what
+        # the tree believed about the chosen worker even when load alone chose it
+        best = self.tree.match(hashes, self._match) if hashes else 0
         if hi - lo > self.balance_abs_threshold and hi > lo * self.balance_rel_threshold:
             self.decisions["balance"] += 1
             target = argmin_healthy(loads, view, self._tie)
         else:
-            best = self.tree.match(hashes, self._match) if hashes else 0
             rate = best / len(hashes) if hashes else 0.0
             if rate > self.cache_threshold:
                 self.decisions["hit"] += 1

@@ -25,11 +25,11 @@ from __future__ import annotations
 import math
 from random import Random
 
-from llmlb_bench.policies.base import Policy, RouteRequest, View
-from llmlb_bench.policies.prefix_index import PrefixIndex, overlap
+from llmlb_bench.policies.base import RouteRequest, View
+from llmlb_bench.policies.prefix_index import PrefixIndex, PrefixPredicting, overlap
 
 
-class DynamoKvCost(Policy):
+class DynamoKvCost(PrefixPredicting):
     name = "dynamo_kv"
     summary = "NVIDIA Dynamo KV router: min overlap_weight x new prefill blocks + active decode blocks (softmax if T > 0)."
     params = {

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from collections import deque
 
-from llmlb_bench.policies.base import Policy, RouteRequest, View
-from llmlb_bench.policies.prefix_index import PrefixIndex
+from llmlb_bench.policies.base import RouteRequest, View
+from llmlb_bench.policies.prefix_index import PrefixIndex, PrefixPredicting
 
 
-class Preble(Policy):
+class Preble(PrefixPredicting):
     name = "preble"
     summary = "Preble E2: exploit the GPU holding the prefix when cached > missing, else explore by load + prefill cost."
     params = {

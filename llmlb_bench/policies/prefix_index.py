@@ -32,7 +32,7 @@ import heapq
 from collections import deque
 from typing import Sequence
 
-from llmlb_bench.policies.base import View
+from llmlb_bench.policies.base import Policy, RouteRequest, View
 
 
 class _Tree:
@@ -216,3 +216,17 @@ def overlap(view: View, index: PrefixIndex, hashes: Sequence[int], out: list[int
                 best = v
         return best
     return index.match(hashes, out)
+
+
+class PrefixPredicting(Policy):
+    """A policy that, for each request, fills ``_match[i]`` with the leading blocks it believes
+    target ``i`` caches (from its own index or KV events) before choosing. Its prediction for the
+    chosen target is that match in tokens, which is what it routed on; what the replica then
+    delivers is the request's ``cached_tokens`` (docs/prefix-cache.md)."""
+
+    _match: list[int]
+
+    def predicted_cached(self, req: RouteRequest, target: int, view: View) -> int | None:
+        if not req.prefix_hashes:
+            return 0
+        return min(self._match[target] * view.block_size, req.input_tokens)

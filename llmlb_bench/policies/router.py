@@ -11,6 +11,9 @@ and the replayer (:mod:`llmlb_bench.replay.runner`), so it lives here once:
   its ``reject`` callback; HOLD keeps the backend's item in the router queue
   and drains ``release``. :meth:`Router.route_pair` is the same for
   disaggregated fleets (``choose_pair``).
+* every request sent to a target carries the policy's prediction of its cached prompt tokens
+  there (``RouteRequest.predicted_cached_tokens``, from ``Policy.predicted_cached``), set here just
+  before ``dispatch``, so every backend records the same prediction.
 * :meth:`Router.drain` hands out what the policy releases (after a HOLD, a
   completion, a replica coming back ...).
 * :attr:`Router.sent`, :attr:`Router.left` and :meth:`Router.complete` keep the
@@ -68,6 +71,10 @@ def _ignore(req: RouteRequest, target: int, view: View) -> None:
     return None
 
 
+def _no_prediction(req: RouteRequest, target: int, view: View) -> int | None:
+    return None
+
+
 def can_pair(policy: Policy) -> bool:
     """Whether the policy has its own ``choose_pair`` (the protocol's default only raises)."""
     own = getattr(type(policy), "choose_pair", None)
@@ -78,7 +85,7 @@ class Router(Generic[Item]):
     """A policy in front of a backend; see the module docstring."""
 
     __slots__ = ("policy", "view", "held", "sent", "left", "_dispatch", "_reject", "_on_release", "_choose",
-                 "_release", "_on_complete", "_name")
+                 "_release", "_on_complete", "_predict", "_name")
 
     def __init__(self, policy: Policy, view: View, *, dispatch: Dispatch[Item], reject: Reject[Item],
                  on_release: Callable[[Item, RouteRequest], None] | None = None,
@@ -104,6 +111,8 @@ class Router(Generic[Item]):
         self._choose = policy.choose
         self._release: Callable[[View], Released | None] = getattr(policy, "release", _nothing_held)
         self._on_complete: Callable[[RouteRequest, int, View], None] = getattr(policy, "on_complete", _ignore)
+        self._predict: Callable[[RouteRequest, int, View], int | None] = getattr(policy, "predicted_cached",
+                                                                                 _no_prediction)
         self._name = getattr(policy, "name", "") or type(policy).__name__
 
     # ---- decisions ------------------------------------------------------------------------------
@@ -114,6 +123,7 @@ class Router(Generic[Item]):
         view.now = now
         d = self._choose(req, view)
         if isinstance(d, int) and 0 <= d < len(view.targets):
+            req.predicted_cached_tokens = self._predict(req, d, view)
             self._dispatch(item, req, d, -1)
         elif d is HOLD:
             self.held[req.request_id] = item
@@ -135,6 +145,7 @@ class Router(Generic[Item]):
         p, d = pair
         self.check(p)
         self.check(d)
+        req.predicted_cached_tokens = self._predict(req, p, view)
         self._dispatch(item, req, p, d)
         return p
 
@@ -155,6 +166,7 @@ class Router(Generic[Item]):
                 continue
             if self._on_release is not None:
                 self._on_release(item, req)
+            req.predicted_cached_tokens = self._predict(req, target, self.view)
             self._dispatch(item, req, target, -1)
 
     def take_held(self) -> list[Item]:

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from random import Random
 
-from llmlb_bench.policies.base import Policy, RouteRequest, View
-from llmlb_bench.policies.prefix_index import PrefixIndex, overlap
+from llmlb_bench.policies.base import RouteRequest, View
+from llmlb_bench.policies.prefix_index import PrefixIndex, PrefixPredicting, overlap
 
 
-class LlmdScorers(Policy):
+class LlmdScorers(PrefixPredicting):
     name = "llm_d"
     summary = "llm-d endpoint picker: queue/KV filters, weighted prefix-cache + queue + KV-utilisation scores, max score."
     params = {
@@ -109,3 +109,12 @@ class LlmdScorers(Policy):
         if hashes and not (self.precise and view.cached_prefix is not None):
             self.index.insert(hashes, choice, view.now)
         return choice
+
+    def predicted_cached(self, req: RouteRequest, target: int, view: View) -> int | None:
+        """None when the prefix scorer is off (``prefix_weight`` 0): then nothing was matched."""
+        if not self.prefix_weight:
+            return None
+        hashes = req.prefix_hashes[: self.max_prefix_blocks]
+        if not hashes:
+            return 0
+        return min(self._match[target] * view.block_size, req.input_tokens)

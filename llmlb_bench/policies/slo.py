@@ -16,10 +16,10 @@ the request with status "rejected" and never sends it.
 from __future__ import annotations
 
 from llmlb_bench.policies.base import REJECT, Decision, Policy, RouteRequest, View
-from llmlb_bench.policies.prefix_index import PrefixIndex, overlap
+from llmlb_bench.policies.prefix_index import PrefixIndex, PrefixPredicting, overlap
 
 
-class PredictedTtft(Policy):
+class PredictedTtft(PrefixPredicting):
     """Minimum predicted TTFT, with early rejection above the SLO.
 
     Each target is modelled as a FIFO prefill server at

@@ -51,6 +51,7 @@ SCALARS: tuple[tuple[str, pa.DataType], ...] = (
     ("output_tokens_estimated", pa.bool_()),
     ("backend", pa.string()),
     ("adapter", pa.string()),
+    ("predicted_cached_tokens", pa.int32()),
 )
 
 

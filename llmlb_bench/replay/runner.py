@@ -584,7 +584,7 @@ class Replayer:
         if f is None:
             values = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], tr.session[idx], tr.turn[idx], None,
                       self.sched[idx], None, None, None,
-                      tr.inp[idx], tr.out[idx], None, None, status, error, None, None, None, None, tr.adapter[idx])
+                      tr.inp[idx], tr.out[idx], None, None, status, error, None, None, None, None, tr.adapter[idx], None)
             self.writer.buffer.add(values, None, None)
         else:
             out, estimated = f.output_tokens()
@@ -595,7 +595,7 @@ class Replayer:
                       None if f.last is None else f.last - t0,
                       tr.inp[idx], tr.out[idx], out if f.sent is not None else None, f.cached, status,
                       error, f.http_status, f.usage_in, estimated if f.sent is not None else None, f.backend,
-                      tr.adapter[idx])
+                      tr.adapter[idx], f.route.predicted_cached_tokens)
             self.writer.buffer.add(values, f.seg_start, f.seg_count)
         if self.writer.due():
             self.writer.submit()

@@ -214,6 +214,24 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
         ("waiting mean / peak", lambda s: _pair(_get(s, "state", "waiting_mean"), _get(s, "state", "waiting_max")), "s"),
         ("running mean / peak", lambda s: _pair(_get(s, "state", "running_mean"), _get(s, "state", "running_max")), "s"),
     ]))
+    if any(s.get("prefix_cache") for s in doc["runs"]):
+        sections.append(("Prefix-cache accounting (% of prompt tokens; docs/prefix-cache.md)", [
+            ("offered (one unbounded cache)", _pct(("prefix_cache", "offered")), ".1f"),
+            ("reachable (unbounded cache per target)", _pct(("prefix_cache", "reachable")), ".1f"),
+            ("achieved (cached tokens)", _pct(("prefix_cache", "achieved")), ".1f"),
+            ("  lost to routing", _pct(("prefix_cache", "routing")), ".1f"),
+            ("  lost to eviction", _pct(("prefix_cache", "eviction")), ".1f"),
+            ("  lost to a stale router index", _pct(("prefix_cache", "stale")), ".1f"),
+            ("  lost in flight (prefix still computing)", _pct(("prefix_cache", "in_flight")), ".1f"),
+            ("  lost to block granularity", _pct(("prefix_cache", "granularity")), ".1f"),
+            ("  lost with failed requests", _pct(("prefix_cache", "failed")), ".1f"),
+            ("  not measured (no cached_tokens)", _pct(("prefix_cache", "unmeasured")), ".1f"),
+            ("hits beyond the trace's prompts", _pct(("prefix_cache", "beyond")), ".1f"),
+            ("router's predicted hit rate", _pct(("prefix_cache", "predicted", "hit_rate_predicted")), ".1f"),
+            ("  delivered, same requests", _pct(("prefix_cache", "predicted", "hit_rate_delivered")), ".1f"),
+            ("  predicted, not delivered", _pct(("prefix_cache", "predicted", "over")), ".1f"),
+            ("  delivered, not predicted", _pct(("prefix_cache", "predicted", "under")), ".1f"),
+        ]))
     if any(_get(s, "state", "client") for s in doc["runs"]):
         sections.append(("Client self-check", [
             ("event loop", lambda s: _get(s, "state", "client", "event_loop") or "-", "s"),

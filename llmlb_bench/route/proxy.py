@@ -417,7 +417,8 @@ class _Row:
                   cached if isinstance(cached, int) else None, status,
                   error if self.attempts == 1 or error is None else f"{error} ({self.attempts} attempts)",
                   http_status, inp if isinstance(inp, int) else None,
-                  (not isinstance(out, int)) if self.sent is not None else None, self.backend, self.req.adapter)
+                  (not isinstance(out, int)) if self.sent is not None else None, self.backend, self.req.adapter,
+                  self.req.predicted_cached_tokens)
         proxy.writer.buffer.add(values, [s + proxy.t0 for s in self.seg_start] or None, self.seg_count or None)
         if proxy.writer.due():
             proxy.writer.submit()

@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from llmlb_bench.metrics.cache_accounting import offered_tokens
 from llmlb_bench.schema import trace_table
 
 BLOCK = 16
@@ -117,18 +119,7 @@ def suite(scale: float = 1.0, seed: int = 0) -> list[Scenario]:
 
 
 def offered_hit_rate(trace: pa.Table, block: int = BLOCK) -> float:
-    """The prompt-token share an ideal shared cache of unbounded size would serve: each request's
-    leading blocks already seen in an earlier request (hashes are chained, so a seen hash means a
-    seen prefix), over all prompt tokens."""
-    seen: set[int] = set()
-    hit = total = 0
-    col = trace.column("prefix_hashes").to_pylist() if "prefix_hashes" in trace.column_names else None
-    for i, inp in enumerate(trace.column("input_tokens").to_pylist()):
-        total += inp
-        hs = (col[i] or []) if col else []
-        k = 0
-        while k < len(hs) and hs[k] in seen:
-            k += 1
-        hit += min(k * block, inp)
-        seen.update(hs)
-    return hit / total if total else 0.0
+    """The prompt-token share an ideal shared cache of unbounded size would serve (the cache
+    accounting's *offered*, docs/prefix-cache.md), over all prompt tokens."""
+    total = int(pc.sum(trace.column("input_tokens")).as_py() or 0)
+    return int(offered_tokens(trace, block).sum()) / total if total else 0.0

@@ -535,6 +535,9 @@ class Simulation:
             "kv_blocks": {r.name: r.total_blocks for r in reps},
             "prefix_cache_hit_rate": (sum(c.hits for c in caches) / max(1, sum(c.lookups for c in caches))
                                       if caches else None),
+            # tokens per cached unit of each caching replica (the cache accounting's engine granularity)
+            **({"prefix_cache_units": {r.name: r.bs * r.cache.unit_blocks for r in reps if r.cache is not None}}
+               if caches else {}),
             "energy_j": energy,
             "attributed_energy_j": self.recorder.attributed_energy_j,
             "gpu_hours": gpu_hours,

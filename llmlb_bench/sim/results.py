@@ -95,6 +95,7 @@ class RequestRecorder:
                 "prefill_target": pa.nulls(n, pa.string()),
                 "decode_target": pa.nulls(n, pa.string()),
                 "energy_j": np.zeros(n),
+                "predicted_cached_tokens": pa.nulls(n, pa.int32()),
             })
             self._other = {k: [] for k in o}
         if parts:
@@ -138,6 +139,7 @@ class RequestRecorder:
                                       pa.string()),
             "energy_j": energy,
             **spec,
+            "predicted_cached_tokens": pa.array([r.route.predicted_cached_tokens for r in reqs], pa.int32()),
         }
 
     def _write(self, parts: list[dict[str, Any]]) -> None:

@@ -34,6 +34,8 @@ from llmlb_bench.store.sink import ParquetSink
 RUN_JSON = "run.json"
 REQUESTS_FILE = "requests.parquet"
 SERIES_FILE = "series.parquet"
+#: where the prefix cache's hits went, per request (llmlb_bench.metrics.cache_accounting)
+ACCOUNTING_FILE = "cache_accounting.parquet"
 
 
 def new_run_id(label: str = "run") -> str:

@@ -1,6 +1,7 @@
 """DuckDB views over every run under a results directory.
 
-``requests`` and ``series`` are views straight over the runs' Parquet files
+``requests``, ``series`` and ``cache_accounting`` (where each request's prefix-cache hits went,
+for runs whose trace has prefix hashes) are views straight over the runs' Parquet files
 (DuckDB scans them lazily, so ten million rows cost nothing until queried);
 ``runs`` is a small table built from each ``run.json``, flattened to the
 columns people filter on, with the full document kept as JSON in ``meta``.
@@ -31,9 +32,9 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.schema import REQUESTS, SERIES, TableSpec, open_parquet
+from llmlb_bench.schema import CACHE_ACCOUNTING, REQUESTS, SERIES, TableSpec, open_parquet
 from llmlb_bench.store.parts import table_files
-from llmlb_bench.store.run import REQUESTS_FILE, RUN_JSON, SERIES_FILE, process_gone
+from llmlb_bench.store.run import ACCOUNTING_FILE, REQUESTS_FILE, RUN_JSON, SERIES_FILE, process_gone
 
 RUNS_SCHEMA = pa.schema(
     [
@@ -121,7 +122,7 @@ def _runs_row(meta: dict[str, Any], run_dir: Path, broken: bool) -> dict[str, An
 
 
 class Catalog:
-    """An in-memory DuckDB connection with the three views registered.
+    """An in-memory DuckDB connection with the views registered.
 
     ``confined=True`` for SQL a user wrote (see the module docstring); the package's own metric
     queries use the default connection, which reads the Parquet files natively."""
@@ -133,6 +134,7 @@ class Catalog:
         rows: list[dict[str, Any]] = []
         req_files: list[str] = []
         ser_files: list[str] = []
+        acc_files: list[str] = []
         for d in self.run_dirs:
             meta = load_run_meta(d)
             req = _readable(d / REQUESTS_FILE, REQUESTS)
@@ -140,11 +142,13 @@ class Catalog:
             if req is not None:
                 req_files.extend(str(f) for f in req)
                 ser_files.extend(str(f) for f in _readable(d / SERIES_FILE, SERIES) or [])
+                acc_files.extend(str(f) for f in _readable(d / ACCOUNTING_FILE, CACHE_ACCOUNTING) or [])
         self.runs_table = pa.Table.from_pylist(rows, schema=RUNS_SCHEMA)
         self.con.register("_runs", self.runs_table)
         self.con.execute("CREATE VIEW runs AS SELECT * FROM _runs")
         self._parquet_view("requests", req_files, REQUESTS)
         self._parquet_view("series", ser_files, SERIES)
+        self._parquet_view("cache_accounting", acc_files, CACHE_ACCOUNTING)
         if confined:
             self.con.execute("SET enable_external_access = false")
             self.con.execute("SET lock_configuration = true")

@@ -1,0 +1,268 @@
+"""Where each request's prefix-cache hits went: offered, reachable, achieved, and the losses between.
+
+Per request (tokens of its prompt; docs/prefix-cache.md has the definitions and why):
+
+* **offered** ``O``: its leading prompt blocks already seen in the prompt of a request that
+  *arrived* earlier (one unbounded cache shared by everyone; the trace's own reuse);
+* **reachable** ``R``: its leading blocks that an earlier-arrived request *on the same target*
+  had computed (its prefill finished, ``first_token_s``) before this one's prefill finished:
+  an unbounded cache per target, so the routing alone decides it;
+* **available** ``V``: the part of ``R`` whose computation had finished when this request was
+  sent (the rest was still being computed by the request that brought it: *in flight*);
+* **achieved**: ``cached_tokens``, what the engine (simulated or real) served from its cache.
+
+Engines hit in whole cache units (``unit`` tokens: the larger of the trace's hash block and the
+engine's KV block) and never count a prompt's last token (vLLM always computes it), so ``O``,
+``R`` and ``V`` are cut to ``floor(min(x, input - 1) / unit) * unit`` (``O'``, ``R'``, ``V'``)
+before they are compared with ``cached_tokens``. The buckets then add up exactly, per request::
+
+    O = granularity + failed + routing + in_flight + eviction + stale + unmeasured + achieved
+
+with ``granularity = O - O'``; for a request that did not end ok ``failed = O'``; else
+``routing = O' - R'``, ``achieved = min(cached, R')``, ``in_flight = R' - max(V', achieved)``,
+and the rest of ``R'`` (blocks that had been there and were not hit: capacity) is ``stale`` where
+the router predicted it as a hit (``predicted_cached_tokens``: its index still had blocks the
+replica had evicted) and ``eviction`` otherwise. Without a ``cached_tokens`` (a server that does
+not report it) the whole ``R'`` is ``unmeasured``. Hits beyond what the trace's prompts explain
+(``cached - achieved``: replies' KV reused by a next turn, text a chat template shares) are
+``beyond``, outside the sum.
+
+It is computed once per run, when the run ends (both backends call :func:`keep_accounting`), from
+the trace and the run's own rows, and written beside them as ``cache_accounting.parquet``, which
+the ``cache_accounting`` view serves to ``llmlb query`` and the report. Why then and there: the
+buckets need every request's hashes, and the hashes are in the trace, which a confined query
+cannot read and a report may no longer find; the requests table is left as it was written (no
+rewrite of its token segments); and the work is a few sorts of the trace's flattened hashes in
+NumPy (about 40 bytes per prompt block), not a Python walk per block.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from llmlb_bench.schema import CACHE_ACCOUNTING, META_BLOCK_SIZE, REQUESTS, trace_block_size
+from llmlb_bench.store.parts import read_parts, replace_table
+from llmlb_bench.store.run import ACCOUNTING_FILE, REQUESTS_FILE
+
+if TYPE_CHECKING:
+    from llmlb_bench.store import RunStore
+    from llmlb_bench.store.views import Catalog
+
+#: the loss buckets, in the order of the identity above (all but achieved)
+LOSSES = ("granularity", "failed", "routing", "in_flight", "eviction", "stale", "unmeasured")
+
+_NEEDED = ["request_id", "target", "prefill_target", "status", "scheduled_s", "sent_s", "first_token_s",
+           "input_tokens", "cached_tokens", "predicted_cached_tokens"]
+
+
+def _leading(flags: np.ndarray, owner: np.ndarray, pos: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Per row, how many of its blocks (in prompt order) are flagged before the first that is not."""
+    out = lengths.copy()
+    miss = ~flags
+    np.minimum.at(out, owner[miss], pos[miss])
+    return out
+
+
+def _ranks(primary: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Rank of each row by (``primary``, request id); NaN sorts last."""
+    key = np.where(np.isnan(primary), np.inf, primary)
+    order = np.lexsort((ids, key))
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order), dtype=np.int64)
+    return rank
+
+
+def _flat(hashes: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A list column of hashes as (values, owning row, position in the row, row lengths)."""
+    lengths = pc.list_value_length(hashes).fill_null(0).to_numpy().astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    values = pc.list_flatten(hashes).to_numpy().astype(np.uint64)   # null lists have no values
+    owner = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
+    pos = np.arange(len(values), dtype=np.int64) - offsets[:-1][owner]
+    return values, owner, pos, lengths
+
+
+def _offered(values: np.ndarray, owner: np.ndarray, pos: np.ndarray, lengths: np.ndarray,
+             arrival: np.ndarray) -> np.ndarray:
+    """Per row, its leading blocks whose hash an earlier arrival's prompt had (``arrival``: ranks)."""
+    perm = np.lexsort((arrival[owner], values))
+    hv = values[perm]
+    seen = np.zeros(len(values), dtype=bool)
+    seen[perm[1:]] = hv[1:] == hv[:-1]
+    return _leading(seen, owner, pos, lengths)
+
+
+def offered_tokens(trace: pa.Table, block: int) -> np.ndarray:
+    """Per trace row, the offered reuse in tokens (earlier = earlier ``arrival_s``, then request id):
+    what one unbounded cache shared by every target would serve, before any engine's granularity."""
+    inp = trace.column("input_tokens").to_numpy().astype(np.int64)
+    if "prefix_hashes" not in trace.column_names:
+        return np.zeros(len(inp), dtype=np.int64)
+    values, owner, pos, lengths = _flat(trace.column("prefix_hashes"))
+    arrival = _ranks(trace.column("arrival_s").to_numpy(), trace.column("request_id").to_numpy())
+    return np.minimum(_offered(values, owner, pos, lengths, arrival) * block, inp)
+
+
+def account(hashes: pa.Array | pa.ChunkedArray, block: int, rows: pa.Table, unit_of: Mapping[str, int]) -> pa.Table:
+    """The per-request buckets (``CACHE_ACCOUNTING`` columns but ``run_id``) for ``rows`` (a
+    requests table) whose trace rows' ``prefix_hashes`` are ``hashes`` (aligned with ``rows``).
+    ``unit_of``: each target's engine KV block in tokens (targets not named: the trace block)."""
+    n = rows.num_rows
+    ids = rows.column("request_id").to_numpy()
+    holder_names = pc.coalesce(rows.column("prefill_target"), rows.column("target")).to_pylist()
+    names = sorted({t for t in holder_names if t is not None})
+    code = {t: i for i, t in enumerate(names)}
+    holder = np.array([code[t] if t is not None else -1 for t in holder_names], dtype=np.int64)
+    unit = np.array([max(block, unit_of.get(t, block)) if t is not None else block for t in holder_names],
+                    dtype=np.int64)
+    ok = pc.equal(rows.column("status"), "ok").to_numpy(zero_copy_only=False)
+    inp = rows.column("input_tokens").fill_null(0).to_numpy().astype(np.int64)
+    sched = rows.column("scheduled_s").fill_null(np.nan).to_numpy()
+    sent = rows.column("sent_s").fill_null(np.nan).to_numpy()
+    first = rows.column("first_token_s").fill_null(np.nan).to_numpy()
+    cached_col = rows.column("cached_tokens")
+    measured = cached_col.is_valid().to_numpy(zero_copy_only=False)
+    cached = cached_col.fill_null(0).to_numpy().astype(np.int64)
+    predicted = rows.column("predicted_cached_tokens").fill_null(0).to_numpy().astype(np.int64)
+
+    values, owner, pos, lengths = _flat(hashes)
+    arrival = _ranks(sched, ids)
+    offered_blocks = _offered(values, owner, pos, lengths, arrival)
+
+    # reachable: on the same target, an earlier arrival that computed the block (prefill done)
+    # before this request's prefill finished; per (target, hash) group in arrival order, the
+    # earliest such finish among the earlier members (a running max of group * big - finish rank)
+    done = _ranks(first, ids)                     # requests without a first token rank last ...
+    never = n + 1                                  # ... and never provide: rank n + 1
+    provide = np.where(np.isnan(first), never, done)
+    perm = np.lexsort((arrival[owner], values, holder[owner]))
+    hk, vk = holder[owner][perm], values[perm]
+    start = np.ones(len(perm), dtype=bool)
+    start[1:] = (hk[1:] != hk[:-1]) | (vk[1:] != vk[:-1])
+    group = np.cumsum(start) - 1
+    big = n + 2
+    run = np.maximum.accumulate(group * big - provide[owner][perm])
+    earliest = np.full(len(perm), never, dtype=np.int64)
+    inner = ~start
+    earliest[inner] = group[inner] * big - run[np.flatnonzero(inner) - 1]
+    earliest_of = np.empty_like(earliest)
+    earliest_of[perm] = earliest
+    has_holder = holder[owner] >= 0
+    reach = has_holder & (earliest_of < done[owner])
+    finish_at = np.sort(np.where(np.isnan(first), np.inf, first))[np.minimum(earliest_of, n - 1)] \
+        if n else np.zeros(0)
+    ready = reach & (finish_at <= sent[owner])
+    reach_blocks = _leading(reach, owner, pos, lengths)
+    ready_blocks = _leading(ready, owner, pos, lengths)
+
+    def tokens(blocks: np.ndarray) -> np.ndarray:
+        return np.minimum(blocks * block, inp)
+
+    def engine(x: np.ndarray) -> np.ndarray:
+        return np.maximum(np.minimum(x, inp - 1), 0) // unit * unit
+
+    offered = tokens(offered_blocks)
+    o2, r2, v2 = engine(offered), engine(tokens(reach_blocks)), engine(tokens(ready_blocks))
+    zero = np.zeros(n, dtype=np.int64)
+    good = ok & measured
+    achieved = np.where(good, np.minimum(cached, r2), 0)
+    in_flight = np.where(good, r2 - np.maximum(v2, achieved), 0)
+    gone = np.where(good, np.maximum(v2, achieved) - achieved, 0)
+    stale = np.minimum(gone, np.maximum(engine(predicted) - achieved, 0))
+    out = {
+        "request_id": ids,
+        "holder": pa.array(holder_names, pa.string()),
+        "unit_tokens": unit,
+        "offered_tokens": offered,
+        "reachable_tokens": np.where(ok, r2, zero),
+        "achieved_tokens": achieved,
+        "granularity_tokens": offered - o2,
+        "failed_tokens": np.where(ok, zero, o2),
+        "routing_tokens": np.where(ok, o2 - r2, zero),
+        "in_flight_tokens": in_flight,
+        "eviction_tokens": gone - stale,
+        "stale_tokens": stale,
+        "unmeasured_tokens": np.where(ok & ~measured, r2, zero),
+        "beyond_tokens": np.where(good, cached - achieved, zero),
+    }
+    return pa.table({k: (v if isinstance(v, pa.Array) else pa.array(v, CACHE_ACCOUNTING.schema.field(k).type))
+                     for k, v in out.items()})
+
+
+def write_accounting(run_dir: Path, run_id: str, trace: pa.Table, unit_of: Mapping[str, int]) -> int:
+    """Account run ``run_id`` (folder ``run_dir``) against ``trace`` and write its
+    ``cache_accounting.parquet``; returns the rows written (0, and nothing written, when the trace
+    has no prefix hashes or the run no rows)."""
+    if "prefix_hashes" not in trace.column_names or not len(pc.list_flatten(trace.column("prefix_hashes"))):
+        return 0
+    rows = read_parts(run_dir / REQUESTS_FILE, REQUESTS).select(_NEEDED)
+    if not rows.num_rows:
+        return 0
+    index = pc.index_in(rows.column("request_id"), value_set=trace.column("request_id").combine_chunks())
+    hashes = trace.column("prefix_hashes").combine_chunks().take(index)
+    block = trace_block_size(trace)
+    table = account(hashes, block, rows, unit_of)
+    table = table.add_column(0, "run_id", pa.array([run_id] * table.num_rows, pa.string()))
+    schema = CACHE_ACCOUNTING.schema.with_metadata(CACHE_ACCOUNTING.metadata({META_BLOCK_SIZE: str(block).encode()}))
+    table = CACHE_ACCOUNTING.conform(table, run_dir / ACCOUNTING_FILE).replace_schema_metadata(schema.metadata)
+    replace_table(run_dir / ACCOUNTING_FILE, [table], schema, compression="zstd")
+    return table.num_rows
+
+
+def keep_accounting(run: RunStore, trace: pa.Table, unit_of: Mapping[str, int]) -> None:
+    """Write the run's cache accounting when its store closes (complete or partial).
+
+    ``unit_of``: the KV block, in tokens, of each target that caches prefixes, read when the store
+    closes (the simulator fills it from its summary); when it names none, no target caches and
+    nothing is written."""
+    def finalize(store: RunStore) -> None:
+        if unit_of and write_accounting(store.dir, store.run_id, trace, unit_of):
+            store.summary["prefix_cache"] = {"file": ACCOUNTING_FILE, "unit_tokens": dict(sorted(unit_of.items()))}
+    run.finalizers.append(finalize)
+
+
+#: per run: each bucket's share of the run's prompt tokens (docs/metrics.md, "Prefix-cache accounting")
+_SUMMARY_SQL = """
+SELECT a.run_id, sum(r.input_tokens)::BIGINT AS prompt_tokens,
+       {sums}
+FROM cache_accounting a JOIN requests r USING (run_id, request_id)
+GROUP BY ALL ORDER BY a.run_id
+"""
+
+#: per run, over ok rows with a prediction: predicted against delivered cached tokens
+_PREDICTED_SQL = """
+SELECT run_id, count(*) AS requests, sum(input_tokens)::BIGINT AS prompt_tokens,
+       sum(predicted_cached_tokens)::BIGINT AS predicted, sum(cached_tokens)::BIGINT AS delivered,
+       sum(greatest(predicted_cached_tokens - cached_tokens, 0))::BIGINT AS over,
+       sum(greatest(cached_tokens - predicted_cached_tokens, 0))::BIGINT AS under
+FROM requests WHERE status = 'ok' AND predicted_cached_tokens IS NOT NULL AND cached_tokens IS NOT NULL
+GROUP BY ALL ORDER BY run_id
+"""
+
+BUCKETS = ("offered", "reachable", "achieved", *LOSSES, "beyond")
+
+
+def accounting_summary(cat: Catalog) -> dict[str, dict[str, Any]]:
+    """``{run_id: {...}}`` for the runs that have a cache accounting: each bucket as a share of the
+    run's prompt tokens (``<bucket>``) and in tokens (``tokens``), and the router's predicted hit
+    rate against the delivered one where the policy predicted (``predicted``)."""
+    sums = ",\n       ".join(f"sum(a.{b}_tokens)::BIGINT AS {b}" for b in BUCKETS)
+    out: dict[str, dict[str, Any]] = {}
+    for r in cat.query(_SUMMARY_SQL.format(sums=sums)).to_pylist():
+        total = r["prompt_tokens"] or 0
+        out[r["run_id"]] = {**{b: (r[b] / total if total else None) for b in BUCKETS},
+                            "tokens": {"prompt": total, **{b: r[b] for b in BUCKETS}}, "predicted": None}
+    if out:
+        for r in cat.query(_PREDICTED_SQL).to_pylist():
+            if r["run_id"] in out and r["prompt_tokens"]:
+                total = r["prompt_tokens"]
+                out[r["run_id"]]["predicted"] = {
+                    "requests": r["requests"], "hit_rate_predicted": r["predicted"] / total,
+                    "hit_rate_delivered": r["delivered"] / total, "over": r["over"] / total,
+                    "under": r["under"] / total}
+    return out

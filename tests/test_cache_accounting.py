@@ -1,0 +1,197 @@
+"""Prefix-cache accounting (llmlb_bench.metrics.cache_accounting): where each request's hits went.
+
+Each loss is made on purpose in the simulator and checked against what the trace and the routing
+say it must be; every run's buckets must add up to the offered reuse exactly, per request.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import cli
+from sim_helpers import TINY_GPU
+from test_metrics_docs import find
+
+from llmlb_bench.experiment import simulate_run
+from llmlb_bench.metrics.cache_accounting import LOSSES
+from llmlb_bench.schema import trace_table, write_trace
+from llmlb_bench.sim import ClusterConfig
+from llmlb_bench.store.views import Catalog
+
+BLOCK = 16
+
+
+def _trace(tmp_path: Path, groups: list[int], shared_blocks: int, own_blocks: int, gap_s: float,
+           output_tokens: int = 8, extra_tokens: int = 5) -> tuple[pa.Table, Path]:
+    """One request every ``gap_s``; request i shares ``shared_blocks`` blocks with its group."""
+    hashes = [[10_000 * (g + 1) + k for k in range(shared_blocks)] + [10**9 + 1000 * i + k for k in range(own_blocks)]
+              for i, g in enumerate(groups)]
+    n = len(groups)
+    table = trace_table(np.arange(n) * gap_s, (shared_blocks + own_blocks) * BLOCK + extra_tokens, output_tokens,
+                        prefix_hashes=pa.array(hashes, pa.list_(pa.uint64())))
+    path = tmp_path / "trace.parquet"
+    write_trace(table, path, block_size=BLOCK)
+    return pq.read_table(path), path
+
+
+def _run(tmp_path: Path, table: pa.Table, path: Path, cluster: ClusterConfig, policy: str,
+         run_id: str) -> tuple[list[dict], list[dict]]:
+    """(accounting rows, requests rows), both by request id."""
+    store = simulate_run(table, path, cluster, policy, {}, 0, tmp_path / "results", run_id=run_id)
+    acc = sorted(pq.read_table(store.dir / "cache_accounting.parquet").to_pylist(), key=lambda r: r["request_id"])
+    req = sorted(pq.read_table(store.dir / "requests.parquet").to_pylist(), key=lambda r: r["request_id"])
+    return acc, req
+
+
+def _check_sums(acc: list[dict], req: list[dict]) -> None:
+    """offered = the losses + achieved for every request; achieved + beyond = cached_tokens."""
+    for a, r in zip(acc, req):
+        assert a["request_id"] == r["request_id"]
+        parts = sum(a[f"{b}_tokens"] for b in LOSSES) + a["achieved_tokens"]
+        assert parts == a["offered_tokens"], a
+        if r["status"] == "ok":
+            assert a["achieved_tokens"] + a["beyond_tokens"] == r["cached_tokens"]
+        assert min(a[k] for k in a if k.endswith("_tokens")) >= 0, a
+
+
+def _total(acc: list[dict], name: str) -> int:
+    return sum(a[f"{name}_tokens"] for a in acc)
+
+
+def test_round_robin_loses_to_routing_what_cache_aware_keeps(tmp_path):
+    # 4 groups x 6 requests, one every 2 s (no request overlaps another: nothing in flight), a
+    # large KV cache (nothing evicted): the only loss round robin can have is routing
+    groups = [i % 4 for i in range(24)]
+    table, path = _trace(tmp_path, groups, shared_blocks=30, own_blocks=4, gap_s=2.0)
+    cluster = ClusterConfig.build(replicas=3)
+    rr, rr_rows = _run(tmp_path, table, path, cluster, "round_robin", "rr")
+    ca, ca_rows = _run(tmp_path, table, path, cluster, "cache_aware", "ca")
+    _check_sums(rr, rr_rows)
+    _check_sums(ca, ca_rows)
+    # theory: every request after its group's first is offered the 30 shared blocks (480 tokens,
+    # whole 16-token units, below the prompt's last token)
+    assert [a["offered_tokens"] for a in rr] == [0] * 4 + [30 * BLOCK] * 20
+    # round robin over 3 replicas: request i goes to replica i % 3, group i % 4, so a request is
+    # reachable iff an earlier request with the same (i % 3, i % 4), i.e. i - 12, exists
+    reach = [30 * BLOCK if i >= 12 else 0 for i in range(24)]
+    assert [a["reachable_tokens"] for a in rr] == reach
+    assert [a["routing_tokens"] for a in rr] == [o - r for o, r in zip([a["offered_tokens"] for a in rr], reach)]
+    assert _total(rr, "achieved") == sum(reach) and _total(rr, "eviction") == _total(rr, "in_flight") == 0
+    # the cache-aware router sends each group where it went first: nothing lost to routing
+    assert _total(ca, "routing") == 0 and _total(ca, "achieved") == _total(ca, "offered") == 20 * 30 * BLOCK
+    # its prediction is the tree's match, and here it is exactly what was delivered
+    assert [r["predicted_cached_tokens"] for r in ca_rows] == [r["cached_tokens"] for r in ca_rows]
+    assert all(r["predicted_cached_tokens"] is None for r in rr_rows)
+
+
+def _tiny_kv(tmp_path: Path) -> ClusterConfig:
+    (tmp_path / "tiny.toml").write_text(TINY_GPU)
+    return ClusterConfig.build(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0,
+                               catalogs=(str(tmp_path / "tiny.toml"),))
+
+
+def test_a_tiny_kv_cache_loses_to_eviction_and_a_router_index_that_kept_the_blocks_is_stale(tmp_path):
+    # 12 groups cycled one request at a time, each prompt ~125 KV blocks: a ~585-block cache holds
+    # four, so every group's blocks are evicted before it comes back (LRU)
+    groups = [i % 12 for i in range(36)]
+    table, path = _trace(tmp_path, groups, shared_blocks=110, own_blocks=14, gap_s=2.0)
+    cluster = _tiny_kv(tmp_path)
+    rr, rr_rows = _run(tmp_path, table, path, cluster, "round_robin", "rr")
+    _check_sums(rr, rr_rows)
+    offered = _total(rr, "offered")
+    assert offered == 24 * 110 * BLOCK
+    # one replica: routing loses nothing; the cache's capacity loses it all
+    assert _total(rr, "routing") == 0 and _total(rr, "reachable") == offered
+    assert _total(rr, "eviction") == offered and _total(rr, "achieved") == 0 and _total(rr, "stale") == 0
+    # cache_aware's tree (no capacity limit it knows of) still says the replica holds the prefix:
+    # it predicted every one of those hits, so the loss is its stale index
+    ca, ca_rows = _run(tmp_path, table, path, cluster, "cache_aware", "ca")
+    _check_sums(ca, ca_rows)
+    assert _total(ca, "stale") == offered and _total(ca, "eviction") == 0
+    assert sum(r["predicted_cached_tokens"] for r in ca_rows) == offered
+    assert sum(r["cached_tokens"] for r in ca_rows) == 0
+
+
+def test_a_prefix_still_being_computed_is_lost_in_flight(tmp_path):
+    # pairs of requests with the same 2,000-token prefix, pairs 5 s apart, one replica
+    groups = [i // 2 for i in range(8)]
+    table, path = _trace(tmp_path, groups, shared_blocks=125, own_blocks=3, gap_s=0.0)
+
+    def pairs(second_after_s: float, max_num_batched_tokens: int, run_id: str) -> list[dict]:
+        arrivals = pa.array([(i // 2) * 5.0 + (i % 2) * second_after_s for i in range(8)])
+        write_trace(table.set_column(1, "arrival_s", arrivals), path, block_size=BLOCK)
+        acc, rows = _run(tmp_path, pq.read_table(path), path,
+                         ClusterConfig.build(replicas=1, max_num_batched_tokens=max_num_batched_tokens), "round_robin",
+                         run_id)
+        _check_sums(acc, rows)
+        assert all(a["offered_tokens"] == a["reachable_tokens"] == 125 * BLOCK for a in acc[1::2])
+        assert _total(acc, "eviction") == _total(acc, "routing") == 0
+        return acc[1::2]
+
+    # 1 ms later, a 1,500-token step budget: the first's prefill takes two steps (1,500 + 593
+    # tokens); the second is admitted at the second, when the first's blocks up to token 1,488 (93
+    # whole blocks) are cached, as vLLM caches full blocks step by step: 1,488 hit, the other 512
+    # shared tokens were still being computed — lost in flight
+    assert all(a["achieved_tokens"] == 1500 // BLOCK * BLOCK and a["in_flight_tokens"] == 125 * BLOCK - 1488
+               for a in pairs(1e-3, 1500, "chunked"))
+    # with a 2,048-token budget the first's shared prefix is all cached after its first step, when
+    # the second is admitted: waiting in the queue behind it is not a loss
+    assert all(a["in_flight_tokens"] == 0 and a["achieved_tokens"] == 125 * BLOCK
+               for a in pairs(1e-3, 2048, "queued"))
+
+
+def test_engine_blocks_larger_than_the_trace_blocks_lose_to_granularity_and_failures_are_their_own(tmp_path):
+    # shared 30 blocks of 16 = 480 tokens; the engine caches in 128-token blocks (vLLM's CPU build):
+    # 3 x 128 = 384 can hit, 96 are granularity. A last request too long for the model fails.
+    groups = [0, 0, 0]
+    table, path = _trace(tmp_path, groups, shared_blocks=30, own_blocks=4, gap_s=2.0)
+    acc, rows = _run(tmp_path, table, path, ClusterConfig.build(replicas=1, block_size=128), "round_robin", "g128")
+    _check_sums(acc, rows)
+    assert [a["granularity_tokens"] for a in acc] == [0, 96, 96]
+    assert [a["achieved_tokens"] for a in acc] == [0, 384, 384] == [r["cached_tokens"] for r in rows]
+    assert {a["unit_tokens"] for a in acc} == {128}
+    big = trace_table([0.0, 1.0], [600, 60_000], 8, prefix_hashes=pa.array([list(range(1, 38)), list(range(1, 3751))],
+                                                                              pa.list_(pa.uint64())))
+    write_trace(big, path, block_size=BLOCK)
+    acc, rows = _run(tmp_path, pq.read_table(path), path, ClusterConfig.build(replicas=1), "round_robin", "fail")
+    _check_sums(acc, rows)
+    assert rows[1]["status"] != "ok" and acc[1]["failed_tokens"] == acc[1]["offered_tokens"] == 37 * BLOCK
+
+
+def test_the_view_report_and_query_show_the_accounting(tmp_path, capsys):
+    groups = [i % 4 for i in range(24)]
+    table, path = _trace(tmp_path, groups, shared_blocks=30, own_blocks=4, gap_s=2.0)
+    _run(tmp_path, table, path, ClusterConfig.build(replicas=3), "round_robin", "rr")
+    results = str(tmp_path / "results")
+    sql = ("select run_id, sum(offered_tokens)::int o, sum(routing_tokens)::int r, sum(achieved_tokens)::int a "
+           "from cache_accounting group by 1")
+    code, out, err = cli(["query", "-r", results, "--format", "json", sql], capsys)   # the confined catalog
+    assert code == 0, err
+    assert json.loads(out) == [{"run_id": "rr", "o": 20 * 480, "r": 8 * 480, "a": 12 * 480}]
+    code, out, err = cli(["report", results, "--format", "json"], capsys)
+    assert code == 0, err
+    cache = json.loads(out)["runs"][0]["prefix_cache"]
+    prompt = 24 * (34 * BLOCK + 5)
+    assert cache["tokens"]["prompt"] == prompt
+    assert cache["offered"] == pytest.approx(20 * 480 / prompt) and cache["routing"] == pytest.approx(8 * 480 / prompt)
+    # the SQL of docs/metrics.md gives the report's figures
+    [row] = Catalog([results], confined=True).query_read_only(find("a.stale_tokens")).to_pylist()
+    assert {k: row[k] for k in ("offered", "reachable", "achieved", "routing", "eviction", "stale", "in_flight")} == \
+        pytest.approx({k: cache[k] for k in ("offered", "reachable", "achieved", "routing", "eviction", "stale",
+                                             "in_flight")})
+    code, out, err = cli(["report", results, "--format", "md"], capsys)
+    assert code == 0 and "Prefix-cache accounting" in out and "lost to routing" in out
+
+
+def test_a_trace_without_prefix_hashes_writes_no_accounting(tmp_path):
+    table = trace_table([0.0, 1.0], 100, 8)
+    path = tmp_path / "t.parquet"
+    write_trace(table, path)
+    store = simulate_run(pq.read_table(path), path, ClusterConfig.build(replicas=1), "round_robin", {}, 0,
+                         tmp_path / "results", run_id="plain")
+    assert not (store.dir / "cache_accounting.parquet").exists()
