@@ -195,3 +195,32 @@ def test_a_trace_without_prefix_hashes_writes_no_accounting(tmp_path):
     store = simulate_run(pq.read_table(path), path, ClusterConfig.build(replicas=1), "round_robin", {}, 0,
                          tmp_path / "results", run_id="plain")
     assert not (store.dir / "cache_accounting.parquet").exists()
+
+
+def test_a_replay_against_llmlb_serve_is_accounted_in_the_servers_blocks(tmp_path):
+    """experiment.replay_run over real loopback HTTP to ``llmlb serve`` (which publishes vLLM's
+    cache_config_info and usage.prompt_tokens_details): the accounting uses the engine's block
+    read from /metrics, its achieved hits are the server's cached tokens, and the buckets add up."""
+    from llmlb_bench.experiment import replay_run
+    from llmlb_bench.replay import ReplayOptions, preflight
+    from llmlb_bench.serve import ServeOptions
+    from serve_helpers import ServeThread
+
+    groups = [i % 3 for i in range(18)]
+    table, path = _trace(tmp_path, groups, shared_blocks=24, own_blocks=6, gap_s=0.05)
+    st = ServeThread(ClusterConfig.build(replicas=2, block_size=32), ServeOptions(port_per_replica=0, speed=10.0))
+    try:
+        options = ReplayOptions(time_scale=1.0, scrape_s=None)
+        store = replay_run(table, path, preflight(st.urls, options), "cache_aware", {}, 0, tmp_path / "results",
+                           options, run_id="serve")
+    finally:
+        st.close()
+    acc = sorted(pq.read_table(store.dir / "cache_accounting.parquet").to_pylist(), key=lambda r: r["request_id"])
+    rows = sorted(pq.read_table(store.dir / "requests.parquet").to_pylist(), key=lambda r: r["request_id"])
+    assert [r["status"] for r in rows] == ["ok"] * 18
+    _check_sums(acc, rows)
+    assert {a["unit_tokens"] for a in acc} == {32}          # the server's block, not the trace's 16
+    assert {a["holder"] for a in acc} <= set(st.urls)
+    assert _total(acc, "achieved") == sum(r["cached_tokens"] for r in rows) > 0
+    assert all(a["reachable_tokens"] >= a["achieved_tokens"] for a in acc)
+    assert all(r["predicted_cached_tokens"] is not None for r in rows)
