@@ -224,3 +224,25 @@ def test_a_replay_against_llmlb_serve_is_accounted_in_the_servers_blocks(tmp_pat
     assert _total(acc, "achieved") == sum(r["cached_tokens"] for r in rows) > 0
     assert all(a["reachable_tokens"] >= a["achieved_tokens"] for a in acc)
     assert all(r["predicted_cached_tokens"] is not None for r in rows)
+
+
+def test_a_next_turn_is_offered_the_previous_turns_reply(tmp_path):
+    # turn 1: 480 prompt tokens (30 blocks), 200 output tokens; turn 2 (its child) extends the
+    # prompt and the reply: its blocks 30..41 lie within turn 1's prompt + reply less the last
+    # token ((480 + 200 - 1) // 16 = 42 blocks), so one unbounded cache holds 42 of its blocks
+    first = list(range(1, 31))
+    second = first + list(range(100, 119))             # 49 blocks: 780 tokens
+    table = trace_table([0.0, 0.0], [480, 780], [200, 8],
+                        prefix_hashes=pa.array([first, second], pa.list_(pa.uint64())),
+                        parent_id=pa.array([None, 0], pa.int64()), after_parent_s=pa.array([None, 1.0]))
+    path = tmp_path / "t.parquet"
+    write_trace(table, path, block_size=BLOCK)
+    acc, rows = _run(tmp_path, pq.read_table(path), path, ClusterConfig.build(replicas=2), "round_robin", "turns")
+    _check_sums(acc, rows)
+    # round robin sends turn 2 to the other replica: all 672 tokens lost to routing
+    assert acc[1]["offered_tokens"] == 42 * BLOCK and acc[1]["routing_tokens"] == 42 * BLOCK
+    acc, rows = _run(tmp_path, pq.read_table(path), path, ClusterConfig.build(replicas=1), "round_robin", "one")
+    _check_sums(acc, rows)
+    # on one replica the simulator keeps the reply's KV (sim/engine._cache_reply): all achieved,
+    # none of it "beyond" the trace
+    assert acc[1]["achieved_tokens"] == rows[1]["cached_tokens"] == 42 * BLOCK and acc[1]["beyond_tokens"] == 0

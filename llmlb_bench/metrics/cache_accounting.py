@@ -3,7 +3,8 @@
 Per request (tokens of its prompt; docs/prefix-cache.md has the definitions and why):
 
 * **offered** ``O``: its leading prompt blocks already seen in the prompt of a request that
-  *arrived* earlier (one unbounded cache shared by everyone; the trace's own reuse);
+  *arrived* earlier, or computed as the reply of the previous turn it extends (one unbounded
+  cache shared by everyone; the trace's own reuse);
 * **reachable** ``R``: its leading blocks that an earlier-arrived request *on the same target*
   had computed (its prefill finished, ``first_token_s``) before this one's prefill finished:
   an unbounded cache per target, so the routing alone decides it;
@@ -23,9 +24,8 @@ with ``granularity = O - O'``; for a request that did not end ok ``failed = O'``
 and the rest of ``R'`` (blocks that had been there and were not hit: capacity) is ``stale`` where
 the router predicted it as a hit (``predicted_cached_tokens``: its index still had blocks the
 replica had evicted) and ``eviction`` otherwise. Without a ``cached_tokens`` (a server that does
-not report it) the whole ``R'`` is ``unmeasured``. Hits beyond what the trace's prompts explain
-(``cached - achieved``: replies' KV reused by a next turn, text a chat template shares) are
-``beyond``, outside the sum.
+not report it) the whole ``R'`` is ``unmeasured``. Hits beyond what the trace explains
+(``cached - achieved``: text a chat template shares) are ``beyond``, outside the sum.
 
 It is computed once per run, when the run ends (both backends call :func:`keep_accounting`), from
 the trace and the run's own rows, and written beside them as ``cache_accounting.parquet``, which
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 LOSSES = ("granularity", "failed", "routing", "in_flight", "eviction", "stale", "unmeasured")
 
 _NEEDED = ["request_id", "target", "prefill_target", "status", "scheduled_s", "sent_s", "first_token_s",
-           "input_tokens", "cached_tokens", "predicted_cached_tokens"]
+           "input_tokens", "output_tokens", "cached_tokens", "predicted_cached_tokens"]
 
 
 def _leading(flags: np.ndarray, owner: np.ndarray, pos: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -77,24 +77,44 @@ def _ranks(primary: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return rank
 
 
-def _flat(hashes: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """A list column of hashes as (values, owning row, position in the row, row lengths)."""
+def _flat(hashes: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A list column of hashes as (values, owning row, position in the row, row lengths, offsets)."""
     lengths = pc.list_value_length(hashes).fill_null(0).to_numpy().astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
     values = pc.list_flatten(hashes).to_numpy().astype(np.uint64)   # null lists have no values
     owner = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
     pos = np.arange(len(values), dtype=np.int64) - offsets[:-1][owner]
-    return values, owner, pos, lengths
+    return values, owner, pos, lengths, offsets
 
 
-def _offered(values: np.ndarray, owner: np.ndarray, pos: np.ndarray, lengths: np.ndarray,
-             arrival: np.ndarray) -> np.ndarray:
-    """Per row, its leading blocks whose hash an earlier arrival's prompt had (``arrival``: ranks)."""
+def _seen(values: np.ndarray, owner: np.ndarray, arrival: np.ndarray) -> np.ndarray:
+    """Per block, whether an earlier arrival (``arrival``: ranks of the owners) had the same hash."""
     perm = np.lexsort((arrival[owner], values))
     hv = values[perm]
     seen = np.zeros(len(values), dtype=bool)
     seen[perm[1:]] = hv[1:] == hv[:-1]
-    return _leading(seen, owner, pos, lengths)
+    return seen
+
+
+def _replies(values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, parent: np.ndarray,
+             inp: np.ndarray, out: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """(hashes, providing row) of the blocks a request computed beyond its prompt, its reply: a
+    child whose prompt extends the parent's (equal hash at the parent's last full prompt block;
+    hashes are chained) names them as its blocks from the parent's full prompt blocks up to the
+    parent's prompt + reply less the last token (which is never in the KV cache), as the
+    simulator's ``_cache_reply`` keeps them and a real engine caches the reply's KV."""
+    child = np.flatnonzero(parent >= 0)
+    p = parent[child]
+    own = inp[p] // block
+    upto = np.minimum((inp[p] + out[p] - 1) // block, lengths[child])
+    last = own - 1
+    extends = (own >= 1) & (own <= lengths[p]) & (upto > own)
+    keep = np.flatnonzero(extends)
+    extends[keep] = values[offsets[child[keep]] + last[keep]] == values[offsets[p[keep]] + last[keep]]
+    child, p, own, upto = child[extends], p[extends], own[extends], upto[extends]
+    count = upto - own
+    at = np.repeat(offsets[child] + own - np.cumsum(np.r_[0, count[:-1]]), count) + np.arange(count.sum())
+    return values[at], np.repeat(p, count)
 
 
 def offered_tokens(trace: pa.Table, block: int) -> np.ndarray:
@@ -103,15 +123,17 @@ def offered_tokens(trace: pa.Table, block: int) -> np.ndarray:
     inp = trace.column("input_tokens").to_numpy().astype(np.int64)
     if "prefix_hashes" not in trace.column_names:
         return np.zeros(len(inp), dtype=np.int64)
-    values, owner, pos, lengths = _flat(trace.column("prefix_hashes"))
+    values, owner, pos, lengths, _ = _flat(trace.column("prefix_hashes"))
     arrival = _ranks(trace.column("arrival_s").to_numpy(), trace.column("request_id").to_numpy())
-    return np.minimum(_offered(values, owner, pos, lengths, arrival) * block, inp)
+    return np.minimum(_leading(_seen(values, owner, arrival), owner, pos, lengths) * block, inp)
 
 
-def account(hashes: pa.Array | pa.ChunkedArray, block: int, rows: pa.Table, unit_of: Mapping[str, int]) -> pa.Table:
+def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, rows: pa.Table,
+            unit_of: Mapping[str, int]) -> pa.Table:
     """The per-request buckets (``CACHE_ACCOUNTING`` columns but ``run_id``) for ``rows`` (a
-    requests table) whose trace rows' ``prefix_hashes`` are ``hashes`` (aligned with ``rows``).
-    ``unit_of``: each target's engine KV block in tokens (targets not named: the trace block)."""
+    requests table) whose trace rows' ``prefix_hashes`` are ``hashes`` and whose parents (a
+    previous turn) are the rows ``parent`` (-1: none), both aligned with ``rows``. ``unit_of``:
+    each target's engine KV block in tokens (targets not named: the trace block)."""
     n = rows.num_rows
     ids = rows.column("request_id").to_numpy()
     holder_names = pc.coalesce(rows.column("prefill_target"), rows.column("target")).to_pylist()
@@ -129,10 +151,15 @@ def account(hashes: pa.Array | pa.ChunkedArray, block: int, rows: pa.Table, unit
     measured = cached_col.is_valid().to_numpy(zero_copy_only=False)
     cached = cached_col.fill_null(0).to_numpy().astype(np.int64)
     predicted = rows.column("predicted_cached_tokens").fill_null(0).to_numpy().astype(np.int64)
+    out = rows.column("output_tokens").fill_null(0).to_numpy().astype(np.int64)
 
-    values, owner, pos, lengths = _flat(hashes)
+    values, owner, pos, lengths, offsets = _flat(hashes)
+    m = len(values)
+    # a request's own prompt blocks, then the reply blocks it provides to a next turn
+    extra, provider = _replies(values, offsets, lengths, parent, inp, out, block)
+    values, owner = np.concatenate([values, extra]), np.concatenate([owner, provider])
     arrival = _ranks(sched, ids)
-    offered_blocks = _offered(values, owner, pos, lengths, arrival)
+    offered_blocks = _leading(_seen(values, owner, arrival)[:m], owner[:m], pos, lengths)
 
     # reachable: on the same target, an earlier arrival that computed the block (prefill done)
     # before this request's prefill finished; per (target, hash) group in arrival order, the
@@ -157,8 +184,8 @@ def account(hashes: pa.Array | pa.ChunkedArray, block: int, rows: pa.Table, unit
     finish_at = np.sort(np.where(np.isnan(first), np.inf, first))[np.minimum(earliest_of, n - 1)] \
         if n else np.zeros(0)
     ready = reach & (finish_at <= sent[owner])
-    reach_blocks = _leading(reach, owner, pos, lengths)
-    ready_blocks = _leading(ready, owner, pos, lengths)
+    reach_blocks = _leading(reach[:m], owner[:m], pos, lengths)
+    ready_blocks = _leading(ready[:m], owner[:m], pos, lengths)
 
     def tokens(blocks: np.ndarray) -> np.ndarray:
         return np.minimum(blocks * block, inp)
@@ -174,7 +201,7 @@ def account(hashes: pa.Array | pa.ChunkedArray, block: int, rows: pa.Table, unit
     in_flight = np.where(good, r2 - np.maximum(v2, achieved), 0)
     gone = np.where(good, np.maximum(v2, achieved) - achieved, 0)
     stale = np.minimum(gone, np.maximum(engine(predicted) - achieved, 0))
-    out = {
+    cols = {
         "request_id": ids,
         "holder": pa.array(holder_names, pa.string()),
         "unit_tokens": unit,
@@ -191,7 +218,7 @@ def account(hashes: pa.Array | pa.ChunkedArray, block: int, rows: pa.Table, unit
         "beyond_tokens": np.where(good, cached - achieved, zero),
     }
     return pa.table({k: (v if isinstance(v, pa.Array) else pa.array(v, CACHE_ACCOUNTING.schema.field(k).type))
-                     for k, v in out.items()})
+                     for k, v in cols.items()})
 
 
 def write_accounting(run_dir: Path, run_id: str, trace: pa.Table, unit_of: Mapping[str, int]) -> int:
@@ -205,8 +232,13 @@ def write_accounting(run_dir: Path, run_id: str, trace: pa.Table, unit_of: Mappi
         return 0
     index = pc.index_in(rows.column("request_id"), value_set=trace.column("request_id").combine_chunks())
     hashes = trace.column("prefix_hashes").combine_chunks().take(index)
+    parent = np.full(rows.num_rows, -1, dtype=np.int64)
+    if "parent_id" in trace.column_names:
+        parent_id = trace.column("parent_id").combine_chunks().take(index)
+        at = pc.index_in(parent_id, value_set=rows.column("request_id").combine_chunks())
+        parent = at.fill_null(-1).to_numpy().astype(np.int64)
     block = trace_block_size(trace)
-    table = account(hashes, block, rows, unit_of)
+    table = account(hashes, parent, block, rows, unit_of)
     table = table.add_column(0, "run_id", pa.array([run_id] * table.num_rows, pa.string()))
     schema = CACHE_ACCOUNTING.schema.with_metadata(CACHE_ACCOUNTING.metadata({META_BLOCK_SIZE: str(block).encode()}))
     table = CACHE_ACCOUNTING.conform(table, run_dir / ACCOUNTING_FILE).replace_schema_metadata(schema.metadata)
