@@ -1,8 +1,8 @@
-"""Counts of every run, SLO class and tenant, from one scan.
+"""Counts of every run, SLO class, tenant and LoRA adapter, from one scan.
 
-The scan groups requests into cells (run, SLO class, tenant, status, good)
-with plain sums; there are few cells, so rolling them up in Python to runs,
-runs x classes and runs x tenants costs nothing, and every group's counts
+The scan groups requests into cells (run, SLO class, tenant, adapter, status,
+good) with plain sums; there are few cells, so rolling them up in Python to
+runs, runs x classes, runs x tenants and runs x adapters costs nothing, and every group's counts
 come out of the same pass as the run's (a ``FILTER`` per status and
 grouping sets cost several times more per row).
 """
@@ -17,14 +17,16 @@ from llmlb_bench.metrics.fairness import INPUT_WEIGHT, OUTPUT_WEIGHT
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.schema import STATUSES
 
-GROUPS = ("slo_class", "tenant")
+GROUPS = ("slo_class", "tenant", "adapter")
+#: the group of a row whose column is null: the default class and tenant; the base model
+GROUP_NULL = {"slo_class": "default", "tenant": "default", "adapter": "base"}
 #: ("run", run_id) or (group column, run_id, group)
 Unit = tuple[str, ...]
 
 
 def cells_sql(slo: Slo | None) -> str:
     return f"""
-SELECT run_id, slo_class, tenant, status, good, count(*) AS n,
+SELECT run_id, slo_class, tenant, adapter, status, good, count(*) AS n,
        sum(input_tokens)::BIGINT AS input_tokens, sum(output_tokens)::BIGINT AS output_tokens,
        sum(cached_tokens)::BIGINT AS cached_tokens, sum(preemptions)::BIGINT AS preemptions,
        sum((preemptions > 0)::INTEGER)::BIGINT AS preempted_requests,
@@ -32,7 +34,8 @@ SELECT run_id, slo_class, tenant, status, good, count(*) AS n,
        min(request_id) AS id_min, max(request_id) AS id_max, sum(energy_j) AS energy_j,
        sum(CASE WHEN first_token_s IS NOT NULL THEN input_tokens END)::BIGINT AS prefilled_tokens,
        fsum(norm_latency_s) AS nl_sum, count(norm_latency_s) AS nl_n
-FROM (SELECT * REPLACE (coalesce(slo_class, 'default') AS slo_class, coalesce(tenant, 'default') AS tenant),
+FROM (SELECT * REPLACE (coalesce(slo_class, 'default') AS slo_class, coalesce(tenant, 'default') AS tenant,
+                        coalesce(adapter, 'base') AS adapter),
              ({slo.predicate() if slo else 'NULL'}) AS good
       FROM request_metrics)
 GROUP BY ALL
@@ -71,16 +74,15 @@ def _merge(m: dict[str, Any], c: Mapping[str, Any]) -> None:
 def rollup(cells: pa.Table, slo: Slo | None) -> dict[Unit, dict[str, Any]]:
     """Counts per run (unit ``("run", run_id)``) and per run and group (``(column, run_id, group)``).
 
-    Groups are kept only for runs with more than one SLO class or tenant.
+    Groups are kept only for runs with more than one SLO class, tenant or adapter.
     ``good`` and ``good_tokens`` are None without an SLO.
     """
     # in a fixed order, so sums of floats come out the same to the last bit whatever order DuckDB returned
-    rows = sorted(cells.to_pylist(), key=lambda c: (c["run_id"], c["slo_class"], c["tenant"], c["status"],
-                                                    str(c["good"])))
+    rows = sorted(cells.to_pylist(), key=lambda c: (c["run_id"], c["slo_class"], c["tenant"], c["adapter"],
+                                                    c["status"], str(c["good"])))
     out: dict[Unit, dict[str, Any]] = {}
     for c in rows:
-        for unit in (("run", c["run_id"]), ("slo_class", c["run_id"], c["slo_class"]),
-                     ("tenant", c["run_id"], c["tenant"])):
+        for unit in (("run", c["run_id"]), *((col, c["run_id"], c[col]) for col in GROUPS)):
             _merge(out.setdefault(unit, _empty()), c)
     several = {run for col in GROUPS for run in _runs_with_several(out, col)}
     out = {u: m for u, m in out.items() if u[0] == "run" or u[1] in several}

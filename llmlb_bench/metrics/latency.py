@@ -20,6 +20,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import pyarrow as pa
 
+from llmlb_bench.metrics.counts import GROUP_NULL
 from llmlb_bench.metrics.definitions import Figure
 from llmlb_bench.metrics.distribution import Sample, sample_of
 from llmlb_bench.metrics.sample import TOKENS
@@ -43,7 +44,7 @@ def _column(table: pa.Table, name: str) -> np.ndarray:
 
 def _codes(col: str, names: list[str]) -> str:
     """SQL: a group's index in ``names`` (small integers travel to NumPy far cheaper than strings)."""
-    return (f"CASE coalesce({col}, 'default') " + " ".join(f"WHEN {quote(g)} THEN {i}" for i, g in enumerate(names))
+    return (f"CASE coalesce({col}, {quote(GROUP_NULL[col])}) " + " ".join(f"WHEN {quote(g)} THEN {i}" for i, g in enumerate(names))
             + f" END AS g_{col}")
 
 

@@ -22,8 +22,11 @@ def origin_sql(arrival_runs: Iterable[str]) -> str:
     return f"CASE WHEN run_id IN ({', '.join(map(quote, runs))}) THEN scheduled_s ELSE sent_s END"
 
 
-def request_metrics_sql(arrival_runs: Iterable[str] = ()) -> str:
+def request_metrics_sql(arrival_runs: Iterable[str] = (), absent: Iterable[str] = ()) -> str:
     """The ``request_metrics`` view: ``requests`` plus each row's latency origin and per-request figures.
+
+    ``absent`` names text columns the results predate (every run's files lack them, e.g.
+    ``adapter``): the view has them as nulls, so one query serves old and new runs.
 
     ``origin_s`` is ``scheduled_s`` (arrival) for ``arrival_runs`` and
     ``sent_s`` for the others (:mod:`llmlb_bench.metrics.origin`); ``wait_s``
@@ -38,7 +41,8 @@ SELECT *,
        CASE WHEN output_tokens > 1 THEN (last_token_s - first_token_s) / (output_tokens - 1) END AS tpot_s,
        CASE WHEN output_tokens > 0 THEN (last_token_s - origin_s) / output_tokens END AS norm_latency_s,
        greatest(coalesce(last_token_s, sent_s, scheduled_s), coalesce(sent_s, scheduled_s)) AS end_s
-FROM (SELECT *, {origin_sql(arrival_runs)} AS origin_s, sent_s - scheduled_s AS wait_s FROM requests)
+FROM (SELECT *, {"".join(f"NULL::VARCHAR AS {c}, " for c in absent)}{origin_sql(arrival_runs)} AS origin_s,
+             sent_s - scheduled_s AS wait_s FROM requests)
 """
 
 

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from llmlb_bench.metrics.conversations import conversations
-from llmlb_bench.metrics.counts import cells_sql, rollup
+from llmlb_bench.metrics.adapters import adapter_loads
+from llmlb_bench.metrics.counts import GROUPS, cells_sql, rollup
 from llmlb_bench.metrics.definitions import LATENCY_FIGURES, WAIT, WAIT_FIGURE, Definitions, figures
 from llmlb_bench.metrics.distribution import Sample, describe
 from llmlb_bench.metrics.energy import energy_and_cost
@@ -73,7 +74,8 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     (run folders as given; folders found inside a results directory sorted by path)."""
     opt = options or Options()
     metas = metas_of(cat.runs_table)
-    cat.con.execute(request_metrics_sql(arrival_runs(metas)))
+    columns = {r["column_name"] for r in cat.query("DESCRIBE requests").to_pylist()}
+    cat.con.execute(request_metrics_sql(arrival_runs(metas), [c for c in ("adapter",) if c not in columns]))
     figs = figures(opt.definitions)
     units = rollup(cat.query(cells_sql(slo)), slo)
     counts = {u[1]: m for u, m in units.items() if u[0] == "run"}
@@ -85,7 +87,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
         if u[0] != "run":
             groups.setdefault(u[1], {}).setdefault(u[0], []).append(u[2])
     lat = latency(cat, {**figs, WAIT: WAIT_FIGURE}, counts, groups)
-    tables: dict[str, dict[str, dict[str, dict[str, Any]]]] = {"slo_class": {}, "tenant": {}}
+    tables: dict[str, dict[str, dict[str, dict[str, Any]]]] = {col: {} for col in GROUPS}
     for u, m in units.items():
         if u[0] != "run":
             tables[u[0]].setdefault(u[1], {})[u[2]] = _group(m, lat.groups.get(u, {}))
@@ -100,6 +102,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     cache = accounting_summary(cat)
     pace = pacing(cat, {k: is_sampled(*v, opt.token_sample) for k, v in token_runs.items()}, slo)
     talks = conversations(cat, slo)
+    loads = adapter_loads(cat)
     out = []
     for run in runs:
         run_id = run["run_id"]
@@ -143,6 +146,8 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
             }
         s["per_class"] = tables["slo_class"].get(run_id)    # None for a run of one class and one tenant
         s["per_tenant"] = tables["tenant"].get(run_id)
+        s["per_adapter"] = tables["adapter"].get(run_id)    # null adapter = the base model ("base")
+        s["adapter_loads"] = loads.get(run_id)              # None where no target loads adapters
         s["pacing"] = pace.get(run_id)
         s["fairness"] = fair.get(run_id)
         s["energy"] = energy.get(run_id)

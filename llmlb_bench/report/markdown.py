@@ -38,7 +38,7 @@ def render(doc: dict[str, Any]) -> str:
     parts += [f"**Verdict:** {_cell(line)}" for line in verdict_lines(doc)]
     parts.append(table_md(tables.comparison(doc)))
     parts += [table_md(t) for t in tables.verdict_tables(doc)]
-    parts += [table_md(t) for t in (tables.groups(doc, "per_class"), tables.groups(doc, "per_tenant")) if t is not None]
+    parts += [table_md(t) for t in (tables.groups(doc, key) for key in tables.GROUP_TABLES) if t is not None]
     parts += [table_md(t) for t in tables.curves(doc)]
     parts.append("<details><summary>All figures</summary>\n\n" + table_md(tables.details(doc)) + "\n\n</details>")
 

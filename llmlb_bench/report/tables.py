@@ -299,15 +299,24 @@ def details(doc: dict[str, Any], runs: list[dict[str, Any]] | None = None) -> Ta
     return t
 
 
+#: the grouped tables: summary key -> (title, first column)
+GROUP_TABLES = {"per_class": ("Per SLO class", "class"), "per_tenant": ("Per tenant", "tenant"),
+                "per_adapter": ("Per LoRA adapter", "adapter")}
+
+
 def groups(doc: dict[str, Any], key: str) -> Table | None:
-    """Per SLO class (``per_class``) or tenant (``per_tenant``): attainment and p99 TTFT/E2E per run."""
+    """Per SLO class (``per_class``), tenant (``per_tenant``) or LoRA adapter (``per_adapter``,
+    with each run's adapter loads): attainment and p99 TTFT/E2E per run."""
     runs = [s for s in doc["runs"] if s.get(key)]
     if not any(len(s[key]) > 1 for s in runs):
         return None
     names = sorted({g for s in runs for g in s[key]})
     with_slo = doc["options"]["slo"] is not None
-    title = "Per SLO class" if key == "per_class" else "Per tenant"
-    t = Table(title, [("class" if key == "per_class" else "tenant")] + [run_name(s) for s in runs])
+    title, first = GROUP_TABLES[key]
+    t = Table(title, [first] + [run_name(s) for s in runs])
+    if key == "per_adapter" and any(s.get("adapter_loads") for s in runs):
+        t.note = "adapter loads into GPU slots: " + ", ".join(
+            f"{run_name(s)} {fmt((s.get('adapter_loads') or {}).get('total'), ',d')}" for s in runs)
     for g in names:
         cells = []
         for s in runs:
@@ -379,7 +388,7 @@ def all_tables(doc: dict[str, Any]) -> list[Table]:
     """The tables of a full report, in order (details last: it is the longest)."""
     out = [comparison(doc)]
     out += verdict_tables(doc)
-    out += [t for t in (groups(doc, "per_class"), groups(doc, "per_tenant")) if t is not None]
+    out += [t for t in (groups(doc, key) for key in GROUP_TABLES) if t is not None]
     out += curves(doc)
     out.append(details(doc))
     return out

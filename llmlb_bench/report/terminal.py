@@ -76,7 +76,7 @@ def render(doc: dict[str, Any], console: Console) -> None:
     _print_fitting(console, tables.comparison(doc))
     for t in tables.verdict_tables(doc):
         console.print(rich_table(t))
-    for t in (tables.groups(doc, "per_class"), tables.groups(doc, "per_tenant")):
+    for t in (tables.groups(doc, key) for key in tables.GROUP_TABLES):
         if t is not None:
             console.print(rich_table(t))
     for t in tables.curves(doc):

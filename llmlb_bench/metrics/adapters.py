@@ -1,0 +1,29 @@
+"""LoRA adapter loads: how often each target copied an adapter into a GPU slot.
+
+A load is the cost LoRA-affinity routing avoids (sim/lora.py: adapter bytes
+over the host link, plus a read from storage when the host cache misses), so
+the report counts them beside latency. The simulator writes each replica's
+loads since its previous sample as the series column ``adapter_loads``; real
+vLLM publishes no counter of them, so replayed runs have none (null).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmlb_bench.store.views import Catalog
+
+
+def adapter_loads(cat: Catalog) -> dict[str, dict[str, Any]]:
+    """``{run_id: {"total": loads, "per_target": {target: loads}}}`` for runs whose series count loads."""
+    columns = {r["column_name"] for r in cat.query("DESCRIBE series").to_pylist()}
+    if "adapter_loads" not in columns:   # results written before the column existed
+        return {}
+    rows = cat.query("SELECT run_id, target, sum(adapter_loads)::BIGINT AS loads FROM series "
+                     "WHERE adapter_loads IS NOT NULL GROUP BY ALL ORDER BY run_id, target").to_pylist()
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        run = out.setdefault(r["run_id"], {"total": 0, "per_target": {}})
+        run["total"] += r["loads"]
+        run["per_target"][r["target"]] = r["loads"]
+    return out
