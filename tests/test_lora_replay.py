@@ -1,22 +1,29 @@
-"""LoRA through the replayer and ``llmlb serve``: the adapter is the request's model, rows record it,
-the serving replica's adapter slots show in its /metrics, the scraper reads them into the view."""
+"""LoRA through the replayer, ``llmlb serve`` and ``llmlb route``: the adapter is the request's model,
+rows record it, the serving replica's adapter slots show in its /metrics, the scraper reads them into
+the view, and the proxy routes by its own books of adapters in flight."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
+from llmlb_bench.policies import make_policy
 from llmlb_bench.policies.lora import salted
 from llmlb_bench.replay import ReplayOptions
 from llmlb_bench.replay.scrape import LoraInfo, parse_metrics
+from llmlb_bench.route import RouteOptions, RouteProxy
 from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig
-from tests.replay_helpers import run_replay
+from llmlb_bench.store import RunStore
+from tests.replay_helpers import ServerThread, run_replay
 from tests.serve_helpers import ServeThread, request
 from tests.sim_helpers import trace
+from tests.test_router_route import rows_of
 
 
 def test_the_scraper_takes_the_newest_lora_label_set():
@@ -62,3 +69,38 @@ def test_prefix_hashes_are_salted_per_adapter():
     assert salted(hashes, None) == hashes
     assert set(salted(hashes, "a")).isdisjoint(salted(hashes, "b"))
     assert salted(hashes, "a") == salted(hashes, "a")
+
+
+def test_llmlb_route_routes_adapters_by_affinity_from_its_own_books(tmp_path: Path):
+    """``llmlb route`` in front of two ``llmlb serve`` replicas serving adapters: it learns the
+    adapters from /v1/models, records them, and keeps a's requests together while one is in flight."""
+
+    serve = ServeThread(ClusterConfig.build(replicas=2, max_loras=1), ServeOptions(port_per_replica=0, speed=1.0,
+                                                                                    lora_modules=("a", "b")))
+    st = ServerThread()
+    try:
+        with RunStore(tmp_path, config={}, backend="route", run_id="r") as run:
+            async def go() -> RouteProxy:
+                return await RouteProxy(serve.urls, make_policy("lora_affinity"), run,
+                                        RouteOptions(port=0, scrape_s=0.1)).start()
+            proxy = st.call(go)
+            assert proxy.lora_models == {"a", "b"}
+            body = {"prompt": "x y z", "max_tokens": 200, "min_tokens": 200, "stream": True}
+            with concurrent.futures.ThreadPoolExecutor(3) as pool:
+                long_a = pool.submit(request, proxy.url, "POST", "/v1/completions", {**body, "model": "a"})
+                time.sleep(0.3)
+                # a is in flight on one backend: the second a joins it, b goes to the other
+                short_a = pool.submit(request, proxy.url, "POST", "/v1/completions", {**body, "model": "a",
+                                                                                      "max_tokens": 5, "min_tokens": 5})
+                time.sleep(0.1)
+                short_b = pool.submit(request, proxy.url, "POST", "/v1/completions", {**body, "model": "b",
+                                                                                      "max_tokens": 5, "min_tokens": 5})
+                assert all(f.result()[0] == 200 for f in (long_a, short_a, short_b))
+            st.call(proxy.drain)
+        rows = rows_of(run.dir)
+        assert [r["adapter"] for r in rows] == ["a", "a", "b"]
+        assert rows[0]["target"] == rows[1]["target"] != rows[2]["target"]
+        assert all(not books.running for books in proxy.own_adapters)   # every request ended
+    finally:
+        st.close()
+        serve.close()
