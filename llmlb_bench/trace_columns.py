@@ -39,6 +39,19 @@ def _salted(values: np.ndarray, offsets: np.ndarray, adapter: list[str | None]) 
     return out
 
 
+def keyed_prefix_hashes(table: pa.Table) -> pa.Array:
+    """A trace's ``prefix_hashes`` as the engines see them: each row's hashes keyed by the LoRA
+    adapter it names (unchanged for the base model, and for traces without adapters), as the
+    simulator and the routers use them; for code that reads the column itself (cache accounting)."""
+    arr = table.column("prefix_hashes").combine_chunks()
+    acol = table.column("adapter") if "adapter" in table.column_names else None
+    if acol is None or acol.null_count == table.num_rows:
+        return arr
+    values = np.asarray(arr.values.to_numpy(zero_copy_only=False), dtype=np.uint64)
+    salted = _salted(values, np.asarray(arr.offsets), acol.cast(pa.string()).to_pylist())
+    return pa.ListArray.from_arrays(arr.offsets, pa.array(salted, pa.uint64()), mask=arr.is_null())
+
+
 class TraceColumns:
     """The trace's columns; ``scale`` multiplies its times (the replayer's ``--time-scale``)."""
 

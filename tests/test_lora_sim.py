@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 import pytest
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.metrics.cache_accounting import offered_tokens
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.sim.catalog import load_catalog
 from llmlb_bench.sim.cost import CostModel
@@ -118,3 +119,12 @@ def test_bad_lora_settings_are_one_line_errors(settings, problem):
     with pytest.raises(UserError) as err:
         ClusterConfig.build(**settings)
     assert problem in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cache_accounting_offers_no_reuse_across_adapters():
+    # the same prompt under a, b, then a: only the second a can reuse the first a's KV
+    hashes = pa.array([list(range(1, 33))] * 3, pa.list_(pa.uint64()))
+    t = trace(np.array([0.0, 5.0, 10.0]), 512, 4, adapter=pa.array(["a", "b", "a"]), prefix_hashes=hashes)
+    assert offered_tokens(t, 16).tolist() == [0, 0, 512]
+    plain = trace(np.array([0.0, 5.0, 10.0]), 512, 4, prefix_hashes=hashes)
+    assert offered_tokens(plain, 16).tolist() == [0, 512, 512]

@@ -48,6 +48,7 @@ import pyarrow.compute as pc
 from llmlb_bench.schema import CACHE_ACCOUNTING, META_BLOCK_SIZE, REQUESTS, trace_block_size
 from llmlb_bench.store.parts import read_parts, replace_table
 from llmlb_bench.store.run import ACCOUNTING_FILE, REQUESTS_FILE
+from llmlb_bench.trace_columns import keyed_prefix_hashes
 
 if TYPE_CHECKING:
     from llmlb_bench.store import RunStore
@@ -123,7 +124,7 @@ def offered_tokens(trace: pa.Table, block: int) -> np.ndarray:
     inp = trace.column("input_tokens").to_numpy().astype(np.int64)
     if "prefix_hashes" not in trace.column_names:
         return np.zeros(len(inp), dtype=np.int64)
-    values, owner, pos, lengths, _ = _flat(trace.column("prefix_hashes"))
+    values, owner, pos, lengths, _ = _flat(keyed_prefix_hashes(trace))   # no reuse across LoRA adapters
     arrival = _ranks(trace.column("arrival_s").to_numpy(), trace.column("request_id").to_numpy())
     return np.minimum(_leading(_seen(values, owner, arrival), owner, pos, lengths) * block, inp)
 
@@ -231,7 +232,7 @@ def write_accounting(run_dir: Path, run_id: str, trace: pa.Table, unit_of: Mappi
     if not rows.num_rows:
         return 0
     index = pc.index_in(rows.column("request_id"), value_set=trace.column("request_id").combine_chunks())
-    hashes = trace.column("prefix_hashes").combine_chunks().take(index)
+    hashes = keyed_prefix_hashes(trace).take(index)
     parent = np.full(rows.num_rows, -1, dtype=np.int64)
     if "parent_id" in trace.column_names:
         parent_id = trace.column("parent_id").combine_chunks().take(index)
