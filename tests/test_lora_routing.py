@@ -64,3 +64,11 @@ def test_lora_affinity_beats_load_only_routing_on_zipf_adapters(tmp_path):
         out[pol] = (sum(summary["lora"]["loads"].values()), float(np.mean(ttft)), float(np.percentile(ttft, 99)))
     (loads_lo, mean_lo, p99_lo), (loads_la, mean_la, p99_la) = out["least_outstanding"], out["lora_affinity"]
     assert loads_la < 0.7 * loads_lo and mean_la < mean_lo and p99_la < p99_lo
+
+
+def test_llm_d_takes_the_lora_affinity_scorer_with_a_weight():
+    view = View([TargetInfo(f"t{i}") for i in range(2)])
+    view.adapters = [Info(1, frozenset({"b"})), Info(1, frozenset({"a"}))]
+    view.waiting = [0, 3]                       # the queue scorer prefers t0 by 2 points
+    assert make_policy("llm_d").choose(_req("a"), view) == 0
+    assert make_policy("llm_d", {"lora_weight": 3.0}).choose(_req("a"), view) == 1     # 3 x (1.0 - 0) > 2

@@ -13,7 +13,10 @@ best (ties at random). This is the default profile of the GIE Helm chart
 * prefix-cache-scorer: matched blocks / blocks of the prompt (at most
   ``max_prefix_blocks``), from an LRU index of the EPP's own past picks with
   ``lru_capacity_per_server`` entries per endpoint; with ``precise`` the
-  precise-prefix-cache-scorer reads the replicas' KV events instead.
+  precise-prefix-cache-scorer reads the replicas' KV events instead;
+* lora-affinity-scorer (``lora_weight``; not in the chart's default profile,
+  so off by default; KServe turns it on for LoRA services): GIE's adapter
+  score, :func:`llmlb_bench.policies.lora.adapter_score`.
 
 Filters: low-queue-filter (waiting <= ``queue_threshold``, GIE default 128)
 and a KV-cache filter (kv_usage <= ``kv_cache_threshold``, GIE's 0.8). As in
@@ -29,6 +32,7 @@ from __future__ import annotations
 from random import Random
 
 from llmlb_bench.policies.base import RouteRequest, View
+from llmlb_bench.policies.lora import adapter_score
 from llmlb_bench.policies.prefix_index import PrefixIndex, PrefixPredicting, overlap
 
 
@@ -44,20 +48,22 @@ class LlmdScorers(PrefixPredicting):
         "max_prefix_blocks": (256, "maxPrefixBlocksToMatch: prompt blocks considered"),
         "lru_capacity_per_server": (31250, "prefix index entries (blocks) remembered per endpoint"),
         "precise": (False, "use the backend's KV events (precise-prefix-cache-scorer) when it offers them"),
+        "lora_weight": (0.0, "weight of lora-affinity-scorer (adapter active 1, free slot 0.8, queued 0.6)"),
         "seed": (0, "seed of the max-score picker's tie-break"),
     }
 
     def __init__(self, prefix_weight: float = 3.0, queue_weight: float = 2.0, kv_weight: float = 2.0,
                  queue_threshold: int = 128, kv_cache_threshold: float = 0.8, max_prefix_blocks: int = 256,
-                 lru_capacity_per_server: int = 31250, precise: bool = False, seed: int = 0) -> None:
-        if min(prefix_weight, queue_weight, kv_weight) < 0:
+                 lru_capacity_per_server: int = 31250, precise: bool = False, lora_weight: float = 0.0,
+                 seed: int = 0) -> None:
+        if min(prefix_weight, queue_weight, kv_weight, lora_weight) < 0:
             raise ValueError("scorer weights must be >= 0")
         if max_prefix_blocks < 1 or lru_capacity_per_server < 1:
             raise ValueError("max_prefix_blocks and lru_capacity_per_server must be >= 1")
         self.prefix_weight, self.queue_weight, self.kv_weight = prefix_weight, queue_weight, kv_weight
         self.queue_threshold, self.kv_cache_threshold = queue_threshold, kv_cache_threshold
         self.max_prefix_blocks, self.lru_capacity_per_server = max_prefix_blocks, lru_capacity_per_server
-        self.precise, self.seed = precise, seed
+        self.precise, self.seed, self.lora_weight = precise, seed, lora_weight
         self._rng = Random(seed)
         self.index = PrefixIndex(capacity=lru_capacity_per_server)
         self._match: list[int] = []
@@ -100,6 +106,8 @@ class LlmdScorers(PrefixPredicting):
             score += self.queue_weight * (1.0 if q_hi == q_lo else (q_hi - view.waiting[i]) / (q_hi - q_lo))
             if total and self.prefix_weight:
                 score += self.prefix_weight * self._match[i] / total
+            if self.lora_weight and req.adapter is not None:
+                score += self.lora_weight * adapter_score(req.adapter, view.adapters[i])
             if score > best_score + 1e-12:
                 best_score, choice, ties = score, i, 1
             elif abs(score - best_score) <= 1e-12:
