@@ -285,3 +285,19 @@ def test_keeping_a_conversations_kv_cuts_later_turns_ttft_and_session_time():
     assert late(on) < 0.5 * late(off) and on["ttft"]["mean"] < 0.5 * off["ttft"]["mean"]
     assert on["conversations"]["completion_s"]["p50"] < off["conversations"]["completion_s"]["p50"]
     assert on["conversations"]["sessions"] == off["conversations"]["sessions"]
+
+
+def test_worker_processes_thread_a_conversation_in_the_process_that_holds_it(servers, tmp_path):
+    rec = Recorder()
+    url = servers.aiohttp(rec.app())
+    t = _join_trace()
+    other = TRACE.conform(pa.table({  # a second, independent family for the other worker
+        "request_id": pa.array([10, 11], pa.int64()), "arrival_s": [0.0, 0.0],
+        "parent_id": pa.array([None, 10], pa.int64()), "after_parent_s": pa.array([None, 0.0]),
+        "input_tokens": pa.array([32, 64], pa.int32()), "output_tokens": pa.array([4, 4], pa.int32())}), "t")
+    summary, rows, _ = run_replay(pa.concat_tables([t, other]), [url], tmp_path,
+                                  options=ReplayOptions(api="completions", workers=2, scrape_s=None))
+    assert summary["statuses"] == {"ok": 6}
+    root = rec.bodies[0]["prompt"]
+    assert rec.bodies[3]["prompt"].startswith(root + " answer-0 . answer-1 . answer-2 .")
+    assert rec.bodies[11]["prompt"].startswith(rec.bodies[10]["prompt"] + " answer-10 .")
