@@ -311,6 +311,8 @@ def groups(doc: dict[str, Any], key: str) -> Table | None:
     if not any(len(s[key]) > 1 for s in runs):
         return None
     names = sorted({g for s in runs for g in s[key]})
+    if key == "per_adapter":   # most requested first: adapter names carry no order (lora-10 < lora-2)
+        names.sort(key=lambda g: -sum(s[key][g]["requests"] for s in runs if g in s[key]))
     with_slo = doc["options"]["slo"] is not None
     title, first = GROUP_TABLES[key]
     t = Table(title, [first] + [run_name(s) for s in runs])
