@@ -188,8 +188,9 @@ REQUESTS = TableSpec(
             # replayer only: the backend the response named when the endpoint is a router (its
             # decision; see llmlb_bench.routers.identity); null when nothing named one
             pa.field("backend", pa.string()),
-            # speculative decoding: draft tokens proposed for this request and those the target
-            # accepted (the simulator's draws); null where nothing drafted or nothing counted them
+            # speculative decoding (the simulator's draws): verify steps that drafted for this request,
+            # draft tokens proposed, and those the target accepted; null where the pool does not speculate
+            pa.field("spec_drafts", pa.int32()),
             pa.field("spec_draft_tokens", pa.int32()),
             pa.field("spec_accepted_tokens", pa.int32()),
             # copied from the trace: the LoRA adapter the request named (null = the base model)
@@ -220,6 +221,11 @@ SERIES = TableSpec(
             # LoRA adapters loaded into the target's GPU slots since its previous sample (simulator;
             # null where the target serves no adapters)
             pa.field("adapter_loads", pa.int32()),
+            # speculative decoding since the target's previous sample (the replayer: deltas of vLLM's
+            # vllm:spec_decode_num_{drafts,draft_tokens,accepted_tokens}_total); null where not published
+            pa.field("spec_drafts", pa.int32()),
+            pa.field("spec_draft_tokens", pa.int32()),
+            pa.field("spec_accepted_tokens", pa.int32()),
         ]
     ),
     required=frozenset({"run_id", "t_s", "target"}),

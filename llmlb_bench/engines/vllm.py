@@ -18,6 +18,7 @@ start with ``--enforce-eager``. docs/engines.md lists the flags and pitfalls.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -26,7 +27,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Mapping, Sequence
+from typing import IO, Any, Mapping, Sequence
 
 from llmlb_bench.engines.tiny_hf import write_tiny_adapter, write_tiny_model
 from llmlb_bench.routers.launch import free_ports
@@ -87,6 +88,9 @@ class VllmSettings:
     max_lora_rank: int = 8
     #: adapters cached in CPU memory (vLLM's --max-cpu-loras; None: vLLM's default, max_loras)
     max_cpu_loras: int | None = None
+    #: vLLM's --speculative-config (e.g. {"method": "ngram", "num_speculative_tokens": 4,
+    #: "prompt_lookup_max": 4, "prompt_lookup_min": 2}); None = no speculative decoding
+    speculative_config: Mapping[str, Any] | None = None
     extra_args: Sequence[str] = field(default_factory=tuple)
 
     def args(self) -> list[str]:
@@ -106,6 +110,8 @@ class VllmSettings:
                     "--lora-modules", *(f"{name}={path}" for name, path in self.lora_modules.items())]
             if self.max_cpu_loras is not None:
                 out += ["--max-cpu-loras", str(self.max_cpu_loras)]
+        if self.speculative_config is not None:
+            out += ["--speculative-config", json.dumps(dict(self.speculative_config), sort_keys=True)]
         return out + list(self.extra_args)
 
 

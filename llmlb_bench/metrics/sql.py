@@ -47,11 +47,14 @@ FROM (SELECT *, {"".join(f"NULL::VARCHAR AS {c}, " for c in absent)}{origin_sql(
 
 
 def itl_gaps_sql(table: str = "requests") -> str:
-    """``(run_id, v, w)``: the token gaps of the ok requests of ``table``, with multiplicities.
+    """``(run_id, v, w)``: the gaps between deliveries of the ok requests of ``table``, with
+    multiplicities (ITL: see docs/metrics.md).
 
-    A segment of ``count`` tokens spaced ``gap_s`` contributes ``count - 1``
-    gaps of ``gap_s``; consecutive segments contribute the gap between the
-    last token of one and the first of the next. Keeping weights instead of
+    A segment of ``count`` tokens spaced ``gap_s`` > 0 contributes ``count - 1``
+    gaps of ``gap_s``; a segment of gap 0 is one delivery of ``count`` tokens
+    (a stream chunk, a bundled verify step) and contributes none; consecutive
+    segments contribute the gap between the last token of one and the first
+    of the next. Keeping weights instead of
     expanding tokens keeps ITL cheap on simulated runs, where one segment
     stands for thousands of tokens; list functions (not a window over
     unnested rows) keep it cheap on replayed runs.
@@ -60,7 +63,7 @@ def itl_gaps_sql(table: str = "requests") -> str:
     return f"""
 SELECT run_id, s.gap_s AS v, (s.count - 1)::BIGINT AS w
 FROM (SELECT run_id, unnest(token_times) AS s FROM {table} WHERE {ok})
-WHERE s.count > 1
+WHERE s.count > 1 AND s.gap_s > 0
 UNION ALL
 SELECT run_id, unnest(list_transform(range(1, len(token_times)), lambda i: token_times[i + 1].start_s
        - token_times[i].start_s - token_times[i].gap_s * (token_times[i].count - 1))) AS v, 1::BIGINT AS w

@@ -41,6 +41,7 @@ from llmlb_bench.metrics.origin import arrival_runs, lag_threshold_ms, latency_f
 from llmlb_bench.metrics.pacing import pacing
 from llmlb_bench.metrics.sample import DEFAULT_SAMPLE, create_token_table, is_sampled
 from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.metrics.speculative import speculative
 from llmlb_bench.metrics.sql import request_metrics_sql
 from llmlb_bench.metrics.cache_accounting import accounting_summary
 from llmlb_bench.metrics.state import serving_state
@@ -103,6 +104,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     pace = pacing(cat, {k: is_sampled(*v, opt.token_sample) for k, v in token_runs.items()}, slo)
     talks = conversations(cat, slo)
     loads = adapter_loads(cat)
+    spec = speculative(cat)
     out = []
     for run in runs:
         run_id = run["run_id"]
@@ -149,6 +151,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
         s["per_adapter"] = tables["adapter"].get(run_id)    # null adapter = the base model ("base")
         s["adapter_loads"] = loads.get(run_id)              # None where no target loads adapters
         s["pacing"] = pace.get(run_id)
+        s["speculative"] = spec.get(run_id)
         s["fairness"] = fair.get(run_id)
         s["energy"] = energy.get(run_id)
         s["state"] = state.get(run_id)

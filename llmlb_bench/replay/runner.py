@@ -193,6 +193,9 @@ class Replayer:
         self.lateness: list[float] = []
         self.recent_ttft: deque[float] = deque(maxlen=512)
         self.scraped: set[str] = set()
+        # endpoints still scraped (dropped when one has no known metrics) and their series rows
+        self._scrape_active = list(range(len(self.pools)))
+        self._series = SeriesRows()
         self.media_dropped = 0
         self.sent = 0
         self.first_sent = self.last_sent = self.last_end = None
@@ -280,13 +283,19 @@ class Replayer:
                       loop.create_task(self._probe_unhealthy())]
         if self.options.progress is not None:
             background.append(loop.create_task(self._report_progress()))
-        if self.options.scrape_s:
-            background.append(loop.create_task(self._scrape_metrics(self.options.scrape_s)))
+        scraper = loop.create_task(self._scrape_metrics(self.options.scrape_s)) if self.options.scrape_s else None
+        if scraper is not None:
+            background.append(scraper)
         try:
             await self._dispatch_all()
             self.dispatch_done = True
             self._check_done()
             await self._all_done
+            if scraper is not None:
+                # one last scrape once every answer is in, so the series' counter increases cover the
+                # whole run (the first scrape precedes the first answer)
+                scraper.cancel()
+                await self._scrape_round(self.options.scrape_s)
         except asyncio.CancelledError:
             self.interrupted = True
         finally:
@@ -641,25 +650,29 @@ class Replayer:
                 self.view.healthy[i] = True
 
     async def _scrape_metrics(self, interval: float) -> None:
-        """Engine load signals into the policies' view and series.parquet (see replay.scrape)."""
-        active = list(range(len(self.pools)))
-        series = SeriesRows()
-        while active:
-            answers = await asyncio.gather(*(self._scrape(i, interval) for i in active))
-            now = perf_counter() - self.t0
-            for i, sig in zip(list(active), answers):
-                if sig is False:  # no /metrics, or none of the known names: stop asking
-                    active.remove(i)
-                    continue
-                if sig is None:  # unreachable this time
-                    continue
-                update_view(self.view, i, sig, now)
-                self.scraped.add(self.names[i])
-                series.add(now, self.names[i], sig)
-            rows = series.take()
-            if rows:
-                self.run_store.series.write(rows)
+        """Engine load signals into the policies' view and series.parquet (see replay.scrape),
+        every ``interval`` seconds while any endpoint answers with known metrics."""
+        while self._scrape_active:
+            await self._scrape_round(interval)
             await asyncio.sleep(interval)
+
+    async def _scrape_round(self, timeout: float) -> None:
+        """Scrape every endpoint still answering once; write the rows."""
+        active, series = self._scrape_active, self._series
+        answers = await asyncio.gather(*(self._scrape(i, timeout) for i in active))
+        now = perf_counter() - self.t0
+        for i, sig in zip(list(active), answers):
+            if sig is False:  # no /metrics, or none of the known names: stop asking
+                active.remove(i)
+                continue
+            if sig is None:  # unreachable this time
+                continue
+            update_view(self.view, i, sig, now)
+            self.scraped.add(self.names[i])
+            series.add(now, self.names[i], sig)
+        rows = series.take()
+        if rows:
+            self.run_store.series.write(rows)
 
     async def _scrape(self, i: int, timeout: float) -> Signals | bool | None:
         try:

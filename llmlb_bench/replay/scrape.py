@@ -21,7 +21,11 @@ count, so series rows also get ``kv_blocks_used``/``kv_blocks_total``. Its
 counter ``vllm:num_preemptions_total`` becomes the series column
 ``preemptions``: the increase since the target's previous scrape (see
 :func:`counter_delta`), so a run shows when the engine preempted, and the
-count from before the run never enters it.
+count from before the run never enters it. Speculative decoding's counters
+(vLLM V1's ``vllm:spec_decode_num_drafts_total``, ``_num_draft_tokens_total``
+and ``_num_accepted_tokens_total``) become ``spec_drafts``,
+``spec_draft_tokens`` and ``spec_accepted_tokens`` the same way: verify
+steps that drafted, tokens drafted, drafted tokens the target accepted.
 
 vLLM started with ``--enable-lora`` publishes its adapters only as
 ``vllm:lora_requests_info{max_lora, running_lora_adapters,
@@ -34,7 +38,7 @@ view's ``adapters``, read by LoRA-affinity routing).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -43,7 +47,11 @@ _WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requ
 _RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing",
             "tgi_batch_current_size")
 _KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage", "llamacpp:kv_cache_usage_ratio")
-_PREEMPTIONS = ("vllm:num_preemptions_total",)
+#: series column -> engine counter, for the counters kept as increases per scrape
+COUNTERS = {"preemptions": "vllm:num_preemptions_total",
+            "spec_drafts": "vllm:spec_decode_num_drafts_total",
+            "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+            "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total"}
 _LORA = "vllm:lora_requests_info"
 
 
@@ -68,10 +76,15 @@ class Signals:
     running: int | None = None
     kv_usage: float | None = None
     kv_blocks_total: int | None = None
-    #: the engine's preemption counter since it started (a counter: compare two scrapes)
-    preemptions_total: float | None = None
     #: vLLM's LoRA adapters (None: the engine serves none, or publishes nothing about them)
     lora: LoraInfo | None = None
+    #: every counter of ``COUNTERS`` the engine publishes, by series column: totals since it
+    #: started (compare two scrapes)
+    counters: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def preemptions_total(self) -> float | None:
+        return self.counters.get("preemptions")
 
     def known(self) -> bool:
         return self.waiting is not None or self.running is not None or self.kv_usage is not None
@@ -109,7 +122,7 @@ def parse_metrics(text: str) -> Signals:
             lora = (value, LoraInfo(int(labels["max_lora"]), _adapter_names(labels.get("running_lora_adapters", "")),
                                     _adapter_names(labels.get("waiting_lora_adapters", ""))))
             continue
-        if name in _WAITING or name in _RUNNING or name in _KV or name in _PREEMPTIONS:
+        if name in _WAITING or name in _RUNNING or name in _KV or name in _COUNTER_NAMES:
             sums[name] = sums.get(name, 0.0) + value
 
     def first(names: tuple[str, ...]) -> float | None:
@@ -117,8 +130,11 @@ def parse_metrics(text: str) -> Signals:
 
     waiting, running, kv = first(_WAITING), first(_RUNNING), first(_KV)
     return Signals(waiting=None if waiting is None else int(waiting), running=None if running is None else int(running),
-                   kv_usage=kv, kv_blocks_total=blocks, preemptions_total=first(_PREEMPTIONS),
-                   lora=lora[1] if lora is not None else None)
+                   kv_usage=kv, kv_blocks_total=blocks, lora=lora[1] if lora is not None else None,
+                   counters={col: sums[name] for col, name in COUNTERS.items() if name in sums})
+
+
+_COUNTER_NAMES = frozenset(COUNTERS.values())
 
 
 def counter_delta(previous: float | None, current: float | None) -> int | None:
@@ -148,22 +164,24 @@ class SeriesRows:
 
     The one place that turns a scrape into a row, for every scraper (the replayer, ``llmlb
     route``, the router bench): KV blocks used from the 0..1 fraction and the block count, and
-    ``preemptions`` as the increase since the same target's previous scrape."""
+    each counter (``COUNTERS``: preemptions, speculative decoding) as the increase since the same
+    target's previous scrape."""
 
-    COLUMNS = ("t_s", "target", "waiting", "running", "kv_blocks_used", "kv_blocks_total", "preemptions")
+    COLUMNS = ("t_s", "target", "waiting", "running", "kv_blocks_used", "kv_blocks_total", *COUNTERS)
 
     def __init__(self) -> None:
-        self._preempted: dict[str, float | None] = {}
+        self._previous: dict[str, dict[str, float]] = {}
         self.rows: dict[str, list[Any]] = {k: [] for k in self.COLUMNS}
 
     def add(self, t_s: float, target: str, sig: Signals) -> None:
         total = sig.kv_blocks_total
         used = round(sig.kv_usage * total) if total is not None and sig.kv_usage is not None else None
+        previous = self._previous.get(target, {})
         row = (t_s, target, sig.waiting, sig.running, used, total,
-               counter_delta(self._preempted.get(target), sig.preemptions_total))
+               *(counter_delta(previous.get(col), sig.counters.get(col)) for col in COUNTERS))
         for k, v in zip(self.COLUMNS, row):
             self.rows[k].append(v)
-        self._preempted[target] = sig.preemptions_total
+        self._previous[target] = sig.counters
 
     def take(self) -> dict[str, list[Any]] | None:
         """The rows added since the last call (None when there are none), then start afresh."""

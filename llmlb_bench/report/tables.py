@@ -184,6 +184,13 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
         ("slowest-10% gap mean (ms)", scaled(("pacing", "slowest10_gap_mean_s"), 1e3), ",.1f"),
         ("ITL and pacing from a block sample", lambda s: "yes" if _get(s, "pacing", "sampled") else "no", "s"),
     ]))
+    if any(_get(s, "speculative", "acceptance_rate") is not None for s in doc["runs"]):
+        sections.append(("Speculative decoding", [
+            ("acceptance rate (%)", _pct(("speculative", "acceptance_rate")), ".1f"),
+            ("mean acceptance length (tokens/step)", scaled(("speculative", "mean_acceptance_length"), 1.0), ".2f"),
+            ("tokens per delivery", scaled(("speculative", "tokens_per_delivery"), 1.0), ".2f"),
+            ("counted by", lambda s: _get(s, "speculative", "source") or "-", "s"),
+        ]))
     if any(s.get("fairness") for s in doc["runs"]):
         sections.append(("Fairness across tenants", [
             ("tenants", scaled(("fairness", "tenants"), 1), ",d"),

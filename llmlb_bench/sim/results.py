@@ -166,13 +166,13 @@ class RequestRecorder:
 def _speculative_columns(tl: Columns, reqs: Sequence[Request], k: int, a: np.ndarray, b: np.ndarray,
                          nspans: np.ndarray, lead: np.ndarray) -> tuple[np.ndarray, pa.ListArray, dict[str, np.ndarray]]:
     """A speculative replica's requests: tokens made here, ``token_times`` with one segment per
-    step (the step's tokens bundled at its end: gap 0), and the columns of tokens drafted (``k``
-    per verify step) and accepted.
+    step (the step's tokens bundled at its end: gap 0), and the columns of verify steps that
+    drafted, tokens drafted (``k`` per step) and drafts accepted.
 
     Python per step, not per run of steps: each verify step's token count is its own draw."""
     n = len(reqs)
     here, per_req = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
-    drafted, accepted = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    steps, accepted = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
     starts: list[np.ndarray] = []
     counts: list[np.ndarray] = []
     j = 0
@@ -189,8 +189,9 @@ def _speculative_columns(tl: Columns, reqs: Sequence[Request], k: int, a: np.nda
             per_req[i] += len(made)
             here[i] += int(made.sum())
         j += int(nspans[i])
-        drafted[i] = k * sum(st.steps for st in stints)
+        steps[i] = sum(st.steps for st in stints)
         accepted[i] = sum(int(st.accepted.sum()) for st in stints)
     start = np.concatenate(starts)
     segments = list_array(per_req, start, np.zeros(len(start)), np.concatenate(counts))
-    return here, segments, {"spec_draft_tokens": drafted.astype(np.int32), "spec_accepted_tokens": accepted.astype(np.int32)}
+    return here, segments, {"spec_drafts": steps.astype(np.int32), "spec_draft_tokens": (k * steps).astype(np.int32),
+                            "spec_accepted_tokens": accepted.astype(np.int32)}

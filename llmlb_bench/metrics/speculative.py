@@ -1,0 +1,65 @@
+"""Speculative decoding: how much the target accepted, and how tokens were delivered.
+
+Per run, from the counts of verify steps that drafted (``drafts``), tokens
+drafted and drafts accepted, as vLLM V1 counts them
+(``vllm:spec_decode_num_drafts`` / ``_num_draft_tokens`` /
+``_num_accepted_tokens``):
+
+* acceptance rate = accepted / drafted tokens;
+* mean acceptance length = 1 + accepted / drafts: tokens per verify step,
+  the target's own token included (vLLM's "mean acceptance length").
+
+The counts come from the server's counters (a replay: the ``spec_*``
+columns of series, per-scrape increases) or else from the simulator's
+per-request ``spec_*`` columns. Runs with neither have no such figures.
+
+Tokens per delivery = output tokens / deliveries of ok requests, a delivery
+being the tokens that arrive at one instant: one per ``token_times``
+segment of gap 0 (a stream chunk, a bundled verify step), ``count`` per
+segment of spaced tokens. It is 1 for plain decoding streamed token by
+token and the mean tokens per chunk when tokens arrive bundled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmlb_bench.store.views import Catalog
+
+_COLUMNS = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
+
+_DELIVERIES_SQL = """
+SELECT run_id, sum(output_tokens)::DOUBLE AS tokens,
+       sum(list_sum(list_transform(token_times, lambda s: CASE WHEN s.gap_s = 0 THEN 1 ELSE s.count END)))::DOUBLE
+           AS deliveries
+FROM requests WHERE status = 'ok' AND len(token_times) > 0 GROUP BY 1
+"""
+
+
+def _counts(cat: Catalog, view: str) -> dict[str, tuple[float, float, float]]:
+    """``{run_id: (drafts, draft tokens, accepted)}`` from ``view`` (runs with any count)."""
+    if not set(_COLUMNS) <= set(cat.query(f"SELECT * FROM {view} LIMIT 0").column_names):
+        return {}
+    ok = "WHERE status = 'ok'" if view == "requests" else ""
+    rows = cat.query(f"SELECT run_id, sum(spec_drafts)::DOUBLE AS d, sum(spec_draft_tokens)::DOUBLE AS t, "
+                     f"sum(spec_accepted_tokens)::DOUBLE AS a FROM {view} {ok} GROUP BY 1").to_pylist()
+    return {r["run_id"]: (r["d"], r["t"], r["a"]) for r in rows if r["t"]}
+
+
+def speculative(cat: Catalog) -> dict[str, dict[str, Any]]:
+    """``{run_id: {...}}`` for every run with token times; the acceptance figures where counted."""
+    server, simulated = _counts(cat, "series"), _counts(cat, "requests")
+    out: dict[str, dict[str, Any]] = {}
+    for r in cat.query(_DELIVERIES_SQL).to_pylist():
+        run_id = r["run_id"]
+        fig: dict[str, Any] = {"tokens_per_delivery": r["tokens"] / r["deliveries"]
+                               if r["tokens"] is not None and r["deliveries"] else None}
+        counts, source = (server[run_id], "server") if run_id in server else (
+            (simulated[run_id], "simulator") if run_id in simulated else (None, None))
+        if counts is not None:
+            drafts, drafted, accepted = counts
+            fig.update(source=source, drafts=int(drafts), draft_tokens=int(drafted), accepted_tokens=int(accepted),
+                       acceptance_rate=accepted / drafted,
+                       mean_acceptance_length=1 + accepted / drafts if drafts else None)
+        out[run_id] = fig
+    return out
