@@ -26,7 +26,9 @@ from engines_helpers import require_module, vllm_python
 from replay_helpers import run_replay, token_count
 from sim_helpers import run_sim
 
+from llmlb_bench.calibrate.engine import cache_block_size
 from llmlb_bench.engines.vllm import CPU_BLOCK_SIZE, VllmReplicas, VllmSettings, write_tiny_model
+from llmlb_bench.metrics.cache_accounting import LOSSES, write_accounting
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import ReplayOptions
 from llmlb_bench.replay.scrape import metric_lines
@@ -134,7 +136,7 @@ def test_shared_prefixes_reach_the_engines_prefix_cache(engines, tmp_path, api):
     trace = _trace(inputs, [4] * len(inputs), hashes, first_id=3000 if api == "completions" else 3500,
                    block_size=block)
     before = _counter(engines["big"], "vllm:prefix_cache_hits_total")
-    summary, rows, _ = run_replay(trace, [engines["big"]], tmp_path, options=ReplayOptions(
+    summary, rows, run_dir = run_replay(trace, [engines["big"]], tmp_path, options=ReplayOptions(
         api=api, tokenizer=str(engines["model"]), users=1, scrape_s=None))
     hits = _counter(engines["big"], "vllm:prefix_cache_hits_total") - before
     assert summary["statuses"] == {"ok": len(inputs)}
@@ -152,6 +154,20 @@ def test_shared_prefixes_reach_the_engines_prefix_cache(engines, tmp_path, api):
         predicted = _predicted_cached(inputs, hashes, block, lead=header, totals=totals)
     assert [r["cached_tokens"] for r in rows] == predicted
     assert hits == sum(predicted)
+    # the cache accounting of the run (in vLLM's 128-token blocks, read from its /metrics): what it
+    # achieved is what usage reported; sequential on one replica, nothing is lost to routing, in
+    # flight or eviction, and what the chat template's header adds is "beyond" the trace
+    units = {engines["big"]: cache_block_size(engines["big"])}
+    assert units[engines["big"]] == CPU_BLOCK_SIZE
+    write_accounting(run_dir, "r", trace, units)
+    acc = sorted(pq.read_table(run_dir / "cache_accounting.parquet").to_pylist(), key=lambda a: a["request_id"])
+    for a, r in zip(acc, rows):
+        assert a["achieved_tokens"] + a["beyond_tokens"] == r["cached_tokens"]
+        assert a["reachable_tokens"] >= a["achieved_tokens"]
+        assert a["offered_tokens"] == sum(a[f"{b}_tokens"] for b in LOSSES) + a["achieved_tokens"]
+        assert a["routing_tokens"] == a["in_flight_tokens"] == a["eviction_tokens"] == a["failed_tokens"] == 0
+    if api == "completions":
+        assert [a["achieved_tokens"] for a in acc] == predicted and not any(a["beyond_tokens"] for a in acc)
 
 
 def _latest(series: list[dict], target: str) -> tuple[list[float], list[dict]]:

@@ -88,13 +88,20 @@ def _flat(hashes: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, n
     return values, owner, pos, lengths, offsets
 
 
-def _seen(values: np.ndarray, owner: np.ndarray, arrival: np.ndarray) -> np.ndarray:
-    """Per block, whether an earlier arrival (``arrival``: ranks of the owners) had the same hash."""
+def _seen(values: np.ndarray, owner: np.ndarray, arrival: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per block, whether an earlier arrival (``arrival``: ranks of the owners) had the same hash,
+    whether any other block has it (only those can be hits or give one), and the hash's rank
+    among the distinct hashes (a small integer to sort by)."""
     perm = np.lexsort((arrival[owner], values))
     hv = values[perm]
+    same = hv[1:] == hv[:-1]
     seen = np.zeros(len(values), dtype=bool)
-    seen[perm[1:]] = hv[1:] == hv[:-1]
-    return seen
+    seen[perm[1:]] = same
+    shared = seen.copy()
+    shared[perm[:-1][same]] = True
+    dense = np.empty(len(values), dtype=np.int64)    # the hash as 0, 1, 2, ... in sorted order
+    dense[perm] = np.cumsum(np.r_[False, ~same]) if len(values) else []
+    return seen, shared, dense
 
 
 def _replies(values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, parent: np.ndarray,
@@ -126,7 +133,7 @@ def offered_tokens(trace: pa.Table, block: int) -> np.ndarray:
         return np.zeros(len(inp), dtype=np.int64)
     values, owner, pos, lengths, _ = _flat(keyed_prefix_hashes(trace))   # no reuse across LoRA adapters
     arrival = _ranks(trace.column("arrival_s").to_numpy(), trace.column("request_id").to_numpy())
-    return np.minimum(_leading(_seen(values, owner, arrival), owner, pos, lengths) * block, inp)
+    return np.minimum(_leading(_seen(values, owner, arrival)[0], owner, pos, lengths) * block, inp)
 
 
 def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, rows: pa.Table,
@@ -160,31 +167,42 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     extra, provider = _replies(values, offsets, lengths, parent, inp, out, block)
     values, owner = np.concatenate([values, extra]), np.concatenate([owner, provider])
     arrival = _ranks(sched, ids)
-    offered_blocks = _leading(_seen(values, owner, arrival)[:m], owner[:m], pos, lengths)
+    seen, shared, dense = _seen(values, owner, arrival)
+    offered_blocks = _leading(seen[:m], owner[:m], pos, lengths)
 
     # reachable: on the same target, an earlier arrival that computed the block (prefill done)
     # before this request's prefill finished; per (target, hash) group in arrival order, the
-    # earliest such finish among the earlier members (a running max of group * big - finish rank)
+    # earliest such finish among the earlier members (a running max of group * big - finish rank).
+    # Only blocks whose hash occurs more than once take part (in a low-reuse trace, few do).
     done = _ranks(first, ids)                     # requests without a first token rank last ...
     never = n + 1                                  # ... and never provide: rank n + 1
     provide = np.where(np.isnan(first), never, done)
-    perm = np.lexsort((arrival[owner], values, holder[owner]))
-    hk, vk = holder[owner][perm], values[perm]
+    sub = np.flatnonzero(shared & (holder[owner] >= 0))
+    so, sv = owner[sub], dense[sub]
+    sh = holder[so]
+    # one int64 key (target, hash, arrival) when it fits, which sorts faster than three keys
+    targets, hashes_n = int(holder.max()) + 1 if n else 1, int(dense.max()) + 1 if len(dense) else 1
+    if float(targets) * hashes_n * (n + 1) < 2.0 ** 62:
+        perm = np.argsort((sh * hashes_n + sv) * (n + 1) + arrival[so], kind="stable")
+    else:
+        perm = np.lexsort((arrival[so], sv, sh))
+    hk, vk = sh[perm], sv[perm]
     start = np.ones(len(perm), dtype=bool)
     start[1:] = (hk[1:] != hk[:-1]) | (vk[1:] != vk[:-1])
     group = np.cumsum(start) - 1
     big = n + 2
-    run = np.maximum.accumulate(group * big - provide[owner][perm])
+    run = np.maximum.accumulate(group * big - provide[so][perm]) if len(perm) else group
     earliest = np.full(len(perm), never, dtype=np.int64)
     inner = ~start
     earliest[inner] = group[inner] * big - run[np.flatnonzero(inner) - 1]
     earliest_of = np.empty_like(earliest)
     earliest_of[perm] = earliest
-    has_holder = holder[owner] >= 0
-    reach = has_holder & (earliest_of < done[owner])
-    finish_at = np.sort(np.where(np.isnan(first), np.inf, first))[np.minimum(earliest_of, n - 1)] \
-        if n else np.zeros(0)
-    ready = reach & (finish_at <= sent[owner])
+    reach = np.zeros(len(values), dtype=bool)
+    ready = np.zeros(len(values), dtype=bool)
+    hit = earliest_of < done[so]
+    reach[sub] = hit
+    finished = np.sort(np.where(np.isnan(first), np.inf, first))
+    ready[sub] = hit & (finished[np.minimum(earliest_of, max(n - 1, 0))] <= sent[so])
     reach_blocks = _leading(reach[:m], owner[:m], pos, lengths)
     ready_blocks = _leading(ready[:m], owner[:m], pos, lengths)
 
