@@ -42,6 +42,12 @@ def test_cache_aware_raises_the_hit_rate_and_lowers_ttft():
     hit = lambda x: x["cached_tokens"] / x["input_tokens"]  # noqa: E731
     assert hit(s["cache_aware@25x"]) > hit(s["round_robin@25x"]) + 0.05
     assert s["cache_aware@25x"]["ttft"]["mean"] < s["round_robin@25x"]["ttft"]["mean"]
+    # the cache accounting says where round robin's hits went: the same reuse offered, lost to routing
+    rr, ca = s["round_robin@25x"]["prefix_cache"], s["cache_aware@25x"]["prefix_cache"]
+    assert rr["offered"] == pytest.approx(ca["offered"], abs=0.01)
+    assert rr["routing"] > ca["routing"] + 0.05
+    for run, acc in ((s["round_robin@25x"], rr), (s["cache_aware@25x"], ca)):
+        assert acc["achieved"] + acc["beyond"] == pytest.approx(hit(run))
 
 
 def test_stale_signals_make_jsq_herd_but_not_power_of_two():

@@ -89,9 +89,9 @@ def _flat(hashes: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, n
 
 
 def _seen(values: np.ndarray, owner: np.ndarray, arrival: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per block, whether an earlier arrival (``arrival``: ranks of the owners) had the same hash,
-    whether any other block has it (only those can be hits or give one), and the hash's rank
-    among the distinct hashes (a small integer to sort by)."""
+    """Per block, whether an earlier arrival (``arrival``: ranks of the owners) had the same hash
+    and whether any other block has it (only those can be hits or give one); and the blocks in
+    (hash, arrival) order."""
     perm = np.lexsort((arrival[owner], values))
     hv = values[perm]
     same = hv[1:] == hv[:-1]
@@ -99,9 +99,7 @@ def _seen(values: np.ndarray, owner: np.ndarray, arrival: np.ndarray) -> tuple[n
     seen[perm[1:]] = same
     shared = seen.copy()
     shared[perm[:-1][same]] = True
-    dense = np.empty(len(values), dtype=np.int64)    # the hash as 0, 1, 2, ... in sorted order
-    dense[perm] = np.cumsum(np.r_[False, ~same]) if len(values) else []
-    return seen, shared, dense
+    return seen, shared, perm
 
 
 def _replies(values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, parent: np.ndarray,
@@ -167,42 +165,36 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     extra, provider = _replies(values, offsets, lengths, parent, inp, out, block)
     values, owner = np.concatenate([values, extra]), np.concatenate([owner, provider])
     arrival = _ranks(sched, ids)
-    seen, shared, dense = _seen(values, owner, arrival)
+    seen, shared, by_hash = _seen(values, owner, arrival)
     offered_blocks = _leading(seen[:m], owner[:m], pos, lengths)
 
     # reachable: on the same target, an earlier arrival that computed the block (prefill done)
     # before this request's prefill finished; per (target, hash) group in arrival order, the
     # earliest such finish among the earlier members (a running max of group * big - finish rank).
-    # Only blocks whose hash occurs more than once take part (in a low-reuse trace, few do).
+    # Only blocks whose hash occurs more than once take part (in a low-reuse trace, few do); the
+    # (hash, arrival) order is sorted once more, stably, by target: a radix sort of small integers
     done = _ranks(first, ids)                     # requests without a first token rank last ...
     never = n + 1                                  # ... and never provide: rank n + 1
     provide = np.where(np.isnan(first), never, done)
-    sub = np.flatnonzero(shared & (holder[owner] >= 0))
-    so, sv = owner[sub], dense[sub]
-    sh = holder[so]
-    # one int64 key (target, hash, arrival) when it fits, which sorts faster than three keys
-    targets, hashes_n = int(holder.max()) + 1 if n else 1, int(dense.max()) + 1 if len(dense) else 1
-    if float(targets) * hashes_n * (n + 1) < 2.0 ** 62:
-        perm = np.argsort((sh * hashes_n + sv) * (n + 1) + arrival[so], kind="stable")
-    else:
-        perm = np.lexsort((arrival[so], sv, sh))
-    hk, vk = sh[perm], sv[perm]
-    start = np.ones(len(perm), dtype=bool)
+    keep = by_hash[shared[by_hash] & (holder[owner[by_hash]] >= 0)]
+    target_of = holder[owner[keep]]
+    order = keep[np.argsort(target_of.astype(np.int16) if len(names) < 2**15 else target_of, kind="stable")]
+    so = owner[order]
+    hk, vk = holder[so], values[order]
+    start = np.ones(len(order), dtype=bool)
     start[1:] = (hk[1:] != hk[:-1]) | (vk[1:] != vk[:-1])
     group = np.cumsum(start) - 1
     big = n + 2
-    run = np.maximum.accumulate(group * big - provide[so][perm]) if len(perm) else group
-    earliest = np.full(len(perm), never, dtype=np.int64)
-    inner = ~start
-    earliest[inner] = group[inner] * big - run[np.flatnonzero(inner) - 1]
-    earliest_of = np.empty_like(earliest)
-    earliest_of[perm] = earliest
+    run = np.maximum.accumulate(group * big - provide[so]) if len(order) else group
+    earliest = np.full(len(order), never, dtype=np.int64)
+    inner = np.flatnonzero(~start)
+    earliest[inner] = group[inner] * big - run[inner - 1]
     reach = np.zeros(len(values), dtype=bool)
     ready = np.zeros(len(values), dtype=bool)
-    hit = earliest_of < done[so]
-    reach[sub] = hit
+    hit = earliest < done[so]
+    reach[order] = hit
     finished = np.sort(np.where(np.isnan(first), np.inf, first))
-    ready[sub] = hit & (finished[np.minimum(earliest_of, max(n - 1, 0))] <= sent[so])
+    ready[order] = hit & (finished[np.minimum(earliest, max(n - 1, 0))] <= sent[so])
     reach_blocks = _leading(reach[:m], owner[:m], pos, lengths)
     ready_blocks = _leading(ready[:m], owner[:m], pos, lengths)
 

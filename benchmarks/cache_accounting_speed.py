@@ -1,0 +1,66 @@
+"""The prefix-cache accounting of a large run: metrics.cache_accounting.account on synthetic rows.
+
+    python benchmarks/cache_accounting_speed.py                       # 250k requests, 40 blocks each, 3 repeats
+    python benchmarks/cache_accounting_speed.py --requests 1000000 --repeats 1
+
+Each request has 40 prompt blocks of 16 tokens: 30 shared with one of 1,000 groups and 10 of
+its own, on one of 4 targets (a reuse-heavy case: most blocks take part in the per-target pass).
+Prints each repeat's wall time, the median and range, the peak resident memory of the process
+and the load average (the machine is shared: compare figures taken at a similar load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from llmlb_bench.metrics.cache_accounting import account
+
+
+def rows_and_hashes(n: int, seed: int = 0) -> tuple[pa.Table, pa.ListArray]:
+    rng = np.random.default_rng(seed)
+    shared, own = 30, 10
+    group = rng.integers(0, 1000, n)
+    prefix = (group[:, None] * 1000 + np.arange(shared)).astype(np.uint64)
+    tail = (10**9 + np.arange(n * own).reshape(n, own)).astype(np.uint64)
+    flat = np.concatenate([prefix, tail], axis=1).ravel()
+    width = shared + own
+    hashes = pa.ListArray.from_arrays(pa.array(np.arange(0, n * width + 1, width, dtype=np.int32)), pa.array(flat))
+    t = np.sort(rng.uniform(0, n / 100, n))
+    rows = pa.table({
+        "request_id": np.arange(n), "target": pa.array([f"r{i}" for i in rng.integers(0, 4, n)]),
+        "prefill_target": pa.nulls(n, pa.string()), "status": pa.array(["ok"] * n),
+        "scheduled_s": t, "sent_s": t, "first_token_s": t + 0.1,
+        "input_tokens": np.full(n, width * 16 + 5, np.int32), "output_tokens": np.full(n, 50, np.int32),
+        "cached_tokens": np.full(n, shared * 16, np.int32), "predicted_cached_tokens": pa.nulls(n, pa.int32())})
+    return rows, hashes
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=250_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    rows, hashes = rows_and_hashes(args.requests)
+    parent = np.full(args.requests, -1, dtype=np.int64)
+    times = []
+    for k in range(args.repeats):
+        t0 = time.perf_counter()
+        account(hashes, parent, 16, rows, {})
+        times.append(time.perf_counter() - t0)
+        print(f"repeat {k + 1}: {times[-1]:.2f} s")
+    blocks = len(hashes.flatten())
+    print(f"{args.requests:,} requests, {blocks:,} blocks: median {statistics.median(times):.2f} s "
+          f"(range {min(times):.2f}-{max(times):.2f}); peak RSS "
+          f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()
