@@ -128,3 +128,14 @@ def test_cache_accounting_offers_no_reuse_across_adapters():
     assert offered_tokens(t, 16).tolist() == [0, 0, 512]
     plain = trace(np.array([0.0, 5.0, 10.0]), 512, 4, prefix_hashes=hashes)
     assert offered_tokens(plain, 16).tolist() == [0, 512, 512]
+
+
+def test_a_request_behind_one_waiting_for_a_slot_is_admitted_at_the_next_step(tmp_path):
+    # a1 and a2 decode; at 0.5 s come a3 (no slot) and a base-model request: the base request
+    # ends the decode run and is admitted at the next step boundary, a3 only when a1 or a2 ends
+    t = trace(np.array([0.0, 0.0, 0.5, 0.5]), 40, np.array([400, 400, 8, 8]), adapter=pa.array(["a1", "a2", "a3", None]))
+    req = by_request_id(run_sim(tmp_path, t, _cluster(max_loras=2))[0])
+    ttft, last = _ttft(req), req.column("last_token_s").to_pylist()
+    step = (last[0] - 0.5) / 350          # a decode step of the batch, roughly
+    assert ttft[3] < 10 * step
+    assert req.column("first_token_s")[2].as_py() >= min(last[0], last[1])

@@ -255,10 +255,11 @@ class Replica:
             self.t = t
             return self._schedule()
         # A decode run ends early at the next step boundary when the newcomer could be admitted there
-        # (with no decode step at all if it arrives during the mixed step that precedes the run).
-        if (self.run_decode_only and self.run_n and len(self.running) < self.max_seqs
-                and self.waiting.newcomer_may_lead() and not self.swapped
-                and (self.lora is None or self.lora.can_join(req.adapter))):
+        # (with no decode step at all if it arrives during the mixed step that precedes the run). With
+        # LoRA, requests waiting only for an adapter slot are skipped, so a newcomer whose adapter can
+        # join may be admitted behind them: then the run ends too (at worst the boundary admits no one).
+        if (self.run_decode_only and self.run_n and len(self.running) < self.max_seqs and not self.swapped
+                and (self.waiting.newcomer_may_lead() if self.lora is None else self.lora.can_join(req.adapter))):
             return self._cut_after(t)
         return None
 
