@@ -14,9 +14,9 @@ import pyarrow as pa
 import pytest
 
 from llmlb_bench.policies import make_policy
-from llmlb_bench.policies.lora import salted
+from llmlb_bench.policies.lora import AdapterSnapshot, salted
 from llmlb_bench.replay import ReplayOptions
-from llmlb_bench.replay.scrape import LoraInfo, parse_metrics
+from llmlb_bench.replay.scrape import parse_metrics
 from llmlb_bench.route import RouteOptions, RouteProxy
 from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig
@@ -36,7 +36,7 @@ def test_the_scraper_takes_the_newest_lora_label_set():
             'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.6e9\n'
             'vllm:num_requests_running{model_name="m"} 2\n')
     sig = parse_metrics(text)
-    assert sig.lora == LoraInfo(2, frozenset({"a1", "a2"}), frozenset({"a3"}))
+    assert sig.lora == AdapterSnapshot(2, frozenset({"a1", "a2"}), frozenset({"a3"}))
     assert sig.running == 2
     assert parse_metrics('vllm:num_requests_running{model_name="m"} 2\n').lora is None
 

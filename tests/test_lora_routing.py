@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from llmlb_bench.policies import RouteRequest, TargetInfo, View, make_policy
-from llmlb_bench.policies.lora import adapter_score
-from llmlb_bench.sim import ClusterConfig
+from llmlb_bench.policies.lora import LoraAffinity, adapter_score
+from llmlb_bench.sim import ClusterConfig, simulate
+from llmlb_bench.store import RunStore
 from llmlb_bench.workload.generate import generate
 from llmlb_bench.workload.spec import WorkloadSpec
-from tests.sim_helpers import run_sim
+from tests.sim_helpers import run_sim, trace
 
 
 @dataclass
@@ -72,3 +74,29 @@ def test_llm_d_takes_the_lora_affinity_scorer_with_a_weight():
     view.waiting = [0, 3]                       # the queue scorer prefers t0 by 2 points
     assert make_policy("llm_d").choose(_req("a"), view) == 0
     assert make_policy("llm_d", {"lora_weight": 3.0}).choose(_req("a"), view) == 1     # 3 x (1.0 - 0) > 2
+
+
+class _Watching(LoraAffinity):
+    """lora_affinity that keeps, per request, the adapters the view showed for target 0."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[int, tuple] = {}
+
+    def choose(self, req, view):
+        state = view.adapters[0]
+        self.seen[req.request_id] = (frozenset(state.running), frozenset(state.waiting))
+        return super().choose(req, view)
+
+
+def test_the_simulators_adapter_signals_are_as_stale_as_its_scrapes(tmp_path):
+    t = trace(np.array([0.0, 1.0]), 100, 500, adapter=pa.array(["a1", "a2"]))
+    seen = {}
+    for refresh in (0.0, 10.0):
+        cfg = ClusterConfig.build(replicas=1, max_loras=2, signal_refresh_s=refresh)
+        pol = _Watching()
+        with RunStore(tmp_path, config={}, backend="sim", run_id=f"r{refresh:g}") as run:
+            simulate(t, cfg, pol, run)
+        seen[refresh] = pol.seen[1]
+    assert seen[0.0] == (frozenset({"a1"}), frozenset())    # a1 decodes at t = 1: seen at once
+    assert seen[10.0] == (frozenset(), frozenset())         # the only scrape so far was at t = 0

@@ -18,9 +18,9 @@ from replay_helpers import run_replay
 
 from llmlb_bench.engines.vllm import VllmReplicas, VllmSettings, write_tiny_adapter, write_tiny_model
 from llmlb_bench.policies import RouteRequest, View
-from llmlb_bench.policies.lora import LoraAffinity
+from llmlb_bench.policies.lora import AdapterSnapshot, LoraAffinity
 from llmlb_bench.replay import ReplayOptions
-from llmlb_bench.replay.scrape import LoraInfo, parse_metrics
+from llmlb_bench.replay.scrape import parse_metrics
 from tests.sim_helpers import trace
 
 pytestmark = pytest.mark.slow
@@ -74,7 +74,7 @@ def test_a_third_adapter_waits_for_a_slot_while_two_decode(engine, tmp_path):
     assert base["first_token_s"] - base["sent_s"] < 0.5 * (a3["first_token_s"] - a3["sent_s"])
     # what the scraper had read when a3 arrived: a1 and a2 running in vLLM's two slots
     seen = policy.seen[2]
-    assert isinstance(seen, LoraInfo) and seen.max_loras == 2 and set(seen.running) == {"a1", "a2"}
+    assert isinstance(seen, AdapterSnapshot) and seen.max_loras == 2 and set(seen.running) == {"a1", "a2"}
 
     # afterwards: every state the engine went through is still exposed, the newest says idle
     with urllib.request.urlopen(engine + "/metrics", timeout=10) as r:

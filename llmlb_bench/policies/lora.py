@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from dataclasses import dataclass
 from typing import Sequence
 
 from llmlb_bench.policies.base import AdapterState, Policy, RouteRequest, View
@@ -78,6 +79,16 @@ class LoraAffinity(Policy):
         low = [i for i in healthy if view.waiting[i] <= self.queue_threshold] or healthy
         adapters, out = view.adapters, view.outstanding_requests
         return min(low, key=lambda i: (-adapter_score(req.adapter, adapters[i]), out[i], i))
+
+
+@dataclass(frozen=True)
+class AdapterSnapshot:
+    """A target's adapters as read at one instant: a scrape of vLLM's gauge, or the simulator's
+    replica at a scrape tick (``signal_refresh_s`` > 0), so routers see them as stale as they are."""
+
+    max_loras: int
+    running: frozenset[str]
+    waiting: frozenset[str]
 
 
 class RoutedAdapters:

@@ -32,8 +32,9 @@ vLLM started with ``--enable-lora`` publishes its adapters only as
 waiting_lora_adapters}``: the adapters (comma-separated names) of the
 requests in the running batch and in the waiting queue, as labels of a gauge
 whose value is the time it was last set. Old label sets stay exposed, so the
-current one is the series with the largest value (:class:`LoraInfo`, the
-view's ``adapters``, read by LoRA-affinity routing).
+current one is the series with the largest value (an
+:class:`~llmlb_bench.policies.lora.AdapterSnapshot` in the view's ``adapters``, read by
+LoRA-affinity routing).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from llmlb_bench.policies.lora import AdapterSnapshot
 
 _WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred", "tgi_queue_size")
 _RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing",
@@ -53,15 +56,6 @@ COUNTERS = {"preemptions": "vllm:num_preemptions_total",
             "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
             "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total"}
 _LORA = "vllm:lora_requests_info"
-
-
-@dataclass(frozen=True)
-class LoraInfo:
-    """A vLLM endpoint's adapters as of one scrape (an ``AdapterState`` for the policies' view)."""
-
-    max_loras: int
-    running: frozenset[str]
-    waiting: frozenset[str]
 
 
 def _adapter_names(label: str) -> frozenset[str]:
@@ -77,7 +71,7 @@ class Signals:
     kv_usage: float | None = None
     kv_blocks_total: int | None = None
     #: vLLM's LoRA adapters (None: the engine serves none, or publishes nothing about them)
-    lora: LoraInfo | None = None
+    lora: AdapterSnapshot | None = None
     #: every counter of ``COUNTERS`` the engine publishes, by series column: totals since it
     #: started (compare two scrapes)
     counters: dict[str, float] = field(default_factory=dict)
@@ -112,14 +106,14 @@ def parse_metrics(text: str) -> Signals:
     """Read the known gauges from Prometheus text exposition (other lines are ignored)."""
     sums: dict[str, float] = {}
     blocks = None
-    lora: tuple[float, LoraInfo] | None = None
+    lora: tuple[float, AdapterSnapshot] | None = None
     for name, labels, value in metric_lines(text):
         if name == "vllm:cache_config_info" and "num_gpu_blocks" in labels:
             raw = labels["num_gpu_blocks"]
             blocks = int(raw) if raw.isdigit() else None
             continue
         if name == _LORA and labels.get("max_lora", "").isdigit() and (lora is None or value > lora[0]):
-            lora = (value, LoraInfo(int(labels["max_lora"]), _adapter_names(labels.get("running_lora_adapters", "")),
+            lora = (value, AdapterSnapshot(int(labels["max_lora"]), _adapter_names(labels.get("running_lora_adapters", "")),
                                     _adapter_names(labels.get("waiting_lora_adapters", ""))))
             continue
         if name in _WAITING or name in _RUNNING or name in _KV or name in _COUNTER_NAMES:

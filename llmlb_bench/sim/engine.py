@@ -425,6 +425,8 @@ class Simulation:
             view.waiting[i] = len(rep.waiting)
             view.running[i] = len(rep.running)
             view.kv_usage[i] = rep.blocks_used_at(tick) / rep.total_blocks
+            if rep.lora is not None:
+                view.adapters[i] = rep.lora.snapshot()
             view.signal_time[i] = tick
         return (k + 1) * self._refresh
 

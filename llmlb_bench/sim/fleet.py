@@ -122,7 +122,8 @@ class Fleet:
                            ("running", 0), ("kv_usage", 0.0), ("signal_time", now)):
             getattr(v, name).append(zero)
         v.healthy.append(rep.routable)
-        v.adapters.append(rep.lora)       # exact, like cached_prefix: the replica's own books
+        # the replica's own books (exact), or, when signals are scraped, what the last scrape read
+        v.adapters.append(rep.lora if rep.lora is None or not self.cfg.signal_refresh_s else rep.lora.snapshot())
         for hook in self.on_add:
             hook(rep)
         return rep

@@ -40,6 +40,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from llmlb_bench.policies.lora import AdapterSnapshot
 from llmlb_bench.sim.catalog import Model
 from llmlb_bench.sim.cost import CostModel
 
@@ -147,6 +148,10 @@ class AdapterSlots:
         self.waiting.clear()
         self._gpu.clear()
         self._cpu.clear()
+
+    def snapshot(self) -> AdapterSnapshot:
+        """The batch's and the queue's adapters now, frozen (what a scrape would read)."""
+        return AdapterSnapshot(self.max_loras, frozenset(self.running), frozenset(self.waiting))
 
     @property
     def resident(self) -> tuple[str, ...]:
