@@ -337,3 +337,35 @@ def test_threaded_turns_reuse_the_previous_answers_kv_in_vllms_prefix_cache(engi
                         ClusterConfig.build(replicas=1, block_size=CPU_BLOCK_SIZE))
     assert sorted((r["request_id"], r["cached_tokens"]) for r in sim.to_pylist()) == \
         [(r["request_id"], r["cached_tokens"]) for r in runs[True]]
+
+
+def test_threaded_chat_turns_reuse_the_answer_through_the_chat_template(engines, tmp_path):
+    """The chat API threads as messages (user, assistant = the real answer, user): the template
+    renders the earlier messages identically in the next turn, so vLLM's cache serves them and the
+    answer; the template's role headers and end tokens add a few tokens per message to the
+    trace's length (here 14 for the first turn and 16 more per later turn)."""
+    from llmlb_bench.engines.tiny_hf import word_token_ids
+
+    extra = {"allowed_token_ids": word_token_ids(engines["model"])}
+    runs = {}
+    for thread, first_id, base in ((True, 9200, 93_000_000), (False, 9300, 94_000_000)):
+        summary, rows, _ = run_replay(_sessions_trace(first_id, base), [engines["big"]], tmp_path / str(thread),
+                                      options=ReplayOptions(api="chat", tokenizer=str(engines["model"]),
+                                                            thread=thread, scrape_s=None, extra_body=extra))
+        assert summary["statuses"] == {"ok": 6}, [r["error"] for r in rows if r["error"]]
+        runs[thread] = rows
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(engines["model"] / "tokenizer.json"))
+    count = lambda text: len(tok.encode(text, add_special_tokens=False).ids)  # noqa: E731
+    first = count("<s>user\n") + count("</s>\n<s>assistant\n")  # one user message and the reply's header
+    more = count("</s>\n<s>user\n") + count("</s>\n<s>assistant\n")  # each later turn: two messages more
+    previous = None
+    for threaded, plain in zip(runs[True], runs[False]):
+        k = threaded["turn"]
+        assert threaded["server_input_tokens"] - threaded["input_tokens"] == first + more * (k - 1)
+        assert plain["server_input_tokens"] - plain["input_tokens"] == first
+        if k > 1:  # the previous rendered prompt and the reply's KV (199 tokens) in whole blocks
+            assert threaded["cached_tokens"] == (previous + 199) // CPU_BLOCK_SIZE * CPU_BLOCK_SIZE \
+                >= plain["cached_tokens"] + CPU_BLOCK_SIZE
+        previous = threaded["server_input_tokens"]
