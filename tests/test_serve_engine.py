@@ -82,11 +82,14 @@ def _live_run(cfg: ClusterConfig, reqs, stream: bool = True, policy=None, speed:
     return asyncio.run(go())
 
 
-@pytest.mark.parametrize("case", ["prefix_cache", "preemption"])
+@pytest.mark.parametrize("case", ["prefix_cache", "preemption", "speculative"])
 def test_token_times_equal_a_batch_simulation_of_the_same_arrivals(tmp_path: Path, case: str):
     if case == "prefix_cache":
         cfg = ClusterConfig.build(replicas=1, max_num_seqs=8, max_num_batched_tokens=512)
         reqs = _requests(40, seed=1)
+    elif case == "speculative":    # bundled tokens: one delivery per verify step, streamed as drawn
+        cfg = ClusterConfig.build(replicas=1, max_num_seqs=8, speculative={"acceptance": 0.7})
+        reqs = _requests(20, seed=3)
     else:
         (tmp_path / "tiny.toml").write_text(TINY_GPU)
         cfg = ClusterConfig.build(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, max_num_batched_tokens=2048,
@@ -96,15 +99,19 @@ def test_token_times_equal_a_batch_simulation_of_the_same_arrivals(tmp_path: Pat
     assert len(rec.finished) == len(reqs)
     if case == "prefix_cache":
         assert sum(live.cached_tokens for live in lives) > 0   # shared prefixes hit the cache
-    else:
+    elif case == "preemption":
         assert sum(live.preemptions for live in lives) > 0     # KV ran out: recompute preemptions
+    else:
+        assert any(c > 1 for live in lives for _, _, c in live.segments)   # bundles arrived
+    # request ids as the live fleet numbers them (speculative draws are seeded by the request id)
     table = trace(np.array([live.arrival_s for live in lives]), [r[1] for r in reqs], [r[2] for r in reqs],
-                  prefix_hashes=pa.array([r[3] for r in reqs], pa.list_(pa.uint64())))
+                  prefix_hashes=pa.array([r[3] for r in reqs], pa.list_(pa.uint64())),
+                  request_id=np.array([live.seq for live in lives], dtype=np.int64))
     with RunStore(tmp_path, config={}, backend="sim", run_id="batch") as run:
         simulate(table, cfg, make_policy("round_robin"), run)
     rows = {r["request_id"]: r for r in pq.read_table(run.dir / "requests.parquet").to_pylist()}
     for k, live in enumerate(lives):
-        row = rows[k]
+        row = rows[live.seq]
         assert row["status"] == "ok"
         assert rec.finished[live.seq] == row["output_tokens"] == reqs[k][2]
         assert live.cached_tokens == row["cached_tokens"] and live.preemptions == row["preemptions"]

@@ -34,7 +34,7 @@ def test_tokens_per_step_match_the_iid_acceptance_model(a: float, k: int) -> Non
     spec = SpeculativeSpec.parse({"acceptance": a, "num_speculative_tokens": k}, "speculative")
     prop = Speculation(spec, CostModel(load_catalog().model("llama-3-8b"), load_catalog().gpu("h100-sxm")),
                        None, 32, None, seed=3)
-    accepted, emitted = prop.draw(0, 0, 200_000)
+    accepted, emitted = prop.draw(0, 0, 0, 200_000)
     assert emitted.sum() == 200_000 and np.array_equal(emitted[:-1], accepted[:-1] + 1)
     mean = accepted[:-1].mean() + 1
     e = expected_tokens(a, k)

@@ -48,6 +48,7 @@ from llmlb_bench.serve.metrics import LATENESS_BUCKETS, EngineMetrics, Histogram
 from llmlb_bench.sim.config import ClusterConfig
 from llmlb_bench.sim.fleet import Fleet
 from llmlb_bench.sim.replica import Replica, Request
+from llmlb_bench.sim.speculative import bundled_steps, step_tokens
 
 #: timeline runs a replica keeps before the ones no request needs are dropped
 _TRIM_RUNS = 4096
@@ -340,7 +341,11 @@ class LiveFleet:
         self.router.complete(live.target, live.route, drain=False)
         made = req.generated
         if made:
-            live.segments = token_segments(st.rep.timeline.runs, req.spans)
+            if st.rep.spec is None:
+                live.segments = token_segments(st.rep.timeline.runs, req.spans)
+            else:       # speculative decoding: one delivery per verify step, its tokens bundled
+                times, tokens = bundled_steps(st.rep.timeline.arrays(), req.stints or [], req.spans or [])
+                live.segments = [(t, 0.0, c) for t, c in zip(times.tolist(), tokens.tolist())]
         if live.aborted:
             st.metrics.aborted += 1
         else:
@@ -430,15 +435,15 @@ class LiveFleet:
 
 def tokens_by(req: Request, last: int) -> int:
     """Tokens a request still on its replica has made by the end of step ``last``: its closed
-    step ranges, and the steps of its current range up to ``last``."""
-    n = 0
-    if req.spans:
-        for a, b in req.spans:
-            n += b - a + 1
+    step ranges, and the steps of its current range up to ``last`` (one token each; under
+    speculative decoding, what each verify step drew)."""
+    ranges = list(req.spans or ())
     start = req.span_start
     if 0 <= start <= last:
-        n += last - start + 1
-    return n
+        ranges.append((start, last))
+    if req.stints is None:
+        return sum(b - a + 1 for a, b in ranges)
+    return sum(int(step_tokens(req.stints, a, b).sum()) for a, b in ranges)
 
 
 def last_step_by(runs: list[tuple[int, float, float, int, float]], t: float) -> int:

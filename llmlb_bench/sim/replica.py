@@ -388,7 +388,7 @@ class Replica:
         steps = req.stop - req.generated
         if self.spec is not None:
             stints = req.stints if req.stints is not None else []
-            accepted, emitted = self.spec.draw(req.row, len(stints), steps)
+            accepted, emitted = self.spec.draw(req.row, req.route.request_id, len(stints), steps)
             stints.append(Stint(s0, accepted, emitted))
             req.stints = stints
             steps = len(emitted)

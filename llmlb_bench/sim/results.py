@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from llmlb_bench.schema import TOKEN_SEGMENT
 from llmlb_bench.sim.replica import Replica, Request
-from llmlb_bench.sim.speculative import step_tokens
+from llmlb_bench.sim.speculative import bundled_steps
 from llmlb_bench.sim.timeline import (Columns, list_array, decode_energy, step_end_times, summary_segments,
                                       token_segments)
 
@@ -117,7 +117,7 @@ class RequestRecorder:
         segments: pa.ListArray | None = None
         spec: dict[str, np.ndarray] = {}
         if rep.spec is not None:
-            here, segments, spec = _speculative_columns(tl, reqs, rep.spec.k, a, b, nspans, lead)
+            here, segments, spec = _speculative_columns(tl, reqs, rep.spec.k, lead)
         energy = np.array([r.energy for r in reqs]) + decode_energy(tl, a, b, nspans)
         self.attributed_energy_j += float(energy.sum())
         names = [r.name for r in self.replicas]
@@ -163,32 +163,28 @@ class RequestRecorder:
             })
 
 
-def _speculative_columns(tl: Columns, reqs: Sequence[Request], k: int, a: np.ndarray, b: np.ndarray,
-                         nspans: np.ndarray, lead: np.ndarray) -> tuple[np.ndarray, pa.ListArray, dict[str, np.ndarray]]:
+def _speculative_columns(tl: Columns, reqs: Sequence[Request], k: int,
+                         lead: np.ndarray) -> tuple[np.ndarray, pa.ListArray, dict[str, np.ndarray]]:
     """A speculative replica's requests: tokens made here, ``token_times`` with one segment per
     step (the step's tokens bundled at its end: gap 0), and the columns of verify steps that
     drafted, tokens drafted (``k`` per step) and drafts accepted.
 
-    Python per step, not per run of steps: each verify step's token count is its own draw."""
+    Python per request, not per run of steps: each verify step's token count is its own draw."""
     n = len(reqs)
     here, per_req = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
     steps, accepted = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
     starts: list[np.ndarray] = []
     counts: list[np.ndarray] = []
-    j = 0
     for i, req in enumerate(reqs):
         stints = req.stints or []
         if not np.isnan(lead[i]):
             starts.append(lead[i:i + 1])
             counts.append(np.ones(1, dtype=np.int64))
-            per_req[i] += 1
-        for span in range(j, j + int(nspans[i])):
-            made = step_tokens(stints, int(a[span]), int(b[span]))
-            starts.append(step_end_times(tl, np.arange(a[span], b[span] + 1)))
-            counts.append(made)
-            per_req[i] += len(made)
-            here[i] += int(made.sum())
-        j += int(nspans[i])
+        times, made = bundled_steps(tl, stints, req.spans or [])
+        starts.append(times)
+        counts.append(made)
+        per_req[i] = len(made) + (not np.isnan(lead[i]))
+        here[i] = int(made.sum())
         steps[i] = sum(st.steps for st in stints)
         accepted[i] = sum(int(st.accepted.sum()) for st in stints)
     start = np.concatenate(starts)

@@ -32,7 +32,7 @@ its one-slot-per-step run planning): a decoding request advances one *step*
 at a time, its finish is the step at which its drawn tokens reach its
 output length, and the tokens it has made are read from the draws when it
 leaves decode (finish, preemption, hand-over). The draws are made when the
-request starts decoding, from a generator seeded by (run seed, trace row,
+request starts decoding, from a generator seeded by (run seed, request id,
 decode stint), so a run is deterministic under its seed. What is
 approximated: the KV cache and the attention context of a decoding
 sequence grow by one slot per step inside a decode stint (the extra
@@ -53,6 +53,7 @@ import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.sim.timeline import Columns, step_end_times
 from llmlb_bench.tomlfile import check_fields
 
 METHODS = ("draft_model", "eagle", "ngram")
@@ -166,13 +167,15 @@ class Speculation:
         total = gap + d_gap
         return total, (power * gap + d_power * d_gap) / total
 
-    def draw(self, row: int, stint: int, remaining: int) -> tuple[np.ndarray, np.ndarray]:
-        """The accepted drafts and the tokens emitted at each step of a decode stint that must
-        make ``remaining`` tokens: (accepted, emitted), as long as the steps it takes (the last
-        step's emission is cut at the output length, as max_tokens cuts it)."""
+    def draw(self, row: int, request_id: int, stint: int, remaining: int) -> tuple[np.ndarray, np.ndarray]:
+        """The accepted drafts and the tokens emitted at each step of a decode stint of request
+        ``request_id`` (trace row ``row``) that must make ``remaining`` tokens: (accepted,
+        emitted), as long as the steps it takes (the last step's emission is cut at the output
+        length, as max_tokens cuts it). Seeded by the request id, so a request draws the same in
+        a batch simulation and in ``llmlb serve``, whatever its row."""
         a = float(self.rates[row]) if self.rates is not None else float(self.spec.acceptance)
         k = self.k
-        rng = np.random.default_rng((self.seed, row, stint))
+        rng = np.random.default_rng((self.seed, request_id, stint))
         # at least one token per step: ``remaining`` draws always suffice
         n = min(remaining, math.ceil(remaining / expected_tokens(a, k) * 1.5) + 16)
         while True:
@@ -219,3 +222,12 @@ def step_tokens(stints: Sequence[Stint], a: int, b: int) -> np.ndarray:
         if lo <= hi:
             out[lo - a:hi - a + 1] = st.emitted[lo - st.start:hi - st.start + 1]
     return out
+
+
+def bundled_steps(tl: Columns, stints: Sequence[Stint], spans: Sequence[tuple[int, int]]) -> tuple[np.ndarray,
+                                                                                                  np.ndarray]:
+    """A request's tokens under speculation, one delivery per step of its ``spans`` on timeline
+    ``tl``: (each step's end time, the tokens it emitted)."""
+    steps = [np.arange(a, b + 1) for a, b in spans]
+    return (np.concatenate([step_end_times(tl, s) for s in steps]),
+            np.concatenate([step_tokens(stints, a, b) for a, b in spans]))
