@@ -140,12 +140,15 @@ TRACE = TableSpec(
             pa.field("kind", pa.dictionary(pa.int32(), pa.string())),
             # the LoRA adapter the request names (sent as the OpenAI ``model``); null = the base model
             pa.field("adapter", pa.dictionary(pa.int32(), pa.string())),
+            # how many of output_tokens are reasoning, generated before the first answer token
+            # (output_tokens = reasoning + answer); null or 0: none (llmlb_bench.workload.reasoning)
+            pa.field("reasoning_tokens", pa.int32()),
         ]
     ),
     required=frozenset({"request_id", "arrival_s", "input_tokens", "output_tokens"}),
     defaults={"tenant": "default", "images": 0, "image_tokens": 0, "audio_s": 0.0, "priority": 0,
               "slo_class": "default", "kind": "chat"},
-    sparse=frozenset({"adapter", "wait_ids"}),
+    sparse=frozenset({"adapter", "wait_ids", "reasoning_tokens"}),
 )
 
 #: Values of ``requests.status``.
@@ -198,6 +201,11 @@ REQUESTS = TableSpec(
             # a cache-aware policy's expected cached prompt tokens on the target it chose (the
             # Router records Policy.predicted_cached); null for policies that predict nothing
             pa.field("predicted_cached_tokens", pa.int32()),
+            # of output_tokens, how many were reasoning (simulator: the trace's; replayer: streamed
+            # reasoning deltas, or the server's usage); null: the request had none
+            pa.field("reasoning_tokens", pa.int32()),
+            # when the first answer token came (token reasoning_tokens + 1); null without reasoning
+            pa.field("first_answer_s", pa.float64()),
         ]
     ),
     required=frozenset({"run_id", "request_id", "status"}),

@@ -118,6 +118,11 @@ class TraceColumns:
         return [a * self._scale for a in self._values("after_parent_s", 0.0)]
 
     @cached_property
+    def reasoning(self) -> list[int]:
+        """How many of each row's output tokens are reasoning (0 where none)."""
+        return self._values("reasoning_tokens", 0)
+
+    @cached_property
     def images(self) -> list[int]:
         return self._values("images", 0)
 

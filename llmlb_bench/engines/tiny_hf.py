@@ -19,7 +19,11 @@ BPE trained on the replayer's prompt words, see
 * no BOS or other special token is added to prompts, so
   ``usage.prompt_tokens`` is the prompt's own token count;
 * weights are random, so outputs are gibberish and EOS comes early: send
-  ``ignore_eos`` (the replayer does by default) to get the trace's lengths.
+  ``ignore_eos`` (the replayer does by default) to get the trace's lengths;
+* ``<think>`` and ``</think>`` are added special tokens (the last two ids), so vLLM's
+  ``--reasoning-parser deepseek_r1`` accepts the model; the random weights never choose them,
+  :mod:`llmlb_bench.engines.think_tags` forces them where a request asks. Added after training,
+  they leave every other token and every prompt's tokenisation as they were.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from llmlb_bench.errors import UserError
 
 #: special tokens, in id order
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
+#: reasoning tags (vLLM's deepseek_r1 reasoning parser looks them up in the vocabulary)
+THINK_TAGS = ("<think>", "</think>")
 #: a chat template in the shape vLLM's chat endpoint needs (roles, contents, generation prompt)
 CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
                  "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
@@ -171,6 +177,7 @@ def _train_tokenizer(vocab_size: int):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_corpus(), trainer=trainer)
+    tok.add_special_tokens(list(THINK_TAGS))
     return tok
 
 

@@ -37,6 +37,8 @@ __all__ = ["VllmReplicas", "VllmSettings", "cache_dir", "find_vllm", "write_tiny
 #: KV cache block size of vLLM's CPU build (tokens); prefix-cache hits come in steps of this
 CPU_BLOCK_SIZE = 128
 _LAUNCHER = Path(__file__).with_name("vllm_launch.py")
+#: vLLM's ``--logits-processors`` name of the think-tag processor (engines/think_tags.py)
+THINK_PROCESSOR = "llmlb_bench.engines.think_tags:ForceThinkEnd"
 
 
 def cache_dir() -> Path:
@@ -91,6 +93,9 @@ class VllmSettings:
     #: vLLM's --speculative-config (e.g. {"method": "ngram", "num_speculative_tokens": 4,
     #: "prompt_lookup_max": 4, "prompt_lookup_min": 2}); None = no speculative decoding
     speculative_config: Mapping[str, Any] | None = None
+    #: vLLM's deepseek_r1 reasoning parser, and the logits processor that makes the tiny model reason
+    #: for as many tokens as each request's ``vllm_xargs.reasoning_tokens`` asks (engines/think_tags.py)
+    reasoning: bool = False
     extra_args: Sequence[str] = field(default_factory=tuple)
 
     def args(self) -> list[str]:
@@ -112,6 +117,8 @@ class VllmSettings:
                 out += ["--max-cpu-loras", str(self.max_cpu_loras)]
         if self.speculative_config is not None:
             out += ["--speculative-config", json.dumps(dict(self.speculative_config), sort_keys=True)]
+        if self.reasoning:
+            out += ["--reasoning-parser", "deepseek_r1", "--logits-processors", THINK_PROCESSOR]
         return out + list(self.extra_args)
 
 
@@ -166,7 +173,8 @@ class VllmReplicas:
         return {**os.environ, "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                 "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
                 "VLLM_CPU_KVCACHE_SPACE": str(self.settings[k].kv_space_gib),
-                "VLLM_CPU_OMP_THREADS_BIND": str(self.cores[k]), "OMP_NUM_THREADS": "1"}
+                "VLLM_CPU_OMP_THREADS_BIND": str(self.cores[k]), "OMP_NUM_THREADS": "1",
+                **({"PYTHONPATH": _with_project(os.environ.get("PYTHONPATH"))} if self.settings[k].reasoning else {})}
 
     def __enter__(self) -> "VllmReplicas":
         try:
@@ -234,6 +242,13 @@ class VllmReplicas:
         for log in self._logs:
             log.close()
         self._logs.clear()
+
+
+def _with_project(path: str | None) -> str:
+    """``PYTHONPATH`` with the folder holding ``llmlb_bench`` first, so vLLM's Python can import the
+    think-tag logits processor (which needs nothing else of llmlb_bench)."""
+    root = str(Path(__file__).resolve().parents[2])
+    return root + (os.pathsep + path if path else "")
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

@@ -33,7 +33,8 @@ SELECT run_id, slo_class, tenant, adapter, status, good, count(*) AS n,
        min(scheduled_s) AS t0, max(scheduled_s) AS last_scheduled, max(end_s) AS t1,
        min(request_id) AS id_min, max(request_id) AS id_max, sum(energy_j) AS energy_j,
        sum(CASE WHEN first_token_s IS NOT NULL THEN input_tokens END)::BIGINT AS prefilled_tokens,
-       fsum(norm_latency_s) AS nl_sum, count(norm_latency_s) AS nl_n
+       fsum(norm_latency_s) AS nl_sum, count(norm_latency_s) AS nl_n,
+       sum(reasoning_tokens)::BIGINT AS reasoning_tokens, count(nullif(reasoning_tokens, 0)) AS reasoning_requests
 FROM (SELECT * REPLACE (coalesce(slo_class, 'default') AS slo_class, coalesce(tenant, 'default') AS tenant,
                         coalesce(adapter, 'base') AS adapter),
              ({slo.predicate() if slo else 'NULL'}) AS good
@@ -46,7 +47,7 @@ def _empty() -> dict[str, Any]:
     return {"requests": 0, **{s: 0 for s in STATUSES}, "input_tokens": 0, "output_tokens": 0, "cached_tokens": 0,
             "good": 0, "good_tokens": 0, "preemptions": 0, "preempted_requests": 0, "t0": None,
             "last_scheduled": None, "t1": None, "id_min": None, "id_max": None, "energy_j": None,
-            "service": 0, "nl_sum": 0.0, "nl_n": 0}
+            "service": 0, "nl_sum": 0.0, "nl_n": 0, "reasoning_tokens": 0, "reasoning_requests": 0}
 
 
 def _merge(m: dict[str, Any], c: Mapping[str, Any]) -> None:
@@ -58,6 +59,8 @@ def _merge(m: dict[str, Any], c: Mapping[str, Any]) -> None:
             m[k] += c[k] or 0
         m["nl_sum"] += c["nl_sum"] or 0.0
         m["nl_n"] += c["nl_n"]
+        m["reasoning_tokens"] += c["reasoning_tokens"] or 0
+        m["reasoning_requests"] += c["reasoning_requests"]
     if c["good"]:
         m["good"] += n
         m["good_tokens"] += c["output_tokens"] or 0

@@ -28,6 +28,9 @@ from llmlb_bench.metrics.distribution import Method
 
 #: Latency figures every report shows, in display order.
 LATENCY_FIGURES = ("ttft", "tpot", "itl", "e2e", "norm_latency")
+#: The answer's figures, shown for runs with reasoning (llmlb_bench.metrics.sql): time to first answer
+#: token and the answer's TPOT, judged as vLLM's TPOT is under both definitions
+ANSWER_FIGURES = ("ttfa", "answer_tpot")
 #: sent - scheduled: the router wait, or a replay's client lag (llmlb_bench.metrics.origin)
 WAIT = "wait"
 
@@ -59,6 +62,8 @@ def figures(defs: Definitions) -> dict[str, Figure]:
     if defs is Definitions.guidellm:
         m: Method = "inverse_cdf"
         return {
+            "ttfa": Figure("ttfa_s", "1", m),
+            "answer_tpot": Figure("answer_tpot_s", "1", m),
             "ttft": Figure("ttft_s", "1", m),
             "tpot": Figure("norm_latency_s", "output_tokens", m),
             "itl": Figure("tpot_s", "output_tokens - 1", m),
@@ -66,6 +71,8 @@ def figures(defs: Definitions) -> dict[str, Figure]:
             "norm_latency": Figure("norm_latency_s", "1", m),
         }
     return {
+        "ttfa": Figure("ttfa_s", "1", "linear"),
+        "answer_tpot": Figure("answer_tpot_s", "1", "linear"),
         "ttft": Figure("ttft_s", "1", "linear"),
         "tpot": Figure("tpot_s", "1", "linear"),
         "itl": Figure(None, "1", "linear"),

@@ -22,6 +22,10 @@ SLO_METRICS = {
     "ttft": "ttft_s",
     "tpot": "coalesce(tpot_s, 0)",  # vLLM counts single-token requests as meeting any TPOT SLO
     "e2e": "e2e_s",
+    # the answer of a reasoning request (its first token and TPOT for the others); a request that
+    # reasoned but never answered has no TTFA and meets no TTFA limit
+    "ttfa": "ttfa_s",
+    "answer_tpot": "coalesce(answer_tpot_s, 0)",
 }
 _ITEM = re.compile(r"^\s*([a-z0-9_]+)\s*=\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(us|ms|s)?\s*$")
 _CLASS = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*:(.*)$")

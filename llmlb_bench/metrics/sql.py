@@ -7,6 +7,11 @@ TPOT = (E2E - TTFT) / (output_tokens - 1) for requests with more than one
 output token; ITL = every gap between consecutive tokens of a request;
 normalized latency = E2E / output tokens (Etalon), which is also what
 GuideLLM calls TPOT (see :mod:`llmlb_bench.metrics.definitions`).
+
+Reasoning requests (``reasoning_tokens`` > 0 of their ``output_tokens``) also
+get the answer's figures: TTFA = first answer token - origin (the first token
+for a request without reasoning, null for one that never answered); answer
+TPOT = (last token - first answer token) / (answer tokens - 1).
 """
 
 from __future__ import annotations
@@ -22,11 +27,11 @@ def origin_sql(arrival_runs: Iterable[str]) -> str:
     return f"CASE WHEN run_id IN ({', '.join(map(quote, runs))}) THEN scheduled_s ELSE sent_s END"
 
 
-def request_metrics_sql(arrival_runs: Iterable[str] = (), absent: Iterable[str] = ()) -> str:
+def request_metrics_sql(arrival_runs: Iterable[str] = ()) -> str:
     """The ``request_metrics`` view: ``requests`` plus each row's latency origin and per-request figures.
 
-    ``absent`` names text columns the results predate (every run's files lack them, e.g.
-    ``adapter``): the view has them as nulls, so one query serves old and new runs.
+    Columns the results predate (every run's files lack them, e.g. ``adapter``) are in
+    ``requests`` as nulls (:class:`llmlb_bench.store.views.Catalog`), so one query serves old and new runs.
 
     ``origin_s`` is ``scheduled_s`` (arrival) for ``arrival_runs`` and
     ``sent_s`` for the others (:mod:`llmlb_bench.metrics.origin`); ``wait_s``
@@ -40,9 +45,14 @@ SELECT *,
        last_token_s - origin_s AS e2e_s,
        CASE WHEN output_tokens > 1 THEN (last_token_s - first_token_s) / (output_tokens - 1) END AS tpot_s,
        CASE WHEN output_tokens > 0 THEN (last_token_s - origin_s) / output_tokens END AS norm_latency_s,
+       answer_s - origin_s AS ttfa_s,
+       CASE WHEN output_tokens - coalesce(reasoning_tokens, 0) > 1
+            THEN (last_token_s - answer_s) / (output_tokens - coalesce(reasoning_tokens, 0) - 1) END AS answer_tpot_s,
        greatest(coalesce(last_token_s, sent_s, scheduled_s), coalesce(sent_s, scheduled_s)) AS end_s
-FROM (SELECT *, {"".join(f"NULL::VARCHAR AS {c}, " for c in absent)}{origin_sql(arrival_runs)} AS origin_s,
-             sent_s - scheduled_s AS wait_s FROM requests)
+FROM (SELECT *, {origin_sql(arrival_runs)} AS origin_s,
+             sent_s - scheduled_s AS wait_s,
+             CASE WHEN coalesce(reasoning_tokens, 0) > 0 THEN first_answer_s ELSE first_token_s END AS answer_s
+      FROM requests)
 """
 
 

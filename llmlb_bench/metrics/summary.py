@@ -30,7 +30,7 @@ import numpy as np
 from llmlb_bench.metrics.conversations import conversations
 from llmlb_bench.metrics.adapters import adapter_loads
 from llmlb_bench.metrics.counts import GROUPS, cells_sql, rollup
-from llmlb_bench.metrics.definitions import LATENCY_FIGURES, WAIT, WAIT_FIGURE, Definitions, figures
+from llmlb_bench.metrics.definitions import ANSWER_FIGURES, LATENCY_FIGURES, WAIT, WAIT_FIGURE, Definitions, figures
 from llmlb_bench.metrics.distribution import Sample, describe
 from llmlb_bench.metrics.energy import energy_and_cost
 from llmlb_bench.metrics.fairness import fairness
@@ -75,8 +75,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     (run folders as given; folders found inside a results directory sorted by path)."""
     opt = options or Options()
     metas = metas_of(cat.runs_table)
-    columns = {r["column_name"] for r in cat.query("DESCRIBE requests").to_pylist()}
-    cat.con.execute(request_metrics_sql(arrival_runs(metas), [c for c in ("adapter",) if c not in columns]))
+    cat.con.execute(request_metrics_sql(arrival_runs(metas)))  # the views have every schema column (store.views)
     figs = figures(opt.definitions)
     units = rollup(cat.query(cells_sql(slo)), slo)
     counts = {u[1]: m for u, m in units.items() if u[0] == "run"}
@@ -137,6 +136,10 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
         for name in LATENCY_FIGURES:
             s[name] = describe(lat.samples.get((run_id, name)), figs[name].method, seed=opt.seed,
                                key=(run_id, name), ci=opt.ci, level=opt.confidence, cdf=opt.cdf)
+        s["reasoning"] = _reasoning(c, {name: describe(lat.samples.get((run_id, name)), figs[name].method,
+                                                       seed=opt.seed, key=(run_id, name), ci=opt.ci,
+                                                       level=opt.confidence, cdf=opt.cdf)
+                                        for name in ANSWER_FIGURES} if c["reasoning_tokens"] else {})
         if slo is not None:
             s["slo"] = {
                 "spec": slo.to_dict(),
@@ -169,6 +172,15 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     for s in out:
         s["name"] = named[s["run_id"]]
     return out
+
+
+def _reasoning(c: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any] | None:
+    """Reasoning share of the ok requests' output, and the answer's figures; None for a run without
+    reasoning (its report shows nothing of it)."""
+    if not c["reasoning_tokens"]:
+        return None
+    return {"requests": c["reasoning_requests"], "tokens": c["reasoning_tokens"],
+            "share": c["reasoning_tokens"] / c["output_tokens"] if c["output_tokens"] else None, **answer}
 
 
 def _wait(sample: Sample | None, meta: dict[str, Any]) -> dict[str, Any]:

@@ -7,11 +7,20 @@ received read, usage) and reports the outcome to its :class:`Outcomes`
 owner, which decides about retries and writes the row.
 
 Token counting: a stream chunk whose ``choices[].text`` (completions) or
-``choices[].delta.content`` / ``reasoning_content`` (chat) is non-empty
-counts as one token; all chunks decoded from one socket read share that
-read's timestamp and form one segment. ``output_tokens`` comes from the
+``choices[].delta.content`` / ``reasoning`` / ``reasoning_content`` (chat) is
+non-empty counts as one token; all chunks decoded from one socket read share
+that read's timestamp and form one segment. ``output_tokens`` comes from the
 server's ``usage`` when it sends one, otherwise from that count (flagged as
 estimated).
+
+Reasoning: a chunk whose delta carries only ``reasoning`` (vLLM) or
+``reasoning_content`` (DeepSeek, SGLang) is a reasoning token; the first
+chunk with non-empty ``content`` is the first answer token, and its read's
+time is ``first_answer_s``. ``reasoning_tokens`` is the server's
+``usage.completion_tokens_details.reasoning_tokens`` when it sends one, else
+the count of reasoning chunks (the think tags themselves, which vLLM does not
+stream, are in neither count). The answer test comes first, so a stream
+without reasoning costs what it did.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ class Flight:
         "sent", "attempt_start", "attempts", "reused", "fresh_used", "conn", "timer",
         "first", "last", "last_rx", "seg_start", "seg_count", "chunks",
         "usage_out", "usage_in", "cached", "http_status", "backend", "done", "answer",
+        "reasoning", "answer_at", "usage_reasoning",
         "_mode", "_sse", "_parts", "_size", "_finish_seen", "_retry_after",
     )
 
@@ -88,6 +98,10 @@ class Flight:
         self.seg_start: list[float] = []
         self.seg_count: list[int] = []
         self.chunks = 0
+        #: reasoning chunks, and the time of the first answer chunk
+        self.reasoning = 0
+        self.answer_at: float | None = None
+        self.usage_reasoning: int | None = None
         self.usage_out: int | None = None
         self.usage_in: int | None = None
         self.cached: int | None = None
@@ -190,23 +204,30 @@ class Flight:
                 return
             choices = obj.get("choices")
             if choices:
-                tokens += self._count_choices(choices)
+                tokens += self._count_choices(choices, now)
             if obj.get("usage"):
                 self._take_usage(obj["usage"])
         self._record(tokens, now)
 
-    def _count_choices(self, choices: Any) -> int:
-        """1 if any choice carries text (one token per chunk), else 0; notes a finish reason."""
+    def _count_choices(self, choices: Any, now: float) -> int:
+        """1 if any choice carries text (one token per chunk), else 0; notes a finish reason, a
+        reasoning chunk and the first answer chunk."""
         n = 0
         for c in choices if type(choices) is list else ():
             if type(c) is not dict:
                 continue
             delta = c.get("delta")
             if type(delta) is dict:
-                if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+                content = delta.get("content")
+                if content:
                     n = 1
-                    if self.answer is not None and delta.get("content"):
-                        self.answer.append(delta["content"])
+                    if self.answer_at is None:
+                        self.answer_at = now
+                    if self.answer is not None:
+                        self.answer.append(content)
+                elif delta.get("reasoning") or delta.get("reasoning_content"):
+                    n = 1
+                    self.reasoning += 1
             elif c.get("text"):
                 n = 1
                 if self.answer is not None:
@@ -223,6 +244,10 @@ class Flight:
             self.usage_out = out
         if isinstance(inp, int):
             self.usage_in = inp
+        done = usage.get("completion_tokens_details")
+        thought = done.get("reasoning_tokens") if isinstance(done, dict) else None
+        if isinstance(thought, int):
+            self.usage_reasoning = thought
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         if isinstance(cached, int):
@@ -274,6 +299,12 @@ class Flight:
         if self.usage_out is not None:
             return self.usage_out, False
         return self.chunks, True
+
+    def reasoning_tokens(self) -> int | None:
+        """Reasoning tokens of the output (the server's count when sent, else the reasoning chunks);
+        None when there were none."""
+        n = self.usage_reasoning if self.usage_reasoning is not None else self.reasoning
+        return n or None
 
 
 def _clip(raw: bytes, n: int = 80) -> str:

@@ -52,6 +52,8 @@ SCALARS: tuple[tuple[str, pa.DataType], ...] = (
     ("backend", pa.string()),
     ("adapter", pa.string()),
     ("predicted_cached_tokens", pa.int32()),
+    ("reasoning_tokens", pa.int32()),
+    ("first_answer_s", pa.float64()),
 )
 
 

@@ -65,6 +65,7 @@ from llmlb_bench.replay.threads import Threads
 from llmlb_bench.schema import trace_block_size
 from llmlb_bench.store import RunStore
 from llmlb_bench.trace_columns import TraceColumns
+from llmlb_bench.workload.reasoning import REASONING_ARG
 
 #: the dispatcher stops sleeping this long before a send and polls the loop instead
 _SPIN_S = 0.0015
@@ -410,6 +411,8 @@ class Replayer:
         body.update(max_tokens=out, stream=True, stream_options={"include_usage": True})
         if self.options.force_output_length:
             body.update(min_tokens=out, ignore_eos=True)
+            if tr.reasoning[idx] > 0:  # how the output splits, for engines that can be told (docs/replay.md)
+                body["vllm_xargs"] = {REASONING_ARG: tr.reasoning[idx]}
         if self.options.extra_body:
             body.update(self.options.extra_body)
         return build_request("POST", self.pre.endpoints[target], self.path,
@@ -593,10 +596,11 @@ class Replayer:
         if f is None:
             values = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], tr.session[idx], tr.turn[idx], None,
                       self.sched[idx], None, None, None,
-                      tr.inp[idx], tr.out[idx], None, None, status, error, None, None, None, None, tr.adapter[idx], None)
+                      tr.inp[idx], tr.out[idx], None, None, status, error, None, None, None, None, tr.adapter[idx], None, None, None)
             self.writer.buffer.add(values, None, None)
         else:
             out, estimated = f.output_tokens()
+            reasoning = f.reasoning_tokens()
             values = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], tr.session[idx], tr.turn[idx],
                       self.names[f.target], f.scheduled_s,
                       None if f.sent is None else f.sent - t0,
@@ -604,7 +608,8 @@ class Replayer:
                       None if f.last is None else f.last - t0,
                       tr.inp[idx], tr.out[idx], out if f.sent is not None else None, f.cached, status,
                       error, f.http_status, f.usage_in, estimated if f.sent is not None else None, f.backend,
-                      tr.adapter[idx], f.route.predicted_cached_tokens)
+                      tr.adapter[idx], f.route.predicted_cached_tokens,
+                      reasoning, None if reasoning is None or f.answer_at is None else f.answer_at - t0)
             self.writer.buffer.add(values, f.seg_start, f.seg_count)
         if self.writer.due():
             self.writer.submit()

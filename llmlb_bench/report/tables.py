@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from llmlb_bench.metrics.definitions import LATENCY_FIGURES
+from llmlb_bench.metrics.definitions import ANSWER_FIGURES, LATENCY_FIGURES
 from llmlb_bench.metrics.distribution import PERCENTILES, pkey
 
 Getter = Callable[[dict[str, Any]], Any]
@@ -80,7 +80,8 @@ def run_name(s: dict[str, Any]) -> str:
 
 #: name, unit label, display scale, format of each latency figure
 UNITS = {"ttft": ("TTFT", "ms", 1e3, ",.1f"), "tpot": ("TPOT", "ms", 1e3, ",.2f"), "itl": ("ITL", "ms", 1e3, ",.2f"),
-         "e2e": ("E2E", "s", 1.0, ",.2f"), "norm_latency": ("normalized latency", "ms/token", 1e3, ",.2f")}
+         "e2e": ("E2E", "s", 1.0, ",.2f"), "norm_latency": ("normalized latency", "ms/token", 1e3, ",.2f"),
+         "ttfa": ("TTFA", "s", 1.0, ",.2f"), "answer_tpot": ("answer TPOT", "ms", 1e3, ",.2f")}
 
 
 def _pct(path: tuple[str, ...]) -> Getter:
@@ -108,6 +109,8 @@ def comparison(doc: dict[str, Any]) -> Table:
         ("TPOT\np99 ms", scaled(("tpot", "p99"), 1e3), ",.2f"),
         ("E2E\np99 s", scaled(("e2e", "p99"), 1.0), ",.2f"),
     ]
+    if any(s.get("reasoning") for s in doc["runs"]):
+        cols.append(("TTFA\np99 s", scaled(("reasoning", "ttfa", "p99"), 1.0), ",.2f"))
     if any((_get(s, "wait", "p99") or 0) > 1e-6 for s in doc["runs"]):
         cols.append(("wait\np99 ms", scaled(("wait", "p99"), 1e3), ",.1f"))
     if with_slo:
@@ -169,6 +172,15 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
         ]),
         (f"Latency ({defs} definitions)", latency),
     ]
+    if any(s.get("reasoning") for s in doc["runs"]):
+        answer: list[tuple[str, Getter, str]] = [
+            ("requests that reasoned", scaled(("reasoning", "requests"), 1), ",d"),
+            ("reasoning share of output tokens (%)", _pct(("reasoning", "share")), ".1f"),
+        ]
+        for fig in ANSWER_FIGURES:
+            name, unit, scale, spec = UNITS[fig]
+            answer += [(f"{name} {p} ({unit})", scaled(("reasoning", fig, p), scale), spec) for p in ("mean", "p50", "p99")]
+        sections.append(("Reasoning: the answer after the thinking", answer))
     if doc["options"]["slo"] is not None:
         sections.append(("SLO", [
             ("attainment (%)", _pct(("slo", "attainment")), ".1f"),

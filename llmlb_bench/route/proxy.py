@@ -418,7 +418,8 @@ class _Row:
                   error if self.attempts == 1 or error is None else f"{error} ({self.attempts} attempts)",
                   http_status, inp if isinstance(inp, int) else None,
                   (not isinstance(out, int)) if self.sent is not None else None, self.backend, self.req.adapter,
-                  self.req.predicted_cached_tokens)
+                  self.req.predicted_cached_tokens,
+                  None, None)  # reasoning: the proxy counts chunks without reading them (docs/routers.md)
         proxy.writer.buffer.add(values, [s + proxy.t0 for s in self.seg_start] or None, self.seg_count or None)
         if proxy.writer.due():
             proxy.writer.submit()

@@ -15,7 +15,12 @@ length (see :mod:`llmlb_bench.serve.tokenizer`; images and audio count as in
 length, as vLLM), ``min_tokens``, ``ignore_eos`` (see
 :mod:`llmlb_bench.serve.outputs`), ``stream``,
 ``stream_options.include_usage``, ``user`` (tenant for fair schedulers and
-policies) and vLLM's ``priority``. Streams send one chunk per token at the
+policies), vLLM's ``priority``, and ``vllm_xargs.reasoning_tokens`` (what
+the replayer sends for a trace row with reasoning, see docs/replay.md): the
+first that many tokens of a chat stream come as vLLM's ``reasoning`` deltas,
+the rest as ``content``, as vLLM's ``--reasoning-parser`` streams them (a
+whole chat reply carries ``message.reasoning``); the engine's work does not
+change, reasoning being decode steps like the answer's. Streams send one chunk per token at the
 simulated token time, the last with its ``finish_reason``, then a usage
 chunk (with ``prompt_tokens_details.cached_tokens``) when asked, then
 ``[DONE]``. Errors use OpenAI's ``{"error": {...}}`` body with vLLM's
@@ -39,6 +44,7 @@ from llmlb_bench.serve.media import MediaError, part_ids
 from llmlb_bench.serve.metrics import render
 from llmlb_bench.serve.outputs import OutputRule, prompt_key
 from llmlb_bench.serve.tokenizer import VOCAB_SIZE, block_hashes, encode
+from llmlb_bench.workload.reasoning import REASONING_ARG
 
 #: each word's text as a JSON string (with its leading space)
 _WORD_JSON = [json.dumps(" " + w).encode() for w in WORDS]
@@ -128,10 +134,11 @@ def messages_ids(messages: list[Any]) -> list[int]:
 class Responder:
     """Writes one completion's response as the engine reports it (the engine's ``Client``)."""
 
-    __slots__ = ("ex", "chat", "stream", "usage", "model", "rng", "backend", "head", "tail", "created", "started")
+    __slots__ = ("ex", "chat", "stream", "usage", "model", "rng", "backend", "head", "tail", "created", "started",
+                 "reasoning", "thinking_head")
 
     def __init__(self, ex: Exchange, chat: bool, stream: bool, usage: bool, model: str, rng: Any,
-                 backend: Callable[[LiveRequest], str]) -> None:
+                 backend: Callable[[LiveRequest], str], reasoning: int = 0) -> None:
         self.ex = ex
         self.backend = backend
         self.chat = chat
@@ -140,8 +147,10 @@ class Responder:
         self.model = model
         self.rng = rng
         self.created = int(time.time())
-        self.head = self.tail = b""
+        self.head = self.tail = self.thinking_head = b""
         self.started = False
+        #: the first this many tokens are reasoning (chat only: completions apply no reasoning parser)
+        self.reasoning = reasoning if chat else 0
 
     def _identity(self, live: LiveRequest) -> list[tuple[str, str]]:
         """``X-Llmlb-Backend`` (which backend served it, see :meth:`Api.backend`) and the
@@ -164,6 +173,7 @@ class Responder:
             return
         self.ex.start_stream(headers=[("Cache-Control", "no-cache")] + self._identity(live))
         self.head = self._prefix(live) + (b'[{"index":0,"delta":{"content":' if self.chat else b'[{"index":0,"text":')
+        self.thinking_head = self._prefix(live) + b'[{"index":0,"delta":{"reasoning":'
         self.tail = (b'},"logprobs":null,"finish_reason":null}]}\n\n' if self.chat
                      else b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n')
 
@@ -175,11 +185,16 @@ class Responder:
         self.started = True
         rng, word = self.rng, OutputRule.next_word
         head, tail = self.head, self.tail
-        for _ in range(count - 1 if reason else count):
+        body = count - 1 if reason else count
+        thinking = min(body, self.reasoning - live.emitted) if self.reasoning > live.emitted else 0
+        for _ in range(thinking):
+            out.append(self.thinking_head + _WORD_JSON[word(rng)] + tail)
+        for _ in range(body - thinking):
             out.append(head + _WORD_JSON[word(rng)] + tail)
         if reason:
             last = tail.replace(b'"finish_reason":null', f'"finish_reason":"{reason}"'.encode())
-            out.append(head + (_WORD_JSON[word(rng)] if count else b'""') + last)
+            final = self.thinking_head if live.emitted + count <= self.reasoning else head
+            out.append(final + (_WORD_JSON[word(rng)] if count else b'""') + last)
         return out
 
     def on_tokens(self, live: LiveRequest, count: int) -> None:
@@ -200,10 +215,15 @@ class Responder:
         self.ex.end(b"".join(out))
 
     def _whole(self, live: LiveRequest, made: int, usage: dict[str, Any]) -> None:
-        text = "".join(" " + WORDS[OutputRule.next_word(self.rng)] for _ in range(made))
+        words = [" " + WORDS[OutputRule.next_word(self.rng)] for _ in range(made)]
+        text = "".join(words)
         reason = live.sub.finish_reason
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            message = {"role": "assistant", "content": text}
+            if self.reasoning:
+                message = {"role": "assistant", "reasoning": "".join(words[:self.reasoning]),
+                           "content": "".join(words[self.reasoning:]) or None}
+            choice = {"index": 0, "message": message, "logprobs": None,
                       "finish_reason": reason, "stop_reason": None}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "stop_reason": None}
@@ -334,10 +354,21 @@ class Api:
                          hashes=salted(block_hashes(ids, fleet.block_size), adapter),
                          stream=stream, target=self.target, tenant=tenant, priority=priority,
                          max_tokens=max_tokens, finish_reason=reason, adapter=adapter)
-        live = fleet.submit(sub, Responder(ex, chat, stream, usage, adapter or self.model, rng, self.backend),
+        live = fleet.submit(sub, Responder(ex, chat, stream, usage, adapter or self.model, rng, self.backend,
+                                               _reasoning(body)),
                             ex.request.received)
         if not live.done:
             ex.on_lost = lambda: fleet.cancel(live)
+
+
+def _reasoning(body: dict[str, Any]) -> int:
+    """``vllm_xargs.reasoning_tokens``: how many of the output tokens to stream as reasoning."""
+    xargs = body.get("vllm_xargs")
+    if xargs is None:
+        return 0
+    if not isinstance(xargs, dict):
+        raise ApiError(400, "vllm_xargs must be an object", "vllm_xargs")
+    return _int(xargs, REASONING_ARG, 0) or 0
 
 
 def _listen_url(ex: Exchange) -> str:

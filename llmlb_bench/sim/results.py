@@ -17,8 +17,8 @@ import pyarrow as pa
 from llmlb_bench.schema import TOKEN_SEGMENT
 from llmlb_bench.sim.replica import Replica, Request
 from llmlb_bench.sim.speculative import bundled_steps
-from llmlb_bench.sim.timeline import (Columns, list_array, decode_energy, step_end_times, summary_segments,
-                                      token_segments)
+from llmlb_bench.sim.timeline import (Columns, list_array, decode_energy, nth_token_times, step_end_times,
+                                      summary_segments, token_segments)
 
 
 class RequestRecorder:
@@ -34,6 +34,11 @@ class RequestRecorder:
         self.batch_rows = batch_rows
         self._trace = trace.select(["request_id", "tenant", "slo_class", "session_id", "turn", "input_tokens",
                                     "output_tokens", "adapter"])
+        # reasoning tokens are decode steps like any other (output_tokens = reasoning + answer); the
+        # recorder only says how many came first, and when the first answer token came
+        col = trace.column("reasoning_tokens") if "reasoning_tokens" in trace.column_names else None
+        reasoning = col.fill_null(0).to_numpy().astype(np.int64) if col is not None else np.zeros(0, np.int64)
+        self._reasoning: np.ndarray | None = reasoning if (reasoning > 0).any() else None
         self._finished: list[list[Request]] = [[] for _ in replicas]
         self._other: dict[str, list] = {"rows": [], "target": [], "status": [], "error": []}
         self.pending = 0
@@ -121,14 +126,17 @@ class RequestRecorder:
         energy = np.array([r.energy for r in reqs]) + decode_energy(tl, a, b, nspans)
         self.attributed_energy_j += float(energy.sum())
         names = [r.name for r in self.replicas]
+        output = (here + has_lead).astype(np.int32)
+        token_times = (summary_segments(here_first, last, here, lead) if self.summary_tokens
+                       else segments if segments is not None else token_segments(tl, a, b, nspans, lead))
         return {
+            **self._answer_columns(np.array([r.row for r in reqs], dtype=np.int64), output, token_times),
             "rows": np.array([r.row for r in reqs], dtype=np.int64),
             "target": pa.array([rep.name] * n, pa.string()),
             "first_token_s": np.where(has_lead, lead, here_first),
             "last_token_s": last,
-            "token_times": (summary_segments(here_first, last, here, lead) if self.summary_tokens
-                            else segments if segments is not None else token_segments(tl, a, b, nspans, lead)),
-            "output_tokens": (here + has_lead).astype(np.int32),
+            "token_times": token_times,
+            "output_tokens": output,
             "cached_tokens": np.array([max(r.cached, 0) for r in reqs], dtype=np.int32),
             "status": pa.array(["ok"] * n, pa.string()),
             "error": pa.nulls(n, pa.string()),
@@ -141,6 +149,17 @@ class RequestRecorder:
             **spec,
             "predicted_cached_tokens": pa.array([r.route.predicted_cached_tokens for r in reqs], pa.int32()),
         }
+
+    def _answer_columns(self, rows: np.ndarray, output: np.ndarray, token_times: pa.ListArray) -> dict[str, Any]:
+        """``reasoning_tokens`` and ``first_answer_s`` (token reasoning + 1) of finished requests;
+        none when the trace has no reasoning, so such runs write exactly what they wrote before."""
+        if self._reasoning is None:
+            return {}
+        reasoning = np.minimum(self._reasoning[rows], output)
+        thinks = reasoning > 0
+        first_answer = nth_token_times(token_times, np.where(thinks, reasoning + 1, 0))
+        return {"reasoning_tokens": pa.array(reasoning.astype(np.int32), mask=~thinks),
+                "first_answer_s": pa.array(first_answer, mask=np.isnan(first_answer))}
 
     def _write(self, parts: list[dict[str, Any]]) -> None:
         """Each part (one replica's finished requests, or the ended ones) as its own batch of rows:

@@ -143,3 +143,26 @@ def decode_energy(tl: Columns, span_a: np.ndarray, span_b: np.ndarray, spans_per
     per_span = through(span_b) - through(span_a)
     span_req = np.repeat(np.arange(len(spans_per_request)), spans_per_request)
     return np.bincount(span_req, weights=per_span, minlength=len(spans_per_request))
+
+
+def nth_token_times(token_times: pa.ListArray, k: np.ndarray) -> np.ndarray:
+    """Per request, the time of its ``k``-th token (1-based) read off its ``token_times``; NaN where
+    ``k`` < 1 or the request has fewer tokens. For reasoning requests ``k`` = reasoning + 1 gives
+    the first answer token (``first_answer_s``)."""
+    n = len(token_times)
+    out = np.full(n, np.nan)
+    k = np.asarray(k, dtype=np.int64)
+    if n == 0 or not (k >= 1).any():
+        return out
+    offsets = np.asarray(token_times.offsets, dtype=np.int64)
+    segs = token_times.values
+    start = segs.field("start_s").to_numpy(zero_copy_only=False)
+    gap = segs.field("gap_s").to_numpy(zero_copy_only=False)
+    count = segs.field("count").to_numpy(zero_copy_only=False).astype(np.int64)
+    cum = np.concatenate([[0], np.cumsum(count)])     # tokens before each segment, over all requests
+    target = cum[offsets[:-1]] + k                    # the wanted token's global number
+    seg = np.searchsorted(cum, target, side="left") - 1  # the segment that holds it
+    found = (k >= 1) & (target <= cum[offsets[1:]])
+    s = seg[found]
+    out[found] = start[s] + gap[s] * (target[found] - cum[s] - 1)
+    return out

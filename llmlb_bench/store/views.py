@@ -154,16 +154,27 @@ class Catalog:
             self.con.execute("SET lock_configuration = true")
 
     def _parquet_view(self, name: str, files: list[str], spec: TableSpec) -> None:
+        """A view over ``files`` with at least every column of ``spec``: a column no file has (all runs
+        older than it) reads as null, so the metric SQL may name every column of the schema."""
         if files and self.confined:
             # the files are opened here, by Arrow; DuckDB scans the dataset and never sees a path.
             # Columns are united by name as read_parquet(union_by_name) does (older runs lack some)
             schema = pa.unify_schemas([pads.dataset(f, format="parquet").schema for f in files],
                                       promote_options="permissive")
+            absent = [f for f in spec.schema if f.name not in schema.names]
+            if absent:
+                schema = pa.unify_schemas([schema, pa.schema(absent)])
             self.con.register(f"_{name}_data", pads.dataset(files, format="parquet", schema=schema))
             self.con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_data")
         elif files:
             listing = ", ".join("'" + f.replace("'", "''") + "'" for f in files)
-            self.con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet([{listing}], union_by_name=true)")
+            scan = f"SELECT * FROM read_parquet([{listing}], union_by_name=true)"
+            present = {r[0] for r in self.con.sql(f"DESCRIBE {scan}").fetchall()}
+            absent = [f for f in spec.schema if f.name not in present]
+            if absent:
+                self.con.register(f"_{name}_absent", pa.schema(absent).empty_table())
+                scan += f" UNION ALL BY NAME SELECT * FROM _{name}_absent"
+            self.con.execute(f"CREATE VIEW {name} AS {scan}")
         else:
             self.con.register(f"_{name}_empty", spec.empty())
             self.con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_empty")

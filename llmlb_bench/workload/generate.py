@@ -45,6 +45,7 @@ class Stream(IntEnum):
     TOOLS = 7
     JOINS = 8
     ADAPTERS = 9
+    REASONING = 10
 
 
 def stream(seed: int, scope: str, which: Stream) -> np.random.Generator:
@@ -73,6 +74,8 @@ class TenantRequests:
     images: np.ndarray
     image_tokens: np.ndarray
     audio_s: np.ndarray
+    #: how many of ``output_tokens`` are reasoning (0: none; :mod:`llmlb_bench.workload.reasoning`)
+    reasoning: np.ndarray
     wait_lo: np.ndarray
     wait_hi: np.ndarray
     bounds: np.ndarray | None
@@ -124,6 +127,8 @@ def tenant_requests(t: TenantSpec, seed: int, horizon: float, rate_scale: float,
         session = np.arange(n0) if t.fanout is not None else np.full(n0, -1)
     n = len(arrival)
     new_in, out = _lengths(t, stream(seed, t.name, Stream.LENGTHS), n)
+    think_rng = stream(seed, t.name, Stream.REASONING) if t.reasoning is not None else None
+    out, reasoning = _reason(t, think_rng, out)
     if t.sessions is not None and t.sessions.tools is not None:
         new_in = np.where(tool, tool_tokens, new_in)  # the tool's result is the turn's new input
     images = image_tokens = np.zeros(n, np.int64)
@@ -143,11 +148,12 @@ def tenant_requests(t: TenantSpec, seed: int, horizon: float, rate_scale: float,
         system = per_group[group]
         if hashes:
             sys_keys = stream_keys(SYSTEM, pool, group)
-    history = segment_exclusive_cumsum(new_in + out, session) if t.sessions is not None else 0
+    # the next turn's context holds earlier answers, not their reasoning (as DeepSeek's and Qwen's APIs drop it)
+    history = segment_exclusive_cumsum(new_in + out - reasoning, session) if t.sessions is not None else 0
     prompt = system + history + new_in
     reqs = TenantRequests(
         arrival_s=arrival, input_tokens=prompt, output_tokens=out, session=session, turn=turn, parent=parent,
-        after_parent_s=after, images=images, image_tokens=image_tokens, audio_s=audio,
+        after_parent_s=after, images=images, image_tokens=image_tokens, audio_s=audio, reasoning=reasoning,
         wait_lo=np.full(n, -1), wait_hi=np.full(n, -1), bounds=np.stack([system, prompt], axis=1) if hashes else None,
         keys=np.stack([sys_keys, stream_keys(SESSION, t.name, session) if t.sessions is not None
                        else stream_keys(OWN, t.name, np.arange(n))], axis=1) if hashes else None,
@@ -157,13 +163,25 @@ def tenant_requests(t: TenantSpec, seed: int, horizon: float, rate_scale: float,
         reqs = reqs.select((turn <= 0) | (prompt + out <= t.max_context))
     if t.fanout is not None:
         reqs = _fan_out(t, reqs, stream(seed, t.name, Stream.FANOUT), hashes,
-                        stream(seed, t.name, Stream.JOINS) if t.fanout.join else None)
+                        stream(seed, t.name, Stream.JOINS) if t.fanout.join else None, think_rng)
     late = reqs.arrival_s >= horizon
     return reqs.select(~late) if late.any() else reqs
 
 
+def _reason(t: TenantSpec, rng: np.random.Generator | None, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(output_tokens, reasoning_tokens)`` of requests whose drawn output is ``out``."""
+    if t.reasoning is None or rng is None:
+        return out, np.zeros(len(out), np.int64)
+    return t.reasoning.draw(rng, out)
+
+
+def _answered(reqs: TenantRequests, rows: np.ndarray) -> np.ndarray:
+    """Prompt + answer of ``rows``: the context a child or a join extends (reasoning is not kept)."""
+    return reqs.input_tokens[rows] + reqs.output_tokens[rows] - reqs.reasoning[rows]
+
+
 def _fan_out(t: TenantSpec, reqs: TenantRequests, rng: np.random.Generator, hashes: bool,
-             join_rng: np.random.Generator | None) -> TenantRequests:
+             join_rng: np.random.Generator | None, think_rng: np.random.Generator | None) -> TenantRequests:
     """Append ``depth`` generations of children; each child's prompt extends its parent's context.
     With ``join_rng``, each generation's parents with children also get a join request."""
     f = t.fanout
@@ -178,15 +196,15 @@ def _fan_out(t: TenantSpec, reqs: TenantRequests, rng: np.random.Generator, hash
         if m == 0:
             break
         tool = np.maximum(f.tool_s.sample(rng, m), 0.0)
-        context = cur.input_tokens[src] + cur.output_tokens[src]
+        context = _answered(cur, src)
         prompt = context + f.tool_tokens.sample(rng, m).astype(np.int64)
-        out = (f.output or t.output).sample(rng, m).astype(np.int64)
+        out, reasoning = _reason(t, think_rng, (f.output or t.output).sample(rng, m).astype(np.int64))
         first = end
         child = TenantRequests(
             arrival_s=cur.arrival_s[src] + tool, input_tokens=prompt, output_tokens=out,
             session=cur.session[src], turn=np.full(m, -1), parent=base + src, after_parent_s=tool,
             images=np.zeros(m, np.int64), image_tokens=np.zeros(m, np.int64), audio_s=np.zeros(m),
-            wait_lo=np.full(m, -1), wait_hi=np.full(m, -1),
+            reasoning=reasoning, wait_lo=np.full(m, -1), wait_hi=np.full(m, -1),
             bounds=np.column_stack([cur.bounds[src, :-1], context, prompt]) if hashes else None,
             keys=np.column_stack([cur.keys[src], stream_keys(OWN, t.name, first + np.arange(m))]) if hashes else None,
         )
@@ -195,14 +213,14 @@ def _fan_out(t: TenantSpec, reqs: TenantRequests, rng: np.random.Generator, hash
         parts.append(child)
         end = first + len(child)
         if join_rng is not None:
-            parts.append(_joins(t, cur, base, child, first, join_rng, hashes))
+            parts.append(_joins(t, cur, base, child, first, join_rng, hashes, think_rng))
             end += len(parts[-1])
         base, cur, gen = first, child, np.arange(len(child))
     return _concat(parts)
 
 
 def _joins(t: TenantSpec, cur: TenantRequests, base: int, child: TenantRequests, first: int,
-           rng: np.random.Generator, hashes: bool) -> TenantRequests:
+           rng: np.random.Generator, hashes: bool, think_rng: np.random.Generator | None) -> TenantRequests:
     """One join per row of ``cur`` (rows ``base``...) with children in ``child`` (rows ``first``...,
     contiguous per parent): parent context + the children's answers + its own tokens, sent when
     the last child ends."""
@@ -212,17 +230,17 @@ def _joins(t: TenantSpec, cur: TenantRequests, base: int, child: TenantRequests,
     owners, lo = np.unique(parent, return_index=True)
     hi = np.r_[lo[1:], len(parent)]
     m = len(owners)
-    answers = np.add.reduceat(child.output_tokens, lo) if m else np.zeros(0, np.int64)
-    context = cur.input_tokens[owners] + cur.output_tokens[owners]
+    answers = np.add.reduceat(child.output_tokens - child.reasoning, lo) if m else np.zeros(0, np.int64)
+    context = _answered(cur, owners)
     prompt = context + answers + (f.join_tokens or f.tool_tokens).sample(rng, m).astype(np.int64)
-    out = (f.output or t.output).sample(rng, m).astype(np.int64)
+    out, reasoning = _reason(t, think_rng, (f.output or t.output).sample(rng, m).astype(np.int64))
     last = np.maximum.reduceat(child.arrival_s, lo) if m else np.zeros(0)
     own = first + len(child)
     joins = TenantRequests(
         arrival_s=last, input_tokens=prompt, output_tokens=out, session=cur.session[owners],
         turn=np.full(m, -1), parent=base + owners, after_parent_s=np.zeros(m),
         images=np.zeros(m, np.int64), image_tokens=np.zeros(m, np.int64), audio_s=np.zeros(m),
-        wait_lo=first + lo, wait_hi=first + hi,
+        reasoning=reasoning, wait_lo=first + lo, wait_hi=first + hi,
         bounds=np.column_stack([cur.bounds[owners, :-1], context, prompt]) if hashes else None,
         keys=np.column_stack([cur.keys[owners], stream_keys(JOIN, t.name, own + np.arange(m))]) if hashes else None,
     )
@@ -369,6 +387,8 @@ def _assemble(spec: WorkloadSpec, parts: list[TenantRequests], limit: int | None
         if any(t.fanout is not None and t.fanout.join for t in tenants):
             columns["wait_ids"] = _wait_ids(all_rows.wait_lo[order] + row_offset, all_rows.wait_hi[order] + row_offset,
                                             all_rows.wait_lo[order] >= 0, new_id)
+    if any(t.reasoning is not None for t in tenants):
+        columns["reasoning_tokens"] = pa.array(all_rows.reasoning[order].astype(np.int32))
     if any(t.adapters is not None for t in tenants):
         columns["adapter"] = _adapter_column(spec, parts, order, seed)
     if all_rows.bounds is not None and all_rows.keys is not None:

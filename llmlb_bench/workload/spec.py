@@ -21,6 +21,7 @@ from llmlb_bench.workload.arrivals import ArrivalProcess, parse_arrival
 from llmlb_bench.workload.distributions import Lengths, parse_lengths
 from llmlb_bench.workload.fields import Section
 from llmlb_bench.workload.multimodal import Multimodal, parse_multimodal
+from llmlb_bench.workload.reasoning import Reasoning, parse_reasoning
 from llmlb_bench.workload.sessions import Sessions, SystemPrompts, parse_sessions, parse_system_prompts
 
 T = TypeVar("T")
@@ -53,6 +54,8 @@ class TenantSpec:
     label: str = ""
     #: the LoRA adapters its requests name (None: all go to the base model)
     adapters: Adapters | None = None
+    #: how much of its output is reasoning (None: none)
+    reasoning: Reasoning | None = None
 
     @property
     def tenant(self) -> str:
@@ -176,6 +179,7 @@ def _tenant(s: Section, name: str) -> TenantSpec:
         max_context=s.integer("max_context", None, ge=1),
         label=s.string("label", ""),
         adapters=_optional(s, "adapters", parse_adapters),
+        reasoning=_optional(s, "reasoning", parse_reasoning),
     )
     s.finish()
     return spec

@@ -7,6 +7,11 @@ blocks, timestamps in s, plus ``chat_id``/``parent_chat_id``/``turn``/``type``).
 The ids are kept as they are, as ``prefix_hashes``, with the block size in
 the trace metadata.
 
+Either may carry a ``reasoning_tokens`` field (how many of the output tokens
+were reasoning; ``reasoning_length`` is accepted too): neither published file
+has one, but a trace of a thinking model written in the same layout keeps
+its reasoning counts this way.
+
 A Bailian child turn keeps its recorded arrival time and gets ``parent_id``
 (the chat it continues) with no ``after_parent_s``: it is sent at its
 arrival time, but not before its parent completes.
@@ -26,18 +31,20 @@ from llmlb_bench.workload.importers.tabular import ADAPTER_NAMES, Columns, adapt
 MOONCAKE_BLOCK = 512
 BAILIAN_BLOCK = 16
 
+REASONING_NAMES = ["reasoning_tokens", "reasoning_length"]
 MOONCAKE = Columns(required={"time": ["timestamp"], "input": ["input_length"], "output": ["output_length"],
-                             "hashes": ["hash_ids"]}, optional={"adapter": list(ADAPTER_NAMES)})
+                             "hashes": ["hash_ids"]},
+                   optional={"adapter": list(ADAPTER_NAMES), "reasoning": REASONING_NAMES})
 BAILIAN = Columns(required={"time": ["timestamp"], "input": ["input_length"], "output": ["output_length"],
                             "hashes": ["hash_ids"], "chat": ["chat_id"]},
                   optional={"parent": ["parent_chat_id"], "turn": ["turn"], "type": ["type"],
-                            "adapter": list(ADAPTER_NAMES)})
+                            "adapter": list(ADAPTER_NAMES), "reasoning": REASONING_NAMES})
 HASHES = pa.list_(pa.uint64())
 
 
 def read_mooncake(path: str | Path) -> pa.Table:
     path = check_file(path)
-    time, inp, out, hashes, adapter = [], [], [], [], []
+    time, inp, out, hashes, adapter, reasoning = [], [], [], [], [], []
     for line, cols in jsonl_batches(path, MOONCAKE, {"hashes": HASHES, "time": pa.float64(), "adapter": pa.string()}):
         time.append(numbers(cols["time"], "timestamp", path, line, dtype=np.float64) / 1000.0)
         inp.append(numbers(cols["input"], "input_length", path, line))
@@ -45,14 +52,28 @@ def read_mooncake(path: str | Path) -> pa.Table:
         hashes.append(cols["hashes"])
         if "adapter" in cols:
             adapter.append(cols["adapter"])
+        _reasoning(cols, out[-1], path, line, reasoning)
     return assemble(concat(time), concat(inp), concat(out), source=path, prefix_hashes=concat(hashes),
-                    adapter=adapters(concat(adapter)) if adapter else None)
+                    adapter=adapters(concat(adapter)) if adapter else None,
+                    reasoning_tokens=concat(reasoning) if reasoning else None)
+
+
+def _reasoning(cols: dict[str, pa.Array], output: np.ndarray, path: Path, line: int, into: list[np.ndarray]) -> None:
+    """Append one batch's reasoning counts (if the file has them), refusing more reasoning than output."""
+    if "reasoning" not in cols:
+        return
+    r = numbers(cols["reasoning"].fill_null(0), "reasoning_tokens", path, line)  # null: no reasoning
+    if (r > output).any():
+        bad = int(np.argmax(r > output))
+        raise UserError(f"line {line + bad}: reasoning_tokens {r[bad]} exceeds output_length {output[bad]} "
+                        f"(output counts reasoning and answer)", path)
+    into.append(r.astype(np.int32))
 
 
 def read_bailian(path: str | Path) -> pa.Table:
     path = check_file(path)
     parts: dict[str, list] = {k: [] for k in ("time", "input", "output", "hashes", "chat", "parent", "turn", "type",
-                                              "adapter")}
+                                              "adapter", "reasoning")}
     for line, cols in jsonl_batches(path, BAILIAN, {"hashes": HASHES, "time": pa.float64(), "type": pa.string(),
                                                     "adapter": pa.string()}):
         parts["time"].append(numbers(cols["time"], "timestamp", path, line, dtype=np.float64))
@@ -68,6 +89,7 @@ def read_bailian(path: str | Path) -> pa.Table:
             parts["type"].append(cols["type"])
         if "adapter" in cols:
             parts["adapter"].append(cols["adapter"])
+        _reasoning(cols, parts["output"][-1], path, line, parts["reasoning"])
     chat = concat(parts["chat"])
     parent_row = _rows_of(chat, concat(parts["parent"]), path) if parts["parent"] else None
     session = _roots(parent_row) if parent_row is not None else None
@@ -75,7 +97,8 @@ def read_bailian(path: str | Path) -> pa.Table:
                     prefix_hashes=concat(parts["hashes"]), parent_row=parent_row, session_id=session,
                     turn=concat(parts["turn"]).astype(np.int32) if parts["turn"] else None,
                     kind=dictionary(concat(parts["type"])) if parts["type"] else None,
-                    adapter=adapters(concat(parts["adapter"])) if parts["adapter"] else None)
+                    adapter=adapters(concat(parts["adapter"])) if parts["adapter"] else None,
+                    reasoning_tokens=concat(parts["reasoning"]) if parts["reasoning"] else None)
 
 
 def _rows_of(chat: np.ndarray, parent_chat: np.ndarray, path: Path) -> np.ndarray:

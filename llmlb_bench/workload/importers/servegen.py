@@ -7,8 +7,10 @@ ServeGen publishes parameters, not requests. Per client:
   (the fitted inter-arrival distribution; we use its rate, CV and family);
 * ``chunk-<client>-dataset.json``: per coarser window (6 h), stringified
   discrete PDFs ``{value: probability}`` of ``input_tokens`` and
-  ``output_tokens`` (language and reasoning), or of ``text_tokens``,
-  ``image_tokens`` and ``image_count`` (multimodal).
+  ``output_tokens`` (language and reasoning; reasoning clients add
+  ``reason_ratio``, the share of each output that is reasoning, which becomes
+  the tenant's ``[reasoning] ratio``), or of ``text_tokens``, ``image_tokens``
+  and ``image_count`` (multimodal).
 
 Each (client, length window) pair becomes one spec tenant with a ``windows``
 arrival process that is silent outside its period, labelled with the
@@ -155,6 +157,9 @@ def _lengths(fields: dict[str, str], where: Path, period: str) -> dict[str, Any]
     spec: dict[str, Any] = {"input": {**_empirical(in_v, in_p), "min": 0}, "output": _empirical(out_v, out_p),
                             "kind": "multimodal" if "image_tokens" in fields
                             else "reasoning" if "reason_ratio" in fields else "chat"}
+    ratio_v, ratio_p = pdf("reason_ratio")
+    if ratio_v and sum(ratio_p) > 0:
+        spec["reasoning"] = {"ratio": _empirical(ratio_v, ratio_p)}
     img_v, img_p = pdf("image_tokens")
     cnt_v, cnt_p = pdf("image_count")
     if img_v and cnt_v and max(cnt_v) > 0:
