@@ -74,7 +74,7 @@ def test_serve_streams_vllm_reasoning_deltas_and_whole_replies():
 
 def test_deepseek_style_reasoning_content_and_usage_count(servers, tmp_path: Path):
     """``reasoning_content`` deltas (DeepSeek, SGLang) count as reasoning; the usage's
-    ``completion_tokens_details.reasoning_tokens`` wins over the chunk count when sent; the first
+    ``completion_tokens_details.reasoning_tokens`` wins over the chunk count when positive; the first
     chunk with content is the first answer token, even when it also closes the reasoning."""
     async def chat(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -88,9 +88,9 @@ def test_deepseek_style_reasoning_content_and_usage_count(servers, tmp_path: Pat
             await send({"reasoning_content": f" step{k}", "content": None})
         await send({"reasoning_content": " done", "content": " The"})
         await send({"content": " answer"}, "stop")
-        usage = {"prompt_tokens": 5, "completion_tokens": 7}
-        if report:
-            usage["completion_tokens_details"] = {"reasoning_tokens": 4}
+        # vLLM 0.32 sends reasoning_tokens 0 after streaming reasoning deltas: the chunks count then
+        usage = {"prompt_tokens": 5, "completion_tokens": 7,
+                 "completion_tokens_details": {"reasoning_tokens": 4 if report else 0}}
         await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n")
         return resp
 

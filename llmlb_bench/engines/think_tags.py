@@ -6,7 +6,10 @@ Why it exists: vLLM's reasoning parser (``--reasoning-parser deepseek_r1``) spli
 that carries ``vllm_xargs: {"reasoning_tokens": R}`` (what the replayer sends for a trace row
 with reasoning, :data:`llmlb_bench.workload.reasoning.REASONING_ARG`) gets ``</think>`` forced
 as its output token number R + 1 and both tags kept out everywhere else, so its stream is
-exactly R reasoning chunks, the tag (which vLLM does not stream), then the answer. That makes
+exactly R reasoning chunks, the tag (which vLLM does not stream), then the answer. It also keeps
+every other special token and every token that is not whole printable ASCII text out of the output
+(a lone byte of a multi-byte character streams as an empty delta, which no client can count), so
+each output token streams as exactly one non-empty chunk. That makes
 replay's reasoning accounting testable against a real engine (tests/test_reasoning_vllm.py).
 A request without the argument reasons for 0 tokens (``</think>`` first): the deepseek_r1
 parser takes everything before ``</think>`` as reasoning, as DeepSeek-R1 opens its reasoning
@@ -34,11 +37,17 @@ ARG = "reasoning_tokens"
 START, END = "<think>", "</think>"
 
 
-def tag_ids(model_dir: str | Path) -> tuple[int, int]:
-    """Ids of ``<think>`` and ``</think>`` among the added tokens of the model's ``tokenizer.json``."""
-    added = json.loads((Path(model_dir) / "tokenizer.json").read_text())["added_tokens"]
-    ids = {t["content"]: t["id"] for t in added}
-    return ids[START], ids[END]
+#: characters of whole printable-ASCII byte-level tokens: "!".."~" as themselves, and "Ġ" (a space)
+_PLAIN = frozenset(chr(c) for c in range(33, 127)) | {"\u0120"}
+
+
+def read_vocab(model_dir: str | Path) -> tuple[int, int, list[int]]:
+    """From the model's byte-level ``tokenizer.json``: the ids of ``<think>`` and ``</think>``, and of
+    the tokens that decode on their own to printable ASCII text."""
+    tok = json.loads((Path(model_dir) / "tokenizer.json").read_text())
+    added = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    plain = [i for text, i in tok["model"]["vocab"].items() if text not in added and set(text) <= _PLAIN]
+    return added[START], added[END], plain
 
 
 class ForceThinkEnd(AdapterLogitsProcessor):
@@ -46,7 +55,10 @@ class ForceThinkEnd(AdapterLogitsProcessor):
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
         super().__init__(vllm_config, device, is_pin_memory)
-        self.start, self.end = tag_ids(vllm_config.model_config.tokenizer)
+        self.start, self.end, plain = read_vocab(vllm_config.model_config.tokenizer)
+        #: -inf on every token an output may not hold (all but plain text), 0 elsewhere
+        self.banned = torch.full((vllm_config.model_config.get_vocab_size(),), float("-inf"))
+        self.banned[plain] = 0.0
 
     def is_argmax_invariant(self) -> bool:
         return False  # it changes which token wins
@@ -59,14 +71,13 @@ class ForceThinkEnd(AdapterLogitsProcessor):
 
     def new_req_logits_processor(self, params: SamplingParams) -> Any:
         reasoning = (params.extra_args or {}).get(ARG) or 0
-        start, end = self.start, self.end
+        end, banned = self.end, self.banned
 
         def force(output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
             if len(output_ids) == reasoning:
                 logits.fill_(float("-inf"))
                 logits[end] = 0.0
-            else:
-                logits[start] = logits[end] = float("-inf")
-            return logits
+                return logits
+            return logits.add_(banned.to(logits.device, logits.dtype))
 
         return force

@@ -17,9 +17,10 @@ Reasoning: a chunk whose delta carries only ``reasoning`` (vLLM) or
 ``reasoning_content`` (DeepSeek, SGLang) is a reasoning token; the first
 chunk with non-empty ``content`` is the first answer token, and its read's
 time is ``first_answer_s``. ``reasoning_tokens`` is the server's
-``usage.completion_tokens_details.reasoning_tokens`` when it sends one, else
-the count of reasoning chunks (the think tags themselves, which vLLM does not
-stream, are in neither count). The answer test comes first, so a stream
+``usage.completion_tokens_details.reasoning_tokens`` when it sends a positive
+one (a server that hides its reasoning still counts it), else the count of
+reasoning chunks: vLLM 0.32 sends 0 there after streaming reasoning deltas.
+The think tags themselves, which vLLM does not stream, are in neither count. The answer test comes first, so a stream
 without reasoning costs what it did.
 """
 
@@ -301,10 +302,9 @@ class Flight:
         return self.chunks, True
 
     def reasoning_tokens(self) -> int | None:
-        """Reasoning tokens of the output (the server's count when sent, else the reasoning chunks);
-        None when there were none."""
-        n = self.usage_reasoning if self.usage_reasoning is not None else self.reasoning
-        return n or None
+        """Reasoning tokens of the output (the server's count when it sends a positive one, else the
+        reasoning chunks); None when there were none."""
+        return self.usage_reasoning or self.reasoning or None
 
 
 def _clip(raw: bytes, n: int = 80) -> str:
