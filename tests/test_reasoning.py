@@ -28,6 +28,7 @@ from llmlb_bench.workload.importers import import_trace
 from llmlb_bench.workload.importers.jsonl import read_bailian
 from llmlb_bench.workload.spec import WorkloadSpec
 from metrics_helpers import seg, store_run
+from test_metrics_docs import find
 from sim_helpers import by_request_id, run_sim, trace
 
 SERVEGEN_R1 = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "servegen" / "deepseek-r1"
@@ -191,3 +192,34 @@ def test_report_shows_reasoning_only_for_runs_with_it(tmp_path):
     store_run(tmp_path / "think", "think", {**base, "reasoning_tokens": [2, 2], "first_answer_s": [0.3, 1.3]})
     text = titles(tmp_path / "think")
     assert "TTFA p99 (s)" in text and "reasoning share of output tokens (%)" in text
+
+
+def test_documented_reasoning_sql_gives_the_report_figures(tmp_path):
+    rng = np.random.default_rng(5)
+    n = 60
+    sent = np.sort(rng.uniform(0, 20, n))
+    out = rng.integers(2, 80, n)
+    reasoning = np.where(rng.random(n) < 0.7, rng.integers(0, 40, n), 0) * (out > 40)
+    first = sent + rng.uniform(0.05, 0.3, n)
+    gap = rng.uniform(0.01, 0.03, n)
+    store_run(tmp_path, "doc", {
+        "request_id": list(range(n)), "sent_s": sent, "scheduled_s": sent, "first_token_s": first,
+        "last_token_s": first + gap * (out - 1), "token_times": [[seg(f, g, int(o))] for f, g, o in zip(first, gap, out)],
+        "output_tokens": out, "reasoning_tokens": [int(r) or None for r in reasoning],
+        "first_answer_s": [f + g * r if r else None for f, g, r in zip(first, gap, reasoning)], "status": ["ok"] * n})
+    [s] = summarize(Catalog([tmp_path]), None)
+    [r] = Catalog([tmp_path], confined=True).query_read_only(find("ttfa_p99")).to_pylist()
+    assert r["ttfa_p99"] == pytest.approx(s["reasoning"]["ttfa"]["p99"])
+    assert r["answer_tpot_p50"] == pytest.approx(s["reasoning"]["answer_tpot"]["p50"])
+    assert r["reasoning_share"] == pytest.approx(s["reasoning"]["share"]) == pytest.approx(reasoning.sum() / out.sum())
+    # theory: evenly paced tokens, so the answer's TPOT is each request's gap
+    assert s["reasoning"]["answer_tpot"]["p50"] == pytest.approx(np.percentile(gap[out - reasoning > 1], 50))
+
+
+def test_reasoning_preset_has_servegens_share_and_every_request_answers():
+    from llmlb_bench.workload.spec import load_spec
+
+    t = generate(load_spec(Path(__file__).resolve().parents[1] / "workloads" / "reasoning.toml"))
+    r, out = t.column("reasoning_tokens").to_numpy(), t.column("output_tokens").to_numpy()
+    assert r.sum() / out.sum() == pytest.approx(0.62, abs=0.02)   # ServeGen deepseek-r1: 62% of output tokens
+    assert np.all(r < out)                                           # a share below 1 leaves an answer token

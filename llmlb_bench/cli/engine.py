@@ -76,6 +76,7 @@ def vllm(
     max_loras: Annotated[int, typer.Option("--max-loras", min=1, help="Distinct adapters in one running batch (vLLM's --max-loras).")] = 1,
     max_lora_rank: Annotated[int, typer.Option("--max-lora-rank", min=1, help="Largest adapter rank served (vLLM's --max-lora-rank).")] = 8,
     max_cpu_loras: Annotated[Optional[int], typer.Option("--max-cpu-loras", min=1, help="Adapters cached in CPU memory (default: vLLM's, --max-loras).")] = None,
+    reasoning: Annotated[bool, typer.Option("--reasoning", help="vLLM's deepseek_r1 reasoning parser, and a logits processor that makes the tiny model reason for each request's vllm_xargs.reasoning_tokens (what llmlb replay sends for a trace's reasoning rows; docs/engines.md).")] = False,
 ) -> None:
     """Start vLLM CPU replicas, print their URLs, and run until Ctrl-C (then stop every process).
 
@@ -120,7 +121,7 @@ def vllm(
                                 max_num_batched_tokens=max_num_batched_tokens, num_gpu_blocks=num_gpu_blocks,
                                 prefix_caching=prefix_caching, kv_space_gib=kv_space, lora_modules=modules,
                                 max_loras=max_loras, max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras,
-                                speculative_config=spec, extra_args=tuple(vllm_arg or ()))
+                                speculative_config=spec, reasoning=reasoning, extra_args=tuple(vllm_arg or ()))
         console.print(f"starting {replicas} vLLM replica(s) serving {model_dir.name} as {served_model!r} "
                       "(35-60 s each with --enforce-eager)")
         try:

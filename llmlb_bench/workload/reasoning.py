@@ -51,7 +51,8 @@ class Reasoning:
         if self.ratio is not None:
             share = np.clip(self.ratio.sample(rng, n), 0.0, 1.0)
             reasoning = np.where(thinks, np.rint(share * output), 0).astype(np.int64)
-            return output, np.minimum(reasoning, output)
+            # a share below 1 leaves an answer, however short the output rounds it
+            return output, np.minimum(reasoning, np.where(share < 1.0, np.maximum(output - 1, 0), output))
         assert self.tokens is not None
         reasoning = np.where(thinks, self.tokens.sample(rng, n), 0).astype(np.int64)
         return output + reasoning, reasoning
