@@ -301,3 +301,33 @@ def test_worker_processes_thread_a_conversation_in_the_process_that_holds_it(ser
     root = rec.bodies[0]["prompt"]
     assert rec.bodies[3]["prompt"].startswith(root + " answer-0 . answer-1 . answer-2 .")
     assert rec.bodies[11]["prompt"].startswith(rec.bodies[10]["prompt"] + " answer-10 .")
+
+
+def test_a_resumed_run_sends_what_is_left_once_and_joins_wait_only_for_requests_it_sends(servers, tmp_path):
+    """Requests 0 (the parent) and 1 ended in the interrupted run; the resumed run sends 2 at
+    once (its parent is done), and the join 3 after 2 alone. 3's parent answered in the other
+    run, whose answers are not stored, so its prompt comes from its hashes."""
+    from llmlb_bench.policies import make_policy
+    from llmlb_bench.replay import preflight, replay
+    from llmlb_bench.replay.resume import prepare_resume
+    from llmlb_bench.store import RunStore
+
+    rec = Recorder()
+    url = servers.aiohttp(rec.app())
+    trace = _join_trace()
+    write_trace(trace, tmp_path / "t.parquet")
+    with RunStore(tmp_path / "res", config={}, backend="replay", run_id="p", trace_path=tmp_path / "t.parquet") as run:
+        run.requests.write({"request_id": [0, 1, 2, 3], "status": ["ok", "ok", "not_sent", "not_sent"],
+                            "last_token_s": [0.1, 0.4, None, None]})
+    meta_path = tmp_path / "res" / "p" / "run.json"
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "status": "partial"}))
+    res = prepare_resume(tmp_path / "res" / "p", tmp_path / "t.parquet")
+    opts = ReplayOptions(api="completions", scrape_s=None)
+    with RunStore(res.results_dir, config={}, backend="replay", run_id=res.run_id) as run:
+        replay(read_trace(tmp_path / "t.parquet"), [url], make_policy("round_robin"), run, opts,
+               pre=preflight([url], opts), resume=res)
+    res.discard_backup()
+    rows = sorted(pq.read_table(tmp_path / "res" / "p" / "requests.parquet").to_pylist(), key=lambda r: r["request_id"])
+    assert [r["status"] for r in rows] == ["ok"] * 4 and sorted(rec.bodies) == [2, 3]
+    assert rows[3]["sent_s"] >= rows[2]["last_token_s"] + 0.1
+    assert rec.bodies[3]["prompt"] == PromptBuilder(16).text(160, [], 3)
