@@ -331,3 +331,12 @@ def test_a_resumed_run_sends_what_is_left_once_and_joins_wait_only_for_requests_
     assert [r["status"] for r in rows] == ["ok"] * 4 and sorted(rec.bodies) == [2, 3]
     assert rows[3]["sent_s"] >= rows[2]["last_token_s"] + 0.1
     assert rec.bodies[3]["prompt"] == PromptBuilder(16).text(160, [], 3)
+
+
+def test_trace_stats_count_the_joins():
+    from llmlb_bench.workload.stats import trace_stats
+
+    t = _agent_trace()
+    joins = [r for r in t.column("wait_ids").to_pylist() if r]
+    assert trace_stats(t)["joins"] == {"joins": len(joins), "mean_inputs": 2.0}
+    assert "joins" not in trace_stats(_join_trace().drop(["wait_ids"]))

@@ -146,6 +146,11 @@ def trace_stats(table: pa.Table) -> dict[str, Any]:
     parents = table.num_rows - table.column("parent_id").null_count
     if parents:
         result["dependent_requests"] = int(parents)
+    waits = table.column("wait_ids") if "wait_ids" in table.column_names else None
+    if waits is not None and waits.null_count < table.num_rows:
+        lengths = pc.list_value_length(waits.drop_null()).to_numpy(zero_copy_only=False)
+        result["joins"] = {"joins": int((lengths > 0).sum()), "mean_inputs": float(lengths[lengths > 0].mean())
+                           if (lengths > 0).any() else 0.0}
     images = table.column("images").to_numpy(zero_copy_only=False)
     if images.any():
         result["images"] = {"requests_with_images": float((images > 0).mean()), "mean_images": float(images.mean()),
