@@ -2,10 +2,13 @@
 
     python benchmarks/cache_accounting_speed.py                       # 250k requests, 40 blocks each, 3 repeats
     python benchmarks/cache_accounting_speed.py --requests 1000000 --repeats 1
+    python benchmarks/cache_accounting_speed.py --simulate 100000   # its share of a simulated run
 
 Each request has 40 prompt blocks of 16 tokens: 30 shared with one of 1,000 groups and 10 of
 its own, on one of 4 targets (a reuse-heavy case: most blocks take part in the per-target pass).
-Prints each repeat's wall time, the median and range, the peak resident memory of the process
+With ``--simulate N`` it instead simulates N requests of ``workloads/shared-prefix.toml`` (at 25x
+its rate, four replicas, cache_aware) and times the run and, apart, the accounting it wrote at its
+end. Prints each repeat's wall time, the median and range, the peak resident memory of the process
 and the load average (the machine is shared: compare figures taken at a similar load).
 """
 
@@ -15,12 +18,14 @@ import argparse
 import os
 import resource
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from llmlb_bench.metrics.cache_accounting import account
+from llmlb_bench.metrics.cache_accounting import account, write_accounting
 
 
 def rows_and_hashes(n: int, seed: int = 0) -> tuple[pa.Table, pa.ListArray]:
@@ -46,7 +51,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=250_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--simulate", type=int, default=0, help="simulate this many requests instead")
     args = ap.parse_args()
+    if args.simulate:
+        simulated(args.simulate, args.repeats)
+        return
     rows, hashes = rows_and_hashes(args.requests)
     parent = np.full(args.requests, -1, dtype=np.int64)
     times = []
@@ -60,6 +69,30 @@ def main() -> None:
           f"(range {min(times):.2f}-{max(times):.2f}); peak RSS "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB; load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def simulated(n: int, repeats: int) -> None:
+    from llmlb_bench.experiment import simulate_run
+    from llmlb_bench.repro.traces import preset
+    from llmlb_bench.schema import read_trace, write_trace
+    from llmlb_bench.sim import ClusterConfig
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.parquet"
+        write_trace(preset("shared-prefix", seed=1, rate_scale=25.0, requests=n), path, block_size=16)
+        trace = read_trace(path)
+        for k in range(repeats):
+            t0 = time.perf_counter()
+            store = simulate_run(trace, path, ClusterConfig.build(replicas=4), "cache_aware", {}, 0,
+                                 Path(tmp) / "runs", run_id=f"r{k}")
+            run_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            write_accounting(store.dir, store.run_id, trace, store.summary["prefix_cache_units"])
+            acc_s = time.perf_counter() - t0
+            print(f"repeat {k + 1}: run (accounting included) {run_s:.2f} s, accounting alone {acc_s:.2f} s "
+                  f"({acc_s / run_s:.0%})")
+    print(f"{n:,} requests; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB; load "
+          f"average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -115,6 +115,12 @@ def test_a_tiny_kv_cache_loses_to_eviction_and_a_router_index_that_kept_the_bloc
     assert _total(ca, "stale") == offered and _total(ca, "eviction") == 0
     assert sum(r["predicted_cached_tokens"] for r in ca_rows) == offered
     assert sum(r["cached_tokens"] for r in ca_rows) == 0
+    # Dynamo's KV-cost router reads the replicas' KV events (exact in the simulator): it knows the
+    # blocks are gone, predicts no hit, and the same loss is plain eviction
+    kv, kv_rows = _run(tmp_path, table, path, cluster, "dynamo_kv", "kv")
+    _check_sums(kv, kv_rows)
+    assert _total(kv, "eviction") == offered and _total(kv, "stale") == 0
+    assert sum(r["predicted_cached_tokens"] for r in kv_rows) == 0
 
 
 def test_a_prefix_still_being_computed_is_lost_in_flight(tmp_path):
@@ -246,3 +252,29 @@ def test_a_next_turn_is_offered_the_previous_turns_reply(tmp_path):
     # on one replica the simulator keeps the reply's KV (sim/engine._cache_reply): all achieved,
     # none of it "beyond" the trace
     assert acc[1]["achieved_tokens"] == rows[1]["cached_tokens"] == 42 * BLOCK and acc[1]["beyond_tokens"] == 0
+
+
+def test_llmlb_route_records_the_routers_prediction(tmp_path):
+    """``llmlb route`` goes through the same Router: its cache_aware rows carry the prediction (a
+    real proxy on loopback in front of a fixed-stream backend)."""
+    from llmlb_bench.store import RunStore
+    from serve_helpers import request
+    from replay_helpers import ServerThread
+    from test_router_route import fixed_stream_app, rows_of, start_proxy
+
+    st = ServerThread()
+    try:
+        backend = st.aiohttp(fixed_stream_app())
+        with RunStore(tmp_path, config={}, backend="route", run_id="r") as run:
+            proxy = start_proxy(st, [backend], run, "cache_aware")
+            prompt = " ".join(["the"] * 40 + ["of"] * 8)          # 48 words: 3 blocks of 16
+            for _ in range(2):
+                status, _, _ = request(proxy.url, "POST", "/v1/completions",
+                                       {"prompt": prompt, "max_tokens": 3, "stream": True})
+                assert status == 200
+            st.call(proxy.drain)
+        first, second = rows_of(run.dir)
+        # the first finds nothing in the tree; the second all three of its blocks: 48 tokens
+        assert (first["predicted_cached_tokens"], second["predicted_cached_tokens"]) == (0, 48)
+    finally:
+        st.close()

@@ -32,8 +32,9 @@ the trace and the run's own rows, and written beside them as ``cache_accounting.
 the ``cache_accounting`` view serves to ``llmlb query`` and the report. Why then and there: the
 buckets need every request's hashes, and the hashes are in the trace, which a confined query
 cannot read and a report may no longer find; the requests table is left as it was written (no
-rewrite of its token segments); and the work is a few sorts of the trace's flattened hashes in
-NumPy (about 40 bytes per prompt block), not a Python walk per block.
+rewrite of its token segments); and the work is two sorts over the trace's flattened hashes in
+NumPy (peak about 130 bytes per prompt block), not a Python walk per block (docs/prefix-cache.md
+has the measured cost).
 """
 
 from __future__ import annotations
@@ -45,8 +46,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from llmlb_bench.schema import CACHE_ACCOUNTING, META_BLOCK_SIZE, REQUESTS, trace_block_size
-from llmlb_bench.store.parts import read_parts, replace_table
+from llmlb_bench.schema import CACHE_ACCOUNTING, META_BLOCK_SIZE, REQUESTS, TableSpec, open_parquet, trace_block_size
+from llmlb_bench.store.parts import replace_table, table_files
 from llmlb_bench.store.run import ACCOUNTING_FILE, REQUESTS_FILE
 from llmlb_bench.trace_columns import keyed_prefix_hashes
 
@@ -90,16 +91,25 @@ def _flat(hashes: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, n
 
 def _seen(values: np.ndarray, owner: np.ndarray, arrival: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per block, whether an earlier arrival (``arrival``: ranks of the owners) had the same hash
-    and whether any other block has it (only those can be hits or give one); and the blocks in
-    (hash, arrival) order."""
-    perm = np.lexsort((arrival[owner], values))
+    and whether any other block has it (only those can be hits or give one); and each block's
+    hash as a dense integer (0, 1, ... in hash order), to sort by.
+
+    One unstable sort of the 64-bit hashes (a request names a hash at most once, so within a hash
+    the first arrival is the one whose block is not seen earlier: a minimum per group)."""
+    perm = np.argsort(values, kind="quicksort")
     hv = values[perm]
-    same = hv[1:] == hv[:-1]
-    seen = np.zeros(len(values), dtype=bool)
-    seen[perm[1:]] = same
-    shared = seen.copy()
-    shared[perm[:-1][same]] = True
-    return seen, shared, perm
+    start = np.ones(len(values), dtype=bool)
+    start[1:] = hv[1:] != hv[:-1]
+    group = np.cumsum(start) - 1
+    first_arrival = np.minimum.reduceat(arrival[owner[perm]], np.flatnonzero(start)) if len(values) else group
+    counts = np.diff(np.r_[np.flatnonzero(start), len(values)])
+    seen = np.empty(len(values), dtype=bool)
+    seen[perm] = arrival[owner[perm]] != first_arrival[group]
+    shared = np.empty(len(values), dtype=bool)
+    shared[perm] = counts[group] > 1
+    dense = np.empty(len(values), dtype=np.int64)
+    dense[perm] = group
+    return seen, shared, dense
 
 
 def _replies(values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, parent: np.ndarray,
@@ -165,22 +175,25 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     extra, provider = _replies(values, offsets, lengths, parent, inp, out, block)
     values, owner = np.concatenate([values, extra]), np.concatenate([owner, provider])
     arrival = _ranks(sched, ids)
-    seen, shared, by_hash = _seen(values, owner, arrival)
+    seen, shared, dense = _seen(values, owner, arrival)
     offered_blocks = _leading(seen[:m], owner[:m], pos, lengths)
 
     # reachable: on the same target, an earlier arrival that computed the block (prefill done)
     # before this request's prefill finished; per (target, hash) group in arrival order, the
     # earliest such finish among the earlier members (a running max of group * big - finish rank).
-    # Only blocks whose hash occurs more than once take part (in a low-reuse trace, few do); the
-    # (hash, arrival) order is sorted once more, stably, by target: a radix sort of small integers
+    # Only blocks whose hash occurs more than once take part (in a low-reuse trace, few do).
     done = _ranks(first, ids)                     # requests without a first token rank last ...
     never = n + 1                                  # ... and never provide: rank n + 1
     provide = np.where(np.isnan(first), never, done)
-    keep = by_hash[shared[by_hash] & (holder[owner[by_hash]] >= 0)]
-    target_of = holder[owner[keep]]
-    order = keep[np.argsort(target_of.astype(np.int16) if len(names) < 2**15 else target_of, kind="stable")]
+    sub = np.flatnonzero(shared & (holder[owner] >= 0))
+    sh, sd, sa = holder[owner[sub]], dense[sub], arrival[owner[sub]]
+    hashes_n = int(sd.max()) + 1 if len(sd) else 1
+    if float(len(names) + 1) * hashes_n * (n + 1) < 2.0 ** 62:   # one int64 key (target, hash, arrival)
+        order = sub[np.argsort((sh * hashes_n + sd) * (n + 1) + sa, kind="quicksort")]
+    else:
+        order = sub[np.lexsort((sa, sd, sh))]
     so = owner[order]
-    hk, vk = holder[so], values[order]
+    hk, vk = holder[so], dense[order]
     start = np.ones(len(order), dtype=bool)
     start[1:] = (hk[1:] != hk[:-1]) | (vk[1:] != vk[:-1])
     group = np.cumsum(start) - 1
@@ -232,13 +245,26 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
                      for k, v in cols.items()})
 
 
+#: the requests columns the accounting reads (the token segments, most of the file, are skipped)
+_ROWS = TableSpec(kind=REQUESTS.kind, version=REQUESTS.version,
+                  schema=pa.schema([REQUESTS.schema.field(c) for c in _NEEDED]), required=frozenset({"request_id"}))
+
+
+def _requests(path: Path) -> pa.Table:
+    parts = []
+    for f in table_files(path):
+        pf = open_parquet(f, REQUESTS)
+        parts.append(_ROWS.conform(pf.read(columns=[c for c in _NEEDED if c in pf.schema_arrow.names]), f))
+    return pa.concat_tables(parts) if parts else _ROWS.empty()
+
+
 def write_accounting(run_dir: Path, run_id: str, trace: pa.Table, unit_of: Mapping[str, int]) -> int:
     """Account run ``run_id`` (folder ``run_dir``) against ``trace`` and write its
     ``cache_accounting.parquet``; returns the rows written (0, and nothing written, when the trace
     has no prefix hashes or the run no rows)."""
     if "prefix_hashes" not in trace.column_names or not len(pc.list_flatten(trace.column("prefix_hashes"))):
         return 0
-    rows = read_parts(run_dir / REQUESTS_FILE, REQUESTS).select(_NEEDED)
+    rows = _requests(run_dir / REQUESTS_FILE)
     if not rows.num_rows:
         return 0
     index = pc.index_in(rows.column("request_id"), value_set=trace.column("request_id").combine_chunks())
