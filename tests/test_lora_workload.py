@@ -11,6 +11,7 @@ from llmlb_bench.schema import read_trace, write_trace
 from llmlb_bench.workload.generate import generate
 from llmlb_bench.workload.importers import import_trace
 from llmlb_bench.workload.spec import WorkloadSpec
+from llmlb_bench.workload.stats import trace_stats
 
 
 def _spec(adapters, sessions=False, requests=40_000):
@@ -82,3 +83,14 @@ def test_importers_read_an_adapter_column_where_the_file_has_one(tmp_path):
     plain = tmp_path / "plain.csv"
     plain.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,374,44\n")
     assert pc.count(import_trace("azure-2023", plain).table.column("adapter")).as_py() == 0
+
+
+def test_trace_stats_describe_the_adapters_against_the_zipf_law():
+    t = generate(_spec({"count": 32, "zipf_s": 1.1, "base_fraction": 0.1}))
+    a = trace_stats(t)["adapters"]
+    p = np.arange(1, 33, dtype=float) ** -1.1
+    p = 0.9 * p / p.sum()
+    assert a["adapters"] == 32
+    assert abs(a["base_share"] - 0.1) < 0.01
+    assert abs(a["top1_share"] - p[0]) < 0.01 and abs(a["top10_share"] - p[:10].sum()) < 0.01
+    assert "adapters" not in trace_stats(generate(_spec({"count": 1, "base_fraction": 1.0}, requests=50)))

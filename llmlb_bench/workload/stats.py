@@ -155,6 +155,13 @@ def trace_stats(table: pa.Table) -> dict[str, Any]:
     if images.any():
         result["images"] = {"requests_with_images": float((images > 0).mean()), "mean_images": float(images.mean()),
                             "image_token_share": float(table.column("image_tokens").to_numpy().sum() / max(inp.sum(), 1))}
+    adapter = table.column("adapter") if "adapter" in table.column_names else None
+    if adapter is not None and adapter.null_count < table.num_rows:
+        # LoRA adapters: how many, and how skewed (the share of the most requested ones)
+        counts = np.sort(pc.value_counts(adapter.drop_null().cast(pa.string())).field("counts").to_numpy())[::-1]
+        result["adapters"] = {"adapters": int(len(counts)), "base_share": adapter.null_count / table.num_rows,
+                              "top1_share": float(counts[0] / table.num_rows),
+                              "top10_share": float(counts[:10].sum() / table.num_rows)}
     tenants = pc.value_counts(table.column("tenant").cast(pa.string()))
     result["tenants"] = {v["values"]: int(v["counts"]) for v in tenants.to_pylist()}
     kinds = pc.value_counts(table.column("kind").cast(pa.string()))
