@@ -41,7 +41,8 @@ def test_the_scraper_takes_the_newest_lora_label_set():
     assert parse_metrics('vllm:num_requests_running{model_name="m"} 2\n').lora is None
 
 
-def test_replay_sends_the_adapter_as_the_model_and_records_it(tmp_path: Path):
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_replay_sends_the_adapter_as_the_model_and_records_it(tmp_path: Path, api: str):
     cfg = ClusterConfig.build(replicas=2, max_loras=1)
     st = ServeThread(cfg, ServeOptions(port_per_replica=0, speed=10.0, lora_modules=("a", "b")))
     try:
@@ -50,7 +51,7 @@ def test_replay_sends_the_adapter_as_the_model_and_records_it(tmp_path: Path):
         assert listed == {"llama-3-8b": None, "a": "llama-3-8b", "b": "llama-3-8b"}
         adapters = ["a", "b", None, "a", "zzz", "b"]
         table = trace(np.arange(6) * 0.05, 64, 8, adapter=pa.array(adapters))
-        _, rows, _ = run_replay(table, st.urls, tmp_path, "round_robin", ReplayOptions(time_scale=0.1))
+        _, rows, _ = run_replay(table, st.urls, tmp_path, "round_robin", ReplayOptions(time_scale=0.1, api=api))
         assert [r["adapter"] for r in rows] == adapters
         # the server knew every name but the one it does not serve: 404, as vLLM answers
         assert [r["status"] for r in rows] == ["ok", "ok", "ok", "ok", "error", "ok"]
