@@ -223,3 +223,24 @@ def test_reasoning_preset_has_servegens_share_and_every_request_answers():
     r, out = t.column("reasoning_tokens").to_numpy(), t.column("output_tokens").to_numpy()
     assert r.sum() / out.sum() == pytest.approx(0.62, abs=0.02)   # ServeGen deepseek-r1: 62% of output tokens
     assert np.all(r < out)                                           # a share below 1 leaves an answer token
+
+
+def test_a_gate_on_the_answer_catches_longer_reasoning_that_ttft_does_not(tmp_path, capsys):
+    """Same outputs, more of them reasoning: TTFT and E2E stay, TTFA grows, and p99_ttfa fails."""
+    from conftest import cli
+    from llmlb_bench.experiment import simulate_run
+    from llmlb_bench.schema import read_trace, write_trace
+
+    for side, share in (("base", 0.2), ("worse", 0.8)):
+        s = spec({"ratio": {"dist": "fixed", "value": share}}).replace(requests=300)
+        for seed in (1, 2, 3):
+            path = tmp_path / side / f"s{seed}.parquet"
+            write_trace(generate(s, seed=seed), path, spec=s.to_dict())
+            simulate_run(read_trace(path), path, ClusterConfig.build(replicas=2), "least_outstanding", {}, seed,
+                         tmp_path / side / "runs", run_id=f"s{seed}")
+    code, out, _ = cli(["gate", str(tmp_path / "base" / "runs"), str(tmp_path / "worse" / "runs"),
+                        "--rule", "p99_ttft <= +10%", "--rule", "ttfa.p99 <= +10%", "--json", str(tmp_path / "g.json")],
+                       capsys)
+    assert code == 1, out
+    status = {v["rule"]: v["status"] for v in json.loads((tmp_path / "g.json").read_text())["verdicts"]}
+    assert status == {"p99_ttft <= +10%": "pass", "ttfa.p99 <= +10%": "fail"}

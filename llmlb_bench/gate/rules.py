@@ -21,7 +21,8 @@ from llmlb_bench.tomlfile import check_fields, read_toml
 from llmlb_bench.units import seconds
 
 
-LATENCIES = ("ttft", "tpot", "e2e")
+#: per-request latencies of request_metrics a rule can name; ttfa and answer_tpot are the answer's (reasoning)
+LATENCIES = ("ttft", "tpot", "e2e", "ttfa", "answer_tpot")
 LATENCY_STATS = ("mean", "p50", "p90", "p95", "p99")
 
 
@@ -74,7 +75,7 @@ def _metrics() -> dict[str, Metric]:
 
 
 METRICS = _metrics()
-_ALIAS = re.compile(r"^(ttft|tpot|e2e)[._](mean|p50|p90|p95|p99)$")
+_ALIAS = re.compile(r"^(ttft|tpot|e2e|ttfa|answer_tpot)[._](mean|p50|p90|p95|p99)$")
 _RULE = re.compile(r"^\s*([A-Za-z0-9_.]+)\s*(>=|<=|>|<)\s*([+-]?[0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(%|us|ms|s)?\s*$")
 
 
