@@ -1,8 +1,8 @@
 """The replayer against real vLLM (CPU build) with n-gram speculative decoding.
 
 One replica for the module, started with VllmSettings.speculative_config (vLLM's
-``--speculative-config``). What it checks: streams bundle tokens (chunks fewer than
-the tokens usage counts), so ITL (between deliveries) is longer than TPOT (per
+``--speculative-config``). What it checks: streams bundle tokens (with usage in every
+chunk the replayer records each chunk's tokens: segments of count > 1), so ITL (between deliveries) is longer than TPOT (per
 token); the series' per-scrape spec-decode deltas add up to what vLLM's counters
 rose by during the run; the report's acceptance figures are those counters'.
 The tiny model has random weights: acceptance is whatever n-gram lookup finds in
@@ -67,17 +67,21 @@ def test_bundled_chunks_itl_tpot_and_scraped_acceptance(engine, tmp_path):
     run_replay(_trace(1, 90_000, 8), [engine], tmp_path / "warm", options=ReplayOptions(api="completions",
                                                                                           scrape_s=None))
     before = _counters(engine)
+    # usage with every chunk: the replayer counts each chunk's own tokens (replay/flight.py)
+    chunk_usage = {"stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     summary, rows, run_dir = run_replay(_trace(6, 91_000, 96), [engine], tmp_path / "res",
-                                        options=ReplayOptions(api="completions", scrape_s=0.2))
+                                        options=ReplayOptions(api="completions", scrape_s=0.2,
+                                                              extra_body=chunk_usage))
     after = _counters(engine)
     assert summary["statuses"] == {"ok": 6}, [r["error"] for r in rows if r["error"]]
     rose = {col: after[col] - before[col] for col in SPEC}
     # n-gram lookup drafts up to k tokens: fewer where the match lies near the end of the context
     assert 0 < rose["spec_drafts"] <= rose["spec_draft_tokens"] <= K * rose["spec_drafts"]
-    # every row: usage counts all 96 tokens, the stream delivered them in fewer chunks
-    assert all(r["output_tokens"] == 96 for r in rows)
-    chunks = sum(token_count(r) for r in rows)
-    assert chunks < 6 * 96
+    # every row: all 96 tokens in token_times (also those whose text is empty: the random model
+    # emits some), delivered in fewer chunks, bundles recorded as segments of gap 0 with their tokens
+    assert all(r["output_tokens"] == token_count(r) == 96 for r in rows)
+    chunks = sum(len(r["token_times"]) for r in rows)
+    assert chunks < 6 * 96 and any(seg["count"] > 1 and seg["gap_s"] == 0 for r in rows for seg in r["token_times"])
     # the series' deltas: the scrapes bracket the run (the first one 0.5 s before the first request,
     # the replayer's last one after the last answer), so they add up to the counters' rise exactly
     series = pq.read_table(run_dir / "series.parquet").to_pylist()
@@ -88,9 +92,11 @@ def test_bundled_chunks_itl_tpot_and_scraped_acceptance(engine, tmp_path):
     assert spec["source"] == "server"
     assert spec["acceptance_rate"] == pytest.approx(rose["spec_accepted_tokens"] / rose["spec_draft_tokens"])
     assert spec["mean_acceptance_length"] == pytest.approx(1 + rose["spec_accepted_tokens"] / rose["spec_drafts"])
+    deliveries = sum(1 if seg["gap_s"] == 0 else seg["count"] for r in rows for seg in r["token_times"])
+    assert spec["tokens_per_delivery"] == pytest.approx(6 * 96 / deliveries) and spec["tokens_per_delivery"] > 1
     # accepted tokens arrive with their verify step: fewer deliveries than tokens, so the time between
     # deliveries (ITL) exceeds the time per token (TPOT)
     print(f"acceptance {spec['acceptance_rate']:.3f}, mean acceptance length {spec['mean_acceptance_length']:.2f}, "
-          f"{chunks} chunks for {6 * 96} tokens, ITL mean {s['itl']['mean'] * 1e3:.1f} ms, "
+          f"{chunks} chunks for {6 * 96} tokens, {spec['tokens_per_delivery']:.2f} tokens per delivery, ITL mean {s['itl']['mean'] * 1e3:.1f} ms, "
           f"TPOT mean {s['tpot']['mean'] * 1e3:.1f} ms")
     assert s["itl"]["mean"] > s["tpot"]["mean"]

@@ -8,7 +8,11 @@ owner, which decides about retries and writes the row.
 
 Token counting: a stream chunk whose ``choices[].text`` (completions) or
 ``choices[].delta.content`` / ``reasoning`` / ``reasoning_content`` (chat) is
-non-empty counts as one token; all chunks decoded from one socket read share
+non-empty counts as one token, or, when the server sends usage with every chunk
+(vLLM's and SGLang's ``stream_options.continuous_usage_stats``, asked for
+through ``ReplayOptions.extra_body``; seen on the first chunk with choices),
+every chunk counts the rise of ``usage.completion_tokens`` since the previous
+one (its text may be empty); all chunks decoded from one socket read share
 that read's timestamp and form one segment. ``output_tokens`` comes from the
 server's ``usage`` when it sends one, otherwise from that count (flagged as
 estimated).
@@ -66,7 +70,7 @@ class Flight:
         "first", "last", "last_rx", "seg_start", "seg_count", "chunks",
         "usage_out", "usage_in", "cached", "http_status", "backend", "done", "answer",
         "reasoning", "answer_at", "usage_reasoning",
-        "_mode", "_sse", "_parts", "_size", "_finish_seen", "_retry_after",
+        "_mode", "_sse", "_parts", "_size", "_finish_seen", "_retry_after", "_chunk_usage",
     )
 
     def __init__(self, idx: int, route: RouteRequest, target: int, request: bytes,
@@ -106,6 +110,8 @@ class Flight:
         self.usage_out: int | None = None
         self.usage_in: int | None = None
         self.cached: int | None = None
+        #: whether every text chunk carries usage (decided at the first one; None: not yet)
+        self._chunk_usage: bool | None = None
         self.http_status: int | None = None
         #: the backend the response names (a router's decision), see routers.identity
         self.backend: str | None = None
@@ -204,10 +210,20 @@ class Flight:
                 self._abort("error", f"server error in stream: {_message(obj)}", now)
                 return
             choices = obj.get("choices")
-            if choices:
-                tokens += self._count_choices(choices, now)
-            if obj.get("usage"):
-                self._take_usage(obj["usage"])
+            n = self._count_choices(choices, now) if choices else 0
+            usage = obj.get("usage")
+            if choices and self._chunk_usage is None:
+                self._chunk_usage = bool(usage)
+            if usage:
+                before = self.usage_out or 0
+                self._take_usage(usage)
+                # usage with every chunk (vLLM's and SGLang's continuous_usage_stats): the chunk's
+                # own tokens, several when the server bundles them (speculative decoding), also
+                # tokens whose text is empty (a random model's)
+                out = usage.get("completion_tokens") if type(usage) is dict else None
+                if choices and self._chunk_usage and type(out) is int:
+                    n = max(out - before, 0)
+            tokens += n
         self._record(tokens, now)
 
     def _count_choices(self, choices: Any, now: float) -> int:
