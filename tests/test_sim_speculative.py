@@ -159,12 +159,27 @@ def test_bad_settings_are_one_line_errors(spec: dict[str, Any], message: str) ->
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-def test_pool_settings_and_draft_model_cost() -> None:
-    cfg = ClusterConfig.build(model="llama-3-70b", tp=4, gpu="h100-sxm", pools=[
-        {"name": "spec", "replicas": 1, "speculative": {"method": "draft_model", "draft_model": "llama-3-8b"}},
+def test_pool_settings_and_draft_model_cost(tmp_path: Path) -> None:
+    """A Llama-3-70B pool (tp 4) drafting with Llama-3-8B from the catalog: at acceptance 0 every
+    verify step makes one token, so TPOT is the verify step plus k draft-model steps, each the
+    8B model's own roofline step on the pool's GPUs; the plain pool beside it decodes as ever."""
+    k = 3
+    cfg = ClusterConfig.build(model="llama-3-70b", tp=4, gpu="h100-sxm", enable_prefix_caching=False, pools=[
+        {"name": "spec", "replicas": 1, "speculative": {"method": "draft_model", "draft_model": "llama-3-8b",
+                                                        "num_speculative_tokens": k, "acceptance": 0.0}},
         {"name": "plain", "replicas": 1}])
     assert cfg.pools[0].speculative_spec is not None and cfg.pools[1].speculative_spec is None
     assert ClusterConfig.from_dict(cfg.to_dict()) == cfg
+    req, _, _ = run_sim(tmp_path, trace(np.array([0.0, 0.0]), 64, 1000), cfg, policy="round_robin")
+    tpot = {r["target"]: (r["last_token_s"] - r["first_token_s"]) / 999 for r in req.to_pylist()}
+    cat = load_catalog()
+    h100 = cat.gpu("h100-sxm")
+    target, draft = CostModel(cat.model("llama-3-70b"), h100, 4), CostModel(cat.model("llama-3-8b"), h100, 4)
+    ctx = 64 + 500
+    plain = target.run_step(1, ctx, ctx, 1)[0]
+    verify = target.run_step(k + 1, (k + 1) * ctx + k * (k + 1) / 2, ctx + k, k + 1)[0]
+    assert tpot["r1"] == pytest.approx(plain, rel=0.02)
+    assert tpot["r0"] == pytest.approx(verify + k * draft.run_step(1, ctx, ctx, 1)[0], rel=0.02)
 
 
 def test_itl_counts_deliveries_and_tpot_counts_tokens(tmp_path: Path) -> None:
