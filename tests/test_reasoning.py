@@ -244,3 +244,14 @@ def test_a_gate_on_the_answer_catches_longer_reasoning_that_ttft_does_not(tmp_pa
     assert code == 1, out
     status = {v["rule"]: v["status"] for v in json.loads((tmp_path / "g.json").read_text())["verdicts"]}
     assert status == {"p99_ttft <= +10%": "pass", "ttfa.p99 <= +10%": "fail"}
+
+
+def test_trace_stats_report_the_reasoning_share():
+    from llmlb_bench.workload.stats import trace_stats
+
+    t = generate(spec({"tokens": {"dist": "fixed", "value": 500}, "probability": 0.25}))
+    r, out = t.column("reasoning_tokens").to_numpy(), t.column("output_tokens").to_numpy()
+    got = trace_stats(t)["reasoning"]
+    assert got == pytest.approx({"requests_reasoning": (r > 0).mean(), "token_share": r.sum() / out.sum(),
+                                 "p50_tokens": 500.0})
+    assert "reasoning" not in trace_stats(generate(spec(None)))

@@ -129,7 +129,7 @@ def _stats_table(f: dict[str, Any], title: str) -> Table:
     for key in ("io_spearman", "io_pearson_log", "dependent_requests"):
         if key in f:
             table.add_row(key, _fmt(f[key]))
-    for group in ("prefix", "sessions", "joins", "images", "adapters"):
+    for group in ("prefix", "sessions", "joins", "images", "reasoning", "adapters"):
         for k, v in f.get(group, {}).items():
             table.add_row(f"{group}.{k}", _fmt(v))
     table.add_row("tenants", ", ".join(f"{k}: {v:,}" for k, v in list(f["tenants"].items())[:8]))

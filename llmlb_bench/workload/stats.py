@@ -155,6 +155,12 @@ def trace_stats(table: pa.Table) -> dict[str, Any]:
     if images.any():
         result["images"] = {"requests_with_images": float((images > 0).mean()), "mean_images": float(images.mean()),
                             "image_token_share": float(table.column("image_tokens").to_numpy().sum() / max(inp.sum(), 1))}
+    reasoning = table.column("reasoning_tokens") if "reasoning_tokens" in table.column_names else None
+    if reasoning is not None and (r := reasoning.fill_null(0).to_numpy()).any():
+        # output_tokens = reasoning + answer: the share of the decode work that is reasoning
+        result["reasoning"] = {"requests_reasoning": float((r > 0).mean()),
+                               "token_share": float(r.sum() / max(out.sum(), 1)),
+                               "p50_tokens": float(np.median(r[r > 0]))}
     adapter = table.column("adapter") if "adapter" in table.column_names else None
     if adapter is not None and adapter.null_count < table.num_rows:
         # LoRA adapters: how many, and how skewed (the share of the most requested ones)
