@@ -255,3 +255,15 @@ def test_trace_stats_report_the_reasoning_share():
     assert got == pytest.approx({"requests_reasoning": (r > 0).mean(), "token_share": r.sum() / out.sum(),
                                  "p50_tokens": 500.0})
     assert "reasoning" not in trace_stats(generate(spec(None)))
+
+
+def test_trace_fit_recovers_the_reasoning_share():
+    from llmlb_bench.workload.fit import fit_trace
+
+    original = generate(spec({"ratio": {"dist": "uniform", "low": 0.3, "high": 0.9}, "probability": 0.6}))
+    fitted = fit_trace(original).spec
+    table = next(iter(fitted["tenants"].values()))["reasoning"]
+    assert table["probability"] == pytest.approx(0.6, abs=0.03)
+    again = generate(WorkloadSpec.from_dict(fitted))
+    share = lambda t: t.column("reasoning_tokens").to_numpy().sum() / t.column("output_tokens").to_numpy().sum()  # noqa: E731
+    assert share(again) == pytest.approx(share(original), abs=0.02)

@@ -196,6 +196,9 @@ def fit_trace(table: pa.Table, window_s: float | None = None, seed: int = 0, nam
             rho = float(np.clip(2 * math.sin(math.pi * rs / 6), -0.99, 0.99))
             if abs(rho) >= 0.02:
                 spec_t["io_correlation"] = round(rho, 4)
+        reasoning = _fit_reasoning(sub, out)
+        if reasoning is not None:
+            spec_t["reasoning"] = reasoning
         spec_t["kind"] = _mode(sub.column("kind").cast(pa.string()), "chat")
         spec_t["slo_class"] = _mode(sub.column("slo_class").cast(pa.string()), "default")
         spec_t["priority"] = int(_mode(sub.column("priority"), 0))
@@ -214,6 +217,20 @@ def fit_trace(table: pa.Table, window_s: float | None = None, seed: int = 0, nam
     spec = {"name": name, "description": f"fitted to a trace of {table.num_rows} requests over {span:.0f} s",
             "seed": seed, "duration_s": span, "tenants": tenants}
     return FitResult(spec, report, notes)
+
+
+def _fit_reasoning(sub: pa.Table, out: np.ndarray) -> dict[str, Any] | None:
+    """A tenant's ``[reasoning]`` table: the share of requests that reason and, among them, the
+    quantiles of reasoning / output (the ``ratio`` form, as ServeGen measures it); None without any."""
+    col = sub.column("reasoning_tokens") if "reasoning_tokens" in sub.column_names else None
+    r = col.fill_null(0).to_numpy() if col is not None else np.zeros(0)
+    thinks = (r > 0) & (out > 0)
+    if not thinks.any():
+        return None
+    table: dict[str, Any] = {"ratio": _empirical(r[thinks] / out[thinks]).to_dict()}
+    if not thinks.all():
+        table["probability"] = round(float(thinks.mean()), 6)
+    return table
 
 
 def compare(original: pa.Table, generated: pa.Table) -> dict[str, float]:
