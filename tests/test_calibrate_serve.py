@@ -202,3 +202,18 @@ def test_sweep_and_repro_take_a_profile(tmp_path: Path, profile_file: Path):
     chunked = [(a.label, a.cluster.pools[0].max_num_batched_tokens) for a in arms
                if a.label.startswith("chunks of")]
     assert chunked and all(label == f"chunks of {tokens}" for label, tokens in chunked)
+
+
+def test_repeated_probes_count_once_at_their_fastest():
+    """Interference only adds time: of identical probes the fit keeps the fastest, with the fastest
+    repeat's own features, and counts the repeats; different probes stay apart, in first-seen order."""
+    from llmlb_bench.calibrate.fit import Observation, fastest_of_repeats
+
+    f = np.ones(7)
+    obs = [Observation("prefill", "prompt 100", f, 0.030), Observation("decode", "batch 4, context 16", f, 0.009),
+           Observation("prefill", "prompt 100", f, 0.020), Observation("prefill", "prompt 200", f, 0.050),
+           Observation("decode", "batch 4, context 16", 2 * f, 0.008), Observation("prefill", "prompt 100", f, 0.025)]
+    got = fastest_of_repeats(obs)
+    assert [(o.probe, o.what, o.measured_s, o.repeats) for o in got] == [
+        ("prefill", "prompt 100", 0.020, 3), ("decode", "batch 4, context 16", 0.008, 2), ("prefill", "prompt 200", 0.050, 1)]
+    assert got[1].features.tolist() == (2 * f).tolist()

@@ -60,7 +60,8 @@ def calibrate(url: str, given: Mapping[str, Any], *, options: ReplayOptions | No
         "request_per_prompt_token_s": result.coefficients["request_per_prompt_token_s"],
         "fit": {"by_probe": result.summary(), "notes": result.notes,
                 "observations": [{"probe": o.probe, "what": o.what, "measured_s": round(o.measured_s, 6),
-                                  "predicted_s": round(o.predicted_s, 6), "outlier": o.outlier}
+                                  "predicted_s": round(o.predicted_s, 6), "outlier": o.outlier,
+                                  "repeats": o.repeats}
                                  for o in result.observations]},
     }
     EngineProfile.from_dict(profile, "calibrated profile")   # the file must load where it is used

@@ -74,7 +74,8 @@ def calibrate(
         f"{k} {v} ({info.sources[k]})" for k, v in info.settings.items()), highlight=False, soft_wrap=True)
     t = Table("probe", "observation", "measured ms", "predicted ms", "error %", title="Fit residuals")
     for o in cal.fit.observations:
-        t.add_row(o.probe, o.what + (" [dim](outlier)[/]" if o.outlier else ""), f"{1e3 * o.measured_s:.2f}",
+        t.add_row(o.probe, o.what + (f" [dim](fastest of {o.repeats})[/]" if o.repeats > 1 else "")
+                  + (" [dim](outlier)[/]" if o.outlier else ""), f"{1e3 * o.measured_s:.2f}",
                   f"{1e3 * o.predicted_s:.2f}", f"{100 * o.error:+.1f}")
     console.print(t)
     for kind, s in cal.fit.summary().items():
