@@ -113,10 +113,12 @@ def test_the_simulator_sends_a_join_after_its_last_input_ends_and_copies_session
 
 
 class Recorder:
-    """An OpenAI-style server that streams ``answer-<id>`` as four chunks and keeps each request's body."""
+    """An OpenAI-style server that streams ``answer-<id>`` as four chunks (on the chat API after
+    ``reasoning`` chunks of vLLM's ``reasoning`` deltas) and keeps each request's body."""
 
-    def __init__(self) -> None:
+    def __init__(self, reasoning: int = 0) -> None:
         self.bodies: dict[int, dict] = {}
+        self.reasoning = reasoning
 
     def app(self) -> web.Application:
         async def models(request: web.Request) -> web.Response:
@@ -128,10 +130,12 @@ class Recorder:
             chat = "messages" in body
             resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
             await resp.prepare(request)
+            for _ in range(self.reasoning if chat else 0):
+                await resp.write(b"data: " + json.dumps({"choices": [{"delta": {"reasoning": " hm"}}]}).encode() + b"\n\n")
             for piece in (" answer", "-", str(rid), " ."):
                 choice = {"delta": {"content": piece}} if chat else {"text": piece}
                 await resp.write(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
-            usage = {"prompt_tokens": 1, "completion_tokens": 4}
+            usage = {"prompt_tokens": 1, "completion_tokens": 4 + (self.reasoning if chat else 0)}
             await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
                              b"data: [DONE]\n\n")
             return resp
@@ -171,6 +175,18 @@ def test_replayed_turns_extend_the_previous_prompt_and_the_answer_the_server_ret
         assert b[3]["messages"] == root + [{"role": "assistant", "content": " answer-0 ."},
                                            {"role": "user", "content": " answer-1 . answer-2 ." + _words(84, 3)}]
     assert rows[3]["sent_s"] >= max(rows[1]["last_token_s"], rows[2]["last_token_s"]) + 0.1
+
+
+def test_a_threaded_turn_after_reasoning_extends_the_answer_and_budgets_only_its_tokens(servers, tmp_path):
+    """The history a next turn extends keeps the answer, not the reasoning streamed before it: the
+    assistant message is the answer text and the new text is sized as if no reasoning was there."""
+    rec = Recorder(reasoning=9)
+    url = servers.aiohttp(rec.app())
+    _, rows, _ = run_replay(_join_trace(), [url], tmp_path, options=ReplayOptions(api="chat", scrape_s=None))
+    assert [r["status"] for r in rows] == ["ok"] * 4 and rows[0]["reasoning_tokens"] == 9
+    root = rec.bodies[0]["messages"]
+    assert rec.bodies[1]["messages"] == root + [{"role": "assistant", "content": " answer-0 ."},
+                                                {"role": "user", "content": _words(96 - 68, 1)}]
 
 
 def test_without_threading_every_prompt_comes_from_the_trace_hashes(servers, tmp_path):

@@ -252,6 +252,14 @@ def test_a_next_turn_is_offered_the_previous_turns_reply(tmp_path):
     # on one replica the simulator keeps the reply's KV (sim/engine._cache_reply): all achieved,
     # none of it "beyond" the trace
     assert acc[1]["achieved_tokens"] == rows[1]["cached_tokens"] == 42 * BLOCK and acc[1]["beyond_tokens"] == 0
+    # a reply that opens with reasoning offers the next turn nothing beyond the prompt's 30 blocks
+    # (its history keeps the answer only), and the simulator agrees
+    reasoned = table.set_column(table.schema.get_field_index("reasoning_tokens"), "reasoning_tokens", pa.array([120, 0], pa.int32()))
+    write_trace(reasoned, path, block_size=BLOCK)
+    acc, rows = _run(tmp_path, pq.read_table(path), path, ClusterConfig.build(replicas=1), "round_robin", "reasoned")
+    _check_sums(acc, rows)
+    assert acc[1]["offered_tokens"] == acc[1]["achieved_tokens"] == rows[1]["cached_tokens"] == 30 * BLOCK
+    assert acc[1]["beyond_tokens"] == 0
 
 
 def test_llmlb_route_records_the_routers_prediction(tmp_path):

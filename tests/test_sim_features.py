@@ -81,6 +81,11 @@ def test_next_turn_of_a_conversation_hits_the_cached_reply(tmp_path):
     req = by_request_id(run_sim(tmp_path, table, ClusterConfig.build(replicas=1))[0])
     # 1000 + 200 - 1 tokens of KV -> 74 full blocks, of which the prompt had 62
     assert req.column("cached_tokens").to_pylist() == [0, 74 * 16, 0]
+    # a reply that opens with reasoning: its KV after the prompt holds the reasoning, which the next
+    # turn's history leaves out, so only the prompt's 62 full blocks are shared
+    reasoned = table.set_column(table.schema.get_field_index("reasoning_tokens"), "reasoning_tokens", pa.array([150, 0, 0], pa.int32()))
+    req = by_request_id(run_sim(tmp_path, reasoned, ClusterConfig.build(replicas=1), run_id="reasoned")[0])
+    assert req.column("cached_tokens").to_pylist() == [0, 62 * 16, 0]
 
 
 def test_engine_block_size_coarser_than_the_trace_hashes(tmp_path):

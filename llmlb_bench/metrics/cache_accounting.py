@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 LOSSES = ("granularity", "failed", "routing", "in_flight", "eviction", "stale", "unmeasured")
 
 _NEEDED = ["request_id", "target", "prefill_target", "status", "scheduled_s", "sent_s", "first_token_s",
-           "input_tokens", "output_tokens", "cached_tokens", "predicted_cached_tokens"]
+           "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens", "predicted_cached_tokens"]
 
 
 def _leading(flags: np.ndarray, owner: np.ndarray, pos: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -168,6 +168,9 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     cached = cached_col.fill_null(0).to_numpy().astype(np.int64)
     predicted = rows.column("predicted_cached_tokens").fill_null(0).to_numpy().astype(np.int64)
     out = rows.column("output_tokens").fill_null(0).to_numpy().astype(np.int64)
+    # a reply that opens with reasoning shares nothing with the next turn, whose prompt keeps the
+    # answer only (the simulator's _cache_reply says the same)
+    out[rows.column("reasoning_tokens").fill_null(0).to_numpy() > 0] = 0
 
     values, owner, pos, lengths, offsets = _flat(hashes)
     m = len(values)

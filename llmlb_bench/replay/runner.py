@@ -563,7 +563,8 @@ class Replayer:
         self.flights.discard(f)
         if self.threads is not None:
             if status == "ok" and f.answer is not None:
-                self.threads.answered(f.idx, "".join(f.answer), f.output_tokens()[0])
+                # the answer's tokens: the history a next turn extends keeps no reasoning
+                self.threads.answered(f.idx, "".join(f.answer), f.output_tokens()[0] - (f.reasoning_tokens() or 0))
             self.threads.ended(f.idx)
         self._write_row(f.idx, f, status, error)
         if status == "ok" and f.first is not None and f.sent is not None:

@@ -373,7 +373,12 @@ class Simulation:
         The engine caches every full block it computed, the reply's included, but the
         trace names only prompt blocks. The next turn of the same conversation (a child
         whose prompt starts with this prompt's full blocks) names them: its hashes that
-        lie within this request's prompt + reply cover exactly the reply's KV."""
+        lie within this request's prompt + reply cover exactly the reply's KV. A reply that opens
+        with reasoning leaves nothing a next turn shares: the conversation's history keeps the
+        answer, not the reasoning before it (workload/reasoning.py), so its prompt parts from this
+        KV right after this prompt."""
+        if self.cols.reasoning[req.row]:
+            return
         rep = self.replicas[req.target]
         unit = rep.bs * rep.cache.unit_blocks
         own = req.prompt // unit
