@@ -234,7 +234,7 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
         ("running mean / peak", lambda s: _pair(_get(s, "state", "running_mean"), _get(s, "state", "running_max")), "s"),
     ]))
     if any(s.get("prefix_cache") for s in doc["runs"]):
-        sections.append(("Prefix-cache accounting (% of prompt tokens; docs/prefix-cache.md)", [
+        sections.append(("Prefix cache (% of prompt tokens)", [
             ("offered (one unbounded cache)", _pct(("prefix_cache", "offered")), ".1f"),
             ("reachable (unbounded cache per target)", _pct(("prefix_cache", "reachable")), ".1f"),
             ("achieved (cached tokens)", _pct(("prefix_cache", "achieved")), ".1f"),
