@@ -191,7 +191,7 @@ def test_the_view_report_and_query_show_the_accounting(tmp_path, capsys):
         pytest.approx({k: cache[k] for k in ("offered", "reachable", "achieved", "routing", "eviction", "stale",
                                              "in_flight")})
     code, out, err = cli(["report", results, "--format", "md"], capsys)
-    assert code == 0 and "Prefix-cache accounting" in out and "lost to routing" in out
+    assert code == 0 and "Prefix cache (% of prompt tokens)" in out and "lost to routing" in out
 
 
 def test_a_trace_without_prefix_hashes_writes_no_accounting(tmp_path):
