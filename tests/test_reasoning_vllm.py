@@ -5,7 +5,7 @@ logits processor (engines/think_tags.py) forces ``</think>`` as output token R +
 sent with ``vllm_xargs.reasoning_tokens`` = R (what the replayer sends for a trace row with R
 reasoning tokens; 0 without it). vLLM then streams R ``reasoning`` deltas, no chunk for the tag,
 and the answer as ``content``: the replayer must count R and time the first answer at chunk R + 1. One vLLM
-replica for the module; without vLLM the tests fail where ``CI`` is set and skip elsewhere.
+replica for the module, found through engines_helpers.vllm_python (a failure where ``CI`` is set).
 """
 
 from __future__ import annotations

