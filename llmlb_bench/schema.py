@@ -258,6 +258,11 @@ CACHE_ACCOUNTING = TableSpec(
 SPECS = {s.kind: s for s in (TRACE, REQUESTS, SERIES, CACHE_ACCOUNTING)}
 
 
+#: what pyarrow raises on a damaged or crafted file (a footer that decodes as a type it does not
+#: implement, e.g. an integer wider than 64 bits, is ArrowNotImplementedError, not ArrowInvalid)
+_UNREADABLE = (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError)
+
+
 def open_parquet(path: str | Path, spec: TableSpec) -> pq.ParquetFile:
     """Open ``path`` as a Parquet file of kind ``spec``, or raise a one-line UserError."""
     path = Path(path)
@@ -267,7 +272,7 @@ def open_parquet(path: str | Path, spec: TableSpec) -> pq.ParquetFile:
         raise UserError(f"is a directory, expected a {spec.kind} Parquet file", path)
     try:
         pf = pq.ParquetFile(path)
-    except (pa.ArrowInvalid, OSError) as exc:
+    except _UNREADABLE as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(f"not a readable Parquet file ({reason})", path) from None
     meta = pf.schema_arrow.metadata or {}
@@ -293,7 +298,7 @@ def read_table(path: str | Path, spec: TableSpec) -> pa.Table:
     pf = open_parquet(path, spec)
     try:
         table = pf.read()
-    except (pa.ArrowInvalid, OSError) as exc:
+    except _UNREADABLE as exc:
         raise UserError(f"unreadable Parquet data ({str(exc).splitlines()[0]})", path) from None
     return spec.conform(table, path)
 
