@@ -80,6 +80,8 @@ def test_session_history_keeps_answers_not_reasoning():
     ({"ratio": {"dist": "fixed", "value": 0.5}, "tokens": {"dist": "fixed", "value": 9}}, "give exactly one"),
     ({"ratio": {"dist": "fixed", "value": 0.5}, "probabilty": 0.5}, "probabilty"),
     ({"tokens": {"dist": "fixed", "value": 9}, "probability": 2}, "must be <= 1"),
+    ({"ratio": {"dist": "fixed", "value": 1.5}}, r"must lie in \[0, 1\].*100% of its mass above 1"),
+    ({"ratio": {"dist": "uniform", "low": 0.5, "high": 1.5}}, "50% of its mass above 1"),
 ])
 def test_bad_reasoning_tables_name_the_field(reasoning, problem):
     with pytest.raises(UserError, match=problem) as e:

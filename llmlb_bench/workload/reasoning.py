@@ -68,6 +68,12 @@ def parse_reasoning(s: Section) -> Reasoning:
         sub = s.section("ratio")
         assert sub is not None
         ratio = parse_distribution(sub)
+        # a share of the output lies in [0, 1]: mass above 1 is a mistake (a percentage, a length),
+        # which clipping in draw() would silently turn into all-reasoning outputs
+        above = 1.0 - float(ratio.cdf(np.array([1.0]))[0])
+        if above > 1e-9:
+            raise s.error("ratio", f"the reasoning share of the output must lie in [0, 1]; this "
+                                   f"distribution puts {above:.0%} of its mass above 1")
     else:
         sub = s.section("tokens")
         assert sub is not None
