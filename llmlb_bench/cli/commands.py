@@ -17,3 +17,4 @@ from llmlb_bench.cli import calibrate  # noqa: F401
 from llmlb_bench.cli import routers  # noqa: F401
 from llmlb_bench.cli import route  # noqa: F401
 from llmlb_bench.cli import engine  # noqa: F401
+from llmlb_bench.cli import learn  # noqa: F401
