@@ -1,0 +1,322 @@
+"""The observation features shared by the learning environment and the learned policies.
+
+A policy trained in the environment (``llmlb_bench.learn``) and the same policy
+deployed behind ``llmlb route`` must see the *same numbers in the same order*,
+or the trained weights mean nothing. This module is that one definition: a
+fixed, named layout of
+
+* **per-target** fields, one row per target of the :class:`View` (what a
+  router can know about each replica or endpoint at the decision), and
+* **per-request** fields (what it knows about the request at arrival),
+
+each with a fixed scaling, and :meth:`Features.layout` to store the layout in
+a policy file and :meth:`Features.from_layout` to rebuild (and check) it when
+the file is loaded. Only numpy; nothing from training libraries.
+
+Per-target fields (``PER_TARGET``), in this order:
+
+================================  ===========  ==========  ========================================
+name                              transform    scale       meaning (source)
+================================  ===========  ==========  ========================================
+``waiting``                       log1p        1           engine queue length (scraped)
+``running``                       log1p        1           engine running batch (scraped)
+``outstanding_requests``          log1p        1           router's own in-flight requests (own)
+``outstanding_tokens``            log1p        1000        own in-flight prompt + max output tokens
+``kv_usage``                      linear       1           KV-cache blocks in use, 0..1 (scraped)
+``prefix_match``                  linear       1           fraction of this request's prefix blocks
+                                                           the target holds (KV events, else the
+                                                           router's approximate index)
+``adapter_resident``              linear       1           1: the request's LoRA adapter is in the
+                                                           running batch, 0.5: only queued, 0: not
+                                                           there or a base-model request (adapters)
+``adapter_slots_free``            linear       1           free adapter slots / max_loras (adapters)
+``signal_age_s``                  linear       1           seconds since the scraped signals were
+                                                           read (scraped)
+``healthy``                       linear       1           1 healthy, 0 not (own)
+``capacity``                      linear       1           relative serving capacity (static)
+================================  ===========  ==========  ========================================
+
+Per-request fields (``PER_REQUEST``): ``input_tokens`` (log1p, 1000), ``max_output_tokens``
+(log1p, 1000), ``prefix_blocks`` (log1p, 1: the prompt's prefix-hash blocks), ``priority``
+(linear), ``in_session`` (1 when it belongs to a conversation), ``has_adapter`` (1 when it names
+a LoRA adapter), ``predicted_output`` (log1p, 1000: a length predictor's output tokens; only with
+a predictor), and one ``slo_class=NAME`` indicator per class given in ``slo_classes``.
+
+A field's value is ``raw / scale`` (linear) or ``log1p(raw / scale)`` (log1p): counts and
+token totals span orders of magnitude, and a log keeps one weight meaningful across them.
+
+*Sources*: each field says where its raw value comes from (``FIELD_SOURCES``): ``own`` (the
+router's own accounting, every backend), ``static`` (target facts), ``scraped`` (engine metrics:
+zero where a backend scrapes nothing), ``prefix`` (KV events or the router's own index:
+always available), ``adapters`` (published adapter state), ``predictor`` (a length predictor).
+:func:`unavailable` lists the fields a backend without some sources cannot fill, so a policy
+file that needs them is refused with one line before work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.policies.base import RouteRequest, View
+from llmlb_bench.policies.prefix_index import PrefixIndex
+
+#: format name and version of :meth:`Features.layout` (bumped when a field's meaning changes)
+FORMAT = "llmlb.features"
+VERSION = 1
+
+Array = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One feature: its name, how its raw value is scaled, and where the raw value comes from."""
+
+    name: str
+    transform: str      # "linear" (raw / scale) or "log1p" (log1p(raw / scale))
+    scale: float
+    source: str         # own, static, scraped, prefix, adapters, predictor, request
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "transform": self.transform, "scale": self.scale, "source": self.source}
+
+
+_TARGET_FIELDS = (
+    Field("waiting", "log1p", 1.0, "scraped"),
+    Field("running", "log1p", 1.0, "scraped"),
+    Field("outstanding_requests", "log1p", 1.0, "own"),
+    Field("outstanding_tokens", "log1p", 1000.0, "own"),
+    Field("kv_usage", "linear", 1.0, "scraped"),
+    Field("prefix_match", "linear", 1.0, "prefix"),
+    Field("adapter_resident", "linear", 1.0, "adapters"),
+    Field("adapter_slots_free", "linear", 1.0, "adapters"),
+    Field("signal_age_s", "linear", 1.0, "scraped"),
+    Field("healthy", "linear", 1.0, "own"),
+    Field("capacity", "linear", 1.0, "static"),
+)
+_REQUEST_FIELDS = (
+    Field("input_tokens", "log1p", 1000.0, "request"),
+    Field("max_output_tokens", "log1p", 1000.0, "request"),
+    Field("prefix_blocks", "log1p", 1.0, "request"),
+    Field("priority", "linear", 1.0, "request"),
+    Field("in_session", "linear", 1.0, "request"),
+    Field("has_adapter", "linear", 1.0, "request"),
+    Field("predicted_output", "log1p", 1000.0, "predictor"),
+)
+#: every per-target field, in layout order
+PER_TARGET: tuple[str, ...] = tuple(f.name for f in _TARGET_FIELDS)
+#: every fixed per-request field, in layout order (``slo_class=NAME`` indicators follow them)
+PER_REQUEST: tuple[str, ...] = tuple(f.name for f in _REQUEST_FIELDS)
+#: field name -> the source of its raw value (see the module docstring)
+FIELD_SOURCES: dict[str, str] = {f.name: f.source for f in _TARGET_FIELDS + _REQUEST_FIELDS}
+_BY_NAME: dict[str, Field] = {f.name: f for f in _TARGET_FIELDS + _REQUEST_FIELDS}
+_CLASS_PREFIX = "slo_class="
+#: how ``prefix_match`` is measured: KV events when the view has them, else the own index ("auto");
+#: always the router's own index ("index"); KV events only ("events": refused where there are none)
+PREFIX_SOURCES = ("auto", "index", "events")
+
+
+class LengthPredictor(Protocol):
+    """What ``predicted_output`` needs: predicted output tokens of a request from what is known at arrival."""
+
+    def predict(self, req: RouteRequest) -> float: ...
+
+
+def unavailable(fields: Sequence[str], have: set[str]) -> list[str]:
+    """The fields among ``fields`` whose source is not in ``have`` (``own``, ``static``, ``request``
+    and ``prefix`` are always available; pass e.g. ``{"scraped", "adapters"}`` for the rest)."""
+    always = {"own", "static", "request", "prefix"}
+    return [f for f in fields if FIELD_SOURCES.get(f, "request") not in always | have]
+
+
+class Features:
+    """A fixed selection of fields, computed for one decision at a time (see the module docstring).
+
+    ``fields``: the names to use (per-target and per-request mixed; layout order is kept, not the
+    order given); default: every per-target and per-request field, less ``predicted_output`` when
+    there is no predictor. ``slo_classes``: one ``slo_class=NAME`` request indicator per name.
+    Call :meth:`record` after each decision so the own prefix index knows where prefixes went.
+    """
+
+    __slots__ = ("target_fields", "request_fields", "slo_classes", "predictor", "prefix_source", "_index",
+                 "_match", "_tcols", "_rcols", "_tget", "_tinv", "_tlog", "_rget")
+
+    def __init__(self, view: View | None = None, *, fields: Sequence[str] | None = None,
+                 predictor: LengthPredictor | None = None, slo_classes: Sequence[str] = (),
+                 prefix_source: str = "auto", where: str = "features") -> None:
+        if prefix_source not in PREFIX_SOURCES:
+            raise UserError(f"unknown prefix source {prefix_source!r} (known: {', '.join(PREFIX_SOURCES)})", where)
+        if fields is None:
+            fields = PER_TARGET + tuple(f for f in PER_REQUEST if f != "predicted_output" or predictor is not None)
+        unknown = [f for f in fields if f not in _BY_NAME]
+        if unknown:
+            raise UserError(f"unknown feature {unknown[0]!r} (known: {', '.join(_BY_NAME)})", where)
+        if "predicted_output" in fields and predictor is None:
+            raise UserError("feature 'predicted_output' needs a length predictor; none is configured", where)
+        if len(set(slo_classes)) != len(slo_classes):
+            raise UserError("slo_classes names a class twice", where)
+        if prefix_source == "events" and view is not None and view.cached_prefix is None:
+            raise UserError("prefix_match from KV events, but this backend publishes none", where)
+        wanted = set(fields)
+        self.target_fields = tuple(f for f in _TARGET_FIELDS if f.name in wanted)
+        self.request_fields = tuple(f for f in _REQUEST_FIELDS if f.name in wanted)
+        self.slo_classes = tuple(slo_classes)
+        self.predictor = predictor
+        self.prefix_source = prefix_source
+        self._index = PrefixIndex()
+        self._match: list[int] = []
+        self._tcols = tuple(f.name for f in self.target_fields)
+        self._rcols = tuple(f.name for f in self.request_fields)
+        # per field: the raw getter; targets scale as one [fields, n] array, requests as scalars
+        self._tget = [self._target_getter(f.name) for f in self.target_fields]
+        self._tinv = np.array([[1.0 / f.scale] for f in self.target_fields], dtype=np.float32)
+        logs = [j for j, f in enumerate(self.target_fields) if f.transform == "log1p"]
+        self._tlog = np.array(logs, dtype=np.intp) if logs else None
+        self._rget = [(self._request_getter(f.name), math.log1p if f.transform == "log1p" else None, f.scale)
+                      for f in self.request_fields]
+
+    # ---- names and layout ---------------------------------------------------------------------------
+
+    @property
+    def target_names(self) -> tuple[str, ...]:
+        """The columns of :meth:`targets`."""
+        return self._tcols
+
+    @property
+    def request_names(self) -> tuple[str, ...]:
+        """The entries of :meth:`request`."""
+        return self._rcols + tuple(_CLASS_PREFIX + c for c in self.slo_classes)
+
+    def layout(self) -> dict[str, Any]:
+        """Plain data naming every field, its order and scaling: stored with a trained policy and
+        checked by :meth:`from_layout` when it is loaded."""
+        return {
+            "format": FORMAT, "version": VERSION,
+            "per_target": [f.to_dict() for f in self.target_fields],
+            "per_request": [f.to_dict() for f in self.request_fields]
+            + [{"name": _CLASS_PREFIX + c, "transform": "linear", "scale": 1.0, "source": "request"}
+               for c in self.slo_classes],
+            "prefix_source": self.prefix_source,
+        }
+
+    @classmethod
+    def from_layout(cls, layout: Mapping[str, Any], view: View | None = None, *,
+                    predictor: LengthPredictor | None = None, where: str = "features") -> "Features":
+        """The features a stored :meth:`layout` describes; a layout of another format, version,
+        order or scaling than this code computes is refused with one line naming ``where``."""
+        if not isinstance(layout, Mapping) or layout.get("format") != FORMAT:
+            raise UserError(f"not a feature layout (format {FORMAT!r} expected)", where)
+        if layout.get("version") != VERSION:
+            raise UserError(f"feature layout version {layout.get('version')!r}; this llmlb computes "
+                            f"version {VERSION}", where)
+        try:
+            targets = [str(f["name"]) for f in layout["per_target"]]
+            requests = [str(f["name"]) for f in layout["per_request"]]
+            prefix_source = str(layout.get("prefix_source", "auto"))
+        except (KeyError, TypeError):
+            raise UserError("feature layout lacks per_target / per_request field lists", where) from None
+        classes = [r[len(_CLASS_PREFIX):] for r in requests if r.startswith(_CLASS_PREFIX)]
+        plain = [r for r in requests if not r.startswith(_CLASS_PREFIX)]
+        feats = cls(view, fields=targets + plain, predictor=predictor, slo_classes=classes,
+                    prefix_source=prefix_source, where=where)
+        if feats.layout() != dict(layout):
+            raise UserError("feature layout differs from what this llmlb computes (field order or scaling)", where)
+        return feats
+
+    # ---- values ---------------------------------------------------------------------------------------
+
+    def targets(self, req: RouteRequest, view: View) -> Array:
+        """float32 ``[len(view), n_target_fields]``: the scaled per-target fields for ``req`` now.
+
+        One ``np.array`` over the fields' raw lists, then one multiply and one masked log: the
+        cost is a few microseconds whatever the number of fields (it runs once per decision)."""
+        n = len(view.targets)
+        raw = np.array([get(req, view, n) for get in self._tget], dtype=np.float32)
+        raw *= self._tinv
+        if self._tlog is not None:
+            raw[self._tlog] = np.log1p(raw[self._tlog])
+        out: Array = raw.T
+        return out
+
+    def request(self, req: RouteRequest) -> Array:
+        """float32 ``[n_request_fields]``: the scaled per-request fields of ``req``."""
+        vals = [f(get(req) / s) if f is not None else get(req) / s for get, f, s in self._rget]
+        if self.slo_classes:
+            vals.extend(1.0 if req.slo_class == c else 0.0 for c in self.slo_classes)
+        return np.array(vals, dtype=np.float32)
+
+    def record(self, req: RouteRequest, target: int, now: float) -> None:
+        """``req`` was sent to ``target``: the own prefix index remembers its prefix there."""
+        if req.prefix_hashes and self.prefix_source != "events":
+            self._index.ensure(target + 1)
+            self._index.insert(req.prefix_hashes, target, now)
+
+    def _target_getter(self, name: str) -> Callable[[RouteRequest, View, int], Sequence[float]]:
+        """The raw value of a per-target field as a sequence of ``n`` numbers."""
+        plain = {"waiting", "running", "outstanding_requests", "outstanding_tokens", "kv_usage", "healthy"}
+        if name in plain:
+            return lambda req, view, n: getattr(view, name)
+        return {"capacity": _capacity, "signal_age_s": _signal_age, "prefix_match": self._prefix_match,
+                "adapter_resident": _adapter_resident, "adapter_slots_free": _adapter_slots_free}[name]
+
+    def _prefix_match(self, req: RouteRequest, view: View, n: int) -> Sequence[float]:
+        hashes = req.prefix_hashes
+        if not hashes:
+            return [0.0] * n
+        events = view.cached_prefix
+        k = len(hashes)
+        if events is not None and self.prefix_source != "index":
+            return [events(i, hashes) / k for i in range(n)]
+        if self.prefix_source == "events":
+            raise UserError("prefix_match from KV events, but this backend publishes none", "features")
+        if len(self._match) != n:
+            self._match = [0] * n
+        self._index.ensure(n)
+        self._index.match(hashes, self._match)
+        return [m / k for m in self._match]
+
+    def _request_getter(self, name: str) -> Callable[[RouteRequest], float]:
+        """The raw value of a per-request field."""
+        if name == "predicted_output":
+            predictor = self.predictor
+            assert predictor is not None        # checked in __init__
+            return lambda req: max(float(predictor.predict(req)), 0.0)
+        return _REQUEST_GETTERS[name]
+
+
+def _capacity(req: RouteRequest, view: View, n: int) -> Sequence[float]:
+    return [t.capacity for t in view.targets]
+
+
+def _signal_age(req: RouteRequest, view: View, n: int) -> Sequence[float]:
+    now = view.now
+    return [now - t if now > t else 0.0 for t in view.signal_time]
+
+
+def _adapter_resident(req: RouteRequest, view: View, n: int) -> Sequence[float]:
+    a = req.adapter
+    if a is None:
+        return [0.0] * n
+    return [0.0 if s is None else 1.0 if a in s.running else 0.5 if a in s.waiting else 0.0
+            for s in view.adapters]
+
+
+def _adapter_slots_free(req: RouteRequest, view: View, n: int) -> Sequence[float]:
+    return [0.0 if s is None or s.max_loras <= 0
+            else max(s.max_loras - len(set(s.running) | set(s.waiting)), 0) / s.max_loras
+            for s in view.adapters]
+
+
+_REQUEST_GETTERS: dict[str, Callable[[RouteRequest], float]] = {
+    "input_tokens": lambda req: float(req.input_tokens),
+    "max_output_tokens": lambda req: float(req.max_output_tokens),
+    "prefix_blocks": lambda req: float(len(req.prefix_hashes)),
+    "priority": lambda req: float(req.priority),
+    "in_session": lambda req: 0.0 if req.session_id is None else 1.0,
+    "has_adapter": lambda req: 0.0 if req.adapter is None else 1.0,
+}
