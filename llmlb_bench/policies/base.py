@@ -63,6 +63,28 @@ Released = tuple["RouteRequest", Union[int, Literal[Verdict.REJECT]]]
 PairDecision = Union[tuple[int, int], Literal[Verdict.REJECT]]
 
 
+@dataclass(slots=True, frozen=True)
+class Outcome:
+    """What the backend measured of a request that ended at its target, handed to the policy with
+    ``on_complete`` (``RouteRequest.outcome``): the feedback a controller or a learning policy acts on.
+
+    Times are on the backend's clock, the one ``RouteRequest.arrival_s`` and ``View.now`` use, so
+    ``first_token_s - arrival_s`` is the TTFT the router saw (its own queueing included). Backends fill
+    it only for policies that override ``on_complete`` (:attr:`Router.observes`), so the rest pay nothing.
+    """
+
+    #: "ok", "error", "timeout", "rejected" (by the target), as the requests table's status
+    status: str
+    #: when the first output token reached the router's side; None: no token came
+    first_token_s: float | None
+    #: when the request ended there (its last token, or the failure)
+    end_s: float
+    #: output tokens generated
+    output_tokens: int
+    #: prompt tokens served from the target's prefix cache, where the backend knows it
+    cached_tokens: int | None = None
+
+
 @dataclass(slots=True)
 class RouteRequest:
     """What a router knows about a request when it arrives."""
@@ -82,6 +104,9 @@ class RouteRequest:
     #: set by the Router once a target is chosen: the prompt tokens the policy expected that target
     #: to have cached (``Policy.predicted_cached``); None when the policy makes no such prediction
     predicted_cached_tokens: int | None = None
+    #: set by the backend just before ``Router.complete`` when the policy observes outcomes: what the
+    #: target delivered (:class:`Outcome`); None before it ended, and for policies that do not observe
+    outcome: Outcome | None = None
 
 
 @dataclass(slots=True)
@@ -177,7 +202,8 @@ class Policy(Protocol):
         raise NotImplementedError(f"policy {self.name!r} cannot route a disaggregated cluster")
 
     def on_complete(self, req: RouteRequest, target: int, view: View) -> None:
-        """A request routed to ``target`` ended (any status but router-rejected)."""
+        """A request routed to ``target`` ended (any status but router-rejected); ``req.outcome`` holds
+        what the target delivered (measured TTFT, end, tokens), filled for policies that override this hook."""
         return None
 
     def release(self, view: View) -> Released | None:

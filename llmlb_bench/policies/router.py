@@ -19,7 +19,10 @@ and the replayer (:mod:`llmlb_bench.replay.runner`), so it lives here once:
 * :attr:`Router.sent`, :attr:`Router.left` and :meth:`Router.complete` keep the
   view's own accounting (outstanding requests and tokens) and call
   ``on_complete``; the backend calls them at the moment a request really
-  leaves for a target and really ends there.
+  leaves for a target and really ends there. Where :attr:`Router.observes` (the
+  policy has its own ``on_complete``), the backend first sets ``req.outcome``
+  (:class:`~llmlb_bench.policies.base.Outcome`: measured first token, end, tokens),
+  so feedback controllers and learning policies get the same measurements in every backend.
 
 The backend's *item* is whatever it needs to find the request again (a trace
 row, a live request, an ``asyncio.Future`` in a proxy); the router only
@@ -81,10 +84,16 @@ def can_pair(policy: Policy) -> bool:
     return own is not None and own is not Policy.choose_pair
 
 
+def observes_outcomes(policy: Policy) -> bool:
+    """Whether the policy has its own ``on_complete`` (the protocol's default ignores outcomes)."""
+    own = getattr(type(policy), "on_complete", None)
+    return own is not None and own is not Policy.on_complete
+
+
 class Router(Generic[Item]):
     """A policy in front of a backend; see the module docstring."""
 
-    __slots__ = ("policy", "view", "held", "sent", "left", "_dispatch", "_reject", "_on_release", "_choose",
+    __slots__ = ("policy", "view", "held", "sent", "left", "observes", "_dispatch", "_reject", "_on_release", "_choose",
                  "_release", "_on_complete", "_predict", "_name")
 
     def __init__(self, policy: Policy, view: View, *, dispatch: Dispatch[Item], reject: Reject[Item],
@@ -114,6 +123,9 @@ class Router(Generic[Item]):
         self._predict: Callable[[RouteRequest, int, View], int | None] = getattr(policy, "predicted_cached",
                                                                                  _no_prediction)
         self._name = getattr(policy, "name", "") or type(policy).__name__
+        #: the policy has its own ``on_complete``: backends set ``RouteRequest.outcome`` before
+        #: :meth:`complete` (measuring it costs a little per request; others skip it)
+        self.observes = observes_outcomes(policy)
 
     # ---- decisions ------------------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ import pyarrow as pa
 from llmlb_bench.errors import UserError
 from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.openfiles import raise_open_files_limit
-from llmlb_bench.policies import Policy, PolicyError, RouteRequest, Router, TargetInfo, View
+from llmlb_bench.policies import Outcome, Policy, PolicyError, RouteRequest, Router, TargetInfo, View
 from llmlb_bench.replay.flight import Flight
 from llmlb_bench.replay.http import Pool, build_request, simple_request
 from llmlb_bench.replay.media import AUDIO_TOKENS_PER_S, image_side, png_data_url, wav_base64
@@ -570,6 +570,9 @@ class Replayer:
         if status == "ok" and f.first is not None and f.sent is not None:
             self.recent_ttft.append(f.first - f.sent)
         self.view.now = now - self.t0
+        if self.router.observes:    # on the run clock, as the route's arrival_s (the scheduled time)
+            f.route.outcome = Outcome(status, None if f.first is None else f.first - self.t0, now - self.t0,
+                                      f.output_tokens()[0], f.cached)
         self.router.complete(f.target, f.route, drain=False)
         self._after_end(f.idx)
 

@@ -38,7 +38,7 @@ from aiohttp import web
 
 from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.gcpause import pause_full_collections
-from llmlb_bench.policies import RouteRequest, TargetInfo, View
+from llmlb_bench.policies import Outcome, RouteRequest, TargetInfo, View
 from llmlb_bench.policies.lora import RoutedAdapters, salted
 from llmlb_bench.policies.router import Router
 from llmlb_bench.replay.rows import RowWriter
@@ -213,6 +213,8 @@ class RouteProxy:
             try:
                 return await self._forward(request, target, raw, headers, row)
             except aiohttp.ClientConnectorError as exc:  # nothing was sent: try another backend
+                if self.router.observes:
+                    req.outcome = Outcome("error", None, self.now(), 0)
                 self.router.complete(target, req)
                 self.own_adapters[target].ended(req.adapter)
                 self.view.healthy[target] = False
@@ -267,6 +269,8 @@ class RouteProxy:
             return _error(502, "backend failed")
         finally:
             if done or row.finished:
+                if self.router.observes:
+                    row.req.outcome = row.outcome(self.now())
                 self.router.complete(target, row.req)
                 self.own_adapters[target].ended(row.req.adapter)
 
@@ -333,7 +337,7 @@ class _Row:
     """What the proxy learns about one request, written once as a results row."""
 
     __slots__ = ("rid", "req", "arrival", "target", "sent", "first", "last", "seg_start", "seg_count",
-                 "tokens", "tail", "http_status", "backend", "attempts", "finished")
+                 "tokens", "tail", "http_status", "backend", "attempts", "finished", "status")
 
     def __init__(self, rid: int, req: RouteRequest, arrival: float) -> None:
         self.rid, self.req, self.arrival = rid, req, arrival
@@ -349,6 +353,7 @@ class _Row:
         self.backend: str | None = None
         self.attempts = 1
         self.finished = False
+        self.status: str | None = None
 
     def chunk(self, data: bytes, now: float, stream: bool) -> None:
         """A body chunk: token events counted by their ``data: {`` lines with a non-empty choice."""
@@ -366,6 +371,21 @@ class _Row:
 
     def lost(self, reason: str) -> str:
         return f"{reason} (after {self.tokens} tokens)" if self.tokens else reason
+
+    def outcome(self, now: float) -> Outcome:
+        """What the backend delivered, for a policy that observes outcomes (the proxy's clock, as
+        the route's ``arrival_s``); a request that never finished cleanly counts as an error."""
+        out, _, cached = self.counts() if self.status == "ok" else (None, None, None)
+        return Outcome(self.status or "error", self.first, self.last if self.last is not None else now,
+                       self.tokens if out is None else out, cached)
+
+    def counts(self) -> tuple[int | None, int | None, int | None]:
+        """(output, prompt, cached prompt) tokens from the usage, each None where the server sent none."""
+        u = self.usage()
+        out, inp, details = u.get("completion_tokens"), u.get("prompt_tokens"), u.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        return (out if isinstance(out, int) else None, inp if isinstance(inp, int) else None,
+                cached if isinstance(cached, int) else None)
 
     def end(self, proxy: RouteProxy, stream: bool) -> None:
         status = self.http_status or 0
@@ -404,20 +424,18 @@ class _Row:
         if self.finished:
             return
         self.finished = True
+        self.status = status
         proxy.counts[status] = proxy.counts.get(status, 0) + 1
-        u = self.usage() if status == "ok" else {}
-        out, inp = u.get("completion_tokens"), u.get("prompt_tokens")
-        details = u.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        out, inp, cached = self.counts() if status == "ok" else (None, None, None)
         target = proxy.backends[self.target] if self.target is not None else None
         values = (self.rid, self.req.tenant, None, self.req.session_id, None, target, self.arrival, self.sent,
                   self.first, self.last,
-                  inp if isinstance(inp, int) else self.req.input_tokens, self.req.max_output_tokens,
-                  out if isinstance(out, int) else (self.tokens if self.sent is not None else None),
-                  cached if isinstance(cached, int) else None, status,
+                  self.req.input_tokens if inp is None else inp, self.req.max_output_tokens,
+                  out if out is not None else (self.tokens if self.sent is not None else None),
+                  cached, status,
                   error if self.attempts == 1 or error is None else f"{error} ({self.attempts} attempts)",
-                  http_status, inp if isinstance(inp, int) else None,
-                  (not isinstance(out, int)) if self.sent is not None else None, self.backend, self.req.adapter,
+                  http_status, inp,
+                  (out is None) if self.sent is not None else None, self.backend, self.req.adapter,
                   self.req.predicted_cached_tokens,
                   None, None)  # reasoning: the proxy counts chunks without reading them (docs/routers.md)
         proxy.writer.buffer.add(values, [s + proxy.t0 for s in self.seg_start] or None, self.seg_count or None)

@@ -43,7 +43,7 @@ from time import perf_counter
 from typing import Any, Callable, Protocol, Sequence
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.policies import Decision, Policy, PolicyError, RouteRequest, Router, View
+from llmlb_bench.policies import Decision, Outcome, Policy, PolicyError, RouteRequest, Router, View
 from llmlb_bench.serve.metrics import LATENESS_BUCKETS, EngineMetrics, Histogram
 from llmlb_bench.sim.config import ClusterConfig
 from llmlb_bench.sim.fleet import Fleet
@@ -261,6 +261,8 @@ class LiveFleet:
         if live.aborted:              # held, and the client left: the policy counted it as sent, so
             live.done = True          # close its books at once
             self.router.sent(i, route)
+            if self.router.observes:
+                route.outcome = Outcome("error", None, self._now, 0)
             self.router.complete(i, route, drain=False)
             return
         self._dispatch(live, i, self._now)
@@ -338,8 +340,12 @@ class LiveFleet:
         st.streams.pop(req, None)
         live.done = True
         assert live.route is not None
-        self.router.complete(live.target, live.route, drain=False)
         made = req.generated
+        if self.router.observes:
+            first = st.rep.timeline.step_end(req.spans[0][0]) if made and req.spans else None
+            live.route.outcome = Outcome("error" if live.aborted else "ok", first, t, made,
+                                         req.cached if req.cached >= 0 else None)
+        self.router.complete(live.target, live.route, drain=False)
         if made:
             if st.rep.spec is None:
                 live.segments = token_segments(st.rep.timeline.runs, req.spans)

@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.policies import Policy, RouteRequest, Router
+from llmlb_bench.policies import Outcome, Policy, RouteRequest, Router
 from llmlb_bench.schema import TRACE, trace_block_size
 from llmlb_bench.sim.autoscale import PoolStatus
 from llmlb_bench.sim.config import ClusterConfig
@@ -262,8 +262,11 @@ class Simulation:
                 self.inp[row] + self.out[row] - 1):
             error = f"needs more KV blocks than decode target {self.replicas[decode_target].name} has"
         if error is not None:
+            status = "rejected" if view.healthy[i] else "error"
+            if router.observes:
+                route.outcome = Outcome(status, None, t, 0)
             router.complete(i, route, drain=False)
-            self.recorder.ended(row, rep.name, "rejected" if view.healthy[i] else "error", error)
+            self.recorder.ended(row, rep.name, status, error)
             self._release_children(row, t)
             router.drain()
             return
@@ -321,6 +324,8 @@ class Simulation:
             router.left(req.target, req.route)
             self._hand_over(req, t)
             return
+        if router.observes:
+            req.route.outcome = self._outcome(req, t)
         router.complete(req.target, req.route, drain=False)
         self.recorder.finished(req)
         if self.children:
@@ -329,6 +334,13 @@ class Simulation:
             self._release_children(req.row, t)
         if router.held:
             router.drain()
+
+    def _outcome(self, req: Request, t: float) -> Outcome:
+        """What a finished request delivered, for a policy that observes outcomes (the same first-token
+        time the results row gets: the end of its first step here, or the prefill replica's token)."""
+        first = req.first_token_s if req.first_token_s >= 0 else \
+            self.replicas[req.target].timeline.step_end(req.spans[0][0]) if req.spans else t
+        return Outcome("ok", first, t, req.out, req.cached if req.cached >= 0 else None)
 
     def _hand_over(self, req: Request, t: float) -> None:
         """Prefill done on a prefill replica: ship the KV cache to the decode replica."""
@@ -454,6 +466,8 @@ class Simulation:
 
     def _lose(self, req: Request, t: float, error: str) -> None:
         """A request lost with its replica: retried through the router, or reported as an error."""
+        if self.router.observes:
+            req.route.outcome = Outcome("error", None, t, req.generated)
         self.router.complete(req.target, req.route, drain=False)
         if self.cfg.on_failure == "retry":
             self.retries += 1

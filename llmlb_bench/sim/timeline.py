@@ -49,6 +49,11 @@ class Timeline:
         if k > 0:
             del self.runs[:k]
 
+    def step_end(self, step: int) -> float:
+        """End time of one step (the scalar twin of :func:`step_end_times`, same arithmetic)."""
+        first, start, gap, _, _ = self.runs[bisect_right(self.runs, step, key=itemgetter(0)) - 1]
+        return start + (step - first + 1) * gap
+
     def arrays(self) -> Columns:
         """The runs as NumPy columns."""
         a = np.fromiter(chain.from_iterable(self.runs), dtype=np.float64, count=5 * len(self.runs)).reshape(-1, 5)
