@@ -13,9 +13,9 @@ import sys
 from typing import Any, NoReturn
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from llmlb_bench.console import help_width, stderr_console, stdout_console
 from llmlb_bench.errors import UserError
 from llmlb_bench.redact import redact
 
@@ -30,8 +30,8 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
-console = Console()
-err_console = Console(stderr=True)
+console = stdout_console()
+err_console = stderr_console()
 
 
 def fail(problem: str, where: str | None = None) -> NoReturn:
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
 def _run(argv: list[str] | None) -> Any:
     """The command, its errors turned into one line and an exit code."""
     try:
-        return app(args=argv, standalone_mode=False, prog_name="llmlb")
+        with help_width():
+            return app(args=argv, standalone_mode=False, prog_name="llmlb")
     except UserError as exc:
         err_console.print(f"[bold red]error:[/] {escape(redact(exc.line()))}", highlight=False, soft_wrap=True)
         sys.exit(2)

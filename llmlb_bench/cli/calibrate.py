@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
+from llmlb_bench.console import Table
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import Api

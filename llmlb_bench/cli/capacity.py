@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from llmlb_bench.console import Table
 
 from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.cli.common import (Api, Executor, PolicyArgs, RayAddress, ReportFormat, ResultsDir, SloOpt,

@@ -6,7 +6,7 @@ import json
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
+from llmlb_bench.console import Table
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.errors import UserError

@@ -10,7 +10,7 @@ from typing import Annotated
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import typer
-from rich.table import Table
+from llmlb_bench.console import Table
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import ResultsDir, TableFormat

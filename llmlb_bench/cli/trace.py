@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.table import Table
+from llmlb_bench.console import Table
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.errors import UserError

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
+from llmlb_bench.console import Table
 
 from llmlb_bench.gate.decide import BOOTSTRAP, DETECT, POWER, Verdict, decide_family
 from llmlb_bench.gate.rules import METRICS, Rule

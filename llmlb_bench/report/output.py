@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from llmlb_bench.console import PIPE_WIDTH, stderr_console, stdout_console
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import Options
@@ -52,7 +53,7 @@ def print_report(paths: list[Path], slo_text: str | None, fmt: str, *,
     with_matplotlib = figures_dir is not None or figures.available()
     if figures_dir is not None:
         figures.require()
-    err = Console(stderr=True)
+    err = stderr_console()
     with working(err, "report: reading the runs and computing every figure"):
         cat = Catalog(paths)
         summary = replace(options or Options(), cdf=drawn)
@@ -72,9 +73,9 @@ def print_report(paths: list[Path], slo_text: str | None, fmt: str, *,
     elif fmt == "html":
         _write(html.render(doc, figs), output)
     elif output is None:
-        terminal.render(doc, console or Console())
+        terminal.render(doc, console or stdout_console())
     else:
-        out = Console(record=True, width=160, file=io.StringIO())
+        out = Console(record=True, width=PIPE_WIDTH, file=io.StringIO())
         terminal.render(doc, out)
         _write(out.export_text(), output)
     if figures_dir is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table as RichTable
+from llmlb_bench.console import Table as RichTable
 
 from llmlb_bench.report import tables
 from llmlb_bench.report.tables import Table
