@@ -7,7 +7,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from llmlb_bench.policies import Outcome, Policy, RouteRequest, Router, View, make_policy
+from llmlb_bench.policies import HOLD, Outcome, Policy, RouteRequest, Router, View, make_policy
+from llmlb_bench.policies.router import HELD_AT_END
 from llmlb_bench.route import RouteOptions, RouteProxy
 from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig, simulate
@@ -133,3 +134,27 @@ def test_llmlb_serve_and_route_outcomes(tmp_path):
     finally:
         st.close()
         fleet.close()
+
+
+class HoldTheOdd(Policy):
+    """Sends even request ids to target 0 and holds the odd ones for good (releases nothing)."""
+
+    name = "hold_the_odd"
+
+    def choose(self, req: RouteRequest, view: View):
+        return HOLD if req.request_id % 2 else 0
+
+
+def test_requests_held_at_the_end_get_one_status_in_both_backends(servers, tmp_path):  # noqa: F811
+    """The same trace through the same holding policy: simulated and replayed rows agree status by status
+    (they once differed: not_sent in the simulator, rejected in the replayer)."""
+    tr = make_trace(n=8, rate=50.0, output_tokens=3)
+    with RunStore(tmp_path, config={}, backend="sim", run_id="sim") as run:
+        simulate(tr, ClusterConfig.build(replicas=1), HoldTheOdd(), run)
+    run_replay(tr, [servers.noop()[0]], tmp_path, HoldTheOdd(), run_id="replay")
+    sim, rep = _rows(tmp_path / "sim"), _rows(tmp_path / "replay")
+    assert set(sim) == set(rep) and len(sim) == 8
+    for rid in sim:
+        assert (sim[rid]["status"], sim[rid]["error"]) == (rep[rid]["status"], rep[rid]["error"])
+        assert sim[rid]["status"] == ("not_sent" if rid % 2 else "ok")
+    assert sim[1]["error"] == HELD_AT_END[1]

@@ -59,6 +59,11 @@ Dispatch = Callable[[Item, RouteRequest, int, int], None]
 Reject = Callable[[Item, RouteRequest, str], None]
 
 
+#: how every trace-driven backend writes a request the policy still holds when the trace is over (it
+#: never left for a target): one status and one reason, so simulated and replayed rows compare row by row
+HELD_AT_END = ("not_sent", "held by the router until the end of the run")
+
+
 class PolicyError(UserError):
     """A policy broke its contract (a target out of range, no ``choose_pair`` for a disaggregated fleet)."""
 
@@ -182,7 +187,8 @@ class Router(Generic[Item]):
             self._dispatch(item, req, target, -1)
 
     def take_held(self) -> list[Item]:
-        """Empty the router queue (the run ended while the policy still held these); the caller writes them."""
+        """Empty the router queue (the run ended while the policy still held these); the caller writes them
+        with :data:`HELD_AT_END`."""
         items = list(self.held.values())
         self.held.clear()
         return items

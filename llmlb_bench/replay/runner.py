@@ -25,7 +25,8 @@ to a background thread.
 
 Every trace row gets exactly one result row: ``ok``, ``error``,
 ``timeout``, ``rejected`` (HTTP 429, or refused by the routing policy), or
-``not_sent`` (the run was interrupted first). A request in flight when the
+``not_sent`` (the run was interrupted first, or the policy still held it when
+the trace was over: ``HELD_AT_END``, as in the simulator). A request in flight when the
 run is interrupted is written as ``error`` with error ``interrupted``.
 """
 
@@ -49,6 +50,7 @@ from llmlb_bench.errors import UserError
 from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.openfiles import raise_open_files_limit
 from llmlb_bench.policies import Outcome, Policy, PolicyError, RouteRequest, Router, TargetInfo, View
+from llmlb_bench.policies.router import HELD_AT_END
 from llmlb_bench.replay.flight import Flight
 from llmlb_bench.replay.http import Pool, build_request, simple_request
 from llmlb_bench.replay.media import AUDIO_TOKENS_PER_S, image_side, png_data_url, wav_base64
@@ -589,7 +591,7 @@ class Replayer:
         if self.dispatch_done and not self.flights:
             # the policy still holds requests nothing will release
             for idx in sorted(self.router.take_held()):
-                self._write_row(idx, None, "rejected", "held by the routing policy when the run ended")
+                self._write_row(idx, None, *HELD_AT_END)
             if self._all_done is not None and not self._all_done.done():
                 self._all_done.set_result(None)
 

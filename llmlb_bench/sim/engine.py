@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import Outcome, Policy, RouteRequest, Router
+from llmlb_bench.policies.router import HELD_AT_END
 from llmlb_bench.schema import TRACE, trace_block_size
 from llmlb_bench.sim.autoscale import PoolStatus
 from llmlb_bench.sim.config import ClusterConfig
@@ -222,7 +223,7 @@ class Simulation:
         self.events = events
         end = max([now] + [r.t for r in replicas])
         for _, _, row in sorted((self.scheduled[r], self.rid[r], r) for r in self.router.take_held()):
-            self._end_unrouted(row, "not_sent", "held by the router until the end of the run")
+            self._end_unrouted(row, *HELD_AT_END)
         return float(end)
 
     # ---- routing ------------------------------------------------------------------------------------
