@@ -44,6 +44,9 @@ def gate(
     md: Annotated[Out, typer.Option("--markdown", help="Write a Markdown summary (PR comment) here; - for stdout.")] = None,
     junit: Annotated[Out, typer.Option("--junit", help="Write JUnit XML here.")] = None,
     json_out: Annotated[Out, typer.Option("--json", help="Write the full result as JSON here; - for stdout.")] = None,
+    allow_different: Annotated[bool, typer.Option(
+        "--allow-different-workloads",
+        help="Decide even when the two sides' runs are of different workloads (refused by default).")] = False,
 ) -> None:
     """Compare CANDIDATE with BASELINE under the rules; exit 0 pass, 1 regression, 2 usage error.
 
@@ -59,7 +62,8 @@ def gate(
     slo_parsed = Slo.parse(slo)
     if slo_parsed is None and any(r.metric.name in ("attainment", "goodput") for r in parsed):
         raise UserError("attainment and goodput rules need an --slo", "--slo")
-    out = run_gate([baseline], [candidate], parsed, slo_parsed, confidence, seed, detect=detect)
+    out = run_gate([baseline], [candidate], parsed, slo_parsed, confidence, seed, detect=detect,
+                   allow_different=allow_different)
     _write(md, markdown(out))
     _write(junit, junit_xml(out))
     _write(json_out, to_json(out))

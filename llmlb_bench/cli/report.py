@@ -32,7 +32,7 @@ def report(
     window: Annotated[float, typer.Option("--window", min=1e-3, help="Fairness window in seconds.")] = 10.0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap intervals.")] = 0,
     baseline: Annotated[Optional[str], typer.Option(
-        "--baseline", help="Run (id, name or folder) the verdicts compare the others with (default: the first).")] = None,
+        "--baseline", help="Run (id, name, policy or folder) the verdicts compare the others with (default: the run created first).")] = None,
     no_ci: Annotated[bool, typer.Option("--no-ci", help="Skip bootstrap confidence intervals.")] = False,
     token_sample: Annotated[int, typer.Option(
         "--token-sample", min=1,

@@ -16,7 +16,9 @@ from llmlb_bench.console import Table
 
 from llmlb_bench.gate.decide import BOOTSTRAP, DETECT, POWER, Verdict, decide_family
 from llmlb_bench.gate.rules import METRICS, Rule
-from llmlb_bench.gate.samples import load_capacities, load_side
+from llmlb_bench.errors import UserError
+from llmlb_bench.gate.samples import ALL, RunSample, load_capacities, load_side
+from llmlb_bench.metrics.comparable import differences_text
 from llmlb_bench.metrics.slo import Slo
 
 ICON = {"pass": "✅", "noise": "〰️", "fail": "❌", "missing": "❌"}
@@ -47,13 +49,36 @@ class GateOutcome:
                 "verdicts": [v.to_dict() for v in self.verdicts]}
 
 
+#: the flag that lets a gate compare runs of different workloads
+ALLOW_FLAG = "--allow-different-workloads"
+
+
+def _key(r: RunSample) -> str:
+    return json.dumps(r.workload, sort_keys=True, default=str)
+
+
+def _mixed_workloads(case: str, base: list[RunSample], cand: list[RunSample]) -> str | None:
+    """Why the runs of one case are not of one workload (the fields that differ), or None when they are."""
+    by = {_key(r): r.workload for r in base + cand}
+    if len(by) < 2:
+        return None
+    first, *others = by.values()
+    apart = {_key(r) for r in base}.isdisjoint(_key(r) for r in cand)
+    return ("" if case == ALL else f"case {case}: ") + \
+        ("the baseline's and the candidate's runs" if apart else "the runs") + \
+        f" are of {len(by)} different workloads: " + "; ".join(differences_text(first, o) for o in others)
+
+
 def run_gate(baseline: list[Path], candidate: list[Path], rules: list[Rule], slo: Slo | None,
              confidence: float = 0.99, seed: int = 0, bootstrap: int = BOOTSTRAP,
-             detect: float = DETECT, power: float = POWER) -> GateOutcome:
+             detect: float = DETECT, power: float = POWER, allow_different: bool = False) -> GateOutcome:
     """Decide every rule on every case of the candidate (cases: see :mod:`llmlb_bench.gate.samples`) as one
     family: noise alone fails the gate with probability at most 1 - ``confidence`` (docs/gates.md).
 
-    Rules on runs' requests and figures look at the runs; capacity rules at the sweeps' summaries.
+    Rules on runs' requests and figures look at the runs; capacity rules at the sweeps' summaries. Runs of
+    a case must be of one workload (:mod:`llmlb_bench.metrics.comparable`; sweeps: one SLO and target):
+    otherwise a one-line error names the differing fields, unless ``allow_different``, which decides
+    anyway and says so in each check's note.
     """
     out = GateOutcome([str(p) for p in baseline], [str(p) for p in candidate],
                       slo.describe() if slo else None, confidence, detect, power)
@@ -66,7 +91,15 @@ def run_gate(baseline: list[Path], candidate: list[Path], rules: list[Rule], slo
         sides.append((load_capacities(baseline), load_capacities(candidate), on_curves))
     for base_cases, cand_cases, group in sides:
         cases = [(c, base_cases.get(c, []), cand_cases.get(c, [])) for c in sorted(set(base_cases) | set(cand_cases))]
-        out.verdicts += decide_family(cases, group, confidence, seed, bootstrap, detect, power)
+        mixed = {c: why for c, b, k in cases if (why := _mixed_workloads(c, b, k)) is not None}
+        if mixed and not allow_different:
+            raise UserError(f"{next(iter(mixed.values()))}; a gate compares like with like (pass {ALLOW_FLAG} "
+                            "if you mean it)", f"{', '.join(out.baseline)} vs {', '.join(out.candidate)}")
+        verdicts = decide_family(cases, group, confidence, seed, bootstrap, detect, power)
+        for v in verdicts:
+            if v.case in mixed:
+                v.note = "; ".join(x for x in (v.note, f"compared anyway ({ALLOW_FLAG}): {mixed[v.case]}") if x)
+        out.verdicts += verdicts
     return out
 
 

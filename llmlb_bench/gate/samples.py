@@ -9,7 +9,8 @@ repeats of one configuration). Per run the gate keeps, request by request
 (NaN where the request was not ok or has no such latency); the run's
 duration, the SHA-256 of the trace it replayed (so that runs of the same trace
 on both sides can be paired) and its summary (for run-level figures such as
-Jain's index), all from
+Jain's index) and its workload identity (what must match the other side's:
+:mod:`llmlb_bench.metrics.comparable`), all from
 :func:`llmlb_bench.metrics.summary.summarize` and the ``request_metrics``
 view, so a gate's numbers are the report's numbers.
 """
@@ -26,6 +27,7 @@ import numpy as np
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.gate.rules import LATENCIES
+from llmlb_bench.metrics.comparable import workload_identity
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import Options, metas_of, summarize
 from llmlb_bench.store.views import Catalog
@@ -43,6 +45,8 @@ class RunSample:
     summary: dict[str, Any] = field(repr=False)
     request_id: np.ndarray | None = None  # int per request, ascending (None: figures only, no requests)
     trace: str | None = None              # SHA-256 of the trace file the run replayed
+    #: what must match across the sides (metrics.comparable.workload_identity; a sweep's SLO and target)
+    workload: dict[str, Any] = field(default_factory=dict)
 
 
 def case_of(meta: dict[str, Any]) -> str:
@@ -81,7 +85,8 @@ def load_side(paths: Iterable[str | Path], slo: Slo | None) -> dict[str, list[Ru
         latency = {col: np.where(ok, values[rows], np.nan) for col, values in lat_all.items()}
         meta = metas.get(run_id, {})
         cases[case_of(meta)].append(RunSample(run_id, s["window_s"], ok, good_all[rows], latency, s,
-                                              ids_all[rows], (meta.get("trace") or {}).get("sha256")))
+                                              ids_all[rows], (meta.get("trace") or {}).get("sha256"),
+                                              workload_identity(meta)))
     return dict(cases)
 
 
@@ -102,7 +107,9 @@ def load_capacities(paths: Iterable[str | Path]) -> dict[str, list[RunSample]]:
             doc = json.loads(f.read_text())
             for row in doc.get("capacity") or []:
                 case = f"capacity: {row['workload']}/{row['cluster']}/{row['policy']}"
+                judged = {"slo": doc.get("slo"), "attainment target": doc.get("target")}
                 for s in row["per_seed"]:
                     cases[case].append(RunSample(f"{doc['sweep']} seed {s['seed']}", 0.0, np.zeros(0, bool),
-                                                 np.zeros(0, bool), {}, {"capacity": s["capacity"] or 0.0}))
+                                                 np.zeros(0, bool), {}, {"capacity": s["capacity"] or 0.0},
+                                                 workload=judged))
     return dict(cases)

@@ -115,7 +115,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
         offered = offered_rate(metas[run_id], c["requests"], c["t0"], c["last_scheduled"])
         s: dict[str, Any] = {
             "run_id": run_id, "label": run["label"], "policy": run["policy"],
-            "backend": run["backend"], "status": run["status"],
+            "backend": run["backend"], "status": run["status"], "created_utc": run["created_utc"],
             "requests": c["requests"], **{st: c[st] for st in STATUSES},
             "duration_s": duration,
             "window_s": window,

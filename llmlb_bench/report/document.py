@@ -33,7 +33,7 @@ class ReportOptions:
     slo: Slo | None = None
     summary: Options = field(default_factory=Options)
     target: float = 0.9
-    baseline: str | None = None          # run id, name or folder of the verdicts' baseline (default: the first)
+    baseline: str | None = None          # run id, name or folder of the verdicts' baseline (default: created first)
 
     def to_dict(self) -> dict[str, Any]:
         opts = asdict(self.summary)
@@ -50,15 +50,16 @@ def build(cat: Catalog, options: ReportOptions, where: str = "runs") -> dict[str
     if not runs:
         raise UserError("no runs with request rows found"
                         + (f" ({'; '.join(d['why'] for d in dropped)})" if dropped else ""), where)
+    v = verdicts(cat, runs, options.slo, options.baseline, options.summary.confidence, options.summary.seed)
     return {
         "left_out": dropped,
-        "verdicts": verdicts(cat, runs, options.slo, options.baseline, options.summary.confidence,
-                             options.summary.seed),
+        "verdicts": v,
         "options": options.to_dict(),
         "runs": runs,
         "curves": load_curves(runs, options.target),
         "common": common(s["facets"] for s in runs),
-        "notes": [d["why"] for d in dropped] + run_notes(runs),
+        "notes": [d["why"] for d in dropped] + ([v["groups_note"]] if v and v.get("groups_note") else [])
+        + run_notes(runs),
     }
 
 

@@ -1,7 +1,11 @@
 """Verdicts: which run is better than the baseline, by how much, and whether it is beyond noise.
 
-The baseline is the report's first run, or the one named with
-``--baseline``. For every other run and each headline figure (TTFT, TPOT
+Runs are compared only with runs of the same workload
+(:mod:`llmlb_bench.metrics.comparable`): a report over runs of several
+workloads gives a verdict per group, each against its own baseline, and a
+note naming the fields the groups differ in. The baseline of a group is the
+run created first, or the one named with ``--baseline``
+(:mod:`llmlb_bench.report.baseline`; then only its group is compared). For every other run and each headline figure (TTFT, TPOT
 and E2E p99, throughput; attainment and goodput with an SLO) the verdict
 gives the relative change, candidate / baseline - 1, with its bootstrap
 interval and a two-sided p-value, all from the gate's statistics
@@ -19,15 +23,15 @@ goodput +4% [+1, +7] better; other differences within noise``.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
-from llmlb_bench.errors import UserError
+from llmlb_bench.metrics import comparable
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sql import quote
 from llmlb_bench.metrics.summary import metas_of
+from llmlb_bench.report.baseline import named, pick_baseline
 from llmlb_bench.store.views import Catalog
 
 #: gate metric -> (name in a sentence, whether higher is better)
@@ -72,21 +76,6 @@ def verdict_lines(doc: dict[str, Any]) -> list[str]:
     return [c["sentence"] for c in v["comparisons"]] or ([v["note"]] if v.get("note") else [])
 
 
-def pick_baseline(runs: list[dict[str, Any]], baseline: str | None) -> dict[str, Any]:
-    """The run named ``baseline`` (run id, name, label or folder), else the first."""
-    if baseline is None:
-        return runs[0]
-    for s in runs:
-        if baseline in (s["run_id"], s.get("name"), s.get("label")):
-            return s
-    name = Path(baseline).name
-    for s in runs:
-        if name == s["run_id"]:
-            return s
-    raise UserError(f"no run {baseline!r} in this report (runs: {', '.join(s['run_id'] for s in runs)})",
-                    "--baseline")
-
-
 def _samples(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None) -> dict[str, Any]:
     """The gate's per-run samples (:class:`llmlb_bench.gate.samples.RunSample`) read from the report's own
     catalog, whose ``request_metrics`` view the summary made: one query, no second summary. Rates are
@@ -112,28 +101,63 @@ def _samples(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None) -> dict[
     return out
 
 
+def _groups_note(groups: list[list[dict[str, Any]]], metas: Mapping[str, Mapping[str, Any]],
+                 chosen: Mapping[str, Any] | None) -> str:
+    """Why some runs are not compared with others: the groups, and the fields each differs from the first in."""
+    first = comparable.workload_identity(metas.get(groups[0][0]["run_id"], {}))
+    parts = []
+    for i, g in enumerate(groups):
+        meta = metas.get(g[0]["run_id"], {})
+        head = f"{{{', '.join(s.get('name') or s['run_id'] for s in g)}}} ({comparable.describe(meta)})"
+        if i:
+            head += f": {comparable.differences_text(first, comparable.workload_identity(meta))}"
+        parts.append(head)
+    scope = (f"only the runs of {chosen.get('name') or chosen['run_id']}'s workload are compared with it"
+             if chosen is not None else "each group is compared within itself, against its own baseline")
+    return (f"these runs are of {len(groups)} different workloads, and runs of different workloads are not "
+            f"compared ({scope}): " + "; ".join(parts))
+
+
 def verdicts(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None, baseline: str | None,
              confidence: float = 0.95, seed: int = 0) -> dict[str, Any] | None:
-    """``{baseline, comparisons: [{candidate, baseline, changes: [...], sentence}], note}`` (None: one run)."""
+    """``{baseline, groups, comparisons: [{candidate, baseline, changes: [...], sentence}], note, groups_note}``
+    (None: one run). ``groups``: the runs of each workload with its baseline (None: a group of one run, or
+    not the named baseline's); ``groups_note``: why runs of different groups are not compared (None: one
+    group)."""
     if len(runs) < 2:
         return None
-    base = pick_baseline(runs, baseline)
-    if len(runs) > MAX_RUNS:
-        return {"baseline": base["run_id"], "comparisons": [],
-                "note": f"{len(runs)} runs: verdicts are computed for at most {MAX_RUNS}; report fewer runs"}
-    total = sum(s["requests"] for s in runs)
+    chosen = named(runs, baseline) if baseline is not None else None
+    metas = metas_of(cat.runs_table)
+    groups = comparable.groups(runs, [metas.get(s["run_id"], {}) for s in runs])
+    pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    shown = []
+    for g in groups:
+        base = None
+        if len(g) > 1 and (chosen is None or any(s is chosen for s in g)):
+            base = pick_baseline(g, baseline)
+            pairs += [(base, s) for s in g if s is not base]
+        shown.append({"runs": [s["run_id"] for s in g], "baseline": None if base is None else base["run_id"],
+                      "workload": comparable.describe(metas.get(g[0]["run_id"], {}))})
+    head = {"baseline": next((g["baseline"] for g in shown if g["baseline"]), None), "confidence": confidence,
+            "groups": shown,
+            "groups_note": _groups_note(groups, metas, chosen) if len(groups) > 1 else None}
+    involved = {s["run_id"]: s for pair in pairs for s in pair}
+    if not pairs:
+        return {**head, "comparisons": [], "note": None}
+    if len(involved) > MAX_RUNS:
+        return {**head, "comparisons": [],
+                "note": f"{len(involved)} runs: verdicts are computed for at most {MAX_RUNS}; report fewer runs"}
+    total = sum(s["requests"] for s in involved.values())
     if total > MAX_REQUESTS:
-        return {"baseline": base["run_id"], "comparisons": [],
+        return {**head, "comparisons": [],
                 "note": f"{total:,} requests: verdicts are computed up to {MAX_REQUESTS:,} (each redraws every "
                         f"request 2,000 times); compare these runs with llmlb gate"}
     from llmlb_bench.gate.decide import holm, relative_change
 
-    samples = _samples(cat, runs, slo)
+    samples = _samples(cat, list(involved.values()), slo)
     figures = {**HEADLINE, **(HEADLINE_SLO if slo is not None else {})}
     out = []
-    for s in runs:
-        if s is base:
-            continue
+    for base, s in pairs:
         changes = []
         for metric, (label, higher) in figures.items():
             c = relative_change(metric, [samples[base["run_id"]]], [samples[s["run_id"]]], confidence, seed)
@@ -157,4 +181,4 @@ def verdicts(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None, baseline
              "baseline": base.get("name") or base["run_id"], "baseline_run": base["run_id"], "changes": changes}
         v["sentence"] = sentence(v)
         out.append(v)
-    return {"baseline": base["run_id"], "confidence": confidence, "comparisons": out, "note": None}
+    return {**head, "comparisons": out, "note": None}

@@ -78,7 +78,9 @@ def process_gone(meta: Mapping[str, Any]) -> bool:
 
 
 def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    # to the microsecond: the runs one command makes in a row (``llmlb run -p A -p B``) keep their order,
+    # which picks a report's baseline (report/baseline.py)
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="microseconds")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
