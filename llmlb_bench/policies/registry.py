@@ -15,6 +15,7 @@ from llmlb_bench.plugins import load_class
 from llmlb_bench.policies.affinity import ConsistentHash
 from llmlb_bench.policies.base import Policy
 from llmlb_bench.policies.cache_aware import CacheAware
+from llmlb_bench.policies.control import ConcurrencyLimit, PiAdmission
 from llmlb_bench.policies.hetero import CapacityWeighted, PrefillDecodePair
 from llmlb_bench.policies.kv_cost import DynamoKvCost
 from llmlb_bench.policies.lora import LoraAffinity
@@ -33,6 +34,7 @@ FAMILIES: dict[str, tuple[type[Policy], ...]] = {
     "predictive": (LeastPredictedWork, PredictedShortestFirst),
     "heterogeneity": (CapacityWeighted, PrefillDecodePair),
     "lora": (LoraAffinity,),
+    "control": (PiAdmission, ConcurrencyLimit),
 }
 BUILTIN: dict[str, type[Policy]] = {cls.name: cls for group in FAMILIES.values() for cls in group}
 

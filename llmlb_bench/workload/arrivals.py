@@ -133,6 +133,67 @@ class Piecewise(Modulation):
 
 
 @dataclass(frozen=True)
+class Step(Piecewise):
+    """A load step: factor ``before`` until ``step_s``, ``after`` from then on (a piecewise factor
+    that keeps its name, so reports find the step: metrics/control.py)."""
+
+    kind: ClassVar[str] = "step"
+
+    @classmethod
+    def of(cls, step_s: float, before: float, after: float) -> "Step":
+        return cls((0.0, step_s), (before, after))
+
+    @property
+    def step_s(self) -> float:
+        return self.at_s[-1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shape": self.kind, "at_s": self.step_s, "before": self.values[0], "after": self.values[-1]}
+
+
+@dataclass(frozen=True)
+class Square(Modulation):
+    """A square wave: ``low`` until ``start_s``, then periods of ``high`` for ``duty`` x ``period_s``
+    followed by ``low`` for the rest of the period (bursts of a known length and spacing)."""
+
+    period_s: float
+    duty: float
+    low: float
+    high: float
+    start_s: float = 0.0
+    kind: ClassVar[str] = "square"
+
+    def factor(self, t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, dtype=float)
+        phase = np.mod(t - self.start_s, self.period_s)
+        return np.where((t >= self.start_s) & (phase < self.duty * self.period_s), self.high, self.low)
+
+    def cumulative(self, t: np.ndarray) -> np.ndarray:
+        t = np.asarray(t, dtype=float)
+        on = self.duty * self.period_s
+        since = np.maximum(t - self.start_s, 0.0)
+        whole = np.floor(since / self.period_s)
+        high_time = whole * on + np.minimum(since - whole * self.period_s, on)
+        return self.low * t + (self.high - self.low) * high_time
+
+    def breakpoints(self, horizon: float) -> np.ndarray:
+        if horizon <= self.start_s:
+            return np.empty(0)
+        starts = np.arange(self.start_s, horizon, self.period_s)
+        return np.sort(np.concatenate([starts, starts + self.duty * self.period_s]))
+
+    def invert(self, u: np.ndarray, horizon: float) -> np.ndarray:
+        # Lambda is piecewise linear: its knots alone invert it exactly.
+        grid = np.concatenate([[0.0], self.breakpoints(horizon), [horizon]])
+        grid = np.unique(np.minimum(grid, horizon))
+        return np.interp(u, self.cumulative(grid), grid)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shape": self.kind, "period_s": self.period_s, "duty": self.duty, "low": self.low,
+                "high": self.high, "start_s": self.start_s}
+
+
+@dataclass(frozen=True)
 class Ramp(Modulation):
     """Factor rising (or falling) linearly from ``start`` to ``end`` over [start_s, end_s]."""
 
@@ -399,7 +460,7 @@ class Replay(ArrivalProcess):
 # --------------------------------------------------------------------------- parsing
 
 def _modulation(s: Section) -> Modulation:
-    shape = s.string("shape", choices=("diurnal", "piecewise", "ramp"))
+    shape = s.string("shape", choices=("diurnal", "piecewise", "ramp", "step", "square"))
     if shape == "diurnal":
         period = s.number("period_s", 86400.0, gt=0)
         mod: Modulation = Diurnal(period_s=period, amplitude=s.number("amplitude", ge=0, lt=1),
@@ -412,6 +473,15 @@ def _modulation(s: Section) -> Modulation:
         if at[0] != 0 or any(b <= a for a, b in zip(at, at[1:])):
             raise s.error("at_s", "must start at 0 and increase strictly")
         mod = Piecewise(tuple(at), tuple(factor))
+    elif shape == "step":
+        mod = Step.of(s.number("at_s", gt=0), s.number("before", ge=0), s.number("after", ge=0))
+    elif shape == "square":
+        period = s.number("period_s", gt=0)
+        low, high = s.number("low", ge=0), s.number("high", ge=0)
+        if not low + high > 0:
+            raise s.error("high", "low and high cannot both be 0")
+        mod = Square(period_s=period, duty=s.number("duty", 0.5, gt=0, lt=1), low=low, high=high,
+                     start_s=s.number("start_s", 0.0, ge=0))
     else:
         start_s = s.number("start_s", 0.0, ge=0)
         mod = Ramp(start=s.number("from", ge=0), end=s.number("to", ge=0), start_s=start_s,
