@@ -47,6 +47,12 @@ class GPU:
     #: effective host<->GPU bandwidth per GPU, GB/s (KV swap to CPU); optional in user catalogs,
     #: where it defaults to PCIe Gen4 x16 (catalog/gpus.toml cites the figures)
     host_link_gb_s: float = 25.0
+    #: how fast a busy GPU's power rises from the memory-bound floor to the limit with the tensor
+    #: cores' busy share (see sim/cost.py ``_activity``); optional, default the H100 fit
+    compute_power_scale: float = 0.27
+    #: a busy GPU's dynamic power scales as (SM clock / max clock) ** this (green knobs, sim/cost.py
+    #: ``set_clock``); optional, default 2
+    clock_power_exponent: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,7 @@ class Catalog:
 
 
 _FLOAT_POSITIVE = {"memory_gib", "bf16_tflops", "hbm_gb_s", "link_gb_s", "host_link_gb_s", "max_w", "params_b",
-                   "active_params_b", "weight_bytes", "kv_bytes"}
+                   "active_params_b", "weight_bytes", "kv_bytes", "compute_power_scale", "clock_power_exponent"}
 _FRACTION = {"compute_efficiency", "memory_efficiency", "memory_power_fraction"}
 
 

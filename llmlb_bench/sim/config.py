@@ -49,7 +49,7 @@ TOKEN_TIMES = ("segments", "summary")
 POOL_FIELDS = ("replicas", "gpu", "model", "tp", "pp", "max_num_seqs", "max_num_batched_tokens", "block_size",
                "gpu_memory_utilization", "chunked_prefill", "enable_prefix_caching", "max_model_len", "preemption",
                "swap_space_gib", "profile", "speculative", "max_loras", "max_cpu_loras", "lora_rank",
-               "lora_adapter_mib", "lora_fetch_gb_s")
+               "lora_adapter_mib", "lora_fetch_gb_s", "gpu_clock", "power_cap_w")
 #: engine settings a pool with a measured profile takes from it unless the pool sets them (sim/profile.py);
 #: the KV block size always comes from the profile (its KV block count is in those blocks)
 PROFILE_ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
@@ -88,6 +88,9 @@ class PoolConfig:
     lora_rank: int = 16
     lora_adapter_mib: float | None = None
     lora_fetch_gb_s: float = 2.0
+    # green knobs (sim/cost.py ``set_clock``): SM clock as a fraction of the maximum, power limit per GPU
+    gpu_clock: float = 1.0
+    power_cap_w: float | None = None
 
     @property
     def speculative_spec(self) -> SpeculativeSpec | None:
@@ -154,6 +157,14 @@ class ClusterConfig:
     #: storage -> host memory bandwidth, GB/s, for an adapter not in the host cache (an NVMe read and
     #: safetensors parse; an assumption, set it from a measurement)
     lora_fetch_gb_s: float = 2.0
+    #: green knobs (sim/cost.py ``set_clock``): the GPUs' SM clock as a fraction of their maximum
+    #: (``nvidia-smi -lgc``; compute-bound work slows in proportion, memory-bound decode much less,
+    #: dynamic power falls as clock ** the catalog's ``clock_power_exponent``) ...
+    gpu_clock: float = 1.0
+    #: ... and a board power limit per GPU in watts (``nvidia-smi -pl``; None = the GPU's ``max_w``): a
+    #: step that would draw more runs at the clock that keeps it under. A controller may change both
+    #: at run time (sim/green.py)
+    power_cap_w: float | None = None
     #: the pools of replicas, resolved. Given as tables of POOL_FIELDS plus ``name`` and ``role`` (unset
     #: fields take the values above); none given = one pool "default" of the fields above
     pools: tuple[PoolConfig, ...] = ()
@@ -435,6 +446,21 @@ def _check_lora(p: PoolConfig, where: str) -> None:
                         "\"recompute\"", f"{where}.max_loras")
 
 
+def _check_green(p: PoolConfig, gpu: GPU, where: str) -> None:
+    """The green knobs: a clock fraction in (0, 1], a power limit above the GPU's idle power;
+    a measured profile has no compute/memory split for them to act on."""
+    if isinstance(p.gpu_clock, bool) or not isinstance(p.gpu_clock, (int, float)) or not 0 < p.gpu_clock <= 1:
+        raise UserError(f"must be a fraction of the maximum SM clock in (0, 1], got {p.gpu_clock!r}",
+                        f"{where}.gpu_clock")
+    cap = p.power_cap_w
+    if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > gpu.idle_w):
+        raise UserError(f"must be watts above the GPU's idle power ({gpu.idle_w:g} W), got {cap!r}",
+                        f"{where}.power_cap_w")
+    if p.profile is not None and (p.gpu_clock != 1 or cap is not None):
+        raise UserError("a measured profile's step times have no compute/memory split for the clock or a power "
+                        "cap to act on; use the roofline (no profile) for green knobs", f"{where}.gpu_clock")
+
+
 def _check_engine(p: PoolConfig, where: str, catalogs: tuple[str, ...]) -> None:
     for name in ("replicas", "tp", "pp", "max_num_seqs", "max_num_batched_tokens", "block_size"):
         v = getattr(p, name)
@@ -456,7 +482,8 @@ def _check_engine(p: PoolConfig, where: str, catalogs: tuple[str, ...]) -> None:
         raise UserError("preemption = \"swap\" needs swap_space_gib > 0", f"{where}.swap_space_gib")
     _check_lora(p, where)
     cat = load_catalog(catalogs)
-    cat.gpu(p.gpu, f"{where}.gpu")
+    gpu = cat.gpu(p.gpu, f"{where}.gpu")
+    _check_green(p, gpu, where)
     if p.speculative is not None:
         spec = SpeculativeSpec.parse(p.speculative, f"{where}.speculative")
         if spec.draft_model is not None:

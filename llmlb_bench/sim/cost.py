@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from math import sqrt
+from math import exp, sqrt
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim.catalog import GPU, Model
@@ -67,6 +67,11 @@ GIB = float(1 << 30)
 NON_TORCH_BYTES = 1.0 * GIB
 #: bytes per activation element (bf16 hidden states)
 ACTIVATION_BYTES = 2
+#: share of the memory-bound power floor a GPU draws while it communicates (all-reduce, pipeline
+#: sends): fitted with the floors to the ML.ENERGY measurements (docs/simulator.md)
+COMM_POWER_SHARE = 0.5
+#: bisection steps that find the clock a power cap allows (2^-20 of the set clock)
+CAP_BISECTIONS = 20
 
 
 def all_reduce_bytes_factor(tp: int) -> float:
@@ -103,7 +108,8 @@ class CostModel:
     def __init__(self, model: Model, gpu: GPU, tp: int = 1, *, pp: int = 1, max_num_batched_tokens: int = 8192,
                  max_num_seqs: int = 256, gpu_memory_utilization: float = 0.9, block_size: int = 16,
                  compute_efficiency: float | None = None, memory_efficiency: float | None = None,
-                 expert_load: ExpertLoad | None = None) -> None:
+                 expert_load: ExpertLoad | None = None, gpu_clock: float = 1.0,
+                 power_cap_w: float | None = None) -> None:
         self.model, self.gpu, self.tp, self.pp = model, gpu, tp, pp
         #: GPUs of one replica
         self.gpus = tp * pp
@@ -111,7 +117,9 @@ class CostModel:
         self.stage_fraction = -(-model.layers // pp) / model.layers
         ce = gpu.compute_efficiency if compute_efficiency is None else compute_efficiency
         me = gpu.memory_efficiency if memory_efficiency is None else memory_efficiency
-        self.peak_flops = gpu.bf16_tflops * 1e12 * ce
+        #: tensor throughput at the full SM clock; ``peak_flops`` is at the clock set (:meth:`set_clock`)
+        self.full_clock_flops = gpu.bf16_tflops * 1e12 * ce
+        self.peak_flops = self.full_clock_flops
         self.bandwidth = gpu.hbm_gb_s * 1e9 * me
         embed = model.vocab * model.hidden
         lm_head_params = 0 if model.tied_embeddings else embed
@@ -164,6 +172,46 @@ class CostModel:
         #: seconds to copy one KV block between GPU and host memory (KV swap): every GPU copies its
         #: own shard over its own host link, in parallel, so one GPU's share of the bytes counts
         self.swap_block_s = self.kv_bytes_per_token_gpu * block_size / (gpu.host_link_gb_s * 1e9)
+        self._m_kv = self.kv_bytes_per_token / self.bandwidth
+        self._m_dense = self.dense_bytes / self.bandwidth
+        self._fixed = self.overhead_s + self._comm_fixed
+        self._idle_w = self.gpus * gpu.idle_w
+        self._dyn_w = tp * (gpu.max_w - gpu.idle_w)
+        self._floor = gpu.memory_power_fraction
+        self._k = gpu.compute_power_scale
+        self._comm_floor = COMM_POWER_SHARE * gpu.memory_power_fraction
+        #: the fastest possible decode step (all weights, no context): a floor for step times
+        self.min_step_s = self._fixed + self._m_dense
+        self.set_clock(gpu_clock, power_cap_w)
+
+    def set_clock(self, gpu_clock: float = 1.0, power_cap_w: float | None = None) -> None:
+        """Set the SM clock (a fraction of the GPU's maximum, as ``nvidia-smi -lgc`` locks it) and
+        the board power limit per GPU (watts, ``nvidia-smi -pl``; None = the GPU's own, ``max_w``).
+
+        The knob of green serving (DynamoLLM, VoltanaLLM): the clock scales the tensor-core
+        throughput, so compute-bound work (prefill) slows in proportion, while HBM traffic,
+        communication and the host's work keep their speed, so memory-bound decode slows much
+        less (measured: decode is largely insensitive to the SM clock, arXiv 2501.08219). The
+        dynamic power of a busy GPU scales as clock ** ``clock_power_exponent`` (voltage falls
+        with frequency). A power limit lowers the clock further, step by step, just enough for
+        the step's power to fit under it, as the GPU's power governor does; a memory-bound step
+        drawing less than the limit is not slowed at all. Steps planned after the call see the
+        new setting (a decode run in flight keeps its own). Both at their defaults, step times
+        and power are the exact same floats as without the knob."""
+        if not 0 < gpu_clock <= 1:
+            raise UserError(f"gpu_clock must be a fraction of the maximum clock in (0, 1], got {gpu_clock!r}",
+                            "gpu_clock")
+        g = self.gpu
+        if power_cap_w is not None and not g.idle_w < power_cap_w:
+            raise UserError(f"power_cap_w must be above the GPU's idle power ({g.idle_w:g} W), got {power_cap_w!r}",
+                            "power_cap_w")
+        self.gpu_clock = gpu_clock
+        self.power_cap_w = power_cap_w if power_cap_w is not None and power_cap_w < g.max_w else None
+        self.peak_flops = self.full_clock_flops * gpu_clock
+        self._clock_power = gpu_clock ** g.clock_power_exponent
+        # the largest activity x clock factor a busy GPU may reach under the cap (None: no cap)
+        self._cap_activity = ((self.power_cap_w - g.idle_w) / (g.max_w - g.idle_w)
+                              if self.power_cap_w is not None else None)
         # Largest d(step time)/d(context token): bounds how fast a decode step slows down as contexts grow.
         self.context_slope = math.hypot(self.attn_flops / self.peak_flops, self.kv_bytes_per_token / self.bandwidth)
         # Coefficients of the simulator's hot path (:meth:`run_step`): seconds per unit.
@@ -171,14 +219,6 @@ class CostModel:
         self._c_sample = self.lm_head_flops / self.peak_flops
         self._c_attn = self.attn_flops / self.peak_flops
         self._c_expert = self.expert_flops / self.peak_flops
-        self._m_kv = self.kv_bytes_per_token / self.bandwidth
-        self._m_dense = self.dense_bytes / self.bandwidth
-        self._fixed = self.overhead_s + self._comm_fixed
-        self._idle_w = self.gpus * gpu.idle_w
-        self._dyn_w = tp * (gpu.max_w - gpu.idle_w)
-        self._mem_power = gpu.memory_power_fraction
-        #: the fastest possible decode step (all weights, no context): a floor for step times
-        self.min_step_s = self._fixed + self._m_dense
 
     def _kv_blocks(self, max_tokens: int, max_seqs: int, util: float, block_size: int) -> int:
         """KV blocks per replica: GPU memory x utilisation - weights - activation peak - non-torch memory,
@@ -250,29 +290,63 @@ class CostModel:
         compute = self._c_token * tokens + self._c_attn * attn + self._c_sample * sampled
         memory = (self._m_dense + (self.expert_bytes * (1.0 - self._miss ** tokens) / self.bandwidth
                                    if self.expert_bytes else 0.0) + self._m_kv * kv)
+        comm = self._comm_per_token * tokens
         if self.expert_load is None:
-            total = sqrt(compute * compute + memory * memory) + self._fixed + self._comm_per_token * tokens
+            total = sqrt(compute * compute + memory * memory) + self._fixed + comm
         else:
             skewed = compute + self._skew(tokens)
-            total = sqrt(skewed * skewed + memory * memory) + self._fixed + self._comm_per_token * tokens
-        busy = self._mem_power * memory
-        if compute > busy:
-            busy = compute
-        return total, self._idle_w + self._dyn_w * (busy / total if busy < total else 1.0)
+            total = sqrt(skewed * skewed + memory * memory) + self._fixed + comm
+        activity = self._activity(compute, self._comm_fixed + comm, total) * self._clock_power
+        if self._cap_activity is not None and activity > self._cap_activity:
+            return self._capped(compute, memory, comm, tokens)
+        return total, self._idle_w + self._dyn_w * activity
+
+    def _activity(self, compute: float, comm: float, total: float) -> float:
+        """Share of the dynamic power range (max - idle) a busy GPU draws during a step at the
+        full clock: the state-based model fitted to the ML.ENERGY measurements (docs/simulator.md,
+        "Energy against measurements"). While the GPU steps a batch it draws at least the
+        ``memory_power_fraction`` floor (clocks up, HBM streaming, small kernels), rising towards
+        the limit as the tensor cores' busy share u = compute / step time grows:
+        floor + (1 - floor) (1 - exp(-u / compute_power_scale)); during the step's
+        communication it draws COMM_POWER_SHARE of the floor."""
+        if total <= 0:
+            return 0.0
+        busy = self._floor + (1.0 - self._floor) * (1.0 - exp(-compute / total / self._k))
+        share = comm / total
+        return (1.0 - share) * busy + share * self._comm_floor
+
+    def _capped(self, compute: float, memory: float, comm: float, tokens: int) -> tuple[float, float]:
+        """(step time, power) of a step whose power at the set clock exceeds the cap: the clock
+        the GPU's governor would settle at, the highest that keeps the step's power under the
+        cap (bisection; compute time grows as the clock falls)."""
+        lo, hi = 0.0, 1.0           # the clock, as a fraction of the set one: lo fits under the cap, hi does not
+        best = (0.0, 0.0)
+        for _ in range(CAP_BISECTIONS):
+            mid = (lo + hi) / 2
+            c = compute / mid
+            skewed = c + (self._skew(tokens) / mid if self.expert_load is not None else 0.0)
+            total = sqrt(skewed * skewed + memory * memory) + self._fixed + comm
+            activity = (self._activity(c, self._comm_fixed + comm, total)
+                        * self._clock_power * mid ** self.gpu.clock_power_exponent)
+            if activity <= self._cap_activity:
+                lo, best = mid, (total, self._idle_w + self._dyn_w * activity)
+            else:
+                hi = mid
+        return best
 
     def power_w(self, c: StepCost) -> float:
-        """Average power of the replica's ``tp x pp`` GPUs during a step.
+        """Average power of the replica's ``tp x pp`` GPUs during a step at the set clock.
 
-        All draw idle power; one stage's ``tp`` GPUs at a time add
-        (max - idle) x activity, where activity is the compute-busy share of
-        the step, or the memory-busy share weighted by ``memory_power_fraction``
-        (streaming memory draws less than saturating tensor cores), whichever is
-        larger. Communication and host overhead count as idle.
+        All draw idle power; one stage's ``tp`` GPUs at a time add (max - idle) x activity x
+        clock ** ``clock_power_exponent``, activity as :meth:`_activity` says (compute busy share
+        of the step, with the memory-bound floor and the communication share). Under a power cap
+        the result is at most the cap (:meth:`run_step` also stretches such a step).
         """
-        g = self.gpu
         total = c.total
-        activity = max(c.compute_s, g.memory_power_fraction * c.memory_s) / total if total > 0 else 0.0
-        return self.gpus * g.idle_w + self.tp * (g.max_w - g.idle_w) * min(1.0, activity)
+        activity = self._activity(c.compute_s, c.comm_s, total) * self._clock_power
+        if self._cap_activity is not None:
+            activity = min(activity, self._cap_activity)
+        return self._idle_w + self._dyn_w * activity
 
     @property
     def idle_power_w(self) -> float:

@@ -39,7 +39,7 @@ def cost_model(pool: PoolConfig, catalogs: tuple[str, ...] = (),
     return CostModel(model, pool.gpu_spec(catalogs), pool.tp, pp=pool.pp,
                      max_num_batched_tokens=pool.max_num_batched_tokens, max_num_seqs=pool.max_num_seqs,
                      gpu_memory_utilization=pool.gpu_memory_utilization, block_size=pool.block_size,
-                     expert_load=load)
+                     expert_load=load, gpu_clock=float(pool.gpu_clock), power_cap_w=pool.power_cap_w)
 
 
 def prefix_unit(pool: PoolConfig, trace_bs: int) -> tuple[int, int]:

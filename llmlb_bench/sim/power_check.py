@@ -1,0 +1,190 @@
+"""The simulator's power and energy against published measurements (ML.ENERGY leaderboard v3.0).
+
+Each measured configuration (``catalog/power_measurements.toml``: model, GPU, tensor-parallel
+degree, batch size) is replayed the way it was measured: ``num_requests`` requests sent at
+once to one replica whose ``max_num_seqs`` is the batch size, output lengths drawn from the
+measured histogram, and the figures taken over the same steady-state window (from the moment
+``max_num_seqs`` requests have their first token to the moment ``num_requests -
+max_num_seqs - 1`` have finished). Power, energy per output token and throughput in that
+window are compared with the measured ones.
+
+The source does not publish its prompt lengths (LMArena conversations, each turn a request
+with its history); :data:`PROMPT_MEAN` is an assumption, and docs/simulator.md reports how
+much the figures move with it.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from llmlb_bench.errors import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+#: mean prompt length (tokens) assumed for the LMArena chat prompts (lognormal, sigma PROMPT_SIGMA)
+PROMPT_MEAN = 200.0
+PROMPT_SIGMA = 1.0
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One measured configuration (fields as in ``catalog/power_measurements.toml``)."""
+
+    model: str
+    gpu: str
+    tp: int
+    max_num_seqs: int
+    num_requests: int
+    avg_batch_size: float
+    avg_power_w: float
+    energy_per_token_j: float
+    output_tokens_per_s: float
+    median_itl_ms: float
+    avg_output_len: float
+    output_len_counts: tuple[int, ...]
+    output_len_bins: tuple[float, float]
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} {self.gpu} tp{self.tp} b{self.max_num_seqs}"
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """The simulator's figures over the steady-state window of one configuration."""
+
+    cell: Measured
+    avg_power_w: float
+    energy_per_token_j: float
+    output_tokens_per_s: float
+    avg_batch_size: float
+
+    @property
+    def power_error(self) -> float:
+        return self.avg_power_w / self.cell.avg_power_w - 1.0
+
+    @property
+    def energy_error(self) -> float:
+        return self.energy_per_token_j / self.cell.energy_per_token_j - 1.0
+
+    @property
+    def throughput_error(self) -> float:
+        return self.output_tokens_per_s / self.cell.output_tokens_per_s - 1.0
+
+
+def load_measurements(path: str | Path | None = None) -> list[Measured]:
+    """The measured configurations (the built-in file unless ``path`` is given)."""
+    where = str(path) if path is not None else "llmlb_bench/catalog/power_measurements.toml"
+    source = Path(path) if path is not None else resources.files("llmlb_bench") / "catalog" / "power_measurements.toml"
+    try:
+        data = tomllib.loads(source.read_text(encoding="utf-8"))
+        lo, hi = data["output_len_bins"]
+        cells = [Measured(output_len_bins=(float(lo), float(hi)), output_len_counts=tuple(c.pop("output_len_counts")),
+                          **c) for c in data["cell"]]
+    except FileNotFoundError:
+        raise UserError("no such file", where) from None
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"not a power-measurements file ({exc})", where) from None
+    return cells
+
+
+def lengths(cell: Measured, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt, output) lengths of the cell's requests: outputs drawn uniformly inside the
+    measured histogram's bins (in proportion to their counts), prompts lognormal around
+    :data:`PROMPT_MEAN`; prompt + output within the model's context."""
+    rng = np.random.default_rng(seed)
+    counts = np.asarray(cell.output_len_counts, dtype=float)
+    edges = np.linspace(*cell.output_len_bins, len(counts) + 1)
+    k = rng.choice(len(counts), size=cell.num_requests, p=counts / counts.sum())
+    out = np.maximum(1, rng.uniform(edges[k], edges[k + 1])).astype(np.int64)
+    mu = np.log(PROMPT_MEAN) - PROMPT_SIGMA ** 2 / 2
+    prompt = np.clip(rng.lognormal(mu, PROMPT_SIGMA, cell.num_requests), 1, 4096).astype(np.int64)
+    return prompt, out
+
+
+def simulate_cell(cell: Measured, seed: int = 0, cluster: dict[str, Any] | None = None) -> Simulated:
+    """Replay ``cell`` in the simulator and take its steady-state figures (see the module
+    docstring). ``cluster`` adds settings to the one-replica cluster (e.g. a pool's frequency)."""
+    from llmlb_bench.policies import make_policy
+    from llmlb_bench.schema import trace_table
+    from llmlb_bench.sim import ClusterConfig, simulate
+    from llmlb_bench.store import RunStore
+
+    prompt, out = lengths(cell, seed)
+    n = cell.num_requests
+    trace = trace_table(np.zeros(n), prompt, out, "power_check")
+    window_guess = float(out.sum()) / max(1, cell.max_num_seqs) * cell.median_itl_ms / 1e3
+    cfg = ClusterConfig.build(replicas=1, gpu=cell.gpu, model=cell.model, tp=cell.tp,
+                              max_num_seqs=cell.max_num_seqs, max_num_batched_tokens=8192,
+                              enable_prefix_caching=False, token_times="summary",
+                              series_interval_s=max(1e-3, window_guess / 2000), **(cluster or {}))
+    with tempfile.TemporaryDirectory(prefix="llmlb-power-check-") as tmp:
+        with RunStore(Path(tmp), config={"cluster": cfg.to_dict()}, backend="sim", run_id="cell") as run:
+            simulate(trace, cfg, make_policy("round_robin"), run, seed=seed)
+        req = pq.read_table(run.dir / "requests.parquet", columns=["first_token_s", "last_token_s", "output_tokens"])
+        series = pq.read_table(run.dir / "series.parquet", columns=["t_s", "running", "power_w"])
+    first = req.column("first_token_s").to_numpy()
+    last = req.column("last_token_s").to_numpy()
+    tokens = req.column("output_tokens").to_numpy()
+    b = cell.max_num_seqs
+    start = float(np.sort(first)[b - 1])
+    end = float(np.sort(last)[n - b - 2])
+    if end <= start:
+        raise UserError(f"{cell.label}: no steady state ({n} requests for a batch of {b})", "power_check")
+    made = _tokens_between(first, last, tokens, start, end)
+    t = series.column("t_s").to_numpy()
+    power = series.column("power_w").to_numpy()
+    energy = _energy_between(t, power, start, end)
+    inside = (t > start) & (t <= end)
+    running = series.column("running").to_numpy()[inside]
+    span = end - start
+    return Simulated(cell, energy / span, energy / made, made / span, float(running.mean()) if running.size else 0.0)
+
+
+def _tokens_between(first: np.ndarray, last: np.ndarray, tokens: np.ndarray, a: float, b: float) -> float:
+    """Output tokens emitted in (a, b]: each request's first token at ``first``, the others
+    evenly spaced up to ``last``."""
+    gaps = np.where(tokens > 1, (last - first) / np.maximum(tokens - 1, 1), 0.0)
+    def upto(t: float) -> np.ndarray:
+        done = np.where(gaps > 0, np.floor((t - first) / np.where(gaps > 0, gaps, 1.0)) + 1, 1.0)
+        return np.where(t < first, 0.0, np.minimum(done, tokens))
+    return float((upto(b) - upto(a)).sum())
+
+
+def _energy_between(t: np.ndarray, power: np.ndarray, a: float, b: float) -> float:
+    """Joules in (a, b] from samples of mean power over (previous t, t]."""
+    prev = np.concatenate(([0.0], t[:-1]))
+    overlap = np.clip(np.minimum(t, b) - np.maximum(prev, a), 0.0, None)
+    return float((power * overlap).sum())
+
+
+def compare(cells: Sequence[Measured], seed: int = 0) -> list[Simulated]:
+    return [simulate_cell(c, seed) for c in cells]
+
+
+def table(rows: Sequence[Simulated]) -> str:
+    """A Markdown table of measured vs simulated figures."""
+    head = ("| model | GPU | tp | batch | power W (meas.) | power W (sim.) | error | J/token (meas.) | "
+            "J/token (sim.) | error | tokens/s error |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        c = r.cell
+        lines.append(f"| {c.model} | {c.gpu} | {c.tp} | {c.max_num_seqs} | {c.avg_power_w:.0f} | {r.avg_power_w:.0f} | "
+                     f"{r.power_error:+.1%} | {c.energy_per_token_j:.4f} | {r.energy_per_token_j:.4f} | "
+                     f"{r.energy_error:+.1%} | {r.throughput_error:+.1%} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":   # pragma: no cover - the benchmark entry point is benchmarks/energy_vs_measured.py
+    print(table(compare(load_measurements())))
