@@ -146,7 +146,12 @@ class TraceColumns:
         return RouteRequest(self.rid[i], arrival_s, self.inp[i], self.out[i], self.tenant[i], self.session[i],
                             self.priority[i], self.slo[i],
                             self.hash_values[off[i]:off[i + 1]].tolist() if self.has_hashes else (),
-                            self.adapter[i])
+                            self.adapter[i], turn=self.turn[i], kind=self.kind[i])
+
+    @cached_property
+    def kind(self) -> list[str]:
+        """``kind`` per row (chat where the trace has none)."""
+        return self._str("kind", "chat")
 
     @cached_property
     def turn(self) -> list[int | None]:

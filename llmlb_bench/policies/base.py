@@ -107,6 +107,10 @@ class RouteRequest:
     #: set by the backend just before ``Router.complete`` when the policy observes outcomes: what the
     #: target delivered (:class:`Outcome`); None before it ended, and for policies that do not observe
     outcome: Outcome | None = None
+    #: the turn of its conversation (the trace's ``turn``; None outside conversations)
+    turn: int | None = None
+    #: the trace's workload kind (chat, code, rag, ...): known at arrival, a predictor's feature
+    kind: str = "chat"
 
 
 @dataclass(slots=True)

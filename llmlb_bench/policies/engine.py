@@ -12,7 +12,7 @@ and orders that replica's own queue. Built in:
   ``(priority, arrival)`` first (lower value = more urgent); preempt the
   running request with the largest.
 * ``sjf``: shortest predicted output first, from a noisy oracle of chosen
-  Kendall tau, with linear aging against starvation.
+  Kendall tau or a trained predictor file, with linear aging against starvation.
 * ``vtc``: the Virtual Token Counter of Sheng et al. (OSDI 2024) — serve the
   tenant that has received the least weighted service.
 * ``deadline``: earliest deadline first, the deadline being arrival + the
@@ -56,7 +56,7 @@ from heapq import heappop, heappush
 from typing import Any, ClassVar, Iterator, Protocol, Sequence
 
 from llmlb_bench.policies.base import RouteRequest
-from llmlb_bench.policies.oracle import KendallOracle
+from llmlb_bench.policies.predictor import OutputLengths
 from llmlb_bench.policies.queueing import parse_deadlines
 
 
@@ -237,29 +237,34 @@ class PredictedShortestJobFirst(KeyedScheduler):
     arrived ``d`` seconds before another is served first unless its prediction
     exceeds the other's by more than ``aging x d``: aging bounds starvation.
     The preemption victim is the running request with the largest key.
+    With ``predictor=FILE`` a trained predictor (``llmlb learn predictor``) replaces
+    the oracle: it reads what the request's RouteRequest says at arrival, never its length.
     """
 
     name = "sjf"
-    summary = "Shortest predicted output first (oracle of Kendall tau quality) with aging against starvation."
+    summary = "Shortest predicted output first (Kendall-tau oracle or trained predictor) with aging against starvation."
     params = {
         "tau": (0.5, "Kendall tau of the length predictor against the true output length"),
         "aging": (10.0, "predicted tokens forgiven per second of waiting (0 = pure SJF, may starve)"),
         "seed": (0, "seed of the predictor's noise (the run's seed unless given)"),
+        "predictor": ("", "trained predictor file (llmlb learn predictor); replaces the tau oracle"),
     }
 
-    def __init__(self, tau: float = 0.5, aging: float = 10.0, seed: int = 0) -> None:
+    def __init__(self, tau: float = 0.5, aging: float = 10.0, seed: int = 0, predictor: str = "") -> None:
         if not -1.0 <= tau <= 1.0:
             raise ValueError(f"tau must be in [-1, 1] (got {tau})")
         if aging < 0:
             raise ValueError(f"aging must be >= 0 (got {aging})")
-        self.tau, self.aging, self.seed = tau, aging, seed
+        self.tau, self.aging, self.seed, self.predictor = tau, aging, seed, predictor
+        OutputLengths(tau, seed, predictor)        # a bad predictor file fails here, before the run
 
     def make_queue(self, replica: Any) -> WaitingQueue:
-        self._oracle = KendallOracle(self.tau, self.seed * 1_000_003 + replica.index)
+        self._lengths = OutputLengths(self.tau, self.seed * 1_000_003 + replica.index, self.predictor)
         return super().make_queue(replica)
 
     def key(self, req: Any) -> float:
-        return float(self._oracle.predict(req.out) + self.aging * req.route.arrival_s)
+        prediction: float = self._lengths.predict(req.route, req.out)
+        return prediction + self.aging * float(req.route.arrival_s)
 
 
 class DeadlineScheduler(KeyedScheduler):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 
 from llmlb_bench.policies.base import HOLD, REJECT, Decision, Policy, Released, RouteRequest, View
-from llmlb_bench.policies.oracle import KendallOracle
+from llmlb_bench.policies.predictor import OutputLengths
 
 
 class RouterQueue(Policy):
@@ -129,23 +129,25 @@ class PredictedShortestFirst(RouterQueue):
     Shortest-job-first minimises mean waiting time when job sizes are known;
     with a predictor of quality ``tau`` (see :class:`KendallOracle`) the gain
     shrinks as tau falls and vanishes at tau = 0, where the order is random.
+    With ``predictor=FILE`` a trained predictor replaces the oracle.
     """
 
     name = "predicted_sjf"
-    summary = "Router-side queue released shortest predicted output first (oracle of Kendall tau quality)."
+    summary = "Router-side queue released shortest predicted output first (Kendall-tau oracle or trained predictor)."
     params = {
         **RouterQueue.params,
         "tau": (0.5, "Kendall tau of the length predictor against the true output length"),
         "seed": (0, "seed of the predictor's noise"),
+        "predictor": ("", "trained predictor file (llmlb learn predictor); replaces the tau oracle"),
     }
 
-    def __init__(self, max_outstanding: int = 64, tau: float = 0.5, seed: int = 0) -> None:
+    def __init__(self, max_outstanding: int = 64, tau: float = 0.5, seed: int = 0, predictor: str = "") -> None:
         super().__init__(max_outstanding)
-        self.tau, self.seed = tau, seed
-        self.oracle = KendallOracle(tau, seed)
+        self.tau, self.seed, self.predictor = tau, seed, predictor
+        self.lengths = OutputLengths(tau, seed, predictor)
 
     def key(self, req: RouteRequest) -> float:
-        return float(self.oracle.predict(req.max_output_tokens))
+        return self.lengths.predict(req, req.max_output_tokens)
 
 
 def parse_deadlines(text: str) -> dict[str, float]:
