@@ -534,6 +534,12 @@ class Simulation:
         """Whether anything but life-cycle events is left to simulate."""
         return self._k < len(self.order) or self._work > 0 or any(not r.idle for r in self.replicas)
 
+    def flush(self, end: float) -> None:
+        """The run ended at ``end``: the last series samples, then every buffered row to the sinks."""
+        self.sampler.sample_until(end, final=True)
+        self.recorder.flush()
+        self.sampler.flush()
+
     # ---- summary ------------------------------------------------------------------------------------
 
     def summary(self, end: float, wall: float) -> dict[str, Any]:
@@ -621,9 +627,7 @@ def simulate(trace: pa.Table, cfg: ClusterConfig, policy: Policy, run: Any, seed
     try:
         sim = Simulation(trace, cfg, policy, run, seed)
         end = sim.run()
-        sim.sampler.sample_until(end, final=True)
-        sim.recorder.flush()
-        sim.sampler.flush()
+        sim.flush(end)
         return sim.summary(end, time.perf_counter() - wall0)
     finally:
         if paused:
