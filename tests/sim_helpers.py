@@ -30,10 +30,11 @@ def poisson_trace(n: int, rate: float, seed: int = 0, input_mean: float = 600, o
 
 
 def run_sim(tmp_path: Path, table: pa.Table, cfg: ClusterConfig, policy: str = "least_outstanding",
-            seed: int = 0, run_id: str = "sim") -> tuple[pa.Table, pa.Table, dict[str, Any]]:
+            seed: int = 0, run_id: str = "sim", args: dict[str, Any] | None = None,
+            ) -> tuple[pa.Table, pa.Table, dict[str, Any]]:
     """Simulate into ``tmp_path/run_id``; returns (requests, series, summary)."""
     with RunStore(tmp_path, config={"cluster": cfg.to_dict()}, backend="sim", run_id=run_id) as run:
-        summary = simulate(table, cfg, make_policy(policy), run, seed=seed)
+        summary = simulate(table, cfg, make_policy(policy, args), run, seed=seed)
     return (pq.read_table(run.dir / "requests.parquet"), pq.read_table(run.dir / "series.parquet"), summary)
 
 
@@ -62,3 +63,27 @@ step_overhead_ms = 2.0
 layer_latency_us = 40
 memory_power_fraction = 0.6
 """
+
+
+def learned_policy_file(folder: Path, weights: dict[str, float] | None = None) -> Path:
+    """A linear policy file over the default features (``weights``: per-target field -> weight;
+    default: minus the own in-flight count, i.e. join the shortest queue)."""
+    import json
+
+    from llmlb_bench.policies.features import Features
+    from llmlb_bench.policies.learned import n_params, policy_document, unflatten
+
+    f = Features()
+    nt, n_in = len(f.target_names), len(f.target_names) + len(f.request_names)
+    v = np.zeros(n_params(n_in, []))
+    for name, w in (weights or {"outstanding_requests": -1.0}).items():
+        v[f.target_names.index(name)] = w
+    doc = policy_document(f.layout(), unflatten(v, n_in, []), objective={"name": "test"}, training={})
+    path = folder / "policy.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def builtin_args(name: str, folder: Path) -> dict[str, Any]:
+    """Arguments a built-in policy cannot run without (the learned policy's file)."""
+    return {"path": str(learned_policy_file(folder))} if name == "learned" else {}

@@ -13,6 +13,7 @@ from llmlb_bench.cli import main
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import BUILTIN, FAMILIES, HOLD, REJECT, RouteRequest, TargetInfo, View, make_policy
 from llmlb_bench.policies.registry import parse_args
+from sim_helpers import builtin_args
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN))
@@ -96,8 +97,8 @@ def drive(policy, n_targets: int = 4, n_requests: int = 400, seed: int = 0) -> l
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN))
-def test_every_policy_makes_valid_reproducible_decisions(name):
-    args = {"max_outstanding": 3} if "max_outstanding" in BUILTIN[name].params else {}
+def test_every_policy_makes_valid_reproducible_decisions(name, tmp_path):
+    args = {"max_outstanding": 3} if "max_outstanding" in BUILTIN[name].params else builtin_args(name, tmp_path)
     first = drive(make_policy(name, args, seed=3))
     assert first == drive(make_policy(name, args, seed=3))
     assert len(set(first) - {REJECT, HOLD}) >= 2, "a policy that never spreads load is broken on this stream"

@@ -13,7 +13,7 @@ from llmlb_bench.policies import BUILTIN, make_policy
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
 from llmlb_bench.workload import generate, load_spec
-from sim_helpers import poisson_trace, run_sim, trace
+from sim_helpers import builtin_args, poisson_trace, run_sim, trace
 
 SHARED_PREFIX = Path(__file__).resolve().parents[1] / "workloads" / "shared-prefix.toml"
 
@@ -177,7 +177,8 @@ def test_capacity_weighted_routing_uses_a_mixed_pool_better(tmp_path):
 def test_every_builtin_policy_runs_in_the_simulator(tmp_path, name):
     """Moderate load, defaults: no policy holds or rejects, every request completes."""
     table = poisson_trace(300, rate=20.0, seed=2)
-    requests, _, summary = run_sim(tmp_path, table, ClusterConfig.build(replicas=3), name, run_id=name)
+    requests, _, summary = run_sim(tmp_path, table, ClusterConfig.build(replicas=3), name, run_id=name,
+                                   args=builtin_args(name, tmp_path))
     assert requests.num_rows == 300
     assert pc.all(pc.equal(requests.column("status"), "ok")).as_py()
     assert len(set(requests.column("target").to_pylist())) >= 2

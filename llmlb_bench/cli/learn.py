@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
 
-from llmlb_bench.cli.app import app, console
+from llmlb_bench.cli.app import app, console, err_console
+from llmlb_bench.cli.common import ClusterFlags, SloOpt, cluster_flags
 from llmlb_bench.errors import UserError
+from llmlb_bench.progress import working
+
+if TYPE_CHECKING:
+    from llmlb_bench.learn.train import Generation
 
 learn_app = typer.Typer(help="Train routing policies and output-length predictors in the simulator, and run the "
                              "learning benchmark's standard tasks (docs/learning.md).", no_args_is_help=True)
@@ -62,3 +67,83 @@ def predictor(
 
 def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.3g}"
+
+
+@learn_app.command("train")
+@cluster_flags()
+def train(
+    source: Annotated[Path, typer.Argument(help="Workload spec (TOML: training traces are generated from it) "
+                                                 "or a trace (Parquet: trained on as is).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Policy file to write (JSON).")],
+    objective: Annotated[str, typer.Option("--objective", help="What to maximise: slo_met, good_tokens, neg_ttft, "
+                                                               "neg_e2e, neg_energy_per_good_token.")] = "slo_met",
+    slo: SloOpt = "ttft=500ms,tpot=50ms",
+    cluster: ClusterFlags = ClusterFlags(),
+    seed: Annotated[int, typer.Option("--seed", min=0, help="Training seed: candidates, training traces "
+                                                            "(seeds 1000000 + 1000 x seed + k) and simulations.")] = 0,
+    traces: Annotated[int, typer.Option("--traces", min=1, help="Training traces generated from a spec.")] = 2,
+    requests: Annotated[Optional[int], typer.Option("--requests", min=1, help="Requests per generated training "
+                                                                               "trace (default: the spec's).")] = None,
+    hidden: Annotated[Optional[list[int]], typer.Option("--hidden", help="Hidden tanh layer width (repeatable; "
+                                                                         "none: a linear scorer).")] = None,
+    fields: Annotated[Optional[str], typer.Option("--fields", help="Comma-separated features (default: all; "
+                                                                   "see docs/learning.md).")] = None,
+    generations: Annotated[int, typer.Option("--generations", min=1, help="Cross-entropy method generations.")] = 8,
+    population: Annotated[int, typer.Option("--population", min=2, help="Candidates per generation.")] = 12,
+    elite: Annotated[int, typer.Option("--elite", min=1, help="Best candidates the next generation is fitted to.")] = 3,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Processes evaluating candidates in parallel.")] = 1,
+) -> None:
+    """Train a routing policy (linear or small MLP over per-target features) by whole simulated runs, no GPU.
+
+    The cross-entropy method scores each candidate by simulating the training traces under it
+    (the simulator of llmlb simulate) and keeps the best; the file then runs anywhere with
+    -p learned --policy-arg path=FILE. Training traces use seeds of 1000000 and up, so evaluation
+    seeds (below) never overlap them.
+
+    Example:
+
+        llmlb learn train workloads/chat.toml --replicas 4 --requests 800 --objective slo_met --slo ttft=300ms -o chat.json
+
+        llmlb simulate trace.parquet --replicas 4 -p learned --policy-arg path=chat.json
+    """
+    from llmlb_bench.learn.train import check_objective, check_search, generated_trace, trace_identity, train_policy, train_seeds, write_policy
+    from llmlb_bench.metrics.slo import Slo
+    from llmlb_bench.policies.features import Features
+    from llmlb_bench.schema import read_trace, trace_spec
+    from llmlb_bench.workload import load_spec
+
+    parsed = Slo.parse(slo)
+    check_objective(objective, parsed)
+    check_search(population, elite)
+    if hidden and min(hidden) < 1:
+        raise UserError("hidden layer widths must be >= 1", "--hidden")
+    if fields:
+        Features(fields=fields.split(","), where="--fields")
+    if not output.parent.is_dir():
+        raise UserError("its folder does not exist", str(output))
+    config = cluster.config()
+    if source.suffix == ".toml":
+        spec = load_spec(source)
+        seeds = train_seeds(seed, traces)
+        with working(err_console, f"generating {traces} training trace(s) from {source.name}"):
+            tables = [generated_trace(spec, s, requests) for s in seeds]
+        identity = trace_identity(source, spec.replace(**({"requests": requests} if requests else {})).to_dict(),
+                                  seeds, tables)
+    else:
+        tables = [read_trace(source)]
+        identity = trace_identity(source, trace_spec(tables[0]), [], tables)
+
+    def report(g: "Generation") -> None:
+        err_console.print(f"generation {g.index + 1}/{generations}: best {g.best:.4f}  mean {g.mean:.4f}  "
+                          f"best so far {g.best_ever:.4f}  spread {g.spread:.3f}", highlight=False, soft_wrap=True)
+
+    rows = sum(t.num_rows for t in tables)
+    err_console.print(f"training on {len(tables)} trace(s), {rows:,} requests: {generations} x {population} "
+                      f"simulations each", highlight=False, soft_wrap=True)
+    doc, result = train_policy(tables, config, objective=objective, slo=parsed, identity=identity, seed=seed,
+                               hidden=tuple(hidden or ()), fields=fields.split(",") if fields else None,
+                               generations=generations, population=population, elite=elite, workers=workers,
+                               progress=report)
+    write_policy(doc, output)
+    console.print(f"{output}: {objective} {result.fitness:.4f} on the training traces "
+                  f"({result.evaluations} simulations)", highlight=False, soft_wrap=True)

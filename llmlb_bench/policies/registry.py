@@ -13,11 +13,13 @@ from typing import Any, Mapping
 from llmlb_bench.errors import UserError
 from llmlb_bench.plugins import load_class
 from llmlb_bench.policies.affinity import ConsistentHash
+from llmlb_bench.policies.bandit import LinUcb
 from llmlb_bench.policies.base import Policy
 from llmlb_bench.policies.cache_aware import CacheAware
 from llmlb_bench.policies.control import ConcurrencyLimit, PiAdmission
 from llmlb_bench.policies.hetero import CapacityWeighted, PrefillDecodePair
 from llmlb_bench.policies.kv_cost import DynamoKvCost
+from llmlb_bench.policies.learned import LearnedPolicy
 from llmlb_bench.policies.lora import LoraAffinity
 from llmlb_bench.policies.preble import Preble
 from llmlb_bench.policies.predictive import LeastPredictedWork
@@ -35,6 +37,7 @@ FAMILIES: dict[str, tuple[type[Policy], ...]] = {
     "heterogeneity": (CapacityWeighted, PrefillDecodePair),
     "lora": (LoraAffinity,),
     "control": (PiAdmission, ConcurrencyLimit),
+    "learning": (LinUcb, LearnedPolicy),
 }
 BUILTIN: dict[str, type[Policy]] = {cls.name: cls for group in FAMILIES.values() for cls in group}
 

@@ -1,0 +1,342 @@
+"""Train a routing policy without a GPU: the cross-entropy method over whole simulated runs.
+
+A candidate is a weight vector of the learned policy's scorer (:mod:`llmlb_bench.policies.learned`:
+linear, or a small tanh MLP, over the features of :mod:`llmlb_bench.policies.features`). Its
+fitness is the objective of complete simulations of the training traces, routed by that very
+policy through the same simulator as ``llmlb simulate`` (:func:`llmlb_bench.sim.simulate`), so
+nothing is learned from a surrogate: queueing, batching, prefix caches and stale signals are in
+the number being maximised. The cross-entropy method (Rubinstein 1999; de Boer et al. 2005)
+suits this: the fitness is a black box with few parameters (tens), one run's return is
+known only at its end (credit assignment per decision is what RL would need gradients for),
+and it parallelises over candidates. Each generation draws ``population`` vectors from a
+diagonal Gaussian, keeps the ``elite`` best, and refits the mean and spread to them (with a
+floor on the spread so the search does not collapse early); the best vector ever seen wins.
+
+Determinism: candidates come from ``numpy.random.default_rng(seed)`` and every simulation is
+seeded, so the same inputs and seed give the same file whatever ``workers`` is.
+
+Training and evaluation are apart by construction: traces generated from a spec for training
+use seeds ``TRAIN_SEED_BASE + k`` (see :func:`train_seeds`); evaluation seeds must lie below it
+(:func:`check_eval_seeds`), and the policy file records the training seeds it saw.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.policies.features import Features
+from llmlb_bench.policies.learned import LearnedPolicy, Layers, n_params, policy_document, unflatten
+from llmlb_bench.schema import REQUESTS
+from llmlb_bench.sim import ClusterConfig, simulate
+from llmlb_bench.store.sink import rows_table
+
+#: training traces generated from a spec use seeds from here up; evaluation seeds stay below
+TRAIN_SEED_BASE = 1_000_000
+Vector = npt.NDArray[np.float64]
+
+
+def train_seeds(seed: int, n: int) -> list[int]:
+    """The workload seeds of ``n`` training traces for training seed ``seed`` (never evaluation seeds)."""
+    if seed < 0:
+        raise UserError(f"must be >= 0, got {seed}", "--seed")
+    return [TRAIN_SEED_BASE + seed * 1000 + k for k in range(n)]
+
+
+def check_eval_seeds(seeds: Sequence[int], where: str, trained_on: Sequence[int] = ()) -> None:
+    """Evaluation seeds must be below :data:`TRAIN_SEED_BASE` and not among ``trained_on``."""
+    for s in seeds:
+        if s >= TRAIN_SEED_BASE or s in trained_on:
+            raise UserError(f"evaluation seed {s} is a training seed (training uses {TRAIN_SEED_BASE} and up)", where)
+
+
+# ---- run outcomes ---------------------------------------------------------------------------------
+
+_COLUMNS = ("slo_class", "scheduled_s", "first_token_s", "last_token_s", "output_tokens", "status")
+
+
+class _Collect:
+    """An in-memory requests sink: only the columns the objectives read, no files."""
+
+    def __init__(self) -> None:
+        self.parts: list[pa.Table] = []
+
+    def write(self, columns: Mapping[str, Any]) -> None:
+        table = rows_table(REQUESTS, columns, {"run_id": ""})
+        if table is not None:
+            self.parts.append(table.select(list(_COLUMNS)))
+
+
+class _Discard:
+    def write(self, columns: Mapping[str, Any]) -> None:
+        return None
+
+
+class _MemoryRun:
+    """What :func:`simulate` writes into: requests kept in memory, series dropped."""
+
+    def __init__(self) -> None:
+        self.requests = _Collect()
+        self.series = _Discard()
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """Per-request arrays of one simulated run (numpy; latencies NaN where a request has none)."""
+
+    ttft: Vector
+    tpot: Vector
+    e2e: Vector
+    ok: npt.NDArray[np.bool_]
+    output_tokens: Vector
+    slo_class: list[str]
+    energy_j: float
+
+    def good(self, slo: Slo | None) -> npt.NDArray[np.bool_]:
+        """Requests that are ok and meet every limit of their SLO class (all ok ones without an SLO)."""
+        good: npt.NDArray[np.bool_] = self.ok.copy()
+        if slo is None:
+            return good
+        metric = {"ttft": self.ttft, "tpot": np.nan_to_num(self.tpot, nan=0.0), "e2e": self.e2e}
+        for cls in set(self.slo_class):
+            rows = np.array([c == cls for c in self.slo_class])
+            for name, limit in slo.limits_for(cls).items():
+                if name not in metric:
+                    raise UserError(f"training objectives support ttft, tpot and e2e limits, not {name!r}", "--slo")
+                good[rows] &= metric[name][rows] <= limit
+        return good
+
+
+def simulate_outcome(trace: pa.Table, cluster: ClusterConfig, policy: Any, seed: int) -> RunOutcome:
+    """Simulate ``trace`` under ``policy`` in memory (no results folder) and return what objectives read."""
+    run = _MemoryRun()
+    summary = simulate(trace, cluster, policy, run, seed=seed)
+    t = pa.concat_tables(run.requests.parts)
+
+    def col(name: str) -> Vector:
+        return np.asarray(t.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
+
+    sched, first, last, out = col("scheduled_s"), col("first_token_s"), col("last_token_s"), col("output_tokens")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(out > 1, (last - first) / (out - 1), np.nan)
+    return RunOutcome(ttft=first - sched, tpot=tpot, e2e=last - sched,
+                      ok=np.asarray(t.column("status").to_pylist()) == "ok",
+                      output_tokens=np.nan_to_num(out), slo_class=[str(c) for c in t.column("slo_class").to_pylist()],
+                      energy_j=float(summary.get("energy_j") or 0.0))
+
+
+# ---- objectives ----------------------------------------------------------------------------------
+
+def _mean_latency(values: Vector, ok: npt.NDArray[np.bool_], fail_s: float) -> float:
+    """Mean latency with every failed request charged ``fail_s`` (so failing is never cheap)."""
+    v = np.where(ok & np.isfinite(values), values, fail_s)
+    return float(v.mean()) if len(v) else 0.0
+
+
+#: objective name -> (meaning, needs an SLO, fitness of one run: higher is better)
+OBJECTIVES: dict[str, tuple[str, bool, Callable[[RunOutcome, Slo | None], float]]] = {
+    "slo_met": ("share of requests that are ok and meet the SLO (goodput over a fixed trace)", True,
+                lambda o, slo: float(o.good(slo).mean()) if len(o.ok) else 0.0),
+    "good_tokens": ("share of output tokens in requests that meet the SLO", True,
+                    lambda o, slo: float(o.output_tokens[o.good(slo)].sum() / max(o.output_tokens.sum(), 1.0))),
+    "neg_ttft": ("minus the mean TTFT in seconds (a failed request counts 60 s)", False,
+                 lambda o, slo: -_mean_latency(o.ttft, o.ok, 60.0)),
+    "neg_e2e": ("minus the mean end-to-end latency in seconds (a failed request counts 60 s)", False,
+                lambda o, slo: -_mean_latency(o.e2e, o.ok, 60.0)),
+    "neg_energy_per_good_token": ("minus the joules per output token of requests meeting the SLO", True,
+                                  lambda o, slo: -o.energy_j / max(float(o.output_tokens[o.good(slo)].sum()), 1.0)),
+}
+
+
+def check_search(population: int, elite: int) -> None:
+    """The cross-entropy method needs 1 <= elite < population."""
+    if not 1 <= elite < population:
+        raise UserError(f"elite must be between 1 and population - 1 (population {population}, elite {elite})",
+                        "--elite")
+
+
+def check_objective(name: str, slo: Slo | None, where: str = "--objective") -> None:
+    if name not in OBJECTIVES:
+        raise UserError(f"unknown objective {name!r} (known: {', '.join(OBJECTIVES)})", where)
+    if OBJECTIVES[name][1] and slo is None:
+        raise UserError(f"objective {name!r} needs an SLO (--slo ttft=...,tpot=...)", where)
+
+
+# ---- the search ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Problem:
+    """Everything a fitness evaluation needs; picklable, so pool workers get it once."""
+
+    traces: tuple[pa.Table, ...]
+    cluster: ClusterConfig
+    layout: Mapping[str, Any]
+    hidden: tuple[int, ...]
+    objective: str
+    slo: Slo | None
+    sim_seed: int
+
+    @property
+    def n_in(self) -> int:
+        return len(self.layout["per_target"]) + len(self.layout["per_request"])
+
+    def policy(self, vector: Vector) -> LearnedPolicy:
+        feats = Features.from_layout(self.layout)
+        return LearnedPolicy.from_model(unflatten(vector, self.n_in, self.hidden), feats)
+
+    def fitness(self, vector: Vector) -> float:
+        """Mean objective over the training traces of the policy with these weights."""
+        score = OBJECTIVES[self.objective][2]
+        values = [score(simulate_outcome(t, self.cluster, self.policy(vector), self.sim_seed + k), self.slo)
+                  for k, t in enumerate(self.traces)]
+        return float(np.mean(values))
+
+
+def active_mask(problem: Problem) -> npt.NDArray[np.bool_]:
+    """Which parameters can change a decision. In a linear scorer the request's features and the
+    bias add the same to every target's score, so only the per-target weights are searched."""
+    n = n_params(problem.n_in, problem.hidden)
+    if problem.hidden:
+        return np.ones(n, dtype=bool)
+    mask = np.zeros(n, dtype=bool)
+    mask[:len(problem.layout["per_target"])] = True
+    return mask
+
+
+_WORKER: Problem | None = None
+
+
+def _init_worker(problem: Problem) -> None:
+    global _WORKER
+    _WORKER = problem
+
+
+def _worker_fitness(vector: Vector) -> float:
+    assert _WORKER is not None
+    return _WORKER.fitness(vector)
+
+
+@dataclass
+class Generation:
+    """One generation's figures, as progress reports them."""
+
+    index: int
+    best: float          # best fitness of this generation
+    mean: float          # mean fitness of its population
+    best_ever: float
+    spread: float        # mean standard deviation of the sampling distribution after the update
+
+
+@dataclass
+class Result:
+    vector: Vector
+    fitness: float
+    history: list[Generation] = field(default_factory=list)
+    evaluations: int = 0
+
+
+def cem(problem: Problem, *, generations: int, population: int, elite: int, seed: int, init_std: float = 1.0,
+        min_std: float = 0.05, workers: int = 1,
+        progress: Callable[[Generation], None] | None = None) -> Result:
+    """The cross-entropy method (see the module docstring); returns the best vector ever evaluated."""
+    check_search(population, elite)
+    rng = np.random.default_rng(seed)
+    mask = active_mask(problem)
+    n = len(mask)
+    mean, std = np.zeros(n), np.where(mask, init_std, 0.0)
+    best = Result(vector=np.zeros(n), fitness=-math.inf)
+    pool = ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(problem,)) if workers > 1 else None
+    try:
+        for g in range(generations):
+            cands = mean + std * rng.standard_normal((population, n))
+            if g == 0:
+                cands[0] = mean              # the starting point (every target scores alike) is candidate 0
+            scores = np.array(list(pool.map(_worker_fitness, cands)) if pool else [problem.fitness(c) for c in cands])
+            best.evaluations += population
+            top = np.argsort(-scores, kind="stable")[:elite]
+            if scores[top[0]] > best.fitness:
+                best.vector, best.fitness = cands[top[0]].copy(), float(scores[top[0]])
+            mean = cands[top].mean(axis=0)
+            std = np.where(mask, np.maximum(cands[top].std(axis=0), min_std), 0.0)
+            gen = Generation(g, float(scores[top[0]]), float(scores.mean()), best.fitness, float(std[mask].mean()))
+            best.history.append(gen)
+            if progress is not None:
+                progress(gen)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return best
+
+
+# ---- the command's logic --------------------------------------------------------------------------
+
+def trace_identity(source: Path | None, spec: Mapping[str, Any] | None, seeds: Sequence[int],
+                   traces: Sequence[pa.Table]) -> dict[str, Any]:
+    """What the policy was trained on: a trace file's sha256, or (generated traces) the sha256 of
+    the spec and seeds that regenerate them; rows; the spec."""
+    if source is not None and source.suffix == ".parquet":
+        h = hashlib.sha256(source.read_bytes()).hexdigest()
+    else:
+        h = hashlib.sha256(json.dumps({"spec": spec, "seeds": list(seeds)}, sort_keys=True, default=str)
+                           .encode()).hexdigest()
+    return {"source": source.name if source is not None else None, "sha256": h,
+            "rows": int(sum(t.num_rows for t in traces)), "spec": spec, "seeds": list(seeds)}
+
+
+def train_policy(traces: Sequence[pa.Table], cluster: ClusterConfig, *, objective: str, slo: Slo | None,
+                 identity: Mapping[str, Any], seed: int, hidden: Sequence[int] = (), fields: Sequence[str] | None = None,
+                 generations: int = 8, population: int = 12, elite: int = 3, workers: int = 1,
+                 progress: Callable[[Generation], None] | None = None) -> tuple[dict[str, Any], Result]:
+    """Train and return the policy file's document (and the search's result)."""
+    check_objective(objective, slo)
+    check_search(population, elite)
+    if any(h < 1 for h in hidden):
+        raise UserError("hidden layer widths must be >= 1", "--hidden")
+    classes = sorted({str(c) for t in traces for c in t.column("slo_class").unique().to_pylist()} - {"default"})
+    layout = Features(fields=fields, slo_classes=classes if hidden else (), where="--fields").layout()
+    problem = Problem(tuple(traces), cluster, layout, tuple(hidden), objective, slo, seed)
+    result = cem(problem, generations=generations, population=population, elite=elite, seed=seed,
+                 workers=workers, progress=progress)
+    layers: Layers = unflatten(result.vector, problem.n_in, problem.hidden)
+    doc = policy_document(layout, layers,
+                          objective={"name": objective, "slo": slo.describe() if slo else None,
+                                     "train_fitness": result.fitness},
+                          training={"trace": dict(identity), "seed": seed, "cluster": cluster.to_dict(),
+                                    "trainer": {"method": "cem", "generations": generations,
+                                                "population": population, "elite": elite,
+                                                "evaluations": result.evaluations},
+                                    "history": [vars(g) for g in result.history]})
+    return doc, result
+
+
+def write_policy(doc: Mapping[str, Any], path: Path) -> None:
+    """Write the policy file whole (a temporary file renamed over it: never half-written)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def generated_trace(spec: Any, seed: int, requests: int | None = None) -> pa.Table:
+    """The trace ``llmlb run`` would simulate for workload ``spec`` (a WorkloadSpec) at ``seed``: written
+    and read back through the trace file format, so its metadata (spec, block size) is the same."""
+    import tempfile
+
+    from llmlb_bench.schema import read_trace, write_trace
+    from llmlb_bench.workload import generate
+
+    workload = spec.replace(seed=seed, **({"requests": requests} if requests else {}))
+    with tempfile.TemporaryDirectory(prefix="llmlb-learn-") as tmp:
+        path = Path(tmp) / "trace.parquet"
+        write_trace(generate(workload), path, spec=workload.to_dict(), block_size=workload.block_size)
+        return read_trace(path)

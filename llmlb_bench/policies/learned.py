@@ -1,0 +1,206 @@
+"""A trained routing policy, loaded from a plain-data policy file and run with a numpy forward pass.
+
+The file (JSON, never pickle, never executed) is what ``llmlb learn train`` writes::
+
+    {"format": "llmlb.policy", "version": 1,
+     "features": {...},              # Features.layout(): field names, order, scaling
+     "model": {"kind": "linear" | "mlp", "activation": "tanh",
+               "layers": [{"weight": [[...], ...], "bias": [...]}, ...]},
+     "objective": {...}, "training": {"trace": {"sha256", "rows", "spec"}, "seed", ...}}
+
+The model scores every target from ``[its per-target features, the request's features]`` with
+the *same* weights (one row per target), so one file routes any number of targets; the policy
+sends the request to the healthy target with the highest score. Layers are ``weight`` of shape
+``[out, in]`` and ``bias`` of ``[out]``; hidden layers use ``tanh``; the last layer has one output.
+
+Every check happens when the file is loaded (``make_policy``), before any request: format and
+version, the feature layout (:meth:`Features.from_layout` refuses another field order or
+scaling), every layer's shape against the layout's width, finite numbers. Each failure is one
+line naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from llmlb_bench.errors import UserError
+from llmlb_bench.policies.base import Policy, RouteRequest, View
+from llmlb_bench.policies.features import Features
+
+#: format name and version of a policy file (bumped when the meaning of a field changes)
+FORMAT = "llmlb.policy"
+VERSION = 1
+#: model kinds: one layer (linear), or hidden tanh layers then one output (mlp)
+KINDS = ("linear", "mlp")
+
+Matrix = npt.NDArray[np.float64]
+Layers = list[tuple[Matrix, Matrix]]
+
+
+def n_params(n_in: int, hidden: Sequence[int]) -> int:
+    """Number of weights of a scorer with ``n_in`` inputs and ``hidden`` tanh layers (empty: linear)."""
+    sizes = [n_in, *hidden, 1]
+    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+
+
+def unflatten(vector: npt.NDArray[np.float64], n_in: int, hidden: Sequence[int]) -> Layers:
+    """Cut a flat parameter vector (what a trainer searches over) into ``(weight, bias)`` layers."""
+    sizes = [n_in, *hidden, 1]
+    if vector.shape != (n_params(n_in, hidden),):
+        raise ValueError(f"expected {n_params(n_in, hidden)} parameters, got shape {vector.shape}")
+    layers: Layers = []
+    k = 0
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        w = vector[k:k + a * b].reshape(b, a)
+        k += a * b
+        layers.append((w, vector[k:k + b]))
+        k += b
+    return layers
+
+
+def forward(layers: Layers, x: Matrix) -> Matrix:
+    """Scores ``[n]`` for inputs ``x`` ``[n, in]``: tanh between layers, none after the last."""
+    h = x
+    last = len(layers) - 1
+    for j, (w, b) in enumerate(layers):
+        h = h @ w.T + b
+        if j < last:
+            h = np.tanh(h)
+    return h[:, 0]
+
+
+def policy_document(layout: Mapping[str, Any], layers: Layers, *, objective: Mapping[str, Any],
+                    training: Mapping[str, Any]) -> dict[str, Any]:
+    """The plain-data policy file for trained ``layers`` (see the module docstring)."""
+    return {
+        "format": FORMAT, "version": VERSION,
+        "features": dict(layout),
+        "model": {"kind": "linear" if len(layers) == 1 else "mlp", "activation": "tanh",
+                  "layers": [{"weight": w.tolist(), "bias": b.tolist()} for w, b in layers]},
+        "objective": dict(objective),
+        "training": dict(training),
+    }
+
+
+def _matrix(value: Any, shape: tuple[int, ...], what: str, where: str) -> Matrix:
+    try:
+        a = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise UserError(f"{what} is not an array of numbers", where) from None
+    if a.shape != shape:
+        raise UserError(f"{what} has shape {list(a.shape)}; the feature layout needs {list(shape)}", where)
+    if not np.isfinite(a).all():
+        raise UserError(f"{what} holds a value that is not finite", where)
+    return a
+
+
+def read_layers(model: Any, n_in: int, where: str) -> Layers:
+    """The model's layers, every shape checked against ``n_in`` inputs and one output."""
+    if not isinstance(model, Mapping):
+        raise UserError("'model' is not an object", where)
+    kind, activation, raw = model.get("kind"), model.get("activation", "tanh"), model.get("layers")
+    if kind not in KINDS:
+        raise UserError(f"model kind {kind!r} is not one of {', '.join(KINDS)}", where)
+    if activation != "tanh":
+        raise UserError(f"activation {activation!r} is not supported (tanh)", where)
+    if not isinstance(raw, list) or not raw or (kind == "linear") != (len(raw) == 1):
+        raise UserError(f"a {kind} model needs {'one layer' if kind == 'linear' else 'two or more layers'}", where)
+    layers: Layers = []
+    width = n_in
+    for j, layer in enumerate(raw):
+        if not isinstance(layer, Mapping) or "weight" not in layer or "bias" not in layer:
+            raise UserError(f"layer {j} lacks 'weight' or 'bias'", where)
+        out = 1 if j == len(raw) - 1 else len(layer["bias"]) if isinstance(layer["bias"], list) else -1
+        if out < 1:
+            raise UserError(f"layer {j}: 'bias' is not a non-empty list", where)
+        w = _matrix(layer["weight"], (out, width), f"layer {j} weight", where)
+        b = _matrix(layer["bias"], (out,), f"layer {j} bias", where)
+        layers.append((w, b))
+        width = out
+    return layers
+
+
+def load_policy_file(path: Path) -> tuple[dict[str, Any], Features, Layers]:
+    """Read and check a policy file; returns the document, its features and its layers."""
+    where = str(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError("no such policy file", where) from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"not a readable JSON policy file ({type(exc).__name__})", where) from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise UserError(f"not an llmlb policy file (format {FORMAT!r} expected)", where)
+    if doc.get("version") != VERSION:
+        raise UserError(f"policy file version {doc.get('version')!r}; this llmlb reads version {VERSION}", where)
+    layout = doc.get("features")
+    if not isinstance(layout, dict):
+        raise UserError("'features' is not a feature layout", where)
+    feats = Features.from_layout(layout, where=where)
+    n_in = len(feats.target_names) + len(feats.request_names)
+    return doc, feats, read_layers(doc.get("model"), n_in, where)
+
+
+class LearnedPolicy(Policy):
+    """Scores each healthy target with a trained model; the highest score wins (see the module docstring)."""
+
+    name = "learned"
+    summary = "A trained policy file (llmlb learn train): a linear or MLP scorer over the features of each target."
+    params = {"path": ("", "policy file (JSON) written by llmlb learn train")}
+
+    def __init__(self, path: str = "") -> None:
+        if not path:
+            raise ValueError("give path=FILE (a policy file written by llmlb learn train)")
+        document, features, layers = load_policy_file(Path(path))
+        self._setup(path, document, features.layout(), layers)
+
+    @classmethod
+    def from_model(cls, layers: Layers, features: Features) -> "LearnedPolicy":
+        """A policy of ``layers`` over ``features`` without a file (a trainer's candidate: the same
+        forward pass as the file it may become)."""
+        policy = cls.__new__(cls)
+        policy._setup("", {}, features.layout(), layers)
+        return policy
+
+    def _setup(self, path: str, document: dict[str, Any], layout: dict[str, Any], layers: Layers) -> None:
+        self.path = path
+        self.document = document
+        self._layout = layout
+        self._layers = layers
+        self._features: Features | None = None
+        self._tie = 0
+
+    def features(self, view: View) -> Features:
+        """The run's features, built at the first decision (they need the view: number of targets,
+        whether it publishes KV events)."""
+        if self._features is None:
+            self._features = Features.from_layout(self._layout, view, where=self.path or "policy")
+        return self._features
+
+    def scores(self, req: RouteRequest, view: View) -> Matrix:
+        """The model's score of every target for ``req`` now (higher is better)."""
+        feats = self.features(view)
+        t = feats.targets(req, view)
+        r = feats.request(req)
+        x = np.empty((t.shape[0], t.shape[1] + r.shape[0]), dtype=np.float64)
+        x[:, :t.shape[1]] = t
+        x[:, t.shape[1]:] = r
+        return forward(self._layers, x)
+
+    def choose(self, req: RouteRequest, view: View) -> int:
+        s = self.scores(req, view)
+        healthy = np.asarray(view.healthy, dtype=bool)
+        n = len(s)
+        if healthy.any():
+            s[~healthy] = -np.inf
+        # ties (identical targets, e.g. an idle fleet) rotate, so equal scores do not all fill target 0
+        self._tie += 1
+        order = (np.arange(n) + self._tie) % n
+        target = int(order[int(np.argmax(s[order]))])
+        self.features(view).record(req, target, view.now)
+        return target
