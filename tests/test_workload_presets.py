@@ -49,3 +49,24 @@ def test_chat_preset_sizing(traces):
     assert 2000 <= t.num_rows <= 5000
     assert pc.max(t.column("input_tokens")).as_py() <= 8192
     assert np.median(t.column("output_tokens").to_numpy()) > 100
+
+
+#: presets that do not fit the default model's context, and what their comment must say about it
+LONGER_THAN_DEFAULT = {"coding-agent": "qwen2.5-7b", "multimodal": "8,192"}
+
+
+@pytest.mark.parametrize("path", sorted(PRESETS.glob("*.toml")), ids=lambda p: p.stem)
+def test_every_preset_fits_the_default_models_context_or_says_why_not(path):
+    """prompt + output within the default fleet's context (Llama-3-8B: 8,192), as generated with the preset's
+    own seed: the tour's `llmlb run workloads/chat.toml` rejected 4 requests before its caps were set."""
+    from llmlb_bench.sim import ClusterConfig
+
+    cfg = ClusterConfig.build()
+    context = cfg.pools[0].model_spec(cfg.catalogs).max_context
+    t = generate(load_spec(path))
+    longest = int(pc.max(pc.add(t.column("input_tokens").cast("int64"), t.column("output_tokens"))).as_py())
+    if path.stem in LONGER_THAN_DEFAULT:
+        head = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
+        assert LONGER_THAN_DEFAULT[path.stem] in head, path.stem
+    else:
+        assert longest <= context, f"{path.name}: a request of {longest} tokens, context {context}"

@@ -14,6 +14,8 @@ report can be reproduced with ``llmlb query`` (docs/metrics.md gives the SQL).
   (:func:`arrival_window`);
 * throughput = ok requests (output tokens) / arrival window;
 * attainment = good requests / all requests (failed ones count as not good);
+* failures = the requests that are not ok, by status and normalised reason
+  (:mod:`llmlb_bench.metrics.failures`);
 * goodput = good requests (their output tokens) / arrival window;
 * the same rates over the whole duration, vLLM ``bench serve``'s (the drain
   tail after the last arrival included), under ``over_duration``.
@@ -34,6 +36,7 @@ from llmlb_bench.metrics.definitions import ANSWER_FIGURES, LATENCY_FIGURES, WAI
 from llmlb_bench.metrics.distribution import Sample, describe
 from llmlb_bench.metrics.energy import energy_and_cost
 from llmlb_bench.metrics.fairness import fairness
+from llmlb_bench.metrics.failures import failure_sql, failures
 from llmlb_bench.metrics.goodput import offered_rate
 from llmlb_bench.metrics.identity import facets, names
 from llmlb_bench.metrics.latency import latency
@@ -104,6 +107,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     talks = conversations(cat, slo)
     loads = adapter_loads(cat)
     spec = speculative(cat)
+    failed = failures(cat.query(failure_sql()))
     out = []
     for run in runs:
         run_id = run["run_id"]
@@ -117,6 +121,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
             "run_id": run_id, "label": run["label"], "policy": run["policy"],
             "backend": run["backend"], "status": run["status"], "created_utc": run["created_utc"],
             "requests": c["requests"], **{st: c[st] for st in STATUSES},
+            "failures": failed.get(run_id, []),   # not-ok requests by status and reason (metrics.failures)
             "duration_s": duration,
             "window_s": window,
             "offered_rate": offered,

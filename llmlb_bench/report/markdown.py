@@ -37,6 +37,7 @@ def render(doc: dict[str, Any]) -> str:
     parts = [head] + [f"> Note: {_cell(n)}" for n in doc.get("notes") or ()]
     parts += [f"**Verdict:** {_cell(line)}" for line in verdict_lines(doc)]
     parts.append(table_md(tables.comparison(doc)))
+    parts += [table_md(t) for t in (tables.failures(doc),) if t is not None]
     parts += [table_md(t) for t in tables.verdict_tables(doc)]
     parts += [table_md(t) for t in (tables.groups(doc, key) for key in tables.GROUP_TABLES) if t is not None]
     parts += [table_md(t) for t in tables.curves(doc)]

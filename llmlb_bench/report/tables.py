@@ -4,6 +4,7 @@ Defining each table once keeps the three formats in step: a figure added
 here appears everywhere, formatted the same way.
 
 * ``comparison``: one row per run, the figures a policy comparison needs;
+* ``failures``: the requests that are not ok, by run, status and reason;
 * ``details``: one row per figure, one column per run, in sections;
 * ``groups``: per SLO class or per tenant (only when a run has several);
 * ``curves``: the points of each load curve, its knee and maximum goodput.
@@ -131,6 +132,20 @@ def comparison(doc: dict[str, Any]) -> Table:
     if with_slo:
         notes.append(f"SLO {doc['options']['slo_text']}; J/tok and $/M per SLO-compliant output token")
     t.note = "; ".join(notes) or None
+    return t
+
+
+def failures(doc: dict[str, Any]) -> Table | None:
+    """Every request that is not ok, by run, status and normalised reason (metrics.failures); None when all
+    are ok."""
+    runs = [s for s in doc["runs"] if s.get("failures")]
+    if not runs:
+        return None
+    t = Table("Failures: why requests are not ok", ["run", "requests", "status", "reason"])
+    for s in runs:
+        for i, f in enumerate(s["failures"]):
+            t.rows.append([run_name(s) if i == 0 else "", fmt(f["requests"], ",d"), f["status"].replace("_", " "),
+                           f["reason"]])
     return t
 
 
@@ -408,6 +423,7 @@ def verdict_tables(doc: dict[str, Any]) -> list[Table]:
 def all_tables(doc: dict[str, Any]) -> list[Table]:
     """The tables of a full report, in order (details last: it is the longest)."""
     out = [comparison(doc)]
+    out += [t for t in (failures(doc),) if t is not None]
     out += verdict_tables(doc)
     out += [t for t in (groups(doc, key) for key in GROUP_TABLES) if t is not None]
     out += curves(doc)

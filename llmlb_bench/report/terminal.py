@@ -36,6 +36,17 @@ def rich_table(t: Table, title: str | None = None) -> RichTable:
     return out
 
 
+def _text_table(t: Table) -> RichTable:
+    """A table of text (error messages): cells are not markup, the last column is left-aligned and wraps."""
+    out = RichTable(title=t.title, header_style="bold", title_justify="left")
+    for i, h in enumerate(t.header):
+        out.add_column(h, justify="left" if i in (0, len(t.header) - 1) else "right", overflow="fold",
+                       ratio=1 if i == len(t.header) - 1 else None)
+    for row in t.rows:
+        out.add_row(*map(escape, row))
+    return out
+
+
 def _width(t: Table) -> int:
     """Columns a table needs unwrapped: each column's widest line plus borders and padding."""
     cols = zip(*([t.header] + t.rows))
@@ -74,6 +85,9 @@ def render(doc: dict[str, Any], console: Console) -> None:
     for line in verdict_lines(doc):
         console.print(f"[bold]verdict:[/] {escape(line)}")
     _print_fitting(console, tables.comparison(doc))
+    failed = tables.failures(doc)
+    if failed is not None:
+        console.print(_text_table(failed))
     for t in tables.verdict_tables(doc):
         console.print(rich_table(t))
     for t in (tables.groups(doc, key) for key in tables.GROUP_TABLES):
