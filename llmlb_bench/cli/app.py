@@ -41,9 +41,17 @@ def fail(problem: str, where: str | None = None) -> NoReturn:
 def _raise_interrupt(signum: int, frame: object) -> None:
     """SIGTERM behaves like Ctrl-C: runs flush their sinks and are marked partial. The first one
     stops the command; later ones are ignored, so they cannot cut the cleanup short or land in the
-    exit callbacks (thread joins, atexit) as a traceback."""
+    exit callbacks (thread joins, atexit) as a traceback. The signal is also noted in
+    :data:`_INTERRUPTED`, since a library may turn the KeyboardInterrupt into an error of its own
+    or drop it (DuckDB raises 'Query interrupted' from a query it was running)."""
+    _INTERRUPTED.append(signum)
     _exiting()
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+#: the signals that stopped the current command: whatever became of their KeyboardInterrupt, the
+#: command exits 130
+_INTERRUPTED: list[int] = []
 
 
 def _exiting() -> None:
@@ -79,8 +87,16 @@ def main(argv: list[str] | None = None) -> None:
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _raise_interrupt)
     rc = None
+    _INTERRUPTED.clear()
     try:
-        rc = _run(argv)
+        try:
+            rc = _run(argv)
+        except BaseException as exc:
+            if not _INTERRUPTED or isinstance(exc, SystemExit) and exc.code == 130:
+                raise
+        if _INTERRUPTED or rc == 130:  # the interrupt was swallowed, became another error, or Typer's 130
+            err_console.print("[yellow]interrupted[/]")
+            rc = 130
     finally:
         if rc == 130:  # an interrupt Typer caught (it returns Exit(130) without standalone mode)
             _exiting()
@@ -104,8 +120,9 @@ def _run(argv: list[str] | None) -> Any:
         sys.exit(130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.Abort:
+    except typer.Abort:  # Click's name for a KeyboardInterrupt it caught
         _exiting()
+        err_console.print("[yellow]interrupted[/]")
         sys.exit(130)
     except Exception as exc:
         if not isinstance(exc, _click_exceptions()):

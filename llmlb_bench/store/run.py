@@ -174,13 +174,21 @@ class RunStore:
         if self.dir.exists():
             raise FileExistsError(f"run folder already exists: {self.dir}")
         self._made_results = not self.dir.parent.exists()
-        self.dir.mkdir(parents=True)
-        write_json_atomic(self.dir / RUN_JSON, _stored_meta(self.meta))
-        const = {"run_id": self.run_id}
-        self.requests = ParquetSink(self.dir / REQUESTS_FILE, REQUESTS, constants=const,
-                                    rows_per_group=self._rows_per_group, flush_s=self._flush_s)
-        self.series = ParquetSink(self.dir / SERIES_FILE, SERIES, constants=const,
-                                  rows_per_group=self._rows_per_group, flush_s=self._flush_s)
+        try:
+            # a Ctrl-C between run.json and the sinks would leave a run 'running' forever (no __exit__
+            # follows a failed __enter__): hold it until both exist, then close the run as interrupted
+            with signals_deferred():
+                self.dir.mkdir(parents=True)
+                write_json_atomic(self.dir / RUN_JSON, _stored_meta(self.meta))
+                const = {"run_id": self.run_id}
+                self.requests = ParquetSink(self.dir / REQUESTS_FILE, REQUESTS, constants=const,
+                                            rows_per_group=self._rows_per_group, flush_s=self._flush_s)
+                self.series = ParquetSink(self.dir / SERIES_FILE, SERIES, constants=const,
+                                          rows_per_group=self._rows_per_group, flush_s=self._flush_s)
+        except KeyboardInterrupt as exc:
+            if hasattr(self, "series"):
+                self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
