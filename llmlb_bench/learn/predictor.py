@@ -201,12 +201,8 @@ def fit(table: pa.Table, *, objective: str = "regression", seed: int = 0, trees:
         "output": {"min_tokens": float(max(1.0, y[rows].min())), "max_tokens": float(y[rows].max())},
     }
     if objective == "rank":
-        model = Predictor({**doc, "objective": "regression"}, where)
-        q = np.linspace(0, 1, 101)
-        score = np.quantile(model.scores(x[rows]), q)
-        tokens = np.quantile(y[rows], 1 - q)              # higher score = shorter output
-        keep = np.concatenate([[True], np.diff(score) > 0])
-        doc["output"].update(score=score[keep].tolist(), tokens=tokens[keep].tolist())
+        score, tokens = _calibration(Predictor({**doc, "objective": "regression"}, where).scores(x[rows]), y[rows])
+        doc["output"].update(score=score, tokens=tokens)
     doc["training"] = {
         "trace": Path(trace).name, "sha256": sha256, "rows": len(reqs), "train_rows": int(train.sum()),
         "heldout_rows": int(test.sum()), "heldout_fraction": heldout, "seed": seed, "trees": trees,
@@ -218,6 +214,22 @@ def fit(table: pa.Table, *, objective: str = "regression", seed: int = 0, trees:
     idx = idx[np.argsort(arrival[idx], kind="stable")]
     doc["heldout"] = evaluate(predictor, x[idx], y[idx], window, y[rows])
     return doc
+
+
+def _calibration(scores: np.ndarray, y: np.ndarray, points: int = 256) -> tuple[list[float], list[float]]:
+    """Score -> tokens for a rank model: each distinct training score goes to the output
+    length at its mid-rank quantile, counted from the highest score (the shortest); a model
+    with few distinct scores (a few task types) thus predicts each group's middle length, not
+    the end of its range. At most ``points`` knots, evenly spaced in rank, ends kept."""
+    values, counts = np.unique(scores, return_counts=True)
+    mid = (np.cumsum(counts) - counts / 2) / len(scores)     # share of rows with a lower score, mid-tie
+    tokens = np.quantile(y, 1 - mid)
+    if len(values) < 2:
+        values, tokens = np.array([values[0], values[0] + 1.0]), np.repeat(tokens, 2)
+    if len(values) > points:
+        keep = np.unique(np.linspace(0, len(values) - 1, points).round().astype(np.int64))
+        values, tokens = values[keep], tokens[keep]
+    return values.tolist(), tokens.tolist()
 
 
 def evaluate(predictor: Predictor, x: np.ndarray, y: np.ndarray, window: int,
