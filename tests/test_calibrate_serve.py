@@ -94,7 +94,7 @@ def test_profile_fixes_the_engine_and_travels_in_the_config(profile_file: Path, 
 
 
 @pytest.mark.parametrize("bad, where", [
-    ({"llmlb_profile": 2}, "llmlb_profile"),
+    ({"llmlb_profile": 3}, "llmlb_profile"),
     ({**profile(), "step": {**STEP, "per_token_s": -1}}, "step.per_token_s"),
     ({**profile(), "engine": {**ENGINE, "num_kv_blocks": 0}}, "engine.num_kv_blocks"),
     ({**profile(), "engine": {**ENGINE, "max_num_batched_tokens": 8}}, "max_num_batched_tokens must be >="),
@@ -138,6 +138,8 @@ def test_calibrate_bad_endpoint_is_one_line(tmp_path: Path, capsys):
 
 
 OVERHEAD_S, PER_TOKEN_S = 0.020, 2e-5
+#: the real-time server's lateness a median-of-repeats fit may keep (see its use)
+LATE_S = 0.003
 
 
 @pytest.mark.slow
@@ -157,7 +159,8 @@ def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, profile
                            capsys)
         assert code == 2 and "--max-batched-tokens" in err and not out.exists()
         code, stdout, err = cli(["calibrate", urls[0], "-o", str(out), "--max-num-seqs", "16",
-                                 "--max-batched-tokens", "1024", "--batches", "1,4,16", "--decode-tokens", "40"],
+                                 "--max-batched-tokens", "1024", "--batches", "1,4,16", "--decode-tokens", "40",
+                                 "--repeats", "5"],      # the median of 5 outvotes two repeats a busy machine stalled
                                 capsys)
         assert code == 0, err
     finally:
@@ -171,11 +174,18 @@ def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, profile
         assert step[k] == pytest.approx(STEP[k], rel=0.10), k
     assert step["per_attn_s"] == pytest.approx(STEP["per_attn_s"], rel=0.40)
     truth, fitted = EngineProfile.from_dict(profile()), EngineProfile.from_dict(got)
+    # step times within 5% plus LATE_S: the fit is of the median probe (profile version 2), which on a
+    # loaded machine holds the real-time server's own lateness (3.5 ms at a load average of 7-10, see
+    # the overhead below; the fastest repeat, which version 1 kept, left it out), shared by the fit
+    # between the step terms and the request overhead. A missing term is off by far more (the
+    # per-sample term alone is 0.5-8 ms of these steps, the KV term 16 ms of the largest)
     for p in (50, 500, 1000, 2000):
         f = prefill_features(p, 0, 1024)[:5]
-        assert fitted.step_time(*f[[1, 3, 4, 2]]) == pytest.approx(truth.step_time(*f[[1, 3, 4, 2]]), rel=0.05)
+        want = truth.step_time(*f[[1, 3, 4, 2]])
+        assert fitted.step_time(*f[[1, 3, 4, 2]]) == pytest.approx(want, abs=0.05 * want + LATE_S), p
     for b, ctx in ((1, 16), (8, 8 * 500), (16, 16 * 1000)):
-        assert fitted.step_time(b, ctx, ctx, b) == pytest.approx(truth.step_time(b, ctx, ctx, b), rel=0.05)
+        want = truth.step_time(b, ctx, ctx, b)
+        assert fitted.step_time(b, ctx, ctx, b) == pytest.approx(want, abs=0.05 * want + LATE_S), (b, ctx)
     # the overhead is a delay before the engine's queue in the server as in the fit; the fit adds the
     # server's own HTTP and timer latency to it (0.3-3 ms with none configured on an idle machine, 3.5
     # ms more at a load average of 7-10), and its part per prompt token rests on the cache probe's two
@@ -211,16 +221,18 @@ def test_sweep_and_repro_take_a_profile(tmp_path: Path, profile_file: Path):
     assert chunked and all(label == f"chunks of {tokens}" for label, tokens in chunked)
 
 
-def test_repeated_probes_count_once_at_their_fastest():
-    """Interference only adds time: of identical probes the fit keeps the fastest, with the fastest
-    repeat's own features, and counts the repeats; different probes stay apart, in first-seen order."""
-    from llmlb_bench.calibrate.fit import Observation, fastest_of_repeats
+def test_repeated_probes_count_once_at_their_median():
+    """The profile is the engine's typical step: of identical probes the fit keeps the median time,
+    at the repeats' mean features, and counts the repeats; different probes stay apart, in
+    first-seen order."""
+    from llmlb_bench.calibrate.fit import Observation, median_of_repeats
 
     f = np.ones(7)
     obs = [Observation("prefill", "prompt 100", f, 0.030), Observation("decode", "batch 4, context 16", f, 0.009),
            Observation("prefill", "prompt 100", f, 0.020), Observation("prefill", "prompt 200", f, 0.050),
            Observation("decode", "batch 4, context 16", 2 * f, 0.008), Observation("prefill", "prompt 100", f, 0.025)]
-    got = fastest_of_repeats(obs)
+    got = median_of_repeats(obs)
     assert [(o.probe, o.what, o.measured_s, o.repeats) for o in got] == [
-        ("prefill", "prompt 100", 0.020, 3), ("decode", "batch 4, context 16", 0.008, 2), ("prefill", "prompt 200", 0.050, 1)]
-    assert got[1].features.tolist() == (2 * f).tolist()
+        ("prefill", "prompt 100", 0.025, 3), ("decode", "batch 4, context 16", pytest.approx(0.0085), 2),
+        ("prefill", "prompt 200", 0.050, 1)]
+    assert got[1].features.tolist() == (1.5 * f).tolist()

@@ -1,7 +1,8 @@
 """``llmlb calibrate``: fit the simulator's step-time model to a live OpenAI-compatible endpoint.
 
 :func:`calibrate` reads the engine's settings (:mod:`.engine`), replays the
-probes (:mod:`.probes`), fits the coefficients (:mod:`.fit`) and returns the
+probes (:mod:`.probes`), fits the coefficients of the typical step (:mod:`.fit`),
+measures the steps' spread around it (:mod:`.dispersion`) and returns the
 profile (:mod:`llmlb_bench.sim.profile`) with the fit's residuals in it.
 docs/fidelity.md says what the profile predicts, and how well.
 """
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from llmlb_bench import __version__
+from llmlb_bench.calibrate.dispersion import dispersion
 from llmlb_bench.calibrate.engine import EngineInfo, discover
 from llmlb_bench.calibrate.fit import Fit, fit, observations
 from llmlb_bench.calibrate.probes import ProbePlan, Prober, plan
@@ -34,7 +36,7 @@ class Calibration:
 
 def calibrate(url: str, given: Mapping[str, Any], *, options: ReplayOptions | None = None,
               max_prompt: int | None = None, batches: Sequence[int] | None = None,
-              contexts: Sequence[int] | None = None, decode_tokens: int = 48, repeats: int = 2,
+              contexts: Sequence[int] | None = None, decode_tokens: int = 48, repeats: int = 3,
               results: Path | None = None, seed: int = 0) -> Calibration:
     """Probe ``url`` and fit its profile. ``given``: engine settings from flags (None = ask the
     engine); probe runs go to ``results`` (a scratch folder when None)."""
@@ -46,8 +48,9 @@ def calibrate(url: str, given: Mapping[str, Any], *, options: ReplayOptions | No
     with tempfile.TemporaryDirectory(prefix="llmlb-calibrate-") as tmp:
         root = Path(results) if results is not None else Path(tmp)
         runs = Prober(url, pre, options, root, seed).all(p)
-    obs, notes = observations(runs, info.settings["max_num_batched_tokens"])
+    obs, notes, windows = observations(runs, info.settings["max_num_batched_tokens"])
     result = fit(obs, notes)
+    spread = dispersion(windows)
     profile = {
         "llmlb_profile": PROFILE_VERSION,
         "source": {"endpoint": info.url, "engine": info.kind, "model": info.model,
@@ -58,6 +61,7 @@ def calibrate(url: str, given: Mapping[str, Any], *, options: ReplayOptions | No
         "step": {k: result.coefficients[k] for k in STEP_TERMS},
         "request_overhead_s": result.coefficients["request_overhead_s"],
         "request_per_prompt_token_s": result.coefficients["request_per_prompt_token_s"],
+        "jitter": spread,
         "fit": {"by_probe": result.summary(), "notes": result.notes,
                 "observations": [{"probe": o.probe, "what": o.what, "measured_s": round(o.measured_s, 6),
                                   "predicted_s": round(o.predicted_s, 6), "outlier": o.outlier,

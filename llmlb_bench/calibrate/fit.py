@@ -14,13 +14,18 @@ n_i is B tokens, B samples and sum n_i of attention and KV per step.
 The fit minimises the sum of squared RELATIVE errors (each observation counts
 the same whatever its size) under non-negativity (a cost cannot be negative),
 with each column scaled to unit size first (the terms differ by six orders of
-magnitude). A probe repeated with identical features (``--repeats``) counts
-once, at its fastest: interference from other work on the machine (a neighbour,
-the client itself) only ever adds time, so the fastest repeat is the least
-disturbed measure of the engine's own cost, and the spread of the others says
-nothing about the model. Observations more than max(25%, 4 x the median) off
-after a first fit are reported as outliers (a shared machine stalls now and
-then) and the fit is repeated without them.
+magnitude). The model is the engine's TYPICAL step, not its best: a decode
+window's observation is the median of its inter-token gaps, and a probe
+repeated with identical features (``--repeats``) counts once, at the median of
+its repeats. (Until profile version 2 the fastest repeat counted, on the
+argument that interference only adds time; but the engine a simulation stands
+for is the one that is sometimes interfered with, and a profile of its best
+moments made the simulator one-sidedly fast: -18 to -58% on E2E p50 against
+vLLM, docs/fidelity.md.) How the steps scatter around the typical one is
+measured from the same decode windows (calibrate/dispersion.py) and drawn by
+the simulator (sim/jitter.py). Observations more than max(25%, 4 x the median)
+off after a first fit are reported as outliers (a shared machine stalls now
+and then) and the fit is repeated without them.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ class Observation:
     measured_s: float
     predicted_s: float = float("nan")
     outlier: bool = False
-    #: how many identical repeats this is the fastest of
+    #: how many identical repeats this is the median of
     repeats: int = 1
 
     @property
@@ -102,9 +107,11 @@ def _prompt(row: dict[str, Any]) -> int:
     return int(server) if server is not None else int(row["input_tokens"])
 
 
-def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observation], list[str]]:
-    """Every usable observation of the probes, and notes on what could not be used."""
+def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observation], list[str], list[np.ndarray]]:
+    """Every usable observation of the probes, notes on what could not be used, and each decode
+    window's inter-token gaps as one request saw them (for calibrate/dispersion.py)."""
     obs: list[Observation] = []
+    windows: list[np.ndarray] = []
     notes: list[str] = []
     no_cached = False
     for run in runs:
@@ -135,14 +142,15 @@ def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observatio
                 continue
             t0 = max(r["first_token_s"] for r in ok)
             t1 = min(r["last_token_s"] for r in ok)
-            gaps, context = [], 0.0
+            gaps: list[np.ndarray] = []
+            context = 0.0
             for r in ok:
                 t = _token_times(r)
                 idx = np.nonzero((t >= t0) & (t <= t1))[0]
                 if idx.size < 2 or idx[-1] - idx[0] < MIN_WINDOW_STEPS:
                     gaps = []
                     break
-                gaps.append((t[idx[-1]] - t[idx[0]]) / (idx[-1] - idx[0]))
+                gaps.append(np.diff(t[idx[0]:idx[-1] + 1]))
                 context += _prompt(r) + (idx[0] + idx[-1]) / 2
             if not gaps:
                 notes.append(f"decode batch {run.params['batch']} at {run.params['context']} tokens: fewer than "
@@ -151,29 +159,25 @@ def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observatio
             b = len(ok)
             f = np.array([1.0, b, b, context, context, 0.0, 0.0])
             obs.append(Observation("decode", f"batch {b}, context {run.params['context']}", f,
-                                   float(np.median(gaps))))
+                                   float(np.median(np.concatenate(gaps)))))
+            windows.append(max(gaps, key=len))
     if no_cached:
         notes.append("the engine reports no prompt_tokens_details.cached_tokens (vLLM: "
                      "--enable-prompt-tokens-details): repeated prompts left out of the fit")
-    return fastest_of_repeats(obs), notes
+    return median_of_repeats(obs), notes, windows
 
 
-def fastest_of_repeats(obs: Sequence[Observation]) -> list[Observation]:
+def median_of_repeats(obs: Sequence[Observation]) -> list[Observation]:
     """One observation per distinct probe (its kind and what it probed: a prompt length and cached
-    part, a decode batch and context), the fastest of its repeats with that repeat's own features
-    (a decode window's measured context varies a little), in first-seen order (see the module
-    docstring)."""
-    best: dict[tuple[str, str], Observation] = {}
+    part, a decode batch and context): the median of its repeats' times, at the mean of their
+    features (a decode window's measured context varies a little), in first-seen order (see the
+    module docstring)."""
+    groups: dict[tuple[str, str], list[Observation]] = {}
     for o in obs:
-        key = (o.probe, o.what)
-        seen = best.get(key)
-        if seen is None:
-            best[key] = o
-            continue
-        seen.repeats += 1
-        if o.measured_s < seen.measured_s:
-            seen.measured_s, seen.features = o.measured_s, o.features
-    return list(best.values())
+        groups.setdefault((o.probe, o.what), []).append(o)
+    return [Observation(g[0].probe, g[0].what, np.mean([o.features for o in g], axis=0),
+                        float(np.median([o.measured_s for o in g])), repeats=len(g))
+            for g in groups.values()]
 
 
 def _solve(obs: Sequence[Observation]) -> np.ndarray:

@@ -44,7 +44,7 @@ def calibrate(
     batches: Annotated[Optional[str], typer.Option("--batches", help="Decode probe batch sizes, e.g. 1,2,4,8 (default: powers of two up to max_num_seqs, at most 64).")] = None,
     contexts: Annotated[Optional[str], typer.Option("--contexts", help="Decode probe prompt lengths, e.g. 16,512,1024 (default: 16, a quarter and half of --max-prompt).")] = None,
     decode_tokens: Annotated[int, typer.Option("--decode-tokens", min=8, help="Output tokens of each decode probe request.")] = 48,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Times each prefill probe length and each decode group is sent.")] = 2,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Times each prefill probe length and each decode group is sent (the fit takes the median: 3 outvote one disturbed repeat).")] = 3,
     tokenize: Annotated[bool, typer.Option("--tokenize", help="Exact prompt lengths from the endpoint's /tokenize.")] = False,
     tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="A local tokenizer.json (or folder) for exact prompt lengths.")] = None,
     results: Annotated[Optional[Path], typer.Option("--results", "-r", help="Keep the probe runs in this folder (default: a scratch folder, deleted).")] = None,
@@ -74,7 +74,7 @@ def calibrate(
         f"{k} {v} ({info.sources[k]})" for k, v in info.settings.items()), highlight=False, soft_wrap=True)
     t = Table("probe", "observation", "measured ms", "predicted ms", "error %", title="Fit residuals")
     for o in cal.fit.observations:
-        t.add_row(o.probe, o.what + (f" [dim](fastest of {o.repeats})[/]" if o.repeats > 1 else "")
+        t.add_row(o.probe, o.what + (f" [dim](median of {o.repeats})[/]" if o.repeats > 1 else "")
                   + (" [dim](outlier)[/]" if o.outlier else ""), f"{1e3 * o.measured_s:.2f}",
                   f"{1e3 * o.predicted_s:.2f}", f"{100 * o.error:+.1f}")
     console.print(t)
@@ -87,6 +87,11 @@ def calibrate(
                   "{per_attn_s:.4g} x attn + {per_kv_s:.4g} x kv".format(**step)
                   + f";  request overhead {1e3 * cal.profile['request_overhead_s']:.3f} ms + "
                     f"{1e6 * cal.profile['request_per_prompt_token_s']:.3f} us x prompt tokens", highlight=False)
+    j = cal.profile["jitter"]
+    console.print(f"step spread over {j['steps']} decode steps in {j['windows']} windows: lognormal sigma "
+                  f"{j['sigma']:.3f}; {j['slow_phases']} slow phases"
+                  + (f" ({j['slow_rate_hz']:.3g} per second, {1e3 * j['slow_mean_s']:.1f} ms long, "
+                     f"x{j['slow_factor']:.2f})" if j["slow_phases"] else ""), highlight=False)
     for note in cal.fit.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     if info.assumed:

@@ -77,15 +77,19 @@ SignalRefresh = Annotated[Optional[float], typer.Option(
 ProfileOpt = Annotated[Optional[Path], typer.Option(
     "--profile", help="Measured engine profile (JSON from llmlb calibrate) for every pool: its step times and KV "
                       "blocks replace the roofline's, its engine settings fill those not given (docs/fidelity.md).")]
+NoJitter = Annotated[bool, typer.Option(
+    "--no-jitter", help="Every step takes the profile's median time: no step-time jitter drawn from the "
+                        "profile's measured spread (docs/fidelity.md).")]
 
 
 #: the cluster flags, in the order --help lists them (see :func:`cluster_flags`)
 _CLUSTER_FLAGS = tuple(
-    inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=option)
+    inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False if name == "no_jitter" else None,
+                      annotation=option)
     for name, option in (("cluster_file", ClusterFile), ("replicas", Replicas), ("gpu", Gpu), ("model", Model),
                          ("tp", Tp), ("pp", Pp), ("max_num_seqs", MaxSeqs), ("max_batched_tokens", MaxTokens),
                          ("scheduler", SchedulerOpt), ("scheduler_arg", SchedulerArgs),
-                         ("signal_refresh", SignalRefresh), ("profile", ProfileOpt)))
+                         ("signal_refresh", SignalRefresh), ("profile", ProfileOpt), ("no_jitter", NoJitter)))
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,7 @@ class ClusterFlags:
     scheduler_arg: list[str] | None = None
     signal_refresh: float | None = None
     profile: Path | None = None
+    no_jitter: bool = False
 
     def config(self) -> "ClusterConfig":
         """The cluster the flags describe: the --cluster file (or defaults) with given flags on top."""
@@ -114,7 +119,7 @@ class ClusterFlags:
                  "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_batched_tokens,
                  "scheduler": self.scheduler,
                  "scheduler_args": parse_args(self.scheduler_arg, "--scheduler-arg") or None,
-                 "signal_refresh_s": self.signal_refresh}
+                 "signal_refresh_s": self.signal_refresh, "jitter": False if self.no_jitter else None}
         given = {k: v for k, v in flags.items() if v is not None}
         cfg = load_cluster(self.cluster_file, given) if self.cluster_file is not None else ClusterConfig.from_dict(given)
         return cfg.with_profile(self.profile) if self.profile is not None else cfg

@@ -202,6 +202,9 @@ class ClusterConfig:
     #: its max_num_seqs, max_num_batched_tokens and max_model_len fill those left unset; prefix
     #: caching is on only if both say so (sim/profile.py)
     profile: Mapping[str, Any] | None = None
+    #: draw step-time jitter from the pools' profiles where they measured it (sim/jitter.py); false:
+    #: every step is the profile's median step, as before profiles measured their spread
+    jitter: bool = True
     #: speculative decoding for every pool that does not set its own (sim/speculative.py); None = off
     speculative: Mapping[str, Any] | None = None
 

@@ -19,6 +19,7 @@ from llmlb_bench.sim.autoscale import PoolStatus
 from llmlb_bench.sim.catalog import load_catalog
 from llmlb_bench.sim.config import ClusterConfig, PoolConfig
 from llmlb_bench.sim.cost import CostModel
+from llmlb_bench.sim.jitter import StepJitter
 from llmlb_bench.sim.lora import lora_costs
 from llmlb_bench.sim.moe import ExpertLoad, MoeSpec
 from llmlb_bench.sim.profile import EngineProfile, ProfileCost
@@ -111,7 +112,8 @@ class Fleet:
                       context_limit=p.max_model_len or p.model_spec(self.cfg.catalogs).max_context,
                       hash_stride=stride, created_at=now,
                       swap_blocks=cost.swap_blocks(p.swap_space_gib) if p.preemption == "swap" else 0,
-                      speculation=self._spec[pool_name], lora=self._lora[pool_name])
+                      speculation=self._spec[pool_name], lora=self._lora[pool_name],
+                      jitter=self._jitter(cost, i))
         rep.starting = starting
         rep.t = now
         self.replicas.append(rep)
@@ -127,6 +129,13 @@ class Fleet:
         for hook in self.on_add:
             hook(rep)
         return rep
+
+    def _jitter(self, cost: CostModel | ProfileCost, index: int) -> StepJitter | None:
+        """Replica ``index``'s step-time jitter draws: from its profile's measured spread, unless the
+        cluster turns jitter off (sim/jitter.py)."""
+        if not self.cfg.jitter or not isinstance(cost, ProfileCost) or not cost.profile.jitter.active:
+            return None
+        return StepJitter(cost.profile.jitter, self.seed, index)
 
     def expert_loads(self) -> dict[str, ExpertLoad]:
         """The MoE pools' expert-load states, by pool name."""

@@ -62,9 +62,13 @@ from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim.catalog import GPU, Model
+from llmlb_bench.sim.jitter import JitterSpec
 
-#: the format's version (``llmlb_profile`` key)
-PROFILE_VERSION = 1
+#: the format's version (``llmlb_profile`` key): 2 added the optional ``jitter`` table (the step model
+#: is the median step since; version 1 profiles, fitted on the fastest repeats, load without jitter)
+PROFILE_VERSION = 2
+#: the versions this release reads
+READABLE_VERSIONS = (1, 2)
 #: step-time coefficients, in the order of :meth:`ProfileCost.features`
 STEP_TERMS = ("base_s", "per_token_s", "per_sample_s", "per_attn_s", "per_kv_s")
 #: engine settings a profile fixes, and whether each must be a positive integer
@@ -86,15 +90,17 @@ class EngineProfile:
     num_kv_blocks: int
     max_model_len: int
     enable_prefix_caching: bool
+    #: the measured step-time dispersion (sim/jitter.py); none (all zero) when the profile has no table
+    jitter: JitterSpec = JitterSpec()
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "profile") -> "EngineProfile":
         if not isinstance(d, Mapping):
             raise UserError("a profile must be a JSON object", where)
         version = d.get("llmlb_profile")
-        if version != PROFILE_VERSION:
-            raise UserError(f"not an llmlb profile of version {PROFILE_VERSION} (llmlb_profile = {version!r}); "
-                            "write one with llmlb calibrate", where)
+        if isinstance(version, bool) or version not in READABLE_VERSIONS:
+            raise UserError(f"not an llmlb profile of version {' or '.join(map(str, READABLE_VERSIONS))} "
+                            f"(llmlb_profile = {version!r}); write one with llmlb calibrate", where)
         step, engine = d.get("step"), d.get("engine")
         if not isinstance(step, Mapping) or not isinstance(engine, Mapping):
             raise UserError("needs a 'step' and an 'engine' object", where)
@@ -123,7 +129,8 @@ class EngineProfile:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
                 raise UserError(f"must be a number >= 0, got {v!r}", f"{where}: {k}")
             overhead[k] = float(v)
-        return cls(step=coeffs, enable_prefix_caching=caching, **overhead, **ints)
+        jitter = JitterSpec.from_dict(d["jitter"], f"{where}: jitter") if d.get("jitter") is not None else JitterSpec()
+        return cls(step=coeffs, enable_prefix_caching=caching, jitter=jitter, **overhead, **ints)
 
     def step_time(self, tokens: float, attn: float, kv: float, sampled: float) -> float:
         s = self.step

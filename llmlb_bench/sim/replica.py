@@ -44,7 +44,9 @@ Step time within a run is held constant at the roofline value for the run's
 mean context length. The roofline is piecewise linear in context length, so
 the run's total duration is exact while it stays in one regime (compute- or
 memory-bound); runs are cut so that the step time drifts by at most
-``STEP_TIME_TOLERANCE`` within one.
+``STEP_TIME_TOLERANCE`` within one. With step-time jitter (a measured profile's
+spread, sim/jitter.py) every decode step is a run of its own, with its own drawn
+length.
 
 Energy: each step draws the cost model's power for its mix of compute and
 memory time; the step's energy is shared among the tokens it processes
@@ -59,6 +61,7 @@ from heapq import heappop, heappush
 from typing import Any, Sequence
 
 from llmlb_bench.sim.cost import CostModel
+from llmlb_bench.sim.jitter import StepJitter
 from llmlb_bench.sim.lora import AdapterSlots, LoraCosts
 from llmlb_bench.sim.prefix_cache import PrefixCache
 from llmlb_bench.policies.engine import WaitingQueue
@@ -113,7 +116,7 @@ class Replica:
                  prefix_unit_blocks: int = 0, pool: str = "default", role: str = "mixed",
                  scheduler: EngineScheduler | None = None, context_limit: int = 1 << 30, hash_stride: int = 1,
                  created_at: float = 0.0, swap_blocks: int = 0, speculation: Speculation | None = None,
-                 lora: LoraCosts | None = None) -> None:
+                 lora: LoraCosts | None = None, jitter: StepJitter | None = None) -> None:
         self.index = index
         self.name = name
         self.pool = pool
@@ -133,6 +136,8 @@ class Replica:
         self.cost = cost
         #: the pool's proposer (None: one token per step, as without speculative decoding)
         self.spec = speculation
+        #: this replica's step-time jitter draws (sim/jitter.py; None: every step is the model's)
+        self.jitter = jitter
         self.max_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
         self.bs = block_size
@@ -716,6 +721,8 @@ class Replica:
                                             decoding + completing)
         else:
             gap, power = self.spec.step(tokens, attn, kv, completing, decoding, self.context)
+        if self.jitter is not None:
+            gap *= self.jitter.factor(self.run_start)
         if self.swap_s:
             gap, power = self._with_swap(gap, power)
         share = power * gap / (tokens + decoding)
@@ -742,8 +749,8 @@ class Replica:
         """A run of decode steps up to the next finish, block shortage or step-time drift."""
         decoding = self.decoding
         n = self._next_finish() - self.step
-        if preempted or self.prefilling or self.swap_s:
-            n = 1
+        if preempted or self.prefilling or self.swap_s or self.jitter is not None:
+            n = 1       # (with jitter every step has its own length)
         else:
             free = self.total_blocks - self.used
             if decoding * (n // self.bs + 1) > free:
@@ -755,6 +762,8 @@ class Replica:
         ctx = self.context + decoding * (n - 1) / 2
         gap, power = (self.cost.run_step(decoding, ctx, ctx, decoding) if self.spec is None
                       else self.spec.step(0, 0.0, 0.0, 0, decoding, ctx))
+        if self.jitter is not None and n:
+            gap *= self.jitter.factor(self.run_start)
         if self.swap_s:
             gap, power = self._with_swap(gap, power)
         self.run_chunks = []

@@ -1,0 +1,117 @@
+"""Step-time jitter: a measured engine's steps are not all the same length.
+
+A profile's step model (:mod:`llmlb_bench.sim.profile`) gives the engine's
+TYPICAL (median) step for a batch. A real engine's steps scatter around it:
+every step a little (timer and scheduler noise, cache effects, the client's
+reads), and now and then a run of much slower steps (a garbage-collection
+pause, a neighbour taking the core, a compile). Without this the simulator
+sees only the typical step: its inter-token latencies have no tail and its
+mean step is too short by exactly the slow steps' share. ``llmlb calibrate``
+measures both parts (calibrate/dispersion.py) into the profile's ``jitter``
+table:
+
+* ``sigma``: each step's time is the model's times ``exp(sigma x Z)``, Z a
+  standard normal drawn per step (a lognormal factor with median 1, so the
+  median step stays the model's);
+* ``slow_rate_hz``, ``slow_mean_s``, ``slow_factor``: slow phases start at
+  rate ``slow_rate_hz`` per second of time outside them, last an exponential
+  time of mean ``slow_mean_s``, and every step that starts inside one is
+  ``slow_factor`` times longer (on top of its lognormal factor).
+
+The draws are per replica, from a stream of their own derived from the run's
+seed and the replica's index (``numpy.random.SeedSequence``), so a run is
+reproducible, and turning jitter on or off moves no other random draw (the
+engine schedulers', speculative acceptance, failures). A replica with jitter
+plans every decode step as its own event (sim/replica.py): a run of equal
+steps is exactly what jitter removes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from llmlb_bench.errors import UserError
+
+#: the jitter stream's tag in the seed sequence (keeps it apart from every other stream of the run)
+_STREAM = 0x6A697474
+#: normal draws fetched at a time (a NumPy call per step would cost more than the step's bookkeeping)
+_BLOCK = 4096
+#: the profile's jitter fields
+FIELDS = ("sigma", "slow_rate_hz", "slow_mean_s", "slow_factor")
+
+
+@dataclass(frozen=True)
+class JitterSpec:
+    """The profile's ``jitter`` table (see the module docstring)."""
+
+    sigma: float = 0.0
+    slow_rate_hz: float = 0.0
+    slow_mean_s: float = 0.0
+    slow_factor: float = 1.0
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "profile.jitter") -> "JitterSpec":
+        if not isinstance(d, Mapping):
+            raise UserError("must be a table of sigma, slow_rate_hz, slow_mean_s and slow_factor", where)
+        values: dict[str, float] = {}
+        for k in FIELDS:
+            v = d.get(k, getattr(cls, k))
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise UserError(f"must be a number >= 0, got {v!r}", f"{where}.{k}")
+            values[k] = float(v)
+        if values["slow_factor"] < 1:
+            raise UserError(f"a slow phase's steps are longer: must be >= 1, got {values['slow_factor']!r}",
+                            f"{where}.slow_factor")
+        if values["slow_rate_hz"] > 0 and not values["slow_mean_s"] > 0:
+            raise UserError("slow phases need a duration > 0 when slow_rate_hz > 0", f"{where}.slow_mean_s")
+        return cls(**values)
+
+    @property
+    def active(self) -> bool:
+        """Whether any step is ever other than the model's."""
+        return self.sigma > 0 or (self.slow_rate_hz > 0 and self.slow_factor > 1)
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in FIELDS}
+
+
+class StepJitter:
+    """One replica's jitter draws (see the module docstring)."""
+
+    __slots__ = ("spec", "_rng", "_z", "_k", "_slow_start", "_slow_end")
+
+    def __init__(self, spec: JitterSpec, seed: int, replica: int) -> None:
+        self.spec = spec
+        self._rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([_STREAM, seed, replica])))
+        self._z: list[float] = []
+        self._k = 0
+        # the slow phase in view: [start, end); the first starts an exponential time after 0
+        self._slow_start = self._slow_end = 0.0
+        if spec.slow_rate_hz > 0:
+            self._next_phase(0.0)
+
+    def _next_phase(self, after: float) -> None:
+        s = self.spec
+        self._slow_start = after + float(self._rng.exponential(1.0 / s.slow_rate_hz))
+        self._slow_end = self._slow_start + float(self._rng.exponential(s.slow_mean_s))
+
+    def factor(self, t: float) -> float:
+        """The factor of the step that starts at ``t`` (non-decreasing from call to call)."""
+        s = self.spec
+        f = 1.0
+        if s.sigma > 0:
+            if self._k == len(self._z):
+                self._z = self._rng.standard_normal(_BLOCK).tolist()
+                self._k = 0
+            f = math.exp(s.sigma * self._z[self._k])
+            self._k += 1
+        if s.slow_rate_hz > 0:
+            while t >= self._slow_end:
+                self._next_phase(self._slow_end)
+            if t >= self._slow_start:
+                f *= s.slow_factor
+        return f

@@ -1,0 +1,86 @@
+"""The step spread ``llmlb calibrate`` measures (calibrate/dispersion.py): known lognormal jitter
+and planted slow phases are recovered from decode windows; against ``llmlb serve`` running a
+profile with jitter, calibrate gives the jitter back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmlb_bench.calibrate.dispersion import dispersion
+from tests.conftest import cli
+from tests.test_serve_replay import _start_server, _stop_server
+
+
+def test_lognormal_steps_give_back_their_sigma():
+    """3,000 steps of 10 ms x exp(0.15 Z) in 60 windows: the robust sigma's standard error is
+    about 2.5% here (plus a 1.5% upward bias from each window's own median), the tolerance 10%;
+    no step is four sigmas out, so no slow phase."""
+    rng = np.random.default_rng(1)
+    windows = [0.01 * np.exp(0.15 * rng.standard_normal(50)) for _ in range(60)]
+    got = dispersion(windows)
+    assert got["sigma"] == pytest.approx(0.15, rel=0.10)
+    assert (got["slow_phases"], got["slow_rate_hz"], got["slow_factor"], got["steps"], got["windows"]) == (
+        0, 0.0, 1.0, 3000, 60)
+
+
+def test_planted_slow_phases_are_found_with_their_rate_length_and_factor():
+    """In 20 of 60 windows three consecutive steps are 4x slower: 20 phases, each 3 x 40 ms long
+    (x the lognormal's mean, 1.011 at sigma 0.15), 4x slower than the median, over the windows'
+    other steps' time."""
+    rng = np.random.default_rng(2)
+    windows = []
+    for k in range(60):
+        w = 0.01 * np.exp(0.15 * rng.standard_normal(50))
+        if k % 3 == 0:
+            w[20:23] *= 4
+        windows.append(w)
+    got = dispersion(windows)
+    assert got["slow_phases"] == 20
+    normal = sum(float(w.sum()) for w in windows) - 20 * 3 * 0.04 * np.exp(0.15 ** 2 / 2)
+    assert got["slow_rate_hz"] == pytest.approx(20 / normal, rel=0.05)
+    assert got["slow_mean_s"] == pytest.approx(0.12 * np.exp(0.15 ** 2 / 2), rel=0.05)
+    assert got["slow_factor"] == pytest.approx(4 * np.exp(0.15 ** 2 / 2), rel=0.05)
+    assert got["sigma"] == pytest.approx(0.15, rel=0.12)
+
+
+def test_too_short_windows_measure_nothing():
+    assert dispersion([np.full(3, 0.01)])["steps"] == 0
+    assert dispersion([])["sigma"] == 0.0
+
+
+@pytest.mark.slow
+def test_calibrate_gives_back_the_jitter_llmlb_serve_draws(tmp_path: Path, capsys):
+    """llmlb serve draws each step's time from a profile with lognormal jitter of sigma 0.25 around
+    a 20 ms decode step (long beside the server's own timer latency, a few ms under load, which
+    adds to the spread seen); calibrate reads sigma back from its decode windows within 0.17-0.35
+    (about 130 steps: the estimate's own standard error is 0.02), the step model's decode step
+    (the median) within 15%, and finds no slow phase the profile does not have."""
+    step = {"base_s": 0.018, "per_token_s": 1e-4, "per_sample_s": 1e-3, "per_attn_s": 0.0, "per_kv_s": 0.0}
+    served = tmp_path / "served.json"
+    served.write_text(json.dumps({"llmlb_profile": 2, "step": step, "request_overhead_s": 0.0,
+                                  "engine": {"max_num_seqs": 8, "max_num_batched_tokens": 512, "block_size": 32,
+                                             "num_kv_blocks": 2000, "max_model_len": 4096},
+                                  "jitter": {"sigma": 0.25}}))
+    proc, urls = _start_server("--replicas", "1", "--port", "0", "--profile", str(served))
+    try:
+        out = tmp_path / "fit.json"
+        code, stdout, err = cli(["calibrate", urls[0], "-o", str(out), "--max-num-seqs", "8", "--max-batched-tokens",
+                                 "512", "--max-prompt", "256", "--batches", "1,4", "--contexts", "16",
+                                 "--decode-tokens", "40", "--repeats", "2"], capsys)
+        assert code == 0, err
+    finally:
+        _stop_server(proc)
+    assert "lognormal sigma" in stdout
+    got = json.loads(out.read_text())
+    assert got["llmlb_profile"] == 2
+    j = got["jitter"]
+    assert j["steps"] >= 120 and 0.17 <= j["sigma"] <= 0.35, j
+    assert j["slow_phases"] <= 2, j
+    s = got["step"]
+    for b in (1, 4):
+        fitted = s["base_s"] + (s["per_token_s"] + s["per_sample_s"]) * b + (s["per_attn_s"] + s["per_kv_s"]) * 40 * b
+        assert fitted == pytest.approx(step["base_s"] + (step["per_token_s"] + step["per_sample_s"]) * b, rel=0.15)
