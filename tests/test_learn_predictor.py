@@ -227,3 +227,32 @@ def test_a_missing_predictor_file_stops_the_run_before_it_starts(tmp_path):
         make_policy("predicted_sjf", {"predictor": str(tmp_path / "none.json")})
     with pytest.raises(UserError, match="predictor file not found"):
         ClusterConfig.build(replicas=1, scheduler="sjf", scheduler_args={"predictor": str(tmp_path / "none.json")})
+
+
+def test_a_learned_policy_trained_with_predicted_output_needs_and_uses_the_predictor(tmp_path, exact_file):
+    # a two-replica run trained for one generation with the predictor's feature: the file records
+    # the predictor, runs with it, and is refused without it (one line, before any request)
+    from llmlb_bench.learn.train import train_policy, write_policy
+    from llmlb_bench.policies.learned import LearnedPolicy
+    from llmlb_bench.policies.predictor import Predictor
+
+    rng = np.random.default_rng(1)
+    inp = rng.integers(10, 400, 120)
+    table = trace(np.sort(rng.uniform(0, 20, 120)), inp, 2 * inp)
+    fields = ["outstanding_requests", "outstanding_tokens", "input_tokens", "predicted_output"]
+    doc, _ = train_policy([table], ClusterConfig.build(replicas=2), objective="neg_e2e", slo=None,
+                          identity={"rows": 120}, seed=0, hidden=(3,), fields=fields, generations=1,
+                          population=2, elite=1, predictor=exact_file)
+    assert doc["training"]["predictor"]["file"] == "exact.json"
+    assert "predicted_output" in [f["name"] for f in doc["features"]["per_request"]]
+    path = tmp_path / "pol.json"
+    write_policy(doc, path)
+    pol = make_policy("learned", {"path": str(path), "predictor": exact_file})
+    from llmlb_bench.policies import RouteRequest, TargetInfo, View
+    v = View([TargetInfo("a"), TargetInfo("b")])
+    assert pol.choose(RouteRequest(0, 0.0, 100, 1), v) in (0, 1)
+    assert pol.features(v).request(RouteRequest(1, 0.0, 100, 1))[-1] == pytest.approx(
+        np.log1p(Predictor.load(exact_file).predict(RouteRequest(1, 0.0, 100, 1)) / 1000.0), rel=1e-5)
+    with pytest.raises(UserError, match="predicted_output.*needs a length predictor") as err:
+        make_policy("learned", {"path": str(path)})
+    assert err.value.where == str(path)

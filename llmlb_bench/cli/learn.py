@@ -92,6 +92,10 @@ def train(
     population: Annotated[int, typer.Option("--population", min=2, help="Candidates per generation.")] = 12,
     elite: Annotated[int, typer.Option("--elite", min=1, help="Best candidates the next generation is fitted to.")] = 3,
     workers: Annotated[int, typer.Option("--workers", min=1, help="Processes evaluating candidates in parallel.")] = 1,
+    predictor: Annotated[Optional[Path], typer.Option("--predictor", help="Length predictor file (llmlb learn "
+                                                                          "predictor) for the predicted_output "
+                                                                          "feature; run the policy with "
+                                                                          "--policy-arg predictor=FILE too.")] = None,
 ) -> None:
     """Train a routing policy (linear or small MLP over per-target features) by whole simulated runs, no GPU.
 
@@ -117,8 +121,12 @@ def train(
     check_search(population, elite)
     if hidden and min(hidden) < 1:
         raise UserError("hidden layer widths must be >= 1", "--hidden")
+    length = None
+    if predictor is not None:
+        from llmlb_bench.policies.predictor import load_predictor
+        length = load_predictor(predictor)
     if fields:
-        Features(fields=fields.split(","), where="--fields")
+        Features(fields=fields.split(","), predictor=length, where="--fields")
     if not output.parent.is_dir():
         raise UserError("its folder does not exist", str(output))
     config = cluster.config()
@@ -143,7 +151,7 @@ def train(
     doc, result = train_policy(tables, config, objective=objective, slo=parsed, identity=identity, seed=seed,
                                hidden=tuple(hidden or ()), fields=fields.split(",") if fields else None,
                                generations=generations, population=population, elite=elite, workers=workers,
-                               progress=report)
+                               progress=report, predictor=str(predictor or ""))
     write_policy(doc, output)
     console.print(f"{output}: {objective} {result.fitness:.4f} on the training traces "
                   f"({result.evaluations} simulations)", highlight=False, soft_wrap=True)

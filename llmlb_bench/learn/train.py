@@ -38,6 +38,7 @@ from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.policies.features import Features
 from llmlb_bench.policies.learned import LearnedPolicy, Layers, n_params, policy_document, unflatten
+from llmlb_bench.policies.predictor import load_predictor
 from llmlb_bench.schema import REQUESTS
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store.sink import rows_table
@@ -186,13 +187,15 @@ class Problem:
     objective: str
     slo: Slo | None
     sim_seed: int
+    #: a length predictor file for the predicted_output feature ("" = none); a path, so workers load it
+    predictor: str = ""
 
     @property
     def n_in(self) -> int:
         return len(self.layout["per_target"]) + len(self.layout["per_request"])
 
     def policy(self, vector: Vector) -> LearnedPolicy:
-        feats = Features.from_layout(self.layout)
+        feats = Features.from_layout(self.layout, predictor=load_predictor(self.predictor) if self.predictor else None)
         return LearnedPolicy.from_model(unflatten(vector, self.n_in, self.hidden), feats)
 
     def fitness(self, vector: Vector) -> float:
@@ -297,15 +300,20 @@ def trace_identity(source: Path | None, spec: Mapping[str, Any] | None, seeds: S
 def train_policy(traces: Sequence[pa.Table], cluster: ClusterConfig, *, objective: str, slo: Slo | None,
                  identity: Mapping[str, Any], seed: int, hidden: Sequence[int] = (), fields: Sequence[str] | None = None,
                  generations: int = 8, population: int = 12, elite: int = 3, workers: int = 1,
-                 progress: Callable[[Generation], None] | None = None) -> tuple[dict[str, Any], Result]:
-    """Train and return the policy file's document (and the search's result)."""
+                 progress: Callable[[Generation], None] | None = None,
+                 predictor: str = "") -> tuple[dict[str, Any], Result]:
+    """Train and return the policy file's document (and the search's result). With ``predictor``
+    (a file of ``llmlb learn predictor``) the features may include ``predicted_output``; the
+    policy then runs with the same file (``-p learned --policy-arg predictor=FILE``)."""
     check_objective(objective, slo)
     check_search(population, elite)
     if any(h < 1 for h in hidden):
         raise UserError("hidden layer widths must be >= 1", "--hidden")
     classes = sorted({str(c) for t in traces for c in t.column("slo_class").unique().to_pylist()} - {"default"})
-    layout = Features(fields=fields, slo_classes=classes if hidden else (), where="--fields").layout()
-    problem = Problem(tuple(traces), cluster, layout, tuple(hidden), objective, slo, seed)
+    length = load_predictor(predictor) if predictor else None
+    layout = Features(fields=fields, slo_classes=classes if hidden else (), predictor=length,
+                      where="--fields").layout()
+    problem = Problem(tuple(traces), cluster, layout, tuple(hidden), objective, slo, seed, predictor)
     result = cem(problem, generations=generations, population=population, elite=elite, seed=seed,
                  workers=workers, progress=progress)
     layers: Layers = unflatten(result.vector, problem.n_in, problem.hidden)
@@ -313,11 +321,20 @@ def train_policy(traces: Sequence[pa.Table], cluster: ClusterConfig, *, objectiv
                           objective={"name": objective, "slo": slo.describe() if slo else None,
                                      "train_fitness": result.fitness},
                           training={"trace": dict(identity), "seed": seed, "cluster": cluster.to_dict(),
+                                    "predictor": _predictor_identity(predictor, length),
                                     "trainer": {"method": "cem", "generations": generations,
                                                 "population": population, "elite": elite,
                                                 "evaluations": result.evaluations},
                                     "history": [vars(g) for g in result.history]})
     return doc, result
+
+
+def _predictor_identity(path: str, length: Any) -> dict[str, Any] | None:
+    """The length predictor a policy was trained with (file name, sha256, its training), or None."""
+    if not path:
+        return None
+    from llmlb_bench.store.run import file_sha256
+    return {"file": Path(path).name, "sha256": file_sha256(path), "training": length.doc.get("training", {})}
 
 
 def write_policy(doc: Mapping[str, Any], path: Path) -> None:

@@ -30,7 +30,8 @@ import numpy.typing as npt
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies.base import Policy, RouteRequest, View
-from llmlb_bench.policies.features import Features
+from llmlb_bench.policies.features import Features, LengthPredictor
+from llmlb_bench.policies.predictor import load_predictor
 
 #: format name and version of a policy file (bumped when the meaning of a field changes)
 FORMAT = "llmlb.policy"
@@ -125,8 +126,9 @@ def read_layers(model: Any, n_in: int, where: str) -> Layers:
     return layers
 
 
-def load_policy_file(path: Path) -> tuple[dict[str, Any], Features, Layers]:
-    """Read and check a policy file; returns the document, its features and its layers."""
+def load_policy_file(path: Path, predictor: LengthPredictor | None = None) -> tuple[dict[str, Any], Features, Layers]:
+    """Read and check a policy file; returns the document, its features and its layers. A layout
+    with ``predicted_output`` needs ``predictor`` (one line naming the file otherwise)."""
     where = str(path)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -141,7 +143,7 @@ def load_policy_file(path: Path) -> tuple[dict[str, Any], Features, Layers]:
     layout = doc.get("features")
     if not isinstance(layout, dict):
         raise UserError("'features' is not a feature layout", where)
-    feats = Features.from_layout(layout, where=where)
+    feats = Features.from_layout(layout, predictor=predictor, where=where)
     n_in = len(feats.target_names) + len(feats.request_names)
     return doc, feats, read_layers(doc.get("model"), n_in, where)
 
@@ -151,27 +153,34 @@ class LearnedPolicy(Policy):
 
     name = "learned"
     summary = "A trained policy file (llmlb learn train): a linear or MLP scorer over the features of each target."
-    params = {"path": ("", "policy file (JSON) written by llmlb learn train")}
+    params = {"path": ("", "policy file (JSON) written by llmlb learn train"),
+              "predictor": ("", "length predictor file (llmlb learn predictor) for a policy trained with "
+                                "the predicted_output feature")}
 
-    def __init__(self, path: str = "") -> None:
+    def __init__(self, path: str = "", predictor: str = "") -> None:
         if not path:
             raise ValueError("give path=FILE (a policy file written by llmlb learn train)")
-        document, features, layers = load_policy_file(Path(path))
-        self._setup(path, document, features.layout(), layers)
+        self.predictor = predictor
+        length = load_predictor(predictor) if predictor else None
+        document, features, layers = load_policy_file(Path(path), length)
+        self._setup(path, document, features.layout(), layers, length)
 
     @classmethod
     def from_model(cls, layers: Layers, features: Features) -> "LearnedPolicy":
         """A policy of ``layers`` over ``features`` without a file (a trainer's candidate: the same
         forward pass as the file it may become)."""
         policy = cls.__new__(cls)
-        policy._setup("", {}, features.layout(), layers)
+        policy.predictor = ""
+        policy._setup("", {}, features.layout(), layers, features.predictor)
         return policy
 
-    def _setup(self, path: str, document: dict[str, Any], layout: dict[str, Any], layers: Layers) -> None:
+    def _setup(self, path: str, document: dict[str, Any], layout: dict[str, Any], layers: Layers,
+               length: LengthPredictor | None = None) -> None:
         self.path = path
         self.document = document
         self._layout = layout
         self._layers = layers
+        self._length = length
         self._features: Features | None = None
         self._tie = 0
 
@@ -179,7 +188,8 @@ class LearnedPolicy(Policy):
         """The run's features, built at the first decision (they need the view: number of targets,
         whether it publishes KV events)."""
         if self._features is None:
-            self._features = Features.from_layout(self._layout, view, where=self.path or "policy")
+            self._features = Features.from_layout(self._layout, view, predictor=self._length,
+                                                  where=self.path or "policy")
         return self._features
 
     def scores(self, req: RouteRequest, view: View) -> Matrix:
