@@ -119,3 +119,16 @@ def test_a_gate_between_different_workloads_is_refused_naming_the_fields(tmp_pat
          "--results", str(tmp_path / "again"), "--seed", "7", "--slo", SLO], capsys)
     assert cli(["gate", str(tmp_path / "main"), str(tmp_path / "again"), "--slo", SLO, "--rule",
                 "p99_ttft <= +50%"], capsys)[0] in (0, 1)
+
+
+def test_the_footer_names_the_traces_seed_and_the_simulators_apart(tmp_path, capsys):
+    """A trace generated with seed 1, simulated with seeds 0 and 3: the report said 'seed 0' / 'seed 3' only."""
+    trace = tmp_path / "t.parquet"
+    cli(["gen", str(_spec(tmp_path)), "-o", str(trace), "--seed", "1"], capsys)
+    for seed in ("0", "3"):
+        cli(["simulate", str(trace), "--replicas", "2", "--seed", seed, "--results", str(tmp_path / "r")], capsys)
+    doc = json.loads(cli(["report", str(tmp_path / "r"), "--format", "json"], capsys)[1])
+    assert "trace seed 1" in doc["common"].split(" · ")
+    assert sorted(s["name"] for s in doc["runs"]) == ["sim seed 0", "sim seed 3"]
+    out = cli(["report", str(tmp_path / "r")], capsys)[1]
+    assert "trace seed 1" in " ".join(out.split()) and "sim seed 3" in out

@@ -4,8 +4,9 @@ A run is identified by its **facets**: backend, policy (with its
 arguments), cluster shape (pools of replicas x GPU, model, TP/PP; a replay's
 endpoints), the workload (the trace's generating spec, else the trace file),
 the rate (a sweep's rate or load, or the offered rate run.json declares), the
-replay's time scale, and the seed. A report names each run by the facets
-whose values differ across the runs it shows (``least_outstanding · seed 2``),
+replay's time scale, and the seeds (the trace's, and the simulator's or a
+replay policy's). A report names each run by the facets whose values differ
+across the runs it shows (``least_outstanding · sim seed 2``),
 so three ``least_outstanding`` runs of different backends and fleets are
 told apart, and joins runs into a load curve only when they differ in load
 alone (every facet but the rate equal).
@@ -18,9 +19,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-#: facet order in a name; ``rate`` is the load facet a curve varies
-FACETS = ("policy", "backend", "cluster", "workload", "rate", "time_scale", "seed")
+#: facet order in a name; ``rate`` is the load facet a curve varies. Two seeds, apart: the trace's (the seed
+#: its generating spec records) and the run's own (``config.seed``: the simulator's, or in a replay the
+#: routing policy's), since ``llmlb simulate trace.parquet`` runs a trace of seed 1 with seed 0
+FACETS = ("policy", "backend", "cluster", "workload", "rate", "time_scale", "trace_seed", "sim_seed",
+          "policy_seed")
 LOAD = "rate"
+#: how a facet is named where its key is not its name
+SHOWN = {"trace_seed": "trace seed", "sim_seed": "sim seed", "policy_seed": "policy seed", "time_scale": "time scale"}
 
 
 def _policy(cfg: Mapping[str, Any]) -> str | None:
@@ -82,6 +88,9 @@ def facets(meta: Mapping[str, Any]) -> dict[str, str | None]:
     scale = opts.get("time_scale") if isinstance(opts, Mapping) else None
     seed = cfg.get("seed")
     sweep = cfg.get("sweep") if isinstance(cfg.get("sweep"), Mapping) else {}
+    spec = (meta.get("trace") or {}).get("spec")
+    trace_seed = spec.get("seed") if isinstance(spec, Mapping) else None
+    simulated = meta.get("backend") == "sim"
     return {
         "policy": _policy(cfg) or meta.get("label"),
         "backend": meta.get("backend"),
@@ -89,14 +98,16 @@ def facets(meta: Mapping[str, Any]) -> dict[str, str | None]:
         "workload": _workload(meta),
         "rate": _rate(meta),
         "time_scale": None if scale in (None, 1, 1.0) else f"x{scale:g}",
-        "seed": None if seed is None else str(seed),
+        "trace_seed": None if trace_seed is None else str(trace_seed),
+        "sim_seed": None if seed is None or not simulated else str(seed),
+        "policy_seed": None if seed is None or simulated else str(seed),
     }
 
 
 def _shown(facet: str, value: str | None) -> str:
     if facet == "policy":
         return value or "-"
-    return f"{facet.replace('_', ' ')} {value if value is not None else '-'}"
+    return f"{SHOWN.get(facet, facet)} {value if value is not None else '-'}"
 
 
 def distinct(all_facets: Iterable[Mapping[str, str | None]]) -> list[str]:
@@ -135,4 +146,4 @@ def common(all_facets: Iterable[Mapping[str, str | None]]) -> str:
     """What every run shares (``policy round_robin · backend sim · ...``): the context of their names."""
     rows = list(all_facets)
     keys = [f for f in FACETS if rows and len({r.get(f) for r in rows}) == 1 and rows[0].get(f) is not None]
-    return " · ".join(f"{k.replace('_', ' ')} {rows[0][k]}" for k in keys)
+    return " · ".join(f"{SHOWN.get(k, k)} {rows[0][k]}" for k in keys)

@@ -127,7 +127,8 @@ def ensure_trace(cell: Cell, root: Path) -> tuple[pa.Table, Path]:
         table = generate(spec, seed=cell.seed, rate_scale=cell.rate_scale)
         tmp = path.with_name(f".{os.getpid()}-{secrets.token_hex(4)}-{path.name}")
         try:
-            write_trace(table, tmp, spec=spec.to_dict(), block_size=spec.block_size)
+            # the spec as generated: the cell's seed, so the trace names its own seed (report footers)
+            write_trace(table, tmp, spec=spec.replace(seed=cell.seed).to_dict(), block_size=spec.block_size)
             tmp.replace(path)
         finally:
             tmp.unlink(missing_ok=True)
