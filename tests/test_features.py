@@ -56,12 +56,12 @@ def test_default_fields_and_values_follow_the_documented_scaling():
     np.testing.assert_allclose(_col(f, x, "adapter_slots_free"), [0.75, 0.0, 0.0])
     # nothing routed yet: the own prefix index holds nothing
     np.testing.assert_array_equal(_col(f, x, "prefix_match"), [0, 0, 0])
-    r = f.request(_req(adapter="a", session_id=7, priority=2))
+    r = f.request(_req(adapter="a", session_id=7, priority=2, turn=3))
     assert r.dtype == np.float32
     got = dict(zip(f.request_names, r.tolist()))
     assert got == pytest.approx({"input_tokens": math.log1p(2.0), "max_output_tokens": math.log1p(0.5),
                                  "prefix_blocks": math.log1p(4), "priority": 2.0, "in_session": 1.0,
-                                 "has_adapter": 1.0}, rel=1e-6)
+                                 "turn": math.log1p(3), "has_adapter": 1.0}, rel=1e-6)
 
 
 def test_base_model_request_scores_no_adapter_and_no_session():
@@ -70,7 +70,7 @@ def test_base_model_request_scores_no_adapter_and_no_session():
     x = f.targets(_req(), view)
     np.testing.assert_array_equal(_col(f, x, "adapter_resident"), [0, 0, 0])
     got = dict(zip(f.request_names, f.request(_req(prefix_hashes=())).tolist()))
-    assert got["in_session"] == 0 and got["has_adapter"] == 0 and got["prefix_blocks"] == 0
+    assert got["in_session"] == 0 and got["has_adapter"] == 0 and got["prefix_blocks"] == 0 and got["turn"] == 0
 
 
 def test_prefix_match_from_the_own_index_after_record():
@@ -131,6 +131,16 @@ def test_slo_class_indicators():
     assert f.request(_req(slo_class="other"))[-2:].tolist() == [0.0, 0.0]
     with pytest.raises(UserError, match="twice"):
         Features(_view(), slo_classes=["a", "a"])
+
+
+def test_kind_indicators_follow_the_class_indicators():
+    f = Features(_view(), slo_classes=["batch"], kinds=["code", "rag"])
+    assert f.request_names[-3:] == ("slo_class=batch", "kind=code", "kind=rag")
+    assert f.request(_req(slo_class="batch", kind="rag"))[-3:].tolist() == [1.0, 0.0, 1.0]
+    g = Features.from_layout(json.loads(json.dumps(f.layout())), _view())
+    assert g.request_names == f.request_names
+    with pytest.raises(UserError, match="twice"):
+        Features(_view(), kinds=["code", "code"])
 
 
 def test_unknown_field_is_one_line():

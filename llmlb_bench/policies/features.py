@@ -40,7 +40,9 @@ Per-request fields (``PER_REQUEST``): ``input_tokens`` (log1p, 1000), ``max_outp
 (log1p, 1000), ``prefix_blocks`` (log1p, 1: the prompt's prefix-hash blocks), ``priority``
 (linear), ``in_session`` (1 when it belongs to a conversation), ``has_adapter`` (1 when it names
 a LoRA adapter), ``predicted_output`` (log1p, 1000: a length predictor's output tokens; only with
-a predictor), and one ``slo_class=NAME`` indicator per class given in ``slo_classes``.
+a predictor), ``turn`` (log1p: the conversation turn, 0 outside conversations), and one
+``slo_class=NAME`` indicator per class given in ``slo_classes``, then one ``kind=NAME`` indicator
+per workload kind given in ``kinds``.
 
 A field's value is ``raw / scale`` (linear) or ``log1p(raw / scale)`` (log1p): counts and
 token totals span orders of magnitude, and a log keeps one weight meaningful across them.
@@ -106,6 +108,7 @@ _REQUEST_FIELDS = (
     Field("prefix_blocks", "log1p", 1.0, "request"),
     Field("priority", "linear", 1.0, "request"),
     Field("in_session", "linear", 1.0, "request"),
+    Field("turn", "log1p", 1.0, "request"),
     Field("has_adapter", "linear", 1.0, "request"),
     Field("predicted_output", "log1p", 1000.0, "predictor"),
 )
@@ -117,6 +120,7 @@ PER_REQUEST: tuple[str, ...] = tuple(f.name for f in _REQUEST_FIELDS)
 FIELD_SOURCES: dict[str, str] = {f.name: f.source for f in _TARGET_FIELDS + _REQUEST_FIELDS}
 _BY_NAME: dict[str, Field] = {f.name: f for f in _TARGET_FIELDS + _REQUEST_FIELDS}
 _CLASS_PREFIX = "slo_class="
+_KIND_PREFIX = "kind="
 #: how ``prefix_match`` is measured: KV events when the view has them, else the own index ("auto");
 #: always the router's own index ("index"); KV events only ("events": refused where there are none)
 PREFIX_SOURCES = ("auto", "index", "events")
@@ -140,15 +144,16 @@ class Features:
 
     ``fields``: the names to use (per-target and per-request mixed; layout order is kept, not the
     order given); default: every per-target and per-request field, less ``predicted_output`` when
-    there is no predictor. ``slo_classes``: one ``slo_class=NAME`` request indicator per name.
+    there is no predictor. ``slo_classes`` / ``kinds``: one ``slo_class=NAME`` / ``kind=NAME``
+    request indicator per name.
     Call :meth:`record` after each decision so the own prefix index knows where prefixes went.
     """
 
-    __slots__ = ("target_fields", "request_fields", "slo_classes", "predictor", "prefix_source", "_index",
+    __slots__ = ("target_fields", "request_fields", "slo_classes", "kinds", "predictor", "prefix_source", "_index",
                  "_match", "_tcols", "_rcols", "_tget", "_tmul", "_tlog", "_rget")
 
     def __init__(self, view: View | None = None, *, fields: Sequence[str] | None = None,
-                 predictor: LengthPredictor | None = None, slo_classes: Sequence[str] = (),
+                 predictor: LengthPredictor | None = None, slo_classes: Sequence[str] = (), kinds: Sequence[str] = (),
                  prefix_source: str = "auto", where: str = "features") -> None:
         if prefix_source not in PREFIX_SOURCES:
             raise UserError(f"unknown prefix source {prefix_source!r} (known: {', '.join(PREFIX_SOURCES)})", where)
@@ -159,14 +164,16 @@ class Features:
             raise UserError(f"unknown feature {unknown[0]!r} (known: {', '.join(_BY_NAME)})", where)
         if "predicted_output" in fields and predictor is None:
             raise UserError("feature 'predicted_output' needs a length predictor; none is configured", where)
-        if len(set(slo_classes)) != len(slo_classes):
-            raise UserError("slo_classes names a class twice", where)
+        for what, names in (("slo_classes", slo_classes), ("kinds", kinds)):
+            if len(set(names)) != len(names):
+                raise UserError(f"{what} names a value twice", where)
         if prefix_source == "events" and view is not None and view.cached_prefix is None:
             raise UserError("prefix_match from KV events, but this backend publishes none", where)
         wanted = set(fields)
         self.target_fields = tuple(f for f in _TARGET_FIELDS if f.name in wanted)
         self.request_fields = tuple(f for f in _REQUEST_FIELDS if f.name in wanted)
         self.slo_classes = tuple(slo_classes)
+        self.kinds = tuple(kinds)
         self.predictor = predictor
         self.prefix_source = prefix_source
         self._index = PrefixIndex()
@@ -190,7 +197,8 @@ class Features:
     @property
     def request_names(self) -> tuple[str, ...]:
         """The entries of :meth:`request`."""
-        return self._rcols + tuple(_CLASS_PREFIX + c for c in self.slo_classes)
+        return (self._rcols + tuple(_CLASS_PREFIX + c for c in self.slo_classes)
+                + tuple(_KIND_PREFIX + k for k in self.kinds))
 
     def layout(self) -> dict[str, Any]:
         """Plain data naming every field, its order and scaling: stored with a trained policy and
@@ -199,8 +207,8 @@ class Features:
             "format": FORMAT, "version": VERSION,
             "per_target": [f.to_dict() for f in self.target_fields],
             "per_request": [f.to_dict() for f in self.request_fields]
-            + [{"name": _CLASS_PREFIX + c, "transform": "linear", "scale": 1.0, "source": "request"}
-               for c in self.slo_classes],
+            + [{"name": name, "transform": "linear", "scale": 1.0, "source": "request"}
+               for name in self.request_names[len(self._rcols):]],
             "prefix_source": self.prefix_source,
         }
 
@@ -221,8 +229,9 @@ class Features:
         except (KeyError, TypeError):
             raise UserError("feature layout lacks per_target / per_request field lists", where) from None
         classes = [r[len(_CLASS_PREFIX):] for r in requests if r.startswith(_CLASS_PREFIX)]
-        plain = [r for r in requests if not r.startswith(_CLASS_PREFIX)]
-        feats = cls(view, fields=targets + plain, predictor=predictor, slo_classes=classes,
+        kinds = [r[len(_KIND_PREFIX):] for r in requests if r.startswith(_KIND_PREFIX)]
+        plain = [r for r in requests if not r.startswith((_CLASS_PREFIX, _KIND_PREFIX))]
+        feats = cls(view, fields=targets + plain, predictor=predictor, slo_classes=classes, kinds=kinds,
                     prefix_source=prefix_source, where=where)
         if feats.layout() != dict(layout):
             raise UserError("feature layout differs from what this llmlb computes (field order or scaling)", where)
@@ -251,6 +260,8 @@ class Features:
         vals = [f(get(req) / s) if f is not None else get(req) / s for get, f, s in self._rget]
         if self.slo_classes:
             vals.extend(1.0 if req.slo_class == c else 0.0 for c in self.slo_classes)
+        if self.kinds:
+            vals.extend(1.0 if req.kind == k else 0.0 for k in self.kinds)
         return np.array(vals, dtype=np.float32)
 
     def record(self, req: RouteRequest, target: int, now: float) -> None:
@@ -342,5 +353,6 @@ _REQUEST_GETTERS: dict[str, Callable[[RouteRequest], float]] = {
     "prefix_blocks": lambda req: float(len(req.prefix_hashes)),
     "priority": lambda req: float(req.priority),
     "in_session": lambda req: 0.0 if req.session_id is None else 1.0,
+    "turn": lambda req: float(req.turn or 0),
     "has_adapter": lambda req: 0.0 if req.adapter is None else 1.0,
 }
