@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import gc
 from collections import deque
+from itertools import chain
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -311,16 +312,19 @@ class RouteEnv(gymnasium.Env):
             raise UserError(f"the fleet grew to {n} targets, more than the environment's max_targets="
                             f"{acts.max_targets}; pass a larger max_targets", "max_targets")
         feats = self._features
-        rows = feats.targets(req, view)
-        pad = acts.max_targets - n
+        # one float32 buffer for the target matrix (field-major, padded) and the request vector
+        cols = feats.target_columns(req, view)
+        values = feats.request_values(req)
+        k, m = len(cols), acts.max_targets
+        pad = m - n
         if pad:
-            targets = np.zeros((acts.max_targets, rows.shape[1]), np.float32)
-            targets[:n] = rows
-        else:
-            targets = rows
+            zeros = [0.0] * pad
+            cols = [part for col in cols for part in (col, zeros)]
+        buf = np.fromiter(chain(chain.from_iterable(cols), values), np.float32, k * m + len(values))
+        targets = buf[:k * m].reshape(k, m).T
         mask = np.array(view.healthy + self._mask_tail[len(self._mask_tail) - pad - acts.hold - acts.reject:],
                         np.int8)
-        obs: dict[str, np.ndarray] = {"targets": targets, "request": feats.request(req)}
+        obs: dict[str, np.ndarray] = {"targets": targets, "request": buf[k * m:]}
         if acts.hold:
             waited = view.now - req.arrival_s if self.releasing else 0.0
             obs["router"] = np.array([np.log1p(len(self._queue)), waited], np.float32)

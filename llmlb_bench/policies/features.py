@@ -57,7 +57,7 @@ file that needs them is refused with one line before work.
 
 from __future__ import annotations
 
-import math
+from math import log1p
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -150,7 +150,7 @@ class Features:
     """
 
     __slots__ = ("target_fields", "request_fields", "slo_classes", "kinds", "predictor", "prefix_source", "_index",
-                 "_match", "_tcols", "_rcols", "_tget", "_tmul", "_tlog", "_rget")
+                 "_match", "_tcols", "_rcols", "_tplan", "_rget")
 
     def __init__(self, view: View | None = None, *, fields: Sequence[str] | None = None,
                  predictor: LengthPredictor | None = None, slo_classes: Sequence[str] = (), kinds: Sequence[str] = (),
@@ -181,10 +181,9 @@ class Features:
         self._tcols = tuple(f.name for f in self.target_fields)
         self._rcols = tuple(f.name for f in self.request_fields)
         # per field: the raw getter; targets scale as one [fields, n] array, requests as scalars
-        self._tget = [self._target_getter(f.name) for f in self.target_fields]
-        self._tmul = [(j, np.float32(1.0 / f.scale)) for j, f in enumerate(self.target_fields) if f.scale != 1.0]
-        self._tlog = _runs([f.transform == "log1p" for f in self.target_fields])
-        self._rget = [(self._request_getter(f.name), math.log1p if f.transform == "log1p" else None, f.scale)
+        self._tplan = [(self._target_getter(f.name), f.transform == "log1p", 1.0 / f.scale)
+                       for f in self.target_fields]
+        self._rget = [(self._request_getter(f.name), log1p if f.transform == "log1p" else None, f.scale)
                       for f in self.request_fields]
 
     # ---- names and layout ---------------------------------------------------------------------------
@@ -240,29 +239,41 @@ class Features:
     # ---- values ---------------------------------------------------------------------------------------
 
     def targets(self, req: RouteRequest, view: View) -> Array:
-        """float32 ``[len(view), n_target_fields]``: the scaled per-target fields for ``req`` now.
-
-        One ``np.fromiter`` over the fields' raw lists, then in-place multiplies of the scaled rows
-        and ``log1p`` over runs of log rows: a few microseconds (it runs once per decision)."""
-        n = len(view.targets)
-        k = len(self._tget)
-        raw = np.fromiter(chain.from_iterable([get(req, view, n) for get in self._tget]), np.float32,
-                          k * n).reshape(k, n)
-        for j, inv in self._tmul:
-            raw[j] *= inv
-        for a, b in self._tlog:
-            np.log1p(raw[a:b], out=raw[a:b])
-        out: Array = raw.T
+        """float32 ``[len(view), n_target_fields]``: the scaled per-target fields for ``req`` now."""
+        cols = self.target_columns(req, view)
+        k, n = len(cols), len(view.targets)
+        out: Array = np.fromiter(chain.from_iterable(cols), np.float32, k * n).reshape(k, n).T
         return out
+
+    def target_columns(self, req: RouteRequest, view: View) -> list[Sequence[float]]:
+        """The scaled per-target fields as one sequence of ``len(view)`` numbers per field, in layout
+        order: what :meth:`targets` stacks, for callers that pack several arrays into one buffer.
+
+        Plain Python over a few short lists: for the handful of targets of a fleet this is cheaper
+        than numpy's per-call overhead (it runs once per decision)."""
+        n = len(view.targets)
+        cols: list[Sequence[float]] = []
+        for get, log, inv in self._tplan:
+            vals = get(req, view, n)
+            if log:
+                vals = [log1p(v) for v in vals] if inv == 1.0 else [log1p(v * inv) for v in vals]
+            elif inv != 1.0:
+                vals = [v * inv for v in vals]
+            cols.append(vals)
+        return cols
 
     def request(self, req: RouteRequest) -> Array:
         """float32 ``[n_request_fields]``: the scaled per-request fields of ``req``."""
+        return np.array(self.request_values(req), dtype=np.float32)
+
+    def request_values(self, req: RouteRequest) -> list[float]:
+        """:meth:`request` as a list."""
         vals = [f(get(req) / s) if f is not None else get(req) / s for get, f, s in self._rget]
         if self.slo_classes:
             vals.extend(1.0 if req.slo_class == c else 0.0 for c in self.slo_classes)
         if self.kinds:
             vals.extend(1.0 if req.kind == k else 0.0 for k in self.kinds)
-        return np.array(vals, dtype=np.float32)
+        return vals
 
     def record(self, req: RouteRequest, target: int, now: float) -> None:
         """``req`` was sent to ``target``: the own prefix index remembers its prefix there."""
@@ -300,17 +311,6 @@ class Features:
             assert predictor is not None        # checked in __init__
             return lambda req: max(float(predictor.predict(req)), 0.0)
         return _REQUEST_GETTERS[name]
-
-
-def _runs(flags: Sequence[bool]) -> list[tuple[int, int]]:
-    """``[start, stop)`` of each run of true flags."""
-    runs: list[tuple[int, int]] = []
-    for j, flag in enumerate(flags):
-        if flag and runs and runs[-1][1] == j:
-            runs[-1] = (runs[-1][0], j + 1)
-        elif flag:
-            runs.append((j, j + 1))
-    return runs
 
 
 #: fields that are one of the View's own lists, as they are
