@@ -106,7 +106,7 @@ class _Proxy(Policy):
         return watched.predicted_cached(req, target, view) if watched is not None else None
 
 
-class RouteEnv(gymnasium.Env):
+class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
     """Per-request routing over the simulator (see the module docstring and docs/learning.md).
 
     ``workload``: a preset name, a workload spec or trace path, a :class:`WorkloadSpec` or a trace
