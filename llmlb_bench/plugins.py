@@ -5,7 +5,7 @@ one line naming the setting, the path and why."""
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
 
@@ -24,3 +24,20 @@ def load_class(path: str, what: str, where: str, base: type | None = None) -> An
         article = "an" if base.__name__[:1] in "AEIOU" else "a"
         raise UserError(f"{path!r} is not {article} {base.__name__} subclass", where)
     return cls
+
+
+def make_instance(name: str, builtins: Mapping[str, type], what: str, where: str, base: type,
+                  args: Mapping[str, Any], args_where: str) -> Any:
+    """An instance of the built-in class called ``name`` or of the user class ``name`` names
+    (``package.module:Class``, a ``base`` subclass), made from ``args``; an unknown name or
+    arguments its constructor refuses (TypeError, ValueError) are one line naming the setting."""
+    if name in builtins:
+        cls: Any = builtins[name]
+    elif ":" in name:
+        cls = load_class(name, what, where, base)
+    else:
+        raise UserError(f"unknown {what} {name!r} (known: {', '.join(builtins)}, or package.module:Class)", where)
+    try:
+        return cls(**dict(args))
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{what} {name!r}: {exc}", args_where) from None

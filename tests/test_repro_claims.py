@@ -103,6 +103,15 @@ def test_autoscaling_cuts_energy_per_good_token_at_equal_attainment():
     assert scaled["slo"]["good"] >= fixed["slo"]["good"] - 0.05 * fixed["requests"]
 
 
+def test_clock_controller_saves_energy_per_good_token_and_lowers_the_clock():
+    s = _small("voltana-green-clock")[1]
+    full, ctl, low = s["clock 1"], s["slo_slack controller"], s["clock 0.6"]
+    assert ctl["energy"]["j_per_good_token"] < 0.9 * full["energy"]["j_per_good_token"]
+    assert ctl["slo"]["attainment"] >= full["slo"]["attainment"] - 0.01
+    # a fixed low clock draws less power but serves slower: its TPOT is higher than the full clock's
+    assert low["tpot"]["p90"] > full["tpot"]["p90"]
+
+
 def test_token_aware_dispatch_cuts_the_ttft_tail_under_heavy_tails():
     s = _small("llumnix-load-aware")[1]
     assert s["least_tokens"]["ttft"]["p99"] < s["least_requests"]["ttft"]["p99"] < s["round_robin"]["ttft"]["p99"]
@@ -127,6 +136,7 @@ def test_speculation_speeds_batch1_up_by_the_formula_and_less_under_load():
     ("sjf-predictor-quality", {"fcfs": "sjf tau=0.9", "sjf tau=0.9": "fcfs"}),
     ("llumnix-load-aware", {"round_robin": "least_tokens", "least_tokens": "round_robin"}),
     ("dynamollm-energy", {"fixed 2 replicas": "autoscaled 1-2", "autoscaled 1-2": "fixed 2 replicas"}),
+    ("voltana-green-clock", {"clock 1": "slo_slack controller", "slo_slack controller": "clock 1"}),
 ])
 def test_checks_fail_when_the_effect_is_reversed(name, swap):
     """A check that passed on the real runs must fail when baseline and treatment trade places."""

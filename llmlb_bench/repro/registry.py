@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.repro import (cachedattention, distserve, energy, herding, hetero, llumnix, lora, mooncake, sarathi,
-                               sglang, sjf, speculative, vtc)
+                               sglang, sjf, speculative, voltana, vtc)
 from llmlb_bench.repro.base import Reproduction
 
 REPRODUCTIONS: dict[str, Reproduction] = {r.name: r for r in (
     distserve.REPRO, sglang.REPRO, herding.REPRO, vtc.REPRO, mooncake.REPRO, sarathi.REPRO, sjf.REPRO,
     llumnix.REPRO, energy.REPRO, hetero.REPRO, cachedattention.REPRO, lora.REPRO, speculative.ACCEPTANCE_REPRO,
-    speculative.LOAD_REPRO,
+    speculative.LOAD_REPRO, voltana.REPRO,
 )}
 
 

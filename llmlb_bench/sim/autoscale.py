@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.plugins import load_class
+from llmlb_bench.plugins import make_instance
 from llmlb_bench.policies import View
 from llmlb_bench.tomlfile import check_fields, check_types
 
@@ -174,15 +174,6 @@ class AutoscaleSpec:
         return spec
 
     def make(self) -> Autoscaler:
-        where = "cluster.autoscale.policy"
-        if self.policy in BUILTIN_AUTOSCALERS:
-            cls: Any = BUILTIN_AUTOSCALERS[self.policy]
-        elif ":" in self.policy:
-            cls = load_class(self.policy, "autoscaler", where, Autoscaler)
-        else:
-            raise UserError(f"unknown autoscaler {self.policy!r} (known: {', '.join(BUILTIN_AUTOSCALERS)}, "
-                            f"or package.module:Class)", where)
-        try:
-            return cls(**dict(self.args))
-        except (TypeError, ValueError) as exc:
-            raise UserError(f"autoscaler {self.policy!r}: {exc}", "cluster.autoscale.args") from None
+        return typing.cast(Autoscaler, make_instance(self.policy, BUILTIN_AUTOSCALERS, "autoscaler",
+                                                     "cluster.autoscale.policy", Autoscaler, self.args,
+                                                     "cluster.autoscale.args"))

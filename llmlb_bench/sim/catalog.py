@@ -50,9 +50,11 @@ class GPU:
     #: how fast a busy GPU's power rises from the memory-bound floor to the limit with the tensor
     #: cores' busy share (see sim/cost.py ``_activity``); optional, default the H100 fit
     compute_power_scale: float = 0.27
-    #: a busy GPU's dynamic power scales as (SM clock / max clock) ** this (green knobs, sim/cost.py
-    #: ``set_clock``); optional, default 2
-    clock_power_exponent: float = 2.0
+    #: a busy GPU's dynamic power at SM clock c (a fraction of the maximum) is its full-clock power x
+    #: (f + (1 - f) c ** clock_power_exponent), f = clock_invariant_power (HBM, memory controllers,
+    #: leakage at the voltage floor); green knobs, sim/cost.py ``set_clock``. Optional, defaults 3, 0.4
+    clock_power_exponent: float = 3.0
+    clock_invariant_power: float = 0.4
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,7 @@ class Catalog:
 
 _FLOAT_POSITIVE = {"memory_gib", "bf16_tflops", "hbm_gb_s", "link_gb_s", "host_link_gb_s", "max_w", "params_b",
                    "active_params_b", "weight_bytes", "kv_bytes", "compute_power_scale", "clock_power_exponent"}
-_FRACTION = {"compute_efficiency", "memory_efficiency", "memory_power_fraction"}
+_FRACTION = {"compute_efficiency", "memory_efficiency", "memory_power_fraction", "clock_invariant_power"}
 
 
 def _record(cls: type, name: str, raw: Mapping[str, Any], where: str) -> Any:

@@ -36,6 +36,7 @@ from llmlb_bench.sim.catalog import GPU, Model, load_catalog
 from llmlb_bench.sim.lora import VLLM_LORA_RANKS
 from llmlb_bench.sim.moe import MoeSpec, check_layout
 from llmlb_bench.sim.autoscale import AutoscaleSpec
+from llmlb_bench.sim.green import GreenSpec
 from llmlb_bench.sim.scheduling import make_engine_scheduler
 from llmlb_bench.sim.profile import EngineProfile, resolve_profile
 from llmlb_bench.sim.speculative import SpeculativeSpec
@@ -180,6 +181,9 @@ class ClusterConfig:
     on_failure: str = "retry"
     #: autoscaling: {"policy": "concurrency" or package.module:Class, "interval_s", "cold_start_s", "args"}
     autoscale: Mapping[str, Any] | None = None
+    #: green controller (sim/green.py): {"policy": "slo_slack" or package.module:Class, "interval_s", "args"};
+    #: sets each pool's gpu_clock at run time from the measured latency against its SLO; None = fixed clocks
+    green: Mapping[str, Any] | None = None
     #: MoE expert-load imbalance and EPLB (sim/moe.py): {"popularity": "zipf", "zipf_s": 1.0,
     #: "eplb_interval_s": 0, "redundant_experts": 0, "drift_s": 0, ...}; None = experts evenly loaded
     moe: Mapping[str, Any] | None = None
@@ -239,6 +243,7 @@ class ClusterConfig:
         cfg = cls(**{**given, "catalogs": catalogs, "pools": pools, "replicas": sum(p.replicas for p in pools),
                      "failures": tuple(dict(f) for f in failures), "scheduler_args": dict(given["scheduler_args"]),
                      "autoscale": dict(given["autoscale"]) if given["autoscale"] is not None else None,
+                     "green": dict(given["green"]) if given["green"] is not None else None,
                      "moe": dict(given["moe"]) if given["moe"] is not None else None})
         cfg._check()
         return cfg
@@ -263,6 +268,9 @@ class ClusterConfig:
             if pool is not None and (not isinstance(pool, str) or pool not in {p.name for p in self.pools}):
                 raise UserError(f"unknown pool {pool!r}", "cluster.autoscale.args.pool")
         make_engine_scheduler(self.scheduler, self.scheduler_args)
+        if self.green_spec is not None and any(p.profile is not None for p in self.pools):
+            raise UserError("a green controller sets the clock, which a measured profile's step times cannot "
+                            "follow; use the roofline (no profile)", "cluster.green")
         if self.moe is not None:
             self._check_moe()
         roles = {p.role for p in self.pools}
@@ -302,6 +310,11 @@ class ClusterConfig:
     def autoscale_spec(self) -> AutoscaleSpec | None:
         """``autoscale`` parsed (and validated) once."""
         return AutoscaleSpec.parse(self.autoscale) if self.autoscale is not None else None
+
+    @functools.cached_property
+    def green_spec(self) -> GreenSpec | None:
+        """``green`` parsed (and validated) once."""
+        return GreenSpec.parse(self.green) if self.green is not None else None
 
     @functools.cached_property
     def moe_spec(self) -> MoeSpec | None:

@@ -192,8 +192,8 @@ class CostModel:
         throughput, so compute-bound work (prefill) slows in proportion, while HBM traffic,
         communication and the host's work keep their speed, so memory-bound decode slows much
         less (measured: decode is largely insensitive to the SM clock, arXiv 2501.08219). The
-        dynamic power of a busy GPU scales as clock ** ``clock_power_exponent`` (voltage falls
-        with frequency). A power limit lowers the clock further, step by step, just enough for
+        dynamic power of a busy GPU scales as :meth:`clock_power` says (part of it, HBM and
+        leakage, does not follow the clock). A power limit lowers the clock further, step by step, just enough for
         the step's power to fit under it, as the GPU's power governor does; a memory-bound step
         drawing less than the limit is not slowed at all. Steps planned after the call see the
         new setting (a decode run in flight keeps its own). Both at their defaults, step times
@@ -208,7 +208,7 @@ class CostModel:
         self.gpu_clock = gpu_clock
         self.power_cap_w = power_cap_w if power_cap_w is not None and power_cap_w < g.max_w else None
         self.peak_flops = self.full_clock_flops * gpu_clock
-        self._clock_power = gpu_clock ** g.clock_power_exponent
+        self._clock_power = self.clock_power(gpu_clock)
         # the largest activity x clock factor a busy GPU may reach under the cap (None: no cap)
         self._cap_activity = ((self.power_cap_w - g.idle_w) / (g.max_w - g.idle_w)
                               if self.power_cap_w is not None else None)
@@ -283,6 +283,15 @@ class CostModel:
     def decode_time(self, seqs: int, context: float) -> float:
         return self.decode_step(seqs, context).total
 
+    def clock_power(self, clock: float) -> float:
+        """A busy GPU's dynamic power at SM clock ``clock`` relative to the full clock's:
+        the clock-invariant share (HBM, memory controllers, leakage) plus the rest scaling as
+        clock ** ``clock_power_exponent``. Exactly 1.0 at the full clock."""
+        g = self.gpu
+        if clock == 1.0:
+            return 1.0
+        return g.clock_invariant_power + (1.0 - g.clock_invariant_power) * clock ** g.clock_power_exponent
+
     def run_step(self, tokens: int, attn: float, kv: float, sampled: int) -> tuple[float, float]:
         """(step time, power) of a step with ``tokens`` new tokens attending to ``attn`` context
         tokens in total and reading ``kv`` KV tokens: :meth:`step` and :meth:`power_w` without
@@ -326,8 +335,7 @@ class CostModel:
             c = compute / mid
             skewed = c + (self._skew(tokens) / mid if self.expert_load is not None else 0.0)
             total = sqrt(skewed * skewed + memory * memory) + self._fixed + comm
-            activity = (self._activity(c, self._comm_fixed + comm, total)
-                        * self._clock_power * mid ** self.gpu.clock_power_exponent)
+            activity = self._activity(c, self._comm_fixed + comm, total) * self.clock_power(self.gpu_clock * mid)
             if activity <= self._cap_activity:
                 lo, best = mid, (total, self._idle_w + self._dyn_w * activity)
             else:

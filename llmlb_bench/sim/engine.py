@@ -43,6 +43,7 @@ from llmlb_bench.policies import Outcome, Policy, RouteRequest, Router
 from llmlb_bench.policies.router import HELD_AT_END
 from llmlb_bench.schema import TRACE, trace_block_size
 from llmlb_bench.sim.autoscale import PoolStatus
+from llmlb_bench.sim.green import ClockLog
 from llmlb_bench.sim.config import ClusterConfig
 from llmlb_bench.sim.fleet import Fleet
 from llmlb_bench.sim.replica import Replica, Request
@@ -51,9 +52,9 @@ from llmlb_bench.sim.series import SeriesSampler
 from llmlb_bench.trace_columns import TraceColumns
 
 # kinds of timed deliveries
-_ARRIVE, _KV_ARRIVE, _FAIL, _RECOVER, _SCALE, _READY, _EXPERTS, _ENGINE_ARRIVE = 0, 1, 2, 3, 4, 5, 6, 7
+_ARRIVE, _KV_ARRIVE, _FAIL, _RECOVER, _SCALE, _READY, _EXPERTS, _ENGINE_ARRIVE, _GREEN = 0, 1, 2, 3, 4, 5, 6, 7, 8
 #: deliveries that are not work: the run ends when only these remain
-_LIFECYCLE = (_FAIL, _RECOVER, _SCALE, _READY, _EXPERTS)
+_LIFECYCLE = (_FAIL, _RECOVER, _SCALE, _READY, _EXPERTS, _GREEN)
 #: events between two collections of the youngest GC generation while automatic GC is paused
 _GC_EVERY = 100_000
 
@@ -119,6 +120,11 @@ class Simulation:
         if self.autoscale is not None:
             self.autoscaler = self.autoscale.make()
             self._deliver(self.autoscale.interval_s, _SCALE, None)
+        self.green = cfg.green_spec                          # clock control (sim/green.py)
+        if self.green is not None:
+            self.green_ctl = self.green.make()
+            self.clock_log = ClockLog(self.fleet.clocks())
+            self._deliver(self.green.interval_s, _GREEN, None)
         self.expert_loads = self.fleet.expert_loads()      # MoE pools with skewed experts (cluster.moe)
         for load in self.expert_loads.values():
             if load.next_change < math.inf:
@@ -201,6 +207,8 @@ class Simulation:
                     self._scale(now)
                 elif kind == _READY:
                     self._ready(payload, now)
+                elif kind == _GREEN:
+                    self._green_tick(now)
                 else:
                     payload.advance(now)     # expert popularity drifts / EPLB rebalances (sim/moe.py)
                     self._deliver(payload.next_change, _EXPERTS, payload)
@@ -328,6 +336,8 @@ class Simulation:
         if router.observes:
             req.route.outcome = self._outcome(req, t)
         router.complete(req.target, req.route, drain=False)
+        if self.green is not None:
+            self._green_observe(req, t)
         self.recorder.finished(req)
         if self.children:
             if req.hashes is not None:
@@ -510,6 +520,23 @@ class Simulation:
             self._deliver(t + self.autoscale.interval_s, _SCALE, None)
         self.router.drain()
 
+    def _green_observe(self, req: Request, t: float) -> None:
+        """Feed the green controller a finished request's TTFT (from reaching the router) and TPOT."""
+        first = (req.route.outcome if self.router.observes else self._outcome(req, t)).first_token_s
+        ttft = (first if first is not None else t) - self.scheduled[req.row]
+        tpot = (t - first) / (req.out - 1) if first is not None and req.out > 1 else None
+        self.green_ctl.observe(self.replicas[req.target].pool, t, ttft, tpot)
+
+    def _green_tick(self, t: float) -> None:
+        """A green controller's decision: set the pools' SM clocks (runs planned from now on use them)."""
+        clocks = self.fleet.clocks()
+        for pool, clock in self.green_ctl.decide(t, clocks).items():
+            if clock != clocks.get(pool):
+                self.fleet.set_clock(pool, clock)
+                self.clock_log.set(pool, t, clock)
+        if self.events_pending():
+            self._deliver(t + self.green.interval_s, _GREEN, None)
+
     def _shrink(self, st: PoolStatus, k: int, t: float) -> None:
         """Remove ``k`` replicas: starting ones first (newest first), then the ready ones with the
         fewest requests in flight; each drains (no new requests) and retires when empty."""
@@ -577,6 +604,7 @@ class Simulation:
             "seed": self.seed,
             **({"expert_load": {name: _expert_summary(load, end) for name, load in self.expert_loads.items()}}
                if self.expert_loads else {}),
+            **({"green": self.clock_log.summary(end)} if self.green is not None else {}),
         }
 
 

@@ -141,6 +141,18 @@ class Fleet:
         """The MoE pools' expert-load states, by pool name."""
         return {name: c.expert_load for name, c in self._costs.items() if c.expert_load is not None}
 
+    def clocks(self) -> dict[str, float]:
+        """Each roofline pool's SM clock (a fraction of the maximum; sim/cost.py ``set_clock``)."""
+        return {name: c.gpu_clock for name, c in self._costs.items() if isinstance(c, CostModel)}
+
+    def set_clock(self, pool: str, clock: float) -> None:
+        """Set a pool's SM clock (its power cap kept), for the green controller (sim/green.py)."""
+        cost = self._costs.get(pool)
+        if not isinstance(cost, CostModel):
+            raise UserError(f"green controller set the clock of {pool!r}, not a roofline pool "
+                            f"(pools: {', '.join(self.clocks())})", "cluster.green")
+        cost.set_clock(clock, cost.power_cap_w)
+
     def refresh_health(self, rep: Replica) -> None:
         self.view.healthy[rep.index] = rep.routable
 
