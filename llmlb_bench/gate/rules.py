@@ -68,6 +68,13 @@ def _metrics() -> dict[str, Metric]:
                                       unit="$/M tokens"),
         "capacity": Metric("capacity", "curve", path=("capacity",), unit="req/s"),
     }
+    # control metrics of a run with a load step (metrics/control.py): settling_ttft, overshoot_queue, ...
+    for signal in ("ttft", "queue", "replicas"):
+        for short, figure, unit in (("settling", "settling_s", "s"), ("overshoot", "overshoot", ""),
+                                    ("steady_error", "steady_state_error", ""), ("oscillation", "sign_changes", "")):
+            if short == "steady_error" and signal != "ttft":
+                continue        # only TTFT has a reference (the SLO's limit)
+            out[f"{short}_{signal}"] = Metric(f"{short}_{signal}", "run", path=("control", signal, figure), unit=unit)
     for lat in LATENCIES:
         for stat in LATENCY_STATS:
             out[f"{stat}_{lat}"] = Metric(f"{stat}_{lat}", "latency", column=f"{lat}_s", stat=stat)

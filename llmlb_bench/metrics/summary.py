@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from llmlb_bench.metrics.control import control
 from llmlb_bench.metrics.conversations import conversations
 from llmlb_bench.metrics.adapters import adapter_loads
 from llmlb_bench.metrics.counts import GROUPS, cells_sql, rollup
@@ -173,6 +174,10 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
         counts[s["run_id"]]["t1"] - counts[s["run_id"]]["last_scheduled"]} for s in out}, slo)
     for s in out:
         s["steady"] = steady[s["run_id"]]
+    loops = control(cat, {s["run_id"]: {"spec": (metas[s["run_id"]].get("trace") or {}).get("spec"),
+                                        "t1": counts[s["run_id"]]["last_scheduled"]} for s in out}, slo)
+    for s in out:
+        s["control"] = loops.get(s["run_id"])     # None for a run without a load step in its workload
     named = names({s["run_id"]: s["facets"] for s in out}, {s["run_id"]: s["label"] for s in out})
     for s in out:
         s["name"] = named[s["run_id"]]

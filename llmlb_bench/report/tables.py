@@ -203,6 +203,8 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
             ("goodput over duration (vLLM)", scaled(("over_duration", "goodput"), 1.0), ",.2f"),
             ("good output tokens/s", scaled(("slo", "good_token_throughput"), 1.0), ",.0f"),
         ]))
+    if any(s.get("control") for s in doc["runs"]):
+        sections.append(("Control: response to the load steps (metrics.control)", _control_rows(doc["runs"])))
     sections.append(("Token pacing", [
         ("fluidity index mean", scaled(("pacing", "fluidity", "mean"), 1.0), ".3f"),
         ("fluidity index p1", scaled(("pacing", "fluidity", "p1"), 1.0), ".3f"),
@@ -277,6 +279,37 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
              "s"),
         ]))
     return sections
+
+
+def _control_rows(runs: list[dict[str, Any]]) -> list[tuple[str, Getter, str]]:
+    """Per controlled signal: settling time, overshoot, steady-state error, oscillation (docs/control.md)."""
+    def settling(sig: str) -> Getter:
+        def get(s: dict[str, Any]) -> str | None:
+            v = _get(s, "control", sig, "settling_s")
+            if v is None:
+                return None
+            return f"{v:,.0f}" if _get(s, "control", sig, "settled") else f"> {v:,.0f} (not settled)"
+        return get
+
+    def peak(s: dict[str, Any], sig: str) -> str | None:
+        hz, share = _get(s, "control", sig, "spectral_peak_hz"), _get(s, "control", sig, "spectral_peak_share")
+        return None if hz is None else f"{hz:.3g} Hz / {100 * share:.0f}%"
+
+    rows: list[tuple[str, Getter, str]] = [
+        ("load steps (edges)", lambda s: len(_get(s, "control", "steps") or []) or None, ",d")]
+    names = {"ttft": "TTFT p{q:g} per {b:g} s", "queue": "engine queue", "replicas": "replicas"}
+    for sig in ("ttft", "queue", "replicas"):
+        if not any(_get(s, "control", sig) for s in runs):
+            continue
+        first = next(s for s in runs if _get(s, "control", sig))
+        label = names[sig].format(q=100 * first["control"]["quantile"], b=first["control"]["bin_s"])
+        rows += [(f"{label}: settling time (s)", settling(sig), "s"),
+                 (f"  overshoot (% of the change)", _pct(("control", sig, "overshoot")), ",.0f")]
+        if sig == "ttft":
+            rows.append(("  steady-state error (% of the SLO)", _pct(("control", sig, "steady_state_error")), ",.0f"))
+        rows += [("  sign changes of the error", scaled(("control", sig, "sign_changes"), 1), ",d"),
+                 ("  spectral peak / its energy share", lambda s, sig=sig: peak(s, sig), "s")]
+    return rows
 
 
 def _conversation_rows(talks: list[dict[str, Any]]) -> list[tuple[str, Getter, str]]:
