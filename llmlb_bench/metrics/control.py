@@ -187,39 +187,43 @@ def control(cat: Catalog, runs: Mapping[str, Mapping[str, Any]], slo: Slo | None
     """run id -> ``{signal: figures}`` for runs with load steps; ``runs`` maps run ids to
     ``{spec (the trace's workload spec), t1 (last scheduled time)}``."""
     opt = options or Options()
-    stepped = {r: (edges(v.get("spec")), v.get("t1")) for r, v in runs.items()}
-    stepped = {r: (e, t1) for r, (e, t1) in stepped.items() if e and t1 is not None and e[0] < t1}
+    stepped: dict[str, tuple[list[float], float]] = {}
+    for run_id, info in runs.items():
+        found, last = edges(info.get("spec")), info.get("t1")
+        if found and last is not None and found[0] < last:
+            stepped[run_id] = (found, float(last))
     if not stepped:
         return {}
     ids = sorted(stepped)
     signals: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
     for row in cat.query(ttft_sql(ids, opt.bin_s, opt.quantile)).to_pylist():
-        t, v = signals.setdefault((row["run_id"], "ttft"), ([], []))
-        t.append(row["t_s"])
-        v.append(math.nan if row["value"] is None else row["value"])
+        ts, vs = signals.setdefault((row["run_id"], "ttft"), ([], []))
+        ts.append(row["t_s"])
+        vs.append(math.nan if row["value"] is None else row["value"])
     for row in cat.query(series_sql(ids, opt.bin_s)).to_pylist():
         for name in ("queue", "replicas"):
-            t, v = signals.setdefault((row["run_id"], name), ([], []))
-            t.append(row["t_s"])
-            v.append(math.nan if row[name] is None else float(row[name]))
-    reference = slo.limits_for(None).get("ttft") if slo is not None else None
+            ts, vs = signals.setdefault((row["run_id"], name), ([], []))
+            ts.append(row["t_s"])
+            vs.append(math.nan if row[name] is None else float(row[name]))
+    reference: float | None = slo.limits_for(None).get("ttft") if slo is not None else None
     out: dict[str, dict[str, Any]] = {}
     for run_id, (steps, t1) in stepped.items():
         figures: dict[str, Any] = {}
         for name in SIGNALS:
             if (run_id, name) not in signals:
                 continue
-            t, y = (np.asarray(a, dtype=float) for a in signals[(run_id, name)])
+            ts_, ys_ = signals[(run_id, name)]
+            t, y = np.asarray(ts_, dtype=float), np.asarray(ys_, dtype=float)
             if name == "replicas" and np.nanmin(y) == np.nanmax(y):
                 continue            # a fixed fleet: nothing to read
             bounds = [s for s in steps if s < t1] + [t1]
-            responses = []
+            responses: list[dict[str, Any]] = []
             for k in range(len(bounds) - 1):
                 before = bounds[k - 1] if k else None
-                r = step_response(t, y, bounds[k], bounds[k + 1], before=before, threshold=opt.threshold,
-                                  reference=reference if name == "ttft" else None)
-                if r is not None:
-                    responses.append(r)
+                resp = step_response(t, y, bounds[k], bounds[k + 1], before=before, threshold=opt.threshold,
+                                     reference=reference if name == "ttft" else None)
+                if resp is not None:
+                    responses.append(resp)
             if responses:
                 inside = (t >= bounds[0]) & (t < t1) & ~np.isnan(y)
                 final = responses[-1]["final"]
