@@ -51,6 +51,11 @@ def test_sweep_runs_tags_every_cell_and_a_rerun_only_reports(tmp_path, capsys):
     assert [p["rate"] for p in points] == pytest.approx([10, 20, 30])
     assert [p["rate_scale"] for p in points] == pytest.approx([0.25, 0.5, 0.75])  # chat.toml offers 40 req/s
     assert all(0 <= p["attainment"]["mean"] <= 1 for p in points)
+    # realised offered rate (requests / arrival window of the trace run) beside the nominal one: goodput is per
+    # second of the same window, so never above it, while a nominal rate can be (10 req/s nominal, 150 requests)
+    for p in (p for c in summary["curves"] for p in c["points"]):
+        assert 0.5 * p["rate"] < p["realised_rate"]["mean"] < 2 * p["rate"]
+        assert p["goodput"]["mean"] <= p["realised_rate"]["mean"] + 1e-9
     for curve in summary["curves"]:  # DistServe's max goodput: the highest rate still at 90% attainment
         meeting = [p["rate"] for p in curve["points"] if p["attainment"]["mean"] >= 0.9]
         assert (curve["max_goodput"] or {}).get("rate") == (max(meeting) if meeting else None)
@@ -75,7 +80,7 @@ def test_sweep_runs_tags_every_cell_and_a_rerun_only_reports(tmp_path, capsys):
     assert "capacity" in page or "attainment below" in page
     main(["sweep", str(sweep), "-r", str(results), "-j", "1", "--format", "md"])
     md = capsys.readouterr().out
-    assert md.startswith("### llmlb sweep small") and "| policy | rate |" in md
+    assert md.startswith("### llmlb sweep small") and "| policy | rate | offered nominal | offered realised |" in md
 
 
 def test_a_changed_sweep_file_does_not_overwrite_finished_cells(tmp_path, capsys):

@@ -39,7 +39,7 @@ def configuration(summary: Mapping[str, Any]) -> str:
 def _point(s: Mapping[str, Any]) -> dict[str, Any]:
     slo = s.get("slo") or {}
     return {
-        "run_id": s["run_id"], "rate": s["offered_rate"],
+        "run_id": s["run_id"], "rate": s["offered_rate"], "realised_rate": s.get("realised_rate"),
         "throughput": s["request_throughput"], "output_throughput": s["output_throughput"],
         "goodput": slo.get("goodput"), "attainment": slo.get("attainment"),
         **{name: {k: v for k, v in (s.get(name) or {}).items() if k != "n"} for name in POINT_LATENCIES},

@@ -12,6 +12,8 @@ report can be reproduced with ``llmlb query`` (docs/metrics.md gives the SQL).
 * arrival window = (last - first scheduled time) x n / (n - 1): the span over
   which the n requests arrived, so that n / window is the offered rate
   (:func:`arrival_window`);
+* realised rate = requests / arrival window (beside ``offered_rate``, which is
+  the rate a sweep or run.json declares when one does: the nominal rate);
 * throughput = ok requests (output tokens) / arrival window;
 * attainment = good requests / all requests (failed ones count as not good);
 * failures = the requests that are not ok, by status and normalised reason
@@ -126,6 +128,9 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
             "duration_s": duration,
             "window_s": window,
             "offered_rate": offered,
+            # what the trace run actually offered: goodput and throughput are per second of the same window,
+            # so neither can exceed it (a nominal offered_rate can sit below a realised goodput)
+            "realised_rate": per_s(c["requests"]),
             "request_throughput": per_s(c["ok"]),
             "output_throughput": per_s(c["output_tokens"]),
             "input_throughput": per_s(c["input_tokens"]),

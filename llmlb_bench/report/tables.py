@@ -162,6 +162,7 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
             ("total", lambda s: s["requests"], ",d"), ("ok", lambda s: s["ok"], ",d"),
             ("failed (error/timeout/rejected/not sent)", _failed, ",d"),
             ("offered rate (req/s)", lambda s: s["offered_rate"], ",.2f"),
+            ("realised rate (requests / arrival window)", lambda s: s.get("realised_rate"), ",.2f"),
         ]),
         ("Throughput", [
             ("arrival window (s)", lambda s: s.get("window_s"), ",.1f"),
@@ -407,16 +408,19 @@ def curves(doc: dict[str, Any]) -> list[Table]:
     """One table per load curve: its points, the knee and the maximum goodput."""
     out = []
     for c in doc["curves"]:
-        t = Table(f"Load: {c['name']}", ["offered req/s", "throughput", "goodput", "attain %",
+        t = Table(f"Load: {c['name']}", ["offered req/s", "realised req/s", "throughput", "goodput", "attain %",
                                           "E2E p50 s", "E2E p99 s", "E2E p99 95% CI", "TTFT p99 ms"])
         for p in c["points"]:
-            t.rows.append([fmt(p["rate"], ",.2f"), fmt(p["throughput"], ",.2f"), fmt(p["goodput"], ",.2f"),
+            t.rows.append([fmt(p["rate"], ",.2f"), fmt(p.get("realised_rate"), ",.2f"), fmt(p["throughput"], ",.2f"),
+                           fmt(p["goodput"], ",.2f"),
                            fmt(None if p["attainment"] is None else 100 * p["attainment"], ".1f"),
                            fmt(p["e2e"].get("p50"), ",.2f"), fmt(p["e2e"].get("p99"), ",.2f"),
                            fmt(interval("e2e", "p99", 1.0, ",.2f")(p), "s"),
                            fmt(None if p["ttft"].get("p99") is None else 1e3 * p["ttft"]["p99"], ",.1f")])
         mg = c["max_goodput"]
-        notes = [f"knee ({c['knee_figure']}, Kneedle): {fmt(c['knee_rate'], ',.2f')} req/s"]
+        notes = ["offered: the rate the run was set to (or its schedule's); realised: requests / arrival window, "
+                 "the window throughput and goodput are per second of",
+                 f"knee ({c['knee_figure']}, Kneedle): {fmt(c['knee_rate'], ',.2f')} req/s"]
         if doc["options"]["slo"] is not None:
             target = 100 * doc["options"]["attainment_target"]
             notes.append(f"capacity (highest offered rate with attainment >= {target:g}%): "

@@ -30,7 +30,8 @@ ENERGY = ("j_per_good_token", "usd_per_m_good_tokens", "gpus")
 def run_figures(summary: dict[str, Any]) -> dict[str, float | None]:
     """The figures a curve plots, flattened from one run's summary (``ttft.p99``, ``goodput``, ...)."""
     out: dict[str, float | None] = {"throughput": summary["request_throughput"],
-                                    "output_throughput": summary["output_throughput"]}
+                                    "output_throughput": summary["output_throughput"],
+                                    "realised_rate": summary.get("realised_rate")}
     slo = summary.get("slo")
     if slo is not None:
         out["attainment"] = slo["attainment"]

@@ -57,13 +57,16 @@ def curve_tables(summary: dict[str, Any]) -> list[Table]:
     slo = summary["slo"] is not None
     tables = []
     for (workload, cluster), curves in groupby(summary["curves"], key=lambda c: (c["workload"], c["cluster"])):
-        header = ["policy", axis, "req/s\noffered"] + (["attain\n%", "goodput\nreq/s"] if slo else []) \
-            + ["TTFT p99\nms", "TPOT p99\nms", "E2E mean\ns"]
+        header = ["policy", axis, "offered\nnominal", "offered\nrealised"] \
+            + (["attain\n%", "goodput\nreq/s"] if slo else []) + ["TTFT p99\nms", "TPOT p99\nms", "E2E mean\ns"]
         t = Table(f"Stability: {workload} on {cluster}" + (f" (SLO {summary['slo']})" if slo else ""), header,
-                  note="mean over seeds ± half the 95% interval")
+                  note="mean over seeds ± half the 95% interval; offered, req/s: nominal = the spec's mean rate x "
+                       "its rate scale, realised = requests / arrival window of the trace run, the window "
+                       "throughput and goodput are per second of (so goodput <= realised)")
         for curve in curves:
             for i, p in enumerate(curve["points"]):
-                row = [curve["policy"] if i == 0 else "", f"{p['x']:g}", f"{p['rate']:,.2f}"]
+                row = [curve["policy"] if i == 0 else "", f"{p['x']:g}", f"{p['rate']:,.2f}",
+                       _ci(p.get("realised_rate"), ",.2f")]
                 if slo:
                     row += [_ci(p.get("attainment"), ".1f", 100), _ci(p.get("goodput"), ",.2f")]
                 row += [_ci(p.get("ttft.p99"), ",.0f", 1e3), _ci(p.get("tpot.p99"), ",.1f", 1e3),
@@ -81,7 +84,7 @@ def knee_lines(summary: dict[str, Any]) -> list[str]:
         text = f"{c['workload']} / {c['cluster']} / {c['policy']}: knee of {summary['knee_metric']} "
         text += f"at {summary['axis']} {knee['x']:g} ({knee['rate']:,.2f} req/s)" if knee else "not found"
         if best:
-            text += (f"; capacity {best['rate']:,.2f} req/s offered at {summary['axis']} {best['x']:g} "
+            text += (f"; capacity {best['rate']:,.2f} req/s offered (nominal) at {summary['axis']} {best['x']:g} "
                      f"(goodput there {best['goodput']:,.2f} req/s, attainment {100 * best['attainment']:.1f}%)")
         else:
             text += f"; attainment below {100 * summary['target']:g}% at every rate"
