@@ -254,8 +254,9 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
         self._decisions += 1
         self.request, self.releasing = req, releasing
         action: int = self._main.switch(req)
-        view = self._sim.view if self._sim is not None else None
-        assert view is not None
+        sim = self._sim
+        assert sim is not None
+        view = sim.view
         acts = self.actions
         if 0 <= action < len(view.targets) and action < acts.max_targets:
             self._features.record(req, action, view.now)
@@ -266,7 +267,7 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
             return HOLD
         if action != acts.reject_index:
             self._invalid = True
-        self._refused(req, view.now)
+        self._refused(req, sim.clock)
         return REJECT
 
     def _release(self) -> Released | None:
@@ -326,7 +327,7 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
                         np.int8)
         obs: dict[str, np.ndarray] = {"targets": targets, "request": buf[k * m:]}
         if acts.hold:
-            waited = view.now - req.arrival_s if self.releasing else 0.0
+            waited = self._sim.clock - req.arrival_s if self.releasing else 0.0
             obs["router"] = np.array([np.log1p(len(self._queue)), waited], np.float32)
         obs["action_mask"] = mask
         return obs
@@ -341,7 +342,7 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
         req = self.request
         assert req is not None
         return {"decision": self._decisions - 1, "request_id": req.request_id, "release": self.releasing,
-                "time_s": self.view.now, "completed": self._completed, "cost": self._cost,
+                "time_s": self._sim.clock if self._sim is not None else 0.0, "completed": self._completed, "cost": self._cost,
                 "invalid": self._invalid}
 
     def _finish(self) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:

@@ -256,7 +256,7 @@ class Features:
         for get, log, inv in self._tplan:
             vals = get(req, view, n)
             if log:
-                vals = [log1p(v) for v in vals] if inv == 1.0 else [log1p(v * inv) for v in vals]
+                vals = list(map(log1p, vals)) if inv == 1.0 else [log1p(v * inv) for v in vals]
             elif inv != 1.0:
                 vals = [v * inv for v in vals]
             cols.append(vals)
@@ -335,13 +335,15 @@ def _signal_age(req: RouteRequest, view: View, n: int) -> Sequence[float]:
 
 def _adapter_resident(req: RouteRequest, view: View, n: int) -> Sequence[float]:
     a = req.adapter
-    if a is None:
+    if a is None or not any(view.adapters):
         return [0.0] * n
     return [0.0 if s is None else 1.0 if a in s.running else 0.5 if a in s.waiting else 0.0
             for s in view.adapters]
 
 
 def _adapter_slots_free(req: RouteRequest, view: View, n: int) -> Sequence[float]:
+    if not any(view.adapters):
+        return [0.0] * n
     return [0.0 if s is None or s.max_loras <= 0
             else max(s.max_loras - len(set(s.running) | set(s.waiting)), 0) / s.max_loras
             for s in view.adapters]

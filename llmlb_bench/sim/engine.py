@@ -561,6 +561,11 @@ class Simulation:
         """Whether anything but life-cycle events is left to simulate."""
         return self._k < len(self.order) or self._work > 0 or any(not r.idle for r in self.replicas)
 
+    @property
+    def clock(self) -> float:
+        """The simulated time of the event being handled (``View.now`` is the last routing decision's)."""
+        return self._now
+
     def flush(self, end: float) -> None:
         """The run ended at ``end``: the last series samples, then every buffered row to the sinks."""
         self.sampler.sample_until(end, final=True)
