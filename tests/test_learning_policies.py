@@ -139,7 +139,10 @@ def test_learned_mlp_scores_each_target_with_shared_weights(tmp_path):
     ({"model": {"kind": "linear", "layers": [{"weight": [[0.0] * 3], "bias": [0.0]}]}},
      "layer 0 weight has shape [1, 3]"),
     ({"model": {"kind": "forest", "layers": []}}, "model kind 'forest'"),
-    ({"model": {"kind": "linear", "layers": [{"weight": [[float("nan")] * 17], "bias": [0.0]}]}}, "not finite"),
+    # as many inputs as the default layout has fields, so the shape passes and the values are checked
+    ({"model": {"kind": "linear", "layers": [{"weight": [[float("nan")] * (len(Features().target_names)
+                                                                            + len(Features().request_names))],
+                                              "bias": [0.0]}]}}, "not finite"),
 ])
 def test_learned_bad_files_are_one_line_errors_before_work(tmp_path, change, fragment):
     path = _policy_file(tmp_path, {}, **change)
