@@ -15,6 +15,8 @@ from llmlb_bench.sim import ClusterConfig
 RATE_SCALE = 2.5
 REQUESTS = {"small": 2500, "full": None}
 CLOCKS = {"small": (1.0, 0.8, 0.6), "full": (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)}
+#: power limits per GPU (the A100's own is 400 W): the other knob, for comparison
+CAPS = {"small": (300.0,), "full": (350.0, 300.0)}
 CONTROLLER = "slo_slack controller"
 #: the controller's set points: half the SLO's TTFT and TPOT, so a load rise shows before the SLO is missed
 GREEN = {"policy": "slo_slack", "interval_s": 5.0,
@@ -30,6 +32,7 @@ def arms(scale: str) -> list[Arm]:
     t = traces.preset("diurnal", seed=1, rate_scale=RATE_SCALE, requests=REQUESTS[scale])
     base = {"replicas": 2, "gpu": "a100-80g", "token_times": "summary"}
     out = [Arm(_label(c), t, ClusterConfig.build(**base, gpu_clock=c), "least_outstanding") for c in CLOCKS[scale]]
+    out += [Arm(f"cap {w:g} W", t, ClusterConfig.build(**base, power_cap_w=w), "least_outstanding") for w in CAPS[scale]]
     out.append(Arm(CONTROLLER, t, ClusterConfig.build(**base, green=GREEN), "least_outstanding"))
     return out
 
@@ -61,7 +64,8 @@ REPRO = Reproduction(
           "mean, on 2 A100-80G replicas of Llama-3-8B (mixed prefill and decode, not VoltanaLLM's disaggregated "
           "pools nor its router). Fixed SM clocks 1.0 down to 0.5 of the maximum, and the `slo_slack` green "
           "controller (sim/green.py; every 5 s, p90 TTFT and TPOT of the last 10 s against set points of 1 s and "
-          "50 ms, half the SLO; down 0.05 while under 0.8 of them, up by half the excess at once). Clock model: "
+          "50 ms, half the SLO; down 0.05 while under 0.8 of them, up by half the excess at once); for comparison, "
+          "power caps of 350 and 300 W per GPU at the full clock (the A100's limit is 400 W). Clock model: "
           "compute time / clock, memory and host time unchanged, busy dynamic power x (0.4 + 0.6 clock^3) "
           "(catalog estimates, docs/simulator.md).",
     arms=arms,
