@@ -101,3 +101,84 @@ def test_threshold_rule_on_a_hand_built_view():
     view.kv_usage[:] = [0.5, 0.5, 0.5]
     assert rule.decide(90.0, view, pool) == {}, "between the thresholds: hold"
     assert rule.decide(90.0, view, {"default": PoolStatus("default", ready=(0, 1, 2, 3, 4))}) == {"default": 4}
+
+
+def test_pid_autoscaler_follows_its_velocity_form_exactly():
+    """Hand-fed signals: x = ln(size) moves by kp (e_k - e_{k-1}) + ki dt e_k + kd (e_k - 2 e_{k-1} + e_{k-2}) / dt
+    with e = ln(load per replica / target), clamped; the pool gets round(exp(x)); the integral
+    rests while a replica starts."""
+    import math
+
+    from llmlb_bench.policies import TargetInfo, View
+    from llmlb_bench.sim.autoscale import PidAutoscaler, PoolStatus
+
+    pid = PidAutoscaler(target=10.0, kp=0.5, ki=0.02, kd=2.0, max_replicas=8)
+    view = View(targets=[TargetInfo(f"r{i}") for i in range(4)])
+    ready = {"default": PoolStatus("default", ready=(0, 1))}
+    view.outstanding_requests[:] = [10, 10, 0, 0]          # 10 per replica: e = 0, the size stays
+    assert pid.decide(0.0, view, ready) == {"default": 2}
+    view.outstanding_requests[:] = [20, 20, 0, 0]
+    e1, x = math.log(2), math.log(2)
+    x += 0.5 * e1 + 0.02 * 10 * e1 + 2.0 * e1 / 10
+    assert pid.decide(10.0, view, ready) == {"default": round(math.exp(x))}
+    assert pid._state["default"][0] == pytest.approx(x)
+    starting = {"default": PoolStatus("default", ready=(0, 1), starting=(2,))}
+    e2 = math.log(40 / 3 / 10)                               # the starting replica counts: 40 over 3
+    x += 0.5 * (e2 - e1) + 2.0 * (e2 - 2 * e1) / 10          # no integral while r2 starts
+    assert pid.decide(20.0, view, starting)["default"] == round(math.exp(x))
+    assert pid._state["default"][0] == pytest.approx(x)
+    view.outstanding_requests[:] = [5000, 5000, 0, 0]
+    assert pid.decide(30.0, view, ready) == {"default": 8}
+    assert pid._state["default"][0] == pytest.approx(math.log(8))    # clamped: no windup above the cap
+    view.outstanding_requests[:] = [0, 0, 0, 0]
+    assert pid.decide(40.0, view, ready)["default"] < 8      # so it comes down at once
+
+
+def test_pid_integral_loop_converges_geometrically_on_a_fixed_load():
+    """kp = kd = 0 on a fixed in-flight total N: x_k - x* = (1 - ki dt)^k (x_0 - x*), x* = ln(N / target)."""
+    import math
+
+    from llmlb_bench.policies import TargetInfo, View
+    from llmlb_bench.sim.autoscale import PidAutoscaler, PoolStatus
+
+    view = View(targets=[TargetInfo(f"r{i}") for i in range(64)])
+    view.outstanding_requests[0] = 160                       # N = 160: x* = ln 40
+    # the signal sees the rounded size, so the recurrence is x_k = x_{k-1} + ki dt ln(N / (target round(e^x)));
+    # it is exact, and the error contracts by (1 - ki dt) = 0.8 per decision up to the rounding
+    pid2 = PidAutoscaler(target=4.0, kp=0.0, ki=0.04, max_replicas=64)
+    size, x = 1, 0.0
+    for k in range(30):
+        out = pid2.decide(5.0 * k, view, {"default": PoolStatus("default", ready=tuple(range(size)))})
+        if k:
+            x += 0.04 * 5.0 * math.log(160 / size / 4.0)
+        assert pid2._state["default"][0] == pytest.approx(x)
+        if 0 < k < 12:
+            assert abs(x - math.log(40)) <= 0.8 ** k * math.log(40) + math.log(1 + 0.5 / size) * 5
+        size = out["default"]
+    assert size == 40
+
+
+def test_pid_autoscaler_settles_where_the_load_per_replica_meets_its_target(tmp_path):
+    """On the step load (20 req/s of 400 + 100 tokens), the PID autoscaler on in-flight requests
+    grows the fleet until each replica holds about its target, then holds it: in the second half
+    of the step, the mean in flight per replica (series: waiting + running) is within 30% of the
+    target, and the fleet returns to one replica after the step."""
+    auto = {"policy": "pid", "interval_s": 5.0, "cold_start_s": 10.0,
+            "args": {"metric": "concurrency", "target": 8.0, "kp": 0.5, "ki": 0.05, "max_replicas": 8}}
+    req, series, summary = run_sim(tmp_path, _step_load(), ClusterConfig.build(replicas=1, max_num_seqs=16,
+                                                                                autoscale=auto))
+    t = np.asarray(series.column("t_s").to_pylist())
+    load = np.asarray(series.column("waiting").to_pylist()) + np.asarray(series.column("running").to_pylist())
+    late = (t >= 120) & (t < 180)
+    per_replica = load[late].sum() / len(np.unique(t[late])) / (len(t[late]) / len(np.unique(t[late])))
+    assert per_replica == pytest.approx(8.0, rel=0.3)
+    size = collections.Counter(t.tolist())
+    assert size[30.0] == 1 and max(size.values()) > 1 and size[295.0] == 1
+    assert summary["replicas"]["added"] >= 1
+
+
+def test_pid_autoscaler_settings_are_checked():
+    with pytest.raises(UserError, match="metric must be concurrency, queue or kv"):
+        ClusterConfig.build(autoscale={"policy": "pid", "args": {"metric": "power"}})
+    with pytest.raises(UserError, match="kp, ki, kd >= 0"):
+        ClusterConfig.build(autoscale={"policy": "pid", "args": {"ki": -1.0}})

@@ -14,10 +14,11 @@ pool's status. It then
 
 Targets are only ever appended, so ``View`` indices stay valid.
 
-Built-in policies: Knative-style concurrency targeting (``concurrency``) and
+Built-in policies: Knative-style concurrency targeting (``concurrency``),
 threshold scaling on a scraped signal with a cooldown (``threshold``: the
 waiting queue or KV-cache use per replica, as KEDA/AIBrix-style autoscalers
-read them from the engines' metrics); users name their own subclass as
+read them from the engines' metrics) and a PID controller on either
+(``pid``, docs/control.md); users name their own subclass as
 ``package.module:Class`` in ``ClusterConfig.autoscale``.
 """
 
@@ -149,8 +150,82 @@ class ThresholdAutoscaler(Autoscaler):
         return out
 
 
+@dataclass
+class PidAutoscaler(Autoscaler):
+    """PID control of a pool's size on its load per replica, beside Knative's proportional rule.
+
+    The signal is the pool's load per replica it pays for (ready + starting): requests in flight
+    (``metric="concurrency"``, the router's own count, as Knative reads it), or the scraped waiting
+    queue (``"queue"``) or KV use (``"kv"``, 0..1) summed over its routable replicas. The error is
+    logarithmic, e_k = ln(signal / target) (the signal floored at target / 100): a load per replica
+    of N / n makes e = ln(N / target) - ln n, linear in the log of the size, so the loop is linear
+    however far from the target it starts. The log of the desired size x = ln u moves in velocity
+    form (Åström & Hägglund, *Advanced PID Control*, ISA 2006, §3.5 and §13.4), every decision
+    (dt = the time since the previous one)::
+
+        x_k = clamp(x_{k-1} + kp (e_k - e_{k-1}) + ki dt e_k + kd (e_k - 2 e_{k-1} + e_{k-2}) / dt,
+                    ln min_replicas, ln max_replicas)
+
+    and the pool is set to round(exp(x_k)). Clamping x is the anti-windup (no integrator state beyond
+    x); with ``hold_while_starting`` the integral term also rests while added replicas are in their
+    cold start, as their capacity cannot show before they serve (conditional integration). On a
+    fixed load N (a fluid closed population), kp = kd = 0: x_k - x* = (1 - ki dt)^k (x_0 - x*),
+    x* = ln(N / target). Knative's rule is the proportional one-shot u = N / target."""
+
+    name: ClassVar[str] = "pid"
+    metric: str = "concurrency"
+    target: float = 16.0
+    kp: float = 0.5
+    ki: float = 0.05
+    kd: float = 0.0
+    hold_while_starting: bool = True
+    min_replicas: int = 1
+    max_replicas: int = 64
+    pool: str | None = None
+    _state: dict[str, list[float]] = field(default_factory=dict, repr=False)   # x, e_{k-1}, e_{k-2}, t_{k-1}
+
+    def __post_init__(self) -> None:
+        if self.metric not in ("concurrency", "queue", "kv"):
+            raise ValueError(f"metric must be concurrency, queue or kv (got {self.metric!r})")
+        if not self.target > 0 or min(self.kp, self.ki, self.kd) < 0:
+            raise ValueError("need target > 0 and kp, ki, kd >= 0")
+        if self.min_replicas < 1 or self.max_replicas < self.min_replicas:
+            raise ValueError("need 1 <= min_replicas <= max_replicas")
+
+    def signal(self, view: View, st: PoolStatus) -> float:
+        """The pool's load per replica it pays for (ready + starting)."""
+        if self.metric == "concurrency":
+            total: float = sum(view.outstanding_requests[i] for i in st.ready + st.starting + st.draining)
+        else:
+            values = view.waiting if self.metric == "queue" else view.kv_usage
+            total = sum(values[i] for i in st.ready)
+        return total / max(st.size, 1)
+
+    def decide(self, now: float, view: View, pools: Mapping[str, PoolStatus]) -> Mapping[str, int]:
+        out = {}
+        lo, hi = math.log(self.min_replicas), math.log(self.max_replicas)
+        for name, st in pools.items():
+            if self.pool is not None and name != self.pool:
+                continue
+            e = math.log(max(self.signal(view, st), self.target / 100) / self.target)
+            state = self._state.get(name)
+            if state is None:                      # first decision: start from the pool as it is
+                state = [math.log(max(st.size, 1)), e, e, now]
+            x, e1, e2, t1 = state
+            dt = now - t1
+            step = self.kp * (e - e1)
+            if dt > 0:
+                if not (self.hold_while_starting and st.starting):
+                    step += self.ki * dt * e
+                step += self.kd * (e - 2 * e1 + e2) / dt
+            x = min(max(x + step, lo), hi)
+            self._state[name] = [x, e, e1, now]
+            out[name] = int(math.floor(math.exp(x) + 0.5))
+        return out
+
+
 BUILTIN_AUTOSCALERS: dict[str, type[Autoscaler]] = {
-    c.name: c for c in (Autoscaler, ConcurrencyAutoscaler, ThresholdAutoscaler)}
+    c.name: c for c in (Autoscaler, ConcurrencyAutoscaler, ThresholdAutoscaler, PidAutoscaler)}
 
 
 @dataclass(frozen=True)
