@@ -189,7 +189,7 @@ REQUESTS = TableSpec(
             # replayer only: true when the server sent no usage and output_tokens counts stream chunks
             pa.field("output_tokens_estimated", pa.bool_()),
             # replayer only: the backend the response named when the endpoint is a router (its
-            # decision; see llmlb_bench.routers.identity); null when nothing named one
+            # decision; see llmlb_bench.backend_header); null when nothing named one
             pa.field("backend", pa.string()),
             # speculative decoding (the simulator's draws): verify steps that drafted for this request,
             # draft tokens proposed, and those the target accepted; null where the pool does not speculate

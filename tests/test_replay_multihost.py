@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import make_trace
-from llmlb_bench.replay.selfcheck import received_count
+from llmlb_bench.replay.witness import received_count
 from llmlb_bench.schema import write_trace
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ import pytest
 from conftest import cli, make_trace
 from llmlb_bench.replay import ReplayOptions
 from llmlb_bench.replay.noop_server import NoopConfig, NoopProtocol
-from llmlb_bench.replay.selfcheck import received_count
+from llmlb_bench.replay.witness import received_count
 from replay_helpers import ServerThread, run_replay, servers  # noqa: F401 (fixture)
 
 

@@ -9,6 +9,6 @@ response and writes one result row per trace request; see
 from llmlb_bench.replay.options import ReplayOptions, Timeouts
 from llmlb_bench.replay.preflight import Preflight, preflight
 from llmlb_bench.replay.resume import Resume, prepare_resume
-from llmlb_bench.replay.runner import replay
+from llmlb_bench.replay.entry import replay
 
 __all__ = ["Preflight", "ReplayOptions", "Resume", "Timeouts", "preflight", "prepare_resume", "replay"]

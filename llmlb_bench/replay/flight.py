@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from llmlb_bench.policies import RouteRequest
 from llmlb_bench.replay.http import Connection
 from llmlb_bench.replay.sse import SSEDecoder
-from llmlb_bench.routers.identity import backend_from_headers
+from llmlb_bench.backend_header import backend_from_headers
 
 try:  # orjson is a core dependency where it has wheels (parsing is most of the per-token cost)
     from orjson import loads as _loads
@@ -113,7 +113,7 @@ class Flight:
         #: whether every text chunk carries usage (decided at the first one; None: not yet)
         self._chunk_usage: bool | None = None
         self.http_status: int | None = None
-        #: the backend the response names (a router's decision), see routers.identity
+        #: the backend the response names (a router's decision), see backend_header
         self.backend: str | None = None
         self._mode = 0
         self._sse: SSEDecoder | None = None

@@ -55,14 +55,13 @@ from llmlb_bench.replay.flight import Flight
 from llmlb_bench.replay.http import Pool, build_request, simple_request
 from llmlb_bench.replay.media import AUDIO_TOKENS_PER_S, image_side, png_data_url, wav_base64
 from llmlb_bench.replay.options import RETRY_STATUSES, ReplayOptions
-from llmlb_bench.replay.power import Domain, PowerSampler, join_energy, open_sources
-from llmlb_bench.replay.preflight import Preflight, preflight, request_headers
+from llmlb_bench.replay.client import client_summary, send_figures
+from llmlb_bench.replay.preflight import Preflight, request_headers
 from llmlb_bench.replay.prompts import PromptBuilder
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
 from llmlb_bench.replay.rows import RowWriter, write_table
 from llmlb_bench.replay.schedule import INF as _INF, Schedule
 from llmlb_bench.replay.scrape import SeriesRows, Signals, parse_metrics, update_view
-from llmlb_bench.replay.selfcheck import ServerWitness, server_check
 from llmlb_bench.replay.threads import Threads
 from llmlb_bench.schema import trace_block_size
 from llmlb_bench.store import RunStore
@@ -79,82 +78,6 @@ _SPARE_CONNECTIONS = 8
 #: how long a thread waits for the GIL before asking for it, while the replay runs (default 5 ms)
 _SWITCH_S = 0.0002
 _API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-
-
-def replay(trace: pa.Table, endpoints: list[str], policy: Any, run: RunStore,
-           options: ReplayOptions | None = None, *, pre: Preflight | None = None,
-           resume: Resume | None = None, power: list[Domain] | None = None) -> dict[str, Any]:
-    """Replay ``trace`` against ``endpoints`` with client-side routing by ``policy``.
-
-    Rows go to ``run.requests``; the client self-check to
-    ``run.summary["client"]`` and totals to ``run.summary["replay"]``.
-    ``pre`` is the result of :func:`preflight` and ``power`` that of
-    :func:`~llmlb_bench.replay.power.open_sources` when the caller already
-    has them (the CLI does, before creating the run folder). With power
-    sources, power goes to ``run.series`` and, when the run store closes,
-    energy to the requests' ``energy_j`` and ``run.summary["energy"]``.
-    Raises KeyboardInterrupt after Ctrl-C or SIGTERM, once every row is written.
-    """
-    options = options or ReplayOptions()
-    pre = pre or preflight(endpoints, options, trace)
-    if power is None and options.power_sources:
-        power = open_sources(options.power_sources, [ep.url for ep in pre.endpoints])
-    sampler = PowerSampler(power, options.power_interval_s) if power else None
-    if sampler is not None:
-        sampler.start()
-    witness = ServerWitness([ep.url for ep in pre.endpoints], options.scrape_s) if options.scrape_s else None
-    try:
-        if witness is not None:
-            witness.__enter__()
-        if options.workers > 1:
-            from llmlb_bench.replay.workers import replay_in_workers
-
-            return replay_in_workers(trace, pre, policy, run, options, resume)
-        return Replayer(trace, pre, policy, run, options, resume).run()
-    finally:
-        if witness is not None:
-            witness.__exit__()
-            _keep_server_check(witness, run, resume)
-        if sampler is not None:
-            _keep_power(sampler, run, resume)
-
-
-def _keep_server_check(witness: ServerWitness, run: RunStore, resume: Resume | None) -> None:
-    """Sent against received (replay.selfcheck.server_check) into ``summary.client`` once the
-    requests file is closed; rows carried over by ``--resume`` were sent in another run."""
-    t0 = (run.summary.get("client") or {}).get("t0_clock_s")
-    if t0 is None:  # the run never started
-        return
-    carried = pa.array(sorted(resume.done_ids) if resume is not None else [], pa.int64())
-
-    def finalize(store: RunStore) -> None:
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
-
-        rows = pq.read_table(store.dir / "requests.parquet", columns=["request_id", "target", "sent_s"])
-        if len(carried):
-            rows = rows.filter(pc.invert(pc.is_in(rows.column("request_id"), value_set=carried)))
-        readings = dict(zip(witness.urls, witness.readings))
-        store.summary.setdefault("client", {})["server_check"] = server_check(rows, readings, t0)
-    run.finalizers.append(finalize)
-
-
-def _keep_power(sampler: PowerSampler, run: RunStore, resume: Resume | None) -> None:
-    """Power readings into the series, and energy into the requests once the store closes."""
-    sampler.stop()
-    t0 = (run.summary.get("client") or {}).get("t0_clock_s")
-    if t0 is None:  # the run never started
-        return
-    run.series.write(sampler.series(t0))
-    domains = [(d.target, d.endpoints) for d in sampler.domains]
-    keep = set(resume.done_ids) if resume is not None else set()
-
-    def finalize(store: RunStore) -> None:
-        energy = join_energy(store.dir, domains, keep)
-        for target, info in sampler.describe().items():
-            energy["domains"][target].update(info)
-        store.summary["energy"] = {**energy, "interval_s": sampler.interval}
-    run.finalizers.append(finalize)
 
 
 class Replayer:
@@ -730,33 +653,6 @@ class Replayer:
         self.run_store.summary["client"] = client
         self.run_store.summary["replay"] = replay
         return {"client": client, **replay}
-
-
-def client_summary(lateness_s: np.ndarray, cpu_s: float, sent: int, loop_kind: str, t0: float,
-                   threshold_ms: float, workers: int = 1) -> dict[str, Any]:
-    """The self-check figures stored as run.json ``summary.client``."""
-    lag = lateness_s * 1e3
-    pct = (lambda q: round(float(np.percentile(lag, q)), 4)) if lag.size else (lambda q: None)
-    p99 = pct(99)
-    return {
-        "event_loop": loop_kind,
-        "workers": workers,
-        "clock": "time.perf_counter (CLOCK_MONOTONIC on Linux)",
-        "t0_clock_s": t0,
-        "dispatch_lag_ms": {"p50": pct(50), "p99": p99, "max": round(float(lag.max()), 4) if lag.size else None},
-        "lag_threshold_ms": threshold_ms,
-        "flagged": p99 is not None and p99 > threshold_ms,
-        "cpu_s": round(cpu_s, 3),
-        "cpu_ms_per_request": round(cpu_s * 1e3 / sent, 4) if sent else None,
-    }
-
-
-def send_figures(sent: int, first_sent: float | None, last_sent: float | None,
-                 last_end: float | None) -> dict[str, float | None]:
-    """Achieved send rate and the span from the first send to the last end."""
-    span = (last_sent - first_sent) if sent > 1 and first_sent is not None and last_sent is not None else None
-    return {"send_rate_rps": round((sent - 1) / span, 3) if span else None,
-            "duration_s": round(last_end - first_sent, 6) if last_end is not None and first_sent is not None else None}
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -42,7 +42,8 @@ from llmlb_bench.replay.options import ReplayOptions
 from llmlb_bench.replay.preflight import Preflight
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
 from llmlb_bench.replay.rows import write_table
-from llmlb_bench.replay.runner import Replayer, client_summary, send_figures
+from llmlb_bench.replay.client import client_summary, send_figures
+from llmlb_bench.replay.runner import Replayer
 from llmlb_bench.replay.schedule import Schedule
 from llmlb_bench.schema import REQUESTS, SERIES
 from llmlb_bench.store import ParquetSink, RunStore
@@ -159,12 +160,8 @@ def plan_workers(trace: pa.Table, run: RunStore, options: ReplayOptions, resume:
 
 def replay_in_workers(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, options: ReplayOptions,
                       resume: Resume | None = None) -> dict[str, Any]:
-    """Replay with ``options.workers`` processes (or Ray actors, with ``options.executor == "ray"``);
-    same results as :func:`replay`, merged."""
-    if options.executor == "ray":
-        from llmlb_bench.replay.ray_workers import replay_on_ray
-
-        return replay_on_ray(trace, pre, policy, run, options, resume)
+    """Replay with ``options.workers`` local processes; same results as one replayer, merged
+    (:func:`llmlb_bench.replay.ray_workers.replay_on_ray` is the same over Ray actors)."""
     plan = plan_workers(trace, run, options, resume)
     parts_dir = run.dir / ".workers"
     ctx = mp.get_context("spawn")

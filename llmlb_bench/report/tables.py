@@ -337,7 +337,7 @@ def _conversation_rows(talks: list[dict[str, Any]]) -> list[tuple[str, Getter, s
 
 
 def _server_lag(check: Any) -> str | None:
-    """The server-side cross-check of a replay (replay.selfcheck.server_check), as one cell."""
+    """The server-side cross-check of a replay (replay.witness.server_check), as one cell."""
     if not isinstance(check, dict) or not check.get("available"):
         return None
     return f"{check['lag_s']:.2f}" + (" YES" if check.get("flagged") else "")

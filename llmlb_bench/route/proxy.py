@@ -43,7 +43,7 @@ from llmlb_bench.policies.lora import RoutedAdapters, salted
 from llmlb_bench.policies.router import Router
 from llmlb_bench.replay.rows import RowWriter
 from llmlb_bench.replay.scrape import SeriesRows, parse_metrics, update_view
-from llmlb_bench.routers.identity import BACKEND_HEADER
+from llmlb_bench.backend_header import BACKEND_HEADER
 from llmlb_bench.serve.tokenizer import block_hashes, encode
 from llmlb_bench.store import RunStore
 

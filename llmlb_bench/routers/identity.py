@@ -3,7 +3,8 @@
 Why headers first: a router under test must not be slowed or changed to learn its decisions.
 ``llmlb serve`` names itself in every completion's ``X-Llmlb-Backend`` header (its listening URL,
 which is what a router calls the worker), and the three PyPI routers pass backend response headers
-through, so a replay through any of them learns each decision for free. smg also adds its own
+through, so a replay through any of them learns each decision for free
+(:func:`llmlb_bench.backend_header.backend_from_headers`, kept below the replayer that reads it). smg also adds its own
 ``x-smg-routed-worker-id``, which names the worker when the backend does not identify itself
 (a real vLLM). Routers that say nothing in-band (sglang-router, vllm-router in front of vLLM) are
 covered by :func:`backends_from_log` (their debug logs) or only in aggregate by their per-worker
@@ -14,22 +15,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Mapping
-
-#: the response header ``llmlb serve`` sets on every completion
-BACKEND_HEADER = "X-Llmlb-Backend"
-#: response headers that name the serving backend, most specific first (lower case, as parsed)
-_HEADERS = ("x-llmlb-backend", "x-smg-routed-worker-id")
-
-
-def backend_from_headers(headers: Mapping[str, str]) -> str | None:
-    """The backend a response names (headers keyed in lower case), or None when none does."""
-    for name in _HEADERS:
-        value = headers.get(name)
-        if value:
-            return value
-    return None
-
 
 #: a debug log line of sglang-router / smg that carries both the request id and the worker URL;
 #: the two fields come in either order and may be quoted

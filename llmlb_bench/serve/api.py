@@ -38,7 +38,7 @@ from llmlb_bench import __version__
 from llmlb_bench.replay.prompts import WORDS
 from llmlb_bench.policies.lora import salted
 from llmlb_bench.serve.http import Exchange
-from llmlb_bench.routers.identity import BACKEND_HEADER
+from llmlb_bench.backend_header import BACKEND_HEADER
 from llmlb_bench.serve.live import LiveFleet, LiveRequest, Submission
 from llmlb_bench.serve.media import MediaError, part_ids
 from llmlb_bench.serve.metrics import render
