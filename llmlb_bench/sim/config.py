@@ -174,6 +174,10 @@ class ClusterConfig:
     kv_link_latency_ms: float = 1.0
     #: scheduled replica failures: ``{"target": "r1", "at_s": 60, "down_s": 30}``
     failures: tuple[Mapping[str, Any], ...] = ()
+    #: scheduled slowdowns (a throttled or degraded GPU, a noisy neighbour): ``{"target": "r1", "at_s": 60,
+    #: "factor": 2.0, "for_s": 30}``: from at_s (for for_s seconds, or to the end) every step of the
+    #: replica takes ``factor`` times as long, at the same power (docs/simulator.md)
+    slowdowns: tuple[Mapping[str, Any], ...] = ()
     #: random failures: mean time between failures per replica (None = none) and mean time to repair
     mtbf_s: float | None = None
     mttr_s: float = 60.0
@@ -239,9 +243,14 @@ class ClusterConfig:
         for i, f in enumerate(failures):
             if not isinstance(f, Mapping):
                 raise UserError("each failure must be a table of target, at_s and down_s", f"cluster.failures[{i}]")
+        for i, f in enumerate(given["slowdowns"]):
+            if not isinstance(f, Mapping):
+                raise UserError("each slowdown must be a table of target, at_s, factor and for_s",
+                                f"cluster.slowdowns[{i}]")
         pools = _parse_pools(given, catalogs)
         cfg = cls(**{**given, "catalogs": catalogs, "pools": pools, "replicas": sum(p.replicas for p in pools),
-                     "failures": tuple(dict(f) for f in failures), "scheduler_args": dict(given["scheduler_args"]),
+                     "failures": tuple(dict(f) for f in failures),
+                     "slowdowns": tuple(dict(f) for f in given["slowdowns"]), "scheduler_args": dict(given["scheduler_args"]),
                      "autoscale": dict(given["autoscale"]) if given["autoscale"] is not None else None,
                      "green": dict(given["green"]) if given["green"] is not None else None,
                      "moe": dict(given["moe"]) if given["moe"] is not None else None})
@@ -282,6 +291,8 @@ class ClusterConfig:
             raise UserError("prefill and decode pools must serve the same model", "cluster.pools")
         for i, f in enumerate(self.failures):
             self._check_failure(i, f)
+        for i, f in enumerate(self.slowdowns):
+            self._check_slowdown(i, f)
 
     def _check_moe(self) -> None:
         spec = self.moe_spec
@@ -292,6 +303,18 @@ class ClusterConfig:
                             "cluster.moe")
         for p in moe_pools:
             check_layout(spec, p.model_spec(self.catalogs).experts, p.tp, f"cluster.moe (pool {p.name})")
+
+    def _check_slowdown(self, i: int, f: Mapping[str, Any]) -> None:
+        where = f"cluster.slowdowns[{i}]"
+        if set(f) - {"target", "at_s", "factor", "for_s"} or not {"target", "at_s", "factor"} <= set(f):
+            raise UserError("a slowdown needs target, at_s and factor (and optionally for_s)", where)
+        if f["target"] not in {f"r{k}" for k in range(self.replicas)}:
+            raise UserError(f"unknown target {f['target']!r} (targets are r0..r{self.replicas - 1})", where)
+        numbers = [f["at_s"], f["factor"], f.get("for_s", 1.0)]
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers):
+            raise UserError("at_s, factor and for_s must be numbers", where)
+        if not (f["at_s"] >= 0 and f["factor"] > 0 and f.get("for_s", 1.0) > 0):
+            raise UserError("at_s must be >= 0, factor > 0 and for_s > 0", where)
 
     def _check_failure(self, i: int, f: Mapping[str, Any]) -> None:
         where = f"cluster.failures[{i}]"
@@ -337,7 +360,7 @@ class ClusterConfig:
         """The settings as JSON-able data (run.json's ``config.cluster``); ``from_dict`` reads them back
         into an equal ClusterConfig. Pools are stored resolved, one table of every PoolConfig field each."""
         d = dataclasses.asdict(self)
-        for k in ("catalogs", "pools", "failures"):
+        for k in ("catalogs", "pools", "failures", "slowdowns"):
             d[k] = list(d[k])
         return d
 

@@ -52,9 +52,9 @@ from llmlb_bench.sim.series import SeriesSampler
 from llmlb_bench.trace_columns import TraceColumns
 
 # kinds of timed deliveries
-_ARRIVE, _KV_ARRIVE, _FAIL, _RECOVER, _SCALE, _READY, _EXPERTS, _ENGINE_ARRIVE, _GREEN = 0, 1, 2, 3, 4, 5, 6, 7, 8
+_ARRIVE, _KV_ARRIVE, _FAIL, _RECOVER, _SCALE, _READY, _EXPERTS, _ENGINE_ARRIVE, _GREEN, _SLOW = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
 #: deliveries that are not work: the run ends when only these remain
-_LIFECYCLE = (_FAIL, _RECOVER, _SCALE, _READY, _EXPERTS, _GREEN)
+_LIFECYCLE = (_FAIL, _RECOVER, _SCALE, _READY, _EXPERTS, _GREEN, _SLOW)
 #: events between two collections of the youngest GC generation while automatic GC is paused
 _GC_EVERY = 100_000
 
@@ -137,6 +137,11 @@ class Simulation:
         for f in cfg.failures:
             i = int(f["target"][1:])
             self._deliver(float(f["at_s"]), _FAIL, (i, float(f.get("down_s", cfg.mttr_s))))
+        for f in cfg.slowdowns:
+            i = int(f["target"][1:])
+            self._deliver(float(f["at_s"]), _SLOW, (i, float(f["factor"])))
+            if "for_s" in f:
+                self._deliver(float(f["at_s"]) + float(f["for_s"]), _SLOW, (i, 1.0))
         if cfg.mtbf_s is not None:
             for i in range(len(self.replicas)):
                 self._deliver(float(self.rng.exponential(cfg.mtbf_s)), _FAIL, (i, -1.0))
@@ -207,6 +212,9 @@ class Simulation:
                     self._scale(now)
                 elif kind == _READY:
                     self._ready(payload, now)
+                elif kind == _SLOW:
+                    i, factor = payload
+                    self._push(self.replicas[i], self.replicas[i].slow_down(factor, now))
                 elif kind == _GREEN:
                     self._green_tick(now)
                 else:

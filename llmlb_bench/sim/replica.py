@@ -133,6 +133,8 @@ class Replica:
         self.entering = 0
         #: when the outbound KV link (disaggregation) is free again
         self.link_free_at = 0.0
+        #: every step takes this many times as long as the cost model says (a scheduled slowdown)
+        self.slowdown = 1.0
         self.cost = cost
         #: the pool's proposer (None: one token per step, as without speculative decoding)
         self.spec = speculation
@@ -265,6 +267,15 @@ class Replica:
         # join may be admitted behind them: then the run ends too (at worst the boundary admits no one).
         if (self.run_decode_only and self.run_n and len(self.running) < self.max_seqs and not self.swapped
                 and (self.waiting.newcomer_may_lead() if self.lora is None else self.lora.can_join(req.adapter))):
+            return self._cut_after(t)
+        return None
+
+    def slow_down(self, factor: float, t: float) -> float | None:
+        """From ``t`` on every step takes ``factor`` times as long as the cost model says; a decode run
+        in flight ends at its next step boundary so that the next is planned at the new speed.
+        Returns the new boundary time, or None when it did not move."""
+        self.slowdown = factor
+        if self.run_decode_only and self.run_n and not self.idle:
             return self._cut_after(t)
         return None
 
@@ -723,6 +734,8 @@ class Replica:
             gap, power = self.spec.step(tokens, attn, kv, completing, decoding, self.context)
         if self.jitter is not None:
             gap *= self.jitter.factor(self.run_start)
+        if self.slowdown != 1.0:
+            gap *= self.slowdown
         if self.swap_s:
             gap, power = self._with_swap(gap, power)
         share = power * gap / (tokens + decoding)
@@ -764,6 +777,8 @@ class Replica:
                       else self.spec.step(0, 0.0, 0.0, 0, decoding, ctx))
         if self.jitter is not None and n:
             gap *= self.jitter.factor(self.run_start)
+        if self.slowdown != 1.0:
+            gap *= self.slowdown
         if self.swap_s:
             gap, power = self._with_swap(gap, power)
         self.run_chunks = []
