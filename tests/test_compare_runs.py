@@ -93,11 +93,14 @@ def test_runs_of_different_workloads_are_compared_only_within_their_group(tmp_pa
     assert "tenants.chat.arrival.rate 10 vs 20" in note
     md = cli(["report", str(results), "--slo", SLO, "--format", "md"], capsys)[1]
     assert "> Note: these runs are of 2 different workloads" in md
-    # naming a baseline compares only its own workload
+    # a named baseline is each group's run of that name; a group without one is not compared
+    doc = json.loads(cli(["report", str(results), "--slo", SLO, "--format", "json", "--baseline",
+                          "least_outstanding"], capsys)[1])
+    assert sorted(c["baseline_run"][-17:] for c in doc["verdicts"]["comparisons"]) == ["least_outstanding"] * 2
     doc = json.loads(cli(["report", str(results), "--slo", SLO, "--format", "json", "--baseline",
                           v["groups"][0]["runs"][1]], capsys)[1])
     assert len(doc["verdicts"]["comparisons"]) == 1
-    assert "only the runs of" in doc["verdicts"]["groups_note"]
+    assert "1 group(s) without one are not compared" in doc["verdicts"]["groups_note"]
 
 
 def test_a_gate_between_different_workloads_is_refused_naming_the_fields(tmp_path, capsys):

@@ -1,10 +1,13 @@
 """The one baseline rule of ``llmlb run``, ``report`` (and so every command that ends with a report).
 
-The baseline of a comparison is the run named with ``--baseline`` (its run
-id, name, label, policy or folder; a name that matches several runs is an
-error listing them), else the run **created first** (run.json
-``created_utc``, to the microsecond; equal times keep the order the runs were
-found in). ``llmlb run -p A -p B`` simulates A first, so A is the baseline of
+Runs are compared within groups of one workload (:mod:`llmlb_bench.metrics.comparable`).
+The baseline of a group is the run of the group named with ``--baseline``
+(its run id, name, label, policy or folder; a name that matches several
+runs of one group is an error listing them; a group where it matches none
+is not compared), else the run **created first** (run.json ``created_utc``,
+to the microsecond; equal times keep the order the runs were found in). So
+``--baseline least_outstanding`` over chat and agent runs compares each
+workload's runs with its own least_outstanding run. ``llmlb run -p A -p B`` simulates A first, so A is the baseline of
 its own report and of ``llmlb report`` over the same folder alike, whatever
 the folders' names sort as. ``llmlb gate`` names its baseline (the BASELINE
 argument) and a sweep its reference policy (``capacity.reference``, default
@@ -55,7 +58,10 @@ def named(runs: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any]:
                     "name one by its run id", FLAG)
 
 
-def pick_baseline(runs: Sequence[Mapping[str, Any]], name: str | None) -> Mapping[str, Any]:
-    """The baseline of ``runs`` (run summaries with ``run_id``, ``name``, ``label``, ``policy`` and
-    ``created_utc``): the run ``name`` designates, else the one created first."""
-    return first_created(runs) if name is None else named(runs, name)
+def pick_baseline(group: Sequence[Mapping[str, Any]], name: str | None) -> Mapping[str, Any] | None:
+    """The baseline of one group of comparable runs (run summaries with ``run_id``, ``name``, ``label``,
+    ``policy`` and ``created_utc``): the run ``name`` designates (None when it designates none of them),
+    else the one created first."""
+    if name is None:
+        return first_created(group)
+    return named(group, name) if any(_matches(s, name) for s in group) else None

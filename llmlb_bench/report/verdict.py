@@ -5,7 +5,8 @@ Runs are compared only with runs of the same workload
 workloads gives a verdict per group, each against its own baseline, and a
 note naming the fields the groups differ in. The baseline of a group is the
 run created first, or the one named with ``--baseline``
-(:mod:`llmlb_bench.report.baseline`; then only its group is compared). For every other run and each headline figure (TTFT, TPOT
+(:mod:`llmlb_bench.report.baseline`: in each group, the run it names; a group
+without one is not compared). For every other run and each headline figure (TTFT, TPOT
 and E2E p99, throughput; attainment and goodput with an SLO) the verdict
 gives the relative change, candidate / baseline - 1, with its bootstrap
 interval and a two-sided p-value, all from the gate's statistics
@@ -102,7 +103,7 @@ def _samples(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None) -> dict[
 
 
 def _groups_note(groups: list[list[dict[str, Any]]], metas: Mapping[str, Mapping[str, Any]],
-                 chosen: Mapping[str, Any] | None) -> str:
+                 baseline: str | None, bases: list[Any]) -> str:
     """Why some runs are not compared with others: the groups, and the fields each differs from the first in."""
     first = comparable.workload_identity(metas.get(groups[0][0]["run_id"], {}))
     parts = []
@@ -112,8 +113,10 @@ def _groups_note(groups: list[list[dict[str, Any]]], metas: Mapping[str, Mapping
         if i:
             head += f": {comparable.differences_text(first, comparable.workload_identity(meta))}"
         parts.append(head)
-    scope = (f"only the runs of {chosen.get('name') or chosen['run_id']}'s workload are compared with it"
-             if chosen is not None else "each group is compared within itself, against its own baseline")
+    missing = sum(b is None for b in bases)
+    scope = ("each group is compared within itself, against the run created first" if baseline is None else
+             f"each group is compared with its run {baseline!r}"
+             + (f"; {missing} group(s) without one are not compared" if missing else ""))
     return (f"these runs are of {len(groups)} different workloads, and runs of different workloads are not "
             f"compared ({scope}): " + "; ".join(parts))
 
@@ -121,26 +124,26 @@ def _groups_note(groups: list[list[dict[str, Any]]], metas: Mapping[str, Mapping
 def verdicts(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None, baseline: str | None,
              confidence: float = 0.95, seed: int = 0) -> dict[str, Any] | None:
     """``{baseline, groups, comparisons: [{candidate, baseline, changes: [...], sentence}], note, groups_note}``
-    (None: one run). ``groups``: the runs of each workload with its baseline (None: a group of one run, or
-    not the named baseline's); ``groups_note``: why runs of different groups are not compared (None: one
+    (None: one run). ``groups``: the runs of each workload with its baseline (None: a group
+    without a run ``baseline`` names); ``groups_note``: why runs of different groups are not compared (None: one
     group)."""
     if len(runs) < 2:
         return None
-    chosen = named(runs, baseline) if baseline is not None else None
     metas = metas_of(cat.runs_table)
     groups = comparable.groups(runs, [metas.get(s["run_id"], {}) for s in runs])
+    bases = [pick_baseline(g, baseline) for g in groups]
+    if baseline is not None and not any(bases):
+        named(runs, baseline)      # names no run at all: the error lists the runs
     pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
     shown = []
-    for g in groups:
-        base = None
-        if len(g) > 1 and (chosen is None or any(s is chosen for s in g)):
-            base = pick_baseline(g, baseline)
+    for g, base in zip(groups, bases):
+        if base is not None:
             pairs += [(base, s) for s in g if s is not base]
         shown.append({"runs": [s["run_id"] for s in g], "baseline": None if base is None else base["run_id"],
                       "workload": comparable.describe(metas.get(g[0]["run_id"], {}))})
     head = {"baseline": next((g["baseline"] for g in shown if g["baseline"]), None), "confidence": confidence,
             "groups": shown,
-            "groups_note": _groups_note(groups, metas, chosen) if len(groups) > 1 else None}
+            "groups_note": _groups_note(groups, metas, baseline, bases) if len(groups) > 1 else None}
     involved = {s["run_id"]: s for pair in pairs for s in pair}
     if not pairs:
         return {**head, "comparisons": [], "note": None}
