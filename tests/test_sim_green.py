@@ -104,3 +104,14 @@ def test_spec_defaults_make_the_builtin_controller():
     spec = GreenSpec.parse({})
     assert spec.policy == "slo_slack" and spec.interval_s == 5.0
     assert isinstance(spec.make(), SloSlackController)
+
+
+def test_controlled_run_is_deterministic(tmp_path):
+    trace = poisson_trace(300, 3.0, seed=5)
+    green = {"interval_s": 2.0, "args": {"ttft_s": 0.5, "tpot_s": 0.03, "window_s": 5.0, "min_samples": 3}}
+    runs = [run_sim(tmp_path, trace, ClusterConfig.build(replicas=2, token_times="summary", green=green),
+                    run_id=f"r{i}") for i in range(2)]
+    (a, sa_series, sa), (b, sb_series, sb) = runs
+    assert a.column("last_token_s").to_pylist() == b.column("last_token_s").to_pylist()
+    assert a.column("energy_j").to_pylist() == b.column("energy_j").to_pylist()
+    assert sa["green"] == sb["green"] and sa["green"]["clock_changes"] > 0

@@ -130,3 +130,23 @@ def test_energy_per_step_is_u_shaped_in_the_clock(step):
     assert 0 < best < len(clocks) - 1, [round(e, 3) for e in energies]
     at_1005 = CostModel(cat.model("llama-3-8b"), cat.gpu("a100-80g"), gpu_clock=1005 / 1410).run_step(*step)[0]
     assert at_1005 / runs[-1][0] < 1410 / 1005
+
+
+def test_measured_profile_steps_draw_the_state_based_power_not_the_limit():
+    """A profile pool's steps: the batch-proportional terms stand for compute (sim/profile.py)."""
+    from llmlb_bench.sim.profile import EngineProfile, ProfileCost
+
+    cat = load_catalog()
+    g = cat.gpu("h100-sxm")
+    prof = EngineProfile.from_dict({"llmlb_profile": 1, "engine": {
+        "max_num_seqs": 256, "max_num_batched_tokens": 8192, "block_size": 16, "num_kv_blocks": 10000,
+        "max_model_len": 8192, "enable_prefix_caching": False},
+        "step": {"base_s": 0.006, "per_token_s": 2.5e-5, "per_sample_s": 1e-6, "per_attn_s": 1e-9, "per_kv_s": 1e-8},
+        "request_overhead_s": 0.0})
+    c = ProfileCost(prof, cat.model("llama-3-8b"), g)
+    t_decode, p_decode = c.run_step(8, 8 * 600.0, 8 * 600.0, 8)
+    t_prefill, p_prefill = c.run_step(8192, 8192 * 4096.0, 8192.0, 1)
+    floor = g.idle_w + g.memory_power_fraction * (g.max_w - g.idle_w)
+    assert floor <= p_decode < floor + 0.1 * (g.max_w - g.idle_w)     # compute share ~3%: near the floor
+    assert p_decode < p_prefill <= g.max_w                            # compute share ~97%: near the limit
+    assert p_prefill > g.max_w - 0.05 * (g.max_w - g.idle_w)

@@ -74,6 +74,14 @@ COMM_POWER_SHARE = 0.5
 CAP_BISECTIONS = 20
 
 
+def busy_activity(floor: float, scale: float, compute_share: float) -> float:
+    """Share of the dynamic power range (max - idle) a GPU draws while it steps a batch whose
+    tensor-core busy share is ``compute_share``: the memory-bound ``floor`` rising towards 1,
+    floor + (1 - floor) (1 - exp(-share / scale)) (the catalog's ``memory_power_fraction`` and
+    ``compute_power_scale``, fitted to the ML.ENERGY measurements; docs/simulator.md)."""
+    return floor + (1.0 - floor) * (1.0 - exp(-compute_share / scale))
+
+
 def all_reduce_bytes_factor(tp: int) -> float:
     """Bytes a ring all-reduce moves over each GPU's link per byte of message: 2 (tp - 1) / tp."""
     return 2 * (tp - 1) / tp
@@ -320,7 +328,7 @@ class CostModel:
         communication it draws COMM_POWER_SHARE of the floor."""
         if total <= 0:
             return 0.0
-        busy = self._floor + (1.0 - self._floor) * (1.0 - exp(-compute / total / self._k))
+        busy = busy_activity(self._floor, self._k, compute / total)
         share = comm / total
         return (1.0 - share) * busy + share * self._comm_floor
 

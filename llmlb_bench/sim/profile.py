@@ -44,8 +44,13 @@ its KV blocks and block size from it, and its other settings where the pool
 leaves them unset (so ``--max-num-seqs 32`` asks "what if" of the measured
 engine; for another KV size edit ``num_kv_blocks`` in the file); prefix
 caching is on only when both the pool and the profile say so. Energy and
-price still come from the pool's ``gpu`` entry: every step draws the GPU's
-maximum power, idle time its idle power.
+price still come from the pool's ``gpu`` entry, with the roofline's state-based
+power (sim/cost.py ``busy_activity``): the profile's batch-proportional terms
+(per token, per sample) stand for the step's compute share, the rest (base,
+attention, KV reads) for its memory-bound part; one pipeline stage's GPUs are
+busy at a time, idle time draws idle power. (Before 2026-12-01 every step drew
+the GPU's maximum power, which the ML.ENERGY measurements contradict: decoding
+draws 65-70% of the limit on H100.)
 
 The file is JSON (written by ``llmlb calibrate``, readable and editable by
 hand); its content travels in the cluster config, so run.json holds it and a
@@ -62,6 +67,7 @@ from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim.catalog import GPU, Model
+from llmlb_bench.sim.cost import busy_activity
 from llmlb_bench.sim.jitter import JitterSpec
 
 #: the format's version (``llmlb_profile`` key): 2 added the optional ``jitter`` table (the step model
@@ -185,7 +191,7 @@ class ProfileCost:
         self.min_step_s = self._base + self._tok + self._smp
         self.context_slope = max(self._attn + self._kv, _MIN_SLOPE)
         self.idle_power_w = self.gpus * gpu.idle_w
-        self._busy_w = self.gpus * gpu.max_w
+        self._dyn_w = tp * (gpu.max_w - gpu.idle_w)
         #: a measured engine has no KV swap (vLLM v1 recomputes preempted requests)
         self.swap_block_s = 0.0
 
@@ -194,8 +200,11 @@ class ProfileCost:
 
     def run_step(self, tokens: int, attn: float, kv: float, sampled: int) -> tuple[float, float]:
         """(step time, power) of a step; see the module docstring."""
-        return (self._base + self._tok * tokens + self._smp * sampled + self._attn * attn + self._kv * kv,
-                self._busy_w)
+        compute = self._tok * tokens + self._smp * sampled
+        total = self._base + compute + self._attn * attn + self._kv * kv
+        g = self.gpu
+        return total, self.idle_power_w + self._dyn_w * busy_activity(g.memory_power_fraction, g.compute_power_scale,
+                                                                      compute / total if total > 0 else 0.0)
 
     def request_overhead(self, requests: int, prompt_tokens: int) -> float:
         """Seconds ``requests`` requests of ``prompt_tokens`` prompt tokens in all spend between their
