@@ -203,7 +203,7 @@ def test_learn_train_writes_a_deterministic_plain_policy_file_that_simulate_runs
 
 
 @pytest.mark.parametrize("args, line", [
-    (["--objective", "fast"], "error: --objective: unknown objective 'fast'"),
+    (["--objective", "fast"], "error: --objective: unknown reward term 'fast'"),
     (["--fields", "waiting,bogus"], "error: --fields: unknown feature 'bogus'"),
     (["--elite", "5"], "error: --elite: elite must be between 1 and population - 1"),
 ])

@@ -75,8 +75,10 @@ def train(
     source: Annotated[Path, typer.Argument(help="Workload spec (TOML: training traces are generated from it) "
                                                  "or a trace (Parquet: trained on as is).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Policy file to write (JSON).")],
-    objective: Annotated[str, typer.Option("--objective", help="What to maximise: slo_met, good_tokens, neg_ttft, "
-                                                               "neg_e2e, neg_energy_per_good_token.")] = "slo_met",
+    objective: Annotated[str, typer.Option("--objective", help="What to maximise, in the environment's reward "
+                                                               "terms: slo_met, good_tokens, neg_latency, neg_ttft, "
+                                                               "fairness, energy_per_good_token, or a weighted sum "
+                                                               "such as good_tokens=1,fairness=0.5.")] = "slo_met",
     slo: SloOpt = "ttft=500ms,tpot=50ms",
     cluster: ClusterFlags = ClusterFlags(),
     seed: Annotated[int, typer.Option("--seed", min=0, help="Training seed: candidates, training traces "
@@ -110,14 +112,15 @@ def train(
 
         llmlb simulate trace.parquet --replicas 4 -p learned --policy-arg path=chat.json
     """
-    from llmlb_bench.learn.train import check_objective, check_search, generated_trace, trace_identity, train_policy, train_seeds, write_policy
+    from llmlb_bench.learn.rewards import Reward
+    from llmlb_bench.learn.train import check_search, generated_trace, trace_identity, train_policy, train_seeds, write_policy
     from llmlb_bench.metrics.slo import Slo
     from llmlb_bench.policies.features import Features
     from llmlb_bench.schema import read_trace, trace_spec
     from llmlb_bench.workload import load_spec
 
     parsed = Slo.parse(slo)
-    check_objective(objective, parsed)
+    Reward.parse(objective, parsed, where="--objective")
     check_search(population, elite)
     if hidden and min(hidden) < 1:
         raise UserError("hidden layer widths must be >= 1", "--hidden")

@@ -28,13 +28,14 @@ import math
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.learn.rewards import Ended, Reward, zero_costs
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.policies.features import Features
 from llmlb_bench.policies.learned import LearnedPolicy, Layers, n_params, policy_document, unflatten
@@ -64,7 +65,7 @@ def check_eval_seeds(seeds: Sequence[int], where: str, trained_on: Sequence[int]
 
 # ---- run outcomes ---------------------------------------------------------------------------------
 
-_COLUMNS = ("slo_class", "scheduled_s", "first_token_s", "last_token_s", "output_tokens", "status")
+_COLUMNS = ("slo_class", "tenant", "scheduled_s", "first_token_s", "last_token_s", "output_tokens", "status")
 
 
 class _Collect:
@@ -94,29 +95,24 @@ class _MemoryRun:
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """Per-request arrays of one simulated run (numpy; latencies NaN where a request has none)."""
+    """Per-request figures of one simulated run (numpy; latencies NaN where a request has none)."""
 
     ttft: Vector
     tpot: Vector
     e2e: Vector
-    ok: npt.NDArray[np.bool_]
-    output_tokens: Vector
+    status: list[str]
+    output_tokens: npt.NDArray[np.int64]
     slo_class: list[str]
+    tenant: list[str]
     energy_j: float
 
-    def good(self, slo: Slo | None) -> npt.NDArray[np.bool_]:
-        """Requests that are ok and meet every limit of their SLO class (all ok ones without an SLO)."""
-        good: npt.NDArray[np.bool_] = self.ok.copy()
-        if slo is None:
-            return good
-        metric = {"ttft": self.ttft, "tpot": np.nan_to_num(self.tpot, nan=0.0), "e2e": self.e2e}
-        for cls in set(self.slo_class):
-            rows = np.array([c == cls for c in self.slo_class])
-            for name, limit in slo.limits_for(cls).items():
-                if name not in metric:
-                    raise UserError(f"training objectives support ttft, tpot and e2e limits, not {name!r}", "--slo")
-                good[rows] &= metric[name][rows] <= limit
-        return good
+    def ended(self) -> Iterator[Ended]:
+        """Each request as the environment's rewards see it (learn/rewards.py)."""
+        for i, st in enumerate(self.status):
+            ttft = float(self.ttft[i])
+            tpot = float(self.tpot[i])
+            yield Ended(st, self.slo_class[i], self.tenant[i], None if math.isnan(ttft) else ttft,
+                        float(self.e2e[i]), 0.0 if math.isnan(tpot) else tpot, int(self.output_tokens[i]))
 
 
 def simulate_outcome(trace: pa.Table, cluster: ClusterConfig, policy: Any, seed: int) -> RunOutcome:
@@ -131,33 +127,24 @@ def simulate_outcome(trace: pa.Table, cluster: ClusterConfig, policy: Any, seed:
     sched, first, last, out = col("scheduled_s"), col("first_token_s"), col("last_token_s"), col("output_tokens")
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out > 1, (last - first) / (out - 1), np.nan)
-    return RunOutcome(ttft=first - sched, tpot=tpot, e2e=last - sched,
-                      ok=np.asarray(t.column("status").to_pylist()) == "ok",
-                      output_tokens=np.nan_to_num(out), slo_class=[str(c) for c in t.column("slo_class").to_pylist()],
+    return RunOutcome(ttft=first - sched, tpot=tpot, e2e=last - sched, status=t.column("status").to_pylist(),
+                      output_tokens=np.nan_to_num(out).astype(np.int64),
+                      slo_class=[str(c) for c in t.column("slo_class").to_pylist()],
+                      tenant=[str(c) for c in t.column("tenant").to_pylist()],
                       energy_j=float(summary.get("energy_j") or 0.0))
 
 
-# ---- objectives ----------------------------------------------------------------------------------
+# ---- the objective --------------------------------------------------------------------------------
 
-def _mean_latency(values: Vector, ok: npt.NDArray[np.bool_], fail_s: float) -> float:
-    """Mean latency with every failed request charged ``fail_s`` (so failing is never cheap)."""
-    v = np.where(ok & np.isfinite(values), values, fail_s)
-    return float(v.mean()) if len(v) else 0.0
-
-
-#: objective name -> (meaning, needs an SLO, fitness of one run: higher is better)
-OBJECTIVES: dict[str, tuple[str, bool, Callable[[RunOutcome, Slo | None], float]]] = {
-    "slo_met": ("share of requests that are ok and meet the SLO (goodput over a fixed trace)", True,
-                lambda o, slo: float(o.good(slo).mean()) if len(o.ok) else 0.0),
-    "good_tokens": ("share of output tokens in requests that meet the SLO", True,
-                    lambda o, slo: float(o.output_tokens[o.good(slo)].sum() / max(o.output_tokens.sum(), 1.0))),
-    "neg_ttft": ("minus the mean TTFT in seconds (a failed request counts 60 s)", False,
-                 lambda o, slo: -_mean_latency(o.ttft, o.ok, 60.0)),
-    "neg_e2e": ("minus the mean end-to-end latency in seconds (a failed request counts 60 s)", False,
-                lambda o, slo: -_mean_latency(o.e2e, o.ok, 60.0)),
-    "neg_energy_per_good_token": ("minus the joules per output token of requests meeting the SLO", True,
-                                  lambda o, slo: -o.energy_j / max(float(o.output_tokens[o.good(slo)].sum()), 1.0)),
-}
+def fitness(outcome: RunOutcome, reward: Reward) -> float:
+    """A run's objective: the mean per-request reward over every request of the trace (failures and
+    refusals included) plus the episode terms (learn/rewards.py: one definition for the environment
+    and this trainer). ``slo_met`` alone is the run's SLO attainment."""
+    reward.reset()
+    cost = zero_costs()
+    total = sum(reward.ended(e, cost) for e in outcome.ended())
+    n = max(len(outcome.status), 1)
+    return total / n + reward.episode_reward(outcome.energy_j)
 
 
 def check_search(population: int, elite: int) -> None:
@@ -165,13 +152,6 @@ def check_search(population: int, elite: int) -> None:
     if not 1 <= elite < population:
         raise UserError(f"elite must be between 1 and population - 1 (population {population}, elite {elite})",
                         "--elite")
-
-
-def check_objective(name: str, slo: Slo | None, where: str = "--objective") -> None:
-    if name not in OBJECTIVES:
-        raise UserError(f"unknown objective {name!r} (known: {', '.join(OBJECTIVES)})", where)
-    if OBJECTIVES[name][1] and slo is None:
-        raise UserError(f"objective {name!r} needs an SLO (--slo ttft=...,tpot=...)", where)
 
 
 # ---- the search ----------------------------------------------------------------------------------
@@ -200,8 +180,8 @@ class Problem:
 
     def fitness(self, vector: Vector) -> float:
         """Mean objective over the training traces of the policy with these weights."""
-        score = OBJECTIVES[self.objective][2]
-        values = [score(simulate_outcome(t, self.cluster, self.policy(vector), self.sim_seed + k), self.slo)
+        reward = Reward.parse(self.objective, self.slo, where="--objective")
+        values = [fitness(simulate_outcome(t, self.cluster, self.policy(vector), self.sim_seed + k), reward)
                   for k, t in enumerate(self.traces)]
         return float(np.mean(values))
 
@@ -305,7 +285,7 @@ def train_policy(traces: Sequence[pa.Table], cluster: ClusterConfig, *, objectiv
     """Train and return the policy file's document (and the search's result). With ``predictor``
     (a file of ``llmlb learn predictor``) the features may include ``predicted_output``; the
     policy then runs with the same file (``-p learned --policy-arg predictor=FILE``)."""
-    check_objective(objective, slo)
+    Reward.parse(objective, slo, where="--objective")
     check_search(population, elite)
     if any(h < 1 for h in hidden):
         raise UserError("hidden layer widths must be >= 1", "--hidden")
