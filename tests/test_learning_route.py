@@ -16,6 +16,7 @@ from llmlb_bench.store import RunStore
 from tests.conftest import make_trace
 from tests.replay_helpers import ServerThread, run_replay, servers  # noqa: F401  (fixture)
 from tests.serve_helpers import ServeThread, request
+from tests.learning_helpers import audit, route_with_policy
 from tests.sim_helpers import learned_policy_file
 
 
@@ -67,3 +68,26 @@ def test_the_bandit_and_a_policy_file_in_the_replayer(servers, tmp_path):  # noq
     run_replay(make_trace(n=20, rate=100.0, output_tokens=5), urls, tmp_path, learned, run_id="l")
     rows = pq.read_table(tmp_path / "l" / "requests.parquet").to_pylist()
     assert len(rows) == 20 and {r["status"] for r in rows} == {"ok"}
+
+
+def test_llmlb_route_with_a_policy_file_decides_as_the_file_does_on_its_logged_observations(tmp_path):
+    """``llmlb route -p learned --policy-arg path=... --policy-arg log=...`` as a process over two
+    ``llmlb serve`` replicas: each decision, recomputed offline from the logged observation with the
+    file alone, is the one it took, and the request's row names that backend."""
+    fleet = ServeThread(ClusterConfig.build(replicas=2), ServeOptions(port_per_replica=0, speed=1.0))
+    path = learned_policy_file(tmp_path, {"outstanding_requests": -1.0, "waiting": -0.5})
+
+    def send(url: str, i: int) -> None:
+        status, _, _ = request(url, "POST", "/v1/completions",
+                               {"prompt": f"request {i} " + "x " * (20 + 7 * i), "max_tokens": 8 + i % 5,
+                                "stream": True})
+        assert status == 200
+    try:
+        rows, log = route_with_policy(fleet.urls, path, tmp_path, send, n=16)
+    finally:
+        fleet.close()
+    assert len(rows) == 16 and {r["status"] for r in rows} == {"ok"}
+    decisions = audit(path, log, rows, fleet.urls)
+    assert len(decisions) == 16
+    assert {d["target"] for d in decisions} == {0, 1}
+    assert max(max(row[2] for row in d["targets"]) for d in decisions) > 0   # in-flight counts were seen

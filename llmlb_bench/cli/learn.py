@@ -158,3 +158,54 @@ def train(
     write_policy(doc, output)
     console.print(f"{output}: {objective} {result.fitness:.4f} on the training traces "
                   f"({result.evaluations} simulations)", highlight=False, soft_wrap=True)
+
+
+@learn_app.command("bench")
+def bench(
+    tasks_file: Annotated[Path, typer.Argument(help="Tasks file (TOML).")] = Path("tasks/learning.toml"),
+    task: Annotated[Optional[list[str]], typer.Option("--task", "-t", help="Run only this task (repeatable).")] = None,
+    seeds: Annotated[str, typer.Option("--seeds", help="Evaluation seeds, comma-separated (below 1000000: "
+                                                       "never a training seed).")] = "1,2,3,4,5",
+    train_seed: Annotated[int, typer.Option("--train-seed", min=0, help="Training seed of every task's policy.")] = 0,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder for the report (README.md, results.json) "
+                                                          "and each task's policy file.")] = Path("reports/learning"),
+    results: Annotated[Path, typer.Option("--results", "-r", help="Results folder for the evaluation runs "
+                                                                  "(one sub-folder per task).")] = Path("results/learning"),
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Processes evaluating training candidates.")] = 1,
+) -> None:
+    """Rerun the learning benchmark: per task, train a policy, then simulate every listed heuristic, the
+    bandit and the trained policy on each evaluation seed and compare them with the gate's paired statistics.
+
+    Example:
+
+        llmlb learn bench tasks/learning.toml --seeds 1,2,3,4,5 -o reports/learning
+
+        llmlb learn bench --task stale-signals --seeds 1,2,3
+    """
+    import json
+    import shlex
+    import sys
+
+    from llmlb_bench.learn.bench import load_tasks, markdown, run_task
+    from llmlb_bench.learn.train import check_eval_seeds
+
+    try:
+        eval_seeds = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        raise UserError(f"expected comma-separated integers, got {seeds!r}", "--seeds") from None
+    if len(eval_seeds) < 2 or len(set(eval_seeds)) != len(eval_seeds) or min(eval_seeds) < 0:
+        raise UserError("give two or more distinct seeds >= 0 (intervals need repeats)", "--seeds")
+    check_eval_seeds(eval_seeds, "--seeds")
+    chosen = load_tasks(tasks_file, task or ())
+    out.mkdir(parents=True, exist_ok=True)
+    say = lambda line: err_console.print(line, highlight=False, soft_wrap=True)  # noqa: E731
+    records = [run_task(t, out, results, eval_seeds, train_seed, workers, say) for t in chosen]
+    command = "llmlb learn bench " + " ".join(shlex.quote(a) for a in sys.argv[2:] if a != "bench")
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    doc = {"command": command, "loadavg": load, "tasks": records}
+    (out / "results.json").write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
+    header = (f"# Learning benchmark\n\nMade by `{command}` (load average {' '.join(load)} at the end). Runs are "
+              f"simulations; figures are deterministic given the seeds.")
+    (out / "README.md").write_text(markdown(records, header) + "\n", encoding="utf-8")
+    console.print(f"{out / 'README.md'}: {len(records)} task(s)", highlight=False, soft_wrap=True)

@@ -229,7 +229,7 @@ class Result:
     evaluations: int = 0
 
 
-def cem(problem: Problem, *, generations: int, population: int, elite: int, seed: int, init_std: float = 1.0,
+def cem(problem: Problem, *, generations: int, population: int, elite: int, seed: int, init_std: float = 0.5,
         min_std: float = 0.05, workers: int = 1,
         progress: Callable[[Generation], None] | None = None) -> Result:
     """The cross-entropy method (see the module docstring); returns the best vector ever evaluated."""
@@ -243,16 +243,20 @@ def cem(problem: Problem, *, generations: int, population: int, elite: int, seed
     try:
         for g in range(generations):
             cands = mean + std * rng.standard_normal((population, n))
-            if g == 0:
-                cands[0] = mean              # the starting point (every target scores alike) is candidate 0
+            cands[0] = mean                  # the mean itself (generation 1: every target scores alike)
             scores = np.array(list(pool.map(_worker_fitness, cands)) if pool else [problem.fitness(c) for c in cands])
             best.evaluations += population
-            top = np.argsort(-scores, kind="stable")[:elite]
-            if scores[top[0]] > best.fitness:
-                best.vector, best.fitness = cands[top[0]].copy(), float(scores[top[0]])
-            mean = cands[top].mean(axis=0)
-            std = np.where(mask, np.maximum(cands[top].std(axis=0), min_std), 0.0)
-            gen = Generation(g, float(scores[top[0]]), float(scores.mean()), best.fitness, float(std[mask].mean()))
+            order = np.argsort(-scores, kind="stable")
+            if scores[order[0]] > best.fitness:
+                best.vector, best.fitness = cands[order[0]].copy(), float(scores[order[0]])
+            # elitism: the best vector ever seen is always among the elite the next mean is fitted to, so
+            # a generation of bad draws cannot drag the search away from what already works
+            elite_set = cands[order[:elite]].copy()
+            if best.fitness > scores[order[0]]:
+                elite_set[-1] = best.vector
+            mean = elite_set.mean(axis=0)
+            std = np.where(mask, np.maximum(elite_set.std(axis=0), min_std), 0.0)
+            gen = Generation(g, float(scores[order[0]]), float(scores.mean()), best.fitness, float(std[mask].mean()))
             best.history.append(gen)
             if progress is not None:
                 progress(gen)

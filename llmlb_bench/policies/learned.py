@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TextIO
 
 import numpy as np
 import numpy.typing as npt
@@ -155,15 +155,25 @@ class LearnedPolicy(Policy):
     summary = "A trained policy file (llmlb learn train): a linear or MLP scorer over the features of each target."
     params = {"path": ("", "policy file (JSON) written by llmlb learn train"),
               "predictor": ("", "length predictor file (llmlb learn predictor) for a policy trained with "
-                                "the predicted_output feature")}
+                                "the predicted_output feature"),
+              "log": ("", "append each decision's observation and choice to this file (JSON lines), to audit "
+                          "a deployment offline")}
 
-    def __init__(self, path: str = "", predictor: str = "") -> None:
+    _log: TextIO | None
+
+    def __init__(self, path: str = "", predictor: str = "", log: str = "") -> None:
         if not path:
             raise ValueError("give path=FILE (a policy file written by llmlb learn train)")
         self.predictor = predictor
         length = load_predictor(predictor) if predictor else None
         document, features, layers = load_policy_file(Path(path), length)
         self._setup(path, document, features.layout(), layers, length)
+        self.log = log
+        if log:
+            try:
+                self._log = open(log, "a", encoding="utf-8", buffering=1)   # noqa: SIM115 (lives with the policy)
+            except OSError as exc:
+                raise UserError(f"cannot write the decision log ({exc.strerror})", log) from None
 
     @classmethod
     def from_model(cls, layers: Layers, features: Features) -> "LearnedPolicy":
@@ -183,6 +193,8 @@ class LearnedPolicy(Policy):
         self._length = length
         self._features: Features | None = None
         self._tie = 0
+        self.log = ""
+        self._log = None
 
     def features(self, view: View) -> Features:
         """The run's features, built at the first decision (they need the view: number of targets,
@@ -195,22 +207,35 @@ class LearnedPolicy(Policy):
     def scores(self, req: RouteRequest, view: View) -> Matrix:
         """The model's score of every target for ``req`` now (higher is better)."""
         feats = self.features(view)
-        t = feats.targets(req, view)
-        r = feats.request(req)
-        x = np.empty((t.shape[0], t.shape[1] + r.shape[0]), dtype=np.float64)
-        x[:, :t.shape[1]] = t
-        x[:, t.shape[1]:] = r
+        return self.score_features(feats.targets(req, view), feats.request(req))
+
+    def score_features(self, targets: npt.NDArray[Any], request: npt.NDArray[Any]) -> Matrix:
+        """Scores from the observation itself: per-target rows ``[n, k]`` and the request's features."""
+        x = np.empty((targets.shape[0], targets.shape[1] + request.shape[0]), dtype=np.float64)
+        x[:, :targets.shape[1]] = targets
+        x[:, targets.shape[1]:] = request
         return forward(self._layers, x)
 
-    def choose(self, req: RouteRequest, view: View) -> int:
-        s = self.scores(req, view)
-        healthy = np.asarray(view.healthy, dtype=bool)
+    @staticmethod
+    def pick(scores: Matrix, healthy: Sequence[bool], tie: int) -> int:
+        """The healthy target with the highest score; equal scores (identical targets, e.g. an idle
+        fleet) go to the first at or after ``tie`` (mod n), so they rotate rather than all fill target 0."""
+        s = scores.copy()
+        ok = np.asarray(healthy, dtype=bool)
+        if ok.any():
+            s[~ok] = -np.inf
         n = len(s)
-        if healthy.any():
-            s[~healthy] = -np.inf
-        # ties (identical targets, e.g. an idle fleet) rotate, so equal scores do not all fill target 0
+        order = (np.arange(n) + tie) % n
+        return int(order[int(np.argmax(s[order]))])
+
+    def choose(self, req: RouteRequest, view: View) -> int:
+        feats = self.features(view)
+        t, r = feats.targets(req, view), feats.request(req)
         self._tie += 1
-        order = (np.arange(n) + self._tie) % n
-        target = int(order[int(np.argmax(s[order]))])
-        self.features(view).record(req, target, view.now)
+        target = self.pick(self.score_features(t, r), view.healthy, self._tie)
+        feats.record(req, target, view.now)
+        if self._log is not None:
+            self._log.write(json.dumps({"request_id": req.request_id, "now": view.now, "targets": t.tolist(),
+                                        "request": r.tolist(), "healthy": list(view.healthy), "tie": self._tie,
+                                        "target": target}) + "\n")
         return target
