@@ -240,7 +240,7 @@ def test_a_learned_policy_trained_with_predicted_output_needs_and_uses_the_predi
     inp = rng.integers(10, 400, 120)
     table = trace(np.sort(rng.uniform(0, 20, 120)), inp, 2 * inp)
     fields = ["outstanding_requests", "outstanding_tokens", "input_tokens", "predicted_output"]
-    doc, _ = train_policy([table], ClusterConfig.build(replicas=2), objective="neg_e2e", slo=None,
+    doc, _ = train_policy([table], ClusterConfig.build(replicas=2), objective="neg_latency", slo=None,
                           identity={"rows": 120}, seed=0, hidden=(3,), fields=fields, generations=1,
                           population=2, elite=1, predictor=exact_file)
     assert doc["training"]["predictor"]["file"] == "exact.json"
