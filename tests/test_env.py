@@ -243,14 +243,17 @@ def test_check_env_registry_and_vector_api():
 
 
 def test_observation_layout_names_every_field():
-    env = RouteEnv("chat", requests=10, hold=True, reject=True)
+    env = RouteEnv("chat", requests=10, hold=True, reject=True, kinds=["chat", "code"], prefix_source="index")
     lay = env.observation_layout()
+    assert lay["request"][-2:] == ["kind=chat", "kind=code"]
+    assert lay["features"]["prefix_source"] == "index"
     assert lay["targets"]["columns"] == list(env.target_names)
     assert lay["actions"][-2:] == ["HOLD", "REJECT"]
     assert lay["features"]["format"] == "llmlb.features"
     obs, _ = env.reset(seed=0)
     assert set(obs) == {"targets", "request", "router", "action_mask"}
     assert obs["request"].shape == (len(lay["request"]),)
+    assert obs["request"][-2:].tolist() == [1.0, 0.0]        # the chat preset's requests are of kind chat
 
 
 @pytest.mark.parametrize("kwargs,match", [

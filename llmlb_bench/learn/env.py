@@ -114,8 +114,8 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
     fields (default: the simulator's default fleet); ``slo`` in the ``--slo`` syntax; ``reward``:
     rewards.py's terms with weights; ``split``: ``"train"`` or ``"eval"``; ``requests``: requests per
     episode; ``hold`` / ``reject``: HOLD / REJECT as actions; ``max_targets``: rows of the target
-    matrix (default: the fleet's initial size); ``fields`` / ``predictor`` / ``slo_classes`` / ``kinds``: the
-    features (policies/features.py); ``keep_rows``: keep the simulator's requests rows
+    matrix (default: the fleet's initial size); ``fields`` / ``predictor`` / ``slo_classes`` / ``kinds`` /
+    ``prefix_source``: the features (policies/features.py); ``keep_rows``: keep the simulator's requests rows
     (:meth:`requests_table`).
     """
 
@@ -128,6 +128,7 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
                  eval_fraction: float = 0.2, hold: bool = False, reject: bool = False,
                  max_targets: int | None = None, fields: Sequence[str] | None = None,
                  predictor: LengthPredictor | None = None, slo_classes: Sequence[str] = (), kinds: Sequence[str] = (),
+                 prefix_source: str = "auto",
                  failure_s: float = 60.0, keep_rows: bool = False) -> None:
         super().__init__()
         self.cluster = _cluster(cluster)
@@ -144,7 +145,7 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
         #: the action mask past the fleet's targets: padding rows (0), then HOLD and REJECT (1)
         self._mask_tail = [False] * n + [True] * (hold + reject)
         self._feature_args: dict[str, Any] = {"fields": fields, "predictor": predictor, "slo_classes": slo_classes,
-                                              "kinds": kinds}
+                                              "kinds": kinds, "prefix_source": prefix_source}
         probe = Features(None, **self._feature_args)
         self.target_names, self.request_names = probe.target_names, probe.request_names
         self.feature_layout = probe.layout()
