@@ -8,6 +8,7 @@ import importlib
 from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.tomlfile import unknown_choice
 
 
 def load_class(path: str, what: str, where: str, base: type | None = None) -> Any:
@@ -36,7 +37,7 @@ def make_instance(name: str, builtins: Mapping[str, type], what: str, where: str
     elif ":" in name:
         cls = load_class(name, what, where, base)
     else:
-        raise UserError(f"unknown {what} {name!r} (known: {', '.join(builtins)}, or package.module:Class)", where)
+        raise unknown_choice(what, name, [*builtins, "package.module:Class"], where)
     try:
         return cls(**dict(args))
     except (TypeError, ValueError) as exc:

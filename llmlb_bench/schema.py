@@ -263,16 +263,39 @@ SPECS = {s.kind: s for s in (TRACE, REQUESTS, SERIES, CACHE_ACCOUNTING)}
 _UNREADABLE = (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError)
 
 
+def what_file(path: Path) -> str | None:
+    """What ``path`` is when it is something this tool makes or reads (a run folder, a workload spec
+    or another TOML file of :data:`llmlb_bench.tomlfile.KINDS`, a trace or another Parquet file of
+    :data:`SPECS`), so that a file given in the wrong place is named as what it is."""
+    from llmlb_bench.tomlfile import kind_of, tomllib
+
+    if path.is_dir():
+        return "run folder" if (path / "run.json").is_file() else None
+    try:
+        if path.suffix == ".toml":
+            return kind_of(tomllib.loads(path.read_text(encoding="utf-8")))
+        kind = (pq.read_schema(path).metadata or {}).get(META_KIND, b"").decode()
+    except (*_UNREADABLE, ValueError):  # unreadable, not text, not TOML: nothing to name
+        return None
+    return f"{kind} Parquet file" if kind in SPECS else None
+
+
 def open_parquet(path: str | Path, spec: TableSpec) -> pq.ParquetFile:
     """Open ``path`` as a Parquet file of kind ``spec``, or raise a one-line UserError."""
     path = Path(path)
     if not path.exists():
         raise UserError("no such file", path)
+    expected = f"{spec.kind} Parquet file"
     if path.is_dir():
-        raise UserError(f"is a directory, expected a {spec.kind} Parquet file", path)
+        other = what_file(path)
+        raise UserError(f"this is a {other}, not a {expected}" if other else f"is a directory, expected a {expected}",
+                        path)
     try:
         pf = pq.ParquetFile(path)
     except _UNREADABLE as exc:
+        other = what_file(path)
+        if other is not None:
+            raise UserError(f"this is a {other}, not a {expected}", path) from None
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(f"not a readable Parquet file ({reason})", path) from None
     meta = pf.schema_arrow.metadata or {}

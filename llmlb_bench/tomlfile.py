@@ -34,17 +34,33 @@ CUTOFF = 0.75
 
 
 def closest(name: str, known: Iterable[str]) -> str | None:
-    """The known name ``name`` is most likely a misspelling of, if any is close enough."""
-    near = difflib.get_close_matches(name, sorted(set(known)), n=1, cutoff=CUTOFF)
+    """The known name ``name`` is most likely a misspelling or a shortening of, if any is close enough
+    (the one known name it begins, else difflib's closest: 'h100' is 'h100-sxm', not 'h200')."""
+    known = sorted(set(known))
+    started = [k for k in known if k.lower().startswith(name.lower())] if name else []
+    if len(started) == 1:
+        return started[0]
+    near = difflib.get_close_matches(name, known, n=1, cutoff=CUTOFF)
     return near[0] if near else None
+
+
+def unknown_choice(kind: str, name: str, known: Iterable[str], where: str | Path | None,
+                   prefix: str = "", list_known: bool = True) -> UserError:
+    """The one error for a name that is none of the known ones, whatever it names (a field, a policy,
+    a GPU, a format, a reproduction): ``unknown GPU 'h100sxm' (did you mean 'h100-sxm'? known:
+    a100-80g, ...)``. The known names follow the guess unless ``list_known`` is false (then they
+    stand only where there is no guess); ``known`` is listed in its own order (registries list
+    theirs in a meaningful one)."""
+    known = list(dict.fromkeys(known))
+    near = closest(name, known)
+    listed = f"known: {', '.join(known) or 'none'}"
+    hint = (f"did you mean {near!r}?" + (f" {listed}" if list_known else "")) if near else listed
+    return UserError(f"{prefix}unknown {kind} {name!r} ({hint})", where)
 
 
 def unknown_field(name: str, known: Iterable[str], where: str | Path, prefix: str = "") -> UserError:
     """The one error for a field nobody reads: its closest known name, or the list of them."""
-    known = sorted(set(known))
-    near = closest(name, known)
-    hint = f"did you mean {near!r}?" if near else f"known: {', '.join(known) or 'none'}"
-    return UserError(f"{prefix}unknown field {name!r} ({hint})", where)
+    return unknown_choice("field", name, sorted(set(known)), where, prefix, list_known=False)
 
 
 def check_fields(data: Mapping[str, Any], known: Iterable[str], where: str | Path, prefix: str = "") -> None:
@@ -96,19 +112,41 @@ _TOML_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "tru
                tuple: "an array", dict: "a table", type(None): "nothing"}
 
 
+#: the kinds of TOML file users give, each told apart by top-level keys only it has, and what takes it
+KINDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "workload spec": (("tenants",), "llmlb gen, run or capacity"),
+    "sweep file": (("workloads", "load"), "llmlb sweep"),
+    "cluster file": (("replicas", "pools"), "--cluster"),
+    "rules file": (("rules",), "llmlb gate --rules"),
+}
+
+
+def kind_of(data: Mapping[str, Any]) -> str | None:
+    """The kind of file ``data`` is (a key of :data:`KINDS`), when exactly one kind's keys are there."""
+    found = [kind for kind, (keys, _) in KINDS.items() if any(k in data for k in keys)]
+    return found[0] if len(found) == 1 else None
+
+
 def read_toml(path: str | Path, what: str = "TOML file") -> dict[str, Any]:
-    """Parse ``path``; ``what`` names the expected kind of file in errors."""
+    """Parse ``path``; ``what`` names the expected kind of file in errors. A file of another kind of
+    :data:`KINDS` is refused as such ("this is a workload spec, not a sweep file"), rather than by the
+    first of its fields the expected kind does not have."""
     path = Path(path)
     if not path.exists():
-        raise UserError("no such file", path)
+        near = path.parent.is_dir() and closest(path.name, (p.name for p in path.parent.glob("*.toml")))
+        raise UserError(f"no such file (did you mean {str(path.with_name(near))!r}?)" if near else "no such file", path)
     if not path.is_file():
         raise UserError(f"not a file, expected a {what}", path)
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"not valid TOML ({exc})", path) from None
     except UnicodeDecodeError:
         raise UserError("not a text file", path) from None
+    expected, other = what.removesuffix(" (.toml)"), kind_of(data)
+    if expected in KINDS and other not in (None, expected):
+        raise UserError(f"this is a {other}, not a {expected} (a {other} goes to {KINDS[other][1]})", path)
+    return data
 
 
 def dumps_toml(data: Mapping[str, Any], comment: str | None = None) -> str:

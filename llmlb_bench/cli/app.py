@@ -7,7 +7,9 @@ parse arguments and call into the package; :func:`main` turns
 
 from __future__ import annotations
 
+import ast
 import importlib
+import re
 import signal
 import sys
 from typing import Any, NoReturn
@@ -18,6 +20,7 @@ from rich.markup import escape
 from llmlb_bench.console import help_width, stderr_console, stdout_console
 from llmlb_bench.errors import UserError
 from llmlb_bench.redact import redact
+from llmlb_bench.tomlfile import unknown_choice
 
 app = typer.Typer(
     name="llmlb",
@@ -72,9 +75,20 @@ def _click_exceptions() -> tuple[type[Exception], ...]:
     return tuple(found)
 
 
+#: how Typer words a value that is none of an option's choices: "'htlm' is not one of 'terminal', 'json'."
+_NOT_ONE_OF = re.compile(r"('(?:[^'\\]|\\.)*') is not one of ((?:'(?:[^'\\]|\\.)*'(?:, )?)+)\.")
+
+
 def _usage_line(exc: Exception) -> str:
-    """A usage error as one line, pointing at the command's --help."""
+    """A usage error as one line, pointing at the command's --help; a value that is none of an
+    option's choices gets the closest one, as every other choice does (:func:`unknown_choice`)."""
     message = exc.format_message()  # type: ignore[attr-defined]
+    param, wrong = getattr(exc, "param", None), _NOT_ONE_OF.search(message)
+    if param is not None and wrong is not None and param.opts:
+        flag = max(param.opts, key=len)
+        choices = [ast.literal_eval(c) for c in re.findall(r"'(?:[^'\\]|\\.)*'", wrong.group(2))]
+        message = unknown_choice(flag.lstrip("-").replace("-", " "), ast.literal_eval(wrong.group(1)), choices,
+                                 flag).line()
     ctx = getattr(exc, "ctx", None)
     return f"{message} (see '{ctx.command_path} --help')" if ctx is not None else message
 

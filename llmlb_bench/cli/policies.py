@@ -6,12 +6,12 @@ import json
 from typing import Annotated, Optional
 
 import typer
-from llmlb_bench.console import Table
 
 from llmlb_bench.cli.app import app, console
-from llmlb_bench.errors import UserError
+from llmlb_bench.console import Table
 from llmlb_bench.policies import FAMILIES
 from llmlb_bench.policies.engine import ENGINE_SCHEDULERS
+from llmlb_bench.tomlfile import unknown_choice
 
 #: the family under which ``llmlb policies`` lists engine-level schedulers (``--scheduler``)
 ENGINE_FAMILY = "engine (--scheduler)"
@@ -43,7 +43,7 @@ def policies(
     families = {**FAMILIES, ENGINE_FAMILY: tuple(ENGINE_SCHEDULERS.values())}
     known = sorted({c.name for classes in families.values() for c in classes})
     if name is not None and name not in known:
-        raise UserError(f"unknown policy {name!r} (known: {', '.join(known)})", "policies")
+        raise unknown_choice("policy", name, known, "policies")
     groups = {fam: [c for c in classes if name is None or c.name == name] for fam, classes in families.items()}
     groups = {fam: classes for fam, classes in groups.items() if classes}
     if as_json:

@@ -12,6 +12,7 @@ import typer
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.errors import UserError
+from llmlb_bench.tomlfile import unknown_choice
 
 routers_app = typer.Typer(help="Real routers under test (vllm-router, sglang-router, smg): install them, run the "
                                "router scenario suite side by side (docs/routers.md).", no_args_is_help=True)
@@ -69,14 +70,14 @@ def bench(
     known = [*PACKAGES, LLMLB_ROUTE]
     for r in routers:
         if r not in known:
-            raise UserError(f"unknown router {r!r} (known: {', '.join(known)})", "--router")
+            raise unknown_choice("router", r, known, "--router")
     if not scale > 0:
         raise UserError(f"must be > 0, got {scale!r}", "--scale")
     every = suite(scale, seed)
     names = [s.name for s in every]
     for s in scenario or ():
         if s not in names:
-            raise UserError(f"unknown scenario {s!r} (known: {', '.join(names)})", "--scenario")
+            raise unknown_choice("scenario", s, names, "--scenario")
     chosen = [s for s in every if not scenario or s.name in scenario]
     taken = [out / s.name / r for s in chosen for r in ["direct", "sim", *routers] if (out / s.name / r).exists()]
     if taken:

@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from llmlb_bench.console import Table
 
 from llmlb_bench.cli.app import app, console
+from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
 from llmlb_bench.schema import read_trace, write_trace
 from llmlb_bench.store.run import write_text_atomic
 from llmlb_bench.workload import WorkloadSpec, generate
-from llmlb_bench.workload.importers import FORMATS, import_trace
+from llmlb_bench.workload.importers import FORMATS, check_format, import_trace
 from llmlb_bench.workload.plots import write_plots
 from llmlb_bench.workload.stats import one_line, trace_stats
 from llmlb_bench.tomlfile import dumps_toml
@@ -53,8 +53,7 @@ def import_(
 
         llmlb trace import sharegpt ShareGPT_V3.json -o sharegpt.parquet --rate 8 --multi-turn
     """
-    if fmt not in FORMATS:
-        raise UserError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+    check_format(fmt)
     if process not in ("poisson", "gamma", "weibull"):
         raise UserError(f"--process must be poisson, gamma or weibull, not {process!r}")
     if not (0.05 < cv < 20) or chars_per_token <= 0 or think_s < 0:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.tomlfile import check_fields, read_toml
+from llmlb_bench.tomlfile import unknown_choice, check_fields, read_toml
 from llmlb_bench.units import seconds
 
 
@@ -117,7 +117,7 @@ def parse_rule(text: str, where: str = "--rule") -> Rule:
         name = f"{alias.group(2)}_{alias.group(1)}"
     metric = METRICS.get(name)
     if metric is None:
-        raise UserError(f"unknown metric {name!r} in {text!r} (known: {', '.join(sorted(METRICS))})", where)
+        raise unknown_choice("metric", name, sorted(METRICS), where, f"{text!r}: ")
     value = float(number)
     if unit == "%":
         return Rule(text.strip(), metric, op, value / 100, True)

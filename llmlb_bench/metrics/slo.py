@@ -16,6 +16,7 @@ from typing import Any
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.sql import quote
 from llmlb_bench.units import seconds
+from llmlb_bench.tomlfile import unknown_choice
 
 #: metric name in the SLO string -> per-request SQL expression (seconds)
 SLO_METRICS = {
@@ -41,7 +42,7 @@ def _parse_limits(text: str, where: str) -> Limits:
             raise UserError(f"cannot parse {item.strip()!r}; expected e.g. ttft=500ms,tpot=50ms", where)
         name, value, unit = m.group(1), float(m.group(2)), m.group(3) or "ms"
         if name not in SLO_METRICS:
-            raise UserError(f"unknown SLO metric {name!r} (known: {', '.join(SLO_METRICS)})", where)
+            raise unknown_choice("SLO metric", name, SLO_METRICS, where)
         if value <= 0:
             raise UserError(f"SLO {name} must be positive", where)
         limits[name] = seconds(value, unit)

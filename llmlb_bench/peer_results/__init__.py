@@ -15,6 +15,7 @@ from typing import Callable
 from llmlb_bench.errors import UserError
 from llmlb_bench.peer_results import aiperf, guidellm, vllm
 from llmlb_bench.peer_results.common import ImportedRun, run_id_for, store
+from llmlb_bench.tomlfile import unknown_choice
 
 PARSERS: dict[str, Callable[[Path], list[ImportedRun]]] = {
     "vllm": vllm.parse, "guidellm": guidellm.parse, "aiperf": aiperf.parse}
@@ -48,7 +49,7 @@ def import_results(path: Path, results: Path, tool: str = "auto", label: str | N
         raise UserError("no such file", path)
     tool = detect(path) if tool == "auto" else tool
     if tool not in PARSERS:
-        raise UserError(f"unknown tool {tool!r} (known: {', '.join(PARSERS)})", "--tool")
+        raise unknown_choice("tool", tool, PARSERS, "--tool")
     runs = PARSERS[tool](path)
     for r in runs:   # refuse before writing anything
         run_id = run_id_for(r, tool, path)

@@ -27,6 +27,7 @@ from llmlb_bench.policies.queueing import EarliestDeadlineFirst, PredictedShorte
 from llmlb_bench.policies.routing import LeastOutstanding, LeastTokens, PowerOfD, RandomChoice, RoundRobin
 from llmlb_bench.policies.scorers import LlmdScorers
 from llmlb_bench.policies.slo import AdmissionControl, PredictedTtft
+from llmlb_bench.tomlfile import unknown_choice
 
 #: Built-in policies by name, grouped by family (the order ``llmlb policies`` lists them in).
 FAMILIES: dict[str, tuple[type[Policy], ...]] = {
@@ -91,7 +92,7 @@ def policy_class(name: str) -> type[Policy]:
     if ":" in name:
         cls: type[Policy] = load_class(name, "policy", "--policy")
         return cls
-    raise UserError(f"unknown policy {name!r} (known: {', '.join(sorted(BUILTIN))})", "--policy")
+    raise unknown_choice("policy", name, sorted(BUILTIN), "--policy")
 
 
 def make_policy(name: str, args: Mapping[str, Any] | None = None, seed: int | None = None) -> Policy:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from llmlb_bench.errors import UserError
 from llmlb_bench.repro import (cachedattention, distserve, energy, herding, hetero, llumnix, lora, mooncake, sarathi,
                                sglang, sjf, speculative, voltana, vtc)
 from llmlb_bench.repro.base import Reproduction
+from llmlb_bench.tomlfile import unknown_choice
 
 REPRODUCTIONS: dict[str, Reproduction] = {r.name: r for r in (
     distserve.REPRO, sglang.REPRO, herding.REPRO, vtc.REPRO, mooncake.REPRO, sarathi.REPRO, sjf.REPRO,
@@ -16,5 +16,5 @@ REPRODUCTIONS: dict[str, Reproduction] = {r.name: r for r in (
 
 def get(name: str) -> Reproduction:
     if name not in REPRODUCTIONS:
-        raise UserError(f"unknown reproduction {name!r} (known: {', '.join(REPRODUCTIONS)})", "llmlb repro run")
+        raise unknown_choice("reproduction", name, REPRODUCTIONS, "llmlb repro run")
     return REPRODUCTIONS[name]

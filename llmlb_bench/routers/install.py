@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.tomlfile import unknown_choice
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ def cache_root() -> Path:
 def package(name: str, where: str = "--router") -> RouterPackage:
     """The router called ``name``; ``where`` names the flag or argument it came from, for the error."""
     if name not in PACKAGES:
-        raise UserError(f"unknown router {name!r} (known: {', '.join(PACKAGES)})", where)
+        raise unknown_choice("router", name, PACKAGES, where)
     return PACKAGES[name]
 
 

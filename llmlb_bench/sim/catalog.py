@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.tomlfile import unknown_choice
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -102,13 +103,13 @@ class Catalog:
         try:
             return self.gpus[name]
         except KeyError:
-            raise UserError(f"unknown GPU {name!r} (known: {', '.join(sorted(self.gpus))})", where) from None
+            raise unknown_choice("GPU", name, sorted(self.gpus), where) from None
 
     def model(self, name: str, where: str = "model") -> Model:
         try:
             return self.models[name]
         except KeyError:
-            raise UserError(f"unknown model {name!r} (known: {', '.join(sorted(self.models))})", where) from None
+            raise unknown_choice("model", name, sorted(self.models), where) from None
 
 
 _FLOAT_POSITIVE = {"memory_gib", "bf16_tflops", "hbm_gb_s", "link_gb_s", "host_link_gb_s", "max_w", "params_b",

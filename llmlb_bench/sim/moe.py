@@ -48,6 +48,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.tomlfile import unknown_choice
 
 POPULARITIES = ("zipf", "dirichlet")
 #: the factor table: T = 2^0 .. 2^MAX_LOG2 tokens per step (larger steps use the last entry)
@@ -73,7 +74,7 @@ class MoeSpec:
         fields = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(raw) - fields)
         if unknown:
-            raise UserError(f"unknown setting {unknown[0]!r} (known: {', '.join(sorted(fields))})", where)
+            raise unknown_choice("setting", unknown[0], sorted(fields), where)
         spec = cls(**raw)
         if spec.popularity not in POPULARITIES:
             raise UserError(f"popularity must be one of {', '.join(POPULARITIES)}, got {spec.popularity!r}",

@@ -16,6 +16,7 @@ from llmlb_bench.errors import UserError
 from llmlb_bench.plugins import load_class
 from llmlb_bench.policies.engine import ENGINE_SCHEDULERS, EngineScheduler
 from llmlb_bench.policies.registry import check_param_type
+from llmlb_bench.tomlfile import unknown_choice
 
 __all__ = ["ENGINE_SCHEDULERS", "EngineScheduler", "make_engine_scheduler", "scheduler_class"]
 
@@ -27,8 +28,7 @@ def scheduler_class(name: str) -> type[EngineScheduler]:
     if ":" in name:
         cls: type[EngineScheduler] = load_class(name, "engine scheduler", where, EngineScheduler)
         return cls
-    raise UserError(f"unknown engine scheduler {name!r} (known: {', '.join(ENGINE_SCHEDULERS)}, "
-                    f"or package.module:Class)", where)
+    raise unknown_choice("engine scheduler", name, [*ENGINE_SCHEDULERS, "package.module:Class"], where)
 
 
 def make_engine_scheduler(name: str, args: Mapping[str, Any] | None = None,

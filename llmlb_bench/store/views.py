@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.schema import CACHE_ACCOUNTING, REQUESTS, SERIES, TableSpec, open_parquet
+from llmlb_bench.schema import CACHE_ACCOUNTING, REQUESTS, SERIES, TableSpec, open_parquet, what_file
 from llmlb_bench.store.parts import table_files
 from llmlb_bench.store.run import ACCOUNTING_FILE, REQUESTS_FILE, RUN_JSON, SERIES_FILE, process_gone
 
@@ -70,7 +70,9 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
         elif p.is_dir():
             found.extend(sorted(f.parent for f in p.rglob(RUN_JSON)))
         else:
-            raise UserError("not a run folder (no run.json) nor a results directory", p)
+            other = what_file(p)
+            raise UserError(f"this is a {other}, not a run folder or a results directory" if other else
+                            "not a run folder (no run.json) nor a results directory", p)
     seen: set[Path] = set()
     unique = []
     for d in found:

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.raycluster import start_ray
+from llmlb_bench.tomlfile import unknown_choice
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -131,4 +132,4 @@ def make_executor(name: str, workers: int | None = None, address: str | None = N
         return LocalExecutor(workers)
     if name == "ray":
         return RayExecutor(address, workers)
-    raise UserError(f"unknown executor {name!r} (choose from {', '.join(EXECUTORS)})", "--executor")
+    raise unknown_choice("executor", name, EXECUTORS, "--executor")

@@ -131,7 +131,7 @@ class SweepSpec:
 def load_sweep(path: str | Path) -> SweepSpec:
     """Read and validate a sweep file (workload paths are relative to it)."""
     path = Path(path)
-    return parse_sweep(read_toml(path, "sweep (.toml)"), str(path), path.parent, default_name=path.stem)
+    return parse_sweep(read_toml(path, "sweep file (.toml)"), str(path), path.parent, default_name=path.stem)
 
 
 def parse_sweep(data: Mapping[str, Any], source: str, base: Path, default_name: str = "sweep") -> SweepSpec:

@@ -13,7 +13,7 @@ import math
 from typing import Any, Iterator, Mapping, Sequence
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.tomlfile import closest, unknown_field
+from llmlb_bench.tomlfile import unknown_choice, closest, unknown_field
 
 _REQUIRED = object()
 
@@ -97,7 +97,7 @@ class Section:
         if not isinstance(value, str):
             raise self.error(key, f"expected a string, got {_show(value)}")
         if choices is not None and value not in choices:
-            raise self.error(key, f"unknown value {value!r} (choose from {', '.join(choices)})")
+            raise self.error(key, unknown_choice("value", value, choices, None).problem)
         return value
 
     def boolean(self, key: str, default: Any = _REQUIRED) -> bool:

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.tomlfile import unknown_choice
 from llmlb_bench.workload.generate import generate
 from llmlb_bench.workload.importers import azure, burstgpt, jsonl, servegen, sharegpt
 from llmlb_bench.workload.spec import WorkloadSpec
@@ -40,14 +41,19 @@ FORMATS = {
 }
 
 
+def check_format(fmt: str) -> None:
+    """Refuse a format none of the importers reads, naming the closest one."""
+    if fmt not in FORMATS:
+        raise unknown_choice("format", fmt, FORMATS, "trace import")
+
+
 def import_trace(fmt: str, path: str | Path, *, kind: str | None = None, tenant: str | None = None,
                  drop_failed: bool = False, rate: float = 10.0, process: str = "poisson", cv: float = 1.0,
                  seed: int = 0, multi_turn: bool = False, think_s: float = 30.0,
                  chars_per_token: float = 4.0) -> Imported:
     """Read ``path`` in format ``fmt``; options apply to the formats that use them."""
     path = Path(path)
-    if fmt not in FORMATS:
-        raise UserError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+    check_format(fmt)
     if fmt.startswith("azure"):
         out = Imported(azure.read_azure(path, kind or "chat"))
     elif fmt == "burstgpt":
