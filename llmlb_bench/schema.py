@@ -267,15 +267,15 @@ def what_file(path: Path) -> str | None:
     """What ``path`` is when it is something this tool makes or reads (a run folder, a workload spec
     or another TOML file of :data:`llmlb_bench.tomlfile.KINDS`, a trace or another Parquet file of
     :data:`SPECS`), so that a file given in the wrong place is named as what it is."""
-    from llmlb_bench.tomlfile import kind_of, tomllib
+    from llmlb_bench.tomlfile import kind_of, read_toml
 
     if path.is_dir():
         return "run folder" if (path / "run.json").is_file() else None
     try:
         if path.suffix == ".toml":
-            return kind_of(tomllib.loads(path.read_text(encoding="utf-8")))
+            return kind_of(read_toml(path))
         kind = (pq.read_schema(path).metadata or {}).get(META_KIND, b"").decode()
-    except (*_UNREADABLE, ValueError):  # unreadable, not text, not TOML: nothing to name
+    except (*_UNREADABLE, ValueError, UserError):  # unreadable, not text, not TOML: nothing to name
         return None
     return f"{kind} Parquet file" if kind in SPECS else None
 
