@@ -44,6 +44,9 @@ def sweep(
     workers: Annotated[Optional[int], typer.Option(
         "--workers", "-j", help="Parallel workers (default: every CPU).")] = None,
     fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="Output format.")] = ReportFormat.terminal,
+    figures: Annotated[Optional[Path], typer.Option(
+        "--figures", help="Also write the robustness curves (goodput and TTFT p99 against each knob) "
+                          "as SVG files into this folder.")] = None,
 ) -> None:
     """Run a SWEEP over rate x policy x cluster x workload x seed on the simulator; print capacities,
     stability curves and knees. Reruns skip finished cells, so an interrupted sweep resumes.
@@ -67,6 +70,14 @@ def sweep(
         with bar:
             outcome = run_sweep(spec, results, ex, _Bar(bar))
     summary = outcome.summary(spec)
+    if figures is not None:
+        from llmlb_bench.sweep.render import robustness_charts
+
+        figures.mkdir(parents=True, exist_ok=True)
+        for stem, chart in robustness_charts(summary):
+            tmp = figures / f".{stem}.svg.tmp"
+            tmp.write_text(chart)
+            tmp.replace(figures / f"{stem}.svg")
     if fmt is ReportFormat.json:
         sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
         return

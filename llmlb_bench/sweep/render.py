@@ -92,8 +92,52 @@ def knee_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: what each robustness knob is, as an axis label
+KNOB_LABELS = {"signal_refresh_s": "signal refresh interval (s)", "tau": "predictor Kendall tau",
+               "slowdown": "slowdown factor of one replica"}
+
+
+def robustness_tables(summary: dict[str, Any]) -> list[Table]:
+    """One table per knob: goodput, attainment and TTFT p99 of each policy as the knob moves."""
+    slo = summary["slo"] is not None
+    tables = []
+    for knob, curves in groupby(summary.get("robustness") or [], key=lambda c: c["knob"]):
+        header = ["workload", "cluster", "policy", knob] + (["attain\n%", "goodput\nreq/s"] if slo else []) \
+            + ["TTFT p99\nms", "E2E mean\ns"]
+        t = Table(f"Robustness: {KNOB_LABELS[knob]}", header, note="mean over seeds ± half the 95% interval")
+        for c in curves:
+            for i, p in enumerate(c["points"]):
+                row = [c["workload"], c["cluster"], c["policy"]] if i == 0 else ["", "", ""]
+                row.append(f"{p['x']:g}")
+                if slo:
+                    row += [_ci(p.get("attainment"), ".1f", 100), _ci(p.get("goodput"), ",.2f")]
+                row += [_ci(p.get("ttft.p99"), ",.0f", 1e3), _ci(p.get("e2e.mean"), ",.2f")]
+                t.rows.append(row)
+        tables.append(t)
+    return tables
+
+
+def robustness_charts(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(stem, svg)``: goodput (with an SLO) and TTFT p99 against each knob, a line per policy."""
+    out = []
+    figs = ((("goodput", "Goodput", "req/s", 1.0),) if summary["slo"] is not None else ()) + (
+        ("ttft.p99", "TTFT p99", "ms", 1e3),)
+    for (knob, workload, cluster), curves in groupby(summary.get("robustness") or [],
+                                                     key=lambda c: (c["knob"], c["workload"], c["cluster"])):
+        curves = list(curves)
+        for fig, title, unit, scale in figs:
+            series = [(c["policy"], [p["x"] for p in c["points"]],
+                       [None if (p.get(fig) or {}).get("mean") is None else p[fig]["mean"] * scale
+                        for p in c["points"]]) for c in curves]
+            chart = svg.line_chart(f"{title}: {workload} on {cluster}", series, KNOB_LABELS[knob], unit)
+            if chart:
+                out.append((f"{knob}.{fig.replace('.', '_')}.{workload}.{cluster}", chart))
+    return out
+
+
 def _tables(summary: dict[str, Any]) -> list[Table]:
-    return ([capacity_table(summary)] if summary["capacity"] else []) + curve_tables(summary)
+    return (([capacity_table(summary)] if summary["capacity"] else []) + curve_tables(summary)
+            + robustness_tables(summary))
 
 
 def render(summary: dict[str, Any], console: Console) -> None:
@@ -127,7 +171,7 @@ def charts(summary: dict[str, Any]) -> list[str]:
             chart = svg.line_chart(f"{title}: {workload} on {cluster}", series, summary["axis"], unit)
             if chart:
                 out.append(chart)
-    return out
+    return out + [chart for _, chart in robustness_charts(summary)]
 
 
 def render_html(summary: dict[str, Any]) -> str:

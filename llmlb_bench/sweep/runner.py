@@ -27,6 +27,7 @@ from llmlb_bench.sweep.curves import stability_curves
 from llmlb_bench.sweep.executors import Executor
 from llmlb_bench.sweep.figures import cached_figures
 from llmlb_bench.sweep.rates import nominal_rate
+from llmlb_bench.sweep.robustness import robustness_cells
 from llmlb_bench.sweep.spec import ClusterEntry, PolicyEntry, SweepSpec, WorkloadEntry
 
 SUMMARY = "summary.json"
@@ -53,6 +54,7 @@ class SweepOutcome:
     capacity: list[dict[str, Any]] = field(default_factory=list)
     curves: list[dict[str, Any]] = field(default_factory=list)
     cells: list[Cell] = field(default_factory=list)
+    robustness: list[dict[str, Any]] = field(default_factory=list)
 
     def summary(self, spec: SweepSpec) -> dict[str, Any]:
         return {
@@ -61,6 +63,7 @@ class SweepOutcome:
             "axis": spec.axis, "knee_metric": spec.knee_metric,
             "target": spec.target,
             "capacity": self.capacity, "curves": self.curves,
+            **({"robustness": self.robustness} if spec.robustness is not None else {}),
         }
 
 
@@ -139,9 +142,31 @@ def _capacity_phase(spec: SweepSpec, root: Path, executor: Executor, progress: P
 def _grid_phase(spec: SweepSpec, root: Path, executor: Executor, progress: Progress | None,
                 outcome: SweepOutcome) -> None:
     cells = grid_cells(spec, outcome.capacity)
+    figures = _run_cells(spec, cells, "grid", root, executor, progress, outcome)
+    outcome.cells = cells
+    outcome.curves = stability_curves(cells, figures, spec.knee_metric, spec.target)
+
+
+def _robustness_phase(spec: SweepSpec, root: Path, executor: Executor, progress: Progress | None,
+                      outcome: SweepOutcome) -> None:
+    """One knob at a time at the [robustness] rate: a curve per knob and (workload, cluster, policy)."""
+    templates = [_template(spec, "robust", w, c, p, seed) for w in spec.workloads for c, p in spec.pairs()
+                 for seed in spec.seeds]
+    cells = robustness_cells(spec, templates, {w.label: nominal_rate(w.spec) for w in spec.workloads})
+    figures = _run_cells(spec, cells, "robustness", root, executor, progress, outcome)
+    assert spec.robustness is not None
+    for knob, _ in spec.robustness.knobs:
+        for curve in stability_curves([c for c in cells if c.axis == knob], figures, spec.knee_metric, spec.target):
+            outcome.robustness.append({"knob": knob, "workload": curve["workload"], "cluster": curve["cluster"],
+                                       "policy": curve["policy"], "points": curve["points"]})
+
+
+def _run_cells(spec: SweepSpec, cells: list[Cell], phase: str, root: Path, executor: Executor,
+               progress: Progress | None, outcome: SweepOutcome) -> dict[str, Any]:
+    """Run the cells not finished yet (in parallel); every cell's figures by run id."""
     names = [c.run_id for c in cells]
     if len(set(names)) != len(names):
-        raise UserError("two grid values give the same run id (values closer than 10 significant digits)",
+        raise UserError(f"two {phase} values give the same run id (values closer than 10 significant digits)",
                         spec.source)
     todo, figures = [], {}
     for c in cells:
@@ -152,15 +177,14 @@ def _grid_phase(spec: SweepSpec, root: Path, executor: Executor, progress: Progr
             figures[c.run_id] = cached
     outcome.skipped += len(figures)
     if progress:
-        progress.phase("grid", len(cells), len(figures))
+        progress.phase(phase, len(cells), len(figures))
     for _, result in executor.run(execute, todo, str(root), spec.slo_text):
         figures[result["run_id"]] = result["figures"]
         outcome.ran += int(result["ran"])
         outcome.skipped += int(not result["ran"])
         if progress:
             progress.advance(result["ran"])
-    outcome.cells = cells
-    outcome.curves = stability_curves(cells, figures, spec.knee_metric, spec.target)
+    return figures
 
 
 def run_sweep(spec: SweepSpec, results: str | Path, executor: Executor,
@@ -175,5 +199,7 @@ def run_sweep(spec: SweepSpec, results: str | Path, executor: Executor,
         _capacity_phase(spec, root, executor, progress, outcome)
     if spec.axis is not None:
         _grid_phase(spec, root, executor, progress, outcome)
+    if spec.robustness is not None:
+        _robustness_phase(spec, root, executor, progress, outcome)
     write_json_atomic(root / SUMMARY, outcome.summary(spec))
     return outcome

@@ -43,6 +43,7 @@ from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.policies import make_policy
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.sim.profile import resolve_profile
+from llmlb_bench.sweep.robustness import RobustnessSpec, parse_robustness
 from llmlb_bench.workload import WorkloadSpec, load_spec
 from llmlb_bench.workload.fields import Section
 
@@ -119,6 +120,8 @@ class SweepSpec:
     target: float = 0.9
     description: str = ""
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: robustness curves (sweep/robustness.py): one knob at a time at a fixed rate
+    robustness: RobustnessSpec | None = None
 
     def pairs(self) -> list[tuple[ClusterEntry, PolicyEntry]]:
         """(cluster, policy) combinations that run, in file order."""
@@ -149,16 +152,25 @@ def parse_sweep(data: Mapping[str, Any], source: str, base: Path, default_name: 
     policies = _policies(s.section("policies"), source, {c.label for c in clusters})
     axis, values = _grid(s.section("load", None))
     capacity = _capacity(s.section("capacity", None), policies)
+    robustness = parse_robustness(s.section("robustness", None))
     s.finish()
-    if axis is None and capacity is None:
-        raise s.error(None, "nothing to run: give a [load] grid, a [capacity] search, or both")
+    if axis is None and capacity is None and robustness is None:
+        raise s.error(None, "nothing to run: give a [load] grid, a [capacity] search, [robustness] knobs, or some")
+    if robustness is not None and any(k == "slowdown" for k, _ in robustness.knobs):
+        for c in clusters:
+            try:
+                ClusterConfig.from_dict({**c.config.to_dict(), "slowdowns": [
+                    {"target": robustness.slow_target, "at_s": robustness.slow_at_s, "factor": 2.0}]})
+            except UserError as exc:
+                raise UserError(f"robustness.slow_target: on cluster {c.label!r}: {exc.problem}", source) from None
     if axis == "load" and capacity is None:
         raise s.error("load.load", "offered load is relative to a capacity: add a [capacity] section")
     if capacity is not None and slo is None:
         raise s.error("slo", "a capacity search needs an SLO (e.g. slo = \"ttft=500ms,tpot=50ms\")")
     spec = SweepSpec(name=name, source=source, slo=slo, slo_text=slo_text, seeds=seeds, workloads=workloads,
                      clusters=clusters, policies=policies, axis=axis, values=values, capacity=capacity,
-                     knee_metric=knee, target=target, description=description, raw=dict(data))
+                     knee_metric=knee, target=target, description=description, raw=dict(data),
+                     robustness=robustness)
     if axis == "load" and capacity is not None:
         ref = spec.policy(capacity.reference)
         for c in clusters:
