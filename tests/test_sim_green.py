@@ -115,3 +115,16 @@ def test_controlled_run_is_deterministic(tmp_path):
     assert a.column("last_token_s").to_pylist() == b.column("last_token_s").to_pylist()
     assert a.column("energy_j").to_pylist() == b.column("energy_j").to_pylist()
     assert sa["green"] == sb["green"] and sa["green"]["clock_changes"] > 0
+
+
+def test_a_clock_change_reaches_the_pools_replicas_run_cutting_tolerance():
+    from llmlb_bench.sim.fleet import Fleet
+    from llmlb_bench.sim.replica import STEP_TIME_TOLERANCE
+
+    fleet = Fleet(ClusterConfig.build(replicas=2))
+    before = [r._tol_steps for r in fleet.replicas]
+    fleet.set_clock("default", 0.25)
+    for rep, old in zip(fleet.replicas, before):
+        assert rep._tol_steps == STEP_TIME_TOLERANCE * rep.cost.min_step_s / rep.cost.context_slope < old
+    with pytest.raises(UserError, match="not a roofline pool"):
+        fleet.set_clock("nope", 0.5)

@@ -152,6 +152,9 @@ class Fleet:
             raise UserError(f"green controller set the clock of {pool!r}, not a roofline pool "
                             f"(pools: {', '.join(self.clocks())})", "cluster.green")
         cost.set_clock(clock, cost.power_cap_w)
+        for rep in self.replicas:
+            if rep.pool == pool:
+                rep.cost_changed()
 
     def refresh_health(self, rep: Replica) -> None:
         self.view.healthy[rep.index] = rep.routable

@@ -153,7 +153,7 @@ class Replica:
                              context_limit if chunked_prefill else max_num_batched_tokens + 1)
         # decode steps (times the batch size) over which the step time grows by at most the tolerance:
         # relative growth per step <= decoding x context_slope / min_step_s
-        self._tol_steps = STEP_TIME_TOLERANCE * cost.min_step_s / cost.context_slope
+        self.cost_changed()
         self.cache = PrefixCache(prefix_unit_blocks) if prefix_unit_blocks else None
         self.scheduler = scheduler if scheduler is not None else EngineScheduler()
         # whether the scheduler counts tokens (VTC does; FCFS and the static-key ones keep the base's
@@ -202,6 +202,11 @@ class Replica:
         self.energy_j = 0.0                          # up to the last boundary (or to ``idle_since``)
         self.idle_since = created_at
         self.busy_s = 0.0
+
+    def cost_changed(self) -> None:
+        """The cost model's speed changed (a green knob, sim/green.py): re-derive the run-cutting
+        tolerance from its new context slope (runs planned from now on)."""
+        self._tol_steps = STEP_TIME_TOLERANCE * self.cost.min_step_s / self.cost.context_slope
 
     # ---- queries -------------------------------------------------------------------------------
 
