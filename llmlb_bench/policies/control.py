@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import Callable
+
 from llmlb_bench.policies.base import HOLD, REJECT, Decision, Policy, Released, RouteRequest, View
 from llmlb_bench.policies.select import argmin_healthy
 
@@ -374,11 +376,15 @@ class ConcurrencyLimit(_Controlled):
         self.history.append((t, None, sum(self.limits)))
 
 
+#: builds a policy from its name, its ``key=value,...`` parameters and a seed; the registry sets it
+#: when it loads (it lists the controllers themselves, so importing it from here would be a cycle)
+inner_factory: Callable[[str, str, int], Policy] | None = None
+
+
 def make_inner(name: str, args: str, seed: int) -> Policy:
     """The policy a controller wraps, from its name and ``key=value,key=value`` parameters."""
-    from llmlb_bench.policies.registry import make_policy, parse_args
-
     if name in ("pi_admission", "concurrency_limit"):
         raise ValueError(f"inner policy {name!r} is itself a controller; wrap a routing policy")
-    pairs = [p for p in (s.strip() for s in args.split(",")) if p]
-    return make_policy(name, parse_args(pairs, "--policy-arg inner_args"), seed=seed)
+    if inner_factory is None:
+        raise RuntimeError("llmlb_bench.policies.registry sets inner_factory when imported; it was not")
+    return inner_factory(name, args, seed)

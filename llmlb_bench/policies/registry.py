@@ -16,6 +16,7 @@ from llmlb_bench.policies.affinity import ConsistentHash
 from llmlb_bench.policies.bandit import LinUcb
 from llmlb_bench.policies.base import Policy
 from llmlb_bench.policies.cache_aware import CacheAware
+from llmlb_bench.policies import control
 from llmlb_bench.policies.control import ConcurrencyLimit, PiAdmission
 from llmlb_bench.policies.hetero import CapacityWeighted, PrefillDecodePair
 from llmlb_bench.policies.kv_cost import DynamoKvCost
@@ -155,3 +156,12 @@ def check_param_type(what: str, key: str, value: Any, default: Any, where: str =
         ok = True
     if not ok:
         raise UserError(f"{what}: parameter {key!r} expects {want.__name__}, got {value!r}", where)
+
+
+def _inner_policy(name: str, args: str, seed: int) -> Policy:
+    """A controller's inner policy from its name and ``key=value,...`` text (``inner_args``)."""
+    pairs = [p for p in (s.strip() for s in args.split(",")) if p]
+    return make_policy(name, parse_args(pairs, "--policy-arg inner_args"), seed=seed)
+
+
+control.inner_factory = _inner_policy
