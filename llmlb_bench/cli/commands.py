@@ -18,3 +18,4 @@ from llmlb_bench.cli import routers  # noqa: F401
 from llmlb_bench.cli import route  # noqa: F401
 from llmlb_bench.cli import engine  # noqa: F401
 from llmlb_bench.cli import learn  # noqa: F401
+from llmlb_bench.cli import validate  # noqa: F401

@@ -1,0 +1,112 @@
+"""llmlb validate: the bias/spread comparison against theory on made-up runs, and the command end
+to end against llmlb serve, whose answer is known (it runs the simulator on the profile it is
+given, so the simulator with that profile must match it)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmlb_bench.schema import trace_table, write_trace
+from llmlb_bench.validate import SPREAD_FLOOR, compare, figures
+from tests.conftest import cli
+from tests.test_serve_replay import _start_server, _stop_server
+
+
+def run(scale: float, n: int = 50, rid0: int = 0) -> list[dict]:
+    """A made-up run: request k sent at k, first token after scale x (k % 10 + 1) x 10 ms, then
+    9 more tokens 5 ms x scale apart."""
+    rows = []
+    for k in range(n):
+        first = k + scale * 0.01 * (k % 10 + 1)
+        rows.append({"request_id": rid0 + k, "status": "ok", "sent_s": float(k), "first_token_s": first,
+                     "last_token_s": first + 9 * 0.005 * scale, "output_tokens": 10,
+                     "token_times": [{"start_s": first, "gap_s": 0.005 * scale, "count": 10}]})
+    return rows
+
+
+def test_bias_is_the_ratio_of_medians_with_its_interval_and_spreads():
+    """Real repeats at scales 1.0, 1.1, 0.9, simulated at 1.2, 1.2, 1.2: every figure scales with
+    the run, so the bias is 1.2 / median(1.0, 1.1, 0.9) - 1 = +20% on every figure, the real
+    spread is the CV of (1, 1.1, 0.9) = 10%, the simulated one 0, and the per-request E2E error
+    is |1.2 / s - 1| for each pair."""
+    real = [run(s) for s in (1.0, 1.1, 0.9)]
+    sim = [run(1.2) for _ in range(3)]
+    c = compare(real, sim)
+    assert {f.figure for f in c.figures} == set(figures(real[0]))
+    for f in c.figures:
+        assert f.bias == pytest.approx(0.2, rel=1e-9), f.figure
+        assert f.low <= f.bias <= f.high
+        # the bootstrap's medians of resampled real repeats lie between 0.9 and 1.1
+        assert 1.2 / 1.1 - 1 - 1e-9 <= f.low and f.high <= 1.2 / 0.9 - 1 + 1e-9
+        assert f.real_spread == pytest.approx(0.1, rel=1e-6)
+        assert f.sim_spread == pytest.approx(0.0, abs=1e-12)
+    assert c.mape == pytest.approx([0.2, abs(1.2 / 1.1 - 1), abs(1.2 / 0.9 - 1)])
+    fails = c.failures
+    assert any(f.startswith("e2e_p50 bias +20.0%") for f in fails)
+    assert any(f.startswith("tpot_p90 spread 0.00x") for f in fails)
+    assert not any(f.startswith("itl") for f in fails)     # ITL has no aim: reported only
+    assert c.verdict().startswith("verdict: NOT within the aims")
+
+
+def test_the_same_runs_are_within_the_aims():
+    same = [run(s) for s in (1.0, 1.02, 0.98)]
+    c = compare(same, [run(s) for s in (0.985, 1.0, 1.03)])
+    assert c.failures == [] and c.verdict().startswith("verdict: within the aims")
+    quiet = compare([run(1.0)] * 2, [run(1.0)] * 2)
+    assert all(f.real_spread < SPREAD_FLOOR and f.bias == 0 for f in quiet.figures) and quiet.failures == []
+
+
+STEP = {"base_s": 0.010, "per_token_s": 2e-5, "per_sample_s": 1e-3, "per_attn_s": 0.0, "per_kv_s": 1e-7}
+PROFILE = {"llmlb_profile": 2, "step": STEP, "request_overhead_s": 0.002,
+           "engine": {"max_num_seqs": 8, "max_num_batched_tokens": 512, "block_size": 16, "num_kv_blocks": 4000,
+                      "max_model_len": 4096, "enable_prefix_caching": True},
+           "jitter": {"sigma": 0.1}}
+
+
+def test_validate_against_llmlb_serve_whose_answer_is_known(tmp_path: Path, capsys):
+    """llmlb serve runs the simulator on the profile in real time, so llmlb validate with the same
+    profile must find a small bias: E2E and TPOT p50 within 15% (the server's own timer and HTTP
+    latency on a loaded machine, a few ms beside 11-12 ms steps, is the only difference). Both
+    sides are stored as ordinary runs, and the summary JSON holds the table."""
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps(PROFILE))
+    trace = tmp_path / "t.parquet"
+    rng = np.random.default_rng(0)
+    write_trace(trace_table(np.cumsum(rng.exponential(0.15, 16)), rng.integers(50, 300, 16), 12, "t"), trace,
+                block_size=16)
+    proc, urls = _start_server("--replicas", "1", "--port", "0", "--profile", str(prof))
+    try:
+        res = tmp_path / "res"
+        code, out, err = cli(["validate", urls[0], "--profile", str(prof), "--trace", str(trace), "--repeats", "2",
+                              "--warmup", "2", "-r", str(res)], capsys)
+        assert code == 0, err
+    finally:
+        _stop_server(proc)
+    assert "verdict:" in out and "per-request E2E MAPE" in out and "load average" in out
+    summary = json.loads(next(res.glob("validate-*.json")).read_text())
+    assert len(summary["real_runs"]) == len(summary["sim_runs"]) == 2
+    for run_id in summary["real_runs"] + summary["sim_runs"]:
+        assert (res / run_id / "run.json").is_file()
+    for name in ("e2e_p50", "tpot_p50"):
+        fig = summary["figures"][name]
+        assert abs(fig["bias"]) < 0.15, (name, fig)
+        assert all(math.isfinite(v) for v in fig["bias_interval"])
+    # the runs are ordinary: llmlb report compares a real one with a simulated one
+    code, out, err = cli(["report", str(res / summary["real_runs"][0]), str(res / summary["sim_runs"][0])], capsys)
+    assert code == 0, err
+
+
+def test_validate_bad_input_is_one_line_before_any_work(tmp_path: Path, capsys):
+    res = tmp_path / "res"
+    for args, where in ((["--trace", str(tmp_path / "none.parquet")], "none.parquet"),
+                        (["--profile", str(tmp_path / "none.json")], "none.json"),
+                        (["--repeats", "1"], "--repeats")):
+        code, _, err = cli(["validate", "http://127.0.0.1:9", "-r", str(res), *args], capsys)
+        assert code == 2 and where in err and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert not res.exists()
