@@ -34,7 +34,7 @@ def test_validate_a_real_vllm_replica(tmp_path, capsys):
                               "--tokenize", "-r", str(res)], capsys)
     assert code == 0, err
     assert "verdict:" in out and "jitter sigma" in out
-    profile = json.loads((res / "validate-profile.json").read_text())
+    profile = json.loads((res / "calibrated-profile.json").read_text())
     assert profile["llmlb_profile"] == 2 and profile["jitter"]["steps"] > 0
     summary = json.loads(next(res.glob("validate-*.json")).read_text())
     assert len(summary["real_runs"]) == len(summary["sim_runs"]) == 2

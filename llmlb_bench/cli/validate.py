@@ -61,7 +61,7 @@ def validate(
         given = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_batched_tokens}
         prof = calibrate(endpoint, given, options=options, max_prompt=max_prompt, seed=seed).profile
         results.mkdir(parents=True, exist_ok=True)
-        path = results / "validate-profile.json"
+        path = results / "calibrated-profile.json"
         path.write_text(json.dumps(prof, indent=2) + "\n")
         console.print(f"profile written to {path}: typical step {1e3 * prof['step']['base_s']:.2f} ms + ..., "
                       f"jitter sigma {prof['jitter']['sigma']:.3f}", highlight=False)

@@ -52,6 +52,12 @@ busy at a time, idle time draws idle power. (Before 2026-12-01 every step drew
 the GPU's maximum power, which the ML.ENERGY measurements contradict: decoding
 draws 65-70% of the limit on H100.)
 
+Since version 2 the step model is the engine's median step, and an optional
+``jitter`` table (sigma, slow_rate_hz, slow_mean_s, slow_factor; measured by
+calibrate/dispersion.py) says how the engine's steps scatter around it, which
+the simulator draws per step (sim/jitter.py). Version 1 files (fitted on the
+fastest probes, no jitter) still load.
+
 The file is JSON (written by ``llmlb calibrate``, readable and editable by
 hand); its content travels in the cluster config, so run.json holds it and a
 run can be reproduced without the file.
