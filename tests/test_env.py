@@ -83,6 +83,27 @@ def test_a_builtin_policy_through_the_env_gives_the_rows_of_simulate(workload, p
     assert got.equals(want)
 
 
+def test_a_disaggregated_fleet_takes_a_pair_and_pd_pair_through_it_gives_the_rows_of_simulate():
+    from gymnasium.utils.env_checker import check_env
+
+    env = RouteEnv("chat", "clusters/disaggregated.toml", requests=150, rate_scale=0.5, reject=True,
+                   keep_rows=True)
+    check_env(env, skip_render_check=True)
+    assert env.action_space.nvec.tolist() == [5, 4]          # 4 prefill choices + REJECT; 4 decode choices
+    obs, _ = env.reset(seed=3)
+    # r0, r1 are the prefill pool, r2, r3 the decode pool
+    assert obs["action_mask"].tolist() == [1, 1, 0, 0, 1, 0, 0, 1, 1]
+    got = _through_env(env, "pd_pair", {})
+    want = _simulated(env, "pd_pair", {})
+    assert set(want.column("prefill_target").to_pylist()) == {"r0", "r1"}
+    assert got.equals(want)
+    obs, _ = env.reset(seed=0)
+    _, r, _, _, info = env.step([4, 0])                     # REJECT
+    assert info["cost"]["failed"] == 1 and not info["invalid"]
+    _, r, _, _, info = env.step([9, 0])                     # no such target: refused as REJECT
+    assert info["invalid"]
+
+
 def test_rows_equal_the_cli_simulate_run(tmp_path, capsys):
     env = RouteEnv("chat", requests=120, keep_rows=True)
     got = _through_env(env, "least_outstanding", {}, seed=4)
@@ -257,7 +278,7 @@ def test_observation_layout_names_every_field():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    ({"cluster": "clusters/disaggregated.toml"}, "pair action"),
+    ({"cluster": "clusters/disaggregated.toml", "hold": True}, "HOLD is not an action on a disaggregated"),
     ({"reward": "speed"}, "unknown reward term 'speed'"),
     ({"reward": "slo_met", "slo": None}, "needs an SLO"),
     ({"slo": "ttfa=1s"}, "cannot be measured"),

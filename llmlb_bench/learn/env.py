@@ -29,8 +29,8 @@ failure of requests still held):
   opportunity, oldest first);
 * at the last step, ``info["episode"]``: the episode terms and status counts.
 
-A disaggregated fleet (prefill and decode pools) would need a pair action; it is
-refused with one line.
+On a disaggregated fleet (prefill and decode pools) each action is a (prefill, decode) pair
+(learn/spaces.py).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from llmlb_bench.learn import register
 from llmlb_bench.learn.episodes import Episodes
 from llmlb_bench.learn.rewards import Ended, Reward, zero_costs
 from llmlb_bench.learn.spaces import Actions, empty_observation, layout, spaces
-from llmlb_bench.policies.base import HOLD, REJECT, Decision, Policy, Released, RouteRequest, View
+from llmlb_bench.policies.base import HOLD, REJECT, Decision, PairDecision, Policy, Released, RouteRequest, View
 from llmlb_bench.policies.features import Features, LengthPredictor
 from llmlb_bench.sim.config import ClusterConfig, load_cluster
 from llmlb_bench.sim.engine import Simulation
@@ -95,6 +95,9 @@ class _Proxy(Policy):
     def choose(self, req: RouteRequest, view: View) -> Decision:
         return self.env._decide(req, False)
 
+    def choose_pair(self, req: RouteRequest, view: View) -> PairDecision:
+        return self.env._decide_pair(req)
+
     def release(self, view: View) -> Released | None:
         return self.env._release()
 
@@ -132,16 +135,16 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
                  failure_s: float = 60.0, keep_rows: bool = False) -> None:
         super().__init__()
         self.cluster = _cluster(cluster)
-        if self.cluster.disaggregated:
-            raise UserError("a disaggregated fleet needs a (prefill, decode) pair action, which the environment "
-                            "does not offer yet; use a fleet without prefill/decode pools", "cluster")
+        if self.cluster.disaggregated and hold:
+            raise UserError("HOLD is not an action on a disaggregated fleet (its pair decision has no router "
+                            "queue); leave hold off", "hold")
         self.episodes = Episodes.from_source(workload, split=split, requests=requests, rate_scale=rate_scale,
                                              eval_fraction=eval_fraction)
         self.rewards = Reward.parse(reward, slo, failure_s)
         n = max_targets if max_targets is not None else self.cluster.replicas
         if n < 1:
             raise UserError(f"max_targets must be >= 1 (got {n})", "max_targets")
-        self.actions = Actions(n, hold, reject)
+        self.actions = Actions(n, hold, reject, pair=self.cluster.disaggregated)
         #: the action mask past the fleet's targets: padding rows (0), then HOLD and REJECT (1)
         self._mask_tail = [False] * n + [True] * (hold + reject)
         self._feature_args: dict[str, Any] = {"fields": fields, "predictor": predictor, "slo_classes": slo_classes,
@@ -183,7 +186,7 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
         if trace.num_rows == 0:
             raise UserError("the episode's trace has no requests", self.episodes.source)
         self._run = _Run(self.keep_rows)
-        proxy = _Proxy(self)  # type: ignore[abstract]   # no choose_pair: disaggregated fleets are refused
+        proxy = _Proxy(self)
         self._sim = Simulation(trace, self.cluster, proxy, self._run, sim_seed)
         self._features = Features(self._sim.view, **self._feature_args)
         self.rewards.reset()
@@ -202,7 +205,7 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
         if self._g is None or self._g.dead:
             raise RuntimeError("step() after the episode ended; call reset()")
         self._begin_step()
-        got = self._resume(int(action))
+        got = self._resume((int(action[0]), int(action[1])) if self.actions.pair else int(action))
         if got is _END:
             return self._finish()
         return self._observe(), self._reward, False, False, self._info()
@@ -210,7 +213,7 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
     def close(self) -> None:
         self._stop()
 
-    def _resume(self, action: int | None) -> object:
+    def _resume(self, action: int | tuple[int, int] | None) -> object:
         """Run the simulation until its next decision (or its end). As in ``simulate``, the collector's
         automatic passes are off while it runs (they would rescan its many long-lived objects again and
         again: 20-30% of an episode's time); the agent runs with the collector as it found it."""
@@ -248,13 +251,17 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
         self._end_s = end
         return _END
 
-    def _decide(self, req: RouteRequest, releasing: bool) -> Decision:
-        """In the simulation's greenlet: ask the agent about ``req`` and act on its answer."""
+    def _ask(self, req: RouteRequest, releasing: bool) -> Any:
+        """In the simulation's greenlet: hand ``req`` to the agent; its answer when ``step`` resumes us."""
         ids = self._open.setdefault(req.request_id, [])
         ids.append(self._decisions)
         self._decisions += 1
         self.request, self.releasing = req, releasing
-        action: int = self._main.switch(req)
+        return self._main.switch(req)
+
+    def _decide(self, req: RouteRequest, releasing: bool) -> Decision:
+        """Ask the agent about ``req`` and act on its answer."""
+        action: int = self._ask(req, releasing)
         sim = self._sim
         assert sim is not None
         view = sim.view
@@ -267,6 +274,20 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
                 self._queue.append(req)
             return HOLD
         if action != acts.reject_index:
+            self._invalid = True
+        self._refused(req, sim.clock)
+        return REJECT
+
+    def _decide_pair(self, req: RouteRequest) -> PairDecision:
+        """Ask the agent for a (prefill, decode) pair for ``req`` (a disaggregated fleet)."""
+        p, d = self._ask(req, False)
+        sim = self._sim
+        assert sim is not None
+        n = min(len(sim.view.targets), self.actions.max_targets)
+        if 0 <= p < n and 0 <= d < n:
+            self._features.record(req, p, sim.view.now)
+            return p, d
+        if p != self.actions.reject_index:
             self._invalid = True
         self._refused(req, sim.clock)
         return REJECT
@@ -324,14 +345,25 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
             cols = [part for col in cols for part in (col, zeros)]
         buf = np.fromiter(chain(chain.from_iterable(cols), values), np.float32, k * m + len(values))
         targets = buf[:k * m].reshape(k, m).T
-        mask = np.array(view.healthy + self._mask_tail[len(self._mask_tail) - pad - acts.hold - acts.reject:],
-                        np.int8)
+        if acts.pair:
+            mask = self._pair_mask(view.healthy, pad)
+        else:
+            mask = np.array(view.healthy + self._mask_tail[len(self._mask_tail) - pad - acts.hold - acts.reject:],
+                            np.int8)
         obs: dict[str, np.ndarray] = {"targets": targets, "request": buf[k * m:]}
         if acts.hold:
             waited = self._sim.clock - req.arrival_s if self.releasing else 0.0
             obs["router"] = np.array([np.log1p(len(self._queue)), waited], np.float32)
         obs["action_mask"] = mask
         return obs
+
+    def _pair_mask(self, healthy: list[bool], pad: int) -> np.ndarray:
+        """A healthy prefill replica, padding, REJECT; then a healthy decode replica, padding."""
+        assert self._sim is not None
+        roles = [rep.role for rep in self._sim.replicas]
+        zeros = [False] * pad
+        first = [ok and role == "prefill" for ok, role in zip(healthy, roles)] + zeros + [True] * self.actions.reject
+        return np.array(first + [ok and role == "decode" for ok, role in zip(healthy, roles)] + zeros, np.int8)
 
     def _begin_step(self) -> None:
         self._reward = 0.0
@@ -391,10 +423,12 @@ class PolicyAgent:
         self.policy = policy
         env.watched = policy
 
-    def act(self) -> int:
+    def act(self) -> int | list[int]:
         env = self.env
         req = env.request
         assert req is not None
+        if env.actions.pair:
+            return env.actions.of_pair(self.policy.choose_pair(req, env.view))
         if not env.releasing:
             return env.actions.of(self.policy.choose(req, env.view))
         got = self.policy.release(env.view)

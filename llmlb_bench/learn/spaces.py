@@ -17,6 +17,12 @@ Action (``Discrete(n_actions)``): ``0 .. max_targets-1`` send the request to tha
 then ``HOLD`` (when enabled) and ``REJECT`` (when enabled) in this order. A target index the
 fleet does not have now is refused as REJECT (``info["invalid"]``); an unhealthy target is
 accepted and the request fails there, as it would in front of a real fleet.
+
+On a disaggregated fleet (prefill and decode pools) the action is a pair,
+``MultiDiscrete([max_targets (+1 REJECT), max_targets])``: the prefill target (or REJECT) and
+the decode target; ``action_mask`` is then the two components' masks one after the other (a
+healthy prefill replica, REJECT; a healthy decode replica), which is how the agent tells the
+pools apart. HOLD is not an action there (the router's pair decision has no queue).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from llmlb_bench.policies.base import HOLD, REJECT, Decision
+from llmlb_bench.policies.base import HOLD, REJECT, Decision, PairDecision
 
 
 @dataclass(frozen=True)
@@ -36,10 +42,13 @@ class Actions:
     max_targets: int
     hold: bool
     reject: bool
+    #: a (prefill, decode) pair per decision (a disaggregated fleet)
+    pair: bool = False
 
     @property
     def n(self) -> int:
-        return self.max_targets + self.hold + self.reject
+        """Entries of the action mask."""
+        return self.max_targets + self.hold + self.reject + (self.max_targets if self.pair else 0)
 
     @property
     def hold_index(self) -> int:
@@ -64,8 +73,21 @@ class Actions:
         assert isinstance(decision, int)
         return decision
 
+    def of_pair(self, decision: PairDecision) -> list[int]:
+        """The action that makes the environment take a ``choose_pair`` answer."""
+        if decision is REJECT:
+            if not self.reject:
+                raise ValueError("REJECT is not an action of this environment (reject=True enables it)")
+            return [self.reject_index, 0]
+        return [decision[0], decision[1]]
+
     def names(self) -> list[str]:
-        return [f"target {i}" for i in range(self.max_targets)] + ["HOLD"] * self.hold + ["REJECT"] * self.reject
+        """The action mask's entries."""
+        first = [f"target {i}" for i in range(self.max_targets)] + ["HOLD"] * self.hold + ["REJECT"] * self.reject
+        if self.pair:
+            return [f"prefill {n}" for n in first[:self.max_targets]] + first[self.max_targets:] + [
+                f"decode target {i}" for i in range(self.max_targets)]
+        return first
 
 
 def spaces(actions: Actions, n_target_fields: int, n_request_fields: int) -> tuple[Any, Any]:
@@ -79,6 +101,8 @@ def spaces(actions: Actions, n_target_fields: int, n_request_fields: int) -> tup
     if actions.hold:
         obs["router"] = gs.Box(0.0, np.inf, (2,), np.float32)
     obs["action_mask"] = gs.Box(0, 1, (actions.n,), np.int8)
+    if actions.pair:
+        return gs.Dict(obs), gs.MultiDiscrete([actions.max_targets + actions.reject, actions.max_targets])
     return gs.Dict(obs), gs.Discrete(actions.n)
 
 
@@ -97,4 +121,7 @@ def layout(actions: Actions, target_names: tuple[str, ...], request_names: tuple
     return {"targets": {"rows": actions.max_targets, "columns": list(target_names)},
             "request": list(request_names),
             **({"router": ["held_log1p", "waited_s"]} if actions.hold else {}),
-            "action_mask": actions.names(), "actions": actions.names()}
+            "action_mask": actions.names(),
+            "actions": ([actions.names()[:actions.max_targets + actions.reject],
+                         actions.names()[actions.max_targets + actions.reject:]] if actions.pair
+                        else actions.names())}
