@@ -82,8 +82,15 @@ def _value(v: Any) -> str:
 
 
 def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    """The fields two identities differ in, each as ``field A vs B`` (``spec.`` dropped from spec fields)."""
+    """The fields two identities differ in, each as ``field A vs B`` (``spec.`` dropped from spec fields).
+    Specs of different names are other workloads altogether: their name and top-level fields are named,
+    not every tenant's field."""
     fa, fb = _flat(a), _flat(b)
+    sa, sb = a.get("spec") or {}, b.get("spec") or {}
+    if sa.get("name") != sb.get("name"):
+        keep = {f"spec.{k}" for k in set(sa) | set(sb) if not isinstance(sa.get(k, sb.get(k)), Mapping)}
+        fa = {k: v for k, v in fa.items() if not k.startswith("spec.") or k in keep}
+        fb = {k: v for k, v in fb.items() if not k.startswith("spec.") or k in keep}
     out = []
     for key in sorted(set(fa) | set(fb), key=lambda k: (k.startswith("spec."), k)):
         if fa.get(key) != fb.get(key):

@@ -109,7 +109,7 @@ def _groups_note(groups: list[list[dict[str, Any]]], metas: Mapping[str, Mapping
     parts = []
     for i, g in enumerate(groups):
         meta = metas.get(g[0]["run_id"], {})
-        head = f"{{{', '.join(s.get('name') or s['run_id'] for s in g)}}} ({comparable.describe(meta)})"
+        head = f"{comparable.describe(meta)} ({len(g)} run{'s' if len(g) != 1 else ''})"
         if i:
             head += f": {comparable.differences_text(first, comparable.workload_identity(meta))}"
         parts.append(head)
