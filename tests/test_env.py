@@ -263,6 +263,19 @@ def test_check_env_registry_and_vector_api():
     assert (total >= 30).all()      # every request of two finished episodes met a 10 s TTFT
 
 
+def test_gymnasium_make_finds_the_env_in_a_fresh_process():
+    """gymnasium 1.x loads no plugin entry points: its ``module:id`` form imports llmlb_bench.learn, which
+    registers the id because gymnasium is loaded by then."""
+    import subprocess
+    import sys
+
+    code = ("import gymnasium; env = gymnasium.make('llmlb_bench.learn:llmlb/Route-v0', workload='chat', "
+            "requests=5); obs, _ = env.reset(seed=0); print(obs['targets'].shape)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "(4, 11)"
+
+
 def test_observation_layout_names_every_field():
     env = RouteEnv("chat", requests=10, hold=True, reject=True, kinds=["chat", "code"], prefix_source="index")
     lay = env.observation_layout()
