@@ -5,7 +5,7 @@ it. What runs at inference (trained policies, predictors) lives in :mod:`llmlb_b
 
 The gymnasium routing environment is ``env.py`` (its rewards ``rewards.py``, spaces ``spaces.py``,
 episodes ``episodes.py``; docs/learning.md). Importing this package loads no training library.
-The environment's id :data:`ENV_ID` is registered with gymnasium by importing
+The environments' ids (:data:`ENV_ID`, :data:`ADMISSION_ID`) are registered with gymnasium by importing
 ``llmlb_bench.learn.env``, by :func:`register`, and by importing this package once gymnasium is
 loaded, which is what ``gymnasium.make("llmlb_bench.learn:llmlb/Route-v0")`` does (gymnasium 1.x
 has no plugin entry points; its ``module:id`` form imports the module first).
@@ -15,16 +15,20 @@ from __future__ import annotations
 
 import sys
 
-#: the environment's gymnasium id
+#: the routing environment's gymnasium id (one step per routing decision)
 ENV_ID = "llmlb/Route-v0"
+#: the coarse environment's id (one step per interval: the admission limit; ``admission.py``)
+ADMISSION_ID = "llmlb/Admission-v0"
 
 
 def register() -> None:
-    """Register :data:`ENV_ID` with gymnasium (idempotent)."""
+    """Register :data:`ENV_ID` and :data:`ADMISSION_ID` with gymnasium (idempotent)."""
     import gymnasium
 
-    if ENV_ID not in gymnasium.registry:
-        gymnasium.register(id=ENV_ID, entry_point="llmlb_bench.learn.env:RouteEnv")
+    for env_id, entry in ((ENV_ID, "llmlb_bench.learn.env:RouteEnv"),
+                          (ADMISSION_ID, "llmlb_bench.learn.admission:AdmissionEnv")):
+        if env_id not in gymnasium.registry:
+            gymnasium.register(id=env_id, entry_point=entry)
 
 
 if "gymnasium" in sys.modules:

@@ -2,7 +2,8 @@
 
 The environment drives the *same* :class:`~llmlb_bench.sim.engine.Simulation`
 as ``llmlb simulate``; nothing is simulated twice. The simulation runs in a
-greenlet (a C-level coroutine) whose policy is a proxy: when the simulator's
+greenlet (a C-level coroutine; :mod:`llmlb_bench.learn.simenv`, shared with the
+coarse :mod:`llmlb_bench.learn.admission` environment) whose policy is a proxy: when the simulator's
 :class:`~llmlb_bench.policies.Router` asks the proxy's ``choose``, the proxy
 switches to the caller of :meth:`RouteEnv.step` with the request (the
 observation is built from the simulator's own :class:`View` at that instant),
@@ -35,50 +36,19 @@ On a disaggregated fleet (prefill and decode pools) each action is a (prefill, d
 
 from __future__ import annotations
 
-import gc
 from collections import deque
 from itertools import chain
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import gymnasium
 import numpy as np
-import pyarrow as pa
-from greenlet import getcurrent, greenlet
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.learn import register
-from llmlb_bench.learn.episodes import Episodes
-from llmlb_bench.learn.rewards import Ended, Reward, zero_costs
+from llmlb_bench.learn.simenv import Cluster, SimulationEnv, Workload
 from llmlb_bench.learn.spaces import Actions, empty_observation, layout, spaces
 from llmlb_bench.policies.base import HOLD, REJECT, Decision, PairDecision, Policy, Released, RouteRequest, View
 from llmlb_bench.policies.features import Features, LengthPredictor
-from llmlb_bench.sim.config import ClusterConfig, load_cluster
 from llmlb_bench.sim.engine import Simulation
-from llmlb_bench.workload import WorkloadSpec
-
-#: what the simulation's greenlet returns when the run has ended
-_END = object()
-
-
-class _Rows:
-    """A sink that keeps what the simulator writes (the requests rows, for comparison), or drops it."""
-
-    def __init__(self, keep: bool) -> None:
-        self.keep = keep
-        self.batches: list[pa.Table] = []
-
-    def write(self, columns: Mapping[str, Any]) -> None:
-        if self.keep:
-            self.batches.append(pa.table(dict(columns)))
-
-
-class _Run:
-    """The ``run`` argument of :class:`Simulation`: a requests sink and a series sink."""
-
-    def __init__(self, keep: bool) -> None:
-        self.requests = _Rows(keep)
-        self.series = _Rows(False)
 
 
 class _Proxy(Policy):
@@ -102,14 +72,17 @@ class _Proxy(Policy):
         return self.env._release()
 
     def on_complete(self, req: RouteRequest, target: int, view: View) -> None:
-        self.env._ended(req, target)
+        env = self.env
+        env._ended(req)
+        if env.watched is not None:
+            env.watched.on_complete(req, target, view)
 
     def predicted_cached(self, req: RouteRequest, target: int, view: View) -> int | None:
         watched = self.env.watched
         return watched.predicted_cached(req, target, view) if watched is not None else None
 
 
-class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
+class RouteEnv(SimulationEnv[dict[str, np.ndarray], Any]):
     """Per-request routing over the simulator (see the module docstring and docs/learning.md).
 
     ``workload``: a preset name, a workload spec or trace path, a :class:`WorkloadSpec` or a trace
@@ -122,10 +95,7 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
     (:meth:`requests_table`).
     """
 
-    metadata = {"render_modes": []}
-
-    def __init__(self, workload: str | Path | WorkloadSpec | pa.Table = "chat",
-                 cluster: ClusterConfig | str | Path | Mapping[str, Any] | None = None, *,
+    def __init__(self, workload: Workload = "chat", cluster: Cluster = None, *,
                  slo: str | None = "ttft=500ms,tpot=50ms", reward: str | Mapping[str, float] = "slo_met",
                  split: str = "train", requests: int | None = None, rate_scale: float = 1.0,
                  eval_fraction: float = 0.2, hold: bool = False, reject: bool = False,
@@ -133,14 +103,11 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
                  predictor: LengthPredictor | None = None, slo_classes: Sequence[str] = (), kinds: Sequence[str] = (),
                  prefix_source: str = "auto",
                  failure_s: float = 60.0, keep_rows: bool = False) -> None:
-        super().__init__()
-        self.cluster = _cluster(cluster)
+        super().__init__(workload, cluster, slo=slo, reward=reward, split=split, requests=requests,
+                         rate_scale=rate_scale, eval_fraction=eval_fraction, failure_s=failure_s, keep_rows=keep_rows)
         if self.cluster.disaggregated and hold:
             raise UserError("HOLD is not an action on a disaggregated fleet (its pair decision has no router "
                             "queue); leave hold off", "hold")
-        self.episodes = Episodes.from_source(workload, split=split, requests=requests, rate_scale=rate_scale,
-                                             eval_fraction=eval_fraction)
-        self.rewards = Reward.parse(reward, slo, failure_s)
         n = max_targets if max_targets is not None else self.cluster.replicas
         if n < 1:
             raise UserError(f"max_targets must be >= 1 (got {n})", "max_targets")
@@ -154,111 +121,48 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
         self.feature_layout = probe.layout()
         self.observation_space, self.action_space = spaces(self.actions, len(self.target_names),
                                                            len(self.request_names))
-        self.keep_rows = keep_rows
         #: a policy told of completions and asked for cache predictions, as the Router would (PolicyAgent)
         self.watched: Policy | None = None
-        self._g: Any = None
-        self._main: Any = None
-        self._sim: Simulation | None = None
         self._features = probe
-        self._run = _Run(False)
         self._queue: deque[RouteRequest] = deque()
-        self._open: dict[int, list[int]] = {}
-        self._completed: list[tuple[int, float]] = []
-        self._cost = zero_costs()
-        self._reward = 0.0
-        self._decisions = 0
-        self._episode_seed = 0
         #: the request the current observation asks about, and whether it is a held one offered again
         self.request: RouteRequest | None = None
         self.releasing = False
-
-    # ---- gymnasium API --------------------------------------------------------------------------------
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
-              ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """A new episode. ``seed`` picks the episode (same seed, same trace and same observations);
-        without one, the next episode seed is drawn from the environment's generator."""
-        super().reset(seed=seed)
-        self._stop()
-        self._episode_seed = seed if seed is not None else int(self.np_random.integers(0, 2**31 - 1))
-        trace, sim_seed = self.episodes.trace(self._episode_seed)
-        if trace.num_rows == 0:
-            raise UserError("the episode's trace has no requests", self.episodes.source)
-        self._run = _Run(self.keep_rows)
-        proxy = _Proxy(self)
-        self._sim = Simulation(trace, self.cluster, proxy, self._run, sim_seed)
-        self._features = Features(self._sim.view, **self._feature_args)
-        self.rewards.reset()
-        self._queue.clear()
-        self._open.clear()
-        self._decisions = 0
-        self._begin_step()
-        self._main = getcurrent()
-        self._g = greenlet(self._simulate)
-        got = self._resume(None)
-        if got is _END:
-            raise UserError("the episode ended before any routing decision", self.episodes.source)
-        return self._observe(), self._info()
-
-    def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
-        if self._g is None or self._g.dead:
-            raise RuntimeError("step() after the episode ended; call reset()")
-        self._begin_step()
-        got = self._resume((int(action[0]), int(action[1])) if self.actions.pair else int(action))
-        if got is _END:
-            return self._finish()
-        return self._observe(), self._reward, False, False, self._info()
-
-    def close(self) -> None:
-        self._stop()
-
-    def _resume(self, action: int | tuple[int, int] | None) -> object:
-        """Run the simulation until its next decision (or its end). As in ``simulate``, the collector's
-        automatic passes are off while it runs (they would rescan its many long-lived objects again and
-        again: 20-30% of an episode's time); the agent runs with the collector as it found it."""
-        if not gc.isenabled():
-            return self._g.switch(action)
-        gc.disable()
-        try:
-            return self._g.switch(action)
-        finally:
-            gc.enable()
-
-    # ---- what agents may read -------------------------------------------------------------------------
-
-    @property
-    def view(self) -> View:
-        """The simulator's View at the decision (what a built-in policy would be given)."""
-        assert self._sim is not None, "reset() first"
-        return self._sim.view
 
     def observation_layout(self) -> dict[str, Any]:
         """Every observation field by name (spaces.layout) and the feature layout (features.layout)."""
         return {**layout(self.actions, self.target_names, self.request_names), "features": self.feature_layout}
 
-    def requests_table(self) -> pa.Table:
-        """The requests rows the simulator wrote this episode (``keep_rows=True``; complete once it ended)."""
-        return pa.concat_tables(self._run.requests.batches, promote_options="default")
+    # ---- SimulationEnv's hooks -------------------------------------------------------------------------
 
-    # ---- the simulation's side ------------------------------------------------------------------------
+    def _proxy(self) -> Policy:
+        return _Proxy(self)
 
-    def _simulate(self, _first: object = None) -> object:
-        sim = self._sim
-        assert sim is not None
-        end = sim.run()
-        sim.flush(end)
-        self._end_s = end
-        return _END
+    def _started(self, sim: Simulation) -> None:
+        self._features = Features(sim.view, **self._feature_args)
+        self._queue.clear()
+
+    def _action(self, action: Any) -> Any:
+        return (int(action[0]), int(action[1])) if self.actions.pair else int(action)
+
+    def _terminal(self) -> dict[str, np.ndarray]:
+        self.request = None
+        return empty_observation(self.actions, len(self.target_names), len(self.request_names))
+
+    def _leftovers(self, end_s: float) -> None:
+        """Requests still held when the trace was over were never sent."""
+        for req in self._queue:
+            self._refused(req, end_s, "not_sent")
+        self._queue.clear()
+
+    # ---- decisions (in the simulation's greenlet) -----------------------------------------------------
 
     def _ask(self, req: RouteRequest, releasing: bool) -> Any:
-        """In the simulation's greenlet: hand ``req`` to the agent; its answer when ``step`` resumes us."""
+        """Hand ``req`` to the agent; its answer when ``step`` resumes us."""
         ids = self._open.setdefault(req.request_id, [])
         ids.append(self._decisions)
-        self._decisions += 1
         self.request, self.releasing = req, releasing
-        return self._main.switch(req)
-
+        return self._yield()
     def _decide(self, req: RouteRequest, releasing: bool) -> Decision:
         """Ask the agent about ``req`` and act on its answer."""
         action: int = self._ask(req, releasing)
@@ -303,26 +207,6 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
         self._queue.popleft()
         return head, REJECT if d is REJECT else d
 
-    def _refused(self, req: RouteRequest, now: float) -> None:
-        self._score(req.request_id, Ended("rejected", req.slo_class, req.tenant, None, max(now - req.arrival_s, 0.0), 0.0, 0))
-
-    def _ended(self, req: RouteRequest, target: int) -> None:
-        o = req.outcome
-        assert o is not None            # the simulator sets it: the proxy observes outcomes
-        first = o.first_token_s
-        tpot = (o.end_s - first) / (o.output_tokens - 1) if first is not None and o.output_tokens > 1 else 0.0
-        self._score(req.request_id, Ended(o.status, req.slo_class, req.tenant,
-                               None if first is None else first - req.arrival_s, o.end_s - req.arrival_s,
-                               tpot, o.output_tokens))
-        if self.watched is not None:
-            self.watched.on_complete(req, target, self.view)
-
-    def _score(self, request_id: int, e: Ended) -> None:
-        r = self.rewards.ended(e, self._cost)
-        self._reward += r
-        for d in self._open.pop(request_id, ()):
-            self._completed.append((d, r))
-
     # ---- observations ---------------------------------------------------------------------------------
 
     def _observe(self) -> dict[str, np.ndarray]:
@@ -365,52 +249,12 @@ class RouteEnv(gymnasium.Env[dict[str, np.ndarray], int]):
         first = [ok and role == "prefill" for ok, role in zip(healthy, roles)] + zeros + [True] * self.actions.reject
         return np.array(first + [ok and role == "decode" for ok, role in zip(healthy, roles)] + zeros, np.int8)
 
-    def _begin_step(self) -> None:
-        self._reward = 0.0
-        self._completed = []
-        self._cost = zero_costs()
-        self._invalid = False
-
     def _info(self) -> dict[str, Any]:
         req = self.request
         assert req is not None
         return {"decision": self._decisions - 1, "request_id": req.request_id, "release": self.releasing,
                 "time_s": self._sim.clock if self._sim is not None else 0.0, "completed": self._completed, "cost": self._cost,
                 "invalid": self._invalid}
-
-    def _finish(self) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
-        """The simulation ended: requests still held were never sent; the episode terms are paid."""
-        sim = self._sim
-        assert sim is not None
-        for req in self._queue:
-            self._score(req.request_id, Ended("not_sent", req.slo_class, req.tenant, None,
-                                              max(self._end_s - req.arrival_s, 0.0), 0.0, 0))
-        self._queue.clear()
-        summary = sim.summary(self._end_s, 0.0)
-        terms = self.rewards.episode(float(summary["energy_j"]))
-        self._reward += self.rewards.episode_reward(float(summary["energy_j"]))
-        info = {"completed": self._completed, "cost": self._cost, "invalid": self._invalid,
-                "episode": {"terms": terms, "status": summary["status"], "sim_time_s": summary["sim_time_s"],
-                            "decisions": self._decisions, "seed": self._episode_seed}}
-        self.request = None
-        obs = empty_observation(self.actions, len(self.target_names), len(self.request_names))
-        return obs, self._reward, True, False, info
-
-    def _stop(self) -> None:
-        """Abandon a running episode (its greenlet unwinds)."""
-        if self._g is not None and not self._g.dead:
-            self._g.throw()
-        self._g = None
-
-
-def _cluster(cluster: ClusterConfig | str | Path | Mapping[str, Any] | None) -> ClusterConfig:
-    if cluster is None:
-        return ClusterConfig.build()
-    if isinstance(cluster, ClusterConfig):
-        return cluster
-    if isinstance(cluster, (str, Path)):
-        return load_cluster(cluster)
-    return ClusterConfig.from_dict(cluster)
 
 
 class PolicyAgent:
