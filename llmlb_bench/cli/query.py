@@ -14,6 +14,7 @@ from llmlb_bench.console import Table
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import ResultsDir, TableFormat
+from llmlb_bench.errors import UserError
 from llmlb_bench.store.views import Catalog
 
 
@@ -27,15 +28,21 @@ def query(
     """Run read-only SQL (DuckDB) over all runs under --results.
 
     Views: requests (one row per request, all runs), runs (one row per run,
-    from run.json; full document in column meta), series (per-target samples),
+    from run.json; the full document in column meta, typed JSON: meta.config.policy.name),
+    series (per-target samples),
     cache_accounting (per request, where its prefix-cache hits went; runs whose
     trace has prefix hashes; docs/prefix-cache.md).
 
     Example:
 
         llmlb query "select run_id, count(*), avg(first_token_s - sent_s) from requests group by 1"
+
+        llmlb query "select run_id, meta.config.policy.name as policy, meta->>'$.config.seed' as seed from runs"
     """
-    table = Catalog([results], confined=True).query_read_only(sql)
+    catalog = Catalog([results], confined=True)
+    if not catalog.run_dirs:  # an empty answer would read as 'no requests', not 'wrong folder'
+        raise UserError("no runs here (no run.json in it or below it)", results)
+    table = catalog.query_read_only(sql)
     if fmt is TableFormat.csv:
         pacsv.write_csv(_flatten(table), sys.stdout.buffer)
     elif fmt is TableFormat.json:

@@ -18,10 +18,12 @@ from rich.markup import escape
 
 from llmlb_bench.console import PIPE_WIDTH, stderr_console, stdout_console
 from llmlb_bench.errors import UserError
+from llmlb_bench.metrics.identity import facets, names
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.summary import Options
+from llmlb_bench.metrics.summary import Options, metas_of
 from llmlb_bench.progress import working
 from llmlb_bench.report import figures, html, markdown, svg, terminal
+from llmlb_bench.report.baseline import named, pick_baseline
 from llmlb_bench.report.document import ReportOptions, build, to_json
 from llmlb_bench.report.figdata import figure_data
 from llmlb_bench.store.run import write_text_atomic
@@ -41,6 +43,18 @@ def _write(text: str, output: Path | None) -> None:
     write_text_atomic(output, text)
 
 
+def check_baseline(cat: Catalog, name: str) -> None:
+    """A --baseline that names no run fails before any figure is computed, not after (the report's
+    verdicts match it the same way: run id, name, label, policy or folder; report.baseline)."""
+    rows = cat.runs_table.select(["run_id", "label", "policy"]).to_pylist()
+    metas = metas_of(cat.runs_table)
+    shown = names({r["run_id"]: facets(metas[r["run_id"]]) for r in rows},
+                  {r["run_id"]: r["label"] or r["run_id"] for r in rows})
+    runs = [{**r, "name": shown[r["run_id"]]} for r in rows]
+    if not any(pick_baseline([s], name) for s in runs):
+        named(runs, name)  # the one-line error listing the runs
+
+
 def print_report(paths: list[Path], slo_text: str | None, fmt: str, *,
                  options: Options | None = None, target: float = 0.9, output: Path | None = None,
                  figures_dir: Path | None = None, console: Console | None = None,
@@ -56,6 +70,8 @@ def print_report(paths: list[Path], slo_text: str | None, fmt: str, *,
     err = stderr_console()
     with working(err, "report: reading the runs and computing every figure"):
         cat = Catalog(paths)
+        if baseline is not None:
+            check_baseline(cat, baseline)
         summary = replace(options or Options(), cdf=drawn)
         doc = build(cat, ReportOptions(slo=slo, summary=summary, target=target, baseline=baseline),
                     ", ".join(map(str, paths)))

@@ -147,7 +147,8 @@ class Catalog:
                 acc_files.extend(str(f) for f in _readable(d / ACCOUNTING_FILE, CACHE_ACCOUNTING) or [])
         self.runs_table = pa.Table.from_pylist(rows, schema=RUNS_SCHEMA)
         self.con.register("_runs", self.runs_table)
-        self.con.execute("CREATE VIEW runs AS SELECT * FROM _runs")
+        # meta is the run.json document as JSON (not text), so meta.config.policy.name and meta->>'$.seed' read it
+        self.con.execute("CREATE VIEW runs AS SELECT * REPLACE (CAST(meta AS JSON) AS meta) FROM _runs")
         self._parquet_view("requests", req_files, REQUESTS)
         self._parquet_view("series", ser_files, SERIES)
         self._parquet_view("cache_accounting", acc_files, CACHE_ACCOUNTING)
