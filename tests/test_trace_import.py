@@ -209,3 +209,54 @@ def test_cli_import_and_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["trace", "import", "nope", str(bad), "-o", str(tmp_path / "x.parquet")])
     assert "unknown format 'nope'" in capsys.readouterr().err
+
+
+def _bailian(tmp_path):
+    records = [
+        {"chat_id": 7, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 40, "output_length": 5, "type": "text",
+         "turn": 1, "hash_ids": [1]},
+        {"chat_id": 9, "parent_chat_id": 7, "timestamp": 3.0, "input_length": 60, "output_length": 5, "type": "text",
+         "turn": 2, "hash_ids": [1, 2]},
+        {"chat_id": 11, "parent_chat_id": 9, "timestamp": 8.0, "input_length": 80, "output_length": 5,
+         "type": "text", "turn": 3, "hash_ids": [1, 2, 3]},
+        {"chat_id": 3, "parent_chat_id": -1, "timestamp": 1.0, "input_length": 16, "output_length": 2,
+         "type": "image", "turn": 1, "hash_ids": [8]},
+    ]
+    return write(tmp_path, "q.jsonl", "\n".join(json.dumps(x) for x in records))
+
+
+@pytest.mark.parametrize(("limit", "duration", "arrivals"), [
+    (3, None, [0.0, 0.5, 2.5]), (None, 1.0, [0.0, 0.5]), (3, 0.6, [0.0, 0.5]), (10, None, [0.0, 0.5, 2.5, 7.5]),
+    (1, 100.0, [0.0])])
+def test_import_caps_first_requests_and_first_seconds(tmp_path, limit, duration, arrivals):
+    t = import_trace("bailian", _bailian(tmp_path), limit=limit, duration_s=duration).table
+    r = rows(t)
+    assert [x["arrival_s"] for x in r] == arrivals
+    kept = {x["request_id"] for x in r}
+    assert all(x["parent_id"] is None or x["parent_id"] in kept for x in r)  # sessions cut, never orphaned
+
+
+def test_servegen_duration_shortens_the_spec_itself(tmp_path):
+    (tmp_path / "chunk-0-trace.csv").write_text("0,2.0,1.5,Gamma,0.44,1.1\n600,1.0,1.0,Gamma,1.0,1.0\n")
+    (tmp_path / "chunk-0-dataset.json").write_text(json.dumps({
+        "0": {"input_tokens": "{100: 1.0}", "output_tokens": "{50: 1.0}"},
+        "600": {"input_tokens": "{200: 1.0}", "output_tokens": "{50: 1.0}"}}))
+    whole = import_trace("servegen", tmp_path, seed=3)
+    short = import_trace("servegen", tmp_path, seed=3, duration_s=300.0)
+    arrival = short.table.column("arrival_s").to_numpy()
+    assert short.spec["duration_s"] == 300.0 and arrival.max() < 300.0 < whole.table.column("arrival_s").to_numpy().max()
+    assert abs(len(arrival) - 600) < 100       # 2 req/s for 300 s
+
+
+def test_cli_import_limit_and_its_errors(tmp_path, capsys):
+    from llmlb_bench.cli import main
+    from llmlb_bench.schema import read_trace
+
+    out = tmp_path / "q.parquet"
+    main(["trace", "import", "bailian", str(_bailian(tmp_path)), "-o", str(out), "--limit", "2"])
+    assert read_trace(out).num_rows == 2 and "2 requests" in capsys.readouterr().out
+    for flag, value in (("--limit", "0"), ("--duration", "0")):
+        with pytest.raises(SystemExit) as info:
+            main(["trace", "import", "bailian", str(_bailian(tmp_path)), "-o", str(tmp_path / "x.parquet"), flag, value])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and err.startswith(f"error: {flag}:") and not (tmp_path / "x.parquet").exists()

@@ -8,11 +8,13 @@ parse arguments and call into the package; :func:`main` turns
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import re
 import signal
 import sys
-from typing import Any, NoReturn
+import warnings
+from typing import Any, Iterator, NoReturn
 
 import typer
 from rich.markup import escape
@@ -120,10 +122,24 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(rc)
 
 
+@contextlib.contextmanager
+def quiet_warnings() -> Iterator[None]:
+    """Python warnings stay off the user's terminal while a command runs: the package raises none
+    (what a person must know is a 'warning:' line of its own), so any that come are a library's
+    (matplotlib drawing the report's figures, with a source path and a line of code). ``python -W``
+    or PYTHONWARNINGS still shows them."""
+    if sys.warnoptions:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
 def _run(argv: list[str] | None) -> Any:
     """The command, its errors turned into one line and an exit code."""
     try:
-        with help_width():
+        with help_width(), quiet_warnings():
             return app(args=argv, standalone_mode=False, prog_name="llmlb")
     except UserError as exc:
         err_console.print(f"[bold red]error:[/] {escape(redact(exc.line()))}", highlight=False, soft_wrap=True)

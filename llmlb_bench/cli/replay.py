@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Mapping, Optional
+from urllib.parse import urlsplit
 
 import typer
 from rich.live import Live
@@ -109,8 +110,8 @@ def replay(
         lat, infl = check["send_lateness_ms"], check["ttft_inflation_ms"]
         err_console.print(f"self-check ({check['ok']} requests on a local no-op server): send lateness p99 "
                           f"{lat['p99']} ms, TTFT inflation p99 {infl['p99']} ms"
-                          + (" [bold red](over the threshold: this client cannot keep this schedule)[/]"
-                             if check["flagged"] else ""), highlight=False, soft_wrap=True)
+                          + (f" [bold red](over the {options.lag_threshold_ms:g} ms threshold: this client cannot "
+                             "keep this schedule)[/]" if check["flagged"] else ""), highlight=False, soft_wrap=True)
     res = prepare_resume(resume, trace) if resume is not None else None
     live = Live(Text(""), console=err_console, auto_refresh=False, transient=True) \
         if progress and err_console.is_terminal else None
@@ -118,25 +119,43 @@ def replay(
         options.progress = lambda c: live.update(_progress_line(c), refresh=True)
     try:
         with live if live is not None else nullcontext():
-            store = replay_run(table, trace, pre, policy, policy_args, seed, results, options, label=label,
+            store = replay_run(table, trace, pre, policy, policy_args, seed, results, options,
+                               label=label or default_label(pre.endpoints[0].url, policy, len(pre.endpoints)),
                                run_id=run_id, resume=res, power=power,
                                client_notes={"self_check": check} if check is not None else None)
     except RunInterrupted as exc:
         err_console.print(f"run kept as partial in {exc.run_dir}; continue it with --resume {exc.run_dir}",
                           highlight=False, soft_wrap=True)
         raise
-    summary = store.summary["replay"]
-    client = store.summary["client"]
-    lag = client["dispatch_lag_ms"]
     console.print(f"stored run [bold]{store.run_id}[/] in {store.dir}")
-    console.print(f"sent {summary['sent']} requests at {summary['send_rate_rps'] or 0:.1f}/s; "
-                  f"statuses {summary['statuses']}; dispatch lag p99 {lag['p99']} ms"
-                  + (" [bold red](over threshold: the client was the bottleneck)[/]" if client["flagged"] else ""))
+    console.print(sent_line(store.summary["replay"], store.summary["client"]), highlight=False)
     energy = store.summary.get("energy")
     if energy:
         console.print(f"energy {energy['energy_j'] / 1e3:,.3f} kJ: {energy['attributed_j'] / 1e3:,.3f} kJ attributed "
                       f"to requests, {energy['idle_j'] / 1e3:,.3f} kJ idle")
     print_report([store.dir], slo, ReportFormat.terminal, console=console)
+
+
+def default_label(url: str, policy: str, endpoints: int) -> str:
+    """A run's label when --label is not given: the routing policy when the client routes over several
+    endpoints; with one endpoint the client routes nothing (whatever is behind it does), so the
+    endpoint's host:port."""
+    return policy if endpoints > 1 else (urlsplit(url).netloc or url)
+
+
+def statuses_text(statuses: Mapping[str, int]) -> str:
+    """Request statuses as a person reads them: '148 ok, 2 timeout', most frequent first."""
+    ranked = sorted(statuses.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{n:,} {status}" for status, n in ranked) or "none"
+
+
+def sent_line(replay: Mapping[str, Any], client: Mapping[str, Any]) -> str:
+    """What was sent and how it ended, and whether the client itself was late (naming the threshold)."""
+    lag = client["dispatch_lag_ms"]
+    over = (f" [bold red](over the {client['lag_threshold_ms']:g} ms threshold: the client was the bottleneck)[/]"
+            if client["flagged"] else "")
+    return (f"sent {replay['sent']:,} requests at {replay['send_rate_rps'] or 0:.1f}/s: "
+            f"{statuses_text(replay['statuses'])}; dispatch lag p99 {lag['p99']} ms{over}")
 
 
 def _progress_line(c: dict[str, Any]) -> Text:

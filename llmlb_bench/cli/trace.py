@@ -44,6 +44,10 @@ def import_(
     chars_per_token: Annotated[float, typer.Option(help="sharegpt: characters per token.")] = 4.0,
     seed: Annotated[int, typer.Option(help="sharegpt/servegen: seed of the generated arrivals.")] = 0,
     spec_out: Annotated[Optional[Path], typer.Option("--spec-out", help="servegen: also write the spec (TOML).")] = None,
+    limit: Annotated[Optional[int], typer.Option(
+        "--limit", help="Keep only the first N requests (in arrival order).")] = None,
+    duration: Annotated[Optional[float], typer.Option(
+        "--duration", help="Keep only the requests arriving in the first S seconds.")] = None,
 ) -> None:
     """Convert a public trace to the llmlb trace format.
 
@@ -52,6 +56,8 @@ def import_(
         llmlb trace import azure-2023 AzureLLMInferenceTrace_code.csv -o code.parquet --kind code
 
         llmlb trace import sharegpt ShareGPT_V3.json -o sharegpt.parquet --rate 8 --multi-turn
+
+        llmlb trace import servegen servegen/deepseek-r1 -o r1.parquet --duration 600 --limit 5000
     """
     check_format(fmt)
     if process not in ("poisson", "gamma", "weibull"):
@@ -61,7 +67,7 @@ def import_(
     start = time.perf_counter()
     result = import_trace(fmt, source, kind=kind, tenant=tenant, drop_failed=drop_failed, rate=rate,
                           process=process, cv=cv, seed=seed, multi_turn=multi_turn, think_s=think_s,
-                          chars_per_token=chars_per_token)
+                          chars_per_token=chars_per_token, limit=limit, duration_s=duration)
     write_trace(result.table, output, spec=result.spec, block_size=result.block_size)
     if spec_out is not None:
         if result.spec is None:

@@ -50,10 +50,16 @@ def check_format(fmt: str) -> None:
 def import_trace(fmt: str, path: str | Path, *, kind: str | None = None, tenant: str | None = None,
                  drop_failed: bool = False, rate: float = 10.0, process: str = "poisson", cv: float = 1.0,
                  seed: int = 0, multi_turn: bool = False, think_s: float = 30.0,
-                 chars_per_token: float = 4.0) -> Imported:
-    """Read ``path`` in format ``fmt``; options apply to the formats that use them."""
+                 chars_per_token: float = 4.0, limit: int | None = None,
+                 duration_s: float | None = None) -> Imported:
+    """Read ``path`` in format ``fmt``; options apply to the formats that use them. ``limit`` and
+    ``duration_s`` cap the import (:func:`cap`)."""
     path = Path(path)
     check_format(fmt)
+    if limit is not None and limit < 1:
+        raise UserError(f"must be at least 1, got {limit}", "--limit")
+    if duration_s is not None and not duration_s > 0:
+        raise UserError(f"must be > 0 seconds, got {duration_s:g}", "--duration")
     if fmt.startswith("azure"):
         out = Imported(azure.read_azure(path, kind or "chat"))
     elif fmt == "burstgpt":
@@ -70,11 +76,30 @@ def import_trace(fmt: str, path: str | Path, *, kind: str | None = None, tenant:
                                               chars_per_token=chars_per_token), block_size=sharegpt.BLOCK)
     else:
         spec = servegen.servegen_spec(path, seed=seed)
+        if duration_s is not None:  # generate no more than is kept (ServeGen's horizons run to days)
+            spec["duration_s"] = min(spec["duration_s"], duration_s)
         workload = WorkloadSpec.from_dict(spec, str(path))
         out = Imported(generate(workload), spec=workload.to_dict(), block_size=workload.block_size)
     if tenant is not None or kind is not None:
         out.table = _relabel(out.table, tenant=tenant, kind=kind)
+    if limit is not None or duration_s is not None:
+        out.table = cap(out.table, limit, duration_s)
     return out
+
+
+def cap(table: pa.Table, limit: int | None, duration_s: float | None) -> pa.Table:
+    """The first ``limit`` requests in arrival order, and of those the ones arriving within
+    ``duration_s`` of the first arrival (None: no such cap), in the table's order. A later turn
+    arrives no earlier than the turn it follows, so a kept turn's parent is always kept too."""
+    arrival = table.column("arrival_s").to_numpy()
+    keep = np.ones(table.num_rows, dtype=bool)
+    if limit is not None and limit < table.num_rows:
+        order = np.lexsort((table.column("request_id").to_numpy(), arrival))
+        keep[:] = False
+        keep[order[:limit]] = True
+    if duration_s is not None and table.num_rows:
+        keep &= arrival < arrival.min() + duration_s
+    return table if keep.all() else table.filter(pa.array(keep))
 
 
 def _relabel(table: pa.Table, **values: str | None) -> pa.Table:
