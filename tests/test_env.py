@@ -175,6 +175,8 @@ def test_a_target_the_fleet_does_not_have_is_refused_as_reject():
     assert obs["targets"][4:].sum() == 0
     obs, r, term, trunc, info = env.step(5)
     assert info["invalid"] and r == -60.0 and info["cost"]["failed"] == 1
+    obs, r, term, trunc, info = env.step(-1)       # not HOLD, not REJECT: neither is an action here
+    assert info["invalid"] and r == -60.0 and "router" not in obs
 
 
 def test_same_seed_same_episode_other_seed_other_episode():

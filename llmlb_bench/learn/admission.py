@@ -112,8 +112,8 @@ class AdmissionEnv(SimulationEnv[np.ndarray, int]):
     # ---- SimulationEnv's hooks -------------------------------------------------------------------------
 
     def _proxy(self) -> Policy:
-        # no choose_pair: a disaggregated fleet is refused in __init__
-        return _Gate(self, make_policy(self.policy, self.policy_args, seed=self._episode_seed))  # type: ignore[abstract]
+        inner = make_policy(self.policy, self.policy_args, seed=self._episode_seed)
+        return _Gate(self, inner)  # type: ignore[abstract]   # no choose_pair: disaggregated fleets are refused
 
     def _started(self, sim: Any) -> None:
         self.limit = 0

@@ -163,6 +163,7 @@ class RouteEnv(SimulationEnv[dict[str, np.ndarray], Any]):
         ids.append(self._decisions)
         self.request, self.releasing = req, releasing
         return self._yield()
+
     def _decide(self, req: RouteRequest, releasing: bool) -> Decision:
         """Ask the agent about ``req`` and act on its answer."""
         action: int = self._ask(req, releasing)
@@ -173,11 +174,11 @@ class RouteEnv(SimulationEnv[dict[str, np.ndarray], Any]):
         if 0 <= action < len(view.targets) and action < acts.max_targets:
             self._features.record(req, action, view.now)
             return action
-        if action == acts.hold_index:
+        if acts.hold and action == acts.hold_index:
             if not releasing:
                 self._queue.append(req)
             return HOLD
-        if action != acts.reject_index:
+        if not (acts.reject and action == acts.reject_index):
             self._invalid = True
         self._refused(req, sim.clock)
         return REJECT
@@ -191,7 +192,7 @@ class RouteEnv(SimulationEnv[dict[str, np.ndarray], Any]):
         if 0 <= p < n and 0 <= d < n:
             self._features.record(req, p, sim.view.now)
             return p, d
-        if p != self.actions.reject_index:
+        if not (self.actions.reject and p == self.actions.reject_index):
             self._invalid = True
         self._refused(req, sim.clock)
         return REJECT
@@ -253,8 +254,8 @@ class RouteEnv(SimulationEnv[dict[str, np.ndarray], Any]):
         req = self.request
         assert req is not None
         return {"decision": self._decisions - 1, "request_id": req.request_id, "release": self.releasing,
-                "time_s": self._sim.clock if self._sim is not None else 0.0, "completed": self._completed, "cost": self._cost,
-                "invalid": self._invalid}
+                "time_s": self._sim.clock if self._sim is not None else 0.0, "completed": self._completed,
+                "cost": self._cost, "invalid": self._invalid}
 
 
 class PolicyAgent:
