@@ -111,7 +111,8 @@ def test_a_gate_between_different_workloads_is_refused_naming_the_fields(tmp_pat
     code, out, err = cli(args, capsys)
     assert code == 2 and out == ""
     [line] = err.strip().splitlines()
-    assert "the baseline's and the candidate's runs are of 2 different workloads: requests 300 vs 200" in line
+    assert "the baseline's and the candidate's runs are not comparable (workload, load or SLO differ): requests " \
+           "300 vs 200" in line
     assert "--allow-different-workloads" in line
     code, out, _ = cli(args + ["--allow-different-workloads", "--json", "-"], capsys)
     assert code in (0, 1)
@@ -135,3 +136,19 @@ def test_the_footer_names_the_traces_seed_and_the_simulators_apart(tmp_path, cap
     assert sorted(s["name"] for s in doc["runs"]) == ["sim seed 0", "sim seed 3"]
     out = cli(["report", str(tmp_path / "r")], capsys)[1]
     assert "trace seed 1" in " ".join(out.split()) and "sim seed 3" in out
+
+
+def test_a_capacity_gate_between_sweeps_judged_by_other_slos_is_refused(tmp_path, capsys):
+    """Capacity rules read sweeps' summary.json: capacities at 90% of TTFT 500 ms and of TTFT 1 s differ in
+    meaning, not in performance."""
+    for side, slo in (("main", "ttft=500ms"), ("pr", "ttft=1s")):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "summary.json").write_text(json.dumps({
+            "sweep": "s", "slo": slo, "target": 0.9,
+            "capacity": [{"workload": "chat", "cluster": "a", "policy": "rr",
+                          "per_seed": [{"seed": s, "capacity": 10.0 + s} for s in (1, 2, 3)]}]}))
+    args = ["gate", str(tmp_path / "main"), str(tmp_path / "pr"), "--rule", "capacity >= -5%"]
+    code, _, err = cli(args, capsys)
+    assert code == 2
+    assert "not comparable (workload, load or SLO differ): slo ttft=500ms vs ttft=1s" in err.strip()
+    assert cli(args + ["--allow-different-workloads"], capsys)[0] == 0

@@ -66,7 +66,7 @@ def _mixed_workloads(case: str, base: list[RunSample], cand: list[RunSample]) ->
     apart = {_key(r) for r in base}.isdisjoint(_key(r) for r in cand)
     return ("" if case == ALL else f"case {case}: ") + \
         ("the baseline's and the candidate's runs" if apart else "the runs") + \
-        f" are of {len(by)} different workloads: " + "; ".join(differences_text(first, o) for o in others)
+        " are not comparable (workload, load or SLO differ): " + "; ".join(differences_text(first, o) for o in others)
 
 
 def run_gate(baseline: list[Path], candidate: list[Path], rules: list[Rule], slo: Slo | None,
