@@ -22,10 +22,15 @@ def test_every_reproduction_states_its_source_claim_and_figure():
         assert r.figure in {c.key for c in r.columns}
 
 
+#: claims these reproductions found not to hold here (their reports say FAIL and why); held to
+#: failing so that a change which reverses one is noticed and its report revisited
+REFUTED = {"intelligent-router"}
+
+
 @pytest.mark.parametrize("name", list(REPRODUCTIONS))
 def test_small_scale_check_passes(name):
     verdict, summaries = _small(name)
-    assert verdict.passed, verdict.evidence
+    assert verdict.passed is (name not in REFUTED), verdict.evidence
     assert all(s["requests"] > 0 for s in summaries.values())
 
 
@@ -89,6 +94,16 @@ def test_sjf_gain_needs_a_good_predictor():
     assert len(trained) == 2 and all(s["sjf tau=0.9"]["e2e"]["mean"] < t < 0.85 * fcfs for t in trained)
 
 
+def test_intelligent_router_claim_fails_because_routing_barely_matters_here():
+    # the learned router is not 11% below round robin; no router is: the classic ones and the
+    # predictor-guided heuristic, even with a perfect oracle, come nowhere near 11% below it
+    s = _small("intelligent-router")[1]
+    rr = s["round_robin"]["e2e"]["mean"]
+    assert all(v["e2e"]["mean"] > 0.95 * rr for v in s.values())
+    tau = float(next(k for k in s if k.startswith("least_predicted_work (tau")).split()[-1].rstrip(")"))
+    assert tau > 0.5                                 # the predictor itself ranks well (tenants differ)
+
+
 def test_splitwise_ha_meets_the_slo_with_less_power_than_hh():
     s = _small("splitwise-hetero-pools")[1]
     ha, hh = s["H100 prefill + 2x A100 decode"], s["H100 prefill + 2x H100 decode"]
@@ -143,3 +158,11 @@ def test_checks_fail_when_the_effect_is_reversed(name, swap):
     summaries = _small(name)[1]
     reversed_ = {k: summaries[swap.get(k, k)] for k in summaries}
     assert not REPRODUCTIONS[name].check(reversed_).passed
+
+
+def test_intelligent_router_check_passes_when_the_learned_router_is_11_percent_faster():
+    s = _small("intelligent-router")[1]
+    rr = s["round_robin"]["e2e"]["mean"]
+    faster = {k: ({**v, "e2e": {**v["e2e"], "mean": 0.88 * rr}} if k == "learned + predictor" else v)
+              for k, v in s.items()}
+    assert REPRODUCTIONS["intelligent-router"].check(faster).passed

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from llmlb_bench.repro import (cachedattention, distserve, energy, herding, hetero, llumnix, lora, mooncake, sarathi,
-                               sglang, sjf, speculative, voltana, vtc)
+from llmlb_bench.repro import (cachedattention, distserve, energy, herding, hetero, intelligent_router, llumnix, lora,
+                               mooncake, sarathi, sglang, sjf, speculative, voltana, vtc)
 from llmlb_bench.repro.base import Reproduction
 from llmlb_bench.tomlfile import unknown_choice
 
 REPRODUCTIONS: dict[str, Reproduction] = {r.name: r for r in (
     distserve.REPRO, sglang.REPRO, herding.REPRO, vtc.REPRO, mooncake.REPRO, sarathi.REPRO, sjf.REPRO,
     llumnix.REPRO, energy.REPRO, hetero.REPRO, cachedattention.REPRO, lora.REPRO, speculative.ACCEPTANCE_REPRO,
-    speculative.LOAD_REPRO, voltana.REPRO,
+    speculative.LOAD_REPRO, voltana.REPRO, intelligent_router.REPRO,
 )}
 
 
