@@ -94,9 +94,10 @@ def test_sjf_gain_needs_a_good_predictor():
     assert len(trained) == 2 and all(s["sjf tau=0.9"]["e2e"]["mean"] < t < 0.85 * fcfs for t in trained)
 
 
-def test_intelligent_router_claim_fails_because_routing_barely_matters_here():
-    # the learned router is not 11% below round robin; no router is: the classic ones and the
-    # predictor-guided heuristic, even with a perfect oracle, come nowhere near 11% below it
+def test_intelligent_router_claim_fails_at_small_scale_where_no_router_gains():
+    # at small scale (600 requests, a short search) the learned router is not 11% below round
+    # robin, and no router is: the classic ones and the predictor-guided heuristic, even with a
+    # perfect oracle (full scale: the learned router 10.5% below, the heuristics within 2.1%)
     s = _small("intelligent-router")[1]
     rr = s["round_robin"]["e2e"]["mean"]
     assert all(v["e2e"]["mean"] > 0.95 * rr for v in s.values())

@@ -25,7 +25,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from llmlb_bench.errors import UserError
 from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, ratio
 from llmlb_bench.sim import ClusterConfig
 
@@ -72,19 +71,6 @@ def _scratch(name: str, doc: dict[str, Any]) -> str:
     return str(path)
 
 
-def _objective() -> str:
-    """Minus the end-to-end latency, under the name the trainer knows it by."""
-    from llmlb_bench.learn.train import check_objective
-
-    for name in ("neg_latency", "neg_e2e"):
-        try:
-            check_objective(name, None)
-            return name
-        except UserError:
-            continue
-    raise UserError("the trainer has no end-to-end latency objective", "repro intelligent-router")
-
-
 def trained(scale: str) -> tuple[str, str, float]:
     """The predictor and the policy, each trained on traces of training seeds; their files and
     the predictor's Kendall tau on the evaluated trace."""
@@ -99,7 +85,7 @@ def trained(scale: str) -> tuple[str, str, float]:
     tau = evaluate_trace(Predictor(predictor_doc, predictor), evaluation(scale))["kendall_tau"]
     generations, population = SEARCH[scale]
     doc, _ = train_policy([generate(spec(RATE[scale], TRAIN_REQUESTS[scale]), seed=seeds[1])], cluster(),
-                          objective=_objective(), slo=None, identity={"spec": "public-mix", "seeds": seeds[1:]},
+                          objective="neg_latency", slo=None, identity={"spec": "public-mix", "seeds": seeds[1:]},
                           seed=0, hidden=(8,), fields=FIELDS, generations=generations, population=population,
                           elite=2, predictor=predictor)
     return predictor, _scratch("policy.json", doc), float(tau)
