@@ -226,3 +226,16 @@ def test_training_and_evaluation_seeds_are_apart_by_construction():
     check_eval_seeds([0, 1, 2, 3, 4], "--seeds")
     with pytest.raises(UserError, match="is a training seed"):
         check_eval_seeds([1, TRAIN_SEED_BASE + 2], "--seeds")
+
+
+def test_llmlb_run_compares_a_policy_file_and_the_bandit_with_a_heuristic(tmp_path):
+    spec = tmp_path / "chat.toml"
+    spec.write_text((ROOT / "workloads/chat.toml").read_text().replace("requests = ", "requests = 60 #"))
+    path = learned_policy_file(tmp_path)
+    out = _llmlb("run", str(spec), "--replicas", "2", "-p", "round_robin", "-p", "learned", "-p", "bandit",
+                 "--policy-arg", f"learned.path={path}", "--policy-arg", "bandit.alpha=0.5",
+                 "--results", str(tmp_path / "r"), "-f", "json")
+    assert out.returncode == 0, out.stderr
+    runs = json.loads(out.stdout)["runs"]
+    assert sorted(r["policy"] for r in runs) == ["bandit", "learned", "round_robin"]
+    assert all(r["ok"] == 60 for r in runs)
