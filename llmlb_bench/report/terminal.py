@@ -36,11 +36,12 @@ def rich_table(t: Table, title: str | None = None) -> RichTable:
     return out
 
 
-def _text_table(t: Table) -> RichTable:
-    """A table of text (error messages): cells are not markup, the last column is left-aligned and wraps."""
+def _text_table(t: Table, numeric: tuple[str, ...] = ("requests",)) -> RichTable:
+    """A table of text (error messages): cells are not markup, text is left-aligned (``numeric`` columns
+    right-aligned), and the last column takes the width left and wraps."""
     out = RichTable(title=t.title, header_style="bold", title_justify="left")
     for i, h in enumerate(t.header):
-        out.add_column(h, justify="left" if i in (0, len(t.header) - 1) else "right", overflow="fold",
+        out.add_column(h, justify="right" if h in numeric else "left", overflow="fold",
                        ratio=1 if i == len(t.header) - 1 else None)
     for row in t.rows:
         out.add_row(*map(escape, row))

@@ -77,7 +77,8 @@ def verdict_lines(doc: dict[str, Any]) -> list[str]:
     return [c["sentence"] for c in v["comparisons"]] or ([v["note"]] if v.get("note") else [])
 
 
-def _samples(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None) -> dict[str, Any]:
+def _samples(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None,
+             metas: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The gate's per-run samples (:class:`llmlb_bench.gate.samples.RunSample`) read from the report's own
     catalog, whose ``request_metrics`` view the summary made: one query, no second summary. Rates are
     per second of the arrival window, as the report's."""
@@ -86,7 +87,6 @@ def _samples(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None) -> dict[
 
     good = f"coalesce({slo.predicate()}, false)" if slo else "false"
     cols = ", ".join(f"{lat}_s" for lat in LATENCIES)
-    metas = metas_of(cat.runs_table)
     out = {}
     for s in runs:
         t = cat.query(f"SELECT request_id, status = 'ok' AS ok, {good} AS good, {cols} FROM request_metrics "
@@ -157,7 +157,7 @@ def verdicts(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None, baseline
                         f"request 2,000 times); compare these runs with llmlb gate"}
     from llmlb_bench.gate.decide import holm, relative_change
 
-    samples = _samples(cat, list(involved.values()), slo)
+    samples = _samples(cat, list(involved.values()), slo, metas)
     figures = {**HEADLINE, **(HEADLINE_SLO if slo is not None else {})}
     out = []
     for base, s in pairs:
