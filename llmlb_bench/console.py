@@ -18,6 +18,7 @@ errors meant for the person at the terminal.
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from contextlib import contextmanager
@@ -49,6 +50,11 @@ def _is_terminal(stream: Any) -> bool:
 def stdout_console() -> Console:
     """The console for what a command prints as its answer."""
     return Console(width=stdout_width())
+
+
+def file_console() -> Console:
+    """A console that records what is printed for a file (``report -o``), laid out as a pipe is."""
+    return Console(record=True, width=PIPE_WIDTH, file=io.StringIO())
 
 
 def stderr_console() -> Console:

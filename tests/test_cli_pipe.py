@@ -7,6 +7,7 @@ Every command runs as a real subprocess whose stdout is a file, the way a CI job
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -161,3 +162,38 @@ def test_a_table_narrower_than_its_values_folds_them_and_loses_nothing():
     text = console.export_text()
     assert CUT not in text
     assert (text.count("x"), text.count("y"), text.count("z")) == (40, 37, 33)
+
+
+def _commands():
+    import typer
+
+    from llmlb_bench.cli import commands  # noqa: F401  (registers every command)
+    from llmlb_bench.cli.app import app
+
+    def walk(c, path):
+        yield path, c
+        for name, sub in getattr(c, "commands", {}).items():
+            yield from walk(sub, path + [name])
+
+    return list(walk(typer.main.get_command(app), []))
+
+
+def test_every_command_help_carries_an_example():
+    """Each command, subcommand and group, walked from the Typer app: an 'Example' that runs that very command."""
+    found = _commands()
+    assert len(found) > 20
+    for path, c in found:
+        text = c.help or ""
+        assert "Example" in text, path
+        command = f"llmlb {' '.join(path)}".rstrip()
+        assert re.search(re.escape(command) + r"(\s|$)", text.split("Example", 1)[1]), path
+
+
+def test_consoles_and_tables_are_made_in_one_place():
+    """llmlb_bench/console.py holds the pipe policy: no other module makes a Rich Console or a plain Rich Table."""
+    package = REPO / "llmlb_bench"
+    for path in package.rglob("*.py"):
+        if path.name == "console.py" and path.parent == package:
+            continue
+        text = path.read_text()
+        assert "from rich.table import" not in text and "Console(" not in text, path

@@ -28,7 +28,7 @@ app = typer.Typer(
     name="llmlb",
     help="Benchmark load balancing for LLM inference: generate or import traces, replay them against "
     "real endpoints or the built-in cluster simulator, and report SLO goodput.\n\n"
-    "Quick start:  llmlb run workloads/chat.toml",
+    "Example (quick start):  llmlb run workloads/chat.toml",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

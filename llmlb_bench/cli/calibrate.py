@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from llmlb_bench.console import Table
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import Api
+from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
 from llmlb_bench.replay import ReplayOptions
 from llmlb_bench.store.run import write_text_atomic

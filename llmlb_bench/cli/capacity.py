@@ -11,11 +11,11 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
-from llmlb_bench.console import Table
 
 from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.cli.common import (Api, Executor, PolicyArgs, RayAddress, ReportFormat, ResultsDir, SloOpt,
                                     WorkerExecutor, Workers, check_workers, checked_name)
+from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.policies import make_policy, parse_args

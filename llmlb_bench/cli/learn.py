@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.cli.common import ClusterFlags, SloOpt, cluster_flags
+from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
 from llmlb_bench.progress import working
 
@@ -24,7 +24,9 @@ if TYPE_CHECKING:
     from llmlb_bench.learn.train import Generation
 
 learn_app = typer.Typer(help="Train routing policies and output-length predictors in the simulator, and run the "
-                             "learning benchmark's standard tasks (docs/learning.md).", no_args_is_help=True)
+                             "learning benchmark's standard tasks (docs/learning.md).\n\n"
+                             "Example:  llmlb learn bench tasks/learning.toml -o reports/learning",
+                        no_args_is_help=True)
 app.add_typer(learn_app, name="learn")
 
 
@@ -45,7 +47,12 @@ def predictor(
     """Fit an output-length predictor on what is known when a request arrives (LightGBM; the
     `learn` extra) and report Kendall tau and MAE on held-out rows. Use the file with
     `--policy-arg predictor=FILE` on least_predicted_work / predicted_sjf or `--scheduler-arg predictor=FILE`
-    on the engine's sjf scheduler."""
+    on the engine's sjf scheduler.
+
+    Example:
+
+        llmlb learn predictor traces/chat-500.parquet -o chat-lengths.json --objective rank
+    """
     from llmlb_bench.learn.predictor import fit
     from llmlb_bench.schema import read_trace
     from llmlb_bench.store.run import file_sha256, write_text_atomic

@@ -10,10 +10,10 @@ from typing import Annotated
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import typer
-from llmlb_bench.console import Table
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import ResultsDir, TableFormat
+from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
 from llmlb_bench.store.views import Catalog
 

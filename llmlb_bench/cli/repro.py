@@ -6,23 +6,29 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from llmlb_bench.console import Table
 
 from llmlb_bench.cli.app import app, console, err_console
+from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
 from llmlb_bench.progress import working
 from llmlb_bench.repro import REPRODUCTIONS, get, run as run_repro
 from llmlb_bench.repro.base import SCALES
 
 repro_app = typer.Typer(help="Scripted paper reproductions: each runs simulations, checks the paper's claim "
-                             "and writes reports/<name>/README.md with its figure (docs/repro.md).",
+                             "and writes reports/<name>/README.md with its figure (docs/repro.md).\n\n"
+                             "Example:  llmlb repro list && llmlb repro run distserve --scale small",
                         no_args_is_help=True)
 app.add_typer(repro_app, name="repro")
 
 
 @repro_app.command("list")
 def list_() -> None:
-    """List the reproductions: name, source and claim."""
+    """List the reproductions: name, source and claim.
+
+    Example:
+
+        llmlb repro list
+    """
     t = Table("name", "source", "claim")
     for r in REPRODUCTIONS.values():
         t.add_row(r.name, r.source, r.claim)
@@ -38,7 +44,14 @@ def run(
     reports: Annotated[Path, typer.Option("--reports", help="Folder of the reports (one subfolder each).")] = Path("reports"),
     profile: Annotated[Optional[Path], typer.Option("--profile", help="Run every arm on a measured engine profile (JSON from llmlb calibrate) instead of the roofline; give --reports a folder of its own.")] = None,
 ) -> None:
-    """Run reproductions and write their reports; exit 1 when a claim's check fails."""
+    """Run reproductions and write their reports; exit 1 when a claim's check fails.
+
+    Example:
+
+        llmlb repro run distserve --scale small --reports /tmp/reports
+
+        llmlb repro run --all
+    """
     from llmlb_bench.sim.profile import read_profile
 
     if all_ == (name is not None):

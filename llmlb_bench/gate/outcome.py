@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from llmlb_bench.console import Table
-
 from llmlb_bench.gate.decide import BOOTSTRAP, DETECT, POWER, Verdict, decide_family
 from llmlb_bench.gate.rules import METRICS, Rule
 from llmlb_bench.errors import UserError

@@ -7,7 +7,6 @@ with a report shares one code path, and the CLI modules only parse options.
 
 from __future__ import annotations
 
-import io
 import sys
 from contextlib import nullcontext
 from dataclasses import replace
@@ -16,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from llmlb_bench.console import PIPE_WIDTH, stderr_console, stdout_console
+from llmlb_bench.console import file_console, stderr_console, stdout_console
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.identity import facets, names
 from llmlb_bench.metrics.slo import Slo
@@ -91,7 +90,7 @@ def print_report(paths: list[Path], slo_text: str | None, fmt: str, *,
     elif output is None:
         terminal.render(doc, console or stdout_console())
     else:
-        out = Console(record=True, width=PIPE_WIDTH, file=io.StringIO())
+        out = file_console()
         terminal.render(doc, out)
         _write(out.export_text(), output)
     if figures_dir is not None:

@@ -13,8 +13,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from llmlb_bench.console import Table as RichTable
 
+from llmlb_bench.console import Table as RichTable
 from llmlb_bench.report import tables
 from llmlb_bench.report.tables import Table
 from llmlb_bench.report.verdict import verdict_lines
