@@ -128,3 +128,32 @@ def test_a_clock_change_reaches_the_pools_replicas_run_cutting_tolerance():
         assert rep._tol_steps == STEP_TIME_TOLERANCE * rep.cost.min_step_s / rep.cost.context_slope < old
     with pytest.raises(UserError, match="not a roofline pool"):
         fleet.set_clock("nope", 0.5)
+
+
+class Recorder(GreenController):
+    """Keeps what each pool was fed (a user controller by module path)."""
+
+    seen: dict = {}
+
+    def observe(self, pool, now, ttft_s, tpot_s):
+        Recorder.seen.setdefault(pool, []).append((ttft_s, tpot_s))
+
+
+def test_disaggregated_pools_each_see_their_own_phase(tmp_path):
+    Recorder.seen = {}
+    cfg = ClusterConfig.build(token_times="summary", pools=[{"name": "prefill", "replicas": 1},
+                                                            {"name": "decode", "replicas": 1}],
+                              green={"policy": "test_sim_green:Recorder", "interval_s": 1.0})
+    run_sim(tmp_path, poisson_trace(60, 2.0, seed=6), cfg, policy="pd_pair")
+    prefill, decode = Recorder.seen["prefill"], Recorder.seen["decode"]
+    assert len(prefill) == len(decode) == 60
+    assert all(tt is not None and tt > 0 and tp is None for tt, tp in prefill)
+    assert all(tt is None for tt, _ in decode) and any(tp is not None for _, tp in decode)
+
+
+def test_ratio_ignores_figures_a_pool_does_not_answer_for():
+    ctl = SloSlackController(ttft_s=1.0, tpot_s=0.1, min_samples=1)
+    ctl.observe("decode", 0.0, None, 0.05)
+    assert ctl.ratio("decode", 0.0) == pytest.approx(0.5)
+    ctl.observe("prefill", 0.0, 2.0, None)
+    assert ctl.ratio("prefill", 0.0) == pytest.approx(2.0)

@@ -529,11 +529,18 @@ class Simulation:
         self.router.drain()
 
     def _green_observe(self, req: Request, t: float) -> None:
-        """Feed the green controller a finished request's TTFT (from reaching the router) and TPOT."""
+        """Feed the green controller a finished request's TTFT (from reaching the router) and TPOT:
+        both to the pool that served it or, disaggregated, the TTFT to its prefill pool and the
+        TPOT to its decode pool (each phase's clock answers for its own latency, as VoltanaLLM's)."""
         first = (req.route.outcome if self.router.observes else self._outcome(req, t)).first_token_s
         ttft = (first if first is not None else t) - self.scheduled[req.row]
         tpot = (t - first) / (req.out - 1) if first is not None and req.out > 1 else None
-        self.green_ctl.observe(self.replicas[req.target].pool, t, ttft, tpot)
+        ctl, reps = self.green_ctl, self.replicas
+        if req.prefill_target >= 0:
+            ctl.observe(reps[req.prefill_target].pool, t, ttft, None)
+            ctl.observe(reps[req.decode_target].pool, t, None, tpot)
+        else:
+            ctl.observe(reps[req.target].pool, t, ttft, tpot)
 
     def _green_tick(self, t: float) -> None:
         """A green controller's decision: set the pools' SM clocks (runs planned from now on use them)."""

@@ -30,8 +30,10 @@ class GreenController:
 
     name: ClassVar[str] = "none"
 
-    def observe(self, pool: str, now: float, ttft_s: float, tpot_s: float | None) -> None:
-        """A request served by ``pool`` finished at ``now`` (TPOT None: one output token)."""
+    def observe(self, pool: str, now: float, ttft_s: float | None, tpot_s: float | None) -> None:
+        """A request served by ``pool`` finished at ``now``; None for a figure the pool does not
+        answer for (disaggregated: a prefill pool gets TTFTs only, a decode pool TPOTs only) or
+        that does not exist (TPOT of a one-token output)."""
 
     def decide(self, now: float, clocks: Mapping[str, float]) -> Mapping[str, float]:
         """New clock per pool name (a fraction of the maximum in (0, 1]); pools left out keep theirs."""
@@ -61,7 +63,9 @@ class SloSlackController(GreenController):
 
     The asymmetry is AIMD's (TCP, Netflix concurrency-limits) turned around: here the costly
     direction is a missed SLO, so the controller backs off from it fast and saves energy slowly.
-    VoltanaLLM's EcoFreq is the same idea per phase (prefill on TTFT, decode on ITL)."""
+    VoltanaLLM's EcoFreq is the same idea per phase (prefill on TTFT, decode on ITL); on a
+    disaggregated cluster this one is too, since a prefill pool sees only TTFTs and a decode
+    pool only TPOTs."""
 
     name: ClassVar[str] = "slo_slack"
     ttft_s: float = 1.0
@@ -74,7 +78,7 @@ class SloSlackController(GreenController):
     min_clock: float = 0.3
     min_samples: int = 10
     pool: str | None = None
-    _seen: dict[str, deque[tuple[float, float, float | None]]] = field(default_factory=dict, repr=False)
+    _seen: dict[str, deque[tuple[float, float | None, float | None]]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.ttft_s < 0 or self.tpot_s < 0 or not (self.ttft_s or self.tpot_s):
@@ -84,7 +88,7 @@ class SloSlackController(GreenController):
         if not 0 < self.step < 1 or self.up_gain < 0 or not 0 < self.min_clock <= 1 or self.min_samples < 1:
             raise ValueError("need 0 < step < 1, up_gain >= 0, 0 < min_clock <= 1 and min_samples >= 1")
 
-    def observe(self, pool: str, now: float, ttft_s: float, tpot_s: float | None) -> None:
+    def observe(self, pool: str, now: float, ttft_s: float | None, tpot_s: float | None) -> None:
         if self.pool is None or pool == self.pool:
             self._seen.setdefault(pool, deque()).append((now, ttft_s, tpot_s))
 
@@ -98,8 +102,9 @@ class SloSlackController(GreenController):
         if len(seen) < self.min_samples:
             return None
         r = 0.0
-        if self.ttft_s:
-            r = _percentile([s[1] for s in seen], self.percentile) / self.ttft_s
+        ttfts = [s[1] for s in seen if s[1] is not None]
+        if self.ttft_s and ttfts:
+            r = _percentile(ttfts, self.percentile) / self.ttft_s
         tpots = [s[2] for s in seen if s[2] is not None]
         if self.tpot_s and tpots:
             r = max(r, _percentile(tpots, self.percentile) / self.tpot_s)
