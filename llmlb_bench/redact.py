@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import pyarrow as pa
-import pyarrow.compute as pc
+if TYPE_CHECKING:   # Arrow is imported where a column is redacted: every CLI command loads this module
+    import pyarrow as pa
 
 MARK = "[redacted]"
 #: shorter values are not taken as secrets (redacting "1" everywhere would garble every text)
@@ -75,6 +75,8 @@ def redact(text: str) -> str:
 
 def redact_array(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     """A string column with :func:`redact` applied to every value, in Arrow (no Python loop)."""
+    import pyarrow.compute as pc
+
     if values.null_count == len(values):
         return values
     for value in secrets():

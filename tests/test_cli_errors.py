@@ -103,7 +103,9 @@ def test_real_entry_point_reports_bad_trace_in_one_line(tmp_path):
 
 def test_help_of_every_command_has_an_example(capsys):
     from llmlb_bench.cli.app import app
-    from llmlb_bench.cli import commands  # noqa: F401
+    from llmlb_bench.cli.commands import load_all
+
+    load_all()  # commands load lazily: register every one to walk them
 
     names = [c.name or c.callback.__name__ for c in app.registered_commands]
     assert {"query", "report", "simulate", "run", "policies"} <= set(names)

@@ -107,7 +107,8 @@ rate = [10]
 _WALK = """
 import sys, typer
 from llmlb_bench.cli.app import app, main
-from llmlb_bench.cli import commands
+from llmlb_bench.cli.commands import load_all
+load_all()
 def walk(c, path):
     yield path, c
     for name, sub in getattr(c, "commands", {}).items():

@@ -1,13 +1,66 @@
-"""Start-up cost of the CLI: every command pays for what the command registry imports."""
+"""Start-up cost of the CLI: ``llmlb --help`` loads no command module, and a command loads only its own.
+
+Measured in benchmarks/cli_startup.py (time is never asserted here); these tests pin what makes
+it fast: which modules a start-up imports.
+"""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+from llmlb_bench.cli.commands import COMMANDS
+
+CLI = Path(__file__).resolve().parents[1] / "llmlb_bench" / "cli"
+HEAVY = ("numpy", "pyarrow", "duckdb", "pandas", "scipy", "aiohttp")
 
 
-def test_the_cli_registry_does_not_import_scipy():
-    # scipy.stats alone took half a second to import; only the commands that use it may load it
-    code = "import sys, llmlb_bench.cli.commands; print('scipy' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+def _imported_after(argv: list[str]) -> set[str]:
+    code = ("import sys\nfrom llmlb_bench.cli import main\n"
+            f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+            "print(' '.join(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    return set(out.stdout.strip().splitlines()[-1].split())
+
+
+def test_top_level_help_loads_no_command_and_nothing_heavy():
+    mods = _imported_after(["--help"])
+    assert not {m for m in mods if m.startswith("llmlb_bench.cli.")} - {
+        "llmlb_bench.cli.app", "llmlb_bench.cli.commands", "llmlb_bench.cli.lazy"}
+    assert not {m.split(".")[0] for m in mods} & set(HEAVY)
+
+
+def test_a_command_loads_only_its_own_module():
+    mods = _imported_after(["gen", "--help"])
+    loaded = {m.rpartition(".")[2] for m in mods if m.startswith("llmlb_bench.cli.")}
+    assert "gen" in loaded and not loaded & ({e.module for e in COMMANDS.values()} - {"gen"})
+
+
+def test_the_table_lists_every_command_module():
+    registering = {p.stem for p in CLI.glob("*.py")
+                   if re.search(r"^@\w*app\.command|^app\.add_typer", p.read_text(encoding="utf-8"), re.M)}
+    assert registering == {e.module for e in COMMANDS.values()}
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_each_summary_is_the_commands_own_first_help_paragraph(name):
+    import typer
+
+    from llmlb_bench.cli.app import app
+    from llmlb_bench.cli.commands import load_all
+
+    load_all()
+    cmd = typer.main.get_command(app).commands[name]        # type: ignore[attr-defined]
+    first = " ".join((cmd.help or "").split("\n\n")[0].split())
+    assert COMMANDS[name].summary == first
+
+
+def test_a_mistyped_command_gets_the_closest_one(capsys):
+    from tests.conftest import cli
+
+    code, _, err = cli(["simulat"], capsys)
+    assert code == 2 and "Did you mean 'simulate'?" in err

@@ -78,7 +78,9 @@ def test_every_listening_command_binds_loopback_by_default():
     """Servers (serve, route, engines ...) listen on 127.0.0.1 unless --host says otherwise."""
     import typer
 
-    from llmlb_bench.cli import commands  # noqa: F401  (registers the commands)
+    from llmlb_bench.cli.commands import load_all
+
+    load_all()  # commands load lazily: register every one to walk them
     from llmlb_bench.cli.app import app
 
     def walk(cmd, path):

@@ -19,6 +19,7 @@ from typing import Any, Iterator, NoReturn
 import typer
 from rich.markup import escape
 
+from llmlb_bench.cli.lazy import LazyGroup
 from llmlb_bench.console import help_width, stderr_console, stdout_console
 from llmlb_bench.errors import UserError
 from llmlb_bench.redact import redact
@@ -33,7 +34,16 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
+    cls=LazyGroup,
 )
+
+
+
+@app.callback()
+def _group() -> None:
+    # no options of its own: the callback only makes Typer build the group before any command loads
+    return None
+
 
 console = stdout_console()
 err_console = stderr_console()
@@ -97,8 +107,6 @@ def _usage_line(exc: Exception) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
-    from llmlb_bench.cli import commands  # noqa: F401  (registers the commands)
-
     signal.signal(signal.SIGTERM, _raise_interrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _raise_interrupt)
