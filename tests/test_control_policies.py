@@ -173,6 +173,12 @@ def test_bad_controller_parameters_are_one_line_errors(args, problem):
         make_policy("pi_admission", args)
 
 
+def test_an_inner_policy_that_rejects_is_a_one_line_error(tmp_path, plant):
+    pol = PiAdmission(inner="admission_control", inner_args="max_outstanding=1", initial_limit=8.0)
+    with pytest.raises(UserError, match="must pick a target, not reject"):
+        _run(tmp_path, trace(np.zeros(4), PROMPT, OUTPUT), pol)
+
+
 def test_bad_concurrency_limit_algorithm():
     with pytest.raises(UserError, match="aimd or gradient2"):
         make_policy("concurrency_limit", {"algorithm": "vegas"})

@@ -38,6 +38,7 @@ from collections import deque
 from typing import Callable
 
 from llmlb_bench.policies.base import HOLD, REJECT, Decision, Policy, Released, RouteRequest, View
+from llmlb_bench.policies.router import PolicyError
 from llmlb_bench.policies.select import argmin_healthy
 
 
@@ -218,9 +219,8 @@ class PiAdmission(_Controlled):
             self._in_flight += 1
             self._peak = max(self._peak, self._in_flight)
             return d
-        if d is REJECT:
-            raise ValueError(f"pi_admission: the inner policy {self.inner!r} must pick a target, not reject")
-        raise ValueError(f"pi_admission: the inner policy {self.inner!r} must pick a target, not hold")
+        raise PolicyError(f"pi_admission: the inner policy {self.inner!r} must pick a target, not "
+                          f"{'reject' if d is REJECT else 'hold'} (admission is the controller's)")
 
     def _sample(self, t: float, target: int, ttft: float | None, ok: bool, view: View) -> None:
         if ttft is not None:
