@@ -130,13 +130,14 @@ def main() -> None:
                         {"path": str(path), "predictor": files[("fitted", "regression")]}))
         print("trained", source, res.fitness, flush=True)
     best = max(r["on_real"]["kendall_tau"] or 0 for r in rows)
-    arms.append(Arm(f"oracle tau={best:.2f}", evaluation, cluster(scheduler="sjf", scheduler_args={"tau": round(best, 2)})))
+    arms.append(Arm(f"oracle tau={best:.2f}", evaluation,
+                    cluster(scheduler="sjf", scheduler_args={"tau": round(best, 2)})))
     arms += [Arm(f"sjf {s} {o}", evaluation, cluster(scheduler="sjf", scheduler_args={"predictor": f}))
              for (s, o), f in files.items()]
     study = Reproduction("predictor-generalisation", "", "", "", "", lambda scale: arms, (),
                          lambda s: Verdict(True, ""), "", slo=SLO)
     summaries = _simulate(study, arms, 0)
-    runs = {label: {"goodput": (s.get("slo") or {}).get("goodput"), "attainment": (s.get("slo") or {}).get("attainment"),
+    runs = {label: {**{k: (s.get("slo") or {}).get(k) for k in ("goodput", "attainment")},
                     "e2e_mean": s["e2e"]["mean"], "ttft_p99": s["ttft"]["p99"], "requests": s["requests"]}
             for label, s in summaries.items()}
     load = os.getloadavg()

@@ -256,3 +256,23 @@ def test_a_learned_policy_trained_with_predicted_output_needs_and_uses_the_predi
     with pytest.raises(UserError, match="predicted_output.*needs a length predictor") as err:
         make_policy("learned", {"path": str(path)})
     assert err.value.where == str(path)
+
+
+@pytest.mark.slow
+def test_predicted_sjf_with_a_predictor_orders_a_real_replay(tmp_path, exact_file):
+    # the replayer's Router with one no-op server (1 s to first token) and max_outstanding 1:
+    # request 0 goes at once, the rest wait at the router and leave shortest *predicted* first;
+    # every max_tokens is 2, so only the predictor (2 x prompt) can order them
+    from replay_helpers import ServerThread, run_replay
+
+    from llmlb_bench.replay.noop_server import NoopConfig
+
+    st = ServerThread()
+    try:
+        url, _ = st.noop(NoopConfig(ttft_s=1.0))
+        table = trace(np.arange(5) * 0.01, [100, 450, 15, 250, 40], 2)
+        pol = make_policy("predicted_sjf", {"max_outstanding": 1, "predictor": exact_file})
+        _, rows, _ = run_replay(table, [url], tmp_path, pol)
+    finally:
+        st.close()
+    assert [r["request_id"] for r in sorted(rows, key=lambda r: r["sent_s"])] == [0, 2, 4, 3, 1]

@@ -58,7 +58,8 @@ def heldout_mask(key: np.ndarray, fraction: float, seed: int) -> np.ndarray:
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(11)).astype(np.float64) / float(1 << 53) < fraction
+    held: np.ndarray = (z >> np.uint64(11)).astype(np.float64) / float(1 << 53) < fraction
+    return held
 
 
 def _columns(reqs: list[RouteRequest], train: np.ndarray) -> tuple[list[dict[str, Any]], np.ndarray]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -73,14 +73,16 @@ class Feature:
 
     name: str
     categories: tuple[str, ...] | None = None     # None: numeric
+    codes: Mapping[str, float] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.categories is not None:
+            object.__setattr__(self, "codes", {c: float(k) for k, c in enumerate(self.categories)})
 
     def encode(self, value: float | str) -> float:
         if self.categories is None:
             return float(value)
-        try:
-            return float(self.categories.index(str(value)))
-        except ValueError:
-            return -1.0
+        return self.codes.get(str(value), -1.0)
 
 
 class Predictor:
@@ -273,11 +275,6 @@ class Predictor:
     def predict(self, req: RouteRequest) -> float:
         """Predicted output tokens of ``req``."""
         return float(self.tokens(self.scores(np.asarray([self.encode(req)], dtype=np.float64)))[0])
-
-    def describe(self) -> dict[str, Any]:
-        """What a run records about the predictor it used."""
-        return {"objective": self.objective, "features": list(self.feature_names), "trees": self.n_trees,
-                "training": self.doc.get("training", {}), "heldout": self.doc.get("heldout", {})}
 
 
 class OutputLengths:

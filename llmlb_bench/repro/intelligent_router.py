@@ -30,15 +30,15 @@ from llmlb_bench.sim import ClusterConfig
 
 #: a mix of public datasets' shapes: ShareGPT-like chat, CNN/DailyMail-like summaries (prefill-heavy),
 #: creative writing (decode-heavy) and Azure-code-like completions; Poisson arrivals per tenant
-MIX = {
-    "chat": {"kind": "chat", "rate": 1.0, "input": {"dist": "lognormal", "median": 300, "sigma": 1.1, "max": 8192},
+MIX: dict[str, dict[str, Any]] = {
+    "chat": {"kind": "chat", "input": {"dist": "lognormal", "median": 300, "sigma": 1.1, "max": 8192},
              "output": {"dist": "lognormal", "median": 200, "sigma": 0.8, "max": 2048}},
-    "summarise": {"kind": "summarise", "rate": 1.0,
+    "summarise": {"kind": "summarise",
                   "input": {"dist": "lognormal", "median": 1500, "sigma": 0.5, "max": 7000},
                   "output": {"dist": "lognormal", "median": 100, "sigma": 0.5, "max": 1024}},
-    "creative": {"kind": "creative", "rate": 1.0, "input": {"dist": "lognormal", "median": 60, "sigma": 0.7, "max": 1024},
+    "creative": {"kind": "creative", "input": {"dist": "lognormal", "median": 60, "sigma": 0.7, "max": 1024},
                  "output": {"dist": "lognormal", "median": 600, "sigma": 0.6, "max": 2048}},
-    "code": {"kind": "code", "rate": 1.0, "input": {"dist": "lognormal", "mu": 7.0, "sigma": 1.36, "min": 8, "max": 7680},
+    "code": {"kind": "code", "input": {"dist": "lognormal", "mu": 7.0, "sigma": 1.36, "min": 8, "max": 7680},
              "output": {"dist": "lognormal", "mu": 2.79, "sigma": 0.85, "max": 512}},
 }
 REPLICAS = 4
@@ -56,7 +56,7 @@ BASELINES = ("round_robin", "least_outstanding", "least_tokens")
 def spec(rate: float, requests: int) -> Any:
     from llmlb_bench.workload.spec import WorkloadSpec
 
-    tenants = {name: {"kind": t["kind"], "arrival": {"process": "poisson", "rate": rate * t["rate"] / len(MIX)},
+    tenants = {name: {"kind": t["kind"], "arrival": {"process": "poisson", "rate": rate / len(MIX)},
                       "input": t["input"], "output": t["output"]} for name, t in MIX.items()}
     return WorkloadSpec.from_dict({"name": "public-mix", "seed": 1, "requests": requests, "tenants": tenants},
                                   "intelligent-router mix")
@@ -140,10 +140,11 @@ REPRO = Reproduction(
           "1,500 / 100, prefill-heavy), creative writing (60 / 600, decode-heavy), code completion (Azure code "
           "2023 lengths). Routers: round robin, least outstanding requests (JSQ), least tokens, "
           "least_predicted_work with the trained predictor (the predictor-guided heuristic) and with a perfect "
-          "oracle (what knowing every length buys such a heuristic), and `learned`: an "
-          "MLP (8 tanh units) over each instance's waiting, running, outstanding requests and tokens and KV use "
-          "and the request's prompt tokens and predicted_output, trained by the cross-entropy method over whole simulated runs of a training trace "
-          "(training seed) for minus the end-to-end latency. The predictor: LightGBM regression "
+          "oracle (what knowing every length buys such a heuristic), and `learned`: an MLP (8 tanh units) over "
+          "each instance's waiting, running, outstanding requests and tokens and KV use and the request's "
+          "prompt tokens and predicted_output, trained by the cross-entropy method over whole simulated runs "
+          "of a training trace (training seed) for minus the end-to-end latency (`neg_latency`). The "
+          "predictor: LightGBM regression "
           "(`llmlb learn predictor`) on 6,000 requests of another training seed; its Kendall tau on the "
           "evaluated trace is in its label. The paper's exact fleet, model and mix were not available to this "
           "reproduction (only its abstract and summary); these are ours.",
