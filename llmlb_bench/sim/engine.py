@@ -3,9 +3,11 @@
 Event sources, merged by time (ties in this order):
 
 1. trace arrivals of independent requests, in arrival order;
-2. a heap of timed deliveries: dependent requests released by their parent's
-   end, requests retried after a replica failure, KV caches arriving at a
-   decode replica (disaggregation), replica failures and recoveries;
+2. a heap of timed deliveries, each carrying its own handler: dependent requests
+   released by their parent's end, requests retried after a replica failure, KV
+   caches arriving at a decode replica (disaggregation), replica failures and
+   recoveries, slowdowns, autoscaling and clock decisions (a new kind of event is a
+   new handler method, not a new branch of the loop);
 3. replica run boundaries: a heap with one live entry per busy replica (a
    moved boundary bumps the replica's ``version`` and leaves a stale entry);
 4. series sampling ticks.
@@ -33,7 +35,7 @@ import itertools
 import math
 import time
 from heapq import heappop, heappush
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -51,10 +53,8 @@ from llmlb_bench.sim.results import RequestRecorder
 from llmlb_bench.sim.series import SeriesSampler
 from llmlb_bench.trace_columns import TraceColumns
 
-# kinds of timed deliveries
-_ARRIVE, _KV_ARRIVE, _FAIL, _RECOVER, _SCALE, _READY, _EXPERTS, _ENGINE_ARRIVE, _GREEN, _SLOW = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
-#: deliveries that are not work: the run ends when only these remain
-_LIFECYCLE = (_FAIL, _RECOVER, _SCALE, _READY, _EXPERTS, _GREEN, _SLOW)
+#: a timed delivery's handler: ``handle(payload, now)`` (see :meth:`Simulation._deliver`)
+Handler = Callable[[Any, float], None]
 #: events between two collections of the youngest GC generation while automatic GC is paused
 _GC_EVERY = 100_000
 
@@ -119,16 +119,16 @@ class Simulation:
         self.autoscale = cfg.autoscale_spec
         if self.autoscale is not None:
             self.autoscaler = self.autoscale.make()
-            self._deliver(self.autoscale.interval_s, _SCALE, None)
+            self._deliver(self.autoscale.interval_s, self._scale, None)
         self.green = cfg.green_spec                          # clock control (sim/green.py)
         if self.green is not None:
             self.green_ctl = self.green.make()
             self.clock_log = ClockLog(self.fleet.clocks())
-            self._deliver(self.green.interval_s, _GREEN, None)
+            self._deliver(self.green.interval_s, self._green_tick, None)
         self.expert_loads = self.fleet.expert_loads()      # MoE pools with skewed experts (cluster.moe)
         for load in self.expert_loads.values():
             if load.next_change < math.inf:
-                self._deliver(load.next_change, _EXPERTS, load)
+                self._deliver(load.next_change, self._experts, load)
 
     # ---- setup ------------------------------------------------------------------------------------
 
@@ -136,22 +136,26 @@ class Simulation:
         cfg = self.cfg
         for f in cfg.failures:
             i = int(f["target"][1:])
-            self._deliver(float(f["at_s"]), _FAIL, (i, float(f.get("down_s", cfg.mttr_s))))
+            self._deliver(float(f["at_s"]), self._fail, (i, float(f.get("down_s", cfg.mttr_s))))
         for f in cfg.slowdowns:
             i = int(f["target"][1:])
-            self._deliver(float(f["at_s"]), _SLOW, (i, float(f["factor"])))
+            self._deliver(float(f["at_s"]), self._slow, (i, float(f["factor"])))
             if "for_s" in f:
-                self._deliver(float(f["at_s"]) + float(f["for_s"]), _SLOW, (i, 1.0))
+                self._deliver(float(f["at_s"]) + float(f["for_s"]), self._slow, (i, 1.0))
         if cfg.mtbf_s is not None:
             for i in range(len(self.replicas)):
-                self._deliver(float(self.rng.exponential(cfg.mtbf_s)), _FAIL, (i, -1.0))
+                self._deliver(float(self.rng.exponential(cfg.mtbf_s)), self._fail, (i, -1.0))
 
     # ---- the loop -----------------------------------------------------------------------------------
 
-    def _deliver(self, t: float, kind: int, payload: Any) -> None:
-        if kind not in _LIFECYCLE:
+    def _deliver(self, t: float, handle: Handler, payload: Any, work: bool = False) -> None:
+        """At ``t``, call ``handle(payload, t)``. ``work``: the delivery carries a request (an arrival, a
+        KV transfer, an API server's hand-over), so the run is not over while it is pending; life-cycle
+        events (failures, scaling, clock decisions ...) do not keep an idle, finished cluster running.
+        A new kind of event is a new handler method, not a new branch of the loop."""
+        if work:
             self._work += 1
-        heappush(self.deliveries, (t, next(self._seq), kind, payload))
+        heappush(self.deliveries, (t, next(self._seq), handle, payload, work))
 
     def _push(self, rep: Replica, t: float | None) -> None:
         if t is not None:
@@ -194,32 +198,10 @@ class Simulation:
                 self._k = k
                 self._route(row, now)
             elif td == now:
-                _, _, kind, payload = heappop(deliveries)
-                if kind == _ARRIVE:
+                _, _, handle, payload, work = heappop(deliveries)
+                if work:
                     self._work -= 1
-                    self._route(payload, now)
-                elif kind == _KV_ARRIVE:
-                    self._work -= 1
-                    self._kv_arrive(payload, now)
-                elif kind == _ENGINE_ARRIVE:
-                    self._work -= 1
-                    self._reach_engine(payload, now)
-                elif kind == _FAIL:
-                    self._fail(payload, now)
-                elif kind == _RECOVER:
-                    self._recover(payload, now)
-                elif kind == _SCALE:
-                    self._scale(now)
-                elif kind == _READY:
-                    self._ready(payload, now)
-                elif kind == _SLOW:
-                    i, factor = payload
-                    self._push(self.replicas[i], self.replicas[i].slow_down(factor, now))
-                elif kind == _GREEN:
-                    self._green_tick(now)
-                else:
-                    payload.advance(now)     # expert popularity drifts / EPLB rebalances (sim/moe.py)
-                    self._deliver(payload.next_change, _EXPERTS, payload)
+                handle(payload, now)
             else:
                 _, _, i, _ = heappop(boundaries)
                 rep = replicas[i]
@@ -300,7 +282,7 @@ class Simulation:
         if delay > 0:       # a measured profile's API-server time (sim/profile.py): the engine sees it later
             req.target = i
             rep.entering += 1
-            self._deliver(t + delay, _ENGINE_ARRIVE, req)
+            self._deliver(t + delay, self._reach_engine, req, work=True)
             return
         nt = rep.enqueue(req, t)
         if nt is not None:
@@ -377,7 +359,7 @@ class Simulation:
         req.shared = 0
         req.computed = req.prompt         # the KV arrives with the request
         req.stop = req.out
-        self._deliver(prefill.link_free_at + cfg.kv_link_latency_ms / 1000.0, _KV_ARRIVE, req)
+        self._deliver(prefill.link_free_at + cfg.kv_link_latency_ms / 1000.0, self._kv_arrive, req, work=True)
 
     def _reach_engine(self, req: Request, t: float) -> None:
         """A request dispatched to ``req.target`` reaches its engine's queue after the profile's
@@ -433,7 +415,7 @@ class Simulation:
         for child in self.children.get(row, ()):
             pending[child] -= 1
             if not pending[child]:
-                self._deliver(max(self.scheduled[child], t + self.cols.after[child]), _ARRIVE, child)
+                self._deliver(max(self.scheduled[child], t + self.cols.after[child]), self._route, child, work=True)
 
     def _end_unrouted(self, row: int, status: str, error: str) -> None:
         self.recorder.ended(row, None, status, error)
@@ -481,7 +463,7 @@ class Simulation:
         self._signals(rep, t)
         if down < 0:
             down = float(self.rng.exponential(self.cfg.mttr_s))
-        self._deliver(t + down, _RECOVER, i)
+        self._deliver(t + down, self._recover, i)
 
     def _lose(self, req: Request, t: float, error: str) -> None:
         """A request lost with its replica: retried through the router, or reported as an error."""
@@ -490,7 +472,7 @@ class Simulation:
         self.router.complete(req.target, req.route, drain=False)
         if self.cfg.on_failure == "retry":
             self.retries += 1
-            self._deliver(t, _ARRIVE, req.row)
+            self._deliver(t, self._route, req.row, work=True)
             return
         self.recorder.ended(req.row, self.replicas[req.target].name, "error", error)
         self._release_children(req.row, t)
@@ -502,10 +484,10 @@ class Simulation:
         self.fleet.refresh_health(rep)
         self._signals(rep, t)
         if self.cfg.mtbf_s is not None and rep.retired_at is None:
-            self._deliver(t + float(self.rng.exponential(self.cfg.mtbf_s)), _FAIL, (i, -1.0))
+            self._deliver(t + float(self.rng.exponential(self.cfg.mtbf_s)), self._fail, (i, -1.0))
         self.router.drain()
 
-    def _scale(self, t: float) -> None:
+    def _scale(self, _: None, t: float) -> None:
         """An autoscaling decision: grow or shrink pools toward the autoscaler's sizes."""
         status = self.fleet.status()
         for name, want in self.autoscaler.decide(t, self.view, status).items():
@@ -521,11 +503,11 @@ class Simulation:
             for _ in range(max(change, 0)):                   # ... then add replicas
                 rep = self.fleet.add(name, t, starting=self.autoscale.cold_start_s > 0)
                 if rep.starting:
-                    self._deliver(t + self.autoscale.cold_start_s, _READY, rep.index)
+                    self._deliver(t + self.autoscale.cold_start_s, self._ready, rep.index)
             if change < 0:
                 self._shrink(st, -change, t)
         if self.events_pending():
-            self._deliver(t + self.autoscale.interval_s, _SCALE, None)
+            self._deliver(t + self.autoscale.interval_s, self._scale, None)
         self.router.drain()
 
     def _green_observe(self, req: Request, t: float) -> None:
@@ -542,7 +524,7 @@ class Simulation:
         else:
             ctl.observe(reps[req.target].pool, t, ttft, tpot)
 
-    def _green_tick(self, t: float) -> None:
+    def _green_tick(self, _: None, t: float) -> None:
         """A green controller's decision: set the pools' SM clocks (runs planned from now on use them)."""
         clocks = self.fleet.clocks()
         for pool, clock in self.green_ctl.decide(t, clocks).items():
@@ -550,7 +532,7 @@ class Simulation:
                 self.fleet.set_clock(pool, clock)
                 self.clock_log.set(pool, t, clock)
         if self.events_pending():
-            self._deliver(t + self.green.interval_s, _GREEN, None)
+            self._deliver(t + self.green.interval_s, self._green_tick, None)
 
     def _shrink(self, st: PoolStatus, k: int, t: float) -> None:
         """Remove ``k`` replicas: starting ones first (newest first), then the ready ones with the
@@ -564,6 +546,16 @@ class Simulation:
             self.fleet.refresh_health(rep)
             if rep.idle and not rep.waiting and not rep.entering:
                 rep.retire(t)
+
+    def _slow(self, payload: tuple[int, float], t: float) -> None:
+        """A scheduled slowdown of one replica starts (or, factor 1, ends)."""
+        i, factor = payload
+        self._push(self.replicas[i], self.replicas[i].slow_down(factor, t))
+
+    def _experts(self, load: Any, t: float) -> None:
+        """Expert popularity drifts / EPLB rebalances (sim/moe.py), then again at its next change."""
+        load.advance(t)
+        self._deliver(load.next_change, self._experts, load)
 
     def _ready(self, i: int, t: float) -> None:
         rep = self.replicas[i]
