@@ -56,7 +56,7 @@ from heapq import heappop, heappush
 from typing import Any, ClassVar, Iterator, Protocol, Sequence
 
 from llmlb_bench.policies.base import RouteRequest
-from llmlb_bench.policies.predictor import OutputLengths
+from llmlb_bench.policies.predictor import OutputLengths, load_predictor
 from llmlb_bench.policies.queueing import parse_deadlines
 
 
@@ -256,7 +256,8 @@ class PredictedShortestJobFirst(KeyedScheduler):
         if aging < 0:
             raise ValueError(f"aging must be >= 0 (got {aging})")
         self.tau, self.aging, self.seed, self.predictor = tau, aging, seed, predictor
-        OutputLengths(tau, seed, predictor)        # a bad predictor file fails here, before the run
+        if predictor:
+            load_predictor(predictor)               # a bad predictor file fails here, before the run
 
     def make_queue(self, replica: Any) -> WaitingQueue:
         self._lengths = OutputLengths(self.tau, self.seed * 1_000_003 + replica.index, self.predictor)
