@@ -4,11 +4,14 @@ and on a simulated run with a load step (report, JSON and gate rules)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from llmlb_bench.metrics.control import edges, sign_changes, spectral_peak, step_response
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_piecewise_response_has_exact_figures():
@@ -130,3 +133,37 @@ def test_a_run_with_a_load_step_has_control_figures_in_json_and_gate_rules(tmp_p
     assert parse_rule("oscillation_queue <= 10").metric.path == ("control", "queue", "sign_changes")
     code, out, _ = cli(["report", str(tmp_path / "r"), "--slo", "ttft=1s"], capsys)
     assert "Control: response to the load steps" in out and "not settled" in out
+
+
+def test_the_documented_sql_gives_the_controlled_signals(tmp_path, capsys):
+    """docs/metrics.md's control SQL, run as ``llmlb query`` runs it, gives the bins metrics/control.py reads
+    (an open-loop run: sent_s = scheduled_s, so TTFT from either origin is the same)."""
+    import re
+
+    from llmlb_bench.metrics.control import series_sql, ttft_sql
+    from llmlb_bench.metrics.origin import arrival_runs
+    from llmlb_bench.metrics.sql import request_metrics_sql
+    from llmlb_bench.metrics.summary import metas_of
+    from llmlb_bench.store.views import Catalog
+    from tests.conftest import cli
+
+    (tmp_path / "step.toml").write_text(STEP_SPEC.replace("duration_s = 100", "duration_s = 40"))
+    assert cli(["gen", str(tmp_path / "step.toml"), "-o", str(tmp_path / "t.parquet")], capsys)[0] == 0
+    assert cli(["simulate", str(tmp_path / "t.parquet"), "--replicas", "2", "-r", str(tmp_path / "r"),
+                "--run-id", "jsq"], capsys)[0] == 0
+    doc = (REPO / "docs" / "metrics.md").read_text()
+    block = re.search(r"## Control:.*?```sql\n(.*?)```", doc, re.S).group(1)
+    stmts = ["\n".join(ln for ln in part.splitlines() if not ln.strip().startswith("--")).strip().rstrip(";")
+             for part in re.split(r";\s*\n", block)]
+    ttft_doc, series_doc = [x for x in stmts if x]
+    user = Catalog([tmp_path / "r"], confined=True)
+    cat = Catalog([tmp_path / "r"])
+    cat.con.execute(request_metrics_sql(arrival_runs(metas_of(cat.runs_table))))
+    mine = cat.query(ttft_sql(["jsq"], 5.0, 0.9)).to_pylist()
+    theirs = user.query_read_only(ttft_doc).to_pylist()
+    assert [r["t_s"] for r in mine] == [r["t_s"] for r in theirs]
+    assert [r["value"] for r in mine] == pytest.approx([r["ttft_p90"] for r in theirs], abs=1e-9)
+    mine_s = cat.query(series_sql(["jsq"], 5.0)).to_pylist()
+    theirs_s = user.query_read_only(series_doc).to_pylist()
+    assert [(r["t_s"], r["queue"], r["replicas"]) for r in mine_s] == \
+        [(r["t_s"], r["queue"], r["replicas"]) for r in theirs_s]
