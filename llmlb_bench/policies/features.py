@@ -74,6 +74,8 @@ FORMAT = "llmlb.features"
 VERSION = 1
 
 Array = npt.NDArray[np.float32]
+#: a per-target field's values for a request on a View of ``n`` targets
+TargetGetter = Callable[[RouteRequest, View, int], Sequence[float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +183,7 @@ class Features:
         self._tcols = tuple(f.name for f in self.target_fields)
         self._rcols = tuple(f.name for f in self.request_fields)
         # per field: the raw getter; targets scale as one [fields, n] array, requests as scalars
-        self._tplan = [(self._target_getter(f.name), f.transform == "log1p", 1.0 / f.scale)
-                       for f in self.target_fields]
+        self._tplan = [_scaled(self._target_getter(f.name), f) for f in self.target_fields]
         self._rget = [(self._request_getter(f.name), log1p if f.transform == "log1p" else None, f.scale)
                       for f in self.request_fields]
 
@@ -252,15 +253,7 @@ class Features:
         Plain Python over a few short lists: for the handful of targets of a fleet this is cheaper
         than numpy's per-call overhead (it runs once per decision)."""
         n = len(view.targets)
-        cols: list[Sequence[float]] = []
-        for get, log, inv in self._tplan:
-            vals = get(req, view, n)
-            if log:
-                vals = list(map(log1p, vals)) if inv == 1.0 else [log1p(v * inv) for v in vals]
-            elif inv != 1.0:
-                vals = [v * inv for v in vals]
-            cols.append(vals)
-        return cols
+        return [get(req, view, n) for get in self._tplan]
 
     def request(self, req: RouteRequest) -> Array:
         """float32 ``[n_request_fields]``: the scaled per-request fields of ``req``."""
@@ -281,7 +274,7 @@ class Features:
             self._index.ensure(target + 1)
             self._index.insert(req.prefix_hashes, target, now)
 
-    def _target_getter(self, name: str) -> Callable[[RouteRequest, View, int], Sequence[float]]:
+    def _target_getter(self, name: str) -> TargetGetter:
         """The raw value of a per-target field as a sequence of ``n`` numbers."""
         if name in _VIEW_LISTS:
             return _VIEW_LISTS[name]
@@ -313,8 +306,21 @@ class Features:
         return _REQUEST_GETTERS[name]
 
 
+def _scaled(get: TargetGetter, f: Field) -> TargetGetter:
+    """``get`` with ``f``'s scaling applied (the raw getter itself for a plain linear field): one call
+    per field and decision, no per-field branching."""
+    inv = 1.0 / f.scale
+    if f.transform == "log1p":
+        if inv == 1.0:
+            return lambda req, view, n: list(map(log1p, get(req, view, n)))
+        return lambda req, view, n: [log1p(v * inv) for v in get(req, view, n)]
+    if inv != 1.0:
+        return lambda req, view, n: [v * inv for v in get(req, view, n)]
+    return get
+
+
 #: fields that are one of the View's own lists, as they are
-_VIEW_LISTS: dict[str, Callable[[RouteRequest, View, int], Sequence[float]]] = {
+_VIEW_LISTS: dict[str, TargetGetter] = {
     "waiting": lambda req, view, n: view.waiting,
     "running": lambda req, view, n: view.running,
     "outstanding_requests": lambda req, view, n: view.outstanding_requests,
