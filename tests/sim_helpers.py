@@ -74,7 +74,7 @@ def learned_policy_file(folder: Path, weights: dict[str, float] | None = None) -
     from llmlb_bench.policies.learned import n_params, policy_document, unflatten
 
     f = Features()
-    nt, n_in = len(f.target_names), len(f.target_names) + len(f.request_names)
+    n_in = len(f.target_names) + len(f.request_names)
     v = np.zeros(n_params(n_in, []))
     for name, w in (weights or {"outstanding_requests": -1.0}).items():
         v[f.target_names.index(name)] = w

@@ -152,7 +152,7 @@ def _words(n: int, rid: int) -> str:
 
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
-def test_replayed_turns_extend_the_previous_prompt_and_the_answer_the_server_returned(servers, tmp_path, api):
+def test_replayed_turns_extend_the_previous_prompt_and_the_answer_the_server_returned(servers, tmp_path, api):  # noqa: F811
     rec = Recorder()
     url = servers.aiohttp(rec.app())
     summary, rows, _ = run_replay(_join_trace(), [url], tmp_path, options=ReplayOptions(api=api, scrape_s=None))
@@ -177,7 +177,7 @@ def test_replayed_turns_extend_the_previous_prompt_and_the_answer_the_server_ret
     assert rows[3]["sent_s"] >= max(rows[1]["last_token_s"], rows[2]["last_token_s"]) + 0.1
 
 
-def test_a_threaded_turn_after_reasoning_extends_the_answer_and_budgets_only_its_tokens(servers, tmp_path):
+def test_a_threaded_turn_after_reasoning_extends_the_answer_and_budgets_only_its_tokens(servers, tmp_path):  # noqa: F811
     """The history a next turn extends keeps the answer, not the reasoning streamed before it: the
     assistant message is the answer text and the new text is sized as if no reasoning was there."""
     rec = Recorder(reasoning=9)
@@ -189,7 +189,7 @@ def test_a_threaded_turn_after_reasoning_extends_the_answer_and_budgets_only_its
                                                 {"role": "user", "content": _words(96 - 68, 1)}]
 
 
-def test_without_threading_every_prompt_comes_from_the_trace_hashes(servers, tmp_path):
+def test_without_threading_every_prompt_comes_from_the_trace_hashes(servers, tmp_path):  # noqa: F811
     rec = Recorder()
     url = servers.aiohttp(rec.app())
     run_replay(_join_trace(), [url], tmp_path, options=ReplayOptions(api="completions", thread=False, scrape_s=None))
@@ -303,7 +303,7 @@ def test_keeping_a_conversations_kv_cuts_later_turns_ttft_and_session_time():
     assert on["conversations"]["sessions"] == off["conversations"]["sessions"]
 
 
-def test_worker_processes_thread_a_conversation_in_the_process_that_holds_it(servers, tmp_path):
+def test_worker_processes_thread_a_conversation_in_the_process_that_holds_it(servers, tmp_path):  # noqa: F811
     rec = Recorder()
     url = servers.aiohttp(rec.app())
     t = _join_trace()
@@ -319,7 +319,7 @@ def test_worker_processes_thread_a_conversation_in_the_process_that_holds_it(ser
     assert rec.bodies[11]["prompt"].startswith(rec.bodies[10]["prompt"] + " answer-10 .")
 
 
-def test_a_resumed_run_sends_what_is_left_once_and_joins_wait_only_for_requests_it_sends(servers, tmp_path):
+def test_a_resumed_run_sends_what_is_left_once_and_joins_wait_only_for_requests_it_sends(servers, tmp_path):  # noqa: F811
     """Requests 0 (the parent) and 1 ended in the interrupted run; the resumed run sends 2 at
     once (its parent is done), and the join 3 after 2 alone. 3's parent answered in the other
     run, whose answers are not stored, so its prompt comes from its hashes."""

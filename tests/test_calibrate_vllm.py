@@ -8,7 +8,6 @@ exactly is what the engine publishes and what its prefix cache returns."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

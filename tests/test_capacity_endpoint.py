@@ -55,7 +55,7 @@ def test_bisect_with_the_top_last_finds_the_same_capacity_and_stops_on_budget():
     evaluation; a probe that raises OutOfBudget ends the search with the bracket reached."""
     for threshold in (0.5, 13.0, 150.0, 500.0):
         seen: list[list[float]] = [[], []]
-        outcomes = [bisect(lambda r, s=s: s.append(r) or r <= threshold, 2.0, 200.0, 0.05, high_last=last)
+        outcomes = [bisect(lambda r, s=s, threshold=threshold: s.append(r) or r <= threshold, 2.0, 200.0, 0.05, high_last=last)
                     for s, last in zip(seen, (False, True))]
         assert outcomes[0] == outcomes[1]
         if 2.0 <= threshold < 200.0:

@@ -233,7 +233,6 @@ def test_a_learned_policy_trained_with_predicted_output_needs_and_uses_the_predi
     # a two-replica run trained for one generation with the predictor's feature: the file records
     # the predictor, runs with it, and is refused without it (one line, before any request)
     from llmlb_bench.learn.train import train_policy, write_policy
-    from llmlb_bench.policies.learned import LearnedPolicy
     from llmlb_bench.policies.predictor import Predictor
 
     rng = np.random.default_rng(1)

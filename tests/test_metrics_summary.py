@@ -77,7 +77,7 @@ def test_slo_attainment_and_goodput(hand_run):
 def test_itl_percentiles_match_numpy_on_random_segments(tmp_path):
     rng = np.random.default_rng(3)
     rows, expanded = [], []
-    for rid in range(40):
+    for _ in range(40):
         t, segs, deliveries = 0.0, [], []
         for _ in range(rng.integers(1, 5)):
             t += rng.uniform(0.01, 0.3)

@@ -3,7 +3,6 @@ policy that observes, with the same clock as ``arrival_s``, and the figures matc
 
 from __future__ import annotations
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 

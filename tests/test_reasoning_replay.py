@@ -72,7 +72,7 @@ def test_serve_streams_vllm_reasoning_deltas_and_whole_replies():
         st.close()
 
 
-def test_deepseek_style_reasoning_content_and_usage_count(servers, tmp_path: Path):
+def test_deepseek_style_reasoning_content_and_usage_count(servers, tmp_path: Path):  # noqa: F811
     """``reasoning_content`` deltas (DeepSeek, SGLang) count as reasoning; the usage's
     ``completion_tokens_details.reasoning_tokens`` wins over the chunk count when positive; the first
     chunk with content is the first answer token, even when it also closes the reasoning."""

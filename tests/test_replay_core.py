@@ -138,7 +138,7 @@ def _framed(mode: str) -> bytes:
 
 
 @pytest.mark.parametrize("mode", ["chunked", "until-close", "json"])
-def test_responses_are_parsed_however_the_bytes_arrive(servers, tmp_path, mode):
+def test_responses_are_parsed_however_the_bytes_arrive(servers, tmp_path, mode):  # noqa: F811
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while True:
             try:
@@ -176,7 +176,7 @@ async def _close(srv: asyncio.AbstractServer) -> None:
 
 
 # -- replays -----------------------------------------------------------------
-def test_every_request_streams_and_is_timed_from_its_schedule(servers, tmp_path):
+def test_every_request_streams_and_is_timed_from_its_schedule(servers, tmp_path):  # noqa: F811
     url, cfg = servers.noop(NoopConfig(ttft_s=0.002, itl_s=0.001))
     trace = make_trace(n=40, rate=200.0, input_tokens=30, output_tokens=6)
     summary, rows, run_dir = run_replay(trace, [url], tmp_path)
@@ -216,7 +216,7 @@ def test_self_check_measures_the_client_against_a_local_noop_server():
     assert fig["flagged"] is False
 
 
-def test_multimodal_rows_carry_real_images_and_audio(servers, tmp_path):
+def test_multimodal_rows_carry_real_images_and_audio(servers, tmp_path):  # noqa: F811
     bodies = []
 
     async def models(request):
@@ -254,14 +254,14 @@ def test_multimodal_rows_carry_real_images_and_audio(servers, tmp_path):
     assert wav[:4] == b"RIFF" and len(wav) == 44 + 2 * 16000 * 1.6
 
 
-def test_output_tokens_are_counted_and_flagged_when_the_server_sends_no_usage(servers, tmp_path):
+def test_output_tokens_are_counted_and_flagged_when_the_server_sends_no_usage(servers, tmp_path):  # noqa: F811
     url, _ = servers.noop(NoopConfig(usage=False))
     _, rows, _ = run_replay(make_trace(n=5, rate=100.0, output_tokens=7), [url], tmp_path)
     assert all(r["output_tokens"] == 7 and r["output_tokens_estimated"] is True for r in rows)
     assert all(r["server_input_tokens"] is None for r in rows)
 
 
-def test_tokenize_makes_prompt_lengths_exact(servers, tmp_path):
+def test_tokenize_makes_prompt_lengths_exact(servers, tmp_path):  # noqa: F811
     url, _ = servers.noop()  # its tokenizer counts bytes, so words cost 3..11 tokens each
     trace = TRACE.conform(pa.table({
         "request_id": pa.array(range(6), pa.int64()), "arrival_s": [0.01 * i for i in range(6)],
@@ -274,7 +274,7 @@ def test_tokenize_makes_prompt_lengths_exact(servers, tmp_path):
     assert summary["prompt_lengths"].startswith("exact")
 
 
-def test_round_robin_splits_evenly_and_least_outstanding_avoids_the_slow_endpoint(servers, tmp_path):
+def test_round_robin_splits_evenly_and_least_outstanding_avoids_the_slow_endpoint(servers, tmp_path):  # noqa: F811
     fast, _ = servers.noop()
     # The slow endpoint holds every request past the end of the 0.4 s schedule, so its
     # outstanding count only grows; the fast one frees its requests within milliseconds,
@@ -288,7 +288,7 @@ def test_round_robin_splits_evenly_and_least_outstanding_avoids_the_slow_endpoin
     assert by[fast] > 3 * by[slow]
 
 
-def test_dependent_requests_leave_after_their_parent_ends(servers, tmp_path):
+def test_dependent_requests_leave_after_their_parent_ends(servers, tmp_path):  # noqa: F811
     url, _ = servers.noop(NoopConfig(itl_s=0.01))
     trace = TRACE.conform(pa.table({
         "request_id": pa.array([1, 2, 3], pa.int64()), "arrival_s": [0.0, 0.0, 0.01],
@@ -301,7 +301,7 @@ def test_dependent_requests_leave_after_their_parent_ends(servers, tmp_path):
     assert all(r["sent_s"] >= r["scheduled_s"] for r in rows)
 
 
-def test_closed_loop_keeps_exactly_n_users_busy(servers, tmp_path):
+def test_closed_loop_keeps_exactly_n_users_busy(servers, tmp_path):  # noqa: F811
     url, _ = servers.noop(NoopConfig(ttft_s=0.01, itl_s=0.005))
     trace = make_trace(n=15, rate=1000.0, output_tokens=4)
     _, rows, _ = run_replay(trace, [url], tmp_path, options=ReplayOptions(users=3, think_s=0.02))
@@ -314,7 +314,7 @@ def test_closed_loop_keeps_exactly_n_users_busy(servers, tmp_path):
     assert max(np.cumsum([d for _, d in events])) == 3
 
 
-def test_worker_processes_share_one_run_and_one_clock(servers, tmp_path):
+def test_worker_processes_share_one_run_and_one_clock(servers, tmp_path):  # noqa: F811
     url, cfg = servers.noop(NoopConfig(itl_s=0.002))
     trace = TRACE.conform(pa.table({
         "request_id": pa.array(range(60), pa.int64()), "arrival_s": [i / 200 for i in range(60)],
@@ -348,7 +348,7 @@ class _Watcher(Policy):
         return self.n % len(view)
 
 
-def test_engine_metrics_are_scraped_into_the_view_and_series(servers, tmp_path):
+def test_engine_metrics_are_scraped_into_the_view_and_series(servers, tmp_path):  # noqa: F811
     url, _ = servers.noop(NoopConfig(itl_s=0.01))  # publishes vllm:num_requests_running
     bare, _ = servers.noop()
     policy = _Watcher()
@@ -366,7 +366,7 @@ def test_engine_metrics_are_scraped_into_the_view_and_series(servers, tmp_path):
     assert max(running for running, _ in policy.seen) >= 5 and policy.seen[-1][1] > 0
 
 
-def test_endpoints_without_metrics_are_not_asked_again(servers, tmp_path):
+def test_endpoints_without_metrics_are_not_asked_again(servers, tmp_path):  # noqa: F811
     calls = []
 
     async def metrics(request):
@@ -417,7 +417,7 @@ class _OneAtATime(Policy):
         return None
 
 
-def test_policy_rejections_and_held_requests_are_honoured(servers, tmp_path):
+def test_policy_rejections_and_held_requests_are_honoured(servers, tmp_path):  # noqa: F811
     url, cfg = servers.noop(NoopConfig(itl_s=0.005))
     _, rows, _ = run_replay(make_trace(n=10, rate=1000.0, output_tokens=4), [url], tmp_path, _OneAtATime())
     assert [r["status"] for r in rows] == ["ok", "rejected"] * 5
@@ -430,7 +430,7 @@ def test_policy_rejections_and_held_requests_are_honoured(servers, tmp_path):
 # -- CLI -----------------------------------------------------------------------
 
 
-def test_cli_replays_and_never_stores_the_api_key(servers, tmp_path, capsys, monkeypatch):
+def test_cli_replays_and_never_stores_the_api_key(servers, tmp_path, capsys, monkeypatch):  # noqa: F811
     seen = []
 
     async def models(request):

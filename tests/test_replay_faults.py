@@ -103,7 +103,7 @@ class Faults:
 
 
 @pytest.fixture
-def faults(servers):
+def faults(servers):  # noqa: F811
     f = Faults()
     base = servers.aiohttp(f.app())
     return f, base
@@ -211,7 +211,7 @@ def test_a_server_that_drops_kept_alive_connections_is_survived(faults, tmp_path
         assert len(f.calls[fault]) > 30
 
 
-def test_an_endpoint_down_at_start_is_avoided_then_used_once_it_comes_up(faults, servers, tmp_path):
+def test_an_endpoint_down_at_start_is_avoided_then_used_once_it_comes_up(faults, servers, tmp_path):  # noqa: F811
     f, base = faults
     reserved = socket.socket()  # bound, not listening: connections are refused
     reserved.bind(("127.0.0.1", 0))

@@ -92,7 +92,7 @@ def test_a_counter_source_gives_exact_mean_power_and_missed_readings_leave_no_ho
     assert sampler.describe()["A"] == {"source": "fake-counter", "readings": 4, "failed_readings": 1}
 
 
-def test_replay_with_a_counter_source_conserves_energy(servers, tmp_path):
+def test_replay_with_a_counter_source_conserves_energy(servers, tmp_path):  # noqa: F811
     url, _ = servers.noop(NoopConfig(ttft_s=0.02, itl_s=0.01))
     trace = make_trace(n=40, rate=40.0, output_tokens=20)
     options = ReplayOptions(power_interval_s=0.1, scrape_s=0.1)
@@ -140,7 +140,7 @@ def _dcgm_app(kind: str) -> web.Application:
 
 
 @pytest.mark.parametrize("kind", ["gauge", "counter"])
-def test_cli_reads_a_dcgm_exporter_and_fills_energy(servers, tmp_path, capsys, kind):
+def test_cli_reads_a_dcgm_exporter_and_fills_energy(servers, tmp_path, capsys, kind):  # noqa: F811
     url, _ = servers.noop(NoopConfig(itl_s=0.005))
     dcgm = servers.aiohttp(_dcgm_app(kind))
     write_trace(make_trace(n=30, rate=30.0, output_tokens=10), tmp_path / "t.parquet")
@@ -165,7 +165,7 @@ def test_cli_reads_a_dcgm_exporter_and_fills_energy(servers, tmp_path, capsys, k
     assert energy["domains"][url]["idle_j"] >= 0 and energy["domains"][url]["failed_readings"] == 0
 
 
-def test_one_source_for_several_endpoints_is_one_fleet_domain(servers):
+def test_one_source_for_several_endpoints_is_one_fleet_domain(servers):  # noqa: F811
     a, _ = servers.noop()
     b, _ = servers.noop()
     [fleet] = open_sources(["constant:700"], [a, b])
@@ -174,7 +174,7 @@ def test_one_source_for_several_endpoints_is_one_fleet_domain(servers):
     assert [(d.target, d.endpoints) for d in per] == [(a, [a]), (b, [b])]
 
 
-def test_power_source_errors_are_one_line_and_write_nothing(servers, tmp_path, capsys, monkeypatch):
+def test_power_source_errors_are_one_line_and_write_nothing(servers, tmp_path, capsys, monkeypatch):  # noqa: F811
     url, _ = servers.noop()
     write_trace(make_trace(n=2), tmp_path / "t.parquet")
 
@@ -205,7 +205,7 @@ def test_open_sources_rejects_a_count_that_fits_neither_rule():
         open_sources(["constant:1", "constant:2"], ["a", "b", "c"])
 
 
-def test_worker_processes_share_the_parents_power_readings(servers, tmp_path):
+def test_worker_processes_share_the_parents_power_readings(servers, tmp_path):  # noqa: F811
     url, _ = servers.noop(NoopConfig(itl_s=0.005))
     options = ReplayOptions(workers=2, power_sources=["constant:250"], power_interval_s=0.1, scrape_s=None)
     with RunStore(tmp_path, config={}, backend="replay", run_id="w") as run:

@@ -111,7 +111,7 @@ def _accounting(rows: list[dict]) -> list[tuple]:
              token_count(r)) for r in rows]
 
 
-def test_ray_actors_give_the_rows_of_process_workers(ray_instance, servers, tmp_path):
+def test_ray_actors_give_the_rows_of_process_workers(ray_instance, servers, tmp_path):  # noqa: F811
     url, _ = servers.noop(NoopConfig(itl_s=0.002))
     trace = _family_trace()
     _, by_process, _ = run_replay(trace, [url], tmp_path, options=ReplayOptions(workers=2), run_id="p")
@@ -130,7 +130,7 @@ def test_ray_actors_give_the_rows_of_process_workers(ray_instance, servers, tmp_
         assert abs(w["offset_s"]) <= w["uncertainty_s"] + 1e-4 and abs(w["offset_after_s"]) < 0.05
 
 
-def test_skewed_actor_clocks_are_measured_and_corrected(ray_instance, servers, tmp_path):
+def test_skewed_actor_clocks_are_measured_and_corrected(ray_instance, servers, tmp_path):  # noqa: F811
     url, cfg = servers.noop()
     options = ReplayOptions(workers=2, executor="ray", scrape_s=None)
     trace = make_trace(n=80, rate=100.0, output_tokens=2)
@@ -154,7 +154,7 @@ def test_skewed_actor_clocks_are_measured_and_corrected(ray_instance, servers, t
     assert read.min() > -1e-3 and np.median(read) < 0.005
 
 
-def test_a_dead_actor_keeps_the_rows_it_had_finished_and_leaves_a_partial_run(ray_instance, servers, tmp_path):
+def test_a_dead_actor_keeps_the_rows_it_had_finished_and_leaves_a_partial_run(ray_instance, servers, tmp_path):  # noqa: F811
     """Rows travel back while the run goes on: what the lost actor finished before the parent's last
     collection is kept as it was; its other requests are error/interrupted (due before it was seen
     gone: maybe sent) or not_sent; one row per request all the same."""
@@ -202,7 +202,7 @@ def test_cli_refuses_ray_options_that_do_not_fit(tmp_path, capsys, args, fragmen
 
 
 @pytest.mark.slow
-def test_cli_ray_run_interrupted_then_resumed_has_one_row_per_request(servers, tmp_path):
+def test_cli_ray_run_interrupted_then_resumed_has_one_row_per_request(servers, tmp_path):  # noqa: F811
     """The whole path a user takes: a private Ray instance per command, Ctrl-C, --resume (about 30 s)."""
     url, cfg = servers.noop(NoopConfig(itl_s=0.01))
     trace = tmp_path / "t.parquet"
@@ -233,7 +233,7 @@ def test_cli_ray_run_interrupted_then_resumed_has_one_row_per_request(servers, t
     assert sorted(r["request_id"] for r in rows) == list(range(80)) and {r["status"] for r in rows} == {"ok"}
 
 
-def test_actors_the_cluster_cannot_place_are_a_one_line_error(ray_instance, servers, tmp_path, monkeypatch):
+def test_actors_the_cluster_cannot_place_are_a_one_line_error(ray_instance, servers, tmp_path, monkeypatch):  # noqa: F811
     """Last in the module: the unplaceable actor's request may linger in the shared instance."""
     import llmlb_bench.replay.ray_workers as ray_workers
 

@@ -27,7 +27,7 @@ def _meta(run_dir) -> dict:
     return json.loads((run_dir / "run.json").read_text())
 
 
-def test_run_json_records_the_event_loop_that_ran(servers, tmp_path, monkeypatch):
+def test_run_json_records_the_event_loop_that_ran(servers, tmp_path, monkeypatch):  # noqa: F811
     pytest.importorskip("uvloop")  # a core dependency on CPython/Linux; absent only on other platforms
     url, _ = servers.noop()
     trace = make_trace(n=5, rate=50.0, output_tokens=4)
@@ -50,7 +50,7 @@ def test_received_count_reads_the_noop_counter_and_vllms_finished_running_waitin
     assert received_count("llamacpp:requests_processing 2\n") is None  # no count of requests received
 
 
-def test_an_on_time_server_agrees_with_the_client(servers, tmp_path):
+def test_an_on_time_server_agrees_with_the_client(servers, tmp_path):  # noqa: F811
     url, cfg = servers.noop()
     trace = make_trace(n=60, rate=40.0, output_tokens=4)  # 1.5 s
     summary, rows, run_dir = run_replay(trace, [url], tmp_path, options=ReplayOptions(scrape_s=0.2))
@@ -99,7 +99,7 @@ class StallingServer:
         self.sock.close()
 
 
-def test_a_server_that_stops_accepting_is_flagged_though_the_client_sent_on_time(servers, tmp_path, capsys):
+def test_a_server_that_stops_accepting_is_flagged_though_the_client_sent_on_time(servers, tmp_path, capsys):  # noqa: F811
     cfg = NoopConfig(ttft_s=1.0)  # each stream holds its connection for a second: new requests need new ones
     srv = StallingServer(servers, cfg)
     try:

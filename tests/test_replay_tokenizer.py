@@ -119,7 +119,7 @@ def test_exact_prompts_still_share_exactly_the_hashed_prefix(kind):
     assert b.text(64, [1, 2, 3, 4], 0) == PromptBuilder(16, after, lead).text(64, [1, 2, 3, 4], 0)  # deterministic
 
 
-def _usage_server(servers, tok: Tokenizer) -> str:
+def _usage_server(servers, tok: Tokenizer) -> str:  # noqa: F811
     """An OpenAI-compatible server that counts prompt tokens with ``tok`` (as a real engine would)."""
     async def models_(request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "m"}]})
@@ -143,7 +143,7 @@ def _usage_server(servers, tok: Tokenizer) -> str:
 
 
 
-def test_cli_tokenizer_makes_the_servers_prompt_counts_equal_the_trace(servers, tmp_path, capsys):
+def test_cli_tokenizer_makes_the_servers_prompt_counts_equal_the_trace(servers, tmp_path, capsys):  # noqa: F811
     tok = sentencepiece_style()
     folder = tmp_path / "tok"
     folder.mkdir()

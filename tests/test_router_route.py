@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 from aiohttp import web
 
 from llmlb_bench.policies import make_policy

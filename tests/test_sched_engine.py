@@ -73,7 +73,7 @@ def test_deadline_scheduler_serves_the_earliest_ttft_deadline(tmp_path):
     assert order == [0, 2, 4, 5, 1, 3]
 
 
-def test_deadline_scheduler_preempts_the_latest_deadline(tmp_path, tiny_kv_catalog):
+def test_deadline_scheduler_preempts_the_latest_deadline(tmp_path, tiny_kv_catalog):  # noqa: F811
     cfg = dict(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, catalogs=(tiny_kv_catalog,),
                max_num_batched_tokens=8192, max_num_seqs=256)
     slo = pa.array(["tight", "loose", "tight"]).dictionary_encode()
@@ -105,7 +105,7 @@ def test_vtc_lifts_a_returning_tenant_instead_of_letting_it_catch_up(tmp_path):
     assert after.count("c") >= 3
 
 
-def test_vtc_counters_equal_the_weighted_service_delivered(tmp_path, tiny_kv_catalog):
+def test_vtc_counters_equal_the_weighted_service_delivered(tmp_path, tiny_kv_catalog):  # noqa: F811
     # a small KV cache forces preemptions: prompts must count once, decode tokens exactly
     rng = np.random.default_rng(5)
     n = 40

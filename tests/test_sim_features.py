@@ -327,7 +327,7 @@ def test_priority_scheduling_admits_urgent_requests_first(tmp_path):
     assert _service_order(prio) == [0, 4, 2, 1, 3]
 
 
-def test_priority_scheduling_preempts_the_least_urgent(tmp_path, tiny_kv_catalog):
+def test_priority_scheduling_preempts_the_least_urgent(tmp_path, tiny_kv_catalog):  # noqa: F811
     cfg = dict(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, catalogs=(tiny_kv_catalog,),
                max_num_batched_tokens=8192, max_num_seqs=256)
     # three long requests that cannot all keep growing in 631 blocks; the middle one is least urgent

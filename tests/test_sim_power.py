@@ -3,7 +3,6 @@ the green knobs (SM clock, power cap) of the cost model."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 

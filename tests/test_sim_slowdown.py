@@ -46,7 +46,7 @@ def test_other_replicas_are_untouched(tmp_path):
     base = _times(run_sim(tmp_path, table, ClusterConfig.build(**cfg), "round_robin", run_id="b")[0])
     slow = _times(run_sim(tmp_path, table, ClusterConfig.build(**cfg, slowdowns=[
         {"target": "r1", "at_s": 0.5, "factor": 2.0}]), "round_robin", run_id="s")[0])
-    for rid, (ttft, e2e, target) in base.items():
+    for rid, (_ttft, e2e, target) in base.items():
         assert slow[rid][2] == target
         assert slow[rid][1] == pytest.approx(e2e * (2.0 if target == "r1" else 1.0), rel=1e-9)
 

@@ -117,8 +117,8 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
         c = counts[run_id]
         duration = durations[run_id]
         window = arrival_window(c["requests"], c["t0"], c["last_scheduled"], metas[run_id]) or duration
-        per_s = (lambda x: x / window) if window > 0 else (lambda x: None)
-        per_d = (lambda x: x / duration) if duration > 0 else (lambda x: None)
+        per_s = (lambda x, w=window: x / w) if window > 0 else (lambda x: None)
+        per_d = (lambda x, d=duration: x / d) if duration > 0 else (lambda x: None)
         offered = offered_rate(metas[run_id], c["requests"], c["t0"], c["last_scheduled"])
         s: dict[str, Any] = {
             "run_id": run_id, "label": run["label"], "policy": run["policy"],

@@ -224,8 +224,8 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, o
                                 f"(each needs one free CPU on the cluster)", "--workers")
             live: dict[int, ClockOffset] = {}
             for k, ref in enumerate(prepared):
-                place, error = _get(ray, lambda: ray.get(ref))
-                offset, error = (None, error) if error else _get(ray, lambda: _offset(ray, actors[k]))
+                place, error = _get(ray, lambda ref=ref: ray.get(ref))
+                offset, error = (None, error) if error else _get(ray, lambda k=k: _offset(ray, actors[k]))
                 if offset is None:
                     details[k]["error"] = error
                     continue
@@ -245,10 +245,10 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, o
                     k = running.pop(ref)
                     for call in [c for c, j in asked.items() if j == k]:   # rows it took before the end
                         _collect(ray, call, asked.pop(call), live, t0_wall, streamed)
-                    result, error = _get(ray, lambda: ray.get(ref))
+                    result, error = _get(ray, lambda ref=ref: ray.get(ref))
                     if error is None:
                         outcomes[k] = _outcome(result, live[k], t0_wall, details[k])
-                        after, _ = _get(ray, lambda: _offset(ray, actors[k]))  # the drift, not corrected
+                        after, _ = _get(ray, lambda k=k: _offset(ray, actors[k]))  # the drift, not corrected
                         details[k]["offset_after_s"] = after.offset_s if after is not None else None
                     else:  # the actor is gone: it stopped sending by now at the latest
                         details[k]["error"] = error

@@ -305,7 +305,7 @@ def _control_rows(runs: list[dict[str, Any]]) -> list[tuple[str, Getter, str]]:
         first = next(s for s in runs if _get(s, "control", sig))
         label = names[sig].format(q=100 * first["control"]["quantile"], b=first["control"]["bin_s"])
         rows += [(f"{label}: settling time (s)", settling(sig), "s"),
-                 (f"  overshoot (% of the change)", _pct(("control", sig, "overshoot")), ",.0f")]
+                 ("  overshoot (% of the change)", _pct(("control", sig, "overshoot")), ",.0f")]
         if sig == "ttft":
             rows.append(("  steady-state error (% of the SLO)", _pct(("control", sig, "steady_state_error")), ",.0f"))
         rows += [("  sign changes of the error", scaled(("control", sig, "sign_changes"), 1), ",d"),
@@ -446,7 +446,7 @@ def verdict_tables(doc: dict[str, Any]) -> list[Table]:
                   ["figure", "base", "cand", "change\n%", "95% CI\n%", "p\nHolm", "verdict"])
         for c in comp["changes"]:
             scale, spec, unit = _VERDICT_UNITS.get(c["metric"], (1.0, ",.2f", ""))
-            val = lambda x: "-" if x is None else fmt(x * scale, spec)  # noqa: E731
+            val = lambda x, scale=scale, spec=spec: "-" if x is None else fmt(x * scale, spec)  # noqa: E731
             ci = "-" if c["low"] is None else f"{100 * c['low']:+.1f}..{100 * c['high']:+.1f}"
             t.rows.append([f"{c['figure']} {unit.strip()}".strip(),
                            val(c["baseline_value"]), val(c["candidate_value"]),

@@ -40,7 +40,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from operator import itemgetter
 from time import perf_counter
-from typing import Any, Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import Decision, Outcome, Policy, PolicyError, RouteRequest, Router, View
@@ -464,7 +464,7 @@ def last_step_by(runs: list[tuple[int, float, float, int, float]], t: float) -> 
 def next_step_end(runs: list[tuple[int, float, float, int, float]], t: float, run_end: float) -> float:
     """End time of the first step that ends after ``t`` in the run in flight (or the applied
     mixed step just before it); ``run_end`` when there is none."""
-    for first, start, gap, count, _ in runs[-2:]:
+    for _first, start, gap, count, _ in runs[-2:]:
         if start + count * gap > t + _EPS:
             k = int((t - start) / gap + _EPS) + 1
             return start + min(max(k, 1), count) * gap

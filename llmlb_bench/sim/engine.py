@@ -35,7 +35,7 @@ import itertools
 import math
 import time
 from heapq import heappop, heappush
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa

@@ -43,7 +43,7 @@ class Executor(ABC):
     @abstractmethod
     def run(self, fn: Callable[..., R], tasks: Iterable[T], *args: Any) -> Iterator[tuple[T, R]]: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (not abstract: nothing to release is a valid default)
         """Release workers (idempotent)."""
 
     def __enter__(self) -> "Executor":
