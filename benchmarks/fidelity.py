@@ -305,7 +305,8 @@ def tiny_kv(bench: Bench, model: Path, profile: dict[str, Any]) -> dict[str, Any
         real_preempt = metric_total(reps.urls[0], "vllm:num_preemptions_total") - before
     sim = bench.simulate(table, path, ClusterConfig.build(replicas=1).with_profile(small), seed=0)
     return {"blocks": blocks, "preemptions_real": real_preempt,
-            "preemptions_sim": sum(r["preemptions"] or 0 for r in sim)}
+            "preemptions_sim": sum(r["preemptions"] or 0 for r in sim),
+            "ok": {"real": sum(r["status"] == "ok" for r in real), "sim": sum(r["status"] == "ok" for r in sim)}}
 
 
 def metric_total(url: str, name: str) -> float:
