@@ -96,7 +96,7 @@ def test_real_entry_point_reports_bad_trace_in_one_line(tmp_path):
     bad = tmp_path / "trace.parquet"
     bad.write_text("hello")
     proc = subprocess.run([sys.executable, "-m", "llmlb_bench", "simulate", str(bad), "--results", str(tmp_path / "res")],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=300)
     assert_one_line_error(proc.returncode, proc.stderr, str(bad), "not a readable Parquet file")
     assert not (tmp_path / "res").exists()
 

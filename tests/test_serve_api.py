@@ -188,7 +188,7 @@ def test_a_client_disconnect_aborts_the_request(srv, url):
     with raw_socket(url) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         assert b'"text"' in read_until(sock, b'"text"')
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120    # generous: the loop ends as soon as the abort is seen
     while srv.call(lambda: fleet.states[0].metrics.aborted) == before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert srv.call(lambda: (fleet.states[0].metrics.aborted, len(fleet.replicas[0].running))) == (before + 1, 0)

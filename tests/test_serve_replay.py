@@ -110,7 +110,7 @@ def _start_server(*args: str) -> tuple[subprocess.Popen, list[str]]:
     urls: list[str] = []
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 600    # generous: the loop ends once every replica's URL is printed
     while not urls or len(urls) < int(args[args.index("--replicas") + 1]) and "--port-per-replica" in args:
         if time.monotonic() > deadline or not sel.select(timeout=1) and proc.poll() is not None:
             proc.kill()
@@ -123,7 +123,7 @@ def _start_server(*args: str) -> tuple[subprocess.Popen, list[str]]:
 
 def _stop_server(proc: subprocess.Popen) -> str:
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     return out
 

@@ -74,7 +74,7 @@ def test_sigterm_marks_run_partial_in_a_real_process(tmp_path):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     meta = json.loads((tmp_path / "term" / "run.json").read_text())
     assert meta["status"] == "partial" and meta["reason"] == "interrupted"
