@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from llmlb_bench.metrics.pacing import Streams, deadline_walk, fluid_deadlines, pacing, slowest_gap_mean
+from llmlb_bench.metrics.pacing import Streams, deadline_walk, fluid_deadlines, pacing, slowest_gap_mean, subset
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sample import blocks, create_token_table, is_sampled
 from llmlb_bench.metrics.sql import request_metrics_sql
@@ -138,3 +138,37 @@ def test_slowest_ten_percent_mean_matches_the_expanded_gaps_with_ties():
                     offsets=np.array([0, n]))
         gaps = np.sort(np.repeat(value, mult))[::-1]
         assert slowest_gap_mean(s) == pytest.approx(gaps[:math.ceil(0.1 * len(gaps))].mean(), rel=1e-12)
+
+
+@pytest.mark.parametrize("n", [2, 3, 57, 400])
+def test_pruned_search_gives_the_same_quantile_bit_for_bit(n):
+    """Requests leave the search once they cannot be the quantile's order statistics; the quantile
+    must come out exactly as from every request's own deadline (and it must prune something)."""
+    rng = np.random.default_rng(n)
+    rows = []
+    for _ in range(n):
+        t = ttft = float(rng.uniform(0.05, 1.0))
+        segs = []
+        for _ in range(rng.integers(1, 30)):
+            gap, count = float(rng.choice([0.0, rng.lognormal(-3, 1)])), int(rng.integers(1, 20))
+            segs.append(seg(t, gap, count))
+            t = t + gap * (count - 1) + float(rng.exponential(0.1))
+        rows.append((ttft, segs))
+    s = streams(rows)
+    every = fluid_deadlines(s)
+    for q in (0.0, 0.5, 0.99, 1.0):
+        pruned = fluid_deadlines(s, q)
+        assert np.quantile(pruned, q) == np.quantile(every, q)
+        if n >= 57:
+            assert (pruned != every).any()    # some requests left the search early
+
+
+def test_subset_walks_each_kept_request_as_the_whole_does():
+    rng = np.random.default_rng(3)
+    rows = [(0.2, [seg(0.2, float(rng.uniform(0.01, 0.1)), int(rng.integers(2, 9))),
+                   seg(3.0, 0.05, int(rng.integers(1, 5)))][: int(rng.integers(1, 3))]) for _ in range(30)]
+    s = streams(rows)
+    keep = rng.random(30) < 0.4
+    d = rng.uniform(0.01, 0.2, 30)
+    whole, part = deadline_walk(s, d, None), deadline_walk(subset(s, keep), d[keep], None)
+    assert (whole[0][keep] == part[0]).all() and (whole[1][keep] == part[1]).all()
