@@ -2,6 +2,7 @@
 
     python benchmarks/sim_speed.py                       # 1M requests, 16 replicas, both token_times modes
     python benchmarks/sim_speed.py --requests 100000 --token-times summary
+    python benchmarks/sim_speed.py --requests 100000 --token-times summary --profile   # where the time goes
 
 Prints, per run: wall and CPU seconds of the simulation (trace generation excluded),
 simulated requests per second of wall time, events, and peak resident memory of the
@@ -13,7 +14,10 @@ workloads/chat.toml with its request count raised and its rate scaled by replica
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import os
+import pstats
 import resource
 import subprocess
 import sys
@@ -24,7 +28,27 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def one(requests: int, replicas: int, token_times: str, policy: str) -> dict:
+#: where a function's own time goes in the --profile split: (substring of its file or name, label); first match wins
+PLACES = (("sim/replica.py", "replica: step boundary, planning, apply, admission, KV"),
+          ("sim/engine.py", "event loop and dispatch glue"), ("heapq", "event loop and dispatch glue"),
+          ("policies/", "routing: Router, policy, view books"), ("trace_columns.py", "routing: Router, policy, view books"),
+          ("sim/cost.py", "step cost model"), ("sim/results.py", "results: rows, Parquet"),
+          ("store/", "results: rows, Parquet"), ("pyarrow", "results: rows, Parquet"),
+          ("fromiter", "results: rows, Parquet"), ("gc.collect", "garbage collection"))
+
+
+def split(stats: pstats.Stats) -> list[tuple[str, float]]:
+    """Share of the profiled time per place (a function's own time, callees apart), largest first."""
+    by: dict[str, float] = {}
+    for (path, _, name), (_, _, own, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+        place = next((label for key, label in PLACES if key in path or key in name),
+                     "builtins (len, append, min...), timeline, series, other")
+        by[place] = by.get(place, 0.0) + own
+    total = sum(by.values()) or 1.0
+    return sorted(((k, v / total) for k, v in by.items()), key=lambda kv: -kv[1])
+
+
+def one(requests: int, replicas: int, token_times: str, policy: str, profile: bool = False) -> dict:
     from llmlb_bench.policies import make_policy
     from llmlb_bench.sim import ClusterConfig, simulate
     from llmlb_bench.store import RunStore
@@ -34,16 +58,23 @@ def one(requests: int, replicas: int, token_times: str, policy: str) -> dict:
     trace = generate(spec, rate_scale=replicas / 4)
     cfg = ClusterConfig.build(replicas=replicas, token_times=token_times)
     with tempfile.TemporaryDirectory() as results:
+        prof = cProfile.Profile(time.process_time) if profile else None   # CPU clock: the machine may be loaded
         wall0, cpu0 = time.perf_counter(), time.process_time()
         with RunStore(results, config={"cluster": cfg.to_dict()}, backend="sim", label="speed") as run:
+            if prof is not None:
+                prof.enable()
             summary = simulate(trace, cfg, make_policy(policy), run)
+            if prof is not None:
+                prof.disable()
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         size = sum(f.stat().st_size for f in run.dir.rglob("*") if f.is_file())   # tables are part folders
     return {"requests": requests, "replicas": replicas, "token_times": token_times, "policy": policy,
             "wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "requests_per_s": round(requests / wall),
             "events": summary["events"], "sim_time_s": round(summary["sim_time_s"], 1),
             "status": summary["status"], "results_mb": round(size / 1e6, 1),
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "load_average": os.getloadavg()[0],
+            **({"profile": [(k, round(100 * v, 1)) for k, v in split(pstats.Stats(prof))]} if prof else {})}
 
 
 def main() -> None:
@@ -53,14 +84,19 @@ def main() -> None:
     ap.add_argument("--token-times", choices=("segments", "summary", "both"), default="both")
     ap.add_argument("--policy", default="least_outstanding")
     ap.add_argument("--json", action="store_true", help="print one JSON object per run")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile simulate() (CPU clock) and print the share of time per place; times then inflate")
     args = ap.parse_args()
     if args.token_times != "both":
-        out = one(args.requests, args.replicas, args.token_times, args.policy)
+        out = one(args.requests, args.replicas, args.token_times, args.policy, args.profile)
         print(json.dumps(out) if args.json else _line(out))
+        for place, pct in out.get("profile", []) if not args.json else []:
+            print(f"  {pct:5.1f}%  {place}")
         return
     for mode in ("summary", "segments"):
         cmd = [sys.executable, __file__, "--requests", str(args.requests), "--replicas", str(args.replicas),
-               "--token-times", mode, "--policy", args.policy] + (["--json"] if args.json else [])
+               "--token-times", mode, "--policy", args.policy]
+        cmd += (["--json"] if args.json else []) + (["--profile"] if args.profile else [])
         subprocess.run(cmd, check=True)
 
 
@@ -68,7 +104,7 @@ def _line(r: dict) -> str:
     return (f"{r['requests']:,} requests on {r['replicas']} replicas ({r['policy']}, token_times={r['token_times']}): "
             f"wall {r['wall_s']} s, cpu {r['cpu_s']} s, {r['requests_per_s']:,} req/s, {r['events']:,} events, "
             f"peak RSS {r['peak_rss_mb']} MB, results {r['results_mb']} MB, simulated {r['sim_time_s']} s, "
-            f"status {r['status']}")
+            f"status {r['status']}, load average {r['load_average']:.1f}")
 
 
 if __name__ == "__main__":
