@@ -268,7 +268,17 @@ def _cell(fig: str, f: Mapping[str, Any]) -> str:
 
 def markdown(records: Sequence[Mapping[str, Any]], header: str) -> str:
     """The benchmark's report: per task, every policy's figures and the learning policies' verdicts."""
-    lines = [header, ""]
+    lines = [header, "", "Verdicts against each task's best heuristic (attainment / mean TTFT / p99 TTFT):", "",
+             "| task | best heuristic | its attainment | bandit | learned | learned's attainment |",
+             "|---|---|---|---|---|---|"]
+    for rec in records:
+        verdict = {c: " / ".join(r["verdict"] for r in rec["comparisons"] if r["candidate"] == c)
+                   for c in ("bandit", "learned")}
+        best = rec["best_heuristic"]
+        lines.append(f"| {rec['task']} | {best} | {_fmt('attainment', rec['figures'][best]['attainment']['mean'])} | "
+                     f"{verdict['bandit']} | {verdict['learned']} | "
+                     f"{_fmt('attainment', rec['figures']['learned']['attainment']['mean'])} |")
+    lines.append("")
     for rec in records:
         lines += [f"## {rec['task']}", "", rec["description"], "",
                   f"Workload `{rec['workload']}` ({rec['requests']} requests per evaluation trace), SLO "
