@@ -91,3 +91,16 @@ def test_verdicts_follow_the_direction_of_each_figure():
     assert verdicts == {"attainment": "tie", "mean_ttft": "win", "p99_ttft": "win"}
     verdicts = {r["figure"]: r["verdict"] for r in compare({"b": fast, "c": slow}, "b", ["c"])}
     assert verdicts == {"attainment": "tie", "mean_ttft": "loss", "p99_ttft": "loss"}
+
+
+def test_the_committed_benchmark_policies_load_with_this_feature_layout():
+    # reports/learning/ holds the files the benchmark trained: a change of the feature layout that
+    # makes them unreadable must bump its version and rerun the benchmark (llmlb learn bench)
+    from llmlb_bench.policies import RouteRequest, TargetInfo, View, make_policy
+
+    files = sorted((ROOT / "reports" / "learning").glob("*/policy.json"))
+    assert len(files) >= 4
+    for f in files:
+        policy = make_policy("learned", {"path": str(f)})
+        view = View([TargetInfo(f"t{i}") for i in range(4)], outstanding_requests=[3, 0, 5, 1])
+        assert 0 <= policy.choose(RouteRequest(0, 0.0, 100, 50), view) < 4
