@@ -91,3 +91,25 @@ def test_llmlb_route_with_a_policy_file_decides_as_the_file_does_on_its_logged_o
     assert len(decisions) == 16
     assert {d["target"] for d in decisions} == {0, 1}
     assert max(max(row[2] for row in d["targets"]) for d in decisions) > 0   # in-flight counts were seen
+
+
+def test_a_policy_file_needing_scraped_signals_is_refused_when_nothing_is_scraped(tmp_path):
+    """Trained on queues and KV use, it would see zeros in deployment: one line, before any work."""
+    import subprocess
+    import sys
+
+    path = learned_policy_file(tmp_path)          # the default layout: waiting, running, kv_usage ...
+    trace = tmp_path / "t.parquet"
+    from llmlb_bench.schema import write_trace
+    write_trace(make_trace(n=3), trace)
+    for args in (["route", "-b", "http://127.0.0.1:9", "--port", "0"],
+                 ["replay", str(trace), "-e", "http://127.0.0.1:9"]):
+        out = subprocess.run([sys.executable, "-m", "llmlb_bench", *args, "-p", "learned", "--policy-arg",
+                              f"path={path}", "--scrape-interval", "0", "--results", str(tmp_path / "r")],
+                             capture_output=True, text=True)
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.strip().splitlines() == [
+            f"error: --scrape-interval: policy file {path} needs waiting, running, kv_usage, adapter_resident, "
+            f"adapter_slots_free, signal_age_s, which this backend cannot fill without scraping the engines' "
+            f"metrics"], out.stderr
+        assert not (tmp_path / "r").exists()

@@ -99,7 +99,10 @@ def replay(
                           between_tokens=_timeout(token_timeout), total=_timeout(total_timeout)))
     table = read_trace(trace)
     policy_args = parse_args(policy_arg)
-    make_policy(policy, policy_args, seed=seed)   # a bad --policy or --policy-arg stops before the preflight
+    pol = make_policy(policy, policy_args, seed=seed)   # a bad --policy or --policy-arg stops before the preflight
+    if scrape <= 0:
+        from llmlb_bench.policies.learned import check_sources
+        check_sources(pol, set(), "--scrape-interval")
     pre = preflight(endpoint, options, table)
     power = open_sources(options.power_sources, [ep.url for ep in pre.endpoints]) if power_source else None
     for note in pre.notes:

@@ -56,6 +56,9 @@ def route(
     if not health_s > 0:
         raise UserError(f"must be > 0, got {health_s!r}", "--health-interval")
     pol = make_policy(policy, parse_args(policy_arg), seed=seed)
+    if scrape_s == 0:
+        from llmlb_bench.policies.learned import check_sources
+        check_sources(pol, set(), "--scrape-interval")
     opts = RouteOptions(host=host, port=port, scrape_s=scrape_s, health_s=health_s, retries=retries, drain_s=drain_s)
     config = {"policy": policy, "policy_args": parse_args(policy_arg), "seed": seed, "backends": urls,
               "route": {"host": host, "port": port, "scrape_s": scrape_s, "health_s": health_s, "retries": retries}}

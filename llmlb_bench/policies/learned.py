@@ -30,7 +30,7 @@ import numpy.typing as npt
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies.base import Policy, RouteRequest, View
-from llmlb_bench.policies.features import Features, LengthPredictor
+from llmlb_bench.policies.features import Features, LengthPredictor, unavailable
 from llmlb_bench.policies.predictor import load_predictor
 
 #: format name and version of a policy file (bumped when the meaning of a field changes)
@@ -196,6 +196,12 @@ class LearnedPolicy(Policy):
         self.log = ""
         self._log = None
 
+    def unavailable(self, have: set[str]) -> list[str]:
+        """The features of this policy's layout that a backend publishing only the sources in ``have``
+        (besides own accounting, static facts, the request and prefixes) cannot fill."""
+        names = [str(f["name"]) for part in ("per_target", "per_request") for f in self._layout[part]]
+        return unavailable(names, have)
+
     def features(self, view: View) -> Features:
         """The run's features, built at the first decision (they need the view: number of targets,
         whether it publishes KV events)."""
@@ -239,3 +245,14 @@ class LearnedPolicy(Policy):
                                         "request": r.tolist(), "healthy": list(view.healthy), "tie": self._tie,
                                         "target": target}) + "\n")
         return target
+
+
+def check_sources(policy: object, have: set[str], where: str) -> None:
+    """Refuse, before any work, a learned policy whose features need a source the backend will not
+    publish (e.g. scraped queues and KV use when scraping is off): it was trained on values it
+    would see as zeros."""
+    if isinstance(policy, LearnedPolicy):
+        missing = policy.unavailable(have)
+        if missing:
+            raise UserError(f"policy file {policy.path} needs {', '.join(missing)}, which this backend cannot fill "
+                            f"without scraping the engines' metrics", where)
