@@ -11,7 +11,9 @@ interleaved round by round, so a slow spell of the machine hits every condition 
 * ``short`` / ``long``: the trace's first ``--short`` requests, against all ``--requests``
   (does a longer trace average the engine's slow phases out?);
 * ``gc-off``: the client's Python garbage collector frozen and disabled during the replay
-  (``gc.freeze(); gc.disable()``), against the ordinary client (``short`` is its twin).
+  (``gc.freeze(); gc.disable()``), against the ordinary client (``short`` is its twin);
+* ``same-core``: the client moved onto the engine's core for the replay (``short`` is its twin:
+  the client on the other core).
 
 Per condition: TTFT / TPOT / E2E p50 and p90 of every replay, their coefficient of variation
 and max/min - 1 over the repeats, and the load average beside each replay (the machine's other
@@ -56,10 +58,14 @@ def main() -> None:
     ap.add_argument("--short", type=int, default=80, help="the short trace's requests")
     ap.add_argument("--rate", type=float, default=10.0, help="arrival rate, requests/s (a third of the replica's "
                     "capacity on a quiet machine, about 30 req/s on these traces)")
-    ap.add_argument("--same-core", action="store_true", help="the client on the engine's core (core 1)")
+    ap.add_argument("--conditions", default="short,long,gc-off",
+                    help="conditions replayed each round (short, long, gc-off, same-core)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    os.sched_setaffinity(0, {1} if args.same_core else {0})
+    conditions = [c for c in args.conditions.split(",") if c]
+    if set(conditions) - {"short", "long", "gc-off", "same-core"}:
+        ap.error("--conditions: choose from short, long, gc-off, same-core")
+    os.sched_setaffinity(0, {0})
     out: dict[str, Any] = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "argv": sys.argv[1:],
                            "load_average_start": os.getloadavg(), "replays": []}
     with tempfile.TemporaryDirectory(prefix="llmlb-variance-") as tmp:
@@ -77,6 +83,8 @@ def main() -> None:
                     gc.collect()
                     gc.freeze()
                     gc.disable()
+                if cond == "same-core":
+                    os.sched_setaffinity(0, {1})
                 t0, load = time.time(), os.getloadavg()[0]
                 try:
                     rows = bench.replay(table, path, [url])
@@ -84,6 +92,7 @@ def main() -> None:
                     if cond == "gc-off":
                         gc.enable()
                         gc.unfreeze()
+                    os.sched_setaffinity(0, {0})
                 f = figures(rows)
                 rec = {"condition": cond, "seconds": round(time.time() - t0, 1), "load_average": load,
                        **{k: round(1e3 * f[k], 2) for k in KEYS}}
@@ -94,11 +103,11 @@ def main() -> None:
 
             one("cold")
             for _ in range(args.rounds):
-                for cond in ("short", "long", "gc-off"):
+                for cond in conditions:
                     one(cond)
     out["load_average_end"] = os.getloadavg()
     out["summary"] = {}
-    for cond in ("short", "long", "gc-off"):
+    for cond in ("short", "long", "gc-off", "same-core"):
         reps_ = [r for r in out["replays"] if r["condition"] == cond]
         if len(reps_) > 1:
             out["summary"][cond] = {k: spread([r[k] for r in reps_]) for k in KEYS}
