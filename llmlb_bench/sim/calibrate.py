@@ -106,7 +106,8 @@ def predict_layer(m: Model, g: GPU, tokens: np.ndarray, tp: np.ndarray, compute_
     params = layer_params(m) / tp
     compute = 2.0 * params * tokens / (g.bf16_tflops * 1e12 * compute_efficiency)
     memory = params * m.weight_bytes / (g.hbm_gb_s * 1e9 * memory_efficiency)
-    return np.hypot(compute, memory) + layer_latency_us * 1e-6
+    out: np.ndarray = np.hypot(compute, memory) + layer_latency_us * 1e-6
+    return out
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,8 @@ def relative_errors(profiles: Sequence[Profile], factors: tuple[float, float, fl
     """predicted / measured - 1 for every row of ``profiles``."""
     c, mm, y = _terms(profiles)
     ce, me, lat = factors
-    return (np.hypot(c / ce, mm / me) + lat * 1e-6) / y - 1.0
+    out: np.ndarray = (np.hypot(c / ce, mm / me) + lat * 1e-6) / y - 1.0
+    return out
 
 
 FACTORS = ("compute_efficiency", "memory_efficiency", "layer_latency_us")
@@ -236,7 +238,8 @@ def find_vidur_all_reduce(root: str | Path) -> list[AllReduceProfile]:
 
 def predict_all_reduce(p: AllReduceProfile, latency_us: float, gb_s: float) -> np.ndarray:
     """The cost model's all-reduce: a fixed latency plus 2 (n-1)/n of the message over the link."""
-    return latency_us * 1e-6 + all_reduce_bytes_factor(p.gpus) * p.nbytes / (gb_s * 1e9)
+    out: np.ndarray = latency_us * 1e-6 + all_reduce_bytes_factor(p.gpus) * p.nbytes / (gb_s * 1e9)
+    return out
 
 
 def fit_all_reduce(p: AllReduceProfile) -> tuple[float, float]:

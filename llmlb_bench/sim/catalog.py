@@ -167,7 +167,8 @@ def _check_model(m: Model, where: str) -> None:
 
 def _read_toml(source: Any, where: str) -> dict[str, Any]:
     try:
-        return tomllib.loads(source.read_text(encoding="utf-8"))
+        doc: dict[str, Any] = tomllib.loads(source.read_text(encoding="utf-8"))
+        return doc
     except FileNotFoundError:
         raise UserError("no such file", where) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -57,10 +57,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from math import exp, sqrt
+from typing import TYPE_CHECKING, overload
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim.catalog import GPU, Model
 from llmlb_bench.sim.moe import ExpertLoad
+
+if TYPE_CHECKING:
+    import numpy as np
 
 GIB = float(1 << 30)
 #: memory the engine needs besides weights, activations and KV: CUDA context, NCCL buffers, CUDA graphs
@@ -82,8 +86,13 @@ def busy_activity(floor: float, scale: float, compute_share: float) -> float:
     return floor + (1.0 - floor) * (1.0 - exp(-compute_share / scale))
 
 
-def all_reduce_bytes_factor(tp: int) -> float:
-    """Bytes a ring all-reduce moves over each GPU's link per byte of message: 2 (tp - 1) / tp."""
+@overload
+def all_reduce_bytes_factor(tp: int) -> float: ...
+@overload
+def all_reduce_bytes_factor(tp: np.ndarray) -> np.ndarray: ...
+def all_reduce_bytes_factor(tp: int | np.ndarray) -> float | np.ndarray:
+    """Bytes a ring all-reduce moves over each GPU's link per byte of message: 2 (tp - 1) / tp
+    (elementwise over an array of GPU counts, as calibration fits it)."""
     return 2 * (tp - 1) / tp
 
 
@@ -298,7 +307,8 @@ class CostModel:
         g = self.gpu
         if clock == 1.0:
             return 1.0
-        return g.clock_invariant_power + (1.0 - g.clock_invariant_power) * clock ** g.clock_power_exponent
+        rel: float = g.clock_invariant_power + (1.0 - g.clock_invariant_power) * clock ** g.clock_power_exponent
+        return rel
 
     def run_step(self, tokens: int, attn: float, kv: float, sampled: int) -> tuple[float, float]:
         """(step time, power) of a step with ``tokens`` new tokens attending to ``attn`` context
@@ -336,6 +346,8 @@ class CostModel:
         """(step time, power) of a step whose power at the set clock exceeds the cap: the clock
         the GPU's governor would settle at, the highest that keeps the step's power under the
         cap (bisection; compute time grows as the clock falls)."""
+        cap = self._cap_activity
+        assert cap is not None      # called only under a power cap
         lo, hi = 0.0, 1.0           # the clock, as a fraction of the set one: lo fits under the cap, hi does not
         best = (0.0, 0.0)
         for _ in range(CAP_BISECTIONS):
@@ -344,7 +356,7 @@ class CostModel:
             skewed = c + (self._skew(tokens) / mid if self.expert_load is not None else 0.0)
             total = sqrt(skewed * skewed + memory * memory) + self._fixed + comm
             activity = self._activity(c, self._comm_fixed + comm, total) * self.clock_power(self.gpu_clock * mid)
-            if activity <= self._cap_activity:
+            if activity <= cap:
                 lo, best = mid, (total, self._idle_w + self._dyn_w * activity)
             else:
                 hi = mid

@@ -103,7 +103,7 @@ class Simulation:
         self.sampler = SeriesSampler(run.series, self.replicas, cfg.series_interval_s)
         self.fleet.on_add += [self.recorder.track, self.sampler.track]
         self.boundaries: list[tuple[float, int, int, int]] = []
-        self.deliveries: list[tuple[float, int, int, Any]] = []
+        self.deliveries: list[tuple[float, int, Handler, Any, bool]] = []
         self._seq = itertools.count()   # tie-breaker of equal times: insertion order
         self._work = 0                   # pending deliveries other than life-cycle events
         self._k = 0                      # independent arrivals routed so far
@@ -393,7 +393,9 @@ class Simulation:
         if self.cols.reasoning[req.row]:
             return
         rep = self.replicas[req.target]
-        unit = rep.bs * rep.cache.unit_blocks
+        cache, own_hashes = rep.cache, req.hashes
+        assert cache is not None and own_hashes is not None   # called for hashed requests, which need a cache
+        unit = rep.bs * cache.unit_blocks
         own = req.prompt // unit
         upto = (req.prompt + req.out - 1) // unit
         if upto <= own:
@@ -403,9 +405,9 @@ class Simulation:
             hashes = self.cols.hashes(child)
             if stride > 1:
                 hashes = hashes[stride - 1::stride]
-            if len(hashes) >= upto and hashes[:own] == req.hashes[:own]:
-                rep.cache.add_free(hashes, own, upto)
-                rep.cache.evict_to(rep.total_blocks - rep.used)
+            if len(hashes) >= upto and hashes[:own] == own_hashes[:own]:
+                cache.add_free(hashes, own, upto)
+                cache.evict_to(rep.total_blocks - rep.used)
                 return
 
     def _release_children(self, row: int, t: float) -> None:
@@ -489,6 +491,8 @@ class Simulation:
 
     def _scale(self, _: None, t: float) -> None:
         """An autoscaling decision: grow or shrink pools toward the autoscaler's sizes."""
+        spec = self.autoscale
+        assert spec is not None     # scheduled only with an autoscale spec
         status = self.fleet.status()
         for name, want in self.autoscaler.decide(t, self.view, status).items():
             if name not in status:
@@ -500,14 +504,14 @@ class Simulation:
                 self.replicas[i].draining = False
                 self.fleet.refresh_health(self.replicas[i])
                 change -= 1
-            for _ in range(max(change, 0)):                   # ... then add replicas
-                rep = self.fleet.add(name, t, starting=self.autoscale.cold_start_s > 0)
+            for _k in range(max(change, 0)):                  # ... then add replicas
+                rep = self.fleet.add(name, t, starting=spec.cold_start_s > 0)
                 if rep.starting:
-                    self._deliver(t + self.autoscale.cold_start_s, self._ready, rep.index)
+                    self._deliver(t + spec.cold_start_s, self._ready, rep.index)
             if change < 0:
                 self._shrink(st, -change, t)
         if self.events_pending():
-            self._deliver(t + self.autoscale.interval_s, self._scale, None)
+            self._deliver(t + spec.interval_s, self._scale, None)
         self.router.drain()
 
     def _green_observe(self, req: Request, t: float) -> None:
@@ -526,13 +530,15 @@ class Simulation:
 
     def _green_tick(self, _: None, t: float) -> None:
         """A green controller's decision: set the pools' SM clocks (runs planned from now on use them)."""
+        spec = self.green
+        assert spec is not None     # scheduled only with a green spec
         clocks = self.fleet.clocks()
         for pool, clock in self.green_ctl.decide(t, clocks).items():
             if clock != clocks.get(pool):
                 self.fleet.set_clock(pool, clock)
                 self.clock_log.set(pool, t, clock)
         if self.events_pending():
-            self._deliver(t + self.green.interval_s, self._green_tick, None)
+            self._deliver(t + spec.interval_s, self._green_tick, None)
 
     def _shrink(self, st: PoolStatus, k: int, t: float) -> None:
         """Remove ``k`` replicas: starting ones first (newest first), then the ready ones with the

@@ -97,7 +97,8 @@ class MoeSpec:
 def zipf_weights(experts: int, s: float) -> np.ndarray:
     """Popularity of ranks 1..E: proportional to rank^-s, summing to 1."""
     w = np.arange(1, experts + 1, dtype=np.float64) ** -float(s)
-    return w / w.sum()
+    out: np.ndarray = w / w.sum()
+    return out
 
 
 def eplb_layout(load: np.ndarray, gpus: int, redundant: int) -> list[list[int]]:

@@ -135,7 +135,7 @@ class EngineProfile:
         caching = engine.get("enable_prefix_caching", True)
         if not isinstance(caching, bool):
             raise UserError(f"must be true or false, got {caching!r}", f"{where}: engine.enable_prefix_caching")
-        overhead = {}
+        overhead: dict[str, Any] = {}
         for k in ("request_overhead_s", "request_per_prompt_token_s"):
             v = d.get(k, 0.0)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
@@ -157,7 +157,7 @@ def read_profile(path: str | Path) -> dict[str, Any]:
         raise UserError("no such profile file" if not path.exists() else "not a file, expected a profile (.json)",
                         path)
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
+        d: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"not a JSON profile ({exc})", path) from None
     EngineProfile.from_dict(d, str(path))
@@ -175,7 +175,8 @@ def resolve_profile(value: Any, base: str | Path | None = None, where: str = "cl
             path = Path(base) / path
         return read_profile(path)
     EngineProfile.from_dict(value, where)
-    return json.loads(json.dumps(value))
+    copy: dict[str, Any] = json.loads(json.dumps(value))
+    return copy
 
 
 class ProfileCost:

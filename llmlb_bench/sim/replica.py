@@ -64,6 +64,7 @@ from llmlb_bench.sim.cost import CostModel
 from llmlb_bench.sim.jitter import StepJitter
 from llmlb_bench.sim.lora import AdapterSlots, LoraCosts
 from llmlb_bench.sim.prefix_cache import PrefixCache
+from llmlb_bench.sim.profile import ProfileCost
 from llmlb_bench.policies.engine import WaitingQueue
 from llmlb_bench.sim.scheduling import EngineScheduler
 from llmlb_bench.sim.speculative import Speculation, Stint
@@ -111,7 +112,7 @@ class Request:
 class Replica:
     """The scheduler and KV cache of one replica."""
 
-    def __init__(self, index: int, name: str, cost: CostModel, *, max_num_seqs: int,
+    def __init__(self, index: int, name: str, cost: CostModel | ProfileCost, *, max_num_seqs: int,
                  max_num_batched_tokens: int, block_size: int, chunked_prefill: bool,
                  prefix_unit_blocks: int = 0, pool: str = "default", role: str = "mixed",
                  scheduler: EngineScheduler | None = None, context_limit: int = 1 << 30, hash_stride: int = 1,
@@ -445,8 +446,10 @@ class Replica:
     def _free(self, req: Request, blocks: int) -> None:
         """Give back the ``blocks`` KV blocks of ``req``: shared units to the cache, the rest to the pool."""
         if req.shared:
-            shared_blocks = req.shared * self.cache.unit_blocks
-            self.used -= blocks - shared_blocks + self.cache.release(req.hashes, req.shared)
+            cache = self.cache
+            assert cache is not None and req.hashes is not None   # shared units come from a prefix cache
+            shared_blocks = req.shared * cache.unit_blocks
+            self.used -= blocks - shared_blocks + cache.release(req.hashes, req.shared)
             req.shared = 0
         else:
             self.used -= blocks
@@ -646,6 +649,7 @@ class Replica:
         bs = self.bs
         waiting = self.waiting
         cache = self.cache
+        unit_blocks = cache.unit_blocks if cache is not None else 0
         lora = self.lora
         skipped: list[Request] = []
         if self.swapped:
@@ -660,21 +664,22 @@ class Replica:
                 continue
             hit = revive = 0
             if cache is not None and req.hashes is not None and req.computed == 0:
-                unit = bs * cache.unit_blocks
+                unit = bs * unit_blocks
                 # at least one prompt token is always computed (the step must sample)
                 hit = cache.match(req.hashes, (req.prompt + req.generated - 1) // unit)
                 revive = cache.revive_cost(req.hashes, hit) if hit else 0
-            computed = hit * bs * cache.unit_blocks if hit else req.computed
+            computed = hit * bs * unit_blocks if hit else req.computed
             todo = req.prompt + req.generated - computed
             chunk = min(todo, budget)
             if chunk < todo and not self.chunked:
                 break
-            held = hit * cache.unit_blocks if hit else req.blocks
+            held = hit * unit_blocks if hit else req.blocks
             nb = -(-(computed + chunk) // bs) - held
             if nb + revive > free:
                 break
             waiting.pop_head()
             if hit:
+                assert cache is not None and req.hashes is not None   # a hit needs both
                 self.used += cache.acquire(req.hashes, hit)
                 req.shared = hit
                 req.computed = computed

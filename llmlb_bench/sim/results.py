@@ -40,7 +40,7 @@ class RequestRecorder:
         reasoning = col.fill_null(0).to_numpy().astype(np.int64) if col is not None else np.zeros(0, np.int64)
         self._reasoning: np.ndarray | None = reasoning if (reasoning > 0).any() else None
         self._finished: list[list[Request]] = [[] for _ in replicas]
-        self._other: dict[str, list] = {"rows": [], "target": [], "status": [], "error": []}
+        self._other: dict[str, list[Any]] = {"rows": [], "target": [], "status": [], "error": []}
         self.pending = 0
         self.counts: dict[str, int] = {}   # statuses other than ok
         self.ok = 0
@@ -109,9 +109,10 @@ class RequestRecorder:
 
     def _finished_columns(self, rep: Replica, reqs: list[Request]) -> dict[str, Any]:
         tl = rep.timeline.arrays()
-        a = np.array([sp[0] for r in reqs for sp in r.spans], dtype=np.int64)
-        b = np.array([sp[1] for r in reqs for sp in r.spans], dtype=np.int64)
-        nspans = np.array([len(r.spans) for r in reqs], dtype=np.int64)
+        # a finished request ran at least one step, so its spans are never None
+        a = np.array([sp[0] for r in reqs for sp in r.spans], dtype=np.int64)  # type: ignore[union-attr]
+        b = np.array([sp[1] for r in reqs for sp in r.spans], dtype=np.int64)  # type: ignore[union-attr]
+        nspans = np.array([len(r.spans) for r in reqs], dtype=np.int64)  # type: ignore[arg-type]
         ends = np.cumsum(nspans)
         n = len(reqs)
         lead = np.array([r.first_token_s if r.first_token_s >= 0 else np.nan for r in reqs])

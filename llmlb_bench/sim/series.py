@@ -30,7 +30,7 @@ class SeriesSampler:
         #: LoRA: each replica's adapter loads at its previous sample (the column only when a pool serves adapters)
         self._lora = any(r.lora is not None for r in replicas)
         self._last_loads = [0] * len(replicas)
-        self._cols: dict[str, list] = {k: [] for k in _COLUMNS + (("adapter_loads",) if self._lora else ())}
+        self._cols: dict[str, list[Any]] = {k: [] for k in _COLUMNS + (("adapter_loads",) if self._lora else ())}
 
     def track(self, rep: Replica) -> None:
         """A replica joined the fleet (autoscaling): sampled from its creation on."""

@@ -64,7 +64,8 @@ def step_end_times(tl: Columns, steps: np.ndarray) -> np.ndarray:
     """End time of each step in ``steps``."""
     first, start, gap = tl[0], tl[1], tl[2]
     r = np.searchsorted(first, steps, side="right") - 1
-    return start[r] + (steps - first[r] + 1) * gap[r]
+    out: np.ndarray = start[r] + (steps - first[r] + 1) * gap[r]
+    return out
 
 
 def summary_segments(first_s: np.ndarray, last_s: np.ndarray, count: np.ndarray, lead_s: np.ndarray) -> pa.ListArray:
@@ -143,7 +144,8 @@ def decode_energy(tl: Columns, span_a: np.ndarray, span_b: np.ndarray, spans_per
     def through(steps: np.ndarray) -> np.ndarray:
         """Total share of every step up to and including ``steps``."""
         r = np.searchsorted(first, steps, side="right") - 1
-        return before[r] + (steps - first[r] + 1) * energy[r]
+        out: np.ndarray = before[r] + (steps - first[r] + 1) * energy[r]
+        return out
 
     per_span = through(span_b) - through(span_a)
     span_req = np.repeat(np.arange(len(spans_per_request)), spans_per_request)
