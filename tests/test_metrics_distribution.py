@@ -100,3 +100,16 @@ def test_zero_negative_and_clustered_values():
     expanded = np.repeat(values, weights)
     for p in PERCENTILES:
         assert percentile(band, p, "linear") == pytest.approx(np.percentile(expanded, p), abs=1e-12)
+
+
+@pytest.mark.parametrize("top", [300, 2 ** 20])
+def test_weighted_sample_is_sorted_as_lexsort_sorts_it(top):
+    """sample_of's two stable sorts (radix for small weights) give np.lexsort((w, v))'s order exactly:
+    ties of value ordered by weight, so the mean's sum runs in the same order."""
+    rng = np.random.default_rng(top)
+    v = rng.choice(rng.uniform(0, 1, 50), 5000)           # many ties
+    w = rng.integers(1, top, 5000)
+    s = sample_of(v, w)
+    order = np.lexsort((w, v))
+    assert (s.v == v[order]).all() and (s.cw == np.cumsum(w[order])).all()
+    assert s.mean == float((v[order] * w[order]).sum() / w.sum())
