@@ -168,8 +168,10 @@ def test_a_table_narrower_than_its_values_folds_them_and_loses_nothing():
 def _commands():
     import typer
 
-    from llmlb_bench.cli import commands  # noqa: F401  (registers every command)
     from llmlb_bench.cli.app import app
+    from llmlb_bench.cli.commands import load_all
+
+    load_all()  # commands load lazily: register every one to walk them
 
     def walk(c, path):
         yield path, c
