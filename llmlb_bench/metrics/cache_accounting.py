@@ -64,7 +64,7 @@ _NEEDED = ["request_id", "target", "prefill_target", "status", "scheduled_s", "s
 
 def _leading(flags: np.ndarray, owner: np.ndarray, pos: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Per row, how many of its blocks (in prompt order) are flagged before the first that is not."""
-    out = lengths.copy()
+    out: np.ndarray = lengths.copy()
     miss = ~flags
     np.minimum.at(out, owner[miss], pos[miss])
     return out
@@ -141,7 +141,8 @@ def offered_tokens(trace: pa.Table, block: int) -> np.ndarray:
         return np.zeros(len(inp), dtype=np.int64)
     values, owner, pos, lengths, _ = _flat(keyed_prefix_hashes(trace))   # no reuse across LoRA adapters
     arrival = _ranks(trace.column("arrival_s").to_numpy(), trace.column("request_id").to_numpy())
-    return np.minimum(_leading(_seen(values, owner, arrival)[0], owner, pos, lengths) * block, inp)
+    cached: np.ndarray = np.minimum(_leading(_seen(values, owner, arrival)[0], owner, pos, lengths) * block, inp)
+    return cached
 
 
 def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, rows: pa.Table,
@@ -215,10 +216,12 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     ready_blocks = _leading(ready[:m], owner[:m], pos, lengths)
 
     def tokens(blocks: np.ndarray) -> np.ndarray:
-        return np.minimum(blocks * block, inp)
+        out: np.ndarray = np.minimum(blocks * block, inp)
+        return out
 
     def engine(x: np.ndarray) -> np.ndarray:
-        return np.maximum(np.minimum(x, inp - 1), 0) // unit * unit
+        out: np.ndarray = np.maximum(np.minimum(x, inp - 1), 0) // unit * unit
+        return out
 
     offered = tokens(offered_blocks)
     o2, r2, v2 = engine(offered), engine(tokens(reach_blocks)), engine(tokens(ready_blocks))
@@ -283,7 +286,8 @@ def write_accounting(run_dir: Path, run_id: str, trace: pa.Table, unit_of: Mappi
     schema = CACHE_ACCOUNTING.schema.with_metadata(CACHE_ACCOUNTING.metadata({META_BLOCK_SIZE: str(block).encode()}))
     table = CACHE_ACCOUNTING.conform(table, run_dir / ACCOUNTING_FILE).replace_schema_metadata(schema.metadata)
     replace_table(run_dir / ACCOUNTING_FILE, [table], schema, compression="zstd")
-    return table.num_rows
+    rows_written: int = table.num_rows
+    return rows_written
 
 
 def keep_accounting(run: RunStore, trace: pa.Table, unit_of: Mapping[str, int]) -> None:

@@ -58,7 +58,8 @@ class Sample:
         """Value of the order statistic with 0-based rank ``ranks`` of the sample expanded by weight."""
         ranks = np.asarray(ranks)
         if self.cw is None:
-            return self.v[np.clip(ranks, 0, len(self.v) - 1).astype(np.int64)]
+            out: np.ndarray = self.v[np.clip(ranks, 0, len(self.v) - 1).astype(np.int64)]
+            return out
         i = np.searchsorted(self.cw, ranks + 1, side="left")
         return self.v[np.clip(i, 0, len(self.v) - 1)]
 

@@ -68,7 +68,7 @@ def _windows(cat: Catalog, run_id: str, t0: float, tenants: list[str], window_s:
     nwin = int(max(np.nanmax(x) if len(x) else 0.0 for x in (s, f, l)) // w) + 1
     cells = len(tenants) * nwin
     jf = np.floor(np.where(started, f, 0) / w).astype(np.int64)
-    svc = np.bincount(tn[started] * nwin + jf[started], weights=INPUT_WEIGHT * n_in[started], minlength=cells)
+    svc: np.ndarray = np.bincount(tn[started] * nwin + jf[started], weights=INPUT_WEIGHT * n_in[started], minlength=cells)
     out = started & (n_out > 0)
     jl = np.floor(np.where(out, l, 0) / w).astype(np.int64)
     one = out & (jf == jl)
@@ -83,7 +83,7 @@ def _windows(cat: Catalog, run_id: str, t0: float, tenants: list[str], window_s:
         svc += np.bincount(tt * nwin + j, weights=OUTPUT_WEIGHT * np.maximum(0, k_hi - k_lo + 1), minlength=cells)
         more = j < jend
         ff, nn, g, j, jend, tt = ff[more], nn[more], g[more], j[more] + 1, jend[more], tt[more]
-    backlog = np.zeros(cells, dtype=bool)
+    backlog: np.ndarray = np.zeros(cells, dtype=bool)
     b = np.where(started, f, e)
     waits = ~np.isnan(s) & (b > s)
     j, jend, tt = np.floor(s[waits] / w).astype(np.int64), (np.ceil(b[waits] / w) - 1).astype(np.int64), tn[waits]

@@ -87,7 +87,8 @@ def facets(meta: Mapping[str, Any]) -> dict[str, str | None]:
     opts = cfg.get("options") or {}
     scale = opts.get("time_scale") if isinstance(opts, Mapping) else None
     seed = cfg.get("seed")
-    sweep = cfg.get("sweep") if isinstance(cfg.get("sweep"), Mapping) else {}
+    sweep_cfg = cfg.get("sweep")
+    sweep: Mapping[str, Any] = sweep_cfg if isinstance(sweep_cfg, Mapping) else {}
     spec = (meta.get("trace") or {}).get("spec")
     trace_seed = spec.get("seed") if isinstance(spec, Mapping) else None
     simulated = meta.get("backend") == "sim"

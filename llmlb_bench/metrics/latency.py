@@ -15,7 +15,7 @@ p99, under the same definitions as the run's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable, Literal, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -35,11 +35,12 @@ class Latency:
     """Each run's sample of each figure, and each group's p50/p99 of :data:`GROUP_FIGURES`."""
 
     samples: dict[tuple[str, str], Sample] = field(default_factory=dict)                # (run_id, figure)
-    groups: dict[tuple[str, str, str], dict[str, float]] = field(default_factory=dict)  # (column, run_id, group)
+    groups: dict[tuple[str, ...], dict[str, float]] = field(default_factory=dict)  # (column, run_id, group)
 
 
 def _column(table: pa.Table, name: str) -> np.ndarray:
-    return table.column(name).to_numpy(zero_copy_only=False)
+    values: np.ndarray = table.column(name).to_numpy(zero_copy_only=False)
+    return values
 
 
 def _codes(col: str, names: list[str]) -> str:
@@ -48,12 +49,16 @@ def _codes(col: str, names: list[str]) -> str:
             + f" END AS g_{col}")
 
 
+#: the report's percentile methods by NumPy's names
+_NUMPY_METHOD: dict[str, Literal["linear", "inverted_cdf"]] = {"linear": "linear", "inverse_cdf": "inverted_cdf"}
+
+
 def _group_percentiles(values: np.ndarray, method: str) -> list[float] | None:
     """p50 and p99 by NumPy's selection (no sort); "inverted_cdf" is GuideLLM's rule."""
     values = values[~np.isnan(values)]
     if not len(values):
         return None
-    qs = np.percentile(values, GROUP_PERCENTILES, method={"linear": "linear", "inverse_cdf": "inverted_cdf"}[method])
+    qs = np.percentile(values, GROUP_PERCENTILES, method=_NUMPY_METHOD[method])
     return [float(q) for q in qs]
 
 

@@ -128,7 +128,8 @@ def deadline_walk(s: Streams, d_decode: np.ndarray, d_prefill: np.ndarray | None
     total = np.zeros(d.shape)
     slack = np.zeros(d.shape)
     if d_prefill is not None:
-        ttft, dp = np.empty(s.n), np.empty(s.n)
+        ttft: np.ndarray = np.empty(s.n)
+        dp: np.ndarray = np.empty(s.n)
         ttft[s.rank_of], dp[s.rank_of] = s.ttft, d_prefill
         ttft, dp = ttft.reshape((-1,) + (1,) * len(lanes)), dp.reshape((-1,) + (1,) * len(lanes))
         met = ttft <= dp
@@ -200,7 +201,7 @@ def fluid_deadlines(s: Streams, quantile: float | None = None) -> np.ndarray:
     on the same side, so that quantile comes out bit for bit as without pruning (tested), while
     after a few rounds only the requests near it are walked.
     """
-    hi = np.zeros(s.n)
+    hi: np.ndarray = np.zeros(s.n)
     for a, b in zip(s.offsets[:-1], s.offsets[1:]):
         np.maximum(hi[:b - a], s.value[a:b], out=hi[:b - a])
     hi = hi[s.rank_of]

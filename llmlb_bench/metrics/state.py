@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from llmlb_bench.store.views import Catalog
 
@@ -33,7 +33,7 @@ FROM series GROUP BY ALL ORDER BY run_id, target
 """
 
 
-def _worst(targets: Mapping[str, Mapping[str, Any]], key: str, how=max) -> Any:
+def _worst(targets: Mapping[str, Mapping[str, Any]], key: str, how: Callable[[list[Any]], Any] = max) -> Any:
     vals = [t[key] for t in targets.values() if t[key] is not None]
     return how(vals) if vals else None
 
