@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Optional
 
 import typer
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.sim.config import ClusterConfig
+
+if TYPE_CHECKING:
+    from llmlb_bench.sim.config import ClusterConfig
 
 ResultsDir = Annotated[Path, typer.Option("--results", "-r", help="Results directory (one folder per run).")]
 def _checked_slo(value: Optional[str]) -> Optional[str]:
@@ -45,9 +46,12 @@ PolicyArgs = Annotated[
 Seed = Annotated[int, typer.Option("--seed", help="Seed for every random choice of the run.")]
 
 # cluster shape (the simulator's ClusterConfig fields). Every flag defaults to None: unset
-# flags leave the --cluster file's value, or ClusterConfig's default, in force; the defaults the
-# help shows are read from ClusterConfig, so they cannot drift from it.
-_DEFAULT = {f.name: f.default for f in dataclasses.fields(ClusterConfig)}
+# flags leave the --cluster file's value, or ClusterConfig's default, in force.
+#: ClusterConfig's defaults, as the flags' help shows them. Written out, not read from ClusterConfig:
+#: importing the simulator (numpy, pyarrow, the policies) would cost every command's --help about a
+#: second; tests/test_cli_startup.py checks that they equal ClusterConfig's, so they cannot drift.
+_DEFAULT = {"replicas": 4, "gpu": "a100-80g", "model": "llama-3-8b", "tp": 1, "pp": 1, "scheduler": "fcfs",
+            "signal_refresh_s": 0.0}
 ClusterFile = Annotated[Optional[Path], typer.Option(
     "--cluster", help="Cluster TOML: ClusterConfig fields, [\\[pools]] for mixed or disaggregated fleets, "
                       "\\[autoscale], \\[moe] (see clusters/). Flags below override its top-level fields.")]

@@ -10,9 +10,6 @@ import typer
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.errors import UserError
-from llmlb_bench.schema import write_trace
-from llmlb_bench.workload import generate, load_spec
-from llmlb_bench.workload.stats import one_line
 
 
 @app.command()
@@ -33,6 +30,10 @@ def gen(
 
         llmlb gen workloads/chat.toml -o chat.parquet --seed 7 --rate-scale 1.5 --requests 10000
     """
+    from llmlb_bench.schema import write_trace
+    from llmlb_bench.workload import generate, load_spec
+    from llmlb_bench.workload.stats import one_line
+
     if requests is not None and duration is not None:
         raise UserError("give --requests or --duration, not both")
     if rate_scale <= 0 or (duration is not None and duration <= 0):

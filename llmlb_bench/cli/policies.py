@@ -9,8 +9,6 @@ import typer
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.console import Table
-from llmlb_bench.policies import FAMILIES
-from llmlb_bench.policies.engine import ENGINE_SCHEDULERS
 from llmlb_bench.tomlfile import unknown_choice
 
 #: the family under which ``llmlb policies`` lists engine-level schedulers (``--scheduler``)
@@ -40,6 +38,9 @@ def policies(
 
         llmlb policies cache_aware --json
     """
+    from llmlb_bench.policies import FAMILIES
+    from llmlb_bench.policies.engine import ENGINE_SCHEDULERS
+
     families = {**FAMILIES, ENGINE_FAMILY: tuple(ENGINE_SCHEDULERS.values())}
     known = sorted({c.name for classes in families.values() for c in classes})
     if name is not None and name not in known:

@@ -11,8 +11,6 @@ from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import ReportFormat, SloOpt
 from llmlb_bench.metrics.definitions import Definitions
 from llmlb_bench.metrics.sample import DEFAULT_SAMPLE
-from llmlb_bench.metrics.summary import Options
-from llmlb_bench.report.output import print_report
 
 
 @app.command()
@@ -51,6 +49,9 @@ def report(
 
         llmlb report results/ --slo ttft=500ms --baseline round_robin
     """
+    from llmlb_bench.metrics.summary import Options
+    from llmlb_bench.report.output import print_report
+
     options = Options(definitions=definitions, seed=seed, ci=not no_ci, window_s=window, price_per_hour=price,
                       token_sample=token_sample)
     print_report(runs or [Path("results")], slo, fmt, options=options, target=target, output=output,

@@ -9,12 +9,7 @@ import typer
 
 from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.cli.common import ClusterFlags, PolicyArgs, ReportFormat, ResultsDir, RunId, Seed, SloOpt, cluster_flags
-from llmlb_bench.experiment import simulate_run
-from llmlb_bench.policies import parse_args
 from llmlb_bench.progress import working
-from llmlb_bench.report.output import print_report
-from llmlb_bench.schema import read_trace
-from llmlb_bench.store import new_run_id
 
 
 @app.command()
@@ -39,6 +34,12 @@ def simulate(
 
         llmlb simulate trace.parquet --cluster clusters/disaggregated.toml --policy pd_pair --format json
     """
+    from llmlb_bench.experiment import simulate_run
+    from llmlb_bench.policies import parse_args
+    from llmlb_bench.report.output import print_report
+    from llmlb_bench.schema import read_trace
+    from llmlb_bench.store import new_run_id
+
     table = read_trace(trace)
     config = cluster.config()
     run_id = run_id or new_run_id(label or policy)

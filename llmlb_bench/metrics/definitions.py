@@ -23,8 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
-from llmlb_bench.metrics.distribution import Method
+if TYPE_CHECKING:       # a type only: importing distribution (numpy) here would slow `llmlb report --help`
+    from llmlb_bench.metrics.distribution import Method
 
 #: Latency figures every report shows, in display order.
 LATENCY_FIGURES = ("ttft", "tpot", "itl", "e2e", "norm_latency")
