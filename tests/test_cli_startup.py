@@ -82,7 +82,7 @@ HEAVY_ALLOWED: dict[str, set[str]] = {}
 
 
 #: commands whose --help still imports heavy modules (being made light, one module at a time)
-NOT_YET_LIGHT = {"query", "run", "replay", "sweep", "import-results", "gate", "serve", "capacity", "calibrate",
+NOT_YET_LIGHT = {"run", "replay", "sweep", "capacity", "calibrate",
                  "trace", "repro"}
 
 

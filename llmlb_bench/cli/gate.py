@@ -11,9 +11,7 @@ import typer
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import SloOpt
 from llmlb_bench.errors import UserError
-from llmlb_bench.gate import junit_xml, load_rules, markdown, parse_rule, run_gate, terminal_table, to_json
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.store.run import write_text_atomic
 
 Out = Optional[Path]
 
@@ -24,6 +22,8 @@ def _write(path: Path | None, text: str) -> None:
     if str(path) == "-":
         sys.stdout.write(text)
     else:
+        from llmlb_bench.store.run import write_text_atomic
+
         write_text_atomic(path, text)
 
 
@@ -56,6 +56,8 @@ def gate(
 
         llmlb gate results/main results/pr --slo ttft=500ms,tpot=50ms --rule 'goodput >= -5%' --rule 'p99_ttft <= +10%' --markdown gate.md --junit gate.xml
     """
+    from llmlb_bench.gate import junit_xml, load_rules, markdown, parse_rule, run_gate, terminal_table, to_json
+
     parsed = [parse_rule(r) for r in rule or []] + (load_rules(rules) if rules else [])
     if not parsed:
         raise UserError("give at least one --rule or a --rules file", "--rule")

@@ -5,17 +5,17 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pyarrow as pa
-import pyarrow.csv as pacsv
 import typer
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import ResultsDir, TableFormat
 from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
-from llmlb_bench.store.views import Catalog
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @app.command()
@@ -39,6 +39,10 @@ def query(
 
         llmlb query "select run_id, meta.config.policy.name as policy, meta->>'$.config.seed' as seed from runs"
     """
+    import pyarrow.csv as pacsv
+
+    from llmlb_bench.store.views import Catalog
+
     catalog = Catalog([results], confined=True)
     if not catalog.run_dirs:  # an empty answer would read as 'no requests', not 'wrong folder'
         raise UserError("no runs here (no run.json in it or below it)", results)
@@ -68,6 +72,8 @@ def _cell(v: object) -> str:
 
 def _flatten(table: pa.Table) -> pa.Table:
     """CSV cannot hold nested values: write lists and structs as JSON text."""
+    import pyarrow as pa
+
     cols = []
     for col in table.columns:
         if pa.types.is_nested(col.type):

@@ -9,8 +9,6 @@ import typer
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import ClusterFlags, PolicyArgs, Seed, cluster_flags
 from llmlb_bench.errors import UserError
-from llmlb_bench.policies import make_policy, parse_args
-from llmlb_bench.serve import ServeOptions, run
 
 
 @app.command()
@@ -38,6 +36,9 @@ def serve(
 
         llmlb serve --replicas 4 --port 8000 --policy power_of_d --gpu h100-sxm --speed 4
     """
+    from llmlb_bench.policies import make_policy, parse_args
+    from llmlb_bench.serve import ServeOptions, run
+
     if port_per_replica is not None and policy is not None:
         raise UserError("--policy routes behind the single --port; with --port-per-replica the client routes",
                         "--policy")

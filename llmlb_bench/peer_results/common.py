@@ -16,8 +16,6 @@ from typing import Any, Mapping, Sequence
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.names import to_name
-from llmlb_bench.store import RunStore
-from llmlb_bench.store.run import file_sha256
 
 #: ``clock`` values: "shared" when every request's times are on one timeline
 #: (send times known); "per_request" when the tool kept only durations, so
@@ -83,6 +81,10 @@ def run_id_for(run: ImportedRun, tool: str, source: Path) -> str:
 
 def store(run: ImportedRun, tool: str, source: Path, results: Path, label: str | None = None) -> Path:
     """Write one imported run; refuses to overwrite an existing run folder."""
+    # the store (pyarrow) loads here, not at import: `llmlb import-results --help` lists the parsers
+    from llmlb_bench.store import RunStore
+    from llmlb_bench.store.run import file_sha256
+
     run_id = run_id_for(run, tool, source)
     if (results / run_id).exists():
         raise UserError(f"run {run_id} already exists (imported before?)", results / run_id)
