@@ -82,8 +82,7 @@ HEAVY_ALLOWED: dict[str, set[str]] = {}
 
 
 #: commands whose --help still imports heavy modules (being made light, one module at a time)
-NOT_YET_LIGHT = {"run", "replay", "sweep", "capacity", "calibrate",
-                 "trace", "repro"}
+NOT_YET_LIGHT = {"run", "replay", "sweep", "capacity"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True)) if n in NOT_YET_LIGHT else n
@@ -104,3 +103,10 @@ def test_the_cluster_flags_show_the_simulators_defaults():
 
     defaults = {f.name: f.default for f in dataclasses.fields(ClusterConfig)}
     assert _DEFAULT == {k: defaults[k] for k in _DEFAULT}
+
+
+def test_the_repro_help_names_every_scale():
+    from llmlb_bench.cli import repro
+    from llmlb_bench.repro.base import SCALES
+
+    assert repro.SCALES == SCALES

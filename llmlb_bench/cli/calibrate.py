@@ -12,8 +12,6 @@ from llmlb_bench.cli.app import app, console
 from llmlb_bench.cli.common import Api
 from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
-from llmlb_bench.replay import ReplayOptions
-from llmlb_bench.store.run import write_text_atomic
 
 
 def _ints(text: Optional[str], flag: str) -> Optional[list[int]]:
@@ -59,6 +57,8 @@ def calibrate(
         llmlb calibrate http://127.0.0.1:8000 --max-num-seqs 16 --max-batched-tokens 2048 -o vllm-cpu.json
     """
     from llmlb_bench.calibrate import calibrate as run_calibration
+    from llmlb_bench.replay import ReplayOptions
+    from llmlb_bench.store.run import write_text_atomic
 
     if output.exists() and output.is_dir():
         raise UserError("is a folder, expected a profile file to write", output)

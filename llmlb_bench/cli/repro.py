@@ -11,8 +11,10 @@ from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
 from llmlb_bench.progress import working
-from llmlb_bench.repro import REPRODUCTIONS, get, run as run_repro
-from llmlb_bench.repro.base import SCALES
+
+#: repro.base.SCALES, written out for the help: importing the reproductions (the simulator, pyarrow)
+#: would slow every `llmlb repro ... --help`; tests/test_cli_startup.py checks the two agree
+SCALES = ("small", "full")
 
 repro_app = typer.Typer(help="Scripted paper reproductions: each runs simulations, checks the paper's claim "
                              "and writes reports/<name>/README.md with its figure (docs/repro.md).\n\n"
@@ -29,6 +31,8 @@ def list_() -> None:
 
         llmlb repro list
     """
+    from llmlb_bench.repro import REPRODUCTIONS
+
     t = Table("name", "source", "claim")
     for r in REPRODUCTIONS.values():
         t.add_row(r.name, r.source, r.claim)
@@ -52,6 +56,7 @@ def run(
 
         llmlb repro run --all
     """
+    from llmlb_bench.repro import REPRODUCTIONS, get, run as run_repro
     from llmlb_bench.sim.profile import read_profile
 
     if all_ == (name is not None):

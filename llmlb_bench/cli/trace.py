@@ -12,13 +12,8 @@ import typer
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
-from llmlb_bench.schema import read_trace, write_trace
-from llmlb_bench.store.run import write_text_atomic
-from llmlb_bench.workload import WorkloadSpec, generate
-from llmlb_bench.workload.importers import FORMATS, check_format, import_trace
-from llmlb_bench.workload.plots import write_plots
-from llmlb_bench.workload.stats import one_line, trace_stats
 from llmlb_bench.tomlfile import dumps_toml
+from llmlb_bench.trace_formats import FORMATS, check_format
 
 trace_app = typer.Typer(help="Import real traces, characterise traces, fit workload specs to them.\n\n"
                         "Example:  llmlb trace import mooncake conversation_trace.jsonl -o mc.parquet && "
@@ -59,6 +54,10 @@ def import_(
 
         llmlb trace import servegen servegen/deepseek-r1 -o r1.parquet --duration 600 --limit 5000
     """
+    from llmlb_bench.schema import write_trace
+    from llmlb_bench.workload.importers import import_trace
+    from llmlb_bench.workload.stats import one_line
+
     check_format(fmt)
     if process not in ("poisson", "gamma", "weibull"):
         raise UserError(f"--process must be poisson, gamma or weibull, not {process!r}")
@@ -89,6 +88,10 @@ def stats(
 
         llmlb trace stats code.parquet --plots plots/
     """
+    from llmlb_bench.schema import read_trace
+    from llmlb_bench.workload.plots import write_plots
+    from llmlb_bench.workload.stats import trace_stats
+
     table = read_trace(trace)
     figures = trace_stats(table)
     if plots is not None:
@@ -161,7 +164,11 @@ def fit(
         llmlb trace fit conv.parquet -o conv-fit.toml && llmlb gen conv-fit.toml -o look-alike.parquet --rate-scale 2
     """
     # the fitting code needs scipy.stats (half a second to import): loaded only by this command
+    from llmlb_bench.schema import read_trace
+    from llmlb_bench.store.run import write_text_atomic
+    from llmlb_bench.workload import WorkloadSpec, generate
     from llmlb_bench.workload.fit import compare, fit_trace
+    from llmlb_bench.workload.stats import one_line
 
     if window is not None and window <= 0:
         raise UserError("--window must be > 0")

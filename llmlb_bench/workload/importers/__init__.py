@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.tomlfile import unknown_choice
+from llmlb_bench.trace_formats import check_format
 from llmlb_bench.workload.generate import generate
 from llmlb_bench.workload.importers import azure, burstgpt, jsonl, servegen, sharegpt
 from llmlb_bench.workload.spec import WorkloadSpec
@@ -27,24 +27,6 @@ class Imported:
     block_size: int | None = None
     spec: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
-
-
-FORMATS = {
-    "azure-2023": "Azure LLM inference trace 2023 (Splitwise): TIMESTAMP, ContextTokens, GeneratedTokens",
-    "azure-2024": "Azure LLM inference trace 2024 (week-long): same columns, +00:00 timestamps",
-    "azure-mm-2025": "Azure multimodal trace 2025: adds NumImages, ISO ...Z timestamps",
-    "burstgpt": "BurstGPT releases 1-3 (CSV; Session ID / Elapsed time in release 3)",
-    "mooncake": "Mooncake FAST'25 JSONL (ms timestamps, 512-token chained hash ids)",
-    "bailian": "Qwen-Bailian JSONL (chat_id, parent_chat_id, turn, type, 16-token hash ids)",
-    "servegen": "ServeGen per-client window parameters (a directory or one chunk-<client>-trace.csv)",
-    "sharegpt": "ShareGPT-style JSON conversations (lengths; arrivals from --rate/--process)",
-}
-
-
-def check_format(fmt: str) -> None:
-    """Refuse a format none of the importers reads, naming the closest one."""
-    if fmt not in FORMATS:
-        raise unknown_choice("format", fmt, FORMATS, "trace import")
 
 
 def import_trace(fmt: str, path: str | Path, *, kind: str | None = None, tenant: str | None = None,
