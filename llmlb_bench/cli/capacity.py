@@ -18,11 +18,7 @@ from llmlb_bench.cli.common import (Api, Executor, PolicyArgs, RayAddress, Repor
 from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.policies import make_policy, parse_args
-from llmlb_bench.replay import ReplayOptions, preflight
-from llmlb_bench.sweep.endpoint_capacity import EndpointSearch, run_repeats, run_search
 from llmlb_bench.units import parse_duration
-from llmlb_bench.workload import load_spec
 
 _LABEL = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -79,6 +75,11 @@ def capacity(
 
         llmlb capacity workloads/chat.toml -e http://127.0.0.1:8000 --slo ttft=500ms --rate 2,50 --repeats 3 --budget 1h
     """
+    from llmlb_bench.policies import make_policy, parse_args
+    from llmlb_bench.replay import ReplayOptions, preflight
+    from llmlb_bench.sweep.endpoint_capacity import EndpointSearch, run_repeats, run_search
+    from llmlb_bench.workload import load_spec
+
     if not slo:
         raise UserError("a capacity search needs an SLO, e.g. --slo ttft=500ms,tpot=50ms", "--slo")
     Slo.parse(slo)

@@ -16,14 +16,7 @@ from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.cli.common import (Api, Executor, PolicyArgs, RayAddress, ReportFormat, ResultsDir, RunId, Seed,
                                     SloOpt, WorkerExecutor, Workers, check_workers)
 from llmlb_bench.errors import UserError
-from llmlb_bench.experiment import RunInterrupted, replay_run
-from llmlb_bench.policies import make_policy, parse_args
 from llmlb_bench.redact import redact
-from llmlb_bench.replay import ReplayOptions, Timeouts, preflight, prepare_resume
-from llmlb_bench.replay.power import open_sources
-from llmlb_bench.replay.selfcheck import self_check as run_self_check
-from llmlb_bench.report.output import print_report
-from llmlb_bench.schema import read_trace
 
 
 def _timeout(value: float | None) -> float | None:
@@ -82,6 +75,14 @@ def replay(
 
         llmlb replay trace.parquet -e http://10.0.0.5:8000 --workers 8 --executor ray --address auto
     """
+    from llmlb_bench.experiment import RunInterrupted, replay_run
+    from llmlb_bench.policies import make_policy, parse_args
+    from llmlb_bench.replay import ReplayOptions, Timeouts, preflight, prepare_resume
+    from llmlb_bench.replay.power import open_sources
+    from llmlb_bench.replay.selfcheck import self_check as run_self_check
+    from llmlb_bench.report.output import print_report
+    from llmlb_bench.schema import read_trace
+
     if time_scale <= 0:
         raise UserError("must be positive", "--time-scale")
     check_workers(workers, executor, address)

@@ -9,13 +9,7 @@ import typer
 
 from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.cli.common import ClusterFlags, PolicyArgs, ReportFormat, ResultsDir, SloOpt, cluster_flags
-from llmlb_bench.experiment import simulate_run
-from llmlb_bench.policies import args_per_policy, make_policy, parse_args
 from llmlb_bench.progress import working
-from llmlb_bench.report.output import print_report
-from llmlb_bench.schema import read_trace, write_trace
-from llmlb_bench.store.run import new_run_id
-from llmlb_bench.workload import generate, load_spec
 
 DEFAULT_POLICIES = ["round_robin", "least_outstanding"]
 
@@ -47,6 +41,13 @@ def run(
     A plain --policy-arg key=value goes to every compared policy that has the
     parameter; NAME.key=value to policy NAME only.
     """
+    from llmlb_bench.experiment import simulate_run
+    from llmlb_bench.policies import args_per_policy, make_policy, parse_args
+    from llmlb_bench.report.output import print_report
+    from llmlb_bench.schema import read_trace, write_trace
+    from llmlb_bench.store.run import new_run_id
+    from llmlb_bench.workload import generate, load_spec
+
     policies = policy or DEFAULT_POLICIES
     args = args_per_policy(policies, parse_args(policy_arg))
     for name in policies:  # fail on a bad name or argument before any work is done

@@ -12,9 +12,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.cli.common import ReportFormat, ResultsDir
-from llmlb_bench.sweep import load_sweep, make_executor, run_sweep
-from llmlb_bench.sweep.executors import EXECUTORS
-from llmlb_bench.sweep.render import render, render_html, render_markdown
+
+#: sweep.executors.EXECUTORS, written out for the help: importing the sweep package (the simulator,
+#: DuckDB) would slow `llmlb sweep --help`; tests/test_cli_startup.py checks the two agree
+EXECUTORS = ("local", "ray")
 
 
 class _Bar:
@@ -63,6 +64,9 @@ def sweep(
 
         llmlb query -r results/policies "select meta->>'$.config.sweep.policy' as policy, count(*) from runs group by 1"
     """
+    from llmlb_bench.sweep import load_sweep, make_executor, run_sweep
+    from llmlb_bench.sweep.render import render, render_html, render_markdown
+
     spec = load_sweep(file)
     with make_executor(executor, workers, address) as ex:
         bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
