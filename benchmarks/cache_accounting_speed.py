@@ -43,6 +43,7 @@ def rows_and_hashes(n: int, seed: int = 0) -> tuple[pa.Table, pa.ListArray]:
         "prefill_target": pa.nulls(n, pa.string()), "status": pa.array(["ok"] * n),
         "scheduled_s": t, "sent_s": t, "first_token_s": t + 0.1,
         "input_tokens": np.full(n, width * 16 + 5, np.int32), "output_tokens": np.full(n, 50, np.int32),
+        "reasoning_tokens": np.zeros(n, np.int32),
         "cached_tokens": np.full(n, shared * 16, np.int32), "predicted_cached_tokens": pa.nulls(n, pa.int32())})
     return rows, hashes
 

@@ -286,3 +286,24 @@ def test_llmlb_route_records_the_routers_prediction(tmp_path):
         assert (first["predicted_cached_tokens"], second["predicted_cached_tokens"]) == (0, 48)
     finally:
         st.close()
+
+
+def test_each_rows_holder_and_unit_follow_its_target():
+    """The holder is the prefill target where there is one, else the target; its unit the larger of
+    the trace block and that target's engine block (the trace block for targets not named, or none)."""
+    from llmlb_bench.metrics.cache_accounting import account
+
+    targets = ["b", None, "a", "c", "b", None]
+    prefill = [None, None, "pa", None, "pa", "pb"]
+    n = len(targets)
+    rows = pa.table({
+        "request_id": np.arange(n), "target": pa.array(targets, pa.string()),
+        "prefill_target": pa.array(prefill, pa.string()), "status": pa.array(["ok"] * n),
+        "scheduled_s": np.arange(n, dtype=float), "sent_s": np.arange(n, dtype=float),
+        "first_token_s": np.arange(n) + 0.5, "input_tokens": np.full(n, 100, np.int32),
+        "output_tokens": np.full(n, 4, np.int32), "reasoning_tokens": np.zeros(n, np.int32),
+        "cached_tokens": np.zeros(n, np.int32), "predicted_cached_tokens": pa.nulls(n, pa.int32())})
+    hashes = pa.array([[1, 2, 3]] * n, pa.list_(pa.uint64()))
+    out = account(hashes, np.full(n, -1, np.int64), BLOCK, rows, {"a": 32, "pa": 64, "b": 8})
+    assert out.column("holder").to_pylist() == ["b", None, "pa", "c", "pa", "pb"]
+    assert out.column("unit_tokens").to_pylist() == [16, 16, 64, 16, 64, 16]

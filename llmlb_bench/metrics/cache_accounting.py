@@ -153,12 +153,13 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     each target's engine KV block in tokens (targets not named: the trace block)."""
     n = rows.num_rows
     ids = rows.column("request_id").to_numpy()
-    holder_names = pc.coalesce(rows.column("prefill_target"), rows.column("target")).to_pylist()
-    names = sorted({t for t in holder_names if t is not None})
-    code = {t: i for i, t in enumerate(names)}
-    holder = np.array([code[t] if t is not None else -1 for t in holder_names], dtype=np.int64)
-    unit = np.array([max(block, unit_of.get(t, block)) if t is not None else block for t in holder_names],
-                    dtype=np.int64)
+    # per row through the few distinct targets, in Arrow and NumPy (a Python walk per row cost a
+    # quarter of the accounting): code = index in the sorted target names, -1 for none
+    holder_names = pc.coalesce(rows.column("prefill_target"), rows.column("target")).combine_chunks().cast(pa.string())
+    names = sorted(pc.unique(holder_names).drop_null().to_pylist())
+    holder = pc.index_in(holder_names, value_set=pa.array(names, pa.string())).fill_null(-1).to_numpy(
+        zero_copy_only=False).astype(np.int64)
+    unit = np.array([max(block, unit_of.get(t, block)) for t in names] + [block], dtype=np.int64)[holder]
     ok = pc.equal(rows.column("status"), "ok").to_numpy(zero_copy_only=False)
     inp = rows.column("input_tokens").fill_null(0).to_numpy().astype(np.int64)
     sched = rows.column("scheduled_s").fill_null(np.nan).to_numpy()
@@ -233,7 +234,7 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     stale = np.minimum(gone, np.maximum(engine(predicted) - achieved, 0))
     cols = {
         "request_id": ids,
-        "holder": pa.array(holder_names, pa.string()),
+        "holder": holder_names,
         "unit_tokens": unit,
         "offered_tokens": offered,
         "reachable_tokens": np.where(ok, r2, zero),
