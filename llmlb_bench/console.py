@@ -76,14 +76,14 @@ def help_width() -> Iterator[None]:
     before = getattr(rich_utils, "MAX_WIDTH", None)
     os.environ["TERMINAL_WIDTH"] = str(width)
     if rich_utils is not None:
-        rich_utils.MAX_WIDTH = width
+        rich_utils.MAX_WIDTH = width  # type: ignore[attr-defined]  # typer's module constant, set for this command
     try:
         yield
     finally:
         os.environ.pop("TERMINAL_WIDTH", None)
         rich_utils = sys.modules.get("typer.rich_utils")  # perhaps imported meanwhile, reading the variable
         if rich_utils is not None:
-            rich_utils.MAX_WIDTH = before
+            rich_utils.MAX_WIDTH = before  # type: ignore[attr-defined]
 
 
 class Table(_RichTable):

@@ -45,7 +45,7 @@ def ray_session(address: str | None, workers: int | None) -> Iterator[Any]:
     try:
         import ray
     except ImportError:
-        ray = None
+        ray = None  # type: ignore[assignment]  # Ray is an optional extra
     if ray is not None and ray.is_initialized():
         yield ray
         return

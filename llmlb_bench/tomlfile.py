@@ -138,7 +138,7 @@ def read_toml(path: str | Path, what: str = "TOML file") -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"not a file, expected a {what}", path)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"not valid TOML ({exc})", path) from None
     except UnicodeDecodeError:

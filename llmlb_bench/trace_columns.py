@@ -26,7 +26,8 @@ def _strings(col: pa.ChunkedArray, default: str) -> list[str]:
     if pa.types.is_dictionary(arr.type):
         values = arr.dictionary.to_pylist() + [default]
         return [values[i] for i in arr.indices.fill_null(len(values) - 1).to_numpy(zero_copy_only=False).tolist()]
-    return arr.fill_null(default).to_pylist()
+    strings: list[str] = arr.fill_null(default).to_pylist()
+    return strings
 
 
 def _salted(values: np.ndarray, offsets: np.ndarray, adapter: list[str | None]) -> np.ndarray:
@@ -34,7 +35,7 @@ def _salted(values: np.ndarray, offsets: np.ndarray, adapter: list[str | None]) 
     (:func:`~llmlb_bench.policies.lora.adapter_key`: no KV is shared across adapters)."""
     keys = {a: np.uint64(adapter_key(a)) for a in set(adapter) if a is not None}
     per_row = np.array([keys[a] if a is not None else 0 for a in adapter], dtype=np.uint64)
-    out = values.copy()
+    out: np.ndarray = values.copy()
     out[offsets[0]:offsets[-1]] ^= np.repeat(per_row, np.diff(offsets))
     return out
 
@@ -100,7 +101,8 @@ class TraceColumns:
         col = self._col(name)
         if col is None:
             return [default] * self.n
-        return col.fill_null(default).to_numpy().tolist()
+        ints: list[int] = col.fill_null(default).to_numpy().tolist()
+        return ints
 
     def _str(self, name: str, default: str) -> list[str]:
         col = self._col(name)
@@ -110,7 +112,8 @@ class TraceColumns:
         col = self._col(name)
         if col is None:
             return [default] * self.n
-        return col.fill_null(default).to_pylist()
+        values: list[Any] = col.fill_null(default).to_pylist()
+        return values
 
     @cached_property
     def after(self) -> list[float]:
@@ -136,7 +139,8 @@ class TraceColumns:
 
     def hashes(self, i: int) -> list[int]:
         """Row ``i``'s prefix-cache block hashes."""
-        return self.hash_values[self.hash_offsets[i]:self.hash_offsets[i + 1]].tolist()
+        hashes: list[int] = self.hash_values[self.hash_offsets[i]:self.hash_offsets[i + 1]].tolist()
+        return hashes
 
     # ---- requests ---------------------------------------------------------------------------------
 

@@ -189,7 +189,8 @@ def _solve(obs: Sequence[Observation]) -> np.ndarray:
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1.0
     theta, _ = nnls(a / scale, np.ones(len(obs)))
-    return theta / scale
+    coeffs: np.ndarray = theta / scale
+    return coeffs
 
 
 def fit(obs: list[Observation], notes: list[str]) -> Fit:

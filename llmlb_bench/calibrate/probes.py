@@ -111,7 +111,8 @@ class Prober:
         with store:
             replay(table, [self.url], make_policy("round_robin", {}), store, options, pre=self.pre)
         import pyarrow.parquet as pq
-        return pq.read_table(store.dir / "requests.parquet").to_pylist()
+        rows: list[dict[str, Any]] = pq.read_table(store.dir / "requests.parquet").to_pylist()
+        return rows
 
     def prefill(self, prompts: Sequence[int], repeats: int, block_size: int) -> ProbeRun:
         order = [p for _ in range(repeats) for p in prompts]

@@ -90,7 +90,7 @@ def _benchmark(bench: Mapping[str, Any], index: int, where: str) -> ImportedRun:
         last = t["last"] - t0 if isinstance(t["last"], (int, float)) else first
         n = t["output"]
         segs = None
-        if first is not None and n > 0:
+        if first is not None and last is not None and n > 0:   # last is None only when first is
             segs = [{"start_s": first, "gap_s": (last - first) / (n - 1) if n > 1 else 0.0, "count": n}]
         rows["request_id"].append(i)
         rows["scheduled_s"].append(t["target"] - t0 if isinstance(t["target"], (int, float)) else sent)

@@ -75,14 +75,14 @@ def _run(doc: dict[str, Any], where: str) -> ImportedRun:
         if not isinstance(itl, list) or not all(isinstance(g, (int, float)) for g in itl):
             raise UserError(f"itls[{i}] is not a list of numbers", where)
         first = sent + float(ttfts[i]) if ok else None
-        if ok:
+        if first is not None:
             last = sent + float(latencies[i]) if latencies else first + float(sum(itl))
         rows["request_id"].append(i)
         rows["scheduled_s"].append(sent)
         rows["sent_s"].append(sent)
         rows["first_token_s"].append(first)
         rows["last_token_s"].append(last if ok else None)
-        rows["token_times"].append(chunk_segments(first, itl) if ok else None)
+        rows["token_times"].append(chunk_segments(first, itl) if first is not None else None)
         rows["input_tokens"].append(int(cols["input_lens"][i] or 0))
         rows["output_tokens"].append(int(cols["output_lens"][i] or 0) if ok else 0)
         rows["status"].append("ok" if ok else "error")
