@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,6 +21,17 @@ def make_trace(n: int = 10, rate: float = 2.0, input_tokens: int = 100, output_t
         "input_tokens": pa.array([input_tokens] * n, pa.int32()),
         "output_tokens": pa.array([output_tokens] * n, pa.int32()),
     }), "test")
+
+
+def _ctrl_c_at_its_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+#: Popen keywords for a child a test sends Ctrl-C (SIGINT) to: SIGINT at its default, as under a terminal.
+#: A test suite run in the background of a non-interactive shell (a CI script's ``cmd &``, ``nohup``) hands its
+#: children SIGINT *ignored*, and a command started so rightly stays deaf to Ctrl-C: it finished with exit 0
+#: where the test expected 130, on a machine whose CI script ran the suite that way.
+CTRL_C = {"preexec_fn": _ctrl_c_at_its_default}
 
 
 def cli(args: list[str], capsys) -> tuple[int, str, str]:

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from conftest import make_trace
+from conftest import CTRL_C, make_trace
 from test_crash_kill import LLMLB, big_trace
 from llmlb_bench.replay.selfcheck import noop_server
 from llmlb_bench.schema import write_trace
@@ -68,7 +68,8 @@ def _three_ctrl_c(proc: subprocess.Popen, run_dir, moment: str = "run") -> tuple
 def test_simulate_interrupted_three_times(tmp_path, moment):
     big_trace(tmp_path)
     proc = subprocess.Popen(LLMLB + ["simulate", str(tmp_path / "t.parquet"), "-r", str(tmp_path / "res"),
-                                     "--run-id", "s"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                     "--run-id", "s"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            **CTRL_C)
     err, meta = _three_ctrl_c(proc, tmp_path / "res" / "s", moment)
     if meta["status"] == "partial":
         assert moment == "run" and meta["reason"] == "interrupted"
@@ -87,7 +88,7 @@ def test_replay_interrupted_three_times(tmp_path, noop):
     write_trace(make_trace(n=400, rate=40.0, output_tokens=10), tmp_path / "t.parquet")
     proc = subprocess.Popen(LLMLB + ["replay", str(tmp_path / "t.parquet"), "-e", noop, "-r", str(tmp_path / "res"),
                                      "--run-id", "k", "--no-progress"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, **CTRL_C)
     err, meta = _three_ctrl_c(proc, tmp_path / "res" / "k")
     assert meta["status"] == "partial" and meta["reason"] == "interrupted"
     assert "continue it with --resume" in err

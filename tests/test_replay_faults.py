@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
-from conftest import make_trace
+from conftest import CTRL_C, make_trace
 from replay_helpers import run_replay, servers, token_count  # noqa: F401  (servers is a fixture)
 
 from llmlb_bench.replay import ReplayOptions, Timeouts
@@ -241,7 +241,7 @@ def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, s
     write_trace(make_trace(n=80, rate=20.0, output_tokens=3), trace)
     cmd = [sys.executable, "-m", "llmlb_bench", "replay", str(trace), "-e", f"{base}/slow",
            "--workers", str(workers), "--results", str(tmp_path / "res"), "--run-id", "x", "--no-progress"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **CTRL_C)
     run_dir = tmp_path / "res" / "x"
     # signal once the client has finished a request (however slow this machine is: imports,
     # spawned workers), while most of the 4 s schedule is still ahead

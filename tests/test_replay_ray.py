@@ -25,7 +25,7 @@ from llmlb_bench.cli import main
 from llmlb_bench.errors import UserError
 from llmlb_bench.schema import REQUESTS, TRACE, write_trace
 from llmlb_bench.store import RunStore
-from conftest import make_trace
+from conftest import CTRL_C, make_trace
 from replay_helpers import run_replay, servers, token_count  # noqa: F401  (fixture)
 
 
@@ -209,7 +209,8 @@ def test_cli_ray_run_interrupted_then_resumed_has_one_row_per_request(servers, t
     write_trace(make_trace(n=80, rate=20.0, output_tokens=3), trace)
     cmd = [sys.executable, "-m", "llmlb_bench", "replay", str(trace), "-e", url, "--workers", "2",
            "--executor", "ray", "--results", str(tmp_path / "res"), "--no-progress"]
-    proc = subprocess.Popen([*cmd, "--run-id", "x"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*cmd, "--run-id", "x"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **CTRL_C)
     deadline = time.monotonic() + 90
     while len(cfg.records) < 5 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from llmlb_bench.store.parts import table_files
+from tests.conftest import CTRL_C
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,7 +24,7 @@ def test_ctrl_c_during_run_keeps_the_partial_run_and_says_where(tmp_path):
     spec.write_text((REPO / "workloads" / "chat.toml").read_text().replace("requests = 3000", "requests = 400000"))
     proc = subprocess.Popen([sys.executable, "-m", "llmlb_bench", "run", str(spec), "-r", str(tmp_path / "r")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env={**os.environ, "COLUMNS": "200"})
+                            env={**os.environ, "COLUMNS": "200"}, **CTRL_C)
     assert proc.stdout is not None
     line = proc.stdout.readline()                        # "trace: 400,000 requests -> ..."
     assert line.startswith("trace:"), line

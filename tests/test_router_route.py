@@ -177,7 +177,7 @@ def test_sigterm_drains_stream_in_flight(tmp_path: Path):
                 refused, draining = True, proc.poll() is None   # refused while still serving the stream
         status, body = resp.status, resp.read()
         conn.close()
-        assert proc.wait(30) == 0
+        assert proc.wait(300) == 0      # generous: it returns as soon as the drained proxy exits
         assert refused and draining
         assert status == 200 and body.endswith(b"data: [DONE]\n\n") and body.count(b'"choices":[{') == 200
         meta = json.loads((tmp_path / "d" / "run.json").read_text())

@@ -15,6 +15,7 @@ import pytest
 from llmlb_bench.cli import main
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.sim.fleet import Fleet
+from tests.conftest import CTRL_C
 from tests.serve_helpers import post_json, request
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +54,7 @@ def test_the_process_serves_and_stops_on_ctrl_c():
     """A heterogeneous fleet from a cluster file (2 H100 + 3 A100 replicas) behind one port."""
     proc = subprocess.Popen([sys.executable, "-m", "llmlb_bench", "serve", "--cluster", "clusters/hetero.toml",
                              "--port", "0", "--served-model-name", "sim-8b"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, **CTRL_C)
     try:
         name, url = proc.stdout.readline().split()
         assert name == "router" and url.startswith("http://127.0.0.1:")
