@@ -156,7 +156,7 @@ def test_replay_timestamps(tmp_path):
     ({"process": "hawkes", "rate": 1.0, "branching": 1.2, "decay_s": 1.0}, "branching"),
     ({"process": "windows", "window_s": 60.0, "rate": [1.0, 2.0], "cv": [1.0]}, "cv"),
     ({"process": "gamma", "rate": 1.0}, "cv"),
-    ({"process": "poisson", "rate": 1.0, "modulation": {"shape": "square"}}, "modulation.shape"),
+    ({"process": "poisson", "rate": 1.0, "modulation": {"shape": "sawtooth"}}, "modulation.shape"),
     ({"process": "replay", "path": "absent.parquet"}, None),
 ])
 def test_bad_arrival_tables(table, field):
