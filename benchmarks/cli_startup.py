@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-COMMANDS = (["--help"], ["simulate", "--help"], ["report", "--help"], ["trace", "stats", "--help"], ["policies"])
+COMMANDS = (["--help"], ["simulate", "--help"], ["report", "--help"], ["trace", "stats", "--help"], ["replay", "--help"],
+            ["policies"])
 
 
 def once(tree: Path, argv: list[str]) -> tuple[float, float]:
