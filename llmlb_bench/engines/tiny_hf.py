@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -165,7 +166,7 @@ def _corpus() -> list[str]:
     return lines
 
 
-def _train_tokenizer(vocab_size: int):
+def _train_tokenizer(vocab_size: int) -> Any:   # tokenizers.Tokenizer (an optional extra)
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ImportError:

@@ -29,7 +29,7 @@ def _aliased_version(name: str) -> str:
     return _version(name)
 
 
-_metadata.version = _aliased_version
+_metadata.version = _aliased_version  # type: ignore[assignment]  # the point: vLLM reads this name
 
 if __name__ == "__main__":
     from vllm.entrypoints.cli.main import main

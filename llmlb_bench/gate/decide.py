@@ -135,7 +135,8 @@ def _weighted_percentile(x: np.ndarray, w: np.ndarray, q: float) -> np.ndarray:
 
     def at(rank: np.ndarray) -> np.ndarray:  # the rank-th smallest (0-based) of each row's sample
         pos = np.searchsorted(flat, rank + np.arange(k) * step, side="right") - np.arange(k) * m
-        return xs[np.minimum(pos, m - 1)]
+        kth: np.ndarray = xs[np.minimum(pos, m - 1)]
+        return kth
 
     a, b = at(lo), at(np.minimum(lo + 1, np.maximum(total - 1, 0)))
     out = a + (h - lo) * (b - a)
@@ -178,7 +179,8 @@ def estimate(m: Metric, runs: Sequence[RunSample]) -> float | None:
         return None
     if m.kind in ("run", "curve"):
         values = [_figure(r, m.path) for r in runs]
-        return None if any(v is None for v in values) else float(np.mean(values))
+        known = [v for v in values if v is not None]
+        return None if len(known) < len(values) else float(np.mean(known))
     value = float(_request_stat(m, runs, np.ones((1, sum(len(r.ok) for r in runs))))[0])
     return None if math.isnan(value) else value
 
@@ -224,7 +226,7 @@ def _log(x: Any) -> Any:
 
 def _finite_log(x: np.ndarray) -> np.ndarray:
     """Logs of bootstrap replicates, NaN where a replicate is zero (nanvar leaves those out)."""
-    logs = _log(x)
+    logs: np.ndarray = _log(x)
     logs[~np.isfinite(logs)] = np.nan
     return logs
 
@@ -266,7 +268,7 @@ def evidence(m: Metric, base: Sequence[RunSample], cand: Sequence[RunSample], re
     base_v = estimate(m, base) if relative else None
     if cand_v is None or (relative and not (base_v and cand_v > 0)):
         return None
-    value = math.log(cand_v / base_v) if relative else cand_v
+    value = math.log(cand_v / base_v) if relative and base_v else cand_v   # relative: base_v > 0 (above)
     runs_c, runs_b = len(cand), len(base) if relative else 0
     if reps is not None:
         rb, rc = reps
@@ -357,7 +359,7 @@ def step_down(stats: Sequence[float], nulls: Sequence[np.ndarray]) -> np.ndarray
     # the maximum over the hypotheses still in play at each step: the last in order alone, then with the one before...
     tail_max = np.maximum.accumulate(null[order][::-1], axis=0)[::-1]
     raw = (1 + (tail_max >= t[order][:, None]).sum(axis=1)) / (1 + null.shape[1])
-    out = np.empty_like(raw)
+    out: np.ndarray = np.empty_like(raw)
     out[order] = np.maximum.accumulate(raw)
     return out
 

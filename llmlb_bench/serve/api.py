@@ -219,7 +219,7 @@ class Responder:
         text = "".join(words)
         reason = live.sub.finish_reason
         if self.chat:
-            message = {"role": "assistant", "content": text}
+            message: dict[str, str | None] = {"role": "assistant", "content": text}
             if self.reasoning:
                 message = {"role": "assistant", "reasoning": "".join(words[:self.reasoning]),
                            "content": "".join(words[self.reasoning:]) or None}
@@ -348,7 +348,8 @@ class Api:
         if prompt + out > fleet.max_total:
             raise ApiError(400, f"prompt ({prompt}) + output ({out}) tokens exceed the {fleet.max_total - 1} "
                                 f"tokens a replica can hold (its KV cache)", "max_tokens")
-        tenant = body.get("user") if isinstance(body.get("user"), str) else "default"
+        user = body.get("user")
+        tenant = user if isinstance(user, str) else "default"
         priority = _int(body, "priority", -(1 << 31)) or 0
         sub = Submission(prompt_tokens=prompt, output_tokens=out,
                          hashes=salted(block_hashes(ids, fleet.block_size), adapter),

@@ -232,7 +232,7 @@ class HttpConnection(asyncio.Protocol):
 
 
 async def listen(handler: Callable[[Exchange], None], host: str, port: int,
-                 connections: set[HttpConnection]) -> asyncio.AbstractServer:
+                 connections: set[HttpConnection]) -> asyncio.Server:
     """Serve ``handler`` on ``host:port`` (0: any free port); open connections join ``connections``."""
     loop = asyncio.get_running_loop()
     return await loop.create_server(lambda: HttpConnection(handler, connections), host, port, backlog=4096)

@@ -193,7 +193,8 @@ class LiveFleet:
         self.origin = clock()
         self._now = 0.0
         self._seq = 0
-        self.router: Router[LiveRequest] = Router(policy if policy is not None else _PortPerReplica(), self.view,
+        self.router: Router[LiveRequest] = Router(policy if policy is not None else _PortPerReplica(),  # type: ignore[abstract]  # pairs nothing
+                                                  self.view,
                                                   dispatch=self._routed, reject=self._refused)
         #: requests the router refused
         self.rejected = 0
@@ -348,7 +349,7 @@ class LiveFleet:
         self.router.complete(live.target, live.route, drain=False)
         if made:
             if st.rep.spec is None:
-                live.segments = token_segments(st.rep.timeline.runs, req.spans)
+                live.segments = token_segments(st.rep.timeline.runs, req.spans)  # type: ignore[arg-type]  # made: it ran steps
             else:       # speculative decoding: one delivery per verify step, its tokens bundled
                 times, tokens = bundled_steps(st.rep.timeline.arrays(), req.stints or [], req.spans or [])
                 live.segments = [(t, 0.0, c) for t, c in zip(times.tolist(), tokens.tolist())]

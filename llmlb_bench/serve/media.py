@@ -49,6 +49,8 @@ def image_tokens(url: str) -> int:
         raise MediaError("an image data URL is not valid base64") from None
     if len(raw) < 24 or raw[:8] != _PNG or raw[12:16] != b"IHDR":
         raise MediaError("an image/png data URL does not hold a PNG")
+    width: int
+    height: int
     width, height = struct.unpack(">II", raw[16:24])
     side = QWEN2VL_PIXELS_PER_TOKEN_SIDE
     return math.ceil(width / side) * math.ceil(height / side)

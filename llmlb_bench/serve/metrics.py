@@ -59,7 +59,8 @@ FINISH_REASONS = ("stop", "length", "abort")
 
 def length_buckets(max_model_len: int) -> tuple[int, ...]:
     """vLLM's 1-2-5 series up to the model length (``build_1_2_5_buckets``)."""
-    out, scale = [], 1
+    out: list[int] = []
+    scale = 1
     while True:
         for m in (1, 2, 5):
             if m * scale > max_model_len:

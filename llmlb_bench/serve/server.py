@@ -64,7 +64,7 @@ class SimServer:
         self.model = options.model_name or cfg.model
         self.rule = OutputRule(options.mean_output_tokens, options.seed)
         self.connections: set[HttpConnection] = set()
-        self.servers: list[asyncio.AbstractServer] = []
+        self.servers: list[asyncio.Server] = []
         #: ``(name, url)`` of each port: replica names, or ``"router"``
         self.urls: list[tuple[str, str]] = []
 

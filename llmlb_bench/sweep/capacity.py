@@ -113,7 +113,8 @@ def search(task: CapacityTask, root: str | Path) -> dict[str, Any]:
         result = execute(task.cell(rate), root, task.slo)
         a = result["figures"]["attainment"]
         evaluations.append({"rate": rate, "attainment": a, "run_id": result["run_id"], "ran": result["ran"]})
-        return a >= task.target
+        met: bool = a >= task.target
+        return met
 
     return {"seed": task.template.seed, "evaluations": evaluations,
             **bisect(meets, task.low, task.high, task.tolerance)}

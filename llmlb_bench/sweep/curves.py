@@ -30,7 +30,7 @@ def stability_curves(cells: Iterable[Cell], figures: Mapping[str, Mapping[str, A
         curves[(c.workload, c.cluster, c.policy)][c.x].append(c)
     out = []
     for (workload, cluster, policy), by_x in curves.items():
-        points = []
+        points: list[dict[str, Any]] = []
         for x in sorted(by_x):
             group = by_x[x]
             runs = [figures[c.run_id] for c in group]

@@ -266,7 +266,8 @@ def run_search(search: EndpointSearch, results: str | Path, pre: Preflight | Non
         summary(None)
         if on_probe is not None:
             on_probe(record)
-        return record["meets"]
+        meets: bool = record["meets"]
+        return meets
 
     return summary(bisect(meets, search.low, search.high, search.tolerance, high_last=True))
 

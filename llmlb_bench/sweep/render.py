@@ -122,9 +122,9 @@ def robustness_charts(summary: dict[str, Any]) -> list[tuple[str, str]]:
     out = []
     figs = ((("goodput", "Goodput", "req/s", 1.0),) if summary["slo"] is not None else ()) + (
         ("ttft.p99", "TTFT p99", "ms", 1e3),)
-    for (knob, workload, cluster), curves in groupby(summary.get("robustness") or [],
-                                                     key=lambda c: (c["knob"], c["workload"], c["cluster"])):
-        curves = list(curves)
+    for (knob, workload, cluster), group in groupby(summary.get("robustness") or [],
+                                                    key=lambda c: (c["knob"], c["workload"], c["cluster"])):
+        curves = list(group)
         for fig, title, unit, scale in figs:
             series = [(c["policy"], [p["x"] for p in c["points"]],
                        [None if (p.get(fig) or {}).get("mean") is None else p[fig]["mean"] * scale
@@ -162,8 +162,8 @@ CHARTS = (("attainment", "SLO attainment", "%", 100.0), ("goodput", "Goodput", "
 def charts(summary: dict[str, Any]) -> list[str]:
     """One inline SVG per figure and workload x cluster: a line per policy against the sweep's axis."""
     out = []
-    for (workload, cluster), curves in groupby(summary["curves"], key=lambda c: (c["workload"], c["cluster"])):
-        curves = list(curves)
+    for (workload, cluster), group in groupby(summary["curves"], key=lambda c: (c["workload"], c["cluster"])):
+        curves = list(group)
         for fig, title, unit, scale in CHARTS:
             series = [(c["policy"], [p["x"] for p in c["points"]],
                        [None if (p.get(fig) or {}).get("mean") is None else p[fig]["mean"] * scale

@@ -105,7 +105,7 @@ def grid_cells(spec: SweepSpec, capacity: list[dict[str, Any]]) -> list[Cell]:
             for x in spec.values:
                 rate = {"rate_scale": x * nominal, "rate": x, "load": x * (reference or 0.0)}[spec.axis or ""]
                 for seed in spec.seeds:
-                    cells.append(replace(_template(spec, "grid", w, c, p, seed), axis=spec.axis, x=x, rate=rate,
+                    cells.append(replace(_template(spec, "grid", w, c, p, seed), axis=spec.axis, x=x, rate=rate,  # type: ignore[arg-type]
                                          rate_scale=rate / nominal, load=rate / reference if reference else None))
     return cells
 

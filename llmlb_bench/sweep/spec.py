@@ -209,9 +209,10 @@ def _seeds(s: Section) -> tuple[int, ...]:
 def _workloads(s: Section, base: Path) -> tuple[WorkloadEntry, ...]:
     if not s.data:
         raise s.error(None, "list at least one workload, e.g. chat = \"workloads/chat.toml\"")
-    out = []
+    out: list[WorkloadEntry] = []
     for label, value in s.items():
         _label(s, label, label)
+        sub: Section | None
         if isinstance(value, str):  # chat = "path" is short for chat = { spec = "path" }
             s.raw(label)
             sub = Section({"spec": value}, s.dotted(label), s.source)

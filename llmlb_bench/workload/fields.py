@@ -10,7 +10,7 @@ silently ignored and the experiment run with a default).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence, overload
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.tomlfile import unknown_choice, closest, unknown_field
@@ -118,6 +118,10 @@ class Section:
             raise self.error(key, "must not be empty")
         return [check_number(self, f"{key}[{i}]", v, ge=ge, gt=gt) for i, v in enumerate(value)]
 
+    @overload
+    def section(self, key: str) -> Section: ...
+    @overload
+    def section(self, key: str, default: Any) -> Section | None: ...
     def section(self, key: str, default: Any = _REQUIRED) -> Section | None:
         """The sub-table ``key`` as a :class:`Section` (``None`` if absent and optional)."""
         value = self.raw(key, default)
