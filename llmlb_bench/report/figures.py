@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.report.figdata import CDF_FIGURES
@@ -89,7 +89,8 @@ def compare(doc: dict[str, Any]) -> Any:
     colors = _colors(len(runs))
     with_slo = any(s.get("slo") for s in runs)
     energy_key = "j_per_good_token" if with_slo else "j_per_output_token"
-    panels = [("TTFT p99 (ms)", lambda s: _err(s, "ttft", "p99", 1e3)),
+    panels: list[tuple[str, Callable[[dict[str, Any]], tuple[float, float, float]]]] = [
+        ("TTFT p99 (ms)", lambda s: _err(s, "ttft", "p99", 1e3)),
               ("E2E p99 (s)", lambda s: _err(s, "e2e", "p99", 1.0))]
     if with_slo:
         panels.append(("SLO attainment (%)", _attainment))
@@ -132,7 +133,7 @@ def tenants(doc: dict[str, Any]) -> Any | None:
     plt = _plt()
     names = sorted({t for s in runs for t in s["per_tenant"]})
     colors = _colors(len(runs))
-    panels = [("mean normalized latency (ms/token)",
+    panels: list[tuple[str, Callable[[dict[str, Any], str], float]]] = [("mean normalized latency (ms/token)",
                lambda s, t: 1e3 * ((s["fairness"]["per_tenant"].get(t) or {}).get("norm_latency_mean") or float("nan")))]
     if any(s.get("slo") for s in runs):
         panels.insert(0, ("SLO attainment (%)",
@@ -242,6 +243,7 @@ def render(doc: dict[str, Any], data: dict[str, Any], directory: Path | None = N
     for stem, caption, fig in all_figures(doc, data):
         out.append((stem, caption, _svg(fig)))
         for fmt in formats if directory is not None else ():
+            assert directory is not None
             path = directory / f"{stem}.{fmt}"
             tmp = path.with_name(f".{path.name}.tmp")
             fig.savefig(tmp, format=fmt, metadata=meta[fmt], bbox_inches="tight", dpi=150)

@@ -12,7 +12,8 @@ from typing import Any
 
 
 def _name(s: dict[str, Any]) -> str:
-    return s.get("name") or s["label"] or s["run_id"]
+    name: str = s.get("name") or s["label"] or s["run_id"]
+    return name
 
 
 def run_notes(runs: list[dict[str, Any]]) -> list[str]:

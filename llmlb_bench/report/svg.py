@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 #: a colour-blind-safe cycle (Okabe-Ito)
 COLOURS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
@@ -45,8 +45,13 @@ def line_chart(title: str, series: Sequence[Series], xlabel: str, ylabel: str) -
     if y1 == y0:
         y1 = y0 + 1.0
     pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM
-    sx = lambda x: LEFT + (x - x0) / (x1 - x0) * pw  # noqa: E731
-    sy = lambda y: TOP + ph - (y - y0) / (y1 - y0) * ph  # noqa: E731
+
+    def sx(x: float) -> float:
+        return LEFT + (x - x0) / (x1 - x0) * pw
+
+    def sy(y: float) -> float:
+        return TOP + ph - (y - y0) / (y1 - y0) * ph
+
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="{W}" height="{H}" '
            f'role="img" aria-label="{html.escape(title)}" font-size="11">',
            f'<text x="{LEFT}" y="16" font-weight="bold">{html.escape(title)}</text>']
@@ -90,8 +95,10 @@ def report_figures(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
             out.append((f"cdf_{fig}", f"{label}: share of ok requests at or below each latency", chart))
     for c in doc["curves"]:
         rates = [p["rate"] for p in c["points"]]
-        for key, label, unit, get in (("goodput", "Goodput", "req/s", lambda p: p.get("goodput")),
-                                      ("e2e_p99", "E2E p99", "s", lambda p: (p.get("e2e") or {}).get("p99"))):
+        figs: tuple[tuple[str, str, str, Callable[[dict[str, Any]], Any]], ...] = (
+            ("goodput", "Goodput", "req/s", lambda p: p.get("goodput")),
+            ("e2e_p99", "E2E p99", "s", lambda p: (p.get("e2e") or {}).get("p99")))
+        for key, label, unit, get in figs:
             chart = line_chart(f"{label}: {c['name']}", [(c["name"], rates, [get(p) for p in c["points"]])],
                                "offered req/s", unit)
             if chart:

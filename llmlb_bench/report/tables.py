@@ -13,6 +13,7 @@ here appears everywhere, formatted the same way.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable
 
 from llmlb_bench.metrics.definitions import ANSWER_FIGURES, LATENCY_FIGURES
@@ -76,7 +77,8 @@ def interval(fig: str, p: str, scale: float, spec: str) -> Getter:
 
 def run_name(s: dict[str, Any]) -> str:
     """The run's name in this report: the facets that set it apart (metrics.identity), else its label."""
-    return s.get("name") or s["label"] or s["run_id"]
+    name: str = s.get("name") or s["label"] or s["run_id"]
+    return name
 
 
 #: name, unit label, display scale, format of each latency figure
@@ -94,7 +96,8 @@ WAIT_KINDS = {"router": "router wait", "client": "client lag", "router+client": 
 
 
 def _failed(s: dict[str, Any]) -> int:
-    return s["error"] + s["timeout"] + s["rejected"] + s["not_sent"]
+    failed: int = s["error"] + s["timeout"] + s["rejected"] + s["not_sent"]
+    return failed
 
 
 def comparison(doc: dict[str, Any]) -> Table:
@@ -309,7 +312,7 @@ def _control_rows(runs: list[dict[str, Any]]) -> list[tuple[str, Getter, str]]:
         if sig == "ttft":
             rows.append(("  steady-state error (% of the SLO)", _pct(("control", sig, "steady_state_error")), ",.0f"))
         rows += [("  sign changes of the error", scaled(("control", sig, "sign_changes"), 1), ",d"),
-                 ("  spectral peak / its energy share", lambda s, sig=sig: peak(s, sig), "s")]
+                 ("  spectral peak / its energy share", partial(peak, sig=sig), "s")]
     return rows
 
 
@@ -446,7 +449,10 @@ def verdict_tables(doc: dict[str, Any]) -> list[Table]:
                   ["figure", "base", "cand", "change\n%", "95% CI\n%", "p\nHolm", "verdict"])
         for c in comp["changes"]:
             scale, spec, unit = _VERDICT_UNITS.get(c["metric"], (1.0, ",.2f", ""))
-            val = lambda x, scale=scale, spec=spec: "-" if x is None else fmt(x * scale, spec)  # noqa: E731
+
+            def val(x: float | None, scale: float = scale, spec: str = spec) -> str:
+                return "-" if x is None else fmt(x * scale, spec)
+
             ci = "-" if c["low"] is None else f"{100 * c['low']:+.1f}..{100 * c['high']:+.1f}"
             t.rows.append([f"{c['figure']} {unit.strip()}".strip(),
                            val(c["baseline_value"]), val(c["candidate_value"]),

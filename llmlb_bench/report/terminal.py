@@ -91,9 +91,9 @@ def render(doc: dict[str, Any], console: Console) -> None:
         console.print(_text_table(failed))
     for t in tables.verdict_tables(doc):
         console.print(rich_table(t))
-    for t in (tables.groups(doc, key) for key in tables.GROUP_TABLES):
-        if t is not None:
-            console.print(rich_table(t))
+    for group in (tables.groups(doc, key) for key in tables.GROUP_TABLES):
+        if group is not None:
+            console.print(rich_table(group))
     for t in tables.curves(doc):
         _print_fitting(console, t)
     per_table = max(1, (console.width - FIGURE_WIDTH) // RUN_WIDTH)

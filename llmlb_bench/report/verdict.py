@@ -138,7 +138,7 @@ def verdicts(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None, baseline
     shown = []
     for g, base in zip(groups, bases):
         if base is not None:
-            pairs += [(base, s) for s in g if s is not base]
+            pairs += [(base, s) for s in g if s is not base]  # type: ignore[misc]  # base is one of the runs (dicts)
         shown.append({"runs": [s["run_id"] for s in g], "baseline": None if base is None else base["run_id"],
                       "workload": comparable.describe(metas.get(g[0]["run_id"], {}))})
     head = {"baseline": next((g["baseline"] for g in shown if g["baseline"]), None), "confidence": confidence,
@@ -161,7 +161,7 @@ def verdicts(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None, baseline
     figures = {**HEADLINE, **(HEADLINE_SLO if slo is not None else {})}
     out = []
     for base, s in pairs:
-        changes = []
+        changes: list[dict[str, Any]] = []
         for metric, (label, higher) in figures.items():
             c = relative_change(metric, [samples[base["run_id"]]], [samples[s["run_id"]]], confidence, seed)
             if c.change is None:
@@ -173,10 +173,10 @@ def verdicts(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None, baseline
                             "direction": "better" if better else "worse"})
         ps = [c["p_value"] for c in changes]
         known = [i for i, p in enumerate(ps) if p is not None]
-        adjusted = holm([ps[i] for i in known]) if known else []
-        for c in changes:
-            c["p_adjusted"] = None
-            c["significant"] = False
+        adjusted: np.ndarray | list[float] = holm([ps[i] for i in known]) if known else []
+        for row in changes:
+            row["p_adjusted"] = None
+            row["significant"] = False
         for i, p in zip(known, adjusted):
             changes[i]["p_adjusted"] = float(p)
             changes[i]["significant"] = bool(p < 1 - confidence) and abs(changes[i]["change"]) >= NEGLIGIBLE
