@@ -41,7 +41,7 @@ from llmlb_bench.backend_header import backend_from_headers
 try:  # orjson is a core dependency where it has wheels (parsing is most of the per-token cost)
     from orjson import loads as _loads
 except ImportError:  # pragma: no cover - depends on the environment
-    _loads = json.loads
+    _loads = json.loads  # type: ignore[assignment]
 
 _SSE, _JSON, _ERROR = 1, 2, 3
 _MAX_BODY = 16 << 20

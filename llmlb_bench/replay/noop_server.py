@@ -144,8 +144,8 @@ class NoopProtocol(asyncio.Protocol):
             self._reply(_json_response(200, cfg.records))
         elif method == "POST" and path == "/tokenize":
             req = json.loads(body or b"{}")
-            text = req.get("content") or req.get("prompt") or ""
-            self._reply(_json_response(200, {"tokens": list(text.encode())}))
+            prompt = req.get("content") or req.get("prompt") or ""
+            self._reply(_json_response(200, {"tokens": list(prompt.encode())}))
         elif method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
             self._complete("chat" if "chat" in path else "completions", headers, body, now)
         else:
@@ -209,7 +209,7 @@ class NoopProtocol(asyncio.Protocol):
         self.transport = None
 
 
-async def start(cfg: NoopConfig, host: str = "127.0.0.1", port: int = 0) -> asyncio.AbstractServer:
+async def start(cfg: NoopConfig, host: str = "127.0.0.1", port: int = 0) -> asyncio.Server:
     """Start serving on the running loop; the port is ``server.sockets[0].getsockname()[1]``."""
     loop = asyncio.get_running_loop()
     return await loop.create_server(lambda: NoopProtocol(cfg), host, port, backlog=4096)

@@ -44,6 +44,7 @@ import socket
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from time import perf_counter
 from typing import Any, Callable, Sequence
@@ -176,8 +177,8 @@ class ReplayActor:
         """Ctrl-C for this actor: the replay stops as a single replayer does on SIGINT, rows written."""
         self._stopped = True
         replayer = self._replayer
-        loop = replayer.loop if replayer is not None else None
-        if loop is not None:
+        if replayer is not None and replayer.loop is not None:
+            loop = replayer.loop
             try:
                 loop.call_soon_threadsafe(_interrupt_when_started, replayer)
             except RuntimeError:  # the loop has already closed: the run is over
@@ -224,8 +225,8 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, o
                                 f"(each needs one free CPU on the cluster)", "--workers")
             live: dict[int, ClockOffset] = {}
             for k, ref in enumerate(prepared):
-                place, error = _get(ray, lambda ref=ref: ray.get(ref))
-                offset, error = (None, error) if error else _get(ray, lambda k=k: _offset(ray, actors[k]))
+                place, error = _get(ray, partial(ray.get, ref))
+                offset, error = (None, error) if error else _get(ray, partial(_offset, ray, actors[k]))
                 if offset is None:
                     details[k]["error"] = error
                     continue
@@ -245,10 +246,10 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, o
                     k = running.pop(ref)
                     for call in [c for c, j in asked.items() if j == k]:   # rows it took before the end
                         _collect(ray, call, asked.pop(call), live, t0_wall, streamed)
-                    result, error = _get(ray, lambda ref=ref: ray.get(ref))
+                    result, error = _get(ray, partial(ray.get, ref))
                     if error is None:
                         outcomes[k] = _outcome(result, live[k], t0_wall, details[k])
-                        after, _ = _get(ray, lambda k=k: _offset(ray, actors[k]))  # the drift, not corrected
+                        after, _ = _get(ray, partial(_offset, ray, actors[k]))  # the drift, not corrected
                         details[k]["offset_after_s"] = after.offset_s if after is not None else None
                     else:  # the actor is gone: it stopped sending by now at the latest
                         details[k]["error"] = error
@@ -340,7 +341,8 @@ def _to_ipc(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
 
 
 def _from_ipc(data: bytes) -> pa.Table:

@@ -103,7 +103,7 @@ class RawRows:
 
     __slots__ = ("cols", "seg_start", "seg_count", "offsets", "origin")
 
-    def __init__(self, cols: list[list[Any]], seg_start: array, seg_count: array, offsets: array,
+    def __init__(self, cols: list[list[Any]], seg_start: array[float], seg_count: array[int], offsets: array[int],
                  origin: float) -> None:
         self.cols, self.seg_start, self.seg_count, self.offsets = cols, seg_start, seg_count, offsets
         self.origin = origin

@@ -41,7 +41,7 @@ import sys
 import threading
 from collections import Counter, deque
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -65,6 +65,9 @@ from llmlb_bench.replay.scrape import SeriesRows, Signals, parse_metrics, update
 from llmlb_bench.replay.threads import Threads
 from llmlb_bench.schema import trace_block_size
 from llmlb_bench.store import RunStore
+
+if TYPE_CHECKING:  # a worker's part of a run (workers.py imports this module)
+    from llmlb_bench.replay.workers import PartStore
 from llmlb_bench.trace_columns import TraceColumns
 from llmlb_bench.workload.reasoning import REASONING_ARG
 
@@ -83,7 +86,7 @@ _API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 class Replayer:
     """One replay run; use :func:`replay`."""
 
-    def __init__(self, trace: pa.Table, pre: Preflight, policy: Policy, run: RunStore,
+    def __init__(self, trace: pa.Table, pre: Preflight, policy: Policy, run: RunStore | PartStore,
                  options: ReplayOptions, resume: Resume | None = None, t0_clock: float | None = None) -> None:
         if options.time_scale <= 0:
             raise UserError("must be positive", "--time-scale")
@@ -124,7 +127,9 @@ class Replayer:
         self._series = SeriesRows()
         self.media_dropped = 0
         self.sent = 0
-        self.first_sent = self.last_sent = self.last_end = None
+        self.first_sent: float | None = None
+        self.last_sent: float | None = None
+        self.last_end: float | None = None
         self.dispatch_done = False
         self.interrupted = False
         #: ``perf_counter()`` at trace time 0; given by the parent when several workers share a run
@@ -170,7 +175,7 @@ class Replayer:
             raise KeyboardInterrupt("replay interrupted")
         return summary
 
-    def _install_signals(self, loop: asyncio.AbstractEventLoop):
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
         """Ctrl-C and SIGTERM stop the run cleanly (rows written) instead of raising mid-callback."""
         if threading.current_thread() is not threading.main_thread():
             return lambda: None
@@ -221,7 +226,7 @@ class Replayer:
                 # one last scrape once every answer is in, so the series' counter increases cover the
                 # whole run (the first scrape precedes the first answer)
                 scraper.cancel()
-                await self._scrape_round(self.options.scrape_s)
+                await self._scrape_round(self.options.scrape_s)  # type: ignore[arg-type]  # a scraper: scrape_s set
         except asyncio.CancelledError:
             self.interrupted = True
         finally:
@@ -455,7 +460,8 @@ class Replayer:
             self.finished(f, status, self._with_attempts(f, reason), perf_counter())
 
     def _backoff(self, f: Flight) -> float:
-        return self.options.retry_backoff_s * 2 ** (f.attempts - 1)
+        delay: float = self.options.retry_backoff_s * 2 ** (f.attempts - 1)
+        return delay
 
     @staticmethod
     def _with_attempts(f: Flight, error: str) -> str:
@@ -523,7 +529,7 @@ class Replayer:
         tr, t0 = self.tr, self.t0
         self.status[status] += 1
         if f is None:
-            values = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], tr.session[idx], tr.turn[idx], None,
+            values: tuple[Any, ...] = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], tr.session[idx], tr.turn[idx], None,
                       self.sched[idx], None, None, None,
                       tr.inp[idx], tr.out[idx], None, None, status, error, None, None, None, None, tr.adapter[idx], None, None, None)
             self.writer.buffer.add(values, None, None)
@@ -608,7 +614,7 @@ class Replayer:
         if rows:
             self.run_store.series.write(rows)
 
-    async def _scrape(self, i: int, timeout: float) -> Signals | bool | None:
+    async def _scrape(self, i: int, timeout: float) -> Signals | Literal[False] | None:
         try:
             status, body = await simple_request(self.pools[i], "GET", "/metrics", self.headers, timeout=timeout)
         except (OSError, asyncio.TimeoutError):

@@ -58,7 +58,8 @@ def noop_server(cpu: int | None = None, itl_ms: float = 0.0, ttft_ms: float = 0.
 def server_records(url: str) -> dict[str, list[float]]:
     """The no-op server's ``/stats``: request id -> [read, first write, last write, tokens]."""
     with urllib.request.urlopen(f"{url}/stats", timeout=10) as resp:
-        return json.loads(resp.read())
+        records: dict[str, list[float]] = json.loads(resp.read())
+        return records
 
 
 def _pct(values: np.ndarray) -> dict[str, float | None]:

@@ -33,17 +33,18 @@ class SSEDecoder:
             if block.startswith(b"data:") and b"\n" not in block:  # the common one-line event
                 events.append((b"", block[6:] if block[5:6] == b" " else block[5:]))
                 continue
-            name, data = b"", []
+            name = b""
+            parts: list[bytes] = []
             for line in block.split(b"\n"):
                 field, _, value = line.partition(b":")
                 if value[:1] == b" ":
                     value = value[1:]
                 if field == b"data":
-                    data.append(value)
+                    parts.append(value)
                 elif field == b"event":
                     name = value
-            if data:
-                events.append((name, b"\n".join(data)))
+            if parts:
+                events.append((name, b"\n".join(parts)))
         return events
 
     @property

@@ -207,7 +207,8 @@ def replay_in_workers(trace: pa.Table, pre: Preflight, policy: Any, run: RunStor
 
 def _ready(conn: Any) -> bool:
     try:
-        return conn.recv() == "ready"
+        ready: bool = conn.recv() == "ready"
+        return ready
     except (EOFError, OSError):
         return False
 
