@@ -4,6 +4,8 @@ inter-token times low and steady. The price is a separate prefill queue (higher 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
@@ -32,7 +34,7 @@ def arms(scale: str) -> list[Arm]:
     return out
 
 
-def check(s: dict) -> Verdict:
+def check(s: dict[str, Any]) -> Verdict:
     rates = sorted({float(k.split("@")[1]) for k in s})
     gains = []
     for r in rates:

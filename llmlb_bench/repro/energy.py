@@ -5,6 +5,8 @@ the simulator scales replicas only, the largest of its knobs)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from llmlb_bench.repro import traces
 from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, energy_figure, pct, ratio, slo_figure
 from llmlb_bench.sim import ClusterConfig
@@ -14,7 +16,7 @@ RATE_SCALE = {"small": 1.0, "full": 3.0}
 PEAK_REPLICAS = {"small": 2, "full": 4}
 
 
-def autoscale(max_replicas: int) -> dict:
+def autoscale(max_replicas: int) -> dict[str, Any]:
     return {"policy": "concurrency", "interval_s": 10.0, "cold_start_s": 30.0,
             "args": {"target": 64.0, "min_replicas": 1, "max_replicas": max_replicas, "window_s": 30.0}}
 
@@ -26,7 +28,7 @@ def arms(scale: str) -> list[Arm]:
             Arm(f"autoscaled 1-{n}", t, ClusterConfig.build(replicas=n, autoscale=autoscale(n)), "least_outstanding")]
 
 
-def check(s: dict) -> Verdict:
+def check(s: dict[str, Any]) -> Verdict:
     fixed, scaled = (s[k] for k in s)
     j = ratio(scaled["energy"]["j_per_good_token"], fixed["energy"]["j_per_good_token"])
     att = (fixed["slo"]["attainment"], scaled["slo"]["attainment"])

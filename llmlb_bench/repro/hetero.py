@@ -47,10 +47,16 @@ def arms(scale: str) -> list[Arm]:
     return [Arm(n, t, FLEETS[n][0], FLEETS[n][1]) for n in names]
 
 
-def check(s: dict) -> Verdict:
-    meets = lambda k: s[k]["slo"]["attainment"] >= ATTAINMENT  # noqa: E731
-    price = lambda k: s[k]["energy"]["price_per_hour"]  # noqa: E731
-    ok = meets(HH) and meets(HA) and price(HA) < price(HH) and fleet_power(s[HA]) < fleet_power(s[HH])
+def check(s: dict[str, Any]) -> Verdict:
+
+    def meets(k: str) -> Any:
+        return s[k]["slo"]["attainment"] >= ATTAINMENT
+
+    def price(k: str) -> Any:
+        return s[k]["energy"]["price_per_hour"]
+
+    ok = (meets(HH) and meets(HA) and price(HA) < price(HH)
+          and fleet_power(s[HA]) < fleet_power(s[HH]))  # type: ignore[operator]  # both fleets report power
     cheapest = min((k for k in s if meets(k)), key=price, default=None)
     overall = f"; cheapest fleet meeting the SLO overall: {cheapest}, ${price(cheapest):.2f}/h" if cheapest else ""
     return Verdict(ok, f"attainment {s[HH]['slo']['attainment']:.1%} (HH) vs {s[HA]['slo']['attainment']:.1%} (HA); "

@@ -6,6 +6,8 @@ simulator does not model; this reproduces its load-aware dispatch only)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from llmlb_bench.repro import traces
@@ -14,7 +16,7 @@ from llmlb_bench.sim import ClusterConfig
 
 REQUESTS = {"small": 1500, "full": 4000}
 RATE = 40.0
-POLICIES = (("round_robin", "round_robin", {}),
+POLICIES: tuple[tuple[str, str, dict[str, Any]], ...] = (("round_robin", "round_robin", {}),
             ("least_requests", "least_outstanding", {}),
             ("least_tokens", "least_tokens", {}))
 
@@ -28,7 +30,7 @@ def arms(scale: str) -> list[Arm]:
     return [Arm(label, t, ClusterConfig.build(replicas=4), p, a) for label, p, a in POLICIES]
 
 
-def check(s: dict) -> Verdict:
+def check(s: dict[str, Any]) -> Verdict:
     p99 = {k: v["ttft"]["p99"] for k, v in s.items()}
     rr, jsq, tok = p99["round_robin"], p99["least_requests"], p99["least_tokens"]
     ok = tok < 0.8 * rr and tok <= 1.05 * jsq

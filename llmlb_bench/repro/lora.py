@@ -8,6 +8,8 @@ the popular adapters' load: that point is run and shown, and not part of the cla
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 
 from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, ratio
@@ -39,7 +41,7 @@ def chat_over_adapters(adapters: int, requests: int, seed: int = 1) -> pa.Table:
     return generate(spec)
 
 
-def loads(s: dict) -> float | None:
+def loads(s: dict[str, Any]) -> float | None:
     return (s.get("adapter_loads") or {}).get("total")
 
 
@@ -55,7 +57,7 @@ def arms(scale: str) -> list[Arm]:
     return out
 
 
-def check(s: dict) -> Verdict:
+def check(s: dict[str, Any]) -> Verdict:
     counts = sorted({int(k.split("@")[1]) for k in s})
     ttft = {k: ratio(s[f"lora_affinity@{k}"]["ttft"]["mean"], s[f"least_outstanding@{k}"]["ttft"]["mean"])
             for k in counts}

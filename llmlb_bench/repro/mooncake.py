@@ -4,6 +4,8 @@ lets the queue grow until almost no request meets its SLO."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from llmlb_bench.repro import traces
 from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, slo_figure
 from llmlb_bench.sim import ClusterConfig
@@ -11,7 +13,7 @@ from llmlb_bench.sim import ClusterConfig
 RATES = {"small": (30.0, 90.0), "full": (30.0, 60.0, 90.0, 120.0)}
 DURATION_S = {"small": 15.0, "full": 60.0}
 TTFT_SLO_S = 2.0
-POLICIES = (("least_outstanding", "least_outstanding", {}),
+POLICIES: tuple[tuple[str, str, dict[str, Any]], ...] = (("least_outstanding", "least_outstanding", {}),
             ("min_ttft_admit_all", "predicted_ttft", {}),
             ("early_reject", "predicted_ttft", {"ttft_slo_s": TTFT_SLO_S}))
 
@@ -25,7 +27,7 @@ def arms(scale: str) -> list[Arm]:
     return out
 
 
-def check(s: dict) -> Verdict:
+def check(s: dict[str, Any]) -> Verdict:
     top = max(float(k.split("@")[1]) for k in s)
     admit, reject = s[f"min_ttft_admit_all@{top:g}"], s[f"early_reject@{top:g}"]
     best = max(v["slo"]["goodput"] for k, v in s.items() if k.startswith("early_reject"))

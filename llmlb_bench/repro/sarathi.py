@@ -4,6 +4,8 @@ inter-token tails drop, at some cost in TTFT (a prompt takes several iterations)
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from llmlb_bench.repro import traces
@@ -26,7 +28,7 @@ def arms(scale: str) -> list[Arm]:
     return out
 
 
-def check(s: dict) -> Verdict:
+def check(s: dict[str, Any]) -> Verdict:
     whole, chunked = s["whole prefill"], s["chunks of 512"]
     tpot = ratio(chunked["tpot"]["p99"], whole["tpot"]["p99"])
     itl = ratio(chunked["itl"]["p99"], whole["itl"]["p99"])

@@ -4,6 +4,8 @@ it throughput and TTFT, over round robin on shared-prefix traffic."""
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from llmlb_bench.repro import traces
 from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, ratio
 from llmlb_bench.sim import ClusterConfig
@@ -15,13 +17,13 @@ REQUESTS = {"small": 800, "full": 2000}
 POLICIES = ("round_robin", "least_outstanding", "cache_aware")
 
 
-def hit_rate(s: dict) -> float | None:
+def hit_rate(s: dict[str, Any]) -> float | None:
     return s["cached_tokens"] / s["input_tokens"] if s["input_tokens"] else None
 
 
-def cache(*path: str):
+def cache(*path: str) -> Callable[[dict[str, Any]], float | None]:
     """A figure of the run's prefix-cache accounting (docs/prefix-cache.md), a share of prompt tokens."""
-    def get(s: dict) -> float | None:
+    def get(s: dict[str, Any]) -> float | None:
         v = s.get("prefix_cache")
         for k in path:
             v = v.get(k) if isinstance(v, dict) else None
@@ -38,10 +40,10 @@ def arms(scale: str) -> list[Arm]:
     return out
 
 
-def check(s: dict) -> Verdict:
+def check(s: dict[str, Any]) -> Verdict:
     load = max(float(k.split("@")[1][:-1]) for k in s)
     rr, ca = s[f"round_robin@{load:g}x"], s[f"cache_aware@{load:g}x"]
-    dh = hit_rate(ca) - hit_rate(rr)
+    dh = hit_rate(ca) - hit_rate(rr)  # type: ignore[operator]  # both runs served prompts
     thr = ratio(ca["request_throughput"], rr["request_throughput"])
     ttft = ratio(ca["ttft"]["mean"], rr["ttft"]["mean"])
     ok = dh >= 0.05 and thr >= 1.0 and ttft <= 0.7

@@ -11,6 +11,8 @@ each request's task, its one feature known at arrival that tells something about
 
 from __future__ import annotations
 
+from typing import Any
+
 import atexit
 import json
 import shutil
@@ -76,13 +78,13 @@ def arms(scale: str) -> list[Arm]:
     return out
 
 
-def _trained(s: dict, objective: str) -> tuple[float, float]:
+def _trained(s: dict[str, Any], objective: str) -> tuple[float, float]:
     """(held-out tau, mean E2E) of the trained predictor's arm."""
     label = next(k for k in s if k.startswith(f"sjf trained {objective}"))
     return float(label.split("=")[1]), s[label]["e2e"]["mean"]
 
 
-def check(s: dict) -> Verdict:
+def check(s: dict[str, Any]) -> Verdict:
     fcfs = s["fcfs"]["e2e"]["mean"]
     taus = sorted(float(k.split("=")[1]) for k in s if k.startswith("sjf tau="))
     e2e = [s[f"sjf tau={t:g}"]["e2e"]["mean"] for t in taus]

@@ -6,6 +6,8 @@ the peak."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from llmlb_bench.repro import traces
 from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, energy_figure, pct, ratio, slo_figure
 from llmlb_bench.sim import ClusterConfig
@@ -37,7 +39,7 @@ def arms(scale: str) -> list[Arm]:
     return out
 
 
-def check(s: dict) -> Verdict:
+def check(s: dict[str, Any]) -> Verdict:
     full, ctl = s[_label(1.0)], s[CONTROLLER]
     j = ratio(ctl["energy"]["j_per_good_token"], full["energy"]["j_per_good_token"])
     att = (full["slo"]["attainment"], ctl["slo"]["attainment"])

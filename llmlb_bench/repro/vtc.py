@@ -4,6 +4,8 @@ under FCFS; total throughput stays the same."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
@@ -34,11 +36,11 @@ def arms(scale: str) -> list[Arm]:
             Arm("vtc", t, ClusterConfig.build(replicas=1, max_num_seqs=16, scheduler="vtc"))]
 
 
-def light_norm(s: dict) -> float | None:
+def light_norm(s: dict[str, Any]) -> float | None:
     return ((s.get("per_tenant") or {}).get("light") or {}).get("norm_latency_mean")
 
 
-def check(s: dict) -> Verdict:
+def check(s: dict[str, Any]) -> Verdict:
     f, v = s["fcfs"], s["vtc"]
     gap = ratio(v["fairness"]["service_gap_mean"], f["fairness"]["service_gap_mean"])
     jain = (f["fairness"]["jain_service"], v["fairness"]["jain_service"])
