@@ -166,4 +166,4 @@ def _run(argv: list[str] | None) -> Any:
         if not isinstance(exc, _click_exceptions()):
             raise
         err_console.print(f"[bold red]error:[/] {escape(_usage_line(exc))}", highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        sys.exit(exc.exit_code)  # type: ignore[attr-defined]  # a Click exception (checked above)

@@ -20,7 +20,7 @@ from typer.core import TyperGroup
 try:        # Typer >= 0.20 ships its own copy of Click
     from typer._click.exceptions import UsageError
 except ImportError:
-    from click.exceptions import UsageError
+    from click.exceptions import UsageError  # type: ignore[assignment]  # the same class, from Click itself
 
 from llmlb_bench.cli.commands import COMMANDS, load
 
@@ -62,13 +62,14 @@ class LazyGroup(TyperGroup):
         from llmlb_bench.cli.app import app
 
         load(name)
-        settings = dict(pretty_exceptions_short=app.pretty_exceptions_short, rich_markup_mode=app.rich_markup_mode)
+        short, markup = app.pretty_exceptions_short, app.rich_markup_mode
         for info in app.registered_commands:
             if (info.name or typer.main.get_command_name(info.callback.__name__)) == name:  # type: ignore[union-attr]
-                cmd = typer.main.get_command_from_info(info, **settings)
+                cmd = typer.main.get_command_from_info(info, pretty_exceptions_short=short, rich_markup_mode=markup)
                 break
         else:
             group = next(g for g in app.registered_groups if g.name == name)
-            cmd = typer.main.get_group_from_info(group, suggest_commands=app.suggest_commands, **settings)
+            cmd = typer.main.get_group_from_info(group, suggest_commands=app.suggest_commands,
+                                                 pretty_exceptions_short=short, rich_markup_mode=markup)
         self.commands[name] = cmd
         return cmd

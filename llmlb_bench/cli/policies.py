@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -11,11 +11,15 @@ from llmlb_bench.cli.app import app, console
 from llmlb_bench.console import Table
 from llmlb_bench.tomlfile import unknown_choice
 
+if TYPE_CHECKING:  # the command imports the policies when it runs (start-up time)
+    from llmlb_bench.policies import Policy
+    from llmlb_bench.policies.engine import EngineScheduler
+
 #: the family under which ``llmlb policies`` lists engine-level schedulers (``--scheduler``)
 ENGINE_FAMILY = "engine (--scheduler)"
 
 
-def _describe(cls) -> dict:
+def _describe(cls: type[Policy] | type[EngineScheduler]) -> dict[str, Any]:
     return {"name": cls.name, "summary": cls.summary,
             "params": {k: {"default": d, "meaning": doc} for k, (d, doc) in cls.params.items()}}
 
@@ -41,7 +45,8 @@ def policies(
     from llmlb_bench.policies import FAMILIES
     from llmlb_bench.policies.engine import ENGINE_SCHEDULERS
 
-    families = {**FAMILIES, ENGINE_FAMILY: tuple(ENGINE_SCHEDULERS.values())}
+    families: dict[str, tuple[type[Policy] | type[EngineScheduler], ...]] = {
+        **FAMILIES, ENGINE_FAMILY: tuple(ENGINE_SCHEDULERS.values())}
     known = sorted({c.name for classes in families.values() for c in classes})
     if name is not None and name not in known:
         raise unknown_choice("policy", name, known, "policies")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.cli.common import ReportFormat, ResultsDir
@@ -23,7 +23,7 @@ class _Bar:
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
-        self.task: int | None = None
+        self.task: TaskID | None = None
 
     def phase(self, name: str, total: int, done: int) -> None:
         label = "capacity searches" if name == "capacity" else "grid cells"
