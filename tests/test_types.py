@@ -1,5 +1,5 @@
-"""mypy over the typed core (the policy contract, the schemas, the run store), strict; the files
-and settings are pyproject's [tool.mypy], so this test and a bare ``mypy`` check the same thing."""
+"""mypy, strict, over the package (pyproject's [tool.mypy]: the whole of llmlb_bench), so this test
+and a bare ``mypy`` check the same thing."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_mypy_strict_passes_on_the_typed_core():
+def test_mypy_strict_passes_on_the_package():
     proc = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary"], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr

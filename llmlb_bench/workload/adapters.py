@@ -39,7 +39,8 @@ class Adapters:
         base = rng.random(n_owners) < self.base_fraction
         rank = Zipf(self.zipf_s, len(self.names)).ppf(u).astype(np.int64) - 1 if self.zipf_s > 0 else \
             np.minimum((u * len(self.names)).astype(np.int64), len(self.names) - 1)
-        return np.where(base, -1, rank)[owners]
+        result: np.ndarray = np.where(base, -1, rank)[owners]
+        return result
 
 
 def parse_adapters(s: Section) -> Adapters:

@@ -73,7 +73,8 @@ class Modulation(ABC):
         """Map operational times u (< Lambda(horizon)) back to clock times."""
         grid = np.union1d(np.linspace(0.0, horizon, 1 << 16), self.breakpoints(horizon))
         lam = self.cumulative(grid)
-        return np.interp(u, lam, grid)
+        result: np.ndarray = np.interp(u, lam, grid)
+        return result
 
     @abstractmethod
     def to_dict(self) -> dict[str, Any]: ...
@@ -94,7 +95,8 @@ class Diurnal(Modulation):
     def cumulative(self, t: np.ndarray) -> np.ndarray:
         w = 2 * np.pi / self.period_s
         t = np.asarray(t, dtype=float)
-        return t + self.amplitude / w * (np.sin(w * (t - self.peak_s)) - np.sin(-w * self.peak_s))
+        result: np.ndarray = t + self.amplitude / w * (np.sin(w * (t - self.peak_s)) - np.sin(-w * self.peak_s))
+        return result
 
     def to_dict(self) -> dict[str, Any]:
         return {"shape": self.kind, "period_s": self.period_s, "amplitude": self.amplitude, "peak_s": self.peak_s}
@@ -126,7 +128,8 @@ class Piecewise(Modulation):
     def invert(self, u: np.ndarray, horizon: float) -> np.ndarray:
         # Lambda is piecewise linear: its knots alone invert it exactly.
         grid = np.append(self.breakpoints(horizon), horizon)
-        return np.interp(u, self.cumulative(grid), grid)
+        result: np.ndarray = np.interp(u, self.cumulative(grid), grid)
+        return result
 
     def to_dict(self) -> dict[str, Any]:
         return {"shape": self.kind, "at_s": list(self.at_s), "factor": list(self.values)}
@@ -186,7 +189,8 @@ class Square(Modulation):
         # Lambda is piecewise linear: its knots alone invert it exactly.
         grid = np.concatenate([[0.0], self.breakpoints(horizon), [horizon]])
         grid = np.unique(np.minimum(grid, horizon))
-        return np.interp(u, self.cumulative(grid), grid)
+        result: np.ndarray = np.interp(u, self.cumulative(grid), grid)
+        return result
 
     def to_dict(self) -> dict[str, Any]:
         return {"shape": self.kind, "period_s": self.period_s, "duty": self.duty, "low": self.low,
@@ -212,7 +216,8 @@ class Ramp(Modulation):
         a, b = self.start_s, self.end_s
         inside = np.clip(t, a, b)
         ramp = self.start * (inside - a) + (self.end - self.start) * (inside - a) ** 2 / (2 * (b - a))
-        return self.start * np.minimum(t, a) + ramp + self.end * np.maximum(t - b, 0.0)
+        result: np.ndarray = self.start * np.minimum(t, a) + ramp + self.end * np.maximum(t - b, 0.0)
+        return result
 
     def breakpoints(self, horizon: float) -> np.ndarray:
         return np.asarray([x for x in (self.start_s, self.end_s) if x < horizon])
@@ -325,7 +330,8 @@ class MMPP(ArrivalProcess):
         w, v = np.linalg.eig(p.T)
         nu = np.abs(np.real(v[:, np.argmin(np.abs(w - 1.0))]))
         pi = nu * np.asarray(self.mean_s)
-        return pi / pi.sum()
+        result: np.ndarray = pi / pi.sum()
+        return result
 
     def state_path(self, rng: np.random.Generator, horizon: float) -> tuple[np.ndarray, np.ndarray]:
         """Start times and states of the sojourns covering [0, horizon)."""

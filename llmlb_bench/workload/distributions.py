@@ -78,7 +78,8 @@ class Lognormal(Distribution):
 
         x = np.asarray(x, dtype=float)
         with np.errstate(divide="ignore"):
-            return special.ndtr((np.log(np.maximum(x, 0.0)) - self.mu) / self.sigma)
+            result: np.ndarray = special.ndtr((np.log(np.maximum(x, 0.0)) - self.mu) / self.sigma)
+            return result
 
     def mean(self) -> float:
         return math.exp(self.mu + self.sigma**2 / 2)
@@ -97,7 +98,8 @@ class BoundedPareto(Distribution):
     name: ClassVar[str] = "pareto"
 
     def _mass(self) -> float:
-        return 1.0 - (self.low / self.high) ** self.alpha
+        result: float = 1.0 - (self.low / self.high) ** self.alpha
+        return result
 
     def ppf(self, u: np.ndarray) -> np.ndarray:
         u = np.asarray(u, dtype=float)
@@ -111,7 +113,8 @@ class BoundedPareto(Distribution):
         a, lo, hi = self.alpha, self.low, self.high
         if abs(a - 1.0) < 1e-12:
             return lo * hi / (hi - lo) * math.log(hi / lo)
-        return (lo**a / self._mass()) * a / (a - 1.0) * (lo ** (1 - a) - hi ** (1 - a))
+        result: float = (lo**a / self._mass()) * a / (a - 1.0) * (lo ** (1 - a) - hi ** (1 - a))
+        return result
 
     def to_dict(self) -> dict[str, Any]:
         return {"dist": self.name, "alpha": _r(self.alpha), "low": _r(self.low), "high": _r(self.high)}
@@ -126,10 +129,12 @@ class Exponential(Distribution):
         return rng.exponential(self.mean_value, n)
 
     def ppf(self, u: np.ndarray) -> np.ndarray:
-        return -self.mean_value * np.log1p(-np.asarray(u, dtype=float))
+        result: np.ndarray = -self.mean_value * np.log1p(-np.asarray(u, dtype=float))
+        return result
 
     def cdf(self, x: np.ndarray) -> np.ndarray:
-        return -np.expm1(-np.maximum(np.asarray(x, dtype=float), 0.0) / self.mean_value)
+        result: np.ndarray = -np.expm1(-np.maximum(np.asarray(x, dtype=float), 0.0) / self.mean_value)
+        return result
 
     def mean(self) -> float:
         return self.mean_value
@@ -237,7 +242,8 @@ class EmpiricalQuantiles(Distribution):
         self.v = np.asarray(values, dtype=float)
 
     def ppf(self, u: np.ndarray) -> np.ndarray:
-        return np.interp(u, self.q, self.v)
+        result: np.ndarray = np.interp(u, self.q, self.v)
+        return result
 
     def cdf(self, x: np.ndarray) -> np.ndarray:
         # Flat stretches of the quantile function (repeated values) are atoms:
@@ -279,7 +285,8 @@ class Mixture(Distribution):
 
     def cdf(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=float)
-        return sum(w * c.cdf(x) for w, c in zip(self.weights, self.components))
+        result: np.ndarray = sum(w * c.cdf(x) for w, c in zip(self.weights, self.components))
+        return result
 
     def ppf(self, u: np.ndarray) -> np.ndarray:
         # No closed form: invert the CDF numerically on a grid made of every
@@ -289,7 +296,8 @@ class Mixture(Distribution):
             xs = np.unique(np.concatenate([c.ppf(probe) for c in self.components]))
             self._grid = (self.cdf(xs), xs)
         cum, xs = self._grid
-        return np.interp(u, cum, xs)
+        result: np.ndarray = np.interp(u, cum, xs)
+        return result
 
     def mean(self) -> float:
         return float(sum(w * c.mean() for w, c in zip(self.weights, self.components)))
@@ -309,7 +317,8 @@ class Lengths:
 
     def to_tokens(self, values: np.ndarray) -> np.ndarray:
         out = np.rint(values) if not self.dist.discrete else values
-        return np.clip(out, self.min, self.max if self.max is not None else np.iinfo(np.int32).max).astype(np.int32)
+        result: np.ndarray = np.clip(out, self.min, self.max if self.max is not None else np.iinfo(np.int32).max).astype(np.int32)
+        return result
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return self.to_tokens(self.dist.sample(rng, n))

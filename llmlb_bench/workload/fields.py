@@ -72,14 +72,14 @@ class Section:
         """A finite float within the given bounds."""
         value = self.raw(key, default)
         if value is default and key not in self.data:
-            return value
+            return value  # type: ignore[no-any-return]  # the caller's default, as given
         return check_number(self, key, value, gt=gt, ge=ge, le=le, lt=lt)
 
     def integer(self, key: str, default: Any = _REQUIRED, *, ge: int | None = None,
                 le: int | None = None) -> int:
         value = self.raw(key, default)
         if value is default and key not in self.data:
-            return value
+            return value  # type: ignore[no-any-return]  # the caller's default, as given
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
@@ -93,7 +93,7 @@ class Section:
     def string(self, key: str, default: Any = _REQUIRED, *, choices: Sequence[str] | None = None) -> str:
         value = self.raw(key, default)
         if value is default and key not in self.data:
-            return value
+            return value  # type: ignore[no-any-return]  # the caller's default, as given
         if not isinstance(value, str):
             raise self.error(key, f"expected a string, got {_show(value)}")
         if choices is not None and value not in choices:
@@ -111,7 +111,7 @@ class Section:
         """A list of finite numbers."""
         value = self.raw(key, default)
         if value is default and key not in self.data:
-            return value
+            return value  # type: ignore[no-any-return]  # the caller's default, as given
         if not isinstance(value, list):
             raise self.error(key, f"expected a list of numbers, got {_show(value)}")
         if nonempty and not value:
@@ -168,7 +168,7 @@ def check_number(section: Section, key: str, value: Any, *, gt: float | None = N
         raise section.error(key, f"must be < {lt:g} (got {value:g})")
     if le is not None and not value <= le:
         raise section.error(key, f"must be <= {le:g} (got {value:g})")
-    return value
+    return value  # type: ignore[no-any-return]  # the caller's default, as given
 
 
 def _type_name(value: Any) -> str:

@@ -156,8 +156,8 @@ def fit_arrivals(arrival_s: np.ndarray, span: float, window_s: float) -> dict[st
         fam, cv = _family(np.diff(t))
         families.append(fam)
         cvs.append(cv)
-    fam: Any = families[0] if len(set(families)) == 1 else families
-    return {"process": "windows", "window_s": window_s, "rate": rates, "cv": cvs, "family": fam}
+    family: Any = families[0] if len(set(families)) == 1 else families
+    return {"process": "windows", "window_s": window_s, "rate": rates, "cv": cvs, "family": family}
 
 
 def _mode(col: pa.ChunkedArray, default: Any) -> Any:

@@ -21,6 +21,7 @@ import math
 import zlib
 from dataclasses import dataclass, fields
 from enum import IntEnum
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -83,8 +84,9 @@ class TenantRequests:
 
     def take(self, mask: np.ndarray) -> TenantRequests:
         """The rows in ``mask``, parent indices unchanged."""
-        return TenantRequests(**{f.name: (getattr(self, f.name)[mask] if getattr(self, f.name) is not None else None)
-                                 for f in fields(self)})
+        cols: dict[str, Any] = {f.name: (getattr(self, f.name)[mask] if getattr(self, f.name) is not None else None)
+                                for f in fields(self)}
+        return TenantRequests(**cols)
 
     def select(self, mask: np.ndarray) -> TenantRequests:
         """Keep the rows in ``mask`` (a kept row's parent must be kept) and renumber parents and
@@ -177,7 +179,8 @@ def _reason(t: TenantSpec, rng: np.random.Generator | None, out: np.ndarray) -> 
 
 def _answered(reqs: TenantRequests, rows: np.ndarray) -> np.ndarray:
     """Prompt + answer of ``rows``: the context a child or a join extends (reasoning is not kept)."""
-    return reqs.input_tokens[rows] + reqs.output_tokens[rows] - reqs.reasoning[rows]
+    result: np.ndarray = reqs.input_tokens[rows] + reqs.output_tokens[rows] - reqs.reasoning[rows]
+    return result
 
 
 def _fan_out(t: TenantSpec, reqs: TenantRequests, rng: np.random.Generator, hashes: bool,
@@ -205,8 +208,9 @@ def _fan_out(t: TenantSpec, reqs: TenantRequests, rng: np.random.Generator, hash
             session=cur.session[src], turn=np.full(m, -1), parent=base + src, after_parent_s=tool,
             images=np.zeros(m, np.int64), image_tokens=np.zeros(m, np.int64), audio_s=np.zeros(m),
             reasoning=reasoning, wait_lo=np.full(m, -1), wait_hi=np.full(m, -1),
-            bounds=np.column_stack([cur.bounds[src, :-1], context, prompt]) if hashes else None,
-            keys=np.column_stack([cur.keys[src], stream_keys(OWN, t.name, first + np.arange(m))]) if hashes else None,
+            # with hashes, every part carries bounds and keys
+            bounds=np.column_stack([cur.bounds[src, :-1], context, prompt]) if hashes else None,  # type: ignore[index]
+            keys=np.column_stack([cur.keys[src], stream_keys(OWN, t.name, first + np.arange(m))]) if hashes else None,  # type: ignore[index]
         )
         if t.max_context is not None:
             child = child.take(prompt + out <= t.max_context)  # parents live in earlier parts
@@ -241,8 +245,8 @@ def _joins(t: TenantSpec, cur: TenantRequests, base: int, child: TenantRequests,
         turn=np.full(m, -1), parent=base + owners, after_parent_s=np.zeros(m),
         images=np.zeros(m, np.int64), image_tokens=np.zeros(m, np.int64), audio_s=np.zeros(m),
         reasoning=reasoning, wait_lo=first + lo, wait_hi=first + hi,
-        bounds=np.column_stack([cur.bounds[owners, :-1], context, prompt]) if hashes else None,
-        keys=np.column_stack([cur.keys[owners], stream_keys(JOIN, t.name, own + np.arange(m))]) if hashes else None,
+        bounds=np.column_stack([cur.bounds[owners, :-1], context, prompt]) if hashes else None,  # type: ignore[index]
+        keys=np.column_stack([cur.keys[owners], stream_keys(JOIN, t.name, own + np.arange(m))]) if hashes else None,  # type: ignore[index]
     )
     return joins.take(prompt + out <= t.max_context) if t.max_context is not None else joins
 
@@ -253,7 +257,7 @@ def _pad(a: np.ndarray, width: int) -> np.ndarray:
 
 
 def _concat(parts: list[TenantRequests]) -> TenantRequests:
-    cols = {}
+    cols: dict[str, Any] = {}
     for f in fields(TenantRequests):
         values = [getattr(p, f.name) for p in parts]
         if values[0] is None:
@@ -334,7 +338,7 @@ def _assemble(spec: WorkloadSpec, parts: list[TenantRequests], limit: int | None
     tenant_idx = tenant_idx[order]
     tenants = spec.tenants
 
-    def per_tenant(values: list, dtype: type) -> np.ndarray:
+    def per_tenant(values: list[Any], dtype: type) -> np.ndarray:
         if len(set(values)) == 1:
             return np.full(n, values[0], dtype=dtype)
         return np.asarray(values, dtype=dtype)[tenant_idx]

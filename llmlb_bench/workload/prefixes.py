@@ -38,7 +38,8 @@ def splitmix64(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         z ^= z >> np.uint64(27)
         z *= _M2
         z ^= z >> np.uint64(31)
-        return z
+        result: np.ndarray = z
+        return result
 
 
 def mix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -111,4 +112,5 @@ def reuse_ratio(hashes: pa.ListArray | pa.ChunkedArray) -> float:
     if flat.size == 0:
         return 0.0
     _, first = np.unique(flat, return_index=True)
-    return 1.0 - len(first) / flat.size
+    result: float = 1.0 - len(first) / flat.size
+    return result

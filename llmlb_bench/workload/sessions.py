@@ -84,7 +84,8 @@ def segment_exclusive_cumsum(values: np.ndarray, segment: np.ndarray) -> np.ndar
     total = np.cumsum(values) - values
     starts = np.flatnonzero(np.r_[True, segment[1:] != segment[:-1]])
     base = np.repeat(total[starts], np.diff(np.r_[starts, len(values)]))
-    return total - base
+    result: np.ndarray = total - base
+    return result
 
 
 def parse_sessions(s: Section) -> Sessions:

@@ -107,7 +107,8 @@ class WorkloadSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as a JSON-able dict; ``from_dict(to_dict())`` generates the same trace."""
-        return json.loads(json.dumps(self.raw))
+        result: dict[str, Any] = json.loads(json.dumps(self.raw))
+        return result
 
     def replace(self, **changes: Any) -> WorkloadSpec:
         """A copy with top-level fields changed (``seed``, ``requests``, ``duration_s``, ...).

@@ -172,7 +172,8 @@ def trace_stats(table: pa.Table) -> dict[str, Any]:
     result["tenants"] = {v["values"]: int(v["counts"]) for v in tenants.to_pylist()}
     kinds = pc.value_counts(table.column("kind").cast(pa.string()))
     result["kinds"] = {v["values"]: int(v["counts"]) for v in kinds.to_pylist()}
-    return _clean(result)
+    cleaned: dict[str, Any] = _clean(result)
+    return cleaned
 
 
 def _clean(value: Any) -> Any:

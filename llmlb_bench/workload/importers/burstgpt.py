@@ -12,6 +12,7 @@ kept with ``output_tokens`` 0 (a backend sends them for prefill only) unless
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +30,7 @@ COLUMNS = Columns(
 
 def read_burstgpt(path: str | Path, drop_failed: bool = False) -> pa.Table:
     path = check_file(path)
-    parts: dict[str, list] = {k: [] for k in ("time", "input", "output", "model", "log", "session")}
+    parts: dict[str, list[Any]] = {k: [] for k in ("time", "input", "output", "model", "log", "session")}
     types = {"model": pa.string(), "log": pa.string(), "session": pa.string(), "time": pa.float64()}
     for line, cols in csv_batches(path, COLUMNS, types):
         parts["time"].append(numbers(cols["time"], "Timestamp", path, line, dtype=np.float64))

@@ -20,6 +20,7 @@ arrival time, but not before its parent completes.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -44,7 +45,8 @@ HASHES = pa.list_(pa.uint64())
 
 def read_mooncake(path: str | Path) -> pa.Table:
     path = check_file(path)
-    time, inp, out, hashes, adapter, reasoning = [], [], [], [], [], []
+    time, inp, out, hashes, adapter = [], [], [], [], []
+    reasoning: list[Any] = []
     for line, cols in jsonl_batches(path, MOONCAKE, {"hashes": HASHES, "time": pa.float64(), "adapter": pa.string()}):
         time.append(numbers(cols["time"], "timestamp", path, line, dtype=np.float64) / 1000.0)
         inp.append(numbers(cols["input"], "input_length", path, line))
@@ -72,7 +74,7 @@ def _reasoning(cols: dict[str, pa.Array], output: np.ndarray, path: Path, line: 
 
 def read_bailian(path: str | Path) -> pa.Table:
     path = check_file(path)
-    parts: dict[str, list] = {k: [] for k in ("time", "input", "output", "hashes", "chat", "parent", "turn", "type",
+    parts: dict[str, list[Any]] = {k: [] for k in ("time", "input", "output", "hashes", "chat", "parent", "turn", "type",
                                               "adapter", "reasoning")}
     for line, cols in jsonl_batches(path, BAILIAN, {"hashes": HASHES, "time": pa.float64(), "type": pa.string(),
                                                     "adapter": pa.string()}):

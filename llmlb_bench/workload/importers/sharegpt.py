@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +38,7 @@ HUMAN = {"human", "user"}
 MODEL = {"gpt", "assistant", "chatgpt", "bard", "model"}
 
 
-def _conversations(path: Path) -> list:
+def _conversations(path: Path) -> list[Any]:
     text = path.read_text(encoding="utf-8")
     try:
         if text.lstrip().startswith("["):

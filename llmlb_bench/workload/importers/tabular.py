@@ -164,7 +164,8 @@ def numbers(col: pa.Array, name: str, path: Path, line: int, *, dtype: Any = np.
     if not allow_negative and arr.size and arr.min() < 0:
         bad = int(np.argmax(arr < 0))
         raise UserError(f"line {line + bad}: column {name!r} is negative ({arr[bad]})", path)
-    return arr
+    result: np.ndarray = arr
+    return result
 
 
 _TS_REST = r"^(?:\.(?P<frac>\d{1,9}))?(?P<tz>Z|[+-]\d\d:?\d\d)?$"
@@ -179,7 +180,8 @@ def timestamps_ns(col: pa.Array, name: str, path: Path, line: int) -> np.ndarray
     zero; Azure 2025 writes ``Z``). Naive times are taken as UTC.
     """
     if pa.types.is_timestamp(col.type):
-        return col.cast(pa.timestamp("ns")).cast(pa.int64()).to_numpy(zero_copy_only=False)
+        result: np.ndarray = col.cast(pa.timestamp("ns")).cast(pa.int64()).to_numpy(zero_copy_only=False)
+        return result
     s = col.cast(pa.string())
     main = pc.replace_substring(pc.utf8_slice_codeunits(s, 0, 19), "T", " ")
     secs = pc.strptime(main, format="%Y-%m-%d %H:%M:%S", unit="s", error_is_null=True)
@@ -199,7 +201,8 @@ def timestamps_ns(col: pa.Array, name: str, path: Path, line: int) -> np.ndarray
             digits = text.replace(":", "")
             sign = -1 if digits[0] == "-" else 1
             offset[tz == text] = sign * (int(digits[1:3]) * 3600 + int(digits[3:5]) * 60) * 1_000_000_000
-    return ns - offset
+    epoch_ns: np.ndarray = ns - offset
+    return epoch_ns
 
 
 def assemble(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np.ndarray, *,
