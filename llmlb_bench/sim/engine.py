@@ -49,7 +49,7 @@ from llmlb_bench.sim.green import ClockLog
 from llmlb_bench.sim.config import ClusterConfig
 from llmlb_bench.sim.fleet import Fleet
 from llmlb_bench.sim.replica import Replica, Request
-from llmlb_bench.sim.results import RequestRecorder
+from llmlb_bench.sim.results import RequestRecorder, RunSinks
 from llmlb_bench.sim.series import SeriesSampler
 from llmlb_bench.trace_columns import TraceColumns
 
@@ -74,7 +74,7 @@ _UNREAD = _Unread()
 class Simulation:
     """One simulated run; see :func:`simulate`."""
 
-    def __init__(self, trace: pa.Table, cfg: ClusterConfig, policy: Policy, run: Any, seed: int) -> None:
+    def __init__(self, trace: pa.Table, cfg: ClusterConfig, policy: Policy, run: RunSinks, seed: int) -> None:
         self.cfg = cfg
         self.policy = policy
         self.seed = seed
@@ -655,7 +655,7 @@ def _expert_summary(load: Any, end: float) -> dict[str, Any]:
             "mean_slowdown": sum(f * w for (_, f), w in zip(hist, spans)) / end if end > 0 else hist[0][1]}
 
 
-def simulate(trace: pa.Table, cfg: ClusterConfig, policy: Policy, run: Any, seed: int = 0) -> dict[str, Any]:
+def simulate(trace: pa.Table, cfg: ClusterConfig, policy: Policy, run: RunSinks, seed: int = 0) -> dict[str, Any]:
     """Simulate ``trace`` on the cluster ``cfg`` routed by ``policy``; stream rows into ``run``.
 
     ``run`` has ``.requests`` and ``.series`` sinks (a :class:`~llmlb_bench.store.RunStore`).

@@ -9,7 +9,7 @@ unfinished requests still need.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -21,10 +21,27 @@ from llmlb_bench.sim.timeline import (Columns, list_array, decode_energy, nth_to
                                       summary_segments, token_segments)
 
 
+class RowSink(Protocol):
+    """Where rows go: a run store's Parquet sink, or any object that takes column batches."""
+
+    def write(self, columns: Mapping[str, Any]) -> None: ...
+
+
+class RunSinks(Protocol):
+    """What a simulation streams into: a :class:`~llmlb_bench.store.RunStore`, or any object with
+    these two sinks (the learning environment keeps its rows in memory)."""
+
+    @property
+    def requests(self) -> RowSink: ...
+
+    @property
+    def series(self) -> RowSink: ...
+
+
 class RequestRecorder:
     """Turns ended requests into REQUESTS rows."""
 
-    def __init__(self, trace: pa.Table, sink: Any, replicas: Sequence[Replica], scheduled_s: Sequence[float],
+    def __init__(self, trace: pa.Table, sink: RowSink, replicas: Sequence[Replica], scheduled_s: Sequence[float],
                  sent_s: Sequence[float | None], token_times: str = "segments", batch_rows: int = 20_000) -> None:
         self.sink = sink
         self.summary_tokens = token_times == "summary"

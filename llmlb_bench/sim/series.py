@@ -13,12 +13,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from llmlb_bench.sim.replica import Replica
+from llmlb_bench.sim.results import RowSink
 
 _COLUMNS = ("t_s", "target", "waiting", "running", "kv_blocks_used", "kv_blocks_total", "power_w")
 
 
 class SeriesSampler:
-    def __init__(self, sink: Any, replicas: Sequence[Replica], interval_s: float, batch_rows: int = 65536) -> None:
+    def __init__(self, sink: RowSink, replicas: Sequence[Replica], interval_s: float, batch_rows: int = 65536) -> None:
         self.sink = sink
         self.replicas = replicas
         self.interval = interval_s
