@@ -67,19 +67,29 @@ class Section:
             return default
         return self.data[key]
 
+    @overload
+    def number(self, key: str, default: float = ..., *, gt: float | None = None, ge: float | None = None,
+               le: float | None = None, lt: float | None = None) -> float: ...
+    @overload
+    def number(self, key: str, default: None, *, gt: float | None = None, ge: float | None = None,
+               le: float | None = None, lt: float | None = None) -> float | None: ...
     def number(self, key: str, default: Any = _REQUIRED, *, gt: float | None = None,
-               ge: float | None = None, le: float | None = None, lt: float | None = None) -> float:
+               ge: float | None = None, le: float | None = None, lt: float | None = None) -> float | None:
         """A finite float within the given bounds."""
         value = self.raw(key, default)
         if value is default and key not in self.data:
-            return value  # type: ignore[no-any-return]  # the caller's default, as given
+            return value  # type: ignore[no-any-return]  # the caller's default (typed by the overloads)
         return check_number(self, key, value, gt=gt, ge=ge, le=le, lt=lt)
 
+    @overload
+    def integer(self, key: str, default: int = ..., *, ge: int | None = None, le: int | None = None) -> int: ...
+    @overload
+    def integer(self, key: str, default: None, *, ge: int | None = None, le: int | None = None) -> int | None: ...
     def integer(self, key: str, default: Any = _REQUIRED, *, ge: int | None = None,
-                le: int | None = None) -> int:
+                le: int | None = None) -> int | None:
         value = self.raw(key, default)
         if value is default and key not in self.data:
-            return value  # type: ignore[no-any-return]  # the caller's default, as given
+            return value  # type: ignore[no-any-return]  # the caller's default (typed by the overloads)
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
@@ -90,10 +100,14 @@ class Section:
             raise self.error(key, f"must be <= {le} (got {value})")
         return value
 
-    def string(self, key: str, default: Any = _REQUIRED, *, choices: Sequence[str] | None = None) -> str:
+    @overload
+    def string(self, key: str, default: str = ..., *, choices: Sequence[str] | None = None) -> str: ...
+    @overload
+    def string(self, key: str, default: None, *, choices: Sequence[str] | None = None) -> str | None: ...
+    def string(self, key: str, default: Any = _REQUIRED, *, choices: Sequence[str] | None = None) -> str | None:
         value = self.raw(key, default)
         if value is default and key not in self.data:
-            return value  # type: ignore[no-any-return]  # the caller's default, as given
+            return value  # type: ignore[no-any-return]  # the caller's default (typed by the overloads)
         if not isinstance(value, str):
             raise self.error(key, f"expected a string, got {_show(value)}")
         if choices is not None and value not in choices:
@@ -168,7 +182,8 @@ def check_number(section: Section, key: str, value: Any, *, gt: float | None = N
         raise section.error(key, f"must be < {lt:g} (got {value:g})")
     if le is not None and not value <= le:
         raise section.error(key, f"must be <= {le:g} (got {value:g})")
-    return value  # type: ignore[no-any-return]  # the caller's default, as given
+    checked: float = value   # float(value) above
+    return checked
 
 
 def _type_name(value: Any) -> str:
