@@ -46,7 +46,8 @@ def test_a_trained_policy_routes_two_real_vllm_replicas_as_it_decides_offline(tm
         urls = fleet.urls
     # an ordinary run: every request a row naming its backend, the run complete, llmlb report reads it
     assert len(rows) == 12 and {r["status"] for r in rows} == {"ok"}, [r["error"] for r in rows]
-    assert [r["output_tokens"] for r in sorted(rows, key=lambda r: r["request_id"])] == [6 + i % 7 for i in range(12)]
+    # the proxy numbers requests in the order they reach it, which three client threads need not keep
+    assert sorted(r["output_tokens"] for r in rows) == sorted(6 + i % 7 for i in range(12))
     assert json.loads((tmp_path / "route" / "run.json").read_text())["status"] == "complete"
     report = subprocess.run([sys.executable, "-m", "llmlb_bench", "report", str(tmp_path / "route"), "-f", "json"],
                             cwd=ROOT, capture_output=True, text=True)
