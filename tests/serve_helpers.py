@@ -83,3 +83,26 @@ def read_until(sock: socket.socket, marker: bytes, limit: int = 1 << 22) -> byte
             break
         buf += data
     return buf
+
+
+def route_over_serve(tmp_path: Any, inner: Any, outer: Any, n: int = 6) -> None:
+    """``llmlb serve`` (two replicas, routed by ``inner``) behind ``llmlb route`` (routed by ``outer``):
+    ``n`` streamed completions through the proxy, each answered 200, then the proxy drained; its
+    rows go to ``tmp_path / "r"``. Both policies see every request (the backends' shared shape)."""
+    from llmlb_bench.route import RouteOptions, RouteProxy
+    from llmlb_bench.store import RunStore
+    from tests.replay_helpers import ServerThread
+
+    fleet = ServeThread(ClusterConfig.build(replicas=2), ServeOptions(port=0), policy=inner)
+    st = ServerThread()
+    try:
+        with RunStore(tmp_path, config={}, backend="route", run_id="r") as run:
+            proxy = st.call(lambda: RouteProxy(fleet.urls, outer, run, RouteOptions(port=0, scrape_s=0.2)).start())
+            for _ in range(n):
+                status, _, _ = request(proxy.url, "POST", "/v1/completions",
+                                       {"prompt": "a b c d e", "max_tokens": 4, "stream": True})
+                assert status == 200
+            st.call(proxy.drain)
+    finally:
+        st.close()
+        fleet.close()

@@ -4,13 +4,9 @@
 from __future__ import annotations
 
 from llmlb_bench.policies.control import ConcurrencyLimit, PiAdmission
-from llmlb_bench.route import RouteOptions, RouteProxy
-from llmlb_bench.serve import ServeOptions
-from llmlb_bench.sim import ClusterConfig
-from llmlb_bench.store import RunStore
 from tests.conftest import make_trace
-from tests.replay_helpers import ServerThread, run_replay, servers  # noqa: F401  (fixture)
-from tests.serve_helpers import ServeThread, request
+from tests.replay_helpers import run_replay, servers  # noqa: F401  (fixture)
+from tests.serve_helpers import route_over_serve
 
 
 def _never_more_than(rows: list[dict], limit: int) -> None:
@@ -40,18 +36,7 @@ def test_serve_and_route_run_the_controllers(tmp_path):
     """``llmlb serve`` routing by concurrency_limit (per-replica limit 1) and ``llmlb route`` in front of
     it by pi_admission: every request answered; the proxy's controller measured each one's TTFT."""
     inner = ConcurrencyLimit(initial_limit=1.0, max_limit=1.0, period_s=0.05)
-    fleet = ServeThread(ClusterConfig.build(replicas=2), ServeOptions(port=0), policy=inner)
-    st = ServerThread()
-    try:
-        outer = PiAdmission(target_ttft_s=1.0, period_s=0.05, window_s=100.0)   # keeps every sample
-        with RunStore(tmp_path, config={}, backend="route", run_id="r") as run:
-            proxy = st.call(lambda: RouteProxy(fleet.urls, outer, run, RouteOptions(port=0, scrape_s=0.2)).start())
-            for _ in range(6):
-                status, _, _ = request(proxy.url, "POST", "/v1/completions",
-                                       {"prompt": "a b c d e", "max_tokens": 4, "stream": True})
-                assert status == 200
-            st.call(proxy.drain)
-        assert len(outer._window) == 6 and all(v >= 0 for _, v in outer._window)
-        assert inner.limits == [1.0, 1.0] and inner.held == 0       # it routed every request, none left held
-    finally:
-        st.close()
+    outer = PiAdmission(target_ttft_s=1.0, period_s=0.05, window_s=100.0)   # keeps every sample
+    route_over_serve(tmp_path, inner, outer)
+    assert len(outer._window) == 6 and all(v >= 0 for _, v in outer._window)
+    assert inner.limits == [1.0, 1.0] and inner.held == 0       # it routed every request, none left held

@@ -8,13 +8,11 @@ import pytest
 
 from llmlb_bench.policies import HOLD, Outcome, Policy, RouteRequest, Router, View, make_policy
 from llmlb_bench.policies.router import HELD_AT_END
-from llmlb_bench.route import RouteOptions, RouteProxy
-from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
 from tests.conftest import make_trace
-from tests.replay_helpers import ServerThread, run_replay, servers  # noqa: F401  (fixture)
-from tests.serve_helpers import ServeThread, request
+from tests.replay_helpers import run_replay, servers  # noqa: F401  (fixture)
+from tests.serve_helpers import route_over_serve
 from tests.sim_helpers import poisson_trace
 
 
@@ -114,25 +112,12 @@ def test_replayer_outcomes_on_the_run_clock(servers, tmp_path):  # noqa: F811
 
 def test_llmlb_serve_and_route_outcomes(tmp_path):
     """``llmlb serve``'s own router, and ``llmlb route`` in front of it, both tell an observing policy."""
-    inner = Observer()
-    fleet = ServeThread(ClusterConfig.build(replicas=2), ServeOptions(port=0), policy=inner)
-    st = ServerThread()
-    try:
-        outer = Observer()
-        with RunStore(tmp_path, config={}, backend="route", run_id="r") as run:
-            proxy = st.call(lambda: RouteProxy(fleet.urls, outer, run, RouteOptions(port=0, scrape_s=0.2)).start())
-            for _ in range(6):
-                status, _, _ = request(proxy.url, "POST", "/v1/completions",
-                                       {"prompt": "a b c d e", "max_tokens": 4, "stream": True})
-                assert status == 200
-            st.call(proxy.drain)
-        _check_real_clock(outer, _rows(tmp_path / "r"), 6)
-        assert {o.output_tokens for _, o in outer.seen.values()} == {4}
-        assert len(inner.seen) == 6 and {o.output_tokens for _, o in inner.seen.values()} == {4}
-        assert all(o.status == "ok" and o.first_token_s is not None for _, o in inner.seen.values())
-    finally:
-        st.close()
-        fleet.close()
+    inner, outer = Observer(), Observer()
+    route_over_serve(tmp_path, inner, outer)
+    _check_real_clock(outer, _rows(tmp_path / "r"), 6)
+    assert {o.output_tokens for _, o in outer.seen.values()} == {4}
+    assert len(inner.seen) == 6 and {o.output_tokens for _, o in inner.seen.values()} == {4}
+    assert all(o.status == "ok" and o.first_token_s is not None for _, o in inner.seen.values())
 
 
 class HoldTheOdd(Policy):

@@ -83,6 +83,12 @@ def pct(figure: str, p: str) -> Callable[[dict[str, Any]], float | None]:
     return lambda s: (s.get(figure) or {}).get(p)
 
 
+#: the table of reproductions judged on end-to-end latency (scheduling and routing by predicted length)
+E2E_COLUMNS = (Column("e2e.mean", "E2E mean (s)", pct("e2e", "mean")),
+               Column("e2e.p99", "E2E p99 (s)", pct("e2e", "p99")),
+               Column("ttft.mean", "TTFT mean (s)", pct("ttft", "mean")))
+
+
 def slo_figure(key: str) -> Callable[[dict[str, Any]], float | None]:
     """attainment / goodput / good_token_throughput of a summary judged against the SLO."""
     return lambda s: (s.get("slo") or {}).get(key)

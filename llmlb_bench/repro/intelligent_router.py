@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, ratio
+from llmlb_bench.repro.base import E2E_COLUMNS, Arm, Reproduction, Verdict, ratio
 from llmlb_bench.sim import ClusterConfig
 
 #: a mix of public datasets' shapes: ShareGPT-like chat, CNN/DailyMail-like summaries (prefill-heavy),
@@ -149,9 +149,7 @@ REPRO = Reproduction(
           "evaluated trace is in its label. The paper's exact fleet, model and mix were not available to this "
           "reproduction (only its abstract and summary); these are ours.",
     arms=arms,
-    columns=(Column("e2e.mean", "E2E mean (s)", pct("e2e", "mean")),
-             Column("e2e.p99", "E2E p99 (s)", pct("e2e", "p99")),
-             Column("ttft.mean", "TTFT mean (s)", pct("ttft", "mean"))),
+    columns=E2E_COLUMNS,
     check=check,
     figure="e2e.mean",
 )

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.repro import traces
-from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, ratio
+from llmlb_bench.repro.base import E2E_COLUMNS, Arm, Reproduction, Verdict, ratio
 from llmlb_bench.sim import ClusterConfig
 
 REQUESTS = {"small": 500, "full": 800}
@@ -122,9 +122,7 @@ REPRO = Reproduction(
           "same tau, whose predictions order every pair and spread over the whole length distribution against "
           "the aging term.",
     arms=arms,
-    columns=(Column("e2e.mean", "E2E mean (s)", pct("e2e", "mean")),
-             Column("e2e.p99", "E2E p99 (s)", pct("e2e", "p99")),
-             Column("ttft.mean", "TTFT mean (s)", pct("ttft", "mean"))),
+    columns=E2E_COLUMNS,
     check=check,
     figure="e2e.mean",
 )
