@@ -23,7 +23,9 @@ chunk with non-empty ``content`` is the first answer token, and its read's
 time is ``first_answer_s``. ``reasoning_tokens`` is the server's
 ``usage.completion_tokens_details.reasoning_tokens`` when it sends a positive
 one (a server that hides its reasoning still counts it), else the count of
-reasoning chunks: vLLM 0.32 sends 0 there after streaming reasoning deltas.
+reasoning chunks: vLLM 0.32 sends 0 there after streaming reasoning deltas. With usage in every
+chunk (continuous_usage_stats) each reasoning chunk counts the tokens its usage rose by, so a delta
+the server bundled (its API server behind the engine) still counts every token.
 The think tags themselves, which vLLM does not stream, are in neither count. The answer test comes first, so a stream
 without reasoning costs what it did.
 """
@@ -210,6 +212,7 @@ class Flight:
                 self._abort("error", f"server error in stream: {_message(obj)}", now)
                 return
             choices = obj.get("choices")
+            thought = self.reasoning
             n = self._count_choices(choices, now) if choices else 0
             usage = obj.get("usage")
             if choices and self._chunk_usage is None:
@@ -223,6 +226,8 @@ class Flight:
                 out = usage.get("completion_tokens") if type(usage) is dict else None
                 if choices and self._chunk_usage and type(out) is int:
                     n = max(out - before, 0)
+                    if self.reasoning > thought:    # a reasoning delta counts its own tokens too: a server
+                        self.reasoning += n - 1     # that falls behind bundles several into one
             tokens += n
         self._record(tokens, now)
 
