@@ -2,8 +2,9 @@
 two real vLLM replicas (its CPU build, a tiny random-weight model), and its decisions there are the
 file's own on the observations it saw.
 
-Two replicas start for this module (their own cores; about 40 s each on an idle machine); without
-vLLM the test fails where ``CI`` is set and skips elsewhere (engines_helpers.vllm_python).
+Two replicas start for this module (their own cores; about 40 s each on an idle machine), found
+through engines_helpers.vllm_python and require_module: a missing vLLM or tokenizers package is a
+failure where ``CI`` is set, as in the other real-engine modules.
 """
 
 from __future__ import annotations
