@@ -85,15 +85,18 @@ def read_until(sock: socket.socket, marker: bytes, limit: int = 1 << 22) -> byte
     return buf
 
 
-def route_over_serve(tmp_path: Any, inner: Any, outer: Any, n: int = 6) -> None:
-    """``llmlb serve`` (two replicas, routed by ``inner``) behind ``llmlb route`` (routed by ``outer``):
-    ``n`` streamed completions through the proxy, each answered 200, then the proxy drained; its
-    rows go to ``tmp_path / "r"``. Both policies see every request (the backends' shared shape)."""
+def route_over_serve(tmp_path: Any, inner: Any, outer: Any, n: int = 6) -> list[dict[str, Any]]:
+    """``llmlb serve`` (two replicas: one port routing with ``inner``, or one port each when ``inner``
+    is None) behind ``llmlb route`` (routed by ``outer``): ``n`` streamed completions through the proxy,
+    each answered 200, then the proxy drained; returns the route run's rows (``tmp_path / "r"``)."""
+    import pyarrow.parquet as pq
+
     from llmlb_bench.route import RouteOptions, RouteProxy
     from llmlb_bench.store import RunStore
     from tests.replay_helpers import ServerThread
 
-    fleet = ServeThread(ClusterConfig.build(replicas=2), ServeOptions(port=0), policy=inner)
+    options = ServeOptions(port_per_replica=0) if inner is None else ServeOptions(port=0)
+    fleet = ServeThread(ClusterConfig.build(replicas=2), options, policy=inner)
     st = ServerThread()
     try:
         with RunStore(tmp_path, config={}, backend="route", run_id="r") as run:
@@ -106,3 +109,4 @@ def route_over_serve(tmp_path: Any, inner: Any, outer: Any, n: int = 6) -> None:
     finally:
         st.close()
         fleet.close()
+    return pq.read_table(tmp_path / "r" / "requests.parquet").to_pylist()  # type: ignore[no-any-return]

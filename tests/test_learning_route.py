@@ -4,47 +4,24 @@ bandit learning from each measured outcome, and in the replayer."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pyarrow.parquet as pq
 
 from llmlb_bench.policies import make_policy
-from llmlb_bench.route import RouteOptions, RouteProxy
 from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig
-from llmlb_bench.store import RunStore
 from tests.conftest import make_trace
 from tests.replay_helpers import ServerThread, run_replay, servers  # noqa: F401  (fixture)
-from tests.serve_helpers import ServeThread, request
+from tests.serve_helpers import ServeThread, request, route_over_serve
 from tests.learning_helpers import audit, route_with_policy
 from tests.sim_helpers import learned_policy_file
-
-
-def _route(tmp_path: Path, policy, inner, n: int) -> list[dict]:
-    """``n`` requests through ``llmlb route`` (``policy``) in front of ``llmlb serve``'s two simulated
-    replicas: one port each (``inner`` None), or one port routing with ``inner``; the route run's rows."""
-    options = ServeOptions(port_per_replica=0) if inner is None else ServeOptions(port=0)
-    fleet = ServeThread(ClusterConfig.build(replicas=2), options, policy=inner)
-    st = ServerThread()
-    try:
-        with RunStore(tmp_path, config={}, backend="route", run_id="r") as run:
-            proxy = st.call(lambda: RouteProxy(fleet.urls, policy, run, RouteOptions(port=0, scrape_s=0.2)).start())
-            for _ in range(n):
-                status, _, _ = request(proxy.url, "POST", "/v1/completions",
-                                       {"prompt": "a b c d e f g", "max_tokens": 4, "stream": True})
-                assert status == 200
-            st.call(proxy.drain)
-    finally:
-        st.close()
-        fleet.close()
-    return pq.read_table(tmp_path / "r" / "requests.parquet").to_pylist()
 
 
 def test_a_policy_file_routes_through_llmlb_route_in_front_of_llmlb_serve(tmp_path):
     # join-the-shortest-queue as a file; requests go one at a time, so every score ties and decisions
     # rotate over both replicas; the rows are an ordinary run's
     path = learned_policy_file(tmp_path, {"outstanding_requests": -1.0})
-    rows = _route(tmp_path, make_policy("learned", {"path": str(path)}), None, 6)
+    rows = route_over_serve(tmp_path, None, make_policy("learned", {"path": str(path)}), 6)
     assert len(rows) == 6 and {r["status"] for r in rows} == {"ok"}
     assert len({r["target"] for r in rows}) == 2           # sequential requests: every score ties, ties rotate
     assert all(r["output_tokens"] == 4 for r in rows)
@@ -52,7 +29,7 @@ def test_a_policy_file_routes_through_llmlb_route_in_front_of_llmlb_serve(tmp_pa
 
 def test_the_bandit_learns_from_every_live_outcome_in_llmlb_route(tmp_path):
     bandit, inner = make_policy("bandit", {"seed": 1}), make_policy("bandit", {"seed": 1})
-    rows = _route(tmp_path, bandit, inner, 8)
+    rows = route_over_serve(tmp_path, inner, bandit, 8)
     assert len(rows) == 8 and {r["status"] for r in rows} == {"ok"}
     for b in (bandit, inner):                                # llmlb route's and llmlb serve's
         assert b.updates == 8                                # one measured reward per request
