@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.metrics.sql import exact_avg
 from llmlb_bench.store.views import Catalog
 
 #: turns shown one by one; later turns are pooled into the last row
@@ -42,7 +43,7 @@ WITH s AS (
 SELECT run_id, count(*) AS sessions, count(*) FILTER (WHERE ok = n) AS completed,
        sum(good::INTEGER)::BIGINT AS good, avg(n) AS requests_mean,
        quantile_cont(t1 - t0, [0.5, 0.9, 0.99]) FILTER (WHERE ok = n) AS completion,
-       avg(t1 - t0) FILTER (WHERE ok = n) AS completion_mean,
+       {exact_avg('t1 - t0', 'ok = n')} AS completion_mean,
        avg(inp) AS input_tokens, avg(outp) AS output_tokens, avg(cached) AS cached_tokens
 FROM s GROUP BY 1
 """

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from llmlb_bench.metrics.fairness import INPUT_WEIGHT, OUTPUT_WEIGHT
 from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.metrics.sql import exact_sum
 from llmlb_bench.schema import STATUSES
 
 GROUPS = ("slo_class", "tenant", "adapter")
@@ -31,9 +32,9 @@ SELECT run_id, slo_class, tenant, adapter, status, good, count(*) AS n,
        sum(cached_tokens)::BIGINT AS cached_tokens, sum(preemptions)::BIGINT AS preemptions,
        sum((preemptions > 0)::INTEGER)::BIGINT AS preempted_requests,
        min(scheduled_s) AS t0, max(scheduled_s) AS last_scheduled, max(end_s) AS t1,
-       min(request_id) AS id_min, max(request_id) AS id_max, sum(energy_j) AS energy_j,
+       min(request_id) AS id_min, max(request_id) AS id_max, {exact_sum('energy_j')} AS energy_j,
        sum(CASE WHEN first_token_s IS NOT NULL THEN input_tokens END)::BIGINT AS prefilled_tokens,
-       fsum(norm_latency_s) AS nl_sum, count(norm_latency_s) AS nl_n,
+       {exact_sum('norm_latency_s')} AS nl_sum, count(norm_latency_s) AS nl_n,
        sum(reasoning_tokens)::BIGINT AS reasoning_tokens, count(nullif(reasoning_tokens, 0)) AS reasoning_requests
 FROM (SELECT * REPLACE (coalesce(slo_class, 'default') AS slo_class, coalesce(tenant, 'default') AS tenant,
                         coalesce(adapter, 'base') AS adapter),

@@ -23,10 +23,11 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.metrics.sql import exact_sum
 from llmlb_bench.store.views import Catalog
 
-_SERIES_ENERGY_SQL = """
-SELECT run_id, target, sum(power_w * (t_s - prev_t)) AS energy_j, max(t_s) - min(prev_t) AS span_s
+_SERIES_ENERGY_SQL = f"""
+SELECT run_id, target, {exact_sum('power_w * (t_s - prev_t)')} AS energy_j, max(t_s) - min(prev_t) AS span_s
 FROM (SELECT run_id, target, t_s, power_w, lag(t_s) OVER (PARTITION BY run_id, target ORDER BY t_s) AS prev_t
       FROM series WHERE power_w IS NOT NULL)
 WHERE prev_t IS NOT NULL

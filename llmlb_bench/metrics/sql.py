@@ -81,6 +81,30 @@ FROM {table} WHERE {ok} AND len(token_times) > 1
 """
 
 
+#: DOUBLE values are added as DECIMAL(38, 18): exact integer additions at 1e-18 (well below a double's last digit
+#: for any time, energy or ratio a run holds), up to a sum of 1.7e20 (DuckDB reports an overflow beyond)
+_EXACT = "DECIMAL(38, 18)"
+
+
+def exact_sum(expr: str, where: str | None = None) -> str:
+    """SQL: the sum of a DOUBLE expression over a group, the same to the last bit however DuckDB's
+    threads split and order the rows (``sum`` over DOUBLE adds in scheduling order, so its last digits
+    move from one report to the next).
+
+    Finite values are summed exactly as decimals and the total rounded once; non-finite ones (NaN,
+    infinities, which no decimal holds) are added apart, where their sum does not depend on order
+    either. ``where`` filters the rows, as an aggregate's ``FILTER`` would.
+    """
+    f = f" FILTER (WHERE {where})" if where else ""
+    return (f"(sum(CAST(CASE WHEN isfinite({expr}) THEN {expr} END AS {_EXACT})){f}::DOUBLE"
+            f" + sum(CASE WHEN isfinite({expr}) THEN 0.0 ELSE {expr} END){f})")
+
+
+def exact_avg(expr: str, where: str | None = None) -> str:
+    """SQL: the mean of a DOUBLE expression over a group, from :func:`exact_sum` (order-independent)."""
+    return f"({exact_sum(expr, where)} / count({expr}){f' FILTER (WHERE {where})' if where else ''})"
+
+
 def quote(text: str) -> str:
     """A SQL string literal."""
     return "'" + text.replace("'", "''") + "'"

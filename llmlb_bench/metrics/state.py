@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from llmlb_bench.metrics.sql import exact_avg
 from llmlb_bench.store.views import Catalog
 
 KV_HIGH = 0.95
 
 _SERIES_SQL = f"""
 SELECT run_id, target, count(*) AS samples,
-       avg(kv_blocks_used::DOUBLE / kv_blocks_total) FILTER (WHERE kv_blocks_total > 0) AS kv_mean,
+       {exact_avg('kv_blocks_used::DOUBLE / kv_blocks_total', 'kv_blocks_total > 0')} AS kv_mean,
        max(kv_blocks_used::DOUBLE / kv_blocks_total) FILTER (WHERE kv_blocks_total > 0) AS kv_max,
        avg(CASE WHEN kv_blocks_used::DOUBLE / kv_blocks_total >= {KV_HIGH} THEN 1.0 ELSE 0.0 END)
            FILTER (WHERE kv_blocks_total > 0) AS kv_high_share,

@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.sql import quote
+from llmlb_bench.metrics.sql import exact_avg, quote
 from llmlb_bench.store.views import Catalog
 
 PARTS = 10
@@ -39,7 +39,7 @@ def _sql(slo: Slo | None, spans: Mapping[str, tuple[float, float]]) -> str:
     return f"""
 WITH b(run_id, t0, span) AS (VALUES {values})
 SELECT run_id, least(floor((scheduled_s - t0) / span * {PARTS}), {PARTS - 1})::INTEGER AS part,
-       avg(CASE WHEN status = 'ok' THEN ttft_s END) AS ttft_mean, avg({good}) AS attainment, count(*) AS n
+       {exact_avg("CASE WHEN status = 'ok' THEN ttft_s END")} AS ttft_mean, avg({good}) AS attainment, count(*) AS n
 FROM request_metrics JOIN b USING (run_id) GROUP BY ALL ORDER BY run_id, part
 """
 

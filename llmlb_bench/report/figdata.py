@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmlb_bench.metrics.distribution import CDF_PROBABILITIES
+from llmlb_bench.metrics.sql import exact_avg
 from llmlb_bench.store.views import Catalog
 
 #: Figures drawn as CDFs: (label, summary figure, unit scale, unit).
@@ -35,8 +36,9 @@ def timelines(cat: Catalog) -> dict[str, dict[str, dict[str, list[float]]]]:
         WITH span AS (SELECT run_id, min(t_s) AS t0, greatest(max(t_s) - min(t_s), 1e-9) AS w FROM series GROUP BY run_id),
         b AS (SELECT s.*, least(floor((s.t_s - span.t0) / span.w * {TIMELINE_POINTS}), {TIMELINE_POINTS - 1}) AS k
               FROM series s JOIN span USING (run_id))
-        SELECT run_id, target, k, avg(t_s) AS t_s, avg(waiting) AS waiting, avg(running) AS running,
-               avg(kv_blocks_used::DOUBLE / nullif(kv_blocks_total, 0)) AS kv_util, avg(power_w) AS power_w
+        SELECT run_id, target, k, {exact_avg('t_s')} AS t_s, avg(waiting) AS waiting, avg(running) AS running,
+               {exact_avg('kv_blocks_used::DOUBLE / nullif(kv_blocks_total, 0)')} AS kv_util,
+               {exact_avg('power_w')} AS power_w
         FROM b GROUP BY ALL ORDER BY run_id, target, k""").to_pylist()
     out: dict[str, dict[str, dict[str, list[float]]]] = {}
     for r in rows:
