@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import ReplayOptions, replay
 from llmlb_bench.replay.selfcheck import noop_server
-from llmlb_bench.routers.launch import LLMLB_ROUTE, RouterProcess
+from llmlb_bench.pypi_routers.launch import LLMLB_ROUTE, RouterProcess
 from llmlb_bench.schema import trace_table
 from llmlb_bench.store import RunStore
 

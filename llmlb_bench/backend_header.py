@@ -1,9 +1,9 @@
 """The response headers that name the backend which served a request (a router's decision, in-band).
 
 ``llmlb serve`` names itself in ``X-Llmlb-Backend``; smg adds ``x-smg-routed-worker-id``. The
-server (:mod:`llmlb_bench.serve.api`), the proxy (:mod:`llmlb_bench.route.proxy`) and the replayer
+server (:mod:`llmlb_bench.serve.api`), the proxy (:mod:`llmlb_bench.proxy`) and the replayer
 (:mod:`llmlb_bench.replay.flight`) all need the names, and the router benchmarks
-(:mod:`llmlb_bench.routers.identity`) explain how each router under test passes them through; the
+(:mod:`llmlb_bench.pypi_routers.identity`) explain how each router under test passes them through; the
 names live here, below all of them, so no layer imports upwards for them.
 """
 

@@ -72,7 +72,7 @@ def replay_run(trace: pa.Table, trace_path: Path, pre: Preflight, policy: str, p
     back if the replay is refused before it starts). ``client_notes`` go into the summary's
     ``client`` section (the self-check). Ctrl-C raises :class:`RunInterrupted`.
     """
-    from llmlb_bench.calibrate.engine import cache_block_size
+    from llmlb_bench.calibrate.endpoint import cache_block_size
     from llmlb_bench.replay import replay
 
     pol = make_policy(policy, policy_args, seed=seed)   # fresh state: every run routes from scratch

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import pyarrow.parquet as pq
 
 from llmlb_bench.policies.learned import LearnedPolicy
-from llmlb_bench.routers.launch import free_ports
+from llmlb_bench.pypi_routers.launch import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 

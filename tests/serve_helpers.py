@@ -91,7 +91,7 @@ def route_over_serve(tmp_path: Any, inner: Any, outer: Any, n: int = 6) -> list[
     each answered 200, then the proxy drained; returns the route run's rows (``tmp_path / "r"``)."""
     import pyarrow.parquet as pq
 
-    from llmlb_bench.route import RouteOptions, RouteProxy
+    from llmlb_bench.proxy import RouteOptions, RouteProxy
     from llmlb_bench.store import RunStore
     from tests.replay_helpers import ServerThread
 

@@ -268,7 +268,7 @@ def test_llmlb_route_records_the_routers_prediction(tmp_path):
     from llmlb_bench.store import RunStore
     from serve_helpers import request
     from replay_helpers import ServerThread
-    from test_router_route import fixed_stream_app, rows_of, start_proxy
+    from test_proxy import fixed_stream_app, rows_of, start_proxy
 
     st = ServerThread()
     try:

@@ -17,12 +17,12 @@ PKG = Path(__file__).resolve().parents[1] / "llmlb_bench"
 
 #: package -> packages it must never import (directly or lazily)
 FORBIDDEN = {
-    "policies": ("sim", "replay", "serve", "route", "routers", "learn", "cli", "report", "sweep", "repro",
+    "policies": ("sim", "replay", "serve", "proxy", "pypi_routers", "learn", "cli", "report", "sweep", "repro",
                  "experiment", "calibrate", "gate"),
-    "sim": ("replay", "serve", "route", "routers", "learn", "cli", "report", "sweep", "repro", "gate"),
-    "replay": ("serve", "route", "routers", "learn", "cli", "report", "sweep", "repro", "gate"),
-    "metrics": ("replay", "serve", "route", "learn", "cli", "report", "sweep", "repro"),
-    "store": ("sim", "replay", "serve", "route", "learn", "cli", "report", "sweep", "repro"),
+    "sim": ("replay", "serve", "proxy", "pypi_routers", "learn", "cli", "report", "sweep", "repro", "gate"),
+    "replay": ("serve", "proxy", "pypi_routers", "learn", "cli", "report", "sweep", "repro", "gate"),
+    "metrics": ("replay", "serve", "proxy", "learn", "cli", "report", "sweep", "repro"),
+    "store": ("sim", "replay", "serve", "proxy", "learn", "cli", "report", "sweep", "repro"),
 }
 
 

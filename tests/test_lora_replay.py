@@ -17,7 +17,7 @@ from llmlb_bench.policies import make_policy
 from llmlb_bench.policies.lora import AdapterSnapshot, salted
 from llmlb_bench.replay import ReplayOptions
 from llmlb_bench.replay.scrape import parse_metrics
-from llmlb_bench.route import RouteOptions, RouteProxy
+from llmlb_bench.proxy import RouteOptions, RouteProxy
 from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.store import RunStore
@@ -25,7 +25,7 @@ from tests.conftest import cli
 from tests.replay_helpers import ServerThread, run_replay
 from tests.serve_helpers import ServeThread, request
 from tests.sim_helpers import trace
-from tests.test_router_route import rows_of
+from tests.test_proxy import rows_of
 
 
 def test_the_scraper_takes_the_newest_lora_label_set():

@@ -19,7 +19,7 @@ from replay_helpers import run_replay, token_count
 
 from llmlb_bench.engines.llama import LlamaServer, write_tiny_llama
 from llmlb_bench.replay import ReplayOptions
-from llmlb_bench.routers.launch import free_ports
+from llmlb_bench.pypi_routers.launch import free_ports
 from llmlb_bench.schema import TRACE
 
 pytestmark = pytest.mark.slow

@@ -26,7 +26,7 @@ from engines_helpers import require_module, vllm_python
 from replay_helpers import run_replay, token_count
 from sim_helpers import run_sim
 
-from llmlb_bench.calibrate.engine import cache_block_size
+from llmlb_bench.calibrate.endpoint import cache_block_size
 from llmlb_bench.engines.vllm import CPU_BLOCK_SIZE, VllmReplicas, VllmSettings, write_tiny_model
 from llmlb_bench.metrics.cache_accounting import LOSSES, write_accounting
 from llmlb_bench.policies import make_policy

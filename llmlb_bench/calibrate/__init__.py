@@ -1,6 +1,6 @@
 """``llmlb calibrate``: fit the simulator's step-time model to a live OpenAI-compatible endpoint.
 
-:func:`calibrate` reads the engine's settings (:mod:`.engine`), replays the
+:func:`calibrate` reads the engine's settings (:mod:`.endpoint`), replays the
 probes (:mod:`.probes`), fits the coefficients of the typical step (:mod:`.fit`),
 measures the steps' spread around it (:mod:`.dispersion`) and returns the
 profile (:mod:`llmlb_bench.sim.profile`) with the fit's residuals in it.
@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from llmlb_bench import __version__
 from llmlb_bench.calibrate.dispersion import dispersion
-from llmlb_bench.calibrate.engine import EngineInfo, discover
+from llmlb_bench.calibrate.endpoint import EngineInfo, discover
 from llmlb_bench.calibrate.fit import Fit, fit, observations
 from llmlb_bench.calibrate.probes import ProbePlan, Prober, plan
 from llmlb_bench.replay import ReplayOptions, preflight

@@ -151,7 +151,7 @@ def llama_server(
         llmlb engine llama-server --port 8080
     """
     from llmlb_bench.engines.llama import LlamaServer, find_llama_server, write_tiny_llama
-    from llmlb_bench.routers.launch import free_ports
+    from llmlb_bench.pypi_routers.launch import free_ports
 
     binary = find_llama_server()
     if binary is None:

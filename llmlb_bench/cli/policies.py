@@ -13,7 +13,7 @@ from llmlb_bench.tomlfile import unknown_choice
 
 if TYPE_CHECKING:  # the command imports the policies when it runs (start-up time)
     from llmlb_bench.policies import Policy
-    from llmlb_bench.policies.engine import EngineScheduler
+    from llmlb_bench.policies.schedulers import EngineScheduler
 
 #: the family under which ``llmlb policies`` lists engine-level schedulers (``--scheduler``)
 ENGINE_FAMILY = "engine (--scheduler)"
@@ -43,7 +43,7 @@ def policies(
         llmlb policies cache_aware --json
     """
     from llmlb_bench.policies import FAMILIES
-    from llmlb_bench.policies.engine import ENGINE_SCHEDULERS
+    from llmlb_bench.policies.schedulers import ENGINE_SCHEDULERS
 
     families: dict[str, tuple[type[Policy] | type[EngineScheduler], ...]] = {
         **FAMILIES, ENGINE_FAMILY: tuple(ENGINE_SCHEDULERS.values())}

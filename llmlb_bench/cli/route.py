@@ -47,7 +47,7 @@ def route(
         llmlb route -b http://127.0.0.1:8001 -b http://127.0.0.1:8002 -p cache_aware --port 8080
     """
     from llmlb_bench.policies import make_policy, parse_args
-    from llmlb_bench.route.proxy import RouteOptions, serve_forever
+    from llmlb_bench.proxy import RouteOptions, serve_forever
     from llmlb_bench.store import RunStore
 
     urls = [_backend(b) for b in backend]

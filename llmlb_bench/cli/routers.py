@@ -30,7 +30,7 @@ def install(
 
         llmlb routers install vllm-router smg
     """
-    from llmlb_bench.routers.install import PACKAGES, ensure, package, venv
+    from llmlb_bench.pypi_routers.install import PACKAGES, ensure, package, venv
 
     chosen = names or list(PACKAGES)
     for name in chosen:  # every name checked before the first (slow) install
@@ -60,11 +60,11 @@ def bench(
 
         llmlb routers bench -r vllm-router -r smg -s prefix-50 -s failover --scale 0.5
     """
-    from llmlb_bench.routers.bench import BenchOptions, run_suite
-    from llmlb_bench.routers.install import PACKAGES
-    from llmlb_bench.routers.launch import LLMLB_ROUTE
-    from llmlb_bench.routers.report import markdown
-    from llmlb_bench.routers.scenarios import suite
+    from llmlb_bench.pypi_routers.bench import BenchOptions, run_suite
+    from llmlb_bench.pypi_routers.install import PACKAGES
+    from llmlb_bench.pypi_routers.launch import LLMLB_ROUTE
+    from llmlb_bench.pypi_routers.report import markdown
+    from llmlb_bench.pypi_routers.scenarios import suite
     from llmlb_bench.store.run import write_text_atomic
 
     routers = router or list(PACKAGES)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, Any, Mapping, Sequence
 
 from llmlb_bench.engines.tiny_hf import write_tiny_adapter, write_tiny_model
-from llmlb_bench.routers.launch import free_ports
+from llmlb_bench.pypi_routers.launch import free_ports
 
 __all__ = ["VllmReplicas", "VllmSettings", "cache_dir", "find_vllm", "write_tiny_adapter", "write_tiny_model"]
 

@@ -23,7 +23,7 @@ batches), see docs/simulator.md. The layer latency is the fixed cost of a layer'
 kernels (launches, small ops) that does not scale with the batch.
 
 All figures come from the catalogs; the efficiency factors and the layer
-latency are the fitted part (see :mod:`llmlb_bench.sim.calibrate`).
+latency are the fitted part (see :mod:`llmlb_bench.sim.cost_fit`).
 
 A MoE replica with an :class:`~llmlb_bench.sim.moe.ExpertLoad` (expert
 parallelism over its ``tp`` GPUs with skewed expert popularity) waits in each

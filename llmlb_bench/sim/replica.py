@@ -4,7 +4,7 @@ The scheduler, per step: every running request in decode gets one token;
 running requests still in prefill get the rest of the step's token budget
 (``max_num_batched_tokens``) in admission order; then, if nothing was
 preempted, waiting requests are admitted in the engine scheduler's order
-(first come first served by default; see :mod:`llmlb_bench.policies.engine`)
+(first come first served by default; see :mod:`llmlb_bench.policies.schedulers`)
 while a seat (``max_num_seqs``), budget and KV blocks remain, with chunked prefill.
 KV memory is paged: a request holds ceil(tokens / block_size) blocks and
 takes a new block whenever its next token starts one. With prefix caching,
@@ -65,7 +65,7 @@ from llmlb_bench.sim.jitter import StepJitter
 from llmlb_bench.sim.lora import AdapterSlots, LoraCosts
 from llmlb_bench.sim.prefix_cache import PrefixCache
 from llmlb_bench.sim.profile import ProfileCost
-from llmlb_bench.policies.engine import WaitingQueue
+from llmlb_bench.policies.schedulers import WaitingQueue
 from llmlb_bench.sim.scheduling import EngineScheduler
 from llmlb_bench.sim.speculative import Speculation, Stint
 from llmlb_bench.sim.timeline import Timeline
@@ -167,7 +167,7 @@ class Replica:
         self.t = 0.0                                 # time of the last boundary
         self.running: dict[Request, None] = {}       # admission order (the preemption victim is the last)
         self.prefilling: list[Request] = []          # running requests still in prefill, admission order
-        # the engine scheduler's queue (FCFS: a deque; see policies.engine)
+        # the engine scheduler's queue (FCFS: a deque; see policies.schedulers)
         self.waiting: WaitingQueue = self.scheduler.make_queue(self)
         self.decoding = 0                            # running requests in decode
         self.context = 0                             # their total context for the next step

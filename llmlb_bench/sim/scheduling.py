@@ -2,7 +2,7 @@
 user's class by ``package.module:Class``.
 
 The schedulers themselves (the interface, FCFS, vLLM's priority order, predicted
-SJF, VTC, deadline) are policies and live in :mod:`llmlb_bench.policies.engine`.
+SJF, VTC, deadline) are policies and live in :mod:`llmlb_bench.policies.schedulers`.
 Each replica gets its own instance, because a scheduler keeps per-replica state
 (its waiting queue, service counters, predictor stream).
 """
@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.plugins import load_class
-from llmlb_bench.policies.engine import ENGINE_SCHEDULERS, EngineScheduler
+from llmlb_bench.policies.schedulers import ENGINE_SCHEDULERS, EngineScheduler
 from llmlb_bench.policies.registry import check_param_type
 from llmlb_bench.tomlfile import unknown_choice
 

@@ -1,6 +1,6 @@
-"""Print how close the simulator's cost model is to measured layer timings, before and after calibration.
+"""Print how close the simulator's cost model is to measured layer timings, before and after fitting its efficiency factors.
 
-    python benchmarks/sim_calibration.py [PROFILES_ROOT]
+    python benchmarks/sim_cost_fit.py [PROFILES_ROOT]
 
 PROFILES_ROOT defaults to ../shared/data/profiles/vidur (Vidur's compute profiles:
 compute/<gpu>/<org>/<model>/mlp.csv). Prints the fitted factors per GPU and a Markdown
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from llmlb_bench.sim import load_catalog
-from llmlb_bench.sim.calibrate import (error_table, find_vidur_all_reduce, find_vidur_profiles, fit_all_reduce,
+from llmlb_bench.sim.cost_fit import (error_table, find_vidur_all_reduce, find_vidur_profiles, fit_all_reduce,
                                         fit_efficiency, predict_all_reduce)
 
 ROOT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "profiles" / "vidur"

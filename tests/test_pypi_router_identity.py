@@ -13,8 +13,8 @@ import pytest
 
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import ReplayOptions
-from llmlb_bench.routers.identity import backends_from_log
-from llmlb_bench.routers.launch import RouterProcess
+from llmlb_bench.pypi_routers.identity import backends_from_log
+from llmlb_bench.pypi_routers.launch import RouterProcess
 from llmlb_bench.schema import REQUESTS, read_table
 from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig

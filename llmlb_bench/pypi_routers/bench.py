@@ -26,9 +26,9 @@ from llmlb_bench.metrics.fairness import jain
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import ReplayOptions, replay
 from llmlb_bench.replay.scrape import SeriesRows, parse_metrics
-from llmlb_bench.routers.fleet import Backend
-from llmlb_bench.routers.launch import RouterProcess, free_ports
-from llmlb_bench.routers.scenarios import Scenario, offered_hit_rate
+from llmlb_bench.pypi_routers.fleet import Backend
+from llmlb_bench.pypi_routers.launch import RouterProcess, free_ports
+from llmlb_bench.pypi_routers.scenarios import Scenario, offered_hit_rate
 from llmlb_bench.store import RunStore
 
 DIRECT = "direct"

@@ -9,7 +9,7 @@ import pytest
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import make_policy
-from llmlb_bench.policies.engine import ENGINE_SCHEDULERS
+from llmlb_bench.policies.schedulers import ENGINE_SCHEDULERS
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.sim.engine import Simulation
 from llmlb_bench.store import RunStore

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmlb_bench.routers.bench import agreement, error_kind
-from llmlb_bench.routers.scenarios import offered_hit_rate, prefix_ladder, sessions, suite
+from llmlb_bench.pypi_routers.bench import agreement, error_kind
+from llmlb_bench.pypi_routers.scenarios import offered_hit_rate, prefix_ladder, sessions, suite
 from llmlb_bench.store.views import Catalog
 from tests.conftest import cli
 

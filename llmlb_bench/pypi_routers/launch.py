@@ -19,8 +19,8 @@ import urllib.request
 from pathlib import Path
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.routers.identity import worker_counts
-from llmlb_bench.routers.install import ensure
+from llmlb_bench.pypi_routers.identity import worker_counts
+from llmlb_bench.pypi_routers.install import ensure
 
 #: the name under which ``llmlb route`` stands beside the PyPI routers
 LLMLB_ROUTE = "llmlb-route"

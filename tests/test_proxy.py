@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 from aiohttp import web
 
 from llmlb_bench.policies import make_policy
-from llmlb_bench.route import RouteOptions, RouteProxy
-from llmlb_bench.routers.launch import free_ports
+from llmlb_bench.proxy import RouteOptions, RouteProxy
+from llmlb_bench.pypi_routers.launch import free_ports
 from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.store import RunStore

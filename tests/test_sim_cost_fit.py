@@ -1,4 +1,4 @@
-"""The cost model against measured layer timings (Vidur's A100/H100 profiles), before and after calibration."""
+"""The cost model against measured layer timings (Vidur's A100/H100 profiles), before and after fitting its efficiency factors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim import load_catalog
-from llmlb_bench.sim.calibrate import (LAYER_OPS, error_table, find_vidur_profiles, fit_efficiency,
+from llmlb_bench.sim.cost_fit import (LAYER_OPS, error_table, find_vidur_profiles, fit_efficiency,
                                         read_vidur_mlp, relative_errors)
 
 DATASHEET = (1.0, 1.0, 0.0)   # peak FLOP/s and bandwidth, no fixed latency: the uncalibrated roofline
@@ -55,7 +55,7 @@ def _write_profile(path, tokens, ms_per_op):
 
 def test_fit_recovers_factors_of_a_synthetic_profile(tmp_path):
     """Profiles made by the model itself with known factors give those factors back."""
-    from llmlb_bench.sim.calibrate import predict_layer
+    from llmlb_bench.sim.cost_fit import predict_layer
 
     cat = load_catalog()
     g = cat.gpus["a100-80g"]
@@ -82,7 +82,7 @@ def test_bad_profile_is_a_one_line_error(tmp_path):
 
 
 def test_all_reduce_model_fits_the_measured_collectives(shared_data):
-    from llmlb_bench.sim.calibrate import find_vidur_all_reduce, fit_all_reduce, predict_all_reduce
+    from llmlb_bench.sim.cost_fit import find_vidur_all_reduce, fit_all_reduce, predict_all_reduce
 
     profiles = find_vidur_all_reduce(shared_data / "profiles" / "vidur")
     if not profiles:
@@ -96,7 +96,7 @@ def test_all_reduce_model_fits_the_measured_collectives(shared_data):
 
 
 def test_bad_all_reduce_profile_is_a_one_line_error(tmp_path):
-    from llmlb_bench.sim.calibrate import read_vidur_all_reduce
+    from llmlb_bench.sim.cost_fit import read_vidur_all_reduce
 
     path = tmp_path / "all_reduce.csv"
     path.write_text("size,num_workers\n1,2\n")
