@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import pyarrow as pa
 
+from llmlb_bench.compiled_core import running as running_core
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.cache_accounting import keep_accounting
 from llmlb_bench.policies import make_policy
@@ -50,6 +51,7 @@ def simulate_run(trace: pa.Table, trace_path: Path, cluster: ClusterConfig, poli
     keep_accounting(store, trace, units)
     with store as run:
         run.summary.update(simulate(trace, cluster, pol, run, seed=seed))
+        run.summary["sim_core"] = running_core()  # compiled or pure Python, and why (compiled_core.py)
         units.update(run.summary.get("prefix_cache_units") or {})
     return store
 

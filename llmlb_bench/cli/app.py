@@ -39,9 +39,24 @@ app = typer.Typer(
 
 
 
+def _print_version(value: bool) -> None:
+    """``llmlb --version``: the package's version and which simulator core runs (compiled_core.py)."""
+    if value:
+        from llmlb_bench import __version__
+        from llmlb_bench.compiled_core import current
+
+        try:
+            core = current().describe()
+        except ImportError as exc:  # LLMLB_CORE is none of its choices, or =compiled where none is fresh
+            raise UserError(str(exc).removeprefix("LLMLB_CORE: "), "LLMLB_CORE") from None
+        print(f"llmlb-bench {__version__}\nsimulator core: {core}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _group() -> None:
-    # no options of its own: the callback only makes Typer build the group before any command loads
+def _group(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                        help="Print the version and which simulator core runs, and exit.")) -> None:
+    # the callback makes Typer build the group before any command loads; --version is its only option
     return None
 
 

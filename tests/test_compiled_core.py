@@ -1,0 +1,189 @@
+"""The simulator's compiled core (llmlb_bench/compiled_core.py, setup.py): both cores give the same
+rows bit for bit, a stale core is never used, and every run says which core ran.
+
+This process runs the compiled core where it is built and fresh (``pip install -e .`` builds it);
+the pure-Python reference runs in a subprocess with ``LLMLB_CORE=python``. Where CI is set, a
+missing or stale compiled core fails these tests instead of skipping them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from llmlb_bench import compiled_core
+from llmlb_bench.compiled_core import MODULES, build_manifest, choose, extension_path
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: the presets both cores must agree on: (name, workload, cluster, policy, requests, rate scale)
+PRESETS = [
+    ("plain", "chat", "a100x4", "least_outstanding", 500, 1.0),
+    ("prefix_cache", "shared-prefix", "a100x4", "cache_aware", 300, 1.0),
+    ("pd", "chat", "disaggregated", "pd_pair", 300, 1.0),
+    ("lora", "multi-lora", "multi-lora", "lora_affinity", 300, 1.0),
+    ("speculative", "chat", "speculative", "least_outstanding", 300, 1.0),
+    ("failures", "chat", "failures", "least_outstanding", 500, 1.0),
+    ("autoscale", "chat", "autoscale", "least_outstanding", 500, 2.0),
+    ("autoscale_pid", "chat", "autoscale-pid", "least_outstanding", 500, 2.0),
+]
+
+#: run.json summary keys that are not the simulation's outcome
+NOT_OUTCOME = {"wall_s", "sim_core"}
+
+
+def _require_compiled() -> None:
+    """Skip where the compiled core is not built (it is optional), fail where CI is set."""
+    core = compiled_core.current()
+    if not core.compiled:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI needs the compiled simulator core: {core.why}")
+        pytest.skip(f"no compiled simulator core: {core.why}")
+
+
+def _simulate_presets(traces: Path, results: Path) -> None:
+    """Simulate every preset into ``results/<name>`` (both cores run this same function)."""
+    from llmlb_bench.experiment import simulate_run
+    from llmlb_bench.schema import read_trace
+    from llmlb_bench.sim.config import load_cluster
+
+    for name, _, cluster, policy, _, _ in PRESETS:
+        path = traces / f"{name}.parquet"
+        simulate_run(read_trace(path), path, load_cluster(REPO / "clusters" / f"{cluster}.toml"), policy, {},
+                     seed=7, results=results, run_id=name)
+
+
+@pytest.fixture(scope="module")
+def both_cores(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The presets' runs under the compiled core (this process) and the pure one (a subprocess)."""
+    _require_compiled()
+    from llmlb_bench.workload import generate, load_spec
+
+    base = tmp_path_factory.mktemp("cores")
+    traces = base / "traces"
+    traces.mkdir()
+    for name, workload, _, _, n, scale in PRESETS:
+        spec = load_spec(REPO / "workloads" / f"{workload}.toml").replace(requests=n)
+        pq.write_table(generate(spec, seed=3, rate_scale=scale), traces / f"{name}.parquet")
+    _simulate_presets(traces, base / "compiled")
+    code = ("import sys; sys.path.insert(0, sys.argv[3]); from test_compiled_core import _simulate_presets; "
+            "from pathlib import Path; _simulate_presets(Path(sys.argv[1]), Path(sys.argv[2]))")
+    env = {**os.environ, "LLMLB_CORE": "python"}
+    subprocess.run([sys.executable, "-c", code, str(traces), str(base / "python"), str(Path(__file__).parent)],
+                   env=env, check=True, timeout=900)
+    return base / "compiled", base / "python"
+
+
+@pytest.mark.parametrize("preset", [p[0] for p in PRESETS])
+def test_both_cores_give_bit_identical_runs(both_cores: tuple[Path, Path], preset: str) -> None:
+    compiled, python = (d / preset for d in both_cores)
+    a, b = (pq.read_table(d / "requests.parquet") for d in (compiled, python))
+    assert a.num_rows > 0 and a.schema == b.schema
+    for column in a.column_names:  # column by column, for a message that names the first difference
+        if column != "run_id":
+            assert a.column(column).equals(b.column(column)), f"{preset}: requests.{column} differs"
+    sa, sb = (pq.read_table(d / "series.parquet") for d in (compiled, python))
+    assert sa.drop(["run_id"]).equals(sb.drop(["run_id"])), f"{preset}: series differ"
+    ja, jb = (json.loads((d / "run.json").read_text())["summary"] for d in (compiled, python))
+    assert ja["sim_core"].startswith("compiled") and jb["sim_core"] == "pure Python (forced by LLMLB_CORE=python)"
+    assert {k: v for k, v in ja.items() if k not in NOT_OUTCOME} == {k: v for k, v in jb.items() if k not in NOT_OUTCOME}
+
+
+def test_compiled_core_is_what_this_process_runs() -> None:
+    _require_compiled()
+    import importlib
+
+    for name in MODULES:
+        assert importlib.import_module(name).__file__.endswith(tuple(extension_suffixes()))
+    assert compiled_core.running().startswith("compiled")
+
+
+def extension_suffixes() -> list[str]:
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    return EXTENSION_SUFFIXES
+
+
+def _fake_build(tmp_path: Path) -> Path:
+    """A package tree with the core's sources (copies) and a manifest + extension files as a build
+    leaves them; returns its package directory."""
+    root = tmp_path / "tree"
+    for rel in compiled_core.source_closure(str(REPO)):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, root / rel)
+    pkg = root / "llmlb_bench"
+    (pkg / "_compiled").mkdir()
+    (pkg / "_compiled" / "manifest.json").write_text(json.dumps(build_manifest(str(root), True)))
+    for name in MODULES:
+        Path(extension_path(str(pkg), name)).parent.mkdir(parents=True, exist_ok=True)
+        Path(extension_path(str(pkg), name)).write_bytes(b"")
+    return pkg
+
+
+def test_a_core_whose_sources_changed_is_not_used(tmp_path: Path) -> None:
+    pkg = _fake_build(tmp_path)
+    assert choose(str(pkg), {}) == (True, f"mypyc, {len(MODULES)} module{'s' if len(MODULES) > 1 else ''}", False)
+    assert choose(str(pkg), {"LLMLB_CORE": "python"}) == (False, "forced by LLMLB_CORE=python", False)
+    # an edit of a compiled module, or of a module it imports (mypyc inlines its Final constants)
+    for rel in ("llmlb_bench/sim/cost.py", "llmlb_bench/sim/catalog.py"):
+        source = pkg.parent / rel
+        text = source.read_text()
+        source.write_text(text + "\n# edited\n")
+        core = choose(str(pkg), {})
+        assert not core.compiled and core.stale and f"stale: {rel} changed since it was built" in core.why
+        source.write_text(text)
+    assert choose(str(pkg), {}).compiled  # the same bytes again: fresh again
+
+
+def test_a_missing_or_failed_build_falls_back_and_says_why(tmp_path: Path) -> None:
+    pkg = _fake_build(tmp_path)
+    Path(extension_path(str(pkg), MODULES[0])).unlink()
+    core = choose(str(pkg), {})
+    assert not core.compiled and not core.stale and "not built for this Python" in core.why
+    manifest = pkg / "_compiled" / "manifest.json"
+    manifest.write_text(json.dumps({"built": False, "reason": "CompileError: no C compiler"}))
+    assert choose(str(pkg), {}) == (False, "the compiled core did not build: CompileError: no C compiler", False)
+    manifest.unlink()
+    assert "not built" in choose(str(pkg), {}).why
+    with pytest.raises(ValueError, match="'fast' is none of auto, python, compiled"):
+        choose(str(pkg), {"LLMLB_CORE": "fast"})
+
+
+def test_a_stale_core_warns_once_and_runs_the_sources(tmp_path: Path) -> None:
+    """A real edited copy of the package, with this checkout's build: one warning line, the
+    sources run; LLMLB_CORE=compiled turns the fallback into an error."""
+    _require_compiled()
+    root = tmp_path / "copy"
+    shutil.copytree(REPO / "llmlb_bench", root / "llmlb_bench", ignore=shutil.ignore_patterns("__pycache__"))
+    cost = root / "llmlb_bench" / "sim" / "cost.py"
+    cost.write_text(cost.read_text() + "\n# edited after the build\n")
+    code = "import llmlb_bench.sim.cost as c, llmlb_bench.sim.replica; print(c.__file__)"
+    env = {**os.environ, "PYTHONPATH": str(root), "LLMLB_CORE": "auto"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(cost)
+    assert done.stderr.count("warning: simulator core: running pure Python: the compiled core is stale: "
+                             "llmlb_bench/sim/cost.py changed since it was built") == 1, done.stderr
+    done = subprocess.run([sys.executable, "-c", code], env={**env, "LLMLB_CORE": "compiled"}, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "LLMLB_CORE=compiled, but the compiled core is stale" in done.stderr
+
+
+def test_version_names_the_core() -> None:
+    run = [sys.executable, "-m", "llmlb_bench", "--version"]
+    forced = subprocess.run(run, env={**os.environ, "LLMLB_CORE": "python"}, capture_output=True, text=True,
+                            timeout=300, check=True)
+    assert forced.stdout.splitlines()[1] == "simulator core: pure Python (forced by LLMLB_CORE=python)"
+    default = subprocess.run(run, env={k: v for k, v in os.environ.items() if k != "LLMLB_CORE"},
+                             capture_output=True, text=True, timeout=300, check=True)
+    assert default.stdout.splitlines()[1] == f"simulator core: {choose(compiled_core.package_dir(), {}).describe()}"
+    bad = subprocess.run(run, env={**os.environ, "LLMLB_CORE": "fast"}, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: LLMLB_CORE: 'fast' is none of auto, python, compiled"
