@@ -31,8 +31,12 @@ if TYPE_CHECKING:  # the replayer is imported by replay_run only: simulated swee
 def simulate_run(trace: pa.Table, trace_path: Path, cluster: ClusterConfig, policy: str,
                  policy_args: Mapping[str, Any], seed: int, results: Path,
                  label: str | None = None, run_id: str | None = None,
-                 sweep: Mapping[str, Any] | None = None) -> RunStore:
+                 sweep: Mapping[str, Any] | None = None, users: int | None = None,
+                 think_s: float = 0.0) -> RunStore:
     """Simulate ``trace`` under ``policy`` and store it; returns the closed run.
+
+    ``users``: a closed loop of that many users thinking ``think_s`` between requests (kept in run.json
+    as ``config.closed_loop``); None: open loop at the trace's times.
 
     ``sweep``: the run's coordinates in a sweep, kept in run.json as ``config.sweep``
     so queries can group a sweep's runs by workload, cluster, policy, rate and seed.
@@ -45,12 +49,14 @@ def simulate_run(trace: pa.Table, trace_path: Path, cluster: ClusterConfig, poli
     }
     if sweep is not None:
         config["sweep"] = dict(sweep)
+    if users is not None:
+        config["closed_loop"] = {"users": users, "think_s": think_s}
     store = RunStore(results, config=config, backend="sim", label=label or policy, run_id=run_id,
                      trace_path=trace_path, trace_rows=trace.num_rows, trace_spec=trace_spec(trace))
     units: dict[str, int] = {}      # filled from the simulator's summary: its caching replicas
     keep_accounting(store, trace, units)
     with store as run:
-        run.summary.update(simulate(trace, cluster, pol, run, seed=seed))
+        run.summary.update(simulate(trace, cluster, pol, run, seed=seed, users=users, think_s=think_s))
         run.summary["sim_core"] = running_core()  # compiled or pure Python, and why (compiled_core.py)
         units.update(run.summary.get("prefix_cache_units") or {})
     return store

@@ -3,13 +3,17 @@ policy that observes, with the same clock as ``arrival_s``, and the figures matc
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from llmlb_bench.policies import HOLD, Outcome, Policy, RouteRequest, Router, View, make_policy
+from llmlb_bench.policies import HOLD, REJECT, Outcome, Policy, RouteRequest, Router, View, make_policy
 from llmlb_bench.policies.router import HELD_AT_END
+from llmlb_bench.replay.options import ReplayOptions
+from llmlb_bench.schema import TRACE
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
+from llmlb_bench.trace_run import NOT_RELEASED
 from tests.conftest import make_trace
 from tests.replay_helpers import run_replay, servers  # noqa: F401  (fixture)
 from tests.serve_helpers import route_over_serve
@@ -129,16 +133,72 @@ class HoldTheOdd(Policy):
         return HOLD if req.request_id % 2 else 0
 
 
+class HoldOddRejectSome(Policy):
+    """Holds the odd request ids for good, rejects request 2 and sends the rest to target 0."""
+
+    name = "hold_odd_reject_some"
+
+    def choose(self, req: RouteRequest, view: View):
+        return HOLD if req.request_id % 2 else REJECT if req.request_id == 2 else 0
+
+
+def _both_backends(tmp_path, noop_url: str, tr, policy, users: int | None = None) -> tuple[dict, dict]:
+    """The trace through the simulator and the replayer (against the no-op server) under fresh copies
+    of ``policy``; the rows of each by request id."""
+    with RunStore(tmp_path, config={}, backend="sim", run_id="sim") as run:
+        simulate(tr, ClusterConfig.build(replicas=1), policy(), run, users=users, think_s=0.01)
+    run_replay(tr, [noop_url], tmp_path, policy(), ReplayOptions(users=users, think_s=0.01), run_id="replay")
+    sim, rep = _rows(tmp_path / "sim"), _rows(tmp_path / "replay")
+    assert set(sim) == set(rep) and len(sim) == tr.num_rows           # every trace row has one row in each
+    for rid in sim:
+        assert (sim[rid]["status"], sim[rid]["error"]) == (rep[rid]["status"], rep[rid]["error"]), rid
+    return sim, rep
+
+
+def _family_trace():
+    """12 requests; rows 6..11 depend on rows 0..5 (row 6 + k on row k, due as early as it), 50 ms after it ends."""
+    tr = make_trace(n=12, rate=50.0, output_tokens=3)
+    arrival = pa.array([k / 50.0 for k in range(6)] * 2, pa.float64())
+    tr = tr.set_column(tr.schema.get_field_index("arrival_s"), "arrival_s", arrival)
+    parent = pa.array([None] * 6 + list(range(6)), pa.int64())
+    after = pa.array([None] * 6 + [0.05] * 6, pa.float64())
+    tr = tr.set_column(tr.schema.get_field_index("parent_id"), "parent_id", parent)
+    return TRACE.conform(tr.set_column(tr.schema.get_field_index("after_parent_s"), "after_parent_s", after), "test")
+
+
 def test_requests_held_at_the_end_get_one_status_in_both_backends(servers, tmp_path):  # noqa: F811
     """The same trace through the same holding policy: simulated and replayed rows agree status by status
     (they once differed: not_sent in the simulator, rejected in the replayer)."""
-    tr = make_trace(n=8, rate=50.0, output_tokens=3)
-    with RunStore(tmp_path, config={}, backend="sim", run_id="sim") as run:
-        simulate(tr, ClusterConfig.build(replicas=1), HoldTheOdd(), run)
-    run_replay(tr, [servers.noop()[0]], tmp_path, HoldTheOdd(), run_id="replay")
-    sim, rep = _rows(tmp_path / "sim"), _rows(tmp_path / "replay")
-    assert set(sim) == set(rep) and len(sim) == 8
+    sim, _ = _both_backends(tmp_path, servers.noop()[0], make_trace(n=8, rate=50.0, output_tokens=3), HoldTheOdd)
     for rid in sim:
-        assert (sim[rid]["status"], sim[rid]["error"]) == (rep[rid]["status"], rep[rid]["error"])
         assert sim[rid]["status"] == ("not_sent" if rid % 2 else "ok")
     assert sim[1]["error"] == HELD_AT_END[1]
+
+
+def test_dependents_of_held_and_rejected_requests_agree_in_both_backends(servers, tmp_path):  # noqa: F811
+    """Dependents of a request the policy holds to the end are never sent (both backends write them
+    ``not_sent``: the simulator once left them out, the replayer waited for them for ever); dependents of
+    a rejected request are released by its end and routed like any other (trace_run.py)."""
+    sim, rep = _both_backends(tmp_path, servers.noop()[0], _family_trace(), HoldOddRejectSome)
+    expect = {0: "ok", 1: "not_sent", 2: "rejected", 3: "not_sent", 4: "ok", 5: "not_sent",
+              6: "ok", 7: "not_sent", 8: "ok", 9: "not_sent", 10: "ok", 11: "not_sent"}
+    assert {rid: r["status"] for rid, r in sim.items()} == expect
+    assert {sim[rid]["error"] for rid in (1, 3, 5)} == {HELD_AT_END[1]}
+    assert {sim[rid]["error"] for rid in (7, 9, 11)} == {NOT_RELEASED[1]}
+    for rid in (6, 10):   # sent after_parent_s after their parent ended, in both backends
+        assert sim[rid]["scheduled_s"] == pytest.approx(sim[rid - 6]["last_token_s"] + 0.05, abs=1e-9)
+        assert rep[rid]["scheduled_s"] == pytest.approx(rep[rid - 6]["last_token_s"] + 0.05, abs=0.01)
+    # the rejected request's dependent: released by its refusal (at its arrival, 40 ms), 50 ms later
+    assert sim[8]["scheduled_s"] == pytest.approx(0.09, abs=1e-9) and rep[8]["scheduled_s"] == pytest.approx(0.09, abs=0.01)
+
+
+def test_closed_loop_users_agree_in_both_backends(servers, tmp_path):  # noqa: F811
+    """Closed loop (``--users``) in both backends: a user whose request the policy holds never returns, so
+    the rows it would have sent stay ``not_sent``; the others go on through rejections."""
+    sim, _ = _both_backends(tmp_path, servers.noop()[0], make_trace(n=10, rate=50.0, output_tokens=3),
+                            HoldOddRejectSome, users=2)
+    # user A sends row 0 (ok), then row 2 (rejected), then row 3, held for good; user B row 1, held for
+    # good: no user is left to send rows 4..9
+    assert [sim[rid]["status"] for rid in range(4)] == ["ok", "not_sent", "rejected", "not_sent"]
+    assert {sim[rid]["error"] for rid in (1, 3)} == {HELD_AT_END[1]}
+    assert {(sim[rid]["status"], sim[rid]["error"]) for rid in range(4, 10)} == {NOT_RELEASED}

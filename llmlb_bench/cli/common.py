@@ -44,6 +44,9 @@ PolicyArgs = Annotated[
     typer.Option("--policy-arg", help="Policy parameter key=value (repeatable)."),
 ]
 Seed = Annotated[int, typer.Option("--seed", help="Seed for every random choice of the run.")]
+#: closed loop, the same in the replayer and the simulator (trace_schedule.py)
+Users = Annotated[Optional[int], typer.Option("--users", min=1, help="Closed loop: this many users, each sending the trace's next request when its last one ended (default: open loop at trace times).")]
+ThinkTime = Annotated[float, typer.Option("--think-time", min=0.0, help="Closed loop: seconds a user waits between requests.")]
 
 # cluster shape (the simulator's ClusterConfig fields). Every flag defaults to None: unset
 # flags leave the --cluster file's value, or ClusterConfig's default, in force.

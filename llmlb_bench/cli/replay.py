@@ -14,7 +14,7 @@ from rich.text import Text
 
 from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.cli.common import (Api, Executor, PolicyArgs, RayAddress, ReportFormat, ResultsDir, RunId, Seed,
-                                    SloOpt, WorkerExecutor, Workers, check_workers)
+                                    SloOpt, ThinkTime, Users, WorkerExecutor, Workers, check_workers)
 from llmlb_bench.errors import UserError
 from llmlb_bench.redact import redact
 
@@ -36,8 +36,8 @@ def replay(
     api: Annotated[Api, typer.Option("--api", help="Which API to call.")] = Api.chat,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name to send (default: each endpoint's first /v1/models entry).")] = None,
     time_scale: Annotated[float, typer.Option("--time-scale", help="Multiply trace times by this (0.5 = twice the rate).")] = 1.0,
-    users: Annotated[Optional[int], typer.Option("--users", min=1, help="Closed loop: this many users, each sending the trace's next request when its last one ended (default: open loop at trace times).")] = None,
-    think_time: Annotated[float, typer.Option("--think-time", min=0.0, help="Closed loop: seconds a user waits between requests.")] = 0.0,
+    users: Users = None,
+    think_time: ThinkTime = 0.0,
     workers: Workers = 1,
     executor: Executor = WorkerExecutor.process,
     address: RayAddress = None,

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from llmlb_bench.cli.app import app, console, err_console
-from llmlb_bench.cli.common import ClusterFlags, PolicyArgs, ReportFormat, ResultsDir, SloOpt, cluster_flags
+from llmlb_bench.cli.common import (ClusterFlags, PolicyArgs, ReportFormat, ResultsDir, SloOpt, ThinkTime, Users,
+                                    cluster_flags)
 from llmlb_bench.progress import working
 
 DEFAULT_POLICIES = ["round_robin", "least_outstanding"]
@@ -25,6 +26,8 @@ def run(
     cluster: ClusterFlags = ClusterFlags(),
     seed: Annotated[Optional[int], typer.Option("--seed", help="Seed (default: the spec's own).")] = None,
     results: ResultsDir = Path("results"),
+    users: Users = None,
+    think_time: ThinkTime = 0.0,
     slo: SloOpt = "ttft=500ms,tpot=50ms",
     fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="Report format.")] = ReportFormat.terminal,
 ) -> None:
@@ -67,7 +70,7 @@ def run(
         try:
             with working(err_console, f"simulating {table.num_rows:,} requests under {name}"):
                 store = simulate_run(table, trace_path, config, name, args[name], workload.seed, results / batch,
-                                     label=name, run_id=run_id)
+                                     label=name, run_id=run_id, users=users, think_s=think_time)
         except KeyboardInterrupt:
             if (results / batch / run_id / "run.json").is_file():
                 err_console.print(f"interrupted; the partial run of {name} (requests simulated so far) is kept in "

@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from llmlb_bench.cli.app import app, console, err_console
-from llmlb_bench.cli.common import ClusterFlags, PolicyArgs, ReportFormat, ResultsDir, RunId, Seed, SloOpt, cluster_flags
+from llmlb_bench.cli.common import (ClusterFlags, PolicyArgs, ReportFormat, ResultsDir, RunId, Seed, SloOpt, ThinkTime,
+                                    Users, cluster_flags)
 from llmlb_bench.progress import working
 
 
@@ -23,6 +24,8 @@ def simulate(
     results: ResultsDir = Path("results"),
     run_id: RunId = None,
     label: Annotated[Optional[str], typer.Option("--label", help="Short name shown in reports (default: policy).")] = None,
+    users: Users = None,
+    think_time: ThinkTime = 0.0,
     slo: SloOpt = None,
     fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="Report format.")] = ReportFormat.terminal,
 ) -> None:
@@ -33,6 +36,8 @@ def simulate(
         llmlb simulate trace.parquet --replicas 8 --gpu h100-sxm --model llama-3-70b --tp 4 --policy round_robin
 
         llmlb simulate trace.parquet --cluster clusters/disaggregated.toml --policy pd_pair --format json
+
+        llmlb simulate trace.parquet --users 32 --think-time 1     # closed loop, as llmlb replay --users
     """
     from llmlb_bench.experiment import simulate_run
     from llmlb_bench.policies import parse_args
@@ -45,7 +50,8 @@ def simulate(
     run_id = run_id or new_run_id(label or policy)
     try:
         with working(err_console, f"simulating {table.num_rows:,} requests under {policy}"):
-            store = simulate_run(table, trace, config, policy, parse_args(policy_arg), seed, results, label, run_id)
+            store = simulate_run(table, trace, config, policy, parse_args(policy_arg), seed, results, label, run_id,
+                                     users=users, think_s=think_time)
     except KeyboardInterrupt:
         if (Path(results) / run_id / "run.json").is_file():
             err_console.print(f"simulation interrupted; the partial run (requests simulated so far) is kept in "

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import heapq
 import json
 import resource
 import signal
@@ -49,8 +50,7 @@ import pyarrow as pa
 from llmlb_bench.errors import UserError
 from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.openfiles import raise_open_files_limit
-from llmlb_bench.policies import Outcome, Policy, PolicyError, RouteRequest, Router, TargetInfo, View
-from llmlb_bench.policies.router import HELD_AT_END
+from llmlb_bench.policies import Outcome, Policy, PolicyError, RouteRequest, TargetInfo, View
 from llmlb_bench.replay.flight import Flight
 from llmlb_bench.replay.http import Pool, build_request, simple_request
 from llmlb_bench.replay.media import AUDIO_TOKENS_PER_S, image_side, png_data_url, wav_base64
@@ -60,7 +60,6 @@ from llmlb_bench.replay.preflight import Preflight, request_headers
 from llmlb_bench.replay.prompts import PromptBuilder
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
 from llmlb_bench.replay.rows import RowWriter, write_table
-from llmlb_bench.replay.schedule import INF as _INF, Schedule
 from llmlb_bench.replay.scrape import SeriesRows, Signals, parse_metrics, update_view
 from llmlb_bench.replay.threads import Threads
 from llmlb_bench.schema import trace_block_size
@@ -69,7 +68,11 @@ from llmlb_bench.store import RunStore
 if TYPE_CHECKING:  # a worker's part of a run (workers.py imports this module)
     from llmlb_bench.replay.workers import PartStore
 from llmlb_bench.trace_columns import TraceColumns
+from llmlb_bench.trace_run import TraceRun
+from llmlb_bench.trace_schedule import TraceSchedule
 from llmlb_bench.workload.reasoning import REASONING_ARG
+
+_INF = float("inf")
 
 #: the dispatcher stops sleeping this long before a send and polls the loop instead
 _SPIN_S = 0.0015
@@ -104,8 +107,6 @@ class Replayer:
         self.view = View(targets=[TargetInfo(name=ep.url) for ep in pre.endpoints],
                          block_size=trace_block_size(trace))
         self.view.healthy[:] = pre.healthy
-        #: the policy in front of the endpoints: decisions, router queue, target check, the view's books
-        self.router: Router[int] = Router(policy, self.view, dispatch=self._launch, reject=self._refused)
         self.names = [ep.url for ep in pre.endpoints]
         self.pools = [Pool(ep, options.timeouts.connect, spare=_SPARE_CONNECTIONS) for ep in pre.endpoints]
         self.path = _API_PATHS[options.api]
@@ -113,9 +114,18 @@ class Replayer:
         self.writer = RowWriter(run.requests)
         if options.users is not None and options.users < 1:
             raise UserError("must be at least 1", "--users")
-        self.schedule = Schedule(tr, resume.done_ids if resume else set(), options.users,
-                                 options.think_s * options.time_scale)
+        #: when each row leaves: roots, dependents, closed-loop users (trace_schedule.py)
+        self.schedule = TraceSchedule(tr, resume.done_ids if resume else None, options.users,
+                                      options.think_s * options.time_scale)
         self.sched = self.schedule.due
+        #: the policy in front of the endpoints and the run around it (trace_run.py): decisions, router
+        #: queue, the view's books, dependents released, every row written once
+        self.core = TraceRun(policy, self.view, tr, self.schedule, launch=self._launch, write=self._write_unsent,
+                             arrive_at=self._arrive_at, on_policy_error=self._policy_failed)
+        self.router = self.core.router
+        #: the dispatcher's place in the schedule's roots, and the released rows by due time
+        self._pos = 0
+        self._ready: list[tuple[float, int]] = []
         self.flights: set[Flight] = set()
         self.connects: set[asyncio.Task[None]] = set()
         self.status = Counter[str]()
@@ -139,9 +149,8 @@ class Replayer:
         self._wake: asyncio.Future[None] | None = None
         self._all_done: asyncio.Future[None] | None = None
         self._main_task: asyncio.Task[None] | None = None
-        self.stopping = False
         self.loop_kind = "asyncio"
-        #: a policy that broke the contract on a callback (see :meth:`_drain`); raised when the run ends
+        #: a policy that broke the contract on a callback (see :meth:`_policy_failed`); raised when the run ends
         self.policy_error: PolicyError | None = None
 
     # -- event loop and signals ---------------------------------------------
@@ -248,14 +257,37 @@ class Replayer:
             if handle is not None:
                 handle.cancel()
 
+    def _peek(self) -> float:
+        """Time of the next request that can leave (INF: none until a request ends)."""
+        sch = self.schedule
+        nxt = self.sched[sch.roots[self._pos]] if self._pos < sch.initial else _INF
+        return min(nxt, self._ready[0][0]) if self._ready else nxt
+
+    def _pop(self) -> int:
+        """The next request (after :meth:`_peek` gave a finite time): a root or a released row, by time."""
+        sch, ready = self.schedule, self._ready
+        if ready and (self._pos >= sch.initial or ready[0][0] < self.sched[sch.roots[self._pos]]):
+            return heapq.heappop(ready)[1]
+        self._pos += 1
+        return sch.roots[self._pos - 1]
+
+    def _arrive_at(self, idx: int, due: float) -> None:
+        """A row was released (its parents ended, or its user's last request): it leaves at ``due``."""
+        heapq.heappush(self._ready, (due, idx))
+        self._wake_dispatcher()
+
+    def _wake_dispatcher(self) -> None:
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)  # a released row may be due before the dispatcher's next wake-up
+
     async def _dispatch_all(self) -> None:
-        schedule, burst = self.schedule, 0
+        burst = 0
         while True:
-            nxt = schedule.peek()
+            nxt = self._peek()
             if nxt == _INF:
-                if not schedule.waiting:
-                    return
-                await self._sleep(None)  # until a parent ends
+                if not self.schedule.waiting or not self.flights:
+                    return  # nothing left, or nothing in flight that could release what waits
+                await self._sleep(None)  # until a request ends
                 continue
             delay = nxt - (perf_counter() - self.t0)
             if delay > _SPIN_S:
@@ -267,7 +299,7 @@ class Replayer:
                 await asyncio.sleep(0)
                 continue
             burst += 1
-            self._dispatch(schedule.pop())
+            self._dispatch(self._pop())
 
     # -- routing and sending -------------------------------------------------
     def _dispatch(self, idx: int) -> None:
@@ -275,33 +307,28 @@ class Replayer:
         # the self-check: how late the client itself handled the request (connection setup,
         # which also sits between scheduled_s and sent_s, belongs to the network, not the client)
         self.lateness.append(perf_counter() - self.t0 - self.sched[idx])
-        req = tr.route_request(idx, self.sched[idx])
         try:
-            self.router.route(idx, req, perf_counter() - self.t0)
+            self.core.arrive(idx, self.sched[idx], perf_counter() - self.t0)
         except PolicyError as exc:   # ends the run (raised out of the dispatcher); the row is written first
-            if req.request_id not in self.router.held:
+            if tr.rid[idx] not in self.router.held:
                 self._write_row(idx, None, "error", exc.problem)
             raise
 
-    def _drain(self) -> None:
-        """Release what the policy lets go; on a callback, so a broken policy stops the run from here."""
-        try:
-            self.router.drain()
-        except PolicyError as exc:
-            if self.policy_error is None:
-                self.policy_error = exc
-            if self._main_task is not None:
-                self._main_task.cancel()
+    def _policy_failed(self, exc: PolicyError) -> None:
+        """The policy broke its contract while its queue drained on a callback: stop the run from here."""
+        if self.policy_error is None:
+            self.policy_error = exc
+        if self._main_task is not None:
+            self._main_task.cancel()
 
-    def _refused(self, idx: int, req: RouteRequest, why: str) -> None:
+    def _write_unsent(self, idx: int, target: str | None, status: str, error: str | None) -> None:
+        """The row of a request that never left for an endpoint (refused, held at the end, never released)."""
         if self.threads is not None:
             self.threads.ended(idx)
-        self._write_row(idx, None, "rejected", why)
-        self._after_end(idx)
+        self._write_row(idx, None, status, error)
 
     def _launch(self, idx: int, req: RouteRequest, target: int, _decode: int = -1) -> None:
-        """The router sent row ``idx`` to endpoint ``target``."""
-        self.router.sent(target, req)
+        """The router sent row ``idx`` to endpoint ``target`` (the run's books already say so)."""
         f = Flight(idx, req, target, self._request_bytes(idx, target), self.sched[idx], self)
         if self.threads is not None and self.threads.keeps(idx):
             f.answer = []  # something waits for this answer: keep its text
@@ -500,27 +527,19 @@ class Replayer:
         self._write_row(f.idx, f, status, error)
         if status == "ok" and f.first is not None and f.sent is not None:
             self.recent_ttft.append(f.first - f.sent)
-        self.view.now = now - self.t0
+        end = self.view.now = self.last_end = now - self.t0
         if self.router.observes:    # on the run clock, as the route's arrival_s (the scheduled time)
-            f.route.outcome = Outcome(status, None if f.first is None else f.first - self.t0, now - self.t0,
+            f.route.outcome = Outcome(status, None if f.first is None else f.first - self.t0, end,
                                       f.output_tokens()[0], f.cached)
-        self.router.complete(f.target, f.route, drain=False)
-        self._after_end(f.idx)
-
-    def _after_end(self, idx: int) -> None:
-        end = perf_counter() - self.t0
-        self.last_end = end
-        if self.schedule.ended(idx, end) and self._wake is not None and not self._wake.done():
-            self._wake.set_result(None)  # a dependent may be due before the dispatcher's next wake-up
-        if self.router.held and not self.stopping:
-            self._drain()
+        self.core.ended(f.idx, f.target, f.route, end)
+        if not self.flights:
+            self._wake_dispatcher()   # it may wait for rows that nothing in flight can release any more
         self._check_done()
 
     def _check_done(self) -> None:
         if self.dispatch_done and not self.flights:
-            # the policy still holds requests nothing will release
-            for idx in sorted(self.router.take_held()):
-                self._write_row(idx, None, *HELD_AT_END)
+            # the policy still holds requests nothing will release; rows waiting for them were never sent
+            self.core.close()
             if self._all_done is not None and not self._all_done.done():
                 self._all_done.set_result(None)
 
@@ -556,16 +575,13 @@ class Replayer:
 
     def _shutdown(self) -> None:
         """Interrupt or end: close every row that is still open, then the connections."""
-        self.stopping = True
+        self.core.draining = False
         now = perf_counter()
         for task in list(self.connects):
             task.cancel()
         for f in list(self.flights):
             self.finished(f, "error", INTERRUPTED, now)
-        for idx in sorted(self.router.take_held()):
-            self._write_row(idx, None, "not_sent", None)
-        for idx in self.schedule.untaken():
-            self._write_row(idx, None, "not_sent", None)
+        self.core.close(untaken_error=None)   # interrupted: the unsent rows were simply not reached
         for pool in self.pools:
             pool.close_all()
 

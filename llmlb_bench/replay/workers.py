@@ -44,11 +44,11 @@ from llmlb_bench.replay.resume import INTERRUPTED, Resume
 from llmlb_bench.replay.rows import write_table
 from llmlb_bench.replay.client import client_summary, send_figures
 from llmlb_bench.replay.runner import Replayer
-from llmlb_bench.replay.schedule import Schedule
 from llmlb_bench.schema import REQUESTS, SERIES
 from llmlb_bench.store import ParquetSink, RunStore
 from llmlb_bench.store.parts import read_parts, table_files
 from llmlb_bench.trace_columns import TraceColumns
+from llmlb_bench.trace_schedule import TraceSchedule
 
 
 def shares(table: pa.Table, n: int, closed_loop: bool) -> list[list[int]]:
@@ -148,8 +148,8 @@ def plan_workers(trace: pa.Table, run: RunStore, options: ReplayOptions, resume:
         done = pa.array(sorted(resume.done_ids), pa.int64())
         trace = trace.filter(pc.invert(pc.is_in(trace.column("request_id"), value_set=done)))
         # the schedule restarts at the first request left, as in a single process
-        origin = Schedule(TraceColumns(trace, options.time_scale), set(), options.users,
-                          options.think_s * options.time_scale).first_due()
+        origin = TraceSchedule(TraceColumns(trace, options.time_scale), None, options.users,
+                               options.think_s * options.time_scale).first_due()
     opts = []
     for k in range(n):
         users = None if not closed else options.users // n + (1 if k < options.users % n else 0)  # type: ignore[operator]

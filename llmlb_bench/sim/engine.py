@@ -41,8 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.policies import Outcome, Policy, RouteRequest, Router
-from llmlb_bench.policies.router import HELD_AT_END
+from llmlb_bench.policies import Outcome, Policy, RouteRequest
 from llmlb_bench.schema import TRACE, trace_block_size
 from llmlb_bench.sim.autoscale import PoolStatus
 from llmlb_bench.sim.green import ClockLog
@@ -52,6 +51,8 @@ from llmlb_bench.sim.replica import Replica, Request
 from llmlb_bench.sim.results import RequestRecorder, RunSinks
 from llmlb_bench.sim.series import SeriesSampler
 from llmlb_bench.trace_columns import TraceColumns
+from llmlb_bench.trace_run import TraceRun
+from llmlb_bench.trace_schedule import TraceSchedule
 
 #: a timed delivery's handler: ``handle(payload, now)`` (see :meth:`Simulation._deliver`)
 Handler = Callable[[Any, float], None]
@@ -74,7 +75,8 @@ _UNREAD = _Unread()
 class Simulation:
     """One simulated run; see :func:`simulate`."""
 
-    def __init__(self, trace: pa.Table, cfg: ClusterConfig, policy: Policy, run: RunSinks, seed: int) -> None:
+    def __init__(self, trace: pa.Table, cfg: ClusterConfig, policy: Policy, run: RunSinks, seed: int,
+                 users: int | None = None, think_s: float = 0.0) -> None:
         self.cfg = cfg
         self.policy = policy
         self.seed = seed
@@ -86,22 +88,26 @@ class Simulation:
         self.fleet = Fleet(cfg, trace_block_size(trace), cols.has_hashes, seed, trace)
         self.replicas = self.fleet.replicas
         self.view = self.fleet.view
-        self._disagg = cfg.disaggregated
-        self.router: Router[int] = Router(policy, self.view, dispatch=self._dispatch, reject=self._rejected,
-                                          on_release=self._released, disaggregated=self._disagg)
+        if users is not None and users < 1:
+            raise UserError("must be at least 1", "--users")
+        #: when each row reaches the router: roots, dependents, closed-loop users (trace_schedule.py)
+        self.schedule = schedule = TraceSchedule(cols, users=users, think_s=think_s)
         self.rid, self.inp, self.out = cols.rid, cols.inp, cols.out
-        # per row: when the request reached the router (after its parent, for dependents) and
-        # when it was first sent to a target (None: not yet); plain lists are fastest per item
-        self.scheduled: list[float] = list(cols.arrival)
+        # per row: when the request reached the router (after its parent, for dependents; the schedule's
+        # time) and when it was first sent to a target (None: not yet); plain lists are fastest per item
+        self.scheduled: list[float] = schedule.due
         self.sent: list[float | None] = [None] * self.n
-        # dependents per row, and how many rows each still waits for (a join waits for several)
-        self.children, self._pending, independent = cols.dependencies()
-        self.order = independent[np.lexsort((np.asarray(cols.rid)[independent],
-                                             cols.arrival_np[independent]))].tolist()
+        # the rows that arrive on their own, in order (closed loop: one per user; the rest follow ends)
+        self.order = schedule.roots[:schedule.initial]
         self.recorder = RequestRecorder(trace, run.requests, self.replicas, self.scheduled, self.sent,
                                         cfg.token_times)
         self.sampler = SeriesSampler(run.series, self.replicas, cfg.series_interval_s)
         self.fleet.on_add += [self.recorder.track, self.sampler.track]
+        #: the run around the Router: arrive -> launched -> ended -> dependents released -> drain; close
+        self.core = TraceRun(policy, self.view, cols, schedule, launch=self._launch, write=self.recorder.ended,
+                             arrive_at=self._arrive_at, on_release=self._released,
+                             disaggregated=cfg.disaggregated)
+        self.router = self.core.router
         self.boundaries: list[tuple[float, int, int, int]] = []
         self.deliveries: list[tuple[float, int, Handler, Any, bool]] = []
         self._seq = itertools.count()   # tie-breaker of equal times: insertion order
@@ -164,7 +170,7 @@ class Simulation:
     def run(self) -> float:
         replicas, boundaries, deliveries = self.replicas, self.boundaries, self.deliveries
         order, sampler = self.order, self.sampler
-        arrival = self.cols.arrival
+        arrival = self.scheduled
         due = [arrival[r] for r in order]            # arrival times in routing order: one index per event
         v_waiting, v_running, v_kv, v_time = self._sig
         inf = math.inf
@@ -220,33 +226,25 @@ class Simulation:
                 v_time[i] = now
         self.events = events
         end = max([now] + [r.t for r in replicas])
-        for _, _, row in sorted((self.scheduled[r], self.rid[r], r) for r in self.router.take_held()):
-            self._end_unrouted(row, *HELD_AT_END)
+        self.core.close()
         return float(end)
 
     # ---- routing ------------------------------------------------------------------------------------
 
     def _route(self, row: int, t: float) -> None:
         """A request reaches the router at ``t`` (first time, after its parent, or as a retry)."""
-        if self.sent[row] is None:
-            self.scheduled[row] = t
-        route = self.cols.route_request(row, t)
-        if self._disagg:
-            self.router.route_pair(row, route, t)
-        else:
-            self.router.route(row, route, t)
+        self.core.arrive(row, t, t)
 
-    def _rejected(self, row: int, route: RouteRequest, why: str) -> None:
-        self._end_unrouted(row, "rejected", why)
+    def _arrive_at(self, row: int, due: float) -> None:
+        """A dependent (or a closed-loop user's next request) was released: it arrives at ``due``."""
+        self._deliver(due, self._route, row, work=True)
 
     def _released(self, row: int, route: RouteRequest) -> None:
         route.arrival_s = self.scheduled[row]   # a held retry is released with its first arrival
 
-    def _dispatch(self, row: int, route: RouteRequest, i: int, decode_target: int = -1) -> None:
+    def _launch(self, row: int, route: RouteRequest, i: int, decode_target: int = -1) -> None:
         """The router sent row ``row`` to replica ``i`` (and, disaggregated, its decode to ``decode_target``)."""
         t = self._now
-        router = self.router
-        router.sent(i, route)
         if self.sent[row] is None:
             self.sent[row] = t
         rep = self.replicas[i]
@@ -262,12 +260,10 @@ class Simulation:
             error = f"needs more KV blocks than decode target {self.replicas[decode_target].name} has"
         if error is not None:
             status = "rejected" if view.healthy[i] else "error"
-            if router.observes:
+            if self.router.observes:
                 route.outcome = Outcome(status, None, t, 0)
-            router.complete(i, route, drain=False)
             self.recorder.ended(row, rep.name, status, error)
-            self._release_children(row, t)
-            router.drain()
+            self.core.ended(row, i, route, t)
             return
         hashes = None
         if rep.cache is not None and route.prefix_hashes:
@@ -325,16 +321,12 @@ class Simulation:
             return
         if router.observes:
             req.route.outcome = self._outcome(req, t)
-        router.complete(req.target, req.route, drain=False)
         if self.green is not None:
             self._green_observe(req, t)
         self.recorder.finished(req)
-        if self.children:
-            if req.hashes is not None:
-                self._cache_reply(req)
-            self._release_children(req.row, t)
-        if router.held:
-            router.drain()
+        if req.hashes is not None and self.schedule.dependent:
+            self._cache_reply(req)
+        self.core.ended(req.row, req.target, req.route, t)
 
     def _outcome(self, req: Request, t: float) -> Outcome:
         """What a finished request delivered, for a policy that observes outcomes (the same first-token
@@ -401,7 +393,7 @@ class Simulation:
         if upto <= own:
             return
         stride = rep.hash_stride
-        for child in self.children.get(req.row, ()):
+        for child in self.schedule.children(req.row):
             hashes = self.cols.hashes(child)
             if stride > 1:
                 hashes = hashes[stride - 1::stride]
@@ -409,19 +401,6 @@ class Simulation:
                 cache.add_free(hashes, own, upto)
                 cache.evict_to(rep.total_blocks - rep.used)
                 return
-
-    def _release_children(self, row: int, t: float) -> None:
-        """``row`` ended at ``t``: a dependent arrives ``after_parent_s`` after the last of the
-        requests it waits for (its parent, and a join's other inputs) ends."""
-        pending = self._pending
-        for child in self.children.get(row, ()):
-            pending[child] -= 1
-            if not pending[child]:
-                self._deliver(max(self.scheduled[child], t + self.cols.after[child]), self._route, child, work=True)
-
-    def _end_unrouted(self, row: int, status: str, error: str) -> None:
-        self.recorder.ended(row, None, status, error)
-        self._release_children(row, self.view.now)  # view.now: the time of the routing decision
 
     def _signals(self, rep: Replica, t: float) -> None:
         i = rep.index
@@ -471,13 +450,14 @@ class Simulation:
         """A request lost with its replica: retried through the router, or reported as an error."""
         if self.router.observes:
             req.route.outcome = Outcome("error", None, t, req.generated)
-        self.router.complete(req.target, req.route, drain=False)
         if self.cfg.on_failure == "retry":
+            self.core.complete(req.target, req.route)
             self.retries += 1
             self._deliver(t, self._route, req.row, work=True)
             return
         self.recorder.ended(req.row, self.replicas[req.target].name, "error", error)
-        self._release_children(req.row, t)
+        # no drain here (as ever): held requests go at the next completion, recovery or scaling step
+        self.core.ended(req.row, req.target, req.route, t, drain=False)
 
     def _recover(self, i: int, t: float) -> None:
         rep = self.replicas[i]
@@ -487,7 +467,7 @@ class Simulation:
         self._signals(rep, t)
         if self.cfg.mtbf_s is not None and rep.retired_at is None:
             self._deliver(t + float(self.rng.exponential(self.cfg.mtbf_s)), self._fail, (i, -1.0))
-        self.router.drain()
+        self.core.drain()
 
     def _scale(self, _: None, t: float) -> None:
         """An autoscaling decision: grow or shrink pools toward the autoscaler's sizes."""
@@ -512,7 +492,7 @@ class Simulation:
                 self._shrink(st, -change, t)
         if self.events_pending():
             self._deliver(t + spec.interval_s, self._scale, None)
-        self.router.drain()
+        self.core.drain()
 
     def _green_observe(self, req: Request, t: float) -> None:
         """Feed the green controller a finished request's TTFT (from reaching the router) and TPOT:
@@ -568,7 +548,7 @@ class Simulation:
         if rep.starting:
             rep.starting = False
             self.fleet.refresh_health(rep)
-            self.router.drain()
+            self.core.drain()
 
     def events_pending(self) -> bool:
         """Whether anything but life-cycle events is left to simulate."""
@@ -655,12 +635,15 @@ def _expert_summary(load: Any, end: float) -> dict[str, Any]:
             "mean_slowdown": sum(f * w for (_, f), w in zip(hist, spans)) / end if end > 0 else hist[0][1]}
 
 
-def simulate(trace: pa.Table, cfg: ClusterConfig, policy: Policy, run: RunSinks, seed: int = 0) -> dict[str, Any]:
+def simulate(trace: pa.Table, cfg: ClusterConfig, policy: Policy, run: RunSinks, seed: int = 0,
+             users: int | None = None, think_s: float = 0.0) -> dict[str, Any]:
     """Simulate ``trace`` on the cluster ``cfg`` routed by ``policy``; stream rows into ``run``.
 
     ``run`` has ``.requests`` and ``.series`` sinks (a :class:`~llmlb_bench.store.RunStore`).
     Every trace row yields one REQUESTS row. Same trace, config, policy and seed
     give identical rows; the seed drives random failures (``mtbf_s``) and randomised engine schedulers.
+    ``users``: a closed loop of that many users, each sending the trace's next row ``think_s`` after
+    its previous request ended (trace_schedule.py); None: open loop at the trace's times.
     Returns a summary dict for run.json.
     """
     wall0 = time.perf_counter()
@@ -671,7 +654,7 @@ def simulate(trace: pa.Table, cfg: ClusterConfig, policy: Policy, run: RunSinks,
     paused = gc.isenabled()
     gc.disable()
     try:
-        sim = Simulation(trace, cfg, policy, run, seed)
+        sim = Simulation(trace, cfg, policy, run, seed, users, think_s)
         end = sim.run()
         sim.flush(end)
         return sim.summary(end, time.perf_counter() - wall0)

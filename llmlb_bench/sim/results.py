@@ -74,7 +74,7 @@ class RequestRecorder:
         if self.pending >= self.batch_rows:
             self.flush()
 
-    def ended(self, row: int, target: str | None, status: str, error: str) -> None:
+    def ended(self, row: int, target: str | None, status: str, error: str | None) -> None:
         """A request that produced no tokens: rejected, failed, or never sent."""
         o = self._other
         o["rows"].append(row)

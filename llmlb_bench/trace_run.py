@@ -1,0 +1,125 @@
+"""A trace run's life cycle around the one Router, shared by the simulator and the replayer.
+
+Both trace-driven backends do the same things with a request and differ only in
+their clock (simulated events or real time) and in what "send" means (a replica's
+queue or an HTTP request). What they share lives here once:
+
+* :meth:`TraceRun.arrive`: a row reaches the router (its :class:`~llmlb_bench.policies.RouteRequest`
+  built from the trace columns) and the policy decides;
+* launched: the router's decision to send is booked (``Router.sent``) before the backend's
+  ``launch(row, request, target, decode_target)`` runs, so no backend books it itself;
+* :meth:`TraceRun.ended` (any status): the view's books and the policy's ``on_complete``, the
+  rows that waited for this one released through the :class:`~llmlb_bench.trace_schedule.TraceSchedule`
+  (the backend's ``arrive_at(row, due)`` puts each on its clock), then the router queue drained;
+  a request the router refused is written and releases its dependents the same way;
+* :meth:`TraceRun.close`: every request the policy still holds is written
+  :data:`~llmlb_bench.policies.router.HELD_AT_END` (``not_sent``), in both backends, and every row
+  never released (what it waited for was never sent) ``not_sent`` too, so each trace row has one row.
+
+The backend writes its own rows of requests that reached a target (it alone knows their tokens and
+times) and calls :meth:`ended` after; rows without a target go through its ``write(row, target,
+status, error)``. ``llmlb serve`` and ``llmlb route`` have no trace and keep the bare Router.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from llmlb_bench.policies import Policy, PolicyError, RouteRequest, Router, View
+from llmlb_bench.policies.router import HELD_AT_END
+from llmlb_bench.trace_columns import TraceColumns
+from llmlb_bench.trace_schedule import TraceSchedule
+
+#: ``launch(row, request, target, decode_target)``: send the request (``decode_target`` >= 0 only disaggregated)
+Launch = Callable[[int, RouteRequest, int, int], None]
+#: ``write(row, target, status, error)``: write the row of a request that produced no tokens
+Write = Callable[[int, "str | None", str, "str | None"], None]
+#: ``arrive_at(row, due)``: the row was released; it reaches the router at ``due`` (backend's clock)
+ArriveAt = Callable[[int, float], None]
+
+#: how a row is written that never reached the router because a request it waits for never ended
+#: (held by the policy until the end, or a closed-loop user's request that was never sent)
+NOT_RELEASED = ("not_sent", "waits for a request that was never sent")
+
+
+class TraceRun:
+    """One run of a trace through a policy; see the module docstring."""
+
+    __slots__ = ("router", "view", "tr", "schedule", "draining", "_route", "_launch", "_write", "_arrive_at",
+                 "_sent", "_complete", "_on_policy_error")
+
+    def __init__(self, policy: Policy, view: View, tr: TraceColumns, schedule: TraceSchedule, *, launch: Launch,
+                 write: Write, arrive_at: ArriveAt, on_release: Callable[[int, RouteRequest], None] | None = None,
+                 disaggregated: bool = False, on_policy_error: Callable[[PolicyError], None] | None = None) -> None:
+        """``on_release``: see :class:`~llmlb_bench.policies.Router`. ``on_policy_error``: a policy that
+        breaks its contract while the queue drains after an end is handed to it (the replayer stops
+        from there) instead of raised into the backend's callback."""
+        self.router: Router[int] = Router(policy, view, dispatch=self._launched, reject=self._refused,
+                                          on_release=on_release, disaggregated=disaggregated)
+        self.view = view
+        self.tr = tr
+        self.schedule = schedule
+        #: False once the run is stopping: ends no longer drain the router queue
+        self.draining = True
+        self._route = self.router.route_pair if disaggregated else self.router.route
+        self._launch = launch
+        self._write = write
+        self._arrive_at = arrive_at
+        self._sent = self.router.sent
+        self._complete = self.router.complete
+        self._on_policy_error = on_policy_error
+
+    def arrive(self, row: int, arrival_s: float, now: float) -> None:
+        """Row ``row`` reaches the router at ``now``; ``arrival_s`` is what the policy sees as its arrival
+        (the scheduled time; a retry's is when it came back)."""
+        self.schedule.taken[row] = True
+        self._route(row, self.tr.route_request(row, arrival_s), now)
+
+    def _launched(self, row: int, route: RouteRequest, target: int, decode_target: int) -> None:
+        self._sent(target, route)
+        self._launch(row, route, target, decode_target)
+
+    def _refused(self, row: int, route: RouteRequest, why: str) -> None:
+        self._write(row, None, "rejected", why)
+        self.released(row, self.view.now)   # view.now: the time of the routing decision
+
+    def ended(self, row: int, target: int, route: RouteRequest, t: float, drain: bool = True) -> None:
+        """``row`` ended at ``target`` at ``t`` (any status; its row written or buffered by the backend,
+        ``route.outcome`` set where the router observes): close the books, release what waited for it,
+        and (``drain``) hand out what the policy now lets go."""
+        self._complete(target, route, False)
+        self.released(row, t, drain)
+
+    def complete(self, target: int, route: RouteRequest) -> None:
+        """``route`` left ``target`` without ending (lost with a replica, about to be sent again)."""
+        self._complete(target, route, False)
+
+    def released(self, row: int, t: float, drain: bool = True) -> None:
+        """``row`` ended at ``t`` without a target's books to close: release what waited for it, then drain."""
+        schedule = self.schedule
+        if schedule.dependent:
+            due = schedule.due
+            for c in schedule.ended(row, t):
+                self._arrive_at(c, due[c])
+        if drain and self.router.held and self.draining:
+            self.drain()
+
+    def drain(self) -> None:
+        """Hand out what the policy releases (after a replica came back, a scaling step ...)."""
+        if self._on_policy_error is None:
+            self.router.drain()
+            return
+        try:
+            self.router.drain()
+        except PolicyError as exc:
+            self._on_policy_error(exc)
+
+    def close(self, untaken_error: str | None = NOT_RELEASED[1]) -> None:
+        """The run is over: write every request the policy still holds as :data:`HELD_AT_END`, in order
+        of arrival (ties: request id), then every row never handed to the router (``untaken_error``:
+        why; an interrupted run's unsent rows say nothing)."""
+        due, rid = self.schedule.due, self.tr.rid
+        for _, _, row in sorted((due[r], rid[r], r) for r in self.router.take_held()):
+            self._write(row, None, *HELD_AT_END)
+        for row in self.schedule.untaken():
+            self._write(row, None, "not_sent", untaken_error)
