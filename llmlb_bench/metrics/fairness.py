@@ -54,25 +54,26 @@ def _windows(cat: Catalog, run_id: str, t0: float, tenants: list[str], window_s:
     equivalent is in docs/metrics.md.
     """
     names = " ".join(f"WHEN {quote(t)} THEN {i}" for i, t in enumerate(tenants))
+    # no nulls (NaN instead), so Arrow hands each column to NumPy as one copy, not element by element
     t = cat.query(f"""
-        SELECT CASE coalesce(tenant, 'default') {names} END AS tn, origin_s - {t0!r} AS s,
-               first_token_s - {t0!r} AS f, last_token_s - {t0!r} AS l,
-               coalesce(input_tokens, 0) AS n_in, coalesce(output_tokens, 0) AS n_out
+        SELECT CASE coalesce(tenant, 'default') {names} END AS tn, coalesce(origin_s - {t0!r}, 'NaN') AS s,
+               coalesce(first_token_s - {t0!r}, 'NaN') AS f, coalesce(last_token_s - {t0!r}, 'NaN') AS l,
+               coalesce(input_tokens, 0)::DOUBLE AS n_in, coalesce(output_tokens, 0)::DOUBLE AS n_out
         FROM request_metrics WHERE run_id = {quote(run_id)}""")
-    c = {k: t.column(k).to_numpy(zero_copy_only=False) for k in t.column_names}
-    tn, s, f, l = c["tn"].astype(np.int64), c["s"], c["f"], c["l"]
-    n_in, n_out = c["n_in"].astype(float), c["n_out"].astype(float)
+    c = {k: t.column(k).to_numpy() for k in t.column_names}
+    tn, s, f, l, n_in, n_out = c["tn"].astype(np.int64), c["s"], c["f"], c["l"], c["n_in"], c["n_out"]
     w = float(window_s)
     started = ~np.isnan(f)
     e = np.fmax(l, s)                                    # a request's end: last token, or when it was sent
-    nwin = int(max(np.nanmax(x) if len(x) else 0.0 for x in (s, f, l)) // w) + 1
+    nwin = int(max(np.fmax.reduce(x) if len(x) else 0.0 for x in (s, f, l)) // w) + 1
     cells = len(tenants) * nwin
     jf = np.floor(np.where(started, f, 0) / w).astype(np.int64)
-    svc: np.ndarray = np.bincount(tn[started] * nwin + jf[started], weights=INPUT_WEIGHT * n_in[started], minlength=cells)
+    key = tn * nwin + jf
+    # rows that add nothing to a cell add 0 to it (all service is whole tokens: the sums are exact in any order)
+    svc: np.ndarray = np.bincount(key, weights=np.where(started, INPUT_WEIGHT * n_in, 0.0), minlength=cells)
     out = started & (n_out > 0)
     jl = np.floor(np.where(out, l, 0) / w).astype(np.int64)
-    one = out & (jf == jl)
-    svc += np.bincount(tn[one] * nwin + jf[one], weights=OUTPUT_WEIGHT * n_out[one], minlength=cells)
+    svc += np.bincount(key, weights=np.where(out & (jf == jl), OUTPUT_WEIGHT * n_out, 0.0), minlength=cells)
     # streams over several windows: walk them window by window, dropping each once past its last
     many = out & (jf < jl)
     ff, nn, j, jend, tt = f[many], n_out[many], jf[many], jl[many], tn[many]
