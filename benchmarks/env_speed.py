@@ -5,7 +5,7 @@ greenlet switches, the observation (policies/features.py, padded into the
 Dict space), the reward of each ended request and its Outcome. This runs, on
 one generated trace and interleaved ``--repeats`` times:
 
-* ``simulate``: ``sim.engine.simulate`` with ``round_robin`` (what ``llmlb
+* ``simulate``: ``sim.simulation.simulate`` with ``round_robin`` (what ``llmlb
   simulate`` runs, without the Parquet writing);
 * ``env``: one episode of ``RouteEnv`` on the same trace with an agent that
   answers round robin from the step counter (the same decisions, so the same
@@ -32,7 +32,7 @@ from greenlet import getcurrent, greenlet
 
 from llmlb_bench.learn.env import RouteEnv
 from llmlb_bench.policies import make_policy
-from llmlb_bench.sim.engine import simulate
+from llmlb_bench.sim.simulation import simulate
 
 
 class _Drop:

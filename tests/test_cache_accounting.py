@@ -249,7 +249,7 @@ def test_a_next_turn_is_offered_the_previous_turns_reply(tmp_path):
     assert acc[1]["offered_tokens"] == 42 * BLOCK and acc[1]["routing_tokens"] == 42 * BLOCK
     acc, rows = _run(tmp_path, pq.read_table(path), path, ClusterConfig.build(replicas=1), "round_robin", "one")
     _check_sums(acc, rows)
-    # on one replica the simulator keeps the reply's KV (sim/engine._cache_reply): all achieved,
+    # on one replica the simulator keeps the reply's KV (sim/simulation._cache_reply): all achieved,
     # none of it "beyond" the trace
     assert acc[1]["achieved_tokens"] == rows[1]["cached_tokens"] == 42 * BLOCK and acc[1]["beyond_tokens"] == 0
     # a reply that opens with reasoning offers the next turn nothing beyond the prompt's 30 blocks

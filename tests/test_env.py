@@ -19,7 +19,7 @@ from llmlb_bench.learn.env import PolicyAgent, RouteEnv  # noqa: E402
 from llmlb_bench.learn.episodes import Episodes, generation_seed  # noqa: E402
 from llmlb_bench.policies import make_policy  # noqa: E402
 from llmlb_bench.schema import write_trace  # noqa: E402
-from llmlb_bench.sim.engine import simulate  # noqa: E402
+from llmlb_bench.sim.simulation import simulate  # noqa: E402
 from tests.conftest import cli  # noqa: E402
 
 

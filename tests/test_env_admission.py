@@ -15,7 +15,7 @@ gymnasium = pytest.importorskip("gymnasium")
 from llmlb_bench.errors import UserError  # noqa: E402
 from llmlb_bench.learn.admission import COARSE_FIELDS, AdmissionEnv  # noqa: E402
 from llmlb_bench.policies import make_policy  # noqa: E402
-from llmlb_bench.sim.engine import simulate  # noqa: E402
+from llmlb_bench.sim.simulation import simulate  # noqa: E402
 
 
 def _run(env: AdmissionEnv, action: int, seed: int = 1):

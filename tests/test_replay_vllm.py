@@ -331,7 +331,7 @@ def test_threaded_turns_reuse_the_previous_answers_kv_in_vllms_prefix_cache(engi
         # the threaded prompt is as long as the trace says, to the token
         assert threaded["server_input_tokens"] == threaded["input_tokens"]
     assert [r["session_id"] for r in runs[True]] == [0, 0, 0, 1, 1, 1]
-    # the simulator keeps the reply's KV for the next turn (sim/engine.py _cache_reply): the same
+    # the simulator keeps the reply's KV for the next turn (sim/simulation.py _cache_reply): the same
     # cached tokens as vLLM gave the threaded replay, to the token
     sim, _, _ = run_sim(tmp_path / "sim", _sessions_trace(9000, 91_000_000),
                         ClusterConfig.build(replicas=1, block_size=CPU_BLOCK_SIZE))

@@ -11,7 +11,7 @@ from llmlb_bench.errors import UserError
 from llmlb_bench.policies import make_policy
 from llmlb_bench.policies.schedulers import ENGINE_SCHEDULERS
 from llmlb_bench.sim import ClusterConfig
-from llmlb_bench.sim.engine import Simulation
+from llmlb_bench.sim.simulation import Simulation
 from llmlb_bench.store import RunStore
 from sim_helpers import by_request_id, run_sim, trace
 from test_sim_core import tiny_kv_catalog  # noqa: F401  (fixture)

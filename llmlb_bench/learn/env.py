@@ -1,6 +1,6 @@
 """The routing environment: one ``gymnasium`` step per routing decision of the simulator.
 
-The environment drives the *same* :class:`~llmlb_bench.sim.engine.Simulation`
+The environment drives the *same* :class:`~llmlb_bench.sim.simulation.Simulation`
 as ``llmlb simulate``; nothing is simulated twice. The simulation runs in a
 greenlet (a C-level coroutine; :mod:`llmlb_bench.learn.simenv`, shared with the
 coarse :mod:`llmlb_bench.learn.admission` environment) whose policy is a proxy: when the simulator's
@@ -48,7 +48,7 @@ from llmlb_bench.learn.simenv import Cluster, SimulationEnv, Workload
 from llmlb_bench.learn.spaces import Actions, empty_observation, layout, spaces
 from llmlb_bench.policies.base import HOLD, REJECT, Decision, PairDecision, Policy, Released, RouteRequest, View
 from llmlb_bench.policies.features import Features, LengthPredictor
-from llmlb_bench.sim.engine import Simulation
+from llmlb_bench.sim.simulation import Simulation
 
 
 class _Proxy(Policy):

@@ -1,6 +1,6 @@
 """What every gymnasium environment over the simulator shares: the simulation in a greenlet.
 
-An environment here drives the *same* :class:`~llmlb_bench.sim.engine.Simulation`
+An environment here drives the *same* :class:`~llmlb_bench.sim.simulation.Simulation`
 as ``llmlb simulate``; nothing is simulated twice. The simulation runs in a
 greenlet (a C-level coroutine) with a proxy policy: where the proxy needs the
 agent (a routing decision in :class:`~llmlb_bench.learn.env.RouteEnv`, a tick of
@@ -31,7 +31,7 @@ from llmlb_bench.learn.episodes import Episodes
 from llmlb_bench.learn.rewards import Ended, Reward, zero_costs
 from llmlb_bench.policies.base import Policy, RouteRequest, View
 from llmlb_bench.sim.config import ClusterConfig, load_cluster
-from llmlb_bench.sim.engine import Simulation
+from llmlb_bench.sim.simulation import Simulation
 from llmlb_bench.workload import WorkloadSpec
 
 Obs = TypeVar("Obs")

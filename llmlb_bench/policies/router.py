@@ -2,7 +2,7 @@
 
 A :class:`~llmlb_bench.policies.base.Policy` only answers questions. What a
 router *does* with the answers is the same in the simulator
-(:mod:`llmlb_bench.sim.engine`), ``llmlb serve`` (:mod:`llmlb_bench.serve.live`)
+(:mod:`llmlb_bench.sim.simulation`), ``llmlb serve`` (:mod:`llmlb_bench.serve.live`)
 and the replayer (:mod:`llmlb_bench.replay.runner`), so it lives here once:
 
 * :meth:`Router.route` asks ``choose`` and acts on the :data:`Decision`: a

@@ -3,7 +3,7 @@ turns, instead of recomputing the whole history at every turn, cuts the time to 
 with it how long a multi-turn conversation or an agent's task takes.
 
 What the simulator can check honestly: its replicas keep the KV of a finished turn (prompt and
-reply, sim/engine.py ``_cache_reply``) in the GPU prefix cache, so the next turn, sent after a
+reply, sim/simulation.py ``_cache_reply``) in the GPU prefix cache, so the next turn, sent after a
 tool call or a human's think time, prefills only its new text, against the same replicas with
 prefix caching off (every turn recomputes its whole context: the paper's baseline). It does not
 model CachedAttention's host-memory and disk tiers, its layer-wise prefetch or its

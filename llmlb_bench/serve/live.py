@@ -1,6 +1,6 @@
 """Simulated replicas advanced in real time: the engine behind ``llmlb serve``.
 
-The batch simulator (:mod:`llmlb_bench.sim.engine`) jumps from event to
+The batch simulator (:mod:`llmlb_bench.sim.simulation`) jumps from event to
 event as fast as it can. Here the same replicas (:class:`~llmlb_bench.sim.replica.Replica`,
 built by :class:`~llmlb_bench.sim.fleet.Fleet` from a
 :class:`~llmlb_bench.sim.ClusterConfig`) follow a clock: simulated time is

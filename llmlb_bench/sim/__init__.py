@@ -10,7 +10,7 @@ See docs/simulator.md for the model, its assumptions and its validation.
 from llmlb_bench.sim.catalog import GPU, Catalog, Model, load_catalog
 from llmlb_bench.sim.config import ClusterConfig, PoolConfig, load_cluster
 from llmlb_bench.sim.cost import CostModel
-from llmlb_bench.sim.engine import simulate
+from llmlb_bench.sim.simulation import simulate
 
 __all__ = ["GPU", "Catalog", "ClusterConfig", "CostModel", "Model", "PoolConfig", "load_catalog", "load_cluster",
            "simulate"]

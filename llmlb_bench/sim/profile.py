@@ -26,7 +26,7 @@ handing the request to the engine and the first token back, and work that
 grows with the WHOLE prompt, cached part included (tokenising it, hashing its
 blocks for the prefix-cache lookup). The simulator applies it as a delay
 between a request's dispatch to a replica and its arrival in the engine's
-waiting queue (sim/engine.py, serve/live.py), not inside a step: in vLLM v1
+waiting queue (sim/simulation.py, serve/live.py), not inside a step: in vLLM v1
 that work is the API server process's (HTTP, tokenising, detokenising) and
 the engine core's input thread's (deserialising, block hashes), which run
 beside the engine core's busy loop instead of stopping it, so one request's

@@ -130,7 +130,7 @@ class Replica:
         self.created_at = created_at
         self.retired_at: float | None = None
         self.starting = self.draining = self.down = False
-        #: requests dispatched here still in the API server (a profile's request overhead; see sim/engine.py)
+        #: requests dispatched here still in the API server (a profile's request overhead; see sim/simulation.py)
         self.entering = 0
         #: when the outbound KV link (disaggregation) is free again
         self.link_free_at = 0.0
