@@ -88,7 +88,7 @@ def test_adapter_slots_take_their_memory_from_the_kv_cache():
     cost = plain.replicas[0].cost
     assert isinstance(cost, CostModel)
     slots = 4 * adapter_bytes(cost.model, 16)
-    assert plain.replicas[0].total_blocks - lora.replicas[0].total_blocks == \
+    assert plain.replicas[0].kv.total - lora.replicas[0].kv.total == \
         math.ceil(slots / (cost.kv_bytes_per_token_gpu * cost.block_size))
 
 

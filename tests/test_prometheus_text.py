@@ -31,7 +31,7 @@ def test_served_metrics_parse_back_to_the_fleet_state():
     fleet, text = asyncio.run(go())
     sig = parse_metrics(text)
     assert sig.running == 2 and sig.waiting == 3                 # one seat per replica
-    assert sig.kv_blocks_total == sum(r.total_blocks for r in fleet.replicas)
+    assert sig.kv_blocks_total == sum(r.kv.total for r in fleet.replicas)
     assert 0 < sig.kv_usage < 1 and sig.preemptions_total == 0
     labels = {name: lab for name, lab, _ in metric_lines(text)}
     assert labels["vllm:num_requests_running"] == {"model_name": 'model "x"', "engine": "all"}

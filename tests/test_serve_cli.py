@@ -62,7 +62,7 @@ def test_the_process_serves_and_stops_on_ctrl_c():
         info = [ln for ln in request(url, "GET", "/metrics")[2].decode().splitlines()
                 if ln.startswith("vllm:cache_config_info")]
         h100, a100 = (ClusterConfig.build(replicas=1, gpu=g) for g in ("h100-sxm", "a100-80g"))
-        blocks = 2 * Fleet(h100, 16).replicas[0].total_blocks + 3 * Fleet(a100, 16).replicas[0].total_blocks
+        blocks = 2 * Fleet(h100, 16).replicas[0].kv.total + 3 * Fleet(a100, 16).replicas[0].kv.total
         assert f'num_gpu_blocks="{blocks}"' in info[0]
         status, body = post_json(url, "/v1/completions", {"model": "sim-8b", "prompt": "a b c", "max_tokens": 3,
                                                           "ignore_eos": True})

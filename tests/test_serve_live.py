@@ -173,7 +173,7 @@ def test_an_aborted_request_leaves_the_batch_and_frees_its_blocks():
     made = rec.reports[lives[1].seq][-1][0]
     assert 20 <= made < 400 and lives[1].req.generated >= made
     assert [rec.finished[lives[k].seq] for k in (0, 2)] == [400, 400]
-    assert rep.used == 0 and not rep.running and not rep.waiting
+    assert rep.kv.used == 0 and not rep.running and not rep.waiting
     assert fleet.states[0].metrics.aborted == 1
     assert fleet.view.outstanding_requests == [0]
 
@@ -231,4 +231,4 @@ def test_replica_abort_mid_decode_cuts_the_run_at_the_step_in_progress():
     assert done == [reqs[1]] and reqs[1].generated < 50
     while not rep.idle:
         rep.boundary(done)
-    assert [r.generated for r in done[1:]] == [50, 50] and rep.used == 0
+    assert [r.generated for r in done[1:]] == [50, 50] and rep.kv.used == 0

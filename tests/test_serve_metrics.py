@@ -63,10 +63,10 @@ def test_names_types_and_histogram_shape(srv):
     for name, kind in types.items():
         assert fams[name]["type"] == kind, name
     info = next(iter(fams["vllm:cache_config_info"]["samples"]))
-    assert dict(info[1])["num_gpu_blocks"] == str(srv.server.fleet.replicas[0].total_blocks)
+    assert dict(info[1])["num_gpu_blocks"] == str(srv.server.fleet.replicas[0].kv.total)
     sig = parse_metrics(request(srv.urls[0], "GET", "/metrics")[2].decode())   # the replayer's scraper
     assert (sig.waiting, sig.running, sig.kv_usage, sig.kv_blocks_total) == (
-        0, 0, 0.0, srv.server.fleet.replicas[0].total_blocks)
+        0, 0, 0.0, srv.server.fleet.replicas[0].kv.total)
 
 
 def test_gauges_follow_a_running_stream_and_token_counters_move_live(srv):

@@ -62,10 +62,10 @@ def test_kv_never_over_capacity_and_preemption_recomputes(tmp_path, tiny_kv_cata
     def checked_boundary(self, done):
         nt = original(self, done)
         held = sum(_blocks_held(self, r) for r in self.running)
-        assert held == self.used, "aggregate block count matches the requests' blocks"
+        assert held == self.kv.used, "aggregate block count matches the requests' blocks"
         next_need = self.phase[(self.step + 1) % self.bs] if self.decoding else 0
-        assert self.used + next_need <= self.total_blocks
-        checked.append(self.used)
+        assert self.kv.used + next_need <= self.kv.total
+        checked.append(self.kv.used)
         return nt
 
     monkeypatch.setattr(replica_mod.Replica, "boundary", checked_boundary)

@@ -95,13 +95,13 @@ def test_swap_conserves_requests_tokens_blocks_and_swap_space(tmp_path, catalog,
     def checked_boundary(self, done):
         nt = original(self, done)
         held = sum(_blocks_held(self, r) for r in self.running)
-        assert held == self.used
+        assert held == self.kv.used
         next_need = self.phase[(self.step + 1) % self.bs] if self.decoding else 0
-        assert self.used + next_need <= self.total_blocks
-        assert 0 <= self.swap_used <= self.swap_total
-        assert self.swap_used == sum(blocks for _, blocks, _ in self.swapped)
-        peaks["kv"] = max(peaks["kv"], self.used)
-        peaks["swap"] = max(peaks["swap"], self.swap_used)
+        assert self.kv.used + next_need <= self.kv.total
+        assert 0 <= self.kv.swap_used <= self.kv.swap_total
+        assert self.kv.swap_used == sum(blocks for _, blocks, _ in self.kv.swapped)
+        peaks["kv"] = max(peaks["kv"], self.kv.used)
+        peaks["swap"] = max(peaks["swap"], self.kv.swap_used)
         return nt
 
     monkeypatch.setattr(replica_mod.Replica, "boundary", checked_boundary)
@@ -163,14 +163,14 @@ def test_an_aborted_swapped_out_request_gives_back_its_swap_space(catalog):
     for r in reqs:
         rep.enqueue(r, 0.0)
     done: list[Request] = []
-    while not rep.swapped:
+    while not rep.kv.swapped:
         rep.boundary(done)
-    assert rep.swapped[0][0] is reqs[2] and rep.swap_used == 210
+    assert rep.kv.swapped[0][0] is reqs[2] and rep.kv.swap_used == 210
     assert rep.abort(reqs[2], rep.t) is True   # left the swap space at once
-    assert not rep.swapped and rep.swap_used == 0
+    assert not rep.kv.swapped and rep.kv.swap_used == 0
     while not rep.idle:
         rep.boundary(done)
-    assert done == reqs[:2] and [r.generated for r in done] == [2000, 2000] and rep.used == 0
+    assert done == reqs[:2] and [r.generated for r in done] == [2000, 2000] and rep.kv.used == 0
 
 
 @pytest.mark.parametrize("setting, value, message", [
@@ -190,5 +190,5 @@ def test_swap_is_a_per_pool_setting(catalog):
                                {"name": "b", "replicas": 1}])
     fleet = Fleet(cfg, 16)
     # 1 GiB of 2 MiB blocks
-    assert [r.swap_total for r in fleet.replicas] == [512, 0]
+    assert [r.kv.swap_total for r in fleet.replicas] == [512, 0]
     assert ClusterConfig.from_dict(cfg.to_dict()) == cfg

@@ -282,7 +282,7 @@ class LiveFleet:
         assert live.route is not None
         self.router.sent(i, live.route)
         hashes = None
-        if rep.cache is not None and sub.hashes:
+        if rep.kv.cache is not None and sub.hashes:
             stride = rep.hash_stride
             hashes = list(sub.hashes) if stride == 1 else list(sub.hashes[stride - 1::stride])
         req = Request(live.seq, live.route, sub.prompt_tokens, sub.output_tokens, hashes)
@@ -370,7 +370,7 @@ class LiveFleet:
         v = self.view
         v.waiting[i] = len(rep.waiting)
         v.running[i] = len(rep.running)
-        v.kv_usage[i] = rep.used / rep.total_blocks
+        v.kv_usage[i] = rep.kv.used / rep.kv.total
         v.signal_time[i] = t
 
     # ---- streaming -----------------------------------------------------------------------------------

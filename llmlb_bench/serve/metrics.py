@@ -161,7 +161,7 @@ def render(fleet: "LiveFleet", indices: Iterable[int], model: str) -> str:
         prompt, made = fleet.in_flight_tokens(i, t)
         total.prompt_tokens += prompt
         total.generation_tokens += made
-    blocks = sum(r.total_blocks for r in reps)
+    blocks = sum(r.kv.total for r in reps)
     usage = sum(r.blocks_used_at(t) for r in reps) / blocks   # exact inside a decode run too
     names, values = ["model_name", "engine"], [model, str(idx[0]) if len(idx) == 1 else "all"]
     out: list[Metric] = []

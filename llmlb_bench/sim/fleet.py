@@ -173,10 +173,10 @@ class Fleet:
     def cached_prefix(self, i: int, hashes: Sequence[int]) -> int:
         """Leading trace blocks of ``hashes`` that replica ``i`` holds (``View.cached_prefix``)."""
         rep = self.replicas[i]
-        if rep.cache is None:
+        if rep.kv.cache is None:
             return 0
         stride = rep.hash_stride
-        units = rep.cache.resident(hashes if stride == 1 else hashes[stride - 1::stride])
+        units = rep.kv.cache.resident(hashes if stride == 1 else hashes[stride - 1::stride])
         return min(units * stride, len(hashes))
 
     def gpu_hours_and_cost(self, end: float) -> tuple[float, float]:

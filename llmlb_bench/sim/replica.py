@@ -56,18 +56,18 @@ Idle time draws idle power and is not attributed to requests.
 
 from __future__ import annotations
 
-from collections import deque
 from heapq import heappop, heappush
 from typing import Any, Sequence
 
 from llmlb_bench.sim.cost import CostModel
 from llmlb_bench.sim.jitter import StepJitter
+from llmlb_bench.sim.kv_blocks import KVBlocks
 from llmlb_bench.sim.lora import AdapterSlots, LoraCosts
-from llmlb_bench.sim.prefix_cache import PrefixCache
 from llmlb_bench.sim.profile import ProfileCost
 from llmlb_bench.policies.schedulers import WaitingQueue
 from llmlb_bench.sim.scheduling import EngineScheduler
 from llmlb_bench.sim.speculative import Speculation, Stint
+from llmlb_bench.sim.step_plan import StepPlan
 from llmlb_bench.sim.timeline import Timeline
 
 #: largest relative growth of the decode step time within one run
@@ -148,21 +148,21 @@ class Replica:
         #: LoRA adapter slots (sim/lora.py; None: the replica serves the base model only); their
         #: preallocated GPU buffers come off the KV cache
         self.lora = AdapterSlots(lora) if lora is not None else None
-        self.total_blocks = cost.kv_blocks - (lora.reserved_blocks if lora is not None else 0)
+        #: the GPU's KV blocks, the prefix cache and the CPU swap space (sim/kv_blocks.py)
+        self.kv = KVBlocks(cost.kv_blocks - (lora.reserved_blocks if lora is not None else 0), block_size,
+                           prefix_unit_blocks, swap_blocks, cost.swap_block_s)
         #: longest prompt + output this replica can ever serve (model length, KV capacity, unchunked budget)
-        self.max_total = min(context_limit, self.total_blocks * block_size + 1,
+        self.max_total = min(context_limit, self.kv.total * block_size + 1,
                              context_limit if chunked_prefill else max_num_batched_tokens + 1)
         # decode steps (times the batch size) over which the step time grows by at most the tolerance:
         # relative growth per step <= decoding x context_slope / min_step_s
         self.cost_changed()
-        self.cache = PrefixCache(prefix_unit_blocks) if prefix_unit_blocks else None
         self.scheduler = scheduler if scheduler is not None else EngineScheduler()
         # whether the scheduler counts tokens (VTC does; FCFS and the static-key ones keep the base's
         # no-op hooks, which then are not called: a few calls per request on the hot path)
         sched = type(self.scheduler)
         self._observes = (sched.on_tokens is not EngineScheduler.on_tokens
                           or sched.on_decode is not EngineScheduler.on_decode)
-        self.used = 0                                # blocks referenced as of the last boundary
         self.step = 0                                # steps completed
         self.t = 0.0                                 # time of the last boundary
         self.running: dict[Request, None] = {}       # admission order (the preemption victim is the last)
@@ -173,13 +173,8 @@ class Replica:
         self.context = 0                             # their total context for the next step
         self.phase = [0] * block_size                # decoders needing a new block at steps = p (mod bs)
         self.finish_heap: list[tuple[int, int, Request, int]] = []
-        #: KV swap (0 blocks: preemption by recompute only): the CPU blocks, those in use, the swapped-out
-        #: requests as (request, blocks, was decoding), next to swap in first, and the host-link transfer
-        #: seconds the step being planned owes (swap copies, or LoRA adapter loads)
-        self.swap_total = swap_blocks
-        self.swap_used = 0
-        self.swapped: deque[tuple[Request, int, bool]] = deque()
-        self.swap_s = 0.0
+        #: what the next step runs (planned at a boundary, applied at the next; sim/step_plan.py)
+        self.plan = StepPlan()
         self._done_here: list[Request] = []          # finished at a prefill completion, reported at the boundary
         self._aborted: list[Request] = []            # to drop at the next boundary (see ``abort``)
         self._seq = 0
@@ -192,13 +187,11 @@ class Replica:
         self.idle = True
         self.run_power = 0.0
         self._pre_energy = self._pre_power = self._pre_start = 0.0
-        self.run_chunks: list[tuple[Request, int]] = []
         self.run_decode_only = False
         # totals
         self.preemptions = 0
         self.prefill_tokens = 0                      # prompt tokens computed, recomputed ones included
-        self.swap_outs = self.swap_ins = self.swap_fallbacks = 0
-        self.swap_time_s = 0.0
+        self.swap_time_s = 0.0                       # host-link seconds steps spent copying (KV swap, adapters)
         self.failures = 0
         self.energy_j = 0.0                          # up to the last boundary (or to ``idle_since``)
         self.idle_since = created_at
@@ -213,14 +206,14 @@ class Replica:
 
     def fits(self, tokens: int) -> bool:
         """Whether a request whose KV needs ``tokens`` slots can ever run here."""
-        return -(-tokens // self.bs) <= self.total_blocks
+        return self.kv.blocks(tokens) <= self.kv.total
 
     def blocks_used_at(self, t: float) -> int:
         """Blocks in use at time ``t`` inside the run in flight (for series samples)."""
         if not self.run_n or not self.decoding:
-            return self.used
+            return self.kv.used
         done = min(self.run_n, int((t - self.run_start) / self.run_gap)) if t > self.run_start else 0
-        return self.used + self._blocks_needed(done)
+        return self.kv.used + self._blocks_needed(done)
 
     @property
     def routable(self) -> bool:
@@ -244,7 +237,7 @@ class Replica:
     def oldest_needed_step(self) -> int:
         """The first step whose timeline entry an unfinished request still needs."""
         oldest = self.step + 1
-        for group in (self.running, self.waiting, (r for r, _, _ in self.swapped)):
+        for group in (self.running, self.waiting, (r for r, _, _ in self.kv.swapped)):
             for req in group:
                 first = req.spans[0][0] if req.spans else req.span_start
                 if 0 <= first < oldest:
@@ -271,7 +264,7 @@ class Replica:
         # (with no decode step at all if it arrives during the mixed step that precedes the run). With
         # LoRA, requests waiting only for an adapter slot are skipped, so a newcomer whose adapter can
         # join may be admitted behind them: then the run ends too (at worst the boundary admits no one).
-        if (self.run_decode_only and self.run_n and len(self.running) < self.max_seqs and not self.swapped
+        if (self.run_decode_only and self.run_n and len(self.running) < self.max_seqs and not self.kv.swapped
                 and (self.waiting.newcomer_may_lead() if self.lora is None else self.lora.can_join(req.adapter))):
             return self._cut_after(t)
         return None
@@ -307,11 +300,8 @@ class Replica:
         ``generated`` tokens, fewer than it asked for. Under other engine schedulers a waiting
         request stays queued until it is admitted and is dropped at the boundary after that.
         A swapped-out request leaves at once, giving back its swap space."""
-        for k, (r, blocks, _) in enumerate(self.swapped):
-            if r is req:
-                del self.swapped[k]
-                self.swap_used -= blocks
-                return True
+        if self.kv.drop_swapped(req):
+            return True
         if req not in self.running and self.waiting.drop(req):
             if self.lora is not None:
                 self.lora.dequeue(req.adapter)
@@ -327,7 +317,7 @@ class Replica:
         for req in self._aborted:
             if req in self.running:
                 if req.step0 >= 0:
-                    self._release(req, -(-self._stop_decode(req) // self.bs))
+                    self._release(req, self.kv.blocks(self._stop_decode(req)))
                 else:
                     self.prefilling.remove(req)
                     self._release(req, req.blocks)
@@ -346,34 +336,34 @@ class Replica:
         while heap and heap[0][0] <= step:
             _, _, req, gen = heappop(heap)
             if gen == req.gen:
-                computed = self._stop_decode(req)
-                self._release(req, -(-computed // self.bs))
+                self._release(req, self.kv.blocks(self._stop_decode(req)))
                 done.append(req)
         if self._done_here:
             done.extend(self._done_here)
             self._done_here.clear()
         if self._aborted:
             self._drop_aborted(done)
-        if self.cache is not None:
-            self.cache.evict_to(self.total_blocks - self.used)
+        if self.kv.cache is not None:
+            self.kv.trim_cache(0)
         return self._schedule()
 
     def _apply(self, n: int) -> None:
         """Advance the state by the ``n`` steps of the run in flight (a mixed step has n = 1)."""
-        if self.decoding:
-            self.used += self.phase[(self.step + 1) % self.bs] if n == 1 else self._blocks_needed(n)
+        if self.decoding:   # (the decodes' new blocks, allocated in bulk: ``kv.used`` inline on the hot path)
+            self.kv.used += self.phase[(self.step + 1) % self.bs] if n == 1 else self._blocks_needed(n)
             self.context += self.decoding * n
         busy = n * self.run_gap
         self.t = self.run_start + busy
         self.energy_j += self.run_power * busy
         self.busy_s += busy
         self.step += n
-        if not self.run_chunks:
+        chunks = self.plan.chunks
+        if not chunks:
             return
         step = self.step
-        cache = self.cache
+        cache = self.kv.cache
         on_tokens = self.scheduler.on_tokens if self._observes else None
-        for req, chunk in self.run_chunks:
+        for req, chunk in chunks:
             req.computed += chunk
             self.prefill_tokens += chunk
             if on_tokens is not None:   # a chunk that completes the prefill also samples a token
@@ -392,7 +382,7 @@ class Replica:
                     self._done_here.append(req)
                 else:
                     self._start_decode(req)
-        self.run_chunks = []
+        chunks.clear()
 
     # ---- decode bookkeeping -----------------------------------------------------------------------
 
@@ -443,24 +433,12 @@ class Replica:
                 need += phase[(s + j) % bs]
         return need
 
-    def _free(self, req: Request, blocks: int) -> None:
-        """Give back the ``blocks`` KV blocks of ``req``: shared units to the cache, the rest to the pool."""
-        if req.shared:
-            cache = self.cache
-            assert cache is not None and req.hashes is not None   # shared units come from a prefix cache
-            shared_blocks = req.shared * cache.unit_blocks
-            self.used -= blocks - shared_blocks + cache.release(req.hashes, req.shared)
-            req.shared = 0
-        else:
-            self.used -= blocks
-        req.blocks = 0
-
     def _release(self, req: Request, blocks: int) -> None:
         """``req`` leaves this replica for good (finished or handed over)."""
         del self.running[req]
         if self.lora is not None:
             self.lora.leave(req.adapter)
-        self._free(req, blocks)
+        self.kv.release(req, blocks)
         spans = req.spans
         if spans is None:
             req.spans = [(req.span_start, self.step)]
@@ -479,8 +457,7 @@ class Replica:
         decoding = req.step0 >= 0
         if decoding:
             phase_hit = (self.step + 1 - (req.step0 - req.ctx0)) % self.bs == 0
-            computed = self._stop_decode(req)
-            blocks = -(-computed // self.bs)
+            blocks = self.kv.blocks(self._stop_decode(req))
             if req.spans is None:
                 req.spans = []
             req.spans.append((req.span_start, self.step))
@@ -488,35 +465,27 @@ class Replica:
             phase_hit = False
             self.prefilling.remove(req)
             blocks = req.blocks
-        self._free(req, blocks)
+        kv = self.kv
+        kv.release(req, blocks)
         req.span_start = -1
         req.preemptions += 1
         self.preemptions += 1
-        if self.swap_total and self._swap_out(req, blocks, decoding):
-            return req, decoding and phase_hit
+        if kv.swap_total:
+            copy_s = kv.swap_out(req, blocks, decoding)
+            if copy_s is not None:
+                self.plan.link_s += copy_s      # the copy runs before the step being planned
+                return req, decoding and phase_hit
         req.computed = 0
         self.waiting.requeue(req)
         return req, decoding and phase_hit
 
-    def _swap_out(self, req: Request, blocks: int, decoding: bool) -> bool:
-        """Copy the ``blocks`` KV blocks of the preempted ``req`` to CPU memory if they fit there
-        (the copy's time goes to the step being planned). Returns whether it was swapped."""
-        if self.swap_used + blocks > self.swap_total:
-            self.swap_fallbacks += 1
-            return False
-        self.swap_used += blocks
-        self.swap_s += blocks * self.cost.swap_block_s
-        self.swap_outs += 1
-        self.swapped.appendleft((req, blocks, decoding))
-        return True
-
-    def _swap_in(self, budget: int, free: int, need: int,
-                 chunks: list[tuple[Request, int]]) -> tuple[int, int, int]:
+    def _swap_in(self, plan: StepPlan) -> None:
         """Bring swapped-out requests back (see the module docstring) while a seat, the token
         budget and their blocks remain. Decoders rejoin the batch at the step being planned;
-        partial prefills get a chunk in ``chunks``. Returns the budget, free blocks and blocks the
-        decoders need at the next step, updated."""
-        swapped, bs = self.swapped, self.bs
+        partial prefills get a chunk in the plan."""
+        kv, bs = self.kv, self.bs
+        swapped = kv.swapped
+        budget, free = plan.budget, plan.free
         while swapped and budget > 0 and len(self.running) < self.max_seqs:
             req, blocks, decoding = swapped[0]
             if decoding:
@@ -530,29 +499,25 @@ class Replica:
                 extra = -(-(req.computed + chunk) // bs) - blocks
             if blocks + extra > free:
                 break
-            swapped.popleft()
-            self.swap_used -= blocks
-            self.swap_s += blocks * self.cost.swap_block_s
-            self.swap_ins += 1
+            plan.link_s += kv.swap_in()
             self.running[req] = None
-            self.used += blocks
             free -= blocks + extra
             budget -= chunk
             if decoding:
                 req.span_start = self.step + 1
                 self._start_decode(req)
-                need += extra
+                plan.need += extra
             else:
                 req.blocks = blocks + extra
-                self.used += extra
+                kv.allocate(extra)
                 self.prefilling.append(req)
-                chunks.append((req, chunk))
-        return budget, free, need
+                plan.chunks.append((req, chunk))
+        plan.budget, plan.free = budget, free
 
     def drain(self, t: float) -> list[Request]:
         """Remove every request at time ``t`` (replica failure): returns them; KV (swapped-out
         KV too) and cache are lost."""
-        reqs = list(self.running) + list(self.waiting) + [r for r, _, _ in self.swapped]
+        reqs = list(self.running) + list(self.waiting) + [r for r, _, _ in self.kv.swapped]
         for req in reqs:
             if req.step0 >= 0:
                 self._stop_decode(req)
@@ -562,22 +527,19 @@ class Replica:
         self.running.clear()
         self.prefilling.clear()
         self.waiting.clear()
-        self.swapped.clear()
-        self.swap_used = 0
-        self.swap_s = 0.0
+        self.kv.lose_all()
+        self.plan.link_s = 0.0
         if self.lora is not None:
             self.lora.clear()
         self.finish_heap.clear()
-        self.used = self.decoding = self.context = 0
+        self.decoding = self.context = 0
         self.phase = [0] * self.bs
-        if self.cache is not None:
-            self.cache = PrefixCache(self.cache.unit_blocks)
         self.energy_j = self.energy_at(t)
         self.idle_since = self.t = t
         self.idle = True
         self.step += self.run_n      # the cut-off run keeps its step numbers; no request refers to them
         self.run_n = 0
-        self.run_chunks = []
+        self.plan.chunks.clear()
         self.version += 1
         return reqs
 
@@ -588,35 +550,35 @@ class Replica:
         (preempting when they do not fit), the running prefills' next chunks, then, unless this
         step preempted, newcomers: swapped-out requests back in and waiting ones in the queue's
         order while the token budget, the batch size and the free blocks allow."""
+        kv, plan = self.kv, self.plan
         need = self.phase[(self.step + 1) % self.bs] if self.decoding else 0
-        if not self.waiting and not self.prefilling and not self.swapped and need <= self.total_blocks - self.used:
-            return self._plan([], False)      # the common case: only decodes continue
-        chunks: list[tuple[Request, int]] = []
-        preempted = need > self.total_blocks - self.used
+        if not self.waiting and not self.prefilling and not kv.swapped and need <= kv.total - kv.used:
+            plan.preempted = False
+            return self._plan(plan)      # the common case: only decodes continue
+        preempted = need > kv.total - kv.used
         if preempted:
             need = self._fit_decodes(need)
-        budget = self.budget - self.decoding
-        free = self.total_blocks - self.used - need
+        plan.open(self.budget - self.decoding, kv.total - kv.used - need, need, preempted)
         if self.prefilling:
-            budget, free, need, preempted = self._continue_prefills(budget, free, need, preempted, chunks)
-        if not preempted and (self.waiting or self.swapped or self.cache is not None):
-            self._admit(budget, free, need, chunks)
-        return self._plan(chunks, preempted)
+            self._continue_prefills(plan)
+        if not plan.preempted and (self.waiting or kv.swapped or kv.cache is not None):
+            self._admit(plan)
+        return self._plan(plan)
 
     def _fit_decodes(self, need: int) -> int:
         """Each decode takes one token slot, and ``need`` of them a new block, more than are free:
         preempt victims until those blocks fit. Returns the blocks still needed."""
-        while need > self.total_blocks - self.used:
+        kv = self.kv
+        while need > kv.total - kv.used:
             _, hit = self._preempt()
             need -= hit
         return need
 
-    def _continue_prefills(self, budget: int, free: int, need: int, preempted: bool,
-                           chunks: list[tuple[Request, int]]) -> tuple[int, int, int, bool]:
-        """Next chunk of each running prefill, in admission order, within the token ``budget`` the
-        decodes left; preempts (possibly the prefill itself) when its blocks do not fit. Appends to
-        ``chunks``; returns (budget left, free blocks, blocks the decodes need, preempted)."""
-        bs = self.bs
+    def _continue_prefills(self, plan: StepPlan) -> None:
+        """Next chunk of each running prefill, in admission order, within the token budget the
+        decodes left; preempts (possibly the prefill itself) when its blocks do not fit."""
+        bs, kv, chunks = self.bs, self.kv, plan.chunks
+        budget, free, need, preempted = plan.budget, plan.free, plan.need, plan.preempted
         for req in list(self.prefilling):
             if budget <= 0:
                 break
@@ -627,35 +589,36 @@ class Replica:
             while nb > free:
                 victim, hit = self._preempt()
                 preempted = True
-                free = self.total_blocks - self.used - need + hit
+                free = kv.total - kv.used - need + hit
                 need -= hit
                 if victim is req:
                     break
             if req not in self.running:
                 continue
             req.blocks += nb
-            self.used += nb
+            kv.allocate(nb)
             free -= nb
             budget -= chunk
             chunks.append((req, chunk))
-        return budget, free, need, preempted
+        plan.budget, plan.free, plan.need, plan.preempted = budget, free, need, preempted
 
-    def _admit(self, budget: int, free: int, need: int, chunks: list[tuple[Request, int]]) -> None:
+    def _admit(self, plan: StepPlan) -> None:
         """Swapped-out requests back in first (none is admitted while one is still out, as in vLLM
         v0), then waiting ones from the head of the queue, reusing cached prefix blocks, until one
         does not fit (no skipping, except a request whose LoRA adapter finds no slot in the batch:
         it keeps its place and the next one is tried, as vLLM v1 does). Appends their first chunks
-        to ``chunks``."""
-        bs = self.bs
+        to the plan."""
+        bs, kv, chunks = self.bs, self.kv, plan.chunks
         waiting = self.waiting
-        cache = self.cache
+        cache = kv.cache
         unit_blocks = cache.unit_blocks if cache is not None else 0
         lora = self.lora
         skipped: list[Request] = []
-        if self.swapped:
-            budget, free, need = self._swap_in(budget, free, need, chunks)
-            if self.swapped:
-                budget = 0      # admits no waiting request while one is still out
+        if kv.swapped:
+            self._swap_in(plan)
+            if kv.swapped:
+                plan.budget = 0      # admits no waiting request while one is still out
+        budget, free = plan.budget, plan.free
         while waiting and budget > 0 and len(self.running) < self.max_seqs:
             req = waiting.head(self.t)
             if lora is not None and not lora.can_join(req.adapter):
@@ -679,11 +642,8 @@ class Replica:
                 break
             waiting.pop_head()
             if hit:
-                assert cache is not None and req.hashes is not None   # a hit needs both
-                self.used += cache.acquire(req.hashes, hit)
-                req.shared = hit
+                kv.acquire_prefix(req, hit)
                 req.computed = computed
-                req.blocks = held
             if cache is not None and req.cached < 0:
                 req.cached = computed if req.hashes is not None else 0
                 cache.lookups += 1
@@ -691,63 +651,64 @@ class Replica:
             self.running[req] = None
             self.prefilling.append(req)
             req.blocks += nb
-            self.used += nb
+            kv.allocate(nb)
             free -= nb + revive
             budget -= chunk
             chunks.append((req, chunk))
             if lora is not None:
-                self.swap_s += lora.join(req.adapter)
+                plan.link_s += lora.join(req.adapter)
+        plan.budget, plan.free = budget, free
         for req in reversed(skipped):
             waiting.requeue(req)
-        if cache is not None:
-            cache.evict_to(self.total_blocks - self.used - need)
+        kv.trim_cache(plan.need)
 
-    def _plan(self, chunks: list[tuple[Request, int]], preempted: bool) -> float | None:
+    def _plan(self, plan: StepPlan) -> float | None:
         """Start the next run at ``self.t``: one mixed step, or a run of identical decode steps."""
         self.run_start = self.t
         self.version += 1
-        if chunks:
-            return self._plan_mixed(chunks)
+        if plan.chunks:
+            return self._plan_mixed(plan)
         if self.decoding:
-            return self._plan_decode(preempted)
+            return self._plan_decode(plan.preempted)
         self.run_n = 0
         self.idle = True
         self.run_decode_only = False
         self.idle_since = self.t
         return None
 
-    def _plan_mixed(self, chunks: list[tuple[Request, int]]) -> float:
-        """One step with prefill chunks (and the running decodes).
+    def _plan_mixed(self, plan: StepPlan) -> float:
+        """One step with the plan's prefill chunks (and the running decodes).
 
         When the step completes every prefill, admits no one after it (nothing waits) and
         finishes no one, the step after it is certain to start a decode run; then the step
         is applied at once and that run planned behind it, which saves one event per
         admission. An arrival during the step still ends the run at the step's end."""
         decoding = self.decoding
+        chunks = plan.chunks
         tokens = 0
-        attn = kv = 0.0
+        attn = kv_read = 0.0
         completing = 0
         ending = False        # a request gets its last token on this replica at this step
         for req, chunk in chunks:
             c = req.computed
             tokens += chunk
             attn += chunk * (c + (chunk + 1) / 2)
-            kv += c + chunk
+            kv_read += c + chunk
             if c + chunk == req.prompt + req.generated:
                 completing += 1
                 if req.generated + 1 >= req.stop:
                     ending = True
         if self.spec is None:
-            gap, power = self.cost.run_step(tokens + decoding, attn + self.context, kv + self.context,
+            gap, power = self.cost.run_step(tokens + decoding, attn + self.context, kv_read + self.context,
                                             decoding + completing)
         else:
-            gap, power = self.spec.step(tokens, attn, kv, completing, decoding, self.context)
+            gap, power = self.spec.step(tokens, attn, kv_read, completing, decoding, self.context)
         if self.jitter is not None:
             gap *= self.jitter.factor(self.run_start)
         if self.slowdown != 1.0:
             gap *= self.slowdown
-        if self.swap_s:
-            gap, power = self._with_swap(gap, power)
+        if plan.link_s:
+            gap, power = self._with_link(gap, power)
         share = power * gap / (tokens + decoding)
         for req, chunk in chunks:
             req.energy += share * chunk
@@ -756,12 +717,10 @@ class Replica:
         if (completing == len(chunks) == len(self.prefilling) and not ending and not self.waiting
                 and not (decoding and self._next_finish() <= self.step + 1)):
             self._pre_energy, self._pre_power, self._pre_start = self.energy_j, power, self.run_start
-            self.run_chunks = chunks
             self.run_n, self.run_gap, self.run_power = 1, gap, power
             self._apply(1)
             self.run_start = self.t
             return self._plan_decode(False)
-        self.run_chunks = chunks
         self.run_n = 1
         self.run_gap = gap
         self.run_power = power
@@ -772,10 +731,11 @@ class Replica:
         """A run of decode steps up to the next finish, block shortage or step-time drift."""
         decoding = self.decoding
         n = self._next_finish() - self.step
-        if preempted or self.prefilling or self.swap_s or self.jitter is not None:
+        link_s = self.plan.link_s
+        if preempted or self.prefilling or link_s or self.jitter is not None:
             n = 1       # (with jitter every step has its own length)
         else:
-            free = self.total_blocks - self.used
+            free = self.kv.total - self.kv.used
             if decoding * (n // self.bs + 1) > free:
                 n = self._block_limit(n, free)
             # cut runs so the step time drifts by at most the tolerance (see the module docstring)
@@ -789,9 +749,8 @@ class Replica:
             gap *= self.jitter.factor(self.run_start)
         if self.slowdown != 1.0:
             gap *= self.slowdown
-        if self.swap_s:
-            gap, power = self._with_swap(gap, power)
-        self.run_chunks = []
+        if link_s:
+            gap, power = self._with_link(gap, power)
         self.run_n = n
         self.run_gap = gap
         self.run_power = power
@@ -801,11 +760,11 @@ class Replica:
             self.timeline.runs.append((self.step + 1, self.run_start, gap, n, power * gap / decoding))
         return self.run_start + n * gap
 
-    def _with_swap(self, gap: float, power: float) -> tuple[float, float]:
-        """(step time, power) of a step that first copies the pending swap traffic over the host
-        link: longer by the copy time, which the GPUs spend at idle power."""
-        t = self.swap_s
-        self.swap_s = 0.0
+    def _with_link(self, gap: float, power: float) -> tuple[float, float]:
+        """(step time, power) of a step that first copies the plan's host-link traffic (KV swaps,
+        adapter loads): longer by the copy time, which the GPUs spend at idle power."""
+        t = self.plan.link_s
+        self.plan.link_s = 0.0
         self.swap_time_s += t
         total = gap + t
         return total, (power * gap + self.cost.idle_power_w * t) / total

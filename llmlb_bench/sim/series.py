@@ -53,7 +53,7 @@ class SeriesSampler:
                 c["waiting"].append(len(rep.waiting))
                 c["running"].append(len(rep.running))
                 c["kv_blocks_used"].append(rep.blocks_used_at(tick))
-                c["kv_blocks_total"].append(rep.total_blocks)
+                c["kv_blocks_total"].append(rep.kv.total)
                 c["power_w"].append((e - self._last_e[rep.index]) / dt if dt > 0 else rep.cost.idle_power_w)
                 self._last_e[rep.index] = e
                 if self._lora:

@@ -222,7 +222,7 @@ class Simulation:
                     done.clear()
                 v_waiting[i] = len(rep.waiting)
                 v_running[i] = len(rep.running)
-                v_kv[i] = rep.used / rep.total_blocks
+                v_kv[i] = rep.kv.used / rep.kv.total
                 v_time[i] = now
         self.events = events
         end = max([now] + [r.t for r in replicas])
@@ -266,7 +266,7 @@ class Simulation:
             self.core.ended(row, i, route, t)
             return
         hashes = None
-        if rep.cache is not None and route.prefix_hashes:
+        if rep.kv.cache is not None and route.prefix_hashes:
             stride = rep.hash_stride
             hashes = route.prefix_hashes if stride == 1 else route.prefix_hashes[stride - 1::stride]
         req = Request(row, route, self.inp[row], self.out[row], hashes)
@@ -286,7 +286,7 @@ class Simulation:
         s_waiting, s_running, s_kv, s_time = self._sig
         s_waiting[i] = len(rep.waiting)
         s_running[i] = len(rep.running)
-        s_kv[i] = rep.used / rep.total_blocks
+        s_kv[i] = rep.kv.used / rep.kv.total
         s_time[i] = t
 
     def _admission_error(self, row: int, i: int) -> str | None:
@@ -305,7 +305,7 @@ class Simulation:
         if total > limit:
             return f"input + output = {total} tokens exceeds the maximum model length {limit}"
         if not rep.fits(total - 1):
-            return f"needs {-(-(total - 1) // rep.bs)} KV blocks, more than the replica's {rep.total_blocks}"
+            return f"needs {-(-(total - 1) // rep.bs)} KV blocks, more than the replica's {rep.kv.total}"
         if not rep.chunked and total - 1 > rep.budget:
             return (f"{total - 1} tokens to prefill exceed max_num_batched_tokens {rep.budget} "
                     f"with chunked prefill off")
@@ -385,7 +385,7 @@ class Simulation:
         if self.cols.reasoning[req.row]:
             return
         rep = self.replicas[req.target]
-        cache, own_hashes = rep.cache, req.hashes
+        cache, own_hashes = rep.kv.cache, req.hashes
         assert cache is not None and own_hashes is not None   # called for hashed requests, which need a cache
         unit = rep.bs * cache.unit_blocks
         own = req.prompt // unit
@@ -399,7 +399,7 @@ class Simulation:
                 hashes = hashes[stride - 1::stride]
             if len(hashes) >= upto and hashes[:own] == own_hashes[:own]:
                 cache.add_free(hashes, own, upto)
-                cache.evict_to(rep.total_blocks - rep.used)
+                cache.evict_to(rep.kv.total - rep.kv.used)
                 return
 
     def _signals(self, rep: Replica, t: float) -> None:
@@ -407,7 +407,7 @@ class Simulation:
         s_waiting, s_running, s_kv, s_time = self._sig
         s_waiting[i] = len(rep.waiting)
         s_running[i] = len(rep.running)
-        s_kv[i] = rep.used / rep.total_blocks
+        s_kv[i] = rep.kv.used / rep.kv.total
         s_time[i] = t
 
     def _scrape(self, now: float) -> float:
@@ -423,7 +423,7 @@ class Simulation:
             i = rep.index
             view.waiting[i] = len(rep.waiting)
             view.running[i] = len(rep.running)
-            view.kv_usage[i] = rep.blocks_used_at(tick) / rep.total_blocks
+            view.kv_usage[i] = rep.blocks_used_at(tick) / rep.kv.total
             if rep.lora is not None:
                 view.adapters[i] = rep.lora.snapshot()
             view.signal_time[i] = tick
@@ -571,7 +571,7 @@ class Simulation:
         reps = self.replicas
         energy = sum(r.energy_j if r.down else r.energy_at(end) for r in reps)
         gpu_hours, cost_usd = self.fleet.gpu_hours_and_cost(end)
-        caches = [r.cache for r in reps if r.cache is not None]
+        caches = [r.kv.cache for r in reps if r.kv.cache is not None]
         return {
             "sim_time_s": end,
             "wall_s": wall,
@@ -581,15 +581,15 @@ class Simulation:
             "steps": sum(r.step for r in reps),
             "preemptions": sum(r.preemptions for r in reps),
             "prefill_tokens": sum(r.prefill_tokens for r in reps),
-            **({"swap": _swap_summary(reps)} if any(r.swap_total for r in reps) else {}),
+            **({"swap": _swap_summary(reps)} if any(r.kv.swap_total for r in reps) else {}),
             **({"lora": _lora_summary(reps)} if any(r.lora is not None for r in reps) else {}),
             "retries": self.retries,
             "failures": sum(r.failures for r in reps),
-            "kv_blocks": {r.name: r.total_blocks for r in reps},
+            "kv_blocks": {r.name: r.kv.total for r in reps},
             "prefix_cache_hit_rate": (sum(c.hits for c in caches) / max(1, sum(c.lookups for c in caches))
                                       if caches else None),
             # tokens per cached unit of each caching replica (the cache accounting's engine granularity)
-            **({"prefix_cache_units": {r.name: r.bs * r.cache.unit_blocks for r in reps if r.cache is not None}}
+            **({"prefix_cache_units": {r.name: r.bs * r.kv.cache.unit_blocks for r in reps if r.kv.cache is not None}}
                if caches else {}),
             "energy_j": energy,
             "attributed_energy_j": self.recorder.attributed_energy_j,
@@ -609,11 +609,11 @@ class Simulation:
 def _swap_summary(reps: list[Any]) -> dict[str, Any]:
     """KV swap totals of the replicas that swap: preemptions that swapped out, swap-ins, preemptions
     that recomputed because the swap space was full, and seconds spent copying over host links."""
-    swapping = [r for r in reps if r.swap_total]
-    return {"swap_outs": sum(r.swap_outs for r in swapping), "swap_ins": sum(r.swap_ins for r in swapping),
-            "recompute_fallbacks": sum(r.swap_fallbacks for r in swapping),
+    swapping = [r for r in reps if r.kv.swap_total]
+    return {"swap_outs": sum(r.kv.swap_outs for r in swapping), "swap_ins": sum(r.kv.swap_ins for r in swapping),
+            "recompute_fallbacks": sum(r.kv.swap_fallbacks for r in swapping),
             "transfer_s": sum(r.swap_time_s for r in swapping),
-            "swap_blocks": {r.name: r.swap_total for r in swapping}}
+            "swap_blocks": {r.name: r.kv.swap_total for r in swapping}}
 
 
 def _lora_summary(reps: list[Any]) -> dict[str, Any]:
