@@ -17,6 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from llmlb_bench.metrics.comparable import identity_key
+from llmlb_bench.metrics.identity import facets
 from llmlb_bench.policies import make_policy
 from llmlb_bench.schema import write_trace
 from llmlb_bench.sim import ClusterConfig, simulate
@@ -90,3 +92,16 @@ def test_users_flag_of_simulate_and_run(tmp_path, capsys):
     assert rows.num_rows == 30 and set(rows.column("status").to_pylist()) == {"ok"}
     code, _, err = cli(["simulate", str(path), "--users", "0", "--results", str(tmp_path / "res")], capsys)
     assert code == 2 and "--users" in err
+
+
+def test_closed_loop_is_another_workload_to_compare():
+    """Runs of one trace open and closed loop (or with other users) are not compared; a simulated and a
+    replayed closed loop of the same users and think time are."""
+    trace = {"trace": {"sha256": "ab" * 32}}
+    sim = {**trace, "backend": "sim", "config": {"closed_loop": {"users": 8, "think_s": 0.5}}}
+    replay = {**trace, "backend": "replay", "config": {"options": {"users": 8, "think_s": 0.5, "time_scale": 1.0}}}
+    open_loop = {**trace, "backend": "sim", "config": {}}
+    fewer = {**trace, "backend": "sim", "config": {"closed_loop": {"users": 4, "think_s": 0.5}}}
+    assert identity_key(sim) == identity_key(replay)
+    assert len({identity_key(m) for m in (sim, open_loop, fewer)}) == 3
+    assert facets(sim)["closed_loop"] == "8 users, think 0.5 s" and facets(open_loop)["closed_loop"] is None

@@ -11,8 +11,9 @@ group of equal identities:
   two workloads; a trace without a spec (an import, a hand-made file) is
   identified by its SHA-256 instead;
 * the load it was set to: a sweep's rate (its traces carry the spec before
-  the rate scale) or an offered rate run.json declares, and a replay's time
-  scale (the same trace replayed twice as fast is another load).
+  the rate scale) or an offered rate run.json declares, a replay's time
+  scale (the same trace replayed twice as fast is another load), and a closed
+  loop's users and think time (simulated or replayed: ``--users``).
 
 A run whose run.json names no trace has an empty identity (nothing known)
 and is grouped with the other such runs only. The SLO and the metric
@@ -46,7 +47,7 @@ def workload_identity(meta: Mapping[str, Any]) -> dict[str, Any]:
     elif isinstance(trace, Mapping) and trace.get("sha256"):
         out["trace file"] = trace["sha256"]
     f = facets(meta)
-    for key in ("rate", "time_scale"):
+    for key in ("rate", "time_scale", "closed_loop"):
         if f.get(key) is not None:
             out[key.replace("_", " ")] = f[key]
     return out

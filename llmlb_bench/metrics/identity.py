@@ -4,7 +4,7 @@ A run is identified by its **facets**: backend, policy (with its
 arguments), cluster shape (pools of replicas x GPU, model, TP/PP; a replay's
 endpoints), the workload (the trace's generating spec, else the trace file),
 the rate (a sweep's rate or load, or the offered rate run.json declares), the
-replay's time scale, and the seeds (the trace's, and the simulator's or a
+replay's time scale, a closed loop's users and think time, and the seeds (the trace's, and the simulator's or a
 replay policy's). A report names each run by the facets whose values differ
 across the runs it shows (``least_outstanding · sim seed 2``),
 so three ``least_outstanding`` runs of different backends and fleets are
@@ -22,11 +22,12 @@ from typing import Any, Iterable, Mapping
 #: facet order in a name; ``rate`` is the load facet a curve varies. Two seeds, apart: the trace's (the seed
 #: its generating spec records) and the run's own (``config.seed``: the simulator's, or in a replay the
 #: routing policy's), since ``llmlb simulate trace.parquet`` runs a trace of seed 1 with seed 0
-FACETS = ("policy", "backend", "cluster", "workload", "rate", "time_scale", "trace_seed", "sim_seed",
+FACETS = ("policy", "backend", "cluster", "workload", "rate", "time_scale", "closed_loop", "trace_seed", "sim_seed",
           "policy_seed")
 LOAD = "rate"
 #: how a facet is named where its key is not its name
-SHOWN = {"trace_seed": "trace seed", "sim_seed": "sim seed", "policy_seed": "policy seed", "time_scale": "time scale"}
+SHOWN = {"trace_seed": "trace seed", "sim_seed": "sim seed", "policy_seed": "policy seed", "time_scale": "time scale",
+         "closed_loop": "closed loop"}
 
 
 def _policy(cfg: Mapping[str, Any]) -> str | None:
@@ -81,6 +82,17 @@ def _rate(meta: Mapping[str, Any]) -> str | None:
     return f"{declared:g} req/s" if isinstance(declared, (int, float)) and declared > 0 else None
 
 
+def _closed_loop(cfg: Mapping[str, Any]) -> str | None:
+    """A closed loop's users and think time (the simulator's ``config.closed_loop``, a replay's
+    ``config.options``): the same trace in a closed loop is another load than open loop."""
+    loop = cfg.get("closed_loop") or cfg.get("options") or {}
+    users = loop.get("users") if isinstance(loop, Mapping) else None
+    if not isinstance(users, int):
+        return None
+    think = loop.get("think_s") or 0
+    return f"{users} users" + (f", think {think:g} s" if think else "")
+
+
 def facets(meta: Mapping[str, Any]) -> dict[str, str | None]:
     """Each facet's value for one run (None when run.json does not say)."""
     cfg = meta.get("config") or {}
@@ -99,6 +111,7 @@ def facets(meta: Mapping[str, Any]) -> dict[str, str | None]:
         "workload": _workload(meta),
         "rate": _rate(meta),
         "time_scale": None if scale in (None, 1, 1.0) else f"x{scale:g}",
+        "closed_loop": _closed_loop(cfg),
         "trace_seed": None if trace_seed is None else str(trace_seed),
         "sim_seed": None if seed is None or not simulated else str(seed),
         "policy_seed": None if seed is None or simulated else str(seed),
