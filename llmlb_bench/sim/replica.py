@@ -29,6 +29,11 @@ its prefill) without recomputing anything. The copies run over the GPU's
 host link before the step's forward pass, as vLLM v0's worker does, so the
 step that swaps lasts ``blocks x swap_block_s`` longer, at idle power.
 
+Who runs is decided here; the blocks it costs are kept by :class:`KVBlocks`
+(sim/kv_blocks.py: allocation, release, the prefix cache, the swap space and
+each copy's seconds), and what one step runs is a :class:`StepPlan`
+(sim/step_plan.py) that planning fills, timing reads and execution applies.
+
 Why this is fast: between two events that change the batch (an arrival that
 can be admitted, a prefill chunk, a finish, a preemption, running out of
 free blocks) every step is a decode step of the same requests, so a whole
