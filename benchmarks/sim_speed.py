@@ -3,10 +3,14 @@
     python benchmarks/sim_speed.py                       # 1M requests, 16 replicas, both token_times modes
     python benchmarks/sim_speed.py --requests 100000 --token-times summary
     python benchmarks/sim_speed.py --requests 100000 --token-times summary --profile   # where the time goes
+    python benchmarks/sim_speed.py --requests 200000 --token-times summary --cores --repeats 3
 
 Prints, per run: wall and CPU seconds of the simulation (trace generation excluded),
 simulated requests per second of wall time, events, and peak resident memory of the
-process (each mode runs in its own process, so the figures do not mix). The trace is
+process (each mode runs in its own process, so the figures do not mix), and which simulator core
+ran (llmlb_bench/compiled_core.py). ``--cores`` runs the pure-Python core (``LLMLB_CORE=python``)
+and the compiled one (``LLMLB_CORE=compiled``) alternately, ``--repeats`` pairs, each in its own
+process, and prints their CPU seconds (median and range) and the speed-up of each pair. The trace is
 workloads/chat.toml with its request count raised and its rate scaled by replicas / 4
 (the preset is sized for 4 replicas), so every replica sees the preset's load.
 """
@@ -19,6 +23,7 @@ import json
 import os
 import pstats
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,6 +54,7 @@ def split(stats: pstats.Stats) -> list[tuple[str, float]]:
 
 
 def one(requests: int, replicas: int, token_times: str, policy: str, profile: bool = False) -> dict:
+    from llmlb_bench.compiled_core import running as running_core
     from llmlb_bench.policies import make_policy
     from llmlb_bench.sim import ClusterConfig, simulate
     from llmlb_bench.store import RunStore
@@ -73,7 +79,7 @@ def one(requests: int, replicas: int, token_times: str, policy: str, profile: bo
             "events": summary["events"], "sim_time_s": round(summary["sim_time_s"], 1),
             "status": summary["status"], "results_mb": round(size / 1e6, 1),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-            "load_average": os.getloadavg()[0],
+            "load_average": os.getloadavg()[0], "core": running_core(),
             **({"profile": [(k, round(100 * v, 1)) for k, v in split(pstats.Stats(prof))]} if prof else {})}
 
 
@@ -86,7 +92,13 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON object per run")
     ap.add_argument("--profile", action="store_true",
                     help="profile simulate() (CPU clock) and print the share of time per place; times then inflate")
+    ap.add_argument("--cores", action="store_true",
+                    help="compare the pure-Python and the compiled simulator core, alternately")
+    ap.add_argument("--repeats", type=int, default=3, help="pairs of runs for --cores")
     args = ap.parse_args()
+    if args.cores:
+        mode = "summary" if args.token_times == "both" else args.token_times
+        return compare_cores(args.requests, args.replicas, mode, args.policy, args.repeats, args.json)
     if args.token_times != "both":
         out = one(args.requests, args.replicas, args.token_times, args.policy, args.profile)
         print(json.dumps(out) if args.json else _line(out))
@@ -100,11 +112,41 @@ def main() -> None:
         subprocess.run(cmd, check=True)
 
 
+def compare_cores(requests: int, replicas: int, token_times: str, policy: str, repeats: int, as_json: bool) -> None:
+    """Pure Python and compiled core alternately (pure first), one process per run: CPU seconds
+    per core (median, range) and the speed-up of each pair, with the load average beside them."""
+    runs: dict[str, list[dict]] = {"python": [], "compiled": []}
+    for _ in range(repeats):
+        for core in runs:
+            cmd = [sys.executable, __file__, "--requests", str(requests), "--replicas", str(replicas),
+                   "--token-times", token_times, "--policy", policy, "--json"]
+            out = subprocess.run(cmd, env={**os.environ, "LLMLB_CORE": core}, check=True, capture_output=True,
+                                 text=True).stdout
+            runs[core].append(json.loads(out.splitlines()[-1]))
+            print(_line(runs[core][-1]), flush=True)
+    ratios = [p["cpu_s"] / c["cpu_s"] for p, c in zip(runs["python"], runs["compiled"])]
+    loads = [r["load_average"] for rs in runs.values() for r in rs]
+    result = {"requests": requests, "replicas": replicas, "token_times": token_times, "policy": policy,
+              **{f"{core}_cpu_s": [r["cpu_s"] for r in rs] for core, rs in runs.items()},
+              "speedup": [round(x, 2) for x in ratios], "load_average": [round(min(loads), 1), round(max(loads), 1)],
+              "compiled_core": runs["compiled"][0]["core"], "events": runs["compiled"][0]["events"]}
+    if as_json:
+        print(json.dumps(result))
+        return
+    for core, rs in runs.items():
+        cpu = [r["cpu_s"] for r in rs]
+        print(f"{core:>8}: CPU {statistics.median(cpu):.2f} s (range {min(cpu):.2f}-{max(cpu):.2f}), "
+              f"{1e6 * statistics.median(cpu) / rs[0]['events']:.2f} us of CPU per event")
+    print(f"speed-up (pure / compiled CPU, per pair): median {statistics.median(ratios):.2f}x, range "
+          f"{min(ratios):.2f}-{max(ratios):.2f}x; load average {min(loads):.1f}-{max(loads):.1f}; "
+          f"{runs['compiled'][0]['core']}")
+
+
 def _line(r: dict) -> str:
     return (f"{r['requests']:,} requests on {r['replicas']} replicas ({r['policy']}, token_times={r['token_times']}): "
             f"wall {r['wall_s']} s, cpu {r['cpu_s']} s, {r['requests_per_s']:,} req/s, {r['events']:,} events, "
             f"peak RSS {r['peak_rss_mb']} MB, results {r['results_mb']} MB, simulated {r['sim_time_s']} s, "
-            f"status {r['status']}, load average {r['load_average']:.1f}")
+            f"status {r['status']}, load average {r['load_average']:.1f}, core: {r['core']}")
 
 
 if __name__ == "__main__":

@@ -30,9 +30,16 @@ import os
 import sys
 from typing import Any, Mapping, NamedTuple, Sequence
 
-#: the modules compiled with mypyc; they must be ``mypy --strict`` clean (tests/test_types.py)
+#: the modules compiled with mypyc. They must be ``mypy --strict`` clean (tests/test_types.py), define
+#: nothing that is monkeypatched (mypyc's classes are closed) and nothing whose wrong-typed input must
+#: become a friendly error (compiled code checks every annotation at run time: the policies' Router
+#: stays interpreted, so a plugin policy's bad answer still gets the Router's message). Measure before
+#: adding one: trace_columns.py (``functools.cached_property`` on its columns) ran the whole
+#: simulation 18x slower compiled.
 MODULES: tuple[str, ...] = (
     "llmlb_bench.sim.cost",
+    "llmlb_bench.sim.timeline",
+    "llmlb_bench.sim.prefix_cache",
 )
 PACKAGE = "llmlb_bench"
 #: where the build puts the extension modules and the manifest, under the package directory

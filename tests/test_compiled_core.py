@@ -187,3 +187,18 @@ def test_version_names_the_core() -> None:
     assert default.stdout.splitlines()[1] == f"simulator core: {choose(compiled_core.package_dir(), {}).describe()}"
     bad = subprocess.run(run, env={**os.environ, "LLMLB_CORE": "fast"}, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stderr.strip() == "error: LLMLB_CORE: 'fast' is none of auto, python, compiled"
+
+
+def test_compiled_modules_avoid_what_mypyc_makes_slow_or_closed() -> None:
+    """functools.cached_property made a compiled module 18x slower (trace_columns.py, measured);
+    a module the tests monkeypatch cannot be compiled (mypyc's classes are closed)."""
+    import ast
+
+    sources = {name: (REPO / (name.replace(".", "/") + ".py")).read_text() for name in MODULES}
+    for name, text in sources.items():
+        names = {n.attr if isinstance(n, ast.Attribute) else n.id for n in ast.walk(ast.parse(text))
+                 if isinstance(n, (ast.Attribute, ast.Name))}
+        assert "cached_property" not in names, name
+    patched = [line for test in (REPO / "tests").glob("test_*.py") for line in test.read_text().splitlines()
+               if "monkeypatch.setattr(" in line and any(f"{m.rpartition('.')[2]}_mod." in line for m in MODULES)]
+    assert not patched, patched
