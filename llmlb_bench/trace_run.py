@@ -33,7 +33,7 @@ from llmlb_bench.trace_schedule import TraceSchedule
 #: ``launch(row, request, target, decode_target)``: send the request (``decode_target`` >= 0 only disaggregated)
 Launch = Callable[[int, RouteRequest, int, int], None]
 #: ``write(row, target, status, error)``: write the row of a request that produced no tokens
-Write = Callable[[int, "str | None", str, "str | None"], None]
+Write = Callable[[int, str | None, str, str | None], None]
 #: ``arrive_at(row, due)``: the row was released; it reaches the router at ``due`` (backend's clock)
 ArriveAt = Callable[[int, float], None]
 
