@@ -25,7 +25,10 @@ as of that instant: routers then act on stale signals, as real ones do),
 publishes exact prefix-cache contents through ``View.cached_prefix``. The
 decisions themselves, the router queue (``HOLD`` / ``release``), ``REJECT``,
 the target check and the view's books go through the one
-:class:`~llmlb_bench.policies.Router`, as in ``llmlb serve`` and the replayer.
+:class:`~llmlb_bench.policies.Router`, as in ``llmlb serve`` and the replayer. Around it, the
+:class:`~llmlb_bench.trace_run.TraceRun` the replayer uses too: arrivals, dependents and
+closed-loop users (:mod:`llmlb_bench.trace_schedule`), ends, the queue drained, held rows at the
+end; this module keeps the heaps, the replica events and the rows of what replicas served.
 """
 
 from __future__ import annotations
