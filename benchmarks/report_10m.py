@@ -12,9 +12,13 @@ per-replica series with power.
     python benchmarks/report_10m.py                  # 2 runs x 5M rows
     python benchmarks/report_10m.py --rows 1000000 --runs 4 --html
 
-Prints the time of each step and the rows per second of the report, and
-the CPU time the report used (all threads): on a shared machine the load
-average, printed too, moves the wall time, much less the CPU time.
+Prints the time of each step and the rows per second of the report, the
+CPU time the report used (all threads) and the peak resident memory: on a
+shared machine the load average, printed too, moves the wall time, much
+less the CPU time. Run it with ``--keep`` on a folder already written to
+time the report alone (its peak memory then is the report's); to compare
+two versions side by side, run it alternately with PYTHONPATH set to each
+checkout.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -131,7 +136,9 @@ def main() -> None:
         t_render = time.perf_counter() - t0
         rows = sum(r["requests"] for r in doc["runs"])
         print(f"report over {rows:,} rows: summary {t_build:.1f} s wall ({c_build:.1f} CPU-seconds, all threads), "
-              f"terminal + JSON {t_render:.2f} s ({rows / (t_build + t_render):,.0f} rows/s); JSON {len(text):,} bytes")
+              f"terminal + JSON {t_render:.2f} s ({rows / (t_build + t_render):,.0f} rows/s); JSON {len(text):,} bytes; "
+              f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MB (the writing included "
+              f"when it ran here); load average after {os.getloadavg()[0]:.1f}")
         if args.html:
             from llmlb_bench.report import figures, html
             from llmlb_bench.report.figdata import figure_data
