@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import duckdb
+import json
 import math
+
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -20,6 +22,7 @@ import pytest
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sql import exact_avg, exact_sum
 from llmlb_bench.report.document import ReportOptions, build, to_json
+from llmlb_bench.report.figdata import figure_data
 from llmlb_bench.schema import TOKEN_SEGMENT
 from llmlb_bench.store import RunStore
 from llmlb_bench.store.views import Catalog
@@ -66,9 +69,11 @@ def _write_run(root: Path, n: int = 12 * PART) -> None:
 
 
 def _report(root: Path, threads: int) -> str:
+    """The report's JSON, then the HTML figures' data (the per-target timelines average series rows)."""
     cat = Catalog([root])
     cat.con.execute(f"SET threads = {threads}")
-    return to_json(build(cat, ReportOptions(slo=Slo.parse("ttft=200ms,tpot=30ms"))))
+    doc = build(cat, ReportOptions(slo=Slo.parse("ttft=200ms,tpot=30ms")))
+    return to_json(doc) + json.dumps(figure_data(cat, doc)["timelines"])
 
 
 def test_report_bytes_do_not_depend_on_threads(tmp_path: Path) -> None:
