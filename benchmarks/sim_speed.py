@@ -35,6 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: where a function's own time goes in the --profile split: (substring of its file or name, label); first match wins
 PLACES = (("sim/replica.py", "replica: step boundary, planning, apply, admission, KV"),
+          ("sim/kv_blocks.py", "replica: step boundary, planning, apply, admission, KV"),
+          ("sim/step_plan.py", "replica: step boundary, planning, apply, admission, KV"),
           ("sim/simulation.py", "event loop and dispatch glue"), ("heapq", "event loop and dispatch glue"),
           ("trace_run.py", "event loop and dispatch glue"), ("trace_schedule.py", "event loop and dispatch glue"),
           ("policies/", "routing: Router, policy, view books"), ("trace_columns.py", "routing: Router, policy, view books"),
