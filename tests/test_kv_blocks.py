@@ -32,14 +32,14 @@ def test_shared_prefix_units_go_back_to_the_cache_and_count_as_free():
     cache = kv.cache
     assert cache is not None
     a, b = _req(0, 80, [11, 12]), _req(1, 80, [11, 12])
-    kv.allocate(5)                         # a's 80 tokens: 5 blocks, computed ...
+    kv.used += 5                          # a's 80 tokens: 5 blocks, computed ...
     a.blocks = 5
     a.shared = cache.register([11, 12], 0, 2)   # ... its two full units join the cache
     assert a.shared == 2 and kv.used == 5
     assert cache.match([11, 12], 2) == 2
     kv.acquire_prefix(b, 2)                # b reuses them: referenced already, nothing revived
     assert (b.shared, b.blocks, kv.used) == (2, 4, 5)
-    kv.allocate(1)                         # b's own fifth block
+    kv.used += 1                          # b's own fifth block
     b.blocks += 1
     assert kv.used == 6
     kv.release(a, 5)                       # a's private block back; the units stay referenced by b
@@ -67,7 +67,7 @@ def test_a_failed_replica_loses_blocks_swap_and_cache():
     kv = KVBlocks(100, BS, prefix_unit_blocks=1, swap_blocks=50, swap_block_s=BLOCK_S)
     assert kv.cache is not None
     kv.cache.add_free([7], 0, 1)
-    kv.allocate(30)
+    kv.used += 30
     kv.swap_out(_req(0, 160), 10, False)
     kv.lose_all()
     assert (kv.used, kv.swap_used, len(kv.swapped)) == (0, 0, 0)

@@ -2,8 +2,8 @@
 CPU swap space, kept apart from the scheduler as vLLM keeps its KV cache manager.
 
 The scheduler (sim/replica.py) decides *who* runs, is preempted or swapped; this module keeps
-*what that costs in blocks*: it allocates and frees GPU blocks (shared prefix units go back to
-the cache, not to the pool), swaps a preempted request's blocks out to CPU memory when they fit
+*what that costs in blocks*: it counts the GPU blocks in use and frees them (shared prefix units
+go back to the cache, not to the pool), swaps a preempted request's blocks out to CPU memory when they fit
 there and back in later, and prices each copy at ``blocks x swap_block_s`` seconds of host-link
 time, which the step that runs it pays (sim/step_plan.py). Counts are in blocks of
 ``block_size`` tokens; a request holding ``t`` tokens of KV holds ``ceil(t / block_size)``.
@@ -38,7 +38,9 @@ class KVBlocks:
         self.block_size = block_size
         #: GPU blocks for KV (what the cost model leaves, less LoRA slots)
         self.total = total
-        #: blocks referenced as of the replica's last step boundary (decodes' growth inside a run apart)
+        #: blocks referenced as of the replica's last step boundary (decodes' growth inside a run apart);
+        #: the scheduler, which checks ``total - used`` before it takes blocks, adds what it takes here
+        #: (a plain add, not a call: it happens for every chunk and every run of decode steps)
         self.used = 0
         self.cache = PrefixCache(prefix_unit_blocks) if prefix_unit_blocks else None
         #: CPU blocks for swapped-out KV (0: preemption by recompute only), those in use, and the
@@ -53,10 +55,6 @@ class KVBlocks:
     def blocks(self, tokens: int) -> int:
         """Blocks that ``tokens`` KV slots take."""
         return -(-tokens // self.block_size)
-
-    def allocate(self, blocks: int) -> None:
-        """``blocks`` more blocks in use (the scheduler checked they are free)."""
-        self.used += blocks
 
     def acquire_prefix(self, req: Request, hit: int) -> None:
         """``req`` reuses the first ``hit`` cached units of its prompt: they become referenced

@@ -30,7 +30,7 @@ host link before the step's forward pass, as vLLM v0's worker does, so the
 step that swaps lasts ``blocks x swap_block_s`` longer, at idle power.
 
 Who runs is decided here; the blocks it costs are kept by :class:`KVBlocks`
-(sim/kv_blocks.py: allocation, release, the prefix cache, the swap space and
+(sim/kv_blocks.py: blocks in use, release, the prefix cache, the swap space and
 each copy's seconds), and what one step runs is a :class:`StepPlan`
 (sim/step_plan.py) that planning fills, timing reads and execution applies.
 
@@ -354,7 +354,7 @@ class Replica:
 
     def _apply(self, n: int) -> None:
         """Advance the state by the ``n`` steps of the run in flight (a mixed step has n = 1)."""
-        if self.decoding:   # (the decodes' new blocks, allocated in bulk: ``kv.used`` inline on the hot path)
+        if self.decoding:   # the decodes' new blocks
             self.kv.used += self.phase[(self.step + 1) % self.bs] if n == 1 else self._blocks_needed(n)
             self.context += self.decoding * n
         busy = n * self.run_gap
@@ -387,7 +387,7 @@ class Replica:
                     self._done_here.append(req)
                 else:
                     self._start_decode(req)
-        chunks.clear()
+        self.plan.chunks = []
 
     # ---- decode bookkeeping -----------------------------------------------------------------------
 
@@ -514,7 +514,7 @@ class Replica:
                 plan.need += extra
             else:
                 req.blocks = blocks + extra
-                kv.allocate(extra)
+                kv.used += extra
                 self.prefilling.append(req)
                 plan.chunks.append((req, chunk))
         plan.budget, plan.free = budget, free
@@ -544,7 +544,7 @@ class Replica:
         self.idle = True
         self.step += self.run_n      # the cut-off run keeps its step numbers; no request refers to them
         self.run_n = 0
-        self.plan.chunks.clear()
+        self.plan.chunks = []
         self.version += 1
         return reqs
 
@@ -563,7 +563,10 @@ class Replica:
         preempted = need > kv.total - kv.used
         if preempted:
             need = self._fit_decodes(need)
-        plan.open(self.budget - self.decoding, kv.total - kv.used - need, need, preempted)
+        plan.budget = self.budget - self.decoding
+        plan.free = kv.total - kv.used - need
+        plan.need = need
+        plan.preempted = preempted
         if self.prefilling:
             self._continue_prefills(plan)
         if not plan.preempted and (self.waiting or kv.swapped or kv.cache is not None):
@@ -601,7 +604,7 @@ class Replica:
             if req not in self.running:
                 continue
             req.blocks += nb
-            kv.allocate(nb)
+            kv.used += nb
             free -= nb
             budget -= chunk
             chunks.append((req, chunk))
@@ -656,7 +659,7 @@ class Replica:
             self.running[req] = None
             self.prefilling.append(req)
             req.blocks += nb
-            kv.allocate(nb)
+            kv.used += nb
             free -= nb + revive
             budget -= chunk
             chunks.append((req, chunk))

@@ -6,8 +6,9 @@ chunks, then, unless that preempted anyone, swapped-out and waiting requests whi
 budget, the batch size and the free blocks allow. Its timing turns the plan into a step length
 and power (or a run of identical decode steps when the plan has no prefill chunk), and its
 execution applies the chunks when the step ends. One plan per replica is reused from step to
-step: the chunks are emptied when applied, and ``link_s`` when a step pays it, so host-link
-copies booked while nothing could run are paid by the next step that runs.
+step (plain stores, no allocation on the hot path): the chunks are emptied when applied, and
+``link_s`` when a step pays it, so host-link copies booked while nothing could run are paid by
+the next step that runs.
 """
 
 from __future__ import annotations
@@ -37,10 +38,3 @@ class StepPlan:
         self.need = 0
         #: host-link seconds the step spends before its forward pass (KV swap copies, LoRA loads)
         self.link_s = 0.0
-
-    def open(self, budget: int, free: int, need: int, preempted: bool) -> None:
-        """Start planning a step with prefill or admissions (``chunks`` is empty: the last was applied)."""
-        self.budget = budget
-        self.free = free
-        self.need = need
-        self.preempted = preempted
