@@ -40,6 +40,14 @@ MODULES: tuple[str, ...] = (
     "llmlb_bench.sim.cost",
     "llmlb_bench.sim.timeline",
     "llmlb_bench.sim.prefix_cache",
+    "llmlb_bench.sim.replica",
+    "llmlb_bench.sim.kv_blocks",
+    "llmlb_bench.sim.step_plan",
+    "llmlb_bench.sim.simulation",
+    "llmlb_bench.sim.results",
+    "llmlb_bench.sim.series",
+    "llmlb_bench.trace_run",
+    "llmlb_bench.trace_schedule",
 )
 PACKAGE = "llmlb_bench"
 #: where the build puts the extension modules and the manifest, under the package directory

@@ -87,3 +87,26 @@ def learned_policy_file(folder: Path, weights: dict[str, float] | None = None) -
 def builtin_args(name: str, folder: Path) -> dict[str, Any]:
     """Arguments a built-in policy cannot run without (the learned policy's file)."""
     return {"path": str(learned_policy_file(folder))} if name == "learned" else {}
+
+
+def in_pure_python(request: Any) -> bool:
+    """For a test that hooks into the replica by monkeypatching its methods: mypyc's compiled classes
+    are closed, so under the compiled core (llmlb_bench/compiled_core.py) the test runs again in a
+    subprocess with ``LLMLB_CORE=python``, and its outcome is asserted here. Returns True when that
+    happened (the caller then returns); False where this process runs the pure-Python replica.
+    Both cores give the same rows bit for bit (tests/test_compiled_core.py), so what the hooks
+    check holds for both."""
+    import os
+    import subprocess
+    import sys
+
+    from llmlb_bench import compiled_core
+
+    if "llmlb_bench.sim.replica" not in compiled_core.MODULES or not compiled_core.current().compiled:
+        return False
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid],
+                          cwd=request.config.rootpath, env={**os.environ, "LLMLB_CORE": "python"},
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout.splitlines()[-1], done.stdout[-2000:]
+    return True

@@ -9,7 +9,7 @@ import pytest
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.sim import replica as replica_mod
 from llmlb_bench.sim.cost import CostModel
-from sim_helpers import TINY_GPU, by_request_id, poisson_trace, run_sim, trace
+from sim_helpers import TINY_GPU, by_request_id, in_pure_python, poisson_trace, run_sim, trace
 
 
 def _token_times(row_segments: list[dict]) -> np.ndarray:
@@ -53,7 +53,9 @@ def tiny_kv_catalog(tmp_path):
     return str(path)
 
 
-def test_kv_never_over_capacity_and_preemption_recomputes(tmp_path, tiny_kv_catalog, monkeypatch):
+def test_kv_never_over_capacity_and_preemption_recomputes(tmp_path, tiny_kv_catalog, monkeypatch, request):
+    if in_pure_python(request):  # hooks into Replica.boundary: the pure-Python core only
+        return
     cfg = ClusterConfig.build(replicas=1, gpu="tiny-gpu", gpu_memory_utilization=1.0, catalogs=(tiny_kv_catalog,),
                               max_num_batched_tokens=8192, max_num_seqs=256)
     checked = []
