@@ -105,3 +105,4 @@ def test_exact_sum_is_the_sum_and_keeps_nulls_and_non_finite_values() -> None:
     assert math.isnan(one("(1.5::DOUBLE), ('nan')"))                           # type: ignore[arg-type]
     assert one("(1.5::DOUBLE), ('inf')") == math.inf
     assert math.isnan(one("('-inf'::DOUBLE), ('inf'), (1.0)"))                  # type: ignore[arg-type]
+    assert one("(1.5::DOUBLE), (1e300)") == 1e300                             # too large for a decimal: added apart

@@ -84,6 +84,9 @@ FROM {table} WHERE {ok} AND len(token_times) > 1
 #: DOUBLE values are added as DECIMAL(38, 18): exact integer additions at 1e-18 (well below a double's last digit
 #: for any time, energy or ratio a run holds), up to a sum of 1.7e20 (DuckDB reports an overflow beyond)
 _EXACT = "DECIMAL(38, 18)"
+#: values at least this large (no time, energy or ratio of a run is) are added apart, as DOUBLE: a decimal
+#: could not hold them, and a report should not fail on one absurd value
+_EXACT_BELOW = "1e15"
 
 
 def exact_sum(expr: str, where: str | None = None) -> str:
@@ -91,13 +94,15 @@ def exact_sum(expr: str, where: str | None = None) -> str:
     threads split and order the rows (``sum`` over DOUBLE adds in scheduling order, so its last digits
     move from one report to the next).
 
-    Finite values are summed exactly as decimals and the total rounded once; non-finite ones (NaN,
-    infinities, which no decimal holds) are added apart, where their sum does not depend on order
-    either. ``where`` filters the rows, as an aggregate's ``FILTER`` would.
+    Values under 1e15 in size are summed exactly as decimals and the total rounded once; the others
+    (NaN and infinities, which no decimal holds, and absurdly large values) are added apart, as DOUBLE:
+    NaN and infinities give the same result in any order. ``where`` filters the rows, as an
+    aggregate's ``FILTER`` would.
     """
     f = f" FILTER (WHERE {where})" if where else ""
-    return (f"(sum(CAST(CASE WHEN isfinite({expr}) THEN {expr} END AS {_EXACT})){f}::DOUBLE"
-            f" + sum(CASE WHEN isfinite({expr}) THEN 0.0 ELSE {expr} END){f})")
+    small = f"abs({expr}) < {_EXACT_BELOW}"
+    return (f"(sum(CAST(CASE WHEN {small} THEN {expr} END AS {_EXACT})){f}::DOUBLE"
+            f" + sum(CASE WHEN {small} THEN 0.0 ELSE {expr} END){f})")
 
 
 def exact_avg(expr: str, where: str | None = None) -> str:
