@@ -36,6 +36,8 @@ Launch = Callable[[int, RouteRequest, int, int], None]
 Write = Callable[[int, str | None, str, str | None], None]
 #: ``arrive_at(row, due)``: the row was released; it reaches the router at ``due`` (backend's clock)
 ArriveAt = Callable[[int, float], None]
+#: ``clock()``: the backend's time now (simulated event time, or seconds since the replay's origin)
+Clock = Callable[[], float]
 
 #: how a row is written that never reached the router because a request it waits for never ended
 #: (held by the policy until the end, or a closed-loop user's request that was never sent)
@@ -46,10 +48,10 @@ class TraceRun:
     """One run of a trace through a policy; see the module docstring."""
 
     __slots__ = ("router", "view", "tr", "schedule", "draining", "_route", "_launch", "_write", "_arrive_at",
-                 "_sent", "_complete", "_on_policy_error")
+                 "_clock", "_sent", "_complete", "_on_policy_error")
 
     def __init__(self, policy: Policy, view: View, tr: TraceColumns, schedule: TraceSchedule, *, launch: Launch,
-                 write: Write, arrive_at: ArriveAt, on_release: Callable[[int, RouteRequest], None] | None = None,
+                 write: Write, arrive_at: ArriveAt, clock: Clock, on_release: Callable[[int, RouteRequest], None] | None = None,
                  disaggregated: bool = False, on_policy_error: Callable[[PolicyError], None] | None = None) -> None:
         """``on_release``: see :class:`~llmlb_bench.policies.Router`. ``on_policy_error``: a policy that
         breaks its contract while the queue drains after an end is handed to it (the replayer stops
@@ -65,6 +67,7 @@ class TraceRun:
         self._launch = launch
         self._write = write
         self._arrive_at = arrive_at
+        self._clock = clock
         self._sent = self.router.sent
         self._complete = self.router.complete
         self._on_policy_error = on_policy_error
@@ -81,7 +84,7 @@ class TraceRun:
 
     def _refused(self, row: int, route: RouteRequest, why: str) -> None:
         self._write(row, None, "rejected", why)
-        self.released(row, self.view.now)   # view.now: the time of the routing decision
+        self.released(row, self._clock())   # now: at a routing decision, or a queue drop on a later event
 
     def ended(self, row: int, target: int, route: RouteRequest, t: float, drain: bool = True) -> None:
         """``row`` ended at ``target`` at ``t`` (any status; its row written or buffered by the backend,

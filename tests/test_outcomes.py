@@ -202,3 +202,45 @@ def test_closed_loop_users_agree_in_both_backends(servers, tmp_path):  # noqa: F
     assert [sim[rid]["status"] for rid in range(4)] == ["ok", "not_sent", "rejected", "not_sent"]
     assert {sim[rid]["error"] for rid in (1, 3)} == {HELD_AT_END[1]}
     assert {(sim[rid]["status"], sim[rid]["error"]) for rid in range(4, 10)} == {NOT_RELEASED}
+
+
+class DropAfterFirst(Policy):
+    """Holds request 1 until request 0 has ended, then drops it from the queue (REJECT on release)."""
+
+    name = "drop_after_first"
+
+    def __init__(self) -> None:
+        self.held: RouteRequest | None = None
+        self.first_done = False
+
+    def choose(self, req: RouteRequest, view: View):
+        if req.request_id == 1:
+            self.held = req
+            return HOLD
+        return 0
+
+    def on_complete(self, req: RouteRequest, target: int, view: View) -> None:
+        self.first_done = self.first_done or req.request_id == 0
+
+    def release(self, view: View):
+        if self.held is not None and self.first_done:
+            req, self.held = self.held, None
+            return req, REJECT
+        return None
+
+
+def test_a_request_dropped_from_the_queue_releases_its_dependents_at_the_drop(servers, tmp_path):  # noqa: F811
+    """Row 2 waits for row 1, which the policy holds until row 0 ends and then drops: row 2 reaches the
+    router when row 1 was dropped (row 0's end), in both backends; the simulator once released it at the
+    last routing decision's time, before the event that dropped row 1."""
+    tr = make_trace(n=3, rate=100.0, output_tokens=40)
+    parent = pa.array([None, None, 1], pa.int64())
+    after = pa.array([None, None, 0.0], pa.float64())
+    tr = tr.set_column(tr.schema.get_field_index("parent_id"), "parent_id", parent)
+    tr = TRACE.conform(tr.set_column(tr.schema.get_field_index("after_parent_s"), "after_parent_s", after), "test")
+    sim, rep = _both_backends(tmp_path, servers.noop()[0], tr, DropAfterFirst)
+    assert [sim[rid]["status"] for rid in range(3)] == ["ok", "rejected", "ok"]
+    assert sim[1]["error"] == "dropped by the router queue"
+    assert sim[2]["scheduled_s"] == sim[0]["last_token_s"]
+    assert rep[2]["scheduled_s"] == pytest.approx(rep[0]["last_token_s"], abs=0.05)
+    assert rep[2]["scheduled_s"] >= rep[0]["last_token_s"]

@@ -121,7 +121,8 @@ class Replayer:
         #: the policy in front of the endpoints and the run around it (trace_run.py): decisions, router
         #: queue, the view's books, dependents released, every row written once
         self.core = TraceRun(policy, self.view, tr, self.schedule, launch=self._launch, write=self._write_unsent,
-                             arrive_at=self._arrive_at, on_policy_error=self._policy_failed)
+                             arrive_at=self._arrive_at, clock=lambda: perf_counter() - self.t0,
+                             on_policy_error=self._policy_failed)
         self.router = self.core.router
         #: the dispatcher's place in the schedule's roots, and the released rows by due time
         self._pos = 0

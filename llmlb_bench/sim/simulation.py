@@ -108,7 +108,7 @@ class Simulation:
         self.fleet.on_add += [self.recorder.track, self.sampler.track]
         #: the run around the Router: arrive -> launched -> ended -> dependents released -> drain; close
         self.core = TraceRun(policy, self.view, cols, schedule, launch=self._launch, write=self.recorder.ended,
-                             arrive_at=self._arrive_at, on_release=self._released,
+                             arrive_at=self._arrive_at, clock=lambda: self._now, on_release=self._released,
                              disaggregated=cfg.disaggregated)
         self.router = self.core.router
         self.boundaries: list[tuple[float, int, int, int]] = []
