@@ -65,11 +65,21 @@ def test_offset_estimate_keeps_the_fastest_round_trip_and_brackets_the_truth():
 
 
 def test_perf_instant_turns_a_skewed_wall_instant_into_this_machines_monotonic_clock():
-    clock = SkewedClock(-42.0)
-    before = time.perf_counter()   # bracketed, so a descheduled test process cannot make it fail
+    """A clock 42 s behind ``perf_counter`` that notes when it was read: perf_instant reads
+    ``perf_counter`` first and the clock after it, so its answer is the target's own instant less
+    the time between those two reads, which lies between 0 and the time since ``before``. Exact on
+    any machine, however long the test process is descheduled (a fixed 0.1 ms slack failed under load)."""
+    reads: list[float] = []
+
+    def clock() -> float:
+        reads.append(time.perf_counter())
+        return reads[-1] - 42.0
+
     target = clock() + 0.25
-    after = time.perf_counter()
-    assert before + 0.25 - 1e-4 <= perf_instant(target, clock) <= after + 0.25 + 1e-4
+    before = time.perf_counter()
+    found = perf_instant(target, clock)
+    exact = target + 42.0   # the perf_counter reading at which clock() reads target
+    assert exact - (reads[-1] - before) - 1e-9 <= found <= exact + 1e-9
 
 
 def test_shift_moves_every_time_including_token_segments_and_keeps_nulls():
