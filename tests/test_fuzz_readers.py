@@ -5,11 +5,14 @@ workload, cluster and sweep files; real-looking trace rows; SSE streams) and
 mutates them: fields dropped, renamed, retyped, given extreme values; bytes
 flipped and files cut short. The property is the same everywhere: a reader
 either succeeds or raises :class:`UserError` (one line, exit 2) — no other
-exception (a traceback), no hang (each example has a deadline), and a failed
-``llmlb trace import`` leaves no output file.
+exception (a traceback), and a failed ``llmlb trace import`` leaves no output file.
 
 Bounded and deterministic (``derandomize=True``: the same examples on every
 run, so CI cannot flake); each test tries ``EXAMPLES`` inputs and checks it did.
+No per-example deadline: Hypothesis judges one only after the example returns (a
+hang is never caught by it), and a fixed one fails a slow example on a slow or
+loaded machine and then shrinks it into inputs this machine never tries (pinned
+to one busy core, 2 s was passed and the search went elsewhere).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from llmlb_bench.workload.spec import WorkloadSpec
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = 150
 CLI_EXAMPLES = 40
-FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=2000, database=None,
+FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                        HealthCheck.data_too_large])
 tried: dict[str, int] = {}
@@ -267,7 +270,9 @@ def odd_tables(draw):
         elif pa.types.is_boolean(t):
             cols[name] = pa.array([True] * n, t)
         else:
-            v = draw(st.sampled_from([0, 1, -1, 2**31, 1e300, math.nan] if pa.types.is_floating(t) else [0, 1, 7]))
+            # 2.0**31, a float: pyarrow refuses the int 2**31 for float32 (not exactly representable by its
+            # rule), an error of this strategy, not of the reader
+            v = draw(st.sampled_from([0, 1, -1, 2.0**31, 1e300, math.nan] if pa.types.is_floating(t) else [0, 1, 7]))
             cols[name] = pa.array([v] * n, t) if not (isinstance(v, float) and not pa.types.is_floating(t)) \
                 else pa.array([0] * n, t)
     return pa.table(cols) if cols else pa.table({"x": pa.array([], pa.int64())})
