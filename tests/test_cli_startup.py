@@ -30,7 +30,7 @@ def _imported_after(argv: list[str]) -> set[str]:
 def test_top_level_help_loads_no_command_and_nothing_heavy():
     mods = _imported_after(["--help"])
     assert not {m for m in mods if m.startswith("llmlb_bench.cli.")} - {
-        "llmlb_bench.cli.app", "llmlb_bench.cli.commands", "llmlb_bench.cli.lazy"}
+        "llmlb_bench.cli.app", "llmlb_bench.cli.commands", "llmlb_bench.cli.lazy", "llmlb_bench.cli.typer_help"}
     assert not {m.split(".")[0] for m in mods} & set(HEAVY)
 
 

@@ -20,6 +20,7 @@ import typer
 from rich.markup import escape
 
 from llmlb_bench.cli.lazy import LazyGroup
+from llmlb_bench.cli.typer_help import load_typer_help
 from llmlb_bench.console import help_width, stderr_console, stdout_console
 from llmlb_bench.errors import UserError
 from llmlb_bench.redact import redact
@@ -127,6 +128,9 @@ def main(argv: list[str] | None = None) -> None:
         signal.signal(signal.SIGINT, _raise_interrupt)
     rc = None
     _INTERRUPTED.clear()
+    args = sys.argv[1:] if argv is None else argv
+    if not args or "--help" in args:   # a help page: Typer's renderer, without what it never uses here
+        load_typer_help()
     try:
         try:
             rc = _run(argv)
