@@ -37,17 +37,22 @@ from __future__ import annotations
 
 import math
 from random import Random
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, TypeAlias
 
 from llmlb_bench.policies.base import Policy, RouteRequest, View
 from llmlb_bench.policies.features import PER_TARGET, Features
+from llmlb_bench.lazy_import import lazy_module
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+else:
+    np = lazy_module("numpy")   # loaded at first use: listing policies needs no numpy (start-up)
 
 #: what the reward measures: the request's time to first token, or its end-to-end latency
 REWARDS = ("ttft", "e2e")
 
-Vector = npt.NDArray[np.float64]
+Vector: TypeAlias = "npt.NDArray[np.float64]"
 
 
 class LinUcb(Policy):

@@ -60,20 +60,24 @@ from __future__ import annotations
 from math import log1p
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Callable, Mapping, Protocol, Sequence
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, TypeAlias
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies.base import RouteRequest, View
 from llmlb_bench.policies.prefix_index import PrefixIndex
+from llmlb_bench.lazy_import import lazy_module
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+else:
+    np = lazy_module("numpy")   # loaded at first use: listing policies needs no numpy (start-up)
 
 #: format name and version of :meth:`Features.layout` (bumped when a field's meaning changes)
 FORMAT = "llmlb.features"
 VERSION = 1
 
-Array = npt.NDArray[np.float32]
+Array: TypeAlias = "npt.NDArray[np.float32]"
 #: a per-target field's values for a request on a View of ``n`` targets
 TargetGetter = Callable[[RouteRequest, View, int], Sequence[float]]
 

@@ -23,15 +23,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TextIO
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TextIO, TypeAlias
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies.base import Policy, RouteRequest, View
 from llmlb_bench.policies.features import Features, LengthPredictor, unavailable
 from llmlb_bench.policies.predictor import load_predictor
+from llmlb_bench.lazy_import import lazy_module
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+else:
+    np = lazy_module("numpy")   # loaded at first use: listing policies needs no numpy (start-up)
 
 #: format name and version of a policy file (bumped when the meaning of a field changes)
 FORMAT = "llmlb.policy"
@@ -39,8 +43,8 @@ VERSION = 1
 #: model kinds: one layer (linear), or hidden tanh layers then one output (mlp)
 KINDS = ("linear", "mlp")
 
-Matrix = npt.NDArray[np.float64]
-Layers = list[tuple[Matrix, Matrix]]
+Matrix: TypeAlias = "npt.NDArray[np.float64]"
+Layers: TypeAlias = "list[tuple[Matrix, Matrix]]"
 
 
 def n_params(n_in: int, hidden: Sequence[int]) -> int:

@@ -30,13 +30,17 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies.base import RouteRequest
 from llmlb_bench.policies.oracle import KendallOracle
+from llmlb_bench.lazy_import import lazy_module
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")   # loaded at first use: listing policies needs no numpy (start-up)
 
 FORMAT = "llmlb-predictor"
 VERSION = 1
