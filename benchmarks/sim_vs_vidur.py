@@ -337,6 +337,7 @@ def fewest_waiting_policy() -> Any:
 
 def run_llmlb_child(trace_path: Path, setup: Setup, policy_name: str, results: Path) -> dict[str, Any]:
     """Simulate in this process (a fresh child, so peak RSS is llmlb's alone); print one JSON line."""
+    from llmlb_bench.compiled_core import running
     from llmlb_bench.policies import make_policy
     from llmlb_bench.schema import read_trace
     from llmlb_bench.sim import simulate
@@ -353,7 +354,7 @@ def run_llmlb_child(trace_path: Path, setup: Setup, policy_name: str, results: P
             "cpu_s": round(time.process_time() - cpu0, 2), "events": summary["events"],
             "sim_time_s": round(summary["sim_time_s"], 1), "status": summary["status"],
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-            "run_dir": str(run.dir)}
+            "run_dir": str(run.dir), "core": running()}
 
 
 def llmlb_latencies(run_dir: Path) -> tuple[dict[str, np.ndarray], int]:
@@ -413,13 +414,20 @@ def compare(requests: int, setup: Setup, policy: str, python: Path, datasets: tu
     write_vidur_trace(trace, size_dir / "trace.csv")
     kv_blocks = setup.cost_model().kv_blocks
 
-    child = subprocess.run([sys.executable, __file__, "--child-llmlb", str(size_dir / "trace.parquet"),
-                            "--policy", policy, "--model", setup.model, "--gpu", setup.gpu,
-                            "--replicas", str(setup.replicas), "--results", str(size_dir / "llmlb")],
-                           capture_output=True, text=True)
-    if child.returncode != 0:
-        raise SystemExit(f"llmlb simulation failed:\n{child.stderr[-4000:]}")
-    ours = json.loads(child.stdout.strip().splitlines()[-1])
+    def llmlb(core: str | None) -> dict[str, Any]:
+        """llmlb in a child process: the core this checkout runs (None), or ``LLMLB_CORE=core``."""
+        env = {**os.environ, **({"LLMLB_CORE": core} if core else {})}
+        child = subprocess.run([sys.executable, __file__, "--child-llmlb", str(size_dir / "trace.parquet"),
+                                "--policy", policy, "--model", setup.model, "--gpu", setup.gpu,
+                                "--replicas", str(setup.replicas), "--results", str(size_dir / f"llmlb-{core}")],
+                               capture_output=True, text=True, env=env)
+        if child.returncode != 0:
+            raise SystemExit(f"llmlb simulation failed:\n{child.stderr[-4000:]}")
+        return json.loads(child.stdout.strip().splitlines()[-1])
+
+    ours = llmlb(None)
+    # the pure-Python core beside the compiled one (the same rows: tests/test_compiled_core.py)
+    pure = llmlb("python") if ours["core"].startswith("compiled") else None
     our_lat, our_ok = llmlb_latencies(Path(ours["run_dir"]))
 
     vidur = run_vidur(python, vidur_args(setup, size_dir / "trace.csv", datasets, work, size_dir / "vidur",
@@ -439,6 +447,8 @@ def compare(requests: int, setup: Setup, policy: str, python: Path, datasets: tu
                   "latency": theirs_pct},
         "speed_ratio_wall": round(vidur_sim_wall / ours["wall_s"], 1),
         "speed_ratio_cpu": round(vidur_sim_cpu / ours["cpu_s"], 1),
+        **({"llmlb_pure_python": {k: pure[k] for k in ("wall_s", "cpu_s", "core")},
+            "speed_ratio_cpu_pure_python": round(vidur_sim_cpu / pure["cpu_s"], 1)} if pure else {}),
         "latency_rel_diff": {k: round(theirs_pct[k] / ours_pct[k] - 1, 4) for k in ours_pct},
     }
 
@@ -454,6 +464,9 @@ def render(r: dict[str, Any]) -> str:
         f"{'simulation wall (s)':34}{o['wall_s']:>12.2f}{v['sim_wall_s']:>16.2f}{r['speed_ratio_wall']:>15.1f}x",
         f"{'simulation CPU (s)':34}{o['cpu_s']:>12.2f}{v['sim_cpu_s']:>16.2f}{r['speed_ratio_cpu']:>15.1f}x",
         f"{'  of which event loop (s)':34}{'':>12}{v['loop_wall_s']:>16.2f}",
+        f"{'llmlb core':34}{o['core']}",
+        *([f"{'simulation CPU, pure-Python core':34}{r['llmlb_pure_python']['cpu_s']:>12.2f}{v['sim_cpu_s']:>16.2f}"
+           f"{r['speed_ratio_cpu_pure_python']:>15.1f}x"] if "llmlb_pure_python" in r else []),
         f"{'simulated requests/s (wall)':34}{o['requests_per_s']:>12,}{v['requests_per_s']:>16,}",
         f"{'peak RSS of the process (MB)':34}{o['peak_rss_mb']:>12,}{v['peak_rss_mb']:>16,}",
         f"{'setup, not counted (s)':34}{o['trace_load_s']:>12.2f}{v['setup_wall_s']:>16.2f}"
