@@ -67,4 +67,22 @@ if [ -z "${LLMLB_NO_ENGINES:-}" ]; then
     finish llama
 fi
 trap - EXIT INT TERM
-.venv/bin/python -m pytest "$@"
+# Two pytest-xdist workers (CI's machine has 2 cores, and much of the suite waits on real-time
+# servers and engine start-ups with a core idle): whole modules are the units of work; the modules
+# that start vLLM fleets run one after another, as do those that start Ray clusters. Then the tests
+# that time a real-time server against a model run alone (tests/conftest.py: SHARED_UNITS,
+# SOLO_MODULES). Both parts always run; the exit status is the first part's failure, else the second's
+# (5, no tests, only when neither part ran any). LLMLB_TEST_WORKERS=0: the whole suite in one process.
+workers=${LLMLB_TEST_WORKERS:-2}
+if [ "$workers" = 0 ]; then
+    exec .venv/bin/python -m pytest "$@"
+fi
+parallel=0
+.venv/bin/python -m pytest -n "$workers" --dist loadfile --phase parallel "$@" || parallel=$?
+solo=0
+.venv/bin/python -m pytest --phase solo "$@" || solo=$?
+for status in "$parallel" "$solo"; do
+    case $status in 0|5) ;; *) exit "$status" ;; esac
+done
+[ "$parallel" = 5 ] && [ "$solo" = 5 ] && exit 5
+exit 0

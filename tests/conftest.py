@@ -52,3 +52,72 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is absent (real public traces are only on the team's machines)")
     return SHARED_DATA
+
+
+#: Units of work of more than one module, under pytest-xdist (scripts/test.sh runs ``-n 2 --dist
+#: loadfile``): the modules of a unit run one after another on one worker, while the other worker runs
+#: the rest. Every other module is a unit of its own, so a module-scoped engine, fleet or server starts
+#: once. tests/test_xdist_units.py checks that every module starting vLLM or Ray is in its unit.
+SHARED_UNITS = {
+    # a vLLM replica takes about 4 GB and its start-up one core for half a minute: no two fleets at once
+    "vllm fleets": frozenset({
+        "test_calibrate_vllm", "test_engines", "test_learned_vllm", "test_lora_vllm", "test_reasoning_vllm",
+        "test_replay_spec_vllm", "test_replay_vllm", "test_validate_vllm",
+    }),
+    # a Ray cluster is several processes and an object store; test_crash_signals needs none to be up
+    # (its ``--address auto`` found the cluster test_replay_ray had started on the other worker)
+    "ray clusters": frozenset({
+        "test_env_rllib", "test_replay_multihost", "test_replay_ray", "test_sweep_executors", "test_crash_signals",
+    }),
+}
+
+
+def xdist_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: the name of its module's SHARED_UNITS entry, else its module."""
+    path = nodeid.split("::", 1)[0]
+    return next((unit for unit, modules in SHARED_UNITS.items() if Path(path).stem in modules), path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadfile`` with the units of :func:`xdist_unit`; other ``--dist`` modes are xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedUnits(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(nodeid)
+
+    return SharedUnits(config, log)
+
+
+#: Modules whose tests time a real-time server (``llmlb serve``, or a real vLLM) against what the
+#: simulator or a profile predicts. With ``--phase parallel`` they are left out, with ``--phase solo``
+#: only they run: scripts/test.sh runs them alone after the parallel part, so that no other test's CPU
+#: delays the server they time (three of them failed when run beside other tests on a machine at a
+#: load average of 15-18; alone they are held to what they were measured at, load 7-10).
+SOLO_MODULES = frozenset({
+    "test_calibrate_serve", "test_calibrate_dispersion", "test_serve_replay", "test_capacity_endpoint",
+    "test_validate",
+})
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--phase", choices=("parallel", "solo"), default=None,
+                     help="parallel: every test but the timing ones of tests/conftest.py's SOLO_MODULES; "
+                          "solo: only those (scripts/test.sh runs one, then the other)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    phase = config.getoption("phase")
+    if phase is None:
+        return
+    keep, dropped = [], []
+    for item in items:
+        solo = Path(item.nodeid.split("::", 1)[0]).stem in SOLO_MODULES
+        (keep if solo == (phase == "solo") else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
