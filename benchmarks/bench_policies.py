@@ -16,6 +16,7 @@ import random
 import time
 
 from llmlb_bench.policies import BUILTIN, HOLD, REJECT, RouteRequest, TargetInfo, View, make_policy
+from llmlb_bench.policies.base import on_dispatch, on_finish, set_now
 
 
 def stream(n: int, seed: int = 0) -> list[RouteRequest]:
@@ -40,17 +41,17 @@ def bench(name: str, requests: list[RouteRequest], n_targets: int) -> float:
     inflight: list[tuple[RouteRequest, int]] = []
     start = time.process_time()
     for r in requests:
-        view.now = r.arrival_s
+        set_now(view, r.arrival_s)
         target = policy.choose(r, view)
         if target not in (HOLD, REJECT):
-            view.on_dispatch(target, r)
+            on_dispatch(view, target, r)
             inflight.append((r, target))
         if len(inflight) > 40 * n_targets or (inflight and rng.random() < 0.9):
             done, t = inflight.pop(rng.randrange(len(inflight)))
-            view.on_finish(t, done)
+            on_finish(view, t, done)
             policy.on_complete(done, t, view)
             while (item := policy.release(view)) is not None and item[1] >= 0:
-                view.on_dispatch(item[1], item[0])
+                on_dispatch(view, item[1], item[0])
                 inflight.append(item)
     return (time.process_time() - start) / len(requests) * 1e6
 

@@ -39,6 +39,7 @@ from aiohttp import web
 from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.gcpause import pause_full_collections
 from llmlb_bench.policies import Outcome, RouteRequest, TargetInfo, View
+from llmlb_bench.policies.base import put
 from llmlb_bench.policies.lora import RoutedAdapters, salted
 from llmlb_bench.policies.router import Router
 from llmlb_bench.replay.rows import RowWriter
@@ -83,12 +84,12 @@ class RouteProxy:
         self.backends = [b.rstrip("/") for b in backends]
         self.options = options or RouteOptions()
         self.run = run
-        self.view = View([TargetInfo(name=b) for b in self.backends], block_size=self.options.block_size)
         # LoRA: the adapters each backend serves are known from its /v1/models (entries with a parent);
         # which are in use there, from the proxy's own books (policies/lora.py)
         self.lora_models: set[str] = set()
         self.own_adapters = [RoutedAdapters() for _ in self.backends]
-        self.view.adapters = list(self.own_adapters)
+        self.view = View([TargetInfo(name=b) for b in self.backends], block_size=self.options.block_size,
+                         adapters=self.own_adapters)
         self.router: Router[asyncio.Future[Any]] = Router(
             policy, self.view, dispatch=lambda fut, req, i, _d: _resolve(fut, i),
             reject=lambda fut, req, why: _resolve(fut, why))
@@ -217,7 +218,7 @@ class RouteProxy:
                     req.outcome = Outcome("error", None, self.now(), 0)
                 self.router.complete(target, req)
                 self.own_adapters[target].ended(req.adapter)
-                self.view.healthy[target] = False
+                put(self.view, "healthy", target, False)
                 if row.attempts > self.options.retries or not any(self.view.healthy) or self.draining:
                     row.finish(self, "error", f"backend unreachable: {exc.os_error or exc}", 502)
                     return _error(502, f"no backend reachable ({row.attempts} tried)")
@@ -295,9 +296,9 @@ class RouteProxy:
         async def one(i: int, url: str) -> None:
             try:
                 async with self._session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:  # type: ignore[union-attr]
-                    self.view.healthy[i] = r.status == 200
+                    put(self.view, "healthy", i, r.status == 200)
             except (aiohttp.ClientError, asyncio.TimeoutError):
-                self.view.healthy[i] = False
+                put(self.view, "healthy", i, False)
         await asyncio.gather(*(one(i, u) for i, u in enumerate(self.backends)))
 
     async def _health_loop(self) -> None:

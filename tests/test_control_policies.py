@@ -27,6 +27,7 @@ from llmlb_bench.policies import make_policy
 from llmlb_bench.policies.control import ConcurrencyLimit, PiAdmission
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
+from llmlb_bench.policies.base import fill
 from tests.sim_helpers import trace
 
 CFG = dict(replicas=1, max_num_seqs=1)
@@ -145,9 +146,9 @@ def test_concurrency_limit_routes_around_targets_at_their_limit():
     pol = ConcurrencyLimit(initial_limit=2.0)
     view = View([TargetInfo("a"), TargetInfo("b")])
     req = lambda i: RouteRequest(i, 0.0, 10, 10)  # noqa: E731
-    view.outstanding_requests[:] = [2, 1]
+    fill(view, "outstanding_requests", [2, 1])
     assert pol.choose(req(0), view) == 1
-    view.outstanding_requests[:] = [2, 2]
+    fill(view, "outstanding_requests", [2, 2])
     assert pol.choose(req(1), view) is HOLD
     assert pol.held == 1
 

@@ -13,6 +13,7 @@ from llmlb_bench.errors import UserError
 from llmlb_bench.policies import RouteRequest, TargetInfo, View
 from llmlb_bench.policies.features import (FIELD_SOURCES, PER_REQUEST, PER_TARGET, Features, unavailable)
 from llmlb_bench.policies.lora import AdapterSnapshot
+from llmlb_bench.policies.base import set_cached_prefix
 
 
 def _view() -> View:
@@ -86,7 +87,7 @@ def test_prefix_match_from_the_own_index_after_record():
 
 def test_prefix_match_from_kv_events_when_the_view_has_them():
     view = _view()
-    view.cached_prefix = lambda i, hashes: [1, 0, 3][i]
+    set_cached_prefix(view, lambda i, hashes: [1, 0, 3][i])
     f = Features(view)
     f.record(_req(), 1, 1.0)        # the own index would say r1 holds all four; events win under "auto"
     np.testing.assert_allclose(_col(f, f.targets(_req(), view), "prefix_match"), [0.25, 0.0, 0.75])

@@ -22,6 +22,7 @@ from llmlb_bench.policies.learned import LearnedPolicy, n_params, unflatten
 from llmlb_bench.schema import read_trace, write_trace
 from llmlb_bench.sim import load_cluster
 from llmlb_bench.workload import generate, load_spec
+from llmlb_bench.policies.base import fill, set_now
 from sim_helpers import learned_policy_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,8 +33,8 @@ def _pull_arms(pol: LinUcb, latencies: list[float], rounds: int) -> np.ndarray:
     view = View([TargetInfo(f"t{i}") for i in range(len(latencies))])
     pulls = np.zeros(len(latencies), dtype=int)
     for k in range(rounds):
-        view.now = float(k)
-        view.signal_time = [view.now] * len(latencies)     # signal age 0: the one feature is constant 0
+        set_now(view, float(k))
+        fill(view, "signal_time", [view.now] * len(latencies))  # signal age 0: the one feature is constant 0
         req = RouteRequest(k, arrival_s=view.now, input_tokens=10, max_output_tokens=10)
         t = pol.choose(req, view)
         pulls[t] += 1
@@ -114,8 +115,8 @@ def test_learned_linear_file_routes_to_the_argmax_of_its_scores_over_healthy_tar
                 healthy=[True, True, False, True])
     req = RouteRequest(0, arrival_s=0.0, input_tokens=100, max_output_tokens=50)
     assert pol.choose(req, view) == 1                    # 2 is less loaded but unhealthy
-    view.outstanding_requests = [0, 0, 0, 0]
-    view.healthy = [True] * 4
+    fill(view, "outstanding_requests", [0, 0, 0, 0])
+    fill(view, "healthy", [True] * 4)
     assert sorted(pol.choose(req, view) for _ in range(4)) == [0, 1, 2, 3]   # ties rotate
 
 

@@ -14,6 +14,7 @@ from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
 from llmlb_bench.workload.generate import generate
 from llmlb_bench.workload.spec import WorkloadSpec
+from llmlb_bench.policies.base import fill
 from tests.sim_helpers import run_sim, trace
 
 
@@ -38,15 +39,15 @@ def test_scores_are_gies_tiers():
 
 def test_affinity_first_then_a_free_slot_then_load():
     view = View([TargetInfo(f"t{i}") for i in range(3)])
-    view.adapters = [Info(1, frozenset({"b"})), Info(2, frozenset({"b"})), Info(1, frozenset({"a"}))]
-    view.outstanding_requests = [0, 0, 9]
+    fill(view, "adapters", [Info(1, frozenset({"b"})), Info(2, frozenset({"b"})), Info(1, frozenset({"a"}))])
+    fill(view, "outstanding_requests", [0, 0, 9])
     pol = make_policy("lora_affinity")
     assert pol.choose(_req("a"), view) == 2        # active beats an empty queue elsewhere
     assert pol.choose(_req("c"), view) == 1        # the only free slot
     assert pol.choose(_req(None), view) == 0       # base model: least outstanding
-    view.waiting = [0, 0, 200]                     # t2 over the low-queue threshold: a goes where a slot is free
+    fill(view, "waiting", [0, 0, 200])  # t2 over the low-queue threshold: a goes where a slot is free
     assert pol.choose(_req("a"), view) == 1
-    view.healthy = [True, False, True]
+    fill(view, "healthy", [True, False, True])
     assert pol.choose(_req("c"), view) == 0
 
 
@@ -70,8 +71,8 @@ def test_lora_affinity_beats_load_only_routing_on_zipf_adapters(tmp_path):
 
 def test_llm_d_takes_the_lora_affinity_scorer_with_a_weight():
     view = View([TargetInfo(f"t{i}") for i in range(2)])
-    view.adapters = [Info(1, frozenset({"b"})), Info(1, frozenset({"a"}))]
-    view.waiting = [0, 3]                       # the queue scorer prefers t0 by 2 points
+    fill(view, "adapters", [Info(1, frozenset({"b"})), Info(1, frozenset({"a"}))])
+    fill(view, "waiting", [0, 3])  # the queue scorer prefers t0 by 2 points
     assert make_policy("llm_d").choose(_req("a"), view) == 0
     assert make_policy("llm_d", {"lora_weight": 3.0}).choose(_req("a"), view) == 1     # 3 x (1.0 - 0) > 2
 

@@ -9,6 +9,7 @@ from scipy import stats
 
 from llmlb_bench.policies import RouteRequest, TargetInfo, View, make_policy
 from llmlb_bench.policies.affinity import ConsistentHash
+from llmlb_bench.policies.base import fill
 
 
 def view(n: int = 4, **signals) -> View:
@@ -129,7 +130,7 @@ def test_argmin_healthy_is_the_first_smallest_healthy_value_from_start_on():
     for _ in range(5000):
         n = rng.randint(1, 12)
         v = view(n)
-        v.healthy = [True] * n if rng.random() < 0.5 else [rng.random() < 0.7 for _ in range(n)]
+        fill(v, "healthy", [True] * n if rng.random() < 0.5 else [rng.random() < 0.7 for _ in range(n)])
         values = [rng.randint(0, 3) for _ in range(n)]
         start = rng.randint(0, 40)
         order = [(start + k) % n for k in range(n)]

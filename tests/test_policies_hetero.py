@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from llmlb_bench.policies import REJECT, RouteRequest, TargetInfo, View, make_policy
+from llmlb_bench.policies.base import on_dispatch
 
 
 def req(i: int = 0) -> RouteRequest:
@@ -25,8 +26,8 @@ def test_capacity_weighted_jsq_fills_fast_targets_in_proportion():
     pol = make_policy("capacity_weighted")
     for i in range(30):
         t = pol.choose(req(i), v)
-        v.on_dispatch(t, req(i))
-    assert v.outstanding_requests == [20, 10]
+        on_dispatch(v, t, req(i))
+    assert v.outstanding_requests == (20, 10)
 
 
 def test_capacity_weighted_skips_unhealthy_targets():

@@ -12,6 +12,7 @@ from scipy import stats
 
 from llmlb_bench.policies import RouteRequest, TargetInfo, View, make_policy
 from llmlb_bench.policies.prefix_index import PrefixIndex
+from llmlb_bench.policies.base import set_now
 
 
 def view(n: int = 4, **signals) -> View:
@@ -171,10 +172,10 @@ def test_cache_aware_imbalance_needs_both_thresholds_then_shortest_queue():
 def test_cache_aware_evicts_to_max_tree_size_every_interval():
     pol = make_policy("cache_aware", {"max_tree_size": 4, "eviction_interval_secs": 10.0})
     v = view(1)
-    v.now = 1.0
+    set_now(v, 1.0)
     pol.choose(req(chain("a", 6)), v)
     assert pol.tree.size(0) == 6  # not yet: the eviction thread has not run
-    v.now = 12.0
+    set_now(v, 12.0)
     pol.choose(req(chain("b", 2)), v)
     assert pol.tree.size(0) == 4 + 2  # evicted to 4 at t=12, then b inserted
 
@@ -265,9 +266,9 @@ def test_dynamo_approximate_mode_forgets_after_router_ttl_and_uses_events_when_o
     pol.on_complete(req(doc), first, v)
     assert pol.choose(req(doc), v) == first
     pol.on_complete(req(doc), first, v)
-    v.now = 30.0
+    set_now(v, 30.0)
     assert pol.logits(req(doc), v)[first] < pol.logits(req(doc), v)[1 - first]
-    v.now = 200.0  # the routed blocks expired: no worker has a cache advantage any more
+    set_now(v, 200.0)  # the routed blocks expired: no worker has a cache advantage any more
     low, high = sorted(pol.logits(req(doc), v))
     assert low == high
     events = make_policy("dynamo_kv")
@@ -294,7 +295,7 @@ def test_preble_window_forgets_old_prefill_load():
     v = view(2)
     pol.choose(req(chain("a", 50)), v)
     assert max(pol.load(0), pol.load(1)) == pytest.approx(800 / 10000)
-    v.now = 11.0
+    set_now(v, 11.0)
     pol.choose(req(chain("b", 1)), v)
     assert sorted((pol.load(0), pol.load(1))) == pytest.approx([0.0, 16 / 10000])
 

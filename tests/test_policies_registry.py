@@ -13,6 +13,7 @@ from llmlb_bench.cli import main
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import BUILTIN, FAMILIES, HOLD, REJECT, RouteRequest, TargetInfo, View, make_policy
 from llmlb_bench.policies.registry import parse_args
+from llmlb_bench.policies.base import on_dispatch, on_finish, put, set_now
 from sim_helpers import builtin_args
 
 
@@ -67,18 +68,19 @@ def drive(policy, n_targets: int = 4, n_requests: int = 400, seed: int = 0) -> l
         decisions.append(t)
         assert t == REJECT or 0 <= t < n_targets
         if t >= 0:
-            v.on_dispatch(t, r)
+            on_dispatch(v, t, r)
             inflight.append((r, t))
 
     for i in range(n_requests):
-        v.now = i * 0.05
+        set_now(v, i * 0.05)
         doc = rng.randrange(5)
         hashes = [doc * 1000 + k for k in range(rng.randrange(1, 30))]
         r = RouteRequest(i, v.now, 16 * len(hashes), rng.randrange(1, 500), tenant=f"t{rng.randrange(3)}",
                          session_id=rng.randrange(20) if rng.random() < 0.5 else None, prefix_hashes=hashes,
                          slo_class=rng.choice(["default", "batch"]))
         for k in range(n_targets):
-            v.waiting[k], v.kv_usage[k] = rng.randrange(10), rng.random()
+            put(v, "waiting", k, rng.randrange(10))
+            put(v, "kv_usage", k, rng.random())
         t = policy.choose(r, v)
         if t == HOLD:
             decisions.append(HOLD)
@@ -86,7 +88,7 @@ def drive(policy, n_targets: int = 4, n_requests: int = 400, seed: int = 0) -> l
             dispatch(r, t)
         while inflight and rng.random() < 0.6:
             done, target = inflight.pop(rng.randrange(len(inflight)))
-            v.on_finish(target, done)
+            on_finish(v, target, done)
             policy.on_complete(done, target, v)
             while (item := policy.release(v)) is not None:
                 dispatch(*item)

@@ -13,6 +13,7 @@ from llmlb_bench.policies import HOLD, REJECT, Policy, PolicyError, RouteRequest
 from llmlb_bench.serve.live import LiveFleet, Submission
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
+from llmlb_bench.policies.base import put
 from tests.conftest import make_trace
 from tests.replay_helpers import run_replay, servers  # noqa: F401  (fixture)
 from tests.sim_helpers import trace
@@ -74,9 +75,9 @@ def test_route_dispatches_rejects_and_holds_until_release():
     assert router.route("c", _req(3), 3.0) is HOLD
     assert log.sent == [("a", 0, -1)] and log.rejected == [("b", "rejected by the router (script)")]
     assert router.held == {3: "c"}                        # one outstanding: the policy keeps it
-    assert router.view.outstanding_requests == [1, 0] and router.view.outstanding_tokens == [15, 0]
+    assert router.view.outstanding_requests == (1, 0) and router.view.outstanding_tokens == (15, 0)
     router.complete(0, _req(1))                           # books closed, policy told, queue drained
-    assert pol.completed == [(1, 0)] and router.view.outstanding_requests == [0, 0]
+    assert pol.completed == [(1, 0)] and router.view.outstanding_requests == (0, 0)
     assert log.sent[-1] == ("c", 1, -1) and router.held == {}
 
 
@@ -92,7 +93,7 @@ def test_a_policy_with_only_choose_gets_the_protocol_defaults():
     router.route("a", _req(1), 0.0)
     router.sent(1, _req(1))
     router.complete(1, _req(1))
-    assert log.sent == [("a", 1, -1)] and router.view.outstanding_requests == [0, 0]
+    assert log.sent == [("a", 1, -1)] and router.view.outstanding_requests == (0, 0)
 
 
 @pytest.mark.parametrize("bad", [2, -1, -2, 1.0, None, "0"])
@@ -125,7 +126,7 @@ def test_pairs_are_checked_and_a_policy_without_choose_pair_is_refused():
                     disaggregated=True)
     router.route_pair("a", _req(1), 0.0)
     assert log.sent == [("a", 0, 1)]
-    router.view.healthy[1] = False
+    put(router.view, "healthy", 1, False)
     assert router.route_pair("b", _req(2), 0.0) is REJECT
     assert log.rejected == [("b", "no healthy prefill or decode target")]
 
@@ -151,7 +152,7 @@ def test_out_of_range_in_llmlb_serve():
         fleet = LiveFleet(ClusterConfig.build(replicas=2), policy=_Always(-1))
         with pytest.raises(PolicyError, match="chose target -1"):
             fleet.submit(Submission(10, 5, (), stream=False), client=None)  # type: ignore[arg-type]
-        assert fleet.view.outstanding_requests == [0, 0]
+        assert fleet.view.outstanding_requests == (0, 0)
         fleet.close()
     asyncio.run(go())
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from llmlb_bench.policies import HOLD, REJECT, RouteRequest, TargetInfo, View, make_policy
+from llmlb_bench.policies.base import on_dispatch, on_finish, set_now
 
 
 def view(n: int = 2, capacity: tuple[float, ...] | None = None, **signals) -> View:
@@ -26,11 +27,11 @@ def test_predicted_ttft_is_queue_plus_uncached_prefill_and_the_queue_drains():
     v = view(2)
     a = pol.choose(req(0, 2000), v)  # 2 s of prefill queued on a
     b = 1 - a
-    v.on_dispatch(a, req(0, 2000))
+    on_dispatch(v, a, req(0, 2000))
     assert pol.predicted(req(1, 500), v)[a] == pytest.approx(2.5)
     assert pol.predicted(req(1, 500), v)[b] == pytest.approx(0.5)
     assert pol.choose(req(1, 500), v) == b
-    v.now = 1.5
+    set_now(v, 1.5)
     ttft = pol.predicted(req(2, 1000), v)
     assert (ttft[a], ttft[b]) == pytest.approx((0.5 + 1.0, 0.0 + 1.0))
 
@@ -87,7 +88,7 @@ class Backend:
         if target == REJECT:
             self.rejected.append(r.request_id)
             return
-        self.view.on_dispatch(target, r)
+        on_dispatch(self.view, target, r)
         self.inflight[r.request_id] = (r, target)
         self.sent.append((r.request_id, target))
 
@@ -96,7 +97,7 @@ class Backend:
             self._dispatch(*item)
 
     def arrive(self, r: RouteRequest) -> None:
-        self.view.now = max(self.view.now, r.arrival_s)
+        set_now(self.view, max(self.view.now, r.arrival_s))
         t = self.policy.choose(r, self.view)
         if t == HOLD:
             self._drain()
@@ -104,9 +105,9 @@ class Backend:
             self._dispatch(r, t)
 
     def finish(self, rid: int, now: float) -> None:
-        self.view.now = now
+        set_now(self.view, now)
         r, t = self.inflight.pop(rid)
-        self.view.on_finish(t, r)
+        on_finish(self.view, t, r)
         self.policy.on_complete(r, t, self.view)
         self._drain()
 

@@ -23,6 +23,7 @@ import pytest
 from scipy.optimize import brentq
 
 from llmlb_bench.policies import RouteRequest, TargetInfo, View, make_policy
+from llmlb_bench.policies.base import on_dispatch, on_finish, set_now
 
 N, LAM = 50, 0.8
 
@@ -38,12 +39,12 @@ def mean_time_in_system(policy, n: int = N, lam: float = LAM, arrivals: int = 10
         t += rng.expovariate(n * lam)
         while departures and departures[0][0] <= t:
             _, i, done = heapq.heappop(departures)
-            view.on_finish(i, done)
+            on_finish(view, i, done)
             policy.on_complete(done, i, view)
-        view.now = t
+        set_now(view, t)
         r = RouteRequest(k, t, 1, 1)
         i = policy.choose(r, view)
-        view.on_dispatch(i, r)
+        on_dispatch(view, i, r)
         last_departure[i] = max(t, last_departure[i]) + rng.expovariate(1.0)
         heapq.heappush(departures, (last_departure[i], i, r))
         if k >= warmup:

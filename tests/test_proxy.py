@@ -24,6 +24,7 @@ from llmlb_bench.pypi_routers.launch import free_ports
 from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.store import RunStore
+from llmlb_bench.policies.base import fill, put
 from tests.conftest import cli
 from tests.replay_helpers import ServerThread, run_replay
 from tests.serve_helpers import ServeThread, request
@@ -97,7 +98,7 @@ def test_refused_backend_is_retried_then_error_rows(tmp_path: Path):
         dead = f"http://127.0.0.1:{free_ports(1)[0]}"
         with RunStore(tmp_path, config={}, backend="route", run_id="r") as run:
             proxy = start_proxy(st, [dead, live], run)
-            proxy.view.healthy[0] = True   # as if it died after the last health check
+            put(proxy.view, "healthy", 0, True)  # as if it died after the last health check
             answers = [request(proxy.url, "POST", "/v1/completions", {"prompt": "x", "stream": True})[0]
                        for _ in range(4)]
             st.call(proxy.drain)
@@ -106,7 +107,7 @@ def test_refused_backend_is_retried_then_error_rows(tmp_path: Path):
         assert {r["backend"] for r in rows_of(run.dir)} == {live}
         with RunStore(tmp_path, config={}, backend="route", run_id="dead") as run:
             proxy = start_proxy(st, [dead, f"http://127.0.0.1:{free_ports(1)[0]}"], run)
-            proxy.view.healthy[:] = [True, True]
+            fill(proxy.view, "healthy", [True, True])
             answers = [request(proxy.url, "POST", "/v1/completions", {"prompt": "x", "stream": True})[0]
                        for _ in range(2)]
             st.call(proxy.drain)

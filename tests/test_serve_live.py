@@ -175,7 +175,7 @@ def test_an_aborted_request_leaves_the_batch_and_frees_its_blocks():
     assert [rec.finished[lives[k].seq] for k in (0, 2)] == [400, 400]
     assert rep.kv.used == 0 and not rep.running and not rep.waiting
     assert fleet.states[0].metrics.aborted == 1
-    assert fleet.view.outstanding_requests == [0]
+    assert fleet.view.outstanding_requests == (0,)
 
 
 def test_an_aborted_queued_request_never_starts():
@@ -204,7 +204,7 @@ def test_router_holds_and_rejects_like_the_simulator():
     assert len(rec.finished) == 6 and not fleet.held
     starts = sorted(rec.started[live.seq] for live in lives)
     assert starts[2] - starts[1] > 0.5 * 40 * 0.005 / SPEED    # the third waited for a completion
-    assert fleet.view.outstanding_requests == [0, 0]
+    assert fleet.view.outstanding_requests == (0, 0)
 
     fleet, rec, lives = _live_run(cfg, reqs, policy=make_policy("admission_control", {"max_outstanding": 1}))
     assert rec.rejected and len(rec.rejected) + len(rec.finished) == 6

@@ -11,6 +11,7 @@ import pytest
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim import ClusterConfig, load_catalog
+from llmlb_bench.policies.base import fill, put
 from sim_helpers import run_sim, trace
 
 
@@ -96,9 +97,9 @@ def test_threshold_rule_on_a_hand_built_view():
     pool = {"default": PoolStatus("default", ready=(0, 1), starting=(2,))}   # the starting one is not averaged
     assert rule.decide(0.0, view, pool) == {"default": 4}, "mean 0.875 > 0.8: grow by 2, capped at 4"
     assert rule.decide(20.0, view, pool) == {}, "cooldown"
-    view.kv_usage[:] = [0.1, 0.2, 0.0]
+    fill(view, "kv_usage", [0.1, 0.2, 0.0])
     assert rule.decide(30.0, view, pool) == {"default": 2}, "mean 0.15 < 0.3: shrink by one"
-    view.kv_usage[:] = [0.5, 0.5, 0.5]
+    fill(view, "kv_usage", [0.5, 0.5, 0.5])
     assert rule.decide(90.0, view, pool) == {}, "between the thresholds: hold"
     assert rule.decide(90.0, view, {"default": PoolStatus("default", ready=(0, 1, 2, 3, 4))}) == {"default": 4}
 
@@ -115,9 +116,9 @@ def test_pid_autoscaler_follows_its_velocity_form_exactly():
     pid = PidAutoscaler(target=10.0, kp=0.5, ki=0.02, kd=2.0, max_replicas=8)
     view = View(targets=[TargetInfo(f"r{i}") for i in range(4)])
     ready = {"default": PoolStatus("default", ready=(0, 1))}
-    view.outstanding_requests[:] = [10, 10, 0, 0]          # 10 per replica: e = 0, the size stays
+    fill(view, "outstanding_requests", [10, 10, 0, 0])  # 10 per replica: e = 0, the size stays
     assert pid.decide(0.0, view, ready) == {"default": 2}
-    view.outstanding_requests[:] = [20, 20, 0, 0]
+    fill(view, "outstanding_requests", [20, 20, 0, 0])
     e1, x = math.log(2), math.log(2)
     x += 0.5 * e1 + 0.02 * 10 * e1 + 2.0 * e1 / 10
     assert pid.decide(10.0, view, ready) == {"default": round(math.exp(x))}
@@ -127,10 +128,10 @@ def test_pid_autoscaler_follows_its_velocity_form_exactly():
     x += 0.5 * (e2 - e1) + 2.0 * (e2 - 2 * e1) / 10          # no integral while r2 starts
     assert pid.decide(20.0, view, starting)["default"] == round(math.exp(x))
     assert pid._state["default"][0] == pytest.approx(x)
-    view.outstanding_requests[:] = [5000, 5000, 0, 0]
+    fill(view, "outstanding_requests", [5000, 5000, 0, 0])
     assert pid.decide(30.0, view, ready) == {"default": 8}
     assert pid._state["default"][0] == pytest.approx(math.log(8))    # clamped: no windup above the cap
-    view.outstanding_requests[:] = [0, 0, 0, 0]
+    fill(view, "outstanding_requests", [0, 0, 0, 0])
     assert pid.decide(40.0, view, ready)["default"] < 8      # so it comes down at once
 
 
@@ -142,7 +143,7 @@ def test_pid_integral_loop_converges_geometrically_on_a_fixed_load():
     from llmlb_bench.sim.autoscale import PidAutoscaler, PoolStatus
 
     view = View(targets=[TargetInfo(f"r{i}") for i in range(64)])
-    view.outstanding_requests[0] = 160                       # N = 160: x* = ln 40
+    put(view, "outstanding_requests", 0, 160)  # N = 160: x* = ln 40
     # the signal sees the rounded size, so the recurrence is x_k = x_{k-1} + ki dt ln(N / (target round(e^x)));
     # it is exact, and the error contracts by (1 - ki dt) = 0.8 per decision up to the rounding
     pid2 = PidAutoscaler(target=4.0, kp=0.0, ki=0.04, max_replicas=64)

@@ -233,7 +233,7 @@ class RouteEnv(SimulationEnv[dict[str, np.ndarray], Any]):
         if acts.pair:
             mask = self._pair_mask(view.healthy, pad)
         else:
-            mask = np.array(view.healthy + self._mask_tail[len(self._mask_tail) - pad - acts.hold - acts.reject:],
+            mask = np.array([*view.healthy, *self._mask_tail[len(self._mask_tail) - pad - acts.hold - acts.reject:]],
                             np.int8)
         obs: dict[str, np.ndarray] = {"targets": targets, "request": buf[k * m:]}
         if acts.hold:
@@ -242,7 +242,7 @@ class RouteEnv(SimulationEnv[dict[str, np.ndarray], Any]):
         obs["action_mask"] = mask
         return obs
 
-    def _pair_mask(self, healthy: list[bool], pad: int) -> np.ndarray:
+    def _pair_mask(self, healthy: Sequence[bool], pad: int) -> np.ndarray:
         """A healthy prefill replica, padding, REJECT; then a healthy decode replica, padding."""
         assert self._sim is not None
         roles = [rep.role for rep in self._sim.replicas]

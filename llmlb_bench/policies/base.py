@@ -11,7 +11,8 @@ only what a real router could know:
 * health.
 
 The backend owns the view and updates its lists in place (no per-decision
-allocation, which matters at a million decisions per simulated run). The
+allocation, which matters at a million decisions per simulated run) through
+this module's functions; the policy gets it read-only (:class:`View`: tuples). The
 policy returns the index of the chosen target, and is told when a request it
 routed completes, so that stateful policies (prefix indexes, session maps)
 can keep their own books.
@@ -40,8 +41,11 @@ so the protocol is honoured the same way in the simulator, ``llmlb serve`` and t
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Collection, Final, Literal, Optional, Protocol, Sequence, Union
+from dataclasses import dataclass
+from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Collection, Final, Generic, Literal, NoReturn, Optional,
+                    Protocol, Sequence, TypeVar, Union, overload)
+
+_T = TypeVar("_T")
 
 
 class Verdict(enum.Enum):
@@ -113,9 +117,9 @@ class RouteRequest:
     kind: str = "chat"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class TargetInfo:
-    """Static facts about a target."""
+    """Static facts about a target (frozen: a policy reads them)."""
 
     name: str
     pool: str = "default"
@@ -138,49 +142,220 @@ class AdapterState(Protocol):
     def waiting(self) -> Collection[str]: ...
 
 
-@dataclass
+#: per-target fields the backend changes at most once per decision (a dispatch, an end, a health
+#: change) and nearly every policy reads: rebuilt as tuples when written, read as plain attributes
+_BOOKS: tuple[tuple[str, object], ...] = (("outstanding_requests", 0), ("healthy", True), ("adapters", None))
+#: the scraped signals, which the simulator writes at every event of a replica when they are fresh,
+#: and the token count, which few policies read: rebuilt at the first read after a change
+_SIGNALS: tuple[tuple[str, object], ...] = (("outstanding_tokens", 0), ("waiting", 0), ("running", 0),
+                                            ("kv_usage", 0.0), ("signal_time", 0.0))
+_setattr = object.__setattr__
+
+
+class Books:
+    """The backend's side of a :class:`View`: one plain list per per-target field.
+
+    Only the backend that owns the view holds these (:func:`view_books`). It changes them through
+    this module's functions, except for the scraped signals in a hot loop: it may write
+    ``waiting``, ``running``, ``kv_usage`` and ``signal_time`` directly and then call
+    :meth:`changed` (one C call), so the next read by a policy sees them."""
+
+    __slots__ = ("targets", *(name for name, _ in _BOOKS), *(name for name, _ in _SIGNALS), "snapshots", "changed")
+
+    def __init__(self, fields: dict[str, list[Any]]) -> None:
+        for name, values in fields.items():
+            _setattr(self, name, values)
+        #: the signals' tuples as policies last read them (dropped by :meth:`changed`)
+        self.snapshots: dict[str, tuple[Any, ...]] = {}
+        #: the signal lists were written: forget their tuples
+        self.changed: Callable[[], None] = self.snapshots.clear
+
+    if TYPE_CHECKING:
+        targets: list[TargetInfo]
+        outstanding_requests: list[int]
+        outstanding_tokens: list[int]
+        healthy: list[bool]
+        adapters: list[Optional[AdapterState]]
+        waiting: list[int]
+        running: list[int]
+        kv_usage: list[float]
+        signal_time: list[float]
+
+
+class _Signal(Generic[_T]):
+    """A scraped signal as a policy reads it: a tuple of the backend's list, built at the first read
+    after a change (the simulator rewrites signals at every event, policies read them far less)."""
+
+    __slots__ = ("name",)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, view: None, owner: type) -> _Signal[_T]: ...
+    @overload
+    def __get__(self, view: View, owner: type | None = None) -> tuple[_T, ...]: ...
+
+    def __get__(self, view: View | None, owner: type | None = None) -> tuple[_T, ...] | _Signal[_T]:
+        if view is None:
+            return self
+        books = view._books
+        snap: tuple[_T, ...] | None = books.snapshots.get(self.name)
+        if snap is None:
+            snap = books.snapshots[self.name] = tuple(getattr(books, self.name))
+        return snap
+
+    def __set__(self, view: View, value: object) -> NoReturn:
+        raise AttributeError(f"the View is read-only (tried to set {self.name!r})")
+
+
 class View:
-    """Live, per-target signals; index ``i`` refers to ``targets[i]``."""
+    """Live, per-target signals; index ``i`` refers to ``targets[i]``.
 
-    targets: list[TargetInfo]
-    now: float = 0.0
-    outstanding_requests: list[int] = field(default_factory=list)
-    outstanding_tokens: list[int] = field(default_factory=list)
-    waiting: list[int] = field(default_factory=list)
-    running: list[int] = field(default_factory=list)
-    kv_usage: list[float] = field(default_factory=list)
-    healthy: list[bool] = field(default_factory=list)
-    signal_time: list[float] = field(default_factory=list)
-    #: tokens per prefix-hash block of the trace (``schema.trace_block_size``)
-    block_size: int = 16
-    #: exact cache state from KV events, where the backend publishes them:
-    #: ``cached_prefix(i, prefix_hashes)`` = leading blocks target ``i`` holds now.
-    #: ``None`` means no events; cache-aware policies then use their own approximate index.
-    cached_prefix: Optional[Callable[[int, Sequence[int]], int]] = None
-    #: each target's LoRA adapters (None: it publishes none, e.g. it serves no adapters)
-    adapters: list[Optional[AdapterState]] = field(default_factory=list)
+    Read-only by construction for the policies it is handed to: every per-target field reads as a
+    tuple and assigning any attribute raises ``AttributeError``, so a policy that tries
+    (``view.healthy[i] = False``, ``view.waiting.append(0)``, ``view.now = t``) fails instead of
+    silently changing what the backend and other policies see. The backend owns the view and writes
+    through this module's functions (:func:`put`, :func:`fill`, :func:`set_now`, :func:`add_target`,
+    :func:`on_dispatch`, :func:`on_finish`) or, for the signals in a hot loop, the plain lists of
+    :func:`view_books`.
 
-    def __post_init__(self) -> None:
-        n = len(self.targets)
-        if not self.adapters:
-            self.adapters = [None] * n
-        for name, zero in (("outstanding_requests", 0), ("outstanding_tokens", 0), ("waiting", 0),
-                           ("running", 0), ("kv_usage", 0.0), ("healthy", True), ("signal_time", 0.0)):
-            if not getattr(self, name):
-                setattr(self, name, [zero] * n)
+    Why tuples: a tuple cannot be changed and indexes as fast as a list (a list subclass that
+    refuses writes indexes several times slower in CPython 3.11, off the specialised path), and
+    ``min`` / ``index`` run in C. The router's books, health and targets are rebuilt when written
+    (once per dispatch or end) and read as plain instance attributes; the signals, rewritten at
+    every simulator event, and the token count are rebuilt at the first read after a change. Given sequences are copied."""
+
+    outstanding_tokens: _Signal[int] = _Signal()
+    waiting: _Signal[int] = _Signal()
+    running: _Signal[int] = _Signal()
+    kv_usage: _Signal[float] = _Signal()
+    signal_time: _Signal[float] = _Signal()
+    if TYPE_CHECKING:
+        targets: tuple[TargetInfo, ...]
+        outstanding_requests: tuple[int, ...]
+        healthy: tuple[bool, ...]
+        #: each target's LoRA adapters (None: it publishes none, e.g. it serves no adapters)
+        adapters: tuple[Optional[AdapterState], ...]
+        now: float
+        #: tokens per prefix-hash block of the trace (``schema.trace_block_size``)
+        block_size: int
+        #: exact cache state from KV events, where the backend publishes them:
+        #: ``cached_prefix(i, prefix_hashes)`` = leading blocks target ``i`` holds now.
+        #: ``None`` means no events; cache-aware policies then use their own approximate index.
+        cached_prefix: Optional[Callable[[int, Sequence[int]], int]]
+        _books: Books
+
+    def __init__(self, targets: Sequence[TargetInfo], now: float = 0.0, outstanding_requests: Sequence[int] = (),
+                 outstanding_tokens: Sequence[int] = (), waiting: Sequence[int] = (), running: Sequence[int] = (),
+                 kv_usage: Sequence[float] = (), healthy: Sequence[bool] = (), signal_time: Sequence[float] = (),
+                 block_size: int = 16, cached_prefix: Optional[Callable[[int, Sequence[int]], int]] = None,
+                 adapters: Sequence[Optional[AdapterState]] = ()) -> None:
+        n = len(targets)
+        given: dict[str, Sequence[Any]] = {
+            "outstanding_requests": outstanding_requests, "outstanding_tokens": outstanding_tokens,
+            "waiting": waiting, "running": running, "kv_usage": kv_usage, "healthy": healthy,
+            "signal_time": signal_time, "adapters": adapters}
+        fields: dict[str, list[Any]] = {"targets": list(targets)}
+        for name, zero in _BOOKS + _SIGNALS:
+            fields[name] = list(given[name]) or [zero] * n
+        # plain instance attributes (no __slots__): CPython's specialised attribute reads stay on
+        self.__dict__.update(_books=Books(fields), now=now, block_size=block_size, cached_prefix=cached_prefix)
+        _publish(self, "targets", *(name for name, _ in _BOOKS))
+
+    def __setattr__(self, name: str, value: object) -> NoReturn:
+        raise AttributeError(f"the View is read-only (tried to set {name!r}): a policy reads it, "
+                             "the backend that owns it updates it")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        raise AttributeError(f"the View is read-only (tried to delete {name!r})")
 
     def __len__(self) -> int:
-        return len(self.targets)
+        return len(self._books.targets)
 
-    def on_dispatch(self, i: int, req: RouteRequest) -> None:
-        """Own accounting when a request is sent to target ``i``."""
-        self.outstanding_requests[i] += 1
-        self.outstanding_tokens[i] += req.input_tokens + req.max_output_tokens
+    def __repr__(self) -> str:
+        return f"View(now={self.now}, targets={[t.name for t in self._books.targets]})"
 
-    def on_finish(self, i: int, req: RouteRequest) -> None:
-        """Own accounting when a request sent to target ``i`` ends (any status)."""
-        self.outstanding_requests[i] -= 1
-        self.outstanding_tokens[i] -= req.input_tokens + req.max_output_tokens
+
+# ---- the backend's side: the only writers of a View ---------------------------------------------
+
+_SIGNAL_NAMES = frozenset(name for name, _ in _SIGNALS)
+
+
+def _publish(view: View, *names: str) -> None:
+    """Rebuild the tuples policies read for ``names`` (books, health, targets) from the lists."""
+    snaps, books = view.__dict__, view._books
+    for name in names:
+        snaps[name] = tuple(getattr(books, name))
+
+
+def view_books(view: View) -> Books:
+    """The plain lists behind ``view``, for a backend's hot loop (see :class:`Books`)."""
+    return view._books
+
+
+def set_now(view: View, now: float) -> None:
+    """The time of the decision about to be asked (the backend's clock)."""
+    view.__dict__["now"] = now
+
+
+def put(view: View, name: str, i: int, value: object) -> None:
+    """Set target ``i``'s value of the per-target field ``name`` (a scrape, a health change)."""
+    getattr(view._books, name)[i] = value
+    _changed(view, name)
+
+
+def fill(view: View, name: str, values: Sequence[object]) -> None:
+    """Replace every target's value of the per-target field ``name`` (one value per target)."""
+    current = getattr(view._books, name)
+    if len(values) != len(current):
+        raise ValueError(f"{name}: {len(values)} values for {len(current)} targets")
+    current[:] = values
+    _changed(view, name)
+
+
+def _changed(view: View, name: str) -> None:
+    if name in _SIGNAL_NAMES:
+        view._books.snapshots.pop(name, None)
+    else:
+        _publish(view, name)
+
+
+def set_cached_prefix(view: View, fn: Optional[Callable[[int, Sequence[int]], int]]) -> None:
+    """Where exact prefix-cache state comes from (``View.cached_prefix``), or None for none."""
+    view.__dict__["cached_prefix"] = fn
+
+
+def add_target(view: View, info: TargetInfo, *, healthy: bool = True, now: float = 0.0,
+               adapters: Optional[AdapterState] = None) -> None:
+    """Append a target (a replica the autoscaler started): zero books, signals read at ``now``."""
+    books = view._books
+    books.targets.append(info)
+    start = {"healthy": healthy, "signal_time": now, "adapters": adapters}
+    for name, zero in _BOOKS + _SIGNALS:
+        getattr(books, name).append(start.get(name, zero))
+    books.changed()
+    _publish(view, "targets", *(name for name, _ in _BOOKS))
+
+
+def on_dispatch(view: View, i: int, req: RouteRequest) -> None:
+    """Own accounting when a request is sent to target ``i``."""
+    books = view._books
+    o = books.outstanding_requests
+    o[i] += 1
+    books.outstanding_tokens[i] += req.input_tokens + req.max_output_tokens
+    view.__dict__["outstanding_requests"] = tuple(o)
+    books.snapshots.pop("outstanding_tokens", None)
+
+
+def on_finish(view: View, i: int, req: RouteRequest) -> None:
+    """Own accounting when a request sent to target ``i`` ends (any status)."""
+    books = view._books
+    o = books.outstanding_requests
+    o[i] -= 1
+    books.outstanding_tokens[i] -= req.input_tokens + req.max_output_tokens
+    view.__dict__["outstanding_requests"] = tuple(o)
+    books.snapshots.pop("outstanding_tokens", None)
 
 
 class Policy(Protocol):

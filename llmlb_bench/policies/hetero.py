@@ -16,12 +16,14 @@ What ``pd_pair`` needs from the view: targets tagged ``TargetInfo.pool`` =
 ``"prefill"`` or ``"decode"`` (names configurable), and per-target
 in-flight counts in which the backend counts a request on its prefill
 target until its KV cache is handed over and on its decode target until it
-finishes (``View.on_dispatch`` / ``on_finish`` per phase). The backend calls
+finishes (``policies.base.on_dispatch`` / ``on_finish`` per phase). The backend calls
 ``choose_pair(req, view) -> (prefill_target, decode_target)``. On a fleet
 without both pools, ``choose`` is plain JSQ over all targets.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 from llmlb_bench.policies.base import REJECT, PairDecision, Policy, RouteRequest, View
 from llmlb_bench.policies.select import argmin_healthy
@@ -90,7 +92,7 @@ class PrefillDecodePair(Policy):
         self.prefill_pool, self.decode_pool, self.decode_load = prefill_pool, decode_pool, decode_load
         self._tie = 0
 
-    def _shortest(self, values: list[int], view: View, pool: str) -> int:
+    def _shortest(self, values: Sequence[int], view: View, pool: str) -> int:
         n = len(view)
         best, best_v = -1, 0
         for k in range(n):

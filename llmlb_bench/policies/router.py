@@ -45,10 +45,12 @@ callback runs, so each held request is handed out exactly once.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Generic, TypeVar
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.policies.base import HOLD, REJECT, Decision, Policy, Released, RouteRequest, View
+from llmlb_bench.policies.base import (HOLD, REJECT, Decision, Policy, Released, RouteRequest, View, on_dispatch,
+                                       on_finish)
 
 Item = TypeVar("Item")
 
@@ -98,7 +100,7 @@ def observes_outcomes(policy: Policy) -> bool:
 class Router(Generic[Item]):
     """A policy in front of a backend; see the module docstring."""
 
-    __slots__ = ("policy", "view", "held", "sent", "left", "observes", "_dispatch", "_reject", "_on_release", "_choose",
+    __slots__ = ("policy", "view", "held", "sent", "left", "observes", "_attrs", "_dispatch", "_reject", "_on_release", "_choose",
                  "_release", "_on_complete", "_predict", "_name")
 
     def __init__(self, policy: Policy, view: View, *, dispatch: Dispatch[Item], reject: Reject[Item],
@@ -112,10 +114,12 @@ class Router(Generic[Item]):
                               f"cluster (it has no choose_pair); try pd_pair")
         self.policy = policy
         self.view = view
+        #: the view's attributes, where the decision time is written (policies get the view read-only)
+        self._attrs = view.__dict__
         #: ``sent(target, req)``: ``req`` left for ``target`` (or, disaggregated, its next phase began there)
-        self.sent: Callable[[int, RouteRequest], None] = view.on_dispatch
+        self.sent: Callable[[int, RouteRequest], None] = partial(on_dispatch, view)
         #: ``left(target, req)``: ``req`` ended at ``target`` but goes on elsewhere (a prefill handed over)
-        self.left: Callable[[int, RouteRequest], None] = view.on_finish
+        self.left: Callable[[int, RouteRequest], None] = partial(on_finish, view)
         #: request_id -> the backend's item, for requests the policy holds
         self.held: dict[int, Item] = {}
         self._dispatch = dispatch
@@ -137,7 +141,7 @@ class Router(Generic[Item]):
     def route(self, item: Item, req: RouteRequest, now: float) -> Decision:
         """Ask the policy for ``req`` at time ``now`` and act on the answer; returns the decision."""
         view = self.view
-        view.now = now
+        self._attrs["now"] = now
         d = self._choose(req, view)
         if isinstance(d, int) and 0 <= d < len(view.targets):
             req.predicted_cached_tokens = self._predict(req, d, view)
@@ -154,7 +158,7 @@ class Router(Generic[Item]):
     def route_pair(self, item: Item, req: RouteRequest, now: float) -> Decision:
         """:meth:`route` for a disaggregated fleet: ``choose_pair`` names a prefill and a decode target."""
         view = self.view
-        view.now = now
+        self._attrs["now"] = now
         pair = self.policy.choose_pair(req, view)
         if pair is REJECT:
             self._reject(item, req, "no healthy prefill or decode target")
@@ -207,7 +211,7 @@ class Router(Generic[Item]):
     def complete(self, target: int, req: RouteRequest, drain: bool = True) -> None:
         """``req`` ended at ``target`` (any status): close the books, tell the policy, and (unless the
         caller drains later itself) release what the policy now lets go."""
-        self.view.on_finish(target, req)
+        on_finish(self.view, target, req)
         self._on_complete(req, target, self.view)
         if drain and self.held:
             self.drain()

@@ -15,6 +15,7 @@ at random spreads them.
 from __future__ import annotations
 
 from random import Random
+from typing import Sequence
 
 from llmlb_bench.policies.base import Policy, RouteRequest, View
 from llmlb_bench.policies.select import argmin_healthy, random_healthy
@@ -115,7 +116,7 @@ class PowerOfD(Policy):
 
     def choose(self, req: RouteRequest, view: View) -> int:
         if self.load == "scraped":
-            loads: list[int] = [w + r for w, r in zip(view.waiting, view.running)]
+            loads: Sequence[int] = [w + r for w, r in zip(view.waiting, view.running)]
         else:
             loads = view.outstanding_requests if self.load == "requests" else view.outstanding_tokens
         n = len(view)

@@ -18,12 +18,12 @@ def argmin_healthy(values: Sequence[float], view: View, start: int = 0) -> int:
     """Index of the smallest value among healthy targets; ties go to the first
     healthy index at or after ``start``. With no healthy target, ``start % n``.
 
-    When every target is healthy and ``values`` is a list (the usual case), the
+    When every target is healthy and ``values`` is a list or tuple (the usual case; the view's are tuples), the
     builtins ``all``, ``min`` and ``list.index`` do the scan in C: twice as fast
     as the loop below for 16 targets, and it runs once per routed request."""
     healthy = view.healthy
     n = len(healthy)
-    if n and type(values) is list and all(healthy):
+    if n and isinstance(values, (list, tuple)) and all(healthy):
         m = min(values)
         try:
             return values.index(m, start % n)

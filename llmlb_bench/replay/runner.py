@@ -51,6 +51,7 @@ from llmlb_bench.errors import UserError
 from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.openfiles import raise_open_files_limit
 from llmlb_bench.policies import Outcome, Policy, PolicyError, RouteRequest, TargetInfo, View
+from llmlb_bench.policies.base import put, set_now
 from llmlb_bench.replay.flight import Flight
 from llmlb_bench.replay.http import Pool, build_request, simple_request
 from llmlb_bench.replay.media import AUDIO_TOKENS_PER_S, image_side, png_data_url, wav_base64
@@ -105,8 +106,7 @@ class Replayer:
         self.threads = Threads(tr, self.prompts, options.api == "chat") \
             if options.thread and options.users is None else None
         self.view = View(targets=[TargetInfo(name=ep.url) for ep in pre.endpoints],
-                         block_size=trace_block_size(trace))
-        self.view.healthy[:] = pre.healthy
+                         block_size=trace_block_size(trace), healthy=pre.healthy)
         self.names = [ep.url for ep in pre.endpoints]
         self.pools = [Pool(ep, options.timeouts.connect, spare=_SPARE_CONNECTIONS) for ep in pre.endpoints]
         self.path = _API_PATHS[options.api]
@@ -399,7 +399,7 @@ class Replayer:
             self._attempt_failed(f, "timeout", f"connect timeout after {pool.connect_timeout:g} s")
         except OSError as exc:
             if len(self.pools) > 1:
-                self.view.healthy[f.target] = False
+                put(self.view, "healthy", f.target, False)
             self._attempt_failed(f, "error", f"connect failed: {exc.strerror or exc}")
         else:
             if f.done:
@@ -528,7 +528,8 @@ class Replayer:
         self._write_row(f.idx, f, status, error)
         if status == "ok" and f.first is not None and f.sent is not None:
             self.recent_ttft.append(f.first - f.sent)
-        end = self.view.now = self.last_end = now - self.t0
+        end = self.last_end = now - self.t0
+        set_now(self.view, end)
         if self.router.observes:    # on the run clock, as the route's arrival_s (the scheduled time)
             f.route.outcome = Outcome(status, None if f.first is None else f.first - self.t0, end,
                                       f.output_tokens()[0], f.cached)
@@ -604,7 +605,7 @@ class Replayer:
                 except (OSError, asyncio.TimeoutError):
                     continue
                 pool.release(conn)
-                self.view.healthy[i] = True
+                put(self.view, "healthy", i, True)
 
     async def _scrape_metrics(self, interval: float) -> None:
         """Engine load signals into the policies' view and series.parquet (see replay.scrape),

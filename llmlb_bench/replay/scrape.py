@@ -44,6 +44,7 @@ from typing import Any, Iterator
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from llmlb_bench.policies.base import View, put
 from llmlb_bench.policies.lora import AdapterSnapshot
 
 _WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred", "tgi_queue_size")
@@ -139,18 +140,18 @@ def counter_delta(previous: float | None, current: float | None) -> int | None:
     return int(round(current - previous if current >= previous else current))
 
 
-def update_view(view: Any, i: int, sig: Signals, now: float) -> None:
+def update_view(view: View, i: int, sig: Signals, now: float) -> None:
     """Put one scrape of target ``i`` into the policies' view (a metric the engine does not
     publish keeps the view's own value) and stamp it with the time it was read."""
     if sig.waiting is not None:
-        view.waiting[i] = sig.waiting
+        put(view, "waiting", i, sig.waiting)
     if sig.running is not None:
-        view.running[i] = sig.running
+        put(view, "running", i, sig.running)
     if sig.kv_usage is not None:
-        view.kv_usage[i] = sig.kv_usage
+        put(view, "kv_usage", i, sig.kv_usage)
     if sig.lora is not None:
-        view.adapters[i] = sig.lora
-    view.signal_time[i] = now
+        put(view, "adapters", i, sig.lora)
+    put(view, "signal_time", i, now)
 
 
 class SeriesRows:

@@ -44,6 +44,7 @@ from typing import Callable, Protocol, Sequence
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import Decision, Outcome, Policy, PolicyError, RouteRequest, Router, View
+from llmlb_bench.policies.base import view_books
 from llmlb_bench.serve.metrics import LATENESS_BUCKETS, EngineMetrics, Histogram
 from llmlb_bench.sim.config import ClusterConfig
 from llmlb_bench.sim.fleet import Fleet
@@ -367,11 +368,12 @@ class LiveFleet:
 
     def _signals(self, i: int, t: float) -> None:
         rep = self.replicas[i]
-        v = self.view
-        v.waiting[i] = len(rep.waiting)
-        v.running[i] = len(rep.running)
-        v.kv_usage[i] = rep.kv.used / rep.kv.total
-        v.signal_time[i] = t
+        books = view_books(self.view)
+        books.waiting[i] = len(rep.waiting)
+        books.running[i] = len(rep.running)
+        books.kv_usage[i] = rep.kv.used / rep.kv.total
+        books.signal_time[i] = t
+        books.changed()
 
     # ---- streaming -----------------------------------------------------------------------------------
 

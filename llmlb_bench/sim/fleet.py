@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import TargetInfo, View
+from llmlb_bench.policies.base import add_target, put
 from llmlb_bench.sim.autoscale import PoolStatus
 from llmlb_bench.sim.catalog import load_catalog
 from llmlb_bench.sim.config import ClusterConfig, PoolConfig
@@ -117,15 +118,11 @@ class Fleet:
         rep.starting = starting
         rep.t = now
         self.replicas.append(rep)
-        v = self.view
-        v.targets.append(TargetInfo(name=rep.name, pool=p.name, gpu=p.gpu,
-                                    capacity=decode_capacity(rep.cost) / self._reference))
-        for name, zero in (("outstanding_requests", 0), ("outstanding_tokens", 0), ("waiting", 0),
-                           ("running", 0), ("kv_usage", 0.0), ("signal_time", now)):
-            getattr(v, name).append(zero)
-        v.healthy.append(rep.routable)
-        # the replica's own books (exact), or, when signals are scraped, what the last scrape read
-        v.adapters.append(rep.lora if rep.lora is None or not self.cfg.signal_refresh_s else rep.lora.snapshot())
+        # adapters: the replica's own books (exact), or, when signals are scraped, what the last scrape read
+        add_target(self.view, TargetInfo(name=rep.name, pool=p.name, gpu=p.gpu,
+                                         capacity=decode_capacity(rep.cost) / self._reference),
+                   healthy=rep.routable, now=now,
+                   adapters=rep.lora if rep.lora is None or not self.cfg.signal_refresh_s else rep.lora.snapshot())
         for hook in self.on_add:
             hook(rep)
         return rep
@@ -157,7 +154,7 @@ class Fleet:
                 rep.cost_changed()
 
     def refresh_health(self, rep: Replica) -> None:
-        self.view.healthy[rep.index] = rep.routable
+        put(self.view, "healthy", rep.index, rep.routable)
 
     def status(self) -> dict[str, PoolStatus]:
         """Each pool's ready, starting and draining replicas (retired ones are gone)."""

@@ -45,6 +45,7 @@ import pyarrow as pa
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import Outcome, Policy, RouteRequest
+from llmlb_bench.policies.base import view_books
 from llmlb_bench.schema import TRACE, trace_block_size
 from llmlb_bench.sim.autoscale import PoolStatus
 from llmlb_bench.sim.green import ClockLog
@@ -73,6 +74,10 @@ class _Unread:
 
 
 _UNREAD = _Unread()
+
+
+def _nothing() -> None:
+    """``changed()`` when signals are only scraped: the unread stand-ins changed nothing."""
 
 
 class Simulation:
@@ -121,9 +126,11 @@ class Simulation:
         self.retries = 0
         # scraped signals: written at every event when fresh; else only by _scrape, every signal_refresh_s
         self._refresh = cfg.signal_refresh_s
-        view = self.view
-        self._sig: tuple[Any, Any, Any, Any] = ((view.waiting, view.running, view.kv_usage, view.signal_time)
+        books = view_books(self.view)
+        self._sig: tuple[Any, Any, Any, Any] = ((books.waiting, books.running, books.kv_usage, books.signal_time)
                                                 if self._refresh == 0 else (_UNREAD,) * 4)
+        #: after writing signals into the view's lists: the policies' next read sees them
+        self._changed = books.changed if self._refresh == 0 else _nothing
         self._schedule_failures()
         self.autoscale = cfg.autoscale_spec
         if self.autoscale is not None:
@@ -176,6 +183,7 @@ class Simulation:
         arrival = self.scheduled
         due = [arrival[r] for r in order]            # arrival times in routing order: one index per event
         v_waiting, v_running, v_kv, v_time = self._sig
+        changed = self._changed
         inf = math.inf
         next_scrape = 0.0 if self._refresh > 0 else inf
         next_sample = sampler.next_t
@@ -227,6 +235,7 @@ class Simulation:
                 v_running[i] = len(rep.running)
                 v_kv[i] = rep.kv.used / rep.kv.total
                 v_time[i] = now
+                changed()
         self.events = events
         end = max([now] + [r.t for r in replicas])
         self.core.close()
@@ -291,6 +300,7 @@ class Simulation:
         s_running[i] = len(rep.running)
         s_kv[i] = rep.kv.used / rep.kv.total
         s_time[i] = t
+        self._changed()
 
     def _admission_error(self, row: int, i: int) -> str | None:
         """Why a request can never be served by replica ``i`` (vLLM rejects these up front), or None."""
@@ -412,6 +422,7 @@ class Simulation:
         s_running[i] = len(rep.running)
         s_kv[i] = rep.kv.used / rep.kv.total
         s_time[i] = t
+        self._changed()
 
     def _scrape(self, now: float) -> float:
         """Scrape every replica's signals as of the last refresh tick at or before ``now``.
@@ -421,15 +432,16 @@ class Simulation:
         next tick."""
         k = math.floor(now / self._refresh)
         tick = k * self._refresh
-        view = self.view
+        books = view_books(self.view)
         for rep in self.replicas:
             i = rep.index
-            view.waiting[i] = len(rep.waiting)
-            view.running[i] = len(rep.running)
-            view.kv_usage[i] = rep.blocks_used_at(tick) / rep.kv.total
+            books.waiting[i] = len(rep.waiting)
+            books.running[i] = len(rep.running)
+            books.kv_usage[i] = rep.blocks_used_at(tick) / rep.kv.total
             if rep.lora is not None:
-                view.adapters[i] = rep.lora.snapshot()
-            view.signal_time[i] = tick
+                books.adapters[i] = rep.lora.snapshot()
+            books.signal_time[i] = tick
+        books.changed()
         return (k + 1) * self._refresh
 
     # ---- replica life cycle -----------------------------------------------------------------------------
