@@ -203,8 +203,9 @@ class _Finder:
     def __init__(self, pkg_dir: str) -> None:
         self.pkg_dir = pkg_dir
         self.core: Core | None = None
+        self.warned = False
 
-    def decide(self) -> Core:
+    def decide(self, warn: bool = True) -> Core:
         if self.core is None:
             try:
                 core = choose(self.pkg_dir, os.environ)
@@ -212,9 +213,10 @@ class _Finder:
                 raise ImportError(f"{ENV}: {exc}") from None
             if not core.compiled and (os.environ.get(ENV) or "").strip().lower() == "compiled":
                 raise ImportError(f"{ENV}=compiled, but {core.why}")
-            if core.stale:
-                print(f"warning: simulator core: running pure Python: {core.why}", file=sys.stderr)
             self.core = core
+        if warn and self.core.stale and not self.warned:
+            self.warned = True
+            print(f"warning: simulator core: running pure Python: {self.core.why}", file=sys.stderr)
         return self.core
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: object = None) -> Any:
@@ -236,9 +238,10 @@ def install() -> None:
         sys.meta_path.insert(0, _FINDER)
 
 
-def current() -> Core:
-    """The core this process runs (or will run once the simulator is imported)."""
-    return _FINDER.decide()
+def current(warn: bool = True) -> Core:
+    """The core this process runs (or will run once the simulator is imported); ``warn=False``
+    leaves the stale core's warning line to the first import (``llmlb --version`` says it itself)."""
+    return _FINDER.decide(warn)
 
 
 def running() -> str:

@@ -47,7 +47,7 @@ def _print_version(value: bool) -> None:
         from llmlb_bench.compiled_core import current
 
         try:
-            core = current().describe()
+            core = current(warn=False).describe()
         except ImportError as exc:  # LLMLB_CORE is none of its choices, or =compiled where none is fresh
             raise UserError(str(exc).removeprefix("LLMLB_CORE: "), "LLMLB_CORE") from None
         print(f"llmlb-bench {__version__}\nsimulator core: {core}")
