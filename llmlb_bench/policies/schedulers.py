@@ -53,25 +53,64 @@ from __future__ import annotations
 
 from collections import deque
 from heapq import heappop, heappush
-from typing import Any, ClassVar, Iterator, Protocol, Sequence
+from typing import Any, ClassVar, Collection, Generic, Iterator, Optional, Protocol, Sequence, TypeVar, cast
 
 from llmlb_bench.policies.base import RouteRequest
 from llmlb_bench.policies.predictor import OutputLengths, load_predictor
 from llmlb_bench.policies.queueing import parse_deadlines
 
 
-class WaitingQueue(Protocol):
+#: a keyed scheduler's per-request sort key, kept in ``QueuedRequest.sched``: (key, arrival, request id)
+SchedKey = tuple[float, float, int]
+
+
+class QueuedRequest(Protocol):
+    """What an engine scheduler reads of a request in a replica (the simulator's ``sim.replica.Request``)."""
+
+    #: what the router knew of it: tenant, priority, SLO class, arrival, id
+    route: RouteRequest
+    #: prompt tokens, and the output tokens it will generate
+    prompt: int
+    out: int
+    #: prompt tokens computed so far; times preempted
+    computed: int
+    preemptions: int
+    #: the step at which it started decoding (-1: not decoding)
+    step0: int
+    #: a slot the scheduler may use per request (a keyed scheduler's key); None until it does
+    sched: Optional[SchedKey]
+
+
+#: the replica's own request type, whatever it is (the queue hands back what it was given)
+R = TypeVar("R", bound=QueuedRequest)
+R_co = TypeVar("R_co", bound=QueuedRequest, covariant=True)
+
+
+class SchedReplica(Protocol[R_co]):
+    """What an engine scheduler reads of the replica whose queue it orders (``sim.replica.Replica``)."""
+
+    @property
+    def index(self) -> int: ...
+    #: steps the replica has run
+    @property
+    def step(self) -> int: ...
+    #: its running requests (they bind the queue's request type)
+    @property
+    def running(self) -> Collection[R_co]: ...
+
+
+class WaitingQueue(Protocol[R]):
     """A replica's waiting queue (see the module docstring)."""
 
-    def append(self, req: Any) -> None: ...
-    def requeue(self, req: Any) -> None: ...
-    def head(self, now: float) -> Any: ...
-    def pop_head(self) -> Any: ...
+    def append(self, req: R) -> None: ...
+    def requeue(self, req: R) -> None: ...
+    def head(self, now: float) -> R: ...
+    def pop_head(self) -> object: ...
     def newcomer_may_lead(self) -> bool: ...
-    def drop(self, req: Any) -> bool: ...
+    def drop(self, req: R) -> bool: ...
     def clear(self) -> None: ...
     def __len__(self) -> int: ...
-    def __iter__(self) -> Iterator[Any]: ...
+    def __iter__(self) -> Iterator[R]: ...
 
 
 class EngineScheduler:
@@ -85,14 +124,14 @@ class EngineScheduler:
     #: :class:`PickQueue` ordered by its ``pick``
     fcfs: ClassVar[bool] = True
 
-    def make_queue(self, replica: Any) -> WaitingQueue:
+    def make_queue(self, replica: SchedReplica[R]) -> WaitingQueue[R]:
         """The waiting queue of ``replica`` (called once per replica; each has its own scheduler)."""
         return FcfsQueue() if self.fcfs else PickQueue(self)
 
-    def pick(self, waiting: Sequence[Any], now: float) -> int:
+    def pick(self, waiting: Sequence[QueuedRequest], now: float) -> int:
         return 0
 
-    def victim(self, running: Any, now: float) -> Any:
+    def victim(self, running: dict[R, None], now: float) -> R:
         """The request to preempt: the most recently admitted."""
         return next(reversed(running))
 
@@ -100,35 +139,35 @@ class EngineScheduler:
     def newcomer_may_lead(self) -> bool:
         return True
 
-    def drop(self, req: Any) -> bool:
+    def drop(self, req: QueuedRequest) -> bool:
         return False
 
-    def on_tokens(self, req: Any, prompt_tokens: int, output_tokens: int, now: float) -> None:
+    def on_tokens(self, req: QueuedRequest, prompt_tokens: int, output_tokens: int, now: float) -> None:
         return None
 
-    def on_decode(self, req: Any) -> None:
+    def on_decode(self, req: QueuedRequest) -> None:
         return None
 
 
-class FcfsQueue(deque):  # type: ignore[type-arg]
+class FcfsQueue(deque[R]):
     """vLLM v1's FCFS request queue: arrivals at the back, a preempted request back at the front."""
 
     __slots__ = ()
     requeue = deque.appendleft
     pop_head = deque.popleft
 
-    def head(self, now: float) -> Any:
+    def head(self, now: float) -> R:
         return self[0]
 
     def newcomer_may_lead(self) -> bool:
         return len(self) == 1
 
-    def drop(self, req: Any) -> bool:
+    def drop(self, req: R) -> bool:
         self.remove(req)
         return True
 
 
-class PickQueue:
+class PickQueue(Generic[R]):
     """A waiting list in arrival order, ordered by the scheduler's ``pick``; a preempted
     request rejoins at the back."""
 
@@ -136,16 +175,16 @@ class PickQueue:
 
     def __init__(self, scheduler: EngineScheduler) -> None:
         self._scheduler = scheduler
-        self._items: list[Any] = []
+        self._items: list[R] = []
         self._pos = 0
 
-    def append(self, req: Any) -> None:
+    def append(self, req: R) -> None:
         self._items.append(req)
 
-    def requeue(self, req: Any) -> None:
+    def requeue(self, req: R) -> None:
         self._items.append(req)
 
-    def head(self, now: float) -> Any:
+    def head(self, now: float) -> R:
         self._pos = self._scheduler.pick(self._items, now)
         return self._items[self._pos]
 
@@ -155,7 +194,7 @@ class PickQueue:
     def newcomer_may_lead(self) -> bool:
         return True
 
-    def drop(self, req: Any) -> bool:
+    def drop(self, req: QueuedRequest) -> bool:
         return False
 
     def clear(self) -> None:
@@ -164,7 +203,7 @@ class PickQueue:
     def __len__(self) -> int:
         return len(self._items)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[R]:
         return iter(self._items)
 
 
@@ -177,14 +216,14 @@ class KeyedScheduler(EngineScheduler):
 
     fcfs = False
 
-    def key(self, req: Any) -> float:
+    def key(self, req: QueuedRequest) -> float:
         raise NotImplementedError
 
-    def make_queue(self, replica: Any) -> WaitingQueue:
-        self._heap: list[tuple[tuple[float, float, int], Any]] = []
-        return self
+    def make_queue(self, replica: SchedReplica[R]) -> WaitingQueue[R]:
+        self._heap: list[tuple[SchedKey, QueuedRequest]] = []
+        return cast("WaitingQueue[R]", self)   # the scheduler is the queue; it hands back what it is given
 
-    def append(self, req: Any) -> None:
+    def append(self, req: QueuedRequest) -> None:
         if req.sched is None:
             r = req.route
             req.sched = (self.key(req), r.arrival_s, r.request_id)
@@ -192,7 +231,7 @@ class KeyedScheduler(EngineScheduler):
 
     requeue = append
 
-    def head(self, now: float) -> Any:
+    def head(self, now: float) -> QueuedRequest:
         return self._heap[0][1]
 
     def pop_head(self) -> None:
@@ -204,15 +243,15 @@ class KeyedScheduler(EngineScheduler):
     def __len__(self) -> int:
         return len(self._heap)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[QueuedRequest]:
         return (req for _, req in self._heap)
 
-    def victim(self, running: Any, now: float) -> Any:
+    def victim(self, running: dict[R, None], now: float) -> R:
         return max(running, key=_sched_key)
 
 
-def _sched_key(req: Any) -> Any:
-    return req.sched
+def _sched_key(req: QueuedRequest) -> SchedKey:
+    return cast(SchedKey, req.sched)   # set when the request first queued here
 
 
 class PriorityScheduler(KeyedScheduler):
@@ -221,7 +260,7 @@ class PriorityScheduler(KeyedScheduler):
     name = "priority"
     summary = "vLLM priority scheduling: lowest trace priority value first, then arrival; preempt the least urgent."
 
-    def key(self, req: Any) -> float:
+    def key(self, req: QueuedRequest) -> float:
         return float(req.route.priority)
 
 
@@ -259,11 +298,11 @@ class PredictedShortestJobFirst(KeyedScheduler):
         if predictor:
             load_predictor(predictor)               # a bad predictor file fails here, before the run
 
-    def make_queue(self, replica: Any) -> WaitingQueue:
+    def make_queue(self, replica: SchedReplica[R]) -> WaitingQueue[R]:
         self._lengths = OutputLengths(self.tau, self.seed * 1_000_003 + replica.index, self.predictor)
         return super().make_queue(replica)
 
-    def key(self, req: Any) -> float:
+    def key(self, req: QueuedRequest) -> float:
         prediction: float = self._lengths.predict(req.route, req.out)
         return prediction + self.aging * float(req.route.arrival_s)
 
@@ -289,7 +328,7 @@ class DeadlineScheduler(KeyedScheduler):
         self.deadlines, self.deadline_s = deadlines, deadline_s
         self._by_class = parse_deadlines(deadlines)
 
-    def key(self, req: Any) -> float:
+    def key(self, req: QueuedRequest) -> float:
         r: RouteRequest = req.route
         return r.arrival_s + self._by_class.get(r.slo_class, self.deadline_s)
 
@@ -328,15 +367,15 @@ class VirtualTokenCounter(EngineScheduler):
             raise ValueError("input_weight and output_weight must be >= 0")
         self.input_weight, self.output_weight = input_weight, output_weight
 
-    def make_queue(self, replica: Any) -> WaitingQueue:
-        self._replica = replica
-        self._queues: dict[str, deque[Any]] = {}
+    def make_queue(self, replica: SchedReplica[R]) -> WaitingQueue[R]:
+        self._replica: SchedReplica[QueuedRequest] = replica
+        self._queues: dict[str, deque[QueuedRequest]] = {}
         self._base: dict[str, float] = {}
         self._decoding: dict[str, int] = {}
         self._step0_sum: dict[str, int] = {}
         self._n = 0
         self._head_tenant = ""
-        return self
+        return cast("WaitingQueue[R]", self)   # the scheduler is the queue; it hands back what it is given
 
     def counter(self, tenant: str) -> float:
         """Service ``tenant`` has received on this replica so far."""
@@ -344,7 +383,7 @@ class VirtualTokenCounter(EngineScheduler):
         live = n * (self._replica.step + 1) - self._step0_sum.get(tenant, 0) if n else 0
         return self._base.get(tenant, 0.0) + self.output_weight * live
 
-    def append(self, req: Any) -> None:
+    def append(self, req: QueuedRequest) -> None:
         u = req.route.tenant
         q = self._queues.get(u)
         if q is None:
@@ -359,11 +398,11 @@ class VirtualTokenCounter(EngineScheduler):
         q.append(req)
         self._n += 1
 
-    def requeue(self, req: Any) -> None:
+    def requeue(self, req: QueuedRequest) -> None:
         self._queues[req.route.tenant].appendleft(req)
         self._n += 1
 
-    def head(self, now: float) -> Any:
+    def head(self, now: float) -> QueuedRequest:
         best: tuple[float, float, int] | None = None
         for u, q in self._queues.items():
             if q:
@@ -388,15 +427,15 @@ class VirtualTokenCounter(EngineScheduler):
     def __len__(self) -> int:
         return self._n
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[QueuedRequest]:
         return (req for q in self._queues.values() for req in q)
 
-    def on_decode(self, req: Any) -> None:
+    def on_decode(self, req: QueuedRequest) -> None:
         u = req.route.tenant
         self._decoding[u] = self._decoding.get(u, 0) + 1
         self._step0_sum[u] = self._step0_sum.get(u, 0) + req.step0
 
-    def on_tokens(self, req: Any, prompt_tokens: int, output_tokens: int, now: float) -> None:
+    def on_tokens(self, req: QueuedRequest, prompt_tokens: int, output_tokens: int, now: float) -> None:
         u = req.route.tenant
         if req.step0 >= 0:          # leaving the batch: its live decode count moves into the base
             self._decoding[u] -= 1

@@ -173,7 +173,7 @@ class Replica:
         self.running: dict[Request, None] = {}       # admission order (the preemption victim is the last)
         self.prefilling: list[Request] = []          # running requests still in prefill, admission order
         # the engine scheduler's queue (FCFS: a deque; see policies.schedulers)
-        self.waiting: WaitingQueue = self.scheduler.make_queue(self)
+        self.waiting: WaitingQueue[Request] = self.scheduler.make_queue(self)
         self.decoding = 0                            # running requests in decode
         self.context = 0                             # their total context for the next step
         self.phase = [0] * block_size                # decoders needing a new block at steps = p (mod bs)
