@@ -89,6 +89,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
         def _split_scope(self, nodeid: str) -> str:
             return xdist_unit(nodeid)
 
+        def _assign_work_unit(self, node: object) -> None:
+            # the shared units first, the vLLM fleets' (the longest, 7-8 min on a quiet machine) first of
+            # all: started late, a long unit would leave one worker running it alone at the end
+            for unit in reversed(SHARED_UNITS):
+                if unit in self.workqueue:
+                    self.workqueue.move_to_end(unit, last=False)
+            super()._assign_work_unit(node)
+
     return SharedUnits(config, log)
 
 
