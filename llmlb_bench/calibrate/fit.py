@@ -15,7 +15,7 @@ The fit minimises the sum of squared RELATIVE errors (each observation counts
 the same whatever its size) under non-negativity (a cost cannot be negative),
 with each column scaled to unit size first (the terms differ by six orders of
 magnitude). The model is the engine's TYPICAL step, not its best: a decode
-window's observation is the median of its inter-token gaps, and a probe
+window's observation is the median of its per-step gaps (:func:`step_gaps`), and a probe
 repeated with identical features (``--repeats``) counts once, at the median of
 its repeats. (Until profile version 2 the fastest repeat counted, on the
 argument that interference only adds time; but the engine a simulation stands
@@ -102,6 +102,20 @@ def _token_times(row: dict[str, Any]) -> np.ndarray:
     return np.sort(np.concatenate(parts)) if parts else np.zeros(0)
 
 
+def step_gaps(t: np.ndarray) -> np.ndarray:
+    """One gap per token after the first distinct arrival of sorted token times ``t``: a chunk of
+    k tokens arriving together shares the time since the chunk before it evenly, (T - T0) / k each.
+
+    Why: a server falling behind its engine (a loaded machine) sends several steps' tokens in one
+    chunk; plain differences of arrival times then give k - 1 zeros and one k-fold gap, and a
+    window whose median gap is zero made the fit divide by zero (a crash in the fit under load).
+    Spread evenly, k steps in time T - T0 read as k steps of their mean; with one token per chunk
+    this is exactly ``np.diff(t)``. Tokens that share the window's first arrival have no earlier
+    arrival inside the window and count no gap."""
+    times, counts = np.unique(t, return_counts=True)
+    return np.repeat(np.diff(times) / counts[1:], counts[1:])
+
+
 def _prompt(row: dict[str, Any]) -> int:
     server = row.get("server_input_tokens")
     return int(server) if server is not None else int(row["input_tokens"])
@@ -147,10 +161,11 @@ def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observatio
             for r in ok:
                 t = _token_times(r)
                 idx = np.nonzero((t >= t0) & (t <= t1))[0]
-                if idx.size < 2 or idx[-1] - idx[0] < MIN_WINDOW_STEPS:
+                window = step_gaps(t[idx[0]:idx[-1] + 1]) if idx.size >= 2 else np.zeros(0)
+                if window.size < MIN_WINDOW_STEPS:
                     gaps = []
                     break
-                gaps.append(np.diff(t[idx[0]:idx[-1] + 1]))
+                gaps.append(window)
                 context += _prompt(r) + (idx[0] + idx[-1]) / 2
             if not gaps:
                 notes.append(f"decode batch {run.params['batch']} at {run.params['context']} tokens: fewer than "

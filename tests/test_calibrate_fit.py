@@ -1,0 +1,50 @@
+"""The calibration fit's decode observations when the server bundles tokens into chunks.
+
+A server falling behind its engine (a loaded machine) sends several steps' tokens in one chunk.
+Plain differences of arrival times then read as zeros and one long gap, and a window whose median
+gap was zero made the fit divide by zero (``ValueError: array must not contain infs or NaNs`` from
+the fit under load). Each chunk's wait is now shared by its tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmlb_bench.calibrate.fit import observations, step_gaps
+from llmlb_bench.calibrate.probes import ProbeRun
+
+
+def test_one_token_per_chunk_gives_the_plain_differences():
+    t = np.array([0.1, 0.13, 0.2, 0.21, 0.4])
+    assert np.array_equal(step_gaps(t), np.diff(t))
+
+
+def test_a_chunk_shares_its_wait_among_its_tokens():
+    # first arrival alone, then a chunk of 3 after 0.3 s, then one token 0.1 s later
+    gaps = step_gaps(np.array([1.0, 1.3, 1.3, 1.3, 1.4]))
+    assert gaps == pytest.approx([0.1, 0.1, 0.1, 0.1])
+    # tokens sharing the window's first arrival have no earlier arrival: no gap
+    assert step_gaps(np.array([2.0, 2.0, 2.5])) == pytest.approx([0.5])
+
+
+def _bundled_row(request_id: int, step_s: float, tokens: int, per_chunk: int) -> dict:
+    """A streamed request whose tokens came ``per_chunk`` at a time, one chunk every
+    ``per_chunk`` steps of ``step_s``."""
+    chunks = [{"start_s": 0.5 + step_s * per_chunk * j, "gap_s": 0.0, "count": per_chunk}
+              for j in range(tokens // per_chunk)]
+    return {"request_id": request_id, "status": "ok", "error": None, "sent_s": 0.0,
+            "first_token_s": chunks[0]["start_s"], "last_token_s": chunks[-1]["start_s"],
+            "token_times": chunks, "input_tokens": 64, "server_input_tokens": 64,
+            "output_tokens": tokens}
+
+
+def test_a_decode_window_delivered_in_chunks_reads_as_its_steps():
+    step = 0.01
+    rows = [_bundled_row(i, step, tokens=48, per_chunk=3) for i in range(2)]
+    # the plain differences would be two zeros per chunk: median 0
+    t = np.sort(np.concatenate([c["start_s"] + np.zeros(c["count"]) for c in rows[0]["token_times"]]))
+    assert np.median(np.diff(t)) == 0
+    obs, notes, windows = observations([ProbeRun("decode", {"batch": 2, "context": 64}, rows)], budget=256)
+    (decode,) = [o for o in obs if o.probe == "decode"]
+    assert decode.measured_s == pytest.approx(step)
+    assert all(np.all(w > 0) for w in windows)
