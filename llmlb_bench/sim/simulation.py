@@ -295,12 +295,7 @@ class Simulation:
         nt = rep.enqueue(req, t)
         if nt is not None:
             heappush(self.boundaries, (nt, next(self._seq), i, rep.version))
-        s_waiting, s_running, s_kv, s_time = self._sig
-        s_waiting[i] = len(rep.waiting)
-        s_running[i] = len(rep.running)
-        s_kv[i] = rep.kv.used / rep.kv.total
-        s_time[i] = t
-        self._changed()
+        self._signals(rep, t)
 
     def _admission_error(self, row: int, i: int) -> str | None:
         """Why a request can never be served by replica ``i`` (vLLM rejects these up front), or None."""
