@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -109,6 +111,30 @@ SOLO_MODULES = frozenset({
     "test_calibrate_serve", "test_calibrate_dispersion", "test_serve_replay", "test_capacity_endpoint",
     "test_validate",
 })
+
+
+#: the terminal size variables: an xdist worker is started with COLUMNS=80 and LINES=24 in its
+#: environment whatever the run's own environment holds, and the CLI lays stdout out at COLUMNS
+#: (llmlb_bench/console.py), so tests that check a report survives a pipe (COLUMNS unset: 160
+#: columns) saw 80-column tables under ``-n 2`` only
+TERMINAL_SIZE = ("COLUMNS", "LINES")
+
+
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: tell each worker which terminal size variables the run itself has."""
+    node.workerinput["terminal_size"] = {name: os.environ.get(name) for name in TERMINAL_SIZE}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """xdist worker: the terminal size variables as the run has them, not as the worker got them."""
+    given = getattr(config, "workerinput", {}).get("terminal_size")
+    if given is None:
+        return
+    for name, value in given.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
