@@ -51,6 +51,7 @@ def test_azure_timestamp_variants(tmp_path):
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,abc,1\n", "line 2: column 'ContextTokens' is not a number ('abc')"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,1\n2023-11-16 18:15:47,5x,1\n", "line 3: column 'ContextTokens' is not a number ('5x')"),
     ("", "empty file"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "no requests in the file"),
 ])
 def test_azure_errors_name_file_line_and_column(tmp_path, text, problem):
     path = write(tmp_path, "bad.csv", text)

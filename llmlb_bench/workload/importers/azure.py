@@ -36,7 +36,7 @@ def read_azure(path: str | Path, kind: str = "chat") -> pa.Table:
         if "adapter" in cols:
             adapter.append(cols["adapter"])
     t = concat(times)
-    arrival = (t - t.min()) / 1e9
+    arrival = (t - t.min()) / 1e9 if t.size else np.zeros(0)  # a header-only file: assemble says so
     n = len(arrival)
     return assemble(arrival, concat(inputs), concat(outputs), source=path,
                     images=concat(images).astype(np.int16) if images else None,
