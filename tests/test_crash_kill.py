@@ -31,18 +31,24 @@ from llmlb_bench.store.views import Catalog
 pytestmark = pytest.mark.slow
 
 LLMLB = [sys.executable, "-m", "llmlb_bench"]
-#: kill instants: a random moment (seeded: the same on every run) within the second after the
-#: second part file appears; counted in parts rather than seconds, so a fast or a loaded machine
-#: still kills the run mid-way, with rows flushed before and work left after
+#: kill instants: a random moment (seeded: the same on every run) after the second part file
+#: appears, as a fraction of the time between the first part and the second. A part is flushed
+#: every second or every 65,536 rows, whichever comes first, so on any machine the kill lands
+#: before the rows of one more part are done: rows flushed before it, work left after it
 INSTANTS = [round(random.Random(15).uniform(0.0, 1.0), 2) for _ in range(2)]
 
 
-def _wait_for_part(proc: subprocess.Popen, folder: Path, parts: int = 2, timeout: float = 120.0) -> None:
+def _wait_for_part(proc: subprocess.Popen, folder: Path, parts: int = 2, timeout: float = 120.0) -> float:
+    """Wait until ``parts`` part files exist; return the seconds between the last two appearing."""
     deadline = time.monotonic() + timeout
-    while len(table_files(folder)) < parts:
+    seen: dict[int, float] = {}  # part count -> when it was first seen
+    while (n := len(table_files(folder))) < parts:
         assert proc.poll() is None, f"the run ended before its parts appeared: {proc.communicate()}"
         assert time.monotonic() < deadline, "the part files did not appear"
-        time.sleep(0.05)
+        seen.setdefault(n, time.monotonic())
+        time.sleep(0.02)
+    # both parts within one poll: the interval is below the poll's
+    return time.monotonic() - seen[parts - 1] if parts - 1 in seen else 0.02
 
 
 def _kill(proc: subprocess.Popen, after_s: float) -> None:
@@ -81,12 +87,12 @@ def big_trace(folder: Path, requests: int = 200_000) -> Path:
 
 @pytest.mark.parametrize("after_s", INSTANTS)
 def test_simulate_killed_keeps_its_flushed_rows(tmp_path, after_s):
-    big_trace(tmp_path)
+    big_trace(tmp_path, requests=600_000)
     proc = subprocess.Popen(LLMLB + ["simulate", str(tmp_path / "t.parquet"), "-r", str(tmp_path / "res"),
                                      "--run-id", "s", "-f", "json"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _wait_for_part(proc, tmp_path / "res" / "s" / "requests.parquet")
-    _kill(proc, after_s)
-    rows = _check_survivors(tmp_path / "res" / "s", set(range(200000)))
+    between = _wait_for_part(proc, tmp_path / "res" / "s" / "requests.parquet")
+    _kill(proc, after_s * between)  # 2 of at least 9 parts: the kill lands with 7 parts of work left
+    rows = _check_survivors(tmp_path / "res" / "s", set(range(600_000)))
     assert {r["status"] for r in rows} <= {"ok", "rejected", "error", "timeout"}
 
 
