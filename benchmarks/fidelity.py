@@ -111,6 +111,8 @@ class Bench:
         #: (engines.tiny_hf.word_token_ids), so that multi-turn replays, which send each answer
         #: back in the next turn (replay.threads), can reuse its KV as with a real model's text
         self.extra_body = extra_body
+        #: where a single replica's API server and engine-core process run (None: on its core)
+        self.frontend: list[list[int]] | None = None
 
     def salted(self, table: pa.Table) -> tuple[pa.Table, Path]:
         self.n += 1
@@ -180,6 +182,10 @@ def main() -> None:
     ap.add_argument("--loads", default="", help="comma-separated loads as fractions of capacity (default 0.3,0.6,0.9)")
     ap.add_argument("--skip", default="", help="comma-separated stages to skip: serve, tiny_kv, policies")
     ap.add_argument("--seed", type=int, default=0, help="the interleaving order's and the simulator's seeds")
+    ap.add_argument("--frontend-core", type=int, default=None,
+                    help="run the replica's API server and engine-core process on this core (default: all three "
+                    "vLLM processes on the engine's core 1; 0 shares the client's core). The policy stage's two "
+                    "replicas keep one core each")
     args = ap.parse_args()
     if args.repeats < 2:
         ap.error("--repeats: at least 2 (a spread needs two)")
@@ -203,8 +209,9 @@ def main() -> None:
         work = Path(tmp)
         model = write_tiny_model(work / "tiny")
         bench = Bench(work, {"allowed_token_ids": word_token_ids(model)})
+        bench.frontend = [[args.frontend_core]] if args.frontend_core is not None else None
         settings = VllmSettings(max_num_seqs=SEQS, max_num_batched_tokens=BUDGET)
-        with VllmReplicas(model, 1, cores=[1], settings=settings) as reps:
+        with VllmReplicas(model, 1, cores=[1], frontend_cores=bench.frontend, settings=settings) as reps:
             url = reps.urls[0]
             t = time.time()
             cal = calibrate(url, {"max_num_seqs": SEQS, "max_num_batched_tokens": BUDGET},
@@ -264,7 +271,7 @@ def main() -> None:
 
 def capacity_of_multiturn(bench: Bench, model: Path) -> float:
     settings = VllmSettings(max_num_seqs=SEQS, max_num_batched_tokens=BUDGET)
-    with VllmReplicas(model, 1, cores=[1], settings=settings) as reps:
+    with VllmReplicas(model, 1, cores=[1], frontend_cores=bench.frontend, settings=settings) as reps:
         return capacity(bench, reps.urls[0], "multiturn")
 
 
@@ -299,7 +306,7 @@ def tiny_kv(bench: Bench, model: Path, profile: dict[str, Any]) -> dict[str, Any
     small = {**profile, "engine": {**profile["engine"], "num_kv_blocks": blocks}}
     settings = VllmSettings(max_num_seqs=SEQS, max_num_batched_tokens=BUDGET, num_gpu_blocks=blocks)
     table, path = bench.salted(trace)
-    with VllmReplicas(model, 1, cores=[1], settings=settings) as reps:
+    with VllmReplicas(model, 1, cores=[1], frontend_cores=bench.frontend, settings=settings) as reps:
         before = metric_total(reps.urls[0], "vllm:num_preemptions_total")
         real = bench.replay(table, path, reps.urls)
         real_preempt = metric_total(reps.urls[0], "vllm:num_preemptions_total") - before

@@ -60,6 +60,9 @@ def main() -> None:
                     "capacity on a quiet machine, about 30 req/s on these traces)")
     ap.add_argument("--conditions", default="short,long,gc-off",
                     help="conditions replayed each round (short, long, gc-off, same-core)")
+    ap.add_argument("--frontend-core", type=int, default=None,
+                    help="run the engine's API server and engine-core process on this core (default: all three "
+                    "vLLM processes on the engine's core 1; 0 shares the client's core)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     conditions = [c for c in args.conditions.split(",") if c]
@@ -72,8 +75,9 @@ def main() -> None:
         work = Path(tmp)
         model = write_tiny_model(work / "tiny")
         bench = Bench(work, {})
-        with VllmReplicas(model, 1, cores=[1], settings=VllmSettings(max_num_seqs=SEQS,
-                                                                       max_num_batched_tokens=BUDGET)) as reps:
+        frontend = [[args.frontend_core]] if args.frontend_core is not None else None
+        with VllmReplicas(model, 1, cores=[1], frontend_cores=frontend,
+                          settings=VllmSettings(max_num_seqs=SEQS, max_num_batched_tokens=BUDGET)) as reps:
             url = reps.urls[0]
 
             def one(cond: str) -> None:

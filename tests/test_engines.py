@@ -103,6 +103,13 @@ def test_each_replica_is_pinned_to_its_core_on_loopback(tiny: Path):
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1" and env["VLLM_HOST_IP"] == "127.0.0.1"
     with pytest.raises(ValueError):
         VllmReplicas(tiny, 2, settings=[VllmSettings(), VllmSettings(served_model="other")])
+    # the frontend (API server, engine core) runs on the replica's core unless told otherwise
+    assert fleet.frontend_cores == [{1}, {0}]
+    split = VllmReplicas(tiny, 1, cores=[1], frontend_cores=[[0]], python=Path("/venv/bin/python"))
+    assert split.frontend_cores == [{0}] and split.env(0)["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    for bad in ([[0]], [[0], []]):
+        with pytest.raises(ValueError, match="frontend cores"):
+            VllmReplicas(tiny, 2, cores=[0, 1], frontend_cores=bad)
 
 
 def test_engine_command_errors_are_one_line(tmp_path: Path, capsys, monkeypatch):

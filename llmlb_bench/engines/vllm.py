@@ -129,7 +129,14 @@ class VllmReplicas:
     ``k``-th core this process may use, wrapping around); ``settings``: one
     :class:`VllmSettings` for all, or one per replica (e.g. a tiny KV cache on
     one of them; the served model name must agree); ``port``: the first
-    replica's port, the others follow (default: free ports). ``log_dir``
+    replica's port, the others follow (default: free ports). ``frontend_cores``: the
+    cores the API server and the engine-core process of each replica may run on
+    (default: the replica's own core); only the worker, which runs the model, is
+    bound to ``cores``. vLLM CPU runs three busy processes per replica (API
+    server, engine core, worker); on one core they take turns with the model's
+    steps, which slows the steps by the frontend's share and makes replays of one
+    trace differ (docs/fidelity.md, "Where vLLM CPU's variance comes from").
+    ``log_dir``
     keeps each replica's output as ``vllm-<k>.log`` (default: temporary files,
     whose tails are shown when a replica fails to start). ``.urls`` and
     ``.served_model`` are set once all are ready.
@@ -137,7 +144,7 @@ class VllmReplicas:
 
     def __init__(self, model_dir: str | Path, n: int = 1, *, cores: Sequence[int] | None = None,
                  settings: VllmSettings | Sequence[VllmSettings] | None = None, port: int | None = None,
-                 python: Path | None = None,
+                 python: Path | None = None, frontend_cores: Sequence[Sequence[int]] | None = None,
                  log_dir: str | Path | None = None, startup_timeout_s: float = 600.0) -> None:
         if n < 1:
             raise ValueError("n must be at least 1")
@@ -145,6 +152,10 @@ class VllmReplicas:
         self.cores = list(cores) if cores is not None else [available[k % len(available)] for k in range(n)]
         if len(self.cores) != n:
             raise ValueError(f"{n} replicas need {n} cores, got {len(self.cores)}")
+        self.frontend_cores = ([set(c) for c in frontend_cores] if frontend_cores is not None
+                               else [{c} for c in self.cores])
+        if len(self.frontend_cores) != n or not all(self.frontend_cores):
+            raise ValueError(f"{n} replicas need {n} non-empty sets of frontend cores")
         self.model_dir = Path(model_dir)
         each = [settings or VllmSettings()] * n if not isinstance(settings, Sequence) else list(settings)
         if len(each) != n or len({s.served_model for s in each}) != 1:
@@ -185,7 +196,8 @@ class VllmReplicas:
                 proc = subprocess.Popen(cmd, env=self.env(k), stdin=subprocess.DEVNULL, stdout=log,
                                         stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
                 self._procs.append(proc)
-                os.sched_setaffinity(proc.pid, {self.cores[k]})  # before it has started any thread
+                # before it has started any thread; the worker binds its OMP thread to cores[k] itself
+                os.sched_setaffinity(proc.pid, self.frontend_cores[k])
             self._wait_ready()
         except BaseException:
             self.stop()
