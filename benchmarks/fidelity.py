@@ -182,6 +182,13 @@ def main() -> None:
     ap.add_argument("--loads", default="", help="comma-separated loads as fractions of capacity (default 0.3,0.6,0.9)")
     ap.add_argument("--skip", default="", help="comma-separated stages to skip: serve, tiny_kv, policies")
     ap.add_argument("--seed", type=int, default=0, help="the interleaving order's and the simulator's seeds")
+    ap.add_argument("--calibrate-repeats", type=int, default=3,
+                    help="repeats of every calibration probe (more repeats spread the probes over a longer time, "
+                    "so the median step sees more of the engine's slow spells)")
+    ap.add_argument("--warm-up-replays", type=int, default=0,
+                    help="Poisson replays (--requests requests at --warm-up-rate) sent before calibrating: the "
+                    "engine's first minutes are faster than its later ones (docs/fidelity.md)")
+    ap.add_argument("--warm-up-rate", type=float, default=15.0, help="the warm-up replays' rate, requests/s")
     ap.add_argument("--frontend-core", type=int, default=None,
                     help="run the replica's API server and engine-core process on this core (default: all three "
                     "vLLM processes on the engine's core 1; 0 shares the client's core). The policy stage's two "
@@ -213,9 +220,12 @@ def main() -> None:
         settings = VllmSettings(max_num_seqs=SEQS, max_num_batched_tokens=BUDGET)
         with VllmReplicas(model, 1, cores=[1], frontend_cores=bench.frontend, settings=settings) as reps:
             url = reps.urls[0]
+            for _ in range(args.warm_up_replays):
+                bench.replay(*bench.salted(trace_at("poisson", args.warm_up_rate, args.requests)), [url])
             t = time.time()
             cal = calibrate(url, {"max_num_seqs": SEQS, "max_num_batched_tokens": BUDGET},
-                            options=ReplayOptions(api="completions", tokenize=True), max_prompt=2 * BUDGET)
+                            options=ReplayOptions(api="completions", tokenize=True), max_prompt=2 * BUDGET,
+                            repeats=args.calibrate_repeats)
             profile = cal.profile
             out["calibration"] = {"seconds": time.time() - t, "load_average": os.getloadavg(), "step": profile["step"],
                                   "request_overhead_s": profile["request_overhead_s"],
