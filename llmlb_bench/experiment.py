@@ -73,12 +73,12 @@ class RunInterrupted(KeyboardInterrupt):
 def replay_run(trace: pa.Table, trace_path: Path, pre: Preflight, policy: str, policy_args: Mapping[str, Any],
                seed: int, results: Path, options: ReplayOptions, *, label: str | None = None,
                run_id: str | None = None, sweep: Mapping[str, Any] | None = None, resume: Resume | None = None,
-               power: list[Domain] | None = None, client_notes: Mapping[str, Any] | None = None) -> RunStore:
+               power: list[Domain] | None = None, self_check: dict[str, Any] | None = None) -> RunStore:
     """Replay ``trace`` against the endpoints ``pre`` checked, routed by ``policy``; returns the closed run.
 
     ``resume``: continue that partial run (its folder, moved aside by ``prepare_resume``, is put
-    back if the replay is refused before it starts). ``client_notes`` go into the summary's
-    ``client`` section (the self-check). Ctrl-C raises :class:`RunInterrupted`.
+    back if the replay is refused before it starts). ``self_check`` (the client timed on a no-op
+    server) goes into the summary's ``client`` section. Ctrl-C raises :class:`RunInterrupted`.
     """
     from llmlb_bench.calibrate.endpoint import cache_block_size
     from llmlb_bench.replay import replay
@@ -101,8 +101,8 @@ def replay_run(trace: pa.Table, trace_path: Path, pre: Preflight, policy: str, p
         with store:
             replay(trace, [ep.url for ep in pre.endpoints], pol, store, options, pre=pre, resume=resume,
                    power=power)
-            if client_notes:
-                store.summary["client"].update(client_notes)
+            if self_check is not None:
+                store.summary["client"]["self_check"] = self_check
     except FileExistsError:
         if resume is not None:
             resume.restore()

@@ -14,6 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import cli
+from llmlb_bench.report.shape import ReportDoc
+from llmlb_bench.run_summary import RunSummary
+from shape_check import mismatches
 from llmlb_bench.schema import write_trace
 from llmlb_bench.workload import generate, load_spec
 
@@ -25,6 +28,7 @@ class Run:
     def __init__(self, folder: Path) -> None:
         meta = json.loads((folder / "run.json").read_text())
         self.summary: dict[str, Any] = meta["summary"]
+        self.report: dict[str, Any] = {}           # the JSON report simulate printed
         self.cluster: dict[str, Any] = meta["config"]["cluster"]
         self.requests = pq.read_table(folder / "requests.parquet").to_pylist()
         self.series: pa.Table = pq.read_table(folder / "series.parquet")
@@ -96,11 +100,16 @@ def test_the_preset_runs_and_shows_its_feature(name: str, tmp_path: Path, capsys
 
     def simulate(extra: list[str]) -> Run:
         run_id = f"r{len(list(tmp_path.glob('r*')))}"
-        code, _, err = cli(["simulate", str(trace), "--cluster", str(REPO / "clusters" / f"{name}.toml"), "-p", policy,
+        code, out, err = cli(["simulate", str(trace), "--cluster", str(REPO / "clusters" / f"{name}.toml"), "-p", policy,
                             "--results", str(tmp_path), "--run-id", run_id, "-f", "json", *extra], capsys)
         assert code == 0, err
-        return Run(tmp_path / run_id)
+        run = Run(tmp_path / run_id)
+        run.report = json.loads(out)
+        return run
 
     run = simulate([])
     assert len(run.requests) == n and run.summary["requests"] == n
     assert check(run, simulate), f"{name}: its run does not show the feature it exists for"
+    # what the simulator wrote and the report printed have the shapes their types declare
+    assert mismatches(run.summary, RunSummary, "summary") == []
+    assert mismatches(run.report, ReportDoc, "report") == []

@@ -19,8 +19,10 @@ import pytest
 from aiohttp import web
 from conftest import cli, make_trace
 from replay_helpers import run_replay, servers, token_count  # noqa: F401  (servers is a fixture)
+from shape_check import mismatches
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.run_summary import RunSummary
 from llmlb_bench.policies import Policy, RouteRequest, View
 from llmlb_bench.policies.base import HOLD, REJECT
 from llmlb_bench.replay import ReplayOptions
@@ -199,6 +201,7 @@ def test_every_request_streams_and_is_timed_from_its_schedule(servers, tmp_path)
     lag = meta["summary"]["client"]["dispatch_lag_ms"]
     worst_ms = max(r["sent_s"] - r["scheduled_s"] for r in rows) * 1e3
     assert 0 <= lag["p50"] <= lag["p99"] <= lag["max"] <= worst_ms + 1e-3
+    assert mismatches(meta["summary"], RunSummary, "summary") == []   # the shape run_summary.py declares
 
 
 def test_self_check_measures_the_client_against_a_local_noop_server():

@@ -17,6 +17,7 @@ from llmlb_bench.cli.common import (Api, Executor, PolicyArgs, RayAddress, Repor
                                     SloOpt, ThinkTime, Users, WorkerExecutor, Workers, check_workers)
 from llmlb_bench.errors import UserError
 from llmlb_bench.redact import redact
+from llmlb_bench.run_summary import ClientSummary, ReplaySummary
 
 
 def _timeout(value: float | None) -> float | None:
@@ -126,7 +127,7 @@ def replay(
             store = replay_run(table, trace, pre, policy, policy_args, seed, results, options,
                                label=label or default_label(pre.endpoints[0].url, policy, len(pre.endpoints)),
                                run_id=run_id, resume=res, power=power,
-                               client_notes={"self_check": check} if check is not None else None)
+                               self_check=check)
     except RunInterrupted as exc:
         err_console.print(f"run kept as partial in {exc.run_dir}; continue it with --resume {exc.run_dir}",
                           highlight=False, soft_wrap=True)
@@ -153,7 +154,7 @@ def statuses_text(statuses: Mapping[str, int]) -> str:
     return ", ".join(f"{n:,} {status}" for status, n in ranked) or "none"
 
 
-def sent_line(replay: Mapping[str, Any], client: Mapping[str, Any]) -> str:
+def sent_line(replay: ReplaySummary, client: ClientSummary) -> str:
     """What was sent and how it ended, and whether the client itself was late (naming the threshold)."""
     lag = client["dispatch_lag_ms"]
     over = (f" [bold red](over the {client['lag_threshold_ms']:g} ms threshold: the client was the bottleneck)[/]"

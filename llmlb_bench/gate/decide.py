@@ -62,7 +62,7 @@ import math
 import zlib
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -167,9 +167,9 @@ def _request_stat(metric: Metric, runs: Sequence[RunSample], w: np.ndarray) -> n
 
 
 def _figure(run: RunSample, path: tuple[str, ...]) -> float | None:
-    value: Any = run.summary
+    value: object = run.summary
     for key in path:
-        value = (value or {}).get(key)
+        value = value.get(key) if isinstance(value, Mapping) else None
     return float(value) if isinstance(value, (int, float)) else None
 
 

@@ -21,7 +21,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -42,7 +42,8 @@ class RunSample:
     ok: np.ndarray                     # bool per request
     good: np.ndarray                   # bool per request (False without an SLO)
     latency: dict[str, np.ndarray]     # column -> value per request (NaN: not ok, or none)
-    summary: dict[str, Any] = field(repr=False)
+    #: the figures a run-level rule reads by path: the run's (metrics.run_figures.RunFigures), or a sweep seed's capacity
+    summary: Mapping[str, object] = field(repr=False)
     request_id: np.ndarray | None = None  # int per request, ascending (None: figures only, no requests)
     trace: str | None = None              # SHA-256 of the trace file the run replayed
     #: what must match across the sides (metrics.comparable.workload_identity; a sweep's SLO and target)

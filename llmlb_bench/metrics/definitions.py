@@ -23,16 +23,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
+
+from llmlb_bench.metrics.run_figures import AnswerName, LatencyName
 
 if TYPE_CHECKING:       # a type only: importing distribution (numpy) here would slow `llmlb report --help`
     from llmlb_bench.metrics.distribution import Method
 
 #: Latency figures every report shows, in display order.
-LATENCY_FIGURES = ("ttft", "tpot", "itl", "e2e", "norm_latency")
+LATENCY_FIGURES: tuple[LatencyName, ...] = get_args(LatencyName)
 #: The answer's figures, shown for runs with reasoning (llmlb_bench.metrics.sql): time to first answer
 #: token and the answer's TPOT, judged as vLLM's TPOT is under both definitions
-ANSWER_FIGURES = ("ttfa", "answer_tpot")
+ANSWER_FIGURES: tuple[AnswerName, ...] = get_args(AnswerName)
 #: sent - scheduled: the router wait, or a replay's client lag (llmlb_bench.metrics.origin)
 WAIT = "wait"
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -35,16 +36,17 @@ from llmlb_bench.metrics.control import control
 from llmlb_bench.metrics.conversations import conversations
 from llmlb_bench.metrics.adapters import adapter_loads
 from llmlb_bench.metrics.counts import GROUPS, cells_sql, rollup
-from llmlb_bench.metrics.definitions import ANSWER_FIGURES, LATENCY_FIGURES, WAIT, WAIT_FIGURE, Definitions, figures
+from llmlb_bench.metrics.definitions import ANSWER_FIGURES, WAIT, WAIT_FIGURE, Definitions, Figure, figures
 from llmlb_bench.metrics.distribution import Sample, describe
 from llmlb_bench.metrics.energy import energy_and_cost
 from llmlb_bench.metrics.fairness import fairness
 from llmlb_bench.metrics.failures import failure_sql, failures
 from llmlb_bench.metrics.goodput import offered_rate
 from llmlb_bench.metrics.identity import facets, names
-from llmlb_bench.metrics.latency import latency
+from llmlb_bench.metrics.latency import Latency, latency
 from llmlb_bench.metrics.origin import arrival_runs, lag_threshold_ms, latency_from, wait_kind
 from llmlb_bench.metrics.pacing import pacing
+from llmlb_bench.metrics.run_figures import RunFigures
 from llmlb_bench.metrics.sample import DEFAULT_SAMPLE, create_token_table, is_sampled
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.speculative import speculative
@@ -52,7 +54,6 @@ from llmlb_bench.metrics.sql import request_metrics_sql
 from llmlb_bench.metrics.cache_accounting import accounting_summary
 from llmlb_bench.metrics.state import serving_state
 from llmlb_bench.metrics.steady import steady_state
-from llmlb_bench.schema import STATUSES
 from llmlb_bench.store.views import Catalog
 
 
@@ -76,8 +77,8 @@ def _group(m: dict[str, Any], percentiles: dict[str, float]) -> dict[str, Any]:
             "service": m["service"], "norm_latency_mean": m["norm_latency_mean"]}
 
 
-def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = None) -> list[dict[str, Any]]:
-    """One summary dict per run that has request rows, in the catalog's order
+def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = None) -> list[RunFigures]:
+    """One run's figures (metrics/run_figures.py) per run that has request rows, in the catalog's order
     (run folders as given; folders found inside a results directory sorted by path)."""
     opt = options or Options()
     metas = metas_of(cat.runs_table)
@@ -111,19 +112,34 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     loads = adapter_loads(cat)
     spec = speculative(cat)
     failed = failures(cat.query(failure_sql()))
-    out = []
+    ids = [run["run_id"] for run in runs]
+    windows = {k: arrival_window(counts[k]["requests"], counts[k]["t0"], counts[k]["last_scheduled"], metas[k])
+               or durations[k] for k in ids}
+    steady = steady_state(cat, {k: {
+        "t0": counts[k]["t0"], "t1": counts[k]["last_scheduled"],
+        "window_s": windows[k], "attainment": _attainment(counts[k]) if slo is not None else None,
+        "tail_s": None if counts[k]["t1"] is None else
+        counts[k]["t1"] - counts[k]["last_scheduled"]} for k in ids}, slo)
+    loops = control(cat, {k: {"spec": (metas[k].get("trace") or {}).get("spec"),
+                              "t1": counts[k]["last_scheduled"]} for k in ids}, slo)
+    run_facets = {k: facets(metas[k]) for k in ids}
+    named = names(run_facets, {run["run_id"]: run["label"] for run in runs})
+    out: list[RunFigures] = []
     for run in runs:
         run_id = run["run_id"]
         c = counts[run_id]
         duration = durations[run_id]
-        window = arrival_window(c["requests"], c["t0"], c["last_scheduled"], metas[run_id]) or duration
+        window = windows[run_id]
         per_s = (lambda x, w=window: x / w) if window > 0 else (lambda x: None)
         per_d = (lambda x, d=duration: x / d) if duration > 0 else (lambda x: None)
         offered = offered_rate(metas[run_id], c["requests"], c["t0"], c["last_scheduled"])
-        s: dict[str, Any] = {
+        fig = partial(_describe, lat, figs, opt, run_id)
+        out.append({
             "run_id": run_id, "label": run["label"], "policy": run["policy"],
             "backend": run["backend"], "status": run["status"], "created_utc": run["created_utc"],
-            "requests": c["requests"], **{st: c[st] for st in STATUSES},
+            "requests": c["requests"],
+            "ok": c["ok"], "error": c["error"], "timeout": c["timeout"], "rejected": c["rejected"],
+            "not_sent": c["not_sent"],
             "failures": failed.get(run_id, []),   # not-ok requests by status and reason (metrics.failures)
             "duration_s": duration,
             "window_s": window,
@@ -140,53 +156,49 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
             "input_tokens": c["input_tokens"], "output_tokens": c["output_tokens"],
             "cached_tokens": c["cached_tokens"], "preemptions": c["preemptions"],
             "definitions": opt.definitions.value,
-            "facets": facets(metas[run_id]),
+            "facets": run_facets[run_id],
             "latency_from": latency_from(metas[run_id]),
             "wait": _wait(lat.samples.get((run_id, WAIT)), metas[run_id]),
-        }
-        for name in LATENCY_FIGURES:
-            s[name] = describe(lat.samples.get((run_id, name)), figs[name].method, seed=opt.seed,
-                               key=(run_id, name), ci=opt.ci, level=opt.confidence, cdf=opt.cdf)
-        s["reasoning"] = _reasoning(c, {name: describe(lat.samples.get((run_id, name)), figs[name].method,
-                                                       seed=opt.seed, key=(run_id, name), ci=opt.ci,
-                                                       level=opt.confidence, cdf=opt.cdf)
-                                        for name in ANSWER_FIGURES} if c["reasoning_tokens"] else {})
-        if slo is not None:
-            s["slo"] = {
+            "ttft": fig("ttft"), "tpot": fig("tpot"), "itl": fig("itl"), "e2e": fig("e2e"),
+            "norm_latency": fig("norm_latency"),
+            "reasoning": _reasoning(c, {name: fig(name) for name in ANSWER_FIGURES} if c["reasoning_tokens"] else {}),
+            "slo": None if slo is None else {
                 "spec": slo.to_dict(),
                 "good": c["good"],
                 "good_tokens": c["good_tokens"],
-                "attainment": c["good"] / c["requests"] if c["requests"] else None,
+                "attainment": _attainment(c),
                 "goodput": per_s(c["good"]),
                 "good_token_throughput": per_s(c["good_tokens"]),
-            }
-        s["per_class"] = tables["slo_class"].get(run_id)    # None for a run of one class and one tenant
-        s["per_tenant"] = tables["tenant"].get(run_id)
-        s["per_adapter"] = tables["adapter"].get(run_id)    # null adapter = the base model ("base")
-        s["adapter_loads"] = loads.get(run_id)              # None where no target loads adapters
-        s["pacing"] = pace.get(run_id)
-        s["speculative"] = spec.get(run_id)
-        s["fairness"] = fair.get(run_id)
-        s["energy"] = energy.get(run_id)
-        s["state"] = state.get(run_id)
-        s["conversations"] = talks.get(run_id)  # None for a run without sessions
-        s["prefix_cache"] = cache.get(run_id)
-        out.append(s)
-    steady = steady_state(cat, {s["run_id"]: {
-        "t0": counts[s["run_id"]]["t0"], "t1": counts[s["run_id"]]["last_scheduled"],
-        "window_s": s["window_s"], "attainment": (s.get("slo") or {}).get("attainment"),
-        "tail_s": None if counts[s["run_id"]]["t1"] is None else
-        counts[s["run_id"]]["t1"] - counts[s["run_id"]]["last_scheduled"]} for s in out}, slo)
-    for s in out:
-        s["steady"] = steady[s["run_id"]]
-    loops = control(cat, {s["run_id"]: {"spec": (metas[s["run_id"]].get("trace") or {}).get("spec"),
-                                        "t1": counts[s["run_id"]]["last_scheduled"]} for s in out}, slo)
-    for s in out:
-        s["control"] = loops.get(s["run_id"])     # None for a run without a load step in its workload
-    named = names({s["run_id"]: s["facets"] for s in out}, {s["run_id"]: s["label"] for s in out})
-    for s in out:
-        s["name"] = named[s["run_id"]]
+            },
+            "per_class": tables["slo_class"].get(run_id),    # None for a run of one class and one tenant
+            "per_tenant": tables["tenant"].get(run_id),
+            "per_adapter": tables["adapter"].get(run_id),    # null adapter = the base model ("base")
+            "adapter_loads": loads.get(run_id),              # None where no target loads adapters
+            "pacing": pace.get(run_id),
+            "speculative": spec.get(run_id),
+            "fairness": fair.get(run_id),
+            "energy": energy.get(run_id),
+            "state": state.get(run_id),
+            "conversations": talks.get(run_id),  # None for a run without sessions
+            "prefix_cache": cache.get(run_id),
+            "steady": steady[run_id],
+            "control": loops.get(run_id),     # None for a run without a load step in its workload
+            "name": named[run_id],
+        })
     return out
+
+
+def _describe(lat: Latency, figs: Mapping[str, Figure], opt: Options, run_id: str, name: str) -> dict[str, Any]:
+    """One latency figure of one run: its count, mean, percentiles and their intervals (and CDF)."""
+    return describe(lat.samples.get((run_id, name)), figs[name].method, seed=opt.seed, key=(run_id, name),
+                    ci=opt.ci, level=opt.confidence, cdf=opt.cdf)
+
+
+def _attainment(c: Mapping[str, Any]) -> float | None:
+    """Good requests / all requests (failed ones count as not good)."""
+    good: int = c["good"]
+    requests: int = c["requests"]
+    return good / requests if requests else None
 
 
 def _reasoning(c: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any] | None:

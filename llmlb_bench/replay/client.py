@@ -1,4 +1,5 @@
-"""The client's own figures of a replay (run.json ``summary.client``): how late it sent, what it cost.
+"""The client's own figures of a replay (run.json ``summary.client``: how late it sent, what it cost) and its
+totals (``summary.replay``).
 
 Kept apart from the replayer so that the several-worker merge (:mod:`llmlb_bench.replay.workers`)
 computes the same figures over every worker's rows without importing the replayer's entry point.
@@ -6,16 +7,24 @@ computes the same figures over every worker's rows without importing the replaye
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 import numpy as np
 
+from llmlb_bench.run_summary import ClientSummary, ReplaySummary
+
+if TYPE_CHECKING:
+    from llmlb_bench.replay.preflight import Preflight
+
 
 def client_summary(lateness_s: np.ndarray, cpu_s: float, sent: int, loop_kind: str, t0: float,
-                   threshold_ms: float, workers: int = 1) -> dict[str, Any]:
+                   threshold_ms: float, workers: int = 1) -> ClientSummary:
     """The self-check figures stored as run.json ``summary.client``."""
     lag = lateness_s * 1e3
-    pct = (lambda q: round(float(np.percentile(lag, q)), 4)) if lag.size else (lambda q: None)
+
+    def pct(q: float) -> float | None:
+        return round(float(np.percentile(lag, q)), 4) if lag.size else None
+
     p99 = pct(99)
     return {
         "event_loop": loop_kind,
@@ -30,9 +39,14 @@ def client_summary(lateness_s: np.ndarray, cpu_s: float, sent: int, loop_kind: s
     }
 
 
-def send_figures(sent: int, first_sent: float | None, last_sent: float | None,
-                 last_end: float | None) -> dict[str, float | None]:
-    """Achieved send rate and the span from the first send to the last end."""
+def replay_summary(statuses: Mapping[str, int], sent: int, first_sent: float | None, last_sent: float | None,
+                   last_end: float | None, interrupted: bool, pre: Preflight, scraped: Iterable[str]) -> ReplaySummary:
+    """The replay's totals stored as run.json ``summary.replay``, by one process or merged from its workers:
+    statuses, the achieved send rate and the span from the first send to the last end, the endpoints."""
     span = (last_sent - first_sent) if sent > 1 and first_sent is not None and last_sent is not None else None
-    return {"send_rate_rps": round((sent - 1) / span, 3) if span else None,
-            "duration_s": round(last_end - first_sent, 6) if last_end is not None and first_sent is not None else None}
+    return {"statuses": dict(statuses), "sent": sent,
+            "send_rate_rps": round((sent - 1) / span, 3) if span else None,
+            "duration_s": round(last_end - first_sent, 6) if last_end is not None and first_sent is not None else None,
+            "interrupted": interrupted, "endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
+            "notes": pre.notes, "scraped_metrics": sorted(set(scraped)),
+            "prompt_lengths": pre.prompt_lengths, "prompt_length_check": pre.length_check}

@@ -67,7 +67,7 @@ def replay(trace: pa.Table, endpoints: list[str], policy: Any, run: RunStore,
 def _keep_server_check(witness: ServerWitness, run: RunStore, resume: Resume | None) -> None:
     """Sent against received (replay.witness.server_check) into ``summary.client`` once the
     requests file is closed; rows carried over by ``--resume`` were sent in another run."""
-    t0 = (run.summary.get("client") or {}).get("t0_clock_s")
+    t0 = _client_t0(run)
     if t0 is None:  # the run never started
         return
     carried = pa.array(sorted(resume.done_ids) if resume is not None else [], pa.int64())
@@ -80,14 +80,14 @@ def _keep_server_check(witness: ServerWitness, run: RunStore, resume: Resume | N
         if len(carried):
             rows = rows.filter(pc.invert(pc.is_in(rows.column("request_id"), value_set=carried)))
         readings = dict(zip(witness.urls, witness.readings))
-        store.summary.setdefault("client", {})["server_check"] = server_check(rows, readings, t0)
+        store.summary["client"]["server_check"] = server_check(rows, readings, t0)
     run.finalizers.append(finalize)
 
 
 def _keep_power(sampler: PowerSampler, run: RunStore, resume: Resume | None) -> None:
     """Power readings into the series, and energy into the requests once the store closes."""
     sampler.stop()
-    t0 = (run.summary.get("client") or {}).get("t0_clock_s")
+    t0 = _client_t0(run)
     if t0 is None:  # the run never started
         return
     run.series.write(sampler.series(t0))
@@ -100,3 +100,9 @@ def _keep_power(sampler: PowerSampler, run: RunStore, resume: Resume | None) -> 
             energy["domains"][target].update(info)
         store.summary["energy"] = {**energy, "interval_s": sampler.interval}
     run.finalizers.append(finalize)
+
+
+def _client_t0(run: RunStore) -> float | None:
+    """The replay client's clock at the run's origin; None when the run never started (no client figures)."""
+    client = run.summary.get("client")
+    return None if client is None else client["t0_clock_s"]

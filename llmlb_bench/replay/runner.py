@@ -56,7 +56,7 @@ from llmlb_bench.replay.flight import Flight
 from llmlb_bench.replay.http import Pool, build_request, simple_request
 from llmlb_bench.replay.media import AUDIO_TOKENS_PER_S, image_side, png_data_url, wav_base64
 from llmlb_bench.replay.options import RETRY_STATUSES, ReplayOptions
-from llmlb_bench.replay.client import client_summary, send_figures
+from llmlb_bench.replay.client import client_summary, replay_summary
 from llmlb_bench.replay.preflight import Preflight, request_headers
 from llmlb_bench.replay.prompts import PromptBuilder
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
@@ -659,19 +659,9 @@ class Replayer:
     def _summary(self, cpu_s: float) -> dict[str, Any]:
         client = client_summary(np.asarray(self.lateness), cpu_s, self.sent, self.loop_kind, self.t0,
                                 self.options.lag_threshold_ms)
-        replay = {
-            "statuses": dict(self.status),
-            "sent": self.sent,
-            **send_figures(self.sent, self.first_sent, self.last_sent, self.last_end),
-            "interrupted": self.interrupted,
-            "endpoints": self.names,
-            "models": self.pre.models,
-            "notes": self.pre.notes,
-            "scraped_metrics": sorted(self.scraped),
-            "multimodal_dropped": self.media_dropped,
-            "prompt_lengths": self.pre.prompt_lengths,
-            "prompt_length_check": self.pre.length_check,
-        }
+        replay = replay_summary(self.status, self.sent, self.first_sent, self.last_sent, self.last_end,
+                                self.interrupted, self.pre, self.scraped)
+        replay["multimodal_dropped"] = self.media_dropped
         if self.resume is not None:
             replay["resumed"] = {"carried_rows": self.resume.carried.num_rows}
         self.run_store.summary["client"] = client

@@ -42,7 +42,8 @@ from llmlb_bench.replay.options import ReplayOptions
 from llmlb_bench.replay.preflight import Preflight
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
 from llmlb_bench.replay.rows import write_table
-from llmlb_bench.replay.client import client_summary, send_figures
+from llmlb_bench.replay.client import client_summary, replay_summary
+from llmlb_bench.run_summary import RunSummary
 from llmlb_bench.replay.runner import Replayer
 from llmlb_bench.schema import REQUESTS, SERIES
 from llmlb_bench.store import ParquetSink, RunStore
@@ -88,7 +89,7 @@ class PartStore:
         self.requests = requests if requests is not None else ParquetSink(
             folder / "requests.parquet", REQUESTS, constants={"run_id": run_id})
         self.series = ParquetSink(folder / "series.parquet", SERIES, constants={"run_id": run_id})
-        self.summary: dict[str, Any] = {}
+        self.summary: RunSummary = {}
 
     def close(self) -> None:
         try:
@@ -221,7 +222,7 @@ class WorkerOutcome:
     requests: pa.Table | None = None
     series: pa.Table | None = None
     #: its replayer's summary (``None``: it never finished, so the run is incomplete)
-    summary: dict[str, Any] | None = None
+    summary: RunSummary | None = None
     #: its dispatch lag, seconds per request
     lateness: np.ndarray = field(default_factory=lambda: np.zeros(0))
     interrupted: bool = False
@@ -265,9 +266,9 @@ def merge_outcomes(plan: WorkerPlan, run: RunStore, outcomes: list[WorkerOutcome
             interrupted = True
             continue
         interrupted |= out.interrupted
-        client = out.summary.get("client", {})
-        cpu += client.get("cpu_s", 0.0)
-        loop_kind = client.get("event_loop", loop_kind)
+        part = out.summary.get("client", {})
+        cpu += part.get("cpu_s", 0.0)
+        loop_kind = part.get("event_loop", loop_kind)
         scraped += out.summary.get("replay", {}).get("scraped_metrics", [])
         lateness.append(out.lateness)
     done = pa.concat_tables(written) if written else None
@@ -284,12 +285,8 @@ def merge_outcomes(plan: WorkerPlan, run: RunStore, outcomes: list[WorkerOutcome
     ends = pc.max(pc.coalesce(done.column("last_token_s"), done.column("sent_s"))).as_py() if done is not None else None
     client = client_summary(np.concatenate(lateness) if lateness else np.zeros(0), cpu, int(sent.size), loop_kind,
                             t0, options.lag_threshold_ms, workers=options.workers)
-    replay = {"statuses": dict(statuses), "sent": int(sent.size),
-              **send_figures(int(sent.size), float(sent.min()) if sent.size else None,
-                             float(sent.max()) if sent.size else None, ends),
-              "interrupted": interrupted, "endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
-              "notes": pre.notes, "scraped_metrics": sorted(set(scraped)),
-              "prompt_lengths": pre.prompt_lengths, "prompt_length_check": pre.length_check}
+    replay = replay_summary(statuses, int(sent.size), float(sent.min()) if sent.size else None,
+                            float(sent.max()) if sent.size else None, ends, interrupted, pre, scraped)
     if plan.carried:
         replay["resumed"] = {"carried_rows": sum(plan.carried.values())}
     run.summary["client"] = client

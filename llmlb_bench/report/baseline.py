@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypeVar
 
 from llmlb_bench.errors import UserError
 
 FLAG = "--baseline"
+#: a run summary (metrics.run_figures.RunFigures, or a run.json row): the rule reads only its names and time
+R = TypeVar("R", bound=Mapping[str, Any])
 
 
 def created(s: Mapping[str, Any]) -> dt.datetime:
@@ -35,7 +37,7 @@ def created(s: Mapping[str, Any]) -> dt.datetime:
     return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
 
 
-def first_created(runs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+def first_created(runs: Sequence[R]) -> R:
     """The run created first; the earliest found among equal times."""
     return min(enumerate(runs), key=lambda ir: (created(ir[1]), ir[0]))[1]
 
@@ -44,7 +46,7 @@ def _matches(s: Mapping[str, Any], name: str) -> bool:
     return name in (s["run_id"], s.get("name"), s.get("label"), s.get("policy")) or Path(name).name == s["run_id"]
 
 
-def named(runs: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any]:
+def named(runs: Sequence[R], name: str) -> R:
     """The one run ``name`` designates; a one-line error when none or several do."""
     found = [s for s in runs if _matches(s, name)]
     if len(found) == 1:
@@ -58,7 +60,7 @@ def named(runs: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any]:
                     "name one by its run id", FLAG)
 
 
-def pick_baseline(group: Sequence[Mapping[str, Any]], name: str | None) -> Mapping[str, Any] | None:
+def pick_baseline(group: Sequence[R], name: str | None) -> R | None:
     """The baseline of one group of comparable runs (run summaries with ``run_id``, ``name``, ``label``,
     ``policy`` and ``created_utc``): the run ``name`` designates (None when it designates none of them),
     else the one created first."""

@@ -1,6 +1,6 @@
 """The report document: everything a renderer shows, computed once from a catalog.
 
-``build`` returns a plain dict (JSON-ready after :func:`to_json`): the
+``build`` returns a :class:`ReportDoc` (a typed dict, JSON-ready after :func:`to_json`): the
 options it was made with, the verdicts against the baseline
 (:mod:`llmlb_bench.report.verdict`), one summary per run
 (:func:`llmlb_bench.metrics.summary.summarize`) and the load curves across
@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.identity import common
@@ -22,6 +21,7 @@ from llmlb_bench.metrics.load import load_curves
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import Options, summarize
 from llmlb_bench.report.notes import run_notes
+from llmlb_bench.report.shape import LeftOut, OptionsDoc, ReportDoc
 from llmlb_bench.report.verdict import verdicts
 from llmlb_bench.store.views import Catalog
 
@@ -35,15 +35,16 @@ class ReportOptions:
     target: float = 0.9
     baseline: str | None = None          # run id, name or folder of the verdicts' baseline (default: created first)
 
-    def to_dict(self) -> dict[str, Any]:
-        opts = asdict(self.summary)
-        opts["definitions"] = self.summary.definitions.value
+    def to_dict(self) -> OptionsDoc:
+        o = self.summary
         return {"slo": self.slo.to_dict() if self.slo else None,
                 "slo_text": self.slo.describe() if self.slo else None,
-                "attainment_target": self.target, **opts}
+                "attainment_target": self.target,
+                "definitions": o.definitions.value, "seed": o.seed, "ci": o.ci, "confidence": o.confidence,
+                "window_s": o.window_s, "price_per_hour": o.price_per_hour, "token_sample": o.token_sample,
+                "cdf": o.cdf}
 
-
-def build(cat: Catalog, options: ReportOptions, where: str = "runs") -> dict[str, Any]:
+def build(cat: Catalog, options: ReportOptions, where: str = "runs") -> ReportDoc:
     """The report document of every run in ``cat`` that has request rows."""
     runs = summarize(cat, options.slo, options.summary)
     dropped = left_out(cat, {s["run_id"] for s in runs})
@@ -62,10 +63,9 @@ def build(cat: Catalog, options: ReportOptions, where: str = "runs") -> dict[str
         + run_notes(runs),
     }
 
-
-def left_out(cat: Catalog, shown: set[str]) -> list[dict[str, Any]]:
+def left_out(cat: Catalog, shown: set[str]) -> list[LeftOut]:
     """Runs found but not in the report, each with why: a broken requests table, or no request rows."""
-    out = []
+    out: list[LeftOut] = []
     for r in cat.runs_table.to_pylist():
         if r["run_id"] in shown:
             continue
@@ -75,8 +75,7 @@ def left_out(cat: Catalog, shown: set[str]) -> list[dict[str, Any]]:
                     "why": f"run {r['run_id']} ({r['dir']}) left out: {why}"})
     return out
 
-
-def _finite(x: Any) -> Any:
+def _finite(x: object) -> object:
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
@@ -85,7 +84,6 @@ def _finite(x: Any) -> Any:
         return [_finite(v) for v in x]
     return x
 
-
-def to_json(doc: dict[str, Any]) -> str:
+def to_json(doc: ReportDoc) -> str:
     """Strict JSON (non-finite numbers become null)."""
     return json.dumps(_finite(doc), indent=2, allow_nan=False) + "\n"

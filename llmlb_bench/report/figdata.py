@@ -13,15 +13,18 @@ from __future__ import annotations
 from typing import Any
 
 from llmlb_bench.metrics.distribution import CDF_PROBABILITIES
+from llmlb_bench.metrics.run_figures import LatencyName
 from llmlb_bench.metrics.sql import exact_avg
+from llmlb_bench.report.shape import ReportDoc
 from llmlb_bench.store.views import Catalog
 
 #: Figures drawn as CDFs: (label, summary figure, unit scale, unit).
-CDF_FIGURES = (("TTFT", "ttft", 1e3, "ms"), ("TPOT", "tpot", 1e3, "ms"), ("E2E", "e2e", 1.0, "s"))
+CDF_FIGURES: tuple[tuple[str, LatencyName, float, str], ...] = (
+    ("TTFT", "ttft", 1e3, "ms"), ("TPOT", "tpot", 1e3, "ms"), ("E2E", "e2e", 1.0, "s"))
 TIMELINE_POINTS = 400
 
 
-def latency_cdfs(doc: dict[str, Any]) -> dict[str, dict[str, dict[str, list[float]]]]:
+def latency_cdfs(doc: ReportDoc) -> dict[str, dict[str, dict[str, list[float]]]]:
     """``{label: {run_id: {"x": quantiles (display unit), "p": probabilities}}}`` from the summaries."""
     out: dict[str, dict[str, dict[str, list[float]]]] = {}
     for label, fig, scale, _unit in CDF_FIGURES:
@@ -49,6 +52,6 @@ def timelines(cat: Catalog) -> dict[str, dict[str, dict[str, list[float]]]]:
     return out
 
 
-def figure_data(cat: Catalog, doc: dict[str, Any]) -> dict[str, Any]:
+def figure_data(cat: Catalog, doc: ReportDoc) -> dict[str, Any]:
     """Everything :mod:`llmlb_bench.report.figures` needs beyond the report document's tables."""
     return {"cdfs": latency_cdfs(doc), "timelines": timelines(cat)}

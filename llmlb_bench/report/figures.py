@@ -18,10 +18,11 @@ from __future__ import annotations
 import io
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.report.figdata import CDF_FIGURES
+from llmlb_bench.report.shape import ReportDoc
 from llmlb_bench.report.tables import run_name
 
 FORMATS = ("png", "svg", "pdf")
@@ -63,7 +64,7 @@ def _colors(n: int) -> list[Any]:
     return [cmap(i % cmap.N) for i in range(n)]
 
 
-def _err(s: dict[str, Any], fig: str, p: str, scale: float) -> tuple[float, float, float]:
+def _err(s: Mapping[str, Any], fig: str, p: str, scale: float) -> tuple[float, float, float]:
     d = s.get(fig) or {}
     v = d.get(p)
     ci = (d.get("ci") or {}).get(p)
@@ -73,23 +74,23 @@ def _err(s: dict[str, Any], fig: str, p: str, scale: float) -> tuple[float, floa
     return v * scale, (v - lo) * scale, (hi - v) * scale
 
 
-def _attainment(s: dict[str, Any]) -> tuple[float, float, float]:
+def _attainment(s: Mapping[str, Any]) -> tuple[float, float, float]:
     a = (s.get("slo") or {}).get("attainment")
     return (100 * a if a is not None else float("nan")), 0.0, 0.0
 
 
-def _energy(key: str) -> Any:
+def _energy(key: str) -> Callable[[Mapping[str, Any]], tuple[float, float, float]]:
     return lambda s: ((s.get("energy") or {}).get(key) or float("nan"), 0.0, 0.0)
 
 
-def compare(doc: dict[str, Any]) -> Any:
+def compare(doc: ReportDoc) -> Any:
     plt = _plt()
     runs = doc["runs"]
     names = [run_name(s) for s in runs]
     colors = _colors(len(runs))
     with_slo = any(s.get("slo") for s in runs)
     energy_key = "j_per_good_token" if with_slo else "j_per_output_token"
-    panels: list[tuple[str, Callable[[dict[str, Any]], tuple[float, float, float]]]] = [
+    panels: list[tuple[str, Callable[[Mapping[str, Any]], tuple[float, float, float]]]] = [
         ("TTFT p99 (ms)", lambda s: _err(s, "ttft", "p99", 1e3)),
               ("E2E p99 (s)", lambda s: _err(s, "e2e", "p99", 1.0))]
     if with_slo:
@@ -108,7 +109,7 @@ def compare(doc: dict[str, Any]) -> Any:
     return fig
 
 
-def latency_cdf(doc: dict[str, Any], data: dict[str, Any]) -> Any:
+def latency_cdf(doc: ReportDoc, data: dict[str, Any]) -> Any:
     plt = _plt()
     runs = doc["runs"]
     colors = _colors(len(runs))
@@ -126,14 +127,14 @@ def latency_cdf(doc: dict[str, Any], data: dict[str, Any]) -> Any:
     return fig
 
 
-def tenants(doc: dict[str, Any]) -> Any | None:
+def tenants(doc: ReportDoc) -> Any | None:
     runs = [s for s in doc["runs"] if s.get("fairness")]
     if not runs:
         return None
     plt = _plt()
-    names = sorted({t for s in runs for t in s["per_tenant"]})
+    names = sorted({t for s in runs for t in s["per_tenant"] or {}})
     colors = _colors(len(runs))
-    panels: list[tuple[str, Callable[[dict[str, Any], str], float]]] = [("mean normalized latency (ms/token)",
+    panels: list[tuple[str, Callable[[Mapping[str, Any], str], float]]] = [("mean normalized latency (ms/token)",
                lambda s, t: 1e3 * ((s["fairness"]["per_tenant"].get(t) or {}).get("norm_latency_mean") or float("nan")))]
     if any(s.get("slo") for s in runs):
         panels.insert(0, ("SLO attainment (%)",
@@ -202,7 +203,7 @@ def timeline(name: str, targets: dict[str, dict[str, list[float]]]) -> Any:
     return fig
 
 
-def all_figures(doc: dict[str, Any], data: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
+def all_figures(doc: ReportDoc, data: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
     """``(file stem, caption, figure)`` for every figure the runs support."""
     yield "compare", "Policy comparison: p99 latency with 95% bootstrap intervals, attainment, energy", compare(doc)
     yield "latency_cdf", "Latency CDFs (ok requests)", latency_cdf(doc, data)
@@ -228,7 +229,7 @@ def _svg(fig: Any) -> str:
     return _METADATA.sub("", text[text.index("<svg"):])
 
 
-def render(doc: dict[str, Any], data: dict[str, Any], directory: Path | None = None,
+def render(doc: ReportDoc, data: dict[str, Any], directory: Path | None = None,
            formats: tuple[str, ...] = FORMATS) -> list[tuple[str, str, str]]:
     """Draw every figure once: ``(stem, caption, inline SVG)`` each, and files under ``directory`` if given.
 

@@ -9,10 +9,10 @@ be attached to a paper's artifact as it is.
 from __future__ import annotations
 
 import html
-from typing import Any
 
 from llmlb_bench import __version__
 from llmlb_bench.report import tables
+from llmlb_bench.report.shape import ReportDoc
 from llmlb_bench.report.tables import Table
 from llmlb_bench.report.verdict import verdict_lines
 
@@ -44,7 +44,7 @@ def table_html(t: Table) -> str:
             f"<tbody>{''.join(rows)}</tbody></table></div>{note}")
 
 
-def render(doc: dict[str, Any], figs: list[tuple[str, str, str]]) -> str:
+def render(doc: ReportDoc, figs: list[tuple[str, str, str]]) -> str:
     """The whole page; ``figs`` are :func:`llmlb_bench.report.figures.render`'s ``(stem, caption, svg)``."""
     opts = doc["options"]
     subtitle = f"{len(doc['runs'])} run(s), {opts['definitions']} definitions"

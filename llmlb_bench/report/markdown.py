@@ -7,9 +7,9 @@ comment stays short.
 
 from __future__ import annotations
 
-from typing import Any
 
 from llmlb_bench.report import tables
+from llmlb_bench.report.shape import ReportDoc
 from llmlb_bench.report.tables import Table
 from llmlb_bench.report.verdict import verdict_lines
 
@@ -29,7 +29,7 @@ def table_md(t: Table) -> str:
     return "\n".join(lines)
 
 
-def render(doc: dict[str, Any]) -> str:
+def render(doc: ReportDoc) -> str:
     opts = doc["options"]
     head = f"### llmlb report — {len(doc['runs'])} run(s), {opts['definitions']} definitions"
     if opts["slo_text"]:

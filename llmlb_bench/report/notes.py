@@ -8,15 +8,14 @@ schedule, latency that includes the client's lag, runs not in steady state.
 
 from __future__ import annotations
 
-from typing import Any
+from llmlb_bench.metrics.run_figures import RunFigures
 
 
-def _name(s: dict[str, Any]) -> str:
-    name: str = s.get("name") or s["label"] or s["run_id"]
-    return name
+def _name(s: RunFigures) -> str:
+    return s.get("name") or s["label"] or s["run_id"]
 
 
-def run_notes(runs: list[dict[str, Any]]) -> list[str]:
+def run_notes(runs: list[RunFigures]) -> list[str]:
     """The notes about the summarised runs (the caller adds those about runs that could not be read)."""
     out = []
     for s in runs:

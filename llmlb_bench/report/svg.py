@@ -10,6 +10,9 @@ import html
 import math
 from typing import Any, Callable, Sequence
 
+from llmlb_bench.metrics.run_figures import LatencyName
+from llmlb_bench.report.shape import ReportDoc
+
 #: a colour-blind-safe cycle (Okabe-Ito)
 COLOURS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
 W, H, LEFT, RIGHT, TOP, BOTTOM = 640, 320, 64, 170, 28, 44
@@ -79,14 +82,15 @@ def line_chart(title: str, series: Sequence[Series], xlabel: str, ylabel: str) -
     return "".join(out)
 
 
-def report_figures(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
+def report_figures(doc: ReportDoc) -> list[tuple[str, str, str]]:
     """The HTML report's figures without matplotlib: latency CDFs of TTFT and E2E (one line per run)
     and each load curve's goodput and E2E p99 against the offered rate; ``(stem, caption, svg)``."""
     from llmlb_bench.metrics.distribution import CDF_PROBABILITIES
     from llmlb_bench.report.tables import run_name
 
     out = []
-    for fig, label, unit, scale in (("ttft", "TTFT", "ms", 1e3), ("e2e", "E2E", "s", 1.0)):
+    cdfs: tuple[tuple[LatencyName, str, str, float], ...] = (("ttft", "TTFT", "ms", 1e3), ("e2e", "E2E", "s", 1.0))
+    for fig, label, unit, scale in cdfs:
         series = [(run_name(s), [v * scale for v in (s.get(fig) or {}).get("cdf") or []],
                    [100 * p for p in CDF_PROBABILITIES]) for s in doc["runs"] if (s.get(fig) or {}).get("cdf")]
         series = [(n, xs, ys) for n, xs, ys in series if xs]

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Literal, Mapping
 
 from llmlb_bench.metrics.definitions import ANSWER_FIGURES, LATENCY_FIGURES
 from llmlb_bench.metrics.distribution import PERCENTILES, pkey
+from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.report.shape import ReportDoc
 
-Getter = Callable[[dict[str, Any]], Any]
+#: one cell of a run's column: a figure read from its summary
+Getter = Callable[[RunFigures], object]
 
 
 @dataclass
@@ -48,14 +51,14 @@ def transpose(t: Table) -> Table:
                  note=t.note)
 
 
-def fmt(value: Any, spec: str) -> str:
+def fmt(value: object, spec: str) -> str:
     """A number in ``spec`` format, '-' when missing."""
     if value is None or (isinstance(value, float) and value != value):
         return "-"
     return format(value, spec)
 
 
-def _get(d: Any, *path: str) -> Any:
+def _get(d: object, *path: str) -> Any:
     for k in path:
         if not isinstance(d, dict):
             return None
@@ -67,15 +70,15 @@ def scaled(path: tuple[str, ...], scale: float) -> Getter:
     return lambda s: None if _get(s, *path) is None else _get(s, *path) * scale
 
 
-def interval(fig: str, p: str, scale: float, spec: str) -> Getter:
-    """'lo-hi' of a percentile's bootstrap interval."""
-    def get(s: dict[str, Any]) -> str | None:
+def interval(fig: str, p: str, scale: float, spec: str) -> Callable[[Mapping[str, Any]], str | None]:
+    """'lo-hi' of a percentile's bootstrap interval (of a run's figure, or of a load curve's point)."""
+    def get(s: Mapping[str, Any]) -> str | None:
         ci = _get(s, fig, "ci", p)
         return None if not ci else f"{fmt(ci[0] * scale, spec)}–{fmt(ci[1] * scale, spec)}"
     return get
 
 
-def run_name(s: dict[str, Any]) -> str:
+def run_name(s: RunFigures) -> str:
     """The run's name in this report: the facets that set it apart (metrics.identity), else its label."""
     name: str = s.get("name") or s["label"] or s["run_id"]
     return name
@@ -95,12 +98,12 @@ def _pct(path: tuple[str, ...]) -> Getter:
 WAIT_KINDS = {"router": "router wait", "client": "client lag", "router+client": "router wait + client lag"}
 
 
-def _failed(s: dict[str, Any]) -> int:
+def _failed(s: RunFigures) -> int:
     failed: int = s["error"] + s["timeout"] + s["rejected"] + s["not_sent"]
     return failed
 
 
-def comparison(doc: dict[str, Any]) -> Table:
+def comparison(doc: ReportDoc) -> Table:
     """One row per run: the headline figures, SLO figures when an SLO was given."""
     with_slo = doc["options"]["slo"] is not None
     cols: list[tuple[str, Getter, str]] = [
@@ -138,7 +141,7 @@ def comparison(doc: dict[str, Any]) -> Table:
     return t
 
 
-def failures(doc: dict[str, Any]) -> Table | None:
+def failures(doc: ReportDoc) -> Table | None:
     """Every request that is not ok, by run, status and normalised reason (metrics.failures); None when all
     are ok."""
     runs = [s for s in doc["runs"] if s.get("failures")]
@@ -152,7 +155,7 @@ def failures(doc: dict[str, Any]) -> Table | None:
     return t
 
 
-def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter, str]]]]:
+def _detail_rows(doc: ReportDoc) -> list[tuple[str, list[tuple[str, Getter, str]]]]:
     defs = doc["options"]["definitions"]
     latency: list[tuple[str, Getter, str]] = []
     for fig in LATENCY_FIGURES:
@@ -196,9 +199,9 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
             ("requests that reasoned", scaled(("reasoning", "requests"), 1), ",d"),
             ("reasoning share of output tokens (%)", _pct(("reasoning", "share")), ".1f"),
         ]
-        for fig in ANSWER_FIGURES:
-            name, unit, scale, spec = UNITS[fig]
-            answer += [(f"{name} {p} ({unit})", scaled(("reasoning", fig, p), scale), spec) for p in ("mean", "p50", "p99")]
+        for answer_fig in ANSWER_FIGURES:
+            name, unit, scale, spec = UNITS[answer_fig]
+            answer += [(f"{name} {p} ({unit})", scaled(("reasoning", answer_fig, p), scale), spec) for p in ("mean", "p50", "p99")]
         sections.append(("Reasoning: the answer after the thinking", answer))
     if doc["options"]["slo"] is not None:
         sections.append(("SLO", [
@@ -233,7 +236,7 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
             ("VTC service gap mean (tokens)", scaled(("fairness", "service_gap_mean"), 1.0), ",.0f"),
             ("slowdown ratio max/min", scaled(("fairness", "slowdown_ratio"), 1.0), ".2f"),
         ]))
-    talks = [s["conversations"] for s in doc["runs"] if s.get("conversations")]
+    talks = [c for s in doc["runs"] if (c := s["conversations"])]
     if talks:
         sections.append(("Conversations", _conversation_rows(talks)))
     sections.append(("Energy and cost", [
@@ -285,17 +288,17 @@ def _detail_rows(doc: dict[str, Any]) -> list[tuple[str, list[tuple[str, Getter,
     return sections
 
 
-def _control_rows(runs: list[dict[str, Any]]) -> list[tuple[str, Getter, str]]:
+def _control_rows(runs: list[RunFigures]) -> list[tuple[str, Getter, str]]:
     """Per controlled signal: settling time, overshoot, steady-state error, oscillation (docs/control.md)."""
     def settling(sig: str) -> Getter:
-        def get(s: dict[str, Any]) -> str | None:
+        def get(s: RunFigures) -> str | None:
             v = _get(s, "control", sig, "settling_s")
             if v is None:
                 return None
             return f"{v:,.0f}" if _get(s, "control", sig, "settled") else f"> {v:,.0f} (not settled)"
         return get
 
-    def peak(s: dict[str, Any], sig: str) -> str | None:
+    def peak(s: RunFigures, sig: str) -> str | None:
         hz, share = _get(s, "control", sig, "spectral_peak_hz"), _get(s, "control", sig, "spectral_peak_share")
         return None if hz is None else f"{hz:.3g} Hz / {100 * share:.0f}%"
 
@@ -306,7 +309,7 @@ def _control_rows(runs: list[dict[str, Any]]) -> list[tuple[str, Getter, str]]:
         if not any(_get(s, "control", sig) for s in runs):
             continue
         first = next(s for s in runs if _get(s, "control", sig))
-        label = names[sig].format(q=100 * first["control"]["quantile"], b=first["control"]["bin_s"])
+        label = names[sig].format(q=100 * _get(first, "control", "quantile"), b=_get(first, "control", "bin_s"))
         rows += [(f"{label}: settling time (s)", settling(sig), "s"),
                  ("  overshoot (% of the change)", _pct(("control", sig, "overshoot")), ",.0f")]
         if sig == "ttft":
@@ -331,7 +334,7 @@ def _conversation_rows(talks: list[dict[str, Any]]) -> list[tuple[str, Getter, s
     ]
     turns = sorted({(t["turn"], t["pooled"]) for c in talks for t in c["ttft_by_turn"]})
     for turn, pooled in turns:
-        def get(s: dict[str, Any], turn: int = turn) -> str | None:
+        def get(s: RunFigures, turn: int = turn) -> str | None:
             by = {t["turn"]: t for t in _get(s, "conversations", "ttft_by_turn") or ()}
             t = by.get(turn)
             return None if t is None else f"{fmt(1e3 * t['p50'], ',.0f')} / {fmt(1e3 * t['p99'], ',.0f')}"
@@ -339,27 +342,27 @@ def _conversation_rows(talks: list[dict[str, Any]]) -> list[tuple[str, Getter, s
     return rows
 
 
-def _server_lag(check: Any) -> str | None:
+def _server_lag(check: object) -> str | None:
     """The server-side cross-check of a replay (replay.witness.server_check), as one cell."""
     if not isinstance(check, dict) or not check.get("available"):
         return None
     return f"{check['lag_s']:.2f}" + (" YES" if check.get("flagged") else "")
 
 
-def _part(s: dict[str, Any], i: int) -> float | None:
+def _part(s: RunFigures, i: int) -> float | None:
     parts = _get(s, "steady", "parts") or []
     return parts[i]["ttft_mean"] if len(parts) > max(i, -i - 1) else None
 
 
-def _yes(flag: Any) -> str | None:
-    return {True: "yes", False: "no"}.get(flag)
+def _yes(flag: bool | None) -> str | None:
+    return None if flag is None else "yes" if flag else "no"
 
 
-def _pair(a: Any, b: Any) -> str | None:
+def _pair(a: float | None, b: float | None) -> str | None:
     return None if a is None else f"{a:,.1f} / {b:,}"
 
 
-def details(doc: dict[str, Any], runs: list[dict[str, Any]] | None = None) -> Table:
+def details(doc: ReportDoc, runs: list[RunFigures] | None = None) -> Table:
     """Every figure (rows, in sections) of ``runs`` (columns; all runs by default)."""
     runs = doc["runs"] if runs is None else runs
     t = Table("Details", ["figure"] + [run_name(s) for s in runs])
@@ -370,30 +373,33 @@ def details(doc: dict[str, Any], runs: list[dict[str, Any]] | None = None) -> Ta
     return t
 
 
+#: a grouped section of a run's figures
+GroupKey = Literal["per_class", "per_tenant", "per_adapter"]
 #: the grouped tables: summary key -> (title, first column)
-GROUP_TABLES = {"per_class": ("Per SLO class", "class"), "per_tenant": ("Per tenant", "tenant"),
-                "per_adapter": ("Per LoRA adapter", "adapter")}
+GROUP_TABLES: dict[GroupKey, tuple[str, str]] = {"per_class": ("Per SLO class", "class"),
+                                                 "per_tenant": ("Per tenant", "tenant"),
+                                                 "per_adapter": ("Per LoRA adapter", "adapter")}
 
 
-def groups(doc: dict[str, Any], key: str) -> Table | None:
+def groups(doc: ReportDoc, key: GroupKey) -> Table | None:
     """Per SLO class (``per_class``), tenant (``per_tenant``) or LoRA adapter (``per_adapter``,
     with each run's adapter loads): attainment and p99 TTFT/E2E per run."""
-    runs = [s for s in doc["runs"] if s.get(key)]
-    if not any(len(s[key]) > 1 for s in runs):
+    runs = [(s, by) for s in doc["runs"] if (by := s[key])]
+    if not any(len(by) > 1 for _, by in runs):
         return None
-    names = sorted({g for s in runs for g in s[key]})
+    names = sorted({g for _, by in runs for g in by})
     if key == "per_adapter":   # most requested first: adapter names carry no order (lora-10 < lora-2)
-        names.sort(key=lambda g: -sum(s[key][g]["requests"] for s in runs if g in s[key]))
+        names.sort(key=lambda g: -sum(by[g]["requests"] for _, by in runs if g in by))
     with_slo = doc["options"]["slo"] is not None
     title, first = GROUP_TABLES[key]
-    t = Table(title, [first] + [run_name(s) for s in runs])
-    if key == "per_adapter" and any(s.get("adapter_loads") for s in runs):
+    t = Table(title, [first] + [run_name(s) for s, _ in runs])
+    if key == "per_adapter" and any(s["adapter_loads"] for s, _ in runs):
         t.note = "adapter loads into GPU slots: " + ", ".join(
-            f"{run_name(s)} {fmt((s.get('adapter_loads') or {}).get('total'), ',d')}" for s in runs)
+            f"{run_name(s)} {fmt((s['adapter_loads'] or {}).get('total'), ',d')}" for s, _ in runs)
     for g in names:
         cells = []
-        for s in runs:
-            d = s[key].get(g)
+        for _, by in runs:
+            d = by.get(g)
             if d is None:
                 cells.append("-")
                 continue
@@ -407,7 +413,7 @@ def groups(doc: dict[str, Any], key: str) -> Table | None:
     return t
 
 
-def curves(doc: dict[str, Any]) -> list[Table]:
+def curves(doc: ReportDoc) -> list[Table]:
     """One table per load curve: its points, the knee and the maximum goodput."""
     out = []
     for c in doc["curves"]:
@@ -440,7 +446,7 @@ _VERDICT_UNITS = {"p99_ttft": (1e3, ",.1f", " ms"), "p99_tpot": (1e3, ",.2f", " 
                   "goodput": (1.0, ",.2f", " req/s")}
 
 
-def verdict_tables(doc: dict[str, Any]) -> list[Table]:
+def verdict_tables(doc: ReportDoc) -> list[Table]:
     """One table per comparison with the baseline: each headline figure's values, change, interval, p-value."""
     v = doc.get("verdicts") or {}
     out = []
@@ -463,7 +469,7 @@ def verdict_tables(doc: dict[str, Any]) -> list[Table]:
     return out
 
 
-def all_tables(doc: dict[str, Any]) -> list[Table]:
+def all_tables(doc: ReportDoc) -> list[Table]:
     """The tables of a full report, in order (details last: it is the longest)."""
     out = [comparison(doc)]
     out += [t for t in (failures(doc),) if t is not None]

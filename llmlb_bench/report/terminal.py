@@ -9,13 +9,13 @@ repeating the figure column, rather than squeezing every column unreadable.
 
 from __future__ import annotations
 
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
 from llmlb_bench.console import Table as RichTable
 from llmlb_bench.report import tables
+from llmlb_bench.report.shape import ReportDoc
 from llmlb_bench.report.tables import Table
 from llmlb_bench.report.verdict import verdict_lines
 
@@ -76,7 +76,7 @@ def _print_fitting(console: Console, t: Table) -> None:
         console.print(rich_table(part))
 
 
-def render(doc: dict[str, Any], console: Console) -> None:
+def render(doc: ReportDoc, console: Console) -> None:
     """Print every table of the report, its notes and verdicts on top."""
     slo = doc["options"]["slo_text"]
     console.print(f"[bold]llmlb report[/] — {len(doc['runs'])} run(s), {doc['options']['definitions']} definitions"

@@ -29,10 +29,12 @@ from typing import Any, Mapping
 import numpy as np
 
 from llmlb_bench.metrics import comparable
+from llmlb_bench.metrics.run_figures import RunFigures
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sql import quote
 from llmlb_bench.metrics.summary import metas_of
 from llmlb_bench.report.baseline import named, pick_baseline
+from llmlb_bench.report.shape import ReportDoc
 from llmlb_bench.store.views import Catalog
 
 #: gate metric -> (name in a sentence, whether higher is better)
@@ -69,7 +71,7 @@ def sentence(v: dict[str, Any]) -> str:
     return f"{head}: " + ", ".join(_change_text(c) for c in sig) + rest
 
 
-def verdict_lines(doc: dict[str, Any]) -> list[str]:
+def verdict_lines(doc: ReportDoc) -> list[str]:
     """The sentences on top of a report (or why there are none)."""
     v = doc.get("verdicts")
     if not v:
@@ -77,7 +79,7 @@ def verdict_lines(doc: dict[str, Any]) -> list[str]:
     return [c["sentence"] for c in v["comparisons"]] or ([v["note"]] if v.get("note") else [])
 
 
-def _samples(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None,
+def _samples(cat: Catalog, runs: list[RunFigures], slo: Slo | None,
              metas: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The gate's per-run samples (:class:`llmlb_bench.gate.samples.RunSample`) read from the report's own
     catalog, whose ``request_metrics`` view the summary made: one query, no second summary. Rates are
@@ -102,8 +104,8 @@ def _samples(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None,
     return out
 
 
-def _groups_note(groups: list[list[dict[str, Any]]], metas: Mapping[str, Mapping[str, Any]],
-                 baseline: str | None, bases: list[Any]) -> str:
+def _groups_note(groups: list[list[RunFigures]], metas: Mapping[str, Mapping[str, Any]],
+                 baseline: str | None, bases: list[RunFigures | None]) -> str:
     """Why some runs are not compared with others: the groups, and the fields each differs from the first in."""
     first = comparable.workload_identity(metas.get(groups[0][0]["run_id"], {}))
     parts = []
@@ -121,7 +123,7 @@ def _groups_note(groups: list[list[dict[str, Any]]], metas: Mapping[str, Mapping
             f"compared ({scope}): " + "; ".join(parts))
 
 
-def verdicts(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None, baseline: str | None,
+def verdicts(cat: Catalog, runs: list[RunFigures], slo: Slo | None, baseline: str | None,
              confidence: float = 0.95, seed: int = 0) -> dict[str, Any] | None:
     """``{baseline, groups, comparisons: [{candidate, baseline, changes: [...], sentence}], note, groups_note}``
     (None: one run). ``groups``: the runs of each workload with its baseline (None: a group
@@ -134,11 +136,11 @@ def verdicts(cat: Catalog, runs: list[dict[str, Any]], slo: Slo | None, baseline
     bases = [pick_baseline(g, baseline) for g in groups]
     if baseline is not None and not any(bases):
         named(runs, baseline)      # names no run at all: the error lists the runs
-    pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    pairs: list[tuple[RunFigures, RunFigures]] = []
     shown = []
     for g, base in zip(groups, bases):
         if base is not None:
-            pairs += [(base, s) for s in g if s is not base]  # type: ignore[misc]  # base is one of the runs (dicts)
+            pairs += [(base, s) for s in g if s is not base]
         shown.append({"runs": [s["run_id"] for s in g], "baseline": None if base is None else base["run_id"],
                       "workload": comparable.describe(metas.get(g[0]["run_id"], {}))})
     head = {"baseline": next((g["baseline"] for g in shown if g["baseline"]), None), "confidence": confidence,

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 
+from llmlb_bench.metrics.run_figures import RunFigures
 from llmlb_bench.sim import ClusterConfig
 
 SCALES = ("small", "full")
@@ -41,10 +42,10 @@ class Column:
 
     key: str
     header: str
-    get: Callable[[dict[str, Any]], float | None]
+    get: Callable[[Mapping[str, Any]], float | None]
     fmt: str = "{:.3g}"
 
-    def text(self, summary: dict[str, Any]) -> str:
+    def text(self, summary: Mapping[str, Any]) -> str:
         v = self.get(summary)
         return "-" if v is None else self.fmt.format(v)
 
@@ -68,7 +69,7 @@ class Reproduction:
     setup: str                                    # workload, cluster, policies, in words
     arms: Callable[[str], list[Arm]]              # scale -> the runs
     columns: tuple[Column, ...]
-    check: Callable[[dict[str, dict[str, Any]]], Verdict]   # label -> summary
+    check: Callable[[dict[str, RunFigures]], Verdict]   # label -> the run's figures
     figure: str                                   # key of the column the figure draws
     x_label: str = ""
     slo: str | None = None
@@ -78,7 +79,7 @@ class Reproduction:
         return next(c for c in self.columns if c.key == key)
 
 
-def pct(figure: str, p: str) -> Callable[[dict[str, Any]], float | None]:
+def pct(figure: str, p: str) -> Callable[[Mapping[str, Any]], float | None]:
     """A latency percentile (``p``: mean, p50, p90, p99) of a summary."""
     return lambda s: (s.get(figure) or {}).get(p)
 
@@ -89,16 +90,16 @@ E2E_COLUMNS = (Column("e2e.mean", "E2E mean (s)", pct("e2e", "mean")),
                Column("ttft.mean", "TTFT mean (s)", pct("ttft", "mean")))
 
 
-def slo_figure(key: str) -> Callable[[dict[str, Any]], float | None]:
+def slo_figure(key: str) -> Callable[[Mapping[str, Any]], float | None]:
     """attainment / goodput / good_token_throughput of a summary judged against the SLO."""
     return lambda s: (s.get("slo") or {}).get(key)
 
 
-def energy_figure(key: str) -> Callable[[dict[str, Any]], float | None]:
+def energy_figure(key: str) -> Callable[[Mapping[str, Any]], float | None]:
     return lambda s: (s.get("energy") or {}).get(key)
 
 
-def fairness_figure(key: str) -> Callable[[dict[str, Any]], float | None]:
+def fairness_figure(key: str) -> Callable[[Mapping[str, Any]], float | None]:
     return lambda s: (s.get("fairness") or {}).get(key)
 
 

@@ -13,7 +13,7 @@ KV where it fits in GPU memory, an upper bound of the paper's when it does not.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from llmlb_bench.repro import traces
 from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, ratio
@@ -34,7 +34,7 @@ def arms(scale: str) -> list[Arm]:
 
 
 def _conv(key: str, *path: str) -> Any:
-    def get(s: dict[str, Any]) -> float | None:
+    def get(s: Mapping[str, Any]) -> float | None:
         d = (s.get("conversations") or {}).get(key)
         for p in path:
             d = (d or {}).get(p)
@@ -42,17 +42,17 @@ def _conv(key: str, *path: str) -> Any:
     return get
 
 
-def _late_ttft(s: dict[str, Any]) -> float | None:
+def _late_ttft(s: Mapping[str, Any]) -> float | None:
     """TTFT p50 of the last turn index shown (8+: a long context that has grown for seven turns)."""
     turns = (s.get("conversations") or {}).get("ttft_by_turn") or []
     return turns[-1]["p50"] if turns else None
 
 
-def hit_rate(s: dict[str, Any]) -> float | None:
+def hit_rate(s: Mapping[str, Any]) -> float | None:
     return s["cached_tokens"] / s["input_tokens"] if s["input_tokens"] else None
 
 
-def check(s: dict[str, dict[str, Any]]) -> Verdict:
+def check(s: Mapping[str, Mapping[str, Any]]) -> Verdict:
     off, on = s["recompute"], s["kv kept"]
     ttft = ratio(pct("ttft", "mean")(on), pct("ttft", "mean")(off))
     late = ratio(_late_ttft(on), _late_ttft(off))

@@ -4,7 +4,7 @@ same SLO at lower cost and power than a homogeneous fleet (Splitwise-HA)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from llmlb_bench.repro import traces
 from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, energy_figure, pct, slo_figure
@@ -36,7 +36,7 @@ HH, HA = "H100 prefill + 2x H100 decode", "H100 prefill + 2x A100 decode"
 SMALL = ("2x H100", HH, HA)
 
 
-def fleet_power(s: dict[str, Any]) -> float | None:
+def fleet_power(s: Mapping[str, Any]) -> float | None:
     power = (s.get("energy") or {}).get("avg_power_w")
     return sum(power.values()) if power else None
 

@@ -8,7 +8,7 @@ the popular adapters' load: that point is run and shown, and not part of the cla
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import pyarrow as pa
 
@@ -41,7 +41,7 @@ def chat_over_adapters(adapters: int, requests: int, seed: int = 1) -> pa.Table:
     return generate(spec)
 
 
-def loads(s: dict[str, Any]) -> float | None:
+def loads(s: Mapping[str, Any]) -> float | None:
     return (s.get("adapter_loads") or {}).get("total")
 
 

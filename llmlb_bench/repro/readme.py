@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from llmlb_bench.metrics.run_figures import RunFigures
 from llmlb_bench.repro.base import Arm, Reproduction, Verdict
 from llmlb_bench.report.figures import _plt
 
 
-def table(repro: Reproduction, arms: list[Arm], summaries: dict[str, dict[str, Any]]) -> str:
+def table(repro: Reproduction, arms: list[Arm], summaries: dict[str, RunFigures]) -> str:
     """The results as a Markdown table, one row per arm, in the order the arms ran."""
     head = ["run", "routing / engine scheduler"] + [c.header for c in repro.columns]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -20,7 +21,7 @@ def table(repro: Reproduction, arms: list[Arm], summaries: dict[str, dict[str, A
     return "\n".join(lines)
 
 
-def readme(repro: Reproduction, arms: list[Arm], summaries: dict[str, dict[str, Any]], verdict: Verdict,
+def readme(repro: Reproduction, arms: list[Arm], summaries: dict[str, RunFigures], verdict: Verdict,
            scale: str, seed: int, figures: list[str]) -> str:
     verdict_word = "PASS" if verdict.passed else "FAIL"
     parts = [
@@ -62,7 +63,7 @@ def index(verdicts: list[tuple[Reproduction, dict[str, Any]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def figure(repro: Reproduction, arms: list[Arm], summaries: dict[str, dict[str, Any]], out: Path) -> list[Path]:
+def figure(repro: Reproduction, arms: list[Arm], summaries: dict[str, RunFigures], out: Path) -> list[Path]:
     """The claim's figure: lines against ``x`` per series for a sweep, bars per arm otherwise."""
     plt = _plt()
     col = repro.column(repro.figure)

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.experiment import simulate_run
+from llmlb_bench.metrics.run_figures import RunFigures
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import Options, summarize
 from llmlb_bench.repro.base import SCALES, Arm, Reproduction, Verdict
@@ -31,12 +32,12 @@ class Outcome:
 
     repro: Reproduction
     verdict: Verdict
-    summaries: dict[str, dict[str, Any]]
+    summaries: dict[str, RunFigures]
     files: tuple[Path, ...]
 
 
 def evaluate(repro: Reproduction, scale: str, seed: int = 0,
-             profile: Mapping[str, Any] | None = None) -> tuple[Verdict, dict[str, dict[str, Any]]]:
+             profile: Mapping[str, Any] | None = None) -> tuple[Verdict, dict[str, RunFigures]]:
     """Simulate every arm and check the claim; nothing is kept on disk."""
     summaries = _simulate(repro, _arms(repro, scale, profile), seed)
     return repro.check(summaries), summaries
@@ -51,7 +52,7 @@ def _arms(repro: Reproduction, scale: str, profile: Mapping[str, Any] | None = N
     return arms if profile is None else [replace(a, cluster=a.cluster.with_profile(profile)) for a in arms]
 
 
-def _simulate(repro: Reproduction, arms: list[Arm], seed: int) -> dict[str, dict[str, Any]]:
+def _simulate(repro: Reproduction, arms: list[Arm], seed: int) -> dict[str, RunFigures]:
     """Each arm's summary by label, from runs stored in a scratch folder."""
     with tempfile.TemporaryDirectory(prefix=f"llmlb-repro-{repro.name}-") as tmp:
         work = Path(tmp)

@@ -4,7 +4,7 @@ it throughput and TTFT, over round robin on shared-prefix traffic."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from llmlb_bench.repro import traces
 from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, ratio
@@ -17,13 +17,13 @@ REQUESTS = {"small": 800, "full": 2000}
 POLICIES = ("round_robin", "least_outstanding", "cache_aware")
 
 
-def hit_rate(s: dict[str, Any]) -> float | None:
+def hit_rate(s: Mapping[str, Any]) -> float | None:
     return s["cached_tokens"] / s["input_tokens"] if s["input_tokens"] else None
 
 
-def cache(*path: str) -> Callable[[dict[str, Any]], float | None]:
+def cache(*path: str) -> Callable[[Mapping[str, Any]], float | None]:
     """A figure of the run's prefix-cache accounting (docs/prefix-cache.md), a share of prompt tokens."""
-    def get(s: dict[str, Any]) -> float | None:
+    def get(s: Mapping[str, Any]) -> float | None:
         v = s.get("prefix_cache")
         for k in path:
             v = v.get(k) if isinstance(v, dict) else None

@@ -4,7 +4,7 @@ under FCFS; total throughput stays the same."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +36,7 @@ def arms(scale: str) -> list[Arm]:
             Arm("vtc", t, ClusterConfig.build(replicas=1, max_num_seqs=16, scheduler="vtc"))]
 
 
-def light_norm(s: dict[str, Any]) -> float | None:
+def light_norm(s: Mapping[str, Any]) -> float | None:
     return ((s.get("per_tenant") or {}).get("light") or {}).get("norm_latency_mean")
 
 

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.plugins import make_instance
+from llmlb_bench.run_summary import ClockSummary
 from llmlb_bench.tomlfile import check_fields, check_types
 
 
@@ -176,7 +177,7 @@ class ClockLog:
         self._last[pool] = (now, clock)
         self.changes += 1
 
-    def summary(self, end: float) -> dict[str, Any]:
+    def summary(self, end: float) -> ClockSummary:
         mean = {p: (self._area[p] + c * (end - t)) / end if end > 0 else c for p, (t, c) in self._last.items()}
         return {"clock_changes": self.changes, "mean_clock": mean,
                 "final_clock": {p: c for p, (_, c) in self._last.items()}}

@@ -46,11 +46,13 @@ import pyarrow as pa
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import Outcome, Policy, RouteRequest
 from llmlb_bench.policies.base import view_books
+from llmlb_bench.run_summary import ExpertLoadSummary, LoraSummary, RunSummary, SwapSummary
 from llmlb_bench.schema import TRACE, trace_block_size
 from llmlb_bench.sim.autoscale import PoolStatus
 from llmlb_bench.sim.green import ClockLog
 from llmlb_bench.sim.config import ClusterConfig
 from llmlb_bench.sim.fleet import Fleet
+from llmlb_bench.sim.moe import ExpertLoad
 from llmlb_bench.sim.replica import Replica, Request
 from llmlb_bench.sim.results import RequestRecorder, RunSinks
 from llmlb_bench.sim.series import SeriesSampler
@@ -548,7 +550,7 @@ class Simulation:
         i, factor = payload
         self._push(self.replicas[i], self.replicas[i].slow_down(factor, t))
 
-    def _experts(self, load: Any, t: float) -> None:
+    def _experts(self, load: ExpertLoad, t: float) -> None:
         """Expert popularity drifts / EPLB rebalances (sim/moe.py), then again at its next change."""
         load.advance(t)
         self._deliver(load.next_change, self._experts, load)
@@ -577,12 +579,14 @@ class Simulation:
 
     # ---- summary ------------------------------------------------------------------------------------
 
-    def summary(self, end: float, wall: float) -> dict[str, Any]:
+    def summary(self, end: float, wall: float) -> RunSummary:
+        """The simulator's sections of run.json's summary (run_summary.py); a feature's section only
+        where the fleet has it (swap space, adapters, prefix caching, skewed experts, a clock controller)."""
         reps = self.replicas
         energy = sum(r.energy_j if r.down else r.energy_at(end) for r in reps)
         gpu_hours, cost_usd = self.fleet.gpu_hours_and_cost(end)
         caches = [r.kv.cache for r in reps if r.kv.cache is not None]
-        return {
+        s: RunSummary = {
             "sim_time_s": end,
             "wall_s": wall,
             "requests": self.n,
@@ -591,32 +595,35 @@ class Simulation:
             "steps": sum(r.step for r in reps),
             "preemptions": sum(r.preemptions for r in reps),
             "prefill_tokens": sum(r.prefill_tokens for r in reps),
-            **({"swap": _swap_summary(reps)} if any(r.kv.swap_total for r in reps) else {}),
-            **({"lora": _lora_summary(reps)} if any(r.lora is not None for r in reps) else {}),
-            "retries": self.retries,
-            "failures": sum(r.failures for r in reps),
-            "kv_blocks": {r.name: r.kv.total for r in reps},
-            "prefix_cache_hit_rate": (sum(c.hits for c in caches) / max(1, sum(c.lookups for c in caches))
-                                      if caches else None),
-            # tokens per cached unit of each caching replica (the cache accounting's engine granularity)
-            **({"prefix_cache_units": {r.name: r.bs * r.kv.cache.unit_blocks for r in reps if r.kv.cache is not None}}
-               if caches else {}),
-            "energy_j": energy,
-            "attributed_energy_j": self.recorder.attributed_energy_j,
-            "gpu_hours": gpu_hours,
-            "cost_usd": cost_usd,
-            "replicas": {"initial": self.cfg.replicas, "added": len(reps) - self.cfg.replicas,
-                         "retired": sum(r.retired_at is not None for r in reps)},
-            "mean_utilization": (sum(r.busy_s for r in reps) / (gpu_hours * 3600 / reps[0].cost.gpus)
-                                 if gpu_hours > 0 and len({r.cost.gpus for r in reps}) == 1 else None),
-            "seed": self.seed,
-            **({"expert_load": {name: _expert_summary(load, end) for name, load in self.expert_loads.items()}}
-               if self.expert_loads else {}),
-            **({"green": self.clock_log.summary(end)} if self.green is not None else {}),
         }
+        if any(r.kv.swap_total for r in reps):
+            s["swap"] = _swap_summary(reps)
+        if any(r.lora is not None for r in reps):
+            s["lora"] = _lora_summary(reps)
+        s["retries"] = self.retries
+        s["failures"] = sum(r.failures for r in reps)
+        s["kv_blocks"] = {r.name: r.kv.total for r in reps}
+        s["prefix_cache_hit_rate"] = (sum(c.hits for c in caches) / max(1, sum(c.lookups for c in caches))
+                                      if caches else None)
+        if caches:  # tokens per cached unit of each caching replica (the cache accounting's engine granularity)
+            s["prefix_cache_units"] = {r.name: r.bs * r.kv.cache.unit_blocks for r in reps if r.kv.cache is not None}
+        s["energy_j"] = energy
+        s["attributed_energy_j"] = self.recorder.attributed_energy_j
+        s["gpu_hours"] = gpu_hours
+        s["cost_usd"] = cost_usd
+        s["replicas"] = {"initial": self.cfg.replicas, "added": len(reps) - self.cfg.replicas,
+                         "retired": sum(r.retired_at is not None for r in reps)}
+        s["mean_utilization"] = (sum(r.busy_s for r in reps) / (gpu_hours * 3600 / reps[0].cost.gpus)
+                                 if gpu_hours > 0 and len({r.cost.gpus for r in reps}) == 1 else None)
+        s["seed"] = self.seed
+        if self.expert_loads:
+            s["expert_load"] = {name: _expert_summary(load, end) for name, load in self.expert_loads.items()}
+        if self.green is not None:
+            s["green"] = self.clock_log.summary(end)
+        return s
 
 
-def _swap_summary(reps: list[Any]) -> dict[str, Any]:
+def _swap_summary(reps: list[Replica]) -> SwapSummary:
     """KV swap totals of the replicas that swap: preemptions that swapped out, swap-ins, preemptions
     that recomputed because the swap space was full, and seconds spent copying over host links."""
     swapping = [r for r in reps if r.kv.swap_total]
@@ -626,17 +633,17 @@ def _swap_summary(reps: list[Any]) -> dict[str, Any]:
             "swap_blocks": {r.name: r.kv.swap_total for r in swapping}}
 
 
-def _lora_summary(reps: list[Any]) -> dict[str, Any]:
+def _lora_summary(reps: list[Replica]) -> LoraSummary:
     """LoRA totals of the replicas that serve adapters: adapters copied into GPU slots, read from
     storage into the host cache, the seconds those loads added to steps, and the KV blocks the
     adapter slots took, per replica."""
-    serving = [r for r in reps if r.lora is not None]
-    return {"loads": {r.name: r.lora.loads for r in serving}, "fetches": {r.name: r.lora.fetches for r in serving},
-            "load_time_s": sum(r.lora.load_time_s for r in serving),
-            "reserved_kv_blocks": {r.name: r.lora.costs.reserved_blocks for r in serving}}
+    serving = [(r.name, r.lora) for r in reps if r.lora is not None]
+    return {"loads": {n: a.loads for n, a in serving}, "fetches": {n: a.fetches for n, a in serving},
+            "load_time_s": sum(a.load_time_s for _, a in serving),
+            "reserved_kv_blocks": {n: a.costs.reserved_blocks for n, a in serving}}
 
 
-def _expert_summary(load: Any, end: float) -> dict[str, Any]:
+def _expert_summary(load: ExpertLoad, end: float) -> ExpertLoadSummary:
     """A MoE pool's large-batch slowdown (ep x the busiest GPU's share of routed tokens) over the
     run: ``[time, value]`` from each change on, and its time-weighted mean."""
     hist = [(t, f) for t, f in load.history if t <= end]
@@ -646,7 +653,7 @@ def _expert_summary(load: Any, end: float) -> dict[str, Any]:
 
 
 def simulate(trace: pa.Table, cfg: ClusterConfig, policy: Policy, run: RunSinks, seed: int = 0,
-             users: int | None = None, think_s: float = 0.0) -> dict[str, Any]:
+             users: int | None = None, think_s: float = 0.0) -> RunSummary:
     """Simulate ``trace`` on the cluster ``cfg`` routed by ``policy``; stream rows into ``run``.
 
     ``run`` has ``.requests`` and ``.series`` sinks (a :class:`~llmlb_bench.store.RunStore`).
@@ -654,7 +661,7 @@ def simulate(trace: pa.Table, cfg: ClusterConfig, policy: Policy, run: RunSinks,
     give identical rows; the seed drives random failures (``mtbf_s``) and randomised engine schedulers.
     ``users``: a closed loop of that many users, each sending the trace's next row ``think_s`` after
     its previous request ended (trace_schedule.py); None: open loop at the trace's times.
-    Returns a summary dict for run.json.
+    Returns the simulator's sections of run.json's summary (run_summary.py).
     """
     wall0 = time.perf_counter()
     # The run keeps hundreds of thousands of small tuples alive (timelines, heaps); CPython's

@@ -28,6 +28,7 @@ from llmlb_bench import __version__
 from llmlb_bench.errors import UserError
 from llmlb_bench.names import MAX_LEN, check_name, to_name
 from llmlb_bench.redact import redact_argv, redact_tree
+from llmlb_bench.run_summary import RunSummary
 from llmlb_bench.schema import REQUESTS, SERIES, TRACE
 from llmlb_bench.store.sink import ParquetSink
 
@@ -131,7 +132,7 @@ class RunStore:
         with RunStore(results, config=cfg, backend="sim", label="rr") as run:
             run.requests.write({...})
             run.series.write({...})
-            run.summary.update(duration_s=...)
+            run.summary["wall_s"] = ...        # run_summary.RunSummary
     """
 
     def __init__(self, results_dir: str | Path, *, config: Mapping[str, Any], backend: str,
@@ -140,7 +141,8 @@ class RunStore:
                  rows_per_group: int = 65536, flush_s: float = 1.0) -> None:
         self.run_id = check_name(run_id, "--run-id") if run_id is not None else new_run_id(label)
         self.dir = Path(results_dir) / self.run_id
-        self.summary: dict[str, Any] = {}
+        #: run.json's summary, filled by the backend (its shape: run_summary.py)
+        self.summary: RunSummary = {}
         #: called with this store once its Parquet files are closed, before run.json is written
         #: (the replayer fills requests' energy_j from the run's own power series there)
         self.finalizers: list[Callable[["RunStore"], None]] = []

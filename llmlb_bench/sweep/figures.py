@@ -17,17 +17,20 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from llmlb_bench.metrics.run_figures import LatencyName, RunFigures
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import Options, summarize
 from llmlb_bench.store.views import Catalog
 
 FIGURES = "figures"
 LATENCY_STATS = ("mean", "p50", "p90", "p99")
+#: the latency figures a curve plots
+CURVE_LATENCIES: tuple[LatencyName, ...] = ("ttft", "tpot", "itl", "e2e")
 #: energy and cost figures of a run's summary (GPU catalog prices): what a fleet comparison divides by
 ENERGY = ("j_per_good_token", "usd_per_m_good_tokens", "gpus")
 
 
-def run_figures(summary: dict[str, Any]) -> dict[str, float | None]:
+def run_figures(summary: RunFigures) -> dict[str, float | None]:
     """The figures a curve plots, flattened from one run's summary (``ttft.p99``, ``goodput``, ...)."""
     out: dict[str, float | None] = {"throughput": summary["request_throughput"],
                                     "output_throughput": summary["output_throughput"],
@@ -37,7 +40,7 @@ def run_figures(summary: dict[str, Any]) -> dict[str, float | None]:
         out["attainment"] = slo["attainment"]
         out["goodput"] = slo["goodput"]
         out["good_token_throughput"] = slo["good_token_throughput"]
-    for name in ("ttft", "tpot", "itl", "e2e"):
+    for name in CURVE_LATENCIES:
         for stat in LATENCY_STATS:
             out[f"{name}.{stat}"] = (summary.get(name) or {}).get(stat)
     energy = summary.get("energy") or {}
