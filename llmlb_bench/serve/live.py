@@ -282,19 +282,16 @@ class LiveFleet:
         sub = live.sub
         assert live.route is not None
         self.router.sent(i, live.route)
-        hashes = None
-        if rep.kv.cache is not None and sub.hashes:
-            stride = rep.hash_stride
-            hashes = list(sub.hashes) if stride == 1 else list(sub.hashes[stride - 1::stride])
-        req = Request(live.seq, live.route, sub.prompt_tokens, sub.output_tokens, hashes)
+        # made as the batch simulator makes it (Replica.admit): the prompt's cache hashes at the replica's
+        # stride, and the profile's API-server time before the engine sees it
+        req, delay = rep.admit(live.seq, live.route, sub.prompt_tokens, sub.output_tokens)
         live.req = req
         live.target = i
         st.live[req] = live
         if sub.stream:
             st.streams[req] = live
         live.client.on_start(live)
-        delay = rep.cost.request_overhead(1, req.prompt)
-        if delay > 0:       # as in the batch simulator: the engine sees the request that much later
+        if delay > 0:
             live.entering = True
             asyncio.get_running_loop().call_later(max(0.0, self.wall(t + delay) - self.clock()), self._enter,
                                                   st, live, t + delay)
@@ -306,6 +303,7 @@ class LiveFleet:
     def _enter(self, st: _ReplicaState, live: LiveRequest, due: float) -> None:
         """``live`` reaches its engine's queue (``due``, or now if the timer fired late)."""
         live.entering = False
+        st.rep.entering -= 1
         t = self._now = max(self.now(), due)
         assert live.req is not None
         if live.aborted:

@@ -69,6 +69,7 @@ from llmlb_bench.sim.jitter import StepJitter
 from llmlb_bench.sim.kv_blocks import KVBlocks
 from llmlb_bench.sim.lora import AdapterSlots, LoraCosts
 from llmlb_bench.sim.profile import ProfileCost
+from llmlb_bench.policies.base import RouteRequest
 from llmlb_bench.policies.schedulers import WaitingQueue
 from llmlb_bench.sim.scheduling import EngineScheduler
 from llmlb_bench.sim.speculative import Speculation, Stint
@@ -254,6 +255,23 @@ class Replica:
         return self.run_start + self.run_n * self.run_gap
 
     # ---- events --------------------------------------------------------------------------------
+
+    def admit(self, key: int, route: RouteRequest, prompt: int, out: int) -> tuple[Request, float]:
+        """The engine's request for ``route``, routed here, and the seconds before the engine sees it
+        (a measured profile's API-server time, sim/profile.py; 0: at once, through :meth:`enqueue`).
+        The one way the simulator and ``llmlb serve`` make it: the prompt's prefix-cache hashes at this
+        replica's stride (None without a prefix cache). A delayed request counts in :attr:`entering`
+        (the caller takes it off when the request reaches the queue or is lost)."""
+        hashes = route.prefix_hashes
+        stride = self.hash_stride
+        req = Request(key, route, prompt, out,
+                      None if self.kv.cache is None or not hashes else
+                      hashes if stride == 1 else hashes[stride - 1::stride])
+        delay = self.cost.request_overhead(1, prompt)
+        if delay > 0:
+            req.target = self.index
+            self.entering += 1
+        return req, delay
 
     def enqueue(self, req: Request, t: float) -> float | None:
         """A request arrives at time ``t``. Returns the new boundary time if it moved, else None."""

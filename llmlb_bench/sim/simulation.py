@@ -279,19 +279,12 @@ class Simulation:
             self.recorder.ended(row, rep.name, status, error)
             self.core.ended(row, i, route, t)
             return
-        hashes = None
-        if rep.kv.cache is not None and route.prefix_hashes:
-            stride = rep.hash_stride
-            hashes = route.prefix_hashes if stride == 1 else route.prefix_hashes[stride - 1::stride]
-        req = Request(row, route, self.inp[row], self.out[row], hashes)
+        req, delay = rep.admit(row, route, prompt, output)   # as llmlb serve's replicas (serve/live.py)
         if decode_target >= 0:
             req.stop = 1
             req.prefill_target = i
             req.decode_target = decode_target
-        delay = rep.cost.request_overhead(1, req.prompt)
         if delay > 0:       # a measured profile's API-server time (sim/profile.py): the engine sees it later
-            req.target = i
-            rep.entering += 1
             self._deliver(t + delay, self._reach_engine, req, work=True)
             return
         nt = rep.enqueue(req, t)
