@@ -7,7 +7,9 @@ queue or an HTTP request). What they share lives here once:
 * :meth:`TraceRun.arrive`: a row reaches the router (its :class:`~llmlb_bench.policies.RouteRequest`
   built from the trace columns) and the policy decides;
 * launched: the router's decision to send is booked (``Router.sent``) before the backend's
-  ``launch(row, request, target, decode_target)`` runs, so no backend books it itself;
+  ``launch(row, request, target, decode_target)`` runs, so no backend books it itself; on a
+  disaggregated fleet (the simulator's: the replayer routes to endpoints, never to a pair) the
+  decode leg too, at the hand-over (:meth:`TraceRun.handed_over`);
 * :meth:`TraceRun.ended` (any status): the view's books and the policy's ``on_complete``, the
   rows that waited for this one released through the :class:`~llmlb_bench.trace_schedule.TraceSchedule`
   (the backend's ``arrive_at(row, due)`` puts each on its clock), then the router queue drained;
@@ -92,6 +94,14 @@ class TraceRun:
         and (``drain``) hand out what the policy now lets go."""
         self._complete(target, route, False)
         self.released(row, t, drain)
+
+    def handed_over(self, prefill: int, decode: int, route: RouteRequest) -> None:
+        """A disaggregated request's prefill ended at ``prefill`` and its decode leg begins at ``decode``
+        (its KV cache on the way): the books move it from one to the other, without ``on_complete`` (it
+        has not ended). Booked here as the prefill leg was at launch, so no backend books ``sent`` itself;
+        the decode leg then ends through :meth:`ended` or :meth:`complete` at ``decode``."""
+        self.router.left(prefill, route)
+        self.router.sent(decode, route)
 
     def complete(self, target: int, route: RouteRequest) -> None:
         """``route`` left ``target`` without ending (lost with a replica, about to be sent again)."""

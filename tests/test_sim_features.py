@@ -6,11 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.sim import ClusterConfig, load_catalog
+from llmlb_bench.policies.hetero import PrefillDecodePair
+from llmlb_bench.sim import ClusterConfig, load_catalog, simulate
 from llmlb_bench.sim.scheduling import EngineScheduler
+from llmlb_bench.store import RunStore
 from sim_helpers import by_request_id, poisson_trace, run_sim, trace
 from test_sim_core import tiny_kv_catalog  # noqa: F401  (fixture)
 
@@ -235,6 +238,44 @@ def test_disaggregated_requests_prefill_on_one_pool_and_decode_on_the_other(tmp_
             # the second token waits at least for the KV transfer
             transfer = row["input_tokens"] * kv_per_token / 25e9 + 0.002
             assert times[1] - times[0] >= transfer
+
+
+class _SeesBooks(PrefillDecodePair):
+    """pd_pair that records, at each decision, its time and the router's own count of requests per target."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[float, tuple[int, ...]]] = []
+
+    def choose_pair(self, req, view):
+        self.view = view
+        self.seen.append((view.now, tuple(view.outstanding_requests)))
+        return super().choose_pair(req, view)
+
+
+def test_the_router_books_each_leg_on_its_own_target_until_the_hand_over_and_the_end(tmp_path):
+    """At every decision of a disaggregated run, the view's outstanding requests of each target are the
+    prefill legs the rows place there (sent, prefill not yet handed over) plus the decode legs (handed
+    over, not yet ended): the decode leg is booked at the hand-over (TraceRun.handed_over), the prefill
+    leg leaves its target there, and every book is closed at the end."""
+    policy = _SeesBooks()
+    with RunStore(tmp_path, config={}, backend="sim", run_id="pd") as run:
+        simulate(poisson_trace(80, rate=6.0, seed=7), PD, policy, run)
+    rows = pq.read_table(run.dir / "requests.parquet").to_pylist()
+    assert {r["status"] for r in rows} == {"ok"} and len(policy.seen) == 80
+    names = ["r0", "r1", "r2"]
+    handed_over = 0
+    for now, books in policy.seen:
+        expected = [0, 0, 0]
+        for r in rows:
+            if r["sent_s"] < now < r["first_token_s"]:
+                expected[names.index(r["prefill_target"])] += 1
+            elif r["first_token_s"] <= now < r["last_token_s"]:
+                expected[names.index(r["decode_target"])] += 1
+                handed_over += 1
+        assert list(books) == expected, now
+    assert handed_over > 0       # some decisions saw decode legs in flight
+    assert policy.view.outstanding_requests == (0, 0, 0)   # every leg closed at its end
 
 
 def test_disaggregation_needs_a_pair_policy(tmp_path):

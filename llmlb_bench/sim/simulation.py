@@ -319,7 +319,7 @@ class Simulation:
     def _done(self, req: Request, t: float) -> None:
         router = self.router
         if req.stop < req.out:
-            router.left(req.target, req.route)
+            self.core.handed_over(req.target, req.decode_target, req.route)
             self._hand_over(req, t)
             return
         if router.observes:
@@ -341,8 +341,7 @@ class Simulation:
     def _hand_over(self, req: Request, t: float) -> None:
         """Prefill done on a prefill replica: ship the KV cache to the decode replica."""
         cfg = self.cfg
-        p, d = req.target, req.decode_target
-        self.router.sent(d, req.route)
+        p, d = req.target, req.decode_target    # the books moved it already (TraceRun.handed_over)
         prefill = self.replicas[p]
         nbytes = req.prompt * prefill.cost.model.kv_bytes_per_token
         prefill.link_free_at = max(t, prefill.link_free_at) + nbytes / (cfg.kv_link_gb_s * 1e9)
