@@ -206,6 +206,10 @@ REQUESTS = TableSpec(
             pa.field("reasoning_tokens", pa.int32()),
             # when the first answer token came (token reasoning_tokens + 1); null without reasoning
             pa.field("first_answer_s", pa.float64()),
+            # the deliveries in token_times (a segment of gap 0 is one, a spaced segment count of them;
+            # 0 without token times), written by the store (store/derived.py) so that the report's tokens
+            # per delivery reads no token list; null in files written before the column existed
+            pa.field("deliveries", pa.int64()),
         ]
     ),
     required=frozenset({"run_id", "request_id", "status"}),

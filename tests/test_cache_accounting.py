@@ -307,3 +307,125 @@ def test_each_rows_holder_and_unit_follow_its_target():
     out = account(hashes, np.full(n, -1, np.int64), BLOCK, rows, {"a": 32, "pa": 64, "b": 8})
     assert out.column("holder").to_pylist() == ["b", None, "pa", "c", "pa", "pb"]
     assert out.column("unit_tokens").to_pylist() == [16, 16, 64, 16, 64, 16]
+
+
+def _walk(hashes: list[list[int]], parent: list[int], rows: dict, block: int, unit_of: dict[str, int]) -> dict:
+    """The buckets by their definitions (docs/prefix-cache.md), request by request and block by block
+    in Python: an independent check of the sorted, vectorised :func:`account`."""
+    n = len(hashes)
+    holder = [p if p is not None else t for p, t in zip(rows["prefill_target"], rows["target"])]
+    inp, out = rows["input_tokens"], [0 if r else o for o, r in zip(rows["output_tokens"], rows["reasoning_tokens"])]
+    first, sent = rows["first_token_s"], rows["sent_s"]
+    arrival = sorted(range(n), key=lambda i: (rows["scheduled_s"][i], rows["request_id"][i]))
+    rank = {i: k for k, i in enumerate(arrival)}
+    done_order = sorted(range(n), key=lambda i: (np.inf if np.isnan(first[i]) else first[i], rows["request_id"][i]))
+    done = {i: k for k, i in enumerate(done_order)}
+    finished = sorted(np.inf if np.isnan(f) else f for f in first)
+    blocks = [set(h) for h in hashes]            # what each request computed: its prompt, then its replies
+    for c, p in enumerate(parent):
+        own = inp[p] // block if p >= 0 else 0
+        upto = min((inp[p] + out[p] - 1) // block, len(hashes[c])) if p >= 0 else 0
+        if p >= 0 and 1 <= own <= len(hashes[p]) and upto > own and hashes[c][own - 1] == hashes[p][own - 1]:
+            blocks[p] |= set(hashes[c][own:upto])
+    count: dict[int, int] = {}
+    for c, p in enumerate(parent):                # a hash counts once per block naming it
+        for h in hashes[c]:
+            count[h] = count.get(h, 0) + 1
+        own = inp[p] // block if p >= 0 else 0
+        upto = min((inp[p] + out[p] - 1) // block, len(hashes[c])) if p >= 0 else 0
+        if p >= 0 and 1 <= own <= len(hashes[p]) and upto > own and hashes[c][own - 1] == hashes[p][own - 1]:
+            for h in hashes[c][own:upto]:
+                count[h] = count.get(h, 0) + 1
+
+    def leading(flags: list[bool]) -> int:
+        return next((j for j, f in enumerate(flags) if not f), len(flags))
+
+    res: dict[str, list[int]] = {k: [] for k in ("offered", "reach", "ready")}
+    for i in range(n):
+        earlier = [k for k in range(n) if rank[k] < rank[i]]
+        res["offered"].append(leading([any(h in blocks[k] for k in earlier) for h in hashes[i]]))
+        reach, ready = [], []
+        for h in hashes[i]:
+            givers = [k for k in earlier if holder[k] is not None and holder[k] == holder[i] and h in blocks[k]]
+            if holder[i] is None or count[h] < 2 or not givers:
+                reach.append(False)
+                ready.append(False)
+                continue
+            earliest = min(n + 1 if np.isnan(first[k]) else done[k] for k in givers)
+            hit = earliest < done[i]
+            reach.append(hit)
+            ready.append(hit and finished[min(earliest, n - 1)] <= sent[i])
+        res["reach"].append(leading(reach))
+        res["ready"].append(leading(ready))
+    unit = [max(block, unit_of.get(h, block)) if h is not None else block for h in holder]
+    tokens = lambda b, i: min(b * block, inp[i])  # noqa: E731
+    engine = lambda x, i: max(min(x, inp[i] - 1), 0) // unit[i] * unit[i]  # noqa: E731
+    want: dict[str, list[int]] = {k: [] for k in ("offered_tokens", "reachable_tokens", "achieved_tokens",
+                                                   "granularity_tokens", "failed_tokens", "routing_tokens",
+                                                   "in_flight_tokens", "eviction_tokens", "stale_tokens",
+                                                   "unmeasured_tokens", "beyond_tokens")}
+    for i in range(n):
+        offered = tokens(res["offered"][i], i)
+        o2, r2, v2 = engine(offered, i), engine(tokens(res["reach"][i], i), i), engine(tokens(res["ready"][i], i), i)
+        ok, cached = rows["status"][i] == "ok", rows["cached_tokens"][i]
+        good = ok and cached is not None
+        achieved = min(cached, r2) if good else 0
+        gone = max(v2, achieved) - achieved if good else 0
+        predicted = rows["predicted_cached_tokens"][i] or 0
+        stale = min(gone, max(engine(predicted, i) - achieved, 0))
+        for k, v in (("offered_tokens", offered), ("reachable_tokens", r2 if ok else 0),
+                     ("achieved_tokens", achieved), ("granularity_tokens", offered - o2),
+                     ("failed_tokens", 0 if ok else o2), ("routing_tokens", o2 - r2 if ok else 0),
+                     ("in_flight_tokens", r2 - max(v2, achieved) if good else 0),
+                     ("eviction_tokens", gone - stale), ("stale_tokens", stale),
+                     ("unmeasured_tokens", r2 if ok and cached is None else 0),
+                     ("beyond_tokens", cached - achieved if good else 0)):
+            want[k].append(v)
+    return want
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_account_gives_the_buckets_of_a_walk_block_by_block(seed):
+    """Random traces: prefixes shared by families of prompts, repeated hashes (small integers and
+    64-bit ones), next turns that extend a parent or not, ties in arrival time, requests without a
+    first token, failures, unmeasured rows, several targets, disaggregated pairs and engine units."""
+    from llmlb_bench.metrics.cache_accounting import account
+
+    rng = np.random.default_rng(seed)
+    n = 90
+    big = seed % 2 == 1                      # 64-bit hashes, or small integers
+    roots = [int(x) for x in (rng.integers(0, 2**60, 8, dtype=np.int64) if big else rng.integers(0, 40, 8))]
+    hashes, parent = [], []
+    for i in range(n):
+        p = int(rng.integers(0, i)) if i and rng.random() < 0.3 else -1
+        if p >= 0 and rng.random() < 0.8:        # a next turn: the parent's prompt, then more
+            h = hashes[p] + [int(x) for x in rng.integers(1, 2**40 if big else 60, int(rng.integers(0, 6)))]
+        else:
+            stem = roots[int(rng.integers(0, len(roots)))]
+            h = [stem * 7 + k for k in range(int(rng.integers(0, 7)))]
+            h += [int(x) for x in rng.integers(1, 2**40 if big else 60, int(rng.integers(0, 4)))]
+        h = list(dict.fromkeys(h))               # a request names a hash at most once
+        hashes.append(h)
+        parent.append(p)
+    inp = [len(h) * BLOCK + int(rng.integers(0, 20)) for h in hashes]
+    first = np.round(rng.uniform(0, 30, n), 1) + 0.5
+    first[rng.random(n) < 0.1] = np.nan
+    rows = {
+        "request_id": list(rng.permutation(n) + 100), "scheduled_s": list(np.round(rng.uniform(0, 20, n))),
+        "target": [None if x == 3 else f"r{x}" for x in rng.integers(0, 4, n)],
+        "prefill_target": [f"p{x}" if x < 2 else None for x in rng.integers(0, 6, n)],
+        "status": ["ok" if x > 0.15 else "error" for x in rng.random(n)],
+        "sent_s": list(np.round(rng.uniform(0, 25, n), 1)), "first_token_s": list(first),
+        "input_tokens": inp, "output_tokens": [int(x) for x in rng.integers(0, 60, n)],
+        "reasoning_tokens": [int(x) if x > 40 else 0 for x in rng.integers(0, 60, n)],
+        "cached_tokens": [None if x < 0.1 else int(x * 200) for x in rng.random(n)],
+        "predicted_cached_tokens": [None if x < 0.5 else int(x * 200) for x in rng.random(n)]}
+    types = {"request_id": pa.int64(), "scheduled_s": pa.float64(), "sent_s": pa.float64(),
+             "first_token_s": pa.float64(), "target": pa.string(), "prefill_target": pa.string(), "status": pa.string()}
+    table = pa.table({k: pa.array(v, types.get(k, pa.int32())) for k, v in rows.items()})
+    unit_of = {"r0": 32, "p1": 48, "r2": 8}
+    got = account(pa.array(hashes, pa.list_(pa.uint64())), np.array(parent), BLOCK, table, unit_of)
+    want = _walk(hashes, parent, rows, BLOCK, unit_of)
+    assert sum(want["reachable_tokens"]) > 0 and sum(want["offered_tokens"]) > sum(want["reachable_tokens"])
+    for k, v in want.items():
+        assert got.column(k).to_pylist() == v, k

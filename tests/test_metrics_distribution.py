@@ -102,13 +102,15 @@ def test_zero_negative_and_clustered_values():
         assert percentile(band, p, "linear") == pytest.approx(np.percentile(expanded, p), abs=1e-12)
 
 
-@pytest.mark.parametrize("top", [300, 2 ** 20])
-def test_weighted_sample_is_sorted_as_lexsort_sorts_it(top):
-    """sample_of's two stable sorts (radix for small weights) give np.lexsort((w, v))'s order exactly:
-    ties of value ordered by weight, so the mean's sum runs in the same order."""
+@pytest.mark.parametrize("top,distinct", [(300, 50), (2 ** 20, 50), (2 ** 52, 5000)])
+def test_weighted_sample_is_sorted_as_lexsort_sorts_it(top, distinct):
+    """sample_of's packed sort of (value rank, weight), or its two stable sorts where a weight and a
+    rank do not fit in one word (2^52 and 13 bits), give np.lexsort((w, v))'s order exactly: ties of
+    value ordered by weight, so the mean's sum runs in the same order."""
     rng = np.random.default_rng(top)
-    v = rng.choice(rng.uniform(0, 1, 50), 5000)           # many ties
-    w = rng.integers(1, top, 5000)
+    v = rng.choice(rng.uniform(0, 1, distinct), 5000)     # ties
+    w = rng.integers(1, min(top, 300), 5000)
+    w[:3] = top - 1
     s = sample_of(v, w)
     order = np.lexsort((w, v))
     assert (s.v == v[order]).all() and (s.cw == np.cumsum(w[order])).all()

@@ -32,9 +32,9 @@ the trace and the run's own rows, and written beside them as ``cache_accounting.
 the ``cache_accounting`` view serves to ``llmlb query`` and the report. Why then and there: the
 buckets need every request's hashes, and the hashes are in the trace, which a confined query
 cannot read and a report may no longer find; the requests table is left as it was written (no
-rewrite of its token segments); and the work is two sorts over the trace's flattened hashes in
-NumPy (peak about 130 bytes per prompt block), not a Python walk per block (docs/prefix-cache.md
-has the measured cost).
+rewrite of its token segments); and the work is NumPy over the trace's flattened hashes (two
+vectorised sorts of packed 64-bit keys, blocks by arrival and then by hash, and a radix sort by
+target), not a Python walk per block (docs/prefix-cache.md has the measured cost).
 """
 
 from __future__ import annotations
@@ -63,10 +63,16 @@ _NEEDED = ["request_id", "target", "prefill_target", "status", "scheduled_s", "s
 
 
 def _leading(flags: np.ndarray, owner: np.ndarray, pos: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Per row, how many of its blocks (in prompt order) are flagged before the first that is not."""
+    """Per row, how many of its blocks (in prompt order) are flagged before the first that is not.
+
+    ``owner`` is non-decreasing (a row's blocks are contiguous, in prompt order), so a row's first
+    unflagged block is the first of its own among the unflagged ones: no scatter-minimum needed."""
     out: np.ndarray = lengths.copy()
-    miss = ~flags
-    np.minimum.at(out, owner[miss], pos[miss])
+    miss = np.flatnonzero(~flags)
+    if len(miss):
+        rows = owner[miss]
+        first = np.r_[True, rows[1:] != rows[:-1]]
+        out[rows[first]] = pos[miss[first]]
     return out
 
 
@@ -89,27 +95,78 @@ def _flat(hashes: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, n
     return values, owner, pos, lengths, offsets
 
 
-def _seen(values: np.ndarray, owner: np.ndarray, arrival: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per block, whether an earlier arrival (``arrival``: ranks of the owners) had the same hash
-    and whether any other block has it (only those can be hits or give one); and each block's
-    hash as a dense integer (0, 1, ... in hash order), to sort by.
+def _order(keys: np.ndarray) -> np.ndarray:
+    """The stable sorting permutation of non-negative integer ``keys``: NumPy's vectorised ``sort`` of
+    each key packed with its index in one 64-bit word, several times faster than ``argsort``."""
+    m = len(keys)
+    bits = max(m - 1, 1).bit_length()
+    if not m or int(keys.max()) >= 1 << (63 - bits):
+        out: np.ndarray = np.argsort(keys, kind="stable")
+        return out
+    packed = np.sort((keys.astype(np.int64) << bits) | np.arange(m, dtype=np.int64))
+    order: np.ndarray = packed & ((1 << bits) - 1)
+    return order
 
-    One unstable sort of the 64-bit hashes (a request names a hash at most once, so within a hash
-    the first arrival is the one whose block is not seen earlier: a minimum per group)."""
-    perm = np.argsort(values, kind="quicksort")
-    hv = values[perm]
-    start = np.ones(len(values), dtype=bool)
+
+#: an odd multiplier (2^64 / golden ratio): multiplying by it permutes the 64-bit words and spreads
+#: hashes that differ only in their low bits (small integers) over the high ones
+_SPREAD = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _hash_order(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A permutation that brings equal 64-bit ``values`` together, each group in index order (the
+    groups in no meaningful order), and the values in that order. One vectorised sort of (high bits
+    of the spread value, index) packed in a word; the rare runs where distinct values share those
+    high bits are sorted again by value."""
+    m = len(values)
+    bits = max(m - 1, 1).bit_length()
+    high = (values * _SPREAD) >> np.uint64(bits)
+    packed = np.sort((high << np.uint64(bits)) | np.arange(m, dtype=np.uint64))
+    order = (packed & np.uint64((1 << bits) - 1)).astype(np.int64)
+    hv, hh = values[order], packed >> np.uint64(bits)
+    same = hh[1:] == hh[:-1]
+    clash = same & (hv[1:] != hv[:-1])
+    if clash.any():
+        run = np.cumsum(np.r_[True, ~same]) - 1
+        bad = np.zeros(int(run[-1]) + 1, dtype=bool)
+        bad[run[1:][clash]] = True
+        sel = np.flatnonzero(bad[run])
+        sub = order[sel]
+        order[sel] = sub[np.lexsort((sub, values[sub], run[sel]))]
+        hv[sel] = values[order[sel]]
+    return order, hv
+
+
+def _grouped(values: np.ndarray, owner: np.ndarray, arrival: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The blocks grouped by hash, each group in arrival order (``arrival``: ranks of the owners;
+    ties in index order): ``(perm, owners, group, seen, shared)`` in that order, ``perm`` the block
+    indices, ``owners`` their owners, ``group`` each one's group (0, 1, ...), ``seen`` whether an
+    earlier arrival named the hash, ``shared`` whether any other block has it (only those can be
+    hits or give one).
+
+    Two vectorised sorts of packed keys (blocks by arrival, then by hash), no ``argsort`` of the
+    64-bit hashes: within a group the first block is the earliest arrival, so a block is seen
+    earlier unless its owner arrived as early as that one."""
+    by_arrival = _order(arrival[owner])
+    order, hv = _hash_order(values[by_arrival])
+    perm = by_arrival[order]
+    m = len(perm)
+    start = np.ones(m, dtype=bool)
     start[1:] = hv[1:] != hv[:-1]
     group = np.cumsum(start) - 1
-    first_arrival = np.minimum.reduceat(arrival[owner[perm]], np.flatnonzero(start)) if len(values) else group
-    counts = np.diff(np.r_[np.flatnonzero(start), len(values)])
-    seen = np.empty(len(values), dtype=bool)
-    seen[perm] = arrival[owner[perm]] != first_arrival[group]
-    shared = np.empty(len(values), dtype=bool)
-    shared[perm] = counts[group] > 1
-    dense = np.empty(len(values), dtype=np.int64)
-    dense[perm] = group
-    return seen, shared, dense
+    owners = owner[perm]
+    when = arrival[owners]
+    seen = when != when[start][group]
+    counts = np.diff(np.r_[np.flatnonzero(start), m])
+    return perm, owners, group, seen, counts[group] > 1
+
+
+def _unsorted(perm: np.ndarray, flags: np.ndarray) -> np.ndarray:
+    """``flags`` given in the order ``perm`` (a permutation), back in index order."""
+    out = np.empty(len(flags), dtype=bool)
+    out[perm] = flags
+    return out
 
 
 def _replies(values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, parent: np.ndarray,
@@ -141,7 +198,8 @@ def offered_tokens(trace: pa.Table, block: int) -> np.ndarray:
         return np.zeros(len(inp), dtype=np.int64)
     values, owner, pos, lengths, _ = _flat(keyed_prefix_hashes(trace))   # no reuse across LoRA adapters
     arrival = _ranks(trace.column("arrival_s").to_numpy(), trace.column("request_id").to_numpy())
-    cached: np.ndarray = np.minimum(_leading(_seen(values, owner, arrival)[0], owner, pos, lengths) * block, inp)
+    perm, _, _, seen, _ = _grouped(values, owner, arrival)
+    cached: np.ndarray = np.minimum(_leading(_unsorted(perm, seen), owner, pos, lengths) * block, inp)
     return cached
 
 
@@ -180,25 +238,24 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     extra, provider = _replies(values, offsets, lengths, parent, inp, out, block)
     values, owner = np.concatenate([values, extra]), np.concatenate([owner, provider])
     arrival = _ranks(sched, ids)
-    seen, shared, dense = _seen(values, owner, arrival)
-    offered_blocks = _leading(seen[:m], owner[:m], pos, lengths)
+    perm, owners, group_of, seen, shared = _grouped(values, owner, arrival)
+    offered_blocks = _leading(_unsorted(perm, seen)[:m], owner[:m], pos, lengths)
 
     # reachable: on the same target, an earlier arrival that computed the block (prefill done)
     # before this request's prefill finished; per (target, hash) group in arrival order, the
     # earliest such finish among the earlier members (a running max of group * big - finish rank).
-    # Only blocks whose hash occurs more than once take part (in a low-reuse trace, few do).
+    # Only blocks whose hash occurs more than once take part (in a low-reuse trace, few do). The
+    # blocks are already grouped by hash in arrival order: a stable radix sort by target completes
+    # the (target, hash, arrival) order.
     done = _ranks(first, ids)                     # requests without a first token rank last ...
     never = n + 1                                  # ... and never provide: rank n + 1
     provide = np.where(np.isnan(first), never, done)
-    sub = np.flatnonzero(shared & (holder[owner] >= 0))
-    sh, sd, sa = holder[owner[sub]], dense[sub], arrival[owner[sub]]
-    hashes_n = int(sd.max()) + 1 if len(sd) else 1
-    if float(len(names) + 1) * hashes_n * (n + 1) < 2.0 ** 62:   # one int64 key (target, hash, arrival)
-        order = sub[np.argsort((sh * hashes_n + sd) * (n + 1) + sa, kind="quicksort")]
-    else:
-        order = sub[np.lexsort((sa, sd, sh))]
-    so = owner[order]
-    hk, vk = holder[so], dense[order]
+    held = holder[owners]
+    sub = np.flatnonzero(shared & (held >= 0))
+    by_target = np.argsort(held[sub].astype(np.uint16) if len(names) < 1 << 16 else held[sub], kind="stable")
+    sub = sub[by_target]
+    order, so = perm[sub], owners[sub]
+    hk, vk = held[sub], group_of[sub]
     start = np.ones(len(order), dtype=bool)
     start[1:] = (hk[1:] != hk[:-1]) | (vk[1:] != vk[:-1])
     group = np.cumsum(start) - 1

@@ -83,13 +83,28 @@ def sample_of(values: np.ndarray, weights: np.ndarray | None = None) -> "Sample 
     v, w = v[keep], wf[keep].astype(np.int64)
     if not len(v):
         return None
-    # ties ordered by weight too: the same sums whatever order rows came in. Two stable sorts give
-    # np.lexsort((w, v))'s order exactly, a third faster: small weights (ITL gap counts) sort by radix
-    by_w = np.argsort(w.astype(np.uint16) if w.max() < 2 ** 16 else w, kind="stable")
-    order = by_w[np.argsort(v[by_w], kind="stable")]
-    v, w = v[order], w[order]
+    v, w = _by_value_then_weight(v, w)
     cw = np.cumsum(w)
     return Sample(v=v, cw=cw, n=int(cw[-1]), mean=float((v * w).sum() / cw[-1]))
+
+
+def _by_value_then_weight(v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs (v, w) in np.lexsort((w, v))'s order: ties of value ordered by weight, so the
+    mean's sum runs in the same order whatever order rows came in.
+
+    Only the sorted pairs are needed, not which row each came from: each value becomes its rank
+    among the distinct values, packed with its weight in one 64-bit word, and NumPy's vectorised
+    ``sort`` orders the words (on 1.8M ITL gaps several times faster than sorting a permutation).
+    Where the two do not fit in a word, two stable sorts (radix for small weights) do the same."""
+    u = np.unique(v)
+    wbits = int(w.max()).bit_length()
+    if wbits + max(len(u) - 1, 1).bit_length() <= 64:
+        key = (np.searchsorted(u, v).astype(np.uint64) << np.uint64(wbits)) | w.astype(np.uint64)
+        key.sort()
+        return u[(key >> np.uint64(wbits)).astype(np.intp)], (key & np.uint64((1 << wbits) - 1)).astype(np.int64)
+    by_w = np.argsort(w.astype(np.uint16) if w.max() < 2 ** 16 else w, kind="stable")
+    order = by_w[np.argsort(v[by_w], kind="stable")]
+    return v[order], w[order]
 
 
 def percentile(sample: Sample, p: float, method: Method) -> float:

@@ -15,7 +15,7 @@ p99, under the same definitions as the run's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Mapping
+from typing import Literal, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -93,14 +93,15 @@ def _run(cat: Catalog, run_id: str, figs: Mapping[str, Figure], groups: Mapping[
                 into.samples[(run_id, n)] = s
 
 
-def latency(cat: Catalog, figs: Mapping[str, Figure], runs: Iterable[str],
+def latency(cat: Catalog, runs: Mapping[str, Mapping[str, Figure]],
             groups: Mapping[str, Mapping[str, list[str]]]) -> Latency:
-    """Every figure of every run, and the groups in ``groups`` (run -> column -> group names).
+    """The figures ``runs`` names for each run (run -> figure name -> figure), and the groups in
+    ``groups`` (run -> column -> group names).
 
     Needs the ``request_metrics`` view and the token table
     (:func:`llmlb_bench.metrics.sample.create_token_table`).
     """
     out = Latency()
-    for run_id in runs:
+    for run_id, figs in runs.items():
         _run(cat, run_id, figs, groups.get(run_id, {}), out)
     return out

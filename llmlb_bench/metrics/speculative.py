@@ -17,22 +17,36 @@ Tokens per delivery = output tokens / deliveries of ok requests, a delivery
 being the tokens that arrive at one instant: one per ``token_times``
 segment of gap 0 (a stream chunk, a bundled verify step), ``count`` per
 segment of spaced tokens. It is 1 for plain decoding streamed token by
-token and the mean tokens per chunk when tokens arrive bundled.
+token and the mean tokens per chunk when tokens arrive bundled. Each row's
+deliveries are the ``deliveries`` column the store derives as rows are written
+(:mod:`llmlb_bench.store.derived`), so the report decodes no token list; rows of
+files written before the column are counted from their lists, as the SQL in
+docs/metrics.md does.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from llmlb_bench.metrics.sql import quote
 from llmlb_bench.store.views import Catalog
 
 _COLUMNS = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
 
+#: tokens and deliveries per run from the ``deliveries`` column the store writes (store/derived.py),
+#: and the ok rows of files written before it (null there), which :data:`_LISTS_SQL` counts instead
 _DELIVERIES_SQL = """
-SELECT run_id, sum(output_tokens)::DOUBLE AS tokens,
-       sum(list_sum(list_transform(token_times, lambda s: CASE WHEN s.gap_s = 0 THEN 1 ELSE s.count END)))::DOUBLE
+SELECT run_id, sum(output_tokens) FILTER (WHERE deliveries > 0)::BIGINT AS tokens,
+       sum(deliveries)::BIGINT AS deliveries, count(*) FILTER (WHERE deliveries IS NULL) AS unknown
+FROM requests WHERE status = 'ok' GROUP BY 1
+"""
+
+#: the same from the token lists (docs/metrics.md's definition), over rows without the column
+_LISTS_SQL = """
+SELECT run_id, sum(output_tokens)::BIGINT AS tokens,
+       sum(list_sum(list_transform(token_times, lambda s: CASE WHEN s.gap_s = 0 THEN 1 ELSE s.count END)))::BIGINT
            AS deliveries
-FROM requests WHERE status = 'ok' AND len(token_times) > 0 GROUP BY 1
+FROM requests WHERE status = 'ok' AND deliveries IS NULL AND len(token_times) > 0 AND run_id IN ({runs}) GROUP BY 1
 """
 
 
@@ -46,14 +60,27 @@ def _counts(cat: Catalog, view: str) -> dict[str, tuple[float, float, float]]:
     return {r["run_id"]: (r["d"], r["t"], r["a"]) for r in rows if r["t"]}
 
 
+def _deliveries(cat: Catalog) -> dict[str, tuple[int | None, int]]:
+    """``{run_id: (output tokens, deliveries)}`` over the ok rows with token times, for every run
+    with such rows: the stored column where rows have it, the token lists where they do not
+    (tokens None where no such row counts any)."""
+    rows = cat.query(_DELIVERIES_SQL).to_pylist()
+    out = {r["run_id"]: (r["tokens"], r["deliveries"] or 0) for r in rows}
+    older = [r["run_id"] for r in rows if r["unknown"]]
+    if older:
+        for r in cat.query(_LISTS_SQL.format(runs=", ".join(map(quote, older)))).to_pylist():
+            tokens, delivered = out[r["run_id"]]
+            both = [t for t in (tokens, r["tokens"]) if t is not None]
+            out[r["run_id"]] = (sum(both) if both else None, delivered + (r["deliveries"] or 0))
+    return {k: v for k, v in out.items() if v[1]}
+
+
 def speculative(cat: Catalog) -> dict[str, dict[str, Any]]:
     """``{run_id: {...}}`` for every run with token times; the acceptance figures where counted."""
     server, simulated = _counts(cat, "series"), _counts(cat, "requests")
     out: dict[str, dict[str, Any]] = {}
-    for r in cat.query(_DELIVERIES_SQL).to_pylist():
-        run_id = r["run_id"]
-        fig: dict[str, Any] = {"tokens_per_delivery": r["tokens"] / r["deliveries"]
-                               if r["tokens"] is not None and r["deliveries"] else None}
+    for run_id, (tokens, delivered) in sorted(_deliveries(cat).items()):
+        fig: dict[str, Any] = {"tokens_per_delivery": tokens / delivered if tokens is not None else None}
         counts, source = (server[run_id], "server") if run_id in server else (
             (simulated[run_id], "simulator") if run_id in simulated else (None, None))
         if counts is not None:

@@ -93,7 +93,10 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     for u in units:
         if u[0] != "run":
             groups.setdefault(u[1], {}).setdefault(u[0], []).append(u[2])
-    lat = latency(cat, {**figs, WAIT: WAIT_FIGURE}, counts, groups)
+    # the answer's figures are shown only for runs with reasoning: other runs skip their columns and sorts
+    shown = {**figs, WAIT: WAIT_FIGURE}
+    plain = {n: f for n, f in shown.items() if n not in ANSWER_FIGURES}
+    lat = latency(cat, {k: shown if c["reasoning_tokens"] else plain for k, c in counts.items()}, groups)
     tables: dict[str, dict[str, dict[str, dict[str, Any]]]] = {col: {} for col in GROUPS}
     for u, m in units.items():
         if u[0] != "run":

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from llmlb_bench.redact import redact_array
 from llmlb_bench.schema import TableSpec
+from llmlb_bench.store.derived import with_derived
 from llmlb_bench.store.parts import replace_table, table_files, write_part
 
 #: at close, a folder of more parts than this whose mean part is under an eighth of a row group
@@ -84,7 +85,7 @@ class ParquetSink:
         """
         table = rows_table(self.spec, columns, self.constants)
         if table is not None:
-            self._append(table)
+            self._append(with_derived(table))
 
     def _append(self, table: pa.Table) -> None:
         i = table.schema.get_field_index("error")
