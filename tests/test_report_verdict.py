@@ -9,12 +9,14 @@ import pytest
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.report.document import ReportOptions, build
+from llmlb_bench.report.document import ReportOptions, build, to_json
+from llmlb_bench.report.shape import ReportDoc
 from llmlb_bench.policies import make_policy
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
 from llmlb_bench.store.views import Catalog
 from conftest import cli
+from shape_check import mismatches
 from sim_helpers import by_request_id, poisson_trace, run_sim
 
 SLO = "ttft=500ms,tpot=50ms"
@@ -46,6 +48,7 @@ def test_a_clear_difference_is_a_significant_verdict_in_the_right_direction(runs
     assert comp["sentence"].endswith("other differences within noise")
     # every adjusted p-value is at least its raw one (Holm)
     assert all(c["p_adjusted"] >= c["p_value"] for c in comp["changes"])
+    assert mismatches(json.loads(to_json(doc)), ReportDoc, "report") == []   # the shape report/shape.py declares
 
 
 def test_baseline_option_flips_the_comparison_and_bad_names_are_user_errors(runs):

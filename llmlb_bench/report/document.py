@@ -52,6 +52,7 @@ def build(cat: Catalog, options: ReportOptions, where: str = "runs") -> ReportDo
         raise UserError("no runs with request rows found"
                         + (f" ({'; '.join(d['why'] for d in dropped)})" if dropped else ""), where)
     v = verdicts(cat, runs, options.slo, options.baseline, options.summary.confidence, options.summary.seed)
+    groups_note = v["groups_note"] if v else None
     return {
         "left_out": dropped,
         "verdicts": v,
@@ -59,8 +60,7 @@ def build(cat: Catalog, options: ReportOptions, where: str = "runs") -> ReportDo
         "runs": runs,
         "curves": load_curves(runs, options.target),
         "common": common(s["facets"] for s in runs),
-        "notes": [d["why"] for d in dropped] + ([v["groups_note"]] if v and v.get("groups_note") else [])
-        + run_notes(runs),
+        "notes": [d["why"] for d in dropped] + ([groups_note] if groups_note else []) + run_notes(runs),
     }
 
 def left_out(cat: Catalog, shown: set[str]) -> list[LeftOut]:

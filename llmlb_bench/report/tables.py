@@ -448,9 +448,9 @@ _VERDICT_UNITS = {"p99_ttft": (1e3, ",.1f", " ms"), "p99_tpot": (1e3, ",.2f", " 
 
 def verdict_tables(doc: ReportDoc) -> list[Table]:
     """One table per comparison with the baseline: each headline figure's values, change, interval, p-value."""
-    v = doc.get("verdicts") or {}
+    v = doc["verdicts"]
     out = []
-    for comp in v.get("comparisons") or ():
+    for comp in v["comparisons"] if v else ():
         t = Table(f"Verdict: {comp['candidate']} vs {comp['baseline']}",
                   ["figure", "base", "cand", "change\n%", "95% CI\n%", "p\nHolm", "verdict"])
         for c in comp["changes"]:
@@ -459,7 +459,8 @@ def verdict_tables(doc: ReportDoc) -> list[Table]:
             def val(x: float | None, scale: float = scale, spec: str = spec) -> str:
                 return "-" if x is None else fmt(x * scale, spec)
 
-            ci = "-" if c["low"] is None else f"{100 * c['low']:+.1f}..{100 * c['high']:+.1f}"
+            low, high = c["low"], c["high"]
+            ci = "-" if low is None or high is None else f"{100 * low:+.1f}..{100 * high:+.1f}"
             t.rows.append([f"{c['figure']} {unit.strip()}".strip(),
                            val(c["baseline_value"]), val(c["candidate_value"]),
                            f"{100 * c['change']:+.1f}", ci, fmt(c["p_adjusted"], ".3g"),

@@ -34,7 +34,7 @@ from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sql import quote
 from llmlb_bench.metrics.summary import metas_of
 from llmlb_bench.report.baseline import named, pick_baseline
-from llmlb_bench.report.shape import ReportDoc
+from llmlb_bench.report.shape import Comparison, FigureChange, ReportDoc, VerdictGroup, Verdicts
 from llmlb_bench.store.views import Catalog
 
 #: gate metric -> (name in a sentence, whether higher is better)
@@ -56,18 +56,19 @@ def _pct(x: float) -> str:
     return (f"{100 * x:+.1f}" if abs(x) < 0.1 else f"{100 * x:+.0f}").replace("-", "−")
 
 
-def _change_text(c: dict[str, Any]) -> str:
-    iv = f" [{_pct(c['low'])}, {_pct(c['high'])}]" if c["low"] is not None else ""
+def _change_text(c: FigureChange) -> str:
+    low, high = c["low"], c["high"]
+    iv = f" [{_pct(low)}, {_pct(high)}]" if low is not None and high is not None else ""
     return f"{c['figure']} {_pct(c['change'])}%{iv}" + (f" {c['direction']}" if c["significant"] else "")
 
 
-def sentence(v: dict[str, Any]) -> str:
+def sentence(candidate: str, baseline: str, changes: list[FigureChange]) -> str:
     """The one line of a comparison."""
-    head = f"{v['candidate']} vs {v['baseline']}"
-    sig = [c for c in v["changes"] if c["significant"]]
+    head = f"{candidate} vs {baseline}"
+    sig = [c for c in changes if c["significant"]]
     if not sig:
-        return f"{head}: no difference beyond noise on {len(v['changes'])} figures"
-    rest = "; other differences within noise" if len(sig) < len(v["changes"]) else ""
+        return f"{head}: no difference beyond noise on {len(changes)} figures"
+    rest = "; other differences within noise" if len(sig) < len(changes) else ""
     return f"{head}: " + ", ".join(_change_text(c) for c in sig) + rest
 
 
@@ -76,7 +77,8 @@ def verdict_lines(doc: ReportDoc) -> list[str]:
     v = doc.get("verdicts")
     if not v:
         return []
-    return [c["sentence"] for c in v["comparisons"]] or ([v["note"]] if v.get("note") else [])
+    note = v["note"]
+    return [c["sentence"] for c in v["comparisons"]] or ([note] if note else [])
 
 
 def _samples(cat: Catalog, runs: list[RunFigures], slo: Slo | None,
@@ -124,7 +126,7 @@ def _groups_note(groups: list[list[RunFigures]], metas: Mapping[str, Mapping[str
 
 
 def verdicts(cat: Catalog, runs: list[RunFigures], slo: Slo | None, baseline: str | None,
-             confidence: float = 0.95, seed: int = 0) -> dict[str, Any] | None:
+             confidence: float = 0.95, seed: int = 0) -> Verdicts | None:
     """``{baseline, groups, comparisons: [{candidate, baseline, changes: [...], sentence}], note, groups_note}``
     (None: one run). ``groups``: the runs of each workload with its baseline (None: a group
     without a run ``baseline`` names); ``groups_note``: why runs of different groups are not compared (None: one
@@ -137,33 +139,34 @@ def verdicts(cat: Catalog, runs: list[RunFigures], slo: Slo | None, baseline: st
     if baseline is not None and not any(bases):
         named(runs, baseline)      # names no run at all: the error lists the runs
     pairs: list[tuple[RunFigures, RunFigures]] = []
-    shown = []
+    shown: list[VerdictGroup] = []
     for g, base in zip(groups, bases):
         if base is not None:
             pairs += [(base, s) for s in g if s is not base]
         shown.append({"runs": [s["run_id"] for s in g], "baseline": None if base is None else base["run_id"],
                       "workload": comparable.describe(metas.get(g[0]["run_id"], {}))})
-    head = {"baseline": next((g["baseline"] for g in shown if g["baseline"]), None), "confidence": confidence,
-            "groups": shown,
-            "groups_note": _groups_note(groups, metas, baseline, bases) if len(groups) > 1 else None}
+    groups_note = _groups_note(groups, metas, baseline, bases) if len(groups) > 1 else None
+
+    def made(comparisons: list[Comparison], note: str | None) -> Verdicts:
+        return {"baseline": next((g["baseline"] for g in shown if g["baseline"]), None), "confidence": confidence,
+                "groups": shown, "groups_note": groups_note, "comparisons": comparisons, "note": note}
+
     involved = {s["run_id"]: s for pair in pairs for s in pair}
     if not pairs:
-        return {**head, "comparisons": [], "note": None}
+        return made([], None)
     if len(involved) > MAX_RUNS:
-        return {**head, "comparisons": [],
-                "note": f"{len(involved)} runs: verdicts are computed for at most {MAX_RUNS}; report fewer runs"}
+        return made([], f"{len(involved)} runs: verdicts are computed for at most {MAX_RUNS}; report fewer runs")
     total = sum(s["requests"] for s in involved.values())
     if total > MAX_REQUESTS:
-        return {**head, "comparisons": [],
-                "note": f"{total:,} requests: verdicts are computed up to {MAX_REQUESTS:,} (each redraws every "
-                        f"request 2,000 times); compare these runs with llmlb gate"}
+        return made([], f"{total:,} requests: verdicts are computed up to {MAX_REQUESTS:,} (each redraws every "
+                        f"request 2,000 times); compare these runs with llmlb gate")
     from llmlb_bench.gate.decide import holm, relative_change
 
     samples = _samples(cat, list(involved.values()), slo, metas)
     figures = {**HEADLINE, **(HEADLINE_SLO if slo is not None else {})}
-    out = []
+    out: list[Comparison] = []
     for base, s in pairs:
-        changes: list[dict[str, Any]] = []
+        changes: list[FigureChange] = []
         for metric, (label, higher) in figures.items():
             c = relative_change(metric, [samples[base["run_id"]]], [samples[s["run_id"]]], confidence, seed)
             if c.change is None:
@@ -172,18 +175,13 @@ def verdicts(cat: Catalog, runs: list[RunFigures], slo: Slo | None, baseline: st
             changes.append({"metric": metric, "figure": label, "baseline_value": c.baseline,
                             "candidate_value": c.candidate, "change": c.change, "low": c.low, "high": c.high,
                             "p_value": c.p_value, "design": c.design,
-                            "direction": "better" if better else "worse"})
-        ps = [c["p_value"] for c in changes]
-        known = [i for i, p in enumerate(ps) if p is not None]
-        adjusted: np.ndarray | list[float] = holm([ps[i] for i in known]) if known else []
-        for row in changes:
-            row["p_adjusted"] = None
-            row["significant"] = False
-        for i, p in zip(known, adjusted):
+                            "direction": "better" if better else "worse", "p_adjusted": None, "significant": False})
+        known = [(i, p) for i, c in enumerate(changes) if (p := c["p_value"]) is not None]
+        adjusted: np.ndarray | list[float] = holm([p for _, p in known]) if known else []
+        for (i, _), p in zip(known, adjusted):
             changes[i]["p_adjusted"] = float(p)
             changes[i]["significant"] = bool(p < 1 - confidence) and abs(changes[i]["change"]) >= NEGLIGIBLE
-        v = {"candidate": s.get("name") or s["run_id"], "candidate_run": s["run_id"],
-             "baseline": base.get("name") or base["run_id"], "baseline_run": base["run_id"], "changes": changes}
-        v["sentence"] = sentence(v)
-        out.append(v)
-    return {**head, "comparisons": out, "note": None}
+        cand, against = s.get("name") or s["run_id"], base.get("name") or base["run_id"]
+        out.append({"candidate": cand, "candidate_run": s["run_id"], "baseline": against,
+                    "baseline_run": base["run_id"], "changes": changes, "sentence": sentence(cand, against, changes)})
+    return made(out, None)
