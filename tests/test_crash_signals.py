@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 
@@ -94,13 +95,28 @@ def test_replay_interrupted_three_times(tmp_path, noop):
     assert "continue it with --resume" in err
 
 
-def test_ray_without_a_cluster_leaves_no_run_behind(tmp_path, noop, monkeypatch):
+@pytest.fixture
+def closed_port():
+    """A loopback port bound by this process and not listening: a connection to it is refused, and
+    no other process (another test's Ray cluster, another user's) can take it while the test runs."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("how", ["host:port", "auto"])
+def test_ray_without_a_cluster_leaves_no_run_behind(tmp_path, noop, closed_port, how):
+    """No Ray cluster at the address: one line on --address, exit 2, no results folder, at once (not
+    after ray.init's retries: it hung on an address where nothing listened). ``auto`` is pointed at
+    the closed port through RAY_ADDRESS, which it reads before looking for Ray processes on the
+    machine, so a cluster someone else runs here is never joined (it was, by the old ``auto`` test)."""
     pytest.importorskip("ray")
     write_trace(make_trace(n=4), tmp_path / "t.parquet")
-    env = {**os.environ, "RAY_TMPDIR": str(tmp_path / "ray")}  # no cluster that 'auto' could find
-    env.pop("RAY_ADDRESS", None)
+    env = {**os.environ, "RAY_ADDRESS": closed_port}
+    address = closed_port if how == "host:port" else "auto"
     out = subprocess.run(LLMLB + ["replay", str(tmp_path / "t.parquet"), "-e", noop, "--workers", "2", "--executor",
-                                  "ray", "--address", "auto", "-r", str(tmp_path / "res"), "--no-progress"],
-                         capture_output=True, text=True, timeout=120, env=env)
+                                  "ray", "--address", address, "-r", str(tmp_path / "res"), "--no-progress"],
+                         capture_output=True, text=True, timeout=300, env=env)   # a hang is the failure
     assert out.returncode == 2 and out.stderr.startswith("error: --address:"), out.stderr
+    assert closed_port in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert not (tmp_path / "res").exists()

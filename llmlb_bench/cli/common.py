@@ -194,3 +194,6 @@ def check_workers(workers: int, executor: WorkerExecutor, address: str | None) -
         raise UserError("Ray actors share the load of --workers 2 or more", "--executor")
     if address is not None and executor is not WorkerExecutor.ray:
         raise UserError("--address needs --executor ray", "--address")
+    if address is not None:     # before any results folder exists (a cluster that is not there hangs ray.init)
+        from llmlb_bench.raycluster import check_address
+        check_address(address)
