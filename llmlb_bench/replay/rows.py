@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from array import array
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
@@ -125,16 +126,27 @@ class RawRows:
         return out
 
 
+#: how much lower than the replayer's the writer thread's priority is: nice +10, about a tenth of a
+#: normal thread's share of a contended core (CFS weights 110 against 1024)
+WRITER_NICE = 10
+
+
 def _background() -> None:
-    """Run this thread only when no other thread wants the CPU (Linux ``SCHED_IDLE``).
+    """Lower this thread's priority (Linux: ``nice()`` sets the calling thread's own).
 
     With the replayer pinned to one core, the writer's work would otherwise
     take the core from the event loop for a scheduler slice (milliseconds)
-    at a time; at idle priority the event loop preempts it the moment it
-    wakes up. Where the call is not available, the thread keeps normal priority."""
-    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
+    at a time; at a lower priority the event loop preempts it when it wakes
+    up. Not ``SCHED_IDLE``, which it was: an idle-class thread runs only
+    when nothing else wants the core, so on a saturated machine (a busy loop
+    on the same core) finished rows waited more than 8 s to reach the disk,
+    against the two seconds the crash-safety promise gives (docs/security.md).
+    At nice +10 it still gets a tenth of a share, far more than its few
+    milliseconds per second of rows. Elsewhere ``nice()`` would lower the
+    whole process, so the thread keeps normal priority."""
+    if sys.platform.startswith("linux"):
         try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # pid 0: this thread
+            os.nice(WRITER_NICE)
         except OSError:
             pass
 
