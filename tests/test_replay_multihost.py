@@ -181,17 +181,24 @@ def test_replay_load_comes_from_the_worker_host_to_the_head_hosts_address(hosts,
     client = meta["summary"]["client"]
     actors = client["ray_workers"]
     assert len(actors) == 2 and {nodes[a["node_id"]] for a in actors} == {h.worker_ip}
-    for a in actors:  # one kernel clock: the true offset is 0, within what the round trip allows
-        assert abs(a["offset_s"]) <= a["uncertainty_s"] + 1e-4 and a["rtt_s"] < 0.05
+    for a in actors:  # one kernel clock: the true offset is 0, within what the round trip allows (whatever
+        # the round trip took: its length is the machine's, a loaded one's is tens of milliseconds)
+        assert abs(a["offset_s"]) <= a["uncertainty_s"] + 1e-4 and a["uncertainty_s"] == a["rtt_s"] / 2
+        assert abs(a["offset_after_s"]) <= a["uncertainty_after_s"] + 1e-4
     # the server on the head host received what the worker host's actors sent, when they sent it
     check = client["server_check"]
     assert check["available"] and not check["flagged"]
     assert check["endpoints"][h.url]["received"] == 200
     stats = json.loads(h.python(h.head, "import urllib.request; print(urllib.request.urlopen(%r).read().decode())"
                                 % f"{h.url}/stats"))
+    # each request was read after its merged send time and answered before its merged first token time,
+    # within the uncertainty of its actor's mapping (true on any machine; a mapping off by more than a
+    # request's time to first token fails one side)
     t0 = client["t0_clock_s"]
-    read_late = sorted(stats[str(r["request_id"])][0] - t0 - r["sent_s"] for r in rows)
-    assert read_late[0] > -1e-3 and read_late[len(read_late) // 2] < 0.05  # after the send, and soon after
+    err = max(a["uncertainty_s"] + abs(a["shift_s"]) for a in actors) + 1e-3
+    read = [stats[str(r["request_id"])][0] - t0 - r["sent_s"] for r in rows]
+    wrote = [r["first_token_s"] - (stats[str(r["request_id"])][1] - t0) for r in rows]
+    assert min(read) > -err and min(wrote) > -err, (min(read), min(wrote), err)
 
 
 def test_sweep_cells_run_on_the_worker_host(hosts, tmp_path):

@@ -251,6 +251,7 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, o
                         outcomes[k] = _outcome(result, live[k], t0_wall, details[k])
                         after, _ = _get(ray, partial(_offset, ray, actors[k]))  # the drift, not corrected
                         details[k]["offset_after_s"] = after.offset_s if after is not None else None
+                        details[k]["uncertainty_after_s"] = after.rtt_s / 2 if after is not None else None
                     else:  # the actor is gone: it stopped sending by now at the latest
                         details[k]["error"] = error
                         outcomes[k].lost_s = perf_counter() - t0
