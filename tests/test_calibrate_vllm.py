@@ -15,11 +15,12 @@ import json
 
 import numpy as np
 import pytest
+from calibrate_helpers import assert_least_squares_optimum
 from conftest import cli
 from engines_helpers import require_module, vllm_python
 from sim_helpers import run_sim
 
-from llmlb_bench.calibrate.fit import UNKNOWNS, prefill_features
+from llmlb_bench.calibrate.fit import prefill_features
 from llmlb_bench.engines.vllm import CPU_BLOCK_SIZE, VllmReplicas, VllmSettings, write_tiny_model
 from llmlb_bench.schema import trace_table
 from llmlb_bench.sim import ClusterConfig
@@ -36,24 +37,6 @@ def vllm(tmp_path_factory):
     settings = VllmSettings(max_num_seqs=8, max_num_batched_tokens=256)
     with VllmReplicas(model, 1, settings=settings, python=python) as fleet:
         yield fleet.urls[0]
-
-
-def _assert_least_squares_optimum(result) -> None:
-    """The fit minimises the sum of squared relative errors of its kept observations over
-    non-negative coefficients (calibrate/fit.py): at that minimum the gradient of each column is zero
-    where the coefficient is positive and not negative where it is zero (the Karush-Kuhn-Tucker
-    conditions). True on any machine whatever the probes measured; a fit that stopped short, or
-    predictions not made with the coefficients reported, fails it."""
-    kept = [o for o in result.observations if not o.outlier]
-    a = np.array([o.features / o.measured_s for o in kept])
-    theta = np.array([result.coefficients[k] for k in UNKNOWNS])
-    residual = a @ theta - 1.0
-    assert np.allclose(residual, [o.error for o in kept], rtol=0, atol=1e-9)   # the errors it reports
-    gradient = a.T @ residual
-    size = np.linalg.norm(a, axis=0) * np.linalg.norm(residual) + 1e-300
-    active = theta > 0
-    assert active.any() and np.all(np.abs(gradient[active]) <= 1e-6 * size[active]), (gradient, theta)
-    assert np.all(gradient[~active] >= -1e-6 * size[~active]), (gradient, theta)
 
 
 def test_calibrate_a_real_vllm_replica(vllm, tmp_path, capsys, monkeypatch):
@@ -91,7 +74,7 @@ def test_calibrate_a_real_vllm_replica(vllm, tmp_path, capsys, monkeypatch):
     assert [(o.probe, o.what, o.outlier) for o in result.observations] == \
         [(o["probe"], o["what"], o["outlier"]) for o in profile["fit"]["observations"]]
     assert {o.probe for o in result.observations} == set(profile["fit"]["by_probe"]) == {"prefill", "cache", "decode"}
-    _assert_least_squares_optimum(result)
+    assert_least_squares_optimum(result)
     # the steps' spread around the typical step, from the decode windows (a real engine's steps vary)
     jitter = profile["jitter"]
     assert jitter["windows"] > 0 and jitter["steps"] >= 8 * jitter["windows"] and jitter["sigma"] > 0, jitter

@@ -1,0 +1,25 @@
+"""What a calibration must satisfy on any machine, whatever its probes measured."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from llmlb_bench.calibrate.fit import UNKNOWNS, Fit
+
+
+def assert_least_squares_optimum(result: Fit) -> None:
+    """The fit minimises the sum of squared relative errors of its kept observations over
+    non-negative coefficients (calibrate/fit.py): at that minimum the gradient of each column is zero
+    where the coefficient is positive and not negative where it is zero (the Karush-Kuhn-Tucker
+    conditions). True on any machine whatever the probes measured; a fit that stopped short, or
+    predictions not made with the coefficients reported, fails it."""
+    kept = [o for o in result.observations if not o.outlier]
+    a = np.array([o.features / o.measured_s for o in kept])
+    theta = np.array([result.coefficients[k] for k in UNKNOWNS])
+    residual = a @ theta - 1.0
+    assert np.allclose(residual, [o.error for o in kept], rtol=0, atol=1e-9)   # the errors it reports
+    gradient = a.T @ residual
+    size = np.linalg.norm(a, axis=0) * np.linalg.norm(residual) + 1e-300
+    active = theta > 0
+    assert active.any() and np.all(np.abs(gradient[active]) <= 1e-6 * size[active]), (gradient, theta)
+    assert np.all(gradient[~active] >= -1e-6 * size[~active]), (gradient, theta)
