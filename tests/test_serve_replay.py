@@ -1,5 +1,5 @@
-"""``llmlb replay`` against ``llmlb serve``: exact accounting, and TTFT/TPOT distributions close to
-``llmlb simulate`` on the same trace and cluster."""
+"""``llmlb replay`` against ``llmlb serve``: exact accounting, and the times ``llmlb simulate`` computes
+for the arrivals the server saw, as the client measures them (never less)."""
 
 from __future__ import annotations
 
@@ -128,65 +128,51 @@ def _stop_server(proc: subprocess.Popen) -> str:
     return out
 
 
-def _ttft_tpot(rows: list[dict], scale: float) -> tuple[np.ndarray, np.ndarray]:
-    ok = [r for r in rows if r["status"] == "ok"]
-    ttft = np.array([r["first_token_s"] - r["sent_s"] for r in ok]) * scale
-    tpot = np.array([(r["last_token_s"] - r["first_token_s"]) / (r["output_tokens"] - 1)
-                     for r in ok if r["output_tokens"] > 1]) * scale
-    return ttft, tpot
-
-
-def _percentiles(rows: list[dict], scale: float) -> np.ndarray:
-    """TTFT and TPOT at p50 and p90: ``[[ttft50, ttft90], [tpot50, tpot90]]`` (simulated seconds)."""
-    ttft, tpot = _ttft_tpot(rows, scale)
-    return np.array([np.percentile(ttft, [50, 90]), np.percentile(tpot, [50, 90])])
-
-
-def _simulate(tmp_path: Path, table: pa.Table, cfg: ClusterConfig, run_id: str) -> list[dict]:
-    with RunStore(tmp_path, config={}, backend="sim", run_id=run_id) as run:
-        simulate(table, cfg, make_policy("least_outstanding"), run)
-    return pq.read_table(run.dir / "requests.parquet").to_pylist()
-
-
 @pytest.mark.slow
-# Only at speed 1: faster clocks multiply the client's and the machine's wall-clock jitter
-# (docs/serve.md measures +21-24% TTFT p50 at speed 2), which a loaded CI machine makes flaky.
-@pytest.mark.parametrize("speed", [1.0])
-def test_replay_against_serve_matches_simulate(tmp_path: Path, speed: float):
+def test_replay_against_serve_matches_simulate(tmp_path: Path):
     """Replaying a trace against ``llmlb serve`` (two replicas on their own ports, client-side
-    least-outstanding routing) gives the TTFT and TPOT distributions that ``llmlb simulate``
-    computes for the same trace, cluster and policy.
+    least-outstanding routing) measures what ``llmlb simulate`` computes for the arrivals the server
+    saw, plus the time the tokens took to reach the client. What holds on any machine:
 
-    How close is close: a real client does not send at exact microseconds, and the simulated
-    outcome itself moves when arrivals move by a millisecond (a request joins the batch one
-    step later, the router breaks a tie the other way). So the tolerance is the spread of the
-    simulator's own percentiles when each arrival is delayed as the client's sends were (a
-    random draw from the replay's measured send lateness) plus up to 1 ms of wall time (loopback,
-    the server's wake-up), widened by 5% and by 2 ms (TTFT) / 0.5 ms (TPOT) of wall time: on a
-    loaded CI machine the server's token writes run a little late, which stretches TPOT."""
+    * the server's token times are, to the nanosecond, a batch simulation of each replica with the
+      arrivals it saw (its HTTP path, prompt counting and hashing included);
+    * no request's time to first token as the client measured it is shorter than the server's
+      (a request reaches the server after it was sent, a token the client after it was due, but for
+      the event loop's timer resolution), so neither is any percentile of them.
+
+    How much longer the client's times are is the machine's (docs/serve.md has figures), so no bound
+    on it is checked: pinned to one core beside a busy loop, the client measured TTFT p50 / p90 of
+    0.26 / 1.69 s where simulate gave 0.10 / 0.31 s (TPOT p50 24 ms against 20 ms), beyond the spread
+    of simulate's own outcomes under the client's send lateness that this test used to allow."""
     table = poisson_trace(120, rate=10.0, seed=5, input_mean=800, output_mean=60)
     cfg = ClusterConfig.build(replicas=2, gpu="a100-80g", model="llama-3-8b")
-    proc, urls = _start_server("--replicas", "2", "--gpu", "a100-80g", "--model", "llama-3-8b",
-                               "--port-per-replica", "0", "--speed", str(speed))
+    st = ServeThread(cfg, ServeOptions(port_per_replica=0))
+    ended = []
+    st.server.fleet.on_end = ended.append     # on the server's thread: a list append is atomic
     try:
-        _, rows, _ = run_replay(table, urls, tmp_path, "least_outstanding",
-                                ReplayOptions(time_scale=1 / speed, scrape_s=None), run_id="replay")
+        _, rows, _ = run_replay(table, st.urls, tmp_path, "least_outstanding", ReplayOptions(scrape_s=None),
+                                run_id="replay")
     finally:
-        out = _stop_server(proc)
-    assert "120 requests finished" in out
-    assert [r["status"] for r in rows] == ["ok"] * 120
-    got = _percentiles(rows, speed)
-    want = _percentiles(_simulate(tmp_path, table, cfg, "sim"), 1.0)
-    lateness = np.array([r["sent_s"] - r["scheduled_s"] for r in rows]) * speed
-    rng = np.random.default_rng(0)
-    arrival = table.column("arrival_s").to_numpy()
-    column = table.schema.get_field_index("arrival_s")
-    spread = [want]
-    for k in range(10):
-        moved = arrival + rng.choice(lateness, len(arrival)) + rng.uniform(0, 0.001 * speed, len(arrival))
-        spread.append(_percentiles(_simulate(tmp_path, table.set_column(column, "arrival_s", pa.array(moved)),
-                                             cfg, f"moved{k}"), 1.0))
-    spread = np.array(spread)
-    slack = np.array([[0.002 * speed], [0.0005 * speed]])
-    low, high = spread.min(axis=0) * 0.95 - slack, spread.max(axis=0) * 1.05 + slack
-    assert np.all((low <= got) & (got <= high)), (got, want, low, high)
+        st.close()
+    assert [r["status"] for r in rows] == ["ok"] * 120 and len(ended) == 120
+    assert sorted(r["output_tokens"] for r in rows) == sorted(live.sub.output_tokens for live in ended)
+    assert sorted(r["output_tokens"] for r in rows) == sorted(table.column("output_tokens").to_pylist())
+    for i in range(2):
+        mine = sorted((live for live in ended if live.target == i), key=lambda live: live.seq)
+        assert mine   # least outstanding at 10 requests/s uses both
+        alone = trace(np.array([live.arrival_s for live in mine]), [live.sub.prompt_tokens for live in mine],
+                      [live.sub.output_tokens for live in mine],
+                      prefix_hashes=pa.array([list(live.sub.hashes) for live in mine], pa.list_(pa.uint64())),
+                      request_id=np.array([live.seq for live in mine], dtype=np.int64))
+        with RunStore(tmp_path, config={}, backend="sim", run_id=f"replica{i}") as run:
+            simulate(alone, ClusterConfig.build(replicas=1, gpu="a100-80g", model="llama-3-8b"),
+                     make_policy("round_robin"), run)
+        sim = {r["request_id"]: r for r in pq.read_table(run.dir / "requests.parquet").to_pylist()}
+        for live in mine:
+            got = np.array(live.segments)
+            want = np.array([(seg["start_s"], seg["gap_s"], seg["count"]) for seg in sim[live.seq]["token_times"]])
+            assert got.shape == want.shape and np.allclose(got, want, rtol=0, atol=1e-9), live.seq
+            assert live.cached_tokens == sim[live.seq]["cached_tokens"]
+    client = np.sort([r["first_token_s"] - r["sent_s"] for r in rows])
+    server = np.sort([live.first_token_s - live.arrival_s for live in ended])
+    assert np.all(client >= server - 0.002), (client - server).min()
