@@ -89,13 +89,19 @@ def test_llmlb_route_routes_adapters_by_affinity_from_its_own_books(tmp_path: Pa
             proxy = st.call(go)
             assert proxy.lora_models == {"a", "b"}
             body = {"prompt": "x y z", "max_tokens": 200, "min_tokens": 200, "stream": True}
+            def reached(n: int) -> None:
+                """Wait until the engines have received ``n`` requests (the run's own progress, not a
+                fixed pause: a loaded machine took longer than one to send a request on)."""
+                while serve.call(lambda: serve.server.fleet._seq) < n:
+                    time.sleep(0.01)
+
             with concurrent.futures.ThreadPoolExecutor(3) as pool:
                 long_a = pool.submit(request, proxy.url, "POST", "/v1/completions", {**body, "model": "a"})
-                time.sleep(0.3)
+                reached(1)
                 # a is in flight on one backend: the second a joins it, b goes to the other
                 short_a = pool.submit(request, proxy.url, "POST", "/v1/completions", {**body, "model": "a",
                                                                                       "max_tokens": 5, "min_tokens": 5})
-                time.sleep(0.1)
+                reached(2)
                 short_b = pool.submit(request, proxy.url, "POST", "/v1/completions", {**body, "model": "b",
                                                                                       "max_tokens": 5, "min_tokens": 5})
                 assert all(f.result()[0] == 200 for f in (long_a, short_a, short_b))

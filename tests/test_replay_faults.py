@@ -217,10 +217,13 @@ def test_an_endpoint_down_at_start_is_avoided_then_used_once_it_comes_up(faults,
     reserved.bind(("127.0.0.1", 0))
     port = reserved.getsockname()[1]
     down = f"http://127.0.0.1:{port}/ok"
-    trace = make_trace(n=60, rate=30.0, output_tokens=2)
+    trace = make_trace(n=90, rate=30.0, output_tokens=2)
 
     def revive() -> None:
-        time.sleep(0.5)
+        # once the run is sending (the preflight, which found the endpoint down, is over), not after a
+        # fixed 0.5 s: a preflight slower than that found it up (on a loaded machine, on any machine)
+        while not f.calls["ok"]:
+            time.sleep(0.01)
         reserved.close()
         servers.aiohttp(Faults().app(), port=port)
 
@@ -259,7 +262,7 @@ def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, s
     assert f"--resume {run_dir}" in err
 
     done = subprocess.run([*cmd[:-5], "--results", str(tmp_path / "res"), "--resume", str(run_dir), "--no-progress"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=max(300.0, 10 * (time.monotonic() - start)))
     assert done.returncode == 0, done.stderr
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["status"] == "complete" and meta["summary"]["replay"]["resumed"]["carried_rows"] > 0
