@@ -16,7 +16,6 @@ from llmlb_bench.sim import ClusterConfig, load_cluster
 from llmlb_bench.sim.profile import STEP_TERMS, EngineProfile
 from tests.conftest import cli
 from tests.sim_helpers import run_sim
-from tests.test_serve_replay import _start_server, _stop_server
 
 #: the ground truth llmlb serve runs with (steps of a few ms: far above the server's timer jitter)
 STEP = {"base_s": 0.004, "per_token_s": 1e-4, "per_sample_s": 5e-4, "per_attn_s": 2e-8, "per_kv_s": 1e-6}

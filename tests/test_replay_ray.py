@@ -178,8 +178,8 @@ def test_skewed_actor_clocks_are_measured_and_corrected(ray_instance, servers, t
         assert read.size == 40 and read.min() > -err and wrote.min() > -err, (k, read.min(), wrote.min(), w)
 
 
-def test_a_dead_actor_keeps_the_rows_it_had_finished_and_leaves_a_partial_run(ray_instance, servers, tmp_path,
-                                                                              monkeypatch):  # noqa: F811
+def test_a_dead_actor_keeps_the_rows_it_had_finished_and_leaves_a_partial_run(
+        ray_instance, servers, tmp_path, monkeypatch):  # noqa: F811
     """Rows travel back while the run goes on: what the lost actor finished before the parent's last
     collection is kept as it was; its other requests are error/interrupted (due before it was seen
     gone: maybe sent) or not_sent; one row per request all the same.
