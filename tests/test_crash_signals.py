@@ -97,10 +97,11 @@ def test_replay_interrupted_three_times(tmp_path, noop):
 
 @pytest.fixture
 def closed_port():
-    """A loopback port bound by this process and not listening: a connection to it is refused, and
-    no other process (another test's Ray cluster, another user's) can take it while the test runs."""
+    """A port bound by this process on every address and not listening: a connection to it is
+    refused (Ray turns 127.0.0.1 into the machine's own address first), and no other process
+    (another test's Ray cluster, another user's) can take it while the test runs."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind(("0.0.0.0", 0))
         yield f"127.0.0.1:{sock.getsockname()[1]}"
 
 
@@ -118,5 +119,5 @@ def test_ray_without_a_cluster_leaves_no_run_behind(tmp_path, noop, closed_port,
                                   "ray", "--address", address, "-r", str(tmp_path / "res"), "--no-progress"],
                          capture_output=True, text=True, timeout=300, env=env)   # a hang is the failure
     assert out.returncode == 2 and out.stderr.startswith("error: --address:"), out.stderr
-    assert closed_port in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert f":{closed_port.split(':')[1]}" in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert not (tmp_path / "res").exists()
