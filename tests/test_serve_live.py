@@ -232,3 +232,30 @@ def test_replica_abort_mid_decode_cuts_the_run_at_the_step_in_progress():
     while not rep.idle:
         rep.boundary(done)
     assert [r.generated for r in done[1:]] == [50, 50] and rep.kv.used == 0
+
+
+def test_a_late_overhead_timer_does_not_move_the_request():
+    """A request's overhead (the time its API server holds it) ends at its due time in simulated
+    time, however late the timer that ends it fires: on a loaded machine it entered the queue when
+    the timer fired, and the machine's lateness became part of the served times. The fleet's clock
+    is made to jump 50 ms past the due time before the timer fires: the first token still comes one
+    prefill step after the due time, as in the batch simulation."""
+    cfg = ClusterConfig.build(replicas=1).with_profile({
+        "llmlb_profile": 1, "request_overhead_s": 0.01,
+        "engine": {"max_num_seqs": 8, "max_num_batched_tokens": 512, "block_size": 16, "num_kv_blocks": 1000,
+                   "max_model_len": 2048},
+        "step": {"base_s": 0.004, "per_token_s": 1e-4, "per_sample_s": 5e-4, "per_attn_s": 0.0, "per_kv_s": 0.0}})
+    now = [0.0]
+
+    async def go() -> LiveRequest:
+        fleet = LiveFleet(cfg, clock=lambda: now[0])
+        rec = Recorder(fleet)
+        rec.expected = 1
+        live = fleet.submit(Submission(100, 1, [], False, target=0), rec)
+        now[0] = 0.06                 # the machine stalled: the 10 ms timer fires 50 ms late
+        await asyncio.wait_for(rec.done.wait(), 60)
+        fleet.close()
+        return live
+
+    live = asyncio.run(go())
+    assert live.first_token_s == pytest.approx(0.01 + 0.004 + 100 * 1e-4 + 5e-4, abs=1e-12)

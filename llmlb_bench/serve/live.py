@@ -301,10 +301,15 @@ class LiveFleet:
         self._arm(st)
 
     def _enter(self, st: _ReplicaState, live: LiveRequest, due: float) -> None:
-        """``live`` reaches its engine's queue (``due``, or now if the timer fired late)."""
+        """``live`` reaches its engine's queue at ``due``, however late its timer fired, unless an
+        event after ``due`` was applied meanwhile (then at that event's time: never before it).
+
+        It entered at the time the timer fired: on a loaded machine a late timer moved the request's
+        simulated times by the machine's lateness (1 ms on a 27 ms time to first token of
+        tests/test_calibrate_serve.py), so the served times were no longer the batch simulation's."""
         live.entering = False
         st.rep.entering -= 1
-        t = self._now = max(self.now(), due)
+        t = self._now = max(self._now, due)
         assert live.req is not None
         if live.aborted:
             self._ended(st, live.req, t)
