@@ -56,6 +56,9 @@ class GPU:
     #: leakage at the voltage floor); green knobs, sim/cost.py ``set_clock``. Optional, defaults 3, 0.4
     clock_power_exponent: float = 3.0
     clock_invariant_power: float = 0.4
+    #: time per sampled sequence per step that the roofline's terms do not count (sampler over the
+    #: vocabulary, per-request engine work), microseconds; sim/cost.py. Optional, default 0 (off)
+    sequence_overhead_us: float = 0.0
 
 
 @dataclass(frozen=True)

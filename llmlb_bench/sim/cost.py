@@ -7,6 +7,7 @@ request (each attending to its whole context). Its time is
     hypot(FLOPs / (peak FLOP/s x compute_efficiency),
           bytes / (HBM bandwidth x memory_efficiency))
     + tensor-parallel all-reduce time + layers x layer latency + host overhead
+    + sampled sequences x sequence overhead
 
 with FLOPs = 2 x active non-embedding parameters per token + 4 x layers x
 heads x head_dim per (token, context token) of attention + the LM head per
@@ -21,6 +22,13 @@ traffic. Against measured layer timings it has a clearly smaller error
 than the sharp ``max`` for batches up to a few hundred tokens (decode
 batches), see docs/simulator.md. The layer latency is the fixed cost of a layer's
 kernels (launches, small ops) that does not scale with the batch.
+
+The sequence overhead (the catalog's ``sequence_overhead_us``) is time per sampled sequence
+per step that none of those terms counts: the sampler's work over the whole vocabulary
+(vLLM's sort-based top-p/top-k) and the engine's per-request work in a step. It is what the
+roofline leaves out at large batches against measured serving throughput (docs/simulator.md,
+"Energy against measurements"). The GPU counts as busy during it, but not its tensor cores
+(power: the memory-bound floor). 0, the catalog's default, leaves every step time as it was.
 
 All figures come from the catalogs; the efficiency factors and the layer
 latency are the fitted part (see :mod:`llmlb_bench.sim.cost_fit`).
@@ -170,6 +178,8 @@ class CostModel:
         #: ... and on one GPU (the largest stage): what capacity and swap copies count
         self.kv_bytes_per_token_gpu = self.kv_bytes_per_token * self.stage_fraction
         self.overhead_s = gpu.step_overhead_ms / 1000.0 + model.layers * gpu.layer_latency_us * 1e-6
+        #: seconds per sampled sequence per step (the catalog's ``sequence_overhead_us``; see the module docstring)
+        self.sequence_overhead_s = gpu.sequence_overhead_us * 1e-6
         # Two all-reduces of the hidden state per layer (after attention and after the MLP), each
         # costing a fixed latency plus the ring's 2 (tp-1)/tp of the message over the link bandwidth.
         if tp > 1:
@@ -282,7 +292,8 @@ class CostModel:
                  + self.lm_head_flops * sampled)
         data = self.weights_read(tokens) + self.kv_bytes_per_token * (prefill_kv + decode_context)
         comm = self._comm_fixed + self._comm_per_token * tokens if tokens else 0.0
-        return StepCost(flops / self.peak_flops, data / self.bandwidth, comm, self.overhead_s, self._skew(tokens))
+        return StepCost(flops / self.peak_flops, data / self.bandwidth, comm,
+                        self.overhead_s + self.sequence_overhead_s * sampled, self._skew(tokens))
 
     def _skew(self, tokens: int) -> float:
         """Extra seconds the busiest GPU spends on routed experts (0 without an ExpertLoad)."""
@@ -294,7 +305,8 @@ class CostModel:
         """A decode-only step of ``seqs`` requests with ``context`` total context tokens."""
         compute = ((self.linear_flops + self.lm_head_flops) * seqs + self.attn_flops * context) / self.peak_flops
         memory = (self.weights_read(seqs) + self.kv_bytes_per_token * context) / self.bandwidth
-        return StepCost(compute, memory, self._comm_fixed + self._comm_per_token * seqs, self.overhead_s,
+        return StepCost(compute, memory, self._comm_fixed + self._comm_per_token * seqs,
+                        self.overhead_s + self.sequence_overhead_s * seqs,
                         self._skew(seqs))
 
     def decode_time(self, seqs: int, context: float) -> float:
@@ -318,14 +330,15 @@ class CostModel:
         memory = (self._m_dense + (self.expert_bytes * (1.0 - self._miss ** tokens) / self.bandwidth
                                    if self.expert_bytes else 0.0) + self._m_kv * kv)
         comm = self._comm_per_token * tokens
+        seq = self.sequence_overhead_s * sampled
         if self.expert_load is None:
-            total = sqrt(compute * compute + memory * memory) + self._fixed + comm
+            total = sqrt(compute * compute + memory * memory) + self._fixed + comm + seq
         else:
             skewed = compute + self._skew(tokens)
-            total = sqrt(skewed * skewed + memory * memory) + self._fixed + comm
+            total = sqrt(skewed * skewed + memory * memory) + self._fixed + comm + seq
         activity = self._activity(compute, self._comm_fixed + comm, total) * self._clock_power
         if self._cap_activity is not None and activity > self._cap_activity:
-            return self._capped(compute, memory, comm, tokens)
+            return self._capped(compute, memory, comm, tokens, seq)
         return total, self._idle_w + self._dyn_w * activity
 
     def _activity(self, compute: float, comm: float, total: float) -> float:
@@ -342,7 +355,7 @@ class CostModel:
         share = comm / total
         return (1.0 - share) * busy + share * self._comm_floor
 
-    def _capped(self, compute: float, memory: float, comm: float, tokens: int) -> tuple[float, float]:
+    def _capped(self, compute: float, memory: float, comm: float, tokens: int, seq: float) -> tuple[float, float]:
         """(step time, power) of a step whose power at the set clock exceeds the cap: the clock
         the GPU's governor would settle at, the highest that keeps the step's power under the
         cap (bisection; compute time grows as the clock falls)."""
@@ -354,7 +367,7 @@ class CostModel:
             mid = (lo + hi) / 2
             c = compute / mid
             skewed = c + (self._skew(tokens) / mid if self.expert_load is not None else 0.0)
-            total = sqrt(skewed * skewed + memory * memory) + self._fixed + comm
+            total = sqrt(skewed * skewed + memory * memory) + self._fixed + comm + seq
             activity = self._activity(c, self._comm_fixed + comm, total) * self.clock_power(self.gpu_clock * mid)
             if activity <= cap:
                 lo, best = mid, (total, self._idle_w + self._dyn_w * activity)
