@@ -9,7 +9,7 @@ import pytest
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim import load_catalog
 from llmlb_bench.sim.cost import CostModel
-from llmlb_bench.sim.power_check import load_measurements, simulate_cell
+from llmlb_bench.sim.power_check import load_fits, load_measurements, simulate_cell
 
 #: stated tolerance on steady-state power against the measured cells the floors were fitted to
 #: (docs/simulator.md reports the errors: at most 6.3% on H100, 5.1% on B200 with Llama 3 70B)
@@ -149,3 +149,89 @@ def test_measured_profile_steps_draw_the_state_based_power_not_the_limit():
     assert floor <= p_decode < floor + 0.1 * (g.max_w - g.idle_w)     # compute share ~3%: near the floor
     assert p_decode < p_prefill <= g.max_w                            # compute share ~97%: near the limit
     assert p_prefill > g.max_w - 0.05 * (g.max_w - g.idle_w)
+
+
+def test_sequence_overhead_adds_its_time_per_sampled_sequence_and_draws_busy_power():
+    """sim/cost.py: the catalog's sequence_overhead_us is s seconds per sampled sequence per step on
+    top of the roofline, in run_step, step() and decode_step() alike; the GPU is busy (not computing)."""
+    import dataclasses
+
+    cat = load_catalog()
+    g = cat.gpu("h100-sxm")
+    assert g.sequence_overhead_us == 0.0          # off in the built-in catalog
+    off = CostModel(cat.model("llama-3-8b"), g)
+    on = CostModel(cat.model("llama-3-8b"), dataclasses.replace(g, sequence_overhead_us=40.0))
+    for tokens, attn, kv, sampled in ((8, 4800.0, 4800.0, 8), (512 + 300, 512 * 600.0 + 9e4, 512 * 600.0 + 300, 513),
+                                      (8192, 8192 * 4096.5, 8192.0, 1)):
+        t_off, p_off = off.run_step(tokens, attn, kv, sampled)
+        t_on, p_on = on.run_step(tokens, attn, kv, sampled)
+        assert t_on - t_off == pytest.approx(40e-6 * sampled, rel=1e-9)
+        # same compute in a longer step: a smaller busy share, so no more power (and above the floor)
+        assert g.idle_w + g.memory_power_fraction * (g.max_w - g.idle_w) <= p_on <= p_off
+    decode = on.decode_step(256, 256 * 600.0)
+    assert decode.total == pytest.approx(on.run_step(256, 256 * 600.0, 256 * 600.0, 256)[0], rel=1e-12)
+    assert decode.total - off.decode_step(256, 256 * 600.0).total == pytest.approx(256 * 40e-6, rel=1e-9)
+    mixed = on.step(300, 9e4, 300.0, 512, 512 * 600.0, 513)
+    assert mixed.total == pytest.approx(on.run_step(812, 512 * 600.0 + 9e4, 512 * 600.0 + 300, 513)[0], rel=1e-12)
+
+
+def test_sequence_overhead_fit_recovers_a_known_overhead():
+    """The closed-form least squares of energy_fit: mean steps whose 'measured' time is the
+    roofline plus 37 us per sampled sequence give back 37 us."""
+    import dataclasses
+
+    from llmlb_bench.sim import energy_fit
+
+    cat = load_catalog()
+    g = cat.gpu("h100-sxm")
+    truth = dataclasses.replace(g, sequence_overhead_us=37.0)
+    steps = [energy_fit.mean_step(c) for c in _cells("llama-3-8b", "h100-sxm", (8, 64, 256, 768))]
+    synthetic = [dataclasses.replace(st, measured_s=energy_fit.cost_model(st.cell, truth).run_step(
+        st.tokens, st.attn, st.kv, st.sampled)[0]) for st in steps]
+    assert energy_fit.fit_sequence_overhead(synthetic, g) == pytest.approx(37.0, rel=1e-9)
+    assert abs(energy_fit.step_errors(synthetic, truth)).max() < 1e-12
+
+
+def test_stored_sequence_overhead_is_what_the_fit_gives():
+    """catalog/power_measurements.toml [fit.<gpu>] holds the sequence overhead energy_fit computes
+    from the cells' mean steps (a stale or hand-edited value fails here)."""
+    from llmlb_bench.sim import energy_fit
+
+    cells = load_measurements()
+    fits = load_fits()
+    assert set(fits) == {"h100-sxm", "b200"}
+    for gpu, stored in fits.items():
+        steps = [energy_fit.mean_step(c) for c in cells if c.gpu == gpu and c.model in stored.models]
+        assert round(energy_fit.fit_sequence_overhead(steps, load_catalog().gpu(gpu))) == stored.sequence_overhead_us
+
+
+@pytest.mark.slow
+def test_stored_power_terms_are_the_simulated_fit():
+    """... and the power floor and scale that fit full simulations best: the floor is the closed-form
+    least-squares one at the stored scale, and the neighbouring scales (+-0.01) do no better."""
+    import dataclasses
+
+    from llmlb_bench.sim import energy_fit
+
+    cells = load_measurements()
+    for gpu, stored in load_fits().items():
+        chosen = [c for c in cells if c.gpu == gpu and c.model in stored.models]
+        floor, rms = energy_fit.simulated_power_errors(chosen, stored)
+        assert round(floor, 2) == stored.memory_power_fraction
+        for k in (stored.compute_power_scale - 0.01, stored.compute_power_scale + 0.01):
+            assert energy_fit.simulated_power_errors(chosen, dataclasses.replace(stored, compute_power_scale=k))[1] >= rms
+
+
+#: stated tolerance on the simulated throughput with the fitted sequence overhead, at batches of
+#: 128-512 where the roofline alone is 30-54% fast (docs/simulator.md, "Energy against measurements")
+THROUGHPUT_TOLERANCE = 0.10
+
+
+@pytest.mark.parametrize("model, gpu, batches", [("llama-3-8b", "h100-sxm", (128, 256)),
+                                                  ("llama-3-70b", "h100-sxm", (256, 512))])
+def test_fitted_terms_bring_large_batch_throughput_and_power_to_the_measurements(model, gpu, batches):
+    fit = load_fits()[gpu]
+    for cell in _cells(model, gpu, batches):
+        sim = simulate_cell(cell, fit=fit)
+        assert abs(sim.throughput_error) <= THROUGHPUT_TOLERANCE, cell.label
+        assert abs(sim.power_error) <= POWER_TOLERANCE, cell.label

@@ -6,7 +6,9 @@ once to one replica whose ``max_num_seqs`` is the batch size, output lengths dra
 measured histogram, and the figures taken over the same steady-state window (from the moment
 ``max_num_seqs`` requests have their first token to the moment ``num_requests -
 max_num_seqs - 1`` have finished). Power, energy per output token and throughput in that
-window are compared with the measured ones.
+window are compared with the measured ones, with the GPU's catalog terms as they stand or
+with the terms fitted to these measurements (``[fit.<gpu>]`` of the same file, :class:`Fit`;
+the fit itself is :mod:`llmlb_bench.sim.energy_fit`).
 
 The source does not publish its prompt lengths (LMArena conversations, each turn a request
 with its history); :data:`PROMPT_MEAN` is an assumption, and docs/simulator.md reports how
@@ -15,6 +17,8 @@ much the figures move with it.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -83,18 +87,57 @@ class Simulated:
         return self.output_tokens_per_s / self.cell.output_tokens_per_s - 1.0
 
 
-def load_measurements(path: str | Path | None = None) -> list[Measured]:
-    """The measured configurations (the built-in file unless ``path`` is given)."""
+@dataclass(frozen=True)
+class Fit:
+    """Step-time and power terms of one GPU fitted to its measured cells (a ``[fit.<gpu>]`` table
+    of ``catalog/power_measurements.toml``; how: :mod:`llmlb_bench.sim.energy_fit`). They override
+    the GPU's catalog entry when a cell is simulated with them (:func:`simulate_cell`)."""
+
+    gpu: str
+    #: the models whose cells the terms were fitted to
+    models: tuple[str, ...]
+    sequence_overhead_us: float
+    memory_power_fraction: float
+    compute_power_scale: float
+
+    def terms(self) -> dict[str, float]:
+        """The catalog fields this fit sets."""
+        return {"sequence_overhead_us": self.sequence_overhead_us,
+                "memory_power_fraction": self.memory_power_fraction,
+                "compute_power_scale": self.compute_power_scale}
+
+
+def _read(path: str | Path | None) -> tuple[dict[str, Any], str]:
     where = str(path) if path is not None else "llmlb_bench/catalog/power_measurements.toml"
     source = Path(path) if path is not None else resources.files("llmlb_bench") / "catalog" / "power_measurements.toml"
     try:
-        data = tomllib.loads(source.read_text(encoding="utf-8"))
+        return tomllib.loads(source.read_text(encoding="utf-8")), where
+    except FileNotFoundError:
+        raise UserError("no such file", where) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"not a power-measurements file ({exc})", where) from None
+
+
+def load_fits(path: str | Path | None = None) -> dict[str, Fit]:
+    """The fitted terms by GPU name (the built-in file unless ``path`` is given)."""
+    data, where = _read(path)
+    try:
+        return {gpu: Fit(gpu=gpu, models=tuple(t["models"]), sequence_overhead_us=float(t["sequence_overhead_us"]),
+                         memory_power_fraction=float(t["memory_power_fraction"]),
+                         compute_power_scale=float(t["compute_power_scale"]))
+                for gpu, t in data.get("fit", {}).items()}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"not a power-measurements file (fit: {exc})", where) from None
+
+
+def load_measurements(path: str | Path | None = None) -> list[Measured]:
+    """The measured configurations (the built-in file unless ``path`` is given)."""
+    data, where = _read(path)
+    try:
         lo, hi = data["output_len_bins"]
         cells = [Measured(output_len_bins=(float(lo), float(hi)), output_len_counts=tuple(c.pop("output_len_counts")),
                           **c) for c in data["cell"]]
-    except FileNotFoundError:
-        raise UserError("no such file", where) from None
-    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"not a power-measurements file ({exc})", where) from None
     return cells
 
@@ -113,9 +156,11 @@ def lengths(cell: Measured, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return prompt, out
 
 
-def simulate_cell(cell: Measured, seed: int = 0, cluster: dict[str, Any] | None = None) -> Simulated:
+def simulate_cell(cell: Measured, seed: int = 0, cluster: dict[str, Any] | None = None,
+                  fit: Fit | None = None) -> Simulated:
     """Replay ``cell`` in the simulator and take its steady-state figures (see the module
-    docstring). ``cluster`` adds settings to the one-replica cluster (e.g. a pool's frequency)."""
+    docstring). ``cluster`` adds settings to the one-replica cluster (e.g. a pool's frequency);
+    ``fit`` replaces the GPU's catalog terms with the fitted ones (a catalog file of the run's own)."""
     from llmlb_bench.policies import make_policy
     from llmlb_bench.schema import trace_table
     from llmlb_bench.sim import ClusterConfig, simulate
@@ -125,11 +170,14 @@ def simulate_cell(cell: Measured, seed: int = 0, cluster: dict[str, Any] | None 
     n = cell.num_requests
     trace = trace_table(np.zeros(n), prompt, out, "power_check")
     window_guess = float(out.sum()) / max(1, cell.max_num_seqs) * cell.median_itl_ms / 1e3
-    cfg = ClusterConfig.build(replicas=1, gpu=cell.gpu, model=cell.model, tp=cell.tp,
-                              max_num_seqs=cell.max_num_seqs, max_num_batched_tokens=8192,
-                              enable_prefix_caching=False, token_times="summary",
-                              series_interval_s=max(1e-3, window_guess / 2000), **(cluster or {}))
     with tempfile.TemporaryDirectory(prefix="llmlb-power-check-") as tmp:
+        settings = dict(cluster or {})
+        if fit is not None:
+            settings["catalogs"] = [str(fitted_catalog(fit, Path(tmp)))]
+        cfg = ClusterConfig.build(replicas=1, gpu=cell.gpu, model=cell.model, tp=cell.tp,
+                                  max_num_seqs=cell.max_num_seqs, max_num_batched_tokens=8192,
+                                  enable_prefix_caching=False, token_times="summary",
+                                  series_interval_s=max(1e-3, window_guess / 2000), **settings)
         with RunStore(Path(tmp), config={"cluster": cfg.to_dict()}, backend="sim", run_id="cell") as run:
             simulate(trace, cfg, make_policy("round_robin"), run, seed=seed)
         req = pq.read_table(run.dir / "requests.parquet", columns=["first_token_s", "last_token_s", "output_tokens"])
@@ -169,20 +217,34 @@ def _energy_between(t: np.ndarray, power: np.ndarray, a: float, b: float) -> flo
     return float((power * overlap).sum())
 
 
-def compare(cells: Sequence[Measured], seed: int = 0) -> list[Simulated]:
-    return [simulate_cell(c, seed) for c in cells]
+def fitted_catalog(fit: Fit, folder: Path) -> Path:
+    """A user catalog file in ``folder`` holding the GPU's built-in entry with the fitted terms."""
+    from llmlb_bench.sim.catalog import load_catalog
+
+    entry = {**dataclasses.asdict(load_catalog().gpu(fit.gpu)), **fit.terms()}
+    del entry["name"]
+    lines = [f"[gpus.{fit.gpu}]"] + [f"{k} = {json.dumps(v)}" for k, v in entry.items()]
+    path = folder / f"fitted-{fit.gpu}.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def compare(cells: Sequence[Measured], seed: int = 0, fits: dict[str, Fit] | None = None) -> list[Simulated]:
+    """Each cell simulated, with its GPU's fitted terms where ``fits`` has them."""
+    return [simulate_cell(c, seed, fit=(fits or {}).get(c.gpu)) for c in cells]
 
 
 def table(rows: Sequence[Simulated]) -> str:
     """A Markdown table of measured vs simulated figures."""
     head = ("| model | GPU | tp | batch | power W (meas.) | power W (sim.) | error | J/token (meas.) | "
-            "J/token (sim.) | error | tokens/s error |\n|---|---|---|---|---|---|---|---|---|---|---|")
+            "J/token (sim.) | error | tokens/s error | running (meas. / sim.) |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         c = r.cell
         lines.append(f"| {c.model} | {c.gpu} | {c.tp} | {c.max_num_seqs} | {c.avg_power_w:.0f} | {r.avg_power_w:.0f} | "
                      f"{r.power_error:+.1%} | {c.energy_per_token_j:.4f} | {r.energy_per_token_j:.4f} | "
-                     f"{r.energy_error:+.1%} | {r.throughput_error:+.1%} |")
+                     f"{r.energy_error:+.1%} | {r.throughput_error:+.1%} | {c.avg_batch_size:.0f} / {r.avg_batch_size:.0f} |")
     return "\n".join(lines)
 
 
