@@ -12,9 +12,11 @@ from rich.console import Console
 from llmlb_bench.cli import main
 from llmlb_bench.report import terminal
 from llmlb_bench.report.document import ReportOptions, build
+from llmlb_bench.report.shape import ReportDoc
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.store.views import Catalog
 from metrics_helpers import seg, store_run
+from shape_check import mismatches
 
 
 def run_cli(args, capsys):
@@ -99,6 +101,7 @@ def test_json_is_strict_and_complete(results, capsys):
     [curve] = doc["curves"]
     assert [p["rate"] for p in curve["points"]] == [1.0, 2.0, 3.0]
     assert "NaN" not in out and "Infinity" not in out
+    assert mismatches(doc, ReportDoc, "report") == []   # curves, groups, fairness: the shape report/shape.py declares
 
 
 def test_json_to_a_file_and_bad_outputs(results, tmp_path, capsys):

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from llmlb_bench.metrics.run_figures import MaxGoodput
+
 
 def offered_rate(meta: Mapping[str, Any], requests: int, first_s: float | None, last_s: float | None) -> float | None:
     """Requests per second the run was offered (see the module docstring)."""
@@ -29,7 +31,7 @@ def offered_rate(meta: Mapping[str, Any], requests: int, first_s: float | None, 
     return None
 
 
-def max_goodput(summaries: Iterable[Mapping[str, Any]], target: float = 0.9) -> dict[str, Any] | None:
+def max_goodput(summaries: Iterable[Mapping[str, Any]], target: float = 0.9) -> MaxGoodput | None:
     """The run with the highest offered rate whose SLO attainment >= ``target`` (DistServe).
 
     ``summaries`` are run summaries of one configuration at several loads

@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 
-def kneedle(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+def kneedle(xs: Sequence[float], ys: Sequence[float | None]) -> float | None:
     """The x of the knee of an increasing convex curve; None with < 3 points or no convex bend."""
     pairs = sorted((float(x), float(y)) for x, y in zip(xs, ys) if y is not None)
     if len(pairs) < 3:

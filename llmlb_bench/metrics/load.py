@@ -24,10 +24,9 @@ from typing import Any, Iterable, Mapping
 from llmlb_bench.metrics.goodput import max_goodput
 from llmlb_bench.metrics.identity import LOAD, distinct, without_load
 from llmlb_bench.metrics.knee import kneedle
+from llmlb_bench.metrics.run_figures import CurvePoint, LoadCurve, PointLatency
 
-KNEE_FIGURE = ("e2e", "mean")
-#: Latency figures carried on each point (with their intervals).
-POINT_LATENCIES = ("ttft", "tpot", "itl", "e2e")
+KNEE_FIGURE: tuple[PointLatency, str] = ("e2e", "mean")
 
 
 def configuration(summary: Mapping[str, Any]) -> str:
@@ -36,17 +35,22 @@ def configuration(summary: Mapping[str, Any]) -> str:
     return without_load(summary.get("facets") or {})
 
 
-def _point(s: Mapping[str, Any]) -> dict[str, Any]:
+def _point(s: Mapping[str, Any]) -> CurvePoint:
     slo = s.get("slo") or {}
     return {
         "run_id": s["run_id"], "rate": s["offered_rate"], "realised_rate": s.get("realised_rate"),
         "throughput": s["request_throughput"], "output_throughput": s["output_throughput"],
         "goodput": slo.get("goodput"), "attainment": slo.get("attainment"),
-        **{name: {k: v for k, v in (s.get(name) or {}).items() if k != "n"} for name in POINT_LATENCIES},
+        "ttft": _latency(s, "ttft"), "tpot": _latency(s, "tpot"), "itl": _latency(s, "itl"), "e2e": _latency(s, "e2e"),
     }
 
 
-def load_curves(summaries: Iterable[Mapping[str, Any]], target: float = 0.9) -> list[dict[str, Any]]:
+def _latency(s: Mapping[str, Any], name: PointLatency) -> dict[str, Any]:
+    """A latency figure of the run as a point carries it: every statistic and interval but the count."""
+    return {k: v for k, v in (s.get(name) or {}).items() if k != "n"}
+
+
+def load_curves(summaries: Iterable[Mapping[str, Any]], target: float = 0.9) -> list[LoadCurve]:
     """Curves with at least two offered rates, in the order their first run appears.
 
     Each summary carries its ``facets`` (:func:`llmlb_bench.metrics.identity.facets`).
@@ -59,7 +63,7 @@ def load_curves(summaries: Iterable[Mapping[str, Any]], target: float = 0.9) -> 
         if s.get("offered_rate") is not None:
             groups[configuration(s)].append(s)
     shown = [f for f in distinct(s.get("facets") or {} for s in summaries) if f != LOAD]
-    curves = []
+    curves: list[LoadCurve] = []
     for runs in groups.values():
         if len({s["offered_rate"] for s in runs}) < 2:
             continue

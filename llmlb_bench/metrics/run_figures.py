@@ -95,3 +95,48 @@ class RunFigures(TypedDict):
     steady: dict[str, Any]
     control: dict[str, Any] | None                 # None for a run without a load step in its workload
     name: str                                      # the facets that set it apart in this set of runs
+
+
+#: a latency figure a load curve's points carry (with its interval)
+PointLatency = Literal["ttft", "tpot", "itl", "e2e"]
+
+
+class MaxGoodput(TypedDict):
+    """DistServe's maximum goodput over a curve's runs: the highest offered rate whose attainment reaches
+    the target (:func:`llmlb_bench.metrics.goodput.max_goodput`)."""
+
+    rate: float
+    attainment: float
+    goodput: float | None
+    good_token_throughput: float | None
+    run_id: str
+    gpus: float | None
+    rate_per_gpu: float | None
+    target: float
+
+
+class CurvePoint(TypedDict):
+    """One run of a load curve: its offered and realised rate, throughput, SLO figures and latency figures
+    (each as its run's figures have it, without the count)."""
+
+    run_id: str
+    rate: float
+    realised_rate: float | None
+    throughput: float | None
+    output_throughput: float | None
+    goodput: float | None
+    attainment: float | None
+    ttft: dict[str, Any]
+    tpot: dict[str, Any]
+    itl: dict[str, Any]
+    e2e: dict[str, Any]
+
+
+class LoadCurve(TypedDict):
+    """Runs of one configuration at several offered rates (:func:`llmlb_bench.metrics.load.load_curves`)."""
+
+    name: str
+    points: list[CurvePoint]
+    knee_figure: str
+    knee_rate: float | None
+    max_goodput: MaxGoodput | None

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.report.figdata import CDF_FIGURES
+from llmlb_bench.metrics.run_figures import LoadCurve
 from llmlb_bench.report.shape import ReportDoc
 from llmlb_bench.report.tables import run_name
 
@@ -153,7 +154,7 @@ def tenants(doc: ReportDoc) -> Any | None:
     return fig
 
 
-def load_curve(curve: dict[str, Any]) -> Any:
+def load_curve(curve: LoadCurve) -> Any:
     plt = _plt()
     pts = curve["points"]
     x = [p["rate"] for p in pts]

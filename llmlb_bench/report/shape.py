@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.metrics.run_figures import LoadCurve, RunFigures
 
 
 class OptionsDoc(TypedDict):
@@ -93,6 +93,6 @@ class ReportDoc(TypedDict):
     verdicts: Verdicts | None           # None with one run
     options: OptionsDoc
     runs: list[RunFigures]
-    curves: list[dict[str, Any]]        # metrics.load.load_curves
+    curves: list[LoadCurve]
     common: str                         # the facets every run shares (metrics.identity.common)
     notes: list[str]

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import html
 import math
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
-from llmlb_bench.metrics.run_figures import LatencyName
+from llmlb_bench.metrics.run_figures import CurvePoint, LatencyName
 from llmlb_bench.report.shape import ReportDoc
 
 #: a colour-blind-safe cycle (Okabe-Ito)
@@ -99,7 +99,7 @@ def report_figures(doc: ReportDoc) -> list[tuple[str, str, str]]:
             out.append((f"cdf_{fig}", f"{label}: share of ok requests at or below each latency", chart))
     for c in doc["curves"]:
         rates = [p["rate"] for p in c["points"]]
-        figs: tuple[tuple[str, str, str, Callable[[dict[str, Any]], Any]], ...] = (
+        figs: tuple[tuple[str, str, str, Callable[[CurvePoint], float | None]], ...] = (
             ("goodput", "Goodput", "req/s", lambda p: p.get("goodput")),
             ("e2e_p99", "E2E p99", "s", lambda p: (p.get("e2e") or {}).get("p99")))
         for key, label, unit, get in figs:

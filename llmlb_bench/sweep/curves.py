@@ -58,8 +58,7 @@ def _max_goodput(points: list[dict[str, Any]], target: float) -> dict[str, Any] 
     best = max_goodput(means, target)
     if best is None:
         return None
-    best["x"] = next(m["x"] for m in means if m["run_id"] == best["run_id"])
-    return best
+    return {**best, "x": next(m["x"] for m in means if m["run_id"] == best["run_id"])}
 
 
 def _at(points: list[dict[str, Any]], x: float, metric: str) -> dict[str, Any]:
