@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable
 
+from llmlb_bench.metrics.run_figures import Failure, Reason
+
 #: a number standing alone: not part of a word, a dotted address or a version
 NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])")
 #: request ids, trace ids, hashes: hexadecimal runs of 16+ characters (dashes allowed, as in UUIDs)
@@ -51,7 +53,7 @@ def _reason(shape: str, spans: list[tuple[float, float, str]]) -> str:
     return "".join(out)
 
 
-def reasons(rows: Iterable[tuple[str | None, int]]) -> list[dict[str, Any]]:
+def reasons(rows: Iterable[tuple[str | None, int]]) -> list[Reason]:
     """``(error text, requests)`` pairs of one run and status -> ``[{"reason", "requests"}]``, most first."""
     groups: dict[str, dict[str, Any]] = {}
     for text, n in rows:
@@ -59,7 +61,8 @@ def reasons(rows: Iterable[tuple[str | None, int]]) -> list[dict[str, Any]]:
         g = groups.setdefault(shape, {"requests": 0, "spans": [(x, x, w) for x, w in numbers]})
         g["requests"] += n
         g["spans"] = [(min(lo, x), max(hi, x), w) for (lo, hi, w), (x, _) in zip(g["spans"], numbers)]
-    out = [{"reason": _reason(shape, g["spans"]), "requests": g["requests"]} for shape, g in groups.items()]
+    out: list[Reason] = [{"reason": _reason(shape, g["spans"]), "requests": g["requests"]}
+                         for shape, g in groups.items()]
     return sorted(out, key=lambda r: (-r["requests"], r["reason"]))
 
 
@@ -68,26 +71,27 @@ def failure_sql() -> str:
             "GROUP BY ALL ORDER BY run_id, status, error NULLS FIRST")
 
 
-def failures(table: Any) -> dict[str, list[dict[str, Any]]]:
+def failures(table: Any) -> dict[str, list[Failure]]:
     """run id -> ``[{"status", "reason", "requests"}]`` (most requests first) from :func:`failure_sql`'s rows;
     beyond :data:`MAX_REASONS` reasons of one status, the rest are one row "N other reasons"."""
     by: dict[tuple[str, str], list[tuple[str | None, int]]] = {}
     for r in table.to_pylist():
         by.setdefault((r["run_id"], r["status"]), []).append((r["error"], int(r["n"])))
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[Failure]] = {}
     for (run_id, status), rows in by.items():
         found = reasons(rows)
         if len(found) > MAX_REASONS:
             rest = found[MAX_REASONS - 1:]
-            found = found[:MAX_REASONS - 1] + [{"reason": f"{len(rest)} other reasons",
-                                                 "requests": sum(r["requests"] for r in rest)}]
-        out.setdefault(run_id, []).extend({"status": status, **r} for r in found)
+            found = found[:MAX_REASONS - 1] + [Reason(reason=f"{len(rest)} other reasons",
+                                                       requests=sum(r["requests"] for r in rest))]
+        out.setdefault(run_id, []).extend(
+            {"status": status, "reason": r["reason"], "requests": r["requests"]} for r in found)
     for listed in out.values():
         listed.sort(key=lambda r: (-r["requests"], r["status"], r["reason"]))
     return out
 
 
-def sentence(row: dict[str, Any]) -> str:
+def sentence(row: Failure) -> str:
     """``2 rejected: input + output = ...``: one reason as a reader sees it."""
     status = row["status"].replace("_", " ")
     return f"{row['requests']:,} {status}: {row['reason']}"

@@ -21,6 +21,19 @@ LatencyName = Literal["ttft", "tpot", "itl", "e2e", "norm_latency"]
 AnswerName = Literal["ttfa", "answer_tpot"]
 
 
+class Reason(TypedDict):
+    """One normalised reason of a run's not-ok requests of one status (metrics/failures.py)."""
+
+    reason: str
+    requests: int
+
+
+class Failure(Reason):
+    """Requests of a run that are not ok, by status and normalised reason (metrics/failures.py)."""
+
+    status: str
+
+
 class OverDuration(TypedDict):
     """The rates per second of the whole duration (vLLM ``bench serve``'s), beside the arrival window's."""
 
@@ -57,7 +70,7 @@ class RunFigures(TypedDict):
     timeout: int
     rejected: int
     not_sent: int
-    failures: list[dict[str, Any]]    # not-ok requests by status and reason (metrics.failures)
+    failures: list[Failure]            # not-ok requests by status and reason, most first
     duration_s: float
     window_s: float
     offered_rate: float | None
