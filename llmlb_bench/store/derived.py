@@ -27,9 +27,10 @@ def deliveries(token_times: pa.Array | pa.ChunkedArray) -> pa.Array:
     tt = token_times.combine_chunks() if isinstance(token_times, pa.ChunkedArray) else token_times
     lengths = pc.list_value_length(tt).fill_null(0).to_numpy().astype(np.int64)
     seg = pc.list_flatten(tt)                       # null lists contribute no segment
-    gap = seg.field("gap_s").fill_null(np.nan).to_numpy()
-    count = seg.field("count").fill_null(0).to_numpy().astype(np.int64)
-    per = np.where(gap == 0, 1, count)
+    gap, count = seg.field("gap_s"), seg.field("count")
+    gap = (gap.fill_null(np.nan) if gap.null_count else gap).to_numpy()          # no copy without nulls
+    per = (count.fill_null(0) if count.null_count else count).to_numpy().astype(np.int64)
+    per[gap == 0] = 1
     total = np.r_[0, np.cumsum(per)]
     end = np.cumsum(lengths)
     out: np.ndarray = total[end] - total[end - lengths]
