@@ -81,6 +81,26 @@ def test_sigterm_marks_run_partial_in_a_real_process(tmp_path):
     assert pq.read_table(tmp_path / "term" / "requests.parquet").num_rows == 8
 
 
+def test_a_ctrl_c_after_the_one_a_replay_caught_is_ignored():
+    """A replay catches the first Ctrl-C itself and puts the command line's handler back once it has
+    stopped; a second Ctrl-C then must not raise into the cleanup still to come (the partial run's
+    last rows, the line saying where it is kept). It did: three Ctrl-Cs 50 ms apart on a loaded
+    machine ended a replay with 'interrupted' alone. In a real process with the command line's
+    handler, after a replay's handler noted the first signal, the second one is ignored."""
+    script = textwrap.dedent("""
+        import os, signal, time
+        from llmlb_bench import interrupts
+        from llmlb_bench.cli.app import _raise_interrupt
+        signal.signal(signal.SIGINT, _raise_interrupt)
+        interrupts.note(signal.SIGINT)          # what the replay's own handler does with the first
+        os.kill(os.getpid(), signal.SIGINT)     # the second, once the handler is back
+        time.sleep(0.2)
+        print("cleanup went on")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "cleanup went on", proc.stderr
+
+
 def test_unreadable_run_is_listed_as_broken_not_fatal(tmp_path):
     with RunStore(tmp_path, config={}, backend="sim", run_id="good") as run:
         run.requests.write(_rows(0, 3))

@@ -19,6 +19,7 @@ from typing import Any, Iterator, NoReturn
 import typer
 from rich.markup import escape
 
+from llmlb_bench import interrupts
 from llmlb_bench.cli.lazy import LazyGroup
 from llmlb_bench.cli.typer_help import load_typer_help
 from llmlb_bench.console import help_width, stderr_console, stdout_console
@@ -72,17 +73,20 @@ def fail(problem: str, where: str | None = None) -> NoReturn:
 def _raise_interrupt(signum: int, frame: object) -> None:
     """SIGTERM behaves like Ctrl-C: runs flush their sinks and are marked partial. The first one
     stops the command; later ones are ignored, so they cannot cut the cleanup short or land in the
-    exit callbacks (thread joins, atexit) as a traceback. The signal is also noted in
-    :data:`_INTERRUPTED`, since a library may turn the KeyboardInterrupt into an error of its own
-    or drop it (DuckDB raises 'Query interrupted' from a query it was running)."""
+    exit callbacks (thread joins, atexit) as a traceback, also when a replay's own handler took
+    the first (:mod:`llmlb_bench.interrupts`). The signal is also noted in :data:`_INTERRUPTED`,
+    since a library may turn the KeyboardInterrupt into an error of its own or drop it (DuckDB
+    raises 'Query interrupted' from a query it was running)."""
+    first = not _INTERRUPTED
     _INTERRUPTED.append(signum)
     _exiting()
-    raise KeyboardInterrupt(f"signal {signum}")
+    if first:
+        raise KeyboardInterrupt(f"signal {signum}")
 
 
-#: the signals that stopped the current command: whatever became of their KeyboardInterrupt, the
-#: command exits 130
-_INTERRUPTED: list[int] = []
+#: the signals that stopped the current command, here or in a replay's handlers: whatever became of
+#: their KeyboardInterrupt, the command exits 130
+_INTERRUPTED = interrupts.STOPPED
 
 
 def _exiting() -> None:

@@ -53,6 +53,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from llmlb_bench import interrupts
 from llmlb_bench.errors import UserError
 from llmlb_bench.raycluster import ray_session
 from llmlb_bench.replay.clock import ClockOffset, measure_offset, perf_instant
@@ -212,6 +213,7 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, o
 
         def forward(signum: int, frame: object) -> None:
             stop["signalled"] = True
+            interrupts.note(signum)
             for actor in actors:
                 actor.stop.remote()
 

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal
 import numpy as np
 import pyarrow as pa
 
+from llmlb_bench import interrupts
 from llmlb_bench.errors import UserError
 from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.openfiles import raise_open_files_limit
@@ -191,13 +192,17 @@ class Replayer:
             return lambda: None
         saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         for s in saved:
-            loop.add_signal_handler(s, self._interrupt)
+            loop.add_signal_handler(s, self._signalled, s)
 
         def restore() -> None:
             for s, handler in saved.items():
                 loop.remove_signal_handler(s)
                 signal.signal(s, handler)
         return restore
+
+    def _signalled(self, signum: int) -> None:
+        interrupts.note(signum)   # a later Ctrl-C, once the handlers are back, is one to ignore
+        self._interrupt()
 
     def _interrupt(self) -> None:
         if self.interrupted:

@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from llmlb_bench import interrupts
 from llmlb_bench.errors import UserError
 from llmlb_bench.replay.options import ReplayOptions
 from llmlb_bench.replay.preflight import Preflight
@@ -180,6 +181,7 @@ def replay_in_workers(trace: pa.Table, pre: Preflight, policy: Any, run: RunStor
 
     def forward(signum: int, frame: object) -> None:
         stop["signalled"] = True
+        interrupts.note(signum)
         for proc in procs:
             if proc.pid is not None and proc.is_alive():
                 os.kill(proc.pid, signal.SIGINT)
