@@ -31,11 +31,11 @@ import sys
 from typing import Any, Mapping, NamedTuple, Sequence
 
 #: the modules compiled with mypyc. They must be ``mypy --strict`` clean (tests/test_types.py), define
-#: nothing that is monkeypatched (mypyc's classes are closed) and nothing whose wrong-typed input must
-#: become a friendly error (compiled code checks every annotation at run time: the policies' Router
-#: stays interpreted, so a plugin policy's bad answer still gets the Router's message). Measure before
-#: adding one: trace_columns.py (``functools.cached_property`` on its columns) ran the whole
-#: simulation 18x slower compiled.
+#: nothing that is monkeypatched or subclassed outside them (mypyc's classes are closed) and type what
+#: user code hands them so that a wrong value still gets a friendly error: compiled code checks every
+#: annotation at run time, so the Router types a policy's answers ``Any`` and checks them itself.
+#: Measure before adding one: ``functools.cached_property`` made the whole simulation 18x slower
+#: compiled (trace_columns.py had it; tests/test_compiled_core.py keeps it out).
 MODULES: tuple[str, ...] = (
     "llmlb_bench.sim.cost",
     "llmlb_bench.sim.timeline",
@@ -48,6 +48,8 @@ MODULES: tuple[str, ...] = (
     "llmlb_bench.sim.series",
     "llmlb_bench.trace_run",
     "llmlb_bench.trace_schedule",
+    "llmlb_bench.trace_columns",
+    "llmlb_bench.policies.router",
 )
 PACKAGE = "llmlb_bench"
 #: where the build puts the extension modules and the manifest, under the package directory

@@ -22,3 +22,15 @@ class UserError(Exception):
     def line(self) -> str:
         """The single line printed to the user."""
         return f"{self.where}: {self.problem}" if self.where else self.problem
+
+
+class PolicyError(UserError):
+    """A policy broke its contract (a target out of range, no ``choose_pair`` for a disaggregated fleet).
+
+    Raised by :class:`~llmlb_bench.policies.Router` (and exported there), defined here: the Router's
+    module is compiled with the simulator's core (compiled_core.py), where a class becomes a mypyc
+    native class; this one stays a plain Python exception in both cores (the sweep's worker
+    processes pickle it back to the parent)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem, "--policy")

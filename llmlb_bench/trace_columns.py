@@ -10,7 +10,6 @@ parents (:meth:`TraceColumns.dependencies`).
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -18,6 +17,15 @@ import pyarrow as pa
 
 from llmlb_bench.policies.base import RouteRequest
 from llmlb_bench.policies.lora import adapter_key
+
+
+#: columns most runs never read: (trace column, default, scaled by the time scale), converted into a
+#: list at the first read and kept. Not ``functools.cached_property``, which caches in the instance's
+#: ``__dict__``: this module is compiled with mypyc (compiled_core.py), whose classes have none, and
+#: with cached_property columns the compiled simulation ran 18x slower (measured)
+_LAZY: dict[str, tuple[str, Any, bool]] = {
+    "after": ("after_parent_s", 0.0, True), "reasoning": ("reasoning_tokens", 0, False),
+    "images": ("images", 0, False), "image_tokens": ("image_tokens", 0, False), "audio_s": ("audio_s", 0.0, False)}
 
 
 def _strings(col: pa.ChunkedArray, default: str) -> list[str]:
@@ -90,7 +98,13 @@ class TraceColumns:
         else:
             self.hash_offsets = np.zeros(n + 1, dtype=np.int64)
             self.hash_values = np.zeros(0, dtype=np.uint64)
+        #: ``kind`` per row (chat where the trace has none): what every routed request carries
+        self.kind: list[str] = self._str("kind", "chat")
+        tcol = self._col("turn")
+        #: ``turn`` per row (None outside conversations)
+        self.turn: list[int | None] = [None] * n if tcol is None or tcol.null_count == n else tcol.to_pylist()
         self._scale = scale
+        self._lazy: dict[str, list[Any]] = {}
 
     # ---- columns ----------------------------------------------------------------------------------
 
@@ -115,27 +129,38 @@ class TraceColumns:
         values: list[Any] = col.fill_null(default).to_pylist()
         return values
 
-    @cached_property
+    def _column(self, name: str) -> list[Any]:
+        """One of the :data:`_LAZY` columns, converted at its first read."""
+        values = self._lazy.get(name)
+        if values is None:
+            column, default, scaled = _LAZY[name]
+            values = self._values(column, default)
+            if scaled:
+                values = [a * self._scale for a in values]
+            self._lazy[name] = values
+        return values
+
+    @property
     def after(self) -> list[float]:
         """``after_parent_s`` per row (scaled; 0 where none)."""
-        return [a * self._scale for a in self._values("after_parent_s", 0.0)]
+        return self._column("after")
 
-    @cached_property
+    @property
     def reasoning(self) -> list[int]:
         """How many of each row's output tokens are reasoning (0 where none)."""
-        return self._values("reasoning_tokens", 0)
+        return self._column("reasoning")
 
-    @cached_property
+    @property
     def images(self) -> list[int]:
-        return self._values("images", 0)
+        return self._column("images")
 
-    @cached_property
+    @property
     def image_tokens(self) -> list[int]:
-        return self._values("image_tokens", 0)
+        return self._column("image_tokens")
 
-    @cached_property
+    @property
     def audio_s(self) -> list[float]:
-        return self._values("audio_s", 0.0)
+        return self._column("audio_s")
 
     def hashes(self, i: int) -> list[int]:
         """Row ``i``'s prefix-cache block hashes."""
@@ -151,17 +176,6 @@ class TraceColumns:
                             self.priority[i], self.slo[i],
                             self.hash_values[off[i]:off[i + 1]].tolist() if self.has_hashes else (),
                             self.adapter[i], turn=self.turn[i], kind=self.kind[i])
-
-    @cached_property
-    def kind(self) -> list[str]:
-        """``kind`` per row (chat where the trace has none)."""
-        return self._str("kind", "chat")
-
-    @cached_property
-    def turn(self) -> list[int | None]:
-        """``turn`` per row (None outside conversations)."""
-        col = self._col("turn")
-        return [None] * self.n if col is None or col.null_count == self.n else col.to_pylist()
 
     def _rows_of(self, ids: np.ndarray) -> np.ndarray:
         """The row of each request id in ``ids`` (-1 where no row of the trace has it)."""

@@ -49,8 +49,8 @@ NOT_RELEASED = ("not_sent", "waits for a request that was never sent")
 class TraceRun:
     """One run of a trace through a policy; see the module docstring."""
 
-    __slots__ = ("router", "view", "tr", "schedule", "draining", "_route", "_launch", "_write", "_arrive_at",
-                 "_clock", "_sent", "_complete", "_on_policy_error")
+    __slots__ = ("router", "view", "tr", "schedule", "draining", "_pairs", "_launch", "_write", "_arrive_at",
+                 "_clock", "_on_policy_error")
 
     def __init__(self, policy: Policy, view: View, tr: TraceColumns, schedule: TraceSchedule, *, launch: Launch,
                  write: Write, arrive_at: ArriveAt, clock: Clock, on_release: Callable[[int, RouteRequest], None] | None = None,
@@ -65,23 +65,26 @@ class TraceRun:
         self.schedule = schedule
         #: False once the run is stopping: ends no longer drain the router queue
         self.draining = True
-        self._route = self.router.route_pair if disaggregated else self.router.route
+        #: requests go through ``Router.route_pair`` (a disaggregated fleet). The Router's methods are
+        #: called directly, not kept as bound methods: compiled (compiled_core.py), a direct call stays native
+        self._pairs = disaggregated
         self._launch = launch
         self._write = write
         self._arrive_at = arrive_at
         self._clock = clock
-        self._sent = self.router.sent
-        self._complete = self.router.complete
         self._on_policy_error = on_policy_error
 
     def arrive(self, row: int, arrival_s: float, now: float) -> None:
         """Row ``row`` reaches the router at ``now``; ``arrival_s`` is what the policy sees as its arrival
         (the scheduled time; a retry's is when it came back)."""
         self.schedule.taken[row] = True
-        self._route(row, self.tr.route_request(row, arrival_s), now)
+        if self._pairs:
+            self.router.route_pair(row, self.tr.route_request(row, arrival_s), now)
+        else:
+            self.router.route(row, self.tr.route_request(row, arrival_s), now)
 
     def _launched(self, row: int, route: RouteRequest, target: int, decode_target: int) -> None:
-        self._sent(target, route)
+        self.router.sent(target, route)
         self._launch(row, route, target, decode_target)
 
     def _refused(self, row: int, route: RouteRequest, why: str) -> None:
@@ -92,7 +95,7 @@ class TraceRun:
         """``row`` ended at ``target`` at ``t`` (any status; its row written or buffered by the backend,
         ``route.outcome`` set where the router observes): close the books, release what waited for it,
         and (``drain``) hand out what the policy now lets go."""
-        self._complete(target, route, False)
+        self.router.complete(target, route, False)
         self.released(row, t, drain)
 
     def handed_over(self, prefill: int, decode: int, route: RouteRequest) -> None:
@@ -105,7 +108,7 @@ class TraceRun:
 
     def complete(self, target: int, route: RouteRequest) -> None:
         """``route`` left ``target`` without ending (lost with a replica, about to be sent again)."""
-        self._complete(target, route, False)
+        self.router.complete(target, route, False)
 
     def released(self, row: int, t: float, drain: bool = True) -> None:
         """``row`` ended at ``t`` without a target's books to close: release what waited for it, then drain."""

@@ -20,8 +20,50 @@ import pytest
 
 from llmlb_bench import compiled_core
 from llmlb_bench.compiled_core import MODULES, build_manifest, choose, extension_path
+from llmlb_bench.policies import HOLD, REJECT, Decision, PolicyError, Released, RouteRequest, Router, TargetInfo, View
+from llmlb_bench.policies.routing import LeastOutstanding
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+class PluginPolicy(LeastOutstanding):
+    """A user's policy written in Python (loaded as ``module:Class``) on a built-in one, using every hook
+    the compiled Router drives: HOLD into its own queue and ``release``, REJECT, ``on_complete`` with
+    the measured outcome (which changes later decisions) and ``predicted_cached``."""
+
+    name = "plugin"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queue: list[RouteRequest] = []
+        #: requests ended, and those that waited over 2 s for their first token (from the outcomes)
+        self.ended = self.late = 0
+
+    def _busy(self, view: View) -> bool:
+        return sum(view.outstanding_requests) > 3 * len(view)
+
+    def choose(self, req: RouteRequest, view: View) -> Decision:
+        if req.request_id % 40 == 0 and (self.ended + self.late) % 2:
+            return REJECT
+        if req.request_id % 3 == 0 and self._busy(view):
+            self.queue.append(req)
+            return HOLD
+        return super().choose(req, view)
+
+    def release(self, view: View) -> Released | None:
+        if not self.queue or self._busy(view):
+            return None
+        req = self.queue.pop(0)
+        return req, super().choose(req, view)
+
+    def on_complete(self, req: RouteRequest, target: int, view: View) -> None:
+        out = req.outcome
+        self.ended += 1
+        if out is not None and out.first_token_s is not None and out.first_token_s - req.arrival_s > 2.0:
+            self.late += 1
+
+    def predicted_cached(self, req: RouteRequest, target: int, view: View) -> int | None:
+        return req.input_tokens // (target + 2)
 
 #: the presets both cores must agree on: (name, workload, cluster, policy, requests, rate scale)
 PRESETS = [
@@ -33,6 +75,8 @@ PRESETS = [
     ("failures", "chat", "failures", "least_outstanding", 500, 1.0),
     ("autoscale", "chat", "autoscale", "least_outstanding", 500, 2.0),
     ("autoscale_pid", "chat", "autoscale-pid", "least_outstanding", 500, 2.0),
+    # a plugin policy in Python under the compiled Router (this module's name differs in the subprocess)
+    ("plugin", "chat", "a100x4", f"{__name__}:PluginPolicy", 500, 2.0),
 ]
 
 #: run.json summary keys that are not the simulation's outcome
@@ -94,6 +138,38 @@ def test_both_cores_give_bit_identical_runs(both_cores: tuple[Path, Path], prese
     ja, jb = (json.loads((d / "run.json").read_text())["summary"] for d in (compiled, python))
     assert ja["sim_core"].startswith("compiled") and jb["sim_core"] == "pure Python (forced by LLMLB_CORE=python)"
     assert {k: v for k, v in ja.items() if k not in NOT_OUTCOME} == {k: v for k, v in jb.items() if k not in NOT_OUTCOME}
+
+
+def test_the_plugin_preset_exercises_every_hook(both_cores: tuple[Path, Path]) -> None:
+    """The plugin preset held, released, rejected and predicted (else it would test less than it says)."""
+    rows = pq.read_table(both_cores[0] / "plugin" / "requests.parquet").to_pylist()
+    status = {r["status"] for r in rows}
+    assert {"ok", "rejected"} <= status, status
+    assert any(r["predicted_cached_tokens"] for r in rows)
+    sent = [r for r in rows if r["sent_s"] is not None]
+    assert any(r["sent_s"] > r["scheduled_s"] for r in sent)     # held by the policy, released later
+
+
+def test_the_router_keeps_its_own_errors_for_wrong_typed_answers() -> None:
+    """Compiled code checks its annotations at run time: a policy's answer of the wrong type must still
+    get the Router's one-line error (not a TypeError), from ``choose`` and ``choose_pair`` alike."""
+
+    class Wrong:
+        name = "wrong"
+
+        def choose(self, req: RouteRequest, view: View) -> object:
+            return "0"
+
+        def choose_pair(self, req: RouteRequest, view: View) -> object:
+            return (0.0, 1)
+
+    targets = [TargetInfo("p", pool="prefill"), TargetInfo("d", pool="decode")]
+    for pairs in (False, True):
+        router: Router[str] = Router(Wrong(), View(targets), dispatch=lambda *a: None,
+                                     reject=lambda *a: None, disaggregated=pairs)
+        route = router.route_pair if pairs else router.route
+        with pytest.raises(PolicyError, match=r"policy 'wrong' chose target (0\.0|'0'); there are 2 targets"):
+            route("a", RouteRequest(0, 0.0, 10, 5), 0.0)
 
 
 def test_compiled_core_is_what_this_process_runs() -> None:

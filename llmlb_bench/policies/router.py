@@ -46,11 +46,11 @@ callback runs, so each held request is handed out exactly once.
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
-from llmlb_bench.errors import UserError
-from llmlb_bench.policies.base import (HOLD, REJECT, Decision, Policy, Released, RouteRequest, View, on_dispatch,
-                                       on_finish)
+from llmlb_bench.errors import PolicyError as PolicyError  # defined there (this module is compiled); exported here
+from llmlb_bench.policies.base import (HOLD, REJECT, Decision, Policy, Released, RouteRequest, Verdict, View,
+                                       on_dispatch, on_finish)
 
 Item = TypeVar("Item")
 
@@ -66,23 +66,21 @@ Reject = Callable[[Item, RouteRequest, str], None]
 HELD_AT_END = ("not_sent", "held by the router until the end of the run")
 
 
-class PolicyError(UserError):
-    """A policy broke its contract (a target out of range, no ``choose_pair`` for a disaggregated fleet)."""
-
-    def __init__(self, problem: str) -> None:
-        super().__init__(problem, "--policy")
-
-
 def _nothing_held(view: View) -> Released | None:
     return None
 
 
-def _ignore(req: RouteRequest, target: int, view: View) -> None:
-    return None
+def _own_hook(policy: Policy, name: str) -> Callable[..., Any] | None:
+    """The policy's ``name`` hook, bound; None where it has none or only the protocol's default
+    (which does nothing), so the Router skips a call per request that could change nothing.
 
-
-def _no_prediction(req: RouteRequest, target: int, view: View) -> int | None:
-    return None
+    Typed ``Any``: the Router is compiled with the simulator's core (compiled_core.py), where a
+    declared return type is checked at run time; what a user's policy returns is checked here, in
+    the Router's own words, or passed on as it is (the pure-Python Router does the same)."""
+    hook: Callable[..., Any] | None = getattr(policy, name, None)
+    if hook is None or getattr(hook, "__func__", None) is getattr(Policy, name):
+        return None
+    return hook
 
 
 def can_pair(policy: Policy) -> bool:
@@ -125,12 +123,12 @@ class Router(Generic[Item]):
         self._dispatch = dispatch
         self._reject = reject
         self._on_release = on_release
-        # the hooks, bound once; a policy that only has ``choose`` gets the protocol's defaults
-        self._choose = policy.choose
-        self._release: Callable[[View], Released | None] = getattr(policy, "release", _nothing_held)
-        self._on_complete: Callable[[RouteRequest, int, View], None] = getattr(policy, "on_complete", _ignore)
-        self._predict: Callable[[RouteRequest, int, View], int | None] = getattr(policy, "predicted_cached",
-                                                                                 _no_prediction)
+        # the hooks, bound once; a policy that only has ``choose`` gets the protocol's defaults, and
+        # the defaults of on_complete and predicted_cached (no-ops) are not called at all
+        self._choose: Callable[[RouteRequest, View], Any] = policy.choose
+        self._release: Callable[[View], Any] = getattr(policy, "release", _nothing_held)
+        self._on_complete = _own_hook(policy, "on_complete")
+        self._predict = _own_hook(policy, "predicted_cached")
         self._name = getattr(policy, "name", "") or type(policy).__name__
         #: the policy has its own ``on_complete``: backends set ``RouteRequest.outcome`` before
         #: :meth:`complete` (measuring it costs a little per request; others skip it)
@@ -144,31 +142,35 @@ class Router(Generic[Item]):
         self._attrs["now"] = now
         d = self._choose(req, view)
         if isinstance(d, int) and 0 <= d < len(view.targets):
-            req.predicted_cached_tokens = self._predict(req, d, view)
+            req.predicted_cached_tokens = self._predict(req, d, view) if self._predict is not None else None
             self._dispatch(item, req, d, -1)
-        elif d is HOLD:
+            return d
+        if d is HOLD:
             self.held[req.request_id] = item
             self.drain()
         elif d is REJECT:
             self._reject(item, req, f"rejected by the router ({self._name})")
         else:
             raise self._out_of_range(d)
-        return d
+        verdict: Verdict = d
+        return verdict
 
     def route_pair(self, item: Item, req: RouteRequest, now: float) -> Decision:
         """:meth:`route` for a disaggregated fleet: ``choose_pair`` names a prefill and a decode target."""
         view = self.view
         self._attrs["now"] = now
-        pair = self.policy.choose_pair(req, view)
+        pair: Any = self.policy.choose_pair(req, view)   # Any: checked below, in the Router's words
         if pair is REJECT:
             self._reject(item, req, "no healthy prefill or decode target")
-            return REJECT
+            verdict: Verdict = pair
+            return verdict
         p, d = pair
         self.check(p)
         self.check(d)
-        req.predicted_cached_tokens = self._predict(req, p, view)
+        req.predicted_cached_tokens = self._predict(req, p, view) if self._predict is not None else None
         self._dispatch(item, req, p, d)
-        return p
+        prefill: int = p   # an int now: checked above
+        return prefill
 
     def drain(self) -> None:
         """Dispatch (or reject) what the policy releases from its queue until it releases nothing."""
@@ -187,7 +189,7 @@ class Router(Generic[Item]):
                 continue
             if self._on_release is not None:
                 self._on_release(item, req)
-            req.predicted_cached_tokens = self._predict(req, target, self.view)
+            req.predicted_cached_tokens = self._predict(req, target, self.view) if self._predict is not None else None
             self._dispatch(item, req, target, -1)
 
     def take_held(self) -> list[Item]:
@@ -212,6 +214,7 @@ class Router(Generic[Item]):
         """``req`` ended at ``target`` (any status): close the books, tell the policy, and (unless the
         caller drains later itself) release what the policy now lets go."""
         on_finish(self.view, target, req)
-        self._on_complete(req, target, self.view)
+        if self._on_complete is not None:
+            self._on_complete(req, target, self.view)
         if drain and self.held:
             self.drain()
