@@ -21,8 +21,7 @@ A request-level SLO can be met by 99% of requests while most conversations
 
 from __future__ import annotations
 
-from typing import Any
-
+from llmlb_bench.metrics.run_figures import ConversationFigures
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sql import exact_avg
 from llmlb_bench.store.views import Catalog
@@ -57,13 +56,13 @@ GROUP BY 1, 2 ORDER BY 1, 2
 """
 
 
-def conversations(cat: Catalog, slo: Slo | None) -> dict[str, dict[str, Any]]:
+def conversations(cat: Catalog, slo: Slo | None) -> dict[str, ConversationFigures]:
     """run id -> its conversation figures, for the runs with sessions (needs the
     ``request_metrics`` view, :func:`llmlb_bench.metrics.sql.request_metrics_sql`)."""
     columns = {r["column_name"] for r in cat.query("DESCRIBE requests").to_pylist()}
     if "session_id" not in columns:  # results written before the column existed
         return {}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, ConversationFigures] = {}
     for r in cat.query(_sessions_sql(slo)).to_pylist():
         p50, p90, p99 = r["completion"] or (None, None, None)
         out[r["run_id"]] = {

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.metrics.run_figures import EnergyFigures
 from llmlb_bench.metrics.sql import exact_sum
 from llmlb_bench.store.views import Catalog
 
@@ -54,13 +55,13 @@ def fleet(meta: Mapping[str, Any]) -> tuple[int | None, float | None]:
 
 
 def energy_and_cost(cat: Catalog, runs: Mapping[str, Mapping[str, Any]],
-                    price_per_hour: float | None = None) -> dict[str, dict[str, Any]]:
+                    price_per_hour: float | None = None) -> dict[str, EnergyFigures]:
     """``{run_id: {...}}``; ``runs`` maps run ids to ``{meta, duration_s, energy_j, output_tokens, good_tokens}``
     (``energy_j``: the sum of ``requests.energy_j``, from the run's counts)."""
     per_target: dict[str, dict[str, dict[str, float]]] = {}
     for r in cat.query(_SERIES_ENERGY_SQL).to_pylist():
         per_target.setdefault(r["run_id"], {})[r["target"]] = {"energy_j": r["energy_j"], "span_s": r["span_s"]}
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, EnergyFigures] = {}
     for run_id, info in runs.items():
         targets = per_target.get(run_id) or {}
         power = {t: v["energy_j"] / v["span_s"] for t, v in targets.items() if v["span_s"]}

@@ -6,14 +6,18 @@ every reproduction's check read the same keys; a key renamed or dropped at the p
 error at each reader, not a ``None`` in a table. Every key is always present; a section a run has no
 data for (``slo`` without an SLO, ``fairness`` with one tenant ...) is ``None``.
 
-The figures of one distribution (``n``, ``mean``, the percentiles asked for, ``ci`` and, for plots,
-``cdf``: :func:`llmlb_bench.metrics.distribution.describe`) and the sections other metric modules
-compute (pacing, fairness, energy, state ...) keep the type of the function that makes them.
+The sections of energy, serving state, conversations and steady state are declared here too (their
+modules return them), so the renderers can name them without loading the metrics. The figures of one
+distribution (``n``, ``mean``, the percentiles asked for, ``ci`` and, for plots, ``cdf``:
+:func:`llmlb_bench.metrics.distribution.describe`) and the other sections (pacing, fairness, control ...)
+keep the type of the function that makes them.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal, TypedDict
+
+from llmlb_bench.run_summary import ClientSummary
 
 #: a latency figure every report shows (:data:`llmlb_bench.metrics.definitions.LATENCY_FIGURES`)
 LatencyName = Literal["ttft", "tpot", "itl", "e2e", "norm_latency"]
@@ -52,6 +56,111 @@ class SloFigures(TypedDict):
     attainment: float | None
     goodput: float | None
     good_token_throughput: float | None
+
+
+class EnergyFigures(TypedDict):
+    """A run's energy and cost per token (metrics/energy.py; its docstring defines each figure)."""
+
+    energy_j: float | None
+    energy_source: str | None               # series | requests (None: no energy recorded)
+    attributed_energy_j: float | None       # the sum of requests.energy_j (idle power left out)
+    j_per_output_token: float | None
+    j_per_good_token: float | None
+    avg_power_w: dict[str, float] | None    # per target
+    avg_power_per_replica_w: float | None
+    gpus: int | None
+    price_per_hour: float | None
+    price_source: str | None                # given | catalog
+    cost_usd: float | None
+    usd_per_m_output_tokens: float | None
+    usd_per_m_good_tokens: float | None
+
+
+class TargetState(TypedDict):
+    """One target's KV pressure and queues over its series samples (metrics/state.py)."""
+
+    samples: int
+    kv_mean: float | None
+    kv_max: float | None
+    kv_high_share: float | None
+    waiting_mean: float | None
+    waiting_max: float | None
+    running_mean: float | None
+    running_max: float | None
+
+
+class StateFigures(TypedDict):
+    """The serving state behind a run's latency figures (metrics/state.py)."""
+
+    prefix_cache_hit_rate: float | None
+    preemptions: int | None
+    preempted_requests: int | None
+    kv_util_mean: float | None
+    kv_util_max: float | None
+    kv_high_share: float | None
+    waiting_mean: float | None
+    waiting_max: float | None
+    running_mean: float | None
+    running_max: float | None
+    per_target: dict[str, TargetState] | None   # None without series
+    client: ClientSummary | None                # run.json's summary.client (the replayer's runs)
+
+
+class CompletionTimes(TypedDict):
+    """Session completion time (s) over the sessions whose every request is ok."""
+
+    mean: float | None
+    p50: float | None
+    p90: float | None
+    p99: float | None
+
+
+class SessionTokens(TypedDict):
+    """Mean tokens of a session, summed over its requests."""
+
+    input_mean: float | None
+    output_mean: float | None
+    cached_mean: float | None
+
+
+class TurnTtft(TypedDict):
+    """TTFT of the ok requests of one turn (the last row pools the later turns)."""
+
+    turn: int
+    pooled: bool
+    requests: int
+    p50: float | None
+    p99: float | None
+
+
+class ConversationFigures(TypedDict):
+    """What a run's sessions experienced (metrics/conversations.py)."""
+
+    sessions: int
+    completed: int
+    requests_mean: float
+    attainment: float | None    # None without an SLO
+    completion_s: CompletionTimes
+    tokens: SessionTokens
+    ttft_by_turn: list[TurnTtft]
+
+
+class SteadyPart(TypedDict):
+    """One tenth of a run's arrival window (metrics/steady.py)."""
+
+    part: int
+    ttft_mean: float | None
+    attainment: float | None
+    n: int
+
+
+class SteadyFigures(TypedDict):
+    """Whether a run reached steady state, and the sentences that say why not (metrics/steady.py)."""
+
+    steady: bool
+    flags: list[str]
+    tail_s: float | None
+    parts: list[SteadyPart]
 
 
 class RunFigures(TypedDict):
@@ -101,11 +210,11 @@ class RunFigures(TypedDict):
     pacing: dict[str, Any] | None
     speculative: dict[str, Any] | None
     fairness: dict[str, Any] | None
-    energy: dict[str, Any] | None
-    state: dict[str, Any] | None
-    conversations: dict[str, Any] | None           # None for a run without sessions
+    energy: EnergyFigures | None
+    state: StateFigures | None
+    conversations: ConversationFigures | None      # None for a run without sessions
     prefix_cache: dict[str, Any] | None
-    steady: dict[str, Any]
+    steady: SteadyFigures
     control: dict[str, Any] | None                 # None for a run without a load step in its workload
     name: str                                      # the facets that set it apart in this set of runs
 

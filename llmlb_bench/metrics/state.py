@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from llmlb_bench.metrics.run_figures import StateFigures, TargetState
 from llmlb_bench.metrics.sql import exact_avg
 from llmlb_bench.store.views import Catalog
 
@@ -45,12 +46,15 @@ def _mean(targets: Mapping[str, Mapping[str, Any]], key: str) -> float | None:
 
 
 def serving_state(cat: Catalog, counts: Mapping[str, Mapping[str, Any]],
-                  metas: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+                  metas: Mapping[str, Mapping[str, Any]]) -> dict[str, StateFigures]:
     """``{run_id: {...}}``; ``counts`` holds each run's token and preemption totals from the summary SQL."""
-    per_target: dict[str, dict[str, dict[str, Any]]] = {}
+    per_target: dict[str, dict[str, TargetState]] = {}
     for r in cat.query(_SERIES_SQL).to_pylist():
-        per_target.setdefault(r.pop("run_id"), {})[r.pop("target")] = r
-    out: dict[str, dict[str, Any]] = {}
+        per_target.setdefault(r["run_id"], {})[r["target"]] = {
+            "samples": r["samples"], "kv_mean": r["kv_mean"], "kv_max": r["kv_max"],
+            "kv_high_share": r["kv_high_share"], "waiting_mean": r["waiting_mean"], "waiting_max": r["waiting_max"],
+            "running_mean": r["running_mean"], "running_max": r["running_max"]}
+    out: dict[str, StateFigures] = {}
     for run_id, c in counts.items():
         targets = per_target.get(run_id) or {}
         out[run_id] = {

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from llmlb_bench.metrics.run_figures import SteadyFigures, SteadyPart
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sql import exact_avg, quote
 from llmlb_bench.store.views import Catalog
@@ -44,21 +45,23 @@ FROM request_metrics JOIN b USING (run_id) GROUP BY ALL ORDER BY run_id, part
 """
 
 
-def steady_state(cat: Catalog, runs: Mapping[str, Mapping[str, Any]], slo: Slo | None) -> dict[str, dict[str, Any]]:
+def steady_state(cat: Catalog, runs: Mapping[str, Mapping[str, Any]], slo: Slo | None) -> dict[str, SteadyFigures]:
     """run id -> ``{flags: [sentences], parts: [{part, ttft_mean, attainment, n}], tail_s, window_s}``.
 
     ``runs`` maps run ids to ``{t0, t1 (first and last scheduled time), window_s, tail_s, attainment}``.
     """
-    parts: dict[str, list[dict[str, Any]]] = {}
+    parts: dict[str, list[SteadyPart]] = {}
     spans = {r: (v["t0"], v["t1"]) for r, v in runs.items() if v.get("t0") is not None and v.get("t1") is not None}
     for row in (cat.query(_sql(slo, spans)).to_pylist() if spans else []):
-        parts.setdefault(row.pop("run_id"), []).append(row)
+        parts.setdefault(row["run_id"], []).append(
+            {"part": row["part"], "ttft_mean": row["ttft_mean"], "attainment": row["attainment"], "n": row["n"]})
     limit = min(slo.limits_for(None).get("ttft", GROWTH_MIN_S), GROWTH_MIN_S) if slo else GROWTH_MIN_S
-    out = {}
+    out: dict[str, SteadyFigures] = {}
     for run_id, r in runs.items():
         p = {x["part"]: x for x in parts.get(run_id, [])}
-        flags = []
-        early, late = (p.get(1) or {}).get("ttft_mean"), (p.get(PARTS - 1) or {}).get("ttft_mean")
+        flags: list[str] = []
+        second, last = p.get(1), p.get(PARTS - 1)
+        early, late = second["ttft_mean"] if second else None, last["ttft_mean"] if last else None
         if len(p) >= PARTS and early is not None and late is not None and late >= GROWTH_RATIO * early \
                 and late - early >= limit:
             flags.append(f"the queue grows through the run (mean TTFT {early:,.2f} s for requests arriving in the "
@@ -67,7 +70,7 @@ def steady_state(cat: Catalog, runs: Mapping[str, Mapping[str, Any]], slo: Slo |
         if window and tail is not None and tail > window:
             flags.append(f"the drain tail ({tail:,.1f} s after the last arrival) is longer than the arrival "
                          f"window ({window:,.1f} s)")
-        last_att, att = (p.get(PARTS - 1) or {}).get("attainment"), r.get("attainment")
+        last_att, att = last["attainment"] if last else None, r.get("attainment")
         if last_att is not None and att is not None and last_att < att - COLLAPSE:
             flags.append(f"attainment collapses in the last tenth of arrivals ({100 * last_att:.0f}% against "
                          f"{100 * att:.0f}% over the run)")

@@ -96,7 +96,7 @@ def compare(doc: ReportDoc) -> Any:
               ("E2E p99 (s)", lambda s: _err(s, "e2e", "p99", 1.0))]
     if with_slo:
         panels.append(("SLO attainment (%)", _attainment))
-    if any((s.get("energy") or {}).get(energy_key) for s in runs):
+    if any((e := s.get("energy")) is not None and e.get(energy_key) for s in runs):
         panels.append(("J per good token" if with_slo else "J per output token", _energy(energy_key)))
     fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 0.35 * len(runs) + 1.6), squeeze=False)
     y = list(range(len(runs)))

@@ -18,7 +18,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from llmlb_bench.metrics.definitions import ANSWER_FIGURES, LATENCY_FIGURES
 from llmlb_bench.metrics.distribution import PERCENTILES, pkey
-from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.metrics.run_figures import ConversationFigures, RunFigures
 from llmlb_bench.report.shape import ReportDoc
 
 #: one cell of a run's column: a figure read from its summary
@@ -319,7 +319,7 @@ def _control_rows(runs: list[RunFigures]) -> list[tuple[str, Getter, str]]:
     return rows
 
 
-def _conversation_rows(talks: list[dict[str, Any]]) -> list[tuple[str, Getter, str]]:
+def _conversation_rows(talks: list[ConversationFigures]) -> list[tuple[str, Getter, str]]:
     """Session figures, then TTFT p50 / p99 per turn index (metrics/conversations.py)."""
     rows: list[tuple[str, Getter, str]] = [
         ("sessions", scaled(("conversations", "sessions"), 1), ",d"),

@@ -15,7 +15,7 @@ import json
 import os
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from llmlb_bench.metrics.run_figures import LatencyName, RunFigures
 from llmlb_bench.metrics.slo import Slo
@@ -27,7 +27,8 @@ LATENCY_STATS = ("mean", "p50", "p90", "p99")
 #: the latency figures a curve plots
 CURVE_LATENCIES: tuple[LatencyName, ...] = ("ttft", "tpot", "itl", "e2e")
 #: energy and cost figures of a run's summary (GPU catalog prices): what a fleet comparison divides by
-ENERGY = ("j_per_good_token", "usd_per_m_good_tokens", "gpus")
+ENERGY: tuple[Literal["j_per_good_token", "usd_per_m_good_tokens", "gpus"], ...] = (
+    "j_per_good_token", "usd_per_m_good_tokens", "gpus")
 
 
 def run_figures(summary: RunFigures) -> dict[str, float | None]:
@@ -43,9 +44,9 @@ def run_figures(summary: RunFigures) -> dict[str, float | None]:
     for name in CURVE_LATENCIES:
         for stat in LATENCY_STATS:
             out[f"{name}.{stat}"] = (summary.get(name) or {}).get(stat)
-    energy = summary.get("energy") or {}
+    energy = summary.get("energy")
     for key in ENERGY:
-        out[key] = energy.get(key)
+        out[key] = None if energy is None else energy.get(key)
     return out
 
 
