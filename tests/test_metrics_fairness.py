@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 
 from llmlb_bench.metrics.fairness import jain
+from llmlb_bench.metrics.run_figures import FairnessFigures
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import Options, summarize
 from llmlb_bench.store.views import Catalog
 from metrics_helpers import seg, store_run
+from shape_check import mismatches
 
 
 @pytest.fixture
@@ -49,6 +51,7 @@ def test_slowdown_ratio_and_attainment_jain(two_tenants):
     # TTFT: a1 .5 ok, a2 .5 ok, b1 1.0 missed -> attainment A 1, B 0 -> Jain 1 / 2
     assert s["per_tenant"]["A"]["attainment"] == 1.0 and s["per_tenant"]["B"]["attainment"] == 0.0
     assert f["jain_attainment"] == pytest.approx(0.5)
+    assert mismatches(f, FairnessFigures, "fairness") == []   # the shape metrics/run_figures.py declares
 
 
 def test_single_tenant_runs_have_no_fairness_section(tmp_path):

@@ -9,12 +9,14 @@ import pyarrow as pa
 import pytest
 
 from llmlb_bench.metrics.pacing import Streams, deadline_walk, fluid_deadlines, pacing, slowest_gap_mean, subset
+from llmlb_bench.metrics.run_figures import PacingFigures
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sample import blocks, create_token_table, is_sampled
 from llmlb_bench.metrics.sql import request_metrics_sql
 from llmlb_bench.schema import TOKEN_SEGMENT
 from llmlb_bench.store.views import Catalog
 from metrics_helpers import seg, store_run
+from shape_check import mismatches
 
 
 def etalon_walk(gaps, ttft_deadline, tbt_deadline, ignore_first=False):
@@ -118,6 +120,8 @@ def test_pacing_of_a_stored_run(tmp_path):
     # p99 of the fluid deadlines {0.328125, 0} -> 0.99 * 0.328125
     assert out["fluid_token_rate"] == pytest.approx(1 / (0.99 * 0.328125), rel=1e-3)
     assert out["sampled"] is False
+    # the fluidity share's key names FLUIDITY_LEVEL, and the section has the shape run_figures.py declares
+    assert mismatches(out, PacingFigures, "pacing") == []
 
 
 def test_block_sample_of_a_large_run():

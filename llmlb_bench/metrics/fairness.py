@@ -38,6 +38,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from llmlb_bench.metrics.run_figures import FairnessFigures
 from llmlb_bench.metrics.sql import quote
 from llmlb_bench.store.views import Catalog
 
@@ -112,14 +113,14 @@ def jain(values: list[float]) -> float | None:
 
 
 def fairness(cat: Catalog, runs: Mapping[str, float], tenants: Mapping[str, Mapping[str, Mapping[str, Any]]],
-             window_s: float = 10.0) -> dict[str, dict[str, Any]]:
+             window_s: float = 10.0) -> dict[str, FairnessFigures]:
     """``{run_id: {...}}`` for ``runs`` (run id -> first scheduled time), the runs with two or more tenants.
 
     ``tenants`` maps run ids to per-tenant ``{requests, service,
     norm_latency_mean, attainment}`` (:mod:`llmlb_bench.metrics.counts`;
     ``attainment`` None without an SLO).
     """
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, FairnessFigures] = {}
     for run_id, t0 in runs.items():
         per = tenants.get(run_id) or {}
         att = [t["attainment"] for t in per.values()]
@@ -134,6 +135,7 @@ def fairness(cat: Catalog, runs: Mapping[str, float], tenants: Mapping[str, Mapp
             "jain_service": win["jain_service"],
             "jain_attainment": jain(att) if att and None not in att else None,
             "slowdown_ratio": max(lat) / min(lat) if len(lat) > 1 else None,
-            "per_tenant": {t: {k: d[k] for k in ("requests", "service", "norm_latency_mean")} for t, d in per.items()},
+            "per_tenant": {t: {"requests": d["requests"], "service": d["service"],
+                               "norm_latency_mean": d["norm_latency_mean"]} for t, d in per.items()},
         }
     return out

@@ -38,12 +38,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from llmlb_bench.metrics.run_figures import Fluidity, PacingFigures, StreamPacing
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sample import TOKENS
 from llmlb_bench.metrics.sql import quote
@@ -51,7 +52,7 @@ from llmlb_bench.store.views import Catalog
 
 FLUID_TARGET_MISS_RATE = 0.1
 FLUID_QUANTILE = 0.99
-FLUIDITY_LEVEL = 0.9
+FLUIDITY_LEVEL = 0.9      # named in the fluidity share's key, "share_ge_0.9" (run_figures.Fluidity)
 _PRECISION = 2.0 ** -12          # fluid deadlines: final bracket width / the request's largest gap
 _POSITION_COST = 2_000           # fixed cost of one walk step, in entry updates (NumPy call overhead)
 
@@ -250,9 +251,9 @@ def slowest_gap_mean(s: Streams, share: float = 0.1) -> float | None:
     return float((v * take).sum() / k)
 
 
-def pacing_of(s: Streams, slo: Slo | None) -> dict[str, Any]:
+def pacing_of(s: Streams, slo: Slo | None) -> StreamPacing:
     """The pacing figures of one run's streams."""
-    out: dict[str, Any] = {"requests": s.n, "fluidity": None}
+    fluidity: Fluidity | None = None
     if slo is not None and s.n:
         per_class = {c: slo.limits_for(c) for c in set(s.slo_class)}
         d_d = np.array([per_class[c].get("tpot", np.nan) for c in s.slo_class])
@@ -261,16 +262,14 @@ def pacing_of(s: Streams, slo: Slo | None) -> dict[str, Any]:
         if has.any():
             missed, total = deadline_walk(s, np.where(has, d_d, 1.0), d_p)
             fi = np.where(total > 0, 1 - missed / np.maximum(total, 1), 1.0)[has]
-            out["fluidity"] = {"mean": float(fi.mean()), "p1": float(np.percentile(fi, 1)),
-                               f"share_ge_{FLUIDITY_LEVEL:g}": float((fi >= FLUIDITY_LEVEL).mean()),
-                               "requests": int(has.sum())}
+            fluidity = {"mean": float(fi.mean()), "p1": float(np.percentile(fi, 1)),
+                        "share_ge_0.9": float((fi >= FLUIDITY_LEVEL).mean()), "requests": int(has.sum())}
+    rate = None
     if s.n:
         q = float(np.quantile(fluid_deadlines(s, FLUID_QUANTILE), FLUID_QUANTILE))
-        out["fluid_token_rate"] = 1.0 / q if q > 0 else None
-    else:
-        out["fluid_token_rate"] = None
-    out["slowest10_gap_mean_s"] = slowest_gap_mean(s)
-    return out
+        rate = 1.0 / q if q > 0 else None
+    return {"requests": s.n, "fluidity": fluidity, "fluid_token_rate": rate,
+            "slowest10_gap_mean_s": slowest_gap_mean(s)}
 
 
 def load_streams(cat: Catalog, run_id: str) -> Streams:
@@ -279,7 +278,7 @@ def load_streams(cat: Catalog, run_id: str) -> Streams:
                                         f"WHERE run_id = {quote(run_id)} ORDER BY request_id"))
 
 
-def pacing(cat: Catalog, runs: Mapping[str, bool], slo: Slo | None) -> dict[str, dict[str, Any]]:
+def pacing(cat: Catalog, runs: Mapping[str, bool], slo: Slo | None) -> dict[str, PacingFigures]:
     """``{run_id: pacing figures}``; ``runs`` maps run ids to whether their token table is a sample."""
     return {run_id: {**pacing_of(load_streams(cat, run_id), slo), "sampled": sampled}
             for run_id, sampled in runs.items()}

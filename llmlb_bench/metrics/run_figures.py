@@ -6,7 +6,7 @@ every reproduction's check read the same keys; a key renamed or dropped at the p
 error at each reader, not a ``None`` in a table. Every key is always present; a section a run has no
 data for (``slo`` without an SLO, ``fairness`` with one tenant ...) is ``None``.
 
-The sections of energy, serving state, conversations and steady state are declared here too (their
+The sections of pacing, fairness, energy, serving state, conversations and steady state are declared here too (their
 modules return them), so the renderers can name them without loading the metrics. The figures of one
 distribution (``n``, ``mean``, the percentiles asked for, ``ci`` and, for plots, ``cdf``:
 :func:`llmlb_bench.metrics.distribution.describe`) and the other sections (pacing, fairness, control ...)
@@ -56,6 +56,48 @@ class SloFigures(TypedDict):
     attainment: float | None
     goodput: float | None
     good_token_throughput: float | None
+
+
+#: the pacing of a run's requests against their TPOT and TTFT limits (metrics/pacing.py); the share's key
+#: names pacing.FLUIDITY_LEVEL, as the report's table reads it
+Fluidity = TypedDict("Fluidity", {"mean": float, "p1": float, "share_ge_0.9": float, "requests": int})
+
+
+class StreamPacing(TypedDict):
+    """The pacing figures of one run's token streams (metrics/pacing.py's pacing_of)."""
+
+    requests: int
+    fluidity: Fluidity | None               # None without a TPOT limit
+    fluid_token_rate: float | None
+    slowest10_gap_mean_s: float | None
+
+
+class PacingFigures(StreamPacing):
+    """A run's pacing figures, and whether its token table was a block sample."""
+
+    sampled: bool
+
+
+class TenantService(TypedDict):
+    """One tenant's service (weighted tokens) and mean normalized latency (metrics/counts.py)."""
+
+    requests: int
+    service: int                # weighted tokens (fairness.INPUT_WEIGHT, OUTPUT_WEIGHT): whole numbers
+    norm_latency_mean: float | None
+
+
+class FairnessFigures(TypedDict):
+    """How evenly a run with two or more tenants served them (metrics/fairness.py)."""
+
+    tenants: int
+    window_s: float
+    windows: int
+    service_gap_max: float | None
+    service_gap_mean: float | None
+    jain_service: float | None
+    jain_attainment: float | None
+    slowdown_ratio: float | None
+    per_tenant: dict[str, TenantService]
 
 
 class EnergyFigures(TypedDict):
@@ -207,9 +249,9 @@ class RunFigures(TypedDict):
     per_tenant: dict[str, dict[str, Any]] | None
     per_adapter: dict[str, dict[str, Any]] | None  # null adapter = the base model ("base")
     adapter_loads: dict[str, Any] | None           # None where no target loads adapters
-    pacing: dict[str, Any] | None
+    pacing: PacingFigures | None
     speculative: dict[str, Any] | None
-    fairness: dict[str, Any] | None
+    fairness: FairnessFigures | None
     energy: EnergyFigures | None
     state: StateFigures | None
     conversations: ConversationFigures | None      # None for a run without sessions
