@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from llmlb_bench.metrics.control import edges, sign_changes, spectral_peak, step_response
+from llmlb_bench.metrics.run_figures import ControlFigures
+from shape_check import mismatches
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -122,6 +124,7 @@ def test_a_run_with_a_load_step_has_control_figures_in_json_and_gate_rules(tmp_p
     runs = {r["label"]: r for r in json.loads(out)["runs"]}
     jsq = runs["least_outstanding"]["control"]
     assert jsq["steps"] == [20.0]
+    assert mismatches(jsq, ControlFigures, "control") == []   # the shape metrics/run_figures.py declares
     assert jsq["ttft"]["responses"][0]["change"] > 0
     # the open loop is overloaded after the step: its TTFT climbs through the run and never settles
     assert jsq["ttft"]["settled"] is False and jsq["ttft"]["steady_state_error"] > 0

@@ -46,11 +46,13 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from llmlb_bench.metrics.run_figures import (ControlFigures, ControlSignals, Signal, SignalResponse, SpectralPeak,
+                                              StepResponse)
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sql import quote
 from llmlb_bench.store.views import Catalog
 
-SIGNALS = ("ttft", "queue", "replicas")
+SIGNALS: tuple[Signal, ...] = ("ttft", "queue", "replicas")
 #: what each figure is called in the summary, the report and gate rules (``settling_ttft`` ...)
 FIGURES = ("settling_s", "overshoot", "steady_state_error", "sign_changes", "spectral_peak_hz",
            "spectral_peak_share")
@@ -89,7 +91,7 @@ def edges(spec: Mapping[str, Any] | None) -> list[float]:
 
 
 def step_response(t: np.ndarray, y: np.ndarray, at: float, end: float, *, before: float | None = None,
-                  threshold: float = 0.1, reference: float | None = None) -> dict[str, Any] | None:
+                  threshold: float = 0.1, reference: float | None = None) -> StepResponse | None:
     """The figures of one step at ``at`` of the signal ``y`` sampled at times ``t`` (sorted), the
     response read on [at, end) and its initial value on [before, at) (default: as long as the
     response); None when either window holds no sample."""
@@ -134,7 +136,7 @@ def sign_changes(dev: np.ndarray, band: float) -> int:
     return count
 
 
-def spectral_peak(t: np.ndarray, dev: np.ndarray) -> dict[str, float | None]:
+def spectral_peak(t: np.ndarray, dev: np.ndarray) -> SpectralPeak:
     """The strongest non-zero frequency of a uniformly sampled deviation and its share of the
     deviation's energy over the non-zero frequencies (the mean is removed first)."""
     if len(dev) < 4:
@@ -149,7 +151,7 @@ def spectral_peak(t: np.ndarray, dev: np.ndarray) -> dict[str, float | None]:
     return {"spectral_peak_hz": (k + 1) / (len(dev) * dt), "spectral_peak_share": float(power[k]) / total}
 
 
-def combine(responses: Sequence[dict[str, Any]], spectrum: dict[str, float | None]) -> dict[str, Any]:
+def combine(responses: Sequence[StepResponse], spectrum: SpectralPeak) -> SignalResponse:
     """A run's figures from its edges' responses (see the module docstring)."""
     over = [r["overshoot"] for r in responses if r["overshoot"] is not None]
     return {"edges": len(responses),
@@ -183,7 +185,7 @@ FROM s GROUP BY ALL ORDER BY run_id, t_s
 
 
 def control(cat: Catalog, runs: Mapping[str, Mapping[str, Any]], slo: Slo | None,
-            options: Options | None = None) -> dict[str, dict[str, Any]]:
+            options: Options | None = None) -> dict[str, ControlFigures]:
     """run id -> ``{signal: figures}`` for runs with load steps; ``runs`` maps run ids to
     ``{spec (the trace's workload spec), t1 (last scheduled time)}``."""
     opt = options or Options()
@@ -206,9 +208,9 @@ def control(cat: Catalog, runs: Mapping[str, Mapping[str, Any]], slo: Slo | None
             ts.append(row["t_s"])
             vs.append(math.nan if row[name] is None else float(row[name]))
     reference: float | None = slo.limits_for(None).get("ttft") if slo is not None else None
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, ControlFigures] = {}
     for run_id, (steps, t1) in stepped.items():
-        figures: dict[str, Any] = {}
+        figures: ControlSignals = {}
         for name in SIGNALS:
             if (run_id, name) not in signals:
                 continue
@@ -217,7 +219,7 @@ def control(cat: Catalog, runs: Mapping[str, Mapping[str, Any]], slo: Slo | None
             if name == "replicas" and np.nanmin(y) == np.nanmax(y):
                 continue            # a fixed fleet: nothing to read
             bounds = [s for s in steps if s < t1] + [t1]
-            responses: list[dict[str, Any]] = []
+            responses: list[StepResponse] = []
             for k in range(len(bounds) - 1):
                 before = bounds[k - 1] if k else None
                 resp = step_response(t, y, bounds[k], bounds[k + 1], before=before, threshold=opt.threshold,

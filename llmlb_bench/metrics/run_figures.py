@@ -6,7 +6,7 @@ every reproduction's check read the same keys; a key renamed or dropped at the p
 error at each reader, not a ``None`` in a table. Every key is always present; a section a run has no
 data for (``slo`` without an SLO, ``fairness`` with one tenant ...) is ``None``.
 
-The sections of pacing, fairness, energy, serving state, conversations and steady state are declared here too (their
+The sections of pacing, fairness, energy, serving state, conversations, steady state and control are declared here too (their
 modules return them), so the renderers can name them without loading the metrics. The figures of one
 distribution (``n``, ``mean``, the percentiles asked for, ``ci`` and, for plots, ``cdf``:
 :func:`llmlb_bench.metrics.distribution.describe`) and the other sections (pacing, fairness, control ...)
@@ -205,6 +205,61 @@ class SteadyFigures(TypedDict):
     parts: list[SteadyPart]
 
 
+#: a signal the control figures read (metrics/control.py's SIGNALS)
+Signal = Literal["ttft", "queue", "replicas"]
+
+
+class SpectralPeak(TypedDict):
+    """The strongest non-zero frequency of a deviation and its share of the energy (None: too few samples)."""
+
+    spectral_peak_hz: float | None
+    spectral_peak_share: float | None
+
+
+class StepResponse(SpectralPeak):
+    """How one signal responded to one load step (metrics/control.py's step_response)."""
+
+    at_s: float
+    end_s: float
+    initial: float
+    final: float
+    change: float
+    settling_s: float
+    settled: bool
+    overshoot: float | None
+    steady_state_error: float | None     # None without an SLO's TTFT limit (and for other signals)
+    sign_changes: int
+
+
+class SignalResponse(SpectralPeak):
+    """One signal's figures over a run's load steps (metrics/control.py's combine)."""
+
+    edges: int
+    settling_s: float
+    settled: bool
+    overshoot: float | None
+    steady_state_error: float | None
+    sign_changes: int
+    responses: list[StepResponse]
+
+
+class ControlSignals(TypedDict, total=False):
+    """The signals a run has data for (replicas only where the fleet's size changed)."""
+
+    ttft: SignalResponse
+    queue: SignalResponse
+    replicas: SignalResponse
+
+
+class ControlFigures(ControlSignals):
+    """How a run's signals responded to the load steps of its workload (metrics/control.py)."""
+
+    bin_s: float
+    quantile: float
+    threshold: float
+    steps: list[float]
+
+
 class RunFigures(TypedDict):
     """One run's figures; see the module docstring."""
 
@@ -257,7 +312,7 @@ class RunFigures(TypedDict):
     conversations: ConversationFigures | None      # None for a run without sessions
     prefix_cache: dict[str, Any] | None
     steady: SteadyFigures
-    control: dict[str, Any] | None                 # None for a run without a load step in its workload
+    control: ControlFigures | None                 # None for a run without a load step in its workload
     name: str                                      # the facets that set it apart in this set of runs
 
 
