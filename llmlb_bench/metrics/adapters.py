@@ -9,19 +9,18 @@ vLLM publishes no counter of them, so replayed runs have none (null).
 
 from __future__ import annotations
 
-from typing import Any
-
+from llmlb_bench.metrics.run_figures import AdapterLoads
 from llmlb_bench.store.views import Catalog
 
 
-def adapter_loads(cat: Catalog) -> dict[str, dict[str, Any]]:
+def adapter_loads(cat: Catalog) -> dict[str, AdapterLoads]:
     """``{run_id: {"total": loads, "per_target": {target: loads}}}`` for runs whose series count loads."""
     columns = {r["column_name"] for r in cat.query("DESCRIBE series").to_pylist()}
     if "adapter_loads" not in columns:   # results written before the column existed
         return {}
     rows = cat.query("SELECT run_id, target, sum(adapter_loads)::BIGINT AS loads FROM series "
                      "WHERE adapter_loads IS NOT NULL GROUP BY ALL ORDER BY run_id, target").to_pylist()
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, AdapterLoads] = {}
     for r in rows:
         run = out.setdefault(r["run_id"], {"total": 0, "per_target": {}})
         run["total"] += r["loads"]

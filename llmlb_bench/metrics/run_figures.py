@@ -6,7 +6,8 @@ every reproduction's check read the same keys; a key renamed or dropped at the p
 error at each reader, not a ``None`` in a table. Every key is always present; a section a run has no
 data for (``slo`` without an SLO, ``fairness`` with one tenant ...) is ``None``.
 
-The sections of pacing, fairness, energy, serving state, conversations, steady state and control are declared here too (their
+The sections of pacing, speculative decoding, adapter loads, fairness, energy, serving state,
+conversations, steady state and control are declared here too (their
 modules return them), so the renderers can name them without loading the metrics. The figures of one
 distribution (``n``, ``mean``, the percentiles asked for, ``ci`` and, for plots, ``cdf``:
 :func:`llmlb_bench.metrics.distribution.describe`) and the other sections (pacing, fairness, control ...)
@@ -76,6 +77,30 @@ class PacingFigures(StreamPacing):
     """A run's pacing figures, and whether its token table was a block sample."""
 
     sampled: bool
+
+
+class _Acceptance(TypedDict, total=False):
+    """Speculative decoding's acceptance, where the server's series or the simulator counted drafts."""
+
+    source: str                             # server | simulator
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float
+    mean_acceptance_length: float | None
+
+
+class SpeculativeFigures(_Acceptance):
+    """Tokens per delivery of a run's streams, and the acceptance where counted (metrics/speculative.py)."""
+
+    tokens_per_delivery: float | None
+
+
+class AdapterLoads(TypedDict):
+    """LoRA adapter loads into GPU slots, in all and per target (metrics/adapters.py)."""
+
+    total: int
+    per_target: dict[str, int]
 
 
 class TenantService(TypedDict):
@@ -303,9 +328,9 @@ class RunFigures(TypedDict):
     per_class: dict[str, dict[str, Any]] | None    # None for a run of one class and one tenant
     per_tenant: dict[str, dict[str, Any]] | None
     per_adapter: dict[str, dict[str, Any]] | None  # null adapter = the base model ("base")
-    adapter_loads: dict[str, Any] | None           # None where no target loads adapters
+    adapter_loads: AdapterLoads | None             # None where no target loads adapters
     pacing: PacingFigures | None
-    speculative: dict[str, Any] | None
+    speculative: SpeculativeFigures | None
     fairness: FairnessFigures | None
     energy: EnergyFigures | None
     state: StateFigures | None

@@ -26,8 +26,7 @@ docs/metrics.md does.
 
 from __future__ import annotations
 
-from typing import Any
-
+from llmlb_bench.metrics.run_figures import SpeculativeFigures
 from llmlb_bench.metrics.sql import quote
 from llmlb_bench.store.views import Catalog
 
@@ -75,18 +74,17 @@ def _deliveries(cat: Catalog) -> dict[str, tuple[int | None, int]]:
     return {k: v for k, v in out.items() if v[1]}
 
 
-def speculative(cat: Catalog) -> dict[str, dict[str, Any]]:
+def speculative(cat: Catalog) -> dict[str, SpeculativeFigures]:
     """``{run_id: {...}}`` for every run with token times; the acceptance figures where counted."""
     server, simulated = _counts(cat, "series"), _counts(cat, "requests")
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, SpeculativeFigures] = {}
     for run_id, (tokens, delivered) in sorted(_deliveries(cat).items()):
-        fig: dict[str, Any] = {"tokens_per_delivery": tokens / delivered if tokens is not None else None}
-        counts, source = (server[run_id], "server") if run_id in server else (
-            (simulated[run_id], "simulator") if run_id in simulated else (None, None))
-        if counts is not None:
-            drafts, drafted, accepted = counts
-            fig.update(source=source, drafts=int(drafts), draft_tokens=int(drafted), accepted_tokens=int(accepted),
-                       acceptance_rate=accepted / drafted,
-                       mean_acceptance_length=1 + accepted / drafts if drafts else None)
+        fig: SpeculativeFigures = {"tokens_per_delivery": tokens / delivered if tokens is not None else None}
+        source = "server" if run_id in server else ("simulator" if run_id in simulated else None)
+        if source is not None:
+            drafts, drafted, accepted = (server if source == "server" else simulated)[run_id]
+            fig.update({"source": source, "drafts": int(drafts), "draft_tokens": int(drafted),
+                        "accepted_tokens": int(accepted), "acceptance_rate": accepted / drafted,
+                        "mean_acceptance_length": 1 + accepted / drafts if drafts else None})
         out[run_id] = fig
     return out

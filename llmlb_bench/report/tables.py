@@ -395,7 +395,7 @@ def groups(doc: ReportDoc, key: GroupKey) -> Table | None:
     t = Table(title, [first] + [run_name(s) for s, _ in runs])
     if key == "per_adapter" and any(s["adapter_loads"] for s, _ in runs):
         t.note = "adapter loads into GPU slots: " + ", ".join(
-            f"{run_name(s)} {fmt((s['adapter_loads'] or {}).get('total'), ',d')}" for s, _ in runs)
+            f"{run_name(s)} {fmt(loads['total'] if (loads := s['adapter_loads']) else None, ',d')}" for s, _ in runs)
     for g in names:
         cells = []
         for _, by in runs:
