@@ -15,10 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import cli
 from sim_helpers import TINY_GPU
+from shape_check import mismatches
 from test_metrics_docs import find
 
 from llmlb_bench.experiment import simulate_run
 from llmlb_bench.metrics.cache_accounting import LOSSES
+from llmlb_bench.metrics.run_figures import PrefixCacheFigures
 from llmlb_bench.schema import trace_table, write_trace
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.store.views import Catalog
@@ -184,6 +186,7 @@ def test_the_view_report_and_query_show_the_accounting(tmp_path, capsys):
     cache = json.loads(out)["runs"][0]["prefix_cache"]
     prompt = 24 * (34 * BLOCK + 5)
     assert cache["tokens"]["prompt"] == prompt
+    assert mismatches(cache, PrefixCacheFigures, "prefix_cache") == []   # every bucket, as run_figures.py declares
     assert cache["offered"] == pytest.approx(20 * 480 / prompt) and cache["routing"] == pytest.approx(8 * 480 / prompt)
     # the SQL of docs/metrics.md gives the report's figures
     [row] = Catalog([results], confined=True).query_read_only(find("a.stale_tokens")).to_pylist()

@@ -7,7 +7,7 @@ error at each reader, not a ``None`` in a table. Every key is always present; a 
 data for (``slo`` without an SLO, ``fairness`` with one tenant ...) is ``None``.
 
 The sections of pacing, speculative decoding, adapter loads, fairness, energy, serving state,
-conversations, steady state and control are declared here too (their
+conversations, prefix-cache accounting, steady state and control are declared here too (their
 modules return them), so the renderers can name them without loading the metrics. The figures of one
 distribution (``n``, ``mean``, the percentiles asked for, ``ci`` and, for plots, ``cdf``:
 :func:`llmlb_bench.metrics.distribution.describe`) and the other sections (pacing, fairness, control ...)
@@ -212,6 +212,57 @@ class ConversationFigures(TypedDict):
     ttft_by_turn: list[TurnTtft]
 
 
+class CacheBuckets(TypedDict):
+    """Each prefix-cache accounting bucket (metrics/cache_accounting.py's BUCKETS) as a share of the run's
+    prompt tokens (None: no prompt tokens)."""
+
+    offered: float | None
+    reachable: float | None
+    achieved: float | None
+    granularity: float | None
+    failed: float | None
+    routing: float | None
+    in_flight: float | None
+    eviction: float | None
+    stale: float | None
+    unmeasured: float | None
+    beyond: float | None
+
+
+class CacheTokens(TypedDict):
+    """The run's prompt tokens and each bucket in tokens."""
+
+    prompt: int
+    offered: int | None
+    reachable: int | None
+    achieved: int | None
+    granularity: int | None
+    failed: int | None
+    routing: int | None
+    in_flight: int | None
+    eviction: int | None
+    stale: int | None
+    unmeasured: int | None
+    beyond: int | None
+
+
+class PredictedHits(TypedDict):
+    """The router's predicted prefix-cache hit rate against the delivered one, over ok requests it predicted."""
+
+    requests: int
+    hit_rate_predicted: float
+    hit_rate_delivered: float
+    over: float
+    under: float
+
+
+class PrefixCacheFigures(CacheBuckets):
+    """A run's prefix-cache accounting (metrics/cache_accounting.py)."""
+
+    tokens: CacheTokens
+    predicted: PredictedHits | None     # None where the policy predicted no hits
+
+
 class SteadyPart(TypedDict):
     """One tenth of a run's arrival window (metrics/steady.py)."""
 
@@ -335,7 +386,7 @@ class RunFigures(TypedDict):
     energy: EnergyFigures | None
     state: StateFigures | None
     conversations: ConversationFigures | None      # None for a run without sessions
-    prefix_cache: dict[str, Any] | None
+    prefix_cache: PrefixCacheFigures | None
     steady: SteadyFigures
     control: ControlFigures | None                 # None for a run without a load step in its workload
     name: str                                      # the facets that set it apart in this set of runs
