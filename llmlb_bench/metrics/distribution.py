@@ -29,9 +29,11 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Literal, cast
 
 import numpy as np
+
+from llmlb_bench.metrics.run_figures import Distribution
 
 PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
 #: Where a CDF is sampled for plots: 0.5% steps to 95%, then finer to 99.9% (the tail is where policies differ).
@@ -151,13 +153,15 @@ def rng_for(seed: int, *key: str) -> np.random.Generator:
 
 def describe(sample: Sample | None, method: Method, *, seed: int, key: tuple[str, ...],
              percentiles: Iterable[float] = PERCENTILES, ci: bool = True, level: float = 0.95,
-             cdf: bool = False) -> dict[str, Any]:
+             cdf: bool = False) -> Distribution:
     """``{n, mean, p50, ..., ci: {p50: [lo, hi], ...}}`` for one run's figure (all None when empty);
     with ``cdf``, also ``cdf``: the sample's quantiles at :data:`CDF_PROBABILITIES` (for plots)."""
     percentiles = tuple(percentiles)
+    # keyed by the percentiles asked for, which mypy cannot follow: the casts name the shape, the report's
+    # shape checks (tests/test_report_formats.py, test_cluster_presets.py) check every key
     if sample is None:
-        return {"n": 0, "mean": None, **{pkey(p): None for p in percentiles}, "ci": None,
-                **({"cdf": None} if cdf else {})}
+        return cast(Distribution, {"n": 0, "mean": None, **{pkey(p): None for p in percentiles}, "ci": None,
+                                   **({"cdf": None} if cdf else {})})
     out: dict[str, Any] = {"n": sample.n, "mean": sample.mean}
     for p in percentiles:
         out[pkey(p)] = percentile(sample, p, method)
@@ -165,4 +169,4 @@ def describe(sample: Sample | None, method: Method, *, seed: int, key: tuple[str
                   for p in percentiles} if ci else None)
     if cdf:
         out["cdf"] = [percentile(sample, 100 * q, method) for q in CDF_PROBABILITIES]
-    return out
+    return cast(Distribution, out)

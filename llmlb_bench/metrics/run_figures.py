@@ -39,6 +39,36 @@ class Failure(Reason):
     status: str
 
 
+#: the percentiles a distribution's figures can carry (metrics/distribution.py's PERCENTILES, and the
+#: p50 and p99 of the wait), each the one the caller asked for, and its CDF where asked (for plots)
+Percentiles = TypedDict("Percentiles", {"p50": float | None, "p90": float | None, "p95": float | None,
+                                        "p99": float | None, "p99.9": float | None, "cdf": list[float] | None},
+                        total=False)
+
+
+class Distribution(Percentiles):
+    """The figures of one distribution (metrics/distribution.py's describe): count, mean, the percentiles
+    asked for and, with intervals, each one's [low, high] (None without)."""
+
+    n: int
+    mean: float | None
+    ci: dict[str, list[float]] | None
+
+
+class WaitFigures(TypedDict):
+    """The ok requests' router wait or client lag (metrics/summary.py's _wait)."""
+
+    n: int
+    mean: float | None
+    p50: float | None
+    p99: float | None
+    max: float | None
+    share: float | None         # of the requests that waited at all (more than 1 us)
+    kind: str                   # router | client | router+client (metrics/origin.py)
+    included: bool              # whether the latency figures count it (their origin is the arrival)
+    flagged: bool               # a replay whose client lag p99 exceeds its threshold
+
+
 class OverDuration(TypedDict):
     """The rates per second of the whole duration (vLLM ``bench serve``'s), beside the arrival window's."""
 
@@ -368,12 +398,12 @@ class RunFigures(TypedDict):
     definitions: str
     facets: dict[str, str | None]
     latency_from: str
-    wait: dict[str, Any]
-    ttft: dict[str, Any]
-    tpot: dict[str, Any]
-    itl: dict[str, Any]
-    e2e: dict[str, Any]
-    norm_latency: dict[str, Any]
+    wait: WaitFigures
+    ttft: Distribution
+    tpot: Distribution
+    itl: Distribution
+    e2e: Distribution
+    norm_latency: Distribution
     reasoning: dict[str, Any] | None
     slo: SloFigures | None                         # None when not judged against an SLO
     per_class: dict[str, dict[str, Any]] | None    # None for a run of one class and one tenant

@@ -46,7 +46,7 @@ from llmlb_bench.metrics.identity import facets, names
 from llmlb_bench.metrics.latency import Latency, latency
 from llmlb_bench.metrics.origin import arrival_runs, lag_threshold_ms, latency_from, wait_kind
 from llmlb_bench.metrics.pacing import pacing
-from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.metrics.run_figures import Distribution, RunFigures, WaitFigures
 from llmlb_bench.metrics.sample import DEFAULT_SAMPLE, create_token_table, is_sampled
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.speculative import speculative
@@ -191,7 +191,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     return out
 
 
-def _describe(lat: Latency, figs: Mapping[str, Figure], opt: Options, run_id: str, name: str) -> dict[str, Any]:
+def _describe(lat: Latency, figs: Mapping[str, Figure], opt: Options, run_id: str, name: str) -> Distribution:
     """One latency figure of one run: its count, mean, percentiles and their intervals (and CDF)."""
     return describe(lat.samples.get((run_id, name)), figs[name].method, seed=opt.seed, key=(run_id, name),
                     ci=opt.ci, level=opt.confidence, cdf=opt.cdf)
@@ -213,7 +213,7 @@ def _reasoning(c: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any] | No
             "share": c["reasoning_tokens"] / c["output_tokens"] if c["output_tokens"] else None, **answer}
 
 
-def _wait(sample: Sample | None, meta: dict[str, Any]) -> dict[str, Any]:
+def _wait(sample: Sample | None, meta: dict[str, Any]) -> WaitFigures:
     """``sent_s - scheduled_s`` of the ok requests: router wait or client lag (:mod:`~llmlb_bench.metrics.origin`).
 
     ``share`` is the share of requests that waited at all (more than 1 us);
@@ -221,13 +221,14 @@ def _wait(sample: Sample | None, meta: dict[str, Any]) -> dict[str, Any]:
     """
     kind = wait_kind(meta)
     d = describe(sample, "linear", seed=0, key=(), percentiles=(50.0, 99.0), ci=False)
-    d.pop("ci")
-    d["max"] = float(sample.v[-1]) if sample is not None else None
-    d["share"] = float(1.0 - np.searchsorted(sample.v, 1e-6, side="right") / sample.n) if sample is not None else None
-    d["kind"] = kind
-    d["included"] = latency_from(meta) == "arrival"
-    d["flagged"] = kind != "router" and d["p99"] is not None and d["p99"] * 1e3 > lag_threshold_ms(meta)
-    return d
+    p99 = d["p99"]
+    return {"n": d["n"], "mean": d["mean"], "p50": d["p50"], "p99": p99,
+            "max": float(sample.v[-1]) if sample is not None else None,
+            "share": float(1.0 - np.searchsorted(sample.v, 1e-6, side="right") / sample.n) if sample is not None
+            else None,
+            "kind": kind,
+            "included": latency_from(meta) == "arrival",
+            "flagged": kind != "router" and p99 is not None and p99 * 1e3 > lag_threshold_ms(meta)}
 
 
 def arrival_window(requests: int, first_s: float | None, last_s: float | None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmlb_bench.metrics.distribution import CDF_PROBABILITIES
-from llmlb_bench.metrics.run_figures import LatencyName
+from llmlb_bench.metrics.run_figures import LatencyName, RunFigures
 from llmlb_bench.metrics.sql import exact_avg
 from llmlb_bench.report.shape import ReportDoc
 from llmlb_bench.store.views import Catalog
@@ -28,9 +28,14 @@ def latency_cdfs(doc: ReportDoc) -> dict[str, dict[str, dict[str, list[float]]]]
     """``{label: {run_id: {"x": quantiles (display unit), "p": probabilities}}}`` from the summaries."""
     out: dict[str, dict[str, dict[str, list[float]]]] = {}
     for label, fig, scale, _unit in CDF_FIGURES:
-        out[label] = {s["run_id"]: {"x": [v * scale for v in s[fig]["cdf"]], "p": list(CDF_PROBABILITIES)}
-                      for s in doc["runs"] if (s.get(fig) or {}).get("cdf")}
+        out[label] = {s["run_id"]: {"x": [v * scale for v in cdf], "p": list(CDF_PROBABILITIES)}
+                      for s in doc["runs"] if (cdf := _cdf(s, fig))}
     return out
+
+
+def _cdf(s: RunFigures, fig: LatencyName) -> list[float] | None:
+    d = s.get(fig)
+    return d.get("cdf") if d else None
 
 
 def timelines(cat: Catalog) -> dict[str, dict[str, dict[str, list[float]]]]:

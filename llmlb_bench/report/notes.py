@@ -22,12 +22,13 @@ def run_notes(runs: list[RunFigures]) -> list[str]:
         if s["status"] != "complete":
             out.append(f"run {s['run_id']} is {s['status']}; its figures cover the rows it stored")
         wait = s.get("wait") or {}
+        lag_ms = 1e3 * (wait.get("p99") or 0.0)     # a flagged wait has a p99
         if wait.get("flagged") and wait.get("included"):
             out.append(f"{_name(s)}: latency counts from arrival (its policy holds requests) and includes the "
-                       f"client's lag; sent - scheduled p99 {1e3 * wait['p99']:,.1f} ms")
+                       f"client's lag; sent - scheduled p99 {lag_ms:,.1f} ms")
         elif wait.get("flagged"):
             out.append(f"{_name(s)}: the client lagged behind its schedule (sent - scheduled p99 "
-                       f"{1e3 * wait['p99']:,.1f} ms); latency counts from the send and leaves the lag out, "
+                       f"{lag_ms:,.1f} ms); latency counts from the send and leaves the lag out, "
                        f"but the offered load was not the trace's")
         for flag in (s.get("steady") or {}).get("flags") or ():
             out.append(f"{_name(s)}: not in steady state — {flag}")

@@ -23,7 +23,7 @@ from llmlb_bench.metrics.summary import Options, summarize
 from llmlb_bench.store.views import Catalog
 
 FIGURES = "figures"
-LATENCY_STATS = ("mean", "p50", "p90", "p99")
+LATENCY_STATS: tuple[Literal["mean", "p50", "p90", "p99"], ...] = ("mean", "p50", "p90", "p99")
 #: the latency figures a curve plots
 CURVE_LATENCIES: tuple[LatencyName, ...] = ("ttft", "tpot", "itl", "e2e")
 #: energy and cost figures of a run's summary (GPU catalog prices): what a fleet comparison divides by
@@ -43,7 +43,8 @@ def run_figures(summary: RunFigures) -> dict[str, float | None]:
         out["good_token_throughput"] = slo["good_token_throughput"]
     for name in CURVE_LATENCIES:
         for stat in LATENCY_STATS:
-            out[f"{name}.{stat}"] = (summary.get(name) or {}).get(stat)
+            d = summary.get(name)
+            out[f"{name}.{stat}"] = d.get(stat) if d else None
     energy = summary.get("energy")
     for key in ENERGY:
         out[key] = None if energy is None else energy.get(key)
