@@ -69,6 +69,28 @@ class WaitFigures(TypedDict):
     flagged: bool               # a replay whose client lag p99 exceeds its threshold
 
 
+class GroupLatency(TypedDict, total=False):
+    """A group's TTFT and E2E percentiles (metrics/latency.py's GROUP_FIGURES x GROUP_PERCENTILES), each
+    where the group has ok requests with that figure."""
+
+    ttft_p50: float
+    ttft_p99: float
+    e2e_p50: float
+    e2e_p99: float
+
+
+class GroupFigures(GroupLatency):
+    """One SLO class, tenant or LoRA adapter of a run (metrics/summary.py's _group)."""
+
+    requests: int
+    ok: int
+    good: int | None                # None without an SLO
+    good_tokens: int | None
+    attainment: float | None
+    service: int                    # weighted tokens (metrics/fairness.py)
+    norm_latency_mean: float | None
+
+
 class OverDuration(TypedDict):
     """The rates per second of the whole duration (vLLM ``bench serve``'s), beside the arrival window's."""
 
@@ -406,9 +428,9 @@ class RunFigures(TypedDict):
     norm_latency: Distribution
     reasoning: dict[str, Any] | None
     slo: SloFigures | None                         # None when not judged against an SLO
-    per_class: dict[str, dict[str, Any]] | None    # None for a run of one class and one tenant
-    per_tenant: dict[str, dict[str, Any]] | None
-    per_adapter: dict[str, dict[str, Any]] | None  # null adapter = the base model ("base")
+    per_class: dict[str, GroupFigures] | None      # None for a run of one class and one tenant
+    per_tenant: dict[str, GroupFigures] | None
+    per_adapter: dict[str, GroupFigures] | None    # null adapter = the base model ("base")
     adapter_loads: AdapterLoads | None             # None where no target loads adapters
     pacing: PacingFigures | None
     speculative: SpeculativeFigures | None

@@ -46,7 +46,7 @@ from llmlb_bench.metrics.identity import facets, names
 from llmlb_bench.metrics.latency import Latency, latency
 from llmlb_bench.metrics.origin import arrival_runs, lag_threshold_ms, latency_from, wait_kind
 from llmlb_bench.metrics.pacing import pacing
-from llmlb_bench.metrics.run_figures import Distribution, RunFigures, WaitFigures
+from llmlb_bench.metrics.run_figures import Distribution, GroupFigures, GroupLatency, RunFigures, WaitFigures
 from llmlb_bench.metrics.sample import DEFAULT_SAMPLE, create_token_table, is_sampled
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.speculative import speculative
@@ -71,7 +71,7 @@ class Options:
     cdf: bool = False                   # also each latency figure's CDF (for plots)
 
 
-def _group(m: dict[str, Any], percentiles: dict[str, float]) -> dict[str, Any]:
+def _group(m: dict[str, Any], percentiles: GroupLatency) -> GroupFigures:
     return {"requests": m["requests"], "ok": m["ok"], "good": m["good"], "good_tokens": m["good_tokens"],
             "attainment": None if m["good"] is None else m["good"] / m["requests"], **percentiles,
             "service": m["service"], "norm_latency_mean": m["norm_latency_mean"]}
@@ -97,7 +97,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     shown = {**figs, WAIT: WAIT_FIGURE}
     plain = {n: f for n, f in shown.items() if n not in ANSWER_FIGURES}
     lat = latency(cat, {k: shown if c["reasoning_tokens"] else plain for k, c in counts.items()}, groups)
-    tables: dict[str, dict[str, dict[str, dict[str, Any]]]] = {col: {} for col in GROUPS}
+    tables: dict[str, dict[str, dict[str, GroupFigures]]] = {col: {} for col in GROUPS}
     for u, m in units.items():
         if u[0] != "run":
             tables[u[0]].setdefault(u[1], {})[u[2]] = _group(m, lat.groups.get(u, {}))
