@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.metrics.run_figures import ReasoningFigures
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import summarize
 from llmlb_bench.report.document import ReportOptions, build
@@ -27,6 +28,7 @@ from llmlb_bench.workload.importers import import_trace
 from llmlb_bench.workload.importers.jsonl import read_bailian
 from llmlb_bench.workload.spec import WorkloadSpec
 from metrics_helpers import seg, store_run
+from shape_check import mismatches
 from test_metrics_docs import find
 from sim_helpers import by_request_id, run_sim, trace
 
@@ -151,6 +153,7 @@ def test_simulator_reasoning_is_decode_work_and_the_answer_starts_after_it(tmp_p
     assert s_plain["reasoning"] is None
     assert s_think["reasoning"]["tokens"] == 901 and s_think["reasoning"]["requests"] == 5
     assert s_think["reasoning"]["share"] == pytest.approx(901 / out.sum())
+    assert mismatches(s_think["reasoning"], ReasoningFigures, "reasoning") == []   # as run_figures.py declares
 
 
 def test_answer_metrics_and_slos_against_hand_computed_values(tmp_path):

@@ -91,6 +91,17 @@ class GroupFigures(GroupLatency):
     norm_latency_mean: float | None
 
 
+class ReasoningFigures(TypedDict):
+    """The reasoning share of a run's ok output and the answer's figures (time to first answer token, its
+    TPOT), for a run with reasoning (metrics/summary.py's _reasoning)."""
+
+    requests: int
+    tokens: int
+    share: float | None
+    ttfa: Distribution
+    answer_tpot: Distribution
+
+
 class OverDuration(TypedDict):
     """The rates per second of the whole duration (vLLM ``bench serve``'s), beside the arrival window's."""
 
@@ -426,7 +437,7 @@ class RunFigures(TypedDict):
     itl: Distribution
     e2e: Distribution
     norm_latency: Distribution
-    reasoning: dict[str, Any] | None
+    reasoning: ReasoningFigures | None             # None for a run without reasoning
     slo: SloFigures | None                         # None when not judged against an SLO
     per_class: dict[str, GroupFigures] | None      # None for a run of one class and one tenant
     per_tenant: dict[str, GroupFigures] | None

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -46,7 +46,8 @@ from llmlb_bench.metrics.identity import facets, names
 from llmlb_bench.metrics.latency import Latency, latency
 from llmlb_bench.metrics.origin import arrival_runs, lag_threshold_ms, latency_from, wait_kind
 from llmlb_bench.metrics.pacing import pacing
-from llmlb_bench.metrics.run_figures import Distribution, GroupFigures, GroupLatency, RunFigures, WaitFigures
+from llmlb_bench.metrics.run_figures import (AnswerName, Distribution, GroupFigures, GroupLatency, ReasoningFigures,
+                                              RunFigures, WaitFigures)
 from llmlb_bench.metrics.sample import DEFAULT_SAMPLE, create_token_table, is_sampled
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.speculative import speculative
@@ -164,7 +165,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
             "wait": _wait(lat.samples.get((run_id, WAIT)), metas[run_id]),
             "ttft": fig("ttft"), "tpot": fig("tpot"), "itl": fig("itl"), "e2e": fig("e2e"),
             "norm_latency": fig("norm_latency"),
-            "reasoning": _reasoning(c, {name: fig(name) for name in ANSWER_FIGURES} if c["reasoning_tokens"] else {}),
+            "reasoning": _reasoning(c, fig),
             "slo": None if slo is None else {
                 "spec": slo.to_dict(),
                 "good": c["good"],
@@ -204,13 +205,14 @@ def _attainment(c: Mapping[str, Any]) -> float | None:
     return good / requests if requests else None
 
 
-def _reasoning(c: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any] | None:
+def _reasoning(c: dict[str, Any], answer: Callable[[AnswerName], Distribution]) -> ReasoningFigures | None:
     """Reasoning share of the ok requests' output, and the answer's figures; None for a run without
     reasoning (its report shows nothing of it)."""
     if not c["reasoning_tokens"]:
         return None
     return {"requests": c["reasoning_requests"], "tokens": c["reasoning_tokens"],
-            "share": c["reasoning_tokens"] / c["output_tokens"] if c["output_tokens"] else None, **answer}
+            "share": c["reasoning_tokens"] / c["output_tokens"] if c["output_tokens"] else None,
+            "ttfa": answer("ttfa"), "answer_tpot": answer("answer_tpot")}
 
 
 def _wait(sample: Sample | None, meta: dict[str, Any]) -> WaitFigures:
