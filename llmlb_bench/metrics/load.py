@@ -19,14 +19,14 @@ draw confidence bands. Per curve:
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Literal, Mapping, cast
 
 from llmlb_bench.metrics.goodput import max_goodput
 from llmlb_bench.metrics.identity import LOAD, distinct, without_load
 from llmlb_bench.metrics.knee import kneedle
-from llmlb_bench.metrics.run_figures import CurvePoint, LoadCurve, PointLatency
+from llmlb_bench.metrics.run_figures import CurvePoint, LoadCurve, PointFigure, PointLatency
 
-KNEE_FIGURE: tuple[PointLatency, str] = ("e2e", "mean")
+KNEE_FIGURE: tuple[PointLatency, Literal["mean", "p50", "p90", "p99"]] = ("e2e", "mean")
 
 
 def configuration(summary: Mapping[str, Any]) -> str:
@@ -45,9 +45,10 @@ def _point(s: Mapping[str, Any]) -> CurvePoint:
     }
 
 
-def _latency(s: Mapping[str, Any], name: PointLatency) -> dict[str, Any]:
-    """A latency figure of the run as a point carries it: every statistic and interval but the count."""
-    return {k: v for k, v in (s.get(name) or {}).items() if k != "n"}
+def _latency(s: Mapping[str, Any], name: PointLatency) -> PointFigure:
+    """A latency figure of the run as a point carries it: every statistic and interval but the count (the cast:
+    its keys are the run's Distribution's, which the report's shape check checks)."""
+    return cast(PointFigure, {k: v for k, v in (s.get(name) or {}).items() if k != "n"})
 
 
 def load_curves(summaries: Iterable[Mapping[str, Any]], target: float = 0.9) -> list[LoadCurve]:

@@ -46,13 +46,18 @@ Percentiles = TypedDict("Percentiles", {"p50": float | None, "p90": float | None
                         total=False)
 
 
-class Distribution(Percentiles):
+class PointFigure(Percentiles):
+    """A distribution's figures without its count, as a load curve's point carries them."""
+
+    mean: float | None
+    ci: dict[str, list[float]] | None
+
+
+class Distribution(PointFigure):
     """The figures of one distribution (metrics/distribution.py's describe): count, mean, the percentiles
     asked for and, with intervals, each one's [low, high] (None without)."""
 
     n: int
-    mean: float | None
-    ci: dict[str, list[float]] | None
 
 
 class WaitFigures(TypedDict):
@@ -484,10 +489,10 @@ class CurvePoint(TypedDict):
     output_throughput: float | None
     goodput: float | None
     attainment: float | None
-    ttft: dict[str, Any]
-    tpot: dict[str, Any]
-    itl: dict[str, Any]
-    e2e: dict[str, Any]
+    ttft: PointFigure
+    tpot: PointFigure
+    itl: PointFigure
+    e2e: PointFigure
 
 
 class LoadCurve(TypedDict):

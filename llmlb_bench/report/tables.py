@@ -425,7 +425,7 @@ def curves(doc: ReportDoc) -> list[Table]:
                            fmt(None if p["attainment"] is None else 100 * p["attainment"], ".1f"),
                            fmt(p["e2e"].get("p50"), ",.2f"), fmt(p["e2e"].get("p99"), ",.2f"),
                            fmt(interval("e2e", "p99", 1.0, ",.2f")(p), "s"),
-                           fmt(None if p["ttft"].get("p99") is None else 1e3 * p["ttft"]["p99"], ",.1f")])
+                           fmt(None if (ttft99 := p["ttft"].get("p99")) is None else 1e3 * ttft99, ",.1f")])
         mg = c["max_goodput"]
         notes = ["offered: the rate the run was set to (or its schedule's); realised: requests / arrival window, "
                  "the window throughput and goodput are per second of",
