@@ -6,12 +6,13 @@ every reproduction's check read the same keys; a key renamed or dropped at the p
 error at each reader, not a ``None`` in a table. Every key is always present; a section a run has no
 data for (``slo`` without an SLO, ``fairness`` with one tenant ...) is ``None``.
 
-The sections of pacing, speculative decoding, adapter loads, fairness, energy, serving state,
-conversations, prefix-cache accounting, steady state and control are declared here too (their
-modules return them), so the renderers can name them without loading the metrics. The figures of one
-distribution (``n``, ``mean``, the percentiles asked for, ``ci`` and, for plots, ``cdf``:
-:func:`llmlb_bench.metrics.distribution.describe`) and the other sections (pacing, fairness, control ...)
-keep the type of the function that makes them.
+Every section other metric modules compute (pacing, speculative decoding, adapter loads, fairness,
+energy, serving state, conversations, prefix-cache accounting, steady state, control, per-group figures,
+the figures of one distribution) is declared here too and returned by its module, so the renderers can
+name them without loading the metrics. Where a module builds keys from a tuple (the percentiles a caller
+asks for, the cache buckets, the group percentiles) mypy cannot follow them: the module casts to the
+type, the percentile keys are total=False, and the report's shape checks (tests/shape_check.py) check
+every key of what was written.
 """
 
 from __future__ import annotations
