@@ -50,7 +50,7 @@ class ProbePlan:
     block_size: int
 
     def requests(self) -> int:
-        return (len(self.prompts) + sum(self.batches) * len(self.contexts)) * self.repeats + 2 * len(self.cache_blocks)
+        return (len(self.prompts) + sum(self.batches) * len(self.contexts) + 2 * len(self.cache_blocks)) * self.repeats
 
 
 def plan(settings: dict[str, Any], max_prompt: int | None, batches: Sequence[int] | None,
@@ -69,8 +69,12 @@ def plan(settings: dict[str, Any], max_prompt: int | None, batches: Sequence[int
     if contexts is None:
         contexts = sorted({16, max(16, longest // 4), max(16, longest // 2)})
     usable = [b for b in batches if b <= seqs]
-    # whole blocks the cache pair shares: a quarter and a half of the largest prompt
-    cache = sorted({k for k in (max(1, top // (4 * bs)), max(1, top // (2 * bs))) if k * bs + 8 <= limit})
+    # whole blocks a cache pair shares: a quarter, a half, three quarters and all of the largest prompt.
+    # WHY four sizes, each repeated: a cache hit's time is the request overhead over the WHOLE prompt
+    # plus steps over its 8 new tokens, so only these pairs tell the per-prompt-token overhead (a delay
+    # beside the engine) from the step's per-token cost (which stalls the batch); with two lone pairs
+    # the split moved 4x between calibrations of one quiet engine (docs/fidelity.md)
+    cache = sorted({k for k in (max(1, top * q // (4 * bs)) for q in (1, 2, 3, 4)) if k * bs + 8 <= limit})
     return ProbePlan(prompts=tuple(grid), repeats=repeats, batches=tuple(usable), contexts=tuple(contexts),
                      decode_tokens=decode_tokens, cache_blocks=tuple(cache), block_size=bs)
 
@@ -137,9 +141,11 @@ class Prober:
 
     def all(self, p: ProbePlan) -> list[ProbeRun]:
         """Every probe of the plan after a warm-up: cache pairs, prefill, then the decode groups
-        (each ``repeats`` times) in random order."""
+        (cache pairs and decode groups each ``repeats`` times, in random order)."""
         self.prefill(p.prompts[::2], 1, p.block_size)     # warm-up (first requests after a start are slow), unused
-        runs = [self.cache(k, p.block_size) for k in p.cache_blocks]
+        pairs = list(p.cache_blocks) * p.repeats
+        self.rng.shuffle(pairs)
+        runs = [self.cache(k, p.block_size) for k in pairs]
         runs.append(self.prefill(p.prompts, p.repeats, p.block_size))
         groups = [(b, c) for c in p.contexts for b in p.batches] * p.repeats
         self.rng.shuffle(groups)        # so that a slow spell of a shared machine hits no one size only
