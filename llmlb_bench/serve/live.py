@@ -402,7 +402,9 @@ class LiveFleet:
             return
         target = next_step_end(rep.timeline.runs, self._now, rep.run_end) if st.streams else rep.run_end
         if st.timer is not None:
-            if st.timer_at == target:
+            # one already due stays: it has not fired yet (a late timer, an event at the same moment), and
+            # the tokens it is for go out when it does; moved to the next step end, they waited for that
+            if st.timer_at == target or st.timer_at <= self._now:
                 return
             st.timer.cancel()
         st.timer_at = target
