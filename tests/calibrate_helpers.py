@@ -23,3 +23,24 @@ def assert_least_squares_optimum(result: Fit) -> None:
     active = theta > 0
     assert active.any() and np.all(np.abs(gradient[active]) <= 1e-6 * size[active]), (gradient, theta)
     assert np.all(gradient[~active] >= -1e-6 * size[~active]), (gradient, theta)
+
+
+def server_rows(ended: list, runs: list) -> list:
+    """The probe runs as the server made them: each client row replaced by the server's own record
+    of the request (its arrival and simulated token times, its prompt and cached tokens), so the
+    observations carry no delivery time at all. Probes run one after another, so the server's
+    requests, in arrival order and without the unused warm-up probe's, fall into the runs in turn."""
+    from llmlb_bench.calibrate.probes import ProbeRun
+
+    served = sorted(ended, key=lambda live: live.seq)
+    served = served[len(served) - sum(len(run.rows) for run in runs):]
+    out = []
+    for run in runs:
+        mine, served = served[:len(run.rows)], served[len(run.rows):]
+        out.append(ProbeRun(run.kind, run.params, [
+            {"status": "ok", "error": None, "sent_s": live.arrival_s, "first_token_s": live.first_token_s,
+             "last_token_s": live.last_token_s, "cached_tokens": live.cached_tokens,
+             "input_tokens": live.sub.prompt_tokens, "server_input_tokens": live.sub.prompt_tokens,
+             "token_times": [{"start_s": t, "gap_s": g, "count": c} for t, g, c in live.segments]}
+            for live in mine]))
+    return out

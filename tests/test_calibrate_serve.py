@@ -141,27 +141,6 @@ OVERHEAD_S, PER_TOKEN_S = 0.020, 2e-5
 EARLY_S = 0.002
 
 
-def _server_rows(ended: list, runs: list) -> list:
-    """The probe runs as the server made them: each client row replaced by the server's own record
-    of the request (its arrival and simulated token times, its prompt and cached tokens), so the
-    observations carry no delivery time at all. Probes run one after another, so the server's
-    requests, in arrival order and without the unused warm-up probe's, fall into the runs in turn."""
-    from llmlb_bench.calibrate.probes import ProbeRun
-
-    served = sorted(ended, key=lambda live: live.seq)
-    served = served[len(served) - sum(len(run.rows) for run in runs):]
-    out = []
-    for run in runs:
-        mine, served = served[:len(run.rows)], served[len(run.rows):]
-        out.append(ProbeRun(run.kind, run.params, [
-            {"status": "ok", "error": None, "sent_s": live.arrival_s, "first_token_s": live.first_token_s,
-             "last_token_s": live.last_token_s, "cached_tokens": live.cached_tokens,
-             "input_tokens": live.sub.prompt_tokens, "server_input_tokens": live.sub.prompt_tokens,
-             "token_times": [{"start_s": t, "gap_s": g, "count": c} for t, g, c in live.segments]}
-            for live in mine]))
-    return out
-
-
 @pytest.mark.slow
 def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, capsys, monkeypatch):
     """llmlb serve replays a known profile in real time; calibrating against it, what holds on any
@@ -182,7 +161,7 @@ def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, capsys,
     from llmlb_bench.calibrate.fit import fit as fit_observations, observations
     from llmlb_bench.policies import make_policy
     from llmlb_bench.serve import ServeOptions
-    from tests.calibrate_helpers import assert_least_squares_optimum
+    from tests.calibrate_helpers import assert_least_squares_optimum, server_rows
     from tests.serve_helpers import ServeThread
 
     served = {**profile(), "request_overhead_s": OVERHEAD_S, "request_per_prompt_token_s": PER_TOKEN_S}
@@ -223,7 +202,7 @@ def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, capsys,
 
     # the server's side: its probes fit back to what it serves (prefill and cache probes exactly; a decode
     # window's median step is fitted at the window's mean context, 0.1-0.3% off; within 1%)
-    ideal, notes, _ = observations(_server_rows(ended, runs), ENGINE["max_num_batched_tokens"])
+    ideal, notes, _ = observations(server_rows(ended, runs), ENGINE["max_num_batched_tokens"])
     assert not notes, notes
     truth, from_server = EngineProfile.from_dict(served), fit_observations(ideal, [])
     fitted = EngineProfile.from_dict({**served, "step": {k: from_server.coefficients[k] for k in STEP_TERMS}})
