@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
@@ -27,11 +28,13 @@ from replay_helpers import run_replay, servers, token_count  # noqa: F401  (serv
 
 from llmlb_bench.replay import ReplayOptions, Timeouts
 from llmlb_bench.replay.selfcheck import noop_server
-from llmlb_bench.schema import write_trace
+from llmlb_bench.schema import TRACE, write_trace
 
 TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"t"},"finish_reason":null}]}\n\n'
 FINISH = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}\n\n'
 DONE = b"data: [DONE]\n\n"
+#: requests the ``gated`` fault holds on their first call (their answer never comes; a resend streams)
+GATED = ("2", "3")
 
 
 def usage(n: int) -> bytes:
@@ -44,10 +47,6 @@ class Faults:
     def __init__(self) -> None:
         self.calls: dict[str, list[str]] = defaultdict(list)
         self.per_connection: dict[tuple, int] = defaultdict(int)
-        #: set when a request arrives on a connection that already carried one: the replayer
-        #: reuses a connection only after it read that response to its end, so by then at
-        #: least one request has finished on the client's side (not just on the server's)
-        self.client_finished_one = threading.Event()
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -66,8 +65,6 @@ class Faults:
         n = body["max_tokens"]
         conn_key = request.transport.get_extra_info("peername")  # the client's port names the connection
         self.per_connection[conn_key] += 1
-        if self.per_connection[conn_key] > 1:
-            self.client_finished_one.set()
         if fault == "429":
             return web.json_response({"error": {"message": "slow down"}}, status=429, headers={"Retry-After": "0"})
         if fault == "500":
@@ -81,8 +78,8 @@ class Faults:
             return web.Response()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        if fault == "stall_first":
-            await asyncio.sleep(30)
+        if fault == "stall_first" or fault == "gated" and rid in GATED and self.calls[fault].count(rid) == 1:
+            await asyncio.sleep(30 if fault == "stall_first" else 3600)   # gated: until the client leaves
         for i in range(n):
             if fault == "stall_mid" and i == 2:
                 await asyncio.sleep(30)
@@ -93,7 +90,7 @@ class Faults:
                 await resp.write(b"data: {oops\n\n")
                 await asyncio.sleep(30)
             await resp.write(TOKEN)
-            if fault == "slow":
+            if fault in ("slow", "gated"):
                 await asyncio.sleep(0.05)
         await resp.write(FINISH + usage(n) + DONE)
         if fault == "close_after":  # llama-server: keep-alive advertised, connection closed anyway
@@ -227,7 +224,6 @@ def test_an_endpoint_down_at_start_is_avoided_then_used_once_it_comes_up(faults,
         reserved.close()
         servers.aiohttp(Faults().app(), port=port)
 
-    import threading
     threading.Thread(target=revive, daemon=True).start()
     summary, rows, _ = run_replay(trace, [f"{base}/ok", down], tmp_path, "round_robin")
     assert any("is down at start" in note for note in summary["notes"])
@@ -236,29 +232,50 @@ def test_an_endpoint_down_at_start_is_avoided_then_used_once_it_comes_up(faults,
     assert late and min(r["sent_s"] for r in late) > 0.5
 
 
+def gated_trace() -> pa.Table:
+    """Two families (one per worker when there are two): root ``k`` (k = 0, 1), then its child ``k + 2``,
+    which the ``gated`` server holds on its first call, then 38 children of that one. Nothing after
+    the held request can be sent before it ends, so a signal sent once the server holds both lands
+    at the same point of the run on any machine: both roots answered, both held ones in flight, the
+    other 76 not sent."""
+    parent = [None, None, 0, 1] + [2 + k % 2 for k in range(76)]
+    return TRACE.conform(pa.table({
+        "request_id": pa.array(range(80), pa.int64()), "arrival_s": [0.0, 0.05] + [0.1] * 78,
+        "parent_id": pa.array(parent, pa.int64()),
+        "after_parent_s": [None, None, 0.0, 0.0] + [0.02 * (k // 2) for k in range(76)],
+        "input_tokens": pa.array([100] * 80, pa.int32()), "output_tokens": pa.array([3] * 80, pa.int32())}), "t")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, workers", [(signal.SIGTERM, 1), (signal.SIGINT, 1), (signal.SIGTERM, 2)])
 def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, sig, workers):
+    """Interrupted at a point of the run's own progress (not of this machine's speed: signalled
+    after a fixed delay, or once a request had finished, a slow machine could have sent every
+    request by the time the signal landed, and a fast one none): the rows say exactly which requests
+    were answered, cut off in flight and never sent, and ``--resume`` completes the run."""
     f, base = faults
     trace = tmp_path / "t.parquet"
-    write_trace(make_trace(n=80, rate=20.0, output_tokens=3), trace)
-    cmd = [sys.executable, "-m", "llmlb_bench", "replay", str(trace), "-e", f"{base}/slow",
+    write_trace(gated_trace(), trace)
+    cmd = [sys.executable, "-m", "llmlb_bench", "replay", str(trace), "-e", f"{base}/gated",
            "--workers", str(workers), "--results", str(tmp_path / "res"), "--run-id", "x", "--no-progress"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **CTRL_C)
     run_dir = tmp_path / "res" / "x"
-    # signal once the client has finished a request (however slow this machine is: imports,
-    # spawned workers), while most of the 4 s schedule is still ahead
     start = time.monotonic()
-    assert f.client_finished_one.wait(timeout=600), "the replayer finished no request within 600 s"
+    deadline = start + 600    # a hang's bound, not a speed: the loop ends once both held requests arrived
+    while not set(GATED) <= set(f.calls["gated"]):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the held requests never reached the server"
+        time.sleep(0.02)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=max(120.0, 10 * (time.monotonic() - start)))  # scaled from its start-up
     assert proc.returncode == 130, err
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["status"] == "partial" and meta["reason"] == "interrupted"
-    rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
-    assert sorted(r["request_id"] for r in rows) == list(range(80))
-    statuses = {r["status"] for r in rows}
-    assert "ok" in statuses and "not_sent" in statuses
+    rows = sorted(pq.read_table(run_dir / "requests.parquet").to_pylist(), key=lambda r: r["request_id"])
+    assert [r["request_id"] for r in rows] == list(range(80))
+    assert [(r["status"], r["error"]) for r in rows[:4]] == [("ok", None)] * 2 + [("error", "interrupted")] * 2
+    assert {r["status"] for r in rows[4:]} == {"not_sent"}
+    assert sorted(f.calls["gated"]) == ["0", "1", "2", "3"]      # the server saw nothing else
     assert f"--resume {run_dir}" in err
 
     done = subprocess.run([*cmd[:-5], "--results", str(tmp_path / "res"), "--resume", str(run_dir), "--no-progress"],
