@@ -32,7 +32,7 @@ class ServerThread:
         self._thread.start()
 
     def call(self, fn: Callable[[], Awaitable[Any]]) -> Any:
-        return asyncio.run_coroutine_threadsafe(fn(), self.loop).result(timeout=10)
+        return asyncio.run_coroutine_threadsafe(fn(), self.loop).result(timeout=300)   # a hang's bound
 
     def noop(self, cfg: NoopConfig | None = None) -> tuple[str, NoopConfig]:
         """A no-op streaming server; returns its URL and config (whose ``records`` fill up)."""

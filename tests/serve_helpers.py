@@ -30,7 +30,7 @@ class ServeThread:
         async def go() -> Any:
             out = fn()
             return await out if asyncio.iscoroutine(out) else out
-        return asyncio.run_coroutine_threadsafe(go(), self.loop).result(timeout=30)
+        return asyncio.run_coroutine_threadsafe(go(), self.loop).result(timeout=300)   # a hang's bound
 
     def close(self) -> None:
         try:
@@ -41,7 +41,7 @@ class ServeThread:
 
 
 def request(url: str, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
-            timeout: float = 30.0) -> tuple[int, dict[str, str], bytes]:
+            timeout: float = 300.0) -> tuple[int, dict[str, str], bytes]:
     """One HTTP exchange: ``(status, headers, body)``; a dict body is sent as JSON."""
     parts = urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
@@ -71,7 +71,7 @@ def sse_events(raw: bytes) -> list[Any]:
 
 def raw_socket(url: str) -> socket.socket:
     parts = urlsplit(url)
-    sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=300)
     return sock
 
 
