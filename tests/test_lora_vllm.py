@@ -53,7 +53,7 @@ class _Watching(LoraAffinity):
 
 
 def test_adapters_are_listed_as_models_with_their_base_as_parent(engine):
-    with urllib.request.urlopen(engine + "/v1/models", timeout=10) as r:
+    with urllib.request.urlopen(engine + "/v1/models", timeout=120) as r:
         listed = {m["id"]: m.get("parent") for m in json.load(r)["data"]}
     assert listed == {"tiny": None, "a1": "tiny", "a2": "tiny", "a3": "tiny"}
 
@@ -77,7 +77,7 @@ def test_a_third_adapter_waits_for_a_slot_while_two_decode(engine, tmp_path):
     assert isinstance(seen, AdapterSnapshot) and seen.max_loras == 2 and set(seen.running) == {"a1", "a2"}
 
     # afterwards: every state the engine went through is still exposed, the newest says idle
-    with urllib.request.urlopen(engine + "/metrics", timeout=10) as r:
+    with urllib.request.urlopen(engine + "/metrics", timeout=120) as r:
         text = r.read().decode()
     assert sum(line.startswith("vllm:lora_requests_info{") for line in text.splitlines()) > 1
     info = parse_metrics(text).lora

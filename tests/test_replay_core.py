@@ -83,7 +83,7 @@ def test_endpoint_urls_are_normalised_and_bad_ones_refused():
             parse_endpoint(bad)
 
 
-async def _until(cond, timeout: float = 5.0) -> None:
+async def _until(cond, timeout: float = 300.0) -> None:   # a hang's bound: returns once it holds
     end = asyncio.get_running_loop().time() + timeout
     while not cond():
         assert asyncio.get_running_loop().time() < end, "condition not reached"

@@ -50,7 +50,7 @@ def engine(tmp_path_factory):
 
 
 def _counters(url: str) -> dict[str, float]:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+    with urllib.request.urlopen(url + "/metrics", timeout=120) as r:
         text = r.read().decode()
     return {col: sum(v for n, _, v in metric_lines(text) if n == name) for col, name in SPEC.items()}
 

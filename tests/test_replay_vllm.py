@@ -54,7 +54,7 @@ def engines(tmp_path_factory):
 
 def _counter(url: str, name: str) -> float:
     """A counter from a replica's /metrics, summed over its label sets."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+    with urllib.request.urlopen(url + "/metrics", timeout=120) as r:
         text = r.read().decode()
     return sum(float(v) for n, _, v in metric_lines(text) if n == name)
 
