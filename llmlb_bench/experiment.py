@@ -9,7 +9,7 @@ reproduction recipe, whichever command made it, and the commands only parse.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import pyarrow as pa
 
@@ -29,9 +29,9 @@ if TYPE_CHECKING:  # the replayer is imported by replay_run only: simulated swee
 
 
 def simulate_run(trace: pa.Table, trace_path: Path, cluster: ClusterConfig, policy: str,
-                 policy_args: Mapping[str, Any], seed: int, results: Path,
+                 policy_args: Mapping[str, object], seed: int, results: Path,
                  label: str | None = None, run_id: str | None = None,
-                 sweep: Mapping[str, Any] | None = None, users: int | None = None,
+                 sweep: Mapping[str, object] | None = None, users: int | None = None,
                  think_s: float = 0.0) -> RunStore:
     """Simulate ``trace`` under ``policy`` and store it; returns the closed run.
 
@@ -42,7 +42,7 @@ def simulate_run(trace: pa.Table, trace_path: Path, cluster: ClusterConfig, poli
     so queries can group a sweep's runs by workload, cluster, policy, rate and seed.
     """
     pol = make_policy(policy, policy_args, seed=seed)  # repeats with other seeds re-draw randomised choices
-    config = {
+    config: dict[str, object] = {
         "cluster": cluster.to_dict(),
         "policy": {"name": policy, "args": dict(policy_args)},
         "seed": seed,
@@ -70,10 +70,10 @@ class RunInterrupted(KeyboardInterrupt):
         self.run_dir = run_dir
 
 
-def replay_run(trace: pa.Table, trace_path: Path, pre: Preflight, policy: str, policy_args: Mapping[str, Any],
+def replay_run(trace: pa.Table, trace_path: Path, pre: Preflight, policy: str, policy_args: Mapping[str, object],
                seed: int, results: Path, options: ReplayOptions, *, label: str | None = None,
-               run_id: str | None = None, sweep: Mapping[str, Any] | None = None, resume: Resume | None = None,
-               power: list[Domain] | None = None, self_check: dict[str, Any] | None = None) -> RunStore:
+               run_id: str | None = None, sweep: Mapping[str, object] | None = None, resume: Resume | None = None,
+               power: list[Domain] | None = None, self_check: dict[str, object] | None = None) -> RunStore:
     """Replay ``trace`` against the endpoints ``pre`` checked, routed by ``policy``; returns the closed run.
 
     ``resume``: continue that partial run (its folder, moved aside by ``prepare_resume``, is put
@@ -84,7 +84,7 @@ def replay_run(trace: pa.Table, trace_path: Path, pre: Preflight, policy: str, p
     from llmlb_bench.replay import replay
 
     pol = make_policy(policy, policy_args, seed=seed)   # fresh state: every run routes from scratch
-    config: dict[str, Any] = {"endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
+    config: dict[str, object] = {"endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
                               "policy": {"name": policy, "args": dict(policy_args)}, "seed": seed,
                               "options": options.describe()}
     if sweep is not None:

@@ -17,7 +17,7 @@ import sys
 import types
 import typing
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Sequence, TypeAlias, TypeVar
 
 import tomli_w
 
@@ -27,6 +27,17 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
+
+
+#: a table of a TOML (or JSON) document as parsed, before its values are checked: ``object`` to mypy, so
+#: the reader of each kind of file must narrow the values it takes (``Section``, :func:`check_types`)
+#: before anything uses them
+Table: TypeAlias = "dict[str, object]"
+#: a value of a document this tool writes (a spec that ``trace fit`` makes, a distribution's ``to_dict``):
+#: TOML's tables, arrays, strings, numbers and booleans, and None for a value left out (TOML has no null)
+Value: TypeAlias = "str | int | float | bool | None | Sequence[Value] | Mapping[str, Value]"
+
+R = TypeVar("R")
 
 
 #: how close a misspelt name must be to a known one to be suggested (difflib's ratio)
@@ -63,16 +74,16 @@ def unknown_field(name: str, known: Iterable[str], where: str | Path, prefix: st
     return unknown_choice("field", name, sorted(set(known)), where, prefix, list_known=False)
 
 
-def check_fields(data: Mapping[str, Any], known: Iterable[str], where: str | Path, prefix: str = "") -> None:
+def check_fields(data: Mapping[str, object], known: Iterable[str], where: str | Path, prefix: str = "") -> None:
     """Refuse the first key of ``data`` that is not a ``known`` field."""
     known = set(known)
     for name in sorted(set(data) - known):
         raise unknown_field(name, known, where, prefix)
 
 
-def _accepted(annotation: Any) -> tuple[type, ...] | None:
+def _accepted(annotation: object) -> tuple[type, ...] | None:
     """The TOML value types a field of this type annotation takes (None: any)."""
-    if annotation is Any or annotation is object:
+    if annotation is object:
         return None
     args = typing.get_args(annotation)
     origin = typing.get_origin(annotation)
@@ -96,7 +107,7 @@ def _accepted(annotation: Any) -> tuple[type, ...] | None:
     return (base,) if isinstance(base, type) else None
 
 
-def check_types(data: Mapping[str, Any], hints: Mapping[str, Any], where: str | Path, prefix: str = "") -> None:
+def check_types(data: Mapping[str, object], hints: Mapping[str, object], where: str | Path, prefix: str = "") -> None:
     """Refuse the first value of ``data`` whose type its field's annotation in ``hints`` does not allow
     (a list where a GPU name goes, a string for a count): one line, not a TypeError further on."""
     for name, value in data.items():
@@ -106,6 +117,21 @@ def check_types(data: Mapping[str, Any], hints: Mapping[str, Any], where: str | 
         want = " or ".join(_TOML_NAMES.get(t, t.__name__) for t in dict.fromkeys(accepted))
         raise UserError(f"{prefix}{name}: expected {want}, got {_TOML_NAMES.get(type(value), type(value).__name__)}",
                         where)
+
+
+def as_table(value: object, where: str | Path, problem: str = "expected a table") -> Mapping[str, object]:
+    """``value`` if it is a table (a TOML table, a JSON object), else one line naming ``where``."""
+    if not isinstance(value, Mapping):
+        raise UserError(problem, where)
+    return value
+
+
+def construct(record: Callable[..., R], values: Mapping[str, object]) -> R:
+    """``record(**values)`` for values mypy cannot follow by name: a parsed table's, whose types are
+    checked where the table is parsed (before, by :func:`check_types` against the record's annotations,
+    or by the record's own checks right after), or fields copied by name from records of the same type.
+    The one place where such values, ``object`` to mypy, become typed fields."""
+    return record(**values)
 
 
 _TOML_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true/false", list: "an array",
@@ -121,13 +147,13 @@ KINDS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
-def kind_of(data: Mapping[str, Any]) -> str | None:
+def kind_of(data: Mapping[str, object]) -> str | None:
     """The kind of file ``data`` is (a key of :data:`KINDS`), when exactly one kind's keys are there."""
     found = [kind for kind, (keys, _) in KINDS.items() if any(k in data for k in keys)]
     return found[0] if len(found) == 1 else None
 
 
-def read_toml(path: str | Path, what: str = "TOML file") -> dict[str, Any]:
+def read_toml(path: str | Path, what: str = "TOML file") -> Table:
     """Parse ``path``; ``what`` names the expected kind of file in errors. A file of another kind of
     :data:`KINDS` is refused as such ("this is a workload spec, not a sweep file"), rather than by the
     first of its fields the expected kind does not have."""
@@ -138,7 +164,7 @@ def read_toml(path: str | Path, what: str = "TOML file") -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"not a file, expected a {what}", path)
     try:
-        data: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
+        data: Table = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"not valid TOML ({exc})", path) from None
     except UnicodeDecodeError:
@@ -149,15 +175,19 @@ def read_toml(path: str | Path, what: str = "TOML file") -> dict[str, Any]:
     return data
 
 
-def dumps_toml(data: Mapping[str, Any], comment: str | None = None) -> str:
+def dumps_toml(data: Mapping[str, Value], comment: str | None = None) -> str:
     """TOML text for ``data``, ``None`` values left out (TOML has no null); ``comment`` lines on top."""
     head = "".join(f"# {line}".rstrip() + "\n" for line in comment.splitlines()) + "\n" if comment else ""
     return head + tomli_w.dumps(_without_none(data))
 
 
-def _without_none(value: Any) -> Any:
+def _without_none(table: Mapping[str, Value]) -> dict[str, Value]:
+    return {k: _value_without_none(v) for k, v in table.items() if v is not None}
+
+
+def _value_without_none(value: Value) -> Value:
     if isinstance(value, Mapping):
-        return {k: _without_none(v) for k, v in value.items() if v is not None}
+        return _without_none(value)
     if isinstance(value, (list, tuple)):
-        return [_without_none(v) for v in value]
+        return [_value_without_none(v) for v in value]
     return value

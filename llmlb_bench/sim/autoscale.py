@@ -28,12 +28,12 @@ import math
 import typing
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.plugins import make_instance
 from llmlb_bench.policies import View
-from llmlb_bench.tomlfile import check_fields, check_types
+from llmlb_bench.tomlfile import as_table, check_fields, check_types, construct
 
 
 @dataclass(frozen=True)
@@ -235,14 +235,15 @@ class AutoscaleSpec:
     policy: str = "concurrency"
     interval_s: float = 10.0
     cold_start_s: float = 60.0
-    args: Mapping[str, Any] = field(default_factory=dict)
+    args: Mapping[str, object] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, raw: Mapping[str, Any]) -> "AutoscaleSpec":
+    def parse(cls, raw: Mapping[str, object]) -> "AutoscaleSpec":
         where = "cluster.autoscale"
         check_fields(raw, {"policy", "interval_s", "cold_start_s", "args"}, where)
         check_types(raw, typing.get_type_hints(cls), where)
-        spec = cls(**{k: v for k, v in raw.items() if k != "args"}, args=dict(raw.get("args") or {}))
+        args = dict(as_table(raw.get("args") or {}, f"{where}.args"))
+        spec = construct(cls, {**{k: v for k, v in raw.items() if k != "args"}, "args": args})
         if not spec.interval_s > 0 or spec.cold_start_s < 0:
             raise UserError("interval_s must be > 0 and cold_start_s >= 0", where)
         spec.make()

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Protocol, Sequence, TypeVar
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.tomlfile import unknown_choice
+from llmlb_bench.tomlfile import construct, unknown_choice
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -120,13 +120,17 @@ _FLOAT_POSITIVE = {"memory_gib", "bf16_tflops", "hbm_gb_s", "link_gb_s", "host_l
 _FRACTION = {"compute_efficiency", "memory_efficiency", "memory_power_fraction", "clock_invariant_power"}
 
 
-def _record(cls: type, name: str, raw: Mapping[str, Any], where: str) -> Any:
+#: a catalog record
+R = TypeVar("R", GPU, Model)
+
+
+def _record(cls: type[R], name: str, raw: Mapping[str, object], where: str) -> R:
     """Build one record, checking field names, types and ranges."""
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "name"}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise UserError(f"entry {name!r} has unknown field {unknown[0]!r}", where)
-    values: dict[str, Any] = {"name": name}
+    values: dict[str, object] = {"name": name}
     for fname, f in fields.items():
         if fname not in raw:
             if f.default is not dataclasses.MISSING:
@@ -134,24 +138,25 @@ def _record(cls: type, name: str, raw: Mapping[str, Any], where: str) -> Any:
             raise UserError(f"entry {name!r} is missing field {fname!r}", where)
         v = raw[fname]
         want = f.type if isinstance(f.type, str) else f.type.__name__
+        number = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
         if want == "str":
             ok = isinstance(v, str)
         elif want == "bool":
             ok = isinstance(v, bool)
         elif want == "int":
-            ok = isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            ok = isinstance(v, int) and number is not None and number >= 0
         else:
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
-            v = float(v) if ok else v
+            ok = number is not None and number >= 0
+            v = number if ok else v
         if ok and fname in _FLOAT_POSITIVE:
-            ok = v > 0
+            ok = number is not None and number > 0
         if ok and fname in _FRACTION:
-            ok = 0 < v <= 1
+            ok = number is not None and 0 < number <= 1
         if not ok:
             raise UserError(f"entry {name!r} field {fname!r} has bad value {raw[fname]!r} (expected {want}"
                             f"{', a fraction in (0, 1]' if fname in _FRACTION else ''})", where)
         values[fname] = v
-    record = cls(**values)
+    record = construct(cls, values)   # every value checked against its field's type above
     if isinstance(record, Model):
         _check_model(record, where)
     return record
@@ -168,9 +173,15 @@ def _check_model(m: Model, where: str) -> None:
         raise UserError(f"entry {m.name!r}: all experts active but active_params_b != params_b", where)
 
 
-def _read_toml(source: Any, where: str) -> dict[str, Any]:
+class _Text(Protocol):
+    """A catalog file: a path, or the package's resource."""
+
+    def read_text(self, encoding: str) -> str: ...
+
+
+def _read_toml(source: _Text, where: str) -> dict[str, object]:
     try:
-        doc: dict[str, Any] = tomllib.loads(source.read_text(encoding="utf-8"))
+        doc: dict[str, object] = tomllib.loads(source.read_text(encoding="utf-8"))
         return doc
     except FileNotFoundError:
         raise UserError("no such file", where) from None
@@ -178,7 +189,7 @@ def _read_toml(source: Any, where: str) -> dict[str, Any]:
         raise UserError(f"not valid TOML ({exc})", where) from None
 
 
-def _parse(source: Any, where: str, gpus: dict[str, GPU], models: dict[str, Model], kind: str | None) -> None:
+def _parse(source: _Text, where: str, gpus: dict[str, GPU], models: dict[str, Model], kind: str | None) -> None:
     """Read one catalog file. A built-in file holds one kind; a user file holds ``[gpus.*]`` / ``[models.*]``."""
     data = _read_toml(source, where)
     if kind is not None:
@@ -187,11 +198,21 @@ def _parse(source: Any, where: str, gpus: dict[str, GPU], models: dict[str, Mode
     if unknown:
         raise UserError(f"unknown section {unknown[0]!r} (a catalog has [gpus.<name>] and [models.<name>] tables)",
                         where)
-    for section, cls, into in (("gpus", GPU, gpus), ("models", Model, models)):
-        for name, raw in data.get(section, {}).items():
-            if not isinstance(raw, dict):
-                raise UserError(f"{section} entry {name!r} is not a table", where)
-            into[name] = _record(cls, name, raw, where)
+    gpus.update(_records(GPU, data, "gpus", where))
+    models.update(_records(Model, data, "models", where))
+
+
+def _records(cls: type[R], data: Mapping[str, object], section: str, where: str) -> dict[str, R]:
+    """The records of one section of a catalog file (``[gpus.<name>]`` tables)."""
+    tables = data.get(section, {})
+    if not isinstance(tables, dict):
+        raise UserError(f"{section} must hold [{section}.<name>] tables", where)
+    out: dict[str, R] = {}
+    for name, raw in tables.items():
+        if not isinstance(raw, dict):
+            raise UserError(f"{section} entry {name!r} is not a table", where)
+        out[name] = _record(cls, name, raw, where)
+    return out
 
 
 @lru_cache(maxsize=16)

@@ -28,10 +28,10 @@ import functools
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping, TypedDict, TypeGuard
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.tomlfile import check_fields, check_types, read_toml
+from llmlb_bench.tomlfile import as_table, check_fields, check_types, construct, read_toml
 from llmlb_bench.sim.catalog import GPU, Model, load_catalog
 from llmlb_bench.sim.lora import VLLM_LORA_RANKS
 from llmlb_bench.sim.moe import MoeSpec, check_layout
@@ -54,6 +54,21 @@ POOL_FIELDS = ("replicas", "gpu", "model", "tp", "pp", "max_num_seqs", "max_num_
 #: engine settings a pool with a measured profile takes from it unless the pool sets them (sim/profile.py);
 #: the KV block size always comes from the profile (its KV block count is in those blocks)
 PROFILE_ENGINE_FIELDS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len")
+
+
+class _Scheduled(TypedDict):
+    target: str
+    at_s: float
+
+
+class Scheduled(_Scheduled, total=False):
+    """A scheduled event of one replica (checked by ClusterConfig._check): a failure, ``{"target": "r1",
+    "at_s": 60, "down_s": 30}`` (down_s: mttr_s), or a slowdown, ``{"target": "r1", "at_s": 60, "factor": 2.0,
+    "for_s": 30}`` (for_s: to the end). One type for both, as the simulator reads them with one loop variable."""
+
+    down_s: float
+    factor: float
+    for_s: float
 
 
 @dataclass(frozen=True)
@@ -79,10 +94,10 @@ class PoolConfig:
     pp: int = 1
     #: a measured engine profile's content (sim/profile.py, ``llmlb calibrate``): its step times,
     #: KV blocks and engine settings replace the roofline's; None = the roofline
-    profile: Mapping[str, Any] | None = None
+    profile: Mapping[str, object] | None = None
     #: speculative decoding (sim/speculative.py): {"method", "num_speculative_tokens", "acceptance",
     #: "acceptance_by", "classes", "draft_model", "cost_ratio"}; None = one token per step
-    speculative: Mapping[str, Any] | None = None
+    speculative: Mapping[str, object] | None = None
     # multi-LoRA (sim/lora.py); max_loras = 0: no adapters
     max_loras: int = 0
     max_cpu_loras: int | None = None
@@ -173,27 +188,27 @@ class ClusterConfig:
     kv_link_gb_s: float = 50.0
     kv_link_latency_ms: float = 1.0
     #: scheduled replica failures: ``{"target": "r1", "at_s": 60, "down_s": 30}``
-    failures: tuple[Mapping[str, Any], ...] = ()
+    failures: tuple[Scheduled, ...] = ()
     #: scheduled slowdowns (a throttled or degraded GPU, a noisy neighbour): ``{"target": "r1", "at_s": 60,
     #: "factor": 2.0, "for_s": 30}``: from at_s (for for_s seconds, or to the end) every step of the
     #: replica takes ``factor`` times as long, at the same power (docs/simulator.md)
-    slowdowns: tuple[Mapping[str, Any], ...] = ()
+    slowdowns: tuple[Scheduled, ...] = ()
     #: random failures: mean time between failures per replica (None = none) and mean time to repair
     mtbf_s: float | None = None
     mttr_s: float = 60.0
     #: what happens to requests on a failed replica: re-sent through the router, or reported as errors
     on_failure: str = "retry"
     #: autoscaling: {"policy": "concurrency" or package.module:Class, "interval_s", "cold_start_s", "args"}
-    autoscale: Mapping[str, Any] | None = None
+    autoscale: Mapping[str, object] | None = None
     #: green controller (sim/green.py): {"policy": "slo_slack" or package.module:Class, "interval_s", "args"};
     #: sets each pool's gpu_clock at run time from the measured latency against its SLO; None = fixed clocks
-    green: Mapping[str, Any] | None = None
+    green: Mapping[str, object] | None = None
     #: MoE expert-load imbalance and EPLB (sim/moe.py): {"popularity": "zipf", "zipf_s": 1.0,
     #: "eplb_interval_s": 0, "redundant_experts": 0, "drift_s": 0, ...}; None = experts evenly loaded
-    moe: Mapping[str, Any] | None = None
+    moe: Mapping[str, object] | None = None
     #: engine-level order of admission and preemption: "fcfs", "priority" (vLLM's), or package.module:Class
     scheduler: str = "fcfs"
-    scheduler_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    scheduler_args: Mapping[str, object] = dataclasses.field(default_factory=dict)
     #: seconds between two scrapes of the replicas' waiting / running / KV-usage signals that routers
     #: read from the View (0 = fresh at every event); the router's own accounting is always exact
     signal_refresh_s: float = 0.0
@@ -209,12 +224,12 @@ class ClusterConfig:
     #: content, held as the content. Its step times, KV blocks and block size replace the roofline's, and
     #: its max_num_seqs, max_num_batched_tokens and max_model_len fill those left unset; prefix
     #: caching is on only if both say so (sim/profile.py)
-    profile: Mapping[str, Any] | None = None
+    profile: Mapping[str, object] | None = None
     #: draw step-time jitter from the pools' profiles where they measured it (sim/jitter.py); false:
     #: every step is the profile's median step, as before profiles measured their spread
     jitter: bool = True
     #: speculative decoding for every pool that does not set its own (sim/speculative.py); None = off
-    speculative: Mapping[str, Any] | None = None
+    speculative: Mapping[str, object] | None = None
 
     def __post_init__(self) -> None:
         # a check, not a rewrite: every field already holds its parsed value (see ``from_dict``)
@@ -223,37 +238,34 @@ class ClusterConfig:
                             "or ClusterConfig.from_dict(mapping)")
 
     @classmethod
-    def build(cls, **settings: Any) -> "ClusterConfig":
+    def build(cls, **settings: object) -> "ClusterConfig":
         """The cluster of these settings (ClusterConfig's fields; pools as tables of settings),
         parsed and checked like a cluster file: ``ClusterConfig.build(replicas=4, gpu="h100-sxm")``."""
         return cls.from_dict(settings)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str = "cluster") -> "ClusterConfig":
+    def from_dict(cls, d: Mapping[str, object], where: str = "cluster") -> "ClusterConfig":
         """Parse and check settings (a cluster file's tables, command-line flags, a run.json's
         ``config.cluster``) once, into typed values: pools resolved into :class:`PoolConfig`,
         profiles into their content, ``autoscale`` / ``moe`` into their specs. Errors are one
         line naming the field."""
         check_fields(d, {f.name for f in dataclasses.fields(cls)}, where)
         check_types(d, _hints(), where)
-        given = {**_DEFAULTS, **d}
-        catalogs = tuple(str(c) for c in given["catalogs"])
+        given: dict[str, object] = {**_DEFAULTS, **d}
+        catalogs = tuple(str(c) for c in _array(given["catalogs"]))
         given["profile"] = resolve_profile(given["profile"])
-        failures = tuple(given["failures"])
-        for i, f in enumerate(failures):
-            if not isinstance(f, Mapping):
-                raise UserError("each failure must be a table of target, at_s and down_s", f"cluster.failures[{i}]")
-        for i, f in enumerate(given["slowdowns"]):
-            if not isinstance(f, Mapping):
-                raise UserError("each slowdown must be a table of target, at_s, factor and for_s",
-                                f"cluster.slowdowns[{i}]")
+        failures = [as_table(f, f"cluster.failures[{i}]", "each failure must be a table of target, at_s and down_s")
+                    for i, f in enumerate(_array(given["failures"]))]
+        slowdowns = [as_table(f, f"cluster.slowdowns[{i}]", "each slowdown must be a table of target, at_s, factor "
+                              "and for_s") for i, f in enumerate(_array(given["slowdowns"]))]
         pools = _parse_pools(given, catalogs)
-        cfg = cls(**{**given, "catalogs": catalogs, "pools": pools, "replicas": sum(p.replicas for p in pools),
-                     "failures": tuple(dict(f) for f in failures),
-                     "slowdowns": tuple(dict(f) for f in given["slowdowns"]), "scheduler_args": dict(given["scheduler_args"]),
-                     "autoscale": dict(given["autoscale"]) if given["autoscale"] is not None else None,
-                     "green": dict(given["green"]) if given["green"] is not None else None,
-                     "moe": dict(given["moe"]) if given["moe"] is not None else None})
+        # failures and slowdowns are checked to be Scheduled events by _check (which knows the replicas)
+        cfg = construct(cls, {**given, "catalogs": catalogs, "pools": pools, "replicas": sum(p.replicas for p in pools),
+                              "failures": tuple(dict(f) for f in failures),
+                              "slowdowns": tuple(dict(f) for f in slowdowns),
+                              "scheduler_args": dict(as_table(given["scheduler_args"], where)),
+                              **{k: dict(as_table(given[k], where)) if given[k] is not None else None
+                                 for k in ("autoscale", "green", "moe")}})
         cfg._check()
         return cfg
 
@@ -304,19 +316,19 @@ class ClusterConfig:
         for p in moe_pools:
             check_layout(spec, p.model_spec(self.catalogs).experts, p.tp, f"cluster.moe (pool {p.name})")
 
-    def _check_slowdown(self, i: int, f: Mapping[str, Any]) -> None:
+    def _check_slowdown(self, i: int, f: Mapping[str, object]) -> None:
         where = f"cluster.slowdowns[{i}]"
         if set(f) - {"target", "at_s", "factor", "for_s"} or not {"target", "at_s", "factor"} <= set(f):
             raise UserError("a slowdown needs target, at_s and factor (and optionally for_s)", where)
         if f["target"] not in {f"r{k}" for k in range(self.replicas)}:
             raise UserError(f"unknown target {f['target']!r} (targets are r0..r{self.replicas - 1})", where)
-        numbers = [f["at_s"], f["factor"], f.get("for_s", 1.0)]
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in numbers):
+        at, factor, for_s = f["at_s"], f["factor"], f.get("for_s", 1.0)
+        if not (_real(at) and _real(factor) and _real(for_s)):
             raise UserError("at_s, factor and for_s must be numbers", where)
-        if not (f["at_s"] >= 0 and f["factor"] > 0 and f.get("for_s", 1.0) > 0):
+        if not (at >= 0 and factor > 0 and for_s > 0):
             raise UserError("at_s must be >= 0, factor > 0 and for_s > 0", where)
 
-    def _check_failure(self, i: int, f: Mapping[str, Any]) -> None:
+    def _check_failure(self, i: int, f: Mapping[str, object]) -> None:
         where = f"cluster.failures[{i}]"
         unknown = sorted(set(f) - {"target", "at_s", "down_s"})
         if unknown or not {"target", "at_s"} <= set(f):
@@ -324,7 +336,8 @@ class ClusterConfig:
         names = {f"r{k}" for k in range(self.replicas)}
         if f["target"] not in names:
             raise UserError(f"unknown target {f['target']!r} (targets are r0..r{self.replicas - 1})", where)
-        if not (isinstance(f["at_s"], (int, float)) and f["at_s"] >= 0) or f.get("down_s", 1) <= 0:
+        at, down = f["at_s"], f.get("down_s", 1)
+        if not (isinstance(at, (int, float)) and at >= 0 and isinstance(down, (int, float)) and down > 0):
             raise UserError("at_s must be >= 0 and down_s > 0", where)
 
     # parsed once, when ``from_dict`` checks the cluster (frozen dataclasses allow cached_property:
@@ -356,32 +369,40 @@ class ClusterConfig:
     def model_spec(self) -> Model:
         return load_catalog(self.catalogs).model(self.model)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The settings as JSON-able data (run.json's ``config.cluster``); ``from_dict`` reads them back
         into an equal ClusterConfig. Pools are stored resolved, one table of every PoolConfig field each."""
-        d = dataclasses.asdict(self)
+        d: dict[str, object] = dataclasses.asdict(self)
         for k in ("catalogs", "pools", "failures", "slowdowns"):
-            d[k] = list(d[k])
+            d[k] = list(_array(d[k]))
         return d
 
-    def with_profile(self, profile: Mapping[str, Any] | str | Path) -> "ClusterConfig":
+    def with_profile(self, profile: Mapping[str, object] | str | Path) -> "ClusterConfig":
         """The same cluster with every pool on the measured ``profile`` (a path or its content).
         Engine settings the cluster left unset (None) come from the profile; a cluster without
         pools of its own is rebuilt from its top-level fields so that they stay unset."""
-        d = self.to_dict()
-        d["profile"] = resolve_profile(profile, where="profile")
-        if len(d["pools"]) == 1 and d["pools"][0]["name"] == "default":
-            d["pools"] = []
-        else:
-            d["pools"] = [{**p, "profile": d["profile"]} for p in d["pools"]]
-        return ClusterConfig.from_dict(d)
+        content = resolve_profile(profile, where="profile")
+        pools = ([] if len(self.pools) == 1 and self.pools[0].name == "default"
+                 else [{**dataclasses.asdict(p), "profile": content} for p in self.pools])
+        return ClusterConfig.from_dict({**self.to_dict(), "profile": content, "pools": pools})
 
 
-def _parse_pools(given: Mapping[str, Any], catalogs: tuple[str, ...]) -> tuple[PoolConfig, ...]:
+def _array(value: object) -> list[object] | tuple[object, ...]:
+    """A setting :func:`check_types` has checked to be an array (a list, or a tuple when given in Python)."""
+    assert isinstance(value, (list, tuple)), value
+    return value
+
+
+def _real(x: object) -> TypeGuard[float]:
+    """A number that is not a boolean (TOML's and JSON's integers and floats)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _parse_pools(given: Mapping[str, object], catalogs: tuple[str, ...]) -> tuple[PoolConfig, ...]:
     """The pools of a cluster's settings, resolved: a pool's unset fields take the top-level
     values; no pools = one pool "default" of the top-level fields."""
     listed = bool(given["pools"])
-    raw = list(given["pools"]) if listed else [{"replicas": given["replicas"]}]
+    raw = list(_array(given["pools"])) if listed else [{"replicas": given["replicas"]}]
     names: set[str] = set()
     out = []
     for i, pool_given in enumerate(raw):
@@ -390,17 +411,19 @@ def _parse_pools(given: Mapping[str, Any], catalogs: tuple[str, ...]) -> tuple[P
             raise UserError("each pool must be a table of settings", where)
         check_fields(pool_given, {*POOL_FIELDS, "name", "role"}, where)
         check_types(pool_given, {**_hints(), "name": str, "role": str}, where)
-        values = {k: pool_given.get(k, given[k]) for k in POOL_FIELDS}
+        # typed by check_types: the cluster's fields above, this pool's here
+        values: dict[str, object] = {k: pool_given.get(k, given[k]) for k in POOL_FIELDS}
         values["profile"] = resolve_profile(values["profile"], where=f"{where}.profile")
         if values["profile"] is not None:
             values.update(_profile_engine(values, f"{where}.profile"))
         if values["max_num_seqs"] is None or values["max_num_batched_tokens"] is None:
             cat = load_catalog(catalogs)
-            tokens, seqs = vllm_batch_defaults(cat.gpu(values["gpu"], f"{where}.gpu"))
+            tokens, seqs = vllm_batch_defaults(cat.gpu(str(values["gpu"]), f"{where}.gpu"))
             if not values["chunked_prefill"]:
                 # vLLM without chunked prefill: a step must hold any prompt whole
-                tokens = max(values["max_model_len"] or cat.model(values["model"], f"{where}.model").max_context,
-                             seqs)
+                max_len = values["max_model_len"]
+                tokens = max(max_len if isinstance(max_len, int) and max_len
+                             else cat.model(str(values["model"]), f"{where}.model").max_context, seqs)
             values["max_num_seqs"] = values["max_num_seqs"] or seqs
             values["max_num_batched_tokens"] = values["max_num_batched_tokens"] or tokens
         name = str(pool_given.get("name", "default" if not listed else f"pool{i}"))
@@ -410,25 +433,25 @@ def _parse_pools(given: Mapping[str, Any], catalogs: tuple[str, ...]) -> tuple[P
         if name in names:
             raise UserError(f"duplicate pool name {name!r}", f"{where}.name")
         names.add(name)
-        pool = PoolConfig(name=name, role=role, **values)
+        pool = construct(PoolConfig, {"name": name, "role": role, **values})   # checked by _check_engine
         _check_engine(pool, where, catalogs)
         out.append(pool)
     return tuple(out)
 
 
 @functools.cache
-def _hints() -> dict[str, Any]:
+def _hints() -> dict[str, object]:
     """The types a cluster's settings must have: ClusterConfig's field types, except that a
     profile may be given as a file path (parsed, it is the file's content)."""
-    return {**typing.get_type_hints(ClusterConfig), "profile": Mapping[str, Any] | str | None}
+    return {**typing.get_type_hints(ClusterConfig), "profile": Mapping[str, object] | str | None}
 
 
 #: every setting's default, from the dataclass
-_DEFAULTS: dict[str, Any] = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
-                             for f in dataclasses.fields(ClusterConfig)}
+_DEFAULTS: dict[str, object] = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+                                for f in dataclasses.fields(ClusterConfig)}
 
 
-def load_cluster(path: str | Path, overrides: Mapping[str, Any] | None = None) -> ClusterConfig:
+def load_cluster(path: str | Path, overrides: Mapping[str, object] | None = None) -> ClusterConfig:
     """A cluster from a TOML file of ClusterConfig fields (``[[pools]]``, ``[autoscale]``,
     ``[moe]`` ...), with ``overrides`` (e.g. command-line flags) replacing top-level fields.
     ``profile`` paths in the file are relative to the file's folder."""
@@ -443,13 +466,13 @@ def load_cluster(path: str | Path, overrides: Mapping[str, Any] | None = None) -
     return ClusterConfig.from_dict({**data, **(overrides or {})}, where=str(path))
 
 
-def _profile_engine(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+def _profile_engine(values: Mapping[str, object], where: str) -> dict[str, object]:
     """The engine settings a pool takes from its measured profile (see sim/profile.py)."""
     prof = EngineProfile.from_dict(values["profile"], where)
     if values["preemption"] == "swap":
         raise UserError("a measured profile has no KV swap (vLLM v1 recomputes preempted requests); "
                         "leave preemption at \"recompute\"", where)
-    out: dict[str, Any] = {k: getattr(prof, k) if values[k] is None else values[k] for k in PROFILE_ENGINE_FIELDS}
+    out: dict[str, object] = {k: getattr(prof, k) if values[k] is None else values[k] for k in PROFILE_ENGINE_FIELDS}
     out["block_size"] = prof.block_size
     out["enable_prefix_caching"] = bool(values["enable_prefix_caching"]) and prof.enable_prefix_caching
     return out

@@ -18,12 +18,12 @@ import math
 import typing
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import ClassVar, Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.plugins import make_instance
 from llmlb_bench.run_summary import ClockSummary
-from llmlb_bench.tomlfile import check_fields, check_types
+from llmlb_bench.tomlfile import as_table, check_fields, check_types, construct
 
 
 class GreenController:
@@ -139,14 +139,15 @@ class GreenSpec:
 
     policy: str = "slo_slack"
     interval_s: float = 5.0
-    args: Mapping[str, Any] = field(default_factory=dict)
+    args: Mapping[str, object] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, raw: Mapping[str, Any]) -> "GreenSpec":
+    def parse(cls, raw: Mapping[str, object]) -> "GreenSpec":
         where = "cluster.green"
         check_fields(raw, {"policy", "interval_s", "args"}, where)
         check_types(raw, typing.get_type_hints(cls), where)
-        spec = cls(**{k: v for k, v in raw.items() if k != "args"}, args=dict(raw.get("args") or {}))
+        args = dict(as_table(raw.get("args") or {}, f"{where}.args"))
+        spec = construct(cls, {**{k: v for k, v in raw.items() if k != "args"}, "args": args})
         if not spec.interval_s > 0:
             raise UserError("interval_s must be > 0", where)
         spec.make()

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class JitterSpec:
     slow_factor: float = 1.0
 
     @classmethod
-    def from_dict(cls, d: Any, where: str = "profile.jitter") -> "JitterSpec":
+    def from_dict(cls, d: object, where: str = "profile.jitter") -> "JitterSpec":
         if not isinstance(d, Mapping):
             raise UserError("must be a table of sigma, slow_rate_hz, slow_mean_s and slow_factor", where)
         values: dict[str, float] = {}

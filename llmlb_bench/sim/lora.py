@@ -38,11 +38,10 @@ from __future__ import annotations
 import math
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Any
-
 from llmlb_bench.policies.lora import AdapterSnapshot
 from llmlb_bench.sim.catalog import Model
 from llmlb_bench.sim.cost import CostModel
+from llmlb_bench.sim.profile import ProfileCost
 
 #: ranks vLLM accepts for --max-lora-rank (vllm/config/lora.py)
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -73,7 +72,7 @@ class LoraCosts:
 
 
 def lora_costs(max_loras: int, max_cpu_loras: int | None, rank: int, adapter_mib: float | None,
-               fetch_gb_s: float, cost: Any) -> LoraCosts | None:
+               fetch_gb_s: float, cost: CostModel | ProfileCost) -> LoraCosts | None:
     """A pool's adapter costs on its cost model (None without LoRA: ``max_loras`` = 0). A measured
     profile's KV blocks already are what its vLLM had left, so nothing is reserved from them."""
     if not max_loras:

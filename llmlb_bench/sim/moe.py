@@ -43,12 +43,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.tomlfile import unknown_choice
+from llmlb_bench.tomlfile import construct, unknown_choice
 
 POPULARITIES = ("zipf", "dirichlet")
 #: the factor table: T = 2^0 .. 2^MAX_LOG2 tokens per step (larger steps use the last entry)
@@ -70,12 +70,12 @@ class MoeSpec:
     seed: int = 0
 
     @classmethod
-    def parse(cls, raw: Mapping[str, Any], where: str = "cluster.moe") -> "MoeSpec":
+    def parse(cls, raw: Mapping[str, object], where: str = "cluster.moe") -> "MoeSpec":
         fields = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(raw) - fields)
         if unknown:
             raise unknown_choice("setting", unknown[0], sorted(fields), where)
-        spec = cls(**raw)
+        spec = construct(cls, raw)   # each value checked below
         if spec.popularity not in POPULARITIES:
             raise UserError(f"popularity must be one of {', '.join(POPULARITIES)}, got {spec.popularity!r}",
                             f"{where}.popularity")

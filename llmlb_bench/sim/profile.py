@@ -106,7 +106,7 @@ class EngineProfile:
     jitter: JitterSpec = JitterSpec()
 
     @classmethod
-    def from_dict(cls, d: Any, where: str = "profile") -> "EngineProfile":
+    def from_dict(cls, d: object, where: str = "profile") -> "EngineProfile":
         if not isinstance(d, Mapping):
             raise UserError("a profile must be a JSON object", where)
         version = d.get("llmlb_profile")
@@ -135,14 +135,19 @@ class EngineProfile:
         caching = engine.get("enable_prefix_caching", True)
         if not isinstance(caching, bool):
             raise UserError(f"must be true or false, got {caching!r}", f"{where}: engine.enable_prefix_caching")
-        overhead: dict[str, Any] = {}
+        overhead: dict[str, float] = {}
         for k in ("request_overhead_s", "request_per_prompt_token_s"):
             v = d.get(k, 0.0)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
                 raise UserError(f"must be a number >= 0, got {v!r}", f"{where}: {k}")
             overhead[k] = float(v)
         jitter = JitterSpec.from_dict(d["jitter"], f"{where}: jitter") if d.get("jitter") is not None else JitterSpec()
-        return cls(step=coeffs, enable_prefix_caching=caching, jitter=jitter, **overhead, **ints)
+        return cls(step=coeffs, enable_prefix_caching=caching, jitter=jitter,
+                   request_overhead_s=overhead["request_overhead_s"],
+                   request_per_prompt_token_s=overhead["request_per_prompt_token_s"],
+                   max_num_seqs=ints["max_num_seqs"], max_num_batched_tokens=ints["max_num_batched_tokens"],
+                   block_size=ints["block_size"], num_kv_blocks=ints["num_kv_blocks"],
+                   max_model_len=ints["max_model_len"])
 
     def step_time(self, tokens: float, attn: float, kv: float, sampled: float) -> float:
         s = self.step
@@ -157,6 +162,8 @@ def read_profile(path: str | Path) -> dict[str, Any]:
         raise UserError("no such profile file" if not path.exists() else "not a file, expected a profile (.json)",
                         path)
     try:
+        # the JSON document as calibrate wrote it (checked just below); its declared shape belongs with
+        # calibrate/, which builds it, and the commands that read its fields
         d: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"not a JSON profile ({exc})", path) from None
@@ -164,7 +171,8 @@ def read_profile(path: str | Path) -> dict[str, Any]:
     return d
 
 
-def resolve_profile(value: Any, base: str | Path | None = None, where: str = "cluster.profile") -> dict[str, Any] | None:
+def resolve_profile(value: object, base: str | Path | None = None,
+                    where: str = "cluster.profile") -> dict[str, object] | None:
     """A cluster's ``profile`` setting as the profile's content: a path (relative to ``base`` when
     given) is read, a table is validated, None stays None."""
     if value is None:
@@ -175,7 +183,7 @@ def resolve_profile(value: Any, base: str | Path | None = None, where: str = "cl
             path = Path(base) / path
         return read_profile(path)
     EngineProfile.from_dict(value, where)
-    copy: dict[str, Any] = json.loads(json.dumps(value))
+    copy: dict[str, object] = json.loads(json.dumps(value))
     return copy
 
 

@@ -47,14 +47,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim.timeline import Columns, step_end_times
-from llmlb_bench.tomlfile import check_fields
+from llmlb_bench.tomlfile import as_table, check_fields, construct
 
 METHODS = ("draft_model", "eagle", "ngram")
 #: trace columns that can name a request's acceptance class
@@ -91,9 +91,10 @@ class SpeculativeSpec:
     cost_ratio: float | None = None
 
     @classmethod
-    def parse(cls, raw: Mapping[str, Any], where: str) -> "SpeculativeSpec":
+    def parse(cls, raw: Mapping[str, object], where: str) -> "SpeculativeSpec":
         check_fields(raw, cls.__dataclass_fields__, where)
-        spec = cls(**{**raw, "classes": dict(raw.get("classes", {}))})
+        # each value checked below
+        spec = construct(cls, {**raw, "classes": dict(as_table(raw.get("classes", {}), f"{where}.classes"))})
         if spec.method not in METHODS:
             raise UserError(f"must be one of {', '.join(METHODS)}, got {spec.method!r}", f"{where}.method")
         k = spec.num_speculative_tokens

@@ -21,13 +21,14 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Callable, ClassVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from llmlb_bench.schema import read_trace
+from llmlb_bench.tomlfile import Value
 from llmlb_bench.workload.fields import Section
 
 
@@ -49,7 +50,7 @@ class ArrivalProcess(ABC):
         return math.inf
 
     @abstractmethod
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> dict[str, Value]: ...
 
 
 # --------------------------------------------------------------------------- modulation
@@ -77,7 +78,7 @@ class Modulation(ABC):
         return result
 
     @abstractmethod
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> dict[str, Value]: ...
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class Diurnal(Modulation):
         result: np.ndarray = t + self.amplitude / w * (np.sin(w * (t - self.peak_s)) - np.sin(-w * self.peak_s))
         return result
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return {"shape": self.kind, "period_s": self.period_s, "amplitude": self.amplitude, "peak_s": self.peak_s}
 
 
@@ -131,7 +132,7 @@ class Piecewise(Modulation):
         result: np.ndarray = np.interp(u, self.cumulative(grid), grid)
         return result
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return {"shape": self.kind, "at_s": list(self.at_s), "factor": list(self.values)}
 
 
@@ -150,7 +151,7 @@ class Step(Piecewise):
     def step_s(self) -> float:
         return self.at_s[-1]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return {"shape": self.kind, "at_s": self.step_s, "before": self.values[0], "after": self.values[-1]}
 
 
@@ -192,7 +193,7 @@ class Square(Modulation):
         result: np.ndarray = np.interp(u, self.cumulative(grid), grid)
         return result
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return {"shape": self.kind, "period_s": self.period_s, "duty": self.duty, "low": self.low,
                 "high": self.high, "start_s": self.start_s}
 
@@ -222,7 +223,7 @@ class Ramp(Modulation):
     def breakpoints(self, horizon: float) -> np.ndarray:
         return np.asarray([x for x in (self.start_s, self.end_s) if x < horizon])
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return {"shape": self.kind, "from": self.start, "to": self.end, "start_s": self.start_s, "end_s": self.end_s}
 
 
@@ -300,8 +301,8 @@ class Renewal(ArrivalProcess):
         scale = horizon if self.modulation is None else float(self.modulation.cumulative(np.array([horizon]))[0])
         return self.rate * rate_scale * scale
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"process": self.family, "rate": self.rate}
+    def to_dict(self) -> dict[str, Value]:
+        out: dict[str, Value] = {"process": self.family, "rate": self.rate}
         if self.family != "poisson":
             out["cv"] = self.cv
         if self.modulation is not None:
@@ -358,7 +359,7 @@ class MMPP(ArrivalProcess):
     def expected_count(self, horizon: float, rate_scale: float) -> float:
         return float(self.stationary() @ np.asarray(self.rates)) * rate_scale * horizon
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return {"process": self.name,
                 "states": [{"rate": r, "mean_s": m} for r, m in zip(self.rates, self.mean_s)],
                 "transitions": [list(row) for row in self.transitions]}
@@ -396,7 +397,7 @@ class Hawkes(ArrivalProcess):
     def expected_count(self, horizon: float, rate_scale: float) -> float:
         return self.rate * rate_scale * horizon
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return {"process": self.name, "rate": self.rate, "branching": self.branching, "decay_s": self.decay_s}
 
 
@@ -435,7 +436,7 @@ class Windows(ArrivalProcess):
     def horizon_limit(self, rate_scale: float) -> float:
         return len(self.rates) * self.window_s
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         fam = self.families[0] if len(set(self.families)) == 1 else list(self.families)
         return {"process": self.name, "window_s": self.window_s, "rate": list(self.rates), "cv": list(self.cvs),
                 "family": fam}
@@ -446,7 +447,7 @@ class Replay(ArrivalProcess):
     """Imported timestamps, replayed as they are (``rate_scale`` compresses time)."""
 
     times_s: np.ndarray
-    spec: dict[str, Any]
+    spec: dict[str, Value]
     name: ClassVar[str] = "replay"
 
     def times(self, rng: np.random.Generator, horizon: float, rate_scale: float) -> np.ndarray:
@@ -459,7 +460,7 @@ class Replay(ArrivalProcess):
     def horizon_limit(self, rate_scale: float) -> float:
         return float(self.times_s[-1] / rate_scale) + 1e-9 if self.times_s.size else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return dict(self.spec)
 
 
@@ -563,7 +564,7 @@ def _windows(s: Section, _: str) -> ArrivalProcess:
 
 
 def _replay(s: Section, _: str) -> ArrivalProcess:
-    spec = {"process": "replay"}
+    spec: dict[str, Value] = {"process": "replay"}
     if s.has("path") == s.has("times_s"):
         raise s.error("path", "give exactly one of path (a trace file) or times_s (a list)")
     if s.has("times_s"):

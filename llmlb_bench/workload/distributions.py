@@ -19,10 +19,11 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Callable, ClassVar
 
 import numpy as np
 
+from llmlb_bench.tomlfile import Value
 from llmlb_bench.workload.fields import Section
 
 
@@ -51,7 +52,7 @@ class Distribution(ABC):
     def mean(self) -> float: ...
 
     @abstractmethod
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> dict[str, Value]: ...
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class Lognormal(Distribution):
     def mean(self) -> float:
         return math.exp(self.mu + self.sigma**2 / 2)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return {"dist": self.name, "median": _r(math.exp(self.mu)), "sigma": _r(self.sigma)}
 
 
@@ -116,7 +117,7 @@ class BoundedPareto(Distribution):
         result: float = (lo**a / self._mass()) * a / (a - 1.0) * (lo ** (1 - a) - hi ** (1 - a))
         return result
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return {"dist": self.name, "alpha": _r(self.alpha), "low": _r(self.low), "high": _r(self.high)}
 
 
@@ -139,7 +140,7 @@ class Exponential(Distribution):
     def mean(self) -> float:
         return self.mean_value
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return {"dist": self.name, "mean": _r(self.mean_value)}
 
 
@@ -158,7 +159,7 @@ class Uniform(Distribution):
     def mean(self) -> float:
         return (self.low + self.high) / 2
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return {"dist": self.name, "low": _r(self.low), "high": _r(self.high)}
 
 
@@ -180,7 +181,7 @@ class Fixed(Distribution):
     def mean(self) -> float:
         return self.value
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return {"dist": self.name, "value": _r(self.value)}
 
 
@@ -219,7 +220,7 @@ class Zipf(Discrete):
         k = np.arange(1, n + 1, dtype=float)
         super().__init__(k, k**-s)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return {"dist": self.name, "s": _r(self.s), "n": self.n}
 
 
@@ -228,7 +229,7 @@ class EmpiricalPdf(Discrete):
 
     name: ClassVar[str] = "empirical"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return {"dist": self.name, "values": [_r(v) for v in self.values], "probs": [_r(p, 8) for p in self.probs]}
 
 
@@ -260,7 +261,7 @@ class EmpiricalQuantiles(Distribution):
     def mean(self) -> float:
         return float(np.sum(np.diff(self.q) * (self.v[1:] + self.v[:-1]) / 2))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return {"dist": self.name, "quantiles": [[_r(q, 6), _r(v)] for q, v in zip(self.q, self.v)]}
 
 
@@ -302,7 +303,7 @@ class Mixture(Distribution):
     def mean(self) -> float:
         return float(sum(w * c.mean() for w, c in zip(self.weights, self.components)))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         return {"dist": self.name,
                 "components": [{"weight": _r(w, 6), **c.to_dict()} for w, c in zip(self.weights, self.components)]}
 
@@ -331,7 +332,7 @@ class Lengths:
         m = self.dist.mean()
         return float(min(max(m, self.min), self.max if self.max is not None else m))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         out = self.dist.to_dict()
         if self.min != 1:
             out["min"] = self.min

@@ -9,22 +9,32 @@ silently ignored and the experiment run with a default).
 
 from __future__ import annotations
 
+import enum
 import math
-from typing import Any, Iterator, Mapping, Sequence, overload
+from typing import Iterator, Mapping, Sequence, TypeVar, overload
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.tomlfile import unknown_choice, closest, unknown_field
 
-_REQUIRED = object()
+
+
+class _Required(enum.Enum):
+    """The default of a field that must be given (a type of its own, so mypy tells it from a default)."""
+
+    MARK = enum.auto()
+
+
+_REQUIRED = _Required.MARK
+D = TypeVar("D")
 
 
 class Section:
     """One table of a spec, with its dotted path and the file it came from."""
 
-    def __init__(self, data: Mapping[str, Any], path: str, source: str) -> None:
+    def __init__(self, data: object, path: str, source: str) -> None:
         if not isinstance(data, Mapping):
             raise UserError(f"{path or 'spec'}: expected a table, got {_type_name(data)}", source)
-        self.data = data
+        self.data: Mapping[str, object] = data
         self.path = path
         self.source = source
         self._used: set[str] = set()
@@ -57,8 +67,12 @@ class Section:
         self._asked.add(key)
         return key in self.data
 
-    def raw(self, key: str, default: Any = _REQUIRED) -> Any:
-        """The value of ``key`` unchecked (marks it used)."""
+    @overload
+    def raw(self, key: str) -> object: ...
+    @overload
+    def raw(self, key: str, default: D) -> object | D: ...
+    def raw(self, key: str, default: object = _REQUIRED) -> object:
+        """The value of ``key`` unchecked (marks it used): the caller narrows it."""
         self._used.add(key)
         self._asked.add(key)
         if key not in self.data:
@@ -67,29 +81,36 @@ class Section:
             return default
         return self.data[key]
 
+    def _absent(self, key: str, default: D | _Required) -> D | _Required:
+        """The caller's default when ``key`` is not given (a missing required field is an error),
+        else :data:`_REQUIRED`: the value is to be read and checked."""
+        self.raw(key, default)
+        return _REQUIRED if key in self.data else default
+
     @overload
     def number(self, key: str, default: float = ..., *, gt: float | None = None, ge: float | None = None,
                le: float | None = None, lt: float | None = None) -> float: ...
     @overload
     def number(self, key: str, default: None, *, gt: float | None = None, ge: float | None = None,
                le: float | None = None, lt: float | None = None) -> float | None: ...
-    def number(self, key: str, default: Any = _REQUIRED, *, gt: float | None = None,
+    def number(self, key: str, default: float | None | _Required = _REQUIRED, *, gt: float | None = None,
                ge: float | None = None, le: float | None = None, lt: float | None = None) -> float | None:
         """A finite float within the given bounds."""
-        value = self.raw(key, default)
-        if value is default and key not in self.data:
-            return value  # type: ignore[no-any-return]  # the caller's default (typed by the overloads)
-        return check_number(self, key, value, gt=gt, ge=ge, le=le, lt=lt)
+        given = self._absent(key, default)
+        if not isinstance(given, _Required):
+            return given
+        return check_number(self, key, self.data[key], gt=gt, ge=ge, le=le, lt=lt)
 
     @overload
     def integer(self, key: str, default: int = ..., *, ge: int | None = None, le: int | None = None) -> int: ...
     @overload
     def integer(self, key: str, default: None, *, ge: int | None = None, le: int | None = None) -> int | None: ...
-    def integer(self, key: str, default: Any = _REQUIRED, *, ge: int | None = None,
+    def integer(self, key: str, default: int | None | _Required = _REQUIRED, *, ge: int | None = None,
                 le: int | None = None) -> int | None:
-        value = self.raw(key, default)
-        if value is default and key not in self.data:
-            return value  # type: ignore[no-any-return]  # the caller's default (typed by the overloads)
+        given = self._absent(key, default)
+        if not isinstance(given, _Required):
+            return given
+        value = self.data[key]
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
@@ -104,28 +125,31 @@ class Section:
     def string(self, key: str, default: str = ..., *, choices: Sequence[str] | None = None) -> str: ...
     @overload
     def string(self, key: str, default: None, *, choices: Sequence[str] | None = None) -> str | None: ...
-    def string(self, key: str, default: Any = _REQUIRED, *, choices: Sequence[str] | None = None) -> str | None:
-        value = self.raw(key, default)
-        if value is default and key not in self.data:
-            return value  # type: ignore[no-any-return]  # the caller's default (typed by the overloads)
+    def string(self, key: str, default: str | None | _Required = _REQUIRED, *,
+               choices: Sequence[str] | None = None) -> str | None:
+        given = self._absent(key, default)
+        if not isinstance(given, _Required):
+            return given
+        value = self.data[key]
         if not isinstance(value, str):
             raise self.error(key, f"expected a string, got {_show(value)}")
         if choices is not None and value not in choices:
             raise self.error(key, unknown_choice("value", value, choices, None).problem)
         return value
 
-    def boolean(self, key: str, default: Any = _REQUIRED) -> bool:
+    def boolean(self, key: str, default: bool | None | _Required = _REQUIRED) -> bool:
         value = self.raw(key, default)
         if not isinstance(value, bool):
             raise self.error(key, f"expected true or false, got {_show(value)}")
         return value
 
-    def numbers(self, key: str, default: Any = _REQUIRED, *, ge: float | None = None,
+    def numbers(self, key: str, default: list[float] | _Required = _REQUIRED, *, ge: float | None = None,
                 gt: float | None = None, nonempty: bool = True) -> list[float]:
         """A list of finite numbers."""
-        value = self.raw(key, default)
-        if value is default and key not in self.data:
-            return value  # type: ignore[no-any-return]  # the caller's default, as given
+        given = self._absent(key, default)
+        if not isinstance(given, _Required):
+            return given
+        value = self.data[key]
         if not isinstance(value, list):
             raise self.error(key, f"expected a list of numbers, got {_show(value)}")
         if nonempty and not value:
@@ -135,9 +159,12 @@ class Section:
     @overload
     def section(self, key: str) -> Section: ...
     @overload
-    def section(self, key: str, default: Any) -> Section | None: ...
-    def section(self, key: str, default: Any = _REQUIRED) -> Section | None:
-        """The sub-table ``key`` as a :class:`Section` (``None`` if absent and optional)."""
+    def section(self, key: str, default: None) -> Section | None: ...
+    @overload
+    def section(self, key: str, default: Mapping[str, object]) -> Section: ...
+    def section(self, key: str, default: Mapping[str, object] | None | _Required = _REQUIRED) -> Section | None:
+        """The sub-table ``key`` as a :class:`Section` (``None`` if absent and optional, or the
+        default table's)."""
         value = self.raw(key, default)
         if value is None and key not in self.data:
             return None
@@ -157,7 +184,7 @@ class Section:
             out.append(Section(item, f"{self.dotted(key)}[{i}]", self.source))
         return out
 
-    def items(self) -> Iterator[tuple[str, Any]]:
+    def items(self) -> Iterator[tuple[str, object]]:
         return iter(self.data.items())
 
     def finish(self) -> None:
@@ -167,7 +194,7 @@ class Section:
             raise unknown_field(unknown[0], self._asked, self.source, f"{self.path}: " if self.path else "")
 
 
-def check_number(section: Section, key: str, value: Any, *, gt: float | None = None, ge: float | None = None,
+def check_number(section: Section, key: str, value: object, *, gt: float | None = None, ge: float | None = None,
                  le: float | None = None, lt: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise section.error(key, f"expected a number, got {_show(value)}")
@@ -186,12 +213,12 @@ def check_number(section: Section, key: str, value: Any, *, gt: float | None = N
     return checked
 
 
-def _type_name(value: Any) -> str:
+def _type_name(value: object) -> str:
     return {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "a list"}.get(
         type(value), type(value).__name__
     )
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     text = repr(value)
     return f"{_type_name(value)} {text if len(text) <= 40 else text[:37] + '...'}"

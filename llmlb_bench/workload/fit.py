@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 from scipy import special, stats
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.tomlfile import Value
 from llmlb_bench.workload.arrivals import weibull_shape
 from llmlb_bench.workload.distributions import (BoundedPareto, Distribution, EmpiricalQuantiles, Exponential, Lengths,
                                                 Lognormal, Mixture)
@@ -52,10 +53,34 @@ class LengthFit:
     candidates: dict[str, float]
 
 
+class LengthChoice(TypedDict):
+    """The length distribution chosen for one column, its KS distance, and every candidate's."""
+
+    dist: str
+    ks: float
+    candidates: dict[str, float]
+
+
+class TenantFit(TypedDict):
+    """What ``trace fit`` chose for one tenant (shown in its table, and in the spec's comment)."""
+
+    requests: int
+    rate_rps: float
+    input: LengthChoice
+    output: LengthChoice
+    io_correlation: float
+
+
+class FitReport(TypedDict):
+    window_s: float
+    span_s: float
+    tenants: dict[str, TenantFit]
+
+
 @dataclass
 class FitResult:
-    spec: dict[str, Any]
-    report: dict[str, Any]
+    spec: dict[str, Value]
+    report: FitReport
     notes: list[str] = field(default_factory=list)
 
 
@@ -143,7 +168,7 @@ def _family(gaps: np.ndarray) -> tuple[str, float]:
     return best, (1.0 if best == "poisson" else round(cv, 4))
 
 
-def fit_arrivals(arrival_s: np.ndarray, span: float, window_s: float) -> dict[str, Any]:
+def fit_arrivals(arrival_s: np.ndarray, span: float, window_s: float) -> dict[str, Value]:
     """A ``windows`` arrival table for sorted arrival times in [0, span]."""
     n_win = max(1, math.ceil(span / window_s - 1e-9))
     idx = np.minimum((arrival_s // window_s).astype(np.int64), n_win - 1)
@@ -156,16 +181,21 @@ def fit_arrivals(arrival_s: np.ndarray, span: float, window_s: float) -> dict[st
         fam, cv = _family(np.diff(t))
         families.append(fam)
         cvs.append(cv)
-    family: Any = families[0] if len(set(families)) == 1 else families
+    family: Value = families[0] if len(set(families)) == 1 else families
     return {"process": "windows", "window_s": window_s, "rate": rates, "cv": cvs, "family": family}
 
 
-def _mode(col: pa.ChunkedArray, default: Any) -> Any:
+V = TypeVar("V")
+
+
+def _mode(col: pa.ChunkedArray, default: V) -> V:
+    """The most frequent value of ``col`` (of the default's type), or the default in an empty column."""
     counts = pc.value_counts(col.drop_null() if col.null_count else col)
     if len(counts) == 0:
         return default
     best = counts.to_pylist()  # one entry per distinct value
-    return max(best, key=lambda v: v["counts"])["values"]
+    mode: V = max(best, key=lambda v: v["counts"])["values"]
+    return mode
 
 
 def fit_trace(table: pa.Table, window_s: float | None = None, seed: int = 0, name: str = "fit") -> FitResult:
@@ -179,8 +209,8 @@ def fit_trace(table: pa.Table, window_s: float | None = None, seed: int = 0, nam
         raise UserError("every request arrives at the same time; no arrival process to fit")
     window = window_s or (DEFAULT_WINDOW_S if span >= 2 * DEFAULT_WINDOW_S else span / max(1, min(10, round(span / 60))))
     tenant_col = table.column("tenant").cast(pa.string())
-    tenants: dict[str, Any] = {}
-    report: dict[str, Any] = {"window_s": window, "span_s": span, "tenants": {}}
+    tenants: dict[str, Value] = {}
+    report: FitReport = {"window_s": window, "span_s": span, "tenants": {}}
     names = pc.unique(tenant_col).to_pylist()  # one per tenant
     for t_name in names:
         mask = pc.equal(tenant_col, t_name)
@@ -189,13 +219,14 @@ def fit_trace(table: pa.Table, window_s: float | None = None, seed: int = 0, nam
         inp = sub.column("input_tokens").to_numpy()
         out = sub.column("output_tokens").to_numpy()
         fin, fout = fit_lengths(inp, seed), fit_lengths(out, seed + 2)
-        spec_t: dict[str, Any] = {"arrival": fit_arrivals(t, span, window),
-                                  "input": fin.lengths.to_dict(), "output": fout.lengths.to_dict()}
+        spec_t: dict[str, Value] = {"arrival": fit_arrivals(t, span, window),
+                                    "input": fin.lengths.to_dict(), "output": fout.lengths.to_dict()}
+        io_correlation = 0.0
         if len(inp) > 2 and np.ptp(inp) > 0 and np.ptp(out) > 0:
             rs = float(stats.spearmanr(inp, out).statistic)
             rho = float(np.clip(2 * math.sin(math.pi * rs / 6), -0.99, 0.99))
             if abs(rho) >= 0.02:
-                spec_t["io_correlation"] = round(rho, 4)
+                spec_t["io_correlation"] = io_correlation = round(rho, 4)
         reasoning = _fit_reasoning(sub, out)
         if reasoning is not None:
             spec_t["reasoning"] = reasoning
@@ -207,19 +238,19 @@ def fit_trace(table: pa.Table, window_s: float | None = None, seed: int = 0, nam
             "requests": sub.num_rows, "rate_rps": sub.num_rows / span,
             "input": {"dist": fin.lengths.dist.name, "ks": fin.ks, "candidates": fin.candidates},
             "output": {"dist": fout.lengths.dist.name, "ks": fout.ks, "candidates": fout.candidates},
-            "io_correlation": spec_t.get("io_correlation", 0.0),
+            "io_correlation": io_correlation,
         }
     notes = []
     if table.column("parent_id").null_count < table.num_rows or table.column("session_id").null_count < table.num_rows:
         notes.append("the trace has sessions or dependent requests; the fitted spec is single-turn")
     if table.column("prefix_hashes").null_count < table.num_rows:
         notes.append("prefix sharing is not fitted; generated requests do not share prefixes")
-    spec = {"name": name, "description": f"fitted to a trace of {table.num_rows} requests over {span:.0f} s",
+    spec: dict[str, Value] = {"name": name, "description": f"fitted to a trace of {table.num_rows} requests over {span:.0f} s",
             "seed": seed, "duration_s": span, "tenants": tenants}
     return FitResult(spec, report, notes)
 
 
-def _fit_reasoning(sub: pa.Table, out: np.ndarray) -> dict[str, Any] | None:
+def _fit_reasoning(sub: pa.Table, out: np.ndarray) -> dict[str, Value] | None:
     """A tenant's ``[reasoning]`` table: the share of requests that reason and, among them, the
     quantiles of reasoning / output (the ``ratio`` form, as ServeGen measures it); None without any."""
     col = sub.column("reasoning_tokens") if "reasoning_tokens" in sub.column_names else None
@@ -227,7 +258,7 @@ def _fit_reasoning(sub: pa.Table, out: np.ndarray) -> dict[str, Any] | None:
     thinks = (r > 0) & (out > 0)
     if not thinks.any():
         return None
-    table: dict[str, Any] = {"ratio": _empirical(r[thinks] / out[thinks]).to_dict()}
+    table: dict[str, Value] = {"ratio": _empirical(r[thinks] / out[thinks]).to_dict()}
     if not thinks.all():
         table["probability"] = round(float(thinks.mean()), 6)
     return table

@@ -21,13 +21,14 @@ import math
 import zlib
 from dataclasses import dataclass, fields
 from enum import IntEnum
-from typing import Any
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.schema import TRACE
+from llmlb_bench.tomlfile import construct
 from llmlb_bench.workload.prefixes import JOIN, OWN, SESSION, SYSTEM, chained_hashes, stream_keys
 from llmlb_bench.workload.sessions import segment_exclusive_cumsum
 from llmlb_bench.workload.spec import TenantSpec, WorkloadSpec
@@ -84,9 +85,9 @@ class TenantRequests:
 
     def take(self, mask: np.ndarray) -> TenantRequests:
         """The rows in ``mask``, parent indices unchanged."""
-        cols: dict[str, Any] = {f.name: (getattr(self, f.name)[mask] if getattr(self, f.name) is not None else None)
-                                for f in fields(self)}
-        return TenantRequests(**cols)
+        cols: dict[str, np.ndarray | None] = {
+            f.name: (getattr(self, f.name)[mask] if getattr(self, f.name) is not None else None) for f in fields(self)}
+        return construct(TenantRequests, cols)
 
     def select(self, mask: np.ndarray) -> TenantRequests:
         """Keep the rows in ``mask`` (a kept row's parent must be kept) and renumber parents and
@@ -257,7 +258,7 @@ def _pad(a: np.ndarray, width: int) -> np.ndarray:
 
 
 def _concat(parts: list[TenantRequests]) -> TenantRequests:
-    cols: dict[str, Any] = {}
+    cols: dict[str, np.ndarray | None] = {}
     for f in fields(TenantRequests):
         values = [getattr(p, f.name) for p in parts]
         if values[0] is None:
@@ -267,7 +268,7 @@ def _concat(parts: list[TenantRequests]) -> TenantRequests:
             cols[f.name] = np.concatenate([_pad(v, width) for v in values])
         else:
             cols[f.name] = np.concatenate(values)
-    return TenantRequests(**cols)
+    return construct(TenantRequests, cols)
 
 
 def horizon_limit(spec: WorkloadSpec, rate_scale: float) -> float:
@@ -338,7 +339,7 @@ def _assemble(spec: WorkloadSpec, parts: list[TenantRequests], limit: int | None
     tenant_idx = tenant_idx[order]
     tenants = spec.tenants
 
-    def per_tenant(values: list[Any], dtype: type) -> np.ndarray:
+    def per_tenant(values: Sequence[object], dtype: type) -> np.ndarray:
         if len(set(values)) == 1:
             return np.full(n, values[0], dtype=dtype)
         return np.asarray(values, dtype=dtype)[tenant_idx]

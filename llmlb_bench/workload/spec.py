@@ -12,9 +12,9 @@ import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Callable, Mapping, TypeVar
 
-from llmlb_bench.tomlfile import read_toml
+from llmlb_bench.tomlfile import Value, read_toml
 from llmlb_bench.workload.adapters import Adapters, parse_adapters
 from llmlb_bench.workload.agents import Fanout, parse_fanout
 from llmlb_bench.workload.arrivals import ArrivalProcess, parse_arrival
@@ -89,7 +89,7 @@ class WorkloadSpec:
     block_size: int
     rate_scale: float
     time_scale: float
-    raw: Mapping[str, Any] = field(repr=False)
+    raw: Mapping[str, object] = field(repr=False)
     source: str = "<spec>"
     prefix_hashes: bool | None = None
 
@@ -101,16 +101,16 @@ class WorkloadSpec:
         return any(t.has_prefix_structure for t in self.tenants)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "<spec>") -> WorkloadSpec:
+    def from_dict(cls, data: Mapping[str, object], source: str = "<spec>") -> WorkloadSpec:
         """Validate ``data`` (a parsed TOML table); ``source`` names it in errors."""
         return _parse(Section(data, "", source), copy.deepcopy(dict(data)))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Value]:
         """The spec as a JSON-able dict; ``from_dict(to_dict())`` generates the same trace."""
-        result: dict[str, Any] = json.loads(json.dumps(self.raw))
+        result: dict[str, Value] = json.loads(json.dumps(self.raw))
         return result
 
-    def replace(self, **changes: Any) -> WorkloadSpec:
+    def replace(self, **changes: object) -> WorkloadSpec:
         """A copy with top-level fields changed (``seed``, ``requests``, ``duration_s``, ...).
 
         Setting ``requests`` clears ``duration_s`` and vice versa, so a
@@ -137,7 +137,7 @@ def load_spec(path: str | Path) -> WorkloadSpec:
     return WorkloadSpec.from_dict(read_toml(path, "workload spec (.toml)"), str(path))
 
 
-def _parse(s: Section, raw: dict[str, Any]) -> WorkloadSpec:
+def _parse(s: Section, raw: dict[str, object]) -> WorkloadSpec:
     s.string("name", "")
     s.string("description", "")
     seed = s.integer("seed", 0, ge=0, le=2**63 - 1)

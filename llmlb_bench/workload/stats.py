@@ -21,13 +21,14 @@ Definitions (also in docs/workloads.md):
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from llmlb_bench.schema import trace_block_size
+from llmlb_bench.tomlfile import Value
 from llmlb_bench.workload.prefixes import reuse_ratio
 
 IDC_WINDOWS = (1.0, 10.0, 60.0, 600.0)
@@ -107,27 +108,27 @@ def length_stats(values: np.ndarray) -> dict[str, float]:
     return out
 
 
-def arrival_stats(arrival_s: np.ndarray) -> dict[str, Any]:
+def arrival_stats(arrival_s: np.ndarray) -> dict[str, Value]:
     t = np.sort(np.asarray(arrival_s, dtype=float))
     n = len(t)
     span = float(t[-1] - t[0]) if n else 0.0
     gaps = np.diff(t)
-    out: dict[str, Any] = {"requests": n, "span_s": span,
-                           "rate_rps": (n - 1) / span if span > 0 else float("nan"),
-                           "interarrival_cv": float(gaps.std() / gaps.mean()) if len(gaps) > 1 and gaps.mean() > 0
-                           else float("nan")}
+    out: dict[str, Value] = {"requests": n, "span_s": span,
+                             "rate_rps": (n - 1) / span if span > 0 else float("nan"),
+                             "interarrival_cv": float(gaps.std() / gaps.mean()) if len(gaps) > 1 and gaps.mean() > 0
+                             else float("nan")}
     out["idc"] = {f"{w:g}s": index_of_dispersion(t, w) for w in IDC_WINDOWS if span / w >= 10}
     out["hurst"] = hurst(t)
     return out
 
 
-def trace_stats(table: pa.Table) -> dict[str, Any]:
+def trace_stats(table: pa.Table) -> dict[str, Value]:
     """Every figure of the characterisation, as a JSON-able dict."""
     arrival = table.column("arrival_s").to_numpy()
     inp = table.column("input_tokens").to_numpy()
     out = table.column("output_tokens").to_numpy()
-    result: dict[str, Any] = {**arrival_stats(arrival), "input_tokens": length_stats(inp),
-                              "output_tokens": length_stats(out)}
+    result: dict[str, Value] = {**arrival_stats(arrival), "input_tokens": length_stats(inp),
+                                "output_tokens": length_stats(out)}
     if len(inp) > 2 and np.ptp(inp) > 0 and np.ptp(out) > 0:
         from scipy import stats as sps  # imported where used: scipy costs every CLI command ~0.5 s otherwise
 
@@ -172,14 +173,10 @@ def trace_stats(table: pa.Table) -> dict[str, Any]:
     result["tenants"] = {v["values"]: int(v["counts"]) for v in tenants.to_pylist()}
     kinds = pc.value_counts(table.column("kind").cast(pa.string()))
     result["kinds"] = {v["values"]: int(v["counts"]) for v in kinds.to_pylist()}
-    cleaned: dict[str, Any] = _clean(result)
-    return cleaned
+    return _clean(result)
 
 
-def _clean(value: Any) -> Any:
-    """NaN/inf -> None so the dict is valid JSON."""
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+def _clean(table: Mapping[str, Value]) -> dict[str, Value]:
+    """NaN/inf -> None so the dict is valid JSON (in the nested tables too)."""
+    return {k: _clean(v) if isinstance(v, dict) else None if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in table.items()}

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.tomlfile import Value
 from llmlb_bench.trace_formats import check_format
 from llmlb_bench.workload.generate import generate
 from llmlb_bench.workload.importers import azure, burstgpt, jsonl, servegen, sharegpt
@@ -25,7 +25,7 @@ from llmlb_bench.workload.spec import WorkloadSpec
 class Imported:
     table: pa.Table
     block_size: int | None = None
-    spec: dict[str, Any] | None = None
+    spec: dict[str, Value] | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -57,9 +57,8 @@ def import_trace(fmt: str, path: str | Path, *, kind: str | None = None, tenant:
                                               multi_turn=multi_turn, think_s=think_s,
                                               chars_per_token=chars_per_token), block_size=sharegpt.BLOCK)
     else:
-        spec = servegen.servegen_spec(path, seed=seed)
-        if duration_s is not None:  # generate no more than is kept (ServeGen's horizons run to days)
-            spec["duration_s"] = min(spec["duration_s"], duration_s)
+        # generate no more than is kept (ServeGen's horizons run to days)
+        spec = servegen.servegen_spec(path, seed=seed, duration_s=duration_s)
         workload = WorkloadSpec.from_dict(spec, str(path))
         out = Imported(generate(workload), spec=workload.to_dict(), block_size=workload.block_size)
     if tenant is not None or kind is not None:

@@ -24,13 +24,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.tomlfile import Value
 
 _PAIR = re.compile(r"(-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)\s*:\s*(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)")
 _NAME = re.compile(r"^chunk-(?P<client>[^-]+)-trace\.csv$")
@@ -102,16 +102,17 @@ def parse_pdf(text: str, where: Path, key: str) -> tuple[list[float], list[float
     return values, probs
 
 
-def _empirical(values: list[float], probs: list[float]) -> dict[str, Any]:
+def _empirical(values: list[float], probs: list[float]) -> dict[str, Value]:
     if len(values) == 1:
         return {"dist": "fixed", "value": values[0]}
     return {"dist": "empirical", "values": values, "probs": probs}
 
 
-def servegen_spec(path: str | Path, seed: int = 0) -> dict[str, Any]:
-    """A workload spec (as a dict) reproducing every client found at ``path``."""
+def servegen_spec(path: str | Path, seed: int = 0, duration_s: float | None = None) -> dict[str, Value]:
+    """A workload spec (as a dict) reproducing every client found at ``path``; ``duration_s`` shortens
+    it (ServeGen's horizons run to days)."""
     path = Path(path)
-    tenants: dict[str, Any] = {}
+    tenants: dict[str, Value] = {}
     horizon = 0.0
     for client, trace_file, dataset_file in client_files(path):
         window, rates, cvs, families = read_windows(trace_file)
@@ -141,10 +142,10 @@ def servegen_spec(path: str | Path, seed: int = 0) -> dict[str, Any]:
     if not tenants:
         raise UserError("no client has any traffic", path)
     return {"name": f"servegen-{path.name}", "description": f"imported from ServeGen {path.name}", "seed": seed,
-            "duration_s": horizon, "tenants": tenants}
+            "duration_s": horizon if duration_s is None else min(horizon, duration_s), "tenants": tenants}
 
 
-def _lengths(fields: dict[str, str], where: Path, period: str) -> dict[str, Any] | None:
+def _lengths(fields: dict[str, str], where: Path, period: str) -> dict[str, Value] | None:
     """Input/output (and image) distributions of one period, or None when the period is empty."""
     def pdf(key: str) -> tuple[list[float], list[float]]:
         return parse_pdf(fields.get(key, "{}"), where, f"{period}.{key}")
@@ -154,9 +155,9 @@ def _lengths(fields: dict[str, str], where: Path, period: str) -> dict[str, Any]
     in_v, in_p = pdf(in_key)
     if not out_v or not in_v:
         return None
-    spec: dict[str, Any] = {"input": {**_empirical(in_v, in_p), "min": 0}, "output": _empirical(out_v, out_p),
-                            "kind": "multimodal" if "image_tokens" in fields
-                            else "reasoning" if "reason_ratio" in fields else "chat"}
+    spec: dict[str, Value] = {"input": {**_empirical(in_v, in_p), "min": 0}, "output": _empirical(out_v, out_p),
+                              "kind": "multimodal" if "image_tokens" in fields
+                              else "reasoning" if "reason_ratio" in fields else "chat"}
     ratio_v, ratio_p = pdf("reason_ratio")
     if ratio_v and sum(ratio_p) > 0:
         spec["reasoning"] = {"ratio": _empirical(ratio_v, ratio_p)}
