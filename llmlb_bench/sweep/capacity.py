@@ -25,10 +25,46 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, Sequence, TypedDict
 
 from llmlb_bench.sweep.cells import Cell, execute
-from llmlb_bench.sweep.stats import mean_ci
+from llmlb_bench.sweep.stats import MeanCi, mean_ci
+
+
+class Outcome(TypedDict):
+    """One search's capacity (None: no rate met the target) and why it is censored (see :func:`bisect`)."""
+
+    capacity: float | None
+    censored: str | None
+
+
+class Bisection(Outcome):
+    """:func:`bisect`'s answer: the capacity, the bracket around it and why it is censored."""
+
+    bracket: list[float]
+
+
+class Evaluation(TypedDict):
+    """One rate a simulated search tried."""
+
+    rate: float
+    attainment: float
+    run_id: str
+    ran: bool
+
+
+class SeedCapacity(Bisection):
+    """One seed's simulated search (:func:`search`): its bisection and every evaluation, in order."""
+
+    seed: int
+    evaluations: list[Evaluation]
+
+
+class CapacitySummary(MeanCi):
+    """The capacity over seeds (:func:`combine`): mean and interval, censored reasons, every seed's search."""
+
+    censored: list[str]
+    per_seed: Sequence[Outcome]
 
 
 @dataclass(frozen=True)
@@ -52,7 +88,7 @@ class OutOfBudget(Exception):
 
 
 def bisect(meets: Callable[[float], bool], low: float, high: float, tolerance: float,
-           high_last: bool = False) -> dict[str, Any]:
+           high_last: bool = False) -> Bisection:
     """Geometric bisection for the highest rate at which ``meets`` holds, assuming it fails from some rate on.
 
     Evaluates ``low``, then ``high``, then geometric midpoints until
@@ -78,7 +114,7 @@ def bisect(meets: Callable[[float], bool], low: float, high: float, tolerance: f
             missed = rate
         return ok
 
-    def outcome(censored: str | None) -> dict[str, Any]:
+    def outcome(censored: str | None) -> Bisection:
         return {"capacity": met, "bracket": [0.0 if met is None else met, math.inf if missed is None else missed],
                 "censored": censored}
 
@@ -101,17 +137,18 @@ def bisect(meets: Callable[[float], bool], low: float, high: float, tolerance: f
     return outcome(None)
 
 
-def search(task: CapacityTask, root: str | Path) -> dict[str, Any]:
+def search(task: CapacityTask, root: str | Path) -> SeedCapacity:
     """Bisect one seed's capacity on the simulator; the worker's entry point.
 
     Returns :func:`bisect`'s outcome with the seed and every evaluation
     (rate, attainment, run id, whether it was simulated now) in the order made.
     """
-    evaluations: list[dict[str, Any]] = []
+    evaluations: list[Evaluation] = []
 
     def meets(rate: float) -> bool:
         result = execute(task.cell(rate), root, task.slo)
         a = result["figures"]["attainment"]
+        assert a is not None, result   # a capacity search has an SLO, so every run has an attainment
         evaluations.append({"rate": rate, "attainment": a, "run_id": result["run_id"], "ran": result["ran"]})
         met: bool = a >= task.target
         return met
@@ -120,7 +157,7 @@ def search(task: CapacityTask, root: str | Path) -> dict[str, Any]:
             **bisect(meets, task.low, task.high, task.tolerance)}
 
 
-def combine(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+def combine(per_seed: Sequence[Outcome]) -> CapacitySummary:
     """Mean capacity over seeds with its 95% interval; censored seeds are flagged, not hidden.
 
     A seed below the bracket counts as capacity 0 (the policy met the target

@@ -25,7 +25,7 @@ import secrets
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping, TypedDict
 
 import pyarrow as pa
 
@@ -34,19 +34,44 @@ from llmlb_bench.experiment import simulate_run
 from llmlb_bench.schema import read_trace, write_trace
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.store.run import RUN_JSON
-from llmlb_bench.sweep.figures import cached_figures, compute_figures
+from llmlb_bench.sweep.figures import Figures, cached_figures, compute_figures
 from llmlb_bench.workload import WorkloadSpec, generate
 
 TRACES = "traces"
 
 
-def _digest(obj: Any) -> str:
+def _digest(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def fmt(x: float) -> str:
     """A rate or scale as it appears in run ids: short, but exact to 10 significant digits."""
     return f"{x:.10g}"
+
+
+class Coordinates(TypedDict):
+    """A cell's place in its sweep, as run.json keeps it under ``config.sweep``."""
+
+    name: str
+    phase: str
+    workload: str
+    cluster: str
+    policy: str
+    axis: str
+    x: float
+    rate_scale: float
+    rate: float
+    load: float | None
+    seed: int
+    key: str
+
+
+class CellResult(TypedDict):
+    """:func:`execute`'s answer: the cell's run id, whether it ran now (False: reused) and its figures."""
+
+    run_id: str
+    ran: bool
+    figures: Figures
 
 
 @dataclass(frozen=True)
@@ -63,11 +88,11 @@ class Cell:
     rate_scale: float
     rate: float                     # offered req/s (the spec's nominal rate x rate_scale)
     seed: int
-    workload_spec: Mapping[str, Any] = field(repr=False)
+    workload_spec: Mapping[str, object] = field(repr=False)
     workload_source: str = field(default="<spec>", repr=False)
-    cluster_config: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    cluster_config: Mapping[str, object] = field(default_factory=dict, repr=False)
     policy_name: str = ""
-    policy_args: Mapping[str, Any] = field(default_factory=dict)
+    policy_args: Mapping[str, object] = field(default_factory=dict)
     load: float | None = None       # rate / the reference capacity, when one is known
 
     @property
@@ -82,7 +107,7 @@ class Cell:
                         "cluster": self.cluster_config, "policy": self.policy_name, "args": self.policy_args,
                         "seed": self.seed})
 
-    def coordinates(self) -> dict[str, Any]:
+    def coordinates(self) -> Coordinates:
         """What run.json records under ``config.sweep`` (and ``llmlb query`` can group by)."""
         return {"name": self.sweep, "phase": self.phase, "workload": self.workload, "cluster": self.cluster,
                 "policy": self.policy, "axis": self.axis, "x": self.x, "rate_scale": self.rate_scale,
@@ -135,7 +160,7 @@ def ensure_trace(cell: Cell, root: Path) -> tuple[pa.Table, Path]:
     return read_trace(path), path
 
 
-def execute(cell: Cell, root: str | Path, slo: str | None) -> dict[str, Any]:
+def execute(cell: Cell, root: str | Path, slo: str | None) -> CellResult:
     """Run ``cell`` into ``root/<run_id>`` unless it is already finished, and return its figures
     judged by ``slo``; the worker's entry point.
 

@@ -10,16 +10,61 @@ mean attainment still reaches the target.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Iterable, Mapping, TypeAlias, TypedDict
 
 from llmlb_bench.metrics.goodput import max_goodput
+from llmlb_bench.metrics.run_figures import MaxGoodput
 from llmlb_bench.sweep.cells import Cell
 from llmlb_bench.metrics.knee import kneedle
-from llmlb_bench.sweep.stats import mean_ci
+from llmlb_bench.sweep.figures import Figures
+from llmlb_bench.sweep.stats import MeanCi, mean_ci
+
+#: one point of a curve as summary.json has it: ``x``, ``rate``, ``rate_scale``, ``load``, ``seeds``,
+#: ``run_ids``, then each figure's :class:`MeanCi` under its name (``ttft.p99``, ``goodput``, ...)
+CurvePoint: TypeAlias = "dict[str, object]"
 
 
-def stability_curves(cells: Iterable[Cell], figures: Mapping[str, Mapping[str, Any]],
-                     knee_metric: str, target: float = 0.9) -> list[dict[str, Any]]:
+class Knee(TypedDict):
+    """Where the knee metric's curve bends (Kneedle), and its value there."""
+
+    x: float
+    rate: float
+    metric: str
+    value: float | None
+
+
+class CurveGoodput(MaxGoodput):
+    """Maximum goodput of a curve, and where it is on the sweep's axis."""
+
+    x: float
+
+
+class Curve(TypedDict):
+    workload: str
+    cluster: str
+    policy: str
+    points: list[CurvePoint]
+    knee: Knee | None
+    max_goodput: CurveGoodput | None
+
+
+@dataclass(frozen=True)
+class _Point:
+    """A point's coordinates and figures, typed, before they are written out as one table."""
+
+    x: float
+    rate: float
+    run_ids: list[str]
+    figures: dict[str, MeanCi]
+
+    def mean(self, name: str) -> float | None:
+        stat = self.figures.get(name)
+        return None if stat is None else stat["mean"]
+
+
+def stability_curves(cells: Iterable[Cell], figures: Mapping[str, Figures],
+                     knee_metric: str, target: float = 0.9) -> list[Curve]:
     """One curve per (workload, cluster, policy), points sorted by rate, in the order cells were planned.
 
     ``figures`` maps each cell's run id to its figures; ``target`` is the attainment max goodput must keep.
@@ -28,39 +73,42 @@ def stability_curves(cells: Iterable[Cell], figures: Mapping[str, Mapping[str, A
     curves: dict[tuple[str, str, str], dict[float, list[Cell]]] = defaultdict(lambda: defaultdict(list))
     for c in cells:
         curves[(c.workload, c.cluster, c.policy)][c.x].append(c)
-    out = []
+    out: list[Curve] = []
     for (workload, cluster, policy), by_x in curves.items():
-        points: list[dict[str, Any]] = []
+        points: list[_Point] = []
+        rows: list[CurvePoint] = []
         for x in sorted(by_x):
             group = by_x[x]
             runs = [figures[c.run_id] for c in group]
             names = sorted({k for r in runs for k in r})
-            points.append({
+            point = _Point(x, group[0].rate, [c.run_id for c in group],
+                           {k: mean_ci([r.get(k) for r in runs]) for k in names})
+            points.append(point)
+            rows.append({
                 "x": x, "rate": group[0].rate, "rate_scale": group[0].rate_scale, "load": group[0].load,
-                "seeds": [c.seed for c in group], "run_ids": [c.run_id for c in group],
-                **{k: mean_ci([r.get(k) for r in runs]) for k in names},
+                "seeds": [c.seed for c in group], "run_ids": point.run_ids, **point.figures,
             })
-        knee_x = kneedle([p["x"] for p in points], [p.get(knee_metric, {}).get("mean") for p in points])
+        knee_x = kneedle([p.x for p in points], [p.mean(knee_metric) for p in points])
         out.append({
-            "workload": workload, "cluster": cluster, "policy": policy, "points": points,
+            "workload": workload, "cluster": cluster, "policy": policy, "points": rows,
             "knee": None if knee_x is None else _at(points, knee_x, knee_metric),
             "max_goodput": _max_goodput(points, target),
         })
     return out
 
 
-def _max_goodput(points: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
+def _max_goodput(points: list[_Point], target: float) -> CurveGoodput | None:
     """DistServe's maximum goodput (:func:`llmlb_bench.metrics.goodput.max_goodput`) on the seed means:
     the highest offered rate whose mean attainment reaches ``target``."""
-    means = [{"run_id": ",".join(p["run_ids"]), "offered_rate": p["rate"], "x": p["x"],
-              "slo": {k: p[k]["mean"] for k in ("attainment", "goodput", "good_token_throughput")}}
-             for p in points if "attainment" in p]
+    means = [{"run_id": ",".join(p.run_ids), "offered_rate": p.rate, "x": p.x,
+              "slo": {k: p.mean(k) for k in ("attainment", "goodput", "good_token_throughput")}}
+             for p in points if "attainment" in p.figures]
     best = max_goodput(means, target)
     if best is None:
         return None
-    return {**best, "x": next(m["x"] for m in means if m["run_id"] == best["run_id"])}
+    return {**best, "x": next(p.x for p in points if ",".join(p.run_ids) == best["run_id"])}
 
 
-def _at(points: list[dict[str, Any]], x: float, metric: str) -> dict[str, Any]:
-    p = next(p for p in points if p["x"] == x)
-    return {"x": x, "rate": p["rate"], "metric": metric, "value": p[metric]["mean"]}
+def _at(points: list[_Point], x: float, metric: str) -> Knee:
+    p = next(p for p in points if p.x == x)
+    return {"x": x, "rate": p.rate, "metric": metric, "value": p.mean(metric)}

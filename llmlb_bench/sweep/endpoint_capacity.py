@@ -67,7 +67,7 @@ from llmlb_bench.replay import Preflight, ReplayOptions, preflight
 from llmlb_bench.replay.scrape import parse_metrics
 from llmlb_bench.schema import write_trace
 from llmlb_bench.store.run import write_json_atomic
-from llmlb_bench.sweep.capacity import CapacityTask, OutOfBudget, bisect, combine
+from llmlb_bench.sweep.capacity import Bisection, CapacityTask, OutOfBudget, Outcome, bisect, combine
 from llmlb_bench.sweep.cells import TRACES, Cell, finished
 from llmlb_bench.sweep.figures import compute_figures
 from llmlb_bench.sweep.rates import nominal_rate
@@ -80,6 +80,16 @@ CLUSTER = "endpoints"
 POLL_S = 0.1
 #: longest wait for a drain when no budget bounds it
 DRAIN_LIMIT_S = 300.0
+
+
+class SeedSearch(Outcome):
+    """One seed's search as :func:`run_repeats` lists it (an open end of its bracket is null)."""
+
+    seed: int
+    bracket: list[float | None]
+    probes: int
+    requests: int
+    summary: str
 
 
 @dataclass
@@ -96,7 +106,7 @@ class EndpointSearch:
     high: float
     tolerance: float = 0.05
     policy: str = "least_outstanding"
-    policy_args: Mapping[str, Any] = field(default_factory=dict)
+    policy_args: Mapping[str, object] = field(default_factory=dict)
     seed: int = 0
     options: ReplayOptions = field(default_factory=ReplayOptions)
     cooldown_s: float = 5.0
@@ -114,7 +124,7 @@ class EndpointSearch:
         return CapacityTask(template, nominal_rate(self.spec), self.slo, self.target, self.low, self.high,
                             self.tolerance)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """The settings as summary.json states them."""
         return {"name": self.name, "workload": self.workload, "workload_source": self.spec.source,
                 "endpoints": list(self.endpoints), "policy": {"name": self.policy, "args": dict(self.policy_args)},
@@ -222,7 +232,7 @@ def run_search(search: EndpointSearch, results: str | Path, pre: Preflight | Non
     probes: list[dict[str, Any]] = []
     scale = search.options.time_scale
 
-    def summary(outcome: dict[str, Any] | None) -> dict[str, Any]:
+    def summary(outcome: Bisection | None) -> dict[str, Any]:
         """Written after every probe (status ``running``) and at the end (``complete``)."""
         doc = {"tool_version": __version__, **search.describe(), "root": str(root),
                "nominal_rate": task.nominal_rate, "models": pre.models,
@@ -289,7 +299,7 @@ def run_repeats(search: EndpointSearch, repeats: int, results: str | Path, pre: 
     root = Path(results) / search.name
     start = time.perf_counter()
     requests = 0
-    per_seed: list[dict[str, Any]] = []
+    per_seed: list[SeedSearch] = []
     for seed in range(search.seed, search.seed + repeats):
         left_s = None if search.budget_s is None else search.budget_s - (time.perf_counter() - start)
         left_requests = None if search.budget_requests is None else search.budget_requests - requests

@@ -15,7 +15,7 @@ import json
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal, TypeAlias
 
 from llmlb_bench.metrics.run_figures import LatencyName, RunFigures
 from llmlb_bench.metrics.slo import Slo
@@ -23,6 +23,8 @@ from llmlb_bench.metrics.summary import Options, summarize
 from llmlb_bench.store.views import Catalog
 
 FIGURES = "figures"
+#: a run's figures a curve plots, flattened (``ttft.p99``, ``goodput``, ...): :func:`run_figures`
+Figures: TypeAlias = "dict[str, float | None]"
 LATENCY_STATS: tuple[Literal["mean", "p50", "p90", "p99"], ...] = ("mean", "p50", "p90", "p99")
 #: the latency figures a curve plots
 CURVE_LATENCIES: tuple[LatencyName, ...] = ("ttft", "tpot", "itl", "e2e")
@@ -31,9 +33,9 @@ ENERGY: tuple[Literal["j_per_good_token", "usd_per_m_good_tokens", "gpus"], ...]
     "j_per_good_token", "usd_per_m_good_tokens", "gpus")
 
 
-def run_figures(summary: RunFigures) -> dict[str, float | None]:
+def run_figures(summary: RunFigures) -> Figures:
     """The figures a curve plots, flattened from one run's summary (``ttft.p99``, ``goodput``, ...)."""
-    out: dict[str, float | None] = {"throughput": summary["request_throughput"],
+    out: Figures = {"throughput": summary["request_throughput"],
                                     "output_throughput": summary["output_throughput"],
                                     "realised_rate": summary.get("realised_rate")}
     slo = summary.get("slo")
@@ -55,16 +57,19 @@ def _path(root: Path, run_id: str) -> Path:
     return root / FIGURES / f"{run_id}.json"
 
 
-def cached_figures(root: Path, run_id: str, key: str, slo: str | None) -> dict[str, Any] | None:
+def cached_figures(root: Path, run_id: str, key: str, slo: str | None) -> Figures | None:
     """Stored figures of this very run under this SLO, or None."""
     try:
         doc = json.loads(_path(root, run_id).read_text())
     except (OSError, json.JSONDecodeError):
         return None
-    return doc["figures"] if doc.get("key") == key and doc.get("slo") == slo else None
+    if doc.get("key") != key or doc.get("slo") != slo:
+        return None
+    figures: Figures = doc["figures"]   # as compute_figures wrote them
+    return figures
 
 
-def compute_figures(root: Path, run_id: str, key: str, slo: str | None, since_s: float = 0.0) -> dict[str, Any]:
+def compute_figures(root: Path, run_id: str, key: str, slo: str | None, since_s: float = 0.0) -> Figures:
     """Summarise the stored run and keep its figures (written atomically).
 
     ``since_s`` > 0 judges only the requests scheduled from then on (an

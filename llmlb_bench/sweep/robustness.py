@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Mapping
 
 from llmlb_bench.policies.registry import policy_class
 from llmlb_bench.sweep.cells import Cell
@@ -69,10 +69,9 @@ def takes_tau(policy: str) -> bool:
     return "tau" in inspect.signature(policy_class(policy).__init__).parameters
 
 
-def robustness_cells(spec: Any, templates: list[Cell], nominal: Mapping[str, float]) -> list[Cell]:
+def robustness_cells(rob: RobustnessSpec, templates: list[Cell], nominal: Mapping[str, float]) -> list[Cell]:
     """One cell per (template, knob, value): the template is a (workload, cluster, policy, seed)
     cell of the sweep; ``nominal`` maps workloads to their nominal rates."""
-    rob: RobustnessSpec = spec.robustness
     out = []
     for t in templates:
         for knob, values in rob.knobs:
@@ -86,8 +85,9 @@ def robustness_cells(spec: Any, templates: list[Cell], nominal: Mapping[str, flo
                 elif knob == "tau":
                     args["tau"] = x
                 elif x != 1.0:
-                    cluster["slowdowns"] = [*cluster.get("slowdowns", ()),
-                                            {"target": rob.slow_target, "at_s": rob.slow_at_s, "factor": x}]
+                    before = cluster.get("slowdowns") or []
+                    assert isinstance(before, list), before   # ClusterConfig.to_dict's
+                    cluster["slowdowns"] = [*before, {"target": rob.slow_target, "at_s": rob.slow_at_s, "factor": x}]
                 rate_scale = rob.rate / nominal[t.workload]
                 out.append(replace(t, phase="robust", axis=knob, x=x, rate=rob.rate, rate_scale=rate_scale,
                                    cluster_config=cluster, policy_args=args))

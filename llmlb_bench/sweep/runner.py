@@ -16,16 +16,16 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 from llmlb_bench import __version__
 from llmlb_bench.errors import UserError
 from llmlb_bench.store.run import write_json_atomic
-from llmlb_bench.sweep.capacity import CapacityTask, combine, search
+from llmlb_bench.sweep.capacity import CapacitySummary, CapacityTask, SeedCapacity, combine, search
 from llmlb_bench.sweep.cells import TRACES, Cell, execute, finished
-from llmlb_bench.sweep.curves import stability_curves
+from llmlb_bench.sweep.curves import Curve, CurvePoint, stability_curves
 from llmlb_bench.sweep.executors import Executor
-from llmlb_bench.sweep.figures import cached_figures
+from llmlb_bench.sweep.figures import Figures, cached_figures
 from llmlb_bench.sweep.rates import nominal_rate
 from llmlb_bench.sweep.robustness import robustness_cells
 from llmlb_bench.sweep.spec import ClusterEntry, PolicyEntry, SweepSpec, WorkloadEntry
@@ -44,6 +44,26 @@ class Progress(Protocol):
         """One task finished (``ran`` False when it only replayed stored runs)."""
 
 
+class CapacityRow(CapacitySummary):
+    """One (workload, cluster, policy)'s capacity over seeds, and what it is worth per dollar."""
+
+    workload: str
+    cluster: str
+    policy: str
+    price_per_hour: float
+    requests_per_usd: float | None
+
+
+class RobustnessCurve(TypedDict):
+    """One knob's curve for a (workload, cluster, policy): its points as a stability curve's."""
+
+    knob: str
+    workload: str
+    cluster: str
+    policy: str
+    points: list[CurvePoint]
+
+
 @dataclass
 class SweepOutcome:
     """What one invocation did and what the sweep found."""
@@ -51,12 +71,13 @@ class SweepOutcome:
     root: Path
     ran: int = 0
     skipped: int = 0
-    capacity: list[dict[str, Any]] = field(default_factory=list)
-    curves: list[dict[str, Any]] = field(default_factory=list)
+    capacity: list[CapacityRow] = field(default_factory=list)
+    curves: list[Curve] = field(default_factory=list)
     cells: list[Cell] = field(default_factory=list)
-    robustness: list[dict[str, Any]] = field(default_factory=list)
+    robustness: list[RobustnessCurve] = field(default_factory=list)
 
-    def summary(self, spec: SweepSpec) -> dict[str, Any]:
+    def summary(self, spec: SweepSpec) -> dict[str, object]:
+        """summary.json: the sweep's settings and what it found."""
         return {
             "sweep": spec.name, "description": spec.description, "source": spec.source,
             "tool_version": __version__, "slo": spec.slo_text, "seeds": list(spec.seeds),
@@ -89,7 +110,7 @@ def capacity_tasks(spec: SweepSpec) -> list[CapacityTask]:
     return tasks
 
 
-def grid_cells(spec: SweepSpec, capacity: list[dict[str, Any]]) -> list[Cell]:
+def grid_cells(spec: SweepSpec, capacity: list[CapacityRow]) -> list[Cell]:
     """Every grid cell in file order; offered-load rates come from the reference policy's capacity."""
     ref = {(r["workload"], r["cluster"]): r["mean"] for r in capacity
            if spec.capacity and r["policy"] == spec.capacity.reference}
@@ -115,7 +136,7 @@ def _capacity_phase(spec: SweepSpec, root: Path, executor: Executor, progress: P
     tasks = capacity_tasks(spec)
     if progress:
         progress.phase("capacity", len(tasks), 0)
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int, SeedCapacity] = {}
     index = {id(t): i for i, t in enumerate(tasks)}
     for task, result in executor.run(search, tasks, str(root)):
         results[index[id(task)]] = result
@@ -124,7 +145,7 @@ def _capacity_phase(spec: SweepSpec, root: Path, executor: Executor, progress: P
         outcome.skipped += len(result["evaluations"]) - ran
         if progress:
             progress.advance(ran > 0)
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, str], list[SeedCapacity]] = {}
     for i, task in enumerate(tasks):
         t = task.template
         groups.setdefault((t.workload, t.cluster, t.policy), []).append(results[i])
@@ -152,9 +173,9 @@ def _robustness_phase(spec: SweepSpec, root: Path, executor: Executor, progress:
     """One knob at a time at the [robustness] rate: a curve per knob and (workload, cluster, policy)."""
     templates = [_template(spec, "robust", w, c, p, seed) for w in spec.workloads for c, p in spec.pairs()
                  for seed in spec.seeds]
-    cells = robustness_cells(spec, templates, {w.label: nominal_rate(w.spec) for w in spec.workloads})
-    figures = _run_cells(spec, cells, "robustness", root, executor, progress, outcome)
     assert spec.robustness is not None
+    cells = robustness_cells(spec.robustness, templates, {w.label: nominal_rate(w.spec) for w in spec.workloads})
+    figures = _run_cells(spec, cells, "robustness", root, executor, progress, outcome)
     for knob, _ in spec.robustness.knobs:
         for curve in stability_curves([c for c in cells if c.axis == knob], figures, spec.knee_metric, spec.target):
             outcome.robustness.append({"knob": knob, "workload": curve["workload"], "cluster": curve["cluster"],
@@ -162,13 +183,14 @@ def _robustness_phase(spec: SweepSpec, root: Path, executor: Executor, progress:
 
 
 def _run_cells(spec: SweepSpec, cells: list[Cell], phase: str, root: Path, executor: Executor,
-               progress: Progress | None, outcome: SweepOutcome) -> dict[str, Any]:
+               progress: Progress | None, outcome: SweepOutcome) -> dict[str, Figures]:
     """Run the cells not finished yet (in parallel); every cell's figures by run id."""
     names = [c.run_id for c in cells]
     if len(set(names)) != len(names):
         raise UserError(f"two {phase} values give the same run id (values closer than 10 significant digits)",
                         spec.source)
-    todo, figures = [], {}
+    todo: list[Cell] = []
+    figures: dict[str, Figures] = {}
     for c in cells:
         cached = cached_figures(root, c.run_id, c.key, spec.slo_text) if finished(root / c.run_id, c.key) else None
         if cached is None:

@@ -35,10 +35,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.tomlfile import read_toml
+from llmlb_bench.tomlfile import Value, read_toml
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.policies import make_policy
 from llmlb_bench.sim import ClusterConfig
@@ -63,7 +63,7 @@ class WorkloadEntry:
     spec: WorkloadSpec
 
     @property
-    def raw(self) -> dict[str, Any]:
+    def raw(self) -> dict[str, Value]:
         return self.spec.to_dict()
 
 
@@ -83,7 +83,7 @@ class ClusterEntry:
 class PolicyEntry:
     label: str
     name: str
-    args: Mapping[str, Any]
+    args: Mapping[str, object]
     #: cluster labels this policy runs on (empty: all), e.g. a P/D pairing policy only on split fleets
     clusters: tuple[str, ...] = ()
 
@@ -119,7 +119,7 @@ class SweepSpec:
     #: SLO attainment a rate must keep: for capacity and for maximum goodput
     target: float = 0.9
     description: str = ""
-    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    raw: Mapping[str, object] = field(default_factory=dict, repr=False)
     #: robustness curves (sweep/robustness.py): one knob at a time at a fixed rate
     robustness: RobustnessSpec | None = None
 
@@ -137,7 +137,7 @@ def load_sweep(path: str | Path) -> SweepSpec:
     return parse_sweep(read_toml(path, "sweep file (.toml)"), str(path), path.parent, default_name=path.stem)
 
 
-def parse_sweep(data: Mapping[str, Any], source: str, base: Path, default_name: str = "sweep") -> SweepSpec:
+def parse_sweep(data: Mapping[str, object], source: str, base: Path, default_name: str = "sweep") -> SweepSpec:
     """Validate a parsed sweep table; ``base`` resolves relative workload paths."""
     s = Section(data, "", source)
     name = _label(s, "name", s.string("name", default_name))
@@ -262,7 +262,7 @@ def _policies(s: Section, source: str, clusters: set[str]) -> tuple[PolicyEntry,
         sub = s.section(label)
         assert sub is not None
         name = sub.string("policy", label)
-        args = dict(sub.section("args", {}).data)  # type: ignore[union-attr]
+        args = dict(sub.section("args", {}).data)
         only = sub.raw("clusters", [])
         if not isinstance(only, list) or not all(isinstance(c, str) for c in only):
             raise sub.error("clusters", "expected a list of cluster labels")

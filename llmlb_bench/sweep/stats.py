@@ -10,12 +10,21 @@ package.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Sequence, TypedDict
 
 CONFIDENCE = 0.95
 
 
-def mean_ci(values: Sequence[float | None], confidence: float = CONFIDENCE) -> dict[str, float | None]:
+class MeanCi(TypedDict):
+    """A figure's mean over a sweep's repeats, its interval (None from fewer than two values) and count."""
+
+    mean: float | None
+    low: float | None
+    high: float | None
+    n: int
+
+
+def mean_ci(values: Sequence[float | None], confidence: float = CONFIDENCE) -> MeanCi:
     """``{"mean", "low", "high", "n"}`` over the values that are not None; no interval from one value."""
     xs = [float(v) for v in values if v is not None and math.isfinite(v)]
     n = len(xs)
