@@ -17,8 +17,9 @@ every key of what was written.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Literal, TypedDict
 
+from llmlb_bench.metrics.slo import SloSpec
 from llmlb_bench.run_summary import ClientSummary
 
 #: a latency figure every report shows (:data:`llmlb_bench.metrics.definitions.LATENCY_FIGURES`)
@@ -120,7 +121,7 @@ class OverDuration(TypedDict):
 class SloFigures(TypedDict):
     """The run judged against the SLO."""
 
-    spec: dict[str, Any]        # Slo.to_dict()
+    spec: SloSpec
     good: int
     good_tokens: int
     attainment: float | None

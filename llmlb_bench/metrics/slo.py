@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeAlias
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.sql import quote
@@ -32,6 +32,9 @@ _ITEM = re.compile(r"^\s*([a-z0-9_]+)\s*=\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(u
 _CLASS = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*:(.*)$")
 
 Limits = tuple[tuple[str, float], ...]
+#: an SLO as reports and run figures record it (:meth:`Slo.to_dict`): each limit in seconds by
+#: ``<metric>_s`` in the order given, and ``classes``: each SLO class's limits the same way
+SloSpec: TypeAlias = "dict[str, float | dict[str, dict[str, float]]]"
 
 
 def _parse_limits(text: str, where: str) -> Limits:
@@ -101,8 +104,8 @@ class Slo:
         parts += [f"{c}:{_describe(lim)}" for c, lim in self.classes]
         return ";".join(parts)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {f"{k}_s": v for k, v in self.limits}
+    def to_dict(self) -> SloSpec:
+        out: SloSpec = {f"{k}_s": v for k, v in self.limits}
         if self.classes:
             out["classes"] = {c: {f"{k}_s": v for k, v in lim} for c, lim in self.classes}
         return out

@@ -7,15 +7,16 @@ can name the shape without loading the metrics behind it.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from llmlb_bench.metrics.run_figures import LoadCurve, RunFigures
+from llmlb_bench.metrics.slo import SloSpec
 
 
 class OptionsDoc(TypedDict):
     """The options a report was computed with, as the document records them."""
 
-    slo: dict[str, Any] | None          # Slo.to_dict()
+    slo: SloSpec | None
     slo_text: str | None
     attainment_target: float
     # the summary's Options

@@ -9,14 +9,16 @@ reproduction is judged by the same code that judges a user's runs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Callable, Literal, Mapping, TypeAlias, TypedDict
 
 import pyarrow as pa
 
-from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.metrics.run_figures import LatencyName, RunFigures
 from llmlb_bench.sim import ClusterConfig
 
 SCALES = ("small", "full")
+#: one figure of a run's summary (metrics.summary.summarize), None where the run has none
+Getter: TypeAlias = "Callable[[RunFigures], float | None]"
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class Arm:
     trace: pa.Table
     cluster: ClusterConfig
     policy: str = "round_robin"
-    args: Mapping[str, Any] = field(default_factory=dict)
+    args: Mapping[str, object] = field(default_factory=dict)
     series: str = ""
     x: float | None = None
 
@@ -42,10 +44,10 @@ class Column:
 
     key: str
     header: str
-    get: Callable[[Mapping[str, Any]], float | None]
+    get: Getter
     fmt: str = "{:.3g}"
 
-    def text(self, summary: Mapping[str, Any]) -> str:
+    def text(self, summary: RunFigures) -> str:
         v = self.get(summary)
         return "-" if v is None else self.fmt.format(v)
 
@@ -56,6 +58,20 @@ class Verdict:
 
     passed: bool
     evidence: str
+
+
+class _VerdictRecord(TypedDict):
+    name: str
+    passed: bool
+    evidence: str
+    scale: str
+    seed: int
+
+
+class VerdictRecord(_VerdictRecord, total=False):
+    """A report's verdict.json (and what the gallery page lists): with a measured profile, its source."""
+
+    profile: object
 
 
 @dataclass(frozen=True)
@@ -79,9 +95,9 @@ class Reproduction:
         return next(c for c in self.columns if c.key == key)
 
 
-def pct(figure: str, p: str) -> Callable[[Mapping[str, Any]], float | None]:
+def pct(figure: LatencyName, p: Literal["mean", "p50", "p90", "p99"]) -> Getter:
     """A latency percentile (``p``: mean, p50, p90, p99) of a summary."""
-    return lambda s: (s.get(figure) or {}).get(p)
+    return lambda s: s[figure].get(p)
 
 
 #: the table of reproductions judged on end-to-end latency (scheduling and routing by predicted length)
@@ -90,17 +106,31 @@ E2E_COLUMNS = (Column("e2e.mean", "E2E mean (s)", pct("e2e", "mean")),
                Column("ttft.mean", "TTFT mean (s)", pct("ttft", "mean")))
 
 
-def slo_figure(key: str) -> Callable[[Mapping[str, Any]], float | None]:
+def slo_figure(key: Literal["attainment", "goodput", "good_token_throughput"]) -> Getter:
     """attainment / goodput / good_token_throughput of a summary judged against the SLO."""
-    return lambda s: (s.get("slo") or {}).get(key)
+    return lambda s: None if (slo := s["slo"]) is None else slo[key]
 
 
-def energy_figure(key: str) -> Callable[[Mapping[str, Any]], float | None]:
-    return lambda s: (s.get("energy") or {}).get(key)
+def energy_figure(key: Literal["j_per_good_token", "price_per_hour", "usd_per_m_good_tokens", "energy_j"]) -> Getter:
+    return lambda s: None if (energy := s["energy"]) is None else energy[key]
 
 
-def fairness_figure(key: str) -> Callable[[Mapping[str, Any]], float | None]:
-    return lambda s: (s.get("fairness") or {}).get(key)
+def fairness_figure(key: Literal["jain_service", "service_gap_mean"]) -> Getter:
+    return lambda s: None if (fairness := s["fairness"]) is None else fairness[key]
+
+
+def hit_rate(s: RunFigures) -> float | None:
+    """The share of the run's prompt tokens served from the prefix cache."""
+    cached = s["cached_tokens"]
+    return cached / s["input_tokens"] if s["input_tokens"] and cached is not None else None
+
+
+def known(value: float | None, what: str) -> float:
+    """A figure a claim's check needs, which every run of its arms has (an SLO's attainment in runs
+    judged against one): an error naming it, rather than a comparison with None further on."""
+    if value is None:
+        raise ValueError(f"a run of the reproduction has no {what}")
+    return value
 
 
 def ratio(a: float | None, b: float | None) -> float:

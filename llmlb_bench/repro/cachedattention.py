@@ -13,10 +13,11 @@ KV where it fits in GPU memory, an upper bound of the paper's when it does not.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Literal
 
 from llmlb_bench.repro import traces
-from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, ratio
+from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.repro.base import Arm, Column, Getter, Reproduction, Verdict, hit_rate, pct, ratio
 from llmlb_bench.sim import ClusterConfig
 
 REQUESTS = {"small": 500, "full": 2000}
@@ -33,30 +34,22 @@ def arms(scale: str) -> list[Arm]:
     return out
 
 
-def _conv(key: str, *path: str) -> Any:
-    def get(s: Mapping[str, Any]) -> float | None:
-        d = (s.get("conversations") or {}).get(key)
-        for p in path:
-            d = (d or {}).get(p)
-        return d
-    return get
+def _completion(p: Literal["p50", "p99"]) -> Getter:
+    """A percentile of the run's session completion times."""
+    return lambda s: None if (c := s["conversations"]) is None else c["completion_s"][p]
 
 
-def _late_ttft(s: Mapping[str, Any]) -> float | None:
+def _late_ttft(s: RunFigures) -> float | None:
     """TTFT p50 of the last turn index shown (8+: a long context that has grown for seven turns)."""
-    turns = (s.get("conversations") or {}).get("ttft_by_turn") or []
+    turns = [] if (c := s["conversations"]) is None else c["ttft_by_turn"]
     return turns[-1]["p50"] if turns else None
 
 
-def hit_rate(s: Mapping[str, Any]) -> float | None:
-    return s["cached_tokens"] / s["input_tokens"] if s["input_tokens"] else None
-
-
-def check(s: Mapping[str, Mapping[str, Any]]) -> Verdict:
+def check(s: dict[str, RunFigures]) -> Verdict:
     off, on = s["recompute"], s["kv kept"]
     ttft = ratio(pct("ttft", "mean")(on), pct("ttft", "mean")(off))
     late = ratio(_late_ttft(on), _late_ttft(off))
-    done = ratio(_conv("completion_s", "p50")(on), _conv("completion_s", "p50")(off))
+    done = ratio(_completion("p50")(on), _completion("p50")(off))
     ok = ttft <= 0.5 and late <= 0.5 and done < 1.0
     return Verdict(ok, f"coding-agent sessions, KV kept across turns vs recomputed: prefix hit rate "
                        f"{hit_rate(off):.1%} -> {hit_rate(on):.1%}, mean TTFT x{ttft:.2f}, TTFT p50 at turn 8+ "
@@ -80,8 +73,8 @@ REPRO = Reproduction(
     columns=(Column("hit_rate", "prefix hit rate", hit_rate, "{:.1%}"),
              Column("ttft.mean", "TTFT mean (s)", pct("ttft", "mean")),
              Column("ttft.late", "TTFT p50 turn 8+ (s)", _late_ttft),
-             Column("session.p50", "session completion p50 (s)", _conv("completion_s", "p50")),
-             Column("session.p99", "session completion p99 (s)", _conv("completion_s", "p99"))),
+             Column("session.p50", "session completion p50 (s)", _completion("p50")),
+             Column("session.p99", "session completion p99 (s)", _completion("p99"))),
     check=check,
     figure="ttft.mean",
 )

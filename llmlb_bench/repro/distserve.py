@@ -4,13 +4,12 @@ inter-token times low and steady. The price is a separate prefill queue (higher 
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.repro import traces
-from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, slo_figure
+from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, known, pct, slo_figure
 from llmlb_bench.sim import ClusterConfig
 
 RATES = {"small": (2.0, 3.0), "full": (1.0, 2.0, 3.0, 4.0)}
@@ -34,11 +33,12 @@ def arms(scale: str) -> list[Arm]:
     return out
 
 
-def check(s: dict[str, Any]) -> Verdict:
+def check(s: dict[str, RunFigures]) -> Verdict:
     rates = sorted({float(k.split("@")[1]) for k in s})
     gains = []
     for r in rates:
-        mixed, split = s[f"colocated@{r:g}"]["slo"]["goodput"], s[f"disaggregated@{r:g}"]["slo"]["goodput"]
+        mixed = known(slo_figure("goodput")(s[f"colocated@{r:g}"]), "goodput")
+        split = known(slo_figure("goodput")(s[f"disaggregated@{r:g}"]), "goodput")
         gains.append((r, mixed, split))
     top = gains[-1]
     ok = all(sp >= 0.98 * mx for _, mx, sp in gains) and top[2] > 1.5 * top[1]

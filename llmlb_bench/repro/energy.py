@@ -5,10 +5,9 @@ the simulator scales replicas only, the largest of its knobs)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from llmlb_bench.repro import traces
-from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, energy_figure, pct, ratio, slo_figure
+from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, energy_figure, known, pct, ratio, slo_figure
 from llmlb_bench.sim import ClusterConfig
 
 # workloads/diurnal.toml: 8 req/s mean, +-50% over a 600 s period; scaled to fill the peak fleet
@@ -16,7 +15,7 @@ RATE_SCALE = {"small": 1.0, "full": 3.0}
 PEAK_REPLICAS = {"small": 2, "full": 4}
 
 
-def autoscale(max_replicas: int) -> dict[str, Any]:
+def autoscale(max_replicas: int) -> dict[str, object]:
     return {"policy": "concurrency", "interval_s": 10.0, "cold_start_s": 30.0,
             "args": {"target": 64.0, "min_replicas": 1, "max_replicas": max_replicas, "window_s": 30.0}}
 
@@ -28,13 +27,14 @@ def arms(scale: str) -> list[Arm]:
             Arm(f"autoscaled 1-{n}", t, ClusterConfig.build(replicas=n, autoscale=autoscale(n)), "least_outstanding")]
 
 
-def check(s: dict[str, Any]) -> Verdict:
+def check(s: dict[str, RunFigures]) -> Verdict:
     fixed, scaled = (s[k] for k in s)
-    j = ratio(scaled["energy"]["j_per_good_token"], fixed["energy"]["j_per_good_token"])
-    att = (fixed["slo"]["attainment"], scaled["slo"]["attainment"])
+    j_fixed, j_scaled = (known(energy_figure("j_per_good_token")(r), "J per good token") for r in (fixed, scaled))
+    j = ratio(j_scaled, j_fixed)
+    att = (known(slo_figure("attainment")(fixed), "attainment"), known(slo_figure("attainment")(scaled), "attainment"))
     ok = j < 0.9 and att[1] >= att[0] - 0.05
     return Verdict(ok, f"autoscaled vs fixed: energy per good token x{j:.2f} "
-                       f"({fixed['energy']['j_per_good_token']:.3f} -> {scaled['energy']['j_per_good_token']:.3f} J), "
+                       f"({j_fixed:.3f} -> {j_scaled:.3f} J), "
                        f"attainment {att[0]:.1%} -> {att[1]:.1%} (claim: at least 10% less energy per good token, "
                        "attainment within 5 points)")
 
@@ -51,7 +51,7 @@ REPRO = Reproduction(
           "drawing idle power). Energy from the GPU catalog's idle and peak power, integrated over each replica's life.",
     arms=arms,
     columns=(Column("j_per_good", "J per good token", energy_figure("j_per_good_token"), "{:.3f}"),
-             Column("energy_kj", "energy (kJ)", lambda s: (s["energy"]["energy_j"] or 0) / 1e3, "{:,.0f}"),
+             Column("energy_kj", "energy (kJ)", lambda s: (energy_figure("energy_j")(s) or 0) / 1e3, "{:,.0f}"),
              Column("attainment", "attainment", slo_figure("attainment"), "{:.1%}"),
              Column("ttft.p99", "TTFT p99 (s)", pct("ttft", "p99"))),
     check=check,

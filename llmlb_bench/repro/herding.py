@@ -5,15 +5,16 @@ sampling two keeps the load spread."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Literal
 
 from llmlb_bench.repro import traces
-from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, ratio
+from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, known, pct, ratio
 from llmlb_bench.sim import ClusterConfig
 
 REFRESH = {"small": (0.0, 2.0), "full": (0.0, 0.5, 1.0, 2.0)}
 REQUESTS = {"small": 1500, "full": 3000}
-POLICIES: tuple[tuple[str, str, dict[str, Any]], ...] = (("random", "random", {}),
+POLICIES: tuple[tuple[str, str, dict[str, object]], ...] = (("random", "random", {}),
             ("power_of_two", "power_of_d", {"d": 2, "load": "scraped"}),
             ("jsq", "least_outstanding", {"load": "scraped"}))
 
@@ -24,11 +25,11 @@ def arms(scale: str) -> list[Arm]:
             for r in REFRESH[scale] for label, policy, args in POLICIES]
 
 
-def check(s: dict[str, Any]) -> Verdict:
+def check(s: dict[str, RunFigures]) -> Verdict:
     stale = max(float(k.split("@")[1][:-1]) for k in s)
 
-    def ttft(label: str, r: float, p: str) -> Any:
-        return s[f"{label}@{r:g}s"]["ttft"][p]
+    def ttft(label: str, r: float, p: Literal["mean", "p99"]) -> float:
+        return known(s[f"{label}@{r:g}s"]["ttft"].get(p), f"TTFT {p}")
 
     fresh = {label: ttft(label, 0, "mean") for label, _, _ in POLICIES}
     fresh_ok = fresh["jsq"] <= 1.1 * fresh["power_of_two"] and fresh["power_of_two"] < fresh["random"]

@@ -4,10 +4,9 @@ same SLO at lower cost and power than a homogeneous fleet (Splitwise-HA)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from llmlb_bench.repro import traces
-from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, energy_figure, pct, slo_figure
+from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, energy_figure, known, pct, slo_figure
 from llmlb_bench.sim import ClusterConfig
 
 RATE = 40.0
@@ -36,8 +35,8 @@ HH, HA = "H100 prefill + 2x H100 decode", "H100 prefill + 2x A100 decode"
 SMALL = ("2x H100", HH, HA)
 
 
-def fleet_power(s: Mapping[str, Any]) -> float | None:
-    power = (s.get("energy") or {}).get("avg_power_w")
+def fleet_power(s: RunFigures) -> float | None:
+    power = None if (energy := s["energy"]) is None else energy["avg_power_w"]
     return sum(power.values()) if power else None
 
 
@@ -47,19 +46,24 @@ def arms(scale: str) -> list[Arm]:
     return [Arm(n, t, FLEETS[n][0], FLEETS[n][1]) for n in names]
 
 
-def check(s: dict[str, Any]) -> Verdict:
+def check(s: dict[str, RunFigures]) -> Verdict:
 
-    def meets(k: str) -> Any:
-        return s[k]["slo"]["attainment"] >= ATTAINMENT
+    def attainment(k: str) -> float:
+        return known(slo_figure("attainment")(s[k]), "attainment")
 
-    def price(k: str) -> Any:
-        return s[k]["energy"]["price_per_hour"]
+    def meets(k: str) -> bool:
+        return attainment(k) >= ATTAINMENT
 
-    ok = (meets(HH) and meets(HA) and price(HA) < price(HH)
-          and fleet_power(s[HA]) < fleet_power(s[HH]))  # type: ignore[operator]  # both fleets report power
+    def price(k: str) -> float:
+        return known(energy_figure("price_per_hour")(s[k]), "price per hour")
+
+    def power(k: str) -> float:
+        return known(fleet_power(s[k]), "power")   # both fleets report power
+
+    ok = meets(HH) and meets(HA) and price(HA) < price(HH) and power(HA) < power(HH)
     cheapest = min((k for k in s if meets(k)), key=price, default=None)
     overall = f"; cheapest fleet meeting the SLO overall: {cheapest}, ${price(cheapest):.2f}/h" if cheapest else ""
-    return Verdict(ok, f"attainment {s[HH]['slo']['attainment']:.1%} (HH) vs {s[HA]['slo']['attainment']:.1%} (HA); "
+    return Verdict(ok, f"attainment {attainment(HH):.1%} (HH) vs {attainment(HA):.1%} (HA); "
                        f"${price(HH):.2f}/h -> ${price(HA):.2f}/h, {fleet_power(s[HH]):,.0f} W -> "
                        f"{fleet_power(s[HA]):,.0f} W{overall} (claim: both meet {ATTAINMENT:.0%} attainment, HA "
                        "costs less and draws less power than HH)")

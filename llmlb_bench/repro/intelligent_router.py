@@ -21,16 +21,20 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Mapping
 
 import pyarrow as pa
 
-from llmlb_bench.repro.base import E2E_COLUMNS, Arm, Reproduction, Verdict, ratio
+from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.repro.base import Arm, E2E_COLUMNS, Reproduction, Verdict, known, ratio
 from llmlb_bench.sim import ClusterConfig
+
+if TYPE_CHECKING:
+    from llmlb_bench.workload.spec import WorkloadSpec
 
 #: a mix of public datasets' shapes: ShareGPT-like chat, CNN/DailyMail-like summaries (prefill-heavy),
 #: creative writing (decode-heavy) and Azure-code-like completions; Poisson arrivals per tenant
-MIX: dict[str, dict[str, Any]] = {
+MIX: dict[str, dict[str, object]] = {
     "chat": {"kind": "chat", "input": {"dist": "lognormal", "median": 300, "sigma": 1.1, "max": 8192},
              "output": {"dist": "lognormal", "median": 200, "sigma": 0.8, "max": 2048}},
     "summarise": {"kind": "summarise",
@@ -53,7 +57,7 @@ SEARCH = {"small": (2, 4), "full": (6, 10)}    # cross-entropy generations, popu
 BASELINES = ("round_robin", "least_outstanding", "least_tokens")
 
 
-def spec(rate: float, requests: int) -> Any:
+def spec(rate: float, requests: int) -> WorkloadSpec:
     from llmlb_bench.workload.spec import WorkloadSpec
 
     tenants = {name: {"kind": t["kind"], "arrival": {"process": "poisson", "rate": rate / len(MIX)},
@@ -62,7 +66,7 @@ def spec(rate: float, requests: int) -> Any:
                                   "intelligent-router mix")
 
 
-def _scratch(name: str, doc: dict[str, Any]) -> str:
+def _scratch(name: str, doc: Mapping[str, object]) -> str:
     """A file of this process's scratch folder (removed at exit) holding ``doc``."""
     folder = Path(tempfile.mkdtemp(prefix="llmlb-repro-router-"))
     atexit.register(shutil.rmtree, folder, True)
@@ -112,8 +116,8 @@ def arms(scale: str) -> list[Arm]:
     return out
 
 
-def check(s: dict[str, Any]) -> Verdict:
-    e2e = {k: v["e2e"]["mean"] for k, v in s.items()}
+def check(s: dict[str, RunFigures]) -> Verdict:
+    e2e = {k: known(v["e2e"]["mean"], "mean E2E") for k, v in s.items()}
     learned = e2e["learned + predictor"]
     rr = e2e["round_robin"]
     others = {k: v for k, v in e2e.items() if k != "learned + predictor" and "oracle" not in k}

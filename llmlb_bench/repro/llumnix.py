@@ -6,17 +6,16 @@ simulator does not model; this reproduces its load-aware dispatch only)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from llmlb_bench.repro import traces
-from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, ratio
+from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, known, pct, ratio
 from llmlb_bench.sim import ClusterConfig
 
 REQUESTS = {"small": 1500, "full": 4000}
 RATE = 40.0
-POLICIES: tuple[tuple[str, str, dict[str, Any]], ...] = (("round_robin", "round_robin", {}),
+POLICIES: tuple[tuple[str, str, dict[str, object]], ...] = (("round_robin", "round_robin", {}),
             ("least_requests", "least_outstanding", {}),
             ("least_tokens", "least_tokens", {}))
 
@@ -30,8 +29,8 @@ def arms(scale: str) -> list[Arm]:
     return [Arm(label, t, ClusterConfig.build(replicas=4), p, a) for label, p, a in POLICIES]
 
 
-def check(s: dict[str, Any]) -> Verdict:
-    p99 = {k: v["ttft"]["p99"] for k, v in s.items()}
+def check(s: dict[str, RunFigures]) -> Verdict:
+    p99 = {k: known(v["ttft"].get("p99"), "TTFT p99") for k, v in s.items()}
     rr, jsq, tok = p99["round_robin"], p99["least_requests"], p99["least_tokens"]
     ok = tok < 0.8 * rr and tok <= 1.05 * jsq
     return Verdict(ok, f"TTFT p99: round robin {rr:.2f} s, least requests {jsq:.2f} s, least tokens {tok:.2f} s "

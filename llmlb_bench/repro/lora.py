@@ -8,10 +8,9 @@ the popular adapters' load: that point is run and shown, and not part of the cla
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 import pyarrow as pa
 
+from llmlb_bench.metrics.run_figures import RunFigures
 from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, ratio
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.workload import generate
@@ -41,8 +40,8 @@ def chat_over_adapters(adapters: int, requests: int, seed: int = 1) -> pa.Table:
     return generate(spec)
 
 
-def loads(s: Mapping[str, Any]) -> float | None:
-    return (s.get("adapter_loads") or {}).get("total")
+def loads(s: RunFigures) -> float | None:
+    return None if (adapters := s["adapter_loads"]) is None else adapters["total"]
 
 
 def arms(scale: str) -> list[Arm]:
@@ -57,7 +56,7 @@ def arms(scale: str) -> list[Arm]:
     return out
 
 
-def check(s: dict[str, Any]) -> Verdict:
+def check(s: dict[str, RunFigures]) -> Verdict:
     counts = sorted({int(k.split("@")[1]) for k in s})
     ttft = {k: ratio(s[f"lora_affinity@{k}"]["ttft"]["mean"], s[f"least_outstanding@{k}"]["ttft"]["mean"])
             for k in counts}

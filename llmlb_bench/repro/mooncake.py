@@ -4,16 +4,15 @@ lets the queue grow until almost no request meets its SLO."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from llmlb_bench.repro import traces
-from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, slo_figure
+from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, known, pct, slo_figure
 from llmlb_bench.sim import ClusterConfig
 
 RATES = {"small": (30.0, 90.0), "full": (30.0, 60.0, 90.0, 120.0)}
 DURATION_S = {"small": 15.0, "full": 60.0}
 TTFT_SLO_S = 2.0
-POLICIES: tuple[tuple[str, str, dict[str, Any]], ...] = (("least_outstanding", "least_outstanding", {}),
+POLICIES: tuple[tuple[str, str, dict[str, object]], ...] = (("least_outstanding", "least_outstanding", {}),
             ("min_ttft_admit_all", "predicted_ttft", {}),
             ("early_reject", "predicted_ttft", {"ttft_slo_s": TTFT_SLO_S}))
 
@@ -27,13 +26,16 @@ def arms(scale: str) -> list[Arm]:
     return out
 
 
-def check(s: dict[str, Any]) -> Verdict:
+def check(s: dict[str, RunFigures]) -> Verdict:
     top = max(float(k.split("@")[1]) for k in s)
-    admit, reject = s[f"min_ttft_admit_all@{top:g}"], s[f"early_reject@{top:g}"]
-    best = max(v["slo"]["goodput"] for k, v in s.items() if k.startswith("early_reject"))
-    ok = reject["slo"]["goodput"] > 2 * admit["slo"]["goodput"] and reject["slo"]["goodput"] >= 0.6 * best
-    return Verdict(ok, f"at {top:g} req/s goodput of the same router admitting all {admit['slo']['goodput']:.1f} vs early rejection "
-                       f"{reject['slo']['goodput']:.1f} good req/s ({reject['rejected']} of {reject['requests']} rejected); "
+    def goodput(k: str) -> float:
+        return known(slo_figure("goodput")(s[k]), "goodput")
+
+    admit, reject = f"min_ttft_admit_all@{top:g}", f"early_reject@{top:g}"
+    best = max(goodput(k) for k in s if k.startswith("early_reject"))
+    ok = goodput(reject) > 2 * goodput(admit) and goodput(reject) >= 0.6 * best
+    return Verdict(ok, f"at {top:g} req/s goodput of the same router admitting all {goodput(admit):.1f} vs early rejection "
+                       f"{goodput(reject):.1f} good req/s ({s[reject]['rejected']} of {s[reject]['requests']} rejected); "
                        f"early rejection's best goodput over the sweep {best:.1f} (claim: early rejection above 2x "
                        "admit-all at the highest rate and at least 60% of its own best)")
 

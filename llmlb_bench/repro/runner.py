@@ -11,14 +11,14 @@ import json
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.experiment import simulate_run
 from llmlb_bench.metrics.run_figures import RunFigures
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import Options, summarize
-from llmlb_bench.repro.base import SCALES, Arm, Reproduction, Verdict
+from llmlb_bench.repro.base import Arm, Reproduction, SCALES, Verdict, VerdictRecord
 from llmlb_bench.repro.readme import figure, index, readme
 from llmlb_bench.repro.registry import REPRODUCTIONS
 from llmlb_bench.schema import write_trace
@@ -37,13 +37,13 @@ class Outcome:
 
 
 def evaluate(repro: Reproduction, scale: str, seed: int = 0,
-             profile: Mapping[str, Any] | None = None) -> tuple[Verdict, dict[str, RunFigures]]:
+             profile: Mapping[str, object] | None = None) -> tuple[Verdict, dict[str, RunFigures]]:
     """Simulate every arm and check the claim; nothing is kept on disk."""
     summaries = _simulate(repro, _arms(repro, scale, profile), seed)
     return repro.check(summaries), summaries
 
 
-def _arms(repro: Reproduction, scale: str, profile: Mapping[str, Any] | None = None) -> list[Arm]:
+def _arms(repro: Reproduction, scale: str, profile: Mapping[str, object] | None = None) -> list[Arm]:
     """The reproduction's arms; with a measured ``profile`` every arm's cluster runs on it
     (the arms' own engine settings, e.g. Sarathi's chunk sizes, still apply)."""
     if scale not in SCALES:
@@ -69,7 +69,7 @@ def _simulate(repro: Reproduction, arms: list[Arm], seed: int) -> dict[str, RunF
 
 
 def run(repro: Reproduction, scale: str, reports: Path, seed: int = 0,
-        profile: Mapping[str, Any] | None = None) -> Outcome:
+        profile: Mapping[str, object] | None = None) -> Outcome:
     """Evaluate ``repro`` and write ``reports/<name>/`` (README.md, verdict.json, the figure as SVG
     and PNG), then rewrite the gallery ``reports/README.md`` from every report's verdict.json.
     With a measured ``profile`` (sim/profile.py), verdict.json names the engine it came from."""
@@ -82,7 +82,8 @@ def run(repro: Reproduction, scale: str, reports: Path, seed: int = 0,
     text = readme(repro, arms, summaries, verdict, scale, seed, [f.name for f in files if f.suffix == ".svg"])
     path = out / "README.md"
     write_text_atomic(path, text)
-    record = {"name": repro.name, "passed": verdict.passed, "evidence": verdict.evidence, "scale": scale, "seed": seed}
+    record: VerdictRecord = {"name": repro.name, "passed": verdict.passed, "evidence": verdict.evidence, "scale": scale,
+                             "seed": seed}
     if profile is not None:
         record["profile"] = profile.get("source", {})
     write_text_atomic(out / "verdict.json", json.dumps(record, indent=2) + "\n")
@@ -90,11 +91,12 @@ def run(repro: Reproduction, scale: str, reports: Path, seed: int = 0,
     return Outcome(repro, verdict, summaries, (path, out / "verdict.json", *files))
 
 
-def _verdicts(reports: Path) -> list[tuple[Reproduction, dict[str, Any]]]:
+def _verdicts(reports: Path) -> list[tuple[Reproduction, VerdictRecord]]:
     """The latest verdict of every registered reproduction that has a report, in registry order."""
     found = []
     for r in REPRODUCTIONS.values():
         path = reports / r.name / "verdict.json"
         if path.exists():
-            found.append((r, json.loads(path.read_text(encoding="utf-8"))))
+            record: VerdictRecord = json.loads(path.read_text(encoding="utf-8"))   # as run wrote it
+            found.append((r, record))
     return found

@@ -4,11 +4,10 @@ inter-token tails drop, at some cost in TTFT (a prompt takes several iterations)
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from llmlb_bench.repro import traces
+from llmlb_bench.metrics.run_figures import RunFigures
 from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, ratio
 from llmlb_bench.sim import ClusterConfig
 
@@ -28,7 +27,7 @@ def arms(scale: str) -> list[Arm]:
     return out
 
 
-def check(s: dict[str, Any]) -> Verdict:
+def check(s: dict[str, RunFigures]) -> Verdict:
     whole, chunked = s["whole prefill"], s["chunks of 512"]
     tpot = ratio(chunked["tpot"]["p99"], whole["tpot"]["p99"])
     itl = ratio(chunked["itl"]["p99"], whole["itl"]["p99"])

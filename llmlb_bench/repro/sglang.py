@@ -4,10 +4,11 @@ it throughput and TTFT, over round robin on shared-prefix traffic."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Literal
 
 from llmlb_bench.repro import traces
-from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, ratio
+from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.repro.base import Arm, Column, Getter, Reproduction, Verdict, hit_rate, known, pct, ratio
 from llmlb_bench.sim import ClusterConfig
 
 NOMINAL_RATE = 3.0  # req/s offered by workloads/shared-prefix.toml
@@ -17,18 +18,15 @@ REQUESTS = {"small": 800, "full": 2000}
 POLICIES = ("round_robin", "least_outstanding", "cache_aware")
 
 
-def hit_rate(s: Mapping[str, Any]) -> float | None:
-    return s["cached_tokens"] / s["input_tokens"] if s["input_tokens"] else None
+def cache(bucket: Literal["offered", "routing", "eviction", "stale", "in_flight"]) -> Getter:
+    """A bucket of the run's prefix-cache accounting (docs/prefix-cache.md), a share of prompt tokens."""
+    return lambda s: None if (accounting := s["prefix_cache"]) is None else accounting[bucket]
 
 
-def cache(*path: str) -> Callable[[Mapping[str, Any]], float | None]:
-    """A figure of the run's prefix-cache accounting (docs/prefix-cache.md), a share of prompt tokens."""
-    def get(s: Mapping[str, Any]) -> float | None:
-        v = s.get("prefix_cache")
-        for k in path:
-            v = v.get(k) if isinstance(v, dict) else None
-        return v
-    return get
+def predicted_hit_rate(s: RunFigures) -> float | None:
+    """The hit rate the router predicted, where it predicted any (docs/prefix-cache.md)."""
+    predicted = None if (accounting := s["prefix_cache"]) is None else accounting["predicted"]
+    return None if predicted is None else predicted["hit_rate_predicted"]
 
 
 def arms(scale: str) -> list[Arm]:
@@ -40,10 +38,10 @@ def arms(scale: str) -> list[Arm]:
     return out
 
 
-def check(s: dict[str, Any]) -> Verdict:
+def check(s: dict[str, RunFigures]) -> Verdict:
     load = max(float(k.split("@")[1][:-1]) for k in s)
     rr, ca = s[f"round_robin@{load:g}x"], s[f"cache_aware@{load:g}x"]
-    dh = hit_rate(ca) - hit_rate(rr)  # type: ignore[operator]  # both runs served prompts
+    dh = known(hit_rate(ca), "prefix hit rate") - known(hit_rate(rr), "prefix hit rate")   # both runs served prompts
     thr = ratio(ca["request_throughput"], rr["request_throughput"])
     ttft = ratio(ca["ttft"]["mean"], rr["ttft"]["mean"])
     ok = dh >= 0.05 and thr >= 1.0 and ttft <= 0.7
@@ -74,7 +72,7 @@ REPRO = Reproduction(
              Column("cache.eviction", "lost to eviction", cache("eviction"), "{:.1%}"),
              Column("cache.stale", "lost to a stale index", cache("stale"), "{:.1%}"),
              Column("cache.in_flight", "lost in flight", cache("in_flight"), "{:.1%}"),
-             Column("cache.predicted", "router predicted", cache("predicted", "hit_rate_predicted"), "{:.1%}")),
+             Column("cache.predicted", "router predicted", predicted_hit_rate, "{:.1%}")),
     check=check,
     figure="hit_rate",
     x_label="offered rate (req/s)",

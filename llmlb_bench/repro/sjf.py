@@ -11,8 +11,6 @@ each request's task, its one feature known at arrival that tells something about
 
 from __future__ import annotations
 
-from typing import Any
-
 import atexit
 import json
 import shutil
@@ -23,7 +21,8 @@ import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.repro import traces
-from llmlb_bench.repro.base import E2E_COLUMNS, Arm, Reproduction, Verdict, ratio
+from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.repro.base import Arm, E2E_COLUMNS, Reproduction, Verdict, known, ratio
 from llmlb_bench.sim import ClusterConfig
 
 REQUESTS = {"small": 500, "full": 800}
@@ -78,17 +77,21 @@ def arms(scale: str) -> list[Arm]:
     return out
 
 
-def _trained(s: dict[str, Any], objective: str) -> tuple[float, float]:
+def _e2e(r: RunFigures) -> float:
+    return known(r["e2e"]["mean"], "mean E2E")
+
+
+def _trained(s: dict[str, RunFigures], objective: str) -> tuple[float, float]:
     """(held-out tau, mean E2E) of the trained predictor's arm."""
     label = next(k for k in s if k.startswith(f"sjf trained {objective}"))
-    return float(label.split("=")[1]), s[label]["e2e"]["mean"]
+    return float(label.split("=")[1]), _e2e(s[label])
 
 
-def check(s: dict[str, Any]) -> Verdict:
-    fcfs = s["fcfs"]["e2e"]["mean"]
+def check(s: dict[str, RunFigures]) -> Verdict:
+    fcfs = _e2e(s["fcfs"])
     taus = sorted(float(k.split("=")[1]) for k in s if k.startswith("sjf tau="))
-    e2e = [s[f"sjf tau={t:g}"]["e2e"]["mean"] for t in taus]
-    noise, good = ratio(e2e[0], fcfs), ratio(s["sjf tau=0.9"]["e2e"]["mean"], fcfs)
+    e2e = [_e2e(s[f"sjf tau={t:g}"]) for t in taus]
+    noise, good = ratio(e2e[0], fcfs), ratio(_e2e(s["sjf tau=0.9"]), fcfs)
     monotone = all(b <= 1.05 * a for a, b in zip(e2e, e2e[1:]))
     trained = {obj: _trained(s, obj) for obj in ("rank", "regression")}
     gains = all(ratio(v, fcfs) < 0.85 for _, v in trained.values())

@@ -13,11 +13,10 @@ gain shrinks as the batch grows and turns into a loss at large batches.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from llmlb_bench.repro import traces
+from llmlb_bench.metrics.run_figures import RunFigures
 from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, pct, ratio
 from llmlb_bench.sim import ClusterConfig
 from llmlb_bench.sim.speculative import expected_tokens
@@ -32,12 +31,12 @@ BATCHES = {"small": (1, 32, 256), "full": (1, 8, 32, 64, 128, 256, 512)}
 LOAD_K, LOAD_ACCEPTANCE = 4, 0.7
 
 
-def _cluster(spec: dict[str, Any] | None) -> ClusterConfig:
+def _cluster(spec: dict[str, object] | None) -> ClusterConfig:
     return ClusterConfig.build(replicas=1, gpu="h100-sxm", model="llama-3-8b", enable_prefix_caching=False,
                                max_num_seqs=1024, speculative=spec)
 
 
-def _draft(k: int, a: float) -> dict[str, Any]:
+def _draft(k: int, a: float) -> dict[str, object]:
     return {"method": "draft_model", "cost_ratio": COST_RATIO, "num_speculative_tokens": k, "acceptance": a}
 
 
@@ -58,7 +57,7 @@ def leviathan(a: float, k: int) -> float:
     return expected_tokens(a, k) / (k * COST_RATIO + 1)
 
 
-def _speedups(s: dict[str, Any]) -> dict[tuple[int, float], float]:
+def _speedups(s: dict[str, RunFigures]) -> dict[tuple[int, float], float]:
     """(k, a) -> plain TPOT / speculative TPOT, from arms labelled ``k=K a=A`` and ``plain a=A``."""
     out = {}
     for label, v in s.items():
@@ -68,7 +67,7 @@ def _speedups(s: dict[str, Any]) -> dict[tuple[int, float], float]:
     return out
 
 
-def acceptance_check(s: dict[str, Any]) -> Verdict:
+def acceptance_check(s: dict[str, RunFigures]) -> Verdict:
     up = _speedups(s)
     ks = sorted({k for k, _ in up})
     rates = sorted({a for _, a in up})
@@ -96,7 +95,7 @@ def load_arms(scale: str) -> list[Arm]:
     return out
 
 
-def load_check(s: dict[str, Any]) -> Verdict:
+def load_check(s: dict[str, RunFigures]) -> Verdict:
     batches = sorted(int(label.split("@")[1]) for label in s if label.startswith("plain@"))
     gain = {b: ratio(s[f"speculative@{b}"]["output_throughput"], s[f"plain@{b}"]["output_throughput"])
             for b in batches}
@@ -123,7 +122,8 @@ ACCEPTANCE_REPRO = Reproduction(
     columns=(Column("tpot.mean", "TPOT mean (s)", pct("tpot", "mean")),
              Column("itl.mean", "ITL mean (s)", pct("itl", "mean")),
              Column("accepted", "mean acceptance length",
-                    lambda s: (s.get("speculative") or {}).get("mean_acceptance_length"), "{:.2f}")),
+                    lambda s: None if (spec := s["speculative"]) is None else spec.get("mean_acceptance_length"),
+                    "{:.2f}")),
     check=acceptance_check,
     figure="tpot.mean",
     x_label="acceptance rate a",

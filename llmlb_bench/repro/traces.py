@@ -5,7 +5,6 @@ one seeded generator, so the same seed gives the same trace."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -16,7 +15,8 @@ from llmlb_bench.workload import generate, load_spec
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
 
 
-def table(arrival: np.ndarray, input_tokens: Any, output_tokens: Any, **extra: Any) -> pa.Table:
+def table(arrival: np.ndarray, input_tokens: np.ndarray | int, output_tokens: np.ndarray | int,
+          **extra: np.ndarray | pa.Array) -> pa.Table:
     """A TRACE table from columns; scalar lengths are broadcast."""
     return trace_table(arrival, input_tokens, output_tokens, "repro", **extra)
 

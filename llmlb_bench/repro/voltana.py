@@ -6,10 +6,9 @@ the peak."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from llmlb_bench.repro import traces
-from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, energy_figure, pct, ratio, slo_figure
+from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, energy_figure, known, pct, ratio, slo_figure
 from llmlb_bench.sim import ClusterConfig
 
 # workloads/diurnal.toml (8 req/s mean, +-50% over a 600 s period) at 2.5x: the peak needs
@@ -39,20 +38,26 @@ def arms(scale: str) -> list[Arm]:
     return out
 
 
-def check(s: dict[str, Any]) -> Verdict:
-    full, ctl = s[_label(1.0)], s[CONTROLLER]
-    j = ratio(ctl["energy"]["j_per_good_token"], full["energy"]["j_per_good_token"])
-    att = (full["slo"]["attainment"], ctl["slo"]["attainment"])
+def check(s: dict[str, RunFigures]) -> Verdict:
+    def joules(k: str) -> float:
+        return known(energy_figure("j_per_good_token")(s[k]), "J per good token")
+
+    def attainment(k: str) -> float:
+        return known(slo_figure("attainment")(s[k]), "attainment")
+
+    full, ctl = _label(1.0), CONTROLLER
+    j = ratio(joules(ctl), joules(full))
+    att = (attainment(full), attainment(ctl))
     # the fixed clocks that hold attainment within a point of the full clock, and the best energy among them
-    holding = [k for k in s if k.startswith("clock ") and s[k]["slo"]["attainment"] >= att[0] - 0.01]
-    best = min(holding, key=lambda k: s[k]["energy"]["j_per_good_token"])
+    holding = [k for k in s if k.startswith("clock ") and attainment(k) >= att[0] - 0.01]
+    best = min(holding, key=joules)
     ok = j <= 0.9 and att[1] >= att[0] - 0.01
     return Verdict(ok, f"controller vs full clock: energy per good token x{j:.2f} "
-                       f"({full['energy']['j_per_good_token']:.4f} -> {ctl['energy']['j_per_good_token']:.4f} J), "
+                       f"({joules(full):.4f} -> {joules(ctl):.4f} J), "
                        f"attainment {att[0]:.1%} -> {att[1]:.1%} (claim: at least 10% less energy, attainment within "
                        f"1 point; VoltanaLLM reports up to 36.3%); the fixed clock with the least energy among those "
                        f"holding attainment is "
-                       f"{best} at {s[best]['energy']['j_per_good_token']:.4f} J")
+                       f"{best} at {joules(best):.4f} J")
 
 
 REPRO = Reproduction(
@@ -73,7 +78,7 @@ REPRO = Reproduction(
     arms=arms,
     columns=(Column("j_per_good", "J per good token", energy_figure("j_per_good_token"), "{:.4f}"),
              Column("attainment", "attainment", slo_figure("attainment"), "{:.1%}"),
-             Column("energy_kj", "energy (kJ)", lambda s: (s["energy"]["energy_j"] or 0) / 1e3, "{:,.0f}"),
+             Column("energy_kj", "energy (kJ)", lambda s: (energy_figure("energy_j")(s) or 0) / 1e3, "{:,.0f}"),
              Column("ttft.p90", "TTFT p90 (s)", pct("ttft", "p90")),
              Column("tpot.p90", "TPOT p90 (s)", pct("tpot", "p90"))),
     check=check,

@@ -4,13 +4,12 @@ under FCFS; total throughput stays the same."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.repro import traces
-from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, fairness_figure, ratio
+from llmlb_bench.metrics.run_figures import RunFigures
+from llmlb_bench.repro.base import Arm, Column, Reproduction, Verdict, fairness_figure, known, ratio
 from llmlb_bench.sim import ClusterConfig
 
 DURATION = {"small": 60.0, "full": 120.0}
@@ -36,14 +35,15 @@ def arms(scale: str) -> list[Arm]:
             Arm("vtc", t, ClusterConfig.build(replicas=1, max_num_seqs=16, scheduler="vtc"))]
 
 
-def light_norm(s: Mapping[str, Any]) -> float | None:
-    return ((s.get("per_tenant") or {}).get("light") or {}).get("norm_latency_mean")
+def light_norm(s: RunFigures) -> float | None:
+    light = (s["per_tenant"] or {}).get("light")
+    return None if light is None else light["norm_latency_mean"]
 
 
-def check(s: dict[str, Any]) -> Verdict:
+def check(s: dict[str, RunFigures]) -> Verdict:
     f, v = s["fcfs"], s["vtc"]
-    gap = ratio(v["fairness"]["service_gap_mean"], f["fairness"]["service_gap_mean"])
-    jain = (f["fairness"]["jain_service"], v["fairness"]["jain_service"])
+    gap = ratio(fairness_figure("service_gap_mean")(v), fairness_figure("service_gap_mean")(f))
+    jain = (known(fairness_figure("jain_service")(f), "Jain's index"), known(fairness_figure("jain_service")(v), "Jain's index"))
     thr = ratio(v["request_throughput"], f["request_throughput"])
     light = ratio(light_norm(v), light_norm(f))
     ok = gap < 0.5 and jain[1] > jain[0] + 0.03 and abs(thr - 1) < 0.03 and light < 0.6
