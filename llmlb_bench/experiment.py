@@ -85,8 +85,8 @@ def replay_run(trace: pa.Table, trace_path: Path, pre: Preflight, policy: str, p
 
     pol = make_policy(policy, policy_args, seed=seed)   # fresh state: every run routes from scratch
     config: dict[str, object] = {"endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
-                              "policy": {"name": policy, "args": dict(policy_args)}, "seed": seed,
-                              "options": options.describe()}
+                                 "policy": {"name": policy, "args": dict(policy_args)}, "seed": seed,
+                                 "options": options.describe()}
     if sweep is not None:
         config["sweep"] = dict(sweep)
     store = RunStore(resume.results_dir if resume else results, config=config, backend="replay",

@@ -31,14 +31,14 @@ import json
 import signal
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any
+from typing import Callable, Mapping
 
 import aiohttp
 from aiohttp import web
 
 from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.gcpause import pause_full_collections
-from llmlb_bench.policies import Outcome, RouteRequest, TargetInfo, View
+from llmlb_bench.policies import Outcome, Policy, RouteRequest, TargetInfo, View
 from llmlb_bench.policies.base import put
 from llmlb_bench.policies.lora import RoutedAdapters, salted
 from llmlb_bench.policies.router import Router
@@ -73,6 +73,10 @@ class RouteOptions:
     timeout_s: float | None = None
 
 
+#: how the router answers a waiting request: the backend's index, or why it was rejected
+Answer = int | str
+
+
 class _Dropped(Exception):
     """The backend went away after the response started."""
 
@@ -80,7 +84,7 @@ class _Dropped(Exception):
 class RouteProxy:
     """The proxy; :meth:`start` inside a running loop, :meth:`drain` to stop gracefully."""
 
-    def __init__(self, backends: list[str], policy: Any, run: RunStore, options: RouteOptions | None = None) -> None:
+    def __init__(self, backends: list[str], policy: Policy, run: RunStore, options: RouteOptions | None = None) -> None:
         self.backends = [b.rstrip("/") for b in backends]
         self.options = options or RouteOptions()
         self.run = run
@@ -90,7 +94,7 @@ class RouteProxy:
         self.own_adapters = [RoutedAdapters() for _ in self.backends]
         self.view = View([TargetInfo(name=b) for b in self.backends], block_size=self.options.block_size,
                          adapters=self.own_adapters)
-        self.router: Router[asyncio.Future[Any]] = Router(
+        self.router: Router[asyncio.Future[Answer]] = Router(
             policy, self.view, dispatch=lambda fut, req, i, _d: _resolve(fut, i),
             reject=lambda fut, req, why: _resolve(fut, why))
         self.writer = RowWriter(run.requests)
@@ -202,7 +206,7 @@ class RouteProxy:
         headers["Content-Type"] = "application/json"
         row = _Row(rid, req, arrival)
         while True:
-            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
             self.router.route(fut, req, self.now())
             target = await fut
             if not isinstance(target, int):
@@ -407,7 +411,7 @@ class _Row:
         self.seg_start, self.seg_count = [now], [1]
         self.finish(proxy, "ok", None, status)
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> dict[str, object]:
         """The last usage object in the tail (the final stream chunk, or the whole JSON body)."""
         at = self.tail.rfind(b'"usage"')
         if at < 0:
@@ -444,16 +448,17 @@ class _Row:
             proxy.writer.submit()
 
 
-def _resolve(fut: "asyncio.Future[Any]", value: Any) -> None:
+def _resolve(fut: asyncio.Future[Answer], value: Answer) -> None:
     if not fut.done():
         fut.set_result(value)
 
 
-def _route_request(body: dict[str, Any], rid: int, now: float, block: int, adapters: set[str]) -> RouteRequest:
+def _route_request(body: Mapping[str, object], rid: int, now: float, block: int, adapters: set[str]) -> RouteRequest:
     """What the policy sees: prompt tokens and prefix blocks by llmlb's word tokenizer, and the
     LoRA adapter when ``model`` names one of ``adapters``."""
-    if isinstance(body.get("messages"), list):
-        text = "\n".join(str(m["content"]) for m in body["messages"]
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        text = "\n".join(str(m["content"]) for m in messages
                          if isinstance(m, dict) and isinstance(m.get("content"), str))
     else:
         p = body.get("prompt")
@@ -474,14 +479,14 @@ def _error(status: int, message: str) -> web.Response:
                         text=json.dumps({"error": {"message": message, "type": "llmlb_route", "code": status}}))
 
 
-def serve_forever(backends: list[str], policy: Any, run: RunStore, options: RouteOptions,
-                  announce: Any = print) -> dict[str, Any]:
+def serve_forever(backends: list[str], policy: Policy, run: RunStore, options: RouteOptions,
+                  announce: Callable[[str], object] = print) -> dict[str, int]:
     """Run the proxy until SIGTERM or SIGINT, then drain; returns the status counts."""
     loop, _ = new_event_loop()  # uvloop where it has wheels: a third less CPU per proxied request
     asyncio.set_event_loop(loop)
     stop = asyncio.Event()
 
-    async def main() -> dict[str, Any]:
+    async def main() -> dict[str, int]:
         proxy = await RouteProxy(backends, policy, run, options).start()
         pause_full_collections()  # no full GC pass stalls every stream in flight (as in llmlb serve)
         for sig in (signal.SIGTERM, signal.SIGINT):

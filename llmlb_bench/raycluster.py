@@ -17,7 +17,8 @@ import os
 import socket
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from types import ModuleType
+from typing import Iterator
 
 from llmlb_bench.errors import UserError
 
@@ -26,7 +27,7 @@ from llmlb_bench.errors import UserError
 CONNECT_TIMEOUT_S = 10.0
 
 
-def _import_ray() -> Any:
+def _import_ray() -> ModuleType:
     try:
         import ray
     except ImportError:
@@ -60,7 +61,7 @@ def check_address(address: str) -> None:
         raise UserError(f"cannot connect to Ray at {where}: {exc.strerror or exc}", "--address") from None
 
 
-def start_ray(address: str | None, workers: int | None) -> Any:
+def start_ray(address: str | None, workers: int | None) -> ModuleType:
     """Initialise Ray (see the module docstring); returns the ``ray`` module. ``workers``: CPUs of a
     private instance."""
     ray = _import_ray()
@@ -80,7 +81,7 @@ def start_ray(address: str | None, workers: int | None) -> Any:
 
 
 @contextmanager
-def ray_session(address: str | None, workers: int | None) -> Iterator[Any]:
+def ray_session(address: str | None, workers: int | None) -> Iterator[ModuleType]:
     """Ray for the length of a ``with`` block: the session this process already has, or one started
     (and shut down at the end) by :func:`start_ray`."""
     try:

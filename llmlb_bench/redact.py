@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:   # Arrow is imported where a column is redacted: every CLI command loads this module
     import pyarrow as pa
@@ -108,7 +108,7 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def redact_tree(obj: Any) -> Any:
+def redact_tree(obj: object) -> object:
     """A JSON-like document with every string redacted (keys kept)."""
     if isinstance(obj, str):
         return redact(obj)

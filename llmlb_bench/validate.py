@@ -32,11 +32,14 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    from llmlb_bench.replay import ReplayOptions
 
 #: the compared figures, in table order
 FIGURES = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "e2e_p50", "e2e_p90", "itl_p50", "itl_p90", "itl_p99")
@@ -138,7 +141,7 @@ class Comparison:
             return "verdict: within the aims (|bias| <= 5% E2E/TPOT, <= 10% TTFT, spread 0.5-2x) for this engine and trace"
         return f"verdict: NOT within the aims ({len(fails)} misses): " + "; ".join(fails)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"figures": {c.figure: {"real_s": c.real, "sim_s": c.sim, "bias": c.bias, "bias_interval": [c.low, c.high],
                                        "real_spread": c.real_spread, "sim_spread": c.sim_spread} for c in self.figures},
                 "e2e_mape": self.mape, "e2e_mape_median": float(np.median(self.mape)) if self.mape else None,
@@ -228,7 +231,7 @@ class Validation:
     load_average: tuple[float, float]
 
 
-def validate(url: str, trace: pa.Table, repeats: int, profile: dict[str, Any], options: Any, results: Path,
+def validate(url: str, trace: pa.Table, repeats: int, profile: dict[str, Any], options: ReplayOptions, results: Path,
              seed: int = 0, warmup: int = 16, say: Callable[[str], None] = lambda line: None) -> Validation:
     """Replay ``trace`` ``repeats`` times against ``url`` (after a ``warmup``-request replay that
     counts for nothing: the first requests after a start are slow) and simulate it with

@@ -34,7 +34,7 @@ class Calibration:
     plan: ProbePlan
 
 
-def calibrate(url: str, given: Mapping[str, Any], *, options: ReplayOptions | None = None,
+def calibrate(url: str, given: Mapping[str, int | None], *, options: ReplayOptions | None = None,
               max_prompt: int | None = None, batches: Sequence[int] | None = None,
               contexts: Sequence[int] | None = None, decode_tokens: int = 48, repeats: int = 3,
               results: Path | None = None, seed: int = 0) -> Calibration:

@@ -25,7 +25,7 @@ window's median instead) and phases between the windows; docs/fidelity.md says s
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Sequence, TypedDict
 
 import numpy as np
 
@@ -35,7 +35,19 @@ SLOW_RATIO = 1.5
 MIN_STEPS = 8
 
 
-def dispersion(windows: Sequence[np.ndarray]) -> dict[str, Any]:
+class Jitter(TypedDict):
+    """The profile's ``jitter`` table (sim/jitter.py reads the first four) and the counts it rests on."""
+
+    sigma: float
+    slow_rate_hz: float
+    slow_mean_s: float
+    slow_factor: float
+    steps: int
+    windows: int
+    slow_phases: int
+
+
+def dispersion(windows: Sequence[np.ndarray]) -> Jitter:
     """The profile's ``jitter`` table from decode windows' inter-token gaps (seconds, in order),
     with the counts it rests on (see the module docstring)."""
     ratios = [w / np.median(w) for w in windows if w.size >= MIN_STEPS and np.median(w) > 0]

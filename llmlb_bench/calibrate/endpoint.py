@@ -22,7 +22,7 @@ import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Mapping
 
 from llmlb_bench.errors import UserError
 
@@ -38,7 +38,7 @@ class EngineInfo:
     url: str
     kind: str                       # vllm, llmlb-serve, llama.cpp, unknown
     model: str
-    settings: dict[str, Any]        # ENGINE_INTS of sim/profile.py plus enable_prefix_caching
+    settings: dict[str, int]        # ENGINE_INTS of sim/profile.py plus enable_prefix_caching (a bool)
     sources: dict[str, str] = field(default_factory=dict)   # setting -> flag, engine, assumed
 
     @property
@@ -65,7 +65,7 @@ def metric_labels(text: str, name: str) -> dict[str, str] | None:
     return None
 
 
-def _int(value: Any) -> int | None:
+def _int(value: object) -> int | None:
     try:
         v = int(str(value))
     except ValueError:
@@ -84,7 +84,7 @@ def cache_block_size(url: str) -> int | None:
     return _int(labels.get("block_size")) if labels else None
 
 
-def discover(url: str, given: Mapping[str, Any], model: str | None = None) -> EngineInfo:
+def discover(url: str, given: Mapping[str, int | None], model: str | None = None) -> EngineInfo:
     """The endpoint's engine settings: ``given`` (flags; None = not given) over what the engine
     publishes over assumed vLLM defaults. One-line errors for an endpoint that does not answer
     and for settings that nothing gives."""
@@ -104,7 +104,7 @@ def discover(url: str, given: Mapping[str, Any], model: str | None = None) -> En
     if card is None:
         raise UserError(f"the endpoint serves no model {model!r} (it serves {', '.join(str(c.get('id')) for c in cards)})",
                         "--model")
-    found: dict[str, Any] = {"max_model_len": _int(card.get("max_model_len"))}
+    found: dict[str, int | None] = {"max_model_len": _int(card.get("max_model_len"))}
     metrics = _get(f"{base}/metrics")
     text = metrics[1] if metrics and metrics[0] == 200 else ""
     kind = "unknown"
@@ -126,7 +126,7 @@ def discover(url: str, given: Mapping[str, Any], model: str | None = None) -> En
         n_ctx = _int((p.get("default_generation_settings") or {}).get("n_ctx"))
         found["max_num_seqs"] = slots
         found["max_model_len"] = found["max_model_len"] or n_ctx
-    settings: dict[str, Any] = {}
+    settings: dict[str, int] = {}
     sources: dict[str, str] = {}
     defaults = {"max_num_seqs": VLLM_DEFAULT_SEQS, "max_num_batched_tokens": VLLM_DEFAULT_TOKENS,
                 "enable_prefix_caching": True}
@@ -134,10 +134,11 @@ def discover(url: str, given: Mapping[str, Any], model: str | None = None) -> En
              "block_size": "--block-size", "num_kv_blocks": "--kv-blocks", "max_model_len": "--max-model-len",
              "enable_prefix_caching": "--prefix-caching"}
     for key, flag in flags.items():
-        if given.get(key) is not None:
-            settings[key], sources[key] = given[key], "flag"
-        elif found.get(key) is not None:
-            settings[key], sources[key] = found[key], "engine"
+        flagged, published = given.get(key), found.get(key)
+        if flagged is not None:
+            settings[key], sources[key] = flagged, "flag"
+        elif published is not None:
+            settings[key], sources[key] = published, "engine"
         elif key in defaults:
             settings[key], sources[key] = defaults[key], "assumed"
         else:

@@ -31,7 +31,7 @@ and then) and the fit is repeated without them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, TypedDict
 
 import numpy as np
 
@@ -62,15 +62,24 @@ class Observation:
         return self.predicted_s / self.measured_s - 1.0
 
 
+class ProbeErrors(TypedDict):
+    """How well the fitted profile predicts one kind of probe (outliers left out), in %."""
+
+    observations: int
+    outliers: int
+    mean_abs_error_pct: float | None
+    max_abs_error_pct: float | None
+
+
 @dataclass
 class Fit:
     coefficients: dict[str, float]
     observations: list[Observation]
     notes: list[str]
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, ProbeErrors]:
         """Mean and largest absolute relative error per probe kind (outliers left out), in %."""
-        out: dict[str, Any] = {}
+        out: dict[str, ProbeErrors] = {}
         for kind in sorted({o.probe for o in self.observations}):
             errs = np.array([abs(o.error) for o in self.observations if o.probe == kind and not o.outlier])
             out[kind] = {"observations": int(errs.size),

@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -53,7 +53,7 @@ class ProbePlan:
         return (len(self.prompts) + sum(self.batches) * len(self.contexts) + 2 * len(self.cache_blocks)) * self.repeats
 
 
-def plan(settings: dict[str, Any], max_prompt: int | None, batches: Sequence[int] | None,
+def plan(settings: Mapping[str, int], max_prompt: int | None, batches: Sequence[int] | None,
          contexts: Sequence[int] | None, decode_tokens: int, repeats: int) -> ProbePlan:
     """Probe sizes within the engine's model length, seats and KV capacity."""
     bs, seqs, budget = settings["block_size"], settings["max_num_seqs"], settings["max_num_batched_tokens"]
@@ -79,12 +79,24 @@ def plan(settings: dict[str, Any], max_prompt: int | None, batches: Sequence[int
                      decode_tokens=decode_tokens, cache_blocks=tuple(cache), block_size=bs)
 
 
+class ProbeParams(TypedDict, total=False):
+    """What one probe varied: prefill (prompts, repeats), decode (batch, context, tokens), cache (blocks, prompt)."""
+
+    prompts: list[int]
+    repeats: int
+    batch: int
+    context: int
+    tokens: int
+    blocks: int
+    prompt: int
+
+
 @dataclass
 class ProbeRun:
     """One replayed probe: its kind, parameters and result rows (dicts of the requests table)."""
 
     kind: str                   # prefill, decode, cache
-    params: dict[str, Any]
+    params: ProbeParams
     rows: list[dict[str, Any]]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Annotated, Mapping, Optional
 from urllib.parse import urlsplit
 
 import typer
@@ -18,6 +18,9 @@ from llmlb_bench.cli.common import (Api, Executor, PolicyArgs, RayAddress, Repor
 from llmlb_bench.errors import UserError
 from llmlb_bench.redact import redact
 from llmlb_bench.run_summary import ClientSummary, ReplaySummary
+
+if TYPE_CHECKING:
+    from llmlb_bench.replay.options import ReplayProgress
 
 
 def _timeout(value: float | None) -> float | None:
@@ -163,7 +166,7 @@ def sent_line(replay: ReplaySummary, client: ClientSummary) -> str:
             f"{statuses_text(replay['statuses'])}; dispatch lag p99 {lag['p99']} ms{over}")
 
 
-def _progress_line(c: dict[str, Any]) -> Text:
+def _progress_line(c: ReplayProgress) -> Text:
     ttft = f"{c['ttft_p50_ms']:.1f} ms" if c["ttft_p50_ms"] is not None else "-"
     return Text(f"sent {c['sent']}/{c['total']}  in flight {c['in_flight']}  done {c['done']}  "
                 f"errors {c['errors']}  TTFT p50 {ttft}")

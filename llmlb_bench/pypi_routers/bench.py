@@ -17,13 +17,13 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable, Literal, TypedDict
 
 import numpy as np
 import pyarrow.parquet as pq
 
 from llmlb_bench.metrics.fairness import jain
-from llmlb_bench.policies import make_policy
+from llmlb_bench.policies import Policy, make_policy
 from llmlb_bench.replay import ReplayOptions, replay
 from llmlb_bench.replay.scrape import SeriesRows, parse_metrics
 from llmlb_bench.pypi_routers.fleet import Backend
@@ -83,14 +83,55 @@ class _Scraper(threading.Thread):
                 self.series.add(time.perf_counter(), url, sig)
 
 
-def _direct_policy(name: str) -> Any:
+class _Compared(TypedDict, total=False):
+    """Added after the requests file's figures: what the router itself counted (:func:`run_cell`), then, once
+    every router of the scenario has run, the agreements and added latencies (``direct`` has no agreements)."""
+
+    router_counted_per_backend: dict[str, float] | None
+    agreement_direct: float | None
+    colocation_direct: float | None
+    agreement_sim: float | None
+    colocation_sim: float | None
+    added_ttft_p50_s: float | None
+    added_ttft_p99_s: float | None
+    added_e2e_p50_s: float | None
+    added_e2e_p99_s: float | None
+
+
+class Cell(_Compared):
+    """One scenario through one router (or ``direct``): the figures of docs/routers.md."""
+
+    scenario: str
+    router: str
+    requests: int
+    ok: int
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    e2e_p50_s: float | None
+    e2e_p99_s: float | None
+    cpu_ms_per_request: float | None
+    requests_per_backend: dict[str, int]
+    jain_backends: float | None
+    backend_known: float
+    hit_rate_delivered: float
+    hit_rate_offered: float
+    slo_attainment: float
+    goodput_rps: float | None
+    errors: dict[str, int]
+
+
+#: the latency figures whose added part (router minus direct) a cell reports
+Latency = Literal["ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s"]
+
+
+def _direct_policy(name: str) -> Policy:
     try:
         return make_policy(name)
     except Exception:  # a router-only policy name: the direct control routes round robin
         return make_policy("round_robin")
 
 
-def run_cell(scenario: Scenario, router: str, ports: list[int], out: Path, opt: BenchOptions) -> dict[str, Any]:
+def run_cell(scenario: Scenario, router: str, ports: list[int], out: Path, opt: BenchOptions) -> Cell:
     """One scenario through one router (or ``direct``); returns its figures."""
     fleet = [Backend(p, s, seed=i, model=opt.model) for i, (p, s) in enumerate(zip(ports, scenario.fleet.speeds))]
     urls = [b.url for b in fleet]
@@ -115,7 +156,7 @@ def run_cell(scenario: Scenario, router: str, ports: list[int], out: Path, opt: 
         cpu0 = proc.cpu_s() if proc else 0.0
         counted0 = proc.worker_counts() if proc else {}
         # a restart does not wait for readiness: the router's health checks are what is under test
-        actions: dict[str, Callable[[Backend], Any]] = {"kill": Backend.kill,
+        actions: dict[str, Callable[[Backend], object]] = {"kill": Backend.kill,
                                                         "start": lambda b: b.start(wait=False)}
         for frac, idx, what in scenario.fleet.events:
             timers.append(threading.Timer(options.start_delay_s + frac * duration, actions[what], (fleet[idx],)))
@@ -127,9 +168,8 @@ def run_cell(scenario: Scenario, router: str, ports: list[int], out: Path, opt: 
             scraper.stop_event.set()
             scraper.join()
             t0 = summary.get("client", {}).get("t0_clock_s", 0.0)
-            series = scraper.series.take()
+            series = scraper.series.take(t0)
             if series:
-                series["t_s"] = [t - t0 for t in series["t_s"]]
                 run.series.write(series)
         cpu = (proc.cpu_s() - cpu0) if proc else None
         counted = {w: c - counted0.get(w, 0.0) for w, c in proc.worker_counts().items()} if proc else {}
@@ -151,7 +191,7 @@ def _pct(values: np.ndarray, q: float) -> float | None:
 
 
 def figures(scenario: Scenario, router: str, requests: Path, backends: list[str], cpu_s: float | None,
-            opt: BenchOptions) -> dict[str, Any]:
+            opt: BenchOptions) -> Cell:
     """The per-cell figures of docs/routers.md from a run's requests file."""
     t = pq.read_table(requests).to_pydict()
     n = len(t["request_id"])
@@ -195,9 +235,9 @@ def figures(scenario: Scenario, router: str, requests: Path, backends: list[str]
 
 
 def run_suite(scenarios: list[Scenario], routers: list[str], out: Path, opt: BenchOptions,
-              progress: Callable[[str], None] = print) -> list[dict[str, Any]]:
+              progress: Callable[[str], None] = print) -> list[Cell]:
     """Every scenario through ``direct`` and every router; figures also to ``<out>/figures.json``."""
-    cells: list[dict[str, Any]] = []
+    cells: list[Cell] = []
     for sc in scenarios:
         ports = free_ports(len(sc.fleet.speeds))
         mine = []
@@ -210,9 +250,9 @@ def run_suite(scenarios: list[Scenario], routers: list[str], out: Path, opt: Ben
         sim = simulate_decisions(sc, opt.policy, [f"http://127.0.0.1:{p}" for p in ports], out)
         for c in mine:
             if c["router"] != DIRECT:
-                for ref, other in (("direct", placed[DIRECT]), ("sim", sim)):
-                    got = agreement(placed[c["router"]], other)
-                    c[f"agreement_{ref}"], c[f"colocation_{ref}"] = got["same"], got["colocation"]
+                direct, simulated = agreement(placed[c["router"]], placed[DIRECT]), agreement(placed[c["router"]], sim)
+                c["agreement_direct"], c["colocation_direct"] = direct["same"], direct["colocation"]
+                c["agreement_sim"], c["colocation_sim"] = simulated["same"], simulated["colocation"]
         cells += mine
     added(cells)
     (out / "figures.json").write_text(json.dumps(cells, indent=1) + "\n")
@@ -274,11 +314,17 @@ def simulate_decisions(scenario: Scenario, policy: str, urls: list[str], out: Pa
     return decisions(run.dir / "requests.parquet", {f"r{i}": u for i, u in enumerate(urls)})
 
 
-def added(cells: list[dict[str, Any]]) -> None:
+def added(cells: list[Cell]) -> None:
     """Each router cell's added latency: its percentile minus the direct run's, same scenario."""
     direct = {c["scenario"]: c for c in cells if c["router"] == DIRECT}
+
+    def minus(c: Cell, d: Cell | None, key: Latency) -> float | None:
+        mine, theirs = c[key], d[key] if d is not None else None
+        return None if mine is None or theirs is None or c["router"] == DIRECT else mine - theirs
+
     for c in cells:
         d = direct.get(c["scenario"])
-        for key in ("ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s"):
-            c[f"added_{key}"] = (None if d is None or c[key] is None or d[key] is None or c["router"] == DIRECT
-                                 else c[key] - d[key])
+        c["added_ttft_p50_s"] = minus(c, d, "ttft_p50_s")
+        c["added_ttft_p99_s"] = minus(c, d, "ttft_p99_s")
+        c["added_e2e_p50_s"] = minus(c, d, "e2e_p50_s")
+        c["added_e2e_p99_s"] = minus(c, d, "e2e_p99_s")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Iterable
+
+if TYPE_CHECKING:
+    from llmlb_bench.pypi_routers.bench import Cell
 
 
 def _ms(v: float | None, signed: bool = False) -> str:
@@ -24,9 +27,9 @@ COLUMNS = ("router", "TTFT p50 / p99 ms", "added TTFT p50 / p99 ms", "E2E p50 / 
            "same backend as llmlb replay / sim", "co-location agreement replay / sim", "errors the client saw")
 
 
-def markdown(cells: Iterable[dict[str, Any]], summaries: dict[str, str] | None = None) -> str:
+def markdown(cells: Iterable[Cell], summaries: dict[str, str] | None = None) -> str:
     """One section per scenario, one row per router (``direct`` first)."""
-    by: dict[str, list[dict[str, Any]]] = {}
+    by: dict[str, list[Cell]] = {}
     for c in cells:
         by.setdefault(c["scenario"], []).append(c)
     out: list[str] = []

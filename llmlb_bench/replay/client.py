@@ -17,6 +17,12 @@ if TYPE_CHECKING:
     from llmlb_bench.replay.preflight import Preflight
 
 
+class ReplayResult(ReplaySummary):
+    """What ``replay()`` returns: the totals of ``summary.replay`` with the client's figures beside them."""
+
+    client: ClientSummary
+
+
 def client_summary(lateness_s: np.ndarray, cpu_s: float, sent: int, loop_kind: str, t0: float,
                    threshold_ms: float, workers: int = 1) -> ClientSummary:
     """The self-check figures stored as run.json ``summary.client``."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 #: round trips per measurement: the first ones to a fresh worker are slow (connections, imports)
 PINGS = 8
@@ -30,7 +30,7 @@ class ClockOffset:
     offset_s: float
     rtt_s: float
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, float]:
         """As stored in run.json."""
         return {"offset_s": self.offset_s, "rtt_s": self.rtt_s, "uncertainty_s": self.rtt_s / 2}
 

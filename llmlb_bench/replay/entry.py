@@ -9,10 +9,10 @@ Kept out of ``runner.py`` so that nothing the replayer needs imports back up to 
 
 from __future__ import annotations
 
-from typing import Any
-
 import pyarrow as pa
 
+from llmlb_bench.policies import Policy
+from llmlb_bench.replay.client import ReplayResult
 from llmlb_bench.replay.options import ReplayOptions
 from llmlb_bench.replay.power import Domain, PowerSampler, join_energy, open_sources
 from llmlb_bench.replay.preflight import Preflight, preflight
@@ -22,9 +22,9 @@ from llmlb_bench.replay.witness import ServerWitness, server_check
 from llmlb_bench.store import RunStore
 
 
-def replay(trace: pa.Table, endpoints: list[str], policy: Any, run: RunStore,
+def replay(trace: pa.Table, endpoints: list[str], policy: Policy, run: RunStore,
            options: ReplayOptions | None = None, *, pre: Preflight | None = None,
-           resume: Resume | None = None, power: list[Domain] | None = None) -> dict[str, Any]:
+           resume: Resume | None = None, power: list[Domain] | None = None) -> ReplayResult:
     """Replay ``trace`` against ``endpoints`` with client-side routing by ``policy``.
 
     Rows go to ``run.requests``; the client self-check to
@@ -97,7 +97,7 @@ def _keep_power(sampler: PowerSampler, run: RunStore, resume: Resume | None) -> 
     def finalize(store: RunStore) -> None:
         energy = join_energy(store.dir, domains, keep)
         for target, info in sampler.describe().items():
-            energy["domains"][target].update(info)
+            energy["domains"][target] = {**energy["domains"][target], **info}
         store.summary["energy"] = {**energy, "interval_s": sampler.interval}
     run.finalizers.append(finalize)
 

@@ -33,12 +33,15 @@ without reasoning costs what it did.
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from llmlb_bench.policies import RouteRequest
 from llmlb_bench.replay.http import Connection
 from llmlb_bench.replay.sse import SSEDecoder
 from llmlb_bench.backend_header import backend_from_headers
+
+if TYPE_CHECKING:
+    import asyncio
 
 try:  # orjson is a core dependency where it has wheels (parsing is most of the per-token cost)
     from orjson import loads as _loads
@@ -89,7 +92,7 @@ class Flight:
         self.reused = False
         self.fresh_used = False
         self.conn: Connection | None = None
-        self.timer: Any = None
+        self.timer: asyncio.TimerHandle | None = None
         self.done = False
         #: the answer's text pieces, kept only when a dependent request will extend it
         #: (replay.threads); None: not kept
@@ -231,7 +234,7 @@ class Flight:
             tokens += n
         self._record(tokens, now)
 
-    def _count_choices(self, choices: Any, now: float) -> int:
+    def _count_choices(self, choices: object, now: float) -> int:
         """1 if any choice carries text (one token per chunk), else 0; notes a finish reason, a
         reasoning chunk and the first answer chunk."""
         n = 0
@@ -258,7 +261,7 @@ class Flight:
                 self._finish_seen = True
         return n
 
-    def _take_usage(self, usage: Any) -> None:
+    def _take_usage(self, usage: object) -> None:
         if not isinstance(usage, dict):
             return
         out, inp = usage.get("completion_tokens"), usage.get("prompt_tokens")
@@ -333,7 +336,7 @@ def _clip(raw: bytes, n: int = 80) -> str:
     return text + ("..." if len(raw) > n else "")
 
 
-def _message(obj: Any) -> str:
+def _message(obj: object) -> str:
     """The human part of an OpenAI-style error object, shortened to one line."""
     err = obj.get("error", obj) if isinstance(obj, dict) else obj
     if isinstance(err, dict):

@@ -21,12 +21,15 @@ leading space) is reported before the run rather than discovered after it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.replay.prompts import PIECES, PromptBuilder
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 from llmlb_bench.schema import trace_block_size
 
 #: counts the tokens of each text of a batch
@@ -36,7 +39,7 @@ _PROBE = "Hello"
 CHECK_ROWS = 64
 
 
-def load_tokenizer(path: str | Path) -> Any:
+def load_tokenizer(path: str | Path) -> Tokenizer:
     """A ``tokenizers.Tokenizer`` from a ``tokenizer.json`` file or a folder holding one."""
     try:
         from tokenizers import Tokenizer
@@ -54,7 +57,7 @@ def load_tokenizer(path: str | Path) -> Any:
         raise UserError(f"not a tokenizer.json the tokenizers package can read ({reason})", file) from None
 
 
-def local_counter(tokenizer: Any) -> Counter:
+def local_counter(tokenizer: Tokenizer) -> Counter:
     """A :data:`Counter` over a local tokenizer, without special tokens (the raw prompt's count)."""
     async def count(texts: list[str]) -> list[int]:
         return [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)]

@@ -28,7 +28,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Any
+from typing import Any, Mapping
 
 from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.gcpause import pause_full_collections
@@ -54,7 +54,7 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-def _event(obj: dict[str, Any]) -> bytes:
+def _event(obj: Mapping[str, object]) -> bytes:
     return _chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
 
 
@@ -72,7 +72,7 @@ _SSE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Contr
 _DONE = _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
 
 
-def _json_response(status: int, obj: Any) -> bytes:
+def _json_response(status: int, obj: object) -> bytes:
     body = json.dumps(obj).encode()
     reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
     return (b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"

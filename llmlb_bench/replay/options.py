@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Literal
+from typing import Callable, Literal, TypedDict
 
 #: retried when ``retries`` > 0: overload and transient server failures
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class ReplayProgress(TypedDict):
+    """The live counters a replay hands its ``progress`` callback (``Replayer.counters``)."""
+
+    sent: int
+    in_flight: int
+    done: int
+    errors: int
+    total: int
+    ttft_p50_ms: float | None
 
 
 @dataclass
@@ -47,7 +58,7 @@ class ReplayOptions:
     force_output_length: bool = True
     #: further fields merged into every request body, e.g. an engine's own sampling parameters
     #: (vLLM's ``allowed_token_ids``, ``top_k``)
-    extra_body: dict[str, Any] = field(default_factory=dict)
+    extra_body: dict[str, object] = field(default_factory=dict)
     #: a dependent request's prompt extends its parent's prompt and the answer the server returned
     #: (replay.threads); False: every prompt materialised from the trace's hashes
     thread: bool = True
@@ -76,10 +87,10 @@ class ReplayOptions:
     #: seconds between the start call and the first scheduled send (connections are set up meanwhile)
     start_delay_s: float = 0.05
     #: called about twice a second with live counters (sent, in_flight, done, errors, ttft_p50_ms)
-    progress: Callable[[dict[str, Any]], None] | None = None
+    progress: Callable[[ReplayProgress], None] | None = None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """The options as stored in run.json (no callables, no secrets: only the key's variable name)."""
-        out = asdict(self)
+        out: dict[str, object] = asdict(self)
         out.pop("progress")
         return out

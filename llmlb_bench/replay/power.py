@@ -44,7 +44,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
-from typing import Any, Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -59,6 +59,40 @@ from llmlb_bench.store.run import REQUESTS_FILE, SERIES_FILE
 FLEET = "fleet"
 DCGM_ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
 DCGM_POWER = "DCGM_FI_DEV_POWER_USAGE"
+
+
+class DomainReadings(TypedDict):
+    """How a domain's power was read (``PowerSampler.describe``)."""
+
+    source: str
+    readings: int
+    failed_readings: int
+
+
+class _ReadingsOf(TypedDict, total=False):
+    source: str
+    readings: int
+    failed_readings: int
+
+
+class DomainEnergy(_ReadingsOf):
+    """One domain's energy (``attribute``); with its :class:`DomainReadings` once the run has them."""
+
+    endpoints: list[str]
+    energy_j: float
+    attributed_j: float
+    idle_j: float
+    span_s: float
+
+
+class EnergySummary(TypedDict):
+    """The energy of a replay (``join_energy``), as run.json ``summary.energy`` holds it."""
+
+    energy_j: float
+    attributed_j: float
+    idle_j: float
+    domains: dict[str, DomainEnergy]
+    rule: str
 
 
 @dataclass
@@ -247,10 +281,10 @@ class PowerSampler:
             s.times.append(t)
             s.readings.append(reading)
 
-    def series(self, t0: float) -> dict[str, list[Any]]:
+    def series(self, t0: float) -> dict[str, list[object]]:
         """Series rows (``t_s``, ``target``, ``power_w``): the mean power over the interval each
         reading ends; the first reading gets its successor's value, since no interval ends there."""
-        rows: dict[str, list[Any]] = {"t_s": [], "target": [], "power_w": []}
+        rows: dict[str, list[object]] = {"t_s": [], "target": [], "power_w": []}
         for dom, s in zip(self.domains, self._samples):
             power = [_mean_power(s.times[k - 1], s.readings[k - 1], s.times[k], s.readings[k])
                      for k in range(1, len(s.times))]
@@ -260,7 +294,7 @@ class PowerSampler:
                 rows["power_w"].append(power[max(k - 1, 0)] if power else s.readings[0].power_w)
         return rows
 
-    def describe(self) -> dict[str, dict[str, Any]]:
+    def describe(self) -> dict[str, DomainReadings]:
         """Per domain target: its source and how many readings worked and failed."""
         return {d.target: {"source": d.source.name, "readings": len(s.times), "failed_readings": s.failed}
                 for d, s in zip(self.domains, self._samples)}
@@ -275,7 +309,7 @@ def _mean_power(t1: float, r1: Reading, t2: float, r2: Reading) -> float:
 
 # -- attribution -----------------------------------------------------------------
 def attribute(series: pa.Table, requests: pa.Table, domains: Sequence[tuple[str, Sequence[str]]]
-              ) -> tuple[np.ndarray, dict[str, Any]]:
+              ) -> tuple[np.ndarray, dict[str, DomainEnergy]]:
     """Energy (J) of each row of ``requests`` (NaN where no domain covers its target) and
     per-domain totals, from the power rows of ``series`` (see the module docstring for the rule)."""
     n = requests.num_rows
@@ -292,7 +326,7 @@ def attribute(series: pa.Table, requests: pa.Table, domains: Sequence[tuple[str,
     seg_t = np.asarray(flat.field("start_s"), dtype=float)
     seg_n = np.asarray(flat.field("count"), dtype=float)
     power_rows = series.filter(pc.is_valid(series.column("power_w")))
-    summary: dict[str, Any] = {}
+    summary: dict[str, DomainEnergy] = {}
     for target, endpoints in domains:
         rows = power_rows.filter(pc.equal(power_rows.column("target"), target)).sort_by("t_s")
         t = np.asarray(rows.column("t_s"), dtype=float)
@@ -339,7 +373,7 @@ def _spread(start: float, end: float, tokens: float, t: np.ndarray) -> tuple[np.
     return k, tokens * np.clip(overlap, 0.0, None) / (end - start)
 
 
-def join_energy(run_dir: Path, domains: Sequence[tuple[str, Sequence[str]]], keep_ids: set[int]) -> dict[str, Any]:
+def join_energy(run_dir: Path, domains: Sequence[tuple[str, Sequence[str]]], keep_ids: set[int]) -> EnergySummary:
     """Fill ``energy_j`` of a closed run's requests.parquet from its series.parquet (rows whose
     request id is in ``keep_ids`` keep theirs); returns the energy summary for run.json."""
     req_path = run_dir / REQUESTS_FILE

@@ -17,7 +17,7 @@ import asyncio
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -27,6 +27,9 @@ from llmlb_bench.redact import add_secret
 from llmlb_bench.replay.http import Endpoint, Pool, parse_endpoint, simple_request
 from llmlb_bench.replay.lengths import Counter, check_note, exact_lengths, load_tokenizer, local_counter
 from llmlb_bench.replay.options import ReplayOptions
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 DEFAULT_KEY_ENV = "OPENAI_API_KEY"
 
@@ -79,8 +82,8 @@ def preflight(urls: list[str], options: ReplayOptions, trace: pa.Table | None = 
     return asyncio.run(_probe_all(endpoints, headers, options, tokenizer, trace))
 
 
-async def _probe_all(endpoints: list[Endpoint], headers: str, options: ReplayOptions, tokenizer: Any,
-                     trace: pa.Table | None) -> Preflight:
+async def _probe_all(endpoints: list[Endpoint], headers: str, options: ReplayOptions,
+                     tokenizer: Tokenizer | None, trace: pa.Table | None) -> Preflight:
     timeout = options.timeouts.connect or 10.0
     pools = [Pool(ep, timeout) for ep in endpoints]
     try:

@@ -47,7 +47,8 @@ import time
 from functools import partial
 from pathlib import Path
 from time import perf_counter
-from typing import Any, Callable, Sequence
+from types import ModuleType
+from typing import Any, Callable, Mapping, Sequence, TypedDict, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -55,13 +56,16 @@ import pyarrow.compute as pc
 
 from llmlb_bench import interrupts
 from llmlb_bench.errors import UserError
+from llmlb_bench.policies import Policy
 from llmlb_bench.raycluster import ray_session
+from llmlb_bench.replay.client import ReplayResult
 from llmlb_bench.replay.clock import ClockOffset, measure_offset, perf_instant
 from llmlb_bench.replay.options import ReplayOptions
 from llmlb_bench.replay.preflight import Preflight
 from llmlb_bench.replay.resume import Resume
 from llmlb_bench.replay.runner import Replayer
 from llmlb_bench.replay.workers import WorkerOutcome, PartStore, merge_outcomes, plan_workers
+from llmlb_bench.run_summary import RunSummary
 from llmlb_bench.schema import REQUESTS, SERIES
 from llmlb_bench.store import RunStore
 from llmlb_bench.store.parts import read_parts
@@ -78,6 +82,32 @@ POLL_S = 1.0
 #: result columns that are times on the replay's timeline
 _REQUEST_TIMES = ("scheduled_s", "sent_s", "first_token_s", "last_token_s")
 
+_T = TypeVar("_T")
+
+
+class Place(TypedDict):
+    """Where an actor runs (``ReplayActor.prepare``)."""
+
+    node_id: str
+    hostname: str
+    pid: int
+
+
+class TakenRows(TypedDict):
+    """Rows an actor finished (Arrow IPC bytes) and the origin their times count from, on its wall clock."""
+
+    requests: bytes
+    t0_wall_s: float
+
+
+class ActorResult(TakenRows):
+    """What an actor's run hands back (``ReplayActor.run``)."""
+
+    series: bytes
+    summary: RunSummary
+    interrupted: bool
+    lateness: np.ndarray
+
 
 class RowTap:
     """An actor's requests sink: finished rows kept in memory until the parent takes them.
@@ -90,7 +120,7 @@ class RowTap:
         self._lock = threading.Lock()
         self._tables: list[pa.Table] = []
 
-    def write(self, columns: Any) -> None:
+    def write(self, columns: Mapping[str, Sequence[object] | pa.Array]) -> None:
         table = rows_table(REQUESTS, columns, self._constants)
         if table is not None:
             with self._lock:
@@ -128,8 +158,8 @@ class ReplayActor:
         self._t0_own: float | None = None
         self._stopped = False
 
-    def prepare(self, share: bytes, pre: Preflight, policy: Any, options: ReplayOptions,
-                run_id: str) -> dict[str, Any]:
+    def prepare(self, share: bytes, pre: Preflight, policy: Policy, options: ReplayOptions,
+                run_id: str) -> Place:
         """Build the replayer for this share (rows in a node-local folder until the run ends); where it is."""
         import ray
 
@@ -144,7 +174,7 @@ class ReplayActor:
         """This actor's wall clock (one ping of the offset measurement)."""
         return self._clock()
 
-    def run(self, t0_wall: float) -> dict[str, Any]:
+    def run(self, t0_wall: float) -> ActorResult:
         """Replay with trace time 0 at ``t0_wall`` on this actor's clock; rows relative to that origin."""
         replayer, part, tap, tmp = self._replayer, self._part, self._tap, self._tmp
         assert replayer is not None and part is not None and tap is not None and tmp is not None
@@ -167,7 +197,7 @@ class ReplayActor:
         finally:
             tmp.cleanup()
 
-    def take_rows(self) -> dict[str, Any] | None:
+    def take_rows(self) -> TakenRows | None:
         """The rows finished since the last call, and the origin their times count from (None before
         the run has started)."""
         if self._t0_own is None or self._tap is None:
@@ -195,9 +225,9 @@ def _interrupt_when_started(replayer: Replayer) -> None:
         replayer._interrupt()
 
 
-def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, options: ReplayOptions,
+def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Policy, run: RunStore, options: ReplayOptions,
                   resume: Resume | None = None, *,
-                  clocks: Sequence[Callable[[], float]] | None = None) -> dict[str, Any]:
+                  clocks: Sequence[Callable[[], float]] | None = None) -> ReplayResult:
     """Replay with ``options.workers`` Ray actors (cluster ``options.address``); same results as the
     process workers, on the parent's timeline. ``clocks`` replaces each actor's wall clock (tests)."""
     plan = plan_workers(trace, run, options, resume)
@@ -232,6 +262,7 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, o
                 if offset is None:
                     details[k]["error"] = error
                     continue
+                assert place is not None        # no error: the actor answered
                 details[k].update(place, **offset.describe())
                 live[k] = offset
             # trace time 0 on the parent's wall clock, and the same instant on its perf_counter
@@ -250,6 +281,7 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, o
                         _collect(ray, call, asked.pop(call), live, t0_wall, streamed)
                     result, error = _get(ray, partial(ray.get, ref))
                     if error is None:
+                        assert result is not None   # no error: the actor answered
                         outcomes[k] = _outcome(result, live[k], t0_wall, details[k])
                         after, _ = _get(ray, partial(_offset, ray, actors[k]))  # the drift, not corrected
                         details[k]["offset_after_s"] = after.offset_s if after is not None else None
@@ -270,14 +302,16 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, o
             for s, handler in saved.items():
                 signal.signal(s, handler)
     summary = merge_outcomes(plan, run, outcomes, options, t0, pre)
-    summary["client"].update(clock="time.perf_counter of the parent; actors' times mapped onto it through "
-                                   "their measured wall-clock offsets", ray_workers=details)
+    client = summary["client"]          # the run's summary.client too
+    client["clock"] = ("time.perf_counter of the parent; actors' times mapped onto it through their measured "
+                       "wall-clock offsets")
+    client["ray_workers"] = details
     if stop["signalled"] or summary["interrupted"]:
         raise KeyboardInterrupt("replay interrupted")
     return summary
 
 
-def _get(ray: Any, call: Callable[[], Any]) -> tuple[Any, str | None]:
+def _get(ray: ModuleType, call: Callable[[], _T]) -> tuple[_T | None, str | None]:
     """``(value, None)`` from a call to an actor, or ``(None, what went wrong in one line)``; a
     user's mistake found in an actor is raised as the one-line error it is."""
     try:
@@ -290,11 +324,11 @@ def _get(ray: Any, call: Callable[[], Any]) -> tuple[Any, str | None]:
         return None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
 
 
-def _offset(ray: Any, actor: Any) -> ClockOffset:
+def _offset(ray: ModuleType, actor: Any) -> ClockOffset:
     return measure_offset(lambda: ray.get(actor.now.remote()))
 
 
-def _collect(ray: Any, call: Any, k: int, live: dict[int, ClockOffset], t0_wall: float,
+def _collect(ray: ModuleType, call: Any, k: int, live: dict[int, ClockOffset], t0_wall: float,
              streamed: list[list[pa.Table]]) -> None:
     """Actor ``k``'s answer to a ``take_rows`` call: its new rows, moved onto our timeline. A call is
     only made again once answered, so no rows are taken twice or left behind unread (those of a
@@ -311,7 +345,7 @@ def _concat(tables: Sequence[pa.Table | None]) -> pa.Table | None:
     return pa.concat_tables(present) if present else None
 
 
-def _outcome(result: dict[str, Any], offset: ClockOffset, t0_wall: float, detail: dict[str, Any]) -> WorkerOutcome:
+def _outcome(result: ActorResult, offset: ClockOffset, t0_wall: float, detail: dict[str, Any]) -> WorkerOutcome:
     """An actor's result on the parent's timeline: its origin, read on its clock, mapped through the offset."""
     shift = result["t0_wall_s"] - offset.offset_s - t0_wall
     detail["shift_s"] = shift

@@ -19,7 +19,6 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -43,7 +42,7 @@ class Resume:
     carried: pa.Table
     done_ids: set[int]
     backup: Path
-    previous: dict[str, Any]
+    previous: dict[str, object]
 
     def restore(self) -> None:
         """Put the old folder back (the new run could not be created)."""

@@ -21,13 +21,12 @@ import os
 import sys
 from array import array
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.schema import TOKEN_SEGMENT
-from llmlb_bench.store.sink import ParquetSink
 
 #: scalar columns in the order :meth:`RowBuffer.add` takes them
 SCALARS: tuple[tuple[str, pa.DataType], ...] = (
@@ -58,6 +57,17 @@ SCALARS: tuple[tuple[str, pa.DataType], ...] = (
 )
 
 
+class RequestsSink(Protocol):
+    """Where a replayer's rows go: the run's :class:`~llmlb_bench.store.ParquetSink`, or a Ray actor's
+    in-memory tap (:class:`~llmlb_bench.replay.ray_workers.RowTap`)."""
+
+    @property
+    def pending_rows(self) -> int: ...
+    def write(self, columns: Mapping[str, Sequence[object] | pa.Array]) -> None: ...
+    def flush_if_due(self) -> None: ...
+    def close(self) -> None: ...
+
+
 class RowBuffer:
     """Column lists for finished requests; ``token_times`` kept as flat segments plus offsets.
 
@@ -70,7 +80,7 @@ class RowBuffer:
         self._clear()
 
     def _clear(self) -> None:
-        self._cols: list[list[Any]] = [[] for _ in SCALARS]
+        self._cols: list[list[object]] = [[] for _ in SCALARS]
         self._seg_start = array("d")
         self._seg_count = array("i")
         self._offsets = array("i", [0])
@@ -78,7 +88,7 @@ class RowBuffer:
     def __len__(self) -> int:
         return len(self._cols[0])
 
-    def add(self, values: Sequence[Any], seg_start: Sequence[float] | None,
+    def add(self, values: Sequence[object], seg_start: Sequence[float] | None,
             seg_count: Sequence[int] | None) -> None:
         """One row: ``values`` in :data:`SCALARS` order; segments (clock times) ``None`` when no token arrived."""
         for col, v in zip(self._cols, values):
@@ -104,7 +114,7 @@ class RawRows:
 
     __slots__ = ("cols", "seg_start", "seg_count", "offsets", "origin")
 
-    def __init__(self, cols: list[list[Any]], seg_start: array[float], seg_count: array[int], offsets: array[int],
+    def __init__(self, cols: list[list[object]], seg_start: array[float], seg_count: array[int], offsets: array[int],
                  origin: float) -> None:
         self.cols, self.seg_start, self.seg_count, self.offsets = cols, seg_start, seg_count, offsets
         self.origin = origin
@@ -154,7 +164,7 @@ def _background() -> None:
 class RowWriter:
     """Moves buffered rows into a :class:`ParquetSink` on one background thread."""
 
-    def __init__(self, sink: ParquetSink, batch_rows: int = 512) -> None:
+    def __init__(self, sink: RequestsSink, batch_rows: int = 512) -> None:
         self.sink = sink
         self.buffer = RowBuffer()
         self.batch_rows = batch_rows
@@ -199,7 +209,7 @@ class RowWriter:
             self._write(raw)
 
 
-def write_table(sink: ParquetSink, table: pa.Table) -> None:
+def write_table(sink: RequestsSink, table: pa.Table) -> None:
     """Append a whole Arrow table of this sink's kind (carried-over or merged rows)."""
     for batch in table.to_batches():
         sink.write({name: batch.column(name) for name in batch.schema.names})

@@ -42,7 +42,7 @@ import sys
 import threading
 from collections import Counter, deque
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -54,16 +54,16 @@ from llmlb_bench.openfiles import raise_open_files_limit
 from llmlb_bench.policies import Outcome, Policy, PolicyError, RouteRequest, TargetInfo, View
 from llmlb_bench.policies.base import put, set_now
 from llmlb_bench.replay.flight import Flight
-from llmlb_bench.replay.http import Pool, build_request, simple_request
+from llmlb_bench.replay.http import Connection, Pool, build_request, simple_request
 from llmlb_bench.replay.media import AUDIO_TOKENS_PER_S, image_side, png_data_url, wav_base64
-from llmlb_bench.replay.options import RETRY_STATUSES, ReplayOptions
-from llmlb_bench.replay.client import client_summary, replay_summary
+from llmlb_bench.replay.options import RETRY_STATUSES, ReplayOptions, ReplayProgress
+from llmlb_bench.replay.client import ReplayResult, client_summary, replay_summary
 from llmlb_bench.replay.preflight import Preflight, request_headers
 from llmlb_bench.replay.prompts import PromptBuilder
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
 from llmlb_bench.replay.rows import RowWriter, write_table
 from llmlb_bench.replay.scrape import SeriesRows, Signals, parse_metrics, update_view
-from llmlb_bench.replay.threads import Threads
+from llmlb_bench.replay.threads import Prompt, Threads
 from llmlb_bench.schema import trace_block_size
 from llmlb_bench.store import RunStore
 
@@ -156,7 +156,7 @@ class Replayer:
         self.policy_error: PolicyError | None = None
 
     # -- event loop and signals ---------------------------------------------
-    def run(self) -> dict[str, Any]:
+    def run(self) -> ReplayResult:
         loop, self.loop_kind = new_event_loop()
         self.loop = loop
         raise_open_files_limit()
@@ -355,22 +355,22 @@ class Replayer:
         text = self.prompts.text(tokens, tr.hashes(idx), tr.rid[idx]) if threaded is None else ""
         out = max(1, tr.out[idx])
         # a LoRA adapter is served under its own name (vLLM's --lora-modules NAME=DIR)
-        body: dict[str, Any] = {"model": tr.adapter[idx] or self.pre.models[target]}
+        body: dict[str, object] = {"model": tr.adapter[idx] or self.pre.models[target]}
         if media:
             side = image_side(tr.image_tokens[idx] // images) if images else 0
-            content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+            content: list[dict[str, object]] = [{"type": "text", "text": text}]
             content += [{"type": "image_url", "image_url": {"url": png_data_url(side, tr.rid[idx] * 64 + k)}}
                         for k in range(images)]
             if audio_s:
                 content.append({"type": "input_audio",
                                 "input_audio": {"data": wav_base64(audio_s, tr.rid[idx]), "format": "wav"}})
             body["messages"] = [{"role": "user", "content": content}]
-        elif self.options.api == "chat":
-            body["messages"] = threaded if threaded is not None else [{"role": "user", "content": text}]
         else:
-            body["prompt"] = threaded if threaded is not None else text
-        if self.threads is not None and not media:
-            self.threads.sent(idx, body["messages"] if self.options.api == "chat" else body["prompt"])
+            prompt: Prompt = threaded if threaded is not None else (
+                [{"role": "user", "content": text}] if self.options.api == "chat" else text)
+            body["messages" if self.options.api == "chat" else "prompt"] = prompt
+            if self.threads is not None:
+                self.threads.sent(idx, prompt)
         body.update(max_tokens=out, stream=True, stream_options={"include_usage": True})
         if self.options.force_output_length:
             body.update(min_tokens=out, ignore_eos=True)
@@ -412,7 +412,7 @@ class Replayer:
             else:
                 self._send(f, conn)
 
-    def _send(self, f: Flight, conn: Any) -> None:
+    def _send(self, f: Flight, conn: Connection) -> None:
         now = perf_counter()
         if f.sent is None:
             f.sent = now
@@ -555,7 +555,7 @@ class Replayer:
         tr, t0 = self.tr, self.t0
         self.status[status] += 1
         if f is None:
-            values: tuple[Any, ...] = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], tr.session[idx], tr.turn[idx], None,
+            values: tuple[object, ...] = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], tr.session[idx], tr.turn[idx], None,
                       self.sched[idx], None, None, None,
                       tr.inp[idx], tr.out[idx], None, None, status, error, None, None, None, None, tr.adapter[idx], None, None, None)
             self.writer.buffer.add(values, None, None)
@@ -653,7 +653,7 @@ class Replayer:
             await asyncio.sleep(0.5)
             self.options.progress(self.counters())
 
-    def counters(self) -> dict[str, Any]:
+    def counters(self) -> ReplayProgress:
         """Live figures for a progress display."""
         ttft = sorted(self.recent_ttft)
         return {"sent": self.sent, "in_flight": len(self.flights), "done": sum(self.status.values()),
@@ -661,7 +661,7 @@ class Replayer:
                 "total": self.tr.n, "ttft_p50_ms": ttft[len(ttft) // 2] * 1e3 if ttft else None}
 
     # -- summary -------------------------------------------------------------
-    def _summary(self, cpu_s: float) -> dict[str, Any]:
+    def _summary(self, cpu_s: float) -> ReplayResult:
         client = client_summary(np.asarray(self.lateness), cpu_s, self.sent, self.loop_kind, self.t0,
                                 self.options.lag_threshold_ms)
         replay = replay_summary(self.status, self.sent, self.first_sent, self.last_sent, self.last_end,

@@ -40,7 +40,7 @@ LoRA-affinity routing).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Iterator
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -166,21 +166,26 @@ class SeriesRows:
 
     def __init__(self) -> None:
         self._previous: dict[str, dict[str, float]] = {}
-        self.rows: dict[str, list[Any]] = {k: [] for k in self.COLUMNS}
+        #: ``t_s`` of each row, then the other columns
+        self._times: list[float] = []
+        self._rows: dict[str, list[object]] = {k: [] for k in self.COLUMNS[1:]}
 
     def add(self, t_s: float, target: str, sig: Signals) -> None:
         total = sig.kv_blocks_total
         used = round(sig.kv_usage * total) if total is not None and sig.kv_usage is not None else None
         previous = self._previous.get(target, {})
-        row = (t_s, target, sig.waiting, sig.running, used, total,
+        row = (target, sig.waiting, sig.running, used, total,
                *(counter_delta(previous.get(col), sig.counters.get(col)) for col in COUNTERS))
-        for k, v in zip(self.COLUMNS, row):
-            self.rows[k].append(v)
+        self._times.append(t_s)
+        for k, v in zip(self.COLUMNS[1:], row):
+            self._rows[k].append(v)
         self._previous[target] = sig.counters
 
-    def take(self) -> dict[str, list[Any]] | None:
-        """The rows added since the last call (None when there are none), then start afresh."""
-        if not self.rows["t_s"]:
+    def take(self, origin: float = 0.0) -> dict[str, list[object]] | None:
+        """The rows added since the last call (None when there are none), times counted from ``origin``
+        (a scraper that reads a clock of its own), then start afresh."""
+        if not self._times:
             return None
-        rows, self.rows = self.rows, {k: [] for k in self.COLUMNS}
-        return rows
+        times, self._times = self._times, []
+        rows, self._rows = self._rows, {k: [] for k in self.COLUMNS[1:]}
+        return {"t_s": [t - origin for t in times], **rows}

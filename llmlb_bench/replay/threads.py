@@ -34,8 +34,6 @@ hashes as without threading.
 
 from __future__ import annotations
 
-from typing import Any
-
 from llmlb_bench.replay.prompts import PromptBuilder
 from llmlb_bench.trace_columns import TraceColumns
 
@@ -119,6 +117,6 @@ class Threads:
         else:
             self.needed[d] = left - 1
 
-    def held(self) -> dict[str, Any]:
+    def held(self) -> dict[str, int]:
         """How many prompts and answers are kept now (the memory bound's check)."""
         return {"prompts": len(self._prompt), "answers": len(self._answer)}

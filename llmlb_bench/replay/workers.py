@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+from multiprocessing.connection import Connection
 import os
 import shutil
 import signal
@@ -31,7 +32,6 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from time import perf_counter
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -39,11 +39,12 @@ import pyarrow.compute as pc
 
 from llmlb_bench import interrupts
 from llmlb_bench.errors import UserError
+from llmlb_bench.policies import Policy
 from llmlb_bench.replay.options import ReplayOptions
 from llmlb_bench.replay.preflight import Preflight
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
-from llmlb_bench.replay.rows import write_table
-from llmlb_bench.replay.client import client_summary, replay_summary
+from llmlb_bench.replay.rows import RequestsSink, write_table
+from llmlb_bench.replay.client import ReplayResult, client_summary, replay_summary
 from llmlb_bench.run_summary import RunSummary
 from llmlb_bench.replay.runner import Replayer
 from llmlb_bench.schema import REQUESTS, SERIES
@@ -83,11 +84,10 @@ def shares(table: pa.Table, n: int, closed_loop: bool) -> list[list[int]]:
 class PartStore:
     """What a worker's replayer writes to: the run store's sinks and summary, in a part folder."""
 
-    def __init__(self, folder: Path, run_id: str, requests: Any = None) -> None:
-        """``requests``: another sink for the rows (anything with ``write`` and ``close``), instead of
-        ``folder/requests.parquet``."""
+    def __init__(self, folder: Path, run_id: str, requests: RequestsSink | None = None) -> None:
+        """``requests``: another sink for the rows, instead of ``folder/requests.parquet``."""
         folder.mkdir(parents=True, exist_ok=True)
-        self.requests = requests if requests is not None else ParquetSink(
+        self.requests: RequestsSink = requests if requests is not None else ParquetSink(
             folder / "requests.parquet", REQUESTS, constants={"run_id": run_id})
         self.series = ParquetSink(folder / "series.parquet", SERIES, constants={"run_id": run_id})
         self.summary: RunSummary = {}
@@ -99,8 +99,8 @@ class PartStore:
             self.series.close()
 
 
-def _worker(table: pa.Table, pre: Preflight, policy: Any, options: ReplayOptions, folder: str,
-            run_id: str, conn: Any) -> None:
+def _worker(table: pa.Table, pre: Preflight, policy: Policy, options: ReplayOptions, folder: str,
+            run_id: str, conn: Connection[str, float]) -> None:
     """One worker process: get ready, wait for the shared clock origin, replay the share."""
     part = PartStore(Path(folder), run_id)
     replayer = None
@@ -160,8 +160,8 @@ def plan_workers(trace: pa.Table, run: RunStore, options: ReplayOptions, resume:
     return WorkerPlan(trace, shares(trace, n, closed), opts, carried, origin)
 
 
-def replay_in_workers(trace: pa.Table, pre: Preflight, policy: Any, run: RunStore, options: ReplayOptions,
-                      resume: Resume | None = None) -> dict[str, Any]:
+def replay_in_workers(trace: pa.Table, pre: Preflight, policy: Policy, run: RunStore, options: ReplayOptions,
+                      resume: Resume | None = None) -> ReplayResult:
     """Replay with ``options.workers`` local processes; same results as one replayer, merged
     (:func:`llmlb_bench.replay.ray_workers.replay_on_ray` is the same over Ray actors)."""
     plan = plan_workers(trace, run, options, resume)
@@ -208,10 +208,9 @@ def replay_in_workers(trace: pa.Table, pre: Preflight, policy: Any, run: RunStor
     return summary
 
 
-def _ready(conn: Any) -> bool:
+def _ready(conn: Connection[float, str]) -> bool:
     try:
-        ready: bool = conn.recv() == "ready"
-        return ready
+        return conn.recv() == "ready"
     except (EOFError, OSError):
         return False
 
@@ -254,7 +253,7 @@ def _read_part(folder: Path) -> WorkerOutcome:
 
 
 def merge_outcomes(plan: WorkerPlan, run: RunStore, outcomes: list[WorkerOutcome], options: ReplayOptions,
-                   t0: float, pre: Preflight) -> dict[str, Any]:
+                   t0: float, pre: Preflight) -> ReplayResult:
     """Workers' rows into the run, a row for every trace row no worker wrote, combined figures."""
     written: list[pa.Table] = []
     lateness, cpu, interrupted, loop_kind, scraped = [], 0.0, False, "asyncio", []

@@ -31,8 +31,9 @@ for an unknown model, 429 when the routing policy refuses a request.
 from __future__ import annotations
 
 import json
+import random
 import time
-from typing import Any, Callable
+from typing import Callable, Mapping
 
 from llmlb_bench import __version__
 from llmlb_bench.replay.prompts import WORDS
@@ -49,6 +50,8 @@ from llmlb_bench.workload.reasoning import REASONING_ARG
 #: each word's text as a JSON string (with its leading space)
 _WORD_JSON = [json.dumps(" " + w).encode() for w in WORDS]
 _DONE = b"data: [DONE]\n\n"
+#: a request's JSON body, a JSON object whose values are narrowed where they are read
+Body = Mapping[str, object]
 
 
 class ApiError(Exception):
@@ -67,7 +70,7 @@ class ApiError(Exception):
                                      "code": self.status}}).encode()
 
 
-def _int(body: dict[str, Any], name: str, low: int) -> int | None:
+def _int(body: Body, name: str, low: int) -> int | None:
     v = body.get(name)
     if v is None:
         return None
@@ -76,14 +79,14 @@ def _int(body: dict[str, Any], name: str, low: int) -> int | None:
     return v
 
 
-def _bool(body: dict[str, Any], name: str) -> bool:
+def _bool(body: Body, name: str) -> bool:
     v = body.get(name, False)
     if not isinstance(v, bool):
         raise ApiError(400, f"{name} must be true or false, got {v!r}", name)
     return v
 
 
-def prompt_ids(body: dict[str, Any], chat: bool) -> list[int]:
+def prompt_ids(body: Body, chat: bool) -> list[int]:
     """Token ids of a completion's ``prompt`` or a chat's ``messages``."""
     if chat:
         messages = body.get("messages")
@@ -102,7 +105,7 @@ def prompt_ids(body: dict[str, Any], chat: bool) -> list[int]:
     raise ApiError(400, "prompt must be a string, one string in a list, or a list of token ids", "prompt")
 
 
-def messages_ids(messages: list[Any]) -> list[int]:
+def messages_ids(messages: list[object]) -> list[int]:
     """A chat prompt's token ids: each message's parts in order (text tokenised, images and audio
     counted as in :mod:`llmlb_bench.serve.media`), a newline token between messages; no template."""
     ids: list[int] = []
@@ -137,7 +140,7 @@ class Responder:
     __slots__ = ("ex", "chat", "stream", "usage", "model", "rng", "backend", "head", "tail", "created", "started",
                  "reasoning", "thinking_head")
 
-    def __init__(self, ex: Exchange, chat: bool, stream: bool, usage: bool, model: str, rng: Any,
+    def __init__(self, ex: Exchange, chat: bool, stream: bool, usage: bool, model: str, rng: random.Random,
                  backend: Callable[[LiveRequest], str], reasoning: int = 0) -> None:
         self.ex = ex
         self.backend = backend
@@ -214,7 +217,7 @@ class Responder:
         out.append(_DONE)
         self.ex.end(b"".join(out))
 
-    def _whole(self, live: LiveRequest, made: int, usage: dict[str, Any]) -> None:
+    def _whole(self, live: LiveRequest, made: int, usage: dict[str, object]) -> None:
         words = [" " + WORDS[OutputRule.next_word(self.rng)] for _ in range(made)]
         text = "".join(words)
         reason = live.sub.finish_reason
@@ -296,9 +299,10 @@ class Api:
         except ApiError as err:
             ex.reply(err.status, err.body())
 
-    def tokenize(self, ex: Exchange, body: dict[str, Any]) -> None:
-        if isinstance(body.get("messages"), list):
-            ids = messages_ids(body["messages"])
+    def tokenize(self, ex: Exchange, body: Body) -> None:
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            ids = messages_ids(messages)
         else:
             text = body.get("prompt", body.get("content"))
             if not isinstance(text, str):
@@ -307,11 +311,11 @@ class Api:
         ex.reply(200, json.dumps({"count": len(ids), "max_model_len": self.fleet.max_model_len,
                                   "tokens": ids}).encode())
 
-    def complete(self, ex: Exchange, body: dict[str, Any], chat: bool) -> None:
+    def complete(self, ex: Exchange, body: Body, chat: bool) -> None:
         model = body.get("model")
         if model is not None and model != self.model and model not in self.adapters:
             raise ApiError(404, f"The model `{model}` does not exist.", "model")
-        adapter = model if model in self.adapters and model != self.model else None
+        adapter = model if isinstance(model, str) and model in self.adapters and model != self.model else None
         if body.get("n", 1) != 1:
             raise ApiError(400, "only n = 1 is supported", "n")
         ids = prompt_ids(body, chat)
@@ -362,7 +366,7 @@ class Api:
             ex.on_lost = lambda: fleet.cancel(live)
 
 
-def _reasoning(body: dict[str, Any]) -> int:
+def _reasoning(body: Body) -> int:
     """``vllm_xargs.reasoning_tokens``: how many of the output tokens to stream as reasoning."""
     xargs = body.get("vllm_xargs")
     if xargs is None:
@@ -379,7 +383,7 @@ def _listen_url(ex: Exchange) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _json_body(raw: bytes) -> dict[str, Any]:
+def _json_body(raw: bytes) -> dict[str, object]:
     try:
         body = json.loads(raw)
     except ValueError:

@@ -20,7 +20,7 @@ import binascii
 import math
 import struct
 import zlib
-from typing import Any
+from typing import Mapping
 
 from llmlb_bench.replay.media import AUDIO_TOKENS_PER_S, QWEN2VL_PIXELS_PER_TOKEN_SIDE
 from llmlb_bench.serve.tokenizer import VOCAB_SIZE
@@ -69,7 +69,7 @@ def audio_tokens(data: str) -> int:
     return round(size / byte_rate * AUDIO_TOKENS_PER_S) if byte_rate else 0
 
 
-def part_ids(part: dict[str, Any]) -> list[int]:
+def part_ids(part: Mapping[str, object]) -> list[int]:
     """Token ids of one non-text content part (image_url or input_audio); [] for other kinds."""
     kind = part.get("type")
     if kind == "image_url":

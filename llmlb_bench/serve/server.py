@@ -14,12 +14,13 @@ import asyncio
 import signal
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.gcpause import pause_full_collections
 from llmlb_bench.openfiles import raise_open_files_limit
+from llmlb_bench.policies import Policy
 from llmlb_bench.serve.api import Api
 from llmlb_bench.serve.http import HttpConnection, listen
 from llmlb_bench.serve.live import LiveFleet
@@ -50,7 +51,7 @@ class ServeOptions:
 class SimServer:
     """The fleet and its listening ports inside the running event loop."""
 
-    def __init__(self, cfg: ClusterConfig, options: ServeOptions, policy: Any = None) -> None:
+    def __init__(self, cfg: ClusterConfig, options: ServeOptions, policy: Policy | None = None) -> None:
         if options.port_per_replica is None and policy is None:
             raise UserError("one port in front of several replicas needs a routing policy", "--policy")
         if not options.mean_output_tokens >= 1:
@@ -105,7 +106,7 @@ class SimServer:
                 "rejected": self.fleet.rejected, "generated_tokens": sum(m.generation_tokens for m in ms)}
 
 
-def run(cfg: ClusterConfig, options: ServeOptions, policy: Any = None,
+def run(cfg: ClusterConfig, options: ServeOptions, policy: Policy | None = None,
         announce: Callable[[str], None] = print) -> dict[str, int]:
     """Serve until SIGINT or SIGTERM; returns the totals. ``announce`` gets one line per port."""
     loop, _ = new_event_loop()

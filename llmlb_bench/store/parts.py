@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -65,7 +65,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def write_part(folder: Path, index: int, tables: Iterable[pa.Table], schema: pa.Schema, *,
-               row_group_size: int = 1 << 20, **options: Any) -> Path:
+               row_group_size: int = 1 << 20, **options: object) -> Path:
     """Write ``tables`` as the complete part file ``index`` of ``folder``: temporary name,
     fsync, rename, fsync of the folder. ``options`` go to :class:`pyarrow.parquet.ParquetWriter`."""
     final = folder / part_name(index)
@@ -85,7 +85,7 @@ def write_part(folder: Path, index: int, tables: Iterable[pa.Table], schema: pa.
 
 
 def replace_table(path: str | Path, tables: Iterable[pa.Table], schema: pa.Schema, *,
-                  row_group_size: int = 1 << 20, **options: Any) -> None:
+                  row_group_size: int = 1 << 20, **options: object) -> None:
     """Replace the table at ``path`` with ``tables`` as one part (compaction, a rewritten column).
 
     The new folder is written whole beside the old one and swapped in by two renames; a reader

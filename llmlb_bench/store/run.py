@@ -22,7 +22,7 @@ import sys
 import threading
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, TypedDict
 
 from llmlb_bench import __version__
 from llmlb_bench.errors import UserError
@@ -39,6 +39,53 @@ SERIES_FILE = "series.parquet"
 ACCOUNTING_FILE = "cache_accounting.parquet"
 
 
+class HostInfo(TypedDict):
+    hostname: str
+    platform: str
+    python: str
+    cpu_count: int | None
+
+
+class ToolInfo(TypedDict):
+    name: str
+    version: str
+
+
+class TraceRef(TypedDict):
+    """The trace a run replayed or simulated: where it was, its hash, and the spec it was generated from."""
+
+    path: str
+    sha256: str
+    rows: int | None
+    spec: Mapping[str, object] | None
+
+
+class _MetaAtEnd(TypedDict, total=False):
+    """Written when the run ends (a run killed before that has neither)."""
+
+    rows: dict[str, int]
+    summary: RunSummary
+
+
+class RunMeta(_MetaAtEnd):
+    """run.json as this store writes it (:class:`RunStore`); ``config`` is the backend's own settings."""
+
+    run_id: str
+    label: str
+    backend: str
+    status: str
+    reason: str | None
+    created_utc: str
+    finished_utc: str | None
+    tool: ToolInfo
+    schema_versions: dict[str, int]
+    argv: list[str]
+    host: HostInfo
+    pid: int
+    config: dict[str, object]
+    trace: TraceRef | None
+
+
 def new_run_id(label: str = "run") -> str:
     """A sortable, unique run id: ``<label>-<UTC time>-<4 hex>``."""
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -53,7 +100,7 @@ def file_sha256(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def host_info() -> dict[str, Any]:
+def host_info() -> HostInfo:
     return {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
@@ -62,12 +109,12 @@ def host_info() -> dict[str, Any]:
     }
 
 
-def process_gone(meta: Mapping[str, Any]) -> bool:
+def process_gone(meta: Mapping[str, object]) -> bool:
     """A ``running`` run whose process, on this host, no longer exists: it was killed (SIGKILL,
     the OOM killer, a power loss) before it could say ``partial``."""
-    pid = meta.get("pid")
-    if meta.get("status") != "running" or not isinstance(pid, int) or \
-            (meta.get("host") or {}).get("hostname") != socket.gethostname():
+    pid, host = meta.get("pid"), meta.get("host")
+    if meta.get("status") != "running" or not isinstance(pid, int) or not isinstance(host, dict) or \
+            host.get("hostname") != socket.gethostname():
         return False
     try:
         os.kill(pid, 0)
@@ -95,14 +142,14 @@ def write_text_atomic(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _stored_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+def _stored_meta(meta: RunMeta) -> dict[str, object]:
     """run.json as written: every string redacted, the command line option-aware (``--api-key X``)."""
-    doc: dict[str, Any] = redact_tree(dict(meta))
+    doc = {k: redact_tree(v) for k, v in meta.items()}
     doc["argv"] = redact_argv(meta.get("argv") or [])
     return doc
 
 
-def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+def write_json_atomic(path: Path, data: Mapping[str, object]) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
@@ -135,9 +182,9 @@ class RunStore:
             run.summary["wall_s"] = ...        # run_summary.RunSummary
     """
 
-    def __init__(self, results_dir: str | Path, *, config: Mapping[str, Any], backend: str,
+    def __init__(self, results_dir: str | Path, *, config: Mapping[str, object], backend: str,
                  label: str = "run", run_id: str | None = None, trace_path: str | Path | None = None,
-                 trace_rows: int | None = None, trace_spec: Mapping[str, Any] | None = None,
+                 trace_rows: int | None = None, trace_spec: Mapping[str, object] | None = None,
                  rows_per_group: int = 65536, flush_s: float = 1.0) -> None:
         self.run_id = check_name(run_id, "--run-id") if run_id is not None else new_run_id(label)
         self.dir = Path(results_dir) / self.run_id
@@ -148,7 +195,7 @@ class RunStore:
         self.finalizers: list[Callable[["RunStore"], None]] = []
         self._rows_per_group = rows_per_group
         self._flush_s = flush_s
-        self.meta: dict[str, Any] = {
+        self.meta: RunMeta = {
             "run_id": self.run_id,
             "label": label,
             "backend": backend,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,8 +28,8 @@ from llmlb_bench.store.parts import replace_table, table_files, write_part
 COMPACT_PARTS = 64
 
 
-def rows_table(spec: TableSpec, columns: Mapping[str, Sequence[Any] | pa.Array],
-               constants: Mapping[str, Any]) -> pa.Table | None:
+def rows_table(spec: TableSpec, columns: Mapping[str, Sequence[object] | pa.Array],
+               constants: Mapping[str, object]) -> pa.Table | None:
     """Columns (lists, NumPy or Arrow arrays) as a table of ``spec``'s schema, None when there is no row.
 
     Columns of the schema that are absent are null, except ``constants``, which fill every row."""
@@ -51,7 +51,7 @@ class ParquetSink:
     """Append rows of one :class:`TableSpec` to a part folder (``path``), one part per flush."""
 
     def __init__(self, path: str | Path, spec: TableSpec, *, rows_per_group: int = 65536,
-                 flush_s: float = 2.0, constants: Mapping[str, Any] | None = None,
+                 flush_s: float = 2.0, constants: Mapping[str, object] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.path = Path(path)
         self.spec = spec
@@ -77,7 +77,7 @@ class ParquetSink:
         self.rows_written = 0
         self.closed = False
 
-    def write(self, columns: Mapping[str, Sequence[Any] | pa.Array]) -> None:
+    def write(self, columns: Mapping[str, Sequence[object] | pa.Array]) -> None:
         """Buffer a batch of rows given as columns (lists, NumPy arrays or Arrow arrays).
 
         Columns of the schema that are absent are null, except ``constants``

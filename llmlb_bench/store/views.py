@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable, Mapping, Sequence
 
 import duckdb
 import pyarrow as pa
@@ -83,7 +83,7 @@ def find_run_dirs(paths: Iterable[str | Path]) -> list[Path]:
     return unique
 
 
-def load_run_meta(run_dir: Path) -> dict[str, Any]:
+def load_run_meta(run_dir: Path) -> dict[str, object]:
     try:
         meta = json.loads((run_dir / RUN_JSON).read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -105,9 +105,14 @@ def _readable(path: Path, spec: TableSpec) -> list[Path] | None:
     return files
 
 
-def _runs_row(meta: dict[str, Any], run_dir: Path, broken: bool) -> dict[str, Any]:
-    cfg = meta.get("config") or {}
-    trace = meta.get("trace") or {}
+def _section(meta: Mapping[str, object], key: str) -> Mapping[str, object]:
+    """A section of run.json (``config``, ``trace``...), empty where it is absent or null."""
+    value = meta.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _runs_row(meta: dict[str, object], run_dir: Path, broken: bool) -> dict[str, object]:
+    cfg, trace = _section(meta, "config"), _section(meta, "trace")
     policy = cfg.get("policy")
     if isinstance(policy, dict):
         policy = policy.get("name")
@@ -117,8 +122,8 @@ def _runs_row(meta: dict[str, Any], run_dir: Path, broken: bool) -> dict[str, An
         "reason": meta.get("reason"),
         "created_utc": meta.get("created_utc"), "finished_utc": meta.get("finished_utc"),
         "policy": policy, "seed": cfg.get("seed"), "trace_sha256": trace.get("sha256"),
-        "trace_path": trace.get("path"), "requests": (meta.get("rows") or {}).get("requests"),
-        "tool_version": (meta.get("tool") or {}).get("version"), "dir": str(run_dir),
+        "trace_path": trace.get("path"), "requests": _section(meta, "rows").get("requests"),
+        "tool_version": _section(meta, "tool").get("version"), "dir": str(run_dir),
         "meta": json.dumps(meta, sort_keys=True),
     }
 
@@ -133,7 +138,7 @@ class Catalog:
         self.run_dirs = find_run_dirs(paths)
         self.confined = confined
         self.con = duckdb.connect(":memory:", config=CONFINED_CONFIG if confined else {})
-        rows: list[dict[str, Any]] = []
+        rows: list[dict[str, object]] = []
         req_files: list[str] = []
         ser_files: list[str] = []
         acc_files: list[str] = []
@@ -182,7 +187,7 @@ class Catalog:
             self.con.register(f"_{name}_empty", spec.empty())
             self.con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_empty")
 
-    def query(self, sql: str, params: list[Any] | None = None) -> pa.Table:
+    def query(self, sql: str, params: Sequence[object] | None = None) -> pa.Table:
         """Run trusted SQL (the package's own metric queries)."""
         return self.con.sql(sql, params=params).to_arrow_table()
 
