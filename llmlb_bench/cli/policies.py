@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the command imports the policies when it runs (start-up tim
 ENGINE_FAMILY = "engine (--scheduler)"
 
 
-def _describe(cls: type[Policy] | type[EngineScheduler]) -> dict[str, Any]:
+def _describe(cls: type[Policy] | type[EngineScheduler]) -> dict[str, object]:
     return {"name": cls.name, "summary": cls.summary,
             "params": {k: {"default": d, "meaning": doc} for k, (d, doc) in cls.params.items()}}
 

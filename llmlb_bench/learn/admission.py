@@ -39,6 +39,7 @@ from llmlb_bench.learn import register
 from llmlb_bench.learn.simenv import Cluster, SimulationEnv, Workload
 from llmlb_bench.policies.base import REJECT, Decision, Policy, Released, RouteRequest, View
 from llmlb_bench.policies.registry import make_policy
+from llmlb_bench.sim.simulation import Simulation
 
 #: the observation's fields, in order (see the module docstring)
 COARSE_FIELDS = ("waiting", "running", "outstanding", "kv_usage", "healthy", "arrivals_per_s", "ended_per_s",
@@ -84,7 +85,7 @@ class AdmissionEnv(SimulationEnv[np.ndarray, int]):
                  slo: str | None = "ttft=500ms,tpot=50ms", reward: str | Mapping[str, float] = "slo_met",
                  split: str = "train", requests: int | None = None, rate_scale: float = 1.0,
                  eval_fraction: float = 0.2, interval_s: float = 5.0, limits: Sequence[int] = LIMITS,
-                 policy: str = "least_outstanding", policy_args: Mapping[str, Any] | None = None,
+                 policy: str = "least_outstanding", policy_args: Mapping[str, object] | None = None,
                  failure_s: float = 60.0, keep_rows: bool = False) -> None:
         import gymnasium
 
@@ -115,7 +116,7 @@ class AdmissionEnv(SimulationEnv[np.ndarray, int]):
         inner = make_policy(self.policy, self.policy_args, seed=self._episode_seed)
         return _Gate(self, inner)  # type: ignore[abstract]   # no choose_pair: disaggregated fleets are refused
 
-    def _started(self, sim: Any) -> None:
+    def _started(self, sim: Simulation) -> None:
         self.limit = 0
         self._next_tick = 0.0
         self._window = [0, 0, 0, 0]

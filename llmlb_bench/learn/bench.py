@@ -24,7 +24,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypedDict
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from llmlb_bench.tomlfile import check_fields, read_toml
 from llmlb_bench.workload import generate, load_spec
 from llmlb_bench.workload.spec import WorkloadSpec
 
+if TYPE_CHECKING:
+    from llmlb_bench.gate.samples import RunSample
+
 #: figures each policy is measured on, and whether higher is better
 FIGURES: dict[str, bool] = {"attainment": True, "mean_ttft": False, "p99_ttft": False, "mean_e2e": False}
 #: figures on which the learning policies are compared with the best heuristic
@@ -45,13 +48,78 @@ _TASK_FIELDS = ("description", "workload", "requests", "rate_scale", "cluster", 
 _TRAIN_FIELDS = ("traces", "requests", "generations", "population", "elite", "hidden", "fields")
 
 
+class Interval(TypedDict):
+    """A figure's mean over seeds and its 95% t-interval (None where too few seeds have it)."""
+
+    mean: float | None
+    low: float | None
+    high: float | None
+
+
+class SeedFigure(Interval):
+    per_seed: list[float | None]
+
+
+class _Decided(TypedDict, total=False):
+    p_holm: float        # where the test has a p-value
+    verdict: str         # win | loss | tie, set on every row before compare returns
+
+
+class Comparison(_Decided):
+    """A learning policy against the best heuristic on one figure (the gate's statistics)."""
+
+    candidate: str
+    baseline: str
+    figure: str
+    baseline_value: float | None
+    candidate_value: float | None
+    change: float | None
+    low: float | None
+    high: float | None
+    p_value: float | None
+    design: str
+
+
+class PolicyEntry(TypedDict):
+    policy: str
+    args: dict[str, object]
+
+
+class TrainRecord(TypedDict):
+    fitness: float
+    evaluations: int
+    wall_s: float
+    generations: list[dict[str, object]]
+    policy_file: str
+
+
+class TaskRecord(TypedDict):
+    """One task's outcome (:func:`run_task`), as results.json lists it and :func:`markdown` reports it."""
+
+    task: str
+    description: str
+    workload: str
+    requests: int
+    cluster: dict[str, object]
+    slo: str
+    objective: str
+    eval_seeds: list[int]
+    train_seeds: list[int]
+    policies: dict[str, PolicyEntry]
+    train: TrainRecord
+    eval_wall_s: float
+    figures: dict[str, dict[str, SeedFigure]]
+    best_heuristic: str
+    comparisons: list[Comparison]
+
+
 @dataclass(frozen=True)
 class Entry:
     """One compared policy: its label in the report, registry name and arguments."""
 
     label: str
     policy: str
-    args: Mapping[str, Any] = field(default_factory=dict)
+    args: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -66,13 +134,13 @@ class Task:
     objective: str
     heuristics: tuple[Entry, ...]
     bandit: Entry
-    train: Mapping[str, Any]
+    train: Mapping[str, Any]     # the task file's [train] table, read where it is used
 
     def trace_spec(self, seed: int, requests: int | None = None) -> WorkloadSpec:
         return self.workload.replace(seed=seed, requests=requests or self.requests)
 
 
-def _entry(raw: Any, where: str) -> Entry:
+def _entry(raw: object, where: str) -> Entry:
     if isinstance(raw, str):
         return Entry(raw, raw)
     if isinstance(raw, Mapping) and isinstance(raw.get("policy"), str):
@@ -129,7 +197,7 @@ def load_tasks(path: Path, only: Sequence[str] = ()) -> list[Task]:
 
 # ---- figures and comparisons ------------------------------------------------------------------------
 
-def _interval(values: Sequence[float]) -> dict[str, float | None]:
+def _interval(values: Sequence[float]) -> Interval:
     """Mean and 95% t-interval over seeds (None where a run has no value)."""
     from scipy import stats
 
@@ -142,12 +210,12 @@ def _interval(values: Sequence[float]) -> dict[str, float | None]:
     return {"mean": float(v.mean()), "low": float(v.mean() - half), "high": float(v.mean() + half)}
 
 
-def summarise(samples: Mapping[str, list[Any]]) -> dict[str, dict[str, Any]]:
+def summarise(samples: Mapping[str, list[RunSample]]) -> dict[str, dict[str, SeedFigure]]:
     """label -> figure -> {mean, low, high, per_seed}."""
     from llmlb_bench.gate.decide import estimate
     from llmlb_bench.gate.rules import METRICS
 
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, SeedFigure]] = {}
     for label, runs in samples.items():
         out[label] = {}
         for fig in FIGURES:
@@ -156,7 +224,7 @@ def summarise(samples: Mapping[str, list[Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def best_heuristic(figures: Mapping[str, Mapping[str, Any]], heuristics: Sequence[str]) -> str:
+def best_heuristic(figures: Mapping[str, Mapping[str, SeedFigure]], heuristics: Sequence[str]) -> str:
     """The heuristic with the highest mean attainment (ties: the lower mean TTFT)."""
     def key(label: str) -> tuple[float, float]:
         f = figures[label]
@@ -164,11 +232,11 @@ def best_heuristic(figures: Mapping[str, Mapping[str, Any]], heuristics: Sequenc
     return max(heuristics, key=key)
 
 
-def compare(samples: Mapping[str, list[Any]], base: str, candidates: Sequence[str]) -> list[dict[str, Any]]:
+def compare(samples: Mapping[str, list[RunSample]], base: str, candidates: Sequence[str]) -> list[Comparison]:
     """Each candidate against ``base`` on :data:`COMPARED`, Holm-adjusted together."""
     from llmlb_bench.gate.decide import holm, relative_change
 
-    rows: list[dict[str, Any]] = []
+    rows: list[Comparison] = []
     for cand in candidates:
         for fig in COMPARED:
             c = relative_change(fig, samples[base], samples[cand], confidence=0.95)
@@ -177,7 +245,7 @@ def compare(samples: Mapping[str, list[Any]], base: str, candidates: Sequence[st
                          "p_value": c.p_value, "design": c.design})
     ps = [r["p_value"] for r in rows]
     known = [i for i, p in enumerate(ps) if p is not None]
-    adjusted: list[float] = [float(a) for a in holm([ps[i] for i in known])] if known else []
+    adjusted: list[float] = [float(a) for a in holm([p for p in ps if p is not None])] if known else []
     for i, adj in zip(known, adjusted):
         rows[i]["p_holm"] = float(adj)
     for r in rows:
@@ -193,7 +261,7 @@ def compare(samples: Mapping[str, list[Any]], base: str, candidates: Sequence[st
 # ---- running a task ---------------------------------------------------------------------------------
 
 def run_task(task: Task, out: Path, results: Path, eval_seeds: Sequence[int], train_seed: int, workers: int = 1,
-             say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+             say: Callable[[str], None] = lambda line: None) -> TaskRecord:
     """Train, evaluate and compare one task (see the module docstring); the policy file goes to
     ``out/<task>/policy.json``, the runs under ``results/<task>/``. Returns the task's record."""
     from llmlb_bench.experiment import simulate_run
@@ -260,13 +328,13 @@ def _fmt(fig: str, v: float | None) -> str:
     return f"{v * 1e3:,.0f} ms" if v < 1 else f"{v:,.2f} s"
 
 
-def _cell(fig: str, f: Mapping[str, Any]) -> str:
+def _cell(fig: str, f: Interval) -> str:
     if f["low"] is None:
         return _fmt(fig, f["mean"])
     return f"{_fmt(fig, f['mean'])} [{_fmt(fig, f['low'])}, {_fmt(fig, f['high'])}]"
 
 
-def markdown(records: Sequence[Mapping[str, Any]], header: str) -> str:
+def markdown(records: Sequence[TaskRecord], header: str) -> str:
     """The benchmark's report: per task, every policy's figures and the learning policies' verdicts."""
     lines = [header, "", "Verdicts against each task's best heuristic (attainment / mean TTFT / p99 TTFT):", "",
              "| task | best heuristic | its attainment | bandit | learned | learned's attainment |",
@@ -295,7 +363,7 @@ def markdown(records: Sequence[Mapping[str, Any]], header: str) -> str:
                   "| policy | figure | change [95% CI] | p (Holm) | design | verdict |", "|---|---|---|---|---|---|"]
         for c in rec["comparisons"]:
             ch = "-" if c["change"] is None else f"{100 * c['change']:+.1f}%"
-            ci = "" if c["low"] is None else f" [{100 * c['low']:+.1f}%, {100 * c['high']:+.1f}%]"
+            ci = "" if c["low"] is None or c["high"] is None else f" [{100 * c['low']:+.1f}%, {100 * c['high']:+.1f}%]"
             p = "-" if c.get("p_holm") is None else f"{c['p_holm']:.3g}"
             lines.append(f"| {c['candidate']} | {c['figure']} | {ch}{ci} | {p} | {c['design']} | "
                          f"**{c['verdict']}** |")

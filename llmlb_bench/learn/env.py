@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections import deque
 from itertools import chain
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypedDict
 
 import numpy as np
 
@@ -82,6 +82,16 @@ class _Proxy(Policy):
         return watched.predicted_cached(req, target, view) if watched is not None else None
 
 
+class _FeatureArgs(TypedDict):
+    """How the environment's :class:`Features` are built, at construction and for each episode's view."""
+
+    fields: Sequence[str] | None
+    predictor: LengthPredictor | None
+    slo_classes: Sequence[str]
+    kinds: Sequence[str]
+    prefix_source: str
+
+
 class RouteEnv(SimulationEnv[dict[str, np.ndarray], Any]):
     """Per-request routing over the simulator (see the module docstring and docs/learning.md).
 
@@ -114,8 +124,8 @@ class RouteEnv(SimulationEnv[dict[str, np.ndarray], Any]):
         self.actions = Actions(n, hold, reject, pair=self.cluster.disaggregated)
         #: the action mask past the fleet's targets: padding rows (0), then HOLD and REJECT (1)
         self._mask_tail = [False] * n + [True] * (hold + reject)
-        self._feature_args: dict[str, Any] = {"fields": fields, "predictor": predictor, "slo_classes": slo_classes,
-                                              "kinds": kinds, "prefix_source": prefix_source}
+        self._feature_args: _FeatureArgs = {"fields": fields, "predictor": predictor, "slo_classes": slo_classes,
+                                            "kinds": kinds, "prefix_source": prefix_source}
         probe = Features(None, **self._feature_args)
         self.target_names, self.request_names = probe.target_names, probe.request_names
         self.feature_layout = probe.layout()
@@ -129,7 +139,7 @@ class RouteEnv(SimulationEnv[dict[str, np.ndarray], Any]):
         self.request: RouteRequest | None = None
         self.releasing = False
 
-    def observation_layout(self) -> dict[str, Any]:
+    def observation_layout(self) -> dict[str, object]:
         """Every observation field by name (spaces.layout) and the feature layout (features.layout)."""
         return {**layout(self.actions, self.target_names, self.request_names), "features": self.feature_layout}
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -107,7 +106,7 @@ class Episodes:
                                      pa.array(shifted, pa.float64()))
         return table, seed
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {"source": self.source, "split": self.split, "requests": self.requests,
                 "rate_scale": self.rate_scale}
 

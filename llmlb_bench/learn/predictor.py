@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Mapping
 
 import numpy as np
@@ -32,8 +33,8 @@ import pyarrow as pa
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies.base import RouteRequest
-from llmlb_bench.policies.predictor import (CATEGORICAL, FORMAT, NUMERIC, OBJECTIVES, VERSION, Predictor,
-                                            raw_features)
+from llmlb_bench.policies.predictor import (CATEGORICAL, FORMAT, NUMERIC, OBJECTIVES, VERSION, FeatureDoc,
+                                            HeldoutScale, Predictor, PredictorDoc, TreeDoc, raw_features)
 from llmlb_bench.schema import trace_spec
 from llmlb_bench.trace_columns import TraceColumns
 
@@ -62,11 +63,11 @@ def heldout_mask(key: np.ndarray, fraction: float, seed: int) -> np.ndarray:
     return held
 
 
-def _columns(reqs: list[RouteRequest], train: np.ndarray) -> tuple[list[dict[str, Any]], np.ndarray]:
+def _columns(reqs: list[RouteRequest], train: np.ndarray) -> tuple[list[FeatureDoc], np.ndarray]:
     """The features that vary among the training rows, with categorical codes, and the
     encoded matrix of every row (a feature constant in training carries nothing)."""
     raw = [raw_features(r) for r in reqs]
-    specs: list[dict[str, Any]] = []
+    specs: list[FeatureDoc] = []
     columns: list[np.ndarray] = []
     idx = np.flatnonzero(train)
     for name in NUMERIC:
@@ -92,7 +93,7 @@ def _windows(n: int, window: int) -> list[int]:
     return [min(window, n - s) for s in range(0, n, window)]
 
 
-def _lightgbm() -> Any:
+def _lightgbm() -> ModuleType:
     try:
         import lightgbm
     except ImportError:
@@ -101,28 +102,35 @@ def _lightgbm() -> Any:
     return lightgbm
 
 
-def _tree_arrays(node: Mapping[str, Any]) -> dict[str, list[Any]]:
-    """One tree of LightGBM's ``dump_model`` as flat preorder arrays (children after their parent)."""
-    out: dict[str, list[Any]] = {k: [] for k in ("feature", "threshold", "left", "right", "default_left", "missing",
-                                                 "categories", "value")}
+def _tree_arrays(node: Mapping[str, Any]) -> TreeDoc:
+    """One tree of LightGBM's ``dump_model`` (its JSON, read as it comes) as flat preorder arrays
+    (children after their parent)."""
+    out: TreeDoc = {"feature": [], "threshold": [], "left": [], "right": [], "default_left": [], "missing": [],
+                    "categories": [], "value": []}
+
+    def add(feature: int, threshold: float, default_left: bool, missing: str, categories: list[int] | None,
+            value: float) -> int:
+        """Append a node (children -1 until they are walked); its index."""
+        out["feature"].append(feature)
+        out["threshold"].append(threshold)
+        out["left"].append(-1)
+        out["right"].append(-1)
+        out["default_left"].append(default_left)
+        out["missing"].append(missing)
+        out["categories"].append(categories)
+        out["value"].append(value)
+        return len(out["feature"]) - 1
 
     def walk(nd: Mapping[str, Any]) -> int:
-        i = len(out["feature"])
-        for k in out:
-            out[k].append(None)
         if "split_feature" not in nd:
-            out["feature"][i], out["threshold"][i], out["left"][i], out["right"][i] = -1, 0.0, -1, -1
-            out["default_left"][i], out["missing"][i], out["value"][i] = False, "none", float(nd["leaf_value"])
-            return i
-        out["feature"][i] = int(nd["split_feature"])
-        out["default_left"][i] = bool(nd.get("default_left", True))
-        out["missing"][i] = str(nd.get("missing_type", "None")).lower()
-        out["value"][i] = 0.0
+            return add(-1, 0.0, False, "none", None, float(nd["leaf_value"]))
+        feature = int(nd["split_feature"])
+        default_left = bool(nd.get("default_left", True))
+        missing = str(nd.get("missing_type", "None")).lower()
         if nd["decision_type"] == "==":
-            out["categories"][i] = sorted(int(c) for c in str(nd["threshold"]).split("||"))
-            out["threshold"][i] = 0.0
+            i = add(feature, 0.0, default_left, missing, sorted(int(c) for c in str(nd["threshold"]).split("||")), 0.0)
         elif nd["decision_type"] == "<=":
-            out["threshold"][i] = float(nd["threshold"])
+            i = add(feature, float(nd["threshold"]), default_left, missing, None, 0.0)
         else:
             raise ValueError(f"unexpected LightGBM decision type {nd['decision_type']!r}")
         out["left"][i] = walk(nd["left_child"])
@@ -151,7 +159,7 @@ def window_tau(pred: np.ndarray, true: np.ndarray, window: int) -> float:
 
 def fit(table: pa.Table, *, objective: str = "regression", seed: int = 0, trees: int = 100, leaves: int = 15,
         window: int = 32, heldout: float = 0.2, trace: str | Path = "trace", sha256: str | None = None,
-        lgb_params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        lgb_params: Mapping[str, object] | None = None) -> PredictorDoc:
     """Fit a predictor on ``table`` and return its file's content (a JSON-able dict, held-out
     figures included). Inputs are checked before any fitting."""
     where = "llmlb learn predictor"
@@ -174,7 +182,7 @@ def fit(table: pa.Table, *, objective: str = "regression", seed: int = 0, trees:
                         "adapter, turn, kind, priority): there is nothing to predict from", trace)
     lgb = _lightgbm()
     cat_idx = [i for i, s in enumerate(specs) if "categories" in s]
-    params: dict[str, Any] = {
+    params: dict[str, object] = {
         "num_leaves": leaves, "learning_rate": 0.1, "min_data_in_leaf": 20, "seed": seed,
         "deterministic": True, "force_row_wise": True, "num_threads": 1, "verbose": -1,
         "max_cat_to_onehot": 8, "min_data_per_group": 20, "cat_smooth": 10.0,
@@ -195,7 +203,7 @@ def fit(table: pa.Table, *, objective: str = "regression", seed: int = 0, trees:
                        feature_name=[s["name"] for s in specs], free_raw_data=False)
     booster = lgb.train(params, data, num_boost_round=trees)
     dump = booster.dump_model()
-    doc: dict[str, Any] = {
+    doc: PredictorDoc = {
         "format": FORMAT, "version": VERSION, "objective": objective,
         "features": specs,
         "trees": [_tree_arrays(t["tree_structure"]) for t in dump["tree_info"]],
@@ -203,7 +211,7 @@ def fit(table: pa.Table, *, objective: str = "regression", seed: int = 0, trees:
     }
     if objective == "rank":
         score, tokens = _calibration(Predictor({**doc, "objective": "regression"}, where).scores(x[rows]), y[rows])
-        doc["output"].update(score=score, tokens=tokens)
+        doc["output"]["score"], doc["output"]["tokens"] = score, tokens
     doc["training"] = {
         "trace": Path(trace).name, "sha256": sha256, "rows": len(reqs), "train_rows": int(train.sum()),
         "heldout_rows": int(test.sum()), "heldout_fraction": heldout, "seed": seed, "trees": trees,
@@ -234,11 +242,11 @@ def _calibration(scores: np.ndarray, y: np.ndarray, points: int = 256) -> tuple[
 
 
 def evaluate(predictor: Predictor, x: np.ndarray, y: np.ndarray, window: int,
-             train_y: np.ndarray | None = None) -> dict[str, Any]:
+             train_y: np.ndarray | None = None) -> HeldoutScale:
     """Kendall tau (overall and within windows), MAE and, for scale, the MAE of always
     predicting the training rows' median, on rows ``x`` (in arrival order) with true lengths ``y``."""
     pred = predictor.tokens(predictor.scores(x))
-    out: dict[str, Any] = {
+    out: HeldoutScale = {
         "rows": int(len(y)),
         "kendall_tau": _round(kendall_tau(pred, y)),
         "window_tau": _round(window_tau(pred, y, window)),
@@ -250,8 +258,10 @@ def evaluate(predictor: Predictor, x: np.ndarray, y: np.ndarray, window: int,
     return out
 
 
-def evaluate_trace(predictor: Predictor, table: pa.Table, window: int = 32) -> dict[str, Any]:
-    """A predictor's figures on every row of another trace (in arrival order)."""
+def evaluate_trace(predictor: Predictor, table: pa.Table, window: int = 32) -> Mapping[str, Any]:
+    """A predictor's figures on every row of another trace (in arrival order): a
+    :class:`HeldoutScale`, typed loosely while the callers in repro/ read its Kendall tau as a float
+    (it is None for a constant prediction)."""
     reqs, y, arrival, _ = requests_of(table)
     order = np.argsort(arrival, kind="stable")
     return evaluate(predictor, predictor.encode_many([reqs[i] for i in order]), y[order], window)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
-from typing import Any, Generic, Mapping, TypeAlias, TypeVar
+from typing import Any, Generic, Mapping, Sequence, TypeAlias, TypeVar
 
 import gymnasium
 import pyarrow as pa
@@ -41,7 +41,7 @@ _END = object()
 #: what an environment's episodes come from (episodes.Episodes.from_source)
 Workload: TypeAlias = "str | Path | WorkloadSpec | pa.Table"
 #: an environment's fleet: a ClusterConfig, a --cluster file, a mapping of its fields, or the default
-Cluster: TypeAlias = "ClusterConfig | str | Path | Mapping[str, Any] | None"
+Cluster: TypeAlias = "ClusterConfig | str | Path | Mapping[str, object] | None"
 
 
 class _Rows:
@@ -51,7 +51,7 @@ class _Rows:
         self.keep = keep
         self.batches: list[pa.Table] = []
 
-    def write(self, columns: Mapping[str, Any]) -> None:
+    def write(self, columns: Mapping[str, Sequence[object] | pa.Array]) -> None:
         if self.keep:
             self.batches.append(pa.table(dict(columns)))
 

@@ -28,11 +28,14 @@ pools apart. HOLD is not an action there (the router's pair decision has no queu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from llmlb_bench.policies.base import HOLD, REJECT, Decision, PairDecision
+
+if TYPE_CHECKING:     # gymnasium loads with the environment, not with this module
+    from gymnasium import spaces as gs
 
 
 @dataclass(frozen=True)
@@ -90,11 +93,12 @@ class Actions:
         return first
 
 
-def spaces(actions: Actions, n_target_fields: int, n_request_fields: int) -> tuple[Any, Any]:
+def spaces(actions: Actions, n_target_fields: int, n_request_fields: int
+           ) -> tuple[gs.Dict, gs.Discrete[np.int64] | gs.MultiDiscrete]:
     """(observation space, action space)."""
     from gymnasium import spaces as gs
 
-    obs: dict[str, Any] = {
+    obs: dict[str, gs.Space[Any]] = {      # gymnasium's Dict takes its spaces whatever they hold
         "targets": gs.Box(-np.inf, np.inf, (actions.max_targets, n_target_fields), np.float32),
         "request": gs.Box(-np.inf, np.inf, (n_request_fields,), np.float32),
     }
@@ -116,7 +120,7 @@ def empty_observation(actions: Actions, n_target_fields: int, n_request_fields: 
     return obs
 
 
-def layout(actions: Actions, target_names: tuple[str, ...], request_names: tuple[str, ...]) -> dict[str, Any]:
+def layout(actions: Actions, target_names: tuple[str, ...], request_names: tuple[str, ...]) -> dict[str, object]:
     """The observation's named layout (stored beside a trained policy, printed by the docs)."""
     return {"targets": {"rows": actions.max_targets, "columns": list(target_names)},
             "request": list(request_names),

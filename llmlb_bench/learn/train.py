@@ -28,7 +28,7 @@ import math
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -37,12 +37,16 @@ import pyarrow as pa
 from llmlb_bench.errors import UserError
 from llmlb_bench.learn.rewards import Ended, Reward, zero_costs
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.policies.features import Features
-from llmlb_bench.policies.learned import LearnedPolicy, Layers, n_params, policy_document, unflatten
-from llmlb_bench.policies.predictor import load_predictor
+from llmlb_bench.policies.base import Policy
+from llmlb_bench.policies.features import Features, Layout
+from llmlb_bench.policies.learned import LearnedPolicy, Layers, PolicyDoc, n_params, policy_document, unflatten
+from llmlb_bench.policies.predictor import Predictor, load_predictor
 from llmlb_bench.schema import REQUESTS
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store.sink import rows_table
+
+if TYPE_CHECKING:
+    from llmlb_bench.workload import WorkloadSpec
 
 #: training traces generated from a spec use seeds from here up; evaluation seeds stay below
 TRAIN_SEED_BASE = 1_000_000
@@ -74,14 +78,14 @@ class _Collect:
     def __init__(self) -> None:
         self.parts: list[pa.Table] = []
 
-    def write(self, columns: Mapping[str, Any]) -> None:
+    def write(self, columns: Mapping[str, Sequence[object] | pa.Array]) -> None:
         table = rows_table(REQUESTS, columns, {"run_id": ""})
         if table is not None:
             self.parts.append(table.select(list(_COLUMNS)))
 
 
 class _Discard:
-    def write(self, columns: Mapping[str, Any]) -> None:
+    def write(self, columns: Mapping[str, Sequence[object] | pa.Array]) -> None:
         return None
 
 
@@ -115,7 +119,7 @@ class RunOutcome:
                         float(self.e2e[i]), 0.0 if math.isnan(tpot) else tpot, int(self.output_tokens[i]))
 
 
-def simulate_outcome(trace: pa.Table, cluster: ClusterConfig, policy: Any, seed: int) -> RunOutcome:
+def simulate_outcome(trace: pa.Table, cluster: ClusterConfig, policy: Policy, seed: int) -> RunOutcome:
     """Simulate ``trace`` under ``policy`` in memory (no results folder) and return what objectives read."""
     run = _MemoryRun()
     summary = simulate(trace, cluster, policy, run, seed=seed)
@@ -162,7 +166,7 @@ class Problem:
 
     traces: tuple[pa.Table, ...]
     cluster: ClusterConfig
-    layout: Mapping[str, Any]
+    layout: Layout
     hidden: tuple[int, ...]
     objective: str
     slo: Slo | None
@@ -280,8 +284,8 @@ def cem(problem: Problem, *, generations: int, population: int, elite: int, seed
 
 # ---- the command's logic --------------------------------------------------------------------------
 
-def trace_identity(source: Path | None, spec: Mapping[str, Any] | None, seeds: Sequence[int],
-                   traces: Sequence[pa.Table]) -> dict[str, Any]:
+def trace_identity(source: Path | None, spec: Mapping[str, object] | None, seeds: Sequence[int],
+                   traces: Sequence[pa.Table]) -> dict[str, object]:
     """What the policy was trained on: a trace file's sha256, or (generated traces) the sha256 of
     the spec and seeds that regenerate them; rows; the spec."""
     if source is not None and source.suffix == ".parquet":
@@ -294,10 +298,10 @@ def trace_identity(source: Path | None, spec: Mapping[str, Any] | None, seeds: S
 
 
 def train_policy(traces: Sequence[pa.Table], cluster: ClusterConfig, *, objective: str, slo: Slo | None,
-                 identity: Mapping[str, Any], seed: int, hidden: Sequence[int] = (), fields: Sequence[str] | None = None,
+                 identity: Mapping[str, object], seed: int, hidden: Sequence[int] = (), fields: Sequence[str] | None = None,
                  generations: int = 8, population: int = 12, elite: int = 3, workers: int = 1,
                  progress: Callable[[Generation], None] | None = None,
-                 predictor: str = "") -> tuple[dict[str, Any], Result]:
+                 predictor: str = "") -> tuple[PolicyDoc, Result]:
     """Train and return the policy file's document (and the search's result). With ``predictor``
     (a file of ``llmlb learn predictor``) the features may include ``predicted_output``; the
     policy then runs with the same file (``-p learned --policy-arg predictor=FILE``)."""
@@ -325,22 +329,22 @@ def train_policy(traces: Sequence[pa.Table], cluster: ClusterConfig, *, objectiv
     return doc, result
 
 
-def _predictor_identity(path: str, length: Any) -> dict[str, Any] | None:
+def _predictor_identity(path: str, length: Predictor | None) -> dict[str, object] | None:
     """The length predictor a policy was trained with (file name, sha256, its training), or None."""
-    if not path:
+    if length is None:
         return None
     from llmlb_bench.store.run import file_sha256
     return {"file": Path(path).name, "sha256": file_sha256(path), "training": length.doc.get("training", {})}
 
 
-def write_policy(doc: Mapping[str, Any], path: Path) -> None:
+def write_policy(doc: Mapping[str, object], path: Path) -> None:
     """Write the policy file whole (a temporary file renamed over it: never half-written)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     tmp.replace(path)
 
 
-def generated_trace(spec: Any, seed: int, requests: int | None = None) -> pa.Table:
+def generated_trace(spec: WorkloadSpec, seed: int, requests: int | None = None) -> pa.Table:
     """The trace ``llmlb run`` would simulate for workload ``spec`` (a WorkloadSpec) at ``seed``: written
     and read back through the trace file format, so its metadata (spec, block size) is the same."""
     import tempfile

@@ -162,10 +162,12 @@ class Books:
 
     __slots__ = ("targets", *(name for name, _ in _BOOKS), *(name for name, _ in _SIGNALS), "snapshots", "changed")
 
-    def __init__(self, fields: dict[str, list[Any]]) -> None:
+    def __init__(self, fields: dict[str, list[object]]) -> None:
         for name, values in fields.items():
             _setattr(self, name, values)
         #: the signals' tuples as policies last read them (dropped by :meth:`changed`)
+        #: (Any: each field's tuple has its own element type, which ``_Signal[T]`` reads back as
+        #: ``tuple[T, ...]``; a cast there would cost a call on every read of a signal)
         self.snapshots: dict[str, tuple[Any, ...]] = {}
         #: the signal lists were written: forget their tuples
         self.changed: Callable[[], None] = self.snapshots.clear
@@ -252,11 +254,11 @@ class View:
                  block_size: int = 16, cached_prefix: Optional[Callable[[int, Sequence[int]], int]] = None,
                  adapters: Sequence[Optional[AdapterState]] = ()) -> None:
         n = len(targets)
-        given: dict[str, Sequence[Any]] = {
+        given: dict[str, Sequence[object]] = {
             "outstanding_requests": outstanding_requests, "outstanding_tokens": outstanding_tokens,
             "waiting": waiting, "running": running, "kv_usage": kv_usage, "healthy": healthy,
             "signal_time": signal_time, "adapters": adapters}
-        fields: dict[str, list[Any]] = {"targets": list(targets)}
+        fields: dict[str, list[object]] = {"targets": list(targets)}
         for name, zero in _BOOKS + _SIGNALS:
             fields[name] = list(given[name]) or [zero] * n
         # plain instance attributes (no __slots__): CPython's specialised attribute reads stay on
@@ -369,7 +371,7 @@ class Policy(Protocol):
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     #: parameter name -> (default, one-line meaning); used by ``llmlb policies``
-    params: ClassVar[dict[str, tuple[Any, str]]] = {}
+    params: ClassVar[dict[str, tuple[object, str]]] = {}
 
     def choose(self, req: RouteRequest, view: View) -> Decision:
         """The target for ``req`` (an index into ``view.targets``), or REJECT, or HOLD."""
@@ -396,5 +398,5 @@ class Policy(Protocol):
         None: no prediction."""
         return None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {"name": self.name, **{k: getattr(self, k, d) for k, (d, _) in self.params.items()}}

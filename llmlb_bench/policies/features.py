@@ -60,7 +60,7 @@ from __future__ import annotations
 from math import log1p
 from dataclasses import dataclass
 from itertools import chain
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, TypeAlias
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence, TypeAlias, TypedDict
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies.base import RouteRequest, View
@@ -82,6 +82,25 @@ Array: TypeAlias = "npt.NDArray[np.float32]"
 TargetGetter = Callable[[RouteRequest, View, int], Sequence[float]]
 
 
+class FieldDoc(TypedDict):
+    """A field as a layout stores it (:meth:`Field.to_dict`)."""
+
+    name: str
+    transform: str
+    scale: float
+    source: str
+
+
+class Layout(TypedDict):
+    """:meth:`Features.layout`: every field, its order and scaling, stored with a trained policy."""
+
+    format: str
+    version: int
+    per_target: list[FieldDoc]
+    per_request: list[FieldDoc]
+    prefix_source: str
+
+
 @dataclass(frozen=True, slots=True)
 class Field:
     """One feature: its name, how its raw value is scaled, and where the raw value comes from."""
@@ -91,7 +110,7 @@ class Field:
     scale: float
     source: str         # own, static, scraped, prefix, adapters, predictor, request
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FieldDoc:
         return {"name": self.name, "transform": self.transform, "scale": self.scale, "source": self.source}
 
 
@@ -204,7 +223,7 @@ class Features:
         return (self._rcols + tuple(_CLASS_PREFIX + c for c in self.slo_classes)
                 + tuple(_KIND_PREFIX + k for k in self.kinds))
 
-    def layout(self) -> dict[str, Any]:
+    def layout(self) -> Layout:
         """Plain data naming every field, its order and scaling: stored with a trained policy and
         checked by :meth:`from_layout` when it is loaded."""
         return {
@@ -217,7 +236,7 @@ class Features:
         }
 
     @classmethod
-    def from_layout(cls, layout: Mapping[str, Any], view: View | None = None, *,
+    def from_layout(cls, layout: Mapping[str, object], view: View | None = None, *,
                     predictor: LengthPredictor | None = None, where: str = "features") -> "Features":
         """The features a stored :meth:`layout` describes; a layout of another format, version,
         order or scaling than this code computes is refused with one line naming ``where``."""
@@ -226,9 +245,12 @@ class Features:
         if layout.get("version") != VERSION:
             raise UserError(f"feature layout version {layout.get('version')!r}; this llmlb computes "
                             f"version {VERSION}", where)
+        per_target, per_request = layout.get("per_target"), layout.get("per_request")
         try:
-            targets = [str(f["name"]) for f in layout["per_target"]]
-            requests = [str(f["name"]) for f in layout["per_request"]]
+            if not isinstance(per_target, list) or not isinstance(per_request, list):
+                raise TypeError
+            targets = [str(f["name"]) for f in per_target]
+            requests = [str(f["name"]) for f in per_request]
             prefix_source = str(layout.get("prefix_source", "auto"))
         except (KeyError, TypeError):
             raise UserError("feature layout lacks per_target / per_request field lists", where) from None

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, TextIO, TypeAlias
+from itertools import chain
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TextIO, TypeAlias, TypedDict
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies.base import Policy, RouteRequest, View
-from llmlb_bench.policies.features import Features, LengthPredictor, unavailable
+from llmlb_bench.policies.features import Features, Layout, LengthPredictor, unavailable
 from llmlb_bench.policies.predictor import load_predictor
 from llmlb_bench.lazy_import import lazy_module
 
@@ -45,6 +46,29 @@ KINDS = ("linear", "mlp")
 
 Matrix: TypeAlias = "npt.NDArray[np.float64]"
 Layers: TypeAlias = "list[tuple[Matrix, Matrix]]"
+
+
+class LayerDoc(TypedDict):
+    weight: list[list[float]]
+    bias: list[float]
+
+
+class ModelDoc(TypedDict):
+    kind: str
+    activation: str
+    layers: list[LayerDoc]
+
+
+class PolicyDoc(TypedDict):
+    """A policy file as :func:`policy_document` writes it (see the module docstring); ``objective`` and
+    ``training`` say what it was trained for and on, and are not read back."""
+
+    format: str
+    version: int
+    features: Layout
+    model: ModelDoc
+    objective: dict[str, object]
+    training: dict[str, object]
 
 
 def n_params(n_in: int, hidden: Sequence[int]) -> int:
@@ -79,12 +103,12 @@ def forward(layers: Layers, x: Matrix) -> Matrix:
     return h[:, 0]
 
 
-def policy_document(layout: Mapping[str, Any], layers: Layers, *, objective: Mapping[str, Any],
-                    training: Mapping[str, Any]) -> dict[str, Any]:
+def policy_document(layout: Layout, layers: Layers, *, objective: Mapping[str, object],
+                    training: Mapping[str, object]) -> PolicyDoc:
     """The plain-data policy file for trained ``layers`` (see the module docstring)."""
     return {
         "format": FORMAT, "version": VERSION,
-        "features": dict(layout),
+        "features": layout.copy(),
         "model": {"kind": "linear" if len(layers) == 1 else "mlp", "activation": "tanh",
                   "layers": [{"weight": w.tolist(), "bias": b.tolist()} for w, b in layers]},
         "objective": dict(objective),
@@ -92,7 +116,7 @@ def policy_document(layout: Mapping[str, Any], layers: Layers, *, objective: Map
     }
 
 
-def _matrix(value: Any, shape: tuple[int, ...], what: str, where: str) -> Matrix:
+def _matrix(value: object, shape: tuple[int, ...], what: str, where: str) -> Matrix:
     try:
         a = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
@@ -104,7 +128,7 @@ def _matrix(value: Any, shape: tuple[int, ...], what: str, where: str) -> Matrix
     return a
 
 
-def read_layers(model: Any, n_in: int, where: str) -> Layers:
+def read_layers(model: object, n_in: int, where: str) -> Layers:
     """The model's layers, every shape checked against ``n_in`` inputs and one output."""
     if not isinstance(model, Mapping):
         raise UserError("'model' is not an object", where)
@@ -130,7 +154,8 @@ def read_layers(model: Any, n_in: int, where: str) -> Layers:
     return layers
 
 
-def load_policy_file(path: Path, predictor: LengthPredictor | None = None) -> tuple[dict[str, Any], Features, Layers]:
+def load_policy_file(path: Path, predictor: LengthPredictor | None = None
+                     ) -> tuple[dict[str, object], Features, Layers]:
     """Read and check a policy file; returns the document, its features and its layers. A layout
     with ``predicted_output`` needs ``predictor`` (one line naming the file otherwise)."""
     where = str(path)
@@ -188,7 +213,7 @@ class LearnedPolicy(Policy):
         policy._setup("", {}, features.layout(), layers, features.predictor)
         return policy
 
-    def _setup(self, path: str, document: dict[str, Any], layout: dict[str, Any], layers: Layers,
+    def _setup(self, path: str, document: Mapping[str, object], layout: Layout, layers: Layers,
                length: LengthPredictor | None = None) -> None:
         self.path = path
         self.document = document
@@ -203,7 +228,7 @@ class LearnedPolicy(Policy):
     def unavailable(self, have: set[str]) -> list[str]:
         """The features of this policy's layout that a backend publishing only the sources in ``have``
         (besides own accounting, static facts, the request and prefixes) cannot fill."""
-        names = [str(f["name"]) for part in ("per_target", "per_request") for f in self._layout[part]]
+        names = [f["name"] for f in chain(self._layout["per_target"], self._layout["per_request"])]
         return unavailable(names, have)
 
     def features(self, view: View) -> Features:

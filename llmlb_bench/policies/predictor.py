@@ -30,7 +30,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypedDict
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies.base import RouteRequest
@@ -55,6 +55,72 @@ BASE_MODEL = ""
 _MISSING = {"none": 0, "zero": 1, "nan": 2}
 _ZERO = 1e-35          # LightGBM's kZeroThreshold: |x| below it counts as zero
 _CHUNK = 256           # rows evaluated together (a chunk holds rows x nodes decisions)
+
+
+class _Categories(TypedDict, total=False):
+    categories: list[str]
+
+
+class FeatureDoc(_Categories):
+    """A feature of the file: its name, and a categorical one's categories (their order is the code)."""
+
+    name: str
+
+
+class TreeDoc(TypedDict):
+    """One tree as flat preorder arrays, one entry per node (a leaf has feature -1 and its value)."""
+
+    feature: list[int]
+    threshold: list[float]
+    left: list[int]
+    right: list[int]
+    default_left: list[bool]
+    missing: list[str]
+    categories: list[list[int] | None]
+    value: list[float]
+
+
+class _RankCalibration(TypedDict, total=False):
+    score: list[float]
+    tokens: list[float]
+
+
+class OutputDoc(_RankCalibration):
+    """How a score becomes tokens: clipped to the range, and (rank models) mapped through score -> tokens."""
+
+    min_tokens: float
+    max_tokens: float
+
+
+class HeldoutFigures(TypedDict):
+    """How well the predictor ranks and sizes rows it did not see (``learn.predictor.evaluate``)."""
+
+    rows: int
+    kendall_tau: float | None
+    window_tau: float | None
+    window: int
+    mae_tokens: float | None
+
+
+class HeldoutScale(HeldoutFigures, total=False):
+    median_mae_tokens: float | None
+
+
+class _Trained(TypedDict, total=False):
+    training: dict[str, object]
+    heldout: HeldoutScale
+
+
+class PredictorDoc(_Trained):
+    """A predictor file as ``llmlb learn predictor`` writes it (see the module docstring); ``training`` and
+    ``heldout`` say what it was fitted on and how well it did, and are not read back."""
+
+    format: str
+    version: int
+    objective: str
+    features: list[FeatureDoc]
+    trees: list[TreeDoc]
+    output: OutputDoc
 
 
 def raw_features(req: RouteRequest) -> dict[str, float | str]:
@@ -92,7 +158,7 @@ class Feature:
 class Predictor:
     """A loaded predictor: :meth:`predict` gives a request's predicted output tokens."""
 
-    def __init__(self, doc: Mapping[str, Any], where: str | Path) -> None:
+    def __init__(self, doc: Mapping[str, object], where: str | Path) -> None:
         self.where = str(where)
         self.doc = doc
         _check(isinstance(doc, Mapping), "not a JSON object", where)

@@ -8,7 +8,7 @@ policy without editing this package.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.plugins import load_class
@@ -30,6 +30,9 @@ from llmlb_bench.policies.scorers import LlmdScorers
 from llmlb_bench.policies.slo import AdmissionControl, PredictedTtft
 from llmlb_bench.tomlfile import unknown_choice
 
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
 #: Built-in policies by name, grouped by family (the order ``llmlb policies`` lists them in).
 FAMILIES: dict[str, tuple[type[Policy], ...]] = {
     "classic": (RandomChoice, RoundRobin, LeastOutstanding, LeastTokens, PowerOfD, ConsistentHash),
@@ -44,9 +47,13 @@ FAMILIES: dict[str, tuple[type[Policy], ...]] = {
 BUILTIN: dict[str, type[Policy]] = {cls.name: cls for group in FAMILIES.values() for cls in group}
 
 
-def parse_args(pairs: list[str] | None, where: str = "--policy-arg") -> dict[str, Any]:
+#: a ``--policy-arg`` value as the command line gives it
+ArgValue = bool | int | float | str
+
+
+def parse_args(pairs: list[str] | None, where: str = "--policy-arg") -> dict[str, ArgValue]:
     """Parse ``key=value`` strings; values become int, float, bool or str."""
-    out: dict[str, Any] = {}
+    out: dict[str, ArgValue] = {}
     for pair in pairs or []:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
@@ -55,7 +62,7 @@ def parse_args(pairs: list[str] | None, where: str = "--policy-arg") -> dict[str
     return out
 
 
-def _coerce(raw: str) -> Any:
+def _coerce(raw: str) -> ArgValue:
     low = raw.lower()
     if low in ("true", "false"):
         return low == "true"
@@ -72,7 +79,7 @@ def _coerce(raw: str) -> Any:
 ENTRY_POINT_GROUP = "llmlb_bench.policies"
 
 
-def _entry_point(name: str) -> Any | None:
+def _entry_point(name: str) -> EntryPoint | None:
     from importlib.metadata import entry_points
 
     found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == name]
@@ -96,7 +103,7 @@ def policy_class(name: str) -> type[Policy]:
     raise unknown_choice("policy", name, sorted(BUILTIN), "--policy")
 
 
-def make_policy(name: str, args: Mapping[str, Any] | None = None, seed: int | None = None) -> Policy:
+def make_policy(name: str, args: Mapping[str, object] | None = None, seed: int | None = None) -> Policy:
     """Instantiate a policy, checking parameter names (and, for built-ins, types).
 
     ``seed`` (the run's seed) is passed to a policy whose constructor takes
@@ -126,14 +133,14 @@ def _accepted(name: str) -> tuple[set[str], bool]:
     return set(sig.parameters) - {"self"}, any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
 
 
-def args_per_policy(names: list[str], args: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+def args_per_policy(names: list[str], args: Mapping[str, object]) -> dict[str, dict[str, object]]:
     """Share one ``--policy-arg`` list among several compared policies.
 
     ``NAME.key=value`` goes to policy NAME only; a plain ``key=value`` goes to
     every policy that has that parameter. A key no compared policy takes is
     an error, so a typo is never silently ignored.
     """
-    out: dict[str, dict[str, Any]] = {n: {} for n in names}
+    out: dict[str, dict[str, object]] = {n: {} for n in names}
     for key, value in args.items():
         scope, dot, param = key.rpartition(".")
         if dot and scope in out:
@@ -147,7 +154,7 @@ def args_per_policy(names: list[str], args: Mapping[str, Any]) -> dict[str, dict
     return out
 
 
-def check_param_type(what: str, key: str, value: Any, default: Any, where: str = "--policy-arg") -> None:
+def check_param_type(what: str, key: str, value: object, default: object, where: str = "--policy-arg") -> None:
     """A value must have its default's type; an int is accepted where a float is expected.
     ``what`` names the owner in the message, e.g. ``"policy 'random'"``."""
     want = type(default)

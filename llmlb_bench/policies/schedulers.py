@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from collections import deque
 from heapq import heappop, heappush
-from typing import Any, ClassVar, Collection, Generic, Iterator, Optional, Protocol, Sequence, TypeVar, cast
+from typing import ClassVar, Collection, Generic, Iterator, Optional, Protocol, Sequence, TypeVar, cast
 
 from llmlb_bench.policies.base import RouteRequest
 from llmlb_bench.policies.predictor import OutputLengths, load_predictor
@@ -119,7 +119,7 @@ class EngineScheduler:
     name: ClassVar[str] = "fcfs"
     summary: ClassVar[str] = "First come, first served; preempt the most recently admitted (vLLM's default)."
     #: parameter name -> (default, one-line meaning); used by ``llmlb policies``
-    params: ClassVar[dict[str, tuple[Any, str]]] = {}
+    params: ClassVar[dict[str, tuple[object, str]]] = {}
     #: arrival order: the deque :class:`FcfsQueue`; a subclass that sets False gets a
     #: :class:`PickQueue` ordered by its ``pick``
     fcfs: ClassVar[bool] = True
