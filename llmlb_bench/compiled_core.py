@@ -28,7 +28,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Mapping, NamedTuple, Sequence
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
 
 #: the modules compiled with mypyc. They must be ``mypy --strict`` clean (tests/test_types.py), define
 #: nothing that is monkeypatched or subclassed outside them (mypyc's classes are closed) and type what
@@ -149,7 +152,7 @@ def extension_path(pkg_dir: str, name: str) -> str:
     return os.path.join(pkg_dir, BUILD_DIR, *rel[:-1], rel[-1] + EXTENSION_SUFFIXES[0])
 
 
-def build_manifest(root: str, built: bool, reason: str = "") -> dict[str, Any]:
+def build_manifest(root: str, built: bool, reason: str = "") -> dict[str, object]:
     """What ``setup.py`` records after a build (or a failed one): the modules, this Python's
     extension suffix, and the hash of every source the build read."""
     from importlib.machinery import EXTENSION_SUFFIXES
@@ -221,7 +224,7 @@ class _Finder:
             print(f"warning: simulator core: running pure Python: {self.core.why}", file=sys.stderr)
         return self.core
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: object = None) -> Any:
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: object = None) -> ModuleSpec | None:
         if fullname not in MODULES or not self.decide().compiled:
             return None
         from importlib.machinery import ExtensionFileLoader

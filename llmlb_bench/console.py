@@ -22,7 +22,7 @@ import io
 import os
 import sys
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, TextIO
 
 from rich.console import Console
 from rich.table import Table as _RichTable
@@ -40,7 +40,7 @@ def stdout_width() -> int | None:
     return PIPE_WIDTH
 
 
-def _is_terminal(stream: Any) -> bool:
+def _is_terminal(stream: TextIO) -> bool:
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError):  # a closed or unusual stream is no terminal

@@ -46,7 +46,7 @@ class TableSpec:
     version: int
     schema: pa.Schema
     required: frozenset[str]
-    defaults: Mapping[str, Any] = field(default_factory=dict)
+    defaults: Mapping[str, object] = field(default_factory=dict)
     #: optional columns a writer leaves out when every value is null (readers fill them in again),
     #: so files that do not use a newer feature stay byte for byte what they were before it
     sparse: frozenset[str] = frozenset()
@@ -341,7 +341,7 @@ def read_trace(path: str | Path) -> pa.Table:
     return table
 
 
-def trace_table(arrival: Any, input_tokens: Any, output_tokens: Any, where: str = "trace", **extra: Any) -> pa.Table:
+def trace_table(arrival: Any, input_tokens: Any, output_tokens: Any, where: str = "trace", **extra: object) -> pa.Table:
     """A TRACE table from columns (request ids 0..n-1; scalar lengths broadcast), for code
     that builds small traces by hand: tests, reproductions, benchmarks."""
     import numpy as np
@@ -368,7 +368,7 @@ def trace_block_size(table: pa.Table, default: int = 16) -> int:
     return int(raw) if raw else default
 
 
-def write_trace(table: pa.Table, path: str | Path, spec: Mapping[str, Any] | None = None,
+def write_trace(table: pa.Table, path: str | Path, spec: Mapping[str, object] | None = None,
                 block_size: int | None = None) -> None:
     """Write a trace atomically (temp file + rename): never a half-written file."""
     extra: dict[bytes, bytes] = {}

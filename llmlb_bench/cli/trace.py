@@ -102,7 +102,7 @@ def stats(
     console.print(_stats_table(figures, str(trace)))
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: object) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):

@@ -31,11 +31,14 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from llmlb_bench.errors import UserError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 #: special tokens, in id order
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
@@ -166,7 +169,7 @@ def _corpus() -> list[str]:
     return lines
 
 
-def _train_tokenizer(vocab_size: int) -> Any:   # tokenizers.Tokenizer (an optional extra)
+def _train_tokenizer(vocab_size: int) -> Tokenizer:   # tokenizers is an optional extra
     try:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ImportError:

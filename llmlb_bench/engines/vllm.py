@@ -27,7 +27,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Mapping, Sequence
+from typing import IO, Mapping, Sequence
 
 from llmlb_bench.engines.tiny_hf import write_tiny_adapter, write_tiny_model
 from llmlb_bench.pypi_routers.launch import free_ports
@@ -92,7 +92,7 @@ class VllmSettings:
     max_cpu_loras: int | None = None
     #: vLLM's --speculative-config (e.g. {"method": "ngram", "num_speculative_tokens": 4,
     #: "prompt_lookup_max": 4, "prompt_lookup_min": 2}); None = no speculative decoding
-    speculative_config: Mapping[str, Any] | None = None
+    speculative_config: Mapping[str, object] | None = None
     #: vLLM's deepseek_r1 reasoning parser, and the logits processor that makes the tiny model reason
     #: for as many tokens as each request's ``vllm_xargs.reasoning_tokens`` asks (engines/think_tags.py)
     reasoning: bool = False

@@ -62,7 +62,7 @@ import math
 import zlib
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -94,8 +94,9 @@ class Verdict:
     design: str = ""            # paired runs | runs | paired | within-run | points: the evidence (docs/gates.md)
     repeats_needed: int | None = None  # runs a side to catch DETECT beyond the limit with POWER
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = asdict(self)
+        return out
 
 
 # --- weighted statistics: a bootstrap replicate is a matrix of request counts -----------------------------
@@ -219,9 +220,10 @@ def _joint_replicates(metrics: list[Metric], base: Sequence[RunSample], cand: Se
     return tuple([np.concatenate(a) if a else np.full(b, np.nan) for a in acc] for acc in out)  # type: ignore[return-value]
 
 
-def _log(x: Any) -> Any:
+def _log(x: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.log(x)
+        logs: np.ndarray = np.log(x)
+        return logs
 
 
 def _finite_log(x: np.ndarray) -> np.ndarray:

@@ -10,7 +10,6 @@ import json
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from llmlb_bench.console import Table
 from llmlb_bench.gate.decide import BOOTSTRAP, DETECT, POWER, Verdict, decide_family
@@ -41,7 +40,7 @@ class GateOutcome:
     def exit_code(self) -> int:
         return 1 if self.failed else 0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"result": "regression" if self.failed else "pass", "exit_code": self.exit_code,
                 "baseline": self.baseline, "candidate": self.candidate, "slo": self.slo,
                 "confidence": self.confidence, "family_wise": True, "detect": self.detect, "power": self.power,

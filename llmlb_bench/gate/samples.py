@@ -50,8 +50,9 @@ class RunSample:
     workload: dict[str, Any] = field(default_factory=dict)
 
 
-def case_of(meta: dict[str, Any]) -> str:
-    sweep = (meta.get("config") or {}).get("sweep")
+def case_of(meta: Mapping[str, object]) -> str:
+    config = meta.get("config")
+    sweep = config.get("sweep") if isinstance(config, dict) else None
     if not isinstance(sweep, dict) or sweep.get("phase", "grid") != "grid":
         return ALL
     return "/".join(str(sweep.get(k)) for k in ("workload", "cluster", "policy")) + f" @ {sweep['axis']} {sweep['x']:g}"

@@ -67,9 +67,9 @@ def parse(path: Path) -> list[ImportedRun]:
         raise UserError("no records", path)
     records.sort(key=lambda r: (r[0], r[1]))
     t0 = records[0][0]
-    rows: dict[str, list[Any]] = {k: [] for k in ("request_id", "scheduled_s", "sent_s", "first_token_s",
-                                                  "last_token_s", "token_times", "input_tokens", "output_tokens",
-                                                  "status", "error", "http_status")}
+    rows: dict[str, list[object]] = {k: [] for k in ("request_id", "scheduled_s", "sent_s", "first_token_s",
+                                                     "last_token_s", "token_times", "input_tokens", "output_tokens",
+                                                     "status", "error", "http_status")}
     for i, (start, _lineno, rec, meta, where) in enumerate(records):
         metrics = rec.get("metrics") or {}
         err = rec.get("error")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypedDict
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.names import to_name
@@ -28,8 +28,8 @@ class ImportedRun:
     """One benchmark of a peer tool's file, ready to store."""
 
     name: str                              # becomes part of the run id
-    rows: dict[str, list[Any]]             # REQUESTS columns
-    settings: dict[str, Any] = field(default_factory=dict)   # the tool's own settings, kept in config
+    rows: dict[str, list[object]]          # REQUESTS columns
+    settings: dict[str, object] = field(default_factory=dict)   # the tool's own settings, kept in config
     reported: dict[str, Any] = field(default_factory=dict)   # the tool's own headline figures, kept in summary
     offered_rate: float | None = None
     clock: str = "shared"
@@ -60,14 +60,22 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
         ", ".join(names), " or ".join(names))
 
 
-def chunk_segments(first: float, gaps: Sequence[float]) -> list[dict[str, Any]]:
+class Segment(TypedDict):
+    """A run of token arrivals as requests.parquet's ``token_times`` holds it."""
+
+    start_s: float
+    gap_s: float
+    count: int
+
+
+def chunk_segments(first: float, gaps: Sequence[float]) -> list[Segment]:
     """Token-time segments of a stream seen as chunks: one per chunk (count 1), as the replayer writes them.
 
     The peer tools record one time per received chunk, not per token, so a
     chunk carrying several tokens stays one arrival and ITL counts chunk gaps,
     exactly as vLLM and AIPerf compute theirs.
     """
-    out = [{"start_s": first, "gap_s": 0.0, "count": 1}]
+    out: list[Segment] = [{"start_s": first, "gap_s": 0.0, "count": 1}]
     t = first
     for g in gaps:
         t += g
@@ -88,8 +96,8 @@ def store(run: ImportedRun, tool: str, source: Path, results: Path, label: str |
     run_id = run_id_for(run, tool, source)
     if (results / run_id).exists():
         raise UserError(f"run {run_id} already exists (imported before?)", results / run_id)
-    config: dict[str, Any] = {"source": {"tool": tool, "file": str(source), "sha256": file_sha256(source)},
-                              tool: run.settings}
+    config: dict[str, object] = {"source": {"tool": tool, "file": str(source), "sha256": file_sha256(source)},
+                                 tool: run.settings}
     if run.offered_rate is not None:
         config["offered_rate"] = run.offered_rate
     with RunStore(results, config=config, backend=tool, label=label or run_id, run_id=run_id) as st:

@@ -60,9 +60,9 @@ def _times(req: Mapping[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def _strategy(bench: Mapping[str, Any]) -> dict[str, Any]:
+def _strategy(bench: Mapping[str, Any]) -> dict[str, object]:
     for path in (("config", "strategy"), ("args", "strategy")):
-        node: Any = bench
+        node: object = bench
         for k in path:
             node = node.get(k) if isinstance(node, Mapping) else None
         if isinstance(node, Mapping):
@@ -81,9 +81,9 @@ def _benchmark(bench: Mapping[str, Any], index: int, where: str) -> ImportedRun:
             reqs.append((status, r, _times(r, f"{where}: requests.{key}[{j}]")))
     reqs.sort(key=lambda x: x[2]["start"])
     t0 = reqs[0][2]["start"] if reqs else 0.0
-    rows: dict[str, list[Any]] = {k: [] for k in ("request_id", "scheduled_s", "sent_s", "first_token_s",
-                                                  "last_token_s", "token_times", "input_tokens", "output_tokens",
-                                                  "status", "error")}
+    rows: dict[str, list[object]] = {k: [] for k in ("request_id", "scheduled_s", "sent_s", "first_token_s",
+                                                     "last_token_s", "token_times", "input_tokens", "output_tokens",
+                                                     "status", "error")}
     for i, (status, _r, t) in enumerate(reqs):
         sent = t["start"] - t0
         first = t["first"] - t0 if isinstance(t["first"], (int, float)) else None

@@ -64,9 +64,9 @@ def _run(doc: dict[str, Any], where: str) -> ImportedRun:
         if len(v) != n:
             raise UserError(f"field {k!r} has {len(v)} entries, 'ttfts' has {n}", where)
     t0 = min((s for s in starts if isinstance(s, (int, float))), default=0.0) if starts else 0.0
-    rows: dict[str, list[Any]] = {k: [] for k in ("request_id", "scheduled_s", "sent_s", "first_token_s",
-                                                  "last_token_s", "token_times", "input_tokens", "output_tokens",
-                                                  "status", "error")}
+    rows: dict[str, list[object]] = {k: [] for k in ("request_id", "scheduled_s", "sent_s", "first_token_s",
+                                                     "last_token_s", "token_times", "input_tokens", "output_tokens",
+                                                     "status", "error")}
     for i in range(n):
         sent = float(starts[i]) - t0 if starts else 0.0
         err = errors[i] or ""
