@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import pyarrow.parquet as pq
 from aiohttp import web
@@ -40,6 +41,17 @@ PIECES = [b'data: {"id":"x","choices":[{"index":0,"text":"he"}]}\n\n',
           b'"prompt_tokens_details":{"cached_tokens":4}}}\n\n', b"data: [DONE]\n\n"]
 
 
+def backend_app(complete: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.Application:
+    """A backend: ``complete`` answers /v1/completions, /health says ok."""
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", complete)
+    app.router.add_get("/health", health)
+    return app
+
+
 def fixed_stream_app() -> web.Application:
     async def complete(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Request-Id": "echo"})
@@ -49,14 +61,7 @@ def fixed_stream_app() -> web.Application:
             await asyncio.sleep(0.01)
         await resp.write_eof()
         return resp
-
-    async def health(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", complete)
-    app.router.add_get("/health", health)
-    return app
+    return backend_app(complete)
 
 
 def start_proxy(st: ServerThread, backends: list[str], run: RunStore, policy: str = "round_robin") -> RouteProxy:
@@ -167,14 +172,7 @@ def held_stream_app(release: threading.Event, written: list[int]) -> web.Applica
                          b"data: [DONE]\n\n" % n)
         written.append(n)
         return resp
-
-    async def health(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", complete)
-    app.router.add_get("/health", health)
-    return app
+    return backend_app(complete)
 
 
 def test_sigterm_drains_stream_in_flight(tmp_path: Path):
