@@ -3,6 +3,8 @@ policy that observes, with the same clock as ``arrival_s``, and the figures matc
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -13,6 +15,7 @@ from llmlb_bench.replay.options import ReplayOptions
 from llmlb_bench.schema import TRACE
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
+from llmlb_bench.trace_schedule import TraceSchedule
 from llmlb_bench.trace_run import NOT_RELEASED
 from tests.conftest import make_trace
 from tests.replay_helpers import run_replay, servers  # noqa: F401  (fixture)
@@ -142,12 +145,22 @@ class HoldOddRejectSome(Policy):
         return HOLD if req.request_id % 2 else REJECT if req.request_id == 2 else 0
 
 
-def _both_backends(tmp_path, noop_url: str, tr, policy, users: int | None = None) -> tuple[dict, dict]:
+def _both_backends(tmp_path, noop_url: str, tr, policy, users: int | None = None,
+                   ends: dict[int, float] | None = None) -> tuple[dict, dict]:
     """The trace through the simulator and the replayer (against the no-op server) under fresh copies
-    of ``policy``; the rows of each by request id."""
+    of ``policy``; the rows of each by request id. ``ends`` gets, per row of the trace, when the
+    replayer took it as ended (the time its dependents are released from: the end of a response as
+    the client read it, a refusal, a drop), which its rows do not hold."""
     with RunStore(tmp_path, config={}, backend="sim", run_id="sim") as run:
         simulate(tr, ClusterConfig.build(replicas=1), policy(), run, users=users, think_s=0.01)
-    run_replay(tr, [noop_url], tmp_path, policy(), ReplayOptions(users=users, think_s=0.01), run_id="replay")
+    seen = {} if ends is None else ends
+    ended = TraceSchedule.ended
+
+    def noting(schedule: TraceSchedule, row: int, end: float) -> list[int]:
+        seen[row] = end
+        return ended(schedule, row, end)
+    with mock.patch.object(TraceSchedule, "ended", noting):
+        run_replay(tr, [noop_url], tmp_path, policy(), ReplayOptions(users=users, think_s=0.01), run_id="replay")
     sim, rep = _rows(tmp_path / "sim"), _rows(tmp_path / "replay")
     assert set(sim) == set(rep) and len(sim) == tr.num_rows           # every trace row has one row in each
     for rid in sim:
@@ -179,17 +192,22 @@ def test_dependents_of_held_and_rejected_requests_agree_in_both_backends(servers
     """Dependents of a request the policy holds to the end are never sent (both backends write them
     ``not_sent``: the simulator once left them out, the replayer waited for them for ever); dependents of
     a rejected request are released by its end and routed like any other (trace_run.py)."""
-    sim, rep = _both_backends(tmp_path, servers.noop()[0], _family_trace(), HoldOddRejectSome)
+    ends: dict[int, float] = {}
+    sim, rep = _both_backends(tmp_path, servers.noop()[0], _family_trace(), HoldOddRejectSome, ends=ends)
     expect = {0: "ok", 1: "not_sent", 2: "rejected", 3: "not_sent", 4: "ok", 5: "not_sent",
               6: "ok", 7: "not_sent", 8: "ok", 9: "not_sent", 10: "ok", 11: "not_sent"}
     assert {rid: r["status"] for rid, r in sim.items()} == expect
     assert {sim[rid]["error"] for rid in (1, 3, 5)} == {HELD_AT_END[1]}
     assert {sim[rid]["error"] for rid in (7, 9, 11)} == {NOT_RELEASED[1]}
-    for rid in (6, 10):   # sent after_parent_s after their parent ended, in both backends
+    # sent after_parent_s after their parent ended, in both backends (the replayer's end: when it read the
+    # response's end, after its last token; how long after is this machine's, so it is read, not bounded)
+    for rid in (6, 10):
         assert sim[rid]["scheduled_s"] == pytest.approx(sim[rid - 6]["last_token_s"] + 0.05, abs=1e-9)
-        assert rep[rid]["scheduled_s"] == pytest.approx(rep[rid - 6]["last_token_s"] + 0.05, abs=0.01)
+        assert rep[rid]["scheduled_s"] == pytest.approx(ends[rid - 6] + 0.05, abs=1e-9)
+        assert ends[rid - 6] >= rep[rid - 6]["last_token_s"]
     # the rejected request's dependent: released by its refusal (at its arrival, 40 ms), 50 ms later
-    assert sim[8]["scheduled_s"] == pytest.approx(0.09, abs=1e-9) and rep[8]["scheduled_s"] == pytest.approx(0.09, abs=0.01)
+    assert sim[8]["scheduled_s"] == pytest.approx(0.09, abs=1e-9)
+    assert rep[8]["scheduled_s"] == pytest.approx(ends[2] + 0.05, abs=1e-9) and ends[2] >= rep[2]["scheduled_s"]
 
 
 def test_closed_loop_users_agree_in_both_backends(servers, tmp_path):  # noqa: F811
@@ -231,16 +249,20 @@ class DropAfterFirst(Policy):
 
 def test_a_request_dropped_from_the_queue_releases_its_dependents_at_the_drop(servers, tmp_path):  # noqa: F811
     """Row 2 waits for row 1, which the policy holds until row 0 ends and then drops: row 2 reaches the
-    router when row 1 was dropped (row 0's end), in both backends; the simulator once released it at the
-    last routing decision's time, before the event that dropped row 1."""
+    router when row 1 was dropped (in the simulator at row 0's end), in both backends; the simulator once
+    released it at the last routing decision's time, before the event that dropped row 1."""
     tr = make_trace(n=3, rate=100.0, output_tokens=40)
     parent = pa.array([None, None, 1], pa.int64())
     after = pa.array([None, None, 0.0], pa.float64())
     tr = tr.set_column(tr.schema.get_field_index("parent_id"), "parent_id", parent)
     tr = TRACE.conform(tr.set_column(tr.schema.get_field_index("after_parent_s"), "after_parent_s", after), "test")
-    sim, rep = _both_backends(tmp_path, servers.noop()[0], tr, DropAfterFirst)
+    ends: dict[int, float] = {}
+    sim, rep = _both_backends(tmp_path, servers.noop()[0], tr, DropAfterFirst, ends=ends)
     assert [sim[rid]["status"] for rid in range(3)] == ["ok", "rejected", "ok"]
     assert sim[1]["error"] == "dropped by the router queue"
     assert sim[2]["scheduled_s"] == sim[0]["last_token_s"]
-    assert rep[2]["scheduled_s"] == pytest.approx(rep[0]["last_token_s"], abs=0.05)
-    assert rep[2]["scheduled_s"] >= rep[0]["last_token_s"]
+    # in the replay: row 1 was dropped once it had arrived and row 0 had ended as the replayer read it
+    # (against the no-op server, row 0 may end before row 1 arrives), and row 2 was released by the drop,
+    # due then or at its own arrival (0.02 s), whichever is later
+    assert ends[1] >= max(ends[0], rep[1]["scheduled_s"]) and ends[0] >= rep[0]["last_token_s"]
+    assert rep[2]["scheduled_s"] == max(ends[1], 0.02)
