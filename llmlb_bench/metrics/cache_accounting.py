@@ -34,13 +34,18 @@ buckets need every request's hashes, and the hashes are in the trace, which a co
 cannot read and a report may no longer find; the requests table is left as it was written (no
 rewrite of its token segments); and the work is NumPy over the trace's flattened hashes (two
 vectorised sorts of packed 64-bit keys, blocks by arrival and then by hash, and a radix sort by
-target), not a Python walk per block (docs/prefix-cache.md has the measured cost).
+target), not a Python walk per block (docs/prefix-cache.md has the measured cost). Every bucket
+compares a block only with blocks of the same hash, so the blocks are accounted in parts by hash
+(:func:`_parts`) of at most about :data:`CHUNK_BLOCKS`: the working memory is that of one part,
+whatever the run's length, and the result the same as in one.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, cast
+from typing import TYPE_CHECKING, Iterator, Mapping, cast
 
 import numpy as np
 import pyarrow as pa
@@ -63,18 +68,19 @@ _NEEDED = ["request_id", "target", "prefill_target", "status", "scheduled_s", "s
            "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens", "predicted_cached_tokens"]
 
 
-def _leading(flags: np.ndarray, owner: np.ndarray, pos: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Per row, how many of its blocks (in prompt order) are flagged before the first that is not.
+def _first_unflagged(out: np.ndarray, flags: np.ndarray, owner: np.ndarray, pos: np.ndarray) -> None:
+    """Lower ``out[row]`` to the position of the row's first block that is not flagged, among these
+    blocks (``flags``, ``owner`` and ``pos`` aligned; ``out`` starts at the rows' lengths): after every
+    part of the blocks, ``out`` holds how many of each row's blocks are flagged before the first that is not.
 
-    ``owner`` is non-decreasing (a row's blocks are contiguous, in prompt order), so a row's first
-    unflagged block is the first of its own among the unflagged ones: no scatter-minimum needed."""
-    out: np.ndarray = lengths.copy()
+    ``owner`` is non-decreasing (a row's blocks come in prompt order), so a row's first unflagged
+    block is the first of its own among the unflagged ones: no scatter-minimum needed."""
     miss = np.flatnonzero(~flags)
     if len(miss):
         rows = owner[miss]
         first = np.r_[True, rows[1:] != rows[:-1]]
-        out[rows[first]] = pos[miss[first]]
-    return out
+        rows = rows[first]
+        out[rows] = np.minimum(out[rows], pos[miss[first]])
 
 
 def _ranks(primary: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -86,14 +92,45 @@ def _ranks(primary: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return rank
 
 
-def _flat(hashes: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """A list column of hashes as (values, owning row, position in the row, row lengths, offsets)."""
+def _lists(hashes: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A list column of hashes as (values, row lengths, offsets); the values without a copy where
+    the column is one chunk (null lists have no values)."""
     lengths = pc.list_value_length(hashes).fill_null(0).to_numpy().astype(np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    values = pc.list_flatten(hashes).to_numpy().astype(np.uint64)   # null lists have no values
-    owner = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
-    pos = np.arange(len(values), dtype=np.int64) - offsets[:-1][owner]
-    return values, owner, pos, lengths, offsets
+    values = np.asarray(pc.list_flatten(hashes).to_numpy(), dtype=np.uint64)
+    return values, lengths, offsets
+
+
+#: blocks accounted at once: the working arrays (a dozen words per block) grow with this, not with the run
+CHUNK_BLOCKS = 1 << 20
+
+
+def _parts(values: np.ndarray, replies: np.ndarray, offsets: np.ndarray, chunk: int
+           ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """The blocks in parts by hash, each about ``chunk`` blocks: per part ``(hashes, owner, pos,
+    reply)``, its blocks' hashes (in the order of ``values``), their rows and positions in the row,
+    and the indices in ``replies`` (indices into ``values`` of the reply blocks) of its reply blocks.
+
+    Every bucket compares a block only with blocks of the same hash, so a part that holds whole
+    hash groups is accounted on its own, and the result does not depend on how many parts there
+    are (tested against one part): the run's length sets how many parts, not how large each is.
+    A part is the top bits of the spread hash; beyond the trace, what every part needs is one
+    byte per block (its part) and the rows' own arrays."""
+    total = len(values) + len(replies)
+    bits = max(0, math.ceil(math.log2(max(total, 1) / chunk)))
+    if not bits:
+        owner = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+        pos = np.arange(len(values), dtype=np.int64) - offsets[:-1][owner]
+        yield values, owner, pos, np.arange(len(replies), dtype=np.int64)
+        return
+    part = np.empty(len(values), dtype=np.uint8 if bits <= 8 else np.uint16)
+    for a in range(0, len(values), chunk):
+        part[a:a + chunk] = (values[a:a + chunk] * _SPREAD) >> np.uint64(64 - bits)
+    reply_part = part[replies]
+    for k in range(1 << bits):
+        index = np.flatnonzero(part == k)
+        owner = np.searchsorted(offsets, index, side="right") - 1
+        yield values[index], owner, index - offsets[owner], np.flatnonzero(reply_part == k)
 
 
 def _order(keys: np.ndarray) -> np.ndarray:
@@ -172,7 +209,7 @@ def _unsorted(perm: np.ndarray, flags: np.ndarray) -> np.ndarray:
 
 def _replies(values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, parent: np.ndarray,
              inp: np.ndarray, out: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """(hashes, providing row) of the blocks a request computed beyond its prompt, its reply: a
+    """(index in ``values``, providing row) of the blocks a request computed beyond its prompt, its reply: a
     child whose prompt extends the parent's (equal hash at the parent's last full prompt block;
     hashes are chained) names them as its blocks from the parent's full prompt blocks up to the
     parent's prompt + reply less the last token (which is never in the KV cache), as the
@@ -188,7 +225,7 @@ def _replies(values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, paren
     child, p, own, upto = child[extends], p[extends], own[extends], upto[extends]
     count = upto - own
     at = np.repeat(offsets[child] + own - np.cumsum(np.r_[0, count[:-1]]), count) + np.arange(count.sum())
-    return values[at], np.repeat(p, count)
+    return at, np.repeat(p, count)
 
 
 def offered_tokens(trace: pa.Table, block: int) -> np.ndarray:
@@ -197,19 +234,79 @@ def offered_tokens(trace: pa.Table, block: int) -> np.ndarray:
     inp = trace.column("input_tokens").to_numpy().astype(np.int64)
     if "prefix_hashes" not in trace.column_names:
         return np.zeros(len(inp), dtype=np.int64)
-    values, owner, pos, lengths, _ = _flat(keyed_prefix_hashes(trace))   # no reuse across LoRA adapters
+    values, lengths, offsets = _lists(keyed_prefix_hashes(trace))   # no reuse across LoRA adapters
     arrival = _ranks(trace.column("arrival_s").to_numpy(), trace.column("request_id").to_numpy())
-    perm, _, _, seen, _ = _grouped(values, owner, arrival)
-    cached: np.ndarray = np.minimum(_leading(_unsorted(perm, seen), owner, pos, lengths) * block, inp)
+    offered = lengths.copy()
+    for hashes, owner, pos, _ in _parts(values, np.zeros(0, np.int64), offsets, CHUNK_BLOCKS):
+        perm, _, _, seen, _ = _grouped(hashes, owner, arrival)
+        _first_unflagged(offered, _unsorted(perm, seen), owner, pos)
+    cached: np.ndarray = np.minimum(offered * block, inp)
     return cached
 
 
+@dataclass
+class _Rows:
+    """What the per-block passes read of the rows (aligned with them), and the leading blocks they find."""
+
+    arrival: np.ndarray     # rank by (scheduled_s, request id)
+    done: np.ndarray        # rank by (first_token_s, request id); no first token ranks last
+    provide: np.ndarray     # done, or n + 1 for a row that never computed its prompt
+    finished: np.ndarray    # first_token_s, sorted (inf for none)
+    sent: np.ndarray
+    holder: np.ndarray      # index of the row's target in the sorted names, -1 for none
+    targets: int            # how many names
+    offered: np.ndarray     # out: per row, leading blocks seen in an earlier arrival's prompt or reply
+    reach: np.ndarray       # out: ... reachable on its target
+    ready: np.ndarray       # out: ... reachable and computed before it was sent
+
+
+def _account_part(r: _Rows, values: np.ndarray, owner: np.ndarray, pos: np.ndarray, provider: np.ndarray) -> None:
+    """The leading offered, reachable and ready blocks of one part (:func:`_parts`): ``values`` and
+    ``owner`` the part's prompt blocks, then its reply blocks (``provider`` their rows); ``pos`` the
+    prompt blocks' positions."""
+    m = len(pos)
+    owner = np.concatenate([owner, provider])
+    perm, owners, group_of, seen, shared = _grouped(values, owner, r.arrival)
+    _first_unflagged(r.offered, _unsorted(perm, seen)[:m], owner[:m], pos)
+
+    # reachable: on the same target, an earlier arrival that computed the block (prefill done)
+    # before this request's prefill finished; per (target, hash) group in arrival order, the
+    # earliest such finish among the earlier members (a running max of group * big - finish rank).
+    # Only blocks whose hash occurs more than once take part (in a low-reuse trace, few do). The
+    # blocks are already grouped by hash in arrival order: a stable radix sort by target completes
+    # the (target, hash, arrival) order.
+    n = len(r.arrival)
+    never = n + 1
+    held = r.holder[owners]
+    sub = np.flatnonzero(shared & (held >= 0))
+    by_target = np.argsort(held[sub].astype(np.uint16) if r.targets < 1 << 16 else held[sub], kind="stable")
+    sub = sub[by_target]
+    order, so = perm[sub], owners[sub]
+    hk, vk = held[sub], group_of[sub]
+    start = np.ones(len(order), dtype=bool)
+    start[1:] = (hk[1:] != hk[:-1]) | (vk[1:] != vk[:-1])
+    group = np.cumsum(start) - 1
+    big = n + 2
+    run = np.maximum.accumulate(group * big - r.provide[so]) if len(order) else group
+    earliest = np.full(len(order), never, dtype=np.int64)
+    inner = np.flatnonzero(~start)
+    earliest[inner] = group[inner] * big - run[inner - 1]
+    reach = np.zeros(len(values), dtype=bool)
+    ready = np.zeros(len(values), dtype=bool)
+    hit = earliest < r.done[so]
+    reach[order] = hit
+    ready[order] = hit & (r.finished[np.minimum(earliest, max(n - 1, 0))] <= r.sent[so])
+    _first_unflagged(r.reach, reach[:m], owner[:m], pos)
+    _first_unflagged(r.ready, ready[:m], owner[:m], pos)
+
+
 def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, rows: pa.Table,
-            unit_of: Mapping[str, int]) -> pa.Table:
+            unit_of: Mapping[str, int], chunk_blocks: int = CHUNK_BLOCKS) -> pa.Table:
     """The per-request buckets (``CACHE_ACCOUNTING`` columns but ``run_id``) for ``rows`` (a
     requests table) whose trace rows' ``prefix_hashes`` are ``hashes`` and whose parents (a
     previous turn) are the rows ``parent`` (-1: none), both aligned with ``rows``. ``unit_of``:
-    each target's engine KV block in tokens (targets not named: the trace block)."""
+    each target's engine KV block in tokens (targets not named: the trace block). The blocks are
+    accounted in parts of about ``chunk_blocks`` (:func:`_parts`; the result is the same for any)."""
     n = rows.num_rows
     ids = rows.column("request_id").to_numpy()
     # per row through the few distinct targets, in Arrow and NumPy (a Python walk per row cost a
@@ -233,46 +330,15 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     # answer only (the simulator's _cache_reply says the same)
     out[rows.column("reasoning_tokens").fill_null(0).to_numpy() > 0] = 0
 
-    values, owner, pos, lengths, offsets = _flat(hashes)
-    m = len(values)
+    values, lengths, offsets = _lists(hashes)
     # a request's own prompt blocks, then the reply blocks it provides to a next turn
-    extra, provider = _replies(values, offsets, lengths, parent, inp, out, block)
-    values, owner = np.concatenate([values, extra]), np.concatenate([owner, provider])
-    arrival = _ranks(sched, ids)
-    perm, owners, group_of, seen, shared = _grouped(values, owner, arrival)
-    offered_blocks = _leading(_unsorted(perm, seen)[:m], owner[:m], pos, lengths)
-
-    # reachable: on the same target, an earlier arrival that computed the block (prefill done)
-    # before this request's prefill finished; per (target, hash) group in arrival order, the
-    # earliest such finish among the earlier members (a running max of group * big - finish rank).
-    # Only blocks whose hash occurs more than once take part (in a low-reuse trace, few do). The
-    # blocks are already grouped by hash in arrival order: a stable radix sort by target completes
-    # the (target, hash, arrival) order.
-    done = _ranks(first, ids)                     # requests without a first token rank last ...
-    never = n + 1                                  # ... and never provide: rank n + 1
-    provide = np.where(np.isnan(first), never, done)
-    held = holder[owners]
-    sub = np.flatnonzero(shared & (held >= 0))
-    by_target = np.argsort(held[sub].astype(np.uint16) if len(names) < 1 << 16 else held[sub], kind="stable")
-    sub = sub[by_target]
-    order, so = perm[sub], owners[sub]
-    hk, vk = held[sub], group_of[sub]
-    start = np.ones(len(order), dtype=bool)
-    start[1:] = (hk[1:] != hk[:-1]) | (vk[1:] != vk[:-1])
-    group = np.cumsum(start) - 1
-    big = n + 2
-    run = np.maximum.accumulate(group * big - provide[so]) if len(order) else group
-    earliest = np.full(len(order), never, dtype=np.int64)
-    inner = np.flatnonzero(~start)
-    earliest[inner] = group[inner] * big - run[inner - 1]
-    reach = np.zeros(len(values), dtype=bool)
-    ready = np.zeros(len(values), dtype=bool)
-    hit = earliest < done[so]
-    reach[order] = hit
-    finished = np.sort(np.where(np.isnan(first), np.inf, first))
-    ready[order] = hit & (finished[np.minimum(earliest, max(n - 1, 0))] <= sent[so])
-    reach_blocks = _leading(reach[:m], owner[:m], pos, lengths)
-    ready_blocks = _leading(ready[:m], owner[:m], pos, lengths)
+    replies, provider = _replies(values, offsets, lengths, parent, inp, out, block)
+    done = _ranks(first, ids)
+    r = _Rows(arrival=_ranks(sched, ids), done=done, provide=np.where(np.isnan(first), n + 1, done),
+              finished=np.sort(np.where(np.isnan(first), np.inf, first)), sent=sent, holder=holder,
+              targets=len(names), offered=lengths.copy(), reach=lengths.copy(), ready=lengths.copy())
+    for part, owner, pos, reply in _parts(values, replies, offsets, chunk_blocks):
+        _account_part(r, np.concatenate([part, values[replies[reply]]]), owner, pos, provider[reply])
 
     def tokens(blocks: np.ndarray) -> np.ndarray:
         out: np.ndarray = np.minimum(blocks * block, inp)
@@ -282,8 +348,8 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
         out: np.ndarray = np.maximum(np.minimum(x, inp - 1), 0) // unit * unit
         return out
 
-    offered = tokens(offered_blocks)
-    o2, r2, v2 = engine(offered), engine(tokens(reach_blocks)), engine(tokens(ready_blocks))
+    offered = tokens(r.offered)
+    o2, r2, v2 = engine(offered), engine(tokens(r.reach)), engine(tokens(r.ready))
     zero = np.zeros(n, dtype=np.int64)
     good = ok & measured
     achieved = np.where(good, np.minimum(cached, r2), 0)
