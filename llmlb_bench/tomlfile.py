@@ -32,7 +32,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 #: a table of a TOML (or JSON) document as parsed, before its values are checked: ``object`` to mypy, so
 #: the reader of each kind of file must narrow the values it takes (``Section``, :func:`check_types`)
 #: before anything uses them
-Table: TypeAlias = "dict[str, object]"
+Table: TypeAlias = dict[str, object]
 #: a value of a document this tool writes (a spec that ``trace fit`` makes, a distribution's ``to_dict``):
 #: TOML's tables, arrays, strings, numbers and booleans, and None for a value left out (TOML has no null)
 Value: TypeAlias = "str | int | float | bool | None | Sequence[Value] | Mapping[str, Value]"

@@ -34,7 +34,8 @@ _CLASS = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*:(.*)$")
 Limits = tuple[tuple[str, float], ...]
 #: an SLO as reports and run figures record it (:meth:`Slo.to_dict`): each limit in seconds by
 #: ``<metric>_s`` in the order given, and ``classes``: each SLO class's limits the same way
-SloSpec: TypeAlias = "dict[str, float | dict[str, dict[str, float]]]"
+#: (a runtime alias, not a string: the report's shape checks resolve it with typing.get_type_hints)
+SloSpec: TypeAlias = dict[str, float | dict[str, dict[str, float]]]
 
 
 def _parse_limits(text: str, where: str) -> Limits:

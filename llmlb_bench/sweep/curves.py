@@ -22,7 +22,7 @@ from llmlb_bench.sweep.stats import MeanCi, mean_ci
 
 #: one point of a curve as summary.json has it: ``x``, ``rate``, ``rate_scale``, ``load``, ``seeds``,
 #: ``run_ids``, then each figure's :class:`MeanCi` under its name (``ttft.p99``, ``goodput``, ...)
-CurvePoint: TypeAlias = "dict[str, object]"
+CurvePoint: TypeAlias = dict[str, object]
 
 
 class Knee(TypedDict):

@@ -24,7 +24,7 @@ from llmlb_bench.store.views import Catalog
 
 FIGURES = "figures"
 #: a run's figures a curve plots, flattened (``ttft.p99``, ``goodput``, ...): :func:`run_figures`
-Figures: TypeAlias = "dict[str, float | None]"
+Figures: TypeAlias = dict[str, float | None]
 LATENCY_STATS: tuple[Literal["mean", "p50", "p90", "p99"], ...] = ("mean", "p50", "p90", "p99")
 #: the latency figures a curve plots
 CURVE_LATENCIES: tuple[LatencyName, ...] = ("ttft", "tpot", "itl", "e2e")
