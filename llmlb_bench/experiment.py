@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the replayer is imported by replay_run only: simulated swee
     from llmlb_bench.replay.power import Domain
     from llmlb_bench.replay.preflight import Preflight
     from llmlb_bench.replay.resume import Resume
+    from llmlb_bench.replay.selfcheck import SelfCheck
 
 
 def simulate_run(trace: pa.Table, trace_path: Path, cluster: ClusterConfig, policy: str,
@@ -73,7 +74,7 @@ class RunInterrupted(KeyboardInterrupt):
 def replay_run(trace: pa.Table, trace_path: Path, pre: Preflight, policy: str, policy_args: Mapping[str, object],
                seed: int, results: Path, options: ReplayOptions, *, label: str | None = None,
                run_id: str | None = None, sweep: Mapping[str, object] | None = None, resume: Resume | None = None,
-               power: list[Domain] | None = None, self_check: dict[str, object] | None = None) -> RunStore:
+               power: list[Domain] | None = None, self_check: SelfCheck | None = None) -> RunStore:
     """Replay ``trace`` against the endpoints ``pre`` checked, routed by ``policy``; returns the closed run.
 
     ``resume``: continue that partial run (its folder, moved aside by ``prepare_resume``, is put
@@ -102,7 +103,7 @@ def replay_run(trace: pa.Table, trace_path: Path, pre: Preflight, policy: str, p
             replay(trace, [ep.url for ep in pre.endpoints], pol, store, options, pre=pre, resume=resume,
                    power=power)
             if self_check is not None:
-                store.summary["client"]["self_check"] = self_check
+                store.summary["client"]["self_check"] = dict(self_check)   # run_summary keeps it untyped
     except FileExistsError:
         if resume is not None:
             resume.restore()

@@ -14,7 +14,7 @@ import re
 import signal
 import sys
 import warnings
-from typing import Any, Iterator, NoReturn
+from typing import Iterator, NoReturn
 
 import typer
 from rich.markup import escape
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _raise_interrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _raise_interrupt)
-    rc = None
+    rc: object = None     # what the command returned (an exit code from Typer, or None)
     _INTERRUPTED.clear()
     args = sys.argv[1:] if argv is None else argv
     if not args or "--help" in args:   # a help page: Typer's renderer, without what it never uses here
@@ -167,7 +167,7 @@ def quiet_warnings() -> Iterator[None]:
         yield
 
 
-def _run(argv: list[str] | None) -> Any:
+def _run(argv: list[str] | None) -> object:
     """The command, its errors turned into one line and an exit code."""
     try:
         with help_width(), quiet_warnings():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypedDict
+from typing import Mapping, Sequence, TypedDict, TypeVar, overload
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.names import to_name
@@ -30,15 +30,27 @@ class ImportedRun:
     name: str                              # becomes part of the run id
     rows: dict[str, list[object]]          # REQUESTS columns
     settings: dict[str, object] = field(default_factory=dict)   # the tool's own settings, kept in config
-    reported: dict[str, Any] = field(default_factory=dict)   # the tool's own headline figures, kept in summary
+    reported: dict[str, object] = field(default_factory=dict)   # the tool's own headline figures, kept in summary
     offered_rate: float | None = None
     clock: str = "shared"
     duration_s: float | None = None        # the tool's measured duration (used with clock "per_request")
     notes: list[str] = field(default_factory=list)
 
 
-def field_of(obj: Any, key: str, where: str, kind: type | tuple[type, ...] = object, required: bool = True) -> Any:
-    """``obj[key]`` checked to be of ``kind``; a one-line UserError naming the field otherwise."""
+_T = TypeVar("_T")
+
+
+@overload
+def field_of(obj: object, key: str, where: str) -> object: ...
+@overload
+def field_of(obj: object, key: str, where: str, kind: type[_T]) -> _T: ...
+@overload
+def field_of(obj: object, key: str, where: str, kind: type[_T], required: bool) -> _T | None: ...
+
+
+def field_of(obj: object, key: str, where: str, kind: type = object, required: bool = True) -> object:
+    """``obj[key]`` checked to be of ``kind`` (``float``: any number); a one-line UserError naming the
+    field otherwise; None for an absent or null field that is not ``required``."""
     if not isinstance(obj, Mapping):
         raise UserError(f"expected an object at {where}", where)
     if key not in obj or obj[key] is None:
@@ -47,10 +59,9 @@ def field_of(obj: Any, key: str, where: str, kind: type | tuple[type, ...] = obj
         return None
     value = obj[key]
     numeric = kind is float
-    if numeric:
-        kind = (int, float)
-    if not isinstance(value, kind) or (numeric and isinstance(value, bool)):
-        raise UserError(f"field {key!r} has type {type(value).__name__}, expected {_kind_name(kind)}", where)
+    kinds: type | tuple[type, ...] = (int, float) if numeric else kind
+    if not isinstance(value, kinds) or (numeric and isinstance(value, bool)):
+        raise UserError(f"field {key!r} has type {type(value).__name__}, expected {_kind_name(kinds)}", where)
     return value
 
 

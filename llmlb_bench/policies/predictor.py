@@ -30,7 +30,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypedDict
+from typing import TYPE_CHECKING, Mapping, Sequence, TypedDict
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies.base import RouteRequest
@@ -205,10 +205,11 @@ class Predictor:
             raise UserError(f"not valid JSON: {exc}", p) from None
         return cls(doc, p)
 
-    def _trees(self, trees: Any, where: str | Path) -> None:
+    def _trees(self, trees: object, where: str | Path) -> None:
         """Flatten the trees into one node table; children always follow their parent
         (checked), so every walk ends within the deepest tree's depth."""
-        _check(isinstance(trees, list) and len(trees) > 0, "'trees' must be a non-empty list", where)
+        if not (isinstance(trees, list) and len(trees) > 0):
+            raise UserError("'trees' must be a non-empty list", where)
         feat: list[int] = []
         thr: list[float] = []
         left: list[int] = []
@@ -223,14 +224,17 @@ class Predictor:
         n_features = len(self.features)
         for k, t in enumerate(trees):
             name = f"trees[{k}]"
-            _check(isinstance(t, Mapping), f"{name} is not an object", where)
+            if not isinstance(t, Mapping):
+                raise UserError(f"{name} is not an object", where)
             f = _ints(t.get("feature"), f"{name}.feature", where)
             n = len(f)
             _check(n >= 1, f"{name} has no nodes", where)
-            cols = {key: t.get(key) for key in ("threshold", "left", "right", "default_left", "missing",
-                                                "categories", "value")}
-            for key, col in cols.items():
-                _check(isinstance(col, list) and len(col) == n, f"{name}.{key} must be a list of {n} values", where)
+            cols: dict[str, list[object]] = {}
+            for key in ("threshold", "left", "right", "default_left", "missing", "categories", "value"):
+                col = t.get(key)
+                if not (isinstance(col, list) and len(col) == n):
+                    raise UserError(f"{name}.{key} must be a list of {n} values", where)
+                cols[key] = col
             base = len(feat)
             roots.append(base)
             lft, rgt = _ints(cols["left"], f"{name}.left", where), _ints(cols["right"], f"{name}.right", where)
@@ -388,18 +392,20 @@ def _check(ok: bool, problem: str, where: str | Path) -> None:
         raise UserError(problem, where)
 
 
-def _features(spec: Any, where: str | Path) -> tuple[Feature, ...]:
-    _check(isinstance(spec, list) and len(spec) > 0, "'features' must be a non-empty list", where)
+def _features(spec: object, where: str | Path) -> tuple[Feature, ...]:
+    if not (isinstance(spec, list) and len(spec) > 0):
+        raise UserError("'features' must be a non-empty list", where)
     out: list[Feature] = []
     for i, f in enumerate(spec):
-        _check(isinstance(f, Mapping) and isinstance(f.get("name"), str), f"features[{i}] has no name", where)
+        if not (isinstance(f, Mapping) and isinstance(f.get("name"), str)):
+            raise UserError(f"features[{i}] has no name", where)
         name = f["name"]
         _check(name in ALL_FEATURES, f"unknown feature {name!r} (features: {', '.join(ALL_FEATURES)})", where)
         _check(name not in [o.name for o in out], f"feature {name!r} is listed twice", where)
         cats = f.get("categories")
         if name in CATEGORICAL:
-            _check(isinstance(cats, list) and all(isinstance(c, str) for c in cats),
-                   f"categorical feature {name!r} needs a list of category names", where)
+            if not (isinstance(cats, list) and all(isinstance(c, str) for c in cats)):
+                raise UserError(f"categorical feature {name!r} needs a list of category names", where)
             out.append(Feature(name, tuple(cats)))
         else:
             _check(cats is None, f"numeric feature {name!r} cannot have categories", where)
@@ -407,18 +413,19 @@ def _features(spec: Any, where: str | Path) -> tuple[Feature, ...]:
     return tuple(out)
 
 
-def _number(v: Any, what: str, where: str | Path) -> float:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    _check(ok, f"{what} must be a finite number (got {v!r})", where)
+def _number(v: object, what: str, where: str | Path) -> float:
+    if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
+        raise UserError(f"{what} must be a finite number (got {v!r})", where)
     return float(v)
 
 
-def _array(v: Any, what: str, where: str | Path) -> np.ndarray:
-    _check(isinstance(v, list), f"{what} must be a list of numbers", where)
+def _array(v: object, what: str, where: str | Path) -> np.ndarray:
+    if not isinstance(v, list):
+        raise UserError(f"{what} must be a list of numbers", where)
     return np.asarray([_number(x, what, where) for x in v], dtype=np.float64)
 
 
-def _ints(v: Any, what: str, where: str | Path) -> list[int]:
-    ok = isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
-    _check(ok, f"{what} must be a list of integers", where)
+def _ints(v: object, what: str, where: str | Path) -> list[int]:
+    if not (isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)):
+        raise UserError(f"{what} must be a list of integers", where)
     return list(v)

@@ -55,4 +55,6 @@ def replay_summary(statuses: Mapping[str, int], sent: int, first_sent: float | N
             "duration_s": round(last_end - first_sent, 6) if last_end is not None and first_sent is not None else None,
             "interrupted": interrupted, "endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
             "notes": pre.notes, "scraped_metrics": sorted(set(scraped)),
-            "prompt_lengths": pre.prompt_lengths, "prompt_length_check": pre.length_check}
+            "prompt_lengths": pre.prompt_lengths,
+            # run_summary.py keeps this section untyped (ReplaySummary.prompt_length_check): a plain dict
+            "prompt_length_check": dict(pre.length_check) if pre.length_check is not None else None}

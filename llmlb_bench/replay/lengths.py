@@ -21,7 +21,7 @@ leading space) is reported before the run rather than discovered after it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable, TypedDict
 
 import pyarrow as pa
 
@@ -37,6 +37,20 @@ Counter = Callable[[list[str]], Awaitable[list[int]]]
 _PROBE = "Hello"
 #: trace rows whose whole prompts are counted before the run
 CHECK_ROWS = 64
+
+
+class WorstPrompt(TypedDict):
+    request_id: int
+    input_tokens: int
+    counted: int
+
+
+class LengthCheck(TypedDict):
+    """Whole prompts counted before a run (:func:`check_lengths`): how many, how many exactly right, the worst."""
+
+    checked: int
+    exact: int
+    worst: WorstPrompt | None
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
@@ -77,7 +91,7 @@ async def piece_costs(count: Counter, where: str) -> tuple[list[int], list[int]]
 
 
 async def check_lengths(trace: pa.Table, builder: PromptBuilder, count: Counter,
-                        rows: int = CHECK_ROWS) -> dict[str, Any]:
+                        rows: int = CHECK_ROWS) -> LengthCheck:
     """Count the whole prompts of the first ``rows`` text-only rows and of the shortest and
     longest one: ``{checked, exact, worst: {request_id, input_tokens, counted}}``."""
     empty, = await count([""])
@@ -101,7 +115,7 @@ async def check_lengths(trace: pa.Table, builder: PromptBuilder, count: Counter,
 
 
 async def exact_lengths(count: Counter, trace: pa.Table | None,
-                        where: str) -> tuple[list[int], list[int], dict[str, Any] | None]:
+                        where: str) -> tuple[list[int], list[int], LengthCheck | None]:
     """Piece costs, and the length check over ``trace`` when one is given."""
     after, lead = await piece_costs(count, where)
     check = None
@@ -110,11 +124,11 @@ async def exact_lengths(count: Counter, trace: pa.Table | None,
     return after, lead, check
 
 
-def check_note(check: dict[str, Any] | None, source: str) -> list[str]:
+def check_note(check: LengthCheck | None, source: str) -> list[str]:
     """A warning for the user when counted prompts missed their lengths."""
-    if not check or check["exact"] == check["checked"]:
+    w = check["worst"] if check else None
+    if not check or check["exact"] == check["checked"] or w is None:   # no worst: nothing was checked
         return []
-    w = check["worst"]
     return [f"{source}: only {check['exact']} of {check['checked']} sampled prompts have exactly the trace's "
             f"input_tokens (request {w['request_id']}: {w['counted']} tokens for {w['input_tokens']}): the "
             "tokenizer merges across words or cannot make prompts that short from words; see the mismatch "

@@ -17,7 +17,7 @@ import asyncio
 import json
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -25,7 +25,7 @@ from llmlb_bench import __version__
 from llmlb_bench.errors import UserError
 from llmlb_bench.redact import add_secret
 from llmlb_bench.replay.http import Endpoint, Pool, parse_endpoint, simple_request
-from llmlb_bench.replay.lengths import Counter, check_note, exact_lengths, load_tokenizer, local_counter
+from llmlb_bench.replay.lengths import Counter, LengthCheck, check_note, exact_lengths, load_tokenizer, local_counter
 from llmlb_bench.replay.options import ReplayOptions
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class Preflight:
     #: how prompt lengths are made, as run.json states it
     prompt_lengths: str = "approximate (one word per token)"
     #: whole prompts of a sample of the trace counted before the run (exact lengths only)
-    length_check: dict[str, Any] | None = None
+    length_check: LengthCheck | None = None
 
 
 def request_headers(options: ReplayOptions) -> str:

@@ -232,7 +232,7 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Policy, run: RunStore
     process workers, on the parent's timeline. ``clocks`` replaces each actor's wall clock (tests)."""
     plan = plan_workers(trace, run, options, resume)
     n = options.workers
-    details: list[dict[str, Any]] = [{"rows": len(rows)} for rows in plan.shares]
+    details: list[dict[str, object]] = [{"rows": len(rows)} for rows in plan.shares]
     outcomes = [WorkerOutcome() for _ in range(n)]
     stop = {"signalled": False}
     with ray_session(options.address, n) as ray:
@@ -345,7 +345,7 @@ def _concat(tables: Sequence[pa.Table | None]) -> pa.Table | None:
     return pa.concat_tables(present) if present else None
 
 
-def _outcome(result: ActorResult, offset: ClockOffset, t0_wall: float, detail: dict[str, Any]) -> WorkerOutcome:
+def _outcome(result: ActorResult, offset: ClockOffset, t0_wall: float, detail: dict[str, object]) -> WorkerOutcome:
     """An actor's result on the parent's timeline: its origin, read on its clock, mapped through the offset."""
     shift = result["t0_wall_s"] - offset.offset_s - t0_wall
     detail["shift_s"] = shift

@@ -26,7 +26,7 @@ import tempfile
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from llmlb_bench.replay.options import ReplayOptions
-
+from llmlb_bench.run_summary import LagFigures
 
 
 @contextmanager
@@ -62,14 +62,34 @@ def server_records(url: str) -> dict[str, list[float]]:
         return records
 
 
-def _pct(values: np.ndarray) -> dict[str, float | None]:
+class ClientFigures(TypedDict):
+    """The client timed against the no-op server's own clock (ms where it says so)."""
+
+    requests: int
+    ok: int
+    trace_rate_rps: float | None
+    send_rate_rps: float | None
+    send_lateness_ms: LagFigures
+    ttft_inflation_ms: LagFigures
+
+
+class SelfCheck(ClientFigures):
+    """run.json ``summary.client.self_check``: the figures, over how many seconds of the trace, and whether the
+    client was late beyond the threshold."""
+
+    seconds: float
+    dispatch_lag_ms: LagFigures
+    flagged: bool
+
+
+def _pct(values: np.ndarray) -> LagFigures:
     if not values.size:
         return {"p50": None, "p99": None, "max": None}
     return {"p50": round(float(np.percentile(values, 50)), 4), "p99": round(float(np.percentile(values, 99)), 4),
             "max": round(float(values.max()), 4)}
 
 
-def client_figures(rows: pa.Table, records: dict[str, list[float]], t0: float) -> dict[str, Any]:
+def client_figures(rows: pa.Table, records: dict[str, list[float]], t0: float) -> ClientFigures:
     """Send lateness, TTFT inflation (ms) and achieved send rate of ok rows, against the server's clock."""
     ok = rows.filter(pc.equal(rows.column("status"), "ok"))
     rid = [str(r) for r in ok.column("request_id").to_pylist()]
@@ -88,7 +108,7 @@ def client_figures(rows: pa.Table, records: dict[str, list[float]], t0: float) -
     }
 
 
-def self_check(trace: pa.Table, options: ReplayOptions, seconds: float, lag_threshold_ms: float) -> dict[str, Any]:
+def self_check(trace: pa.Table, options: ReplayOptions, seconds: float, lag_threshold_ms: float) -> SelfCheck:
     """Replay the first ``seconds`` of ``trace`` (as scheduled) against a local no-op server."""
     from llmlb_bench.policies import make_policy
     from llmlb_bench.replay.preflight import preflight
@@ -106,8 +126,6 @@ def self_check(trace: pa.Table, options: ReplayOptions, seconds: float, lag_thre
             summary = replay(part, [url], make_policy("round_robin"), run, check, pre=pre)
         figures = client_figures(pq.read_table(run.dir / "requests.parquet"), server_records(url),
                                  summary["client"]["t0_clock_s"])
-    figures["seconds"] = seconds
-    figures["dispatch_lag_ms"] = summary["client"]["dispatch_lag_ms"]
     p99 = figures["send_lateness_ms"]["p99"]
-    figures["flagged"] = p99 is not None and p99 > lag_threshold_ms
-    return figures
+    return {**figures, "seconds": seconds, "dispatch_lag_ms": summary["client"]["dispatch_lag_ms"],
+            "flagged": p99 is not None and p99 > lag_threshold_ms}

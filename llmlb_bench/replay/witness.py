@@ -27,7 +27,7 @@ import http.client
 import threading
 import urllib.parse
 from time import perf_counter
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -122,8 +122,33 @@ class ServerWitness:
         return count
 
 
+class _Compared(TypedDict, total=False):
+    """Where the server's count was read at least twice: sent against received, and how far behind it was."""
+
+    sent: int
+    received: int
+    lag_s: float
+    behind_at_s: float | None
+
+
+class EndpointCheck(_Compared):
+    readings: int
+    unreadable: int
+    available: bool
+
+
+class ServerCheck(TypedDict):
+    """run.json ``summary.client.server_check`` (see :func:`server_check`)."""
+
+    lag_limit_s: float
+    endpoints: dict[str, EndpointCheck]
+    available: bool
+    lag_s: float | None
+    flagged: bool
+
+
 def server_check(rows: pa.Table, readings: dict[str, list[tuple[float, float | None]]], t0: float,
-                 lag_s: float = SERVER_LAG_S) -> dict[str, Any]:
+                 lag_s: float = SERVER_LAG_S) -> ServerCheck:
     """Sent (client) against received (server), per endpoint.
 
     ``rows``: the run's requests (``target``, ``sent_s`` in trace time); ``readings``: per endpoint
@@ -134,14 +159,12 @@ def server_check(rows: pa.Table, readings: dict[str, list[tuple[float, float | N
     ``t - s`` behind. ``lag_s`` is the largest such figure; ``flagged`` when it exceeds the limit."""
     sent_col = rows.column("sent_s")
     targets = rows.column("target")
-    out: dict[str, Any] = {"lag_limit_s": lag_s, "endpoints": {}}
+    endpoints: dict[str, EndpointCheck] = {}
     worst, available = 0.0, False
     for url, series in readings.items():
         counts = [(t - t0, r) for t, r in series if r is not None]
-        info: dict[str, Any] = {"readings": len(series), "unreadable": len(series) - len(counts)}
         if len(counts) < 2:
-            info["available"] = False
-            out["endpoints"][url] = info
+            endpoints[url] = {"readings": len(series), "unreadable": len(series) - len(counts), "available": False}
             continue
         available = True
         mine = pc.and_(pc.equal(targets, url), pc.is_valid(sent_col))
@@ -155,11 +178,9 @@ def server_check(rows: pa.Table, readings: dict[str, list[tuple[float, float | N
                 late = t - float(sent[max(got, 0)])
                 if late > lag:
                     lag, behind_at = late, t
-        info.update(available=True, sent=int(sent.size), received=int(counts[-1][1] - base),
-                    lag_s=round(lag, 3), behind_at_s=None if behind_at is None else round(behind_at, 3))
+        endpoints[url] = {"readings": len(series), "unreadable": len(series) - len(counts), "available": True,
+                          "sent": int(sent.size), "received": int(counts[-1][1] - base), "lag_s": round(lag, 3),
+                          "behind_at_s": None if behind_at is None else round(behind_at, 3)}
         worst = max(worst, lag)
-        out["endpoints"][url] = info
-    out["available"] = available
-    out["lag_s"] = round(worst, 3) if available else None
-    out["flagged"] = available and worst > lag_s
-    return out
+    return {"lag_limit_s": lag_s, "endpoints": endpoints, "available": available,
+            "lag_s": round(worst, 3) if available else None, "flagged": available and worst > lag_s}
