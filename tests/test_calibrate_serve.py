@@ -137,6 +137,8 @@ def test_calibrate_bad_endpoint_is_one_line(tmp_path: Path, capsys):
 
 
 OVERHEAD_S, PER_TOKEN_S = 0.020, 2e-5
+#: the frontend's CPU time per request taken from the steps (sim/profile.py): the interference probe's answer
+FRONTEND_S = 0.008
 #: how early a server's token may reach the client: never, but for the event loop's timer resolution
 EARLY_S = 0.002
 
@@ -147,7 +149,8 @@ def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, capsys,
     machine:
 
     * the probes as the server made them (its own arrival and token times, no delivery in them)
-      fit back to the served profile: step times and the request overhead within 1%;
+      fit back to the served profile: step times and the request overhead within 1%, the
+      frontend's CPU time per request (which only the interference probe sees) within 10%;
     * what the client measured is never less than that, for every prefill and cache probe: a token
       reaches the client after the server wrote it, which is never before it was due, and a request
       reaches the server after the client sent it;
@@ -164,7 +167,8 @@ def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, capsys,
     from tests.calibrate_helpers import assert_least_squares_optimum, server_rows
     from tests.serve_helpers import ServeThread
 
-    served = {**profile(), "request_overhead_s": OVERHEAD_S, "request_per_prompt_token_s": PER_TOKEN_S}
+    served = {**profile(), "request_overhead_s": OVERHEAD_S, "request_per_prompt_token_s": PER_TOKEN_S,
+              "frontend_cpu_s": FRONTEND_S}
     fits, probe_runs = [], []
 
     def keep_runs(runs, budget):
@@ -217,16 +221,21 @@ def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, capsys,
     for p in (100, 1000):
         overhead = c["request_overhead_s"] + c["request_per_prompt_token_s"] * p
         assert overhead == pytest.approx(OVERHEAD_S + PER_TOKEN_S * p, rel=0.01), p
+    assert c["frontend_cpu_s"] == pytest.approx(FRONTEND_S, rel=0.1)
+    assert any(o.probe == "interference" for o in ideal)
 
     # the client's side, against the server's: never early (per request, so per median of repeats)
     (client,) = fits
     by_probe = {(o.probe, o.what): o for o in ideal}
-    first = [(o, by_probe[o.probe, o.what]) for o in client.observations if o.probe != "decode"]
-    assert len(first) == sum(o.probe != "decode" for o in ideal)
+    first = [(o, by_probe[o.probe, o.what]) for o in client.observations if o.probe in ("prefill", "cache")]
+    assert len(first) == sum(o.probe in ("prefill", "cache") for o in ideal)
     assert all(o.measured_s >= twin.measured_s - EARLY_S for o, twin in first), \
         [(o.what, o.measured_s, twin.measured_s) for o, twin in first if o.measured_s < twin.measured_s - EARLY_S]
     assert_least_squares_optimum(client)
     assert got["step"] == {k: client.coefficients[k] for k in STEP_TERMS}
+    assert got["frontend_cpu_s"] == client.coefficients["frontend_cpu_s"]
+    print(f"client's fit: frontend_cpu_s {1e3 * client.coefficients['frontend_cpu_s']:.3f} ms "
+          f"(served {1e3 * FRONTEND_S:.3f}); server's {1e3 * c['frontend_cpu_s']:.3f} ms")
     cache = [o for o in got["fit"]["observations"] if o["probe"] == "cache" and "cached" in o["what"]]
     # the whole shared blocks (the prompt less its 8-token tail) came from the cache
     assert cache and all(o["what"].endswith(f"{int(o['what'].split()[1].rstrip(',')) - 8} cached") for o in cache)

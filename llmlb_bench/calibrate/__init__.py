@@ -37,13 +37,14 @@ class Calibration:
 def calibrate(url: str, given: Mapping[str, int | None], *, options: ReplayOptions | None = None,
               max_prompt: int | None = None, batches: Sequence[int] | None = None,
               contexts: Sequence[int] | None = None, decode_tokens: int = 48, repeats: int = 3,
-              results: Path | None = None, seed: int = 0) -> Calibration:
+              results: Path | None = None, seed: int = 0, interference: bool = True) -> Calibration:
     """Probe ``url`` and fit its profile. ``given``: engine settings from flags (None = ask the
-    engine); probe runs go to ``results`` (a scratch folder when None)."""
+    engine); probe runs go to ``results`` (a scratch folder when None); ``interference``: send the
+    probe that measures ``frontend_cpu_s`` (else it is 0)."""
     options = options or ReplayOptions(api="completions")
     info = discover(url, given, options.model)
     options = ReplayOptions(**{**options.__dict__, "model": info.model})
-    p = plan(info.settings, max_prompt, batches, contexts, decode_tokens, repeats)
+    p = plan(info.settings, max_prompt, batches, contexts, decode_tokens, repeats, interference)
     pre = preflight([url], options)
     with tempfile.TemporaryDirectory(prefix="llmlb-calibrate-") as tmp:
         root = Path(results) if results is not None else Path(tmp)
@@ -61,6 +62,7 @@ def calibrate(url: str, given: Mapping[str, int | None], *, options: ReplayOptio
         "step": {k: result.coefficients[k] for k in STEP_TERMS},
         "request_overhead_s": result.coefficients["request_overhead_s"],
         "request_per_prompt_token_s": result.coefficients["request_per_prompt_token_s"],
+        "frontend_cpu_s": result.coefficients["frontend_cpu_s"],
         "jitter": spread,
         "fit": {"by_probe": result.summary(), "notes": result.notes,
                 "observations": [{"probe": o.probe, "what": o.what, "measured_s": round(o.measured_s, 6),

@@ -9,7 +9,13 @@ ceil((P - c) / budget) chunks, each of s new tokens after c_k computed ones
 the simulator's replica plans them, plus the request overhead and its part per
 prompt token (which only the cache probe, whose computed tokens are fewer than
 its prompt's, tells apart from the per-token step term); a decode window of B requests at contexts
-n_i is B tokens, B samples and sum n_i of attention and KV per step.
+n_i is B tokens, B samples and sum n_i of attention and KV per step. The
+interference probe's window (B decoding while lone requests arrive) is the
+same per step, plus each arrival's prefill chunks and decode step shared over
+the window's steps, plus one ``frontend_cpu_s`` per arrival: the only
+observation with that feature, so the only one that measures it (the lone
+prefills' time to first token is the same whether the frontend's work runs
+before the engine's queue or inside the admitting step; sim/profile.py).
 
 The fit minimises the sum of squared RELATIVE errors (each observation counts
 the same whatever its size) under non-negativity (a cost cannot be negative),
@@ -35,13 +41,13 @@ from typing import Any, Sequence, TypedDict
 
 import numpy as np
 
-from llmlb_bench.calibrate.probes import ProbeRun
+from llmlb_bench.calibrate.probes import ARRIVAL_EVERY_STEPS, ProbeRun, token_times
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim.profile import STEP_TERMS
 
 #: the fitted unknowns: the step terms, then the request overhead and its part per prompt token
-#: (time to first token only)
-UNKNOWNS = (*STEP_TERMS, "request_overhead_s", "request_per_prompt_token_s")
+#: (time to first token only), then the frontend's CPU time per arrival (the interference probe only)
+UNKNOWNS = (*STEP_TERMS, "request_overhead_s", "request_per_prompt_token_s", "frontend_cpu_s")
 #: fewest decode steps a window must hold to count
 MIN_WINDOW_STEPS = 4
 
@@ -106,11 +112,6 @@ def prefill_features(prompt: int, cached: int, budget: int) -> np.ndarray:
     return f
 
 
-def _token_times(row: dict[str, Any]) -> np.ndarray:
-    parts = [seg["start_s"] + seg["gap_s"] * np.arange(seg["count"]) for seg in row["token_times"] or []]
-    return np.sort(np.concatenate(parts)) if parts else np.zeros(0)
-
-
 def step_gaps(t: np.ndarray) -> np.ndarray:
     """One gap per token after the first distinct arrival of sorted token times ``t``: a chunk of
     k tokens arriving together shares the time since the chunk before it evenly, (T - T0) / k each.
@@ -137,6 +138,7 @@ def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observatio
     windows: list[np.ndarray] = []
     notes: list[str] = []
     no_cached = False
+    controls: dict[int, ProbeRun] = {}      # interference pairs' control runs, by pair
     for run in runs:
         ok = [r for r in run.rows if r["status"] == "ok" and r["first_token_s"] is not None]
         failed = [r for r in run.rows if r["status"] != "ok"]
@@ -160,28 +162,27 @@ def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observatio
                 what = f"prompt {p}" + (f", {cached} cached" if cached else "")
                 obs.append(Observation(run.kind, what, prefill_features(p, cached, budget),
                                        r["first_token_s"] - r["sent_s"]))
+        elif run.kind == "interference":
+            if run.params["arrivals"] == 0:
+                controls[run.params["pair"]] = run
+            elif run.params["pair"] in controls:
+                o = interference_observation(controls[run.params["pair"]], run, budget)
+                if o is None:
+                    notes.append(f"interference {run.params}: no decode window of {MIN_WINDOW_STEPS} steps or more "
+                                 "with arrivals in it (raise --decode-tokens)")
+                else:
+                    obs.append(o)
         else:
             if len(ok) < run.params["batch"]:
                 continue
-            t0 = max(r["first_token_s"] for r in ok)
-            t1 = min(r["last_token_s"] for r in ok)
-            gaps: list[np.ndarray] = []
-            context = 0.0
-            for r in ok:
-                t = _token_times(r)
-                idx = np.nonzero((t >= t0) & (t <= t1))[0]
-                window = step_gaps(t[idx[0]:idx[-1] + 1]) if idx.size >= 2 else np.zeros(0)
-                if window.size < MIN_WINDOW_STEPS:
-                    gaps = []
-                    break
-                gaps.append(window)
-                context += _prompt(r) + (idx[0] + idx[-1]) / 2
-            if not gaps:
+            win = decode_window(ok)
+            if win is None:
                 notes.append(f"decode batch {run.params['batch']} at {run.params['context']} tokens: fewer than "
                              f"{MIN_WINDOW_STEPS} steps with the whole batch decoding (raise --decode-tokens)")
                 continue
+            gaps, context, _, _ = win
             b = len(ok)
-            f = np.array([1.0, b, b, context, context, 0.0, 0.0])
+            f = np.array([1.0, b, b, context, context, 0.0, 0.0, 0.0])
             obs.append(Observation("decode", f"batch {b}, context {run.params['context']}", f,
                                    float(np.median(np.concatenate(gaps)))))
             windows.append(max(gaps, key=len))
@@ -189,6 +190,65 @@ def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observatio
         notes.append("the engine reports no prompt_tokens_details.cached_tokens (vLLM: "
                      "--enable-prompt-tokens-details): repeated prompts left out of the fit")
     return median_of_repeats(obs), notes, windows
+
+
+def decode_window(rows: Sequence[dict[str, Any]]) -> tuple[list[np.ndarray], float, float, float] | None:
+    """The window in which every one of ``rows`` decodes (after the last first token, before the first
+    last token): each request's inter-token gaps in it, their summed context at its middle, and the
+    window's bounds; None when a request saw fewer than MIN_WINDOW_STEPS steps in it."""
+    t0 = max(r["first_token_s"] for r in rows)
+    t1 = min(r["last_token_s"] for r in rows)
+    gaps: list[np.ndarray] = []
+    context = 0.0
+    for r in rows:
+        t = token_times(r)
+        idx = np.nonzero((t >= t0) & (t <= t1))[0]
+        window = step_gaps(t[idx[0]:idx[-1] + 1]) if idx.size >= 2 else np.zeros(0)
+        if window.size < MIN_WINDOW_STEPS:
+            return None
+        gaps.append(window)
+        context += _prompt(r) + (idx[0] + idx[-1]) / 2
+    return gaps, context, t0, t1
+
+
+def interference_observation(control: ProbeRun, loaded: ProbeRun, budget: int) -> Observation | None:
+    """The interference probe's observation (calibrate/probes.py): the mean step of the decoding
+    requests' window while lone requests arrived, less the control window's mean step over its
+    median (the jitter's share, which the model's median step leaves out and the simulator draws
+    on top), against the window's summed features per step: B decodes every step, plus each
+    arrival's prefill chunks and its one decode step (they ran inside the window's steps) and one
+    ``frontend_cpu_s`` (docs/fidelity.md). Arrivals count when their first token came inside the
+    window. None when either run has no usable window."""
+    b, context, prompt = loaded.params["batch"], loaded.params["context"], loaded.params["prompt"]
+    split = (context + prompt) / 2
+
+    def decoding(run: ProbeRun) -> list[dict[str, Any]]:
+        return [r for r in run.rows if r["status"] == "ok" and r["first_token_s"] is not None and _prompt(r) < split]
+
+    ctl, bg = decoding(control), decoding(loaded)
+    if len(ctl) < b or len(bg) < b:
+        return None
+    ctl_win, win = decode_window(ctl), decode_window(bg)
+    if ctl_win is None or win is None:
+        return None
+    ctl_gaps = np.concatenate(ctl_win[0])
+    jitter_s = float(ctl_gaps.mean() - np.median(ctl_gaps))
+    gaps, ctx, t0, t1 = win
+    steps = float(np.mean([g.size for g in gaps]))
+    came = [_prompt(r) for r in loaded.rows if r["status"] == "ok" and r["first_token_s"] is not None
+            and _prompt(r) >= split and t0 < r["first_token_s"] <= t1]
+    if not came:
+        return None
+    f = np.array([1.0, b, b, ctx, ctx, 0.0, 0.0, 0.0])
+    for p in came:      # its prefill chunks beside the decodes, then one decode step of its own
+        a = prefill_features(p, 0, max(1, budget - b))
+        f[1:5] += np.array([a[1] + 1, 2.0, a[3] + p + 1, a[4] + p + 1]) / steps
+        f[7] += 1.0 / steps
+    measured = float(np.mean([g.sum() / g.size for g in gaps])) - jitter_s
+    if not measured > 0:
+        return None
+    return Observation("interference", f"batch {b}, arrivals of {prompt} tokens every {ARRIVAL_EVERY_STEPS} steps",
+                       f, measured)
 
 
 def median_of_repeats(obs: Sequence[Observation]) -> list[Observation]:

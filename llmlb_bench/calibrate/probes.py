@@ -15,7 +15,15 @@ of the step-time model (:mod:`llmlb_bench.calibrate.fit`):
   prefill chunks stay out of it;
 * **cache**: a prompt of whole KV blocks plus a short tail, sent twice in a row
   with the same prefix hashes: the second prefill starts from the cached
-  blocks (the engine's ``cached_tokens`` says how many).
+  blocks (the engine's ``cached_tokens`` says how many);
+* **interference**: B requests decode a long output while lone requests (one
+  output token after the first) arrive, one every ``ARRIVAL_EVERY_STEPS``
+  steps, during their decode window; each such run follows a control run of
+  the same B requests without arrivals, which places the arrivals inside the
+  window and states the window's mean step over its median (the step-time
+  jitter's share, which the fit's median step model leaves out). What the
+  arrivals cost the batch beyond their own prefill steps is the frontend's CPU
+  time taken from the engine (``frontend_cpu_s``, sim/profile.py).
 
 Prompts never repeat across probes (fresh salted hashes and request ids), so
 only the cache probe's second requests can hit the prefix cache.
@@ -37,6 +45,18 @@ from llmlb_bench.schema import read_trace, trace_table, write_trace
 from llmlb_bench.store import RunStore
 
 
+#: the interference probe's arrivals come one per this many decode steps of the control's window (the
+#: issue 28 experiment on vLLM CPU: 20 requests/s against ~6 ms steps, one per ~8 steps, slowed the
+#: batch by 15%, well above the run-to-run noise; far sparser arrivals would hide in it)
+ARRIVAL_EVERY_STEPS = 8
+#: requests decoding during the interference probe (at most max_num_seqs - 1: a seat for the arrivals)
+INTERFERENCE_BATCH = 8
+#: the decoding requests' output, in decode probes' lengths (a window long enough for several arrivals)
+INTERFERENCE_TOKENS_PER_DECODE = 4
+#: the decoding requests' prompt length
+INTERFERENCE_CONTEXT = 16
+
+
 @dataclass(frozen=True)
 class ProbePlan:
     """Which probes to send (sizes already fitted to the engine's limits)."""
@@ -48,13 +68,22 @@ class ProbePlan:
     decode_tokens: int                       # decode probe output length
     cache_blocks: tuple[int, ...]            # cache probe: whole blocks shared by the pair
     block_size: int
+    interference_batch: int = 0              # interference probe: requests decoding (0: no probe)
+    interference_prompt: int = 0             # its arrivals' prompt length
+    interference_tokens: int = 0             # the decoding requests' output length
 
     def requests(self) -> int:
-        return (len(self.prompts) + sum(self.batches) * len(self.contexts) + 2 * len(self.cache_blocks)) * self.repeats
+        return ((len(self.prompts) + sum(self.batches) * len(self.contexts) + 2 * len(self.cache_blocks)) * self.repeats
+                + self.interference_requests())
+
+    def interference_requests(self) -> int:
+        """The interference probe's requests: per repeat, a control and a run with arrivals."""
+        b = self.interference_batch
+        return (2 * b + self.interference_tokens // ARRIVAL_EVERY_STEPS) * self.repeats if b else 0
 
 
 def plan(settings: Mapping[str, int], max_prompt: int | None, batches: Sequence[int] | None,
-         contexts: Sequence[int] | None, decode_tokens: int, repeats: int) -> ProbePlan:
+         contexts: Sequence[int] | None, decode_tokens: int, repeats: int, interference: bool = True) -> ProbePlan:
     """Probe sizes within the engine's model length, seats and KV capacity."""
     bs, seqs, budget = settings["block_size"], settings["max_num_seqs"], settings["max_num_batched_tokens"]
     kv_tokens = settings["num_kv_blocks"] * bs
@@ -75,12 +104,19 @@ def plan(settings: Mapping[str, int], max_prompt: int | None, batches: Sequence[
     # beside the engine) from the step's per-token cost (which stalls the batch); with two lone pairs
     # the split moved 4x between calibrations of one quiet engine (docs/fidelity.md)
     cache = sorted({k for k in (max(1, top * q // (4 * bs)) for q in (1, 2, 3, 4)) if k * bs + 8 <= limit})
+    # interference: up to 8 decoding requests, a seat left for the arrivals, whose prompts (a quarter of
+    # the largest, one chunk beside the decodes) cost the frontend a typical request's work
+    ib = min(INTERFERENCE_BATCH, seqs - 1)
     return ProbePlan(prompts=tuple(grid), repeats=repeats, batches=tuple(usable), contexts=tuple(contexts),
-                     decode_tokens=decode_tokens, cache_blocks=tuple(cache), block_size=bs)
+                     decode_tokens=decode_tokens, cache_blocks=tuple(cache), block_size=bs,
+                     interference_batch=max(ib, 0) if interference else 0,
+                     interference_prompt=max(8, min(top // 4, budget - ib, limit - 2)),
+                     interference_tokens=INTERFERENCE_TOKENS_PER_DECODE * decode_tokens)
 
 
 class ProbeParams(TypedDict, total=False):
-    """What one probe varied: prefill (prompts, repeats), decode (batch, context, tokens), cache (blocks, prompt)."""
+    """What one probe varied: prefill (prompts, repeats), decode (batch, context, tokens), cache (blocks, prompt),
+    interference (batch, context, tokens, prompt, pair, arrivals: 0 in the pair's control)."""
 
     prompts: list[int]
     repeats: int
@@ -89,6 +125,8 @@ class ProbeParams(TypedDict, total=False):
     tokens: int
     blocks: int
     prompt: int
+    pair: int
+    arrivals: int
 
 
 @dataclass
@@ -151,9 +189,38 @@ class Prober:
         rows = self._replay("cache", table, replace(self.options, users=1, think_s=0.05), block_size)
         return ProbeRun("cache", {"blocks": blocks, "prompt": prompt}, rows)
 
+    def interference(self, p: ProbePlan, pair: int) -> list[ProbeRun]:
+        """One control run (``interference_batch`` requests decoding, nothing else) and one with lone
+        arrivals spread over the control's decode window (see the module docstring). The arrivals'
+        times come from the control's window (after the last first token, before the first last
+        token, from the first send), so they fall where the whole batch decodes whatever the
+        engine's speed; none when the control gave no window."""
+        b, tokens = p.interference_batch, p.interference_tokens
+        params = ProbeParams(batch=b, context=INTERFERENCE_CONTEXT, tokens=tokens, prompt=p.interference_prompt,
+                             pair=pair, arrivals=0)
+        table = trace_table(np.zeros(b), INTERFERENCE_CONTEXT, tokens, "probe", request_id=self._ids(b))
+        control = ProbeRun("interference", params,
+                           self._replay("interference", table, self.options, p.block_size))
+        ok = [r for r in control.rows if r["status"] == "ok" and r["first_token_s"] is not None]
+        if len(ok) < b:
+            return [control]
+        start = min(r["sent_s"] for r in ok)
+        t0, t1 = max(r["first_token_s"] for r in ok) - start, min(r["last_token_s"] for r in ok) - start
+        steps = int(np.median([np.count_nonzero((token_times(r) >= t0 + start) & (token_times(r) <= t1 + start)) for r in ok]))
+        n = steps // ARRIVAL_EVERY_STEPS
+        if t1 <= t0 or n < 1:
+            return [control]
+        arrivals = t0 + (t1 - t0) * (np.arange(n) + 0.5) / n
+        table = trace_table(np.concatenate([np.zeros(b), arrivals]), [INTERFERENCE_CONTEXT] * b + [p.interference_prompt] * n,
+                            [tokens] * b + [2] * n, "probe", request_id=self._ids(b + n))
+        loaded = ProbeRun("interference", ProbeParams(params, arrivals=n),
+                          self._replay("interference", table, self.options, p.block_size))
+        return [control, loaded]
+
     def all(self, p: ProbePlan) -> list[ProbeRun]:
         """Every probe of the plan after a warm-up: cache pairs, prefill, then the decode groups
-        (cache pairs and decode groups each ``repeats`` times, in random order)."""
+        (cache pairs and decode groups each ``repeats`` times, in random order), then the interference
+        pairs (``repeats`` times)."""
         self.prefill(p.prompts[::2], 1, p.block_size)     # warm-up (first requests after a start are slow), unused
         pairs = list(p.cache_blocks) * p.repeats
         self.rng.shuffle(pairs)
@@ -162,4 +229,13 @@ class Prober:
         groups = [(b, c) for c in p.contexts for b in p.batches] * p.repeats
         self.rng.shuffle(groups)        # so that a slow spell of a shared machine hits no one size only
         runs += [self.decode(b, c, p.decode_tokens, p.block_size) for b, c in groups]
+        if p.interference_batch:
+            for k in range(p.repeats):
+                runs += self.interference(p, k)
         return runs
+
+
+def token_times(row: dict[str, Any]) -> np.ndarray:
+    """A streamed row's token arrival times, sorted (its ``token_times`` segments expanded)."""
+    parts = [seg["start_s"] + seg["gap_s"] * np.arange(seg["count"]) for seg in row["token_times"] or []]
+    return np.sort(np.concatenate(parts)) if parts else np.zeros(0)

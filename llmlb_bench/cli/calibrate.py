@@ -47,6 +47,7 @@ def calibrate(
     tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="A local tokenizer.json (or folder) for exact prompt lengths.")] = None,
     results: Annotated[Optional[Path], typer.Option("--results", "-r", help="Keep the probe runs in this folder (default: a scratch folder, deleted).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the probes' prompts and order.")] = 0,
+    interference: Annotated[bool, typer.Option("--interference/--no-interference", help="Send the interference probe (lone arrivals during a decode window) that measures frontend_cpu_s, the engine time each arrival's frontend work takes (off: the profile's frontend_cpu_s is 0).")] = True,
 ) -> None:
     """Fit the simulator's step-time model to ENDPOINT: prefill probes of growing prompt length, concurrent decodes at growing batch and context, and repeated prefixes; print the fit and its residuals and write the profile.
 
@@ -68,7 +69,8 @@ def calibrate(
                             tokenizer=str(tokenizer) if tokenizer else None)
     cal = run_calibration(endpoint, given, options=options, max_prompt=max_prompt,
                           batches=_ints(batches, "--batches"), contexts=_ints(contexts, "--contexts"),
-                          decode_tokens=decode_tokens, repeats=repeats, results=results, seed=seed)
+                          decode_tokens=decode_tokens, repeats=repeats, results=results, seed=seed,
+                          interference=interference)
     info = cal.engine
     console.print(f"[bold]{info.kind}[/] at {info.url}, model {info.model}: " + ", ".join(
         f"{k} {v} ({info.sources[k]})" for k, v in info.settings.items()), highlight=False, soft_wrap=True)
@@ -86,7 +88,9 @@ def calibrate(
     console.print("step_s = {base_s:.4g} + {per_token_s:.4g} x tokens + {per_sample_s:.4g} x sampled + "
                   "{per_attn_s:.4g} x attn + {per_kv_s:.4g} x kv".format(**step)
                   + f";  request overhead {1e3 * cal.profile['request_overhead_s']:.3f} ms + "
-                    f"{1e6 * cal.profile['request_per_prompt_token_s']:.3f} us x prompt tokens", highlight=False)
+                    f"{1e6 * cal.profile['request_per_prompt_token_s']:.3f} us x prompt tokens"
+                  + f", of which {1e3 * cal.profile['frontend_cpu_s']:.3f} ms per request taken from the steps",
+                  highlight=False)
     j = cal.profile["jitter"]
     console.print(f"step spread over {j['steps']} decode steps in {j['windows']} windows: lognormal sigma "
                   f"{j['sigma']:.3f}; {j['slow_phases']} slow phases"

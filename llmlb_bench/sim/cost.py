@@ -199,6 +199,9 @@ class CostModel:
         #: seconds to copy one KV block between GPU and host memory (KV swap): every GPU copies its
         #: own shard over its own host link, in parallel, so one GPU's share of the bytes counts
         self.swap_block_s = self.kv_bytes_per_token_gpu * block_size / (gpu.host_link_gb_s * 1e9)
+        #: engine seconds a request's frontend work takes from the steps: none in the roofline (a
+        #: measured profile's ``frontend_cpu_s``, sim/profile.py)
+        self.frontend_cpu_s = 0.0
         self._m_kv = self.kv_bytes_per_token / self.bandwidth
         self._m_dense = self.dense_bytes / self.bandwidth
         self._fixed = self.overhead_s + self._comm_fixed

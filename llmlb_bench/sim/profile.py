@@ -37,6 +37,22 @@ arrival is the same as arriving that much later. A lone request's time to
 first token is this delay plus its prefill steps, which is how
 ``llmlb calibrate`` fits it.
 
+``frontend_cpu_s`` (optional, 0 when absent) is the part of that overhead
+that is CPU time taken from the engine's steps: where the API server shares
+the engine's core (vLLM's CPU build runs its API server, engine-core process
+and worker on one core), tokenising and handing over a request takes turns
+with the model's steps instead of running beside them. Each request
+dispatched to a replica adds it to the next step the replica plans (the step
+running while the request is in its overhead, or the one that admits it when
+the engine was idle), and its delay before the queue is that much shorter,
+so a lone request's time to first token is unchanged (the frontend's work and
+the prefill run one after the other either way) while a batch already
+decoding slows by ``frontend_cpu_s`` per arrival. One figure per request,
+not per prompt token: ``llmlb calibrate``'s interference probe (lone
+requests of one prompt length arriving during a decode window) measures it
+at one length, and the tokenising part that grows with the prompt was a
+tenth of the overhead at the prompts measured (docs/fidelity.md).
+
 A profile also records the engine settings the scheduler needs: ``max_num_seqs``,
 ``max_num_batched_tokens``, KV ``block_size``, the number of KV blocks, the
 model length, and whether prefix caching is on. A pool with a profile takes
@@ -104,6 +120,8 @@ class EngineProfile:
     enable_prefix_caching: bool
     #: the measured step-time dispersion (sim/jitter.py); none (all zero) when the profile has no table
     jitter: JitterSpec = JitterSpec()
+    #: seconds of the engine's time each arriving request's frontend work takes (module docstring)
+    frontend_cpu_s: float = 0.0
 
     @classmethod
     def from_dict(cls, d: object, where: str = "profile") -> "EngineProfile":
@@ -136,7 +154,7 @@ class EngineProfile:
         if not isinstance(caching, bool):
             raise UserError(f"must be true or false, got {caching!r}", f"{where}: engine.enable_prefix_caching")
         overhead: dict[str, float] = {}
-        for k in ("request_overhead_s", "request_per_prompt_token_s"):
+        for k in ("request_overhead_s", "request_per_prompt_token_s", "frontend_cpu_s"):
             v = d.get(k, 0.0)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
                 raise UserError(f"must be a number >= 0, got {v!r}", f"{where}: {k}")
@@ -145,6 +163,7 @@ class EngineProfile:
         return cls(step=coeffs, enable_prefix_caching=caching, jitter=jitter,
                    request_overhead_s=overhead["request_overhead_s"],
                    request_per_prompt_token_s=overhead["request_per_prompt_token_s"],
+                   frontend_cpu_s=overhead["frontend_cpu_s"],
                    max_num_seqs=ints["max_num_seqs"], max_num_batched_tokens=ints["max_num_batched_tokens"],
                    block_size=ints["block_size"], num_kv_blocks=ints["num_kv_blocks"],
                    max_model_len=ints["max_model_len"])
@@ -202,6 +221,8 @@ class ProfileCost:
         self._base, self._tok, self._smp = s["base_s"], s["per_token_s"], s["per_sample_s"]
         self._attn, self._kv = s["per_attn_s"], s["per_kv_s"]
         self._req, self._req_token = profile.request_overhead_s, profile.request_per_prompt_token_s
+        #: engine seconds each request dispatched here takes from the steps (see the module docstring)
+        self.frontend_cpu_s = profile.frontend_cpu_s
         #: the fastest possible decode step (one request, no context): a floor for step times
         self.min_step_s = self._base + self._tok + self._smp
         self.context_slope = max(self._attn + self._kv, _MIN_SLOPE)
@@ -223,8 +244,12 @@ class ProfileCost:
 
     def request_overhead(self, requests: int, prompt_tokens: int) -> float:
         """Seconds ``requests`` requests of ``prompt_tokens`` prompt tokens in all spend between their
-        dispatch and the engine's waiting queue (see the module docstring)."""
-        return self._req * requests + self._req_token * prompt_tokens
+        dispatch and the engine's waiting queue, less the frontend's CPU time that the replica books
+        into its steps instead (see the module docstring)."""
+        total = self._req * requests + self._req_token * prompt_tokens
+        if self.frontend_cpu_s:
+            return max(0.0, total - self.frontend_cpu_s * requests)
+        return total
 
     def decode_time(self, seqs: int, context: float) -> float:
         return self.run_step(seqs, context, context, seqs)[0]

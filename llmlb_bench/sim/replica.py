@@ -138,6 +138,9 @@ class Replica:
         self.starting = self.draining = self.down = False
         #: requests dispatched here still in the API server (a profile's request overhead; see sim/simulation.py)
         self.entering = 0
+        #: frontend CPU seconds of requests dispatched here, not yet booked into a step (a profile's
+        #: ``frontend_cpu_s``, sim/profile.py: the API server shares the engine's core); 0 otherwise
+        self.frontend_owed = 0.0
         #: when the outbound KV link (disaggregation) is free again
         self.link_free_at = 0.0
         #: every step takes this many times as long as the cost model says (a scheduled slowdown)
@@ -268,6 +271,8 @@ class Replica:
                       None if self.kv.cache is None or not hashes else
                       hashes if stride == 1 else hashes[stride - 1::stride])
         delay = self.cost.request_overhead(1, prompt)
+        if self.cost.frontend_cpu_s:
+            self.frontend_owed += self.cost.frontend_cpu_s
         if delay > 0:
             req.target = self.index
             self.entering += 1
@@ -733,6 +738,8 @@ class Replica:
             gap *= self.jitter.factor(self.run_start)
         if self.slowdown != 1.0:
             gap *= self.slowdown
+        if self.frontend_owed:
+            gap += self._take_frontend()
         if plan.link_s:
             gap, power = self._with_link(gap, power)
         share = power * gap / (tokens + decoding)
@@ -758,8 +765,8 @@ class Replica:
         decoding = self.decoding
         n = self._next_finish() - self.step
         link_s = self.plan.link_s
-        if preempted or self.prefilling or link_s or self.jitter is not None:
-            n = 1       # (with jitter every step has its own length)
+        if preempted or self.prefilling or link_s or self.jitter is not None or self.frontend_owed:
+            n = 1       # (with jitter every step has its own length; frontend time lengthens one step)
         else:
             free = self.kv.total - self.kv.used
             if decoding * (n // self.bs + 1) > free:
@@ -775,6 +782,8 @@ class Replica:
             gap *= self.jitter.factor(self.run_start)
         if self.slowdown != 1.0:
             gap *= self.slowdown
+        if self.frontend_owed and n:
+            gap += self._take_frontend()
         if link_s:
             gap, power = self._with_link(gap, power)
         self.run_n = n
@@ -785,6 +794,13 @@ class Replica:
         if n:   # n = 0 only behind an applied mixed step, when the next step needs a preemption
             self.timeline.runs.append((self.step + 1, self.run_start, gap, n, power * gap / decoding))
         return self.run_start + n * gap
+
+    def _take_frontend(self) -> float:
+        """The frontend CPU seconds owed by requests dispatched since the last planned step, booked
+        into the step being planned (the API server took them from the engine's core meanwhile)."""
+        owed = self.frontend_owed
+        self.frontend_owed = 0.0
+        return owed
 
     def _with_link(self, gap: float, power: float) -> tuple[float, float]:
         """(step time, power) of a step that first copies the plan's host-link traffic (KV swaps,
