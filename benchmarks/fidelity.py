@@ -14,7 +14,10 @@ with a bootstrap interval, each side's spread (CV over its repeats), per-request
    capacity): ``--repeats`` K >= 5 real replays of each, INTERLEAVED (round k replays every cell
    once, in a shuffled order, so a slow spell of the machine spreads over cells instead of
    sinking one) and K simulator seeds each; per cell and figure the bias, its interval, both
-   spreads and the aims' verdict;
+   spreads and the aims' verdict; every cell is simulated twice, with the calibrated profile and
+   with its ``frontend_cpu_s`` zeroed (the frontend's CPU per request taken from the steps,
+   sim/profile.py; zeroed, the whole request overhead is a delay beside the engine), against the
+   same real replays, so one run judges that term;
 4. ``llmlb serve --profile`` replaying the 60% Poisson trace K times against the K vLLM replays
    of that cell (the simulator in real time over HTTP);
 5. a tiny KV cache (``--num-gpu-blocks-override``): preemptions, real against simulated;
@@ -130,9 +133,9 @@ class Bench:
         return pq.read_table(store.dir / "requests.parquet").to_pylist()
 
     def simulate(self, table: pa.Table, path: Path, cfg: ClusterConfig, seed: int,
-                 policy: str = "round_robin") -> list[dict]:
+                 policy: str = "round_robin", label: str = "sim") -> list[dict]:
         store = RunStore(self.work / "runs", config={"cluster": cfg.to_dict()}, backend="sim",
-                         run_id=f"{path.stem}-sim-{policy}-{seed}", trace_path=path, trace_rows=table.num_rows)
+                         run_id=f"{path.stem}-{label}-{policy}-{seed}", trace_path=path, trace_rows=table.num_rows)
         with store:
             simulate(table, cfg, make_policy(policy, {}, seed=seed), store, seed=seed)
         return pq.read_table(store.dir / "requests.parquet").to_pylist()
@@ -230,11 +233,14 @@ def main() -> None:
             out["calibration"] = {"seconds": time.time() - t, "load_average": os.getloadavg(), "step": profile["step"],
                                   "request_overhead_s": profile["request_overhead_s"],
                                   "request_per_prompt_token_s": profile["request_per_prompt_token_s"],
+                                  "frontend_cpu_s": profile["frontend_cpu_s"],
                                   "jitter": profile["jitter"], "fit": profile["fit"]["by_probe"]}
             print(f"calibrated in {time.time() - t:.0f} s: {profile['step']}, overhead "
-                  f"{1e3 * profile['request_overhead_s']:.2f} ms; jitter {profile['jitter']}; "
-                  f"fit {profile['fit']['by_probe']}", flush=True)
+                  f"{1e3 * profile['request_overhead_s']:.2f} ms + {1e6 * profile['request_per_prompt_token_s']:.2f} "
+                  f"us/prompt token, of which {1e3 * profile['frontend_cpu_s']:.2f} ms per request from the steps; "
+                  f"jitter {profile['jitter']}; fit {profile['fit']['by_probe']}", flush=True)
             cfg = ClusterConfig.build(replicas=1).with_profile(profile)
+            cfg_zero = ClusterConfig.build(replicas=1).with_profile({**profile, "frontend_cpu_s": 0.0})
             out["capacity"] = {s: capacity(bench, url, s) for s in shapes}
             print(f"capacity (req/s): {out['capacity']}", flush=True)
             save()
@@ -242,6 +248,7 @@ def main() -> None:
             traces = {c: trace_at(c[0], c[1] * out["capacity"][c[0]], args.requests) for c in cells}
             real: dict[tuple[str, float], list[list[dict]]] = {c: [] for c in cells}
             sim: dict[tuple[str, float], list[list[dict]]] = {c: [] for c in cells}
+            sim_zero: dict[tuple[str, float], list[list[dict]]] = {c: [] for c in cells}
             order = random.Random(args.seed)
             for k in range(k_rep):                      # round k: every cell once, in a shuffled order
                 round_cells = list(cells)
@@ -250,14 +257,18 @@ def main() -> None:
                     table, path = bench.salted(traces[c])
                     real[c].append(bench.replay(table, path, [url]))
                     sim[c].append(bench.simulate(table, path, cfg, seed=args.seed + k))
+                    sim_zero[c].append(bench.simulate(table, path, cfg_zero, seed=args.seed + k, label="nofrontend"))
                 print(f"round {k + 1}/{k_rep} done, load average {os.getloadavg()[0]:.2f}", flush=True)
-            out["cells"] = []
-            print(HEADER)
-            for c in cells:
-                d = summarise(real[c], sim[c])
-                d.update(shape=c[0], load=c[1], rate=c[1] * out["capacity"][c[0]])
-                out["cells"].append(d)
-                print(cell_line(f"{c[0]} {int(c[1] * 100)}%", d), flush=True)
+            for key, sims, title in (
+                    ("cells", sim, f"with frontend_cpu_s = {1e3 * profile['frontend_cpu_s']:.2f} ms (as calibrated)"),
+                    ("cells_frontend_zeroed", sim_zero, "with frontend_cpu_s = 0 (the same real replays)")):
+                out[key] = []
+                print(f"simulated {title}:\n{HEADER}")
+                for c in cells:
+                    d = summarise(real[c], sims[c])
+                    d.update(shape=c[0], load=c[1], rate=c[1] * out["capacity"][c[0]])
+                    out[key].append(d)
+                    print(cell_line(f"{c[0]} {int(c[1] * 100)}%", d), flush=True)
             save()
             serve_cell = ("poisson", 0.6) if ("poisson", 0.6) in real else cells[0]
         stages = [(name, fn) for name, fn in (

@@ -65,7 +65,8 @@ def test_request_overhead_delays_the_request_not_the_batch(tmp_path: Path):
     lone, _, _ = run_sim(tmp_path / "c", trace_table([0.0], 1500, 2),
                          ClusterConfig.build(replicas=1).with_profile(with_overhead))
     p = EngineProfile.from_dict(with_overhead)
-    theta = np.array([p.step[k] for k in STEP_TERMS] + [p.request_overhead_s, p.request_per_prompt_token_s])
+    theta = np.array([p.step[k] for k in STEP_TERMS] + [p.request_overhead_s, p.request_per_prompt_token_s,
+                                                         p.frontend_cpu_s])
     r = lone.to_pylist()[0]
     assert r["first_token_s"] - r["sent_s"] == pytest.approx(float(prefill_features(1500, 0, 1024) @ theta), rel=1e-9)
 

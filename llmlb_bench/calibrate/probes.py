@@ -20,7 +20,7 @@ of the step-time model (:mod:`llmlb_bench.calibrate.fit`):
   output token after the first) arrive, one every ``ARRIVAL_EVERY_STEPS``
   steps, during their decode window; each such run follows a control run of
   the same B requests without arrivals, which places the arrivals inside the
-  window and states the window's mean step over its median (the step-time
+  window and measures the window's mean step less its median (the step-time
   jitter's share, which the fit's median step model leaves out). What the
   arrivals cost the batch beyond their own prefill steps is the frontend's CPU
   time taken from the engine (``frontend_cpu_s``, sim/profile.py).
@@ -206,13 +206,15 @@ class Prober:
             return [control]
         start = min(r["sent_s"] for r in ok)
         t0, t1 = max(r["first_token_s"] for r in ok) - start, min(r["last_token_s"] for r in ok) - start
-        steps = int(np.median([np.count_nonzero((token_times(r) >= t0 + start) & (token_times(r) <= t1 + start)) for r in ok]))
+        times = [token_times(r) - start for r in ok]
+        steps = int(np.median([np.count_nonzero((t >= t0) & (t <= t1)) for t in times]))
         n = steps // ARRIVAL_EVERY_STEPS
         if t1 <= t0 or n < 1:
             return [control]
         arrivals = t0 + (t1 - t0) * (np.arange(n) + 0.5) / n
-        table = trace_table(np.concatenate([np.zeros(b), arrivals]), [INTERFERENCE_CONTEXT] * b + [p.interference_prompt] * n,
-                            [tokens] * b + [2] * n, "probe", request_id=self._ids(b + n))
+        table = trace_table(np.concatenate([np.zeros(b), arrivals]),
+                            [INTERFERENCE_CONTEXT] * b + [p.interference_prompt] * n, [tokens] * b + [2] * n,
+                            "probe", request_id=self._ids(b + n))
         loaded = ProbeRun("interference", ProbeParams(params, arrivals=n),
                           self._replay("interference", table, self.options, p.block_size))
         return [control, loaded]
