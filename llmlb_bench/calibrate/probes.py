@@ -215,8 +215,8 @@ class Prober:
         table = trace_table(np.concatenate([np.zeros(b), arrivals]),
                             [INTERFERENCE_CONTEXT] * b + [p.interference_prompt] * n, [tokens] * b + [2] * n,
                             "probe", request_id=self._ids(b + n))
-        loaded = ProbeRun("interference", ProbeParams(params, arrivals=n),
-                          self._replay("interference", table, self.options, p.block_size))
+        with_arrivals: ProbeParams = {**params, "arrivals": n}
+        loaded = ProbeRun("interference", with_arrivals, self._replay("interference", table, self.options, p.block_size))
         return [control, loaded]
 
     def all(self, p: ProbePlan) -> list[ProbeRun]:
