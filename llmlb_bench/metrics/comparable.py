@@ -25,9 +25,10 @@ run they read, so they can only differ between stored figures (a sweep's
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping, Sequence, TypeVar
+from typing import Iterable, Mapping, Sequence, TypeVar
 
 from llmlb_bench.metrics.identity import facets
+from llmlb_bench.metrics.meta import table
 
 T = TypeVar("T")
 
@@ -37,14 +38,14 @@ IGNORED = ("seed", "description")
 SHOWN = 4
 
 
-def workload_identity(meta: Mapping[str, Any]) -> dict[str, Any]:
+def workload_identity(meta: Mapping[str, object]) -> dict[str, object]:
     """What two runs must share to be compared (see the module docstring); ``{}`` when nothing is known."""
-    trace = meta.get("trace") or {}
-    out: dict[str, Any] = {}
-    spec = trace.get("spec") if isinstance(trace, Mapping) else None
+    trace = table(meta, "trace")
+    out: dict[str, object] = {}
+    spec = trace.get("spec")
     if isinstance(spec, Mapping):
         out["spec"] = {k: v for k, v in spec.items() if k not in IGNORED}
-    elif isinstance(trace, Mapping) and trace.get("sha256"):
+    elif trace.get("sha256"):
         out["trace file"] = trace["sha256"]
     f = facets(meta)
     for key in ("rate", "time_scale", "closed_loop"):
@@ -53,12 +54,12 @@ def workload_identity(meta: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def identity_key(meta: Mapping[str, Any]) -> str:
+def identity_key(meta: Mapping[str, object]) -> str:
     return json.dumps(workload_identity(meta), sort_keys=True, default=str)
 
 
-def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _flat(d: Mapping[str, object], prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
     for k, v in d.items():
         name = f"{prefix}{k}"
         if isinstance(v, Mapping) and v:
@@ -68,7 +69,7 @@ def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _value(v: Any) -> str:
+def _value(v: object) -> str:
     if v is None:
         return "none"
     if isinstance(v, bool):
@@ -82,12 +83,12 @@ def _value(v: Any) -> str:
     return json.dumps(v, sort_keys=True)
 
 
-def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+def differences(a: Mapping[str, object], b: Mapping[str, object]) -> list[str]:
     """The fields two identities differ in, each as ``field A vs B`` (``spec.`` dropped from spec fields).
     Specs of different names are other workloads altogether: their name and top-level fields are named,
     not every tenant's field."""
     fa, fb = _flat(a), _flat(b)
-    sa, sb = a.get("spec") or {}, b.get("spec") or {}
+    sa, sb = table(a, "spec"), table(b, "spec")
     if sa.get("name") != sb.get("name"):
         keep = {f"spec.{k}" for k in set(sa) | set(sb) if not isinstance(sa.get(k, sb.get(k)), Mapping)}
         fa = {k: v for k, v in fa.items() if not k.startswith("spec.") or k in keep}
@@ -100,7 +101,7 @@ def differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def differences_text(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+def differences_text(a: Mapping[str, object], b: Mapping[str, object]) -> str:
     """:func:`differences` as one clause, the first :data:`SHOWN` fields named and the rest counted."""
     diff = differences(a, b)
     if not a or not b:
@@ -109,7 +110,7 @@ def differences_text(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
     return ", ".join(diff[:SHOWN]) + more
 
 
-def groups(items: Sequence[T], metas: Sequence[Mapping[str, Any]]) -> list[list[T]]:
+def groups(items: Sequence[T], metas: Sequence[Mapping[str, object]]) -> list[list[T]]:
     """``items`` split by the workload identity of their ``metas`` (same order), groups in order of first
     appearance and items in their order."""
     by: dict[str, list[T]] = {}
@@ -118,18 +119,18 @@ def groups(items: Sequence[T], metas: Sequence[Mapping[str, Any]]) -> list[list[
     return list(by.values())
 
 
-def describe(meta: Mapping[str, Any]) -> str:
+def describe(meta: Mapping[str, object]) -> str:
     """A group's workload in a few words: the spec's name and request count, or the trace file's."""
-    trace = meta.get("trace") or {}
-    spec = trace.get("spec") if isinstance(trace, Mapping) else None
+    trace = table(meta, "trace")
+    spec = trace.get("spec")
     parts = []
     if isinstance(spec, Mapping):
         parts.append(str(spec.get("name") or "spec"))
-    elif isinstance(trace, Mapping) and trace.get("path"):
+    elif trace.get("path"):
         parts.append(str(trace["path"]).replace("\\", "/").rsplit("/", 1)[-1])
     else:
         parts.append("trace unknown")
-    rows = trace.get("rows") if isinstance(trace, Mapping) else None
+    rows = trace.get("rows")
     if isinstance(rows, int):
         parts.append(f"{rows:,} requests")
     f = facets(meta)
@@ -137,6 +138,6 @@ def describe(meta: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def mixed(metas: Iterable[Mapping[str, Any]]) -> bool:
+def mixed(metas: Iterable[Mapping[str, object]]) -> bool:
     """True when these runs are of more than one workload."""
     return len({identity_key(m) for m in metas}) > 1

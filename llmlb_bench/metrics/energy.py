@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.metrics.meta import table
 from llmlb_bench.metrics.run_figures import EnergyFigures
 from llmlb_bench.metrics.sql import exact_sum
 from llmlb_bench.store.views import Catalog
@@ -36,18 +37,19 @@ GROUP BY ALL ORDER BY run_id, target
 """
 
 
-def fleet(meta: Mapping[str, Any]) -> tuple[int | None, float | None]:
+def fleet(meta: Mapping[str, object]) -> tuple[int | None, float | None]:
     """(GPUs, catalog price per hour of all of them) of a simulated run, from its run.json config."""
-    cluster = (meta.get("config") or {}).get("cluster") or {}
-    pools = cluster.get("pools") or []
-    if not pools:
+    cluster = table(meta, "config", "cluster")
+    pools = cluster.get("pools")
+    if not isinstance(pools, list) or not pools:
         return None, None
     per_pool = [int(p.get("replicas", 0)) * int(p.get("tp", 1)) * int(p.get("pp", 1)) for p in pools]
     gpus = sum(per_pool)
     from llmlb_bench.sim import load_catalog  # the simulator's catalog: only needed for simulated runs
 
     try:
-        catalog = load_catalog(cluster.get("catalogs") or ())
+        catalogs = cluster.get("catalogs")
+        catalog = load_catalog(catalogs if isinstance(catalogs, list) else ())
         price = sum(n * catalog.gpu(p["gpu"]).price_per_hour for n, p in zip(per_pool, pools))
     except (UserError, KeyError):
         return gpus, None

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from llmlb_bench.metrics.meta import table
 from llmlb_bench.metrics.run_figures import MaxGoodput
 
 
-def offered_rate(meta: Mapping[str, Any], requests: int, first_s: float | None, last_s: float | None) -> float | None:
+def offered_rate(meta: Mapping[str, object], requests: int, first_s: float | None,
+                 last_s: float | None) -> float | None:
     """Requests per second the run was offered (see the module docstring)."""
-    config = meta.get("config") or {}
-    for declared in (config.get("offered_rate"), (config.get("sweep") or {}).get("rate")):
+    config = table(meta, "config")
+    for declared in (config.get("offered_rate"), table(config, "sweep").get("rate")):
         if isinstance(declared, (int, float)) and declared > 0:
             return float(declared)
     if requests > 1 and first_s is not None and last_s is not None and last_s > first_s:

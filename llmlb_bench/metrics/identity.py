@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
+
+from llmlb_bench.metrics.meta import table
 
 #: facet order in a name; ``rate`` is the load facet a curve varies. Two seeds, apart: the trace's (the seed
 #: its generating spec records) and the run's own (``config.seed``: the simulator's, or in a replay the
@@ -30,16 +32,16 @@ SHOWN = {"trace_seed": "trace seed", "sim_seed": "sim seed", "policy_seed": "pol
          "closed_loop": "closed loop"}
 
 
-def _policy(cfg: Mapping[str, Any]) -> str | None:
+def _policy(cfg: Mapping[str, object]) -> str | None:
     p = cfg.get("policy")
     if isinstance(p, Mapping):
-        args = p.get("args") or {}
-        extra = ",".join(f"{k}={v}" for k, v in sorted(args.items()))
-        return f"{p.get('name')}({extra})" if extra else p.get("name")
+        extra = ",".join(f"{k}={v}" for k, v in sorted(table(p, "args").items(), key=lambda kv: kv[0]))
+        name = p.get("name")
+        return f"{name}({extra})" if extra else name if isinstance(name, str) else None
     return p if isinstance(p, str) else None
 
 
-def _cluster(cfg: Mapping[str, Any]) -> str | None:
+def _cluster(cfg: Mapping[str, object]) -> str | None:
     c = cfg.get("cluster")
     if isinstance(c, Mapping):
         pools = c.get("pools") or [c]
@@ -57,56 +59,57 @@ def _cluster(cfg: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _workload(meta: Mapping[str, Any]) -> str | None:
-    cfg = meta.get("config") or {}
-    sweep = cfg.get("sweep")
-    if isinstance(sweep, Mapping) and sweep.get("workload"):
+def _workload(meta: Mapping[str, object]) -> str | None:
+    sweep = table(meta, "config", "sweep")
+    if sweep.get("workload"):
         return str(sweep["workload"])
-    trace = meta.get("trace") or {}
+    trace = table(meta, "trace")
     spec = trace.get("spec")
     if isinstance(spec, Mapping) and spec.get("name"):
-        return str(spec["name"]) + (f"#{trace['sha256'][:6]}" if trace.get("sha256") else "")
+        sha = trace.get("sha256")
+        return str(spec["name"]) + (f"#{str(sha)[:6]}" if sha else "")
     if trace.get("path"):
         return Path(str(trace["path"])).stem
     return None
 
 
-def _rate(meta: Mapping[str, Any]) -> str | None:
+def _rate(meta: Mapping[str, object]) -> str | None:
     """The load the run was *set* to: a sweep's axis value, else a declared offered rate. A rate measured
     from the schedule is no facet: runs of one trace with dependent requests realise slightly different ones."""
-    cfg = meta.get("config") or {}
-    sweep = cfg.get("sweep")
-    if isinstance(sweep, Mapping) and sweep.get("axis") is not None and sweep.get("x") is not None:
+    cfg = table(meta, "config")
+    sweep = table(cfg, "sweep")
+    if sweep.get("axis") is not None and sweep.get("x") is not None:
         return f"{sweep['axis']} {sweep['x']:g}"
     declared = cfg.get("offered_rate")
     return f"{declared:g} req/s" if isinstance(declared, (int, float)) and declared > 0 else None
 
 
-def _closed_loop(cfg: Mapping[str, Any]) -> str | None:
+def _closed_loop(cfg: Mapping[str, object]) -> str | None:
     """A closed loop's users and think time (the simulator's ``config.closed_loop``, a replay's
     ``config.options``): the same trace in a closed loop is another load than open loop."""
     loop = cfg.get("closed_loop") or cfg.get("options") or {}
-    users = loop.get("users") if isinstance(loop, Mapping) else None
+    if not isinstance(loop, Mapping):
+        return None
+    users = loop.get("users")
     if not isinstance(users, int):
         return None
     think = loop.get("think_s") or 0
     return f"{users} users" + (f", think {think:g} s" if think else "")
 
 
-def facets(meta: Mapping[str, Any]) -> dict[str, str | None]:
+def facets(meta: Mapping[str, object]) -> dict[str, str | None]:
     """Each facet's value for one run (None when run.json does not say)."""
-    cfg = meta.get("config") or {}
-    opts = cfg.get("options") or {}
-    scale = opts.get("time_scale") if isinstance(opts, Mapping) else None
+    cfg = table(meta, "config")
+    scale = table(cfg, "options").get("time_scale")
     seed = cfg.get("seed")
-    sweep_cfg = cfg.get("sweep")
-    sweep: Mapping[str, Any] = sweep_cfg if isinstance(sweep_cfg, Mapping) else {}
-    spec = (meta.get("trace") or {}).get("spec")
+    sweep = table(cfg, "sweep")
+    spec = table(meta, "trace").get("spec")
     trace_seed = spec.get("seed") if isinstance(spec, Mapping) else None
-    simulated = meta.get("backend") == "sim"
+    label, backend = meta.get("label"), meta.get("backend")
+    simulated = backend == "sim"
     return {
-        "policy": _policy(cfg) or meta.get("label"),
-        "backend": meta.get("backend"),
+        "policy": _policy(cfg) or (label if isinstance(label, str) else None),
+        "backend": backend if isinstance(backend, str) else None,
         "cluster": str(sweep["cluster"]) if sweep.get("cluster") else _cluster(cfg),
         "workload": _workload(meta),
         "rate": _rate(meta),

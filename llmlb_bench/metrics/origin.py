@@ -27,9 +27,10 @@ request (``sent_s``):
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.metrics.meta import table
 
 ARRIVAL = "arrival"
 SENT = "sent"
@@ -37,8 +38,8 @@ SENT = "sent"
 DEFAULT_LAG_THRESHOLD_MS = 5.0
 
 
-def _policy_name(meta: Mapping[str, Any]) -> str | None:
-    policy = (meta.get("config") or {}).get("policy")
+def _policy_name(meta: Mapping[str, object]) -> str | None:
+    policy = table(meta, "config").get("policy")
     if isinstance(policy, dict):
         policy = policy.get("name")
     return policy if isinstance(policy, str) else None
@@ -58,7 +59,7 @@ def holds_requests(policy: str | None) -> bool:
     return getattr(cls, "release", Policy.release) is not Policy.release
 
 
-def latency_from(meta: Mapping[str, Any]) -> str:
+def latency_from(meta: Mapping[str, object]) -> str:
     """:data:`ARRIVAL` or :data:`SENT` for a run, from its run.json (see the module docstring)."""
     backend = meta.get("backend")
     if backend in ("sim", "route"):
@@ -68,18 +69,18 @@ def latency_from(meta: Mapping[str, Any]) -> str:
     return SENT
 
 
-def wait_kind(meta: Mapping[str, Any]) -> str:
+def wait_kind(meta: Mapping[str, object]) -> str:
     """What ``sent_s - scheduled_s`` is in a run: ``router`` wait, ``client`` lag, or ``router+client``."""
     if meta.get("backend") in ("sim", "route"):
         return "router"
     return "router+client" if latency_from(meta) == ARRIVAL else "client"
 
 
-def lag_threshold_ms(meta: Mapping[str, Any]) -> float:
-    client = (meta.get("summary") or {}).get("client") or {}
-    return float(client.get("lag_threshold_ms") or DEFAULT_LAG_THRESHOLD_MS)
+def lag_threshold_ms(meta: Mapping[str, object]) -> float:
+    given = table(meta, "summary", "client").get("lag_threshold_ms")
+    return float(given) if isinstance(given, (int, float)) and given else DEFAULT_LAG_THRESHOLD_MS
 
 
-def arrival_runs(metas: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def arrival_runs(metas: Mapping[str, Mapping[str, object]]) -> list[str]:
     """The run ids whose latency counts from arrival."""
     return sorted(r for r, m in metas.items() if latency_from(m) == ARRIVAL)
