@@ -16,13 +16,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from llmlb_bench.errors import UserError
+
+if TYPE_CHECKING:      # numpy loads where a table is built by hand (trace_table), not at import
+    import numpy as np
+    import numpy.typing as npt
 
 META_KIND = b"llmlb.kind"
 META_VERSION = b"llmlb.schema_version"
@@ -341,7 +345,8 @@ def read_trace(path: str | Path) -> pa.Table:
     return table
 
 
-def trace_table(arrival: Any, input_tokens: Any, output_tokens: Any, where: str = "trace", **extra: object) -> pa.Table:
+def trace_table(arrival: Sequence[float] | np.ndarray, input_tokens: npt.ArrayLike, output_tokens: npt.ArrayLike,
+                where: str = "trace", **extra: object) -> pa.Table:
     """A TRACE table from columns (request ids 0..n-1; scalar lengths broadcast), for code
     that builds small traces by hand: tests, reproductions, benchmarks."""
     import numpy as np

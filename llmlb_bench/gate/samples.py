@@ -21,7 +21,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 import numpy as np
 
@@ -47,7 +47,7 @@ class RunSample:
     request_id: np.ndarray | None = None  # int per request, ascending (None: figures only, no requests)
     trace: str | None = None              # SHA-256 of the trace file the run replayed
     #: what must match across the sides (metrics.comparable.workload_identity; a sweep's SLO and target)
-    workload: dict[str, Any] = field(default_factory=dict)
+    workload: dict[str, object] = field(default_factory=dict)
 
 
 def case_of(meta: Mapping[str, object]) -> str:
