@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, TypedDict
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.peer_results.common import ImportedRun, field_of
@@ -35,29 +35,42 @@ from llmlb_bench.peer_results.common import ImportedRun, field_of
 STATUS = {"successful": "ok", "errored": "error", "incomplete": "timeout"}
 
 
-def _times(req: Mapping[str, Any], where: str) -> dict[str, Any]:
+class Times(TypedDict):
+    """One request's times and token counts, whichever layout it came in (the times other than ``start``
+    as the file has them: a number, or anything else where the request has none)."""
+
+    start: float
+    first: object
+    last: object
+    end: object
+    target: object
+    prompt: int
+    output: int
+    error: str | None
+
+
+def _times(req: Mapping[str, Any], where: str) -> Times:
     """start, first, last, end, target and token counts of one request, whichever layout it uses."""
     t = (req.get("info") or {}).get("timings")
     if isinstance(t, Mapping):
-        out = {"start": t.get("request_start") or t.get("resolve_start"), "first": t.get("first_token_iteration"),
-               "last": t.get("last_token_iteration"), "end": t.get("request_end") or t.get("resolve_end"),
-               "target": t.get("targeted_start")}
+        start, first, last = t.get("request_start") or t.get("resolve_start"), t.get("first_token_iteration"), \
+            t.get("last_token_iteration")
+        end, target = t.get("request_end") or t.get("resolve_end"), t.get("targeted_start")
     elif "start_time" in req:
-        out = {"start": req.get("start_time"), "first": req.get("first_token_time"),
-               "last": req.get("last_token_time"), "end": req.get("end_time"), "target": None}
+        start, first, last = req.get("start_time"), req.get("first_token_time"), req.get("last_token_time")
+        end, target = req.get("end_time"), None
     else:
         raise UserError("request has neither 'info.timings' (GuideLLM >= 0.4) nor 'start_time' (0.2-0.3)", where)
-    if not isinstance(out["start"], (int, float)):
+    if not isinstance(start, (int, float)):
         raise UserError("request has no start time", where)
     prompt, output = req.get("prompt_tokens"), req.get("output_tokens")
     if prompt is None:
         prompt = (req.get("input_metrics") or {}).get("total_tokens")
     if output is None:
         output = (req.get("output_metrics") or {}).get("total_tokens")
-    out["prompt"], out["output"] = int(prompt or 0), int(output or 0)
     err = req.get("error") or (req.get("info") or {}).get("error")
-    out["error"] = str(err) if err else None
-    return out
+    return {"start": start, "first": first, "last": last, "end": end, "target": target,
+            "prompt": int(prompt or 0), "output": int(output or 0), "error": str(err) if err else None}
 
 
 def _strategy(bench: Mapping[str, Any]) -> dict[str, object]:
