@@ -37,17 +37,18 @@ arrival is the same as arriving that much later. A lone request's time to
 first token is this delay plus its prefill steps, which is how
 ``llmlb calibrate`` fits it.
 
-``frontend_cpu_s`` (optional, 0 when absent) is the part of that overhead
-that is CPU time taken from the engine's steps: where the API server shares
-the engine's core (vLLM's CPU build runs its API server, engine-core process
-and worker on one core), tokenising and handing over a request takes turns
-with the model's steps instead of running beside them. Each request
-dispatched to a replica adds it to the next step the replica plans (the step
-running while the request is in its overhead, or the one that admits it when
-the engine was idle), and its delay before the queue is that much shorter,
-so a lone request's time to first token is unchanged (the frontend's work and
-the prefill run one after the other either way) while a batch already
-decoding slows by ``frontend_cpu_s`` per arrival. One figure per request,
+``frontend_cpu_s`` (optional, 0 when absent) is the engine time that a
+request's overhead work takes from the steps where the API server shares the
+engine's core (vLLM's CPU build runs its API server, engine-core process and
+worker on one core): tokenising and handing over a request then takes turns
+with the model's steps instead of running beside them. A request dispatched
+to a replica whose engine is busy adds it to the next step the replica plans;
+its own delay before the queue stays the whole overhead (on a shared core
+the frontend's work is not faster for the engine's being busy). Dispatched to
+an idle engine it costs no step: the frontend has the core to itself, so a
+lone request's time to first token is the overhead plus its prefill, as
+before, and a batch already decoding slows by ``frontend_cpu_s`` per
+arrival. One figure per request,
 not per prompt token: ``llmlb calibrate``'s interference probe (lone
 requests of one prompt length arriving during a decode window) measures it
 at one length, and the tokenising part that grows with the prompt was a
@@ -244,12 +245,8 @@ class ProfileCost:
 
     def request_overhead(self, requests: int, prompt_tokens: int) -> float:
         """Seconds ``requests`` requests of ``prompt_tokens`` prompt tokens in all spend between their
-        dispatch and the engine's waiting queue, less the frontend's CPU time that the replica books
-        into its steps instead (see the module docstring)."""
-        total = self._req * requests + self._req_token * prompt_tokens
-        if self.frontend_cpu_s:
-            return max(0.0, total - self.frontend_cpu_s * requests)
-        return total
+        dispatch and the engine's waiting queue (see the module docstring)."""
+        return self._req * requests + self._req_token * prompt_tokens
 
     def decode_time(self, seqs: int, context: float) -> float:
         return self.run_step(seqs, context, context, seqs)[0]

@@ -271,7 +271,7 @@ class Replica:
                       None if self.kv.cache is None or not hashes else
                       hashes if stride == 1 else hashes[stride - 1::stride])
         delay = self.cost.request_overhead(1, prompt)
-        if self.cost.frontend_cpu_s:
+        if self.cost.frontend_cpu_s and not self.idle:     # the frontend takes it from a running engine's steps
             self.frontend_owed += self.cost.frontend_cpu_s
         if delay > 0:
             req.target = self.index
