@@ -12,8 +12,12 @@ from llmlb_bench.sim.cost import CostModel
 from llmlb_bench.sim.power_check import load_fits, load_measurements, simulate_cell
 
 #: stated tolerance on steady-state power against the measured cells the floors were fitted to
-#: (docs/simulator.md reports the errors: at most 6.3% on H100, 5.1% on B200 with Llama 3 70B)
+#: (docs/simulator.md reports the errors: without the sequence overhead at most 6.3% on H100, 5.1% on
+#: B200 with Llama 3 70B; with it, the default since 2026-12-02, 8.2% at one cell, 7.3% at the others)
 POWER_TOLERANCE = 0.08
+#: the cells the default terms (sequence overhead on) put outside POWER_TOLERANCE, published in
+#: docs/simulator.md; held to it, so that a change which brings one back (or adds one) is noticed
+OVER_POWER_TOLERANCE = {"llama-3-70b h100-sxm tp4 b32"}
 
 
 def _cells(model: str, gpu: str, batches: tuple[int, ...]) -> list:
@@ -43,12 +47,16 @@ def test_power_within_tolerance_of_measurements(model, gpu, batches):
 
 @pytest.mark.slow
 def test_every_fitted_cell_within_tolerance():
-    """All 33 fitted cells (B200 with Llama 3 8B is host-bound in the measurement: not fitted)."""
+    """All 33 fitted cells (B200 with Llama 3 8B is host-bound in the measurement: not fitted): with
+    the power terms fitted without the sequence overhead, every one; with the default terms (overhead
+    on, one floor and scale for both H100 models), every one but OVER_POWER_TOLERANCE."""
+    without = load_fits(table="fit_without_overhead")
     for cell in load_measurements():
         if (cell.model, cell.gpu) == ("llama-3-8b", "b200"):
             continue
-        sim = simulate_cell(cell)
-        assert abs(sim.power_error) <= POWER_TOLERANCE, cell.label
+        assert abs(simulate_cell(cell, fit=without[cell.gpu]).power_error) <= POWER_TOLERANCE, cell.label
+        assert (abs(simulate_cell(cell).power_error) <= POWER_TOLERANCE) is (cell.label not in OVER_POWER_TOLERANCE), \
+            cell.label
 
 
 def test_power_rises_with_batch_and_saturates_below_the_limit():
@@ -157,8 +165,7 @@ def test_sequence_overhead_adds_its_time_per_sampled_sequence_and_draws_busy_pow
     import dataclasses
 
     cat = load_catalog()
-    g = cat.gpu("h100-sxm")
-    assert g.sequence_overhead_us == 0.0          # off in the built-in catalog
+    g = dataclasses.replace(cat.gpu("h100-sxm"), sequence_overhead_us=0.0)
     off = CostModel(cat.model("llama-3-8b"), g)
     on = CostModel(cat.model("llama-3-8b"), dataclasses.replace(g, sequence_overhead_us=40.0))
     for tokens, attn, kv, sampled in ((8, 4800.0, 4800.0, 8), (512 + 300, 512 * 600.0 + 9e4, 512 * 600.0 + 300, 513),
@@ -205,6 +212,45 @@ def test_stored_sequence_overhead_is_what_the_fit_gives():
         assert round(energy_fit.fit_sequence_overhead(steps, load_catalog().gpu(gpu))) == stored.sequence_overhead_us
 
 
+def test_catalog_carries_the_fitted_terms_and_the_stated_rule_elsewhere():
+    """catalog/gpus.toml: the GPUs with measurements carry their [fit.<gpu>] terms (on by default);
+    the others no sequence overhead and the power pair H100 was fitted to without it (the header of
+    catalog/gpus.toml says why: no measurement bounds their overhead)."""
+    cat = load_catalog()
+    fits, without = load_fits(), load_fits(table="fit_without_overhead")
+    assert set(without) == set(fits)
+    for gpu, fit in fits.items():
+        g = cat.gpu(gpu)
+        assert (g.sequence_overhead_us, g.memory_power_fraction, g.compute_power_scale) == \
+            (fit.sequence_overhead_us, fit.memory_power_fraction, fit.compute_power_scale)
+        assert fit.sequence_overhead_us > 0 and without[gpu].sequence_overhead_us == 0
+    h100 = without["h100-sxm"]
+    for name, g in cat.gpus.items():
+        if name not in fits:
+            assert g.sequence_overhead_us == 0, name
+            assert (g.memory_power_fraction, g.compute_power_scale) == \
+                (h100.memory_power_fraction, h100.compute_power_scale), name
+
+
+def test_sequence_overhead_predicts_mean_steps_it_was_not_fitted_to():
+    """Out of sample (energy_fit.holdouts): the overhead fitted to one H100 model's mean steps, or to
+    the batches up to 128, puts the held-out cells' mean steps closer to the measured ones than the
+    roofline without it (docs/fidelity.md has the full simulations)."""
+    from llmlb_bench.sim import energy_fit
+
+    cells, fits = load_measurements(), load_fits()
+    checks = energy_fit.holdouts(cells, fits)
+    assert len(checks) == 4
+    for h in checks:
+        assert not set(h.train) & set(h.test) and h.train and h.test
+        base = load_catalog().gpu(h.gpu)
+        s = energy_fit.fit_sequence_overhead([energy_fit.mean_step(c) for c in h.train], base)
+        test = [energy_fit.mean_step(c) for c in h.test]
+        on = energy_fit.step_errors(test, energy_fit.with_terms(base, sequence_overhead_us=s))
+        off = energy_fit.step_errors(test, energy_fit.with_terms(base, sequence_overhead_us=0.0))
+        assert s > 0 and (on ** 2).mean() < (off ** 2).mean(), h.name
+
+
 @pytest.mark.slow
 def test_stored_power_terms_are_the_simulated_fit():
     """... and the power floor and scale that fit full simulations best: the floor is the closed-form
@@ -229,9 +275,11 @@ THROUGHPUT_TOLERANCE = 0.10
 
 @pytest.mark.parametrize("model, gpu, batches", [("llama-3-8b", "h100-sxm", (128, 256)),
                                                   ("llama-3-70b", "h100-sxm", (256, 512))])
-def test_fitted_terms_bring_large_batch_throughput_and_power_to_the_measurements(model, gpu, batches):
-    fit = load_fits()[gpu]
+def test_default_terms_bring_large_batch_throughput_and_power_to_the_measurements(model, gpu, batches):
+    without = load_fits(table="fit_without_overhead")[gpu]
     for cell in _cells(model, gpu, batches):
-        sim = simulate_cell(cell, fit=fit)
+        sim = simulate_cell(cell)
         assert abs(sim.throughput_error) <= THROUGHPUT_TOLERANCE, cell.label
         assert abs(sim.power_error) <= POWER_TOLERANCE, cell.label
+        # the model before the sequence overhead was on: more than 25% too fast at these batches
+        assert simulate_cell(cell, fit=without).throughput_error > 0.25, cell.label

@@ -57,7 +57,8 @@ class GPU:
     clock_power_exponent: float = 3.0
     clock_invariant_power: float = 0.4
     #: time per sampled sequence per step that the roofline's terms do not count (sampler over the
-    #: vocabulary, per-request engine work), microseconds; sim/cost.py. Optional, default 0 (off)
+    #: vocabulary, per-request engine work), microseconds; sim/cost.py. Optional, default 0 (fitted
+    #: for the built-in H100 and B200: catalog/gpus.toml)
     sequence_overhead_us: float = 0.0
 
 

@@ -28,7 +28,8 @@ per step that none of those terms counts: the sampler's work over the whole voca
 (vLLM's sort-based top-p/top-k) and the engine's per-request work in a step. It is what the
 roofline leaves out at large batches against measured serving throughput (docs/simulator.md,
 "Energy against measurements"). The GPU counts as busy during it, but not its tensor cores
-(power: the memory-bound floor). 0, the catalog's default, leaves every step time as it was.
+(power: the memory-bound floor). 0 (the default of an entry that leaves it out, and the value of
+the built-in GPUs without a measurement to fit it to) leaves every step time as the roofline has it.
 
 All figures come from the catalogs; the efficiency factors and the layer
 latency are the fitted part (see :mod:`llmlb_bench.sim.cost_fit`).

@@ -21,8 +21,13 @@ prefill chunk, so the mean step's power is biased (fitted on mean steps, the sim
 of Llama 3 8B on H100 came out 4-9% low). That stays cheap because power is affine in the
 floor (the busy activity f + (1 - f) g is) and step times do not depend on f or k: two
 simulations per cell give the least-squares floor of a scale in closed form, and the scale
-is searched on a grid. benchmarks/energy_vs_measured.py --fitted then reports the errors
-where the fit is used; docs/simulator.md publishes them.
+is searched on a grid. The fitted terms are the catalog's for H100 and B200, so
+benchmarks/energy_vs_measured.py reports the errors where the fit is used; docs/simulator.md
+publishes them.
+
+Out of sample (:func:`holdouts`, :func:`fit_cells`): the same fit on part of the cells, with and
+without the sequence overhead, and full simulations of the rest (benchmarks/energy_vs_measured.py
+--holdout; docs/fidelity.md publishes the errors).
 
 Errors are relative (every cell counts the same whatever its size), least squares.
 """
@@ -183,3 +188,48 @@ def budget_table(steps: Sequence[MeanStep], fits: dict[str, Fit]) -> str:
                      f"{roof / st.measured_s - 1:+.1%} | {1e3 * s:.2f} | {1e3 * (roof + s):.2f} | "
                      f"{(roof + s) / st.measured_s - 1:+.1%} |")
     return "\n".join(lines)
+
+
+#: the batch hold-out fits on the cells of batch sizes up to this and predicts the larger ones
+HOLDOUT_BATCH = 128
+
+
+@dataclass(frozen=True)
+class Holdout:
+    """One out-of-sample check of a GPU's fit: the terms fitted on ``train`` cells alone, the
+    errors measured on ``test`` cells, which the fit never saw."""
+
+    name: str
+    gpu: str
+    train: tuple[Measured, ...]
+    test: tuple[Measured, ...]
+
+
+def holdouts(cells: Sequence[Measured], fits: dict[str, Fit]) -> list[Holdout]:
+    """The hold-outs docs/fidelity.md reports, over the cells each GPU's fit uses: on a GPU fitted
+    to two models, each model predicted from the other (leave one model out); on every fitted GPU,
+    the batches above :data:`HOLDOUT_BATCH` predicted from those up to it (the term is a cost per
+    sequence, so this is the extrapolation it must survive)."""
+    out = []
+    for gpu, fit in fits.items():
+        mine = [c for c in cells if c.gpu == gpu and c.model in fit.models]
+        if len(fit.models) > 1:
+            for model in fit.models:
+                out.append(Holdout(f"{gpu}: fit on the other model, predict {model}", gpu,
+                                   tuple(c for c in mine if c.model != model), tuple(c for c in mine if c.model == model)))
+        out.append(Holdout(f"{gpu}: fit on batches <= {HOLDOUT_BATCH}, predict the larger ones", gpu,
+                           tuple(c for c in mine if c.max_num_seqs <= HOLDOUT_BATCH),
+                           tuple(c for c in mine if c.max_num_seqs > HOLDOUT_BATCH)))
+    return out
+
+
+def fit_cells(cells: Sequence[Measured], gpu: str, with_term: bool, seed: int = 0) -> Fit:
+    """The terms fitted to ``cells`` alone, the way the catalog's are (the sequence overhead from
+    the mean steps, rounded to 1 us; the power floor and scale from full simulations), or without
+    the sequence term (0, and the power terms fitted to the cells with it off): the two models a
+    hold-out compares, each fitted to the same cells."""
+    base = load_catalog().gpu(gpu)
+    s = float(round(fit_sequence_overhead([mean_step(c, seed) for c in cells], base))) if with_term else 0.0
+    start = Fit(gpu=gpu, models=tuple(sorted({c.model for c in cells})), sequence_overhead_us=s,
+                memory_power_fraction=base.memory_power_fraction, compute_power_scale=base.compute_power_scale)
+    return fit_power_simulated(cells, start, seed)

@@ -6,9 +6,10 @@ once to one replica whose ``max_num_seqs`` is the batch size, output lengths dra
 measured histogram, and the figures taken over the same steady-state window (from the moment
 ``max_num_seqs`` requests have their first token to the moment ``num_requests -
 max_num_seqs - 1`` have finished). Power, energy per output token and throughput in that
-window are compared with the measured ones, with the GPU's catalog terms as they stand or
-with the terms fitted to these measurements (``[fit.<gpu>]`` of the same file, :class:`Fit`;
-the fit itself is :mod:`llmlb_bench.sim.energy_fit`).
+window are compared with the measured ones, with the GPU's catalog terms as they stand (for H100
+and B200 the terms fitted to these measurements, ``[fit.<gpu>]`` of the same file) or with
+other terms (:class:`Fit`; e.g. ``[fit_without_overhead.<gpu>]``, the model before the
+sequence overhead was on; the fit itself is :mod:`llmlb_bench.sim.energy_fit`).
 
 The source does not publish its prompt lengths (LMArena conversations, each turn a request
 with its history); :data:`PROMPT_MEAN` is an assumption, and docs/simulator.md reports how
@@ -118,16 +119,18 @@ def _read(path: str | Path | None) -> tuple[dict[str, Any], str]:
         raise UserError(f"not a power-measurements file ({exc})", where) from None
 
 
-def load_fits(path: str | Path | None = None) -> dict[str, Fit]:
-    """The fitted terms by GPU name (the built-in file unless ``path`` is given)."""
+def load_fits(path: str | Path | None = None, table: str = "fit") -> dict[str, Fit]:
+    """The fitted terms of ``table`` by GPU name (the built-in file unless ``path`` is given):
+    ``fit``, the catalog's (sequence overhead on), or ``fit_without_overhead``, the model before it
+    was on (sequence overhead 0, the power terms fitted without it), kept so its errors stay reproducible."""
     data, where = _read(path)
     try:
         return {gpu: Fit(gpu=gpu, models=tuple(t["models"]), sequence_overhead_us=float(t["sequence_overhead_us"]),
                          memory_power_fraction=float(t["memory_power_fraction"]),
                          compute_power_scale=float(t["compute_power_scale"]))
-                for gpu, t in data.get("fit", {}).items()}
+                for gpu, t in data.get(table, {}).items()}
     except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"not a power-measurements file (fit: {exc})", where) from None
+        raise UserError(f"not a power-measurements file ({table}: {exc})", where) from None
 
 
 def load_measurements(path: str | Path | None = None) -> list[Measured]:
