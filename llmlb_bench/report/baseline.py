@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Mapping, Sequence, TypeVar
 
 from llmlb_bench.errors import UserError
 
 FLAG = "--baseline"
 #: a run summary (metrics.run_figures.RunFigures, or a run.json row): the rule reads only its names and time
-R = TypeVar("R", bound=Mapping[str, Any])
+R = TypeVar("R", bound=Mapping[str, object])
 
 
-def created(s: Mapping[str, Any]) -> dt.datetime:
+def created(s: Mapping[str, object]) -> dt.datetime:
     """When the run was created (the latest possible time when its run.json does not say)."""
     raw = s.get("created_utc")
     try:
@@ -42,7 +42,7 @@ def first_created(runs: Sequence[R]) -> R:
     return min(enumerate(runs), key=lambda ir: (created(ir[1]), ir[0]))[1]
 
 
-def _matches(s: Mapping[str, Any], name: str) -> bool:
+def _matches(s: Mapping[str, object], name: str) -> bool:
     return name in (s["run_id"], s.get("name"), s.get("label"), s.get("policy")) or Path(name).name == s["run_id"]
 
 
@@ -55,8 +55,8 @@ def named(runs: Sequence[R], name: str) -> R:
     if len(exact) == 1:
         return exact[0]
     if not found:
-        raise UserError(f"no run {name!r} in this report (runs: {', '.join(s['run_id'] for s in runs)})", FLAG)
-    raise UserError(f"{name!r} matches {len(found)} runs ({', '.join(s['run_id'] for s in found)}); "
+        raise UserError(f"no run {name!r} in this report (runs: {', '.join(str(s['run_id']) for s in runs)})", FLAG)
+    raise UserError(f"{name!r} matches {len(found)} runs ({', '.join(str(s['run_id']) for s in found)}); "
                     "name one by its run id", FLAG)
 
 

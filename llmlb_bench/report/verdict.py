@@ -24,11 +24,12 @@ goodput +4% [+1, +7] better; other differences within noise``.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
 from llmlb_bench.metrics import comparable
+from llmlb_bench.metrics.meta import table
 from llmlb_bench.metrics.run_figures import RunFigures
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sql import quote
@@ -36,6 +37,9 @@ from llmlb_bench.metrics.summary import metas_of
 from llmlb_bench.report.baseline import named, pick_baseline
 from llmlb_bench.report.shape import Comparison, FigureChange, ReportDoc, VerdictGroup, Verdicts
 from llmlb_bench.store.views import Catalog
+
+if TYPE_CHECKING:   # the gate is imported where the verdicts are computed
+    from llmlb_bench.gate.samples import RunSample
 
 #: gate metric -> (name in a sentence, whether higher is better)
 HEADLINE = {"p99_ttft": ("TTFT p99", False), "p99_tpot": ("TPOT p99", False), "p99_e2e": ("E2E p99", False),
@@ -82,7 +86,7 @@ def verdict_lines(doc: ReportDoc) -> list[str]:
 
 
 def _samples(cat: Catalog, runs: list[RunFigures], slo: Slo | None,
-             metas: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+             metas: Mapping[str, Mapping[str, object]]) -> dict[str, RunSample]:
     """The gate's per-run samples (:class:`llmlb_bench.gate.samples.RunSample`) read from the report's own
     catalog, whose ``request_metrics`` view the summary made: one query, no second summary. Rates are
     per second of the arrival window, as the report's."""
@@ -91,7 +95,7 @@ def _samples(cat: Catalog, runs: list[RunFigures], slo: Slo | None,
 
     good = f"coalesce({slo.predicate()}, false)" if slo else "false"
     cols = ", ".join(f"{lat}_s" for lat in LATENCIES)
-    out = {}
+    out: dict[str, RunSample] = {}
     for s in runs:
         t = cat.query(f"SELECT request_id, status = 'ok' AS ok, {good} AS good, {cols} FROM request_metrics "
                       f"WHERE run_id = {quote(s['run_id'])} ORDER BY request_id")
@@ -102,11 +106,15 @@ def _samples(cat: Catalog, runs: list[RunFigures], slo: Slo | None,
             s["run_id"], s.get("window_s") or s["duration_s"], ok,
             t["good"].to_numpy(zero_copy_only=False).astype(bool), latency, s,
             t["request_id"].to_numpy(zero_copy_only=False).astype(np.int64),
-            ((metas.get(s["run_id"]) or {}).get("trace") or {}).get("sha256"))
+            _sha256(table(metas.get(s["run_id"]) or {}, "trace").get("sha256")))
     return out
 
 
-def _groups_note(groups: list[list[RunFigures]], metas: Mapping[str, Mapping[str, Any]],
+def _sha256(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _groups_note(groups: list[list[RunFigures]], metas: Mapping[str, Mapping[str, object]],
                  baseline: str | None, bases: list[RunFigures | None]) -> str:
     """Why some runs are not compared with others: the groups, and the fields each differs from the first in."""
     first = comparable.workload_identity(metas.get(groups[0][0]["run_id"], {}))

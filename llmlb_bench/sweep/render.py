@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 from itertools import groupby
-from typing import Any
+from typing import TYPE_CHECKING, Mapping
 
 from rich.console import Console
 from rich.markup import escape
@@ -23,21 +23,43 @@ from llmlb_bench.report.markdown import table_md
 from llmlb_bench.report.tables import Table
 from llmlb_bench.report.terminal import rich_table
 
+if TYPE_CHECKING:   # the sweep's modules are not needed to render its summary
+    from llmlb_bench.sweep.curves import CurvePoint
+    from llmlb_bench.sweep.runner import SweepSummary
+
 
 def _num(v: float | None, spec: str, scale: float = 1.0) -> str:
     return "-" if v is None else format(v * scale, spec)
 
 
-def _ci(stat: dict[str, Any] | None, spec: str, scale: float = 1.0) -> str:
-    if not stat or stat.get("mean") is None:
+def _stat(p: CurvePoint, fig: str) -> Mapping[str, float | None]:
+    """A figure's mean and interval at a point (sweep.stats.MeanCi), empty where the point has none."""
+    stat = p.get(fig)
+    return stat if isinstance(stat, Mapping) else {}
+
+
+def _mean(p: CurvePoint, fig: str, scale: float = 1.0) -> float | None:
+    mean = _stat(p, fig).get("mean")
+    return None if mean is None else mean * scale
+
+
+def _ci(stat: Mapping[str, float | None], spec: str, scale: float = 1.0) -> str:
+    mean, low, high = stat.get("mean"), stat.get("low"), stat.get("high")
+    if mean is None:
         return "-"
-    text = _num(stat["mean"], spec, scale)
-    if stat.get("low") is not None:
-        text += f" ±{_num((stat['high'] - stat['low']) / 2, spec, scale)}"
+    text = _num(mean, spec, scale)
+    if low is not None and high is not None:
+        text += f" ±{_num((high - low) / 2, spec, scale)}"
     return text
 
 
-def capacity_table(summary: dict[str, Any]) -> Table:
+def _x(p: CurvePoint) -> float:
+    x = p["x"]
+    assert isinstance(x, (int, float)), x   # the axis value curves.stability_curves wrote
+    return x
+
+
+def capacity_table(summary: SweepSummary) -> Table:
     target = summary["target"]
     t = Table(f"Capacity: highest rate with SLO attainment >= {100 * target:g}% ({summary['slo']})",
               ["workload", "cluster", "policy", "capacity\nreq/s", "95% CI", "seeds", "$/h", "requests\nper $",
@@ -45,19 +67,20 @@ def capacity_table(summary: dict[str, Any]) -> Table:
     note = {"below": "misses the target at the lowest rate tried",
             "above": "meets it at the highest rate tried (lower bound)"}
     for r in summary["capacity"]:
-        ci = "-" if r["low"] is None else f"{max(r['low'], 0):,.2f} - {r['high']:,.2f}"
+        low = r["low"]
+        ci = "-" if low is None else f"{max(low, 0):,.2f} - {r['high']:,.2f}"
         t.rows.append([r["workload"], r["cluster"], r["policy"], _num(r["mean"], ",.2f"), ci, str(r["n"]),
                        _num(r["price_per_hour"], ",.2f"), _num(r["requests_per_usd"], ",.0f"),
                        "; ".join(note[c] for c in r["censored"])])
     return t
 
 
-def curve_tables(summary: dict[str, Any]) -> list[Table]:
+def curve_tables(summary: SweepSummary) -> list[Table]:
     axis = summary["axis"]
     slo = summary["slo"] is not None
     tables = []
     for (workload, cluster), curves in groupby(summary["curves"], key=lambda c: (c["workload"], c["cluster"])):
-        header = ["policy", axis, "offered\nnominal", "offered\nrealised"] \
+        header = ["policy", str(axis), "offered\nnominal", "offered\nrealised"] \
             + (["attain\n%", "goodput\nreq/s"] if slo else []) + ["TTFT p99\nms", "TPOT p99\nms", "E2E mean\ns"]
         t = Table(f"Stability: {workload} on {cluster}" + (f" (SLO {summary['slo']})" if slo else ""), header,
                   note="mean over seeds ± half the 95% interval; offered, req/s: nominal = the spec's mean rate x "
@@ -66,17 +89,17 @@ def curve_tables(summary: dict[str, Any]) -> list[Table]:
         for curve in curves:
             for i, p in enumerate(curve["points"]):
                 row = [curve["policy"] if i == 0 else "", f"{p['x']:g}", f"{p['rate']:,.2f}",
-                       _ci(p.get("realised_rate"), ",.2f")]
+                       _ci(_stat(p, "realised_rate"), ",.2f")]
                 if slo:
-                    row += [_ci(p.get("attainment"), ".1f", 100), _ci(p.get("goodput"), ",.2f")]
-                row += [_ci(p.get("ttft.p99"), ",.0f", 1e3), _ci(p.get("tpot.p99"), ",.1f", 1e3),
-                        _ci(p.get("e2e.mean"), ",.2f")]
+                    row += [_ci(_stat(p, "attainment"), ".1f", 100), _ci(_stat(p, "goodput"), ",.2f")]
+                row += [_ci(_stat(p, "ttft.p99"), ",.0f", 1e3), _ci(_stat(p, "tpot.p99"), ",.1f", 1e3),
+                        _ci(_stat(p, "e2e.mean"), ",.2f")]
                 t.rows.append(row)
         tables.append(t)
     return tables
 
 
-def knee_lines(summary: dict[str, Any]) -> list[str]:
+def knee_lines(summary: SweepSummary) -> list[str]:
     lines = []
     for c in summary["curves"]:
         knee = c["knee"]
@@ -97,7 +120,7 @@ KNOB_LABELS = {"signal_refresh_s": "signal refresh interval (s)", "tau": "predic
                "slowdown": "slowdown factor of one replica"}
 
 
-def robustness_tables(summary: dict[str, Any]) -> list[Table]:
+def robustness_tables(summary: SweepSummary) -> list[Table]:
     """One table per knob: goodput, attainment and TTFT p99 of each policy as the knob moves."""
     slo = summary["slo"] is not None
     tables = []
@@ -110,14 +133,14 @@ def robustness_tables(summary: dict[str, Any]) -> list[Table]:
                 row = [c["workload"], c["cluster"], c["policy"]] if i == 0 else ["", "", ""]
                 row.append(f"{p['x']:g}")
                 if slo:
-                    row += [_ci(p.get("attainment"), ".1f", 100), _ci(p.get("goodput"), ",.2f")]
-                row += [_ci(p.get("ttft.p99"), ",.0f", 1e3), _ci(p.get("e2e.mean"), ",.2f")]
+                    row += [_ci(_stat(p, "attainment"), ".1f", 100), _ci(_stat(p, "goodput"), ",.2f")]
+                row += [_ci(_stat(p, "ttft.p99"), ",.0f", 1e3), _ci(_stat(p, "e2e.mean"), ",.2f")]
                 t.rows.append(row)
         tables.append(t)
     return tables
 
 
-def robustness_charts(summary: dict[str, Any]) -> list[tuple[str, str]]:
+def robustness_charts(summary: SweepSummary) -> list[tuple[str, str]]:
     """``(stem, svg)``: goodput (with an SLO) and TTFT p99 against each knob, a line per policy."""
     out = []
     figs = ((("goodput", "Goodput", "req/s", 1.0),) if summary["slo"] is not None else ()) + (
@@ -126,28 +149,27 @@ def robustness_charts(summary: dict[str, Any]) -> list[tuple[str, str]]:
                                                     key=lambda c: (c["knob"], c["workload"], c["cluster"])):
         curves = list(group)
         for fig, title, unit, scale in figs:
-            series = [(c["policy"], [p["x"] for p in c["points"]],
-                       [None if (p.get(fig) or {}).get("mean") is None else p[fig]["mean"] * scale
-                        for p in c["points"]]) for c in curves]
+            series = [(c["policy"], [_x(p) for p in c["points"]], [_mean(p, fig, scale) for p in c["points"]])
+                      for c in curves]
             chart = svg.line_chart(f"{title}: {workload} on {cluster}", series, KNOB_LABELS[knob], unit)
             if chart:
                 out.append((f"{knob}.{fig.replace('.', '_')}.{workload}.{cluster}", chart))
     return out
 
 
-def _tables(summary: dict[str, Any]) -> list[Table]:
+def _tables(summary: SweepSummary) -> list[Table]:
     return (([capacity_table(summary)] if summary["capacity"] else []) + curve_tables(summary)
             + robustness_tables(summary))
 
 
-def render(summary: dict[str, Any], console: Console) -> None:
+def render(summary: SweepSummary, console: Console) -> None:
     for t in _tables(summary):
         console.print(rich_table(t))
     for line in knee_lines(summary):
         console.print(escape(line))
 
 
-def render_markdown(summary: dict[str, Any]) -> str:
+def render_markdown(summary: SweepSummary) -> str:
     parts = [f"### llmlb sweep {summary.get('sweep', '')}"]
     parts += [table_md(t) for t in _tables(summary)]
     parts += [f"- {line}" for line in knee_lines(summary)]
@@ -159,22 +181,21 @@ CHARTS = (("attainment", "SLO attainment", "%", 100.0), ("goodput", "Goodput", "
           ("ttft.p99", "TTFT p99", "ms", 1e3), ("e2e.mean", "Mean E2E", "s", 1.0))
 
 
-def charts(summary: dict[str, Any]) -> list[str]:
+def charts(summary: SweepSummary) -> list[str]:
     """One inline SVG per figure and workload x cluster: a line per policy against the sweep's axis."""
     out = []
     for (workload, cluster), group in groupby(summary["curves"], key=lambda c: (c["workload"], c["cluster"])):
         curves = list(group)
         for fig, title, unit, scale in CHARTS:
-            series = [(c["policy"], [p["x"] for p in c["points"]],
-                       [None if (p.get(fig) or {}).get("mean") is None else p[fig]["mean"] * scale
-                        for p in c["points"]]) for c in curves]
-            chart = svg.line_chart(f"{title}: {workload} on {cluster}", series, summary["axis"], unit)
+            series = [(c["policy"], [_x(p) for p in c["points"]], [_mean(p, fig, scale) for p in c["points"]])
+                      for c in curves]
+            chart = svg.line_chart(f"{title}: {workload} on {cluster}", series, str(summary["axis"]), unit)
             if chart:
                 out.append(chart)
     return out + [chart for _, chart in robustness_charts(summary)]
 
 
-def render_html(summary: dict[str, Any]) -> str:
+def render_html(summary: SweepSummary) -> str:
     """A self-contained page: tables, knees and capacities, and the curves as inline SVG."""
     body = [f"<h1>llmlb sweep {html.escape(str(summary.get('sweep', '')))}</h1>"
             f"<p class=\"note\">llmlb-bench {__version__}</p>"]

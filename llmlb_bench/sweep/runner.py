@@ -64,6 +64,26 @@ class RobustnessCurve(TypedDict):
     points: list[CurvePoint]
 
 
+class _SweepSummary(TypedDict):
+    sweep: str
+    description: str
+    source: str
+    tool_version: str
+    slo: str | None
+    seeds: list[int]
+    axis: str | None
+    knee_metric: str
+    target: float
+    capacity: list[CapacityRow]
+    curves: list[Curve]
+
+
+class SweepSummary(_SweepSummary, total=False):
+    """summary.json: the sweep's settings and what it found (robustness curves where it has knobs)."""
+
+    robustness: list[RobustnessCurve]
+
+
 @dataclass
 class SweepOutcome:
     """What one invocation did and what the sweep found."""
@@ -76,16 +96,17 @@ class SweepOutcome:
     cells: list[Cell] = field(default_factory=list)
     robustness: list[RobustnessCurve] = field(default_factory=list)
 
-    def summary(self, spec: SweepSpec) -> dict[str, object]:
-        """summary.json: the sweep's settings and what it found."""
-        return {
+    def summary(self, spec: SweepSpec) -> SweepSummary:
+        out: SweepSummary = {
             "sweep": spec.name, "description": spec.description, "source": spec.source,
             "tool_version": __version__, "slo": spec.slo_text, "seeds": list(spec.seeds),
             "axis": spec.axis, "knee_metric": spec.knee_metric,
             "target": spec.target,
             "capacity": self.capacity, "curves": self.curves,
-            **({"robustness": self.robustness} if spec.robustness is not None else {}),
         }
+        if spec.robustness is not None:
+            out["robustness"] = self.robustness
+        return out
 
 
 def _template(spec: SweepSpec, phase: str, w: WorkloadEntry, c: ClusterEntry, p: PolicyEntry,
