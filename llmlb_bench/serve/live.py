@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 from bisect import bisect_right
 from dataclasses import dataclass
-from operator import itemgetter
 from time import perf_counter
 from typing import Callable, Protocol, Sequence
 
@@ -50,6 +49,7 @@ from llmlb_bench.sim.config import ClusterConfig
 from llmlb_bench.sim.fleet import Fleet
 from llmlb_bench.sim.replica import Replica, Request
 from llmlb_bench.sim.speculative import bundled_steps, step_tokens
+from llmlb_bench.sim.timeline import Timeline
 
 #: timeline runs a replica keeps before the ones no request needs are dropped
 _TRIM_RUNS = 4096
@@ -336,7 +336,7 @@ class LiveFleet:
             self._signals(rep.index, bt)
             for req in done:
                 self._ended(st, req, bt)
-        if len(rep.timeline.runs) > _TRIM_RUNS:
+        if len(rep.timeline) > _TRIM_RUNS:
             rep.timeline.drop_before(rep.oldest_needed_step())
 
     def _ended(self, st: _ReplicaState, req: Request, t: float) -> None:
@@ -353,7 +353,7 @@ class LiveFleet:
         self.router.complete(live.target, live.route, drain=False)
         if made:
             if st.rep.spec is None:
-                live.segments = token_segments(st.rep.timeline.runs, req.spans)  # type: ignore[arg-type]  # made: it ran steps
+                live.segments = token_segments(st.rep.timeline, req.spans)  # type: ignore[arg-type]  # made: it ran steps
             else:       # speculative decoding: one delivery per verify step, its tokens bundled
                 times, tokens = bundled_steps(st.rep.timeline.arrays(), req.stints or [], req.spans or [])
                 live.segments = [(t, 0.0, c) for t, c in zip(times.tolist(), tokens.tolist())]
@@ -384,7 +384,7 @@ class LiveFleet:
         """Report the tokens that became final by ``t`` to each streaming request of the replica."""
         if not st.streams:
             return
-        last = last_step_by(st.rep.timeline.runs, t)
+        last = last_step_by(st.rep.timeline, t)
         for req, live in st.streams.items():
             n = tokens_by(req, last)
             if n > live.emitted:
@@ -400,7 +400,7 @@ class LiveFleet:
                 st.timer.cancel()
                 st.timer = None
             return
-        target = next_step_end(rep.timeline.runs, self._now, rep.run_end) if st.streams else rep.run_end
+        target = next_step_end(rep.timeline, self._now, rep.run_end) if st.streams else rep.run_end
         if st.timer is not None:
             # one already due stays: it has not fired yet (a late timer, an event at the same moment), and
             # the tokens it is for go out when it does; moved to the next step end, they waited for that
@@ -437,7 +437,7 @@ class LiveFleet:
         """(prompt tokens of requests past their first token, tokens generated) of replica ``i``'s
         requests in flight at ``t`` (the live part of the token counters)."""
         st = self.states[i]
-        last = last_step_by(st.rep.timeline.runs, t)
+        last = last_step_by(st.rep.timeline, t)
         prompt = made = 0
         for req in st.live:
             n = tokens_by(req, last)
@@ -460,34 +460,34 @@ def tokens_by(req: Request, last: int) -> int:
     return sum(int(step_tokens(req.stints, a, b).sum()) for a, b in ranges)
 
 
-def last_step_by(runs: list[tuple[int, float, float, int, float]], t: float) -> int:
-    """Index of the last step that ended by ``t`` (-1: none) in a replica's timeline runs."""
-    for k in range(len(runs) - 1, -1, -1):
-        first, start, gap, count, _ = runs[k]
+def last_step_by(tl: Timeline, t: float) -> int:
+    """Index of the last step that ended by ``t`` (-1: none) in a replica's timeline."""
+    for k in range(len(tl) - 1, -1, -1):
+        start, gap = tl.start[k], tl.gap[k]
         if start + gap <= t + _EPS:
-            return first + min(count, int((t - start) / gap + _EPS)) - 1
+            return tl.first[k] + min(tl.count[k], int((t - start) / gap + _EPS)) - 1
     return -1
 
 
-def next_step_end(runs: list[tuple[int, float, float, int, float]], t: float, run_end: float) -> float:
+def next_step_end(tl: Timeline, t: float, run_end: float) -> float:
     """End time of the first step that ends after ``t`` in the run in flight (or the applied
     mixed step just before it); ``run_end`` when there is none."""
-    for _first, start, gap, count, _ in runs[-2:]:
+    for k in range(max(len(tl) - 2, 0), len(tl)):
+        start, gap, count = tl.start[k], tl.gap[k], tl.count[k]
         if start + count * gap > t + _EPS:
             k = int((t - start) / gap + _EPS) + 1
             return start + min(max(k, 1), count) * gap
     return run_end
 
 
-def token_segments(runs: list[tuple[int, float, float, int, float]],
-                   spans: Sequence[tuple[int, int]]) -> list[tuple[float, float, int]]:
+def token_segments(tl: Timeline, spans: Sequence[tuple[int, int]]) -> list[tuple[float, float, int]]:
     """A finished request's token times as segments ``(first token time, gap, count)``, one per
     timeline run each of its step ranges overlaps (as the simulator's ``token_times``)."""
     segs: list[tuple[float, float, int]] = []
     for a, b in spans:
-        k = bisect_right(runs, a, key=itemgetter(0)) - 1
+        k = bisect_right(tl.first, a) - 1
         while a <= b:
-            first, start, gap, count, _ = runs[k]
+            first, start, gap, count = tl.first[k], tl.start[k], tl.gap[k], tl.count[k]
             hi = min(b, first + count - 1)
             segs.append((start + (a - first + 1) * gap, gap, hi - a + 1))
             a = hi + 1

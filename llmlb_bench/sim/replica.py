@@ -745,7 +745,7 @@ class Replica:
         share = power * gap / (tokens + decoding)
         for req, chunk in chunks:
             req.energy += share * chunk
-        self.timeline.runs.append((self.step + 1, self.run_start, gap, 1, share))
+        self.timeline.add(self.step + 1, self.run_start, gap, 1, share)
         self.idle = False
         if (completing == len(chunks) == len(self.prefilling) and not ending and not self.waiting
                 and not (decoding and self._next_finish() <= self.step + 1)):
@@ -792,7 +792,7 @@ class Replica:
         self.run_decode_only = True
         self.idle = False
         if n:   # n = 0 only behind an applied mixed step, when the next step needs a preemption
-            self.timeline.runs.append((self.step + 1, self.run_start, gap, n, power * gap / decoding))
+            self.timeline.add(self.step + 1, self.run_start, gap, n, power * gap / decoding)
         return self.run_start + n * gap
 
     def _take_frontend(self) -> float:

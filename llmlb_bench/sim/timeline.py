@@ -7,16 +7,19 @@ of its replica's steps (several ranges if it was preempted). The replica
 records its steps once, as runs of equal steps
 ``(first_step, start_s, gap_s, count, energy_j)``: step ``first_step + j``
 ends at ``start_s + (j + 1) * gap_s`` and gives each decoding request
-``energy_j`` joules. The ``token_times`` segments of a request are the runs
+``energy_j`` joules. The runs are kept as five typed columns (``array.array``),
+not as a tuple per run: a run then costs no Python object, the results
+batches copy the columns into NumPy as flat memory, and dropping old runs moves
+memory instead of freeing tuples (with tuples, converting and freeing them was
+a tenth of a compiled run's time; docs/simulator.md, Speed). The ``token_times`` segments of a request are the runs
 its step ranges overlap, clipped; this module computes them for many
 requests at once with NumPy, so no Python code runs per token.
 """
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
-from itertools import chain
-from operator import itemgetter
 
 import numpy as np
 import pyarrow as pa
@@ -27,37 +30,60 @@ Columns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 class Timeline:
-    """Runs of equal steps of one replica, in step order, as tuples
-    ``(first_step, start_s, gap_s, count, energy_j)`` (one list append per run)."""
+    """Runs of equal steps of one replica, in step order, as the columns ``first`` (step),
+    ``start`` (s), ``gap`` (s), ``count`` and ``energy`` (J per decoding request per step)."""
 
-    __slots__ = ("runs",)
+    __slots__ = ("first", "start", "gap", "count", "energy")
 
     def __init__(self) -> None:
-        self.runs: list[tuple[int, float, float, int, float]] = []
+        self.first: array[int] = array("q")
+        self.start: array[float] = array("d")
+        self.gap: array[float] = array("d")
+        self.count: array[int] = array("q")
+        self.energy: array[float] = array("d")
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+    def add(self, first: int, start: float, gap: float, count: int, energy: float) -> None:
+        """A new run (the run in flight): ``count`` steps from step ``first`` on, starting at ``start``."""
+        self.first.append(first)
+        self.start.append(start)
+        self.gap.append(gap)
+        self.count.append(count)
+        self.energy.append(energy)
 
     def truncate_last(self, count: int) -> None:
         """The run in flight ends after ``count`` steps instead of the planned number (0: none)."""
-        if count == 0:
-            self.runs.pop()
+        if count:
+            self.count[-1] = count
             return
-        first, start, gap, _, energy = self.runs[-1]
-        self.runs[-1] = (first, start, gap, count, energy)
+        self.first.pop()
+        self.start.pop()
+        self.gap.pop()
+        self.count.pop()
+        self.energy.pop()
 
     def drop_before(self, step: int) -> None:
         """Forget runs that end before ``step`` (no unfinished request needs them any more)."""
-        k = bisect_right(self.runs, step, key=itemgetter(0)) - 1
+        k = bisect_right(self.first, step) - 1
         if k > 0:
-            del self.runs[:k]
+            del self.first[:k]
+            del self.start[:k]
+            del self.gap[:k]
+            del self.count[:k]
+            del self.energy[:k]
 
     def step_end(self, step: int) -> float:
         """End time of one step (the scalar twin of :func:`step_end_times`, same arithmetic)."""
-        first, start, gap, _, _ = self.runs[bisect_right(self.runs, step, key=itemgetter(0)) - 1]
-        return start + (step - first + 1) * gap
+        k = bisect_right(self.first, step) - 1
+        return self.start[k] + (step - self.first[k] + 1) * self.gap[k]
 
     def arrays(self) -> Columns:
-        """The runs as NumPy columns."""
-        a = np.fromiter(chain.from_iterable(self.runs), dtype=np.float64, count=5 * len(self.runs)).reshape(-1, 5)
-        return (a[:, 0].astype(np.int64), a[:, 1].copy(), a[:, 2].copy(), a[:, 3].astype(np.int64), a[:, 4].copy())
+        """The runs as NumPy columns (copies: the timeline goes on growing)."""
+        return (np.array(self.first, dtype=np.int64), np.array(self.start, dtype=np.float64),
+                np.array(self.gap, dtype=np.float64), np.array(self.count, dtype=np.int64),
+                np.array(self.energy, dtype=np.float64))
 
 
 def step_end_times(tl: Columns, steps: np.ndarray) -> np.ndarray:
