@@ -42,10 +42,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
+from llmlb_bench.metrics.meta import table
 from llmlb_bench.metrics.run_figures import (ControlFigures, ControlSignals, Signal, SignalResponse, SpectralPeak,
                                               StepResponse)
 from llmlb_bench.metrics.slo import Slo
@@ -65,22 +66,29 @@ class Options:
     threshold: float = 0.1      # settling band, a fraction of the change
 
 
-def edges(spec: Mapping[str, Any] | None) -> list[float]:
+def _number(value: object) -> float:
+    """A number of a stored workload spec (written by the tool: a TOML number)."""
+    if isinstance(value, (int, float, str)):
+        return float(value)
+    raise TypeError(f"a workload spec holds {value!r} where a number goes")
+
+
+def edges(spec: Mapping[str, object] | None) -> list[float]:
     """Times of the load steps of a workload spec (step and square modulations of any tenant),
     sorted, on the trace's clock (``time_scale`` applied); [] when it has none."""
     if not spec:
         return []
-    scale = float(spec.get("time_scale", 1.0) or 1.0)
+    scale = _number(spec.get("time_scale", 1.0) or 1.0)
     horizon = spec.get("duration_s")
     out: set[float] = set()
-    for tenant in (spec.get("tenants") or {}).values():
-        mod = ((tenant or {}).get("arrival") or {}).get("modulation") or {}
+    for tenant in table(spec, "tenants").values():
+        mod = table(table(tenant if isinstance(tenant, Mapping) else {}, "arrival"), "modulation")
         if mod.get("shape") == "step" and mod.get("before") != mod.get("after"):
-            out.add(float(mod["at_s"]))
+            out.add(_number(mod["at_s"]))
         elif mod.get("shape") == "square" and mod.get("low") != mod.get("high"):
-            period, on, start = float(mod["period_s"]), float(mod["duty"]) * float(mod["period_s"]), float(
+            period, on, start = _number(mod["period_s"]), _number(mod["duty"]) * _number(mod["period_s"]), _number(
                 mod.get("start_s", 0.0))
-            end = float(horizon) if horizon else start + 100 * period
+            end = _number(horizon) if horizon else start + 100 * period
             k = 0
             while start + k * period < end:
                 out.add(start + k * period)
@@ -184,15 +192,16 @@ FROM s GROUP BY ALL ORDER BY run_id, t_s
 """
 
 
-def control(cat: Catalog, runs: Mapping[str, Mapping[str, Any]], slo: Slo | None,
+def control(cat: Catalog, runs: Mapping[str, Mapping[str, object]], slo: Slo | None,
             options: Options | None = None) -> dict[str, ControlFigures]:
     """run id -> ``{signal: figures}`` for runs with load steps; ``runs`` maps run ids to
     ``{spec (the trace's workload spec), t1 (last scheduled time)}``."""
     opt = options or Options()
     stepped: dict[str, tuple[list[float], float]] = {}
     for run_id, info in runs.items():
-        found, last = edges(info.get("spec")), info.get("t1")
-        if found and last is not None and found[0] < last:
+        spec, last = info.get("spec"), info.get("t1")
+        found = edges(spec if isinstance(spec, Mapping) else None)
+        if found and isinstance(last, (int, float)) and found[0] < last:
             stepped[run_id] = (found, float(last))
     if not stepped:
         return {}
