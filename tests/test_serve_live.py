@@ -20,6 +20,7 @@ import pytest
 
 from llmlb_bench.policies import make_policy
 from llmlb_bench.serve.live import LiveFleet, LiveRequest, Submission
+from llmlb_bench.serve.metrics import render
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.sim.replica import Request
 from llmlb_bench.store import RunStore
@@ -310,12 +311,15 @@ def test_replica_abort_mid_decode_cuts_the_run_at_the_step_in_progress():
     assert [r.generated for r in done[1:]] == [50, 50] and rep.kv.used == 0
 
 
-def test_a_late_overhead_timer_does_not_move_the_request():
+@pytest.mark.parametrize("read", [False, True])
+def test_a_late_overhead_timer_does_not_move_the_request(read: bool):
     """A request's overhead (the time its API server holds it) ends at its due time in simulated
     time, however late the timer that ends it fires: on a loaded machine it entered the queue when
     the timer fired, and the machine's lateness became part of the served times. The fleet's clock
     is made to jump 50 ms past the due time before the timer fires: the first token still comes one
-    prefill step after the due time, as in the batch simulation."""
+    prefill step after the due time, as in the batch simulation. Also when /metrics is read in
+    between (``read``): a read-out is not an event the request must enter after (it was, and the
+    request entered at the read's time: a replayer scraping /metrics moved the served times)."""
     cfg = ClusterConfig.build(replicas=1).with_profile({
         "llmlb_profile": 1, "request_overhead_s": 0.01,
         "engine": {"max_num_seqs": 8, "max_num_batched_tokens": 512, "block_size": 16, "num_kv_blocks": 1000,
@@ -329,6 +333,8 @@ def test_a_late_overhead_timer_does_not_move_the_request():
         rec.expected = 1
         live = fleet.submit(Submission(100, 1, [], False, target=0), rec)
         now[0] = 0.06                 # the machine stalled: the 10 ms timer fires 50 ms late
+        if read:
+            assert "vllm:num_requests_waiting" in render(fleet, [0], "m")
         await asyncio.wait_for(rec.done.wait(), 600)
         fleet.close()
         return live

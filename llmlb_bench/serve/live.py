@@ -209,11 +209,16 @@ class LiveFleet:
     # ---- time ------------------------------------------------------------------------------------
 
     def now(self) -> float:
-        """Simulated seconds since the start (never decreasing)."""
-        t = (self.clock() - self.origin) * self.speed
-        if t > self._now:
-            self._now = t
+        """Simulated seconds since the start (never decreasing): the time of an event being applied,
+        which later events (a request's end of overhead, :meth:`_enter`) are ordered after."""
+        self._now = self.read_now()
         return self._now
+
+    def read_now(self) -> float:
+        """Simulated seconds since the start, for a read-out (``/metrics``): not an event, so nothing
+        is ordered after it. It was one: a scrape between a request's arrival and its late overhead
+        timer made the request enter at the scrape's time, and the served times carried the lateness."""
+        return max(self._now, (self.clock() - self.origin) * self.speed)
 
     def wall(self, sim_t: float) -> float:
         """The clock reading at which simulated time ``sim_t`` happens."""

@@ -145,7 +145,7 @@ def render(fleet: "LiveFleet", indices: Iterable[int], model: str) -> str:
     """The Prometheus text exposition (format 0.0.4) of replicas ``indices``, summed."""
     idx = list(indices)
     reps = [fleet.replicas[i] for i in idx]
-    t = fleet.now()
+    t = fleet.read_now()
     total = EngineMetrics(fleet.max_model_len)
     for i in idx:
         m = fleet.states[i].metrics
