@@ -8,10 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from llmlb_bench.metrics.pacing import Streams, deadline_walk, fluid_deadlines, pacing, slowest_gap_mean, subset
+from llmlb_bench.metrics.pacing import Segments, Streams, deadline_walk, fluid_deadlines, pacing, slowest_gap_mean, subset
 from llmlb_bench.metrics.run_figures import PacingFigures
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.sample import blocks, create_token_table, is_sampled
+from llmlb_bench.metrics.sample import blocks, is_sampled, token_rows
 from llmlb_bench.metrics.sql import request_metrics_sql
 from llmlb_bench.schema import TOKEN_SEGMENT
 from llmlb_bench.store.views import Catalog
@@ -112,8 +112,7 @@ def test_pacing_of_a_stored_run(tmp_path):
         "token_times": [HAND[1], [seg(0.1, 0.0, 1)]], "output_tokens": [7, 1], "slo_class": ["chat", "chat"]})
     cat = Catalog([tmp_path])
     cat.con.execute(request_metrics_sql())
-    create_token_table(cat.con, {"p": (2, 0, 1)}, sample=10)
-    out = pacing(cat, {"p": False}, Slo.parse("ttft=1s,tpot=125ms"))["p"]
+    out = pacing({"p": Segments.of(token_rows(cat, "p", 2, 0, 1, sample=10))}, {"p": False}, Slo.parse("ttft=1s,tpot=125ms"))["p"]
     fl = out["fluidity"]
     assert fl["requests"] == 2 and fl["mean"] == pytest.approx((6 / 9 + 1.0) / 2)
     assert fl["share_ge_0.9"] == 0.5
@@ -176,3 +175,34 @@ def test_subset_walks_each_kept_request_as_the_whole_does():
     d = rng.uniform(0.01, 0.2, 30)
     whole, part = deadline_walk(s, d, None), deadline_walk(subset(s, keep), d[keep], None)
     assert (whole[0][keep] == part[0]).all() and (whole[1][keep] == part[1]).all()
+
+
+def test_itl_gaps_are_the_sql_definitions_to_the_last_bit(tmp_path):
+    """ITL's gaps in NumPy (metrics.latency.itl_gaps, from the token rows pacing reads too) against
+    the SQL that defines them (metrics.sql.itl_gaps_sql, docs/metrics.md) on random token times:
+    segments of one token, of gap 0 (a chunk of several tokens at once) and of many, one to five per
+    request, unround times. The pairs (value, multiplicity) must be equal, bit for bit."""
+    from llmlb_bench.metrics.latency import itl_gaps
+    from llmlb_bench.metrics.sql import itl_gaps_sql
+
+    rng = np.random.default_rng(7)
+    rows = []
+    for _ in range(300):
+        t = float(rng.uniform(0, 10))
+        segs = []
+        for _ in range(int(rng.integers(1, 6))):
+            gap = 0.0 if rng.random() < 0.2 else float(rng.lognormal(np.log(0.02), 0.5))
+            count = int(rng.integers(1, 40))
+            segs.append(seg(t, gap, count))
+            t += gap * (count - 1) + float(rng.exponential(0.05))
+        rows.append(segs)
+    n = len(rows)
+    store_run(tmp_path, "g", {"request_id": list(range(n)), "sent_s": [0.0] * n, "scheduled_s": [0.0] * n,
+                              "status": ["ok"] * n, "first_token_s": [r[0]["start_s"] for r in rows],
+                              "last_token_s": [t] * n, "token_times": rows, "output_tokens": [50] * n})
+    cat = Catalog([tmp_path])
+    cat.con.execute(request_metrics_sql())
+    sql = cat.query(f"SELECT v, w FROM ({itl_gaps_sql()})")
+    want = sorted(zip(sql.column("v").to_pylist(), sql.column("w").to_pylist()))
+    v, w = itl_gaps(Segments.of(token_rows(cat, "g", n, 0, n - 1, sample=n)))
+    assert len(want) > 600 and sorted(zip(v.tolist(), w.tolist())) == want

@@ -3,8 +3,8 @@
 Per run, one query over ``request_metrics`` returns each per-request
 figure's value (and weight, for GuideLLM's weighted figures) of its ok
 requests, with their SLO class and tenant when the run has several; token
-gaps (vLLM's ITL) come from the token table of
-:mod:`llmlb_bench.metrics.sample`. Each figure becomes a sorted
+gaps (vLLM's ITL) come from the token rows of
+:mod:`llmlb_bench.metrics.sample` (:func:`itl_gaps`). Each figure becomes a sorted
 :class:`~llmlb_bench.metrics.distribution.Sample`, and every percentile and
 bootstrap interval is read from it exactly.
 
@@ -23,9 +23,9 @@ import pyarrow as pa
 from llmlb_bench.metrics.counts import GROUP_NULL
 from llmlb_bench.metrics.definitions import Figure
 from llmlb_bench.metrics.distribution import Sample, sample_of
+from llmlb_bench.metrics.pacing import Segments
 from llmlb_bench.metrics.run_figures import GroupLatency
-from llmlb_bench.metrics.sample import TOKENS
-from llmlb_bench.metrics.sql import itl_gaps_sql, quote
+from llmlb_bench.metrics.sql import quote
 from llmlb_bench.store.views import Catalog
 
 GROUP_FIGURES = ("ttft", "e2e")
@@ -64,7 +64,8 @@ def _group_percentiles(values: np.ndarray, method: str) -> list[float] | None:
     return [float(q) for q in qs]
 
 
-def _run(cat: Catalog, run_id: str, figs: Mapping[str, Figure], groups: Mapping[str, list[str]], into: Latency) -> None:
+def _run(cat: Catalog, run_id: str, figs: Mapping[str, Figure], groups: Mapping[str, list[str]],
+         tokens: Segments | None, into: Latency) -> None:
     per_request = {n: f for n, f in figs.items() if f.value is not None}
     # nulls as NaN (values) and 0 (weights), which samples drop as they dropped nulls: a column without
     # nulls reaches NumPy as one copy, where one with a validity mask is converted element by element
@@ -89,22 +90,36 @@ def _run(cat: Catalog, run_id: str, figs: Mapping[str, Figure], groups: Mapping[
                         into.groups.setdefault((col, run_id, name), {}).update(
                             cast(GroupLatency, {f"{n}_p{p:g}": q for p, q in zip(GROUP_PERCENTILES, qs)}))
     for n, f in figs.items():
-        if f.value is None:
-            gaps = cat.query(f"SELECT v, w FROM ({itl_gaps_sql(TOKENS)}) WHERE run_id = {quote(run_id)}")
-            s = sample_of(_column(gaps, "v"), _column(gaps, "w"))
+        if f.value is None and tokens is not None:
+            s = sample_of(*itl_gaps(tokens))
             if s is not None:
                 into.samples[(run_id, n)] = s
 
 
-def latency(cat: Catalog, runs: Mapping[str, Mapping[str, Figure]],
-            groups: Mapping[str, Mapping[str, list[str]]]) -> Latency:
-    """The figures ``runs`` names for each run (run -> figure name -> figure), and the groups in
-    ``groups`` (run -> column -> group names).
+def itl_gaps(tokens: Segments) -> tuple[np.ndarray, np.ndarray]:
+    """``(v, w)``: the gaps between deliveries of these token rows' token times, with multiplicities,
+    exactly as :func:`llmlb_bench.metrics.sql.itl_gaps_sql` (docs/metrics.md's ITL) gives them: a
+    segment of ``count`` tokens spaced ``gap_s`` > 0 gives ``count - 1`` gaps of ``gap_s``, and each
+    pair of consecutive segments of a request the gap from the last token of one to the first of
+    the next, computed in the SQL's order, ``(start - previous start) - previous gap_s x (previous
+    count - 1)``, so the values are the SQL's to the last bit. In NumPy over the segments pacing
+    reads too, rather than a second pass of DuckDB over the lists."""
+    start, gap, count = tokens.start, tokens.gap, tokens.count
+    within = (count > 1) & (gap > 0)
+    same = tokens.parent[1:] == tokens.parent[:-1]
+    between = ((start[1:] - start[:-1]) - gap[:-1] * (count[:-1] - 1))[same]
+    return (np.concatenate([gap[within], between]),
+            np.concatenate([count[within] - 1, np.ones(len(between), dtype=np.int64)]))
 
-    Needs the ``request_metrics`` view and the token table
-    (:func:`llmlb_bench.metrics.sample.create_token_table`).
+
+def latency(cat: Catalog, runs: Mapping[str, Mapping[str, Figure]],
+            groups: Mapping[str, Mapping[str, list[str]]], tokens: Mapping[str, Segments]) -> Latency:
+    """The figures ``runs`` names for each run (run -> figure name -> figure), and the groups in
+    ``groups`` (run -> column -> group names); ITL from each run's token rows in ``tokens``.
+
+    Needs the ``request_metrics`` view.
     """
     out = Latency()
     for run_id, figs in runs.items():
-        _run(cat, run_id, figs, groups.get(run_id, {}), out)
+        _run(cat, run_id, figs, groups.get(run_id, {}), tokens.get(run_id), out)
     return out

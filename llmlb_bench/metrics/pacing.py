@@ -46,15 +46,34 @@ import pyarrow.compute as pc
 
 from llmlb_bench.metrics.run_figures import Fluidity, PacingFigures, StreamPacing
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.sample import TOKENS
-from llmlb_bench.metrics.sql import quote
-from llmlb_bench.store.views import Catalog
 
 FLUID_TARGET_MISS_RATE = 0.1
 FLUID_QUANTILE = 0.99
 FLUIDITY_LEVEL = 0.9      # named in the fluidity share's key, "share_ge_0.9" (run_figures.Fluidity)
 _PRECISION = 2.0 ** -12          # fluid deadlines: final bracket width / the request's largest gap
 _POSITION_COST = 2_000           # fixed cost of one walk step, in entry updates (NumPy call overhead)
+
+
+@dataclass(frozen=True)
+class Segments:
+    """Token rows (:func:`llmlb_bench.metrics.sample.token_rows`) with their token-time segments
+    flattened, once, for the two figures that read them all: ITL
+    (:func:`llmlb_bench.metrics.latency.itl_gaps`) and pacing (:meth:`Streams.of`)."""
+
+    table: pa.Table
+    parent: np.ndarray      # each segment's row in ``table``
+    start: np.ndarray
+    gap: np.ndarray
+    count: np.ndarray       # int64
+
+    @classmethod
+    def of(cls, table: pa.Table) -> "Segments":
+        tt = table.column("token_times").combine_chunks()
+        seg = pc.list_flatten(tt)
+        return cls(table=table, parent=pc.list_parent_indices(tt).to_numpy(),
+                   start=seg.field("start_s").to_numpy(zero_copy_only=False),
+                   gap=seg.field("gap_s").to_numpy(zero_copy_only=False),
+                   count=seg.field("count").to_numpy(zero_copy_only=False).astype(np.int64))
 
 
 @dataclass(frozen=True)
@@ -84,13 +103,14 @@ class Streams:
 
     @classmethod
     def from_arrow(cls, table: pa.Table) -> "Streams":
-        tt = table.column("token_times").combine_chunks()
-        n = table.num_rows
-        parent = pc.list_parent_indices(tt).to_numpy()
-        seg = pc.list_flatten(tt)
-        start = seg.field("start_s").to_numpy(zero_copy_only=False)
-        gap = seg.field("gap_s").to_numpy(zero_copy_only=False)
-        cnt = seg.field("count").to_numpy(zero_copy_only=False).astype(np.int64)
+        """The streams of token rows (``ttft``, ``slo_class``, ``token_times``)."""
+        return cls.of(Segments.of(table))
+
+    @classmethod
+    def of(cls, segments: Segments) -> "Streams":
+        """The streams of token rows whose segments are flattened already."""
+        table, n = segments.table, segments.table.num_rows
+        parent, start, gap, cnt = segments.parent, segments.start, segments.gap, segments.count
         first = np.r_[True, parent[1:] != parent[:-1]] if len(parent) else np.zeros(0, bool)
         inter = np.zeros_like(start)
         inter[1:] = start[1:] - (start[:-1] + gap[:-1] * (cnt[:-1] - 1))
@@ -272,13 +292,8 @@ def pacing_of(s: Streams, slo: Slo | None) -> StreamPacing:
             "slowest10_gap_mean_s": slowest_gap_mean(s)}
 
 
-def load_streams(cat: Catalog, run_id: str) -> Streams:
-    """One run's requests from the token table (:func:`llmlb_bench.metrics.sample.create_token_table`)."""
-    return Streams.from_arrow(cat.query(f"SELECT request_id, slo_class, ttft, token_times FROM {TOKENS} "
-                                        f"WHERE run_id = {quote(run_id)} ORDER BY request_id"))
-
-
-def pacing(cat: Catalog, runs: Mapping[str, bool], slo: Slo | None) -> dict[str, PacingFigures]:
-    """``{run_id: pacing figures}``; ``runs`` maps run ids to whether their token table is a sample."""
-    return {run_id: {**pacing_of(load_streams(cat, run_id), slo), "sampled": sampled}
-            for run_id, sampled in runs.items()}
+def pacing(tokens: Mapping[str, Segments], sampled: Mapping[str, bool], slo: Slo | None) -> dict[str, PacingFigures]:
+    """``{run_id: pacing figures}`` for the runs of ``sampled`` (run id -> whether its token rows are a
+    sample), from each run's token rows in ``tokens``."""
+    return {run_id: {**pacing_of(Streams.of(tokens[run_id]), slo), "sampled": is_sample}
+            for run_id, is_sample in sampled.items()}

@@ -144,7 +144,7 @@ class StreamPacing(TypedDict):
 
 
 class PacingFigures(StreamPacing):
-    """A run's pacing figures, and whether its token table was a block sample."""
+    """A run's pacing figures, and whether its token rows were a block sample."""
 
     sampled: bool
 

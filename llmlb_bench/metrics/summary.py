@@ -45,10 +45,10 @@ from llmlb_bench.metrics.goodput import offered_rate
 from llmlb_bench.metrics.identity import facets, names
 from llmlb_bench.metrics.latency import Latency, latency
 from llmlb_bench.metrics.origin import arrival_runs, lag_threshold_ms, latency_from, wait_kind
-from llmlb_bench.metrics.pacing import pacing
+from llmlb_bench.metrics.pacing import Segments, pacing
 from llmlb_bench.metrics.run_figures import (AnswerName, Distribution, GroupFigures, GroupLatency, ReasoningFigures,
                                               RunFigures, WaitFigures)
-from llmlb_bench.metrics.sample import DEFAULT_SAMPLE, create_token_table, is_sampled
+from llmlb_bench.metrics.sample import DEFAULT_SAMPLE, is_sampled, token_rows
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.speculative import speculative
 from llmlb_bench.metrics.sql import request_metrics_sql
@@ -89,7 +89,8 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     counts = {u[1]: m for u, m in units.items() if u[0] == "run"}
     runs = [r for r in cat.runs_table.to_pylist() if r["run_id"] in counts]
     token_runs = {k: (c["ok"], c["id_min"], c["id_max"]) for k, c in counts.items()}
-    create_token_table(cat.con, token_runs, opt.token_sample)
+    # token-level figures (ITL, pacing) read each run's token rows once, flattened once
+    tokens = {k: Segments.of(token_rows(cat, k, *v, opt.token_sample)) for k, v in token_runs.items()}
     groups: dict[str, dict[str, list[str]]] = {}
     for u in units:
         if u[0] != "run":
@@ -97,7 +98,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     # the answer's figures are shown only for runs with reasoning: other runs skip their columns and sorts
     shown = {**figs, WAIT: WAIT_FIGURE}
     plain = {n: f for n, f in shown.items() if n not in ANSWER_FIGURES}
-    lat = latency(cat, {k: shown if c["reasoning_tokens"] else plain for k, c in counts.items()}, groups)
+    lat = latency(cat, {k: shown if c["reasoning_tokens"] else plain for k, c in counts.items()}, groups, tokens)
     tables: dict[str, dict[str, dict[str, GroupFigures]]] = {col: {} for col in GROUPS}
     for u, m in units.items():
         if u[0] != "run":
@@ -111,7 +112,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     fair = fairness(cat, multi, tables["tenant"], opt.window_s)
     state = serving_state(cat, counts, metas)
     cache = accounting_summary(cat)
-    pace = pacing(cat, {k: is_sampled(*v, opt.token_sample) for k, v in token_runs.items()}, slo)
+    pace = pacing(tokens, {k: is_sampled(*v, opt.token_sample) for k, v in token_runs.items()}, slo)
     talks = conversations(cat, slo)
     loads = adapter_loads(cat)
     spec = speculative(cat)
