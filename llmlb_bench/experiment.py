@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the replayer is imported by replay_run only: simulated swee
     from llmlb_bench.replay.power import Domain
     from llmlb_bench.replay.preflight import Preflight
     from llmlb_bench.replay.resume import Resume
-    from llmlb_bench.replay.selfcheck import SelfCheck
+    from llmlb_bench.run_summary import SelfCheck
 
 
 def simulate_run(trace: pa.Table, trace_path: Path, cluster: ClusterConfig, policy: str,
@@ -103,7 +103,7 @@ def replay_run(trace: pa.Table, trace_path: Path, pre: Preflight, policy: str, p
             replay(trace, [ep.url for ep in pre.endpoints], pol, store, options, pre=pre, resume=resume,
                    power=power)
             if self_check is not None:
-                store.summary["client"]["self_check"] = dict(self_check)   # run_summary keeps it untyped
+                store.summary["client"]["self_check"] = self_check
     except FileExistsError:
         if resume is not None:
             resume.restore()

@@ -15,7 +15,7 @@ domains, a peer tool's reported figures) keep that module's type.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import TypedDict
 
 
 class SwapSummary(TypedDict):
@@ -66,13 +66,119 @@ class LagFigures(TypedDict):
     max: float | None
 
 
+# ---- the replayer's checks and measurements (replay/): declared here, below the replayer, so that
+# run.json's shape resolves without importing it ----
+
+class WorstPrompt(TypedDict):
+    """The prompt whose count was furthest from its trace length."""
+
+    request_id: int
+    input_tokens: int
+    counted: int
+
+
+class LengthCheck(TypedDict):
+    """Whole prompts counted before a run (replay/lengths.py ``check_lengths``): how many, how many exactly right, the worst."""
+
+    checked: int
+    exact: int
+    worst: WorstPrompt | None
+
+
+class DomainReadings(TypedDict):
+    """How a domain's power was read (replay/power.py ``PowerSampler.describe``)."""
+
+    source: str
+    readings: int
+    failed_readings: int
+
+
+class _ReadingsOf(TypedDict, total=False):
+    source: str
+    readings: int
+    failed_readings: int
+
+
+class DomainEnergy(_ReadingsOf):
+    """One domain's energy (``attribute``); with its :class:`DomainReadings` once the run has them."""
+
+    endpoints: list[str]
+    energy_j: float
+    attributed_j: float
+    idle_j: float
+    span_s: float
+
+
+class EnergySummary(TypedDict):
+    """The energy of a replay (replay/power.py ``join_energy``)."""
+
+    energy_j: float
+    attributed_j: float
+    idle_j: float
+    domains: dict[str, DomainEnergy]
+    rule: str
+
+
+class ClientFigures(TypedDict):
+    """The client timed against the no-op server's own clock (ms where it says so)."""
+
+    requests: int
+    ok: int
+    trace_rate_rps: float | None
+    send_rate_rps: float | None
+    send_lateness_ms: LagFigures
+    ttft_inflation_ms: LagFigures
+
+
+class SelfCheck(ClientFigures):
+    """run.json ``summary.client.self_check``: the figures, over how many seconds of the trace, and whether the
+    client was late beyond the threshold."""
+
+    seconds: float
+    dispatch_lag_ms: LagFigures
+    flagged: bool
+
+
+class _ServerCompared(TypedDict, total=False):
+    """Where the server's count was read at least twice: sent against received, and how far behind it was."""
+
+    sent: int
+    received: int
+    lag_s: float
+    behind_at_s: float | None
+
+
+class EndpointCheck(_ServerCompared):
+    """One endpoint's part of :class:`ServerCheck`."""
+
+    readings: int
+    unreadable: int
+    available: bool
+
+
+class ServerCheck(TypedDict):
+    """run.json ``summary.client.server_check`` (replay/witness.py ``server_check``)."""
+
+    lag_limit_s: float
+    endpoints: dict[str, EndpointCheck]
+    available: bool
+    lag_s: float | None
+    flagged: bool
+
+
+class EnergySection(EnergySummary):
+    """run.json ``summary.energy``: the replay's energy and the sampling interval it was read at."""
+
+    interval_s: float
+
+
 class ClientNotes(TypedDict, total=False):
     """What is added to ``client`` after the run: the self-check on a no-op server, the server's own
     record of what it received (replay/witness.py), the clock and offsets of Ray actors."""
 
-    self_check: dict[str, Any]
-    server_check: dict[str, Any]
-    ray_workers: list[dict[str, Any]]
+    self_check: SelfCheck
+    server_check: ServerCheck
+    ray_workers: list[dict[str, object]]   # one record per actor: rows, place, clock offsets, error
 
 
 class ClientSummary(ClientNotes):
@@ -111,7 +217,7 @@ class ReplaySummary(_ReplayOptional):
     notes: list[str]
     scraped_metrics: list[str]
     prompt_lengths: str
-    prompt_length_check: dict[str, Any] | None
+    prompt_length_check: LengthCheck | None
 
 
 class RouteSummary(TypedDict):
@@ -124,7 +230,7 @@ class RouteSummary(TypedDict):
 
 #: an imported peer result (peer_results/common.py); ``import`` is a keyword, hence the functional form
 ImportSummary = TypedDict("ImportSummary", {"tool": str, "clock": str, "duration_s": float | None,
-                                            "reported": dict[str, Any], "notes": list[str]})
+                                            "reported": dict[str, object], "notes": list[str]})
 
 
 class PrefixCacheFile(TypedDict):
@@ -165,7 +271,7 @@ RunSummary = TypedDict("RunSummary", {
     # ---- the replayer (replay/) ----
     "client": ClientSummary,
     "replay": ReplaySummary,
-    "energy": dict[str, Any],            # measured power joined to the requests (replay/power.py)
+    "energy": EnergySection,             # measured power joined to the requests (replay/power.py)
     # ---- llmlb route, imports, any run with prefix hashes ----
     "route": RouteSummary,
     "import": ImportSummary,

@@ -56,5 +56,4 @@ def replay_summary(statuses: Mapping[str, int], sent: int, first_sent: float | N
             "interrupted": interrupted, "endpoints": [ep.url for ep in pre.endpoints], "models": pre.models,
             "notes": pre.notes, "scraped_metrics": sorted(set(scraped)),
             "prompt_lengths": pre.prompt_lengths,
-            # run_summary.py keeps this section untyped (ReplaySummary.prompt_length_check): a plain dict
-            "prompt_length_check": dict(pre.length_check) if pre.length_check is not None else None}
+            "prompt_length_check": pre.length_check}

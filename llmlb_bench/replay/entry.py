@@ -81,7 +81,7 @@ def _keep_server_check(witness: ServerWitness, run: RunStore, resume: Resume | N
             rows = rows.filter(pc.invert(pc.is_in(rows.column("request_id"), value_set=carried)))
         readings = dict(zip(witness.urls, witness.readings))
         # run_summary.py keeps this section untyped (ClientNotes.server_check); the copy is its plain dict
-        store.summary["client"]["server_check"] = dict(server_check(rows, readings, t0))
+        store.summary["client"]["server_check"] = server_check(rows, readings, t0)
     run.finalizers.append(finalize)
 
 

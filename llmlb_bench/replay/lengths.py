@@ -21,12 +21,13 @@ leading space) is reported before the run rather than discovered after it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable, TypedDict
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 import pyarrow as pa
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.replay.prompts import PIECES, PromptBuilder
+from llmlb_bench.run_summary import LengthCheck
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -37,20 +38,6 @@ Counter = Callable[[list[str]], Awaitable[list[int]]]
 _PROBE = "Hello"
 #: trace rows whose whole prompts are counted before the run
 CHECK_ROWS = 64
-
-
-class WorstPrompt(TypedDict):
-    request_id: int
-    input_tokens: int
-    counted: int
-
-
-class LengthCheck(TypedDict):
-    """Whole prompts counted before a run (:func:`check_lengths`): how many, how many exactly right, the worst."""
-
-    checked: int
-    exact: int
-    worst: WorstPrompt | None
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:

@@ -44,13 +44,14 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
-from typing import Callable, Protocol, Sequence, TypedDict
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from llmlb_bench.errors import UserError
+from llmlb_bench.run_summary import DomainEnergy, DomainReadings, EnergySummary
 from llmlb_bench.schema import REQUESTS, SERIES
 from llmlb_bench.store.parts import read_parts, replace_table
 from llmlb_bench.store.run import REQUESTS_FILE, SERIES_FILE
@@ -59,40 +60,6 @@ from llmlb_bench.store.run import REQUESTS_FILE, SERIES_FILE
 FLEET = "fleet"
 DCGM_ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
 DCGM_POWER = "DCGM_FI_DEV_POWER_USAGE"
-
-
-class DomainReadings(TypedDict):
-    """How a domain's power was read (``PowerSampler.describe``)."""
-
-    source: str
-    readings: int
-    failed_readings: int
-
-
-class _ReadingsOf(TypedDict, total=False):
-    source: str
-    readings: int
-    failed_readings: int
-
-
-class DomainEnergy(_ReadingsOf):
-    """One domain's energy (``attribute``); with its :class:`DomainReadings` once the run has them."""
-
-    endpoints: list[str]
-    energy_j: float
-    attributed_j: float
-    idle_j: float
-    span_s: float
-
-
-class EnergySummary(TypedDict):
-    """The energy of a replay (``join_energy``), as run.json ``summary.energy`` holds it."""
-
-    energy_j: float
-    attributed_j: float
-    idle_j: float
-    domains: dict[str, DomainEnergy]
-    rule: str
 
 
 @dataclass

@@ -25,7 +25,8 @@ from llmlb_bench import __version__
 from llmlb_bench.errors import UserError
 from llmlb_bench.redact import add_secret
 from llmlb_bench.replay.http import Endpoint, Pool, parse_endpoint, simple_request
-from llmlb_bench.replay.lengths import Counter, LengthCheck, check_note, exact_lengths, load_tokenizer, local_counter
+from llmlb_bench.replay.lengths import Counter, check_note, exact_lengths, load_tokenizer, local_counter
+from llmlb_bench.run_summary import LengthCheck
 from llmlb_bench.replay.options import ReplayOptions
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ import tempfile
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, TypedDict
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from llmlb_bench.replay.options import ReplayOptions
-from llmlb_bench.run_summary import LagFigures
+from llmlb_bench.run_summary import ClientFigures, LagFigures, SelfCheck
 
 
 @contextmanager
@@ -60,26 +60,6 @@ def server_records(url: str) -> dict[str, list[float]]:
     with urllib.request.urlopen(f"{url}/stats", timeout=10) as resp:
         records: dict[str, list[float]] = json.loads(resp.read())
         return records
-
-
-class ClientFigures(TypedDict):
-    """The client timed against the no-op server's own clock (ms where it says so)."""
-
-    requests: int
-    ok: int
-    trace_rate_rps: float | None
-    send_rate_rps: float | None
-    send_lateness_ms: LagFigures
-    ttft_inflation_ms: LagFigures
-
-
-class SelfCheck(ClientFigures):
-    """run.json ``summary.client.self_check``: the figures, over how many seconds of the trace, and whether the
-    client was late beyond the threshold."""
-
-    seconds: float
-    dispatch_lag_ms: LagFigures
-    flagged: bool
 
 
 def _pct(values: np.ndarray) -> LagFigures:

@@ -27,13 +27,13 @@ import http.client
 import threading
 import urllib.parse
 from time import perf_counter
-from typing import TypedDict
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from llmlb_bench.replay.scrape import metric_lines
+from llmlb_bench.run_summary import EndpointCheck, ServerCheck
 
 #: the no-op server's count of completion requests read
 RECEIVED_TOTAL = "llmlb:requests_received_total"
@@ -120,31 +120,6 @@ class ServerWitness:
         count = received_count(body.decode("utf-8", "replace")) if resp.status == 200 else None
         self._no_count[i] = count is None
         return count
-
-
-class _Compared(TypedDict, total=False):
-    """Where the server's count was read at least twice: sent against received, and how far behind it was."""
-
-    sent: int
-    received: int
-    lag_s: float
-    behind_at_s: float | None
-
-
-class EndpointCheck(_Compared):
-    readings: int
-    unreadable: int
-    available: bool
-
-
-class ServerCheck(TypedDict):
-    """run.json ``summary.client.server_check`` (see :func:`server_check`)."""
-
-    lag_limit_s: float
-    endpoints: dict[str, EndpointCheck]
-    available: bool
-    lag_s: float | None
-    flagged: bool
 
 
 def server_check(rows: pa.Table, readings: dict[str, list[tuple[float, float | None]]], t0: float,
