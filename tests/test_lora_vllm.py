@@ -9,6 +9,7 @@ is set and skip elsewhere."""
 from __future__ import annotations
 
 import json
+import math
 import urllib.request
 
 import pyarrow as pa
@@ -58,10 +59,25 @@ def test_adapters_are_listed_as_models_with_their_base_as_parent(engine):
     assert listed == {"tiny": None, "a1": "tiny", "a2": "tiny", "a3": "tiny"}
 
 
+def _paced(engine, tmp_path) -> tuple[float, int]:
+    """When a3 arrives and how long a1 and a2 decode, from this engine's own pace on this machine: a lone
+    a1 request's first token and token gap. a3 comes once a1 and a2 have surely started and the scraper
+    (every 0.1 s) has read them (0.5 s on a quiet machine), and they decode four times that long again.
+    WHY: at fixed times, a machine slow enough had not admitted a2 by a3's arrival."""
+    _, rows, _ = run_replay(trace([0.0], 40, [16], adapter=pa.array(["a1"])), [engine], tmp_path / "pace",
+                            _Watching(), ReplayOptions())
+    (r,) = rows
+    ttft = r["first_token_s"] - r["sent_s"]
+    gap = (r["last_token_s"] - r["first_token_s"]) / (r["output_tokens"] - 1)
+    arrive = max(0.5, 5 * ttft + 3 * 0.1)
+    return arrive, min(4000, max(400, math.ceil(4 * arrive / gap)))
+
+
 def test_a_third_adapter_waits_for_a_slot_while_two_decode(engine, tmp_path):
-    # a1 and a2 decode 400 tokens each from t = 0; at 0.5 s come a3 and a base-model request
+    # a1 and a2 decode from t = 0; later (0.5 s, or what this machine's pace needs) come a3 and a base-model request
     adapters = ["a1", "a2", "a3", None]
-    table = trace([0.0, 0.0, 0.5, 0.5], 40, [400, 400, 8, 8], adapter=pa.array(adapters))
+    arrive, out = _paced(engine, tmp_path)
+    table = trace([0.0, 0.0, arrive, arrive], 40, [out, out, 8, 8], adapter=pa.array(adapters))
     policy = _Watching()
     summary, rows, _ = run_replay(table, [engine], tmp_path, policy, ReplayOptions(scrape_s=0.1))
     assert summary["statuses"] == {"ok": 4}, [r["error"] for r in rows]

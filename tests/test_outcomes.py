@@ -15,7 +15,7 @@ from llmlb_bench.replay.options import ReplayOptions
 from llmlb_bench.schema import TRACE
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
-from llmlb_bench.trace_schedule import TraceSchedule
+from llmlb_bench.replay import runner
 from llmlb_bench.trace_run import NOT_RELEASED
 from tests.conftest import make_trace
 from tests.replay_helpers import run_replay, servers  # noqa: F401  (fixture)
@@ -145,6 +145,39 @@ class HoldOddRejectSome(Policy):
         return HOLD if req.request_id % 2 else REJECT if req.request_id == 2 else 0
 
 
+def _noting_ends(seen: dict[int, float]):
+    """A stand-in for the replayer's ``TraceRun`` that notes, per row, the time the replayer ended it
+    (``seen``): an answered row's through ``ended``, a refused one's through the clock read right after
+    its row was written (``TraceRun._refused``). WHY not a patch of ``TraceSchedule.ended``: compiled
+    (compiled_core.py), TraceRun calls it natively and a patch of the class is never seen; the callbacks
+    and the calls made from the replayer's own (interpreted) code always are."""
+    real = runner.TraceRun
+
+    class Noting:
+        def __init__(self, *args, write, clock, **kwargs) -> None:
+            refused: list[int] = []
+
+            def noted_write(row, route, status, error):
+                if status == "rejected":
+                    refused.append(row)
+                return write(row, route, status, error)
+
+            def noted_clock() -> float:
+                t = clock()
+                while refused:
+                    seen[refused.pop()] = t
+                return t
+            self._core = real(*args, write=noted_write, clock=noted_clock, **kwargs)
+
+        def ended(self, row, target, route, t, drain=True):
+            seen[row] = t
+            return self._core.ended(row, target, route, t, drain)
+
+        def __getattr__(self, name):
+            return getattr(self._core, name)
+    return Noting
+
+
 def _both_backends(tmp_path, noop_url: str, tr, policy, users: int | None = None,
                    ends: dict[int, float] | None = None) -> tuple[dict, dict]:
     """The trace through the simulator and the replayer (against the no-op server) under fresh copies
@@ -154,12 +187,7 @@ def _both_backends(tmp_path, noop_url: str, tr, policy, users: int | None = None
     with RunStore(tmp_path, config={}, backend="sim", run_id="sim") as run:
         simulate(tr, ClusterConfig.build(replicas=1), policy(), run, users=users, think_s=0.01)
     seen = {} if ends is None else ends
-    ended = TraceSchedule.ended
-
-    def noting(schedule: TraceSchedule, row: int, end: float) -> list[int]:
-        seen[row] = end
-        return ended(schedule, row, end)
-    with mock.patch.object(TraceSchedule, "ended", noting):
+    with mock.patch.object(runner, "TraceRun", _noting_ends(seen)):
         run_replay(tr, [noop_url], tmp_path, policy(), ReplayOptions(users=users, think_s=0.01), run_id="replay")
     sim, rep = _rows(tmp_path / "sim"), _rows(tmp_path / "replay")
     assert set(sim) == set(rep) and len(sim) == tr.num_rows           # every trace row has one row in each
