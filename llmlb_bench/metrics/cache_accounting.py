@@ -45,13 +45,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Mapping, cast
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from llmlb_bench.metrics.run_figures import PrefixCacheFigures
+from llmlb_bench.metrics.run_figures import CacheBuckets, CacheTokens, PrefixCacheFigures
 from llmlb_bench.schema import CACHE_ACCOUNTING, META_BLOCK_SIZE, REQUESTS, TableSpec, open_parquet, trace_block_size
 from llmlb_bench.store.parts import replace_table, table_files
 from llmlb_bench.store.run import ACCOUNTING_FILE, REQUESTS_FILE
@@ -455,12 +455,8 @@ def accounting_summary(cat: Catalog) -> dict[str, PrefixCacheFigures]:
     sums = ",\n       ".join(f"sum(a.{b}_tokens)::BIGINT AS {b}" for b in BUCKETS)
     out: dict[str, PrefixCacheFigures] = {}
     for r in cat.query(_SUMMARY_SQL.format(sums=sums)).to_pylist():
-        total = r["prompt_tokens"] or 0
-        # keyed by BUCKETS, which mypy cannot follow: the cast names the shape, the report's shape check
-        # (tests/test_cache_accounting.py) checks every key
-        out[r["run_id"]] = cast(PrefixCacheFigures, {
-            **{b: (r[b] / total if total else None) for b in BUCKETS},
-            "tokens": {"prompt": total, **{b: r[b] for b in BUCKETS}}, "predicted": None})
+        tokens = _tokens(r)
+        out[r["run_id"]] = {**_shares(tokens), "tokens": tokens, "predicted": None}
     if out:
         for r in cat.query(_PREDICTED_SQL).to_pylist():
             if r["run_id"] in out and r["prompt_tokens"]:
@@ -470,3 +466,25 @@ def accounting_summary(cat: Catalog) -> dict[str, PrefixCacheFigures]:
                     "hit_rate_delivered": r["delivered"] / total, "over": r["over"] / total,
                     "under": r["under"] / total}
     return out
+
+
+def _tokens(r: Mapping[str, Any]) -> CacheTokens:
+    """A row of ``_SUMMARY_SQL`` (a DuckDB row: values of any type to mypy) as the run's prompt tokens
+    and each bucket's (:data:`BUCKETS`) tokens."""
+    return {"prompt": r["prompt_tokens"] or 0, "offered": r["offered"], "reachable": r["reachable"],
+            "achieved": r["achieved"], "granularity": r["granularity"], "failed": r["failed"],
+            "routing": r["routing"], "in_flight": r["in_flight"], "eviction": r["eviction"], "stale": r["stale"],
+            "unmeasured": r["unmeasured"], "beyond": r["beyond"]}
+
+
+def _shares(t: CacheTokens) -> CacheBuckets:
+    """Each bucket as a share of the run's prompt tokens (None: no prompt tokens)."""
+    total = t["prompt"]
+
+    def share(n: int | None) -> float | None:
+        return n / total if total and n is not None else None
+
+    return {"offered": share(t["offered"]), "reachable": share(t["reachable"]), "achieved": share(t["achieved"]),
+            "granularity": share(t["granularity"]), "failed": share(t["failed"]), "routing": share(t["routing"]),
+            "in_flight": share(t["in_flight"]), "eviction": share(t["eviction"]), "stale": share(t["stale"]),
+            "unmeasured": share(t["unmeasured"]), "beyond": share(t["beyond"])}

@@ -29,22 +29,24 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, cast
+from typing import Iterable, Literal
 
 import numpy as np
 
-from llmlb_bench.metrics.run_figures import Distribution
+from llmlb_bench.metrics.run_figures import Distribution, PercentileKey, Percentiles
 
-PERCENTILES: tuple[float, ...] = (50.0, 90.0, 95.0, 99.0, 99.9)
+#: the percentiles a distribution can carry, each with its key
+PERCENTILE_KEYS: dict[float, PercentileKey] = {50.0: "p50", 90.0: "p90", 95.0: "p95", 99.0: "p99", 99.9: "p99.9"}
+PERCENTILES: tuple[float, ...] = tuple(PERCENTILE_KEYS)
 #: Where a CDF is sampled for plots: 0.5% steps to 95%, then finer to 99.9% (the tail is where policies differ).
 CDF_PROBABILITIES: tuple[float, ...] = tuple(
     float(p) for p in np.unique(np.r_[np.linspace(0.0, 0.95, 191), 1 - np.geomspace(0.05, 0.001, 40)]))
 Method = Literal["linear", "inverse_cdf"]
 
 
-def pkey(p: float) -> str:
-    """Dictionary key of a percentile: ``p50``, ``p99``, ``p99.9``."""
-    return f"p{p:g}"
+def pkey(p: float) -> PercentileKey:
+    """Dictionary key of a percentile of :data:`PERCENTILES`: ``p50``, ``p99``, ``p99.9``."""
+    return PERCENTILE_KEYS[p]
 
 
 @dataclass(frozen=True)
@@ -157,16 +159,15 @@ def describe(sample: Sample | None, method: Method, *, seed: int, key: tuple[str
     """``{n, mean, p50, ..., ci: {p50: [lo, hi], ...}}`` for one run's figure (all None when empty);
     with ``cdf``, also ``cdf``: the sample's quantiles at :data:`CDF_PROBABILITIES` (for plots)."""
     percentiles = tuple(percentiles)
-    # keyed by the percentiles asked for, which mypy cannot follow: the casts name the shape, the report's
-    # shape checks (tests/test_report_formats.py, test_cluster_presets.py) check every key
-    if sample is None:
-        return cast(Distribution, {"n": 0, "mean": None, **{pkey(p): None for p in percentiles}, "ci": None,
-                                   **({"cdf": None} if cdf else {})})
-    out: dict[str, Any] = {"n": sample.n, "mean": sample.mean}
+    values: Percentiles = {}
     for p in percentiles:
-        out[pkey(p)] = percentile(sample, p, method)
-    out["ci"] = ({pkey(p): list(bootstrap_ci(sample, p, method, rng_for(seed, *key, pkey(p)), level=level))
-                  for p in percentiles} if ci else None)
+        values[pkey(p)] = None if sample is None else percentile(sample, p, method)
+    if sample is None:
+        out: Distribution = {"n": 0, "mean": None, **values, "ci": None}
+    else:
+        out = {"n": sample.n, "mean": sample.mean, **values,
+               "ci": ({pkey(p): list(bootstrap_ci(sample, p, method, rng_for(seed, *key, pkey(p)), level=level))
+                       for p in percentiles} if ci else None)}
     if cdf:
-        out["cdf"] = [percentile(sample, 100 * q, method) for q in CDF_PROBABILITIES]
-    return cast(Distribution, out)
+        out["cdf"] = None if sample is None else [percentile(sample, 100 * q, method) for q in CDF_PROBABILITIES]
+    return out

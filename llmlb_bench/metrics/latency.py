@@ -15,7 +15,7 @@ p99, under the same definitions as the run's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping, cast
+from typing import Literal, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -24,16 +24,17 @@ from llmlb_bench.metrics.counts import GROUP_NULL
 from llmlb_bench.metrics.definitions import Figure
 from llmlb_bench.metrics.distribution import Sample, sample_of
 from llmlb_bench.metrics.pacing import Segments
-from llmlb_bench.metrics.run_figures import GroupLatency
+from llmlb_bench.metrics.run_figures import GroupKey, GroupLatency
 from llmlb_bench.metrics.sql import quote
 from llmlb_bench.store.views import Catalog
 
-GROUP_FIGURES = ("ttft", "e2e")
 GROUP_PERCENTILES = (50.0, 99.0)
+#: each group figure's keys at GROUP_PERCENTILES
+GROUP_KEYS: dict[str, tuple[GroupKey, GroupKey]] = {"ttft": ("ttft_p50", "ttft_p99"), "e2e": ("e2e_p50", "e2e_p99")}
 
 @dataclass
 class Latency:
-    """Each run's sample of each figure, and each group's p50/p99 of :data:`GROUP_FIGURES`."""
+    """Each run's sample of each figure, and each group's p50/p99 of the figures of :data:`GROUP_KEYS`."""
 
     samples: dict[tuple[str, str], Sample] = field(default_factory=dict)                # (run_id, figure)
     groups: dict[tuple[str, ...], GroupLatency] = field(default_factory=dict)  # (column, run_id, group)
@@ -80,15 +81,14 @@ def _run(cat: Catalog, run_id: str, figs: Mapping[str, Figure], groups: Mapping[
         s = sample_of(values, _column(table, f"w_{n}") if f.weight != "1" else None)
         if s is not None:
             into.samples[(run_id, n)] = s
-        if n in GROUP_FIGURES:
+        if n in GROUP_KEYS:
             for col, names in groups.items():
                 for i, name in enumerate(names):
                     qs = _group_percentiles(values[codes[col] == i], f.method)
                     if qs is not None:
-                        # keyed by GROUP_FIGURES x GROUP_PERCENTILES, which mypy cannot follow (the report's
-                        # shape check, tests/test_report_formats.py, checks every key)
-                        into.groups.setdefault((col, run_id, name), {}).update(
-                            cast(GroupLatency, {f"{n}_p{p:g}": q for p, q in zip(GROUP_PERCENTILES, qs)}))
+                        group = into.groups.setdefault((col, run_id, name), {})
+                        for k, q in zip(GROUP_KEYS[n], qs):
+                            group[k] = q
     for n, f in figs.items():
         if f.value is None and tokens is not None:
             s = sample_of(*itl_gaps(tokens))

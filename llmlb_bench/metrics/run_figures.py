@@ -10,8 +10,9 @@ Every section other metric modules compute (pacing, speculative decoding, adapte
 energy, serving state, conversations, prefix-cache accounting, steady state, control, per-group figures,
 the figures of one distribution) is declared here too and returned by its module, so the renderers can
 name them without loading the metrics. Where a module builds keys from a tuple (the percentiles a caller
-asks for, the cache buckets, the group percentiles) mypy cannot follow them: the module casts to the
-type, the percentile keys are total=False, and the report's shape checks (tests/shape_check.py) check
+asks for, the cache buckets, the group percentiles) each key is a literal type (:data:`PercentileKey`,
+:data:`GroupKey`, :data:`CacheBucket`), so mypy checks the key the module writes; the percentile keys
+are total=False (a caller asks for some), and the report's shape checks (tests/shape_check.py) check
 every key of what was written.
 """
 
@@ -40,6 +41,9 @@ class Failure(Reason):
 
     status: str
 
+
+#: a percentile's key in a distribution's figures (metrics/distribution.py's pkey)
+PercentileKey = Literal["p50", "p90", "p95", "p99", "p99.9"]
 
 #: the percentiles a distribution's figures can carry (metrics/distribution.py's PERCENTILES, and the
 #: p50 and p99 of the wait), each the one the caller asked for, and its CDF where asked (for plots)
@@ -76,8 +80,12 @@ class WaitFigures(TypedDict):
     flagged: bool               # a replay whose client lag p99 exceeds its threshold
 
 
+#: a group figure's key at a group percentile (metrics/latency.py's GROUP_KEYS)
+GroupKey = Literal["ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99"]
+
+
 class GroupLatency(TypedDict, total=False):
-    """A group's TTFT and E2E percentiles (metrics/latency.py's GROUP_FIGURES x GROUP_PERCENTILES), each
+    """A group's TTFT and E2E percentiles (metrics/latency.py's GROUP_KEYS), each
     where the group has ok requests with that figure."""
 
     ttft_p50: float
