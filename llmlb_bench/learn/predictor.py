@@ -258,10 +258,9 @@ def evaluate(predictor: Predictor, x: np.ndarray, y: np.ndarray, window: int,
     return out
 
 
-def evaluate_trace(predictor: Predictor, table: pa.Table, window: int = 32) -> Mapping[str, Any]:
-    """A predictor's figures on every row of another trace (in arrival order): a
-    :class:`HeldoutScale`, typed loosely while the callers in repro/ read its Kendall tau as a float
-    (it is None for a constant prediction)."""
+def evaluate_trace(predictor: Predictor, table: pa.Table, window: int = 32) -> HeldoutScale:
+    """A predictor's figures on every row of another trace (in arrival order); its Kendall tau is
+    None for a constant prediction."""
     reqs, y, arrival, _ = requests_of(table)
     order = np.argsort(arrival, kind="stable")
     return evaluate(predictor, predictor.encode_many([reqs[i] for i in order]), y[order], window)

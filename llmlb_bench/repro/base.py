@@ -133,6 +133,17 @@ def known(value: float | None, what: str) -> float:
     return value
 
 
+#: how an arm's label and a verdict write a Kendall tau that is undefined: the predictor gave every
+#: request of the evaluated trace the same length (tau-b is 0/0), which orders nothing
+UNDEFINED_TAU = "undefined"
+
+
+def tau_text(tau: float | None) -> str:
+    """A trained predictor's Kendall tau as labels and verdicts print it: two decimals, or
+    :data:`UNDEFINED_TAU` (learn/predictor.py's figures hold None for a constant prediction)."""
+    return UNDEFINED_TAU if tau is None else f"{tau:.2f}"
+
+
 def ratio(a: float | None, b: float | None) -> float:
     """a / b, infinite when b is zero and a is not (a check compares it to a threshold)."""
     if a is None or b is None:

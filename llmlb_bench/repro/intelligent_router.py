@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Mapping
 import pyarrow as pa
 
 from llmlb_bench.metrics.run_figures import RunFigures
-from llmlb_bench.repro.base import Arm, E2E_COLUMNS, Reproduction, Verdict, known, ratio
+from llmlb_bench.repro.base import Arm, E2E_COLUMNS, Reproduction, Verdict, known, ratio, tau_text
 from llmlb_bench.sim import ClusterConfig
 
 if TYPE_CHECKING:
@@ -75,9 +75,10 @@ def _scratch(name: str, doc: Mapping[str, object]) -> str:
     return str(path)
 
 
-def trained(scale: str) -> tuple[str, str, float]:
+def trained(scale: str) -> tuple[str, str, float | None]:
     """The predictor and the policy, each trained on traces of training seeds; their files and
-    the predictor's Kendall tau on the evaluated trace."""
+    the predictor's Kendall tau on the evaluated trace (None where undefined: one prediction for
+    every request)."""
     from llmlb_bench.learn.predictor import evaluate_trace, fit
     from llmlb_bench.learn.train import train_policy, train_seeds
     from llmlb_bench.policies.predictor import Predictor
@@ -92,7 +93,7 @@ def trained(scale: str) -> tuple[str, str, float]:
                           objective="neg_latency", slo=None, identity={"spec": "public-mix", "seeds": seeds[1:]},
                           seed=0, hidden=(8,), fields=FIELDS, generations=generations, population=population,
                           elite=2, predictor=predictor)
-    return predictor, _scratch("policy.json", doc), float(tau)
+    return predictor, _scratch("policy.json", doc), tau
 
 
 def evaluation(scale: str) -> pa.Table:
@@ -109,7 +110,7 @@ def arms(scale: str) -> list[Arm]:
     t = evaluation(scale)
     predictor, policy, tau = trained(scale)
     out = [Arm(p, t, cluster(), p) for p in BASELINES]
-    out.append(Arm(f"least_predicted_work (tau {tau:.2f})", t, cluster(), "least_predicted_work",
+    out.append(Arm(f"least_predicted_work (tau {tau_text(tau)})", t, cluster(), "least_predicted_work",
                    {"predictor": predictor}))
     out.append(Arm("least_predicted_work (oracle tau 1)", t, cluster(), "least_predicted_work", {"tau": 1.0}))
     out.append(Arm("learned + predictor", t, cluster(), "learned", {"path": policy, "predictor": predictor}))

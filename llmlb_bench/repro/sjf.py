@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from llmlb_bench.repro import traces
 from llmlb_bench.metrics.run_figures import RunFigures
-from llmlb_bench.repro.base import Arm, E2E_COLUMNS, Reproduction, Verdict, known, ratio
+from llmlb_bench.repro.base import UNDEFINED_TAU, Arm, E2E_COLUMNS, Reproduction, Verdict, known, ratio, tau_text
 from llmlb_bench.sim import ClusterConfig
 
 REQUESTS = {"small": 500, "full": 800}
@@ -49,9 +49,10 @@ def workload(n: int, seed: int) -> pa.Table:
     return traces.table(arrival, 200, out, kind=pa.array(task).dictionary_encode())
 
 
-def trained_predictor(scale: str, objective: str) -> tuple[str, float]:
+def trained_predictor(scale: str, objective: str) -> tuple[str, float | None]:
     """Fit a predictor on a training trace (seed 2, never the evaluated one) and write it to a
-    scratch file for this process; its path and Kendall tau on the evaluated trace (seed 1)."""
+    scratch file for this process; its path and Kendall tau on the evaluated trace (seed 1), None
+    where it is undefined (one prediction for every request)."""
     from llmlb_bench.learn.predictor import evaluate_trace, fit
     from llmlb_bench.policies.predictor import Predictor
 
@@ -61,7 +62,7 @@ def trained_predictor(scale: str, objective: str) -> tuple[str, float]:
     path = folder / f"{objective}.json"
     path.write_text(json.dumps(doc), encoding="utf-8")
     tau = evaluate_trace(Predictor(doc, path), workload(REQUESTS[scale], 1))["kendall_tau"]
-    return str(path), float(tau)
+    return str(path), tau
 
 
 def arms(scale: str) -> list[Arm]:
@@ -72,7 +73,7 @@ def arms(scale: str) -> list[Arm]:
                                                       scheduler_args={"tau": tau})) for tau in TAUS[scale]]
     for objective in ("regression", "rank"):
         path, tau = trained_predictor(scale, objective)
-        out.append(Arm(f"sjf trained {objective} tau={tau:.2f}", t, ClusterConfig.build(
+        out.append(Arm(f"sjf trained {objective} tau={tau_text(tau)}", t, ClusterConfig.build(
             replicas=1, max_num_seqs=8, scheduler="sjf", scheduler_args={"predictor": path})))
     return out
 
@@ -81,10 +82,11 @@ def _e2e(r: RunFigures) -> float:
     return known(r["e2e"]["mean"], "mean E2E")
 
 
-def _trained(s: dict[str, RunFigures], objective: str) -> tuple[float, float]:
-    """(held-out tau, mean E2E) of the trained predictor's arm."""
+def _trained(s: dict[str, RunFigures], objective: str) -> tuple[float | None, float]:
+    """(held-out tau, None where undefined; mean E2E) of the trained predictor's arm."""
     label = next(k for k in s if k.startswith(f"sjf trained {objective}"))
-    return float(label.split("=")[1]), _e2e(s[label])
+    tau = label.split("=")[1]
+    return None if tau == UNDEFINED_TAU else float(tau), _e2e(s[label])
 
 
 def check(s: dict[str, RunFigures]) -> Verdict:
@@ -99,7 +101,7 @@ def check(s: dict[str, RunFigures]) -> Verdict:
     words = ", ".join(f"tau {t:g}: {v:.1f} s" for t, v in zip(taus, e2e))
     # the oracle tau with the same mean E2E (the oracle curve falls with tau: interpolate it reversed)
     like = {obj: float(np.interp(-v, [-x for x in e2e], taus)) for obj, (_, v) in trained.items()}
-    taught = "; ".join(f"{obj} {v:.1f} s (held-out tau {t:.2f}, the E2E of an oracle of tau {like[obj]:.2f})"
+    taught = "; ".join(f"{obj} {v:.1f} s (held-out tau {tau_text(t)}, the E2E of an oracle of tau {like[obj]:.2f})"
                        for obj, (t, v) in trained.items())
     return Verdict(ok, f"mean E2E FCFS {fcfs:.1f} s; SJF {words}; trained on another seed: {taught} (claim: tau 0 "
                        "within 10% of FCFS, tau 0.9 below 0.6x FCFS, never rising by more than 5% as tau grows; "
