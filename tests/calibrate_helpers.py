@@ -42,5 +42,5 @@ def server_rows(ended: list, runs: list) -> list:
              "last_token_s": live.last_token_s, "cached_tokens": live.cached_tokens,
              "input_tokens": live.sub.prompt_tokens, "server_input_tokens": live.sub.prompt_tokens,
              "token_times": [{"start_s": t, "gap_s": g, "count": c} for t, g, c in live.segments]}
-            for live in mine]))
+            for live in mine], run.at_s))
     return out

@@ -1,6 +1,7 @@
 """The step spread ``llmlb calibrate`` measures (calibrate/dispersion.py): known lognormal jitter
-and planted slow phases are recovered from decode windows; against ``llmlb serve`` running a
-profile with jitter, calibrate gives the jitter back."""
+and planted slow phases are recovered from decode windows; a known drift of the engine's speed
+(an Ornstein-Uhlenbeck log speed, what sim/jitter.py draws) from repeated windows; against
+``llmlb serve`` running a profile with jitter, calibrate gives the jitter back."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from llmlb_bench.calibrate.dispersion import dispersion
+from llmlb_bench.calibrate.dispersion import DriftSample, dispersion, drift, drift_sample
 from llmlb_bench.policies import make_policy
 from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig
@@ -52,6 +53,55 @@ def test_planted_slow_phases_are_found_with_their_rate_length_and_factor():
     assert got["sigma"] == pytest.approx(0.15, rel=0.12)
 
 
+def drifting_windows(rng: np.random.Generator, sigma: float, period_s: float, span_s: float, n: int,
+                     groups: int = 5, steps: int = 48, jitter: float = 0.1) -> list[DriftSample]:
+    """``n`` decode windows at random times over ``span_s``, each repeating one of ``groups`` probes
+    (median steps 4, 8, ... ms), each of ``steps`` lognormal steps (``jitter``) around its probe's
+    step times the engine's speed factor at its time: exp of an Ornstein-Uhlenbeck path of
+    stationary sd ``sigma`` and correlation time ``period_s``, drawn exactly at those times."""
+    times = np.sort(rng.uniform(0.0, span_s, n))
+    x = np.empty(n)
+    x[0] = sigma * rng.standard_normal()
+    for i in range(1, n):
+        a = np.exp(-(times[i] - times[i - 1]) / period_s)
+        x[i] = x[i - 1] * a + sigma * np.sqrt(1 - a * a) * rng.standard_normal()
+    out = []
+    for t, xi, g in zip(times, x, rng.integers(0, groups, n)):
+        sample = drift_sample(f"g{g}", float(t), 0.004 * (1 + g) * np.exp(xi + jitter * rng.standard_normal(steps)))
+        assert sample is not None
+        out.append(sample)
+    return out
+
+
+def test_a_known_drift_is_read_back():
+    """Twenty calibrations' worth of windows (300 each over 200 s; a 0.15 log sd, an 8 s correlation
+    time, steps scattered 0.1 around each window's median): the median over the twenty of the
+    estimated sigma is within 10% of the truth and of the period within a factor 1.5 (one
+    calibration's own estimates scatter more: the period trades off against sigma where the pairs
+    are few, docs/fidelity.md)."""
+    got = [drift(drifting_windows(np.random.default_rng(k), 0.15, 8.0, 200.0, 300)) for k in range(20)]
+    assert float(np.median([g["drift_sigma"] for g in got])) == pytest.approx(0.15, rel=0.10)
+    assert 8.0 / 1.5 <= float(np.median([g["drift_period_s"] for g in got])) <= 8.0 * 1.5
+    assert all(g["drift_windows"] == 300 and 190 < g["drift_span_s"] <= 200 for g in got)
+
+
+def test_without_drift_the_windows_own_noise_is_not_read_as_drift():
+    """The same windows with a constant speed: each median's sampling noise (about 0.018 in log
+    at 48 steps of sigma 0.1) is subtracted, so the drift read is at most a small fraction of it."""
+    got = [drift(drifting_windows(np.random.default_rng(k), 0.0, 1.0, 60.0, 100))["drift_sigma"] for k in range(20)]
+    assert float(np.median(got)) <= 0.005 and max(got) <= 0.02, got
+
+
+def test_drift_needs_repeated_windows():
+    """Windows of probes that never repeat, or fewer than six pairs, measure no drift."""
+    lone = [DriftSample(f"g{k}", float(k), float(k), 0.0) for k in range(10)]
+    assert drift(lone) == {"drift_sigma": 0.0, "drift_period_s": 0.0, "drift_windows": 0, "drift_pairs": 0,
+                           "drift_span_s": 0.0}
+    few = [DriftSample("g", float(k), 0.3 * k, 0.0) for k in range(3)]
+    assert drift(few)["drift_sigma"] == 0.0 and drift(few)["drift_pairs"] == 3
+    assert drift_sample("g", 0.0, np.full(3, 0.01)) is None
+
+
 def test_too_short_windows_measure_nothing():
     assert dispersion([np.full(3, 0.01)])["steps"] == 0
     assert dispersion([])["sigma"] == 0.0
@@ -71,7 +121,7 @@ def test_calibrate_gives_back_the_jitter_llmlb_serve_draws(tmp_path: Path, capsy
     out. The spread measured through HTTP is therefore not held to the profile's here (a loaded
     machine moved it by more than the estimate's error); docs/fidelity.md has figures."""
     from llmlb_bench import calibrate as calibrate_module
-    from llmlb_bench.calibrate.fit import fit, observations
+    from llmlb_bench.calibrate.fit import drift_samples, fit, observations
     from llmlb_bench.calibrate.probes import ProbeRun
 
     step = {"base_s": 0.018, "per_token_s": 1e-4, "per_sample_s": 1e-3, "per_attn_s": 0.0, "per_kv_s": 0.0}
@@ -102,7 +152,7 @@ def test_calibrate_gives_back_the_jitter_llmlb_serve_draws(tmp_path: Path, capsy
     assert got["llmlb_profile"] == 2
     [runs] = seen
     obs, notes, windows = observations(runs, 512)
-    assert got["jitter"] == dispersion(windows)
+    assert got["jitter"] == dispersion(windows, drift_samples(runs))
     assert got["step"] == pytest.approx({k: fit(obs, notes).coefficients[k] for k in step}, rel=1e-9, abs=1e-15)
     obs, notes, windows = observations(server_rows(ended, runs), 512)
     j = dispersion(windows)

@@ -2,7 +2,8 @@
 
 :func:`calibrate` reads the engine's settings (:mod:`.endpoint`), replays the
 probes (:mod:`.probes`), fits the coefficients of the typical step (:mod:`.fit`),
-measures the steps' spread around it (:mod:`.dispersion`) and returns the
+measures the steps' spread around it and the engine's drift over the calibration
+(:mod:`.dispersion`) and returns the
 profile (:mod:`llmlb_bench.sim.profile`) with the fit's residuals in it.
 docs/fidelity.md says what the profile predicts, and how well.
 """
@@ -18,8 +19,8 @@ from typing import Any, Mapping, Sequence
 from llmlb_bench import __version__
 from llmlb_bench.calibrate.dispersion import dispersion
 from llmlb_bench.calibrate.endpoint import EngineInfo, discover
-from llmlb_bench.calibrate.fit import Fit, fit, observations
-from llmlb_bench.calibrate.probes import ProbePlan, Prober, plan
+from llmlb_bench.calibrate.fit import Fit, drift_samples, fit, observations
+from llmlb_bench.calibrate.probes import DRIFT_PROBES, ProbePlan, Prober, plan
 from llmlb_bench.replay import ReplayOptions, preflight
 from llmlb_bench.sim.profile import PROFILE_VERSION, STEP_TERMS, EngineProfile
 
@@ -37,21 +38,23 @@ class Calibration:
 def calibrate(url: str, given: Mapping[str, int | None], *, options: ReplayOptions | None = None,
               max_prompt: int | None = None, batches: Sequence[int] | None = None,
               contexts: Sequence[int] | None = None, decode_tokens: int = 48, repeats: int = 3,
-              results: Path | None = None, seed: int = 0, interference: bool = True) -> Calibration:
+              results: Path | None = None, seed: int = 0, interference: bool = True,
+              drift_probes: int = DRIFT_PROBES) -> Calibration:
     """Probe ``url`` and fit its profile. ``given``: engine settings from flags (None = ask the
     engine); probe runs go to ``results`` (a scratch folder when None); ``interference``: send the
-    probe that measures ``frontend_cpu_s`` (else it is 0)."""
+    probe that measures ``frontend_cpu_s`` (else it is 0); ``drift_probes``: drift reference probes
+    over the calibration (0: none; the drift is then measured from the decode groups' repeats alone)."""
     options = options or ReplayOptions(api="completions")
     info = discover(url, given, options.model)
     options = ReplayOptions(**{**options.__dict__, "model": info.model})
-    p = plan(info.settings, max_prompt, batches, contexts, decode_tokens, repeats, interference)
+    p = plan(info.settings, max_prompt, batches, contexts, decode_tokens, repeats, interference, drift_probes)
     pre = preflight([url], options)
     with tempfile.TemporaryDirectory(prefix="llmlb-calibrate-") as tmp:
         root = Path(results) if results is not None else Path(tmp)
         runs = Prober(url, pre, options, root, seed).all(p)
     obs, notes, windows = observations(runs, info.settings["max_num_batched_tokens"])
     result = fit(obs, notes)
-    spread = dispersion(windows)
+    spread = dispersion(windows, drift_samples(runs))
     profile = {
         "llmlb_profile": PROFILE_VERSION,
         "source": {"endpoint": info.url, "engine": info.kind, "model": info.model,

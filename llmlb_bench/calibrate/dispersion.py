@@ -20,11 +20,33 @@ Each window is read from one request (all of a window's requests see the same
 engine steps, so more would count every phase several times). What windows of a
 few tenths of a second cannot show: phases longer than a window (they move the
 window's median instead) and phases between the windows; docs/fidelity.md says so.
+
+**Drift** is what moves the windows' medians: the engine's speed over seconds
+to minutes (on vLLM's CPU build base steps of 3.1-3.7 ms, once 6.1 ms, between
+calibrations minutes apart). Windows that repeat one probe (a decode group's
+``--repeats``, and the reference probe sent all through the calibration) have
+the same model step, so the differences of their log median steps are the
+engine's drift between their times, plus each median's own sampling noise,
+which the window's steps say: pi/2 x (its steps' robust log sd)^2 / its steps.
+Over the pairs of windows of each group, with lag d between them, the
+squared difference of the log medians is on average
+
+    2 drift_sigma^2 (1 - exp(-d / drift_period_s)) + the two windows' noise
+
+for a log speed that is an Ornstein-Uhlenbeck process (what sim/jitter.py
+draws); :func:`drift` fits ``drift_sigma`` (least squares, closed form for
+each period) and ``drift_period_s`` (a grid from a tenth of the shortest lag
+to the longest: a period longer than the calibration cannot be told from
+one as long, with a smaller sigma; the table's ``drift_span_s`` says how
+long the calibration looked). No assumption of the step model enters: only
+repeats of one probe are compared.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from itertools import combinations
 from typing import Sequence, TypedDict
 
 import numpy as np
@@ -33,10 +55,73 @@ import numpy as np
 SLOW_RATIO = 1.5
 #: fewest steps a window needs to count (its median must mean something)
 MIN_STEPS = 8
+#: fewest pairs of repeated windows a drift estimate needs
+MIN_DRIFT_PAIRS = 6
+#: drift periods tried between a tenth of the shortest lag and the longest (log-spaced)
+DRIFT_GRID = 97
 
 
-class Jitter(TypedDict):
-    """The profile's ``jitter`` table (sim/jitter.py reads the first four) and the counts it rests on."""
+@dataclass(frozen=True)
+class DriftSample:
+    """One decode window's typical step at one time (see the module docstring)."""
+
+    group: str          # the probe it repeats: windows of one group have the same model step
+    at_s: float         # when, on the calibration's clock (the window's middle)
+    log_step: float     # log of the window's median inter-token gap
+    noise_var: float    # the sampling variance of ``log_step``, from the window's own steps
+
+
+def drift_sample(group: str, at_s: float, gaps: np.ndarray) -> DriftSample | None:
+    """A window's drift sample; None when it is too short or has no positive median."""
+    if gaps.size < MIN_STEPS or not np.median(gaps) > 0:
+        return None
+    logs = np.log(np.maximum(gaps, 1e-9))
+    med = float(np.median(logs))
+    s = 1.4826 * float(np.median(np.abs(logs - med)))
+    return DriftSample(group, at_s, math.log(float(np.median(gaps))), math.pi / 2 * s * s / gaps.size)
+
+
+class Drift(TypedDict):
+    """The drift's part of the ``jitter`` table (sim/jitter.py reads the first two)."""
+
+    drift_sigma: float
+    drift_period_s: float
+    drift_windows: int
+    drift_pairs: int
+    drift_span_s: float
+
+
+def drift(samples: Sequence[DriftSample]) -> Drift:
+    """The engine's speed drift from repeated windows (see the module docstring); zeros when fewer
+    than MIN_DRIFT_PAIRS pairs repeat a probe or the pairs differ by no more than their noise."""
+    groups: dict[str, list[DriftSample]] = {}
+    for x in samples:
+        groups.setdefault(x.group, []).append(x)
+    pairs = [(abs(a.at_s - b.at_s), (a.log_step - b.log_step) ** 2 - a.noise_var - b.noise_var)
+             for g in groups.values() for a, b in combinations(g, 2)]
+    lags = np.array([p[0] for p in pairs])
+    excess = np.array([p[1] for p in pairs])
+    used = sum(len(g) for g in groups.values() if len(g) > 1)
+    none: Drift = {"drift_sigma": 0.0, "drift_period_s": 0.0, "drift_windows": used, "drift_pairs": len(pairs),
+                   "drift_span_s": round(float(lags.max()), 2) if pairs else 0.0}
+    if len(pairs) < MIN_DRIFT_PAIRS or not np.any(lags > 0):
+        return none
+    best = (math.inf, 0.0, 0.0)
+    for period in np.geomspace(0.1 * float(lags[lags > 0].min()), float(lags.max()), DRIFT_GRID):
+        g = 2.0 * -np.expm1(-lags / period)
+        var = max(0.0, float(g @ excess) / float(g @ g))
+        sse = float(np.sum((excess - var * g) ** 2))
+        if sse < best[0]:
+            best = (sse, var, float(period))
+    _, var, period = best
+    if not var > 0:
+        return none
+    return {**none, "drift_sigma": round(math.sqrt(var), 4), "drift_period_s": round(period, 3)}
+
+
+class Steps(TypedDict):
+    """The per-step part of the ``jitter`` table (sim/jitter.py reads the first four) and the counts it
+    rests on."""
 
     sigma: float
     slow_rate_hz: float
@@ -47,9 +132,19 @@ class Jitter(TypedDict):
     slow_phases: int
 
 
-def dispersion(windows: Sequence[np.ndarray]) -> Jitter:
-    """The profile's ``jitter`` table from decode windows' inter-token gaps (seconds, in order),
-    with the counts it rests on (see the module docstring)."""
+class Jitter(Steps, Drift):
+    """The profile's ``jitter`` table: the steps' spread and the engine's drift."""
+
+
+def dispersion(windows: Sequence[np.ndarray], samples: Sequence[DriftSample] = ()) -> Jitter:
+    """The profile's ``jitter`` table from decode windows' inter-token gaps (seconds, in order)
+    and the drift samples of repeated windows, with the counts it rests on (see the module
+    docstring)."""
+    return {**steps(windows), **drift(samples)}
+
+
+def steps(windows: Sequence[np.ndarray]) -> Steps:
+    """The per-step part of the ``jitter`` table (see the module docstring)."""
     ratios = [w / np.median(w) for w in windows if w.size >= MIN_STEPS and np.median(w) > 0]
     if not ratios:
         return {"sigma": 0.0, "slow_rate_hz": 0.0, "slow_mean_s": 0.0, "slow_factor": 1.0, "steps": 0,

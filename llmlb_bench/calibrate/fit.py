@@ -41,6 +41,7 @@ from typing import Any, Sequence, TypedDict
 
 import numpy as np
 
+from llmlb_bench.calibrate.dispersion import DriftSample, drift_sample
 from llmlb_bench.calibrate.probes import ARRIVAL_EVERY_STEPS, ProbeRun, token_times
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim.profile import STEP_TERMS
@@ -172,24 +173,45 @@ def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observatio
                                  "with arrivals in it (raise --decode-tokens)")
                 else:
                     obs.append(o)
-        else:
+        else:       # decode groups, and the drift reference (its windows count for the spread, not the fit)
             if len(ok) < run.params["batch"]:
                 continue
             win = decode_window(ok)
             if win is None:
-                notes.append(f"decode batch {run.params['batch']} at {run.params['context']} tokens: fewer than "
+                notes.append(f"{run.kind} batch {run.params['batch']} at {run.params['context']} tokens: fewer than "
                              f"{MIN_WINDOW_STEPS} steps with the whole batch decoding (raise --decode-tokens)")
                 continue
             gaps, context, _, _ = win
             b = len(ok)
-            f = np.array([1.0, b, b, context, context, 0.0, 0.0, 0.0])
-            obs.append(Observation("decode", f"batch {b}, context {run.params['context']}", f,
-                                   float(np.median(np.concatenate(gaps)))))
+            if run.kind == "decode":
+                f = np.array([1.0, b, b, context, context, 0.0, 0.0, 0.0])
+                obs.append(Observation("decode", f"batch {b}, context {run.params['context']}", f,
+                                       float(np.median(np.concatenate(gaps)))))
             windows.append(max(gaps, key=len))
     if no_cached:
         notes.append("the engine reports no prompt_tokens_details.cached_tokens (vLLM: "
                      "--enable-prompt-tokens-details): repeated prompts left out of the fit")
     return median_of_repeats(obs), notes, windows
+
+
+def drift_samples(runs: Sequence[ProbeRun]) -> list[DriftSample]:
+    """One drift sample (calibrate/dispersion.py) per decode group and drift reference window, in the
+    group of the probe it repeats (kind, batch, context), at the window's middle on the calibration's
+    clock, from the same request's gaps as the spread's window."""
+    out: list[DriftSample] = []
+    for run in runs:
+        if run.kind not in ("decode", "drift"):
+            continue
+        ok = [r for r in run.rows if r["status"] == "ok" and r["first_token_s"] is not None]
+        win = decode_window(ok) if ok and len(ok) >= run.params["batch"] else None
+        if win is None:
+            continue
+        gaps, _, t0, t1 = win
+        at = run.at_s + (t0 + t1) / 2 - min(r["sent_s"] for r in ok)
+        sample = drift_sample(f"{run.kind} {run.params['batch']}x{run.params['context']}", at, max(gaps, key=len))
+        if sample is not None:
+            out.append(sample)
+    return out
 
 
 def decode_window(rows: Sequence[dict[str, Any]]) -> tuple[list[np.ndarray], float, float, float] | None:

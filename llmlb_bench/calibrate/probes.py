@@ -23,7 +23,16 @@ of the step-time model (:mod:`llmlb_bench.calibrate.fit`):
   window and measures the window's mean step less its median (the step-time
   jitter's share, which the fit's median step model leaves out). What the
   arrivals cost the batch beyond their own prefill steps is the frontend's CPU
-  time taken from the engine (``frontend_cpu_s``, sim/profile.py).
+  time taken from the engine (``frontend_cpu_s``, sim/profile.py);
+* **drift**: one small decode probe (``DRIFT_BATCH`` requests, the decode
+  probes' output length) sent before the first probe, after the last, and at
+  even intervals between the others: a fixed reference whose typical step
+  moves only with the engine's own speed, over the calibration's whole span
+  (calibrate/dispersion.py measures the drift from it and from the decode
+  groups' repeats; it is not part of the step fit).
+
+Every probe run records when it started (``ProbeRun.at_s``, seconds on the
+calibration's clock), so that repeats of one probe can be compared over time.
 
 Prompts never repeat across probes (fresh salted hashes and request ids), so
 only the cache probe's second requests can hit the prefix cache.
@@ -32,9 +41,11 @@ only the cache probe's second requests can hit the prefix cache.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Any, Mapping, Sequence, TypedDict
+from typing import Any, Callable, Mapping, Sequence, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +66,11 @@ INTERFERENCE_BATCH = 8
 INTERFERENCE_TOKENS_PER_DECODE = 4
 #: the decoding requests' prompt length
 INTERFERENCE_CONTEXT = 16
+#: the drift reference probe's requests decoding at once (at most max_num_seqs) and prompt length
+DRIFT_BATCH = 4
+DRIFT_CONTEXT = 16
+#: the drift reference probes sent over a calibration (first and last probe included; --drift-probes)
+DRIFT_PROBES = 10
 
 
 @dataclass(frozen=True)
@@ -71,10 +87,12 @@ class ProbePlan:
     interference_batch: int = 0              # interference probe: requests decoding (0: no probe)
     interference_prompt: int = 0             # its arrivals' prompt length
     interference_tokens: int = 0             # the decoding requests' output length
+    drift_probes: int = 0                    # drift reference probes sent over the calibration (0: none)
+    drift_batch: int = 0                     # each one's requests decoding at once
 
     def requests(self) -> int:
         return ((len(self.prompts) + sum(self.batches) * len(self.contexts) + 2 * len(self.cache_blocks)) * self.repeats
-                + self.interference_requests())
+                + self.interference_requests() + self.drift_probes * self.drift_batch)
 
     def interference_requests(self) -> int:
         """The interference probe's requests: per repeat, a control and a run with arrivals."""
@@ -83,7 +101,8 @@ class ProbePlan:
 
 
 def plan(settings: Mapping[str, int], max_prompt: int | None, batches: Sequence[int] | None,
-         contexts: Sequence[int] | None, decode_tokens: int, repeats: int, interference: bool = True) -> ProbePlan:
+         contexts: Sequence[int] | None, decode_tokens: int, repeats: int, interference: bool = True,
+         drift_probes: int = DRIFT_PROBES) -> ProbePlan:
     """Probe sizes within the engine's model length, seats and KV capacity."""
     bs, seqs, budget = settings["block_size"], settings["max_num_seqs"], settings["max_num_batched_tokens"]
     kv_tokens = settings["num_kv_blocks"] * bs
@@ -111,7 +130,8 @@ def plan(settings: Mapping[str, int], max_prompt: int | None, batches: Sequence[
                      decode_tokens=decode_tokens, cache_blocks=tuple(cache), block_size=bs,
                      interference_batch=max(ib, 0) if interference else 0,
                      interference_prompt=max(8, min(top // 4, budget - ib, limit - 2)),
-                     interference_tokens=INTERFERENCE_TOKENS_PER_DECODE * decode_tokens)
+                     interference_tokens=INTERFERENCE_TOKENS_PER_DECODE * decode_tokens,
+                     drift_probes=drift_probes if drift_probes >= 2 else 0, drift_batch=min(DRIFT_BATCH, seqs))
 
 
 class ProbeParams(TypedDict, total=False):
@@ -133,9 +153,10 @@ class ProbeParams(TypedDict, total=False):
 class ProbeRun:
     """One replayed probe: its kind, parameters and result rows (dicts of the requests table)."""
 
-    kind: str                   # prefill, decode, cache
+    kind: str                   # prefill, decode, cache, interference, drift
     params: ProbeParams
     rows: list[dict[str, Any]]
+    at_s: float = 0.0           # when it started, seconds on the calibration's clock
 
 
 class Prober:
@@ -147,6 +168,9 @@ class Prober:
         self.rng = random.Random(seed)
         self._next_id = self.rng.randrange(1 << 40)
         self._runs = 0
+        self._t0 = time.monotonic()
+        #: when the last replayed probe started (seconds on this prober's clock)
+        self.started_s = 0.0
 
     def _ids(self, n: int) -> np.ndarray:
         ids = np.arange(self._next_id, self._next_id + n, dtype=np.int64)
@@ -162,6 +186,7 @@ class Prober:
         config = {"endpoints": [self.url], "calibrate": kind, "options": options.describe()}
         store = RunStore(self.root, config=config, backend="replay", label=f"calibrate {kind}", run_id=run_id,
                          trace_path=trace_path, trace_rows=table.num_rows)
+        self.started_s = time.monotonic() - self._t0
         with store:
             replay(table, [self.url], make_policy("round_robin", {}), store, options, pre=self.pre)
         import pyarrow.parquet as pq
@@ -174,12 +199,13 @@ class Prober:
         n = len(order)
         table = trace_table(np.zeros(n), order, 1, "probe", request_id=self._ids(n))
         rows = self._replay("prefill", table, replace(self.options, users=1, think_s=0.05), block_size)
-        return ProbeRun("prefill", {"prompts": list(prompts), "repeats": repeats}, rows)
+        return ProbeRun("prefill", {"prompts": list(prompts), "repeats": repeats}, rows, self.started_s)
 
-    def decode(self, batch: int, context: int, tokens: int, block_size: int) -> ProbeRun:
+    def decode(self, batch: int, context: int, tokens: int, block_size: int, kind: str = "decode") -> ProbeRun:
+        """A decode group (``kind`` decode) or the drift reference probe (``kind`` drift)."""
         table = trace_table(np.zeros(batch), context, tokens, "probe", request_id=self._ids(batch))
-        rows = self._replay("decode", table, self.options, block_size)
-        return ProbeRun("decode", {"batch": batch, "context": context, "tokens": tokens}, rows)
+        rows = self._replay(kind, table, self.options, block_size)
+        return ProbeRun(kind, {"batch": batch, "context": context, "tokens": tokens}, rows, self.started_s)
 
     def cache(self, blocks: int, block_size: int) -> ProbeRun:
         hashes = [self.rng.randrange(1, 1 << 63) for _ in range(blocks)]
@@ -187,7 +213,7 @@ class Prober:
         table = trace_table(np.zeros(2), prompt, 1, "probe", request_id=self._ids(2),
                             prefix_hashes=pa.array([hashes, hashes], pa.list_(pa.uint64())))
         rows = self._replay("cache", table, replace(self.options, users=1, think_s=0.05), block_size)
-        return ProbeRun("cache", {"blocks": blocks, "prompt": prompt}, rows)
+        return ProbeRun("cache", {"blocks": blocks, "prompt": prompt}, rows, self.started_s)
 
     def interference(self, p: ProbePlan, pair: int) -> list[ProbeRun]:
         """One control run (``interference_batch`` requests decoding, nothing else) and one with lone
@@ -200,7 +226,7 @@ class Prober:
                              pair=pair, arrivals=0)
         table = trace_table(np.zeros(b), INTERFERENCE_CONTEXT, tokens, "probe", request_id=self._ids(b))
         control = ProbeRun("interference", params,
-                           self._replay("interference", table, self.options, p.block_size))
+                           self._replay("interference", table, self.options, p.block_size), self.started_s)
         ok = [r for r in control.rows if r["status"] == "ok" and r["first_token_s"] is not None]
         if len(ok) < b:
             return [control]
@@ -216,24 +242,35 @@ class Prober:
                             [INTERFERENCE_CONTEXT] * b + [p.interference_prompt] * n, [tokens] * b + [2] * n,
                             "probe", request_id=self._ids(b + n))
         with_arrivals: ProbeParams = {**params, "arrivals": n}
-        loaded = ProbeRun("interference", with_arrivals, self._replay("interference", table, self.options, p.block_size))
+        rows = self._replay("interference", table, self.options, p.block_size)
+        loaded = ProbeRun("interference", with_arrivals, rows, self.started_s)
         return [control, loaded]
 
     def all(self, p: ProbePlan) -> list[ProbeRun]:
         """Every probe of the plan after a warm-up: cache pairs, prefill, then the decode groups
         (cache pairs and decode groups each ``repeats`` times, in random order), then the interference
-        pairs (``repeats`` times)."""
+        pairs (``repeats`` times); the drift reference probe before the first, after the last and at
+        even intervals between them (``drift_probes`` in all)."""
         self.prefill(p.prompts[::2], 1, p.block_size)     # warm-up (first requests after a start are slow), unused
         pairs = list(p.cache_blocks) * p.repeats
         self.rng.shuffle(pairs)
-        runs = [self.cache(k, p.block_size) for k in pairs]
-        runs.append(self.prefill(p.prompts, p.repeats, p.block_size))
         groups = [(b, c) for c in p.contexts for b in p.batches] * p.repeats
         self.rng.shuffle(groups)        # so that a slow spell of a shared machine hits no one size only
-        runs += [self.decode(b, c, p.decode_tokens, p.block_size) for b, c in groups]
+        probes: list[Callable[[], ProbeRun | list[ProbeRun]]] = [partial(self.cache, k, p.block_size) for k in pairs]
+        probes.append(partial(self.prefill, p.prompts, p.repeats, p.block_size))
+        probes += [partial(self.decode, b, c, p.decode_tokens, p.block_size) for b, c in groups]
         if p.interference_batch:
-            for k in range(p.repeats):
-                runs += self.interference(p, k)
+            probes += [partial(self.interference, p, k) for k in range(p.repeats)]
+        # the reference goes before probe i for every i in `at` (spaced evenly), and once after the last
+        at = {round(j * len(probes) / (p.drift_probes - 1)) for j in range(p.drift_probes - 1)} if p.drift_probes else set()
+        runs: list[ProbeRun] = []
+        for i, probe in enumerate(probes):
+            if i in at:
+                runs.append(self.decode(p.drift_batch, DRIFT_CONTEXT, p.decode_tokens, p.block_size, "drift"))
+            got = probe()
+            runs += got if isinstance(got, list) else [got]
+        if p.drift_probes:
+            runs.append(self.decode(p.drift_batch, DRIFT_CONTEXT, p.decode_tokens, p.block_size, "drift"))
         return runs
 
 

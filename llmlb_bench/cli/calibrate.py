@@ -48,6 +48,7 @@ def calibrate(
     results: Annotated[Optional[Path], typer.Option("--results", "-r", help="Keep the probe runs in this folder (default: a scratch folder, deleted).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the probes' prompts and order.")] = 0,
     interference: Annotated[bool, typer.Option("--interference/--no-interference", help="Send the interference probe (lone arrivals during a decode window) that measures frontend_cpu_s, the engine time each arrival's frontend work takes (off: the profile's frontend_cpu_s is 0).")] = True,
+    drift_probes: Annotated[Optional[int], typer.Option("--drift-probes", min=0, help="Times a small reference decode probe is sent over the calibration (first, last and evenly between the others; default 10), to measure how the engine's speed drifts over time (jitter.drift_sigma, drift_period_s); 0: none, the drift then rests on the decode groups' repeats alone.")] = None,
 ) -> None:
     """Fit the simulator's step-time model to ENDPOINT: prefill probes of growing prompt length, concurrent decodes at growing batch and context, and repeated prefixes; print the fit and its residuals and write the profile.
 
@@ -70,7 +71,7 @@ def calibrate(
     cal = run_calibration(endpoint, given, options=options, max_prompt=max_prompt,
                           batches=_ints(batches, "--batches"), contexts=_ints(contexts, "--contexts"),
                           decode_tokens=decode_tokens, repeats=repeats, results=results, seed=seed,
-                          interference=interference)
+                          interference=interference, **({} if drift_probes is None else {"drift_probes": drift_probes}))
     info = cal.engine
     console.print(f"[bold]{info.kind}[/] at {info.url}, model {info.model}: " + ", ".join(
         f"{k} {v} ({info.sources[k]})" for k, v in info.settings.items()), highlight=False, soft_wrap=True)
@@ -96,6 +97,9 @@ def calibrate(
                   f"{j['sigma']:.3f}; {j['slow_phases']} slow phases"
                   + (f" ({j['slow_rate_hz']:.3g} per second, {1e3 * j['slow_mean_s']:.1f} ms long, "
                      f"x{j['slow_factor']:.2f})" if j["slow_phases"] else ""), highlight=False)
+    console.print(f"engine speed drift over {j['drift_span_s']:.0f} s ({j['drift_windows']} repeated windows): "
+                  + (f"log sd {j['drift_sigma']:.3f}, correlation time {j['drift_period_s']:.3g} s"
+                     if j["drift_sigma"] else "none beyond the windows' own noise"), highlight=False)
     for note in cal.fit.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     if info.assumed:

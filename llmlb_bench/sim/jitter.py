@@ -16,14 +16,25 @@ table:
 * ``slow_rate_hz``, ``slow_mean_s``, ``slow_factor``: slow phases start at
   rate ``slow_rate_hz`` per second of time outside them, last an exponential
   time of mean ``slow_mean_s``, and every step that starts inside one is
-  ``slow_factor`` times longer (on top of its lognormal factor).
+  ``slow_factor`` times longer (on top of its lognormal factor);
+* ``drift_sigma``, ``drift_period_s``: the engine's speed itself wanders, more
+  slowly than a step or a slow phase: the log of a factor common to all of a
+  replica's steps is an Ornstein-Uhlenbeck process with stationary standard
+  deviation ``drift_sigma`` and correlation time ``drift_period_s`` (the
+  correlation of the log factor at two times ``d`` apart is
+  ``exp(-d / drift_period_s)``), started from its stationary law (a normal
+  of mean 0, so the median engine stays the model's). On a CPU replica whose
+  frontend shares the model's core this is what makes whole replays of one
+  trace differ by 20-40%; a GPU host measures it small (docs/fidelity.md).
 
 The draws are per replica, from a stream of their own derived from the run's
 seed and the replica's index (``numpy.random.SeedSequence``), so a run is
 reproducible, and turning jitter on or off moves no other random draw (the
 engine schedulers', speculative acceptance, failures). A replica with jitter
 plans every decode step as its own event (sim/replica.py): a run of equal
-steps is exactly what jitter removes.
+steps is exactly what jitter removes. The drift has a stream of its own
+besides (same seed and replica, another tag), so a profile without drift, or
+with ``drift_sigma`` 0, draws exactly what it drew before the drift existed.
 """
 
 from __future__ import annotations
@@ -38,10 +49,12 @@ from llmlb_bench.errors import UserError
 
 #: the jitter stream's tag in the seed sequence (keeps it apart from every other stream of the run)
 _STREAM = 0x6A697474
+#: the drift stream's tag (its own stream: drift on or off moves none of the per-step draws)
+_DRIFT_STREAM = 0x64726966
 #: normal draws fetched at a time (a NumPy call per step would cost more than the step's bookkeeping)
 _BLOCK = 4096
 #: the profile's jitter fields
-FIELDS = ("sigma", "slow_rate_hz", "slow_mean_s", "slow_factor")
+FIELDS = ("sigma", "slow_rate_hz", "slow_mean_s", "slow_factor", "drift_sigma", "drift_period_s")
 
 
 @dataclass(frozen=True)
@@ -52,11 +65,14 @@ class JitterSpec:
     slow_rate_hz: float = 0.0
     slow_mean_s: float = 0.0
     slow_factor: float = 1.0
+    drift_sigma: float = 0.0
+    drift_period_s: float = 0.0
 
     @classmethod
     def from_dict(cls, d: object, where: str = "profile.jitter") -> "JitterSpec":
         if not isinstance(d, Mapping):
-            raise UserError("must be a table of sigma, slow_rate_hz, slow_mean_s and slow_factor", where)
+            raise UserError("must be a table of sigma, slow_rate_hz, slow_mean_s, slow_factor, drift_sigma and "
+                            "drift_period_s", where)
         values: dict[str, float] = {}
         for k in FIELDS:
             v = d.get(k, getattr(cls, k))
@@ -68,12 +84,14 @@ class JitterSpec:
                             f"{where}.slow_factor")
         if values["slow_rate_hz"] > 0 and not values["slow_mean_s"] > 0:
             raise UserError("slow phases need a duration > 0 when slow_rate_hz > 0", f"{where}.slow_mean_s")
+        if values["drift_sigma"] > 0 and not values["drift_period_s"] > 0:
+            raise UserError("a drift needs a correlation time > 0 when drift_sigma > 0", f"{where}.drift_period_s")
         return cls(**values)
 
     @property
     def active(self) -> bool:
         """Whether any step is ever other than the model's."""
-        return self.sigma > 0 or (self.slow_rate_hz > 0 and self.slow_factor > 1)
+        return self.sigma > 0 or (self.slow_rate_hz > 0 and self.slow_factor > 1) or self.drift_sigma > 0
 
     def to_dict(self) -> dict[str, float]:
         return {k: getattr(self, k) for k in FIELDS}
@@ -82,7 +100,7 @@ class JitterSpec:
 class StepJitter:
     """One replica's jitter draws (see the module docstring)."""
 
-    __slots__ = ("spec", "_rng", "_z", "_k", "_slow_start", "_slow_end")
+    __slots__ = ("spec", "_rng", "_z", "_k", "_slow_start", "_slow_end", "_drift")
 
     def __init__(self, spec: JitterSpec, seed: int, replica: int) -> None:
         self.spec = spec
@@ -93,6 +111,7 @@ class StepJitter:
         self._slow_start = self._slow_end = 0.0
         if spec.slow_rate_hz > 0:
             self._next_phase(0.0)
+        self._drift = SpeedDrift(spec.drift_sigma, spec.drift_period_s, seed, replica) if spec.drift_sigma > 0 else None
 
     def _next_phase(self, after: float) -> None:
         s = self.spec
@@ -114,4 +133,44 @@ class StepJitter:
                 self._next_phase(self._slow_end)
             if t >= self._slow_start:
                 f *= s.slow_factor
+        if self._drift is not None:
+            f *= self._drift.factor(t)
         return f
+
+
+class SpeedDrift:
+    """One replica's slowly varying speed factor: ``exp(x(t))``, x an Ornstein-Uhlenbeck process of
+    stationary standard deviation ``sigma`` and correlation time ``period_s``, drawn exactly at the
+    times asked (x(t + d) = x(t) a + sigma sqrt(1 - a^2) Z with a = exp(-d / period_s): no
+    discretisation error, whatever the steps' lengths)."""
+
+    __slots__ = ("sigma", "period_s", "_rng", "_z", "_k", "_x", "_t")
+
+    def __init__(self, sigma: float, period_s: float, seed: int, replica: int) -> None:
+        self.sigma, self.period_s = sigma, period_s
+        self._rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([_DRIFT_STREAM, seed, replica])))
+        self._z: list[float] = []
+        self._k = 0
+        self._x = sigma * self._normal()        # the stationary law at the first time asked
+        self._t = 0.0
+
+    def _normal(self) -> float:
+        if self._k == len(self._z):
+            self._z = self._rng.standard_normal(_BLOCK).tolist()
+            self._k = 0
+        z = self._z[self._k]
+        self._k += 1
+        return z
+
+    def log_factor(self, t: float) -> float:
+        """x(t), for ``t`` not earlier than the last time asked (an earlier one reads the last value)."""
+        d = t - self._t
+        if d > 0:
+            a = math.exp(-d / self.period_s)
+            self._x = self._x * a + self.sigma * math.sqrt(1.0 - a * a) * self._normal()
+            self._t = t
+        return self._x
+
+    def factor(self, t: float) -> float:
+        """The speed factor (a step-time multiplier) at ``t``."""
+        return math.exp(self.log_factor(t))
