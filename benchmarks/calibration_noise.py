@@ -58,7 +58,8 @@ def main() -> None:
                 cfg = ClusterConfig.build(replicas=1).with_profile(profile)
                 one: dict[str, Any] = {"step": profile["step"], "request_overhead_s": profile["request_overhead_s"],
                                        "request_per_prompt_token_s": profile["request_per_prompt_token_s"],
-                                       "fit": profile["fit"]["by_probe"], "load_average": os.getloadavg()[0]}
+                                       "jitter": profile["jitter"], "fit": profile["fit"]["by_probe"],
+                                       "load_average": os.getloadavg()[0]}
                 for shape, trace in traces.items():
                     table, path = bench.salted(trace)
                     sim = figures(bench.simulate(table, path, cfg, seed=0))
@@ -69,7 +70,8 @@ def main() -> None:
                 out["calibrations"].append(one)
                 step = profile["step"]
                 print(f"calibration {k + 1}: per-token {1e6 * step['per_token_s']:.1f} us, per-prompt-token overhead "
-                      f"{1e6 * profile['request_per_prompt_token_s']:.1f} us, base {1e3 * step['base_s']:.2f} ms; "
+                      f"{1e6 * profile['request_per_prompt_token_s']:.1f} us, base {1e3 * step['base_s']:.2f} ms, "
+                      f"drift log sd {profile['jitter']['drift_sigma']:.3f} over {profile['jitter']['drift_period_s']:.3g} s; "
                       + "; ".join(f"{s} E2E p50 sim/real {one[s]['e2e_p50_bias_pct']:+.1f}%" for s in traces)
                       + f"; load {one['load_average']:.2f}", flush=True)
                 if args.out:

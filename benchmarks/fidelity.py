@@ -14,10 +14,12 @@ with a bootstrap interval, each side's spread (CV over its repeats), per-request
    capacity): ``--repeats`` K >= 5 real replays of each, INTERLEAVED (round k replays every cell
    once, in a shuffled order, so a slow spell of the machine spreads over cells instead of
    sinking one) and K simulator seeds each; per cell and figure the bias, its interval, both
-   spreads and the aims' verdict; every cell is simulated twice, with the calibrated profile and
-   with its ``frontend_cpu_s`` zeroed (the frontend's CPU per request taken from the steps,
-   sim/profile.py; zeroed, the whole request overhead is a delay beside the engine), against the
-   same real replays, so one run judges that term;
+   spreads and the aims' verdict; every cell is simulated three times, with the calibrated
+   profile, with its ``frontend_cpu_s`` zeroed (the frontend's CPU per request taken from the
+   steps, sim/profile.py; zeroed, the whole request overhead is a delay beside the engine) and with
+   its speed drift zeroed (``jitter.drift_sigma``, sim/jitter.py: the engine's speed wandering
+   over seconds, measured by calibrate), against the same real replays and seeds, so one run judges
+   each term;
 4. ``llmlb serve --profile`` replaying the 60% Poisson trace K times against the K vLLM replays
    of that cell (the simulator in real time over HTTP);
 5. a tiny KV cache (``--num-gpu-blocks-override``): preemptions, real against simulated;
@@ -241,6 +243,8 @@ def main() -> None:
                   f"jitter {profile['jitter']}; fit {profile['fit']['by_probe']}", flush=True)
             cfg = ClusterConfig.build(replicas=1).with_profile(profile)
             cfg_zero = ClusterConfig.build(replicas=1).with_profile({**profile, "frontend_cpu_s": 0.0})
+            cfg_steady = ClusterConfig.build(replicas=1).with_profile(
+                {**profile, "jitter": {**profile["jitter"], "drift_sigma": 0.0}})
             out["capacity"] = {s: capacity(bench, url, s) for s in shapes}
             print(f"capacity (req/s): {out['capacity']}", flush=True)
             save()
@@ -249,6 +253,7 @@ def main() -> None:
             real: dict[tuple[str, float], list[list[dict]]] = {c: [] for c in cells}
             sim: dict[tuple[str, float], list[list[dict]]] = {c: [] for c in cells}
             sim_zero: dict[tuple[str, float], list[list[dict]]] = {c: [] for c in cells}
+            sim_steady: dict[tuple[str, float], list[list[dict]]] = {c: [] for c in cells}
             order = random.Random(args.seed)
             for k in range(k_rep):                      # round k: every cell once, in a shuffled order
                 round_cells = list(cells)
@@ -258,10 +263,12 @@ def main() -> None:
                     real[c].append(bench.replay(table, path, [url]))
                     sim[c].append(bench.simulate(table, path, cfg, seed=args.seed + k))
                     sim_zero[c].append(bench.simulate(table, path, cfg_zero, seed=args.seed + k, label="nofrontend"))
+                    sim_steady[c].append(bench.simulate(table, path, cfg_steady, seed=args.seed + k, label="nodrift"))
                 print(f"round {k + 1}/{k_rep} done, load average {os.getloadavg()[0]:.2f}", flush=True)
             for key, sims, title in (
                     ("cells", sim, f"with frontend_cpu_s = {1e3 * profile['frontend_cpu_s']:.2f} ms (as calibrated)"),
-                    ("cells_frontend_zeroed", sim_zero, "with frontend_cpu_s = 0 (the same real replays)")):
+                    ("cells_frontend_zeroed", sim_zero, "with frontend_cpu_s = 0 (the same real replays)"),
+                    ("cells_drift_zeroed", sim_steady, "with drift_sigma = 0 (the same real replays)")):
                 out[key] = []
                 print(f"simulated {title}:\n{HEADER}")
                 for c in cells:

@@ -92,6 +92,43 @@ def test_without_drift_the_windows_own_noise_is_not_read_as_drift():
     assert float(np.median(got)) <= 0.005 and max(got) <= 0.02, got
 
 
+def test_calibrate_reads_back_the_drift_the_simulator_draws(tmp_path: Path):
+    """The chain end to end, with a known answer: the simulator draws a drift (log sd 0.2,
+    correlation time 5 s, per-step sigma 0.1 on top) while 200 probes, one a second, alternate
+    between two decode groups (4 requests of 16 prompt tokens, 2 of 64; 40 tokens each); their
+    rows, as calibrate's probe runs, give drift samples (fit.drift_samples: the window, its time,
+    its group) and the estimate. One path of 200 s scatters the estimate (its sigma by about 20%,
+    its period by 2-4x: a drift is a random path, and 40 periods are few), so the median of six
+    paths is held to 25% for sigma and a factor 2 for the period."""
+    from llmlb_bench.calibrate.fit import drift_samples
+    from llmlb_bench.calibrate.probes import ProbeRun
+    from llmlb_bench.schema import trace_table
+    from tests.sim_helpers import run_sim
+    from tests.test_jitter import profile
+
+    cfg = ClusterConfig.build(replicas=1).with_profile(profile({"sigma": 0.1, "drift_sigma": 0.2,
+                                                                 "drift_period_s": 5.0}))
+    sizes = [(4, 16) if k % 2 == 0 else (2, 64) for k in range(200)]
+    arrivals = np.concatenate([np.full(b, float(k)) for k, (b, _) in enumerate(sizes)])
+    trace = trace_table(arrivals, [c for b, c in sizes for _ in range(b)], 40)
+    got = []
+    for seed in range(6):
+        requests, _, _ = run_sim(tmp_path, trace, cfg, seed=seed, run_id=str(seed))
+        rows = sorted(requests.to_pylist(), key=lambda r: r["request_id"])
+        runs, first = [], 0
+        for k, (b, c) in enumerate(sizes):
+            mine = [{"status": "ok", "sent_s": r["sent_s"], "first_token_s": r["first_token_s"],
+                     "last_token_s": r["last_token_s"], "input_tokens": r["input_tokens"],
+                     "token_times": r["token_times"]} for r in rows[first:first + b]]
+            first += b
+            # the prober's clock: the probe started when its requests were sent (k seconds); a group repeats every 2 s
+            runs.append(ProbeRun("drift", {"batch": b, "context": c, "tokens": 40}, mine, float(k)))
+        got.append(drift(drift_samples(runs)))
+    assert float(np.median([g["drift_sigma"] for g in got])) == pytest.approx(0.2, rel=0.25), got
+    assert 2.5 <= float(np.median([g["drift_period_s"] for g in got])) <= 10.0, got
+    assert all(g["drift_windows"] == 200 and g["drift_span_s"] == pytest.approx(198, abs=0.5) for g in got)
+
+
 def test_drift_needs_repeated_windows():
     """Windows of probes that never repeat, or fewer than six pairs, measure no drift."""
     lone = [DriftSample(f"g{k}", float(k), float(k), 0.0) for k in range(10)]
