@@ -184,7 +184,7 @@ def test_calibrate_gives_back_the_jitter_llmlb_serve_draws(tmp_path: Path, capsy
         assert code == 0, err
     finally:
         st.close()
-    assert "lognormal sigma" in stdout
+    assert "lognormal sigma" in stdout and "engine speed drift over" in stdout
     got = json.loads(out.read_text())
     assert got["llmlb_profile"] == 2
     [runs] = seen

@@ -64,7 +64,8 @@ def validate(
         path = results / "calibrated-profile.json"
         path.write_text(json.dumps(prof, indent=2) + "\n")
         console.print(f"profile written to {path}: typical step {1e3 * prof['step']['base_s']:.2f} ms + ..., "
-                      f"jitter sigma {prof['jitter']['sigma']:.3f}", highlight=False, soft_wrap=True)
+                      f"jitter sigma {prof['jitter']['sigma']:.3f}, speed drift log sd "
+                      f"{prof['jitter'].get('drift_sigma', 0.0):.3f}", highlight=False, soft_wrap=True)
     if table is None:
         table = default_trace(prof, requests, load, seed)
         console.print(f"default trace: {table.num_rows} requests at {load:.0%} of the profile's capacity", highlight=False)
