@@ -8,8 +8,8 @@ Event sources, merged by time (ties in this order):
    caches arriving at a decode replica (disaggregation), replica failures and
    recoveries, slowdowns, autoscaling and clock decisions (a new kind of event is a
    new handler method, not a new branch of the loop);
-3. replica run boundaries: a heap with one live entry per busy replica (a
-   moved boundary bumps the replica's ``version`` and leaves a stale entry);
+3. replica run boundaries: at most one per replica (:class:`BoundaryHeap`; a moved boundary
+   bumps the replica's ``version`` and leaves a stale entry until it is replaced or reaches the top);
 4. series sampling ticks.
 
 Work per event is O(log replicas) plus the policy's own cost, and the number
@@ -34,7 +34,6 @@ end; this module keeps the heaps, the replica events and the rows of what replic
 from __future__ import annotations
 
 import gc
-import itertools
 import math
 import time
 from heapq import heappop, heappush
@@ -82,6 +81,99 @@ def _nothing() -> None:
     """``changed()`` when signals are only scraped: the unread stand-ins changed nothing."""
 
 
+class BoundaryHeap:
+    """The replicas' pending run boundaries, earliest first (ties: the order they were set in): an
+    indexed binary heap of replica indices, with each replica's time, sequence number and version in
+    plain lists.
+
+    A replica has at most one boundary that can still be valid, the one set last (each new one follows
+    a ``version`` bump), so setting one replaces the replica's entry in place instead of pushing a
+    tuple next to the stale one: no tuple per step, and comparisons of two floats, not of tuples
+    (the heap of ``(t, seq, replica, version)`` tuples was a tenth of a compiled run; docs/simulator.md).
+    The order of events is the one the tuples gave: by time, then by sequence number."""
+
+    __slots__ = ("t", "seq", "version", "heap", "pos")
+
+    def __init__(self) -> None:
+        #: per replica: its boundary's time, sequence number and the replica version it belongs to
+        self.t: list[float] = []
+        self.seq: list[int] = []
+        self.version: list[int] = []
+        #: replica indices in heap order
+        self.heap: list[int] = []
+        #: per replica: its place in :attr:`heap` (-1: none)
+        self.pos: list[int] = []
+
+    def set(self, i: int, t: float, seq: int, version: int) -> None:
+        """Replica ``i``'s next boundary is at ``t`` (replacing the one it had, if any)."""
+        pos = self.pos
+        while len(pos) <= i:          # a replica the autoscaler added
+            pos.append(-1)
+            self.t.append(0.0)
+            self.seq.append(0)
+            self.version.append(0)
+        self.t[i] = t
+        self.seq[i] = seq
+        self.version[i] = version
+        k = pos[i]
+        if k < 0:
+            k = len(self.heap)
+            self.heap.append(i)
+        self._down(self._up(k, i), i)
+
+    def top(self) -> int:
+        """The replica whose boundary comes first (the heap is not empty)."""
+        return self.heap[0]
+
+    def pop(self) -> int:
+        """Remove the first boundary; returns its replica."""
+        heap = self.heap
+        i = heap[0]
+        last = heap.pop()
+        self.pos[i] = -1
+        if heap:
+            self._down(0, last)
+        return i
+
+    def _before(self, a: int, b: int) -> bool:
+        ta, tb = self.t[a], self.t[b]
+        return ta < tb or (ta == tb and self.seq[a] < self.seq[b])
+
+    def _up(self, k: int, i: int) -> int:
+        """Move replica ``i``, entering at place ``k``, towards the root; returns its place."""
+        heap, pos = self.heap, self.pos
+        while k > 0:
+            p = (k - 1) >> 1
+            j = heap[p]
+            if not self._before(i, j):
+                break
+            heap[k] = j
+            pos[j] = k
+            k = p
+        heap[k] = i
+        pos[i] = k
+        return k
+
+    def _down(self, k: int, i: int) -> None:
+        """Move replica ``i``, entering at place ``k``, towards the leaves."""
+        heap, pos = self.heap, self.pos
+        n = len(heap)
+        while True:
+            c = 2 * k + 1
+            if c >= n:
+                break
+            if c + 1 < n and self._before(heap[c + 1], heap[c]):
+                c += 1
+            j = heap[c]
+            if not self._before(j, i):
+                break
+            heap[k] = j
+            pos[j] = k
+            k = c
+        heap[k] = i
+        pos[i] = k
+
+
 class Simulation:
     """One simulated run; see :func:`simulate`."""
 
@@ -118,9 +210,9 @@ class Simulation:
                              arrive_at=self._arrive_at, clock=lambda: self._now, on_release=self._released,
                              disaggregated=cfg.disaggregated)
         self.router = self.core.router
-        self.boundaries: list[tuple[float, int, int, int]] = []
+        self.boundaries = BoundaryHeap()
         self.deliveries: list[tuple[float, int, Handler, Any, bool]] = []
-        self._seq = itertools.count()   # tie-breaker of equal times: insertion order
+        self._seq = 0                    # tie-breaker of equal times: insertion order (the last one given)
         self._work = 0                   # pending deliveries other than life-cycle events
         self._k = 0                      # independent arrivals routed so far
         self._now = 0.0                  # the time of the event being handled
@@ -173,11 +265,13 @@ class Simulation:
         A new kind of event is a new handler method, not a new branch of the loop."""
         if work:
             self._work += 1
-        heappush(self.deliveries, (t, next(self._seq), handle, payload, work))
+        self._seq += 1
+        heappush(self.deliveries, (t, self._seq, handle, payload, work))
 
     def _push(self, rep: Replica, t: float | None) -> None:
         if t is not None:
-            heappush(self.boundaries, (t, next(self._seq), rep.index, rep.version))
+            self._seq += 1
+            self.boundaries.set(rep.index, t, self._seq, rep.version)
 
     def run(self) -> float:
         replicas, boundaries, deliveries = self.replicas, self.boundaries, self.deliveries
@@ -195,9 +289,13 @@ class Simulation:
         done: list[Request] = []
         now = 0.0
         while True:
-            while boundaries and boundaries[0][3] != replicas[boundaries[0][2]].version:
-                heappop(boundaries)
-            tb = boundaries[0][0] if boundaries else inf
+            tb = inf
+            while boundaries.heap:
+                first = boundaries.top()
+                if boundaries.version[first] == replicas[first].version:
+                    tb = boundaries.t[first]
+                    break
+                boundaries.pop()       # stale: its replica's boundary moved or went
             ta = due[k] if k < n_order else inf
             td = deliveries[0][0] if deliveries else inf
             if ta == inf and tb == inf and not self._work:
@@ -222,11 +320,12 @@ class Simulation:
                     self._work -= 1
                 handle(payload, now)
             else:
-                _, _, i, _ = heappop(boundaries)
+                i = boundaries.pop()
                 rep = replicas[i]
                 nt = rep.boundary(done)
                 if nt is not None:
-                    heappush(boundaries, (nt, next(self._seq), i, rep.version))
+                    self._seq += 1
+                    boundaries.set(i, nt, self._seq, rep.version)
                 elif rep.draining and not rep.waiting and not rep.entering:
                     rep.retire(now)
                 if done:
@@ -287,9 +386,7 @@ class Simulation:
         if delay > 0:       # a measured profile's API-server time (sim/profile.py): the engine sees it later
             self._deliver(t + delay, self._reach_engine, req, work=True)
             return
-        nt = rep.enqueue(req, t)
-        if nt is not None:
-            heappush(self.boundaries, (nt, next(self._seq), i, rep.version))
+        self._push(rep, rep.enqueue(req, t))
         self._signals(rep, t)
 
     def _admission_error(self, row: int, i: int) -> str | None:

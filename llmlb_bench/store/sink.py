@@ -41,7 +41,7 @@ def rows_table(spec: TableSpec, columns: Mapping[str, Sequence[object] | pa.Arra
         if f.name in columns:
             arrays.append(pa.array(columns[f.name], type=f.type))
         elif f.name in constants:
-            arrays.append(pa.array([constants[f.name]] * n, type=f.type))
+            arrays.append(pa.repeat(pa.scalar(constants[f.name], type=f.type), n))
         else:
             arrays.append(pa.nulls(n, type=f.type))
     return pa.Table.from_arrays(arrays, schema=spec.schema)
@@ -119,8 +119,11 @@ class ParquetSink:
         self._last_flush = self._clock()
 
     def _write_part(self, tables: list[pa.Table]) -> None:
-        write_part(self.path, self._parts, tables, self._schema, row_group_size=self.rows_per_group,
-                   **self._options)
+        # the buffered batches as one table (no copy: its columns are chunked), so that a part has row
+        # groups of rows_per_group rows rather than one per batch: the simulator writes a batch per
+        # replica, and each row group opens a compressor per column (a fifth of the write time)
+        write_part(self.path, self._parts, [pa.concat_tables(tables)] if len(tables) > 1 else tables,
+                   self._schema, row_group_size=self.rows_per_group, **self._options)
         self._parts += 1
 
     def close(self) -> None:
