@@ -158,8 +158,9 @@ def test_both_cores_agree_with_the_frontend_term(tmp_path: Path):
 
 
 def _mixed_rows(tmp_path: Path) -> list[dict]:
-    """120 Poisson-ish requests on a jittered profile with the frontend term (both cores run this)."""
-    jitter = {"sigma": 0.2, "slow_rate_hz": 2.0, "slow_mean_s": 0.01, "slow_factor": 3.0}
+    """120 Poisson-ish requests on a jittered, drifting profile with the frontend term (both cores run this)."""
+    jitter = {"sigma": 0.2, "slow_rate_hz": 2.0, "slow_mean_s": 0.01, "slow_factor": 3.0, "drift_sigma": 0.2,
+              "drift_period_s": 0.5}
     rng = np.random.default_rng(5)
     n = 120
     trace = trace_table(np.cumsum(rng.exponential(0.02, n)), rng.integers(20, 600, n), rng.integers(2, 80, n))

@@ -72,7 +72,8 @@ draws 65-70% of the limit on H100.)
 Since version 2 the step model is the engine's median step, and an optional
 ``jitter`` table (sigma, slow_rate_hz, slow_mean_s, slow_factor; measured by
 calibrate/dispersion.py) says how the engine's steps scatter around it, which
-the simulator draws per step (sim/jitter.py). Version 1 files (fitted on the
+the simulator draws per step (sim/jitter.py), and, where it has
+drift_sigma and drift_period_s, how the engine's speed drifts over time. Version 1 files (fitted on the
 fastest probes, no jitter) still load.
 
 The file is JSON (written by ``llmlb calibrate``, readable and editable by
