@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 
 if TYPE_CHECKING:
     from llmlb_bench.replay import ReplayOptions
+    from llmlb_bench.sim.profile import ProfileDoc
 
 #: the compared figures, in table order
 FIGURES = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "e2e_p50", "e2e_p90", "itl_p50", "itl_p90", "itl_p99")
@@ -181,18 +182,16 @@ def salt(*parts: object) -> int:
     return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "big") >> 2
 
 
-def default_trace(profile: Mapping[str, object], requests: int, load: float, seed: int) -> pa.Table:
+def default_trace(profile: ProfileDoc, requests: int, load: float, seed: int) -> pa.Table:
     """Chat-like Poisson traffic (lognormal prompts of median 200 tokens, outputs of median 48) at
     ``load`` x the profile's simulated capacity (its throughput on the same requests all sent at
     once), prompts kept to a quarter of the model length."""
     from llmlb_bench.workload import WorkloadSpec, generate
 
-    from llmlb_bench.sim.profile import EngineProfile
-
-    engine = EngineProfile.from_dict(profile)
-    top = max(16, min(1500, engine.max_model_len // 4))
+    engine = profile["engine"]
+    top = max(16, min(1500, engine["max_model_len"] // 4))
     spec = WorkloadSpec.from_dict({"name": "validate", "seed": seed, "requests": requests,
-                                   "block_size": engine.block_size,
+                                   "block_size": engine["block_size"],
                                    "tenants": {"chat": {"kind": "chat", "arrival": {"process": "poisson", "rate": 1.0},
                                                         "input": {"dist": "lognormal", "median": min(200, top // 2),
                                                                   "sigma": 0.8, "max": top},
@@ -204,7 +203,7 @@ def default_trace(profile: Mapping[str, object], requests: int, load: float, see
     return generate(spec, seed=seed, rate_scale=load * capacity / (nominal.num_rows / span))
 
 
-def simulated_capacity(trace: pa.Table, profile: Mapping[str, object]) -> float:
+def simulated_capacity(trace: pa.Table, profile: ProfileDoc) -> float:
     """Completed requests per second when every request of ``trace`` arrives at once (one replica
     of the profile, no jitter): what the engine sustains on these lengths."""
     import tempfile
@@ -230,11 +229,11 @@ class Validation:
     comparison: Comparison
     real_runs: list[str]
     sim_runs: list[str]
-    profile: Mapping[str, object]
+    profile: ProfileDoc
     load_average: tuple[float, float]
 
 
-def validate(url: str, trace: pa.Table, repeats: int, profile: Mapping[str, object], options: ReplayOptions,
+def validate(url: str, trace: pa.Table, repeats: int, profile: ProfileDoc, options: ReplayOptions,
              results: Path, seed: int = 0, warmup: int = 16,
              say: Callable[[str], None] = lambda line: None) -> Validation:
     """Replay ``trace`` ``repeats`` times against ``url`` (after a ``warmup``-request replay that
@@ -246,12 +245,11 @@ def validate(url: str, trace: pa.Table, repeats: int, profile: Mapping[str, obje
     from llmlb_bench.replay import replay
     from llmlb_bench.schema import read_trace, trace_block_size, write_trace
     from llmlb_bench.sim import ClusterConfig, simulate
-    from llmlb_bench.sim.profile import EngineProfile
     from llmlb_bench.store import RunStore
     from llmlb_bench.sweep.endpoint_capacity import fresh_prompts
 
     load_start = os.getloadavg()[0]
-    block = trace_block_size(trace, EngineProfile.from_dict(profile).block_size)
+    block = trace_block_size(trace, profile["engine"]["block_size"])
     cfg = ClusterConfig.build(replicas=1).with_profile(profile)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     traces = results / f"validate-{stamp}-traces"

@@ -13,7 +13,7 @@ from llmlb_bench.calibrate.fit import prefill_features
 from llmlb_bench.errors import UserError
 from llmlb_bench.schema import trace_table
 from llmlb_bench.sim import ClusterConfig, load_cluster
-from llmlb_bench.sim.profile import STEP_TERMS, EngineProfile
+from llmlb_bench.sim.profile import STEP_TERMS, EngineProfile, parse_profile
 from tests.conftest import cli
 from tests.sim_helpers import run_sim
 
@@ -88,7 +88,9 @@ def test_profile_fixes_the_engine_and_travels_in_the_config(profile_file: Path, 
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "c.toml").write_text('replicas = 3\nprofile = "../p.json"\n')
     loaded = load_cluster(tmp_path / "sub" / "c.toml")
-    assert loaded.pools[0].profile == profile()
+    # the file's content, parsed: what it leaves out at its default, as the simulator reads it
+    assert loaded.pools[0].profile == {**profile(), "request_per_prompt_token_s": 0.0, "frontend_cpu_s": 0.0,
+                                       "jitter": None}
     # default runs are untouched: no profile, the roofline
     assert ClusterConfig.build().pools[0].profile is None
 
@@ -109,6 +111,22 @@ def test_bad_profiles_are_one_line_errors(tmp_path: Path, capsys, bad: dict, whe
     assert code == 2 and where in err and str(path) in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "res").exists()
+
+
+def test_a_profile_is_parsed_once_into_what_the_simulator_reads():
+    """parse_profile fills what a file leaves out, keeps calibrate's provenance and the jitter table's
+    counts, drops the rest, and gives back what it is given when given its own output."""
+    written = {**profile(), "source": {"engine": "vllm", "prompt_lengths": [1, 2]}, "notes": "by hand",
+               "jitter": {"sigma": 0.1, "steps": 400, "windows": 12, "slow_phases": 0}}
+    doc = parse_profile(written)
+    assert doc["source"] == written["source"] and "notes" not in doc and "fit" not in doc
+    assert doc["jitter"] == {"sigma": 0.1, "slow_rate_hz": 0.0, "slow_mean_s": 0.0, "slow_factor": 1.0,
+                             "drift_sigma": 0.0, "drift_period_s": 0.0, "steps": 400, "windows": 12,
+                             "slow_phases": 0}
+    assert parse_profile(json.loads(json.dumps(doc))) == doc
+    assert EngineProfile.of(doc) == EngineProfile.from_dict(written)
+    with pytest.raises(UserError, match=r"jitter\.steps: must be a count >= 0"):
+        parse_profile({**written, "jitter": {"sigma": 0.1, "steps": -1}})
 
 
 def test_profile_flag_on_simulate_and_a_missing_file(tmp_path: Path, capsys, profile_file: Path):
@@ -256,9 +274,9 @@ def test_sweep_and_repro_take_a_profile(tmp_path: Path, profile_file: Path):
         '[clusters]\ncal = { replicas = 2, profile = "../p.json" }\n[policies]\nround_robin = {}\n'
         '[load]\nrate = [1.0]\n')
     sweep = load_sweep(tmp_path / "s" / "sweep.toml")
-    assert sweep.clusters[0].config.pools[0].profile == profile()
-    arms = _arms(get("sarathi-chunked-prefill"), "small", profile())
-    assert all(a.cluster.pools[0].profile == profile() for a in arms)
+    assert sweep.clusters[0].config.pools[0].profile == parse_profile(profile())
+    arms = _arms(get("sarathi-chunked-prefill"), "small", parse_profile(profile()))
+    assert all(a.cluster.pools[0].profile == parse_profile(profile()) for a in arms)
     chunked = [(a.label, a.cluster.pools[0].max_num_batched_tokens) for a in arms
                if a.label.startswith("chunks of")]
     assert chunked and all(label == f"chunks of {tokens}" for label, tokens in chunked)

@@ -14,23 +14,26 @@ import datetime as dt
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from llmlb_bench import __version__
-from llmlb_bench.calibrate.dispersion import dispersion
+from llmlb_bench.calibrate.dispersion import Jitter, dispersion
 from llmlb_bench.calibrate.endpoint import EngineInfo, discover
 from llmlb_bench.calibrate.fit import Fit, drift_samples, fit, observations
 from llmlb_bench.calibrate.probes import DRIFT_PROBES, ProbePlan, Prober, plan
 from llmlb_bench.replay import ReplayOptions, preflight
-from llmlb_bench.sim.profile import PROFILE_VERSION, STEP_TERMS, EngineProfile
+from llmlb_bench.sim.profile import PROFILE_VERSION, STEP_TERMS, ProfileDoc, parse_profile
 
 __all__ = ["Calibration", "calibrate", "discover", "plan"]
 
 
 @dataclass
 class Calibration:
-    profile: dict[str, Any]
+    profile: ProfileDoc
     fit: Fit
+    #: the steps' spread around the fitted step and the engine's drift (the profile's ``jitter``), with
+    #: the counts they rest on
+    jitter: Jitter
     engine: EngineInfo
     plan: ProbePlan
 
@@ -55,7 +58,7 @@ def calibrate(url: str, given: Mapping[str, int | None], *, options: ReplayOptio
     obs, notes, windows = observations(runs, info.settings["max_num_batched_tokens"])
     result = fit(obs, notes)
     spread = dispersion(windows, drift_samples(runs))
-    profile = {
+    profile: dict[str, object] = {
         "llmlb_profile": PROFILE_VERSION,
         "source": {"endpoint": info.url, "engine": info.kind, "model": info.model,
                    "measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -73,5 +76,5 @@ def calibrate(url: str, given: Mapping[str, int | None], *, options: ReplayOptio
                                   "repeats": o.repeats}
                                  for o in result.observations]},
     }
-    EngineProfile.from_dict(profile, "calibrated profile")   # the file must load where it is used
-    return Calibration(profile, result, info, p)
+    # parsed as every reader parses it: the file must load where it is used
+    return Calibration(parse_profile(profile, "calibrated profile"), result, spread, info, p)

@@ -92,7 +92,7 @@ def calibrate(
                     f"{1e6 * cal.profile['request_per_prompt_token_s']:.3f} us x prompt tokens"
                   + f", of which {1e3 * cal.profile['frontend_cpu_s']:.3f} ms per request taken from the steps",
                   highlight=False)
-    j = cal.profile["jitter"]
+    j = cal.jitter
     console.print(f"step spread over {j['steps']} decode steps in {j['windows']} windows: lognormal sigma "
                   f"{j['sigma']:.3f}; {j['slow_phases']} slow phases"
                   + (f" ({j['slow_rate_hz']:.3g} per second, {1e3 * j['slow_mean_s']:.1f} ms long, "

@@ -59,13 +59,14 @@ def validate(
 
         console.print(f"calibrating {endpoint} ...", highlight=False)
         given = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_batched_tokens}
-        prof = calibrate(endpoint, given, options=options, max_prompt=max_prompt, seed=seed).profile
+        cal = calibrate(endpoint, given, options=options, max_prompt=max_prompt, seed=seed)
+        prof = cal.profile
         results.mkdir(parents=True, exist_ok=True)
         path = results / "calibrated-profile.json"
         path.write_text(json.dumps(prof, indent=2) + "\n")
         console.print(f"profile written to {path}: typical step {1e3 * prof['step']['base_s']:.2f} ms + ..., "
-                      f"jitter sigma {prof['jitter']['sigma']:.3f}, speed drift log sd "
-                      f"{prof['jitter'].get('drift_sigma', 0.0):.3f}", highlight=False, soft_wrap=True)
+                      f"jitter sigma {cal.jitter['sigma']:.3f}, speed drift log sd "
+                      f"{cal.jitter['drift_sigma']:.3f}", highlight=False, soft_wrap=True)
     if table is None:
         table = default_trace(prof, requests, load, seed)
         console.print(f"default trace: {table.num_rows} requests at {load:.0%} of the profile's capacity", highlight=False)

@@ -11,7 +11,6 @@ import json
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.experiment import simulate_run
@@ -22,6 +21,7 @@ from llmlb_bench.repro.base import Arm, Reproduction, SCALES, Verdict, VerdictRe
 from llmlb_bench.repro.readme import figure, index, readme
 from llmlb_bench.repro.registry import REPRODUCTIONS
 from llmlb_bench.schema import write_trace
+from llmlb_bench.sim.profile import ProfileDoc
 from llmlb_bench.store.run import write_text_atomic
 from llmlb_bench.store.views import Catalog
 
@@ -37,13 +37,13 @@ class Outcome:
 
 
 def evaluate(repro: Reproduction, scale: str, seed: int = 0,
-             profile: Mapping[str, object] | None = None) -> tuple[Verdict, dict[str, RunFigures]]:
+             profile: ProfileDoc | None = None) -> tuple[Verdict, dict[str, RunFigures]]:
     """Simulate every arm and check the claim; nothing is kept on disk."""
     summaries = _simulate(repro, _arms(repro, scale, profile), seed)
     return repro.check(summaries), summaries
 
 
-def _arms(repro: Reproduction, scale: str, profile: Mapping[str, object] | None = None) -> list[Arm]:
+def _arms(repro: Reproduction, scale: str, profile: ProfileDoc | None = None) -> list[Arm]:
     """The reproduction's arms; with a measured ``profile`` every arm's cluster runs on it
     (the arms' own engine settings, e.g. Sarathi's chunk sizes, still apply)."""
     if scale not in SCALES:
@@ -69,7 +69,7 @@ def _simulate(repro: Reproduction, arms: list[Arm], seed: int) -> dict[str, RunF
 
 
 def run(repro: Reproduction, scale: str, reports: Path, seed: int = 0,
-        profile: Mapping[str, object] | None = None) -> Outcome:
+        profile: ProfileDoc | None = None) -> Outcome:
     """Evaluate ``repro`` and write ``reports/<name>/`` (README.md, verdict.json, the figure as SVG
     and PNG), then rewrite the gallery ``reports/README.md`` from every report's verdict.json.
     With a measured ``profile`` (sim/profile.py), verdict.json names the engine it came from."""

@@ -38,7 +38,7 @@ from llmlb_bench.sim.moe import MoeSpec, check_layout
 from llmlb_bench.sim.autoscale import AutoscaleSpec
 from llmlb_bench.sim.green import GreenSpec
 from llmlb_bench.sim.scheduling import make_engine_scheduler
-from llmlb_bench.sim.profile import EngineProfile, resolve_profile
+from llmlb_bench.sim.profile import EngineProfile, ProfileDoc, resolve_profile
 from llmlb_bench.sim.speculative import SpeculativeSpec
 
 ROLES = ("mixed", "prefill", "decode")
@@ -94,7 +94,7 @@ class PoolConfig:
     pp: int = 1
     #: a measured engine profile's content (sim/profile.py, ``llmlb calibrate``): its step times,
     #: KV blocks and engine settings replace the roofline's; None = the roofline
-    profile: Mapping[str, object] | None = None
+    profile: ProfileDoc | None = None
     #: speculative decoding (sim/speculative.py): {"method", "num_speculative_tokens", "acceptance",
     #: "acceptance_by", "classes", "draft_model", "cost_ratio"}; None = one token per step
     speculative: Mapping[str, object] | None = None
@@ -224,7 +224,7 @@ class ClusterConfig:
     #: content, held as the content. Its step times, KV blocks and block size replace the roofline's, and
     #: its max_num_seqs, max_num_batched_tokens and max_model_len fill those left unset; prefix
     #: caching is on only if both say so (sim/profile.py)
-    profile: Mapping[str, object] | None = None
+    profile: ProfileDoc | None = None
     #: draw step-time jitter from the pools' profiles where they measured it (sim/jitter.py); false:
     #: every step is the profile's median step, as before profiles measured their spread
     jitter: bool = True
@@ -377,7 +377,7 @@ class ClusterConfig:
             d[k] = list(_array(d[k]))
         return d
 
-    def with_profile(self, profile: Mapping[str, object] | str | Path) -> "ClusterConfig":
+    def with_profile(self, profile: ProfileDoc | str | Path) -> "ClusterConfig":
         """The same cluster with every pool on the measured ``profile`` (a path or its content).
         Engine settings the cluster left unset (None) come from the profile; a cluster without
         pools of its own is rebuilt from its top-level fields so that they stay unset."""
@@ -413,9 +413,9 @@ def _parse_pools(given: Mapping[str, object], catalogs: tuple[str, ...]) -> tupl
         check_types(pool_given, {**_hints(), "name": str, "role": str}, where)
         # typed by check_types: the cluster's fields above, this pool's here
         values: dict[str, object] = {k: pool_given.get(k, given[k]) for k in POOL_FIELDS}
-        values["profile"] = resolve_profile(values["profile"], where=f"{where}.profile")
-        if values["profile"] is not None:
-            values.update(_profile_engine(values, f"{where}.profile"))
+        profile = values["profile"] = resolve_profile(values["profile"], where=f"{where}.profile")
+        if profile is not None:
+            values.update(_profile_engine(values, EngineProfile.of(profile), f"{where}.profile"))
         if values["max_num_seqs"] is None or values["max_num_batched_tokens"] is None:
             cat = load_catalog(catalogs)
             tokens, seqs = vllm_batch_defaults(cat.gpu(str(values["gpu"]), f"{where}.gpu"))
@@ -466,9 +466,8 @@ def load_cluster(path: str | Path, overrides: Mapping[str, object] | None = None
     return ClusterConfig.from_dict({**data, **(overrides or {})}, where=str(path))
 
 
-def _profile_engine(values: Mapping[str, object], where: str) -> dict[str, object]:
+def _profile_engine(values: Mapping[str, object], prof: EngineProfile, where: str) -> dict[str, object]:
     """The engine settings a pool takes from its measured profile (see sim/profile.py)."""
-    prof = EngineProfile.from_dict(values["profile"], where)
     if values["preemption"] == "swap":
         raise UserError("a measured profile has no KV swap (vLLM v1 recomputes preempted requests); "
                         "leave preemption at \"recompute\"", where)

@@ -35,7 +35,7 @@ def cost_model(pool: PoolConfig, catalogs: tuple[str, ...] = (),
     (``ClusterConfig.moe_spec``) gives a roofline MoE pool its own expert-load state."""
     model = pool.model_spec(catalogs)
     if pool.profile is not None:
-        return ProfileCost(EngineProfile.from_dict(pool.profile), model, pool.gpu_spec(catalogs), pool.tp, pool.pp)
+        return ProfileCost(EngineProfile.of(pool.profile), model, pool.gpu_spec(catalogs), pool.tp, pool.pp)
     load = (ExpertLoad(moe, model.experts, model.active_experts, pool.tp)
             if moe is not None and model.is_moe else None)
     return CostModel(model, pool.gpu_spec(catalogs), pool.tp, pp=pool.pp,

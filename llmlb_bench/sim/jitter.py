@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Literal, Mapping, TypedDict
 
 import numpy as np
 
@@ -55,6 +55,31 @@ _DRIFT_STREAM = 0x64726966
 _BLOCK = 4096
 #: the profile's jitter fields
 FIELDS = ("sigma", "slow_rate_hz", "slow_mean_s", "slow_factor", "drift_sigma", "drift_period_s")
+#: the counts llmlb calibrate measured them on (calibrate/dispersion.py's Jitter; ``drift_span_s`` beside them)
+COUNTS: tuple[Literal["steps", "windows", "slow_phases", "drift_windows", "drift_pairs"], ...] = (
+    "steps", "windows", "slow_phases", "drift_windows", "drift_pairs")
+
+
+class _JitterFields(TypedDict):
+    sigma: float
+    slow_rate_hz: float
+    slow_mean_s: float
+    slow_factor: float
+    drift_sigma: float
+    drift_period_s: float
+
+
+class JitterTable(_JitterFields, total=False):
+    """A parsed profile's ``jitter`` table: the fields this module draws from (:data:`FIELDS`) and,
+    where ``llmlb calibrate`` wrote them, what it measured them on (carried for the reader; the
+    simulator never reads them)."""
+
+    steps: int
+    windows: int
+    slow_phases: int
+    drift_windows: int
+    drift_pairs: int
+    drift_span_s: float
 
 
 @dataclass(frozen=True)
@@ -93,8 +118,16 @@ class JitterSpec:
         """Whether any step is ever other than the model's."""
         return self.sigma > 0 or (self.slow_rate_hz > 0 and self.slow_factor > 1) or self.drift_sigma > 0
 
-    def to_dict(self) -> dict[str, float]:
-        return {k: getattr(self, k) for k in FIELDS}
+    @classmethod
+    def of(cls, table: JitterTable) -> "JitterSpec":
+        """The spec of a table :meth:`from_dict` checked (a parsed profile's)."""
+        return cls(table["sigma"], table["slow_rate_hz"], table["slow_mean_s"], table["slow_factor"],
+                   table["drift_sigma"], table["drift_period_s"])
+
+    def to_dict(self) -> JitterTable:
+        return {"sigma": self.sigma, "slow_rate_hz": self.slow_rate_hz, "slow_mean_s": self.slow_mean_s,
+                "slow_factor": self.slow_factor, "drift_sigma": self.drift_sigma,
+                "drift_period_s": self.drift_period_s}
 
 
 class StepJitter:

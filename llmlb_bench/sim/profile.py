@@ -87,12 +87,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping, TypedDict
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.sim.catalog import GPU, Model
 from llmlb_bench.sim.cost import busy_activity
-from llmlb_bench.sim.jitter import JitterSpec
+from llmlb_bench.sim.jitter import COUNTS, JitterSpec, JitterTable
 
 #: the format's version (``llmlb_profile`` key): 2 added the optional ``jitter`` table (the step model
 #: is the median step since; version 1 profiles, fitted on the fastest repeats, load without jitter)
@@ -107,11 +107,54 @@ ENGINE_INTS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_b
 _MIN_SLOPE = 1e-15
 
 
+class StepCoefficients(TypedDict):
+    """The step-time model's coefficients (:data:`STEP_TERMS`; see the module docstring)."""
+
+    base_s: float
+    per_token_s: float
+    per_sample_s: float
+    per_attn_s: float
+    per_kv_s: float
+
+
+class EngineSettings(TypedDict):
+    """The engine settings a profile fixes (:data:`ENGINE_INTS`, and prefix caching: true when absent)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    num_kv_blocks: int
+    max_model_len: int
+    enable_prefix_caching: bool
+
+
+class _Model(TypedDict):
+    llmlb_profile: int
+    engine: EngineSettings
+    step: StepCoefficients
+    request_overhead_s: float
+    request_per_prompt_token_s: float
+    frontend_cpu_s: float
+    jitter: JitterTable | None              # None: the profile measured no spread (version 1)
+
+
+class ProfileDoc(_Model, total=False):
+    """A profile's content, parsed (:func:`parse_profile`): what a profile file, a cluster's ``profile``
+    table and run.json's ``config.cluster.profile`` hold, every field the simulator reads present.
+
+    ``source`` (where and when it was measured) and ``fit`` (the fit's residuals), which
+    ``llmlb calibrate`` writes, are carried as the JSON objects they are: shown and stored
+    (verdict.json names the source), never read field by field."""
+
+    source: dict[str, object]
+    fit: dict[str, object]
+
+
 @dataclass(frozen=True)
 class EngineProfile:
-    """A validated profile (see the module docstring)."""
+    """A profile's step model and engine settings (see the module docstring), from a parsed profile."""
 
-    step: Mapping[str, float]
+    step: StepCoefficients
     request_overhead_s: float
     request_per_prompt_token_s: float
     max_num_seqs: int
@@ -126,49 +169,19 @@ class EngineProfile:
     frontend_cpu_s: float = 0.0
 
     @classmethod
+    def of(cls, doc: ProfileDoc) -> "EngineProfile":
+        e = doc["engine"]
+        return cls(step=doc["step"], request_overhead_s=doc["request_overhead_s"],
+                   request_per_prompt_token_s=doc["request_per_prompt_token_s"], frontend_cpu_s=doc["frontend_cpu_s"],
+                   max_num_seqs=e["max_num_seqs"], max_num_batched_tokens=e["max_num_batched_tokens"],
+                   block_size=e["block_size"], num_kv_blocks=e["num_kv_blocks"], max_model_len=e["max_model_len"],
+                   enable_prefix_caching=e["enable_prefix_caching"],
+                   jitter=JitterSpec.of(doc["jitter"]) if doc["jitter"] is not None else JitterSpec())
+
+    @classmethod
     def from_dict(cls, d: object, where: str = "profile") -> "EngineProfile":
-        if not isinstance(d, Mapping):
-            raise UserError("a profile must be a JSON object", where)
-        version = d.get("llmlb_profile")
-        if isinstance(version, bool) or version not in READABLE_VERSIONS:
-            raise UserError(f"not an llmlb profile of version {' or '.join(map(str, READABLE_VERSIONS))} "
-                            f"(llmlb_profile = {version!r}); write one with llmlb calibrate", where)
-        step, engine = d.get("step"), d.get("engine")
-        if not isinstance(step, Mapping) or not isinstance(engine, Mapping):
-            raise UserError("needs a 'step' and an 'engine' object", where)
-        coeffs = {}
-        for k in STEP_TERMS:
-            v = step.get(k)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise UserError(f"must be a number >= 0, got {v!r}", f"{where}: step.{k}")
-            coeffs[k] = float(v)
-        if not coeffs["base_s"] + coeffs["per_token_s"] + coeffs["per_sample_s"] > 0:
-            raise UserError("a step must take time: base_s, per_token_s or per_sample_s must be > 0", f"{where}: step")
-        ints = {}
-        for k in ENGINE_INTS:
-            v = engine.get(k)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise UserError(f"must be a positive integer, got {v!r}", f"{where}: engine.{k}")
-            ints[k] = v
-        if ints["max_num_batched_tokens"] < ints["max_num_seqs"]:
-            raise UserError("max_num_batched_tokens must be >= max_num_seqs", f"{where}: engine")
-        caching = engine.get("enable_prefix_caching", True)
-        if not isinstance(caching, bool):
-            raise UserError(f"must be true or false, got {caching!r}", f"{where}: engine.enable_prefix_caching")
-        overhead: dict[str, float] = {}
-        for k in ("request_overhead_s", "request_per_prompt_token_s", "frontend_cpu_s"):
-            v = d.get(k, 0.0)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-                raise UserError(f"must be a number >= 0, got {v!r}", f"{where}: {k}")
-            overhead[k] = float(v)
-        jitter = JitterSpec.from_dict(d["jitter"], f"{where}: jitter") if d.get("jitter") is not None else JitterSpec()
-        return cls(step=coeffs, enable_prefix_caching=caching, jitter=jitter,
-                   request_overhead_s=overhead["request_overhead_s"],
-                   request_per_prompt_token_s=overhead["request_per_prompt_token_s"],
-                   frontend_cpu_s=overhead["frontend_cpu_s"],
-                   max_num_seqs=ints["max_num_seqs"], max_num_batched_tokens=ints["max_num_batched_tokens"],
-                   block_size=ints["block_size"], num_kv_blocks=ints["num_kv_blocks"],
-                   max_model_len=ints["max_model_len"])
+        """The profile of a profile's content as a file or a table holds it (:func:`parse_profile`)."""
+        return cls.of(parse_profile(d, where))
 
     def step_time(self, tokens: float, attn: float, kv: float, sampled: float) -> float:
         s = self.step
@@ -176,26 +189,112 @@ class EngineProfile:
                 + s["per_attn_s"] * attn + s["per_kv_s"] * kv)
 
 
-def read_profile(path: str | Path) -> dict[str, Any]:
-    """A profile file's content, validated (one-line errors naming the file)."""
+def parse_profile(d: object, where: str = "profile") -> ProfileDoc:
+    """A profile's content (a profile file's JSON, a cluster's ``profile`` table), checked and parsed
+    once into a :class:`ProfileDoc`: absent optional fields take their defaults, a ``jitter`` table
+    its defaults for the fields it leaves out, and a field of no use to the simulator other than
+    ``source`` and ``fit`` is dropped. Errors are one line naming the field."""
+    if not isinstance(d, Mapping):
+        raise UserError("a profile must be a JSON object", where)
+    version = d.get("llmlb_profile")
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
+        raise UserError(f"not an llmlb profile of version {' or '.join(map(str, READABLE_VERSIONS))} "
+                        f"(llmlb_profile = {version!r}); write one with llmlb calibrate", where)
+    step, engine = d.get("step"), d.get("engine")
+    if not isinstance(step, Mapping) or not isinstance(engine, Mapping):
+        raise UserError("needs a 'step' and an 'engine' object", where)
+
+    def term(k: str) -> float:
+        v = step.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise UserError(f"must be a number >= 0, got {v!r}", f"{where}: step.{k}")
+        return v
+
+    coeffs: StepCoefficients = {"base_s": term("base_s"), "per_token_s": term("per_token_s"),
+                                "per_sample_s": term("per_sample_s"), "per_attn_s": term("per_attn_s"),
+                                "per_kv_s": term("per_kv_s")}
+    if not coeffs["base_s"] + coeffs["per_token_s"] + coeffs["per_sample_s"] > 0:
+        raise UserError("a step must take time: base_s, per_token_s or per_sample_s must be > 0", f"{where}: step")
+
+    def count(k: str) -> int:
+        v = engine.get(k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise UserError(f"must be a positive integer, got {v!r}", f"{where}: engine.{k}")
+        return v
+
+    seqs, tokens, block, blocks, length = (count(k) for k in ENGINE_INTS)
+    if tokens < seqs:
+        raise UserError("max_num_batched_tokens must be >= max_num_seqs", f"{where}: engine")
+    caching = engine.get("enable_prefix_caching", True)
+    if not isinstance(caching, bool):
+        raise UserError(f"must be true or false, got {caching!r}", f"{where}: engine.enable_prefix_caching")
+    settings: EngineSettings = {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "block_size": block,
+                                "num_kv_blocks": blocks, "max_model_len": length, "enable_prefix_caching": caching}
+
+    def seconds(k: str) -> float:
+        v = d.get(k, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise UserError(f"must be a number >= 0, got {v!r}", f"{where}: {k}")
+        return v
+
+    doc: ProfileDoc = {"llmlb_profile": next(v for v in READABLE_VERSIONS if v == version),
+                       "engine": settings, "step": coeffs,
+                       "request_overhead_s": seconds("request_overhead_s"),
+                       "request_per_prompt_token_s": seconds("request_per_prompt_token_s"),
+                       "frontend_cpu_s": seconds("frontend_cpu_s"),
+                       "jitter": _jitter(d["jitter"], f"{where}: jitter") if d.get("jitter") is not None else None}
+    if d.get("source") is not None:
+        doc["source"] = _json_object(d["source"], f"{where}: source")
+    if d.get("fit") is not None:
+        doc["fit"] = _json_object(d["fit"], f"{where}: fit")
+    return doc
+
+
+def _jitter(table: object, where: str) -> JitterTable:
+    """A profile's ``jitter`` table, checked (sim/jitter.py), with what calibrate measured it on."""
+    out = JitterSpec.from_dict(table, where).to_dict()
+    assert isinstance(table, Mapping)       # JitterSpec.from_dict refused anything else
+    for k in COUNTS:
+        v = table.get(k)
+        if v is not None:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise UserError(f"must be a count >= 0, got {v!r}", f"{where}.{k}")
+            out[k] = v
+    span = table.get("drift_span_s")
+    if span is not None:
+        if isinstance(span, bool) or not isinstance(span, (int, float)) or not span >= 0:
+            raise UserError(f"must be a number of seconds >= 0, got {span!r}", f"{where}.drift_span_s")
+        out["drift_span_s"] = span
+    return out
+
+
+def _json_object(value: object, where: str) -> dict[str, object]:
+    """A copy of a JSON object the profile carries without reading it (``source``, ``fit``)."""
+    if not isinstance(value, Mapping):
+        raise UserError("must be an object", where)
+    try:
+        copy: dict[str, object] = json.loads(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"must be JSON ({exc})", where) from None
+    return copy
+
+
+def read_profile(path: str | Path) -> ProfileDoc:
+    """A profile file's content, parsed (one-line errors naming the file)."""
     path = Path(path)
     if not path.is_file():
         raise UserError("no such profile file" if not path.exists() else "not a file, expected a profile (.json)",
                         path)
     try:
-        # the JSON document as calibrate wrote it (checked just below); its declared shape belongs with
-        # calibrate/, which builds it, and the commands that read its fields
-        d: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        d: object = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(f"not a JSON profile ({exc})", path) from None
-    EngineProfile.from_dict(d, str(path))
-    return d
+    return parse_profile(d, str(path))
 
 
-def resolve_profile(value: object, base: str | Path | None = None,
-                    where: str = "cluster.profile") -> dict[str, object] | None:
+def resolve_profile(value: object, base: str | Path | None = None, where: str = "cluster.profile") -> ProfileDoc | None:
     """A cluster's ``profile`` setting as the profile's content: a path (relative to ``base`` when
-    given) is read, a table is validated, None stays None."""
+    given) is read, a table is parsed, None stays None."""
     if value is None:
         return None
     if isinstance(value, (str, Path)):
@@ -203,9 +302,7 @@ def resolve_profile(value: object, base: str | Path | None = None,
         if base is not None and not path.is_absolute():
             path = Path(base) / path
         return read_profile(path)
-    EngineProfile.from_dict(value, where)
-    copy: dict[str, object] = json.loads(json.dumps(value))
-    return copy
+    return parse_profile(value, where)
 
 
 class ProfileCost:
