@@ -45,13 +45,18 @@ class ServerThread:
         return self.call(go), cfg
 
     def aiohttp(self, app: web.Application, port: int = 0) -> str:
-        async def go() -> str:
+        return self.aiohttp_server(app, port)[0]
+
+    def aiohttp_server(self, app: web.Application, port: int = 0) -> tuple[str, web.Server]:
+        """An aiohttp app's URL, and its server (whose ``connections`` are those it accepted and holds)."""
+        async def go() -> tuple[str, web.Server]:
             runner = web.AppRunner(app, handler_cancellation=True)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", port)
             await site.start()
             self._cleanups.append(runner.cleanup)
-            return f"http://127.0.0.1:{runner.addresses[0][1]}"
+            assert runner.server is not None
+            return f"http://127.0.0.1:{runner.addresses[0][1]}", runner.server
         return self.call(go)
 
     def close(self) -> None:

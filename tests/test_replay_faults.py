@@ -1,102 +1,25 @@
-"""Faults: every trace row ends with exactly one result row, whatever a real misbehaving server does.
-
-One aiohttp app on 127.0.0.1 misbehaves according to the path prefix of the
-endpoint URL (``http://127.0.0.1:P/<fault>``), so each test points the
-replayer at the fault it checks.
-"""
+"""Faults: every trace row ends with exactly one result row, whatever a real misbehaving server does
+(tests/faults_helpers.py: the server, which misbehaves by the endpoint URL's path prefix)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import resource
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from collections import defaultdict
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from aiohttp import web
-from conftest import CTRL_C, make_trace
+from conftest import make_trace
+from faults_helpers import HANG_S, Faults, interrupt_then_resume
 from replay_helpers import run_replay, servers, token_count  # noqa: F401  (servers is a fixture)
 
 from llmlb_bench.replay import ReplayOptions, Timeouts
 from llmlb_bench.replay.selfcheck import noop_server
-from llmlb_bench.schema import TRACE, write_trace
-
-TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"t"},"finish_reason":null}]}\n\n'
-FINISH = b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}\n\n'
-DONE = b"data: [DONE]\n\n"
-#: requests the ``gated`` fault holds on their first call (their answer never comes; a resend streams)
-GATED = ("2", "3")
-
-
-def usage(n: int) -> bytes:
-    return b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":%d}}\n\n' % n
-
-
-class Faults:
-    """The misbehaving server's behaviours and what it saw."""
-
-    def __init__(self) -> None:
-        self.calls: dict[str, list[str]] = defaultdict(list)
-        self.per_connection: dict[tuple, int] = defaultdict(int)
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/{fault}/v1/models", self.models)
-        app.router.add_post("/{fault}/v1/chat/completions", self.chat)
-        return app
-
-    async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "m"}]})
-
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        fault = request.match_info["fault"]
-        body = await request.json()
-        rid = request.headers["X-Request-Id"]
-        self.calls[fault].append(rid)
-        n = body["max_tokens"]
-        conn_key = request.transport.get_extra_info("peername")  # the client's port names the connection
-        self.per_connection[conn_key] += 1
-        if fault == "429":
-            return web.json_response({"error": {"message": "slow down"}}, status=429, headers={"Retry-After": "0"})
-        if fault == "500":
-            return web.json_response({"error": {"message": "boom"}}, status=500)
-        if fault == "flaky503" and self.calls[fault].count(rid) == 1:
-            return web.json_response({"detail": "warming up"}, status=503)
-        if fault == "html":
-            return web.Response(text="<html>maintenance</html>", content_type="text/html")
-        if fault == "close_reused" and self.per_connection[conn_key] > 1:
-            request.transport.close()  # the server dropped the kept-alive connection under us
-            return web.Response()
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        if fault == "stall_first" or fault == "gated" and rid in GATED and self.calls[fault].count(rid) == 1:
-            await asyncio.sleep(30 if fault == "stall_first" else 3600)   # gated: until the client leaves
-        for i in range(n):
-            if fault == "stall_mid" and i == 2:
-                await asyncio.sleep(30)
-            if fault == "reset" and i == 3:
-                request.transport.abort()
-                return resp
-            if fault == "malformed" and i == 1:
-                await resp.write(b"data: {oops\n\n")
-                await asyncio.sleep(30)
-            await resp.write(TOKEN)
-            if fault in ("slow", "gated"):
-                await asyncio.sleep(0.05)
-        await resp.write(FINISH + usage(n) + DONE)
-        if fault == "close_after":  # llama-server: keep-alive advertised, connection closed anyway
-            await resp.write_eof()
-            request.transport.close()
-        return resp
+from llmlb_bench.schema import TRACE
 
 
 @pytest.fixture
@@ -129,11 +52,22 @@ def test_between_tokens_timeout_keeps_the_tokens_received(faults, tmp_path):
 
 
 def test_total_timeout(faults, tmp_path):
+    """Tokens keep coming (one every 50 ms, as long as the client stays), so only the total timeout
+    can end the request, and it keeps the tokens received. Checked in the order of events, on the
+    clock server and client share: the server saw the client leave no earlier than the timeout after
+    the send, and the client kept at most what the server had written by then. The timeout is scaled
+    from the pace of a whole request measured here (a fixed 0.4 s with 4-10 tokens expected held by
+    a margin of a few tokens on a loaded machine)."""
     f, base = faults
-    _, rows, _ = _replay(base, "slow", tmp_path, n=2, out=40, timeouts=Timeouts(total=0.4))
+    _, (lone,), _ = _replay(base, "ok", tmp_path / "pace", n=1)
+    total = round(max(0.4, 20 * (lone["last_token_s"] - lone["sent_s"])), 3)
+    summary, rows, _ = _replay(base, "drip", tmp_path / "t", n=2, timeouts=Timeouts(total=total))
+    t0 = summary["client"]["t0_clock_s"]
     for r in rows:
-        assert r["status"] == "timeout" and "total timeout of 0.4 s" in r["error"]
-        assert 4 <= r["output_tokens"] <= 10
+        assert r["status"] == "timeout" and f"total timeout of {total:g} s" in r["error"]
+        left, written = f.left[str(r["request_id"])]
+        assert left >= t0 + r["sent_s"] + total - 1e-4          # not before its time (the timer's 0.1 ms)
+        assert 1 <= r["output_tokens"] == token_count(r) <= written < HANG_S * 20
 
 
 def test_connect_timeout(tmp_path):
@@ -208,85 +142,55 @@ def test_a_server_that_drops_kept_alive_connections_is_survived(faults, tmp_path
         assert len(f.calls[fault]) > 30
 
 
+def chain_trace(n: int) -> pa.Table:
+    """Request 0, then ``n - 1`` requests each sent once the one before it ended (a conversation)."""
+    return TRACE.conform(pa.table({
+        "request_id": pa.array(range(n), pa.int64()), "arrival_s": [0.0] * n,
+        "parent_id": pa.array([None, *range(n - 1)], pa.int64()), "after_parent_s": [None] + [0.0] * (n - 1),
+        "input_tokens": pa.array([100] * n, pa.int32()), "output_tokens": pa.array([2] * n, pa.int32())}), "t")
+
+
 def test_an_endpoint_down_at_start_is_avoided_then_used_once_it_comes_up(faults, servers, tmp_path):  # noqa: F811
+    """In the order of events, not of a schedule a loaded machine may finish before the endpoint is
+    back (a 3 s trace left about 2 s): the run's first request reaches the ``held`` server, which
+    answers it only once the revived endpoint has accepted the replayer's probe (the only connection
+    made to it while it is out of the rotation, with scraping off), which marks it healthy a few
+    event-loop turns later; the 19 others follow one after the other, each at least two turns after
+    the one before, so round robin has two healthy targets to alternate between for most of them."""
     f, base = faults
     reserved = socket.socket()  # bound, not listening: connections are refused
     reserved.bind(("127.0.0.1", 0))
     port = reserved.getsockname()[1]
     down = f"http://127.0.0.1:{port}/ok"
-    trace = make_trace(n=90, rate=30.0, output_tokens=2)
+    revived: list[float] = []
 
     def revive() -> None:
-        # once the run is sending (the preflight, which found the endpoint down, is over), not after a
-        # fixed 0.5 s: a preflight slower than that found it up (on a loaded machine, on any machine)
-        while not f.calls["ok"]:
+        # once the run is sending (the preflight, which found the endpoint down, is over)
+        while not f.calls["held"]:
             time.sleep(0.01)
         reserved.close()
-        servers.aiohttp(Faults().app(), port=port)
+        _, server = servers.aiohttp_server(Faults().app(), port=port)
+        deadline = time.monotonic() + HANG_S      # a hang's bound: the test fails on 'late' below
+        while not server.connections and time.monotonic() < deadline:
+            time.sleep(0.01)
+        revived.append(time.perf_counter())
+        f.release.set()
 
     threading.Thread(target=revive, daemon=True).start()
-    summary, rows, _ = run_replay(trace, [f"{base}/ok", down], tmp_path, "round_robin")
+    summary, rows, _ = run_replay(chain_trace(20), [f"{base}/held", down], tmp_path, "round_robin",
+                                  ReplayOptions(thread=False, scrape_s=None))   # no scrape connects to it
     assert any("is down at start" in note for note in summary["notes"])
     assert all(r["status"] == "ok" for r in rows)
     late = [r for r in rows if r["target"] == down]
-    assert late and min(r["sent_s"] for r in late) > 0.5
-
-
-def gated_trace() -> pa.Table:
-    """Two families (one per worker when there are two): root ``k`` (k = 0, 1), then its child ``k + 2``,
-    which the ``gated`` server holds on its first call, then 38 children of that one. Nothing after
-    the held request can be sent before it ends, so a signal sent once the server holds both lands
-    at the same point of the run on any machine: both roots answered, both held ones in flight, the
-    other 76 not sent."""
-    parent = [None, None, 0, 1] + [2 + k % 2 for k in range(76)]
-    return TRACE.conform(pa.table({
-        "request_id": pa.array(range(80), pa.int64()), "arrival_s": [0.0, 0.05] + [0.1] * 78,
-        "parent_id": pa.array(parent, pa.int64()),
-        "after_parent_s": [None, None, 0.0, 0.0] + [0.02 * (k // 2) for k in range(76)],
-        "input_tokens": pa.array([100] * 80, pa.int32()), "output_tokens": pa.array([3] * 80, pa.int32())}), "t")
+    assert len(late) >= 5          # round robin alternates over the requests sent once it was healthy
+    assert min(summary["client"]["t0_clock_s"] + r["sent_s"] for r in late) > revived[0]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig, workers", [(signal.SIGTERM, 1), (signal.SIGINT, 1), (signal.SIGTERM, 2)])
 def test_interrupt_keeps_a_partial_run_that_resume_completes(faults, tmp_path, sig, workers):
-    """Interrupted at a point of the run's own progress (not of this machine's speed: signalled
-    after a fixed delay, or once a request had finished, a slow machine could have sent every
-    request by the time the signal landed, and a fast one none): the rows say exactly which requests
-    were answered, cut off in flight and never sent, and ``--resume`` completes the run."""
-    f, base = faults
-    trace = tmp_path / "t.parquet"
-    write_trace(gated_trace(), trace)
-    cmd = [sys.executable, "-m", "llmlb_bench", "replay", str(trace), "-e", f"{base}/gated",
-           "--workers", str(workers), "--results", str(tmp_path / "res"), "--run-id", "x", "--no-progress"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **CTRL_C)
-    run_dir = tmp_path / "res" / "x"
-    start = time.monotonic()
-    deadline = start + 600    # a hang's bound, not a speed: the loop ends once both held requests arrived
-    while not set(GATED) <= set(f.calls["gated"]):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the held requests never reached the server"
-        time.sleep(0.02)
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=max(120.0, 10 * (time.monotonic() - start)))  # scaled from its start-up
-    assert proc.returncode == 130, err
-    meta = json.loads((run_dir / "run.json").read_text())
-    assert meta["status"] == "partial" and meta["reason"] == "interrupted"
-    rows = sorted(pq.read_table(run_dir / "requests.parquet").to_pylist(), key=lambda r: r["request_id"])
-    assert [r["request_id"] for r in rows] == list(range(80))
-    assert [(r["status"], r["error"]) for r in rows[:4]] == [("ok", None)] * 2 + [("error", "interrupted")] * 2
-    assert {r["status"] for r in rows[4:]} == {"not_sent"}
-    assert sorted(f.calls["gated"]) == ["0", "1", "2", "3"]      # the server saw nothing else
-    assert f"--resume {run_dir}" in err
-
-    done = subprocess.run([*cmd[:-5], "--results", str(tmp_path / "res"), "--resume", str(run_dir), "--no-progress"],
-                          capture_output=True, text=True, timeout=max(300.0, 10 * (time.monotonic() - start)))
-    assert done.returncode == 0, done.stderr
-    meta = json.loads((run_dir / "run.json").read_text())
-    assert meta["status"] == "complete" and meta["summary"]["replay"]["resumed"]["carried_rows"] > 0
-    rows = pq.read_table(run_dir / "requests.parquet").to_pylist()
-    assert sorted(r["request_id"] for r in rows) == list(range(80))
-    assert {r["status"] for r in rows} == {"ok"} and {r["run_id"] for r in rows} == {"x"}
-    assert not any(p.name.endswith("resume-backup") for p in (tmp_path / "res").iterdir())
+    """Process workers (or none): see :func:`interrupt_then_resume`."""
+    interrupt_then_resume(*faults, tmp_path, sig, "--workers", str(workers))
 
 
 @pytest.mark.slow
