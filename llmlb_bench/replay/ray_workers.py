@@ -57,7 +57,7 @@ import pyarrow.compute as pc
 from llmlb_bench import interrupts
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import Policy
-from llmlb_bench.raycluster import ray_session
+from llmlb_bench.raycluster import ray_session, starts_private_instance
 from llmlb_bench.replay.client import ReplayResult
 from llmlb_bench.replay.clock import ClockOffset, measure_offset, perf_instant
 from llmlb_bench.replay.options import ReplayOptions
@@ -75,8 +75,13 @@ from llmlb_bench.store.sink import rows_table
 #: in time even on a busy cluster (a Ray call takes milliseconds; an actor that hears it late only
 #: starts late, which its dispatch lag shows)
 START_MARGIN_S = 0.5
-#: how long actors may take to be placed and to get ready (a cluster without free CPUs never places them)
+#: how long the actors on a cluster this command did not start may go without another of them getting ready
+#: (other work may hold its CPUs for good, and then they are never placed); the actors of the private
+#: instance a command starts have its CPUs to themselves and wait however slow the machine is (pinned to
+#: one busy core, two took over 120 s)
 READY_TIMEOUT_S = 120.0
+#: how often the wait for the actors looks for Ctrl-C
+_READY_SLICE_S = 0.2
 #: seconds between the parent's collections of the actors' finished rows
 POLL_S = 1.0
 #: result columns that are times on the replay's timeline
@@ -235,6 +240,7 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Policy, run: RunStore
     details: list[dict[str, object]] = [{"rows": len(rows)} for rows in plan.shares]
     outcomes = [WorkerOutcome() for _ in range(n)]
     stop = {"signalled": False}
+    private = starts_private_instance(options.address)
     with ray_session(options.address, n) as ray:
         actor_class = ray.remote(ReplayActor)
         actors = [actor_class.options(num_cpus=1, max_concurrency=2, scheduling_strategy="SPREAD",
@@ -251,12 +257,9 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Policy, run: RunStore
         try:
             prepared = [actor.prepare.remote(_to_ipc(plan.trace.take(rows)), pre, policy, opts, run.run_id)
                         for actor, rows, opts in zip(actors, plan.shares, plan.options)]
-            ready, _ = ray.wait(prepared, num_returns=n, timeout=READY_TIMEOUT_S)
-            if len(ready) < n:
-                raise UserError(f"only {len(ready)} of {n} Ray actors were ready within {READY_TIMEOUT_S:g} s "
-                                f"(each needs one free CPU on the cluster)", "--workers")
+            _wait_ready(ray, prepared, stop, bounded=not private)
             live: dict[int, ClockOffset] = {}
-            for k, ref in enumerate(prepared):
+            for k, ref in enumerate(prepared if not stop["signalled"] else ()):
                 place, error = _get(ray, partial(ray.get, ref))
                 offset, error = (None, error) if error else _get(ray, partial(_offset, ray, actors[k]))
                 if offset is None:
@@ -309,6 +312,20 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Policy, run: RunStore
     if stop["signalled"] or summary["interrupted"]:
         raise KeyboardInterrupt("replay interrupted")
     return summary
+
+
+def _wait_ready(ray: ModuleType, prepared: list[Any], stop: dict[str, bool], bounded: bool) -> None:
+    """Until every actor is prepared, or Ctrl-C (``stop``), which a single long wait heard only once all
+    were ready or :data:`READY_TIMEOUT_S` had passed, and then reported as that error. ``bounded``: a
+    one-line error once that long passes without another actor getting ready."""
+    n, ready, since = len(prepared), 0, perf_counter()
+    while ready < n and not stop["signalled"]:
+        now_ready = len(ray.wait(prepared, num_returns=n, timeout=_READY_SLICE_S)[0])
+        if now_ready > ready:
+            ready, since = now_ready, perf_counter()
+        elif bounded and perf_counter() - since > READY_TIMEOUT_S:
+            raise UserError(f"only {ready} of {n} Ray actors were ready within {READY_TIMEOUT_S:g} s "
+                            f"(each needs one free CPU on the cluster)", "--workers")
 
 
 def _get(ray: ModuleType, call: Callable[[], _T]) -> tuple[_T | None, str | None]:
