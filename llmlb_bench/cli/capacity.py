@@ -7,7 +7,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Callable, Optional, TypeVar
 
 import typer
 from rich.console import Console
@@ -19,6 +19,9 @@ from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.units import parse_duration
+
+if TYPE_CHECKING:       # the command imports the search when it runs (start-up stays light)
+    from llmlb_bench.sweep.endpoint_capacity import Probe, RepeatsSummary, SearchSummary
 
 _LABEL = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -107,17 +110,26 @@ def capacity(
     for note in pre.notes:
         err_console.print(f"[yellow]warning:[/] {note}", highlight=False, soft_wrap=True)
     try:
-        summary = (run_search(search, results, pre, _print_probe) if repeats == 1
-                   else run_repeats(search, repeats, results, pre, _print_probe))
+        if repeats == 1:
+            _show(run_search(search, results, pre, _print_probe), fmt, render)
+        else:
+            _show(run_repeats(search, repeats, results, pre, _print_probe), fmt, render_repeats)
     except KeyboardInterrupt:
         err_console.print(f"search interrupted; finished probes are kept in {Path(results) / search.name}, "
                           f"and the same command with --name {search.name} resumes it", highlight=False,
                           soft_wrap=True)
         raise
+
+
+S = TypeVar("S")
+
+
+def _show(summary: S, fmt: ReportFormat, render_terminal: Callable[[S, Console], None]) -> None:
+    """The summary as JSON on stdout, or rendered for the terminal."""
     if fmt is ReportFormat.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
-        return
-    (render if repeats == 1 else render_repeats)(summary, console)
+    else:
+        render_terminal(summary, console)
 
 
 def _pct(v: float | None) -> str:
@@ -128,11 +140,11 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{1e3 * v:,.1f}"
 
 
-def _print_probe(p: dict[str, Any]) -> None:
+def _print_probe(p: Probe) -> None:
     err_console.print(_probe_line(p), highlight=False)
 
 
-def _probe_line(p: dict[str, Any]) -> str:
+def _probe_line(p: Probe) -> str:
     verdict = "meets" if p["meets"] else "misses"
     how = "sent" if p["ran"] else "reused"
     busy = "; the endpoints were still busy when it started" if p["drained"] is False else ""
@@ -140,10 +152,17 @@ def _probe_line(p: dict[str, Any]) -> str:
             f"({p['requests']} requests {how}, run {p['run_id']}{busy})")
 
 
-def render(summary: dict[str, Any], out: Console) -> None:
+def _bracket(bracket: list[float | None] | None) -> str:
+    """A search's bracket (None while it runs); its open high end is infinite."""
+    if bracket is None:
+        return "-"
+    low, high = bracket
+    return f"[{low:,.3g}, {'inf' if high is None else format(high, ',.3g')}]"
+
+
+def render(summary: SearchSummary, out: Console) -> None:
     """The verdict line, then one row per probe in the order made."""
-    low, high = summary["bracket"]
-    bracket = f"[{low:,.3g}, {'inf' if high is None else format(high, ',.3g')}] req/s"
+    bracket = f"{_bracket(summary['bracket'])} req/s"
     note = {"below": "misses the target at the lowest rate", "above": "meets it at the highest rate (lower bound)",
             "budget": "budget spent before the bracket closed"}.get(summary["censored"] or "", "")
     cap = summary["capacity"]
@@ -166,7 +185,7 @@ def render(summary: dict[str, Any], out: Console) -> None:
     out.print(t)
 
 
-def render_repeats(summary: dict[str, Any], out: Console) -> None:
+def render_repeats(summary: RepeatsSummary, out: Console) -> None:
     """The mean capacity and its interval, then one row per seed (each seed's probes are in its summary.json)."""
     mean = summary["mean"]
     interval = ("" if summary["low"] is None
@@ -184,8 +203,7 @@ def render_repeats(summary: dict[str, Any], out: Console) -> None:
         t.add_column(col, justify="right")
     t.add_column("summary", overflow="fold")
     for r in summary["per_seed"]:
-        low, high = r["bracket"]
         t.add_row(str(r["seed"]), "-" if r["capacity"] is None else f"{r['capacity']:,.3g}",
-                  f"[{low:,.3g}, {'inf' if high is None else format(high, ',.3g')}]", r["censored"] or "",
+                  _bracket(r["bracket"]), r["censored"] or "",
                   str(r["probes"]), f"{r['requests']:,}", r["summary"])
     out.print(t)

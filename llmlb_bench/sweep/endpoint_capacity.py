@@ -55,7 +55,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable, Literal, Mapping, TypedDict
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -70,6 +70,7 @@ from llmlb_bench.store.run import write_json_atomic
 from llmlb_bench.sweep.capacity import Bisection, CapacityTask, OutOfBudget, Outcome, bisect, combine
 from llmlb_bench.sweep.cells import TRACES, Cell, finished
 from llmlb_bench.sweep.figures import compute_figures
+from llmlb_bench.sweep.stats import MeanCi
 from llmlb_bench.sweep.rates import nominal_rate
 from llmlb_bench.workload import WorkloadSpec, generate
 
@@ -82,14 +83,99 @@ POLL_S = 0.1
 DRAIN_LIMIT_S = 300.0
 
 
+class PolicySetting(TypedDict):
+    name: str
+    args: dict[str, object]
+
+
+class ProbeLength(TypedDict):
+    duration_s: float | None
+    requests: int | None
+
+
+class Budget(TypedDict):
+    seconds: float | None
+    requests: int | None
+
+
+class Spent(TypedDict):
+    seconds: float
+    requests: int
+
+
+class Settings(TypedDict):
+    """A search's settings as summary.json states them (:meth:`EndpointSearch.describe`)."""
+
+    name: str
+    workload: str
+    workload_source: str
+    endpoints: list[str]
+    policy: PolicySetting
+    slo: str
+    target: float
+    rate: list[float]               # the bracket searched: [low, high]
+    tolerance: float
+    probe: ProbeLength
+    warmup: float
+    cooldown_s: float
+    budget: Budget
+
+
+class Probe(TypedDict):
+    """One probe of a search, in the order made: summary.json's ``probes`` and what ``on_probe`` hears."""
+
+    rate: float
+    requests: int
+    judged_from_s: float
+    attainment: float | None
+    goodput: float | None
+    ttft_p90: float | None
+    tpot_p90: float | None
+    meets: bool
+    run_id: str
+    ran: bool                       # false: reused from an earlier run of the same search
+    drained: bool | None            # the endpoints' gauges showed no work before it (None: reused)
+    wall_s: float | None
+
+
+class SearchSummary(Settings):
+    """One search's summary.json (:func:`run_search`); an open end of its bracket is null."""
+
+    tool_version: str
+    seed: int
+    root: str
+    nominal_rate: float
+    models: list[str]
+    status: Literal["running", "complete"]
+    capacity: float | None
+    bracket: list[float | None] | None      # None while running
+    censored: str | None
+    spent: Spent
+    probes: list[Probe]
+
+
 class SeedSearch(Outcome):
     """One seed's search as :func:`run_repeats` lists it (an open end of its bracket is null)."""
 
     seed: int
-    bracket: list[float | None]
+    bracket: list[float | None] | None      # as its summary has it (None only while a search runs)
     probes: int
     requests: int
     summary: str
+
+
+class RepeatsSummary(Settings, MeanCi):
+    """The summary.json of one search per seed (:func:`run_repeats`): the mean capacity over the seeds
+    measured, with its interval, and each seed's search."""
+
+    tool_version: str
+    repeats: int
+    root: str
+    status: Literal["complete"]
+    censored: list[str]
+    not_measured: list[int]
+    per_seed: list[SeedSearch]
+    spent: Spent
 
 
 @dataclass
@@ -124,11 +210,11 @@ class EndpointSearch:
         return CapacityTask(template, nominal_rate(self.spec), self.slo, self.target, self.low, self.high,
                             self.tolerance)
 
-    def describe(self) -> dict[str, object]:
-        """The settings as summary.json states them."""
+    def describe(self) -> Settings:
+        """The settings as summary.json states them (the seed apart: one search's, or the first of several)."""
         return {"name": self.name, "workload": self.workload, "workload_source": self.spec.source,
                 "endpoints": list(self.endpoints), "policy": {"name": self.policy, "args": dict(self.policy_args)},
-                "seed": self.seed, "slo": self.slo, "target": self.target, "rate": [self.low, self.high],
+                "slo": self.slo, "target": self.target, "rate": [self.low, self.high],
                 "tolerance": self.tolerance,
                 "probe": {"duration_s": self.spec.duration_s, "requests": self.spec.requests},
                 "warmup": self.warmup, "cooldown_s": self.cooldown_s,
@@ -213,7 +299,7 @@ def _judged_from(trace_arrivals: list[float], warmup: float, time_scale: float) 
 
 
 def run_search(search: EndpointSearch, results: str | Path, pre: Preflight | None = None,
-               on_probe: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+               on_probe: Callable[[Probe], None] | None = None) -> SearchSummary:
     """Search ``search``'s capacity into ``results/<name>/``; returns (and writes) the summary.
 
     ``pre`` is :func:`~llmlb_bench.replay.preflight` of the endpoints when the
@@ -229,18 +315,20 @@ def run_search(search: EndpointSearch, results: str | Path, pre: Preflight | Non
     root = Path(results) / search.name
     (root / TRACES).mkdir(parents=True, exist_ok=True)
     clock = _Clock(search)
-    probes: list[dict[str, Any]] = []
+    probes: list[Probe] = []
     scale = search.options.time_scale
 
-    def summary(outcome: Bisection | None) -> dict[str, Any]:
+    def summary(outcome: Bisection | None) -> SearchSummary:
         """Written after every probe (status ``running``) and at the end (``complete``)."""
-        doc = {"tool_version": __version__, **search.describe(), "root": str(root),
-               "nominal_rate": task.nominal_rate, "models": pre.models,
-               "status": "running" if outcome is None else "complete",
-               **(outcome or {"capacity": None, "bracket": None, "censored": None}),
-               # an open end of the bracket (nothing missed, or nothing met) is null: JSON has no infinity
-               **({"bracket": [b if math.isfinite(b) else None for b in outcome["bracket"]]} if outcome else {}),
-               "spent": {"seconds": clock.elapsed(), "requests": clock.requests}, "probes": probes}
+        doc: SearchSummary = {
+            "tool_version": __version__, **search.describe(), "seed": search.seed, "root": str(root),
+            "nominal_rate": task.nominal_rate, "models": pre.models,
+            "status": "running" if outcome is None else "complete",
+            "capacity": outcome["capacity"] if outcome else None,
+            # an open end of the bracket (nothing missed, or nothing met) is null: JSON has no infinity
+            "bracket": [b if math.isfinite(b) else None for b in outcome["bracket"]] if outcome else None,
+            "censored": outcome["censored"] if outcome else None,
+            "spent": {"seconds": clock.elapsed(), "requests": clock.requests}, "probes": probes}
         write_json_atomic(root / SUMMARY, doc)
         return doc
 
@@ -266,7 +354,7 @@ def run_search(search: EndpointSearch, results: str | Path, pre: Preflight | Non
         figures = compute_figures(root, cell.run_id, cell.key, search.slo, since)
         if not reused:
             clock.tail_s = max(clock.tail_s, time.perf_counter() - started - span)
-        record = {"rate": rate, "requests": table.num_rows, "judged_from_s": since,
+        record: Probe = {"rate": rate, "requests": table.num_rows, "judged_from_s": since,
                   "attainment": figures["attainment"], "goodput": figures["goodput"],
                   "ttft_p90": figures["ttft.p90"], "tpot_p90": figures["tpot.p90"],
                   "meets": figures["attainment"] is not None and figures["attainment"] >= search.target,
@@ -276,14 +364,13 @@ def run_search(search: EndpointSearch, results: str | Path, pre: Preflight | Non
         summary(None)
         if on_probe is not None:
             on_probe(record)
-        meets: bool = record["meets"]
-        return meets
+        return record["meets"]
 
     return summary(bisect(meets, search.low, search.high, search.tolerance, high_last=True))
 
 
 def run_repeats(search: EndpointSearch, repeats: int, results: str | Path, pre: Preflight | None = None,
-                on_probe: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                on_probe: Callable[[Probe], None] | None = None) -> RepeatsSummary:
     """One search per seed (``search.seed``, +1, ...), all within ``search``'s one budget; their mean
     capacity with its Student-t interval, as the simulator's sweep reports it.
 
@@ -311,11 +398,12 @@ def run_repeats(search: EndpointSearch, repeats: int, results: str | Path, pre: 
                          "censored": out["censored"], "probes": len(out["probes"]),
                          "requests": out["spent"]["requests"], "summary": str(Path(out["root"]) / SUMMARY)})
     measured = [r for r in per_seed if r["probes"] and not (r["censored"] == "budget" and r["capacity"] is None)]
-    doc = {"tool_version": __version__, **search.describe(), "repeats": repeats, "root": str(root),
-           "status": "complete", **combine(measured),
-           "not_measured": [r["seed"] for r in per_seed if r not in measured], "per_seed": per_seed,
-           "spent": {"seconds": time.perf_counter() - start, "requests": requests}}
-    doc.pop("seed")
+    over = combine(measured)
+    doc: RepeatsSummary = {
+        "tool_version": __version__, **search.describe(), "repeats": repeats, "root": str(root),
+        "status": "complete", "mean": over["mean"], "low": over["low"], "high": over["high"], "n": over["n"],
+        "censored": over["censored"], "not_measured": [r["seed"] for r in per_seed if r not in measured],
+        "per_seed": per_seed, "spent": {"seconds": time.perf_counter() - start, "requests": requests}}
     write_json_atomic(root / SUMMARY, doc)
     return doc
 
