@@ -9,7 +9,7 @@ unfinished requests still need.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Final, Mapping, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -38,11 +38,75 @@ class RunSinks(Protocol):
     def series(self) -> RowSink: ...
 
 
+#: a missing time in a float column (written as null)
+_NAN: Final = float("nan")
+
+
+class Finished:
+    """One replica's requests finished since the last batch, as the few numbers their rows need, taken
+    when each finishes (:meth:`add`), so that the :class:`Request` objects are freed then, not held
+    to the batch's end: the collector does not scan 20,000 of them at each pass, and the batch reads
+    plain lists instead of walking the requests' attributes. A speculative replica also keeps the
+    requests themselves (their decode stints)."""
+
+    __slots__ = ("rows", "span_a", "span_b", "nspans", "lead", "energy", "cached", "preemptions", "prefill_target",
+                 "decode_target", "predicted", "moved", "guessed", "requests")
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        #: the token step ranges ``[span_a, span_b]`` of all requests, flat; ``nspans`` per request
+        self.span_a: list[int] = []
+        self.span_b: list[int] = []
+        self.nspans: list[int] = []
+        #: the first token's time where another replica made it (P/D), else NaN
+        self.lead: list[float] = []
+        #: joules of prefill shares
+        self.energy: list[float] = []
+        self.cached: list[int] = []
+        self.preemptions: list[int] = []
+        #: replica indices (-1: none)
+        self.prefill_target: list[int] = []
+        self.decode_target: list[int] = []
+        self.predicted: list[int | None] = []
+        #: whether any request has a prefill / decode target, any a cache prediction
+        self.moved = self.guessed = False
+        self.requests: list[Request] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, r: Request, keep: bool) -> None:
+        """``r`` finished here; ``keep``: hold the request itself too (a speculative replica)."""
+        self.rows.append(r.row)
+        spans = r.spans
+        assert spans is not None   # a finished request ran at least one step
+        for a, b in spans:
+            self.span_a.append(a)
+            self.span_b.append(b)
+        self.nspans.append(len(spans))
+        self.lead.append(r.first_token_s if r.first_token_s >= 0 else _NAN)
+        self.energy.append(r.energy)
+        self.cached.append(max(r.cached, 0))
+        self.preemptions.append(r.preemptions)
+        if r.prefill_target >= 0 or r.decode_target >= 0:
+            self.moved = True
+        self.prefill_target.append(r.prefill_target)
+        self.decode_target.append(r.decode_target)
+        p = r.route.predicted_cached_tokens
+        if p is not None:
+            self.guessed = True
+        self.predicted.append(p)
+        if keep:
+            self.requests.append(r)
+
+
 class RequestRecorder:
     """Turns ended requests into REQUESTS rows."""
 
-    def __init__(self, trace: pa.Table, sink: RowSink, replicas: Sequence[Replica], scheduled_s: Sequence[float],
-                 sent_s: Sequence[float | None], token_times: str = "segments", batch_rows: int = 20_000) -> None:
+    def __init__(self, trace: pa.Table, sink: RowSink, replicas: Sequence[Replica], scheduled_s: list[float],
+                 sent_s: list[float | None], token_times: str = "segments", batch_rows: int = 20_000) -> None:
+        """``scheduled_s``, ``sent_s``: per trace row, the simulation's own lists (lists, not sequences:
+        compiled, a batch then reads them natively, where a generic ``__getitem__`` per row cost 2.5%)."""
         self.sink = sink
         self.summary_tokens = token_times == "summary"
         self.replicas = replicas
@@ -60,7 +124,7 @@ class RequestRecorder:
         col = trace.column("reasoning_tokens") if "reasoning_tokens" in trace.column_names else None
         reasoning = col.fill_null(0).to_numpy().astype(np.int64) if col is not None else np.zeros(0, np.int64)
         self._reasoning: np.ndarray | None = reasoning if (reasoning > 0).any() else None
-        self._finished: list[list[Request]] = [[] for _ in replicas]
+        self._finished: list[Finished] = [Finished() for _ in replicas]
         self._other: dict[str, list[Any]] = {"rows": [], "target": [], "status": [], "error": []}
         self.pending = 0
         self.counts: dict[str, int] = {}   # statuses other than ok
@@ -69,10 +133,10 @@ class RequestRecorder:
 
     def track(self, rep: Replica) -> None:
         """A replica joined the fleet (autoscaling)."""
-        self._finished.append([])
+        self._finished.append(Finished())
 
     def finished(self, req: Request) -> None:
-        self._finished[req.target].append(req)
+        self._finished[req.target].add(req, self.replicas[req.target].spec is not None)
         self.ok += 1
         self.pending += 1
         if self.pending >= self.batch_rows:
@@ -99,10 +163,10 @@ class RequestRecorder:
 
     def flush(self) -> None:
         parts: list[dict[str, Any]] = []
-        for rep, reqs in zip(self.replicas, self._finished):
-            if reqs:
-                parts.append(self._finished_columns(rep, reqs))
-                self._finished[rep.index] = []
+        for rep, batch in zip(self.replicas, self._finished):
+            if len(batch):
+                parts.append(self._finished_columns(rep, batch))
+                self._finished[rep.index] = Finished()
             rep.timeline.drop_before(rep.oldest_needed_step())
         o = self._other
         if o["rows"]:
@@ -128,50 +192,14 @@ class RequestRecorder:
             self._write(parts)
         self.pending = 0
 
-    def _finished_columns(self, rep: Replica, reqs: list[Request]) -> dict[str, Any]:
+    def _finished_columns(self, rep: Replica, batch: Finished) -> dict[str, Any]:
         tl = rep.timeline.arrays()
-        # one pass over the requests into plain lists (compiled, each field is one native read), then
-        # each list into NumPy once: a comprehension per column walked the 20,000 requests ten times
-        rows: list[int] = []
-        span_a: list[int] = []
-        span_b: list[int] = []
-        nspans: list[int] = []
-        leads: list[float] = []
-        prefill_energy: list[float] = []
-        cached: list[int] = []
-        preemptions: list[int] = []
-        prefill_names: list[str | None] = []
-        decode_names: list[str | None] = []
-        predicted: list[int | None] = []
-        names = [r.name for r in self.replicas]
-        nan = float("nan")
-        moved = guessed = False      # any request with a prefill / decode target, any cache prediction
-        for r in reqs:
-            rows.append(r.row)
-            spans = r.spans
-            assert spans is not None   # a finished request ran at least one step
-            for a_, b_ in spans:
-                span_a.append(a_)
-                span_b.append(b_)
-            nspans.append(len(spans))
-            leads.append(r.first_token_s if r.first_token_s >= 0 else nan)
-            prefill_energy.append(r.energy)
-            cached.append(max(r.cached, 0))
-            preemptions.append(r.preemptions)
-            if r.prefill_target >= 0 or r.decode_target >= 0:
-                moved = True
-            prefill_names.append(names[r.prefill_target] if r.prefill_target >= 0 else None)
-            decode_names.append(names[r.decode_target] if r.decode_target >= 0 else None)
-            p = r.route.predicted_cached_tokens
-            if p is not None:
-                guessed = True
-            predicted.append(p)
-        a = np.array(span_a, dtype=np.int64)
-        b = np.array(span_b, dtype=np.int64)
-        per = np.array(nspans, dtype=np.int64)
+        a = np.array(batch.span_a, dtype=np.int64)
+        b = np.array(batch.span_b, dtype=np.int64)
+        per = np.array(batch.nspans, dtype=np.int64)
         ends = np.cumsum(per)
-        n = len(reqs)
-        lead = np.array(leads, dtype=np.float64)
+        n = len(batch)
+        lead = np.array(batch.lead, dtype=np.float64)
         has_lead = ~np.isnan(lead)
         here_first = step_end_times(tl, a[ends - per])
         last = step_end_times(tl, b[ends - 1])
@@ -179,13 +207,14 @@ class RequestRecorder:
         segments: pa.ListArray | None = None
         spec: dict[str, np.ndarray] = {}
         if rep.spec is not None:
-            here, segments, spec = _speculative_columns(tl, reqs, rep.spec.k, lead)
-        energy = np.array(prefill_energy, dtype=np.float64) + decode_energy(tl, a, b, per)
+            here, segments, spec = _speculative_columns(tl, batch.requests, rep.spec.k, lead)
+        energy = np.array(batch.energy, dtype=np.float64) + decode_energy(tl, a, b, per)
         self.attributed_energy_j += float(energy.sum())
         output = (here + has_lead).astype(np.int32)
         token_times = (summary_segments(here_first, last, here, lead) if self.summary_tokens
                        else segments if segments is not None else token_segments(tl, a, b, per, lead))
-        row_ids = np.array(rows, dtype=np.int64)
+        row_ids = np.array(batch.rows, dtype=np.int64)
+        names = [r.name for r in self.replicas]
         return {
             **self._answer_columns(row_ids, output, token_times),
             "rows": row_ids,
@@ -194,15 +223,18 @@ class RequestRecorder:
             "last_token_s": last,
             "token_times": token_times,
             "output_tokens": output,
-            "cached_tokens": np.array(cached, dtype=np.int32),
+            "cached_tokens": np.array(batch.cached, dtype=np.int32),
             "status": pa.repeat(pa.scalar("ok", pa.string()), n),
             "error": pa.nulls(n, pa.string()),
-            "preemptions": np.array(preemptions, dtype=np.int32),
-            "prefill_target": pa.array(prefill_names, pa.string()) if moved else pa.nulls(n, pa.string()),
-            "decode_target": pa.array(decode_names, pa.string()) if moved else pa.nulls(n, pa.string()),
+            "preemptions": np.array(batch.preemptions, dtype=np.int32),
+            "prefill_target": (pa.array([names[i] if i >= 0 else None for i in batch.prefill_target], pa.string())
+                               if batch.moved else pa.nulls(n, pa.string())),
+            "decode_target": (pa.array([names[i] if i >= 0 else None for i in batch.decode_target], pa.string())
+                              if batch.moved else pa.nulls(n, pa.string())),
             "energy_j": energy,
             **spec,
-            "predicted_cached_tokens": pa.array(predicted, pa.int32()) if guessed else pa.nulls(n, pa.int32()),
+            "predicted_cached_tokens": (pa.array(batch.predicted, pa.int32()) if batch.guessed
+                                        else pa.nulls(n, pa.int32())),
         }
 
     def _answer_columns(self, rows: np.ndarray, output: np.ndarray, token_times: pa.ListArray) -> dict[str, Any]:
@@ -219,7 +251,6 @@ class RequestRecorder:
     def _write(self, parts: list[dict[str, Any]]) -> None:
         """Each part (one replica's finished requests, or the ended ones) as its own batch of rows:
         concatenating them first would copy every token segment once more."""
-        nan = float("nan")
         for cols in parts:
             rows = cols.pop("rows")
             src = self._trace.take(pa.array(rows))
@@ -227,7 +258,7 @@ class RequestRecorder:
             sent_s: list[float] = []
             for r in order:
                 t = self.sent_s[r]
-                sent_s.append(nan if t is None else t)
+                sent_s.append(_NAN if t is None else t)
             sent = np.array(sent_s, dtype=np.float64)
             self.sink.write({
                 "request_id": src.column("request_id").combine_chunks(),
