@@ -199,3 +199,37 @@ def test_calibrate_gives_back_the_jitter_llmlb_serve_draws(tmp_path: Path, capsy
     for b in (1, 4):
         fitted = s["base_s"] + (s["per_token_s"] + s["per_sample_s"]) * b + (s["per_attn_s"] + s["per_kv_s"]) * 40 * b
         assert fitted == pytest.approx(step["base_s"] + (step["per_token_s"] + step["per_sample_s"]) * b, rel=0.15)
+
+
+def test_the_drift_reference_goes_first_last_and_evenly_between():
+    """Prober.all sends the drift reference before the first probe, after the last and at even
+    intervals between (``drift_probes`` in all), and the other probes in their usual order; without
+    it (0) exactly the usual sequence."""
+    from llmlb_bench.calibrate.probes import ProbeRun, Prober, plan
+    from llmlb_bench.replay import ReplayOptions
+
+    class Recording(Prober):
+        def __init__(self) -> None:
+            super().__init__("http://unused", None, ReplayOptions(api="completions"), Path("unused"))  # type: ignore[arg-type]
+            self.sent: list[str] = []
+
+        def _replay(self, kind: str, table: Any, options: Any, block_size: int) -> list[dict[str, Any]]:
+            self.sent.append(kind)
+            return []
+
+    settings = {"block_size": 16, "max_num_seqs": 8, "max_num_batched_tokens": 256, "num_kv_blocks": 1000,
+                "max_model_len": 2048}
+    for n in (0, 2, 5):
+        p = plan(settings, None, [1, 4], [16], 16, 2, interference=False, drift_probes=n)
+        prober = Recording()
+        runs = prober.all(p)
+        sent = prober.sent[1:]                  # after the warm-up
+        others = [k for k in sent if k != "drift"]
+        assert others == ["cache"] * 2 * len(p.cache_blocks) + ["prefill"] + ["decode"] * 4
+        assert sent.count("drift") == n and [r.kind for r in runs].count("drift") == n
+        if n:
+            assert sent[0] == sent[-1] == "drift"
+            at = [i for i, k in enumerate(sent) if k == "drift"]
+            gaps = np.diff(at)
+            assert gaps.max() - gaps.min() <= 1, at
+            assert all(isinstance(r, ProbeRun) and r.at_s >= 0 for r in runs)
