@@ -10,7 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from llmlb_bench.metrics.counts import cells_sql, rollup
 from llmlb_bench.metrics.speculative import speculative
+from llmlb_bench.metrics.sql import request_metrics_sql
 from llmlb_bench.schema import REQUESTS, TOKEN_SEGMENT
 from llmlb_bench.store import RunStore
 from llmlb_bench.store.derived import deliveries
@@ -80,7 +82,9 @@ def test_tokens_per_delivery_is_the_same_from_the_column_and_from_the_lists(tmp_
     per_row = duckdb.sql(_PER_ROW_SQL).fetchnumpy()["d"]
     has = np.array([x is not None and len(x) > 0 for x in lists.filter(ok).to_pylist()])
     want = cols["output_tokens"][status == "ok"][has].sum() / per_row[has].sum()
-    got = speculative(Catalog([tmp_path]))
+    cat = Catalog([tmp_path])
+    cat.con.execute(request_metrics_sql())
+    got = speculative(cat, {u[1]: c for u, c in rollup(cat.query(cells_sql(None)), None).items() if u[0] == "run"})
     assert set(got) == {"new", "old", "mixed"}
     assert got["new"]["tokens_per_delivery"] == got["old"]["tokens_per_delivery"] == \
         got["mixed"]["tokens_per_delivery"] == want

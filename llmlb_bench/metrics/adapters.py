@@ -15,9 +15,6 @@ from llmlb_bench.store.views import Catalog
 
 def adapter_loads(cat: Catalog) -> dict[str, AdapterLoads]:
     """``{run_id: {"total": loads, "per_target": {target: loads}}}`` for runs whose series count loads."""
-    columns = {r["column_name"] for r in cat.query("DESCRIBE series").to_pylist()}
-    if "adapter_loads" not in columns:   # results written before the column existed
-        return {}
     rows = cat.query("SELECT run_id, target, sum(adapter_loads)::BIGINT AS loads FROM series "
                      "WHERE adapter_loads IS NOT NULL GROUP BY ALL ORDER BY run_id, target").to_pylist()
     out: dict[str, AdapterLoads] = {}

@@ -59,9 +59,6 @@ GROUP BY 1, 2 ORDER BY 1, 2
 def conversations(cat: Catalog, slo: Slo | None) -> dict[str, ConversationFigures]:
     """run id -> its conversation figures, for the runs with sessions (needs the
     ``request_metrics`` view, :func:`llmlb_bench.metrics.sql.request_metrics_sql`)."""
-    columns = {r["column_name"] for r in cat.query("DESCRIBE requests").to_pylist()}
-    if "session_id" not in columns:  # results written before the column existed
-        return {}
     out: dict[str, ConversationFigures] = {}
     for r in cat.query(_sessions_sql(slo)).to_pylist():
         p50, p90, p99 = r["completion"] or (None, None, None)
@@ -74,7 +71,7 @@ def conversations(cat: Catalog, slo: Slo | None) -> dict[str, ConversationFigure
                        "cached_mean": r["cached_tokens"]},
             "ttft_by_turn": [],
         }
-    if "turn" in columns:
+    if out:     # the view has every schema column, null in files written before it (store/views.py)
         for r in cat.query(_TURNS_SQL).to_pylist():
             if r["run_id"] in out:
                 out[r["run_id"]]["ttft_by_turn"].append(

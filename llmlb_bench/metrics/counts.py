@@ -21,6 +21,9 @@ from llmlb_bench.schema import STATUSES
 GROUPS = ("slo_class", "tenant", "adapter")
 #: the group of a row whose column is null: the default class and tenant; the base model
 GROUP_NULL = {"slo_class": "default", "tenant": "default", "adapter": "base"}
+#: sums over the ok rows that read their own columns (tokens per delivery, speculative decoding's counts:
+#: :mod:`llmlb_bench.metrics.speculative`), null where no ok row has a value
+OK_SUMS = ("delivered_tokens", "deliveries", "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
 #: ("run", run_id) or (group column, run_id, group)
 Unit = tuple[str, ...]
 
@@ -35,7 +38,11 @@ SELECT run_id, slo_class, tenant, adapter, status, good, count(*) AS n,
        min(request_id) AS id_min, max(request_id) AS id_max, {exact_sum('energy_j')} AS energy_j,
        sum(CASE WHEN first_token_s IS NOT NULL THEN input_tokens END)::BIGINT AS prefilled_tokens,
        {exact_sum('norm_latency_s')} AS nl_sum, count(norm_latency_s) AS nl_n,
-       sum(reasoning_tokens)::BIGINT AS reasoning_tokens, count(nullif(reasoning_tokens, 0)) AS reasoning_requests
+       sum(reasoning_tokens)::BIGINT AS reasoning_tokens, count(nullif(reasoning_tokens, 0)) AS reasoning_requests,
+       sum(output_tokens) FILTER (WHERE deliveries > 0)::BIGINT AS delivered_tokens,
+       sum(deliveries)::BIGINT AS deliveries, count(*) FILTER (WHERE deliveries IS NULL) AS deliveries_unknown,
+       sum(spec_drafts)::BIGINT AS spec_drafts, sum(spec_draft_tokens)::BIGINT AS spec_draft_tokens,
+       sum(spec_accepted_tokens)::BIGINT AS spec_accepted_tokens
 FROM (SELECT * REPLACE (coalesce(slo_class, 'default') AS slo_class, coalesce(tenant, 'default') AS tenant,
                         coalesce(adapter, 'base') AS adapter),
              ({slo.predicate() if slo else 'NULL'}) AS good
@@ -48,7 +55,8 @@ def _empty() -> dict[str, Any]:
     return {"requests": 0, **{s: 0 for s in STATUSES}, "input_tokens": 0, "output_tokens": 0, "cached_tokens": 0,
             "good": 0, "good_tokens": 0, "preemptions": 0, "preempted_requests": 0, "t0": None,
             "last_scheduled": None, "t1": None, "id_min": None, "id_max": None, "energy_j": None,
-            "service": 0, "nl_sum": 0.0, "nl_n": 0, "reasoning_tokens": 0, "reasoning_requests": 0}
+            "service": 0, "nl_sum": 0.0, "nl_n": 0, "reasoning_tokens": 0, "reasoning_requests": 0,
+            **{k: None for k in OK_SUMS}, "deliveries_unknown": 0}
 
 
 def _merge(m: dict[str, Any], c: Mapping[str, Any]) -> None:
@@ -62,6 +70,10 @@ def _merge(m: dict[str, Any], c: Mapping[str, Any]) -> None:
         m["nl_n"] += c["nl_n"]
         m["reasoning_tokens"] += c["reasoning_tokens"] or 0
         m["reasoning_requests"] += c["reasoning_requests"]
+        m["deliveries_unknown"] += c["deliveries_unknown"]
+        for k in OK_SUMS:     # null (None) where no ok row has a value, as SQL's sum
+            if c[k] is not None:
+                m[k] = (m[k] or 0) + c[k]
     if c["good"]:
         m["good"] += n
         m["good_tokens"] += c["output_tokens"] or 0

@@ -65,6 +65,15 @@ def _group_percentiles(values: np.ndarray, method: str) -> list[float] | None:
     return [float(q) for q in qs]
 
 
+def _by_group(codes: np.ndarray, groups: int) -> tuple[np.ndarray, list[int]]:
+    """The rows of each group together (a stable radix sort of the small codes) and where each group's
+    rows start and end: one gather per figure then hands each group its values, where a mask per
+    group cost a comparison and a gather of every row for each group."""
+    order = np.argsort(codes, kind="stable")
+    bounds = np.r_[0, np.cumsum(np.bincount(codes, minlength=groups))].tolist()
+    return order, bounds
+
+
 def _run(cat: Catalog, run_id: str, figs: Mapping[str, Figure], groups: Mapping[str, list[str]],
          tokens: Segments | None, into: Latency) -> None:
     per_request = {n: f for n, f in figs.items() if f.value is not None}
@@ -75,7 +84,7 @@ def _run(cat: Catalog, run_id: str, figs: Mapping[str, Figure], groups: Mapping[
     cols += [_codes(col, names) for col, names in groups.items()]
     table = cat.query(f"SELECT {', '.join(cols)} FROM request_metrics WHERE run_id = {quote(run_id)} "
                       f"AND status = 'ok'")
-    codes = {col: _column(table, f"g_{col}") for col in groups}
+    grouped = {col: _by_group(_column(table, f"g_{col}"), len(names)) for col, names in groups.items()}
     for n, f in per_request.items():
         values = _column(table, f"v_{n}")
         s = sample_of(values, _column(table, f"w_{n}") if f.weight != "1" else None)
@@ -83,8 +92,10 @@ def _run(cat: Catalog, run_id: str, figs: Mapping[str, Figure], groups: Mapping[
             into.samples[(run_id, n)] = s
         if n in GROUP_KEYS:
             for col, names in groups.items():
+                order, bounds = grouped[col]
+                by_group = values[order]
                 for i, name in enumerate(names):
-                    qs = _group_percentiles(values[codes[col] == i], f.method)
+                    qs = _group_percentiles(by_group[bounds[i]:bounds[i + 1]], f.method)
                     if qs is not None:
                         group = into.groups.setdefault((col, run_id, name), {})
                         for k, q in zip(GROUP_KEYS[n], qs):

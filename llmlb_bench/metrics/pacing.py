@@ -52,6 +52,7 @@ FLUID_QUANTILE = 0.99
 FLUIDITY_LEVEL = 0.9      # named in the fluidity share's key, "share_ge_0.9" (run_figures.Fluidity)
 _PRECISION = 2.0 ** -12          # fluid deadlines: final bracket width / the request's largest gap
 _POSITION_COST = 2_000           # fixed cost of one walk step, in entry updates (NumPy call overhead)
+_GATHER_FROM = 1_000             # entries x lanes of a walk step from which its stalls are gathered
 
 
 @dataclass(frozen=True)
@@ -158,22 +159,42 @@ def deadline_walk(s: Streams, d_decode: np.ndarray, d_prefill: np.ndarray | None
         total += np.where(met, 1, late)
         missed += np.where(met, 0, late)
         slack = np.broadcast_to(np.where(met, dp - ttft, 0.0), d.shape).copy()
+    width = int(np.prod(lanes, dtype=np.int64))
+    value, mult = s.value.reshape((-1,) + (1,) * len(lanes)), s.mult.reshape((-1,) + (1,) * len(lanes))
+    flat_d, flat_total, flat_missed, flat_slack = d.reshape(-1), total.reshape(-1), missed.reshape(-1), slack.reshape(-1)
+    bounds = s.offsets.tolist()
     with np.errstate(divide="ignore", invalid="ignore"):
-        for a, b in zip(s.offsets[:-1], s.offsets[1:]):
+        for a, b in zip(bounds[:-1], bounds[1:]):
             k = b - a
-            g = s.value[a:b].reshape((k,) + (1,) * len(lanes))
-            m = s.mult[a:b].reshape((k,) + (1,) * len(lanes))
-            dk, sl = d[:k], slack[:k]
-            over = g - dk
-            slow = over > 0
-            # gaps of this run met before the slack runs out (all m when g <= D)
-            j = np.where(slow, np.minimum(m, np.floor(sl / over)), m)
-            left = sl - j * over
-            miss = slow & (j < m)
-            late = np.where(miss, np.floor((g - left) / dk) + (m - j - 1) * np.floor(g / dk), 0.0)
-            total[:k] += j + late
-            missed[:k] += late
-            slack[:k] = np.where(miss, 0.0, left)
+            g, m = value[a:b], mult[a:b]
+            over = g - d[:k]
+            if k * width < _GATHER_FROM:
+                # every entry through the stall's arithmetic: on the long tail of positions that few
+                # requests reach, NumPy's per-call cost outweighs the work
+                sl = slack[:k]
+                j = np.where(over > 0, np.minimum(m, np.floor(sl / over)), m)   # met before the slack runs out
+                left = sl - j * over
+                miss = j < m
+                late = np.where(miss, np.floor((g - left) / d[:k]) + (m - j - 1) * np.floor(g / d[:k]), 0.0)
+                total[:k] += j + late
+                missed[:k] += late
+                slack[:k] = np.where(miss, 0.0, left)
+                continue
+            # on a busy position, the few entries whose gaps exceed the deadline are walked apart
+            # (gathered): their slack may run out. Every other entry meets all m deadlines, its slack
+            # growing by m x (D - g), the same arithmetic: three passes rather than a dozen
+            slow = (over.reshape(-1) > 0).nonzero()[0]
+            row = slow // width if width > 1 else slow
+            gs, ms, ds = s.value[a + row], s.mult[a + row], flat_d[slow]
+            ss, os_ = flat_slack[slow], over.reshape(-1)[slow]
+            j = np.minimum(ms, np.floor(ss / os_))
+            left = ss - j * os_
+            miss = j < ms
+            late = np.where(miss, np.floor((gs - left) / ds) + (ms - j - 1) * np.floor(gs / ds), 0.0)
+            total_s, missed_s = flat_total[slow] + (j + late), flat_missed[slow] + late
+            total[:k] += m
+            slack[:k] -= m * over
+            flat_total[slow], flat_missed[slow], flat_slack[slow] = total_s, missed_s, np.where(miss, 0.0, left)
     return missed[s.rank_of], total[s.rank_of]
 
 

@@ -26,21 +26,14 @@ docs/metrics.md does.
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from llmlb_bench.metrics.run_figures import SpeculativeFigures
 from llmlb_bench.metrics.sql import quote
 from llmlb_bench.store.views import Catalog
 
-_COLUMNS = ("spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
-
-#: tokens and deliveries per run from the ``deliveries`` column the store writes (store/derived.py),
-#: and the ok rows of files written before it (null there), which :data:`_LISTS_SQL` counts instead
-_DELIVERIES_SQL = """
-SELECT run_id, sum(output_tokens) FILTER (WHERE deliveries > 0)::BIGINT AS tokens,
-       sum(deliveries)::BIGINT AS deliveries, count(*) FILTER (WHERE deliveries IS NULL) AS unknown
-FROM requests WHERE status = 'ok' GROUP BY 1
-"""
-
-#: the same from the token lists (docs/metrics.md's definition), over rows without the column
+#: the rows of files written before the ``deliveries`` column (null there) are counted from their token lists
+#: (docs/metrics.md's definition); the counts' scan (:mod:`llmlb_bench.metrics.counts`) sums the column
 _LISTS_SQL = """
 SELECT run_id, sum(output_tokens)::BIGINT AS tokens,
        sum(list_sum(list_transform(token_times, lambda s: CASE WHEN s.gap_s = 0 THEN 1 ELSE s.count END)))::BIGINT
@@ -49,23 +42,19 @@ FROM requests WHERE status = 'ok' AND deliveries IS NULL AND len(token_times) > 
 """
 
 
-def _counts(cat: Catalog, view: str) -> dict[str, tuple[float, float, float]]:
-    """``{run_id: (drafts, draft tokens, accepted)}`` from ``view`` (runs with any count)."""
-    if not set(_COLUMNS) <= set(cat.query(f"SELECT * FROM {view} LIMIT 0").column_names):
-        return {}
-    ok = "WHERE status = 'ok'" if view == "requests" else ""
-    rows = cat.query(f"SELECT run_id, sum(spec_drafts)::DOUBLE AS d, sum(spec_draft_tokens)::DOUBLE AS t, "
-                     f"sum(spec_accepted_tokens)::DOUBLE AS a FROM {view} {ok} GROUP BY 1").to_pylist()
+def _server_counts(cat: Catalog) -> dict[str, tuple[float, float, float]]:
+    """``{run_id: (drafts, draft tokens, accepted)}`` from the server's counters in ``series`` (runs with any)."""
+    rows = cat.query("SELECT run_id, sum(spec_drafts)::DOUBLE AS d, sum(spec_draft_tokens)::DOUBLE AS t, "
+                     "sum(spec_accepted_tokens)::DOUBLE AS a FROM series GROUP BY 1").to_pylist()
     return {r["run_id"]: (r["d"], r["t"], r["a"]) for r in rows if r["t"]}
 
 
-def _deliveries(cat: Catalog) -> dict[str, tuple[int | None, int]]:
+def _deliveries(cat: Catalog, counts: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[int | None, int]]:
     """``{run_id: (output tokens, deliveries)}`` over the ok rows with token times, for every run
     with such rows: the stored column where rows have it, the token lists where they do not
     (tokens None where no such row counts any)."""
-    rows = cat.query(_DELIVERIES_SQL).to_pylist()
-    out = {r["run_id"]: (r["tokens"], r["deliveries"] or 0) for r in rows}
-    older = [r["run_id"] for r in rows if r["unknown"]]
+    out = {k: (c["delivered_tokens"], c["deliveries"] or 0) for k, c in counts.items() if c["ok"]}
+    older = [k for k, c in counts.items() if c["deliveries_unknown"]]
     if older:
         for r in cat.query(_LISTS_SQL.format(runs=", ".join(map(quote, older)))).to_pylist():
             tokens, delivered = out[r["run_id"]]
@@ -74,11 +63,15 @@ def _deliveries(cat: Catalog) -> dict[str, tuple[int | None, int]]:
     return {k: v for k, v in out.items() if v[1]}
 
 
-def speculative(cat: Catalog) -> dict[str, SpeculativeFigures]:
-    """``{run_id: {...}}`` for every run with token times; the acceptance figures where counted."""
-    server, simulated = _counts(cat, "series"), _counts(cat, "requests")
+def speculative(cat: Catalog, counts: Mapping[str, Mapping[str, Any]]) -> dict[str, SpeculativeFigures]:
+    """``{run_id: {...}}`` for every run with token times; the acceptance figures where counted.
+    ``counts``: each run's counts (:func:`llmlb_bench.metrics.counts.rollup`), which sum the
+    simulator's per-request ``spec_*`` columns and the ``deliveries`` column over its ok rows."""
+    server = _server_counts(cat)
+    simulated = {k: (float(c["spec_drafts"]), float(c["spec_draft_tokens"]), float(c["spec_accepted_tokens"]))
+                 for k, c in counts.items() if c["spec_draft_tokens"]}
     out: dict[str, SpeculativeFigures] = {}
-    for run_id, (tokens, delivered) in sorted(_deliveries(cat).items()):
+    for run_id, (tokens, delivered) in sorted(_deliveries(cat, counts).items()):
         fig: SpeculativeFigures = {"tokens_per_delivery": tokens / delivered if tokens is not None else None}
         source = "server" if run_id in server else ("simulator" if run_id in simulated else None)
         if source is not None:

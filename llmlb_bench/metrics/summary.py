@@ -115,7 +115,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     pace = pacing(tokens, {k: is_sampled(*v, opt.token_sample) for k, v in token_runs.items()}, slo)
     talks = conversations(cat, slo)
     loads = adapter_loads(cat)
-    spec = speculative(cat)
+    spec = speculative(cat, counts)
     failed = failures(cat.query(failure_sql()))
     ids = [run["run_id"] for run in runs]
     windows = {k: arrival_window(counts[k]["requests"], counts[k]["t0"], counts[k]["last_scheduled"], metas[k])
