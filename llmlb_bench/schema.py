@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -362,10 +362,11 @@ def trace_table(arrival: Sequence[float] | np.ndarray, input_tokens: npt.ArrayLi
     return TRACE.conform(pa.table(cols), where)
 
 
-def trace_spec(table: pa.Table) -> dict[str, Any] | None:
+def trace_spec(table: pa.Table) -> dict[str, object] | None:
     """The generating spec stored in a trace's metadata, if any."""
     raw = (table.schema.metadata or {}).get(META_SPEC)
-    return json.loads(raw) if raw else None
+    spec: dict[str, object] | None = json.loads(raw) if raw else None     # written by write_trace: an object
+    return spec
 
 
 def trace_block_size(table: pa.Table, default: int = 16) -> int:

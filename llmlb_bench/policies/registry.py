@@ -98,7 +98,7 @@ def policy_class(name: str) -> type[Policy]:
         except (ImportError, AttributeError) as exc:
             raise UserError(f"cannot load policy {name!r} from entry point {ep.value!r}: {exc}", "--policy") from None
     if ":" in name:
-        cls: type[Policy] = load_class(name, "policy", "--policy")
+        cls: type[Policy] = load_class(name, "policy", "--policy")   # a protocol: its answers are checked by the Router
         return cls
     raise unknown_choice("policy", name, sorted(BUILTIN), "--policy")
 

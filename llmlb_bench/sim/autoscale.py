@@ -250,6 +250,5 @@ class AutoscaleSpec:
         return spec
 
     def make(self) -> Autoscaler:
-        return typing.cast(Autoscaler, make_instance(self.policy, BUILTIN_AUTOSCALERS, "autoscaler",
-                                                     "cluster.autoscale.policy", Autoscaler, self.args,
-                                                     "cluster.autoscale.args"))
+        return make_instance(self.policy, BUILTIN_AUTOSCALERS, "autoscaler", "cluster.autoscale.policy", Autoscaler,
+                             self.args, "cluster.autoscale.args")

@@ -154,9 +154,8 @@ class GreenSpec:
         return spec
 
     def make(self) -> GreenController:
-        return typing.cast(GreenController, make_instance(self.policy, BUILTIN_GREEN, "green controller",
-                                                          "cluster.green.policy", GreenController, self.args,
-                                                          "cluster.green.args"))
+        return make_instance(self.policy, BUILTIN_GREEN, "green controller", "cluster.green.policy", GreenController,
+                             self.args, "cluster.green.args")
 
 
 @dataclass

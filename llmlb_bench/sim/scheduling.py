@@ -10,7 +10,7 @@ Each replica gets its own instance, because a scheduler keeps per-replica state
 from __future__ import annotations
 
 import inspect
-from typing import Any, Mapping
+from typing import Mapping
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.plugins import load_class
@@ -31,7 +31,7 @@ def scheduler_class(name: str) -> type[EngineScheduler]:
     raise unknown_choice("engine scheduler", name, [*ENGINE_SCHEDULERS, "package.module:Class"], where)
 
 
-def make_engine_scheduler(name: str, args: Mapping[str, Any] | None = None,
+def make_engine_scheduler(name: str, args: Mapping[str, object] | None = None,
                           seed: int | None = None) -> EngineScheduler:
     """A new scheduler instance; ``seed`` (the run's) goes to a scheduler that takes one
     unless ``args`` sets it, as for routing policies."""
