@@ -18,7 +18,9 @@ SQL (the counts before normalising):
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from typing import Iterable
+
+import pyarrow as pa
 
 from llmlb_bench.metrics.run_figures import Failure, Reason
 
@@ -55,14 +57,13 @@ def _reason(shape: str, spans: list[tuple[float, float, str]]) -> str:
 
 def reasons(rows: Iterable[tuple[str | None, int]]) -> list[Reason]:
     """``(error text, requests)`` pairs of one run and status -> ``[{"reason", "requests"}]``, most first."""
-    groups: dict[str, dict[str, Any]] = {}
+    groups: dict[str, tuple[int, list[tuple[float, float, str]]]] = {}     # shape -> (requests, spans)
     for text, n in rows:
         shape, numbers = _shape(text.strip()) if text and text.strip() else (NO_REASON, [])
-        g = groups.setdefault(shape, {"requests": 0, "spans": [(x, x, w) for x, w in numbers]})
-        g["requests"] += n
-        g["spans"] = [(min(lo, x), max(hi, x), w) for (lo, hi, w), (x, _) in zip(g["spans"], numbers)]
-    out: list[Reason] = [{"reason": _reason(shape, g["spans"]), "requests": g["requests"]}
-                         for shape, g in groups.items()]
+        requests, spans = groups.get(shape, (0, [(x, x, w) for x, w in numbers]))
+        groups[shape] = (requests + n, [(min(lo, x), max(hi, x), w) for (lo, hi, w), (x, _) in zip(spans, numbers)])
+    out: list[Reason] = [{"reason": _reason(shape, spans), "requests": requests}
+                         for shape, (requests, spans) in groups.items()]
     return sorted(out, key=lambda r: (-r["requests"], r["reason"]))
 
 
@@ -71,7 +72,7 @@ def failure_sql() -> str:
             "GROUP BY ALL ORDER BY run_id, status, error NULLS FIRST")
 
 
-def failures(table: Any) -> dict[str, list[Failure]]:
+def failures(table: pa.Table) -> dict[str, list[Failure]]:
     """run id -> ``[{"status", "reason", "requests"}]`` (most requests first) from :func:`failure_sql`'s rows;
     beyond :data:`MAX_REASONS` reasons of one status, the rest are one row "N other reasons"."""
     by: dict[tuple[str, str], list[tuple[str | None, int]]] = {}

@@ -31,6 +31,7 @@ from functools import partial
 from typing import Any, Callable, Mapping
 
 import numpy as np
+import pyarrow as pa
 
 from llmlb_bench.metrics.control import control
 from llmlb_bench.metrics.conversations import conversations
@@ -254,6 +255,6 @@ def _duration(c: dict[str, Any], meta: dict[str, Any]) -> float:
     return (c["t1"] - c["t0"]) if c["t1"] is not None and c["t0"] is not None else 0.0
 
 
-def metas_of(runs_table: Any) -> dict[str, dict[str, Any]]:
+def metas_of(runs_table: pa.Table) -> dict[str, dict[str, Any]]:
     """run id -> run.json document, from a catalog's ``runs_table``."""
     return {r["run_id"]: json.loads(r["meta"]) if r["meta"] else {} for r in runs_table.to_pylist()}

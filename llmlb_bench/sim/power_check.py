@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -159,7 +159,7 @@ def lengths(cell: Measured, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return prompt, out
 
 
-def simulate_cell(cell: Measured, seed: int = 0, cluster: dict[str, Any] | None = None,
+def simulate_cell(cell: Measured, seed: int = 0, cluster: Mapping[str, object] | None = None,
                   fit: Fit | None = None) -> Simulated:
     """Replay ``cell`` in the simulator and take its steady-state figures (see the module
     docstring). ``cluster`` adds settings to the one-replica cluster (e.g. a pool's frequency);
