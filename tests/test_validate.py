@@ -76,8 +76,10 @@ def test_validate_against_llmlb_serve_whose_answer_is_known(tmp_path: Path, caps
     known exactly from the server's own records (server and command share this process and its clock):
 
     * each simulated request's E2E and TPOT are, to the microsecond, the server's for the same request
-      (requests 0.3 s apart: each is served alone, so the arrival times the client's sends gave the
-      server do not matter; without jitter, the profile's steps are the same on both sides);
+      when the server served it alone (requests 0.3 s apart, ~75 ms each; without jitter, the profile's
+      steps are the same on both sides); one the client sent late enough to share the server with a
+      neighbour (a loaded machine's send lateness beyond that margin, which the simulator, given the
+      trace's times, cannot know) took at least as long there, never less;
     * each real request's E2E is the server's plus the time its bytes took, never less (the server
       reads a request after it was sent, and writes a token when due, but for the event loop's timer
       resolution);
@@ -117,14 +119,25 @@ def test_validate_against_llmlb_serve_whose_answer_is_known(tmp_path: Path, caps
     sim = [rows_of(r) for r in summary["sim_runs"]]
     served = sorted(ended, key=lambda live: live.seq)
     assert len(served) == 2 + 2 * n                      # the warm-up's 2, then each repeat's
-    assert all(a.last_token_s <= b.arrival_s for a, b in zip(served, served[1:]))   # each served alone
+
+    def alone(me) -> bool:  # type: ignore[no-untyped-def]
+        return all(o.last_token_s <= me.arrival_s or me.last_token_s <= o.arrival_s for o in served if o is not me)
     for k in range(2):
-        for mine, sim_row, real_row in zip(served[2 + k * n:2 + (k + 1) * n], sim[k], real[k]):
+        # the trace's prompt lengths differ, so they name the server's requests whatever order they arrived in
+        mine_of = {live.sub.prompt_tokens: live for live in served[2 + k * n:2 + (k + 1) * n]}
+        assert len(mine_of) == n
+        for sim_row, real_row in zip(sim[k], real[k], strict=True):
+            assert real_row["status"] == "ok" and real_row["server_input_tokens"] == sim_row["input_tokens"]
+            mine = mine_of[sim_row["input_tokens"]]
             e2e = mine.last_token_s - mine.arrival_s
             tpot = (mine.last_token_s - mine.first_token_s) / 5
-            assert sim_row["last_token_s"] - sim_row["sent_s"] == pytest.approx(e2e, abs=1e-6)
-            assert (sim_row["last_token_s"] - sim_row["first_token_s"]) / 5 == pytest.approx(tpot, abs=1e-6)
-            assert real_row["status"] == "ok" and real_row["last_token_s"] - real_row["sent_s"] >= e2e - 0.002
+            sim_e2e = sim_row["last_token_s"] - sim_row["sent_s"]
+            sim_tpot = (sim_row["last_token_s"] - sim_row["first_token_s"]) / 5
+            if alone(mine):     # as the simulator, given the trace's times 0.3 s apart, served it
+                assert sim_e2e == pytest.approx(e2e, abs=1e-6) and sim_tpot == pytest.approx(tpot, abs=1e-6)
+            else:               # sent late enough to share the server: a neighbour never makes it faster
+                assert sim_e2e <= e2e + 1e-6 and sim_tpot <= tpot + 1e-6
+            assert real_row["last_token_s"] - real_row["sent_s"] >= e2e - 0.002
     for name in ("e2e_p50", "tpot_p50"):
         fig = summary["figures"][name]
         want = np.median([figures(r)[name] for r in sim]) / np.median([figures(r)[name] for r in real]) - 1
