@@ -91,7 +91,7 @@ class Table(_RichTable):
     caller chooses another, and a folding column may wrap (Rich crops a ``no_wrap`` cell that does
     not fit without any mark, which is worse than "…")."""
 
-    def add_column(self, *args: Any, **kwargs: Any) -> None:
+    def add_column(self, *args: Any, **kwargs: Any) -> None:      # Any: Rich's own arguments, passed on
         kwargs.setdefault("overflow", "fold")
         if kwargs["overflow"] == "fold":
             kwargs["no_wrap"] = False

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeAlias
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,6 +27,10 @@ from llmlb_bench.errors import UserError
 if TYPE_CHECKING:      # numpy loads where a table is built by hand (trace_table), not at import
     import numpy as np
     import numpy.typing as npt
+
+#: a row of a table as pyarrow's ``to_pylist`` gives it, keyed by the columns of its spec (REQUESTS,
+#: TRACE ...): pyarrow declares no type for the values, so they are ``Any`` here, the one place it is said
+ArrowRow: TypeAlias = dict[str, Any]
 
 META_KIND = b"llmlb.kind"
 META_VERSION = b"llmlb.schema_version"

@@ -32,7 +32,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 
 if TYPE_CHECKING:
     from llmlb_bench.replay import ReplayOptions
+    from llmlb_bench.schema import ArrowRow
     from llmlb_bench.sim.profile import ProfileDoc
 
 #: the compared figures, in table order
@@ -55,7 +56,7 @@ SPREAD_FLOOR = 0.01
 RESAMPLES = 2000
 
 
-def latencies(rows: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+def latencies(rows: Sequence[ArrowRow]) -> dict[str, np.ndarray]:
     """TTFT, TPOT, ITL and E2E in seconds (docs/metrics.md) of the requests that streamed a token."""
     ok = [r for r in rows if r["status"] == "ok" and r["first_token_s"] is not None]
     ttft = np.array([r["first_token_s"] - r["sent_s"] for r in ok])
@@ -68,7 +69,7 @@ def latencies(rows: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
     return {"ttft": ttft, "tpot": tpot, "itl": np.concatenate(itl) if itl else np.zeros(0), "e2e": e2e}
 
 
-def figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def figures(rows: Sequence[ArrowRow]) -> dict[str, float]:
     """Every figure of :data:`FIGURES` of one run (NaN where the run has no such value)."""
     lat = latencies(rows)
     out = {}
@@ -79,7 +80,7 @@ def figures(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return out
 
 
-def e2e_mape(real: Sequence[Mapping[str, Any]], sim: Sequence[Mapping[str, Any]]) -> float | None:
+def e2e_mape(real: Sequence[ArrowRow], sim: Sequence[ArrowRow]) -> float | None:
     """Mean over the requests both runs completed of |simulated E2E / real E2E - 1| (matched by id)."""
     by_id = {r["request_id"]: r["last_token_s"] - r["sent_s"] for r in sim
              if r["status"] == "ok" and r["last_token_s"] is not None}
@@ -149,7 +150,7 @@ class Comparison:
                 "failures": self.failures, "verdict": self.verdict()}
 
 
-def compare(real_runs: Sequence[Sequence[Mapping[str, Any]]], sim_runs: Sequence[Sequence[Mapping[str, Any]]],
+def compare(real_runs: Sequence[Sequence[ArrowRow]], sim_runs: Sequence[Sequence[ArrowRow]],
             seed: int = 0, resamples: int = RESAMPLES) -> Comparison:
     """Bias (with a 95% bootstrap interval) and spreads of every figure over the runs of both
     sides; E2E MAPE of each (real k, sim k) pair, which must be replays and simulations of the
@@ -259,12 +260,12 @@ def validate(url: str, trace: pa.Table, repeats: int, profile: ProfileDoc, optio
         write_trace(fresh_prompts(trace, salt(stamp, seed, k)), path, block_size=block)
         return read_trace(path), path
 
-    def replay_into(table: pa.Table, path: Path, run_id: str) -> list[dict[str, Any]]:
+    def replay_into(table: pa.Table, path: Path, run_id: str) -> list[ArrowRow]:
         store = RunStore(results, config={"endpoints": [url], "validate": "real", "options": options.describe()},
                          backend="replay", run_id=run_id, trace_path=path, trace_rows=table.num_rows)
         with store:
             replay(table, [url], make_policy("round_robin", {}), store, options)
-        rows: list[dict[str, Any]] = pq.read_table(store.dir / "requests.parquet").to_pylist()
+        rows: list[ArrowRow] = pq.read_table(store.dir / "requests.parquet").to_pylist()
         return rows
 
     if warmup:

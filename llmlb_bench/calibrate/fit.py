@@ -37,13 +37,14 @@ and then) and the fit is repeated without them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence, TypedDict
+from typing import Sequence, TypedDict
 
 import numpy as np
 
 from llmlb_bench.calibrate.dispersion import DriftSample, drift_sample
 from llmlb_bench.calibrate.probes import ARRIVAL_EVERY_STEPS, ProbeRun, token_times
 from llmlb_bench.errors import UserError
+from llmlb_bench.schema import ArrowRow
 from llmlb_bench.sim.profile import STEP_TERMS
 
 #: the fitted unknowns: the step terms, then the request overhead and its part per prompt token
@@ -127,7 +128,7 @@ def step_gaps(t: np.ndarray) -> np.ndarray:
     return np.repeat(np.diff(times) / counts[1:], counts[1:])
 
 
-def _prompt(row: dict[str, Any]) -> int:
+def _prompt(row: ArrowRow) -> int:
     server = row.get("server_input_tokens")
     return int(server) if server is not None else int(row["input_tokens"])
 
@@ -214,7 +215,7 @@ def drift_samples(runs: Sequence[ProbeRun]) -> list[DriftSample]:
     return out
 
 
-def decode_window(rows: Sequence[dict[str, Any]]) -> tuple[list[np.ndarray], float, float, float] | None:
+def decode_window(rows: Sequence[ArrowRow]) -> tuple[list[np.ndarray], float, float, float] | None:
     """The window in which every one of ``rows`` decodes (after the last first token, before the first
     last token): each request's inter-token gaps in it, their summed context at its middle, and the
     window's bounds; None when a request saw fewer than MIN_WINDOW_STEPS steps in it."""
@@ -244,7 +245,7 @@ def interference_observation(control: ProbeRun, loaded: ProbeRun, budget: int) -
     b, context, prompt = loaded.params["batch"], loaded.params["context"], loaded.params["prompt"]
     split = (context + prompt) / 2
 
-    def decoding(run: ProbeRun) -> list[dict[str, Any]]:
+    def decoding(run: ProbeRun) -> list[ArrowRow]:
         return [r for r in run.rows if r["status"] == "ok" and r["first_token_s"] is not None and _prompt(r) < split]
 
     ctl, bg = decoding(control), decoding(loaded)

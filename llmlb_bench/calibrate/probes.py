@@ -45,14 +45,14 @@ import time
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypedDict
+from typing import Callable, Mapping, Sequence, TypedDict
 
 import numpy as np
 import pyarrow as pa
 
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import Preflight, ReplayOptions, replay
-from llmlb_bench.schema import read_trace, trace_table, write_trace
+from llmlb_bench.schema import ArrowRow, read_trace, trace_table, write_trace
 from llmlb_bench.store import RunStore
 
 
@@ -155,7 +155,7 @@ class ProbeRun:
 
     kind: str                   # prefill, decode, cache, interference, drift
     params: ProbeParams
-    rows: list[dict[str, Any]]
+    rows: list[ArrowRow]
     at_s: float = 0.0           # when it started, seconds on the calibration's clock
 
 
@@ -177,7 +177,7 @@ class Prober:
         self._next_id += n
         return ids
 
-    def _replay(self, kind: str, table: pa.Table, options: ReplayOptions, block_size: int) -> list[dict[str, Any]]:
+    def _replay(self, kind: str, table: pa.Table, options: ReplayOptions, block_size: int) -> list[ArrowRow]:
         run_id = f"{self._runs:03d}-{kind}"
         self._runs += 1
         trace_path = self.root / "traces" / f"{run_id}.parquet"
@@ -190,7 +190,7 @@ class Prober:
         with store:
             replay(table, [self.url], make_policy("round_robin", {}), store, options, pre=self.pre)
         import pyarrow.parquet as pq
-        rows: list[dict[str, Any]] = pq.read_table(store.dir / "requests.parquet").to_pylist()
+        rows: list[ArrowRow] = pq.read_table(store.dir / "requests.parquet").to_pylist()
         return rows
 
     def prefill(self, prompts: Sequence[int], repeats: int, block_size: int) -> ProbeRun:
@@ -274,7 +274,7 @@ class Prober:
         return runs
 
 
-def token_times(row: dict[str, Any]) -> np.ndarray:
+def token_times(row: ArrowRow) -> np.ndarray:
     """A streamed row's token arrival times, sorted (its ``token_times`` segments expanded)."""
     parts = [seg["start_s"] + seg["gap_s"] * np.arange(seg["count"]) for seg in row["token_times"] or []]
     return np.sort(np.concatenate(parts)) if parts else np.zeros(0)

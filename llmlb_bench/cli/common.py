@@ -139,7 +139,8 @@ def cluster_flags(without: tuple[str, ...] = ()) -> Callable[[Callable[..., Any]
     Why a decorator: Typer reads a command's options from its signature, so
     every command that simulates would otherwise repeat the same eleven
     parameters; here they are declared once and spliced into each signature
-    where ``cluster`` stands (which is also where --help lists them)."""
+    where ``cluster`` stands (which is also where --help lists them). Any: a Typer command of any
+    signature."""
     flags = [p for p in _CLUSTER_FLAGS if p.name not in without]
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:

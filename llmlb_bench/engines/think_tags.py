@@ -69,7 +69,7 @@ class ForceThinkEnd(AdapterLogitsProcessor):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ValueError(f"vllm_xargs.{ARG} must be an integer >= 0, got {value!r}")
 
-    def new_req_logits_processor(self, params: SamplingParams) -> Any:
+    def new_req_logits_processor(self, params: SamplingParams) -> Any:    # Any: a callable vLLM's API takes
         reasoning = (params.extra_args or {}).get(ARG) or 0
         end, banned = self.end, self.banned
 

@@ -45,14 +45,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from llmlb_bench.metrics.run_figures import CacheBuckets, CacheTokens, PrefixCacheFigures
-from llmlb_bench.schema import CACHE_ACCOUNTING, META_BLOCK_SIZE, REQUESTS, TableSpec, open_parquet, trace_block_size
+from llmlb_bench.schema import ArrowRow, CACHE_ACCOUNTING, META_BLOCK_SIZE, REQUESTS, TableSpec, open_parquet, trace_block_size
 from llmlb_bench.store.parts import replace_table, table_files
 from llmlb_bench.store.run import ACCOUNTING_FILE, REQUESTS_FILE
 from llmlb_bench.trace_columns import keyed_prefix_hashes
@@ -468,9 +468,8 @@ def accounting_summary(cat: Catalog) -> dict[str, PrefixCacheFigures]:
     return out
 
 
-def _tokens(r: Mapping[str, Any]) -> CacheTokens:
-    """A row of ``_SUMMARY_SQL`` (a DuckDB row: values of any type to mypy) as the run's prompt tokens
-    and each bucket's (:data:`BUCKETS`) tokens."""
+def _tokens(r: ArrowRow) -> CacheTokens:
+    """A row of ``_SUMMARY_SQL`` as the run's prompt tokens and each bucket's (:data:`BUCKETS`) tokens."""
     return {"prompt": r["prompt_tokens"] or 0, "offered": r["offered"], "reachable": r["reachable"],
             "achieved": r["achieved"], "granularity": r["granularity"], "failed": r["failed"],
             "routing": r["routing"], "in_flight": r["in_flight"], "eviction": r["eviction"], "stale": r["stale"],

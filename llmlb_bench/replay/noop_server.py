@@ -81,7 +81,8 @@ def _json_response(status: int, obj: object) -> bytes:
 
 def _prompt_text(req: dict[str, Any], api: str) -> str:
     """The prompt's text: a completions prompt, or the chat messages' text, whether each
-    message's content is a string or a list of parts (as other benchmark clients send)."""
+    message's content is a string or a list of parts (as other benchmark clients send). ``req``: the
+    client's JSON body, as any client wrote it (Any)."""
     if api != "chat":
         prompt = req.get("prompt", "")
         return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))

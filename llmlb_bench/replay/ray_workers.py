@@ -274,7 +274,7 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Policy, run: RunStore
             running = {actors[k].run.remote(t0_wall + off.offset_s): k for k, off in live.items()
                        if not stop["signalled"]}
             streamed: list[list[pa.Table]] = [[] for _ in range(n)]   # rows taken while running
-            asked: dict[Any, int] = {}      # take_rows calls not answered yet (at most one per actor)
+            asked: dict[Any, int] = {}      # take_rows calls not answered yet (at most one per actor): Ray's refs
             next_poll = perf_counter() + POLL_S
             while running:
                 done, _ = ray.wait(list(running), num_returns=1, timeout=0.2)

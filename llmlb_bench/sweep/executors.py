@@ -42,6 +42,8 @@ class Executor(ABC):
 
     @abstractmethod
     def run(self, fn: Callable[..., R], tasks: Iterable[T], *args: Any) -> Iterator[tuple[T, R]]: ...
+    # Any: ``fn(task, *args)`` for a task of T and any further arguments, which Python's typing cannot
+    # say (a ParamSpec cannot have one positional parameter taken out in front)
 
     def close(self) -> None:  # noqa: B027  (not abstract: nothing to release is a valid default)
         """Release workers (idempotent)."""
