@@ -26,7 +26,10 @@ from llmlb_bench.cli.commands import COMMANDS, load
 
 
 class LazyGroup(TyperGroup):
-    """The ``llmlb`` group: commands from :data:`~llmlb_bench.cli.commands.COMMANDS`, loaded on use."""
+    """The ``llmlb`` group: commands from :data:`~llmlb_bench.cli.commands.COMMANDS`, loaded on use.
+
+    Click's context, formatter and commands are Any here: they are the classes of Typer's own copy of
+    Click or of Click itself, depending on Typer's version (see the imports above)."""
 
     _listing = False
 

@@ -23,7 +23,8 @@ _DEFERRED = (("rich.markdown", "Markdown"), ("rich.traceback", "Traceback"))
 
 
 class _Forwarding(type):
-    """Metaclass of a stand-in: class attributes (``Traceback.from_exception``) come from the real class."""
+    """Metaclass of a stand-in: class attributes (``Traceback.from_exception``) come from the real class
+    (Any: whatever Rich's class has, forwarded untouched)."""
 
     _module: str
     _name: str

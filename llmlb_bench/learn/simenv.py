@@ -78,6 +78,8 @@ class SimulationEnv(gymnasium.Env[Obs, Act], Generic[Obs, Act]):
                                              eval_fraction=eval_fraction)
         self.rewards = Reward.parse(reward, slo, failure_s)
         self.keep_rows = keep_rows
+        # Any: greenlet ships no types; what crosses its switch() (actions, decisions) is Any too, and the
+        # info dicts and options are typed as gymnasium.Env's own signatures type them
         self._g: Any = None
         self._main: Any = None
         self._sim: Simulation | None = None
