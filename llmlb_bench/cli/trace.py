@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Mapping, Optional
 
 import typer
 
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
-from llmlb_bench.tomlfile import dumps_toml
+from llmlb_bench.tomlfile import Value, dumps_toml
 from llmlb_bench.trace_formats import FORMATS, check_format
 
 trace_app = typer.Typer(help="Import real traces, characterise traces, fit workload specs to them.\n\n"
@@ -117,20 +117,28 @@ def _fmt(v: object) -> str:
 BOUNDED_ALPHA = 20.0
 
 
-def _tail(alpha: float) -> str:
-    return f"> {BOUNDED_ALPHA:g} (bounded or light tail)" if alpha > BOUNDED_ALPHA else _fmt(alpha)
+def _tail(alpha: Value) -> str:
+    bounded = isinstance(alpha, (int, float)) and alpha > BOUNDED_ALPHA
+    return f"> {BOUNDED_ALPHA:g} (bounded or light tail)" if bounded else _fmt(alpha)
 
 
-def _stats_table(f: dict[str, Any], title: str) -> Table:
+def _part(f: Mapping[str, Value], key: str) -> Mapping[str, Value]:
+    """One table of a trace's figures (workload/stats.py's), empty where the trace has none."""
+    part = f.get(key, {})
+    assert isinstance(part, Mapping), key
+    return part
+
+
+def _stats_table(f: Mapping[str, Value], title: str) -> Table:
     table = Table(title=title, show_header=True)
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key in ("requests", "span_s", "rate_rps", "interarrival_cv", "hurst"):
         table.add_row(key, _fmt(f.get(key)))
-    for w, v in f.get("idc", {}).items():
+    for w, v in _part(f, "idc").items():
         table.add_row(f"index of dispersion @ {w}", _fmt(v))
     for col in ("input_tokens", "output_tokens"):
-        q = f[col]
+        q = _part(f, col)
         table.add_row(f"{col} mean / p50 / p90 / p99 / max",
                       " / ".join(_fmt(q[k]) for k in ("mean", "p50", "p90", "p99", "max")))
         table.add_row(f"{col} Hill tail index", _tail(q["hill_alpha"]))
@@ -138,12 +146,13 @@ def _stats_table(f: dict[str, Any], title: str) -> Table:
         if key in f:
             table.add_row(key, _fmt(f[key]))
     for group in ("prefix", "sessions", "joins", "images", "reasoning", "adapters"):
-        for k, v in f.get(group, {}).items():
+        for k, v in _part(f, group).items():
             table.add_row(f"{group}.{k}", _fmt(v))
-    table.add_row("tenants", ", ".join(f"{k}: {v:,}" for k, v in list(f["tenants"].items())[:8]))
-    table.add_row("kinds", ", ".join(f"{k}: {v:,}" for k, v in f["kinds"].items()))
-    for p in f.get("plots", []):
-        table.add_row("plot", p)
+    table.add_row("tenants", ", ".join(f"{k}: {v:,}" for k, v in list(_part(f, "tenants").items())[:8]))
+    table.add_row("kinds", ", ".join(f"{k}: {v:,}" for k, v in _part(f, "kinds").items()))
+    plots = f.get("plots")
+    for p in plots if isinstance(plots, list) else []:
+        table.add_row("plot", str(p))
     return table
 
 
