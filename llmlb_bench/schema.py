@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, TypeAlias
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -159,8 +159,10 @@ TRACE = TableSpec(
     sparse=frozenset({"adapter", "wait_ids", "reasoning_tokens"}),
 )
 
+#: a value of ``requests.status``
+Status = Literal["ok", "error", "timeout", "rejected", "not_sent"]
 #: Values of ``requests.status``.
-STATUSES = ("ok", "error", "timeout", "rejected", "not_sent")
+STATUSES: tuple[Status, ...] = ("ok", "error", "timeout", "rejected", "not_sent")
 
 REQUESTS = TableSpec(
     kind="requests",

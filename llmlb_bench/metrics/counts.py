@@ -9,23 +9,67 @@ grouping sets cost several times more per row).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Callable, Iterable, Literal, TypedDict, TypeVar
 
 import pyarrow as pa
 
 from llmlb_bench.metrics.fairness import INPUT_WEIGHT, OUTPUT_WEIGHT
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sql import exact_sum
-from llmlb_bench.schema import STATUSES
+from llmlb_bench.schema import ArrowRow, Status
 
 GROUPS = ("slo_class", "tenant", "adapter")
 #: the group of a row whose column is null: the default class and tenant; the base model
 GROUP_NULL = {"slo_class": "default", "tenant": "default", "adapter": "base"}
 #: sums over the ok rows that read their own columns (tokens per delivery, speculative decoding's counts:
 #: :mod:`llmlb_bench.metrics.speculative`), null where no ok row has a value
-OK_SUMS = ("delivered_tokens", "deliveries", "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
+OkSum = Literal["delivered_tokens", "deliveries", "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens"]
+OK_SUMS: tuple[OkSum, ...] = ("delivered_tokens", "deliveries", "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
 #: ("run", run_id) or (group column, run_id, group)
 Unit = tuple[str, ...]
+N = TypeVar("N", int, float)
+
+
+class Counts(TypedDict):
+    """The counts of one run, or of one SLO class, tenant or adapter of it (:func:`rollup`).
+
+    Token sums are over the ok requests (``preemptions`` over all); ``t0`` / ``last_scheduled`` are the first
+    and last scheduled time, ``t1`` the last end; ``id_min`` / ``id_max`` the request ids' range. None where no
+    row has a value: ``good`` and ``good_tokens`` without an SLO, ``energy_j`` without energy, the OK_SUMS
+    where no ok row has the column.
+    """
+
+    requests: int
+    ok: int                 # requests by status (schema.STATUSES)
+    error: int
+    timeout: int
+    rejected: int
+    not_sent: int
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    good: int | None
+    good_tokens: int | None
+    preemptions: int
+    preempted_requests: int
+    t0: float | None
+    last_scheduled: float | None
+    t1: float | None
+    id_min: int
+    id_max: int
+    energy_j: float | None
+    service: int            # weighted tokens (INPUT_WEIGHT, OUTPUT_WEIGHT)
+    nl_sum: float           # norm_latency_s over the ok rows: its sum and count, for the mean
+    nl_n: int
+    norm_latency_mean: float | None
+    reasoning_tokens: int
+    reasoning_requests: int
+    delivered_tokens: int | None
+    deliveries: int | None
+    spec_drafts: int | None
+    spec_draft_tokens: int | None
+    spec_accepted_tokens: int | None
+    deliveries_unknown: int
 
 
 def cells_sql(slo: Slo | None) -> str:
@@ -51,21 +95,26 @@ GROUP BY ALL
 """
 
 
-def _empty() -> dict[str, Any]:
-    return {"requests": 0, **{s: 0 for s in STATUSES}, "input_tokens": 0, "output_tokens": 0, "cached_tokens": 0,
-            "good": 0, "good_tokens": 0, "preemptions": 0, "preempted_requests": 0, "t0": None,
-            "last_scheduled": None, "t1": None, "id_min": None, "id_max": None, "energy_j": None,
-            "service": 0, "nl_sum": 0.0, "nl_n": 0, "reasoning_tokens": 0, "reasoning_requests": 0,
-            **{k: None for k in OK_SUMS}, "deliveries_unknown": 0}
+def _empty(c: ArrowRow) -> Counts:
+    """Nothing counted yet, for the unit of cell ``c`` (the request ids' range starts at its own)."""
+    return {"requests": 0, "ok": 0, "error": 0, "timeout": 0, "rejected": 0, "not_sent": 0, "input_tokens": 0,
+            "output_tokens": 0, "cached_tokens": 0, "good": 0, "good_tokens": 0, "preemptions": 0,
+            "preempted_requests": 0, "t0": None, "last_scheduled": None, "t1": None, "id_min": c["id_min"], "id_max": c["id_max"],
+            "energy_j": None, "service": 0, "nl_sum": 0.0, "nl_n": 0, "norm_latency_mean": None,
+            "reasoning_tokens": 0, "reasoning_requests": 0, "delivered_tokens": None, "deliveries": None,
+            "spec_drafts": None, "spec_draft_tokens": None, "spec_accepted_tokens": None, "deliveries_unknown": 0}
 
 
-def _merge(m: dict[str, Any], c: Mapping[str, Any]) -> None:
-    n, ok = c["n"], c["status"] == "ok"
+def _merge(m: Counts, c: ArrowRow) -> None:
+    """Add one cell (a row of :func:`cells_sql` as pyarrow hands it, untyped) to ``m``."""
+    n: int = c["n"]
+    status: Status = c["status"]
     m["requests"] += n
-    m[c["status"]] = m.get(c["status"], 0) + n
-    if ok:
-        for k in ("input_tokens", "output_tokens", "cached_tokens"):
-            m[k] += c[k] or 0
+    m[status] = m.get(status, 0) + n
+    if status == "ok":
+        m["input_tokens"] += c["input_tokens"] or 0
+        m["output_tokens"] += c["output_tokens"] or 0
+        m["cached_tokens"] += c["cached_tokens"] or 0
         m["nl_sum"] += c["nl_sum"] or 0.0
         m["nl_n"] += c["nl_n"]
         m["reasoning_tokens"] += c["reasoning_tokens"] or 0
@@ -74,20 +123,27 @@ def _merge(m: dict[str, Any], c: Mapping[str, Any]) -> None:
         for k in OK_SUMS:     # null (None) where no ok row has a value, as SQL's sum
             if c[k] is not None:
                 m[k] = (m[k] or 0) + c[k]
-    if c["good"]:
-        m["good"] += n
-        m["good_tokens"] += c["output_tokens"] or 0
+    if c["good"]:             # good and good_tokens start at 0; None only once rolled up without an SLO
+        m["good"] = (m["good"] or 0) + n
+        m["good_tokens"] = (m["good_tokens"] or 0) + (c["output_tokens"] or 0)
     m["preemptions"] += c["preemptions"] or 0
     m["preempted_requests"] += c["preempted_requests"] or 0
     m["service"] += INPUT_WEIGHT * (c["prefilled_tokens"] or 0) + OUTPUT_WEIGHT * (c["output_tokens"] or 0)
-    for k, pick in (("t0", min), ("last_scheduled", max), ("t1", max), ("id_min", min), ("id_max", max)):
-        if c[k] is not None:
-            m[k] = c[k] if m[k] is None else pick(m[k], c[k])
+    m["t0"] = _extreme(min, m["t0"], c["t0"])
+    m["last_scheduled"] = _extreme(max, m["last_scheduled"], c["last_scheduled"])
+    m["t1"] = _extreme(max, m["t1"], c["t1"])
+    m["id_min"] = min(m["id_min"], c["id_min"])
+    m["id_max"] = max(m["id_max"], c["id_max"])
     if c["energy_j"] is not None:
         m["energy_j"] = (m["energy_j"] or 0.0) + c["energy_j"]
 
 
-def rollup(cells: pa.Table, slo: Slo | None) -> dict[Unit, dict[str, Any]]:
+def _extreme(pick: Callable[[N, N], N], held: N | None, new: N | None) -> N | None:
+    """``pick`` of the two where both are known, else the known one (None where neither is)."""
+    return held if new is None else new if held is None else pick(held, new)
+
+
+def rollup(cells: pa.Table, slo: Slo | None) -> dict[Unit, Counts]:
     """Counts per run (unit ``("run", run_id)``) and per run and group (``(column, run_id, group)``).
 
     Groups are kept only for runs with more than one SLO class, tenant or adapter.
@@ -96,21 +152,23 @@ def rollup(cells: pa.Table, slo: Slo | None) -> dict[Unit, dict[str, Any]]:
     # in a fixed order, so sums of floats come out the same to the last bit whatever order DuckDB returned
     rows = sorted(cells.to_pylist(), key=lambda c: (c["run_id"], c["slo_class"], c["tenant"], c["adapter"],
                                                     c["status"], str(c["good"])))
-    out: dict[Unit, dict[str, Any]] = {}
+    out: dict[Unit, Counts] = {}
     for c in rows:
         for unit in (("run", c["run_id"]), *((col, c["run_id"], c[col]) for col in GROUPS)):
-            _merge(out.setdefault(unit, _empty()), c)
+            m = out.get(unit)
+            if m is None:
+                m = out[unit] = _empty(c)
+            _merge(m, c)
     several = {run for col in GROUPS for run in _runs_with_several(out, col)}
     out = {u: m for u, m in out.items() if u[0] == "run" or u[1] in several}
     for m in out.values():
-        m["norm_latency_mean"] = m.pop("nl_sum") / m["nl_n"] if m["nl_n"] else None
-        del m["nl_n"]
+        m["norm_latency_mean"] = m["nl_sum"] / m["nl_n"] if m["nl_n"] else None
         if slo is None:
             m["good"] = m["good_tokens"] = None
     return out
 
 
-def _runs_with_several(units: Mapping[Unit, Any], col: str) -> set[str]:
+def _runs_with_several(units: Iterable[Unit], col: str) -> set[str]:
     seen: dict[str, int] = {}
     for u in units:
         if u[0] == col:

@@ -26,8 +26,9 @@ docs/metrics.md does.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
+from llmlb_bench.metrics.counts import Counts
 from llmlb_bench.metrics.run_figures import SpeculativeFigures
 from llmlb_bench.metrics.sql import quote
 from llmlb_bench.store.views import Catalog
@@ -49,7 +50,7 @@ def _server_counts(cat: Catalog) -> dict[str, tuple[float, float, float]]:
     return {r["run_id"]: (r["d"], r["t"], r["a"]) for r in rows if r["t"]}
 
 
-def _deliveries(cat: Catalog, counts: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[int | None, int]]:
+def _deliveries(cat: Catalog, counts: Mapping[str, Counts]) -> dict[str, tuple[int | None, int]]:
     """``{run_id: (output tokens, deliveries)}`` over the ok rows with token times, for every run
     with such rows: the stored column where rows have it, the token lists where they do not
     (tokens None where no such row counts any)."""
@@ -63,13 +64,14 @@ def _deliveries(cat: Catalog, counts: Mapping[str, Mapping[str, Any]]) -> dict[s
     return {k: v for k, v in out.items() if v[1]}
 
 
-def speculative(cat: Catalog, counts: Mapping[str, Mapping[str, Any]]) -> dict[str, SpeculativeFigures]:
+def speculative(cat: Catalog, counts: Mapping[str, Counts]) -> dict[str, SpeculativeFigures]:
     """``{run_id: {...}}`` for every run with token times; the acceptance figures where counted.
     ``counts``: each run's counts (:func:`llmlb_bench.metrics.counts.rollup`), which sum the
     simulator's per-request ``spec_*`` columns and the ``deliveries`` column over its ok rows."""
     server = _server_counts(cat)
-    simulated = {k: (float(c["spec_drafts"]), float(c["spec_draft_tokens"]), float(c["spec_accepted_tokens"]))
-                 for k, c in counts.items() if c["spec_draft_tokens"]}
+    # the three sums come from the same rows: where draft tokens are counted, so are the other two
+    simulated = {k: (float(c["spec_drafts"] or 0), float(c["spec_draft_tokens"] or 0),
+                     float(c["spec_accepted_tokens"] or 0)) for k, c in counts.items() if c["spec_draft_tokens"]}
     out: dict[str, SpeculativeFigures] = {}
     for run_id, (tokens, delivered) in sorted(_deliveries(cat, counts).items()):
         fig: SpeculativeFigures = {"tokens_per_delivery": tokens / delivered if tokens is not None else None}

@@ -15,10 +15,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Iterable, Mapping, cast
 
+from llmlb_bench.metrics.counts import Counts
+from llmlb_bench.metrics.meta import table
 from llmlb_bench.metrics.run_figures import StateFigures, TargetState
 from llmlb_bench.metrics.sql import exact_avg
+from llmlb_bench.run_summary import ClientSummary
 from llmlb_bench.store.views import Catalog
 
 KV_HIGH = 0.95
@@ -35,18 +38,27 @@ FROM series GROUP BY ALL ORDER BY run_id, target
 """
 
 
-def _worst(targets: Mapping[str, Mapping[str, Any]], key: str, how: Callable[[list[Any]], Any] = max) -> Any:
-    vals = [t[key] for t in targets.values() if t[key] is not None]
-    return how(vals) if vals else None
+def _worst(values: Iterable[float | None]) -> float | None:
+    """The largest of the targets' values (None where no target has one)."""
+    vals = [v for v in values if v is not None]
+    return max(vals) if vals else None
 
 
-def _mean(targets: Mapping[str, Mapping[str, Any]], key: str) -> float | None:
-    vals = [t[key] for t in targets.values() if t[key] is not None]
+def _mean(values: Iterable[float | None]) -> float | None:
+    """The targets' mean (None where no target has a value)."""
+    vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None
 
 
-def serving_state(cat: Catalog, counts: Mapping[str, Mapping[str, Any]],
-                  metas: Mapping[str, Mapping[str, Any]]) -> dict[str, StateFigures]:
+def _client(meta: Mapping[str, object]) -> ClientSummary | None:
+    """run.json's ``summary.client``, the replayer's (run_summary.ClientSummary): JSON hands it back untyped,
+    and it is the document that section declares."""
+    client = table(meta, "summary").get("client")
+    return cast(ClientSummary, client) if isinstance(client, Mapping) else None
+
+
+def serving_state(cat: Catalog, counts: Mapping[str, Counts],
+                  metas: Mapping[str, Mapping[str, object]]) -> dict[str, StateFigures]:
     """``{run_id: {...}}``; ``counts`` holds each run's token and preemption totals from the summary SQL."""
     per_target: dict[str, dict[str, TargetState]] = {}
     for r in cat.query(_SERIES_SQL).to_pylist():
@@ -61,14 +73,14 @@ def serving_state(cat: Catalog, counts: Mapping[str, Mapping[str, Any]],
             "prefix_cache_hit_rate": c["cached_tokens"] / c["input_tokens"] if c["input_tokens"] else None,
             "preemptions": c["preemptions"],
             "preempted_requests": c["preempted_requests"],
-            "kv_util_mean": _mean(targets, "kv_mean"),
-            "kv_util_max": _worst(targets, "kv_max"),
-            "kv_high_share": _mean(targets, "kv_high_share"),
-            "waiting_mean": _mean(targets, "waiting_mean"),
-            "waiting_max": _worst(targets, "waiting_max"),
-            "running_mean": _mean(targets, "running_mean"),
-            "running_max": _worst(targets, "running_max"),
+            "kv_util_mean": _mean(t["kv_mean"] for t in targets.values()),
+            "kv_util_max": _worst(t["kv_max"] for t in targets.values()),
+            "kv_high_share": _mean(t["kv_high_share"] for t in targets.values()),
+            "waiting_mean": _mean(t["waiting_mean"] for t in targets.values()),
+            "waiting_max": _worst(t["waiting_max"] for t in targets.values()),
+            "running_mean": _mean(t["running_mean"] for t in targets.values()),
+            "running_max": _worst(t["running_max"] for t in targets.values()),
             "per_target": targets or None,
-            "client": ((metas.get(run_id) or {}).get("summary") or {}).get("client"),
+            "client": _client(metas.get(run_id) or {}),
         }
     return out

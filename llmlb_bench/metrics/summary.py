@@ -36,7 +36,7 @@ import pyarrow as pa
 from llmlb_bench.metrics.control import control
 from llmlb_bench.metrics.conversations import conversations
 from llmlb_bench.metrics.adapters import adapter_loads
-from llmlb_bench.metrics.counts import GROUPS, cells_sql, rollup
+from llmlb_bench.metrics.counts import GROUPS, Counts, cells_sql, rollup
 from llmlb_bench.metrics.definitions import ANSWER_FIGURES, WAIT, WAIT_FIGURE, Definitions, Figure, figures
 from llmlb_bench.metrics.distribution import Sample, describe
 from llmlb_bench.metrics.energy import energy_and_cost
@@ -48,7 +48,7 @@ from llmlb_bench.metrics.latency import Latency, latency
 from llmlb_bench.metrics.origin import arrival_runs, lag_threshold_ms, latency_from, wait_kind
 from llmlb_bench.metrics.pacing import Segments, pacing
 from llmlb_bench.metrics.run_figures import (AnswerName, Distribution, GroupFigures, GroupLatency, ReasoningFigures,
-                                              RunFigures, WaitFigures)
+                                              RunFigures, SloFigures, WaitFigures)
 from llmlb_bench.metrics.sample import DEFAULT_SAMPLE, is_sampled, token_rows
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.speculative import speculative
@@ -73,7 +73,7 @@ class Options:
     cdf: bool = False                   # also each latency figure's CDF (for plots)
 
 
-def _group(m: dict[str, Any], percentiles: GroupLatency) -> GroupFigures:
+def _group(m: Counts, percentiles: GroupLatency) -> GroupFigures:
     return {"requests": m["requests"], "ok": m["ok"], "good": m["good"], "good_tokens": m["good_tokens"],
             "attainment": None if m["good"] is None else m["good"] / m["requests"], **percentiles,
             "service": m["service"], "norm_latency_mean": m["norm_latency_mean"]}
@@ -109,7 +109,8 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
                                        "output_tokens": counts[k]["output_tokens"],
                                        "good_tokens": counts[k]["good_tokens"]} for k in counts},
                              opt.price_per_hour)
-    multi = {k: counts[k]["t0"] for k, by in tables["tenant"].items() if len(by) > 1}
+    # runs of two or more tenants, from their first scheduled time (a run without one has no windows to cut)
+    multi = {k: t0 for k, by in tables["tenant"].items() if len(by) > 1 and (t0 := counts[k]["t0"]) is not None}
     fair = fairness(cat, multi, tables["tenant"], opt.window_s)
     state = serving_state(cat, counts, metas)
     cache = accounting_summary(cat)
@@ -124,8 +125,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     steady = steady_state(cat, {k: {
         "t0": counts[k]["t0"], "t1": counts[k]["last_scheduled"],
         "window_s": windows[k], "attainment": _attainment(counts[k]) if slo is not None else None,
-        "tail_s": None if counts[k]["t1"] is None else
-        counts[k]["t1"] - counts[k]["last_scheduled"]} for k in ids}, slo)
+        "tail_s": _tail(counts[k])} for k in ids}, slo)
     loops = control(cat, {k: {"spec": (metas[k].get("trace") or {}).get("spec"),
                               "t1": counts[k]["last_scheduled"]} for k in ids}, slo)
     run_facets = {k: facets(metas[k]) for k in ids}
@@ -168,14 +168,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
             "ttft": fig("ttft"), "tpot": fig("tpot"), "itl": fig("itl"), "e2e": fig("e2e"),
             "norm_latency": fig("norm_latency"),
             "reasoning": _reasoning(c, fig),
-            "slo": None if slo is None else {
-                "spec": slo.to_dict(),
-                "good": c["good"],
-                "good_tokens": c["good_tokens"],
-                "attainment": _attainment(c),
-                "goodput": per_s(c["good"]),
-                "good_token_throughput": per_s(c["good_tokens"]),
-            },
+            "slo": None if slo is None else _judged(slo, c, per_s),
             "per_class": tables["slo_class"].get(run_id),    # None for a run of one class and one tenant
             "per_tenant": tables["tenant"].get(run_id),
             "per_adapter": tables["adapter"].get(run_id),    # null adapter = the base model ("base")
@@ -200,14 +193,25 @@ def _describe(lat: Latency, figs: Mapping[str, Figure], opt: Options, run_id: st
                     ci=opt.ci, level=opt.confidence, cdf=opt.cdf)
 
 
-def _attainment(c: Mapping[str, Any]) -> float | None:
-    """Good requests / all requests (failed ones count as not good)."""
-    good: int = c["good"]
-    requests: int = c["requests"]
-    return good / requests if requests else None
+def _attainment(c: Counts) -> float | None:
+    """Good requests / all requests (failed ones count as not good); None without an SLO."""
+    good, requests = c["good"], c["requests"]
+    return good / requests if requests and good is not None else None
 
 
-def _reasoning(c: dict[str, Any], answer: Callable[[AnswerName], Distribution]) -> ReasoningFigures | None:
+def _judged(slo: Slo, c: Counts, per_s: Callable[[float], float | None]) -> SloFigures:
+    """The run judged against ``slo``: its counts were rolled up with it, so good requests are counted."""
+    good, good_tokens = c["good"] or 0, c["good_tokens"] or 0
+    return {"spec": slo.to_dict(), "good": good, "good_tokens": good_tokens, "attainment": _attainment(c),
+            "goodput": per_s(good), "good_token_throughput": per_s(good_tokens)}
+
+
+def _tail(c: Counts) -> float | None:
+    """The drain tail: last end - last scheduled time (None where either is unknown)."""
+    return None if c["t1"] is None or c["last_scheduled"] is None else c["t1"] - c["last_scheduled"]
+
+
+def _reasoning(c: Counts, answer: Callable[[AnswerName], Distribution]) -> ReasoningFigures | None:
     """Reasoning share of the ok requests' output, and the answer's figures; None for a run without
     reasoning (its report shows nothing of it)."""
     if not c["reasoning_tokens"]:
@@ -247,7 +251,7 @@ def arrival_window(requests: int, first_s: float | None, last_s: float | None,
     return None
 
 
-def _duration(c: dict[str, Any], meta: dict[str, Any]) -> float:
+def _duration(c: Counts, meta: dict[str, Any]) -> float:
     """Request span; for imports whose requests each run on their own clock, the tool's measured duration."""
     imported = (meta.get("summary") or {}).get("import") or {}
     if imported.get("clock") == "per_request" and imported.get("duration_s"):
