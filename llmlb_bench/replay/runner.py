@@ -42,7 +42,7 @@ import sys
 import threading
 from collections import Counter, deque
 from time import perf_counter
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -52,17 +52,18 @@ from llmlb_bench.errors import UserError
 from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.openfiles import raise_open_files_limit
 from llmlb_bench.policies import Outcome, Policy, PolicyError, RouteRequest, TargetInfo, View
-from llmlb_bench.policies.base import put, set_now
+from llmlb_bench.policies.base import set_now
 from llmlb_bench.replay.flight import Flight
-from llmlb_bench.replay.http import Connection, Pool, build_request, simple_request
+from llmlb_bench.replay.http import Connection, Pool, build_request
 from llmlb_bench.replay.media import AUDIO_TOKENS_PER_S, image_side, png_data_url, wav_base64
 from llmlb_bench.replay.options import RETRY_STATUSES, ReplayOptions, ReplayProgress
 from llmlb_bench.replay.client import ReplayResult, client_summary, replay_summary
 from llmlb_bench.replay.preflight import Preflight, request_headers
+from llmlb_bench.replay.probes import Health
 from llmlb_bench.replay.prompts import PromptBuilder
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
 from llmlb_bench.replay.rows import RowWriter, write_table
-from llmlb_bench.replay.scrape import SeriesRows, Signals, parse_metrics, update_view
+from llmlb_bench.replay.scraper import Scraper
 from llmlb_bench.replay.threads import Prompt, Threads
 from llmlb_bench.schema import trace_block_size
 from llmlb_bench.store import RunStore
@@ -133,10 +134,10 @@ class Replayer:
         self.status = Counter[str]()
         self.lateness: list[float] = []
         self.recent_ttft: deque[float] = deque(maxlen=512)
-        self.scraped: set[str] = set()
-        # endpoints still scraped (dropped when one has no known metrics) and their series rows
-        self._scrape_active = list(range(len(self.pools)))
-        self._series = SeriesRows()
+        #: endpoints marked down when they refuse connections, and brought back (probes.py)
+        self.health = Health(self.view, self.pools)
+        self.scraper = Scraper(self.pools, self.names, self.view, self.headers,
+                               clock=lambda: perf_counter() - self.t0, write=run.series.write)
         self.media_dropped = 0
         self.sent = 0
         self.first_sent: float | None = None
@@ -226,10 +227,10 @@ class Replayer:
         for pool in self.pools:
             pool.top_up()
         background = [loop.create_task(self._flush_periodically()),
-                      loop.create_task(self._probe_unhealthy())]
+                      loop.create_task(self.health.revive())]
         if self.options.progress is not None:
             background.append(loop.create_task(self._report_progress()))
-        scraper = loop.create_task(self._scrape_metrics(self.options.scrape_s)) if self.options.scrape_s else None
+        scraper = loop.create_task(self.scraper.run(self.options.scrape_s)) if self.options.scrape_s else None
         if scraper is not None:
             background.append(scraper)
         try:
@@ -241,7 +242,7 @@ class Replayer:
                 # one last scrape once every answer is in, so the series' counter increases cover the
                 # whole run (the first scrape precedes the first answer)
                 scraper.cancel()
-                await self._scrape_round(self.options.scrape_s)  # type: ignore[arg-type]  # a scraper: scrape_s set
+                await self.scraper.round(self.options.scrape_s)  # type: ignore[arg-type]  # a scraper: scrape_s set
         except asyncio.CancelledError:
             self.interrupted = True
         finally:
@@ -403,8 +404,7 @@ class Replayer:
         except asyncio.TimeoutError:
             self._attempt_failed(f, "timeout", f"connect timeout after {pool.connect_timeout:g} s")
         except OSError as exc:
-            if len(self.pools) > 1:
-                put(self.view, "healthy", f.target, False)
+            self.health.down(f.target)
             self._attempt_failed(f, "error", f"connect failed: {exc.strerror or exc}")
         else:
             if f.done:
@@ -598,55 +598,6 @@ class Replayer:
             await asyncio.sleep(1.0)
             self.writer.submit()
 
-    async def _probe_unhealthy(self) -> None:
-        """Bring endpoints that refused connections back once they accept one."""
-        while True:
-            await asyncio.sleep(1.0)
-            for i, pool in enumerate(self.pools):
-                if self.view.healthy[i]:
-                    continue
-                try:
-                    conn = await pool.connect()
-                except (OSError, asyncio.TimeoutError):
-                    continue
-                pool.release(conn)
-                put(self.view, "healthy", i, True)
-
-    async def _scrape_metrics(self, interval: float) -> None:
-        """Engine load signals into the policies' view and series.parquet (see replay.scrape),
-        every ``interval`` seconds while any endpoint answers with known metrics."""
-        while self._scrape_active:
-            await self._scrape_round(interval)
-            await asyncio.sleep(interval)
-
-    async def _scrape_round(self, timeout: float) -> None:
-        """Scrape every endpoint still answering once; write the rows."""
-        active, series = self._scrape_active, self._series
-        answers = await asyncio.gather(*(self._scrape(i, timeout) for i in active))
-        now = perf_counter() - self.t0
-        for i, sig in zip(list(active), answers):
-            if sig is False:  # no /metrics, or none of the known names: stop asking
-                active.remove(i)
-                continue
-            if sig is None:  # unreachable this time
-                continue
-            update_view(self.view, i, sig, now)
-            self.scraped.add(self.names[i])
-            series.add(now, self.names[i], sig)
-        rows = series.take()
-        if rows:
-            self.run_store.series.write(rows)
-
-    async def _scrape(self, i: int, timeout: float) -> Signals | Literal[False] | None:
-        try:
-            status, body = await simple_request(self.pools[i], "GET", "/metrics", self.headers, timeout=timeout)
-        except (OSError, asyncio.TimeoutError):
-            return None
-        if status != 200:
-            return False
-        sig = parse_metrics(body.decode("utf-8", "replace"))
-        return sig if sig.known() else False
-
     async def _report_progress(self) -> None:
         assert self.options.progress is not None
         while True:
@@ -665,7 +616,7 @@ class Replayer:
         client = client_summary(np.asarray(self.lateness), cpu_s, self.sent, self.loop_kind, self.t0,
                                 self.options.lag_threshold_ms)
         replay = replay_summary(self.status, self.sent, self.first_sent, self.last_sent, self.last_end,
-                                self.interrupted, self.pre, self.scraped)
+                                self.interrupted, self.pre, self.scraper.scraped)
         replay["multimodal_dropped"] = self.media_dropped
         if self.resume is not None:
             replay["resumed"] = {"carried_rows": self.resume.carried.num_rows}
