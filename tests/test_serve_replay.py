@@ -3,11 +3,13 @@ for the arrivals the server saw, as the client measures them (never less)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import pytest
 
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import ReplayOptions
+from llmlb_bench.replay.runner import Replayer
 from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
@@ -61,10 +64,13 @@ def test_replay_round_trip_counts_exactly(tmp_path: Path):
 
 class _Recording:
     """A server-side client (the HTTP responder) that notes, before each write, how many tokens the
-    request has with it, the engine's simulated time and the clock."""
+    request has with it, the engine's simulated time and the clock. A response written in more than one
+    write has its last one held back (the server goes on with the others) until the replayer has taken
+    that request's first token (``first_seen``, by prompt length: request k has 300 + k tokens)."""
 
-    def __init__(self, client: Any, fleet: Any, writes: dict[int, list[tuple[int, float, float]]]) -> None:
-        self.client, self.fleet, self.writes = client, fleet, writes
+    def __init__(self, client: Any, fleet: Any, writes: dict[int, list[tuple[int, float, float]]],
+                 first_seen: dict[int, threading.Event]) -> None:
+        self.client, self.fleet, self.writes, self.first_seen = client, fleet, writes, first_seen
 
     def on_start(self, live: Any) -> None:
         self.client.on_start(live)
@@ -77,14 +83,26 @@ class _Recording:
         self.client.on_tokens(live, count)
 
     def on_finish(self, live: Any, count: int) -> None:
+        if live.seq in self.writes:
+            self._finish_once_seen(live, live.emitted, count, time.monotonic() + 300)  # a hang's bound
+        else:
+            self._note(live, count)
+            self.client.on_finish(live, count)
+
+    def _finish_once_seen(self, live: Any, emitted: int, count: int, until: float) -> None:
+        if not self.first_seen[live.sub.prompt_tokens].is_set() and time.monotonic() < until:
+            asyncio.get_running_loop().call_later(0.001, self._finish_once_seen, live, emitted, count, until)
+            return
+        done, live.emitted = live.emitted, emitted      # as it was when the engine finished it
         self._note(live, count)
         self.client.on_finish(live, count)
+        live.emitted = done
 
     def on_reject(self, live: Any, message: str) -> None:
         self.client.on_reject(live, message)
 
 
-def test_streamed_chunks_reach_the_client_at_the_simulated_token_times(tmp_path: Path):
+def test_streamed_chunks_reach_the_client_at_the_simulated_token_times(tmp_path: Path, monkeypatch):
     """Each token, from the engine to the replayer's row, on one clock (``perf_counter``; server and
     client share this process), in the order of events, which is the same on any machine:
 
@@ -93,26 +111,41 @@ def test_streamed_chunks_reach_the_client_at_the_simulated_token_times(tmp_path:
       exact in tests/test_serve_live.py);
     * the client's time of each token is after the server wrote it, and never before it was due
       (but for the event loop's millisecond timer resolution);
-    * the client times each chunk as it arrives, not the response as a whole: in most requests its
-      first token came before the server wrote the last (a response lasts 40 steps).
+    * the client times each chunk as it arrives, not the response as a whole: the server holds back
+      the last write of a response until the replayer has taken its first token, and the row's first
+      token time comes before that write (a client that stamped the response as a whole would take
+      its first token only once all had come, after the hold's bound, and fail). This held as "in most
+      requests the first token came before the server wrote the last" when the server wrote freely,
+      which a loaded machine can miss (the client's thread descheduled through a 40-step response).
 
     How late the tokens are is the machine's scheduling (docs/serve.md has figures); it used to be
     bounded here (median under 20 ms), which a loaded machine can exceed."""
-    table = trace(np.arange(12) * 0.05, 300, 40)
+    n = 12
+    table = trace(np.arange(n) * 0.05, 300 + np.arange(n), 40)
     st = ServeThread(ClusterConfig.build(replicas=1), ServeOptions(port_per_replica=0, speed=1.0))
     fleet = st.server.fleet
     ended: list[Any] = []
     writes: dict[int, list[tuple[int, float, float]]] = {}
+    first_seen = {300 + k: threading.Event() for k in range(n)}
     fleet.on_end = ended.append
     submit = fleet.submit
-    fleet.submit = lambda sub, client, received=None: submit(sub, _Recording(client, fleet, writes), received)
+    fleet.submit = lambda sub, client, received=None: submit(sub, _Recording(client, fleet, writes, first_seen),
+                                                               received)
+    first_token = Replayer.first_token
+
+    def noted(self: Replayer, f: Any, now: float) -> None:
+        first_token(self, f, now)
+        first_seen[300 + f.idx].set()
+    monkeypatch.setattr(Replayer, "first_token", noted)
     try:
         summary, rows, _ = run_replay(table, st.urls, tmp_path, "round_robin", ReplayOptions(scrape_s=None))
     finally:
         st.close()
     t0 = summary["client"]["t0_clock_s"]
-    first_before_last = 0
-    for row, live in zip(rows, sorted(ended, key=lambda x: x.seq)):   # requests 50 ms apart: same order
+    spread = 0
+    mine_of = {live.sub.prompt_tokens: live for live in ended}
+    for row in rows:
+        live = mine_of[row["input_tokens"]]
         got = np.array([t0 + seg["start_s"] for seg in row["token_times"] for _ in range(seg["count"])])
         times = [s + k * g for s, g, c in live.segments for k in range(c)]
         due = np.array([fleet.wall(x) for x in times])
@@ -126,8 +159,10 @@ def test_streamed_chunks_reach_the_client_at_the_simulated_token_times(tmp_path:
             done = cum
         assert done == 40
         assert np.all(got >= written) and np.all(got >= due - 0.002)
-        first_before_last += bool(got[0] < written[-1])
-    assert first_before_last > len(rows) / 2
+        if len(writes[live.seq]) > 1:
+            spread += 1
+            assert got[0] < written[-1]
+    assert spread >= 1      # a response of 40 steps written all at once: the server thread starved throughout
 
 
 def test_multimodal_rows_round_trip(tmp_path: Path):
