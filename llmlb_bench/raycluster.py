@@ -80,16 +80,6 @@ def start_ray(address: str | None, workers: int | None) -> ModuleType:
     return ray
 
 
-def starts_private_instance(address: str | None) -> bool:
-    """Whether :func:`ray_session` with ``address`` starts a private instance (whose CPUs no other work
-    holds) rather than keeping this process's session or joining a cluster."""
-    try:
-        import ray
-    except ImportError:
-        return address is None
-    return address is None and not ray.is_initialized()
-
-
 @contextmanager
 def ray_session(address: str | None, workers: int | None) -> Iterator[ModuleType]:
     """Ray for the length of a ``with`` block: the session this process already has, or one started

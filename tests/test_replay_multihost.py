@@ -42,6 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 RAY = str(Path(PY).with_name("ray"))
 PORT_GCS, PORT_SERVER = 6379, 8000
+#: how long a host's Ray start-up may take: a hang's bound, not a speed
+HANG_S = 600.0
 
 
 def _sh(*cmd: str, timeout: float = 60, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -65,6 +67,9 @@ class TwoHosts:
         self.env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token),
                         RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(REPO))
         self.made: list[str] = []
+        #: a command's time limit: 120 s, or 10x the cluster's start-up on a machine slower than this one
+        #: (a replay across the hosts took over 120 s pinned to one core beside a busy loop)
+        self.timeout = 120.0
 
     def up(self) -> None:
         for ns in (self.head, self.worker):
@@ -79,11 +84,13 @@ class TwoHosts:
             _sh("ip", "-n", ns, "link", "set", dev, "up")
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
         common = ["--object-store-memory", str(150 << 20), "--disable-usage-stats", "--include-dashboard=false"]
+        start = time.monotonic()    # the cluster's start-up paces the commands' time limits (self.timeout)
         self.run(self.head, RAY, "start", "--head", "--node-ip-address", self.head_ip, "--port", str(PORT_GCS),
-                 "--num-cpus", "0", "--temp-dir", str(self.dir / "ray-head"), *common, timeout=120)
+                 "--num-cpus", "0", "--temp-dir", str(self.dir / "ray-head"), *common, timeout=HANG_S)
         self.run(self.worker, RAY, "start", "--address", self.gcs, "--node-ip-address", self.worker_ip,
                  "--num-cpus", "2", "--temp-dir", str(self.dir / "ray-worker"),
-                 *[c for c in common if c != "--include-dashboard=false"], timeout=120)
+                 *[c for c in common if c != "--include-dashboard=false"], timeout=HANG_S)
+        self.timeout = max(120.0, 10 * (time.monotonic() - start))
         self.server = subprocess.Popen(["ip", "netns", "exec", self.head, PY, "-m", "llmlb_bench.replay.noop_server",
                                         "--host", self.head_ip, "--port", str(PORT_SERVER), "--itl-ms", "2"],
                                        stdout=subprocess.PIPE, text=True, env=self.env)
@@ -98,9 +105,9 @@ class TwoHosts:
     def url(self) -> str:
         return f"http://{self.head_ip}:{PORT_SERVER}"
 
-    def run(self, ns: str, *cmd: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-        """``cmd`` on host ``ns`` (its network namespace)."""
-        out = _sh("ip", "netns", "exec", ns, *cmd, timeout=timeout, check=False, env=self.env)
+    def run(self, ns: str, *cmd: str, timeout: float | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        """``cmd`` on host ``ns`` (its network namespace); ``timeout`` by default :attr:`timeout`."""
+        out = _sh("ip", "netns", "exec", ns, *cmd, timeout=timeout or self.timeout, check=False, env=self.env)
         if check and out.returncode != 0:
             raise AssertionError(f"{' '.join(cmd[:3])} ... exited {out.returncode}: {out.stderr[-2000:]}")
         return out
@@ -218,11 +225,11 @@ replicas = 2
 rate_scale = [0.5]
 """)
     out = h.run(h.head, PY, "-m", "llmlb_bench", "sweep", str(spec), "--executor", "ray", "--address", h.gcs,
-                "--results", str(h.dir / "sweep-ray"), "--format", "json", timeout=300)
+                "--results", str(h.dir / "sweep-ray"), "--format", "json", timeout=2.5 * h.timeout)
     remote = json.loads(out.stdout)
     local = subprocess.run([PY, "-m", "llmlb_bench", "sweep", str(spec), "--workers", "1", "--results",
                             str(tmp_path / "sweep-local"), "--format", "json"], capture_output=True, text=True,
-                           timeout=300, env=h.env)
+                           timeout=2.5 * h.timeout, env=h.env)
     assert local.returncode == 0, local.stderr
     # the head has no CPU: every cell ran on the worker host, and gave the same runs as a local pool
     runs = sorted(p.parent.name for p in (h.dir / "sweep-ray" / "mh").glob("*/requests.parquet"))
@@ -258,7 +265,7 @@ def test_an_actor_lost_with_its_hosts_raylet_leaves_a_partial_run_with_every_row
         assert proc.poll() is None, "the replay ended before the raylet could be killed"
         raylet = next(p for p in h.pids(h.worker) if b"raylet" in Path(f"/proc/{p}/cmdline").read_bytes())
         os.kill(raylet, signal.SIGKILL)
-        _, err = proc.communicate(timeout=180)
+        _, err = proc.communicate(timeout=1.5 * h.timeout)
     finally:
         if proc.poll() is None:
             proc.kill()

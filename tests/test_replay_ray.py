@@ -264,6 +264,25 @@ def test_cli_ray_run_interrupted_then_resumed_has_one_row_per_request(servers, t
         assert [w.get("error") for w in meta["summary"]["client"]["ray_workers"]] == [None, None]
 
 
+def test_actors_with_a_free_cpu_each_are_waited_for_however_slow_they_start(
+        ray_instance, servers, tmp_path, monkeypatch):  # noqa: F811
+    """A bound of 0 s stands for a machine slower than any bound: with a free CPU for each actor, the
+    run waits for them and completes. A fixed 120 s bound failed a private instance's two actors
+    pinned to one busy core ("only 0 of 2 Ray actors were ready within 120 s"), and two on a cluster
+    joined across network namespaces."""
+    import llmlb_bench.replay.ray_workers as ray_workers
+
+    ray = ray_instance
+    deadline = time.monotonic() + 300      # a hang's bound: earlier tests' actors give their CPUs back
+    while ray.available_resources().get("CPU", 0.0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    monkeypatch.setattr(ray_workers, "READY_TIMEOUT_S", 0.0)
+    url, _ = servers.noop()
+    summary, rows, _ = run_replay(make_trace(n=6, rate=100.0), [url], tmp_path,
+                                  options=ReplayOptions(workers=2, executor="ray", scrape_s=None))
+    assert {r["status"] for r in rows} == {"ok"} and len(rows) == 6
+
+
 class HoldsACpu:
     """An actor that keeps one of the instance's CPUs while it lives."""
 

@@ -57,7 +57,7 @@ import pyarrow.compute as pc
 from llmlb_bench import interrupts
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import Policy
-from llmlb_bench.raycluster import ray_session, starts_private_instance
+from llmlb_bench.raycluster import ray_session
 from llmlb_bench.replay.client import ReplayResult
 from llmlb_bench.replay.clock import ClockOffset, measure_offset, perf_instant
 from llmlb_bench.replay.options import ReplayOptions
@@ -75,10 +75,10 @@ from llmlb_bench.store.sink import rows_table
 #: in time even on a busy cluster (a Ray call takes milliseconds; an actor that hears it late only
 #: starts late, which its dispatch lag shows)
 START_MARGIN_S = 0.5
-#: how long the actors on a cluster this command did not start may go without another of them getting ready
-#: (other work may hold its CPUs for good, and then they are never placed); the actors of the private
-#: instance a command starts have its CPUs to themselves and wait however slow the machine is (pinned to
-#: one busy core, two took over 120 s)
+#: how long the actors may go without another of them getting ready when the cluster had fewer free CPUs
+#: than actors as they were created (other work may hold its CPUs for good, and then some are never
+#: placed); with a CPU free for each they are waited for however slow the machine is to start them
+#: (pinned to one busy core, two actors of a private instance took over 120 s, and two on a joined one)
 READY_TIMEOUT_S = 120.0
 #: how often the wait for the actors looks for Ctrl-C
 _READY_SLICE_S = 0.2
@@ -240,8 +240,8 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Policy, run: RunStore
     details: list[dict[str, object]] = [{"rows": len(rows)} for rows in plan.shares]
     outcomes = [WorkerOutcome() for _ in range(n)]
     stop = {"signalled": False}
-    private = starts_private_instance(options.address)
     with ray_session(options.address, n) as ray:
+        free = ray.available_resources().get("CPU", 0.0)    # before the actors take theirs
         actor_class = ray.remote(ReplayActor)
         actors = [actor_class.options(num_cpus=1, max_concurrency=2, scheduling_strategy="SPREAD",
                                       max_restarts=0).remote(*([clocks[k]] if clocks else []))
@@ -257,7 +257,7 @@ def replay_on_ray(trace: pa.Table, pre: Preflight, policy: Policy, run: RunStore
         try:
             prepared = [actor.prepare.remote(_to_ipc(plan.trace.take(rows)), pre, policy, opts, run.run_id)
                         for actor, rows, opts in zip(actors, plan.shares, plan.options)]
-            _wait_ready(ray, prepared, stop, bounded=not private)
+            _wait_ready(ray, prepared, stop, bounded=free < n)
             live: dict[int, ClockOffset] = {}
             for k, ref in enumerate(prepared if not stop["signalled"] else ()):
                 place, error = _get(ray, partial(ray.get, ref))
