@@ -4,7 +4,8 @@ A :class:`Flight` is the handler of the connection that carries it
 (:class:`llmlb_bench.replay.http.Handler`). It turns the response into what
 the result row needs (first/last token times, one token segment per
 received read, usage) and reports the outcome to its :class:`Outcomes`
-owner, which decides about retries and writes the row.
+owner (:class:`~llmlb_bench.replay.attempts.Attempts`), which decides about
+retries and hands the final outcome to the run, which writes the row.
 
 Token counting: a stream chunk whose ``choices[].text`` (completions) or
 ``choices[].delta.content`` / ``reasoning`` / ``reasoning_content`` (chat) is
@@ -54,7 +55,7 @@ _MAX_ERROR_BODY = 4096
 
 
 class Outcomes(Protocol):
-    """What a flight reports to (implemented by the replayer)."""
+    """What a flight reports to (implemented by replay.attempts.Attempts)."""
 
     def finished(self, f: "Flight", status: str, error: str | None, now: float) -> None: ...
 

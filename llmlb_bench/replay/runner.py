@@ -23,6 +23,11 @@ only millisecond-precise), the connections' protocol callbacks, one timer
 per request for its timeouts, and a row writer that hands finished rows
 to a background thread.
 
+The Replayer is the run's orchestration (clock, dispatch, rows, progress, close); its parts:
+each request's attempts, timeouts and retries (:mod:`llmlb_bench.replay.attempts`), endpoint
+health and revival (:mod:`llmlb_bench.replay.probes`), the ``/metrics`` scrape loop
+(:mod:`llmlb_bench.replay.scraper`).
+
 Every trace row gets exactly one result row: ``ok``, ``error``,
 ``timeout``, ``rejected`` (HTTP 429, or refused by the routing policy), or
 ``not_sent`` (the run was interrupted first, or the policy still held it when
@@ -53,10 +58,11 @@ from llmlb_bench.eventloop import new_event_loop
 from llmlb_bench.openfiles import raise_open_files_limit
 from llmlb_bench.policies import Outcome, Policy, PolicyError, RouteRequest, TargetInfo, View
 from llmlb_bench.policies.base import set_now
+from llmlb_bench.replay.attempts import Attempts
 from llmlb_bench.replay.flight import Flight
-from llmlb_bench.replay.http import Connection, Pool, build_request
+from llmlb_bench.replay.http import Pool, build_request
 from llmlb_bench.replay.media import AUDIO_TOKENS_PER_S, image_side, png_data_url, wav_base64
-from llmlb_bench.replay.options import RETRY_STATUSES, ReplayOptions, ReplayProgress
+from llmlb_bench.replay.options import ReplayOptions, ReplayProgress
 from llmlb_bench.replay.client import ReplayResult, client_summary, replay_summary
 from llmlb_bench.replay.preflight import Preflight, request_headers
 from llmlb_bench.replay.probes import Health
@@ -130,18 +136,16 @@ class Replayer:
         self._pos = 0
         self._ready: list[tuple[float, int]] = []
         self.flights: set[Flight] = set()
-        self.connects: set[asyncio.Task[None]] = set()
         self.status = Counter[str]()
         self.lateness: list[float] = []
         self.recent_ttft: deque[float] = deque(maxlen=512)
         #: endpoints marked down when they refuse connections, and brought back (probes.py)
         self.health = Health(self.view, self.pools)
+        #: each request's attempts, timeouts and retries (attempts.py); its outcome comes back to :meth:`_ended`
+        self.attempts = Attempts(self.pools, self.health, options, ended=self._ended)
         self.scraper = Scraper(self.pools, self.names, self.view, self.headers,
                                clock=lambda: perf_counter() - self.t0, write=run.series.write)
         self.media_dropped = 0
-        self.sent = 0
-        self.first_sent: float | None = None
-        self.last_sent: float | None = None
         self.last_end: float | None = None
         self.dispatch_done = False
         self.interrupted = False
@@ -159,7 +163,7 @@ class Replayer:
     # -- event loop and signals ---------------------------------------------
     def run(self) -> ReplayResult:
         loop, self.loop_kind = new_event_loop()
-        self.loop = loop
+        self.loop = self.attempts.loop = loop
         raise_open_files_limit()
         cpu0 = _cpu_seconds()
         restore = self._install_signals(loop)
@@ -336,11 +340,11 @@ class Replayer:
 
     def _launch(self, idx: int, req: RouteRequest, target: int, _decode: int = -1) -> None:
         """The router sent row ``idx`` to endpoint ``target`` (the run's books already say so)."""
-        f = Flight(idx, req, target, self._request_bytes(idx, target), self.sched[idx], self)
+        f = Flight(idx, req, target, self._request_bytes(idx, target), self.sched[idx], self.attempts)
         if self.threads is not None and self.threads.keeps(idx):
             f.answer = []  # something waits for this answer: keep its text
         self.flights.add(f)
-        self._attempt(f, fresh=False)
+        self.attempts.attempt(f)
 
     def _request_bytes(self, idx: int, target: int) -> bytes:
         tr = self.tr
@@ -383,147 +387,9 @@ class Replayer:
                              f"{self.headers}X-Request-Id: {tr.rid[idx]}\r\n",
                              json.dumps(body, separators=(",", ":")).encode())
 
-    def _attempt(self, f: Flight, fresh: bool) -> None:
-        f.timer = None
-        if f.done:
-            return
-        f.attempts += 1
-        pool = self.pools[f.target]
-        conn = None if fresh else pool.take_idle()
-        if conn is not None:
-            self._send(f, conn)
-            return
-        assert self.loop is not None
-        task = self.loop.create_task(self._connect(f, pool))
-        self.connects.add(task)
-        task.add_done_callback(self.connects.discard)
-
-    async def _connect(self, f: Flight, pool: Pool) -> None:
-        try:
-            conn = await pool.connect()
-        except asyncio.TimeoutError:
-            self._attempt_failed(f, "timeout", f"connect timeout after {pool.connect_timeout:g} s")
-        except OSError as exc:
-            self.health.down(f.target)
-            self._attempt_failed(f, "error", f"connect failed: {exc.strerror or exc}")
-        else:
-            if f.done:
-                pool.release(conn)
-            else:
-                self._send(f, conn)
-
-    def _send(self, f: Flight, conn: Connection) -> None:
-        now = perf_counter()
-        if f.sent is None:
-            f.sent = now
-            rel = now - self.t0
-            self.sent += 1
-            if self.first_sent is None:
-                self.first_sent = rel
-            self.last_sent = rel
-        f.attempt_start = f.last_rx = now
-        f.reused = conn.uses > 0
-        f.conn = conn
-        conn.send(f.request, f)
-        self._arm(f, now)
-
-    # -- timeouts --------------------------------------------------------------
-    def _deadline(self, f: Flight) -> tuple[float, str]:
-        to = self.options.timeouts
-        best, why = _INF, ""
-        if to.total is not None:
-            best, why = f.attempt_start + to.total, f"exceeded the total timeout of {to.total:g} s"
-        if f.first is None:
-            if to.first_token is not None and f.attempt_start + to.first_token < best:
-                best, why = f.attempt_start + to.first_token, f"no first token within {to.first_token:g} s"
-        elif to.between_tokens is not None and f.last is not None and f.last + to.between_tokens < best:
-            best = f.last + to.between_tokens
-            why = f"no token for {to.between_tokens:g} s after token {f.chunks}"
-        return best, why
-
-    def _arm(self, f: Flight, now: float) -> None:
-        deadline, _ = self._deadline(f)
-        if deadline < _INF:
-            assert self.loop is not None
-            f.timer = self.loop.call_later(max(0.0, deadline - now), self._on_timer, f)
-
-    def first_token(self, f: Flight, now: float) -> None:
-        """From now on the between-token deadline applies, which may come before the first-token one."""
-        if self.options.timeouts.between_tokens is not None:
-            if f.timer is not None:
-                f.timer.cancel()
-            self._arm(f, now)
-
-    def _on_timer(self, f: Flight) -> None:
-        f.timer = None
-        if f.done:
-            return
-        now = perf_counter()
-        deadline, why = self._deadline(f)
-        if now + 1e-4 >= deadline:
-            self.finished(f, "timeout", why, now)
-        else:
-            self._arm(f, now)
-
-    # -- outcomes (called by flights) ---------------------------------------
-    def failed_before_response(self, f: Flight, reason: str, now: float) -> None:
-        """The connection died before any response byte."""
-        self._attempt_failed(f, "error", reason, allow_fresh=True)
-
-    def refused(self, f: Flight, http_status: int, error: str, retry_after: float | None,
-                now: float) -> None:
-        """A complete non-2xx response."""
-        if http_status in RETRY_STATUSES and f.attempts <= self.options.retries:
-            self._retry(f, max(self._backoff(f), retry_after or 0.0), fresh=False)
-        else:
-            self.finished(f, "rejected" if http_status == 429 else "error", self._with_attempts(f, error), now)
-
-    def _attempt_failed(self, f: Flight, status: str, reason: str, allow_fresh: bool = False) -> None:
-        if f.done:
-            return
-        if allow_fresh and f.reused and not f.fresh_used:
-            # a pooled connection the server had already closed (llama-server advertises
-            # keep-alive, then closes after a stream): resend once on a new connection
-            f.fresh_used = True
-            f.attempts -= 1
-            self._retry(f, 0.0, fresh=True)
-        elif f.attempts <= self.options.retries:
-            self._retry(f, self._backoff(f), fresh=False)
-        else:
-            self.finished(f, status, self._with_attempts(f, reason), perf_counter())
-
-    def _backoff(self, f: Flight) -> float:
-        delay: float = self.options.retry_backoff_s * 2 ** (f.attempts - 1)
-        return delay
-
-    @staticmethod
-    def _with_attempts(f: Flight, error: str) -> str:
-        return f"{error} (after {f.attempts} attempts)" if f.attempts > 1 else error
-
-    def _retry(self, f: Flight, delay: float, fresh: bool) -> None:
-        if f.timer is not None:
-            f.timer.cancel()
-        if f.conn is not None:
-            f.conn.abort()
-            f.conn = None
-        f.reset_attempt()
-        if delay > 0:
-            assert self.loop is not None
-            f.timer = self.loop.call_later(delay, self._attempt, f, fresh)
-        else:
-            self._attempt(f, fresh)
-
-    def finished(self, f: Flight, status: str, error: str | None, now: float) -> None:
-        """The request's outcome is known: write its row, update the books, release dependents."""
-        if f.done:
-            return
-        f.done = True
-        if f.timer is not None:
-            f.timer.cancel()
-            f.timer = None
-        if f.conn is not None:  # an exit that did not hand the connection back
-            f.conn.abort()
-            f.conn = None
+    def _ended(self, f: Flight, status: str, error: str | None, now: float) -> None:
+        """The request's outcome is known (its attempts are over): write its row, update the books,
+        release dependents."""
         self.flights.discard(f)
         if self.threads is not None:
             if status == "ok" and f.answer is not None:
@@ -584,10 +450,9 @@ class Replayer:
         """Interrupt or end: close every row that is still open, then the connections."""
         self.core.draining = False
         now = perf_counter()
-        for task in list(self.connects):
-            task.cancel()
+        self.attempts.cancel_connects()
         for f in list(self.flights):
-            self.finished(f, "error", INTERRUPTED, now)
+            self.attempts.finished(f, "error", INTERRUPTED, now)
         self.core.close(untaken_error=None)   # interrupted: the unsent rows were simply not reached
         for pool in self.pools:
             pool.close_all()
@@ -607,15 +472,17 @@ class Replayer:
     def counters(self) -> ReplayProgress:
         """Live figures for a progress display."""
         ttft = sorted(self.recent_ttft)
-        return {"sent": self.sent, "in_flight": len(self.flights), "done": sum(self.status.values()),
+        return {"sent": self.attempts.sent, "in_flight": len(self.flights), "done": sum(self.status.values()),
                 "errors": sum(v for k, v in self.status.items() if k != "ok"),
                 "total": self.tr.n, "ttft_p50_ms": ttft[len(ttft) // 2] * 1e3 if ttft else None}
 
     # -- summary -------------------------------------------------------------
     def _summary(self, cpu_s: float) -> ReplayResult:
-        client = client_summary(np.asarray(self.lateness), cpu_s, self.sent, self.loop_kind, self.t0,
+        sent, first, last = self.attempts.sent, self.attempts.first_sent_at, self.attempts.last_sent_at
+        client = client_summary(np.asarray(self.lateness), cpu_s, sent, self.loop_kind, self.t0,
                                 self.options.lag_threshold_ms)
-        replay = replay_summary(self.status, self.sent, self.first_sent, self.last_sent, self.last_end,
+        replay = replay_summary(self.status, sent, None if first is None else first - self.t0,
+                                None if last is None else last - self.t0, self.last_end,
                                 self.interrupted, self.pre, self.scraper.scraped)
         replay["multimodal_dropped"] = self.media_dropped
         if self.resume is not None:
