@@ -16,7 +16,8 @@ import pytest
 from llmlb_bench.cli.commands import COMMANDS
 
 CLI = Path(__file__).resolve().parents[1] / "llmlb_bench" / "cli"
-HEAVY = ("numpy", "pyarrow", "duckdb", "pandas", "scipy", "aiohttp")
+#: what no help page imports; pydantic is Typer's, for coercing the values of a command that runs
+HEAVY = ("numpy", "pyarrow", "duckdb", "pandas", "scipy", "aiohttp", "pydantic")
 
 
 def _imported_after(argv: list[str]) -> set[str]:
@@ -88,6 +89,22 @@ def test_a_commands_help_imports_nothing_heavy(name):
     for argv in [[name, "--help"], *([name, sub, "--help"] for sub in _subcommands(name))]:
         heavy = {m.split(".")[0] for m in _imported_after(argv)} & set(HEAVY)
         assert not heavy - HEAVY_ALLOWED.get(name, set()), argv
+
+
+def test_every_group_defaults_its_help_flag_to_false():
+    """A group whose --help came in as None would make Typer load pydantic for every command's help
+    (cli/lazy.py, Group)."""
+    import typer
+
+    from llmlb_bench.cli.app import app
+    from llmlb_bench.cli.commands import load_all
+    from llmlb_bench.cli.lazy import Group
+
+    load_all()
+    top = typer.main.get_command(app)
+    groups = [top, *(c for c in top.commands.values() if hasattr(c, "commands"))]  # type: ignore[attr-defined]
+    assert len(groups) > 1 and all(isinstance(g, Group) for g in groups)
+    assert all(g.get_help_option(typer.Context(g)).default is False for g in groups)
 
 
 def test_the_cluster_flags_show_the_simulators_defaults():

@@ -11,13 +11,14 @@ from typing import Annotated, Optional
 
 import typer
 
+from llmlb_bench.cli.lazy import Group
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.errors import UserError
 
 engine_app = typer.Typer(help="Start local real engines on 127.0.0.1 (no GPU needed): vLLM's CPU build or "
                          "llama-server, with a tiny random-weight model written locally. See docs/engines.md.\n\n"
                          "Example:  llmlb engine vllm --replicas 2 --port 8000",
-                         no_args_is_help=True)
+                         no_args_is_help=True, cls=Group)
 app.add_typer(engine_app, name="engine")
 
 

@@ -25,7 +25,24 @@ except ImportError:
 from llmlb_bench.cli.commands import COMMANDS, load
 
 
-class LazyGroup(TyperGroup):
+class Group(TyperGroup):
+    """Typer's group, whose ``--help`` flag is False when absent, as Click's own flags are.
+
+    Typer (0.2x) validates an option's value with a pydantic adapter unless the value is already a
+    bool, and its ``--help`` flag has no default, so a group's absent ``--help`` came in as None and
+    made ``llmlb CMD --help`` (the group ``llmlb`` parses before ``CMD`` shows its help) import pydantic
+    and build a validator: about a sixth of what a command's help costs (benchmarks/cli_startup.py).
+    Every group of the CLI (``llmlb`` and each ``llmlb GROUP``) is one of these; the flag's help text
+    and behaviour are unchanged, since a Click flag's value when absent is False anyway."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)
+        if option is not None and option.default is None:
+            option.default = False
+        return option
+
+
+class LazyGroup(Group):
     """The ``llmlb`` group: commands from :data:`~llmlb_bench.cli.commands.COMMANDS`, loaded on use.
 
     Click's context, formatter and commands are Any here: they are the classes of Typer's own copy of

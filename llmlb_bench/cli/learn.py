@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from llmlb_bench.cli.lazy import Group
 from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.cli.common import ClusterFlags, SloOpt, cluster_flags
 from llmlb_bench.console import Table
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 learn_app = typer.Typer(help="Train routing policies and output-length predictors in the simulator, and run the "
                              "learning benchmark's standard tasks (docs/learning.md).\n\n"
                              "Example:  llmlb learn bench tasks/learning.toml -o reports/learning",
-                        no_args_is_help=True)
+                        no_args_is_help=True, cls=Group)
 app.add_typer(learn_app, name="learn")
 
 

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from llmlb_bench.cli.lazy import Group
 from llmlb_bench.cli.app import app, console, err_console
 from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
@@ -19,7 +20,7 @@ SCALES = ("small", "full")
 repro_app = typer.Typer(help="Scripted paper reproductions: each runs simulations, checks the paper's claim "
                              "and writes reports/<name>/README.md with its figure (docs/repro.md).\n\n"
                              "Example:  llmlb repro list && llmlb repro run distserve --scale small",
-                        no_args_is_help=True)
+                        no_args_is_help=True, cls=Group)
 app.add_typer(repro_app, name="repro")
 
 

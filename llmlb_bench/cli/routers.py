@@ -10,13 +10,14 @@ from typing import Annotated, Optional
 
 import typer
 
+from llmlb_bench.cli.lazy import Group
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.errors import UserError
 from llmlb_bench.tomlfile import unknown_choice
 
 routers_app = typer.Typer(help="Real routers under test (vllm-router, sglang-router, smg): install them, run the "
                                "router scenario suite side by side (docs/routers.md).\n\n"
-                               "Example:  llmlb routers install && llmlb routers bench", no_args_is_help=True)
+                               "Example:  llmlb routers install && llmlb routers bench", no_args_is_help=True, cls=Group)
 app.add_typer(routers_app, name="routers")
 
 

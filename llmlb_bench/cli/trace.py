@@ -9,6 +9,7 @@ from typing import Annotated, Mapping, Optional
 
 import typer
 
+from llmlb_bench.cli.lazy import Group
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
@@ -17,7 +18,7 @@ from llmlb_bench.trace_formats import FORMATS, check_format
 
 trace_app = typer.Typer(help="Import real traces, characterise traces, fit workload specs to them.\n\n"
                         "Example:  llmlb trace import mooncake conversation_trace.jsonl -o mc.parquet && "
-                        "llmlb trace stats mc.parquet", no_args_is_help=True)
+                        "llmlb trace stats mc.parquet", no_args_is_help=True, cls=Group)
 app.add_typer(trace_app, name="trace")
 
 
