@@ -28,6 +28,7 @@ import numpy as np
 from llmlb_bench.errors import UserError
 from llmlb_bench.gate.rules import LATENCIES
 from llmlb_bench.metrics.comparable import workload_identity
+from llmlb_bench.metrics.meta import table as meta_table
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.summary import Options, metas_of, summarize
 from llmlb_bench.store.views import Catalog
@@ -86,8 +87,9 @@ def load_side(paths: Iterable[str | Path], slo: Slo | None) -> dict[str, list[Ru
         ok = ok_all[rows]
         latency = {col: np.where(ok, values[rows], np.nan) for col, values in lat_all.items()}
         meta = metas.get(run_id, {})
+        sha = meta_table(meta, "trace").get("sha256")
         cases[case_of(meta)].append(RunSample(run_id, s["window_s"], ok, good_all[rows], latency, s,
-                                              ids_all[rows], (meta.get("trace") or {}).get("sha256"),
+                                              ids_all[rows], sha if isinstance(sha, str) else None,
                                               workload_identity(meta)))
     return dict(cases)
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -45,6 +45,7 @@ from llmlb_bench.metrics.failures import failure_sql, failures
 from llmlb_bench.metrics.goodput import offered_rate
 from llmlb_bench.metrics.identity import facets, names
 from llmlb_bench.metrics.latency import Latency, latency
+from llmlb_bench.metrics.meta import table
 from llmlb_bench.metrics.origin import arrival_runs, lag_threshold_ms, latency_from, wait_kind
 from llmlb_bench.metrics.pacing import Segments, pacing
 from llmlb_bench.metrics.run_figures import (AnswerName, Distribution, GroupFigures, GroupLatency, ReasoningFigures,
@@ -126,7 +127,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
         "t0": counts[k]["t0"], "t1": counts[k]["last_scheduled"],
         "window_s": windows[k], "attainment": _attainment(counts[k]) if slo is not None else None,
         "tail_s": _tail(counts[k])} for k in ids}, slo)
-    loops = control(cat, {k: {"spec": (metas[k].get("trace") or {}).get("spec"),
+    loops = control(cat, {k: {"spec": table(metas[k], "trace").get("spec"),
                               "t1": counts[k]["last_scheduled"]} for k in ids}, slo)
     run_facets = {k: facets(metas[k]) for k in ids}
     named = names(run_facets, {run["run_id"]: run["label"] for run in runs})
@@ -221,7 +222,7 @@ def _reasoning(c: Counts, answer: Callable[[AnswerName], Distribution]) -> Reaso
             "ttfa": answer("ttfa"), "answer_tpot": answer("answer_tpot")}
 
 
-def _wait(sample: Sample | None, meta: dict[str, Any]) -> WaitFigures:
+def _wait(sample: Sample | None, meta: Mapping[str, object]) -> WaitFigures:
     """``sent_s - scheduled_s`` of the ok requests: router wait or client lag (:mod:`~llmlb_bench.metrics.origin`).
 
     ``share`` is the share of requests that waited at all (more than 1 us);
@@ -240,25 +241,25 @@ def _wait(sample: Sample | None, meta: dict[str, Any]) -> WaitFigures:
 
 
 def arrival_window(requests: int, first_s: float | None, last_s: float | None,
-                   meta: dict[str, Any]) -> float | None:
+                   meta: Mapping[str, object]) -> float | None:
     """(last - first scheduled) x n / (n - 1): n requests over it is the offered rate; None when unknown
     (one request, or an import whose requests each ran on their own clock)."""
-    imported = (meta.get("summary") or {}).get("import") or {}
-    if imported.get("clock") == "per_request":
+    if table(meta, "summary", "import").get("clock") == "per_request":
         return None
     if requests > 1 and first_s is not None and last_s is not None and last_s > first_s:
         return (last_s - first_s) * requests / (requests - 1)
     return None
 
 
-def _duration(c: Counts, meta: dict[str, Any]) -> float:
+def _duration(c: Counts, meta: Mapping[str, object]) -> float:
     """Request span; for imports whose requests each run on their own clock, the tool's measured duration."""
-    imported = (meta.get("summary") or {}).get("import") or {}
-    if imported.get("clock") == "per_request" and imported.get("duration_s"):
-        return float(imported["duration_s"])
+    imported = table(meta, "summary", "import")
+    measured = imported.get("duration_s")
+    if imported.get("clock") == "per_request" and isinstance(measured, (int, float)) and measured:
+        return float(measured)
     return (c["t1"] - c["t0"]) if c["t1"] is not None and c["t0"] is not None else 0.0
 
 
-def metas_of(runs_table: pa.Table) -> dict[str, dict[str, Any]]:
-    """run id -> run.json document, from a catalog's ``runs_table``."""
+def metas_of(runs_table: pa.Table) -> dict[str, Mapping[str, object]]:
+    """run id -> run.json document, from a catalog's ``runs_table`` (values ``object``: metrics/meta.py)."""
     return {r["run_id"]: json.loads(r["meta"]) if r["meta"] else {} for r in runs_table.to_pylist()}
