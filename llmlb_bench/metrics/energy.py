@@ -20,7 +20,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping, TypedDict
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.meta import table
@@ -35,6 +35,16 @@ FROM (SELECT run_id, target, t_s, power_w, lag(t_s) OVER (PARTITION BY run_id, t
 WHERE prev_t IS NOT NULL
 GROUP BY ALL ORDER BY run_id, target
 """
+
+
+class RunEnergyInputs(TypedDict):
+    """What :func:`energy_and_cost` reads of one run: its run.json, duration and counts."""
+
+    meta: Mapping[str, object]
+    duration_s: float
+    energy_j: float | None          # the sum of requests.energy_j (None: no request has one)
+    output_tokens: int
+    good_tokens: int | None         # None without an SLO
 
 
 def fleet(meta: Mapping[str, object]) -> tuple[int | None, float | None]:
@@ -56,10 +66,9 @@ def fleet(meta: Mapping[str, object]) -> tuple[int | None, float | None]:
     return gpus, price
 
 
-def energy_and_cost(cat: Catalog, runs: Mapping[str, Mapping[str, Any]],
+def energy_and_cost(cat: Catalog, runs: Mapping[str, RunEnergyInputs],
                     price_per_hour: float | None = None) -> dict[str, EnergyFigures]:
-    """``{run_id: {...}}``; ``runs`` maps run ids to ``{meta, duration_s, energy_j, output_tokens, good_tokens}``
-    (``energy_j``: the sum of ``requests.energy_j``, from the run's counts)."""
+    """``{run_id: {...}}`` for each run of ``runs``."""
     per_target: dict[str, dict[str, dict[str, float]]] = {}
     for r in cat.query(_SERIES_ENERGY_SQL).to_pylist():
         per_target.setdefault(r["run_id"], {})[r["target"]] = {"energy_j": r["energy_j"], "span_s": r["span_s"]}

@@ -34,11 +34,11 @@ Everything is computed only for runs with at least two tenants.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping, TypedDict
 
 import numpy as np
 
-from llmlb_bench.metrics.run_figures import FairnessFigures
+from llmlb_bench.metrics.run_figures import FairnessFigures, GroupFigures
 from llmlb_bench.metrics.sql import quote
 from llmlb_bench.store.views import Catalog
 
@@ -46,7 +46,16 @@ INPUT_WEIGHT = 1
 OUTPUT_WEIGHT = 2
 
 
-def _windows(cat: Catalog, run_id: str, t0: float, tenants: list[str], window_s: float) -> dict[str, Any]:
+class _Windows(TypedDict):
+    """The windowed figures of one run (:func:`_windows`): None where no window has two backlogged tenants."""
+
+    windows: int
+    gap_max: float | None
+    gap_mean: float | None
+    jain_service: float | None
+
+
+def _windows(cat: Catalog, run_id: str, t0: float, tenants: list[str], window_s: float) -> _Windows:
     """The windowed figures of one run, from one query of its requests' times.
 
     Windows are counted in NumPy, not SQL: a request touches one or two
@@ -112,19 +121,18 @@ def jain(values: list[float]) -> float | None:
     return (sum(values) ** 2) / (len(values) * sq) if values and sq > 0 else None
 
 
-def fairness(cat: Catalog, runs: Mapping[str, float], tenants: Mapping[str, Mapping[str, Mapping[str, Any]]],
+def fairness(cat: Catalog, runs: Mapping[str, float], tenants: Mapping[str, Mapping[str, GroupFigures]],
              window_s: float = 10.0) -> dict[str, FairnessFigures]:
     """``{run_id: {...}}`` for ``runs`` (run id -> first scheduled time), the runs with two or more tenants.
 
-    ``tenants`` maps run ids to per-tenant ``{requests, service,
-    norm_latency_mean, attainment}`` (:mod:`llmlb_bench.metrics.counts`;
-    ``attainment`` None without an SLO).
+    ``tenants`` maps run ids to their tenants' figures (metrics/summary.py; ``attainment`` None without an SLO).
     """
     out: dict[str, FairnessFigures] = {}
     for run_id, t0 in runs.items():
         per = tenants.get(run_id) or {}
         att = [t["attainment"] for t in per.values()]
-        lat = [t["norm_latency_mean"] for t in per.values() if t["norm_latency_mean"]]
+        known = [a for a in att if a is not None]
+        lat = [m for t in per.values() if (m := t["norm_latency_mean"])]
         win = _windows(cat, run_id, t0, sorted(per), window_s)
         out[run_id] = {
             "tenants": len(per),
@@ -133,7 +141,7 @@ def fairness(cat: Catalog, runs: Mapping[str, float], tenants: Mapping[str, Mapp
             "service_gap_max": win["gap_max"],
             "service_gap_mean": win["gap_mean"],
             "jain_service": win["jain_service"],
-            "jain_attainment": jain(att) if att and None not in att else None,
+            "jain_attainment": jain(known) if att and len(known) == len(att) else None,
             "slowdown_ratio": max(lat) / min(lat) if len(lat) > 1 else None,
             "per_tenant": {t: {"requests": d["requests"], "service": d["service"],
                                "norm_latency_mean": d["norm_latency_mean"]} for t, d in per.items()},

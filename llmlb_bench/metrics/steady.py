@@ -21,7 +21,7 @@ let them be read as the fleet's.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping, TypedDict
 
 from llmlb_bench.metrics.run_figures import SteadyFigures, SteadyPart
 from llmlb_bench.metrics.slo import Slo
@@ -31,6 +31,16 @@ from llmlb_bench.store.views import Catalog
 PARTS = 10
 GROWTH_RATIO, GROWTH_MIN_S = 2.0, 1.0
 COLLAPSE = 0.20
+
+
+class SteadyInputs(TypedDict):
+    """What :func:`steady_state` reads of one run (the summary's figures)."""
+
+    t0: float | None            # first and last scheduled time
+    t1: float | None
+    window_s: float             # arrival window
+    tail_s: float | None        # last end - last scheduled time
+    attainment: float | None    # over the run; None without an SLO
 
 
 def _sql(slo: Slo | None, spans: Mapping[str, tuple[float, float]]) -> str:
@@ -45,13 +55,10 @@ FROM request_metrics JOIN b USING (run_id) GROUP BY ALL ORDER BY run_id, part
 """
 
 
-def steady_state(cat: Catalog, runs: Mapping[str, Mapping[str, Any]], slo: Slo | None) -> dict[str, SteadyFigures]:
-    """run id -> ``{flags: [sentences], parts: [{part, ttft_mean, attainment, n}], tail_s, window_s}``.
-
-    ``runs`` maps run ids to ``{t0, t1 (first and last scheduled time), window_s, tail_s, attainment}``.
-    """
+def steady_state(cat: Catalog, runs: Mapping[str, SteadyInputs], slo: Slo | None) -> dict[str, SteadyFigures]:
+    """run id -> ``{flags: [sentences], parts: [{part, ttft_mean, attainment, n}], tail_s, window_s}``."""
     parts: dict[str, list[SteadyPart]] = {}
-    spans = {r: (v["t0"], v["t1"]) for r, v in runs.items() if v.get("t0") is not None and v.get("t1") is not None}
+    spans = {r: (t0, t1) for r, v in runs.items() if (t0 := v["t0"]) is not None and (t1 := v["t1"]) is not None}
     for row in (cat.query(_sql(slo, spans)).to_pylist() if spans else []):
         parts.setdefault(row["run_id"], []).append(
             {"part": row["part"], "ttft_mean": row["ttft_mean"], "attainment": row["attainment"], "n": row["n"]})
