@@ -15,10 +15,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping, TypedDict
 
 from llmlb_bench.metrics.meta import table
-from llmlb_bench.metrics.run_figures import MaxGoodput
+from llmlb_bench.metrics.run_figures import MaxGoodput, RunFigures
 
 
 def offered_rate(meta: Mapping[str, object], requests: int, first_s: float | None,
@@ -33,7 +33,19 @@ def offered_rate(meta: Mapping[str, object], requests: int, first_s: float | Non
     return None
 
 
-def max_goodput(summaries: Iterable[Mapping[str, Any]], target: float = 0.9) -> MaxGoodput | None:
+class GoodputPoint(TypedDict):
+    """One load as maximum goodput weighs it: a run's figures, or a sweep point's seed means
+    (sweep/curves.py); ``attainment`` None where not judged against an SLO."""
+
+    run_id: str
+    offered_rate: float | None
+    attainment: float | None
+    goodput: float | None
+    good_token_throughput: float | None
+    gpus: int | None
+
+
+def max_goodput(summaries: Iterable[RunFigures], target: float = 0.9) -> MaxGoodput | None:
     """The run with the highest offered rate whose SLO attainment >= ``target`` (DistServe).
 
     ``summaries`` are run summaries of one configuration at several loads
@@ -41,15 +53,29 @@ def max_goodput(summaries: Iterable[Mapping[str, Any]], target: float = 0.9) -> 
     ``{rate, attainment, goodput, good_token_throughput, run_id, gpus,
     rate_per_gpu}`` or None when no run meets the target.
     """
-    passing = [s for s in summaries
-               if s.get("offered_rate") is not None and s.get("slo")
-               and s["slo"]["attainment"] is not None and s["slo"]["attainment"] >= target]
+    return highest_passing([_point(s) for s in summaries], target)
+
+
+def _point(s: RunFigures) -> GoodputPoint:
+    slo, energy = s["slo"], s["energy"]
+    return {"run_id": s["run_id"], "offered_rate": s["offered_rate"],
+            "attainment": slo["attainment"] if slo else None, "goodput": slo["goodput"] if slo else None,
+            "good_token_throughput": slo["good_token_throughput"] if slo else None,
+            "gpus": energy["gpus"] if energy else None}
+
+
+def highest_passing(points: Iterable[GoodputPoint], target: float = 0.9) -> MaxGoodput | None:
+    """:func:`max_goodput` over loads given as points: the first of the highest offered rate whose
+    attainment >= ``target``, None when none meets it."""
+    passing = [(rate, attainment, p) for p in points
+               if (rate := p["offered_rate"]) is not None and (attainment := p["attainment"]) is not None
+               and attainment >= target]
     if not passing:
         return None
-    best = max(passing, key=lambda s: s["offered_rate"])
-    gpus = (best.get("energy") or {}).get("gpus")
+    rate, attainment, best = max(passing, key=lambda x: x[0])
+    gpus = best["gpus"]
     return {
-        "rate": best["offered_rate"], "attainment": best["slo"]["attainment"], "goodput": best["slo"]["goodput"],
-        "good_token_throughput": best["slo"]["good_token_throughput"], "run_id": best["run_id"],
-        "gpus": gpus, "rate_per_gpu": best["offered_rate"] / gpus if gpus else None, "target": target,
+        "rate": rate, "attainment": attainment, "goodput": best["goodput"],
+        "good_token_throughput": best["good_token_throughput"], "run_id": best["run_id"],
+        "gpus": gpus, "rate_per_gpu": rate / gpus if gpus else None, "target": target,
     }

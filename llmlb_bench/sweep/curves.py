@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Mapping, TypeAlias, TypedDict
 
-from llmlb_bench.metrics.goodput import max_goodput
+from llmlb_bench.metrics.goodput import GoodputPoint, highest_passing
 from llmlb_bench.metrics.run_figures import MaxGoodput
 from llmlb_bench.sweep.cells import Cell
 from llmlb_bench.metrics.knee import kneedle
@@ -100,10 +100,11 @@ def stability_curves(cells: Iterable[Cell], figures: Mapping[str, Figures],
 def _max_goodput(points: list[_Point], target: float) -> CurveGoodput | None:
     """DistServe's maximum goodput (:func:`llmlb_bench.metrics.goodput.max_goodput`) on the seed means:
     the highest offered rate whose mean attainment reaches ``target``."""
-    means = [{"run_id": ",".join(p.run_ids), "offered_rate": p.rate, "x": p.x,
-              "slo": {k: p.mean(k) for k in ("attainment", "goodput", "good_token_throughput")}}
-             for p in points if "attainment" in p.figures]
-    best = max_goodput(means, target)
+    means: list[GoodputPoint] = [
+        {"run_id": ",".join(p.run_ids), "offered_rate": p.rate, "attainment": p.mean("attainment"),
+         "goodput": p.mean("goodput"), "good_token_throughput": p.mean("good_token_throughput"), "gpus": None}
+        for p in points if "attainment" in p.figures]
+    best = highest_passing(means, target)
     if best is None:
         return None
     return {**best, "x": next(p.x for p in points if ",".join(p.run_ids) == best["run_id"])}
