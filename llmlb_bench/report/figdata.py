@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from llmlb_bench.metrics.distribution import CDF_PROBABILITIES
 from llmlb_bench.metrics.run_figures import LatencyName, RunFigures
@@ -22,6 +22,15 @@ from llmlb_bench.store.views import Catalog
 CDF_FIGURES: tuple[tuple[str, LatencyName, float, str], ...] = (
     ("TTFT", "ttft", 1e3, "ms"), ("TPOT", "tpot", 1e3, "ms"), ("E2E", "e2e", 1.0, "s"))
 TIMELINE_POINTS = 400
+#: one line per name: its points by coordinate (a CDF's ``x`` and ``p``; a timeline's ``t_s``, ``waiting`` ...)
+Lines = dict[str, dict[str, list[float]]]
+
+
+class FigureData(TypedDict):
+    """Everything :mod:`llmlb_bench.report.figures` needs beyond the report document's tables."""
+
+    cdfs: dict[str, Lines]          # label -> run id -> CDF (latency_cdfs)
+    timelines: dict[str, Lines]     # run id -> target -> series (timelines)
 
 
 def latency_cdfs(doc: ReportDoc) -> dict[str, dict[str, dict[str, list[float]]]]:
@@ -57,6 +66,6 @@ def timelines(cat: Catalog) -> dict[str, dict[str, dict[str, list[float]]]]:
     return out
 
 
-def figure_data(cat: Catalog, doc: ReportDoc) -> dict[str, Any]:
-    """Everything :mod:`llmlb_bench.report.figures` needs beyond the report document's tables."""
+def figure_data(cat: Catalog, doc: ReportDoc) -> FigureData:
+    """The CDFs and timelines of the report's figures."""
     return {"cdfs": latency_cdfs(doc), "timelines": timelines(cat)}

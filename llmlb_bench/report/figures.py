@@ -18,20 +18,25 @@ from __future__ import annotations
 import io
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Literal, TypeAlias
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.report.figdata import CDF_FIGURES
-from llmlb_bench.metrics.run_figures import LoadCurve
+from llmlb_bench.report.figdata import CDF_FIGURES, FigureData, Lines
+from llmlb_bench.metrics.run_figures import LatencyName, LoadCurve, PercentileKey, RunFigures
 from llmlb_bench.report.shape import ReportDoc
 from llmlb_bench.report.tables import run_name
 
 FORMATS = ("png", "svg", "pdf")
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _METADATA = re.compile(r"<metadata>.*?</metadata>\s*", re.S)
+#: matplotlib's pyplot and what it draws: the optional ``plots`` extra, imported when a figure is drawn
+#: (:func:`_plt`), so mypy may not have its types here: a third-party boundary, ``Any``
+Plot: TypeAlias = Any
+#: one bar of a panel: value, and the error below and above it
+Bar = tuple[float, float, float]
 
 
-def _plt() -> Any:
+def _plt() -> Plot:
     """pyplot on the non-interactive backend, or a one-line error when matplotlib is missing."""
     try:
         import matplotlib
@@ -59,14 +64,14 @@ def require() -> None:
     _plt()
 
 
-def _colors(n: int) -> list[Any]:
+def _colors(n: int) -> list[Plot]:
     plt = _plt()
     cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
     return [cmap(i % cmap.N) for i in range(n)]
 
 
-def _err(s: Mapping[str, Any], fig: str, p: str, scale: float) -> tuple[float, float, float]:
-    d = s.get(fig) or {}
+def _err(s: RunFigures, fig: LatencyName, p: PercentileKey, scale: float) -> Bar:
+    d = s[fig]
     v = d.get(p)
     ci = (d.get("ci") or {}).get(p)
     if v is None:
@@ -75,23 +80,24 @@ def _err(s: Mapping[str, Any], fig: str, p: str, scale: float) -> tuple[float, f
     return v * scale, (v - lo) * scale, (hi - v) * scale
 
 
-def _attainment(s: Mapping[str, Any]) -> tuple[float, float, float]:
-    a = (s.get("slo") or {}).get("attainment")
+def _attainment(s: RunFigures) -> Bar:
+    a = slo["attainment"] if (slo := s["slo"]) else None
     return (100 * a if a is not None else float("nan")), 0.0, 0.0
 
 
-def _energy(key: str) -> Callable[[Mapping[str, Any]], tuple[float, float, float]]:
-    return lambda s: ((s.get("energy") or {}).get(key) or float("nan"), 0.0, 0.0)
+def _energy(key: Literal["j_per_good_token", "j_per_output_token"]) -> Callable[[RunFigures], Bar]:
+    return lambda s: ((e[key] if (e := s["energy"]) else None) or float("nan"), 0.0, 0.0)
 
 
-def compare(doc: ReportDoc) -> Any:
+def compare(doc: ReportDoc) -> Plot:
     plt = _plt()
     runs = doc["runs"]
     names = [run_name(s) for s in runs]
     colors = _colors(len(runs))
     with_slo = any(s.get("slo") for s in runs)
-    energy_key = "j_per_good_token" if with_slo else "j_per_output_token"
-    panels: list[tuple[str, Callable[[Mapping[str, Any]], tuple[float, float, float]]]] = [
+    energy_key: Literal["j_per_good_token", "j_per_output_token"] = \
+        "j_per_good_token" if with_slo else "j_per_output_token"
+    panels: list[tuple[str, Callable[[RunFigures], Bar]]] = [
         ("TTFT p99 (ms)", lambda s: _err(s, "ttft", "p99", 1e3)),
               ("E2E p99 (s)", lambda s: _err(s, "e2e", "p99", 1.0))]
     if with_slo:
@@ -110,7 +116,7 @@ def compare(doc: ReportDoc) -> Any:
     return fig
 
 
-def latency_cdf(doc: ReportDoc, data: dict[str, Any]) -> Any:
+def latency_cdf(doc: ReportDoc, data: FigureData) -> Plot:
     plt = _plt()
     runs = doc["runs"]
     colors = _colors(len(runs))
@@ -128,18 +134,17 @@ def latency_cdf(doc: ReportDoc, data: dict[str, Any]) -> Any:
     return fig
 
 
-def tenants(doc: ReportDoc) -> Any | None:
+def tenants(doc: ReportDoc) -> Plot | None:
     runs = [s for s in doc["runs"] if s.get("fairness")]
     if not runs:
         return None
     plt = _plt()
     names = sorted({t for s in runs for t in s["per_tenant"] or {}})
     colors = _colors(len(runs))
-    panels: list[tuple[str, Callable[[Mapping[str, Any], str], float]]] = [("mean normalized latency (ms/token)",
-               lambda s, t: 1e3 * ((s["fairness"]["per_tenant"].get(t) or {}).get("norm_latency_mean") or float("nan")))]
+    panels: list[tuple[str, Callable[[RunFigures, str], float]]] = [("mean normalized latency (ms/token)",
+               lambda s, t: 1e3 * (_tenant_latency(s, t) or float("nan")))]
     if any(s.get("slo") for s in runs):
-        panels.insert(0, ("SLO attainment (%)",
-                          lambda s, t: 100 * ((s["per_tenant"].get(t) or {}).get("attainment") or 0.0)))
+        panels.insert(0, ("SLO attainment (%)", lambda s, t: 100 * (_tenant_attainment(s, t) or 0.0)))
     fig, axes = plt.subplots(1, len(panels), figsize=(max(4.0, 0.9 * len(names) * len(runs) / 2 + 2) * len(panels), 3.2),
                              squeeze=False)
     width = 0.8 / len(runs)
@@ -154,7 +159,18 @@ def tenants(doc: ReportDoc) -> Any | None:
     return fig
 
 
-def load_curve(curve: LoadCurve) -> Any:
+def _tenant_latency(s: RunFigures, tenant: str) -> float | None:
+    """A tenant's mean normalized latency in a run (None where the run has no such tenant)."""
+    d = f["per_tenant"].get(tenant) if (f := s["fairness"]) else None
+    return d["norm_latency_mean"] if d else None
+
+
+def _tenant_attainment(s: RunFigures, tenant: str) -> float | None:
+    d = by.get(tenant) if (by := s["per_tenant"]) else None
+    return d["attainment"] if d else None
+
+
+def load_curve(curve: LoadCurve) -> Plot:
     plt = _plt()
     pts = curve["points"]
     x = [p["rate"] for p in pts]
@@ -184,7 +200,7 @@ def load_curve(curve: LoadCurve) -> Any:
     return fig
 
 
-def timeline(name: str, targets: dict[str, dict[str, list[float]]]) -> Any:
+def timeline(name: str, targets: Lines) -> Plot:
     plt = _plt()
     panels = [(k, label) for k, label in (("waiting", "waiting requests"), ("kv_util", "KV blocks used (share)"),
                                           ("power_w", "power (W)"))
@@ -204,7 +220,7 @@ def timeline(name: str, targets: dict[str, dict[str, list[float]]]) -> Any:
     return fig
 
 
-def all_figures(doc: ReportDoc, data: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
+def all_figures(doc: ReportDoc, data: FigureData) -> Iterator[tuple[str, str, Plot]]:
     """``(file stem, caption, figure)`` for every figure the runs support."""
     yield "compare", "Policy comparison: p99 latency with 95% bootstrap intervals, attainment, energy", compare(doc)
     yield "latency_cdf", "Latency CDFs (ok requests)", latency_cdf(doc, data)
@@ -222,7 +238,7 @@ def all_figures(doc: ReportDoc, data: dict[str, Any]) -> Iterator[tuple[str, str
                    timeline(run_name(s), targets))
 
 
-def _svg(fig: Any) -> str:
+def _svg(fig: Plot) -> str:
     """The figure as inline SVG markup: no XML prolog, no metadata block, no external references."""
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None}, bbox_inches="tight")
@@ -230,7 +246,7 @@ def _svg(fig: Any) -> str:
     return _METADATA.sub("", text[text.index("<svg"):])
 
 
-def render(doc: ReportDoc, data: dict[str, Any], directory: Path | None = None,
+def render(doc: ReportDoc, data: FigureData, directory: Path | None = None,
            formats: tuple[str, ...] = FORMATS) -> list[tuple[str, str, str]]:
     """Draw every figure once: ``(stem, caption, inline SVG)`` each, and files under ``directory`` if given.
 
