@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Literal, Mapping
+from typing import Callable, Literal
 
 from llmlb_bench.metrics.definitions import ANSWER_FIGURES, LATENCY_FIGURES
 from llmlb_bench.metrics.distribution import PERCENTILES, pkey
-from llmlb_bench.metrics.run_figures import ConversationFigures, RunFigures
+from llmlb_bench.metrics.run_figures import (ConversationFigures, LatencyName, PercentileKey, PointFigure, RunFigures,
+                                              Signal, SignalResponse)
+from llmlb_bench.run_summary import ClientSummary
 from llmlb_bench.report.shape import ReportDoc
 
 #: one cell of a run's column: a figure read from its summary
@@ -58,7 +60,10 @@ def fmt(value: object, spec: str) -> str:
     return format(value, spec)
 
 
-def _get(d: object, *path: str) -> Any:
+def _get(d: object, *path: str) -> object:
+    """The figure at ``path`` in a run's figures (``("ttft", "p99")``), None where a step is absent or null:
+    the detail rows name their figures by path, as docs/metrics.md does, so what it finds is read as
+    ``object`` and narrowed by its reader (:func:`scaled`)."""
     for k in path:
         if not isinstance(d, dict):
             return None
@@ -67,15 +72,22 @@ def _get(d: object, *path: str) -> Any:
 
 
 def scaled(path: tuple[str, ...], scale: float) -> Getter:
-    return lambda s: None if _get(s, *path) is None else _get(s, *path) * scale
-
-
-def interval(fig: str, p: str, scale: float, spec: str) -> Callable[[Mapping[str, Any]], str | None]:
-    """'lo-hi' of a percentile's bootstrap interval (of a run's figure, or of a load curve's point)."""
-    def get(s: Mapping[str, Any]) -> str | None:
-        ci = _get(s, fig, "ci", p)
-        return None if not ci else f"{fmt(ci[0] * scale, spec)}–{fmt(ci[1] * scale, spec)}"
+    """The number at ``path`` times ``scale`` (None where there is none)."""
+    def get(s: RunFigures) -> float | None:
+        v = _get(s, *path)
+        return v * scale if isinstance(v, (int, float)) else None
     return get
+
+
+def interval(fig: LatencyName, p: PercentileKey, scale: float, spec: str) -> Getter:
+    """'lo-hi' of a percentile's bootstrap interval of a run's figure."""
+    return lambda s: _interval(s[fig], p, scale, spec)
+
+
+def _interval(d: PointFigure, p: PercentileKey, scale: float, spec: str) -> str | None:
+    """'lo-hi' of a percentile's bootstrap interval (of a run's figure, or of a load curve's point)."""
+    ci = (d.get("ci") or {}).get(p)
+    return None if not ci else f"{fmt(ci[0] * scale, spec)}–{fmt(ci[1] * scale, spec)}"
 
 
 def run_name(s: RunFigures) -> str:
@@ -118,7 +130,7 @@ def comparison(doc: ReportDoc) -> Table:
     ]
     if any(s.get("reasoning") for s in doc["runs"]):
         cols.append(("TTFA\np99 s", scaled(("reasoning", "ttfa", "p99"), 1.0), ",.2f"))
-    if any((_get(s, "wait", "p99") or 0) > 1e-6 for s in doc["runs"]):
+    if any((s["wait"]["p99"] or 0) > 1e-6 for s in doc["runs"]):
         cols.append(("wait\np99 ms", scaled(("wait", "p99"), 1e3), ",.1f"))
     if with_slo:
         cols += [("attain\n%", _pct(("slo", "attainment")), ".1f"),
@@ -179,15 +191,15 @@ def _detail_rows(doc: ReportDoc) -> list[tuple[str, list[tuple[str, Getter, str]
         ]),
         ("Before the first byte (metrics.origin)", [
             ("latency counted from", lambda s: s.get("latency_from"), "s"),
-            ("sent - scheduled is", lambda s: WAIT_KINDS.get(_get(s, "wait", "kind")), "s"),
+            ("sent - scheduled is", lambda s: WAIT_KINDS.get(s["wait"]["kind"]), "s"),
             ("  mean (ms)", scaled(("wait", "mean"), 1e3), ",.2f"),
             ("  p99 (ms)", scaled(("wait", "p99"), 1e3), ",.2f"),
             ("  max (ms)", scaled(("wait", "max"), 1e3), ",.2f"),
             ("  requests that waited (%)", _pct(("wait", "share")), ".1f"),
-            ("  included in latency", lambda s: _yes(_get(s, "wait", "included")), "s"),
+            ("  included in latency", lambda s: _yes(s["wait"]["included"]), "s"),
         ]),
         ("Steady state (metrics.steady)", [
-            ("in steady state", lambda s: _yes(_get(s, "steady", "steady")), "s"),
+            ("in steady state", lambda s: _yes(s["steady"]["steady"]), "s"),
             ("TTFT mean, 2nd tenth of arrivals (s)", lambda s: _part(s, 1), ",.2f"),
             ("TTFT mean, last tenth of arrivals (s)", lambda s: _part(s, -1), ",.2f"),
             ("drain tail after the last arrival (s)", scaled(("steady", "tail_s"), 1.0), ",.1f"),
@@ -218,14 +230,14 @@ def _detail_rows(doc: ReportDoc) -> list[tuple[str, list[tuple[str, Getter, str]
         ("requests with fluidity >= 0.9 (%)", _pct(("pacing", "fluidity", "share_ge_0.9")), ".1f"),
         ("fluid token rate (tokens/s/stream)", scaled(("pacing", "fluid_token_rate"), 1.0), ",.1f"),
         ("slowest-10% gap mean (ms)", scaled(("pacing", "slowest10_gap_mean_s"), 1e3), ",.1f"),
-        ("ITL and pacing from a block sample", lambda s: "yes" if _get(s, "pacing", "sampled") else "no", "s"),
+        ("ITL and pacing from a block sample", lambda s: "yes" if (p := s["pacing"]) and p["sampled"] else "no", "s"),
     ]))
-    if any(_get(s, "speculative", "acceptance_rate") is not None for s in doc["runs"]):
+    if any((sp := s["speculative"]) and sp.get("acceptance_rate") is not None for s in doc["runs"]):
         sections.append(("Speculative decoding", [
             ("acceptance rate (%)", _pct(("speculative", "acceptance_rate")), ".1f"),
             ("mean acceptance length (tokens/step)", scaled(("speculative", "mean_acceptance_length"), 1.0), ".2f"),
             ("tokens per delivery", scaled(("speculative", "tokens_per_delivery"), 1.0), ".2f"),
-            ("counted by", lambda s: _get(s, "speculative", "source") or "-", "s"),
+            ("counted by", lambda s: (sp.get("source") if (sp := s["speculative"]) else None) or "-", "s"),
         ]))
     if any(s.get("fairness") for s in doc["runs"]):
         sections.append(("Fairness across tenants", [
@@ -254,8 +266,10 @@ def _detail_rows(doc: ReportDoc) -> list[tuple[str, list[tuple[str, Getter, str]
         ("KV use mean (%)", _pct(("state", "kv_util_mean")), ".1f"),
         ("KV use peak (%)", _pct(("state", "kv_util_max")), ".1f"),
         ("time at >= 95% KV (%)", _pct(("state", "kv_high_share")), ".1f"),
-        ("waiting mean / peak", lambda s: _pair(_get(s, "state", "waiting_mean"), _get(s, "state", "waiting_max")), "s"),
-        ("running mean / peak", lambda s: _pair(_get(s, "state", "running_mean"), _get(s, "state", "running_max")), "s"),
+        ("waiting mean / peak", lambda s: _pair(st["waiting_mean"], st["waiting_max"]) if (st := s["state"]) else None,
+         "s"),
+        ("running mean / peak", lambda s: _pair(st["running_mean"], st["running_max"]) if (st := s["state"]) else None,
+         "s"),
     ]))
     if any(s.get("prefix_cache") for s in doc["runs"]):
         sections.append(("Prefix cache (% of prompt tokens)", [
@@ -275,41 +289,56 @@ def _detail_rows(doc: ReportDoc) -> list[tuple[str, list[tuple[str, Getter, str]
             ("  predicted, not delivered", _pct(("prefix_cache", "predicted", "over")), ".1f"),
             ("  delivered, not predicted", _pct(("prefix_cache", "predicted", "under")), ".1f"),
         ]))
-    if any(_get(s, "state", "client") for s in doc["runs"]):
+    if any(_client(s) for s in doc["runs"]):
         sections.append(("Client self-check", [
-            ("event loop", lambda s: _get(s, "state", "client", "event_loop") or "-", "s"),
+            ("event loop", lambda s: (c.get("event_loop") if (c := _client(s)) else None) or "-", "s"),
             ("dispatch lag p99 (ms)", scaled(("state", "client", "dispatch_lag_ms", "p99"), 1.0), ",.2f"),
             ("dispatch lag max (ms)", scaled(("state", "client", "dispatch_lag_ms", "max"), 1.0), ",.2f"),
             ("client CPU per request (ms)", scaled(("state", "client", "cpu_ms_per_request"), 1.0), ",.3f"),
-            ("flagged too slow", lambda s: {True: "YES", False: "no"}.get(_get(s, "state", "client", "flagged")), "s"),
-            ("server behind the sends (s; YES > 1 s)", lambda s: _server_lag(_get(s, "state", "client", "server_check")),
-             "s"),
+            ("flagged too slow", lambda s: _flag(c.get("flagged") if (c := _client(s)) else None), "s"),
+            ("server behind the sends (s; YES > 1 s)",
+             lambda s: _server_lag(c.get("server_check") if (c := _client(s)) else None), "s"),
         ]))
     return sections
 
 
+def _client(s: RunFigures) -> ClientSummary | None:
+    return st["client"] if (st := s["state"]) else None
+
+
+def _flag(flagged: bool | None) -> str | None:
+    return None if flagged is None else "YES" if flagged else "no"
+
+
+def _signal(s: RunFigures, sig: Signal) -> SignalResponse | None:
+    return c.get(sig) if (c := s["control"]) else None
+
+
 def _control_rows(runs: list[RunFigures]) -> list[tuple[str, Getter, str]]:
     """Per controlled signal: settling time, overshoot, steady-state error, oscillation (docs/control.md)."""
-    def settling(sig: str) -> Getter:
+    def settling(sig: Signal) -> Getter:
         def get(s: RunFigures) -> str | None:
-            v = _get(s, "control", sig, "settling_s")
-            if v is None:
+            r = _signal(s, sig)
+            if r is None:
                 return None
-            return f"{v:,.0f}" if _get(s, "control", sig, "settled") else f"> {v:,.0f} (not settled)"
+            v = r["settling_s"]
+            return f"{v:,.0f}" if r["settled"] else f"> {v:,.0f} (not settled)"
         return get
 
-    def peak(s: RunFigures, sig: str) -> str | None:
-        hz, share = _get(s, "control", sig, "spectral_peak_hz"), _get(s, "control", sig, "spectral_peak_share")
-        return None if hz is None else f"{hz:.3g} Hz / {100 * share:.0f}%"
+    def peak(s: RunFigures, sig: Signal) -> str | None:
+        r = _signal(s, sig)
+        hz, share = (r["spectral_peak_hz"], r["spectral_peak_share"]) if r else (None, None)
+        return None if hz is None or share is None else f"{hz:.3g} Hz / {100 * share:.0f}%"
 
     rows: list[tuple[str, Getter, str]] = [
-        ("load steps (edges)", lambda s: len(_get(s, "control", "steps") or []) or None, ",d")]
+        ("load steps (edges)", lambda s: (len(c["steps"]) if (c := s["control"]) else 0) or None, ",d")]
     names = {"ttft": "TTFT p{q:g} per {b:g} s", "queue": "engine queue", "replicas": "replicas"}
-    for sig in ("ttft", "queue", "replicas"):
-        if not any(_get(s, "control", sig) for s in runs):
+    signals: tuple[Signal, ...] = ("ttft", "queue", "replicas")
+    for sig in signals:
+        first = next((c for s in runs if (c := s["control"]) and c.get(sig)), None)
+        if first is None:
             continue
-        first = next(s for s in runs if _get(s, "control", sig))
-        label = names[sig].format(q=100 * _get(first, "control", "quantile"), b=_get(first, "control", "bin_s"))
+        label = names[sig].format(q=100 * first["quantile"], b=first["bin_s"])
         rows += [(f"{label}: settling time (s)", settling(sig), "s"),
                  ("  overshoot (% of the change)", _pct(("control", sig, "overshoot")), ",.0f")]
         if sig == "ttft":
@@ -335,11 +364,15 @@ def _conversation_rows(talks: list[ConversationFigures]) -> list[tuple[str, Gett
     turns = sorted({(t["turn"], t["pooled"]) for c in talks for t in c["ttft_by_turn"]})
     for turn, pooled in turns:
         def get(s: RunFigures, turn: int = turn) -> str | None:
-            by = {t["turn"]: t for t in _get(s, "conversations", "ttft_by_turn") or ()}
-            t = by.get(turn)
-            return None if t is None else f"{fmt(1e3 * t['p50'], ',.0f')} / {fmt(1e3 * t['p99'], ',.0f')}"
+            c = s["conversations"]
+            t = next((t for t in c["ttft_by_turn"] if t["turn"] == turn), None) if c else None
+            return None if t is None else f"{fmt(_ms(t['p50']), ',.0f')} / {fmt(_ms(t['p99']), ',.0f')}"
         rows.append((f"TTFT p50 / p99 turn {turn}{'+' if pooled else ''} (ms)", get, "s"))
     return rows
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1e3 * seconds
 
 
 def _server_lag(check: object) -> str | None:
@@ -350,7 +383,7 @@ def _server_lag(check: object) -> str | None:
 
 
 def _part(s: RunFigures, i: int) -> float | None:
-    parts = _get(s, "steady", "parts") or []
+    parts = s["steady"]["parts"]
     return parts[i]["ttft_mean"] if len(parts) > max(i, -i - 1) else None
 
 
@@ -424,7 +457,7 @@ def curves(doc: ReportDoc) -> list[Table]:
                            fmt(p["goodput"], ",.2f"),
                            fmt(None if p["attainment"] is None else 100 * p["attainment"], ".1f"),
                            fmt(p["e2e"].get("p50"), ",.2f"), fmt(p["e2e"].get("p99"), ",.2f"),
-                           fmt(interval("e2e", "p99", 1.0, ",.2f")(p), "s"),
+                           fmt(_interval(p["e2e"], "p99", 1.0, ",.2f"), "s"),
                            fmt(None if (ttft99 := p["ttft"].get("p99")) is None else 1e3 * ttft99, ",.1f")])
         mg = c["max_goodput"]
         notes = ["offered: the rate the run was set to (or its schedule's); realised: requests / arrival window, "
