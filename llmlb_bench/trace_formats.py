@@ -1,12 +1,11 @@
 """The public trace formats ``llmlb trace import`` reads, by name, and the check of a format name.
 
 Kept apart from the importers (numpy, pyarrow) so that ``llmlb trace import --help``, which lists
-the formats, and a mistyped format's error need none of them.
+the formats, and a mistyped format's error need none of them; the error itself loads on the
+error path, so that the ``trace`` commands' help pages need no TOML module either.
 """
 
 from __future__ import annotations
-
-from llmlb_bench.tomlfile import unknown_choice
 
 FORMATS = {
     "azure-2023": "Azure LLM inference trace 2023 (Splitwise): TIMESTAMP, ContextTokens, GeneratedTokens",
@@ -23,4 +22,6 @@ FORMATS = {
 def check_format(fmt: str) -> None:
     """Refuse a format none of the importers reads, naming the closest one."""
     if fmt not in FORMATS:
+        from llmlb_bench.tomlfile import unknown_choice
+
         raise unknown_choice("format", fmt, FORMATS, "trace import")

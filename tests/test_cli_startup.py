@@ -35,6 +35,17 @@ def test_top_level_help_loads_no_command_and_nothing_heavy():
     assert not {m.split(".")[0] for m in mods} & set(HEAVY)
 
 
+#: lighter modules a help page keeps out too: they serve a command's run or its errors only
+#: (the TOML parser for a did-you-mean, Rich's live display and progress bars while a run works)
+HELP_KEEPS_OUT = ("tomllib", "rich.live", "rich.progress", "llmlb_bench.tomlfile", "llmlb_bench.run_summary")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["simulate", "--help"], ["replay", "--help"], ["run", "--help"],
+                                  ["trace", "stats", "--help"]])
+def test_a_help_page_loads_no_run_or_error_machinery(argv):
+    assert not _imported_after(argv) & set(HELP_KEEPS_OUT)
+
+
 def test_a_command_loads_only_its_own_module():
     mods = _imported_after(["gen", "--help"])
     loaded = {m.rpartition(".")[2] for m in mods if m.startswith("llmlb_bench.cli.")}

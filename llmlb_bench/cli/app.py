@@ -7,7 +7,6 @@ parse arguments and call into the package; :func:`main` turns
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import importlib
 import re
@@ -24,8 +23,6 @@ from llmlb_bench.cli.lazy import LazyGroup
 from llmlb_bench.cli.typer_help import load_typer_help
 from llmlb_bench.console import help_width, stderr_console, stdout_console
 from llmlb_bench.errors import UserError
-from llmlb_bench.redact import redact
-from llmlb_bench.tomlfile import unknown_choice
 
 app = typer.Typer(
     name="llmlb",
@@ -113,7 +110,12 @@ _NOT_ONE_OF = re.compile(r"('(?:[^'\\]|\\.)*') is not one of ((?:'(?:[^'\\]|\\.)
 
 def _usage_line(exc: Exception) -> str:
     """A usage error as one line, pointing at the command's --help; a value that is none of an
-    option's choices gets the closest one, as every other choice does (:func:`unknown_choice`)."""
+    option's choices gets the closest one, as every other choice does (:func:`unknown_choice`).
+    Imported here, on the error path, as in :func:`_run`: every start-up would pay for them."""
+    import ast
+
+    from llmlb_bench.tomlfile import unknown_choice
+
     message = exc.format_message()  # type: ignore[attr-defined]
     param, wrong = getattr(exc, "param", None), _NOT_ONE_OF.search(message)
     if param is not None and wrong is not None and param.opts:
@@ -173,6 +175,8 @@ def _run(argv: list[str] | None) -> object:
         with help_width(), quiet_warnings():
             return app(args=argv, standalone_mode=False, prog_name="llmlb")
     except UserError as exc:
+        from llmlb_bench.redact import redact
+
         err_console.print(f"[bold red]error:[/] {escape(redact(exc.line()))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Annotated, Mapping, Optional
 from urllib.parse import urlsplit
 
 import typer
-from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
@@ -17,9 +16,9 @@ from llmlb_bench.cli.common import (Api, Executor, PolicyArgs, RayAddress, Repor
                                     SloOpt, ThinkTime, Users, WorkerExecutor, Workers, check_workers)
 from llmlb_bench.errors import UserError
 from llmlb_bench.redact import redact
-from llmlb_bench.run_summary import ClientSummary, ReplaySummary
 
 if TYPE_CHECKING:
+    from llmlb_bench.run_summary import ClientSummary, ReplaySummary
     from llmlb_bench.replay.options import ReplayProgress
 
 
@@ -79,6 +78,8 @@ def replay(
 
         llmlb replay trace.parquet -e http://10.0.0.5:8000 --workers 8 --executor ray --address auto
     """
+    from rich.live import Live
+
     from llmlb_bench.experiment import RunInterrupted, replay_run
     from llmlb_bench.policies import make_policy, parse_args
     from llmlb_bench.replay import ReplayOptions, Timeouts, preflight, prepare_resume

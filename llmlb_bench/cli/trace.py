@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Mapping, Optional
+from typing import TYPE_CHECKING, Annotated, Mapping, Optional
 
 import typer
 
@@ -13,8 +13,10 @@ from llmlb_bench.cli.lazy import Group
 from llmlb_bench.cli.app import app, console
 from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
-from llmlb_bench.tomlfile import Value, dumps_toml
 from llmlb_bench.trace_formats import FORMATS, check_format
+
+if TYPE_CHECKING:
+    from llmlb_bench.tomlfile import Value
 
 trace_app = typer.Typer(help="Import real traces, characterise traces, fit workload specs to them.\n\n"
                         "Example:  llmlb trace import mooncake conversation_trace.jsonl -o mc.parquet && "
@@ -56,6 +58,7 @@ def import_(
         llmlb trace import servegen servegen/deepseek-r1 -o r1.parquet --duration 600 --limit 5000
     """
     from llmlb_bench.schema import write_trace
+    from llmlb_bench.tomlfile import dumps_toml
     from llmlb_bench.workload.importers import import_trace
     from llmlb_bench.workload.stats import one_line
 
@@ -176,6 +179,7 @@ def fit(
     # the fitting code needs scipy.stats (half a second to import): loaded only by this command
     from llmlb_bench.schema import read_trace
     from llmlb_bench.store.run import write_text_atomic
+    from llmlb_bench.tomlfile import dumps_toml
     from llmlb_bench.workload import WorkloadSpec, generate
     from llmlb_bench.workload.fit import compare, fit_trace
     from llmlb_bench.workload.stats import one_line
