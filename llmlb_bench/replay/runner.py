@@ -24,7 +24,8 @@ per request for its timeouts, and a row writer that hands finished rows
 to a background thread.
 
 The Replayer is the run's orchestration (clock, dispatch, rows, progress, close); its parts:
-each request's attempts, timeouts and retries (:mod:`llmlb_bench.replay.attempts`), endpoint
+what each request says (:mod:`llmlb_bench.replay.bodies`), each request's attempts, timeouts
+and retries (:mod:`llmlb_bench.replay.attempts`), endpoint
 health and revival (:mod:`llmlb_bench.replay.probes`), the ``/metrics`` scrape loop
 (:mod:`llmlb_bench.replay.scraper`).
 
@@ -40,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import heapq
-import json
 import resource
 import signal
 import sys
@@ -59,9 +59,9 @@ from llmlb_bench.openfiles import raise_open_files_limit
 from llmlb_bench.policies import Outcome, Policy, PolicyError, RouteRequest, TargetInfo, View
 from llmlb_bench.policies.base import set_now
 from llmlb_bench.replay.attempts import Attempts
+from llmlb_bench.replay.bodies import Bodies
 from llmlb_bench.replay.flight import Flight
-from llmlb_bench.replay.http import Pool, build_request
-from llmlb_bench.replay.media import AUDIO_TOKENS_PER_S, image_side, png_data_url, wav_base64
+from llmlb_bench.replay.http import Pool
 from llmlb_bench.replay.options import ReplayOptions, ReplayProgress
 from llmlb_bench.replay.client import ReplayResult, client_summary, replay_summary
 from llmlb_bench.replay.preflight import Preflight, request_headers
@@ -70,7 +70,7 @@ from llmlb_bench.replay.prompts import PromptBuilder
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
 from llmlb_bench.replay.rows import RowWriter, write_table
 from llmlb_bench.replay.scraper import Scraper
-from llmlb_bench.replay.threads import Prompt, Threads
+from llmlb_bench.replay.threads import Threads
 from llmlb_bench.schema import trace_block_size
 from llmlb_bench.store import RunStore
 
@@ -79,7 +79,6 @@ if TYPE_CHECKING:  # a worker's part of a run (workers.py imports this module)
 from llmlb_bench.trace_columns import TraceColumns
 from llmlb_bench.trace_run import TraceRun
 from llmlb_bench.trace_schedule import TraceSchedule
-from llmlb_bench.workload.reasoning import REASONING_ARG
 
 _INF = float("inf")
 
@@ -92,7 +91,6 @@ _BURST = 32
 _SPARE_CONNECTIONS = 8
 #: how long a thread waits for the GIL before asking for it, while the replay runs (default 5 ms)
 _SWITCH_S = 0.0002
-_API_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
 class Replayer:
@@ -117,8 +115,9 @@ class Replayer:
                          block_size=trace_block_size(trace), healthy=pre.healthy)
         self.names = [ep.url for ep in pre.endpoints]
         self.pools = [Pool(ep, options.timeouts.connect, spare=_SPARE_CONNECTIONS) for ep in pre.endpoints]
-        self.path = _API_PATHS[options.api]
         self.headers = request_headers(options)
+        #: what each request says (bodies.py)
+        self.bodies = Bodies(tr, pre, options, self.prompts, self.threads, self.headers)
         self.writer = RowWriter(run.requests)
         if options.users is not None and options.users < 1:
             raise UserError("must be at least 1", "--users")
@@ -145,7 +144,6 @@ class Replayer:
         self.attempts = Attempts(self.pools, self.health, options, ended=self._ended)
         self.scraper = Scraper(self.pools, self.names, self.view, self.headers,
                                clock=lambda: perf_counter() - self.t0, write=run.series.write)
-        self.media_dropped = 0
         self.last_end: float | None = None
         self.dispatch_done = False
         self.interrupted = False
@@ -340,52 +338,11 @@ class Replayer:
 
     def _launch(self, idx: int, req: RouteRequest, target: int, _decode: int = -1) -> None:
         """The router sent row ``idx`` to endpoint ``target`` (the run's books already say so)."""
-        f = Flight(idx, req, target, self._request_bytes(idx, target), self.sched[idx], self.attempts)
+        f = Flight(idx, req, target, self.bodies.request(idx, target), self.sched[idx], self.attempts)
         if self.threads is not None and self.threads.keeps(idx):
             f.answer = []  # something waits for this answer: keep its text
         self.flights.add(f)
         self.attempts.attempt(f)
-
-    def _request_bytes(self, idx: int, target: int) -> bytes:
-        tr = self.tr
-        images, audio_s = tr.images[idx], tr.audio_s[idx]
-        media = bool(images or audio_s)
-        if media and self.options.api != "chat":
-            self.media_dropped += 1  # only the chat API carries images and audio
-            media = False
-        # input_tokens includes what the images and audio cost; the text gets the rest
-        media_tokens = tr.image_tokens[idx] + round(audio_s * AUDIO_TOKENS_PER_S) if media else 0
-        tokens = max(0, tr.inp[idx] - media_tokens)
-        threaded = self.threads.prompt(idx, tokens, media) if self.threads is not None else None
-        text = self.prompts.text(tokens, tr.hashes(idx), tr.rid[idx]) if threaded is None else ""
-        out = max(1, tr.out[idx])
-        # a LoRA adapter is served under its own name (vLLM's --lora-modules NAME=DIR)
-        body: dict[str, object] = {"model": tr.adapter[idx] or self.pre.models[target]}
-        if media:
-            side = image_side(tr.image_tokens[idx] // images) if images else 0
-            content: list[dict[str, object]] = [{"type": "text", "text": text}]
-            content += [{"type": "image_url", "image_url": {"url": png_data_url(side, tr.rid[idx] * 64 + k)}}
-                        for k in range(images)]
-            if audio_s:
-                content.append({"type": "input_audio",
-                                "input_audio": {"data": wav_base64(audio_s, tr.rid[idx]), "format": "wav"}})
-            body["messages"] = [{"role": "user", "content": content}]
-        else:
-            prompt: Prompt = threaded if threaded is not None else (
-                [{"role": "user", "content": text}] if self.options.api == "chat" else text)
-            body["messages" if self.options.api == "chat" else "prompt"] = prompt
-            if self.threads is not None:
-                self.threads.sent(idx, prompt)
-        body.update(max_tokens=out, stream=True, stream_options={"include_usage": True})
-        if self.options.force_output_length:
-            body.update(min_tokens=out, ignore_eos=True)
-            if tr.reasoning[idx] > 0:  # how the output splits, for engines that can be told (docs/replay.md)
-                body["vllm_xargs"] = {REASONING_ARG: tr.reasoning[idx]}
-        if self.options.extra_body:
-            body.update(self.options.extra_body)
-        return build_request("POST", self.pre.endpoints[target], self.path,
-                             f"{self.headers}X-Request-Id: {tr.rid[idx]}\r\n",
-                             json.dumps(body, separators=(",", ":")).encode())
 
     def _ended(self, f: Flight, status: str, error: str | None, now: float) -> None:
         """The request's outcome is known (its attempts are over): write its row, update the books,
@@ -484,7 +441,7 @@ class Replayer:
         replay = replay_summary(self.status, sent, None if first is None else first - self.t0,
                                 None if last is None else last - self.t0, self.last_end,
                                 self.interrupted, self.pre, self.scraper.scraped)
-        replay["multimodal_dropped"] = self.media_dropped
+        replay["multimodal_dropped"] = self.bodies.media_dropped
         if self.resume is not None:
             replay["resumed"] = {"carried_rows": self.resume.carried.num_rows}
         self.run_store.summary["client"] = client
