@@ -23,11 +23,11 @@ only millisecond-precise), the connections' protocol callbacks, one timer
 per request for its timeouts, and a row writer that hands finished rows
 to a background thread.
 
-The Replayer is the run's orchestration (clock, dispatch, rows, progress, close); its parts:
-what each request says (:mod:`llmlb_bench.replay.bodies`), each request's attempts, timeouts
-and retries (:mod:`llmlb_bench.replay.attempts`), endpoint
-health and revival (:mod:`llmlb_bench.replay.probes`), the ``/metrics`` scrape loop
-(:mod:`llmlb_bench.replay.scraper`).
+The Replayer is the run's orchestration (clock, dispatch, the books of what is in flight,
+progress, close); its parts: what each request says (:mod:`llmlb_bench.replay.bodies`), each
+request's attempts, timeouts and retries (:mod:`llmlb_bench.replay.attempts`), the result rows
+(:mod:`llmlb_bench.replay.results`), endpoint health and revival
+(:mod:`llmlb_bench.replay.probes`), the ``/metrics`` scrape loop (:mod:`llmlb_bench.replay.scraper`).
 
 Every trace row gets exactly one result row: ``ok``, ``error``,
 ``timeout``, ``rejected`` (HTTP 429, or refused by the routing policy), or
@@ -45,7 +45,7 @@ import resource
 import signal
 import sys
 import threading
-from collections import Counter, deque
+from collections import deque
 from time import perf_counter
 from typing import TYPE_CHECKING, Callable
 
@@ -68,7 +68,8 @@ from llmlb_bench.replay.preflight import Preflight, request_headers
 from llmlb_bench.replay.probes import Health
 from llmlb_bench.replay.prompts import PromptBuilder
 from llmlb_bench.replay.resume import INTERRUPTED, Resume
-from llmlb_bench.replay.rows import RowWriter, write_table
+from llmlb_bench.replay.results import ResultRows
+from llmlb_bench.replay.rows import RowWriter
 from llmlb_bench.replay.scraper import Scraper
 from llmlb_bench.replay.threads import Threads
 from llmlb_bench.schema import trace_block_size
@@ -131,11 +132,12 @@ class Replayer:
                              arrive_at=self._arrive_at, clock=lambda: perf_counter() - self.t0,
                              on_policy_error=self._policy_failed)
         self.router = self.core.router
+        #: every trace row's result row, counted by status (results.py)
+        self.rows = ResultRows(tr, self.sched, self.names, self.writer)
         #: the dispatcher's place in the schedule's roots, and the released rows by due time
         self._pos = 0
         self._ready: list[tuple[float, int]] = []
         self.flights: set[Flight] = set()
-        self.status = Counter[str]()
         self.lateness: list[float] = []
         self.recent_ttft: deque[float] = deque(maxlen=512)
         #: endpoints marked down when they refuse connections, and brought back (probes.py)
@@ -221,7 +223,7 @@ class Replayer:
         self._all_done = loop.create_future()
         origin = 0.0
         if self.resume is not None:
-            self._write_carried()
+            self.rows.carry(self.resume.carried)
             origin = self.schedule.first_due()
         self.t0 = self.t0_clock if self.t0_clock is not None else \
             perf_counter() + self.options.start_delay_s - origin
@@ -320,7 +322,7 @@ class Replayer:
             self.core.arrive(idx, self.sched[idx], perf_counter() - self.t0)
         except PolicyError as exc:   # ends the run (raised out of the dispatcher); the row is written first
             if tr.rid[idx] not in self.router.held:
-                self._write_row(idx, None, "error", exc.problem)
+                self.rows.write(idx, None, "error", exc.problem)
             raise
 
     def _policy_failed(self, exc: PolicyError) -> None:
@@ -334,7 +336,7 @@ class Replayer:
         """The row of a request that never left for an endpoint (refused, held at the end, never released)."""
         if self.threads is not None:
             self.threads.ended(idx)
-        self._write_row(idx, None, status, error)
+        self.rows.write(idx, None, status, error)
 
     def _launch(self, idx: int, req: RouteRequest, target: int, _decode: int = -1) -> None:
         """The router sent row ``idx`` to endpoint ``target`` (the run's books already say so)."""
@@ -353,7 +355,7 @@ class Replayer:
                 # the answer's tokens: the history a next turn extends keeps no reasoning
                 self.threads.answered(f.idx, "".join(f.answer), f.output_tokens()[0] - (f.reasoning_tokens() or 0))
             self.threads.ended(f.idx)
-        self._write_row(f.idx, f, status, error)
+        self.rows.write(f.idx, f, status, error)
         if status == "ok" and f.first is not None and f.sent is not None:
             self.recent_ttft.append(f.first - f.sent)
         end = self.last_end = now - self.t0
@@ -372,36 +374,6 @@ class Replayer:
             self.core.close()
             if self._all_done is not None and not self._all_done.done():
                 self._all_done.set_result(None)
-
-    # -- rows --------------------------------------------------------------------
-    def _write_row(self, idx: int, f: Flight | None, status: str, error: str | None) -> None:
-        tr, t0 = self.tr, self.t0
-        self.status[status] += 1
-        if f is None:
-            values: tuple[object, ...] = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], tr.session[idx], tr.turn[idx], None,
-                      self.sched[idx], None, None, None,
-                      tr.inp[idx], tr.out[idx], None, None, status, error, None, None, None, None, tr.adapter[idx], None, None, None)
-            self.writer.buffer.add(values, None, None)
-        else:
-            out, estimated = f.output_tokens()
-            reasoning = f.reasoning_tokens()
-            values = (tr.rid[idx], tr.tenant[idx], tr.slo[idx], tr.session[idx], tr.turn[idx],
-                      self.names[f.target], f.scheduled_s,
-                      None if f.sent is None else f.sent - t0,
-                      None if f.first is None else f.first - t0,
-                      None if f.last is None else f.last - t0,
-                      tr.inp[idx], tr.out[idx], out if f.sent is not None else None, f.cached, status,
-                      error, f.http_status, f.usage_in, estimated if f.sent is not None else None, f.backend,
-                      tr.adapter[idx], f.route.predicted_cached_tokens,
-                      reasoning, None if reasoning is None or f.answer_at is None else f.answer_at - t0)
-            self.writer.buffer.add(values, f.seg_start, f.seg_count)
-        if self.writer.due():
-            self.writer.submit()
-
-    def _write_carried(self) -> None:
-        assert self.resume is not None
-        write_table(self.run_store.requests, self.resume.carried)
-        self.status.update(self.resume.carried.column("status").to_pylist())
 
     def _shutdown(self) -> None:
         """Interrupt or end: close every row that is still open, then the connections."""
@@ -428,9 +400,9 @@ class Replayer:
 
     def counters(self) -> ReplayProgress:
         """Live figures for a progress display."""
-        ttft = sorted(self.recent_ttft)
-        return {"sent": self.attempts.sent, "in_flight": len(self.flights), "done": sum(self.status.values()),
-                "errors": sum(v for k, v in self.status.items() if k != "ok"),
+        ttft, status = sorted(self.recent_ttft), self.rows.status
+        return {"sent": self.attempts.sent, "in_flight": len(self.flights), "done": sum(status.values()),
+                "errors": sum(v for k, v in status.items() if k != "ok"),
                 "total": self.tr.n, "ttft_p50_ms": ttft[len(ttft) // 2] * 1e3 if ttft else None}
 
     # -- summary -------------------------------------------------------------
@@ -438,7 +410,7 @@ class Replayer:
         sent, first, last = self.attempts.sent, self.attempts.first_sent_at, self.attempts.last_sent_at
         client = client_summary(np.asarray(self.lateness), cpu_s, sent, self.loop_kind, self.t0,
                                 self.options.lag_threshold_ms)
-        replay = replay_summary(self.status, sent, None if first is None else first - self.t0,
+        replay = replay_summary(self.rows.status, sent, None if first is None else first - self.t0,
                                 None if last is None else last - self.t0, self.last_end,
                                 self.interrupted, self.pre, self.scraper.scraped)
         replay["multimodal_dropped"] = self.bodies.media_dropped
