@@ -21,7 +21,7 @@ import pytest
 
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import ReplayOptions
-from llmlb_bench.replay.runner import Replayer
+from llmlb_bench.replay.attempts import Attempts
 from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
@@ -131,12 +131,12 @@ def test_streamed_chunks_reach_the_client_at_the_simulated_token_times(tmp_path:
     submit = fleet.submit
     fleet.submit = lambda sub, client, received=None: submit(sub, _Recording(client, fleet, writes, first_seen),
                                                                received)
-    first_token = Replayer.first_token
+    first_token = Attempts.first_token
 
-    def noted(self: Replayer, f: Any, now: float) -> None:
+    def noted(self: Attempts, f: Any, now: float) -> None:
         first_token(self, f, now)
         first_seen[300 + f.idx].set()
-    monkeypatch.setattr(Replayer, "first_token", noted)
+    monkeypatch.setattr(Attempts, "first_token", noted)
     try:
         summary, rows, _ = run_replay(table, st.urls, tmp_path, "round_robin", ReplayOptions(scrape_s=None))
     finally:
