@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -262,31 +263,65 @@ def _simulator_capacity(root: Path, workload: Path, low: float, high: float, tol
     return search(CapacityTask(template, nominal_rate(spec), SLO, 0.9, low, high, tolerance), root)
 
 
-@pytest.mark.slow
-def test_capacity_of_llmlb_serve_matches_the_simulators(tmp_path: Path, workload: Path):
-    """``llmlb capacity`` (a real process) against ``llmlb serve`` (another) finds the capacity that
-    the simulator's search finds for the same cluster, workload, seed and bracket: serve reproduces
-    simulate to a few percent of TTFT/TPOT (docs/serve.md), and with 40 requests per probe one
-    request is 2.5% of attainment, so the two searches may part at one midpoint; measured -7%..+4%,
-    required within 15%."""
-    sim = _simulator_capacity(tmp_path / "sim", workload, 4.0, 40.0, 0.05)
-    assert sim["censored"] is None and 8.0 < sim["capacity"] < 20.0
+#: the slowest pace tried: llmlb serve at an eighth of real time
+SLOWEST = 1 / 8
+
+
+def _serve_capacity(root: Path, workload: Path, speed: float) -> tuple[dict, float]:
+    """``llmlb capacity`` (a real process) against ``llmlb serve`` (another) running the simulated
+    GPU at ``speed`` simulated seconds per wall second, with the SLO, rates and probe times scaled
+    to match, so the search is the same in simulated time. Returns its JSON and serve's mean token
+    lateness (``llmlb:token_lateness_seconds``: wall seconds past when a token was due) as a share
+    of the TPOT SLO in wall time."""
     proc, urls = _start_server("--replicas", "1", "--gpu", "a100-80g", "--model", "llama-3-8b",
-                               "--port-per-replica", "0")
+                               "--port-per-replica", "0", "--speed", f"{speed:g}")
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "llmlb_bench", "capacity", str(workload), "-e", urls[0], "--slo", SLO,
-             "--rate", "4,40", "--tolerance", "0.05", "--probe-duration", "3s", "--cooldown", "0.3s",
-             "--warmup", "0", "--seed", "3", "-r", str(tmp_path), "--name", "ep", "--format", "json"],
-            cwd=ROOT, capture_output=True, text=True, timeout=300)
+            [sys.executable, "-m", "llmlb_bench", "capacity", str(workload), "-e", urls[0],
+             "--slo", f"ttft={300 / speed:g}ms,tpot={40 / speed:g}ms", "--rate", f"{4 * speed:g},{40 * speed:g}",
+             "--tolerance", "0.05", "--probe-duration", f"{3 / speed:g}s", "--cooldown", f"{0.3 / speed:g}s",
+             "--warmup", "0", "--seed", "3", "-r", str(root), "--name", "ep", "--format", "json"],
+            cwd=ROOT, capture_output=True, text=True, timeout=max(300.0, 300 / speed))
+        with urllib.request.urlopen(f"{urls[0]}/metrics", timeout=60) as response:
+            text = response.read().decode()
     finally:
         _stop_server(proc)
     assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
+    late = {"sum": 0.0, "count": 0.0}                  # summed over the replicas' label sets
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        part = name.split("{")[0].removeprefix("llmlb:token_lateness_seconds_")
+        if part in late:
+            late[part] += float(value.split()[0])
+    mean_late = late["sum"] / max(late["count"], 1.0)
+    return json.loads(done.stdout), mean_late / (0.040 / speed)
+
+
+@pytest.mark.slow
+def test_capacity_of_llmlb_serve_matches_the_simulators(tmp_path: Path, workload: Path):
+    """``llmlb capacity`` against ``llmlb serve`` finds the capacity that the simulator's search finds
+    for the same cluster, workload, seed and bracket: serve reproduces simulate to a few percent of
+    TTFT/TPOT (docs/serve.md) while it keeps real time, and with 40 requests per probe one request is
+    2.5% of attainment, so the two searches may part at one midpoint; measured -7%..+4%, required
+    within 15%. Serve keeps time only where the machine lets it: on a starved core its tokens come
+    late and it serves less (-29% once, pinned to a core shared with a busy loop and other jobs). So
+    the pace is the machine's: the search runs at full speed, and again at half speed (everything in
+    wall time twice as long) while serve's own lateness self-check says its tokens came later than a
+    quarter of the TPOT SLO on average; the comparison is made at the first pace serve kept."""
+    sim = _simulator_capacity(tmp_path / "sim", workload, 4.0, 40.0, 0.05)
+    assert sim["censored"] is None and 8.0 < sim["capacity"] < 20.0
+    speed = 1.0
+    while True:
+        root = tmp_path / f"speed-{speed:g}"
+        out, late = _serve_capacity(root, workload, speed)
+        if late <= 0.25 or speed <= SLOWEST:
+            break
+        speed /= 2
+    assert late <= 0.25, f"llmlb serve's tokens came {late:.0%} of the TPOT SLO late even at {speed:g}x speed"
     assert out["censored"] is None and out["status"] == "complete"
-    assert abs(math.log(out["capacity"] / sim["capacity"])) <= math.log(1.15), (out, sim)
-    assert 40.0 not in [p["rate"] for p in out["probes"]]           # the top of the bracket was never needed
+    assert abs(math.log(out["capacity"] / speed / sim["capacity"])) <= math.log(1.15), (out, sim, speed)
+    assert 40.0 * speed not in [p["rate"] for p in out["probes"]]    # the top of the bracket was never needed
     for p in out["probes"]:                                          # every probe is an ordinary, complete run
-        run = json.loads((tmp_path / "ep" / p["run_id"] / "run.json").read_text())
+        run = json.loads((root / "ep" / p["run_id"] / "run.json").read_text())
         assert run["status"] == "complete" and run["config"]["sweep"]["rate"] == p["rate"]
         assert run["summary"]["replay"]["statuses"] == {"ok": p["requests"]}
