@@ -66,26 +66,34 @@ def _windows(cat: Catalog, run_id: str, t0: float, tenants: list[str], window_s:
     names = " ".join(f"WHEN {quote(t)} THEN {i}" for i, t in enumerate(tenants))
     # no nulls (NaN instead), so Arrow hands each column to NumPy as one copy, not element by element
     t = cat.query(f"""
-        SELECT CASE coalesce(tenant, 'default') {names} END AS tn, coalesce(origin_s - {t0!r}, 'NaN') AS s,
+        SELECT (CASE coalesce(tenant, 'default') {names} END)::BIGINT AS tn, coalesce(origin_s - {t0!r}, 'NaN') AS s,
                coalesce(first_token_s - {t0!r}, 'NaN') AS f, coalesce(last_token_s - {t0!r}, 'NaN') AS l,
                coalesce(input_tokens, 0)::DOUBLE AS n_in, coalesce(output_tokens, 0)::DOUBLE AS n_out
         FROM request_metrics WHERE run_id = {quote(run_id)}""")
     c = {k: t.column(k).to_numpy() for k in t.column_names}
-    tn, s, f, l, n_in, n_out = c["tn"].astype(np.int64), c["s"], c["f"], c["l"], c["n_in"], c["n_out"]
+    tn, s, f, l, n_in, n_out = c["tn"], c["s"], c["f"], c["l"], c["n_in"], c["n_out"]
     w = float(window_s)
     started = ~np.isnan(f)
-    e = np.fmax(l, s)                                    # a request's end: last token, or when it was sent
     nwin = int(max(np.fmax.reduce(x) if len(x) else 0.0 for x in (s, f, l)) // w) + 1
     cells = len(tenants) * nwin
-    jf = np.floor(np.where(started, f, 0) / w).astype(np.int64)
-    key = tn * nwin + jf
+    # each window index divided and floored in place: one temporary of a whole column, not three
+    x = np.where(started, f, 0.0)
+    x /= w
+    jf = np.floor(x, out=x).astype(np.int64)
+    key = tn * nwin
+    key += jf
     # rows that add nothing to a cell add 0 to it (all service is whole tokens: the sums are exact in any order)
     svc: np.ndarray = np.bincount(key, weights=np.where(started, INPUT_WEIGHT * n_in, 0.0), minlength=cells)
     out = started & (n_out > 0)
-    jl = np.floor(np.where(out, l, 0) / w).astype(np.int64)
-    svc += np.bincount(key, weights=np.where(out & (jf == jl), OUTPUT_WEIGHT * n_out, 0.0), minlength=cells)
-    # streams over several windows: walk them window by window, dropping each once past its last
-    many = out & (jf < jl)
+    x = np.where(out, l, 0.0)
+    x /= w
+    jl = np.floor(x, out=x).astype(np.int64)
+    one = jf == jl                                       # a stream within one window
+    one &= out
+    svc += np.bincount(key, weights=np.where(one, OUTPUT_WEIGHT * n_out, 0.0), minlength=cells)
+    # streams over several windows: walk them window by window, dropping each once past its last (every
+    # one spans a second window, so the first step drops none)
+    many = np.flatnonzero(out & ~one)
     ff, nn, j, jend, tt = f[many], n_out[many], jf[many], jl[many], tn[many]
     g = (l[many] - ff) / (nn - 1)
     while len(j):
@@ -93,11 +101,25 @@ def _windows(cat: Catalog, run_id: str, t0: float, tenants: list[str], window_s:
         k_hi = np.minimum(nn - 1, np.ceil(((j + 1) * w - ff) / g) - 1)
         svc += np.bincount(tt * nwin + j, weights=OUTPUT_WEIGHT * np.maximum(0, k_hi - k_lo + 1), minlength=cells)
         more = j < jend
-        ff, nn, g, j, jend, tt = ff[more], nn[more], g[more], j[more] + 1, jend[more], tt[more]
+        if not more.all():
+            ff, nn, g, j, jend, tt = ff[more], nn[more], g[more], j[more], jend[more], tt[more]
+        j += 1
     backlog: np.ndarray = np.zeros(cells, dtype=bool)
-    b = np.where(started, f, e)
-    waits = ~np.isnan(s) & (b > s)
-    j, jend, tt = np.floor(s[waits] / w).astype(np.int64), (np.ceil(b[waits] / w) - 1).astype(np.int64), tn[waits]
+    b = np.where(started, f, np.fmax(l, s))               # when the wait ends: first token, or the request's end
+    waits = b > s                                         # false where s is NaN (never sent)
+    # the waits' first and last windows over every row (0 and -1 where none), not gathered three times
+    x = np.where(waits, s, 0.0)
+    x /= w
+    j = np.floor(x, out=x).astype(np.int64)
+    b = np.where(waits, b, 0.0)
+    b /= w
+    jend = np.ceil(b, out=b).astype(np.int64)
+    jend -= 1
+    key = tn * nwin
+    key += j
+    backlog[key[waits]] = True
+    later = np.flatnonzero(j < jend)                     # the waits that reach a later window
+    j, jend, tt = j[later] + 1, jend[later], tn[later]
     while len(j):
         backlog[tt * nwin + j] = True
         more = j < jend

@@ -55,13 +55,20 @@ def _codes(col: str, names: list[str]) -> str:
 _NUMPY_METHOD: dict[str, Literal["linear", "inverted_cdf"]] = {"linear": "linear", "inverse_cdf": "inverted_cdf"}
 
 
-def _group_percentiles(values: np.ndarray, method: str) -> list[float] | None:
-    """p50 and p99 by NumPy's selection (no sort); "inverted_cdf" is GuideLLM's rule."""
-    values = values[~np.isnan(values)]
+def _group_percentiles(values: np.ndarray, method: str, nulls: bool) -> list[float] | None:
+    """p50 and p99 by NumPy's selection; "inverted_cdf" is GuideLLM's rule.
+
+    ``values`` is a slice of the caller's own gathered copy, sorted here in place (a vectorised sort,
+    then NumPy's selection finds the order statistics in a sorted array 3x faster), and NumPy selects
+    in place too (``overwrite_input``: the same selection, without the copy of a whole group per call);
+    ``nulls`` says whether the column holds NaN (a null) at all, so a column without them is not
+    filtered group by group."""
+    if nulls:
+        values = values[~np.isnan(values)]
     if not len(values):
         return None
-    values.sort()    # a vectorised sort, then NumPy's selection finds the order statistics in place: 3x faster
-    qs = np.percentile(values, GROUP_PERCENTILES, method=_NUMPY_METHOD[method])
+    values.sort()
+    qs = np.percentile(values, GROUP_PERCENTILES, method=_NUMPY_METHOD[method], overwrite_input=True)
     return [float(q) for q in qs]
 
 
@@ -69,7 +76,8 @@ def _by_group(codes: np.ndarray, groups: int) -> tuple[np.ndarray, list[int]]:
     """The rows of each group together (a stable radix sort of the small codes) and where each group's
     rows start and end: one gather per figure then hands each group its values, where a mask per
     group cost a comparison and a gather of every row for each group."""
-    order = np.argsort(codes, kind="stable")
+    # a code in one or two bytes: NumPy's stable sort is a radix sort there, a merge sort on wider integers
+    order = np.argsort(codes.astype(np.uint16) if groups <= 1 << 16 else codes, kind="stable")
     bounds = np.r_[0, np.cumsum(np.bincount(codes, minlength=groups))].tolist()
     return order, bounds
 
@@ -90,12 +98,13 @@ def _run(cat: Catalog, run_id: str, figs: Mapping[str, Figure], groups: Mapping[
         s = sample_of(values, _column(table, f"w_{n}") if f.weight != "1" else None)
         if s is not None:
             into.samples[(run_id, n)] = s
-        if n in GROUP_KEYS:
+        if n in GROUP_KEYS and groups:
+            nulls = bool(np.isnan(values).any())
             for col, names in groups.items():
                 order, bounds = grouped[col]
                 by_group = values[order]
                 for i, name in enumerate(names):
-                    qs = _group_percentiles(by_group[bounds[i]:bounds[i + 1]], f.method)
+                    qs = _group_percentiles(by_group[bounds[i]:bounds[i + 1]], f.method, nulls)
                     if qs is not None:
                         group = into.groups.setdefault((col, run_id, name), {})
                         for k, q in zip(GROUP_KEYS[n], qs):
