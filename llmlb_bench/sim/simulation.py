@@ -81,97 +81,103 @@ def _nothing() -> None:
     """``changed()`` when signals are only scraped: the unread stand-ins changed nothing."""
 
 
+class Boundary:
+    """One replica's pending run boundary: its time, sequence number (ties), the replica version it
+    belongs to and its place in the :class:`BoundaryHeap` (-1: none). One per replica, reused."""
+
+    __slots__ = ("replica", "t", "seq", "version", "pos")
+
+    def __init__(self, replica: int) -> None:
+        self.replica = replica
+        self.t = 0.0
+        self.seq = 0
+        self.version = 0
+        self.pos = -1
+
+
 class BoundaryHeap:
     """The replicas' pending run boundaries, earliest first (ties: the order they were set in): an
-    indexed binary heap of replica indices, with each replica's time, sequence number and version in
-    plain lists.
+    indexed binary heap of each replica's one :class:`Boundary`.
 
     A replica has at most one boundary that can still be valid, the one set last (each new one follows
-    a ``version`` bump), so setting one replaces the replica's entry in place instead of pushing a
-    tuple next to the stale one: no tuple per step, and comparisons of two floats, not of tuples
-    (the heap of ``(t, seq, replica, version)`` tuples was a tenth of a compiled run; docs/simulator.md).
-    The order of events is the one the tuples gave: by time, then by sequence number."""
+    a ``version`` bump), so setting one updates the replica's entry in place instead of pushing a
+    tuple next to the stale one: no object per step, and the keys are typed attributes compared
+    natively, not tuples (the heap of ``(t, seq, replica, version)`` tuples was a tenth of a compiled
+    run, and the next form, plain lists of times and sequence numbers, still boxed every float it
+    stored; docs/simulator.md). The order of events is the one the tuples gave: by time, then by
+    sequence number."""
 
-    __slots__ = ("t", "seq", "version", "heap", "pos")
+    __slots__ = ("entries", "heap")
 
     def __init__(self) -> None:
-        #: per replica: its boundary's time, sequence number and the replica version it belongs to
-        self.t: list[float] = []
-        self.seq: list[int] = []
-        self.version: list[int] = []
-        #: replica indices in heap order
-        self.heap: list[int] = []
-        #: per replica: its place in :attr:`heap` (-1: none)
-        self.pos: list[int] = []
+        #: per replica index, its boundary
+        self.entries: list[Boundary] = []
+        #: the boundaries in heap order
+        self.heap: list[Boundary] = []
 
     def set(self, i: int, t: float, seq: int, version: int) -> None:
         """Replica ``i``'s next boundary is at ``t`` (replacing the one it had, if any)."""
-        pos = self.pos
-        while len(pos) <= i:          # a replica the autoscaler added
-            pos.append(-1)
-            self.t.append(0.0)
-            self.seq.append(0)
-            self.version.append(0)
-        self.t[i] = t
-        self.seq[i] = seq
-        self.version[i] = version
-        k = pos[i]
+        entries = self.entries
+        while len(entries) <= i:          # a replica the autoscaler added
+            entries.append(Boundary(len(entries)))
+        b = entries[i]
+        b.t = t
+        b.seq = seq
+        b.version = version
+        k = b.pos
         if k < 0:
             k = len(self.heap)
-            self.heap.append(i)
-        self._down(self._up(k, i), i)
-
-    def top(self) -> int:
-        """The replica whose boundary comes first (the heap is not empty)."""
-        return self.heap[0]
+            self.heap.append(b)
+        self._down(self._up(k, b), b)
 
     def pop(self) -> int:
         """Remove the first boundary; returns its replica."""
         heap = self.heap
-        i = heap[0]
+        b = heap[0]
+        b.pos = -1
         last = heap.pop()
-        self.pos[i] = -1
         if heap:
             self._down(0, last)
-        return i
+        return b.replica
 
-    def _before(self, a: int, b: int) -> bool:
-        ta, tb = self.t[a], self.t[b]
-        return ta < tb or (ta == tb and self.seq[a] < self.seq[b])
-
-    def _up(self, k: int, i: int) -> int:
-        """Move replica ``i``, entering at place ``k``, towards the root; returns its place."""
-        heap, pos = self.heap, self.pos
+    def _up(self, k: int, b: Boundary) -> int:
+        """Move ``b``, entering at place ``k``, towards the root; returns its place."""
+        heap = self.heap
         while k > 0:
             p = (k - 1) >> 1
-            j = heap[p]
-            if not self._before(i, j):
+            other = heap[p]
+            if not _comes_before(b, other):
                 break
-            heap[k] = j
-            pos[j] = k
+            heap[k] = other
+            other.pos = k
             k = p
-        heap[k] = i
-        pos[i] = k
+        heap[k] = b
+        b.pos = k
         return k
 
-    def _down(self, k: int, i: int) -> None:
-        """Move replica ``i``, entering at place ``k``, towards the leaves."""
-        heap, pos = self.heap, self.pos
+    def _down(self, k: int, b: Boundary) -> None:
+        """Move ``b``, entering at place ``k``, towards the leaves."""
+        heap = self.heap
         n = len(heap)
         while True:
             c = 2 * k + 1
             if c >= n:
                 break
-            if c + 1 < n and self._before(heap[c + 1], heap[c]):
+            child = heap[c]
+            if c + 1 < n and _comes_before(heap[c + 1], child):
                 c += 1
-            j = heap[c]
-            if not self._before(j, i):
+                child = heap[c]
+            if not _comes_before(child, b):
                 break
-            heap[k] = j
-            pos[j] = k
+            heap[k] = child
+            child.pos = k
             k = c
-        heap[k] = i
-        pos[i] = k
+        heap[k] = b
+        b.pos = k
+
+
+def _comes_before(a: Boundary, b: Boundary) -> bool:
+    return a.t < b.t or (a.t == b.t and a.seq < b.seq)
 
 
 class Simulation:
@@ -291,9 +297,9 @@ class Simulation:
         while True:
             tb = inf
             while boundaries.heap:
-                first = boundaries.top()
-                if boundaries.version[first] == replicas[first].version:
-                    tb = boundaries.t[first]
+                first = boundaries.heap[0]
+                if first.version == replicas[first.replica].version:
+                    tb = first.t
                     break
                 boundaries.pop()       # stale: its replica's boundary moved or went
             ta = due[k] if k < n_order else inf
