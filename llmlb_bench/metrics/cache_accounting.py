@@ -32,9 +32,9 @@ the trace and the run's own rows, and written beside them as ``cache_accounting.
 the ``cache_accounting`` view serves to ``llmlb query`` and the report. Why then and there: the
 buckets need every request's hashes, and the hashes are in the trace, which a confined query
 cannot read and a report may no longer find; the requests table is left as it was written (no
-rewrite of its token segments); and the work is NumPy over the trace's flattened hashes (two
-vectorised sorts of packed 64-bit keys, blocks by arrival and then by hash, and a radix sort by
-target), not a Python walk per block (docs/prefix-cache.md has the measured cost). Every bucket
+rewrite of its token segments); and the work is NumPy over the trace's flattened hashes (the rows
+put in arrival order, then per part one vectorised sort of a packed 64-bit key per block: hash,
+target, arrival), not a Python walk per block (docs/prefix-cache.md has the measured cost). Every bucket
 compares a block only with blocks of the same hash, so the blocks are accounted in parts by hash
 (:func:`_parts`) of at most about :data:`CHUNK_BLOCKS`: the working memory is that of one part,
 whatever the run's length, and the result the same as in one.
@@ -68,28 +68,41 @@ _NEEDED = ["request_id", "target", "prefill_target", "status", "scheduled_s", "s
            "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens", "predicted_cached_tokens"]
 
 
-def _first_unflagged(out: np.ndarray, flags: np.ndarray, owner: np.ndarray, pos: np.ndarray) -> None:
-    """Lower ``out[row]`` to the position of the row's first block that is not flagged, among these
-    blocks (``flags``, ``owner`` and ``pos`` aligned; ``out`` starts at the rows' lengths): after every
-    part of the blocks, ``out`` holds how many of each row's blocks are flagged before the first that is not.
+def _first_below(outs: tuple[np.ndarray, ...], level: np.ndarray, owner: np.ndarray, pos: np.ndarray) -> None:
+    """Lower ``outs[k][row]`` to the position of the row's first block whose ``level`` is at most
+    ``k``, among these blocks (``level``, ``owner`` and ``pos`` aligned; each out starts at the rows'
+    lengths): after every part of the blocks, ``outs[k]`` holds how many of each row's blocks are
+    above level ``k`` before the first that is not (the levels nest: offered, reachable, ready).
 
-    ``owner`` is non-decreasing (a row's blocks come in prompt order), so a row's first unflagged
-    block is the first of its own among the unflagged ones: no scatter-minimum needed."""
-    miss = np.flatnonzero(~flags)
-    if len(miss):
-        rows = owner[miss]
-        first = np.r_[True, rows[1:] != rows[:-1]]
-        rows = rows[first]
-        out[rows] = np.minimum(out[rows], pos[miss[first]])
+    ``owner`` is non-decreasing (a row's blocks come in prompt order), so a row's first such
+    block is the first of its own among them: no scatter-minimum needed. Only the blocks below the
+    top level are read again, once per level."""
+    miss = np.flatnonzero(level < len(outs))
+    if not len(miss):
+        return
+    level, owner, pos = level[miss], owner[miss], pos[miss]
+    for k, out in enumerate(outs):
+        at = np.flatnonzero(level <= k) if k + 1 < len(outs) else np.arange(len(level))
+        if len(at):
+            rows = owner[at]
+            first = np.r_[True, rows[1:] != rows[:-1]]
+            rows = rows[first]
+            out[rows] = np.minimum(out[rows], pos[at[first]])
 
 
 def _ranks(primary: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Rank of each row by (``primary``, request id); NaN sorts last."""
-    key = np.where(np.isnan(primary), np.inf, primary)
-    order = np.lexsort((ids, key))
+    order = _order_by(primary, ids)
     rank = np.empty(len(order), dtype=np.int64)
     rank[order] = np.arange(len(order), dtype=np.int64)
     return rank
+
+
+def _order_by(primary: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The rows' order by (``primary``, request id); NaN sorts last."""
+    key = np.where(np.isnan(primary), np.inf, primary)
+    order: np.ndarray = np.lexsort((ids, key))
+    return order
 
 
 def _lists(hashes: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -104,112 +117,157 @@ def _lists(hashes: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, 
 #: blocks accounted at once: the working arrays (a dozen words per block) grow with this, not with the run
 CHUNK_BLOCKS = 1 << 20
 
+#: an odd multiplier (2^64 / golden ratio): multiplying by it permutes the 64-bit words and spreads
+#: hashes that differ only in their low bits (small integers) over the high ones
+_SPREAD = np.uint64(0x9E3779B97F4A7C15)
 
-def _parts(values: np.ndarray, replies: np.ndarray, offsets: np.ndarray, chunk: int
+
+def _part_bits(blocks: int, chunk: int) -> int:
+    """How many top bits of the spread hash name a block's part (:func:`_parts`): parts of about ``chunk``."""
+    return max(0, math.ceil(math.log2(max(blocks, 1) / chunk)))
+
+
+def _parts(values: np.ndarray, replies: np.ndarray, offsets: np.ndarray, bits: int
            ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """The blocks in parts by hash, each about ``chunk`` blocks: per part ``(hashes, owner, pos,
-    reply)``, its blocks' hashes (in the order of ``values``), their rows and positions in the row,
-    and the indices in ``replies`` (indices into ``values`` of the reply blocks) of its reply blocks.
+    """The blocks in ``2^bits`` parts by hash: per part ``(hashes, index, counts, reply)``, its
+    blocks' hashes and indices in ``values`` (in that order), how many of them each row has, and the
+    indices in ``replies`` (indices into ``values`` of the reply blocks) of its reply blocks.
 
     Every bucket compares a block only with blocks of the same hash, so a part that holds whole
     hash groups is accounted on its own, and the result does not depend on how many parts there
     are (tested against one part): the run's length sets how many parts, not how large each is.
     A part is the top bits of the spread hash; beyond the trace, what every part needs is one
     byte per block (its part) and the rows' own arrays."""
-    total = len(values) + len(replies)
-    bits = max(0, math.ceil(math.log2(max(total, 1) / chunk)))
     if not bits:
-        owner = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
-        pos = np.arange(len(values), dtype=np.int64) - offsets[:-1][owner]
-        yield values, owner, pos, np.arange(len(replies), dtype=np.int64)
+        yield values, np.arange(len(values), dtype=np.int64), np.diff(offsets), np.arange(len(replies), dtype=np.int64)
         return
     part = np.empty(len(values), dtype=np.uint8 if bits <= 8 else np.uint16)
+    chunk = 1 << 20
     for a in range(0, len(values), chunk):
         part[a:a + chunk] = (values[a:a + chunk] * _SPREAD) >> np.uint64(64 - bits)
     reply_part = part[replies]
     for k in range(1 << bits):
         index = np.flatnonzero(part == k)
-        owner = np.searchsorted(offsets, index, side="right") - 1
-        yield values[index], owner, index - offsets[owner], np.flatnonzero(reply_part == k)
+        # each row's first block in the part: a search per row, not per block
+        yield np.take(values, index), index, np.diff(np.searchsorted(index, offsets)), np.flatnonzero(reply_part == k)
 
 
-def _order(keys: np.ndarray) -> np.ndarray:
-    """The stable sorting permutation of non-negative integer ``keys``: NumPy's vectorised ``sort`` of
-    each key packed with its index in one 64-bit word, several times faster than ``argsort``."""
-    m = len(keys)
-    bits = max(m - 1, 1).bit_length()
-    if not m or int(keys.max()) >= 1 << (63 - bits):
-        out: np.ndarray = np.argsort(keys, kind="stable")
-        return out
-    packed = np.sort((keys.astype(np.int64) << bits) | np.arange(m, dtype=np.int64))
-    order: np.ndarray = packed & ((1 << bits) - 1)
-    return order
+@dataclass
+class _Rows:
+    """What the per-block passes read of the rows (aligned with them, the rows in arrival order:
+    a row's index is its arrival rank), and the leading blocks they find. A block is reachable when
+    the earliest prefill finish rank among the earlier arrivals on its target that computed it is
+    below its row's ``done``, and ready when also below ``ready``."""
+
+    provide: np.ndarray     # rank by (first_token_s, request id), or n + 1 for a row that never computed its prompt
+    done: np.ndarray        # that rank for a row with a target (no first token ranks last), -1 for none
+    ready: np.ndarray       # the smaller of done and how many prefills had finished when the row was sent
+    holder: np.ndarray      # index of the row's target in the sorted names, -1 for none
+    targets: int            # how many names (0: offered alone, no per-target pass)
+    #: out, per row, leading blocks: seen in an earlier arrival's prompt or reply (offered), reachable on
+    #: its target, and reachable and computed before it was sent
+    leading: tuple[np.ndarray, ...]
 
 
-#: an odd multiplier (2^64 / golden ratio): multiplying by it permutes the 64-bit words and spreads
-#: hashes that differ only in their low bits (small integers) over the high ones
-_SPREAD = np.uint64(0x9E3779B97F4A7C15)
+def _merged(values: np.ndarray, owner: np.ndarray, counts: np.ndarray, reply_values: np.ndarray,
+            provider: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A part's prompt blocks (rows ``owner``, non-decreasing; ``counts`` of them per row) and reply
+    blocks (rows ``provider``, also non-decreasing) as one sequence in the order of their rows,
+    i.e. of arrival: ``(hashes, owners, at)``, ``at`` where each prompt block went (None: no reply
+    blocks, the prompt blocks as they were), a row's reply blocks after its prompt blocks. The
+    order of one row's blocks does not matter: a row is never its own earlier arrival."""
+    if not len(provider):
+        return values, owner, None
+    replies = np.bincount(provider, minlength=len(counts))
+    before = np.cumsum(replies) - replies                      # reply blocks of the rows before
+    at = np.arange(len(owner), dtype=np.int64) + np.take(before, owner)
+    put = np.arange(len(provider), dtype=np.int64) + np.take(np.cumsum(counts), provider)
+    owners = np.repeat(np.arange(len(counts), dtype=np.int64), counts + replies)
+    hashes = np.empty(len(owners), dtype=np.uint64)
+    hashes[at], hashes[put] = values, reply_values
+    return hashes, owners, at
 
 
-def _hash_order(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A permutation that brings equal 64-bit ``values`` together, each group in index order (the
-    groups in no meaningful order), and the values in that order. One vectorised sort of (high bits
-    of the spread value, index) packed in a word; the rare runs where distinct values share those
-    high bits are sorted again by value."""
-    m = len(values)
-    bits = max(m - 1, 1).bit_length()
-    high = (values * _SPREAD) >> np.uint64(bits)
-    packed = np.sort((high << np.uint64(bits)) | np.arange(m, dtype=np.uint64))
-    order = (packed & np.uint64((1 << bits) - 1)).astype(np.int64)
-    hv, hh = values[order], packed >> np.uint64(bits)
-    same = hh[1:] == hh[:-1]
+def _account_part(r: _Rows, values: np.ndarray, owner: np.ndarray, pos: np.ndarray, counts: np.ndarray,
+                  reply_values: np.ndarray, provider: np.ndarray, bits: int) -> None:
+    """The leading offered, reachable and ready blocks of one part (:func:`_parts`, ``bits`` the
+    spread hash's top bits all its blocks share): ``values``, ``owner`` and ``pos`` its prompt
+    blocks (``counts`` per row), ``reply_values`` and ``provider`` its reply blocks and their rows.
+
+    One vectorised sort of a 64-bit word per block that packs (the spread hash's next bits, the
+    block's target + 1, its place in arrival order) puts the blocks in (hash, target, arrival)
+    order; the rare runs where distinct hashes share those bits are sorted again by value. Then a
+    block is offered unless its row is the earliest of its hash (a segmented minimum), and per
+    (hash, target) group in arrival order the earliest prefill finish among the earlier members
+    says whether it was reachable (a running maximum of ``group * big - finish rank``); rows are
+    in arrival order, so a block's row is its arrival rank and the rows' arrays are read directly.
+    A block's level counts what it is (offered, reachable, ready: each implies the one before)."""
+    hashes, owners, at = _merged(values, owner, counts, reply_values, provider)
+    size = len(owners)
+    if not size:
+        return
+    ibits = max(size - 1, 1).bit_length()
+    tbits = r.targets.bit_length()
+    low = tbits + ibits
+    key = hashes * _SPREAD
+    if bits:
+        key <<= np.uint64(bits)
+    key &= np.uint64(((1 << 64) - 1) ^ ((1 << low) - 1))
+    if tbits:
+        key |= np.take((r.holder + 1).astype(np.uint64) << np.uint64(ibits), owners)
+    key |= np.arange(size, dtype=np.uint64)
+    key.sort()
+    perm = (key & np.uint64((1 << ibits) - 1)).view(np.int64)
+    hv = np.take(hashes, perm)
+    high = key >> np.uint64(low)
+    same = high[1:] == high[:-1]
     clash = same & (hv[1:] != hv[:-1])
     if clash.any():
         run = np.cumsum(np.r_[True, ~same]) - 1
         bad = np.zeros(int(run[-1]) + 1, dtype=bool)
         bad[run[1:][clash]] = True
         sel = np.flatnonzero(bad[run])
-        sub = order[sel]
-        order[sel] = sub[np.lexsort((sub, values[sub], run[sel]))]
-        hv[sel] = values[order[sel]]
-    return order, hv
+        resort = np.lexsort((key[sel], hv[sel], run[sel]))
+        perm[sel], key[sel], hv[sel] = perm[sel][resort], key[sel][resort], hv[sel][resort]
+    start = np.empty(size, dtype=bool)
+    start[0] = True
+    np.not_equal(hv[1:], hv[:-1], out=start[1:])
+    firsts = np.flatnonzero(start)
+    rows = np.take(owners, perm)
+    level = (rows != np.repeat(np.minimum.reduceat(rows, firsts), np.diff(np.r_[firsts, size]))).view(np.uint8)
+    if tbits:
+        target = key >> np.uint64(ibits)
+        target &= np.uint64((1 << tbits) - 1)
+        start[1:] |= target[1:] != target[:-1]
+        # per (hash, target) group, the earliest finish rank among the earlier members: a running
+        # maximum of group * big - rank; at a group's first block it is at least big (never a hit)
+        big = len(r.done) + 2
+        earliest = np.cumsum(start)
+        earliest *= big
+        run = np.maximum.accumulate(earliest - np.take(r.provide, rows))
+        earliest[1:] -= run[:-1]
+        level += (earliest < np.take(r.done, rows)).view(np.uint8)
+        level += (earliest < np.take(r.ready, rows)).view(np.uint8)
+    back = np.empty(size, dtype=np.uint8)
+    back[perm] = level
+    _first_below(r.leading, back if at is None else np.take(back, at), owner, pos)
 
 
-def _grouped(values: np.ndarray, owner: np.ndarray, arrival: np.ndarray
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The blocks grouped by hash, each group in arrival order (``arrival``: ranks of the owners;
-    ties in index order): ``(perm, owners, group, seen, shared)`` in that order, ``perm`` the block
-    indices, ``owners`` their owners, ``group`` each one's group (0, 1, ...), ``seen`` whether an
-    earlier arrival named the hash, ``shared`` whether any other block has it (only those can be
-    hits or give one).
-
-    Two vectorised sorts of packed keys (blocks by arrival, then by hash), no ``argsort`` of the
-    64-bit hashes: within a group the first block is the earliest arrival, so a block is seen
-    earlier unless its owner arrived as early as that one."""
-    by_arrival = _order(arrival[owner])
-    order, hv = _hash_order(values[by_arrival])
-    perm = by_arrival[order]
-    m = len(perm)
-    start = np.ones(m, dtype=bool)
-    start[1:] = hv[1:] != hv[:-1]
-    group = np.cumsum(start) - 1
-    owners = owner[perm]
-    when = arrival[owners]
-    seen = when != when[start][group]
-    counts = np.diff(np.r_[np.flatnonzero(start), m])
-    return perm, owners, group, seen, counts[group] > 1
-
-
-def _unsorted(perm: np.ndarray, flags: np.ndarray) -> np.ndarray:
-    """``flags`` given in the order ``perm`` (a permutation), back in index order."""
-    out = np.empty(len(flags), dtype=bool)
-    out[perm] = flags
-    return out
+def _leading(r: _Rows, values: np.ndarray, offsets: np.ndarray, replies: np.ndarray, provider: np.ndarray,
+             chunk: int) -> None:
+    """Fill ``r``'s leading offered (and, with targets, reachable and ready) blocks, part by part
+    (:func:`_parts`): ``values`` and ``offsets`` the rows' prompt blocks, ``replies`` (indices into
+    ``values``) and ``provider`` the reply blocks and the rows that computed them."""
+    bits = _part_bits(len(values) + len(replies), chunk)
+    for part, index, counts, reply in _parts(values, replies, offsets, bits):
+        owner = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        _account_part(r, part, owner, index - np.take(offsets, owner), counts, np.take(values, replies[reply]),
+                      provider[reply], bits)
 
 
 def _replies(values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, parent: np.ndarray,
              inp: np.ndarray, out: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """(index in ``values``, providing row) of the blocks a request computed beyond its prompt, its reply: a
+    """(index in ``values``, providing row), by row, of the blocks a request computed beyond its prompt, its reply: a
     child whose prompt extends the parent's (equal hash at the parent's last full prompt block;
     hashes are chained) names them as its blocks from the parent's full prompt blocks up to the
     parent's prompt + reply less the last token (which is never in the KV cache), as the
@@ -225,7 +283,23 @@ def _replies(values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, paren
     child, p, own, upto = child[extends], p[extends], own[extends], upto[extends]
     count = upto - own
     at = np.repeat(offsets[child] + own - np.cumsum(np.r_[0, count[:-1]]), count) + np.arange(count.sum())
-    return at, np.repeat(p, count)
+    provider = np.repeat(p, count)
+    by_row = np.argsort(provider, kind="stable")
+    return at[by_row], provider[by_row]
+
+
+def _reordered(order: np.ndarray) -> np.ndarray:
+    """The inverse of the permutation ``order``: where each row went."""
+    back = np.empty(len(order), dtype=np.int64)
+    back[order] = np.arange(len(order), dtype=np.int64)
+    return back
+
+
+def _arrival_order(rows: pa.Table, column: str) -> np.ndarray | None:
+    """The rows' order by (``column``, request id), None where they are in it already: the per-block
+    passes take the rows in arrival order (a block's row is then its arrival rank)."""
+    order = _order_by(rows.column(column).fill_null(np.nan).to_numpy(), rows.column("request_id").to_numpy())
+    return order if (order != np.arange(len(order))).any() else None
 
 
 def offered_tokens(trace: pa.Table, block: int) -> np.ndarray:
@@ -234,70 +308,15 @@ def offered_tokens(trace: pa.Table, block: int) -> np.ndarray:
     inp = trace.column("input_tokens").to_numpy().astype(np.int64)
     if "prefix_hashes" not in trace.column_names:
         return np.zeros(len(inp), dtype=np.int64)
-    values, lengths, offsets = _lists(keyed_prefix_hashes(trace))   # no reuse across LoRA adapters
-    arrival = _ranks(trace.column("arrival_s").to_numpy(), trace.column("request_id").to_numpy())
-    offered = lengths.copy()
-    for hashes, owner, pos, _ in _parts(values, np.zeros(0, np.int64), offsets, CHUNK_BLOCKS):
-        perm, _, _, seen, _ = _grouped(hashes, owner, arrival)
-        _first_unflagged(offered, _unsorted(perm, seen), owner, pos)
+    hashes = keyed_prefix_hashes(trace)                             # no reuse across LoRA adapters
+    order = _arrival_order(trace, "arrival_s")
+    values, lengths, offsets = _lists(hashes if order is None else hashes.take(order))
+    none = np.zeros(0, dtype=np.int64)
+    r = _Rows(provide=none, done=none, ready=none, holder=none, targets=0, leading=(lengths,))
+    _leading(r, values, offsets, none, none, CHUNK_BLOCKS)
+    offered = lengths if order is None else lengths[_reordered(order)]
     cached: np.ndarray = np.minimum(offered * block, inp)
     return cached
-
-
-@dataclass
-class _Rows:
-    """What the per-block passes read of the rows (aligned with them), and the leading blocks they find."""
-
-    arrival: np.ndarray     # rank by (scheduled_s, request id)
-    done: np.ndarray        # rank by (first_token_s, request id); no first token ranks last
-    provide: np.ndarray     # done, or n + 1 for a row that never computed its prompt
-    finished: np.ndarray    # first_token_s, sorted (inf for none)
-    sent: np.ndarray
-    holder: np.ndarray      # index of the row's target in the sorted names, -1 for none
-    targets: int            # how many names
-    offered: np.ndarray     # out: per row, leading blocks seen in an earlier arrival's prompt or reply
-    reach: np.ndarray       # out: ... reachable on its target
-    ready: np.ndarray       # out: ... reachable and computed before it was sent
-
-
-def _account_part(r: _Rows, values: np.ndarray, owner: np.ndarray, pos: np.ndarray, provider: np.ndarray) -> None:
-    """The leading offered, reachable and ready blocks of one part (:func:`_parts`): ``values`` and
-    ``owner`` the part's prompt blocks, then its reply blocks (``provider`` their rows); ``pos`` the
-    prompt blocks' positions."""
-    m = len(pos)
-    owner = np.concatenate([owner, provider])
-    perm, owners, group_of, seen, shared = _grouped(values, owner, r.arrival)
-    _first_unflagged(r.offered, _unsorted(perm, seen)[:m], owner[:m], pos)
-
-    # reachable: on the same target, an earlier arrival that computed the block (prefill done)
-    # before this request's prefill finished; per (target, hash) group in arrival order, the
-    # earliest such finish among the earlier members (a running max of group * big - finish rank).
-    # Only blocks whose hash occurs more than once take part (in a low-reuse trace, few do). The
-    # blocks are already grouped by hash in arrival order: a stable radix sort by target completes
-    # the (target, hash, arrival) order.
-    n = len(r.arrival)
-    never = n + 1
-    held = r.holder[owners]
-    sub = np.flatnonzero(shared & (held >= 0))
-    by_target = np.argsort(held[sub].astype(np.uint16) if r.targets < 1 << 16 else held[sub], kind="stable")
-    sub = sub[by_target]
-    order, so = perm[sub], owners[sub]
-    hk, vk = held[sub], group_of[sub]
-    start = np.ones(len(order), dtype=bool)
-    start[1:] = (hk[1:] != hk[:-1]) | (vk[1:] != vk[:-1])
-    group = np.cumsum(start) - 1
-    big = n + 2
-    run = np.maximum.accumulate(group * big - r.provide[so]) if len(order) else group
-    earliest = np.full(len(order), never, dtype=np.int64)
-    inner = np.flatnonzero(~start)
-    earliest[inner] = group[inner] * big - run[inner - 1]
-    reach = np.zeros(len(values), dtype=bool)
-    ready = np.zeros(len(values), dtype=bool)
-    hit = earliest < r.done[so]
-    reach[order] = hit
-    ready[order] = hit & (r.finished[np.minimum(earliest, max(n - 1, 0))] <= r.sent[so])
-    _first_unflagged(r.reach, reach[:m], owner[:m], pos)
-    _first_unflagged(r.ready, ready[:m], owner[:m], pos)
 
 
 def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, rows: pa.Table,
@@ -306,7 +325,14 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     requests table) whose trace rows' ``prefix_hashes`` are ``hashes`` and whose parents (a
     previous turn) are the rows ``parent`` (-1: none), both aligned with ``rows``. ``unit_of``:
     each target's engine KV block in tokens (targets not named: the trace block). The blocks are
-    accounted in parts of about ``chunk_blocks`` (:func:`_parts`; the result is the same for any)."""
+    accounted in parts of about ``chunk_blocks`` (:func:`_parts`; the result is the same for any),
+    the rows in arrival order (rows in another order are put in it, and their buckets back)."""
+    order = _arrival_order(rows, "scheduled_s")
+    if order is not None:
+        back = _reordered(order)
+        moved = parent[order]
+        parent = np.where(moved >= 0, back[np.maximum(moved, 0)], -1)
+        return account(hashes.take(order), parent, block, rows.take(order), unit_of, chunk_blocks).take(back)
     n = rows.num_rows
     ids = rows.column("request_id").to_numpy()
     # per row through the few distinct targets, in Arrow and NumPy (a Python walk per row cost a
@@ -318,7 +344,6 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     unit = np.array([max(block, unit_of.get(t, block)) for t in names] + [block], dtype=np.int64)[holder]
     ok = pc.equal(rows.column("status"), "ok").to_numpy(zero_copy_only=False)
     inp = rows.column("input_tokens").fill_null(0).to_numpy().astype(np.int64)
-    sched = rows.column("scheduled_s").fill_null(np.nan).to_numpy()
     sent = rows.column("sent_s").fill_null(np.nan).to_numpy()
     first = rows.column("first_token_s").fill_null(np.nan).to_numpy()
     cached_col = rows.column("cached_tokens")
@@ -334,11 +359,14 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     # a request's own prompt blocks, then the reply blocks it provides to a next turn
     replies, provider = _replies(values, offsets, lengths, parent, inp, out, block)
     done = _ranks(first, ids)
-    r = _Rows(arrival=_ranks(sched, ids), done=done, provide=np.where(np.isnan(first), n + 1, done),
-              finished=np.sort(np.where(np.isnan(first), np.inf, first)), sent=sent, holder=holder,
-              targets=len(names), offered=lengths.copy(), reach=lengths.copy(), ready=lengths.copy())
-    for part, owner, pos, reply in _parts(values, replies, offsets, chunk_blocks):
-        _account_part(r, np.concatenate([part, values[replies[reply]]]), owner, pos, provider[reply])
+    # prefills finished when each row was sent (finish times in rank order; none when sent is unknown)
+    finished = np.searchsorted(np.sort(np.where(np.isnan(first), np.inf, first)), sent, side="right")
+    reachable = np.where(holder >= 0, done, -1)
+    r = _Rows(provide=np.where(np.isnan(first), n + 1, done), done=reachable,
+              ready=np.minimum(reachable, np.where(np.isnan(sent), 0, finished)), holder=holder,
+              targets=len(names), leading=(lengths.copy(), lengths.copy(), lengths.copy()))
+    _leading(r, values, offsets, replies, provider, chunk_blocks)
+    offered_blocks, reach_blocks, ready_blocks = r.leading
 
     def tokens(blocks: np.ndarray) -> np.ndarray:
         out: np.ndarray = np.minimum(blocks * block, inp)
@@ -348,8 +376,8 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
         out: np.ndarray = np.maximum(np.minimum(x, inp - 1), 0) // unit * unit
         return out
 
-    offered = tokens(r.offered)
-    o2, r2, v2 = engine(offered), engine(tokens(r.reach)), engine(tokens(r.ready))
+    offered = tokens(offered_blocks)
+    o2, r2, v2 = engine(offered), engine(tokens(reach_blocks)), engine(tokens(ready_blocks))
     zero = np.zeros(n, dtype=np.int64)
     good = ok & measured
     achieved = np.where(good, np.minimum(cached, r2), 0)
@@ -398,6 +426,10 @@ def write_accounting(run_dir: Path, run_id: str, trace: pa.Table, unit_of: Mappi
     rows = _requests(run_dir / REQUESTS_FILE)
     if not rows.num_rows:
         return 0
+    # the rows in arrival order before their hashes are taken (account would take them again)
+    order = _arrival_order(rows, "scheduled_s")
+    if order is not None:
+        rows = rows.take(order)
     index = pc.index_in(rows.column("request_id"), value_set=trace.column("request_id").combine_chunks())
     hashes = keyed_prefix_hashes(trace).take(index)
     parent = np.full(rows.num_rows, -1, dtype=np.int64)
@@ -407,6 +439,8 @@ def write_accounting(run_dir: Path, run_id: str, trace: pa.Table, unit_of: Mappi
         parent = at.fill_null(-1).to_numpy().astype(np.int64)
     block = trace_block_size(trace)
     table = account(hashes, parent, block, rows, unit_of)
+    if order is not None:
+        table = table.take(_reordered(order))
     table = table.add_column(0, "run_id", pa.array([run_id] * table.num_rows, pa.string()))
     schema = CACHE_ACCOUNTING.schema.with_metadata(CACHE_ACCOUNTING.metadata({META_BLOCK_SIZE: str(block).encode()}))
     table = CACHE_ACCOUNTING.conform(table, run_dir / ACCOUNTING_FILE).replace_schema_metadata(schema.metadata)
