@@ -8,18 +8,25 @@ with a bootstrap interval, each side's spread (CV over its repeats), per-request
 
 1. writes the tiny random-weight model, starts one vLLM CPU replica pinned to core 1 (this
    client on core 0), warms it up and calibrates it (``llmlb calibrate``: the typical step and
-   its spread);
+   its spread); ``--calibrations`` C > 1 calibrates it again after rounds spread evenly over the
+   cells (the last after the last round), because one calibration is one draw of the engine's
+   speed drift (the base step moved 2.2x between three calibrations minutes apart), so a model
+   term is judged on every calibration and on all of them pooled;
 2. measures the replica's capacity for each trace shape (closed loop, more users than seats);
 3. **cells** (shape x load: Poisson, Gamma CV 3 and shared-prefix multi-turn at 30/60/90% of
    capacity): ``--repeats`` K >= 5 real replays of each, INTERLEAVED (round k replays every cell
    once, in a shuffled order, so a slow spell of the machine spreads over cells instead of
-   sinking one) and K simulator seeds each; per cell and figure the bias, its interval, both
-   spreads and the aims' verdict; every cell is simulated three times, with the calibrated
-   profile, with its ``frontend_cpu_s`` zeroed (the frontend's CPU per request taken from the
-   steps, sim/profile.py; zeroed, the whole request overhead is a delay beside the engine) and with
-   its speed drift zeroed (``jitter.drift_sigma``, sim/jitter.py: the engine's speed wandering
-   over seconds, measured by calibrate), against the same real replays and seeds, so one run judges
-   each term;
+   sinking one), each after ``--anchor-per-slot`` reference probes (calibrate/anchor.py: the
+   calibration's drift reference probe, sent all through the run, and once more after the last
+   replay). After the replays every calibration's profile is ANCHORED to the probes' long-run
+   median (its step model rescaled, its drift the one the probes measured over minutes) and
+   every cell simulated under K seeds with each calibration's profile as calibrated, anchored,
+   and anchored with ``frontend_cpu_s`` zeroed (the frontend's CPU per request taken from the
+   steps, sim/profile.py), against the same real replays: per cell and figure the bias, its
+   interval, both spreads and the aims' verdict, per calibration and pooled. The calibrations'
+   interference probes are simulated too, with and without ``frontend_cpu_s``, against their
+   real arrivals' time to first token: how much of the term the arriving request itself waits
+   for (``ttft_probe``);
 4. ``llmlb serve --profile`` replaying the 60% Poisson trace K times against the K vLLM replays
    of that cell (the simulator in real time over HTTP);
 5. a tiny KV cache (``--num-gpu-blocks-override``): preemptions, real against simulated;
@@ -41,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import subprocess
@@ -57,12 +65,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from llmlb_bench.calibrate import calibrate
+from llmlb_bench.calibrate.anchor import PROBES_PER_SLOT, AnchorProbe, anchored
+from llmlb_bench.calibrate.probes import INTERFERENCE_CONTEXT
 from llmlb_bench.engines.tiny_hf import word_token_ids
 from llmlb_bench.engines.vllm import VllmReplicas, VllmSettings, write_tiny_model
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import ReplayOptions, replay
 from llmlb_bench.schema import read_trace, trace_table, write_trace
 from llmlb_bench.sim import ClusterConfig, simulate
+from llmlb_bench.sim.profile import ProfileDoc
 from llmlb_bench.store import RunStore
 from llmlb_bench.sweep.endpoint_capacity import fresh_prompts
 from llmlb_bench.validate import FIGURES, compare, latencies
@@ -198,9 +209,21 @@ def main() -> None:
                     help="run the replica's API server and engine-core process on this core (default: all three "
                     "vLLM processes on the engine's core 1; 0 shares the client's core). The policy stage's two "
                     "replicas keep one core each")
+    ap.add_argument("--calibrations", type=int, default=1,
+                    help="calibrations of the replica: the first before the cells, the others after rounds spread "
+                    "evenly over them, the last after the last round (at most --repeats + 1); every cell is "
+                    "simulated with each, and with all of them pooled, so a model term is judged on more than one "
+                    "draw of the calibration")
+    ap.add_argument("--anchor-per-slot", type=int, default=PROBES_PER_SLOT,
+                    help="reference probes sent back to back before every real replay and after the last "
+                    "(calibrate/anchor.py: their long-run median rescales every calibration's step model)")
     args = ap.parse_args()
     if args.repeats < 2:
         ap.error("--repeats: at least 2 (a spread needs two)")
+    if not 1 <= args.calibrations <= args.repeats + 1:
+        ap.error("--calibrations: from 1 to --repeats + 1")
+    if args.anchor_per_slot < 1:
+        ap.error("--anchor-per-slot: at least 1")
     skip = set(filter(None, args.skip.split(",")))
     wanted = set(filter(None, args.shapes.split(",")))
     if wanted - set(SHAPES):
@@ -227,56 +250,91 @@ def main() -> None:
             url = reps.urls[0]
             for _ in range(args.warm_up_replays):
                 bench.replay(*bench.salted(trace_at("poisson", args.warm_up_rate, args.requests)), [url])
-            t = time.time()
-            cal = calibrate(url, {"max_num_seqs": SEQS, "max_num_batched_tokens": BUDGET},
-                            options=ReplayOptions(api="completions", tokenize=True), max_prompt=2 * BUDGET,
-                            repeats=args.calibrate_repeats)
-            profile = cal.profile
-            out["calibration"] = {"seconds": time.time() - t, "load_average": os.getloadavg(), "step": profile["step"],
-                                  "request_overhead_s": profile["request_overhead_s"],
-                                  "request_per_prompt_token_s": profile["request_per_prompt_token_s"],
-                                  "frontend_cpu_s": profile["frontend_cpu_s"],
-                                  "jitter": profile["jitter"], "fit": profile["fit"]["by_probe"]}
-            print(f"calibrated in {time.time() - t:.0f} s: {profile['step']}, overhead "
-                  f"{1e3 * profile['request_overhead_s']:.2f} ms + {1e6 * profile['request_per_prompt_token_s']:.2f} "
-                  f"us/prompt token, of which {1e3 * profile['frontend_cpu_s']:.2f} ms per request from the steps; "
-                  f"jitter {profile['jitter']}; fit {profile['fit']['by_probe']}", flush=True)
-            cfg = ClusterConfig.build(replicas=1).with_profile(profile)
-            cfg_zero = ClusterConfig.build(replicas=1).with_profile({**profile, "frontend_cpu_s": 0.0})
-            cfg_steady = ClusterConfig.build(replicas=1).with_profile(
-                {**profile, "jitter": {**profile["jitter"], "drift_sigma": 0.0}})
+            options = ReplayOptions(api="completions", tokenize=True)
+
+            def calibrated(n: int) -> ProfileDoc:
+                """Calibration ``n`` (its probe runs kept under work/cal-n for the TTFT probe), printed."""
+                t = time.time()
+                prof = calibrate(url, {"max_num_seqs": SEQS, "max_num_batched_tokens": BUDGET}, options=options,
+                                 max_prompt=2 * BUDGET, repeats=args.calibrate_repeats, results=work / f"cal-{n}",
+                                 seed=args.seed + n).profile
+                out["calibrations"].append({
+                    "seconds": time.time() - t, "load_average": os.getloadavg(), "step": prof["step"],
+                    "request_overhead_s": prof["request_overhead_s"], "frontend_cpu_s": prof["frontend_cpu_s"],
+                    "request_per_prompt_token_s": prof["request_per_prompt_token_s"], "jitter": prof["jitter"],
+                    "reference": prof.get("reference"), "fit": prof["fit"]["by_probe"]})
+                print(f"calibration {n + 1} in {time.time() - t:.0f} s: {prof['step']}, overhead "
+                      f"{1e3 * prof['request_overhead_s']:.2f} ms + {1e6 * prof['request_per_prompt_token_s']:.2f} "
+                      f"us/prompt token, of which {1e3 * prof['frontend_cpu_s']:.2f} ms per request from the steps; "
+                      f"jitter {prof['jitter']}; reference {prof.get('reference')}; fit {prof['fit']['by_probe']}",
+                      flush=True)
+                return prof
+            out["calibrations"] = []
+            profiles = [calibrated(0)]
+            # the other calibrations after rounds spread evenly over the run, the last after the last round
+            recal = {round(j * k_rep / (args.calibrations - 1)): j for j in range(1, args.calibrations)}
+            probe = AnchorProbe(url, profiles[0], options, work / "anchor", args.anchor_per_slot, args.seed)
             out["capacity"] = {s: capacity(bench, url, s) for s in shapes}
             print(f"capacity (req/s): {out['capacity']}", flush=True)
             save()
             cells = [(s, load) for s in shapes for load in loads]
             traces = {c: trace_at(c[0], c[1] * out["capacity"][c[0]], args.requests) for c in cells}
             real: dict[tuple[str, float], list[list[dict]]] = {c: [] for c in cells}
-            sim: dict[tuple[str, float], list[list[dict]]] = {c: [] for c in cells}
-            sim_zero: dict[tuple[str, float], list[list[dict]]] = {c: [] for c in cells}
-            sim_steady: dict[tuple[str, float], list[list[dict]]] = {c: [] for c in cells}
+            copies: dict[tuple[str, float], list[tuple[pa.Table, Path]]] = {c: [] for c in cells}
             order = random.Random(args.seed)
             for k in range(k_rep):                      # round k: every cell once, in a shuffled order
                 round_cells = list(cells)
                 order.shuffle(round_cells)
                 for c in round_cells:
-                    table, path = bench.salted(traces[c])
-                    real[c].append(bench.replay(table, path, [url]))
-                    sim[c].append(bench.simulate(table, path, cfg, seed=args.seed + k))
-                    sim_zero[c].append(bench.simulate(table, path, cfg_zero, seed=args.seed + k, label="nofrontend"))
-                    sim_steady[c].append(bench.simulate(table, path, cfg_steady, seed=args.seed + k, label="nodrift"))
+                    probe.slot()                        # the reference probe between every two replays
+                    copies[c].append(bench.salted(traces[c]))
+                    real[c].append(bench.replay(*copies[c][-1], [url]))
                 print(f"round {k + 1}/{k_rep} done, load average {os.getloadavg()[0]:.2f}", flush=True)
-            for key, sims, title in (
-                    ("cells", sim, f"with frontend_cpu_s = {1e3 * profile['frontend_cpu_s']:.2f} ms (as calibrated)"),
-                    ("cells_frontend_zeroed", sim_zero, "with frontend_cpu_s = 0 (the same real replays)"),
-                    ("cells_drift_zeroed", sim_steady, "with drift_sigma = 0 (the same real replays)")):
-                out[key] = []
-                print(f"simulated {title}:\n{HEADER}")
-                for c in cells:
-                    d = summarise(real[c], sims[c])
-                    d.update(shape=c[0], load=c[1], rate=c[1] * out["capacity"][c[0]])
-                    out[key].append(d)
-                    print(cell_line(f"{c[0]} {int(c[1] * 100)}%", d), flush=True)
+                if k + 1 in recal:
+                    profiles.append(calibrated(recal[k + 1]))
+            probe.slot()
+            samples = probe.samples()
+            anchoreds = [anchored(prof, samples) for prof in profiles]
+            out["anchor"] = {"probes": len(samples), "per_slot": args.anchor_per_slot,
+                             "windows": [{"at_s": round(x.at_s, 2), "step_ms": round(1e3 * math.exp(x.log_step), 4)}
+                                         for x in samples],
+                             "profiles": [{"anchor": a["anchor"], "step": a["step"], "jitter": a["jitter"]}
+                                          for a in anchoreds]}
+            for n, a in enumerate(anchoreds):
+                print(f"calibration {n + 1} anchored: {a['anchor']}; base step {1e3 * profiles[n]['step']['base_s']:.3f}"
+                      f" -> {1e3 * a['step']['base_s']:.3f} ms; drift {a['jitter']}", flush=True)
             save()
+            # every calibration's profile as calibrated, anchored, and anchored with frontend_cpu_s zeroed,
+            # simulated against the same real replays under the same seeds
+            variants = {"calibrated": profiles, "anchored": anchoreds,
+                        "anchored_frontend_zeroed": [{**a, "frontend_cpu_s": 0.0} for a in anchoreds]}
+            sims: dict[str, list[dict[tuple[str, float], list[list[dict]]]]] = {}
+            t_sim = time.time()
+            for name, profs in variants.items():
+                sims[name] = []
+                for n, prof in enumerate(profs):
+                    cfg = ClusterConfig.build(replicas=1).with_profile(prof)
+                    sims[name].append({c: [bench.simulate(table, path, cfg, seed=args.seed + k, label=f"{name}-{n}")
+                                           for k, (table, path) in enumerate(copies[c])] for c in cells})
+            out["simulation_seconds"] = time.time() - t_sim
+            for name in variants:
+                out[f"cells_{name}"] = {}
+                for n in [*range(len(profiles)), None]:       # each calibration, then all of them pooled
+                    label = f"calibration {n + 1}" if n is not None else "pooled"
+                    rows = []
+                    print(f"simulated, {name} profile of {label}:\n{HEADER}")
+                    for c in cells:
+                        pooled = sims[name][n][c] if n is not None else [r for one in sims[name] for r in one[c]]
+                        d = summarise(real[c], pooled)
+                        d.update(shape=c[0], load=c[1], rate=c[1] * out["capacity"][c[0]])
+                        rows.append(d)
+                        print(cell_line(f"{c[0]} {int(c[1] * 100)}%", d), flush=True)
+                    out[f"cells_{name}"][label] = rows
+            out["ttft_probe"] = [arrivals_ttft(bench, work / f"cal-{n}", prof, n) for n, prof in enumerate(profiles)]
+            print(f"interference arrivals' TTFT, real against simulated with frontend_cpu_s and zeroed: "
+                  f"{out['ttft_probe']}", flush=True)
+            save()
+            profile = anchoreds[0]
             serve_cell = ("poisson", 0.6) if ("poisson", 0.6) in real else cells[0]
         stages = [(name, fn) for name, fn in (
             ("serve", lambda: serve_stage(bench, work, profile, traces[serve_cell], real[serve_cell])),
@@ -295,6 +353,40 @@ def main() -> None:
     out["load_average_end"] = os.getloadavg()
     print(f"done in {out['seconds']:.0f} s; load average {out['load_average_start']} -> {out['load_average_end']}")
     save()
+
+
+def arrivals_ttft(bench: Bench, root: Path, profile: ProfileDoc, n: int) -> dict[str, Any]:
+    """Where the frontend's CPU per request lands in the arriving request's own life: the
+    calibration's interference runs (lone requests arriving while a batch decodes, calibrate/probes.py,
+    stored under ``root``) simulated with the calibration's profile as it is and with
+    ``frontend_cpu_s`` zeroed, same arrival times and seed. With the term the simulator charges it to
+    the step the new request waits behind; zeroed, to nothing. ``share`` = (real - zeroed) / (with -
+    zeroed) of the arrivals' mean time to first token: the part of the charge the arriving request
+    really waits for (1: all of it, as the model has it; 0: none, it lands on the batch only)."""
+    times: dict[str, list[float]] = {"real": [], "with": [], "zeroed": []}
+    cfgs = {"with": ClusterConfig.build(replicas=1).with_profile(profile),
+            "zeroed": ClusterConfig.build(replicas=1).with_profile({**profile, "frontend_cpu_s": 0.0})}
+    for run in sorted(root.glob("*-interference")):
+        path = root / "traces" / f"{run.name}.parquet"
+        table = read_trace(path)
+        came = {rid for rid, p in zip(table.column("request_id").to_pylist(), table.column("input_tokens").to_pylist())
+                if p > INTERFERENCE_CONTEXT}
+        if not came:            # a control run: nothing arrives
+            continue
+        times["real"] += ttft_of(pq.read_table(run / "requests.parquet").to_pylist(), came)
+        for side, cfg in cfgs.items():
+            times[side] += ttft_of(bench.simulate(table, path, cfg, seed=0, label=f"ttft-{side}-{n}"), came)
+    mean = {k: float(np.mean(v)) if v else float("nan") for k, v in times.items()}
+    gap = mean["with"] - mean["zeroed"]
+    return {"arrivals": len(times["real"]), "ttft_mean_ms": {k: round(1e3 * v, 3) for k, v in mean.items()},
+            "frontend_cpu_ms": round(1e3 * profile["frontend_cpu_s"], 3),
+            "share": round((mean["real"] - mean["zeroed"]) / gap, 3) if gap > 0 else None}
+
+
+def ttft_of(rows: list[dict], ids: set[int]) -> list[float]:
+    """Time to first token of the rows of ``ids`` that streamed one."""
+    return [r["first_token_s"] - r["sent_s"] for r in rows
+            if r["request_id"] in ids and r["status"] == "ok" and r["first_token_s"] is not None]
 
 
 def capacity_of_multiturn(bench: Bench, model: Path) -> float:

@@ -235,23 +235,29 @@ class Validation:
 
 
 def validate(url: str, trace: pa.Table, repeats: int, profile: ProfileDoc, options: ReplayOptions,
-             results: Path, seed: int = 0, warmup: int = 16,
+             results: Path, seed: int = 0, warmup: int = 16, anchor: bool = False,
              say: Callable[[str], None] = lambda line: None) -> Validation:
     """Replay ``trace`` ``repeats`` times against ``url`` (after a ``warmup``-request replay that
     counts for nothing: the first requests after a start are slow) and simulate it with
-    ``profile`` under as many seeds; every replay and simulation is an ordinary run in ``results``."""
+    ``profile`` under as many seeds; every replay and simulation is an ordinary run in ``results``.
+    ``anchor``: send the profile's reference probe before every replay and after the last, and
+    simulate with the profile anchored to their long-run median (calibrate/anchor.py; written to
+    ``results`` as ``anchored-profile.json``, beside a calibrated one): so the simulations run after all the
+    replays."""
     import os
+    import tempfile
 
+    from llmlb_bench.calibrate.anchor import AnchorProbe, anchored
     from llmlb_bench.policies import make_policy
     from llmlb_bench.replay import replay
     from llmlb_bench.schema import read_trace, trace_block_size, write_trace
     from llmlb_bench.sim import ClusterConfig, simulate
+    from llmlb_bench.sim.jitter import JitterSpec
     from llmlb_bench.store import RunStore
     from llmlb_bench.sweep.endpoint_capacity import fresh_prompts
 
     load_start = os.getloadavg()[0]
     block = trace_block_size(trace, profile["engine"]["block_size"])
-    cfg = ClusterConfig.build(replicas=1).with_profile(profile)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     traces = results / f"validate-{stamp}-traces"
 
@@ -273,11 +279,27 @@ def validate(url: str, trace: pa.Table, repeats: int, profile: ProfileDoc, optio
         n = min(warmup, table.num_rows)
         replay_into(table.slice(0, n), path, f"validate-{stamp}-warmup")
     real_ids, sim_ids, real_rows, sim_rows = [], [], [], []
-    for k in range(repeats):
-        table, path = salted(k)
-        run_id = f"validate-{stamp}-real-{k}"
-        real_rows.append(replay_into(table, path, run_id))
-        real_ids.append(run_id)
+    copies = [salted(k) for k in range(repeats)]
+    with tempfile.TemporaryDirectory(prefix="llmlb-anchor-") as tmp:
+        probe = AnchorProbe(url, profile, options, Path(tmp), seed=seed) if anchor else None
+        for k, (table, path) in enumerate(copies):
+            if probe is not None:
+                probe.slot()
+            run_id = f"validate-{stamp}-real-{k}"
+            real_rows.append(replay_into(table, path, run_id))
+            real_ids.append(run_id)
+            say(f"replay {k + 1}/{repeats}: E2E p50 {1e3 * figures(real_rows[-1])['e2e_p50']:.1f} ms")
+        if probe is not None:
+            probe.slot()
+            profile = anchored(profile, probe.samples())
+            (results / "anchored-profile.json").write_text(json.dumps(profile, indent=2) + "\n")
+            a, drifting = profile["anchor"], profile["jitter"] or JitterSpec().to_dict()
+            say(f"anchored: the reference probe's typical step {1e3 * a['reference_step_s']:.3f} ms over "
+                f"{a['span_s']:.0f} s ({a['probes']} windows) against {1e3 * a['calibration_step_s']:.3f} ms in the "
+                f"calibration: step model x {a['scale']:.3f}; drift log sd {drifting['drift_sigma']:.3f} "
+                f"over {drifting['drift_period_s']:.3g} s")
+    cfg = ClusterConfig.build(replicas=1).with_profile(profile)
+    for k, (table, path) in enumerate(copies):
         run_id = f"validate-{stamp}-sim-{k}"
         store = RunStore(results, config={"cluster": cfg.to_dict(), "validate": "sim"}, backend="sim", run_id=run_id,
                          trace_path=path, trace_rows=table.num_rows)
@@ -285,9 +307,6 @@ def validate(url: str, trace: pa.Table, repeats: int, profile: ProfileDoc, optio
             simulate(table, cfg, make_policy("round_robin", {}), store, seed=seed + k)
         sim_rows.append(pq.read_table(store.dir / "requests.parquet").to_pylist())
         sim_ids.append(run_id)
-        f = figures(real_rows[-1])
-        g = figures(sim_rows[-1])
-        say(f"repeat {k + 1}/{repeats}: E2E p50 real {1e3 * f['e2e_p50']:.1f} ms, simulated {1e3 * g['e2e_p50']:.1f} ms")
     comparison = compare(real_rows, sim_rows, seed=seed)
     result = Validation(comparison, real_ids, sim_ids, profile, (load_start, os.getloadavg()[0]))
     (results / f"validate-{stamp}.json").write_text(json.dumps(

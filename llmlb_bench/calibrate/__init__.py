@@ -3,7 +3,8 @@
 :func:`calibrate` reads the engine's settings (:mod:`.endpoint`), replays the
 probes (:mod:`.probes`), fits the coefficients of the typical step (:mod:`.fit`),
 measures the steps' spread around it and the engine's drift over the calibration
-(:mod:`.dispersion`) and returns the
+(:mod:`.dispersion`), notes the drift reference probe's typical step (the profile's ``reference``,
+which :mod:`.anchor` compares with the same probe sent over a longer run) and returns the
 profile (:mod:`llmlb_bench.sim.profile`) with the fit's residuals in it.
 docs/fidelity.md says what the profile predicts, and how well.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from llmlb_bench import __version__
+from llmlb_bench.calibrate.anchor import reference
 from llmlb_bench.calibrate.dispersion import Jitter, dispersion
 from llmlb_bench.calibrate.endpoint import EngineInfo, discover
 from llmlb_bench.calibrate.fit import Fit, drift_samples, fit, observations
@@ -70,6 +72,7 @@ def calibrate(url: str, given: Mapping[str, int | None], *, options: ReplayOptio
         "request_per_prompt_token_s": result.coefficients["request_per_prompt_token_s"],
         "frontend_cpu_s": result.coefficients["frontend_cpu_s"],
         "jitter": spread,
+        "reference": reference(runs, p),
         "fit": {"by_probe": result.summary(), "notes": result.notes,
                 "observations": [{"probe": o.probe, "what": o.what, "measured_s": round(o.measured_s, 6),
                                   "predicted_s": round(o.predicted_s, 6), "outlier": o.outlier,

@@ -33,6 +33,7 @@ def validate(
     max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", min=1, help="Calibration: the engine's max_num_seqs (default: what it publishes, else vLLM's 256).")] = None,
     max_batched_tokens: Annotated[Optional[int], typer.Option("--max-batched-tokens", min=1, help="Calibration: the engine's max_num_batched_tokens (default: what it publishes, else 2048).")] = None,
     max_prompt: Annotated[Optional[int], typer.Option("--max-prompt", min=8, help="Calibration: longest prefill probe.")] = None,
+    anchor: Annotated[Optional[bool], typer.Option("--anchor/--no-anchor", help="Send the profile's reference probe before every replay and after the last, and simulate with the step model rescaled to their long-run median and their drift (default: when the profile has a reference probe; see docs/fidelity.md).")] = None,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Requests sent first and counted for nothing (the first requests after a start are slow).")] = 16,
     results: ResultsDir = Path("results"),
     seed: Seed = 0,
@@ -51,6 +52,10 @@ def validate(
     # everything a user gave is checked before any probe or replay
     table = read_trace(trace) if trace is not None else None
     prof = read_profile(profile) if profile is not None else None
+    if anchor and prof is not None:
+        from llmlb_bench.calibrate.anchor import reference_of
+
+        reference_of(prof)      # one line if it cannot be anchored
     if results.exists() and not results.is_dir():
         raise UserError("is a file, expected a results folder", results)
     options = ReplayOptions(api=api.value, model=model, tokenize=tokenize)
@@ -67,11 +72,13 @@ def validate(
         console.print(f"profile written to {path}: typical step {1e3 * prof['step']['base_s']:.2f} ms + ..., "
                       f"jitter sigma {cal.jitter['sigma']:.3f}, speed drift log sd "
                       f"{cal.jitter['drift_sigma']:.3f}", highlight=False, soft_wrap=True)
+    if anchor is None:      # by default whenever the profile can be
+        anchor = "reference" in prof and "anchor" not in prof
     if table is None:
         table = default_trace(prof, requests, load, seed)
         console.print(f"default trace: {table.num_rows} requests at {load:.0%} of the profile's capacity", highlight=False)
     results.mkdir(parents=True, exist_ok=True)
-    v = run_validation(endpoint, table, repeats, prof, options, results, seed=seed, warmup=warmup,
+    v = run_validation(endpoint, table, repeats, prof, options, results, seed=seed, warmup=warmup, anchor=anchor,
                        say=lambda line: console.print(line, highlight=False))
     from llmlb_bench.console import Table
 

@@ -76,6 +76,20 @@ the simulator draws per step (sim/jitter.py), and, where it has
 drift_sigma and drift_period_s, how the engine's speed drifts over time. Version 1 files (fitted on the
 fastest probes, no jitter) still load.
 
+Two optional tables tie the step model to the engine's LONG-RUN speed (calibrate/anchor.py). One
+calibration lasts half a minute of a speed drift that runs over minutes (on vLLM CPU the base step
+moved 2.2x between calibrations two minutes apart, docs/fidelity.md), so its median step is one draw
+of that drift. ``reference`` (written by ``llmlb calibrate``) names the drift reference probe
+(``batch`` requests of ``context`` prompt tokens, ``tokens`` output each) and its typical step over
+the calibration (``step_s``, the median over ``probes`` windows). ``anchor`` (written by
+``llmlb validate`` and benchmarks/fidelity.py, which send that probe between their replays) says the
+step model was rescaled: ``scale`` = ``reference_step_s`` (the long-run median of ``probes`` windows
+over ``span_s`` seconds) / ``calibration_step_s`` (the reference's ``step_s``) multiplies every
+``step`` coefficient already (readers never apply it again), and the ``jitter`` table's drift is the
+one those probes measured over minutes, drawn around the long-run median
+(``calibration_drift_sigma`` and ``calibration_drift_period_s`` keep the calibration's own). The
+simulator reads neither table.
+
 The file is JSON (written by ``llmlb calibrate``, readable and editable by
 hand); its content travels in the cluster config, so run.json holds it and a
 run can be reproduced without the file.
@@ -138,6 +152,28 @@ class _Model(TypedDict):
     jitter: JitterTable | None              # None: the profile measured no spread (version 1)
 
 
+class Reference(TypedDict):
+    """The drift reference probe a calibration sent and its typical step over it (module docstring)."""
+
+    batch: int
+    context: int
+    tokens: int
+    step_s: float
+    probes: int
+
+
+class Anchor(TypedDict):
+    """How the step model was rescaled to the engine's long-run typical speed (module docstring)."""
+
+    scale: float
+    reference_step_s: float
+    calibration_step_s: float
+    probes: int
+    span_s: float
+    calibration_drift_sigma: float
+    calibration_drift_period_s: float
+
+
 class ProfileDoc(_Model, total=False):
     """A profile's content, parsed (:func:`parse_profile`): what a profile file, a cluster's ``profile``
     table and run.json's ``config.cluster.profile`` hold, every field the simulator reads present.
@@ -148,6 +184,8 @@ class ProfileDoc(_Model, total=False):
 
     source: dict[str, object]
     fit: dict[str, object]
+    reference: Reference
+    anchor: Anchor
 
 
 @dataclass(frozen=True)
@@ -193,7 +231,7 @@ def parse_profile(d: object, where: str = "profile") -> ProfileDoc:
     """A profile's content (a profile file's JSON, a cluster's ``profile`` table), checked and parsed
     once into a :class:`ProfileDoc`: absent optional fields take their defaults, a ``jitter`` table
     its defaults for the fields it leaves out, and a field of no use to the simulator other than
-    ``source`` and ``fit`` is dropped. Errors are one line naming the field."""
+    ``source``, ``fit``, ``reference`` and ``anchor`` is dropped. Errors are one line naming the field."""
     if not isinstance(d, Mapping):
         raise UserError("a profile must be a JSON object", where)
     version = d.get("llmlb_profile")
@@ -243,6 +281,10 @@ def parse_profile(d: object, where: str = "profile") -> ProfileDoc:
                        "request_per_prompt_token_s": seconds("request_per_prompt_token_s"),
                        "frontend_cpu_s": seconds("frontend_cpu_s"),
                        "jitter": _jitter(d["jitter"], f"{where}: jitter") if d.get("jitter") is not None else None}
+    if d.get("reference") is not None:
+        doc["reference"] = _reference(d["reference"], f"{where}: reference")
+    if d.get("anchor") is not None:
+        doc["anchor"] = _anchor(d["anchor"], f"{where}: anchor")
     if d.get("source") is not None:
         doc["source"] = _json_object(d["source"], f"{where}: source")
     if d.get("fit") is not None:
@@ -266,6 +308,49 @@ def _jitter(table: object, where: str) -> JitterTable:
             raise UserError(f"must be a number of seconds >= 0, got {span!r}", f"{where}.drift_span_s")
         out["drift_span_s"] = span
     return out
+
+
+def _fields(table: object, ints: tuple[str, ...], seconds: tuple[str, ...], where: str) -> dict[str, float]:
+    """A table's integer (>= 1) and number (finite, >= 0) fields, each required (one-line errors)."""
+    if not isinstance(table, Mapping):
+        raise UserError(f"must be a table of {', '.join(ints + seconds)}", where)
+    out: dict[str, float] = {}
+    for k in ints:
+        v = table.get(k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise UserError(f"must be a positive integer, got {v!r}", f"{where}.{k}")
+        out[k] = v
+    for k in seconds:
+        v = table.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise UserError(f"must be a number >= 0, got {v!r}", f"{where}.{k}")
+        out[k] = float(v)
+    return out
+
+
+def _reference(table: object, where: str) -> Reference:
+    """A profile's ``reference`` table, checked (module docstring)."""
+    v = _fields(table, ("batch", "context", "tokens", "probes"), ("step_s",), where)
+    if not v["step_s"] > 0:
+        raise UserError(f"a step takes time: must be > 0, got {v['step_s']!r}", f"{where}.step_s")
+    return {"batch": int(v["batch"]), "context": int(v["context"]), "tokens": int(v["tokens"]),
+            "step_s": v["step_s"], "probes": int(v["probes"])}
+
+
+def _anchor(table: object, where: str) -> Anchor:
+    """A profile's ``anchor`` table, checked: its scale must be the ratio of its two steps (module
+    docstring), so a hand edit of one figure cannot leave the file saying two things."""
+    v = _fields(table, ("probes",), ("scale", "reference_step_s", "calibration_step_s", "span_s",
+                                     "calibration_drift_sigma", "calibration_drift_period_s"), where)
+    if not (v["reference_step_s"] > 0 and v["calibration_step_s"] > 0):
+        raise UserError("reference_step_s and calibration_step_s must be > 0", where)
+    if not math.isclose(v["scale"], v["reference_step_s"] / v["calibration_step_s"], rel_tol=1e-6):
+        raise UserError(f"must be reference_step_s / calibration_step_s "
+                        f"({v['reference_step_s'] / v['calibration_step_s']:.6g}), got {v['scale']!r}", f"{where}.scale")
+    return {"scale": v["scale"], "reference_step_s": v["reference_step_s"],
+            "calibration_step_s": v["calibration_step_s"], "probes": int(v["probes"]), "span_s": v["span_s"],
+            "calibration_drift_sigma": v["calibration_drift_sigma"],
+            "calibration_drift_period_s": v["calibration_drift_period_s"]}
 
 
 def _json_object(value: object, where: str) -> dict[str, object]:
