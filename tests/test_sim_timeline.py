@@ -1,12 +1,13 @@
 """A replica's timeline (sim/timeline.py) keeps its runs as typed columns: what ``arrays`` returns
 after runs were added, cut and dropped must be exactly the runs as they were appended, and a step's
-end time the same from the scalar and the vectorised look-up."""
+end time the same from the scalar and the vectorised look-up; several replicas' timelines joined for
+a results batch must give each request what its own replica's timeline gives."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from llmlb_bench.sim.timeline import Timeline, step_end_times
+from llmlb_bench.sim.timeline import Timeline, decode_energy, joined, step_end_times, token_segments
 
 
 def test_columns_follow_appends_cuts_and_drops() -> None:
@@ -49,3 +50,45 @@ def test_columns_follow_appends_cuts_and_drops() -> None:
 
 def test_an_empty_timeline_converts_to_empty_columns() -> None:
     assert [len(c) for c in Timeline().arrays()] == [0] * 5
+
+
+def _random_timeline(rng: np.random.Generator, step: int) -> Timeline:
+    """Runs from ``step`` on, with idle gaps between some of them (as a replica's timeline is after
+    a results batch dropped its old runs)."""
+    tl = Timeline()
+    t = float(rng.uniform(0, 100))
+    for _ in range(int(rng.integers(1, 30))):
+        n, gap = int(rng.integers(1, 50)), float(rng.uniform(0.01, 0.05))
+        tl.add(step, t, gap, n, float(rng.uniform(0.1, 2.0)))
+        step, t = step + n, t + n * gap + float(rng.choice([0.0, rng.uniform(0, 3)]))
+    return tl
+
+
+def _random_spans(rng: np.random.Generator, tl: Timeline, requests: int) -> tuple[np.ndarray, ...]:
+    """Token step ranges of ``requests`` requests (one to three spans each) within ``tl``."""
+    lo, hi = tl.first[0], tl.first[-1] + tl.count[-1] - 1
+    per = rng.integers(1, 4, size=requests)
+    ends = np.sort(rng.integers(lo, hi + 1, size=(int(per.sum()), 2)), axis=1)
+    return ends[:, 0].copy(), ends[:, 1].copy(), per
+
+
+def test_joined_timelines_give_each_replicas_times_and_energy_bit_for_bit() -> None:
+    """A results batch cuts all replicas' requests from their timelines joined (``joined``): every
+    step end, decode energy share and token segment must be what the replica's own timeline gives."""
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        timelines = [_random_timeline(rng, int(rng.integers(1, 10_000))) for _ in range(int(rng.integers(1, 6)))]
+        spans = [_random_spans(rng, tl, int(rng.integers(1, 40))) for tl in timelines]
+        tl, shifts, before = joined(timelines)
+        a = np.concatenate([s[0] + shift for s, shift in zip(spans, shifts)])
+        b = np.concatenate([s[1] + shift for s, shift in zip(spans, shifts)])
+        per = np.concatenate([s[2] for s in spans])
+        lead = np.full(len(per), np.nan)
+        own = [joined([t]) for t in timelines]
+        assert shifts[0] == 0
+        assert step_end_times(tl, a).tolist() == np.concatenate(
+            [step_end_times(o[0], s[0]) for o, s in zip(own, spans)]).tolist()
+        assert decode_energy(tl, before, a, b, per).tolist() == np.concatenate(
+            [decode_energy(o[0], o[2], *s) for o, s in zip(own, spans)]).tolist()
+        assert token_segments(tl, a, b, per, lead).to_pylist() == [
+            row for o, s in zip(own, spans) for row in token_segments(o[0], *s, np.full(len(s[2]), np.nan)).to_pylist()]

@@ -17,7 +17,7 @@ import pyarrow as pa
 from llmlb_bench.schema import TOKEN_SEGMENT
 from llmlb_bench.sim.replica import Replica, Request
 from llmlb_bench.sim.speculative import bundled_steps
-from llmlb_bench.sim.timeline import (Columns, list_array, decode_energy, nth_token_times, step_end_times,
+from llmlb_bench.sim.timeline import (Columns, decode_energy, joined, list_array, nth_token_times, step_end_times,
                                       summary_segments, token_segments)
 
 
@@ -162,11 +162,26 @@ class RequestRecorder:
             self.flush()
 
     def flush(self) -> None:
+        """Write the batch: the finished requests of consecutive replicas without speculation as one
+        part (their timelines joined, :func:`~llmlb_bench.sim.timeline.joined`: one pass of NumPy and
+        Arrow calls and one sink write per batch, not per replica), a speculative replica's as its
+        own, then the requests that ended without tokens; rows in replica order, as before."""
         parts: list[dict[str, Any]] = []
+        group: list[tuple[Replica, Finished]] = []
         for rep, batch in zip(self.replicas, self._finished):
-            if len(batch):
-                parts.append(self._finished_columns(rep, batch))
-                self._finished[rep.index] = Finished()
+            if not len(batch):
+                continue
+            if rep.spec is not None:
+                if group:
+                    parts.append(self._finished_columns(group))
+                    group = []
+                parts.append(self._finished_columns([(rep, batch)]))
+            else:
+                group.append((rep, batch))
+            self._finished[rep.index] = Finished()
+        if group:
+            parts.append(self._finished_columns(group))
+        for rep in self.replicas:
             rep.timeline.drop_before(rep.oldest_needed_step())
         o = self._other
         if o["rows"]:
@@ -192,49 +207,62 @@ class RequestRecorder:
             self._write(parts)
         self.pending = 0
 
-    def _finished_columns(self, rep: Replica, batch: Finished) -> dict[str, Any]:
-        tl = rep.timeline.arrays()
-        a = np.array(batch.span_a, dtype=np.int64)
-        b = np.array(batch.span_b, dtype=np.int64)
-        per = np.array(batch.nspans, dtype=np.int64)
+    def _finished_columns(self, group: list[tuple[Replica, Finished]]) -> dict[str, Any]:
+        """The rows of the requests finished on ``group``'s replicas (several without speculation, or
+        one speculative replica), replica by replica."""
+        batches = [batch for _, batch in group]
+        tl, shifts, before = joined([rep.timeline for rep, _ in group])
+        shift = np.repeat(shifts, [len(batch.span_a) for batch in batches])
+        a = _joined_list([batch.span_a for batch in batches], np.int64) + shift
+        b = _joined_list([batch.span_b for batch in batches], np.int64) + shift
+        per = _joined_list([batch.nspans for batch in batches], np.int64)
         ends = np.cumsum(per)
-        n = len(batch)
-        lead = np.array(batch.lead, dtype=np.float64)
+        sizes = [len(batch) for batch in batches]
+        n = sum(sizes)
+        lead = _joined_list([batch.lead for batch in batches], np.float64)
         has_lead = ~np.isnan(lead)
         here_first = step_end_times(tl, a[ends - per])
         last = step_end_times(tl, b[ends - 1])
         here = np.add.reduceat(b - a + 1, ends - per)
         segments: pa.ListArray | None = None
         spec: dict[str, np.ndarray] = {}
-        if rep.spec is not None:
-            here, segments, spec = _speculative_columns(tl, batch.requests, rep.spec.k, lead)
-        energy = np.array(batch.energy, dtype=np.float64) + decode_energy(tl, a, b, per)
-        self.attributed_energy_j += float(energy.sum())
+        spec_rep = group[0][0].spec
+        if spec_rep is not None:
+            here, segments, spec = _speculative_columns(tl, batches[0].requests, spec_rep.k, lead)
+        energy = _joined_list([batch.energy for batch in batches], np.float64) + decode_energy(tl, before, a, b, per)
+        lo = 0
+        for size in sizes:      # summed replica by replica, as the rows were before they were joined
+            self.attributed_energy_j += float(energy[lo:lo + size].sum())
+            lo += size
         output = (here + has_lead).astype(np.int32)
         token_times = (summary_segments(here_first, last, here, lead) if self.summary_tokens
                        else segments if segments is not None else token_segments(tl, a, b, per, lead))
-        row_ids = np.array(batch.rows, dtype=np.int64)
+        row_ids = _joined_list([batch.rows for batch in batches], np.int64)
         names = [r.name for r in self.replicas]
+        moved = any(batch.moved for batch in batches)
+        targets = pa.array([rep.name for rep, _ in group], pa.string())
         return {
             **self._answer_columns(row_ids, output, token_times),
             "rows": row_ids,
-            "target": pa.repeat(pa.scalar(rep.name, pa.string()), n),
+            "target": targets.take(pa.array(np.repeat(np.arange(len(group)), sizes))),
             "first_token_s": np.where(has_lead, lead, here_first),
             "last_token_s": last,
             "token_times": token_times,
             "output_tokens": output,
-            "cached_tokens": np.array(batch.cached, dtype=np.int32),
+            "cached_tokens": _joined_list([batch.cached for batch in batches], np.int32),
             "status": pa.repeat(pa.scalar("ok", pa.string()), n),
             "error": pa.nulls(n, pa.string()),
-            "preemptions": np.array(batch.preemptions, dtype=np.int32),
-            "prefill_target": (pa.array([names[i] if i >= 0 else None for i in batch.prefill_target], pa.string())
-                               if batch.moved else pa.nulls(n, pa.string())),
-            "decode_target": (pa.array([names[i] if i >= 0 else None for i in batch.decode_target], pa.string())
-                              if batch.moved else pa.nulls(n, pa.string())),
+            "preemptions": _joined_list([batch.preemptions for batch in batches], np.int32),
+            "prefill_target": (pa.array([names[i] if i >= 0 else None for batch in batches
+                                         for i in batch.prefill_target], pa.string())
+                               if moved else pa.nulls(n, pa.string())),
+            "decode_target": (pa.array([names[i] if i >= 0 else None for batch in batches
+                                        for i in batch.decode_target], pa.string())
+                              if moved else pa.nulls(n, pa.string())),
             "energy_j": energy,
             **spec,
-            "predicted_cached_tokens": (pa.array(batch.predicted, pa.int32()) if batch.guessed
-                                        else pa.nulls(n, pa.int32())),
+            "predicted_cached_tokens": (pa.array([p for batch in batches for p in batch.predicted], pa.int32())
+                                        if any(batch.guessed for batch in batches) else pa.nulls(n, pa.int32())),
         }
 
     def _answer_columns(self, rows: np.ndarray, output: np.ndarray, token_times: pa.ListArray) -> dict[str, Any]:
@@ -249,8 +277,8 @@ class RequestRecorder:
                 "first_answer_s": pa.array(first_answer, mask=np.isnan(first_answer))}
 
     def _write(self, parts: list[dict[str, Any]]) -> None:
-        """Each part (one replica's finished requests, or the ended ones) as its own batch of rows:
-        concatenating them first would copy every token segment once more."""
+        """Each part (finished requests of consecutive replicas, or the ended ones) as its own batch
+        of rows: concatenating them first would copy every token segment once more."""
         for cols in parts:
             rows = cols.pop("rows")
             src = self._trace.take(pa.array(rows))
@@ -273,6 +301,16 @@ class RequestRecorder:
                 "adapter": src.column("adapter").combine_chunks(),
                 **cols,
             })
+
+
+def _joined_list(lists: list[list[int]] | list[list[float]], dtype: type) -> np.ndarray:
+    """The lists one after the other, as one NumPy array (one conversion for all of them)."""
+    if len(lists) == 1:
+        return np.array(lists[0], dtype=dtype)
+    joined: list[Any] = []
+    for values in lists:
+        joined += values
+    return np.array(joined, dtype=dtype)
 
 
 def _speculative_columns(tl: Columns, reqs: Sequence[Request], k: int,
