@@ -64,9 +64,10 @@ def secrets() -> list[str]:
     return sorted(found, key=len, reverse=True)
 
 
-def redact(text: str) -> str:
-    """``text`` with every secret replaced by ``[redacted]``."""
-    for value in secrets():
+def redact(text: str, values: Sequence[str] | None = None) -> str:
+    """``text`` with every secret replaced by ``[redacted]``; ``values``: :func:`secrets`, when the
+    caller redacts many strings at once (the environment is read once per document, not per string)."""
+    for value in secrets() if values is None else values:
         text = text.replace(value, MARK)
     for pattern, replacement in _COMPILED:
         text = pattern.sub(replacement, text)
@@ -90,6 +91,7 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
     """A command line with the values of secret-named options (``--api-key X``, ``--token=X``) and
     any secret inside other arguments (``-H 'Authorization: Bearer X'``) redacted."""
     out: list[str] = []
+    values = secrets()
     hide_next = False
     for arg in argv:
         if hide_next:
@@ -104,16 +106,18 @@ def redact_argv(argv: Sequence[str]) -> list[str]:
                 out.append(arg)
                 hide_next = True
             continue
-        out.append(redact(arg))
+        out.append(redact(arg, values))
     return out
 
 
-def redact_tree(obj: object) -> object:
-    """A JSON-like document with every string redacted (keys kept)."""
+def redact_tree(obj: object, values: Sequence[str] | None = None) -> object:
+    """A JSON-like document with every string redacted (keys kept); ``values`` as in :func:`redact`."""
+    if values is None:
+        values = secrets()
     if isinstance(obj, str):
-        return redact(obj)
+        return redact(obj, values)
     if isinstance(obj, dict):
-        return {k: redact_tree(v) for k, v in obj.items()}
+        return {k: redact_tree(v, values) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [redact_tree(v) for v in obj]
+        return [redact_tree(v, values) for v in obj]
     return obj

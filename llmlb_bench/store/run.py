@@ -28,6 +28,7 @@ from llmlb_bench import __version__
 from llmlb_bench.errors import UserError
 from llmlb_bench.names import MAX_LEN, check_name, to_name
 from llmlb_bench.redact import redact_argv, redact_tree
+from llmlb_bench.redact import secrets as secret_values
 from llmlb_bench.run_summary import RunSummary
 from llmlb_bench.schema import REQUESTS, SERIES, TRACE
 from llmlb_bench.store.sink import ParquetSink
@@ -144,7 +145,8 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 def _stored_meta(meta: RunMeta) -> dict[str, object]:
     """run.json as written: every string redacted, the command line option-aware (``--api-key X``)."""
-    doc = {k: redact_tree(v) for k, v in meta.items()}
+    values = secret_values()
+    doc = {k: redact_tree(v, values) for k, v in meta.items()}
     doc["argv"] = redact_argv(meta.get("argv") or [])
     return doc
 
