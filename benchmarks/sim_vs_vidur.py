@@ -15,8 +15,8 @@ get the same cluster: N replicas of one model on one GPU type, TP 1, at most
 the same number of KV blocks per replica (llmlb's capacity figure is passed to
 Vidur). Routing: Vidur's ``lor`` global scheduler sends each request to the
 replica with the fewest *waiting* requests (ties to the lowest index); llmlb
-runs the same rule (``--policy fewest_waiting``, defined below) unless told
-to use one of its registered policies.
+runs the same rule (its built-in ``fewest_waiting`` policy) unless told to use
+another registered policy.
 
 Vidur needs profiling data that PyPI does not ship: version 0.0.26 fetches it
 from Hugging Face datasets with ``snapshot_download``, which this benchmark
@@ -320,21 +320,6 @@ def vidur_latencies(out_dir: Path) -> dict[str, np.ndarray]:
 
 # ---------------------------------------------------------------- llmlb's side
 
-def fewest_waiting_policy() -> Any:
-    """Vidur's ``lor`` rule as an llmlb policy: fewest waiting (not yet admitted) requests, ties to the lowest index."""
-    from llmlb_bench.policies.base import Policy
-    from llmlb_bench.policies.select import argmin_healthy
-
-    class FewestWaiting(Policy):
-        name = "fewest_waiting"
-        summary = "Vidur's lor: fewest waiting requests, ties to the lowest index"
-
-        def choose(self, req: Any, view: Any) -> int:
-            return argmin_healthy(view.waiting, view, 0)
-
-    return FewestWaiting()
-
-
 def run_llmlb_child(trace_path: Path, setup: Setup, policy_name: str, results: Path) -> dict[str, Any]:
     """Simulate in this process (a fresh child, so peak RSS is llmlb's alone); print one JSON line."""
     from llmlb_bench.compiled_core import running
@@ -346,7 +331,7 @@ def run_llmlb_child(trace_path: Path, setup: Setup, policy_name: str, results: P
     trace = read_trace(trace_path)
     load_s = time.perf_counter() - t0
     cfg = setup.cluster()
-    policy = fewest_waiting_policy() if policy_name == "fewest_waiting" else make_policy(policy_name)
+    policy = make_policy(policy_name)
     wall0, cpu0 = time.perf_counter(), time.process_time()
     with RunStore(results, config={"cluster": cfg.to_dict()}, backend="sim", label="vs-vidur") as run:
         summary = simulate(trace, cfg, policy, run)

@@ -53,6 +53,7 @@ MODULES: tuple[str, ...] = (
     "llmlb_bench.trace_schedule",
     "llmlb_bench.trace_columns",
     "llmlb_bench.policies.router",
+    "llmlb_bench.policies.books",
 )
 PACKAGE = "llmlb_bench"
 #: where the build puts the extension modules and the manifest, under the package directory

@@ -9,7 +9,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from llmlb_bench.policies import BUILTIN, make_policy
+from llmlb_bench.policies import BUILTIN, Decision, Policy, RouteRequest, Router, TargetInfo, View, make_policy
+from llmlb_bench.policies.select import argmin_healthy
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
 from llmlb_bench.workload import generate, load_spec
@@ -190,3 +191,58 @@ def test_every_builtin_policy_runs_in_the_simulator(tmp_path, name):
     assert requests.num_rows == 300
     assert pc.all(pc.equal(requests.column("status"), "ok")).as_py()
     assert len(set(requests.column("target").to_pylist())) >= 2
+
+
+class _Lor(Policy):
+    """sim_vs_vidur.py's former ``FewestWaiting``: Vidur's ``lor`` written as a user's policy (interpreted)."""
+
+    name = "fewest_waiting"
+
+    def choose(self, req: RouteRequest, view: View) -> int:
+        return argmin_healthy(view.waiting, view, 0)
+
+
+def _asked(name: str, args: dict) -> Policy:
+    """The built-in policy as a user's subclass that overrides ``choose`` with the built-in's own, so
+    the Router asks the policy (interpreted) instead of its compiled pick."""
+
+    class Asked(type(make_policy(name, args))):  # type: ignore[misc]
+        def choose(self, req: RouteRequest, view: View) -> Decision:
+            return super().choose(req, view)
+
+    return Asked(**args)
+
+
+def _requests(tmp_path, table, cfg, policy: Policy, run_id: str):
+    with RunStore(tmp_path, config={}, backend="sim", run_id=run_id) as run:
+        simulate(table, cfg, policy, run, seed=0)
+    return pq.read_table(run.dir / "requests.parquet").drop_columns(["run_id"])
+
+
+@pytest.mark.parametrize("name, args", [("least_outstanding", {}), ("least_outstanding", {"load": "scraped"}),
+                                        ("round_robin", {}), ("random", {"seed": 3}), ("fewest_waiting", {})])
+def test_the_routers_compiled_pick_decides_as_the_policys_choose(tmp_path, name, args):
+    """A built-in policy whose ``choose`` is a compiled pick (base.Picked): the Router asks the pick
+    directly, and the run is the same as when the policy is asked (a subclass overriding ``choose``),
+    including failures (unhealthy targets) and an autoscaled fleet (targets added)."""
+    from llmlb_bench.sim.config import load_cluster
+
+    clusters = Path(__file__).resolve().parents[1] / "clusters"
+    table = chat(1200, 30.0)
+    for cluster in ("a100x4", "failures", "autoscale"):
+        cfg = load_cluster(clusters / f"{cluster}.toml")
+        direct = make_policy(name, args)
+        assert Router(direct, View([TargetInfo("a")]), dispatch=print, reject=print)._pick is direct.pick
+        asked = _asked(name, args)
+        assert Router(asked, View([TargetInfo("a")]), dispatch=print, reject=print)._pick is None
+        assert _requests(tmp_path, table, cfg, direct, f"{cluster}-direct").equals(
+            _requests(tmp_path, table, cfg, asked, f"{cluster}-asked"))
+
+
+def test_fewest_waiting_is_vidurs_lor_as_the_benchmark_wrote_it(tmp_path):
+    """``fewest_waiting`` (the built-in sim_vs_vidur.py now names) decides as the benchmark's own
+    interpreted policy did: identical requests tables."""
+    table = chat(3000, 40.0)
+    cfg = ClusterConfig.build(replicas=4, chunked_prefill=False, enable_prefix_caching=False)
+    assert _requests(tmp_path, table, cfg, make_policy("fewest_waiting"), "builtin").equals(
+        _requests(tmp_path, table, cfg, _Lor(), "benchmark"))

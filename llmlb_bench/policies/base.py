@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Collection, Final, Generic, Literal, NoReturn, Optional,
                     Protocol, Sequence, TypeVar, Union, overload)
 
+from llmlb_bench.policies.books import Ledger, Pick
+
 _T = TypeVar("_T")
 
 
@@ -160,9 +162,11 @@ class Books:
     ``waiting``, ``running``, ``kv_usage`` and ``signal_time`` directly and then call
     :meth:`changed` (one C call), so the next read by a policy sees them."""
 
-    __slots__ = ("targets", *(name for name, _ in _BOOKS), *(name for name, _ in _SIGNALS), "snapshots", "changed")
+    __slots__ = ("targets", *(name for name, _ in _BOOKS), *(name for name, _ in _SIGNALS), "snapshots", "changed",
+                 "ledger")
 
-    def __init__(self, fields: dict[str, list[object]]) -> None:
+    def __init__(self, fields: dict[str, list[object]], published: dict[str, object]) -> None:
+        """``published``: the view's attributes, where the tuples of its books go."""
         for name, values in fields.items():
             _setattr(self, name, values)
         #: the signals' tuples as policies last read them (dropped by :meth:`changed`)
@@ -171,6 +175,9 @@ class Books:
         self.snapshots: dict[str, tuple[Any, ...]] = {}
         #: the signal lists were written: forget their tuples
         self.changed: Callable[[], None] = self.snapshots.clear
+        #: the same lists for compiled code: the own accounting and the built-in policies' picks
+        self.ledger = Ledger(self.outstanding_requests, self.outstanding_tokens, self.healthy, self.waiting,
+                             self.running, published, self.snapshots)
 
     if TYPE_CHECKING:
         targets: list[TargetInfo]
@@ -262,7 +269,7 @@ class View:
         for name, zero in _BOOKS + _SIGNALS:
             fields[name] = list(given[name]) or [zero] * n
         # plain instance attributes (no __slots__): CPython's specialised attribute reads stay on
-        self.__dict__.update(_books=Books(fields), now=now, block_size=block_size, cached_prefix=cached_prefix)
+        self.__dict__.update(_books=Books(fields, self.__dict__), now=now, block_size=block_size, cached_prefix=cached_prefix)
         _publish(self, "targets", *(name for name, _ in _BOOKS))
 
     def __setattr__(self, name: str, value: object) -> NoReturn:
@@ -341,23 +348,13 @@ def add_target(view: View, info: TargetInfo, *, healthy: bool = True, now: float
 
 
 def on_dispatch(view: View, i: int, req: RouteRequest) -> None:
-    """Own accounting when a request is sent to target ``i``."""
-    books = view._books
-    o = books.outstanding_requests
-    o[i] += 1
-    books.outstanding_tokens[i] += req.input_tokens + req.max_output_tokens
-    view.__dict__["outstanding_requests"] = tuple(o)
-    books.snapshots.pop("outstanding_tokens", None)
+    """Own accounting when a request is sent to target ``i`` (compiled: :meth:`Ledger.sent`)."""
+    view._books.ledger.sent(i, req.input_tokens + req.max_output_tokens)
 
 
 def on_finish(view: View, i: int, req: RouteRequest) -> None:
-    """Own accounting when a request sent to target ``i`` ends (any status)."""
-    books = view._books
-    o = books.outstanding_requests
-    o[i] -= 1
-    books.outstanding_tokens[i] -= req.input_tokens + req.max_output_tokens
-    view.__dict__["outstanding_requests"] = tuple(o)
-    books.snapshots.pop("outstanding_tokens", None)
+    """Own accounting when a request sent to target ``i`` ends, any status (compiled: :meth:`Ledger.ended`)."""
+    view._books.ledger.ended(i, req.input_tokens + req.max_output_tokens)
 
 
 class Policy(Protocol):
@@ -400,3 +397,15 @@ class Policy(Protocol):
 
     def describe(self) -> dict[str, object]:
         return {"name": self.name, **{k: getattr(self, k, d) for k, (d, _) in self.params.items()}}
+
+
+class Picked(Policy):
+    """A built-in policy whose decision is a compiled :class:`~llmlb_bench.policies.books.Pick` over the
+    view's books (``pick``, holding the policy's state): ``choose`` asks it, and a
+    :class:`~llmlb_bench.policies.router.Router` whose policy keeps this ``choose`` (a subclass may
+    override it) asks the pick itself, without an interpreted call per request."""
+
+    pick: Pick
+
+    def choose(self, req: RouteRequest, view: View) -> Decision:
+        return self.pick.choose(view._books.ledger)

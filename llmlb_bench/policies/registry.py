@@ -25,7 +25,8 @@ from llmlb_bench.policies.lora import LoraAffinity
 from llmlb_bench.policies.preble import Preble
 from llmlb_bench.policies.predictive import LeastPredictedWork
 from llmlb_bench.policies.queueing import EarliestDeadlineFirst, PredictedShortestFirst, RouterQueue
-from llmlb_bench.policies.routing import LeastOutstanding, LeastTokens, PowerOfD, RandomChoice, RoundRobin
+from llmlb_bench.policies.routing import (FewestWaiting, LeastOutstanding, LeastTokens, PowerOfD, RandomChoice,
+                                          RoundRobin)
 from llmlb_bench.policies.scorers import LlmdScorers
 from llmlb_bench.policies.slo import AdmissionControl, PredictedTtft
 from llmlb_bench.tomlfile import unknown_choice
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 #: Built-in policies by name, grouped by family (the order ``llmlb policies`` lists them in).
 FAMILIES: dict[str, tuple[type[Policy], ...]] = {
-    "classic": (RandomChoice, RoundRobin, LeastOutstanding, LeastTokens, PowerOfD, ConsistentHash),
+    "classic": (RandomChoice, RoundRobin, LeastOutstanding, LeastTokens, PowerOfD, ConsistentHash, FewestWaiting),
     "kv/locality": (CacheAware, LlmdScorers, DynamoKvCost, Preble),
     "queue/slo": (PredictedTtft, AdmissionControl, RouterQueue, EarliestDeadlineFirst),
     "predictive": (LeastPredictedWork, PredictedShortestFirst),

@@ -16,7 +16,7 @@ and the replayer (:mod:`llmlb_bench.replay.runner`), so it lives here once:
   before ``dispatch``, so every backend records the same prediction.
 * :meth:`Router.drain` hands out what the policy releases (after a HOLD, a
   completion, a replica coming back ...).
-* :attr:`Router.sent`, :attr:`Router.left` and :meth:`Router.complete` keep the
+* :meth:`Router.sent`, :meth:`Router.left` and :meth:`Router.complete` keep the
   view's own accounting (outstanding requests and tokens) and call
   ``on_complete``; the backend calls them at the moment a request really
   leaves for a target and really ends there. Where :attr:`Router.observes` (the
@@ -45,12 +45,12 @@ callback runs, so each held request is handed out exactly once.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any, Callable, Generic, TypeVar
 
 from llmlb_bench.errors import PolicyError as PolicyError  # defined there (this module is compiled); exported here
-from llmlb_bench.policies.base import (HOLD, REJECT, Decision, Policy, Released, RouteRequest, Verdict, View,
-                                       on_dispatch, on_finish)
+from llmlb_bench.policies.base import (HOLD, REJECT, Decision, Picked, Policy, Released, RouteRequest, Verdict, View,
+                                       view_books)
+from llmlb_bench.policies.books import Pick
 
 Item = TypeVar("Item")
 
@@ -98,8 +98,8 @@ def observes_outcomes(policy: Policy) -> bool:
 class Router(Generic[Item]):
     """A policy in front of a backend; see the module docstring."""
 
-    __slots__ = ("policy", "view", "held", "sent", "left", "observes", "_attrs", "_dispatch", "_reject", "_on_release", "_choose",
-                 "_release", "_on_complete", "_predict", "_name")
+    __slots__ = ("policy", "view", "held", "observes", "_attrs", "_ledger", "_pick", "_dispatch", "_reject", "_on_release",
+                 "_choose", "_release", "_on_complete", "_predict", "_name")
 
     def __init__(self, policy: Policy, view: View, *, dispatch: Dispatch[Item], reject: Reject[Item],
                  on_release: Callable[[Item, RouteRequest], None] | None = None,
@@ -114,10 +114,11 @@ class Router(Generic[Item]):
         self.view = view
         #: the view's attributes, where the decision time is written (policies get the view read-only)
         self._attrs = view.__dict__
-        #: ``sent(target, req)``: ``req`` left for ``target`` (or, disaggregated, its next phase began there)
-        self.sent: Callable[[int, RouteRequest], None] = partial(on_dispatch, view)
-        #: ``left(target, req)``: ``req`` ended at ``target`` but goes on elsewhere (a prefill handed over)
-        self.left: Callable[[int, RouteRequest], None] = partial(on_finish, view)
+        #: the view's books as compiled code (policies/books.py): the accounting, and the lists a pick reads
+        self._ledger = view_books(view).ledger
+        #: a built-in policy's compiled decision, asked directly where the policy keeps its ``choose``
+        #: (``base.Picked``): the same decision without an interpreted call
+        self._pick: Pick | None = policy.pick if isinstance(policy, Picked) and type(policy).choose is Picked.choose else None
         #: request_id -> the backend's item, for requests the policy holds
         self.held: dict[int, Item] = {}
         self._dispatch = dispatch
@@ -140,7 +141,8 @@ class Router(Generic[Item]):
         """Ask the policy for ``req`` at time ``now`` and act on the answer; returns the decision."""
         view = self.view
         self._attrs["now"] = now
-        d = self._choose(req, view)
+        pick = self._pick
+        d = pick.choose(self._ledger) if pick is not None else self._choose(req, view)
         if isinstance(d, int) and 0 <= d < len(view.targets):
             req.predicted_cached_tokens = self._predict(req, d, view) if self._predict is not None else None
             self._dispatch(item, req, d, -1)
@@ -210,10 +212,18 @@ class Router(Generic[Item]):
 
     # ---- the view's own accounting --------------------------------------------------------------
 
+    def sent(self, target: int, req: RouteRequest) -> None:
+        """``req`` left for ``target`` (or, disaggregated, its next phase began there)."""
+        self._ledger.sent(target, req.input_tokens + req.max_output_tokens)
+
+    def left(self, target: int, req: RouteRequest) -> None:
+        """``req`` ended at ``target`` but goes on elsewhere (a prefill handed over)."""
+        self._ledger.ended(target, req.input_tokens + req.max_output_tokens)
+
     def complete(self, target: int, req: RouteRequest, drain: bool = True) -> None:
         """``req`` ended at ``target`` (any status): close the books, tell the policy, and (unless the
         caller drains later itself) release what the policy now lets go."""
-        on_finish(self.view, target, req)
+        self._ledger.ended(target, req.input_tokens + req.max_output_tokens)
         if self._on_complete is not None:
             self._on_complete(req, target, self.view)
         if drain and self.held:

@@ -17,8 +17,9 @@ from __future__ import annotations
 from random import Random
 from typing import Sequence
 
-from llmlb_bench.policies.base import Policy, RouteRequest, View
-from llmlb_bench.policies.select import argmin_healthy, random_healthy
+from llmlb_bench.policies.base import Picked, Policy, RouteRequest, View
+from llmlb_bench.policies.books import QUEUE, REQUESTS, WAITING, Cycle, Fewest, Uniform
+from llmlb_bench.policies.select import argmin_healthy
 
 #: load measures of JSQ / power of d: the router's own count, or the targets' scraped queues
 LOADS = ("requests", "tokens", "scraped")
@@ -29,37 +30,25 @@ def _check_load(load: str, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"load must be one of {', '.join(allowed)} (got {load!r})")
 
 
-class RandomChoice(Policy):
+class RandomChoice(Picked):
     name = "random"
     summary = "Uniformly random healthy target; the load-oblivious baseline."
     params = {"seed": (0, "seed of the policy's own random stream")}
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
-        self._rng = Random(seed)
-
-    def choose(self, req: RouteRequest, view: View) -> int:
-        return random_healthy(self._rng, view)
+        self.pick = Uniform(seed)
 
 
-class RoundRobin(Policy):
+class RoundRobin(Picked):
     name = "round_robin"
     summary = "Cycle through healthy targets in order; ignores load."
 
     def __init__(self) -> None:
-        self._next = 0
-
-    def choose(self, req: RouteRequest, view: View) -> int:
-        n = len(view)
-        for _ in range(n):
-            i = self._next % n
-            self._next += 1
-            if view.healthy[i]:
-                return i
-        return self._next % n
+        self.pick = Cycle()
 
 
-class LeastOutstanding(Policy):
+class LeastOutstanding(Picked):
     name = "least_outstanding"
     summary = "Join the shortest queue: fewest in-flight requests by the router's own count (JSQ)."
     params = {"load": ("requests", "queue measure: requests (own count, exact) or scraped (waiting + running "
@@ -68,13 +57,18 @@ class LeastOutstanding(Policy):
     def __init__(self, load: str = "requests") -> None:
         _check_load(load, ("requests", "scraped"))
         self.load = load
-        self._tie = 0
+        self.pick = Fewest(REQUESTS if load == "requests" else QUEUE, rotate=True)
 
-    def choose(self, req: RouteRequest, view: View) -> int:
-        self._tie += 1
-        if self.load == "requests":
-            return argmin_healthy(view.outstanding_requests, view, self._tie)
-        return argmin_healthy([w + r for w, r in zip(view.waiting, view.running)], view, self._tie)
+
+class FewestWaiting(Picked):
+    """Vidur's ``lor`` global scheduler (``benchmarks/sim_vs_vidur.py`` runs it against Vidur)."""
+
+    name = "fewest_waiting"
+    summary = ("Fewest waiting (queued, not yet running) requests as the targets last reported; ties to "
+               "the lowest index (Vidur's lor).")
+
+    def __init__(self) -> None:
+        self.pick = Fewest(WAITING, rotate=False)
 
 
 class LeastTokens(Policy):
