@@ -64,7 +64,7 @@ def _random_timeline(rng: np.random.Generator, step: int) -> Timeline:
     return tl
 
 
-def _random_spans(rng: np.random.Generator, tl: Timeline, requests: int) -> tuple[np.ndarray, ...]:
+def _random_spans(rng: np.random.Generator, tl: Timeline, requests: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Token step ranges of ``requests`` requests (one to three spans each) within ``tl``."""
     lo, hi = tl.first[0], tl.first[-1] + tl.count[-1] - 1
     per = rng.integers(1, 4, size=requests)

@@ -36,7 +36,6 @@ waiting/running/KV signals and exact prefix-cache contents.
 from __future__ import annotations
 
 import asyncio
-from bisect import bisect_right
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Callable, Protocol, Sequence
@@ -478,7 +477,7 @@ def next_step_end(tl: Timeline, t: float, run_end: float) -> float:
     """End time of the first step that ends after ``t`` in the run in flight (or the applied
     mixed step just before it); ``run_end`` when there is none."""
     for k in range(max(len(tl) - 2, 0), len(tl)):
-        start, gap, count = tl.start[k], tl.gap[k], tl.count[k]
+        start, gap, count = tl.start[k], tl.gap[k], int(tl.count[k])
         if start + count * gap > t + _EPS:
             k = int((t - start) / gap + _EPS) + 1
             return start + min(max(k, 1), count) * gap
@@ -490,9 +489,9 @@ def token_segments(tl: Timeline, spans: Sequence[tuple[int, int]]) -> list[tuple
     timeline run each of its step ranges overlaps (as the simulator's ``token_times``)."""
     segs: list[tuple[float, float, int]] = []
     for a, b in spans:
-        k = bisect_right(tl.first, a) - 1
+        k = tl.run_of(a)
         while a <= b:
-            first, start, gap, count = tl.first[k], tl.start[k], tl.gap[k], tl.count[k]
+            first, start, gap, count = int(tl.first[k]), tl.start[k], tl.gap[k], int(tl.count[k])
             hi = min(b, first + count - 1)
             segs.append((start + (a - first + 1) * gap, gap, hi - a + 1))
             a = hi + 1
