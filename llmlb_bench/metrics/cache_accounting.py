@@ -219,19 +219,19 @@ def _account_part(r: _Rows, values: np.ndarray, owner: np.ndarray, pos: np.ndarr
     key.sort()
     perm = (key & np.uint64((1 << ibits) - 1)).view(np.int64)
     hv = np.take(hashes, perm)
+    start = np.empty(size, dtype=bool)                         # a block whose hash differs from the one before
+    start[0] = True
+    np.not_equal(hv[1:], hv[:-1], out=start[1:])
     high = key >> np.uint64(low)
     same = high[1:] == high[:-1]
-    clash = same & (hv[1:] != hv[:-1])
-    if clash.any():
+    if (same & start[1:]).any():                               # distinct hashes that share the key's bits
         run = np.cumsum(np.r_[True, ~same]) - 1
         bad = np.zeros(int(run[-1]) + 1, dtype=bool)
-        bad[run[1:][clash]] = True
+        bad[run[1:][same & start[1:]]] = True
         sel = np.flatnonzero(bad[run])
         resort = np.lexsort((key[sel], hv[sel], run[sel]))
         perm[sel], key[sel], hv[sel] = perm[sel][resort], key[sel][resort], hv[sel][resort]
-    start = np.empty(size, dtype=bool)
-    start[0] = True
-    np.not_equal(hv[1:], hv[:-1], out=start[1:])
+        np.not_equal(hv[1:], hv[:-1], out=start[1:])
     firsts = np.flatnonzero(start)
     rows = np.take(owners, perm)
     level = (rows != np.repeat(np.minimum.reduceat(rows, firsts), np.diff(np.r_[firsts, size]))).view(np.uint8)
