@@ -21,12 +21,11 @@ with a bootstrap interval, each side's spread (CV over its repeats), per-request
    replay). After the replays every calibration's profile is ANCHORED to the probes' long-run
    median (its step model rescaled, its drift the one the probes measured over minutes) and
    every cell simulated under K seeds with each calibration's profile as calibrated, anchored,
-   and anchored with ``frontend_cpu_s`` zeroed (the frontend's CPU per request taken from the
-   steps, sim/profile.py), against the same real replays: per cell and figure the bias, its
-   interval, both spreads and the aims' verdict, per calibration and pooled. The calibrations'
-   interference probes are simulated too, with and without ``frontend_cpu_s``, against their
-   real arrivals' time to first token: how much of the term the arriving request itself waits
-   for (``ttft_probe``);
+   anchored with all of ``frontend_cpu_s`` (the frontend's CPU per request taken from the steps,
+   sim/profile.py) on the arriving request's own wait (``frontend_wait_share`` 1, the model
+   before calibrate measured the share), and anchored with the term zeroed, against the same
+   real replays: per cell and figure the bias, its interval, both spreads and the aims' verdict,
+   per calibration and pooled;
 4. ``llmlb serve --profile`` replaying the 60% Poisson trace K times against the K vLLM replays
    of that cell (the simulator in real time over HTTP);
 5. a tiny KV cache (``--num-gpu-blocks-override``): preemptions, real against simulated;
@@ -66,7 +65,6 @@ import pyarrow.parquet as pq
 
 from llmlb_bench.calibrate import calibrate
 from llmlb_bench.calibrate.anchor import PROBES_PER_SLOT, AnchorProbe, anchored
-from llmlb_bench.calibrate.probes import INTERFERENCE_CONTEXT
 from llmlb_bench.engines.tiny_hf import word_token_ids
 from llmlb_bench.engines.vllm import VllmReplicas, VllmSettings, write_tiny_model
 from llmlb_bench.policies import make_policy
@@ -253,20 +251,21 @@ def main() -> None:
             options = ReplayOptions(api="completions", tokenize=True)
 
             def calibrated(n: int) -> ProfileDoc:
-                """Calibration ``n`` (its probe runs kept under work/cal-n for the TTFT probe), printed."""
+                """Calibration ``n``, printed and kept in ``out``."""
                 t = time.time()
                 prof = calibrate(url, {"max_num_seqs": SEQS, "max_num_batched_tokens": BUDGET}, options=options,
-                                 max_prompt=2 * BUDGET, repeats=args.calibrate_repeats, results=work / f"cal-{n}",
-                                 seed=args.seed + n).profile
+                                 max_prompt=2 * BUDGET, repeats=args.calibrate_repeats, seed=args.seed + n).profile
                 out["calibrations"].append({
                     "seconds": time.time() - t, "load_average": os.getloadavg(), "step": prof["step"],
                     "request_overhead_s": prof["request_overhead_s"], "frontend_cpu_s": prof["frontend_cpu_s"],
                     "request_per_prompt_token_s": prof["request_per_prompt_token_s"], "jitter": prof["jitter"],
-                    "reference": prof.get("reference"), "fit": prof["fit"]["by_probe"]})
+                    "reference": prof.get("reference"), "frontend_wait_share": prof.get("frontend_wait_share"),
+                    "frontend_wait": prof["fit"].get("frontend_wait"), "fit": prof["fit"]["by_probe"]})
                 print(f"calibration {n + 1} in {time.time() - t:.0f} s: {prof['step']}, overhead "
                       f"{1e3 * prof['request_overhead_s']:.2f} ms + {1e6 * prof['request_per_prompt_token_s']:.2f} "
                       f"us/prompt token, of which {1e3 * prof['frontend_cpu_s']:.2f} ms per request from the steps; "
-                      f"jitter {prof['jitter']}; reference {prof.get('reference')}; fit {prof['fit']['by_probe']}",
+                      f"arrivals' wait share {prof['fit'].get('frontend_wait')}; jitter {prof['jitter']}; "
+                      f"reference {prof.get('reference')}; fit {prof['fit']['by_probe']}",
                       flush=True)
                 return prof
             out["calibrations"] = []
@@ -304,9 +303,11 @@ def main() -> None:
                 print(f"calibration {n + 1} anchored: {a['anchor']}; base step {1e3 * profiles[n]['step']['base_s']:.3f}"
                       f" -> {1e3 * a['step']['base_s']:.3f} ms; drift {a['jitter']}", flush=True)
             save()
-            # every calibration's profile as calibrated, anchored, and anchored with frontend_cpu_s zeroed,
-            # simulated against the same real replays under the same seeds
+            # every calibration's profile as calibrated, anchored, anchored with all of frontend_cpu_s on the
+            # arriving request's wait (the model before frontend_wait_share) and with it zeroed, simulated
+            # against the same real replays under the same seeds
             variants = {"calibrated": profiles, "anchored": anchoreds,
+                        "anchored_whole_wait": [{**a, "frontend_wait_share": 1.0} for a in anchoreds],
                         "anchored_frontend_zeroed": [{**a, "frontend_cpu_s": 0.0} for a in anchoreds]}
             sims: dict[str, list[dict[tuple[str, float], list[list[dict]]]]] = {}
             t_sim = time.time()
@@ -330,9 +331,6 @@ def main() -> None:
                         rows.append(d)
                         print(cell_line(f"{c[0]} {int(c[1] * 100)}%", d), flush=True)
                     out[f"cells_{name}"][label] = rows
-            out["ttft_probe"] = [arrivals_ttft(bench, work / f"cal-{n}", prof, n) for n, prof in enumerate(profiles)]
-            print(f"interference arrivals' TTFT, real against simulated with frontend_cpu_s and zeroed: "
-                  f"{out['ttft_probe']}", flush=True)
             save()
             profile = anchoreds[0]
             serve_cell = ("poisson", 0.6) if ("poisson", 0.6) in real else cells[0]
@@ -353,40 +351,6 @@ def main() -> None:
     out["load_average_end"] = os.getloadavg()
     print(f"done in {out['seconds']:.0f} s; load average {out['load_average_start']} -> {out['load_average_end']}")
     save()
-
-
-def arrivals_ttft(bench: Bench, root: Path, profile: ProfileDoc, n: int) -> dict[str, Any]:
-    """Where the frontend's CPU per request lands in the arriving request's own life: the
-    calibration's interference runs (lone requests arriving while a batch decodes, calibrate/probes.py,
-    stored under ``root``) simulated with the calibration's profile as it is and with
-    ``frontend_cpu_s`` zeroed, same arrival times and seed. With the term the simulator charges it to
-    the step the new request waits behind; zeroed, to nothing. ``share`` = (real - zeroed) / (with -
-    zeroed) of the arrivals' mean time to first token: the part of the charge the arriving request
-    really waits for (1: all of it, as the model has it; 0: none, it lands on the batch only)."""
-    times: dict[str, list[float]] = {"real": [], "with": [], "zeroed": []}
-    cfgs = {"with": ClusterConfig.build(replicas=1).with_profile(profile),
-            "zeroed": ClusterConfig.build(replicas=1).with_profile({**profile, "frontend_cpu_s": 0.0})}
-    for run in sorted(root.glob("*-interference")):
-        path = root / "traces" / f"{run.name}.parquet"
-        table = read_trace(path)
-        came = {rid for rid, p in zip(table.column("request_id").to_pylist(), table.column("input_tokens").to_pylist())
-                if p > INTERFERENCE_CONTEXT}
-        if not came:            # a control run: nothing arrives
-            continue
-        times["real"] += ttft_of(pq.read_table(run / "requests.parquet").to_pylist(), came)
-        for side, cfg in cfgs.items():
-            times[side] += ttft_of(bench.simulate(table, path, cfg, seed=0, label=f"ttft-{side}-{n}"), came)
-    mean = {k: float(np.mean(v)) if v else float("nan") for k, v in times.items()}
-    gap = mean["with"] - mean["zeroed"]
-    return {"arrivals": len(times["real"]), "ttft_mean_ms": {k: round(1e3 * v, 3) for k, v in mean.items()},
-            "frontend_cpu_ms": round(1e3 * profile["frontend_cpu_s"], 3),
-            "share": round((mean["real"] - mean["zeroed"]) / gap, 3) if gap > 0 else None}
-
-
-def ttft_of(rows: list[dict], ids: set[int]) -> list[float]:
-    """Time to first token of the rows of ``ids`` that streamed one."""
-    return [r["first_token_s"] - r["sent_s"] for r in rows
-            if r["request_id"] in ids and r["status"] == "ok" and r["first_token_s"] is not None]
 
 
 def capacity_of_multiturn(bench: Bench, model: Path) -> float:

@@ -187,7 +187,7 @@ def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, capsys,
     from tests.serve_helpers import ServeThread
 
     served = {**profile(), "request_overhead_s": OVERHEAD_S, "request_per_prompt_token_s": PER_TOKEN_S,
-              "frontend_cpu_s": FRONTEND_S}
+              "frontend_cpu_s": FRONTEND_S, "frontend_wait_share": 0.5}
     fits, probe_runs = [], []
 
     def keep_runs(runs, budget):
@@ -253,8 +253,13 @@ def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, capsys,
     assert_least_squares_optimum(client)
     assert got["step"] == {k: client.coefficients[k] for k in STEP_TERMS}
     assert got["frontend_cpu_s"] == client.coefficients["frontend_cpu_s"]
+    # the arrivals' share of it: measured from the interference runs the client saw (calibrate/frontend.py;
+    # read back exactly from rows of a known share in tests/test_frontend_cpu.py), the machine's figure here
+    waited = got["fit"]["frontend_wait"]
+    assert waited["arrivals"] > 0 and got.get("frontend_wait_share") == waited["share"]
     print(f"client's fit: frontend_cpu_s {1e3 * client.coefficients['frontend_cpu_s']:.3f} ms "
-          f"(served {1e3 * FRONTEND_S:.3f}); server's {1e3 * c['frontend_cpu_s']:.3f} ms")
+          f"(served {1e3 * FRONTEND_S:.3f}); server's {1e3 * c['frontend_cpu_s']:.3f} ms; arrivals' wait share "
+          f"{waited['share']} (served 0.5)")
     cache = [o for o in got["fit"]["observations"] if o["probe"] == "cache" and "cached" in o["what"]]
     # the whole shared blocks (the prompt less its 8-token tail) came from the cache
     assert cache and all(o["what"].endswith(f"{int(o['what'].split()[1].rstrip(',')) - 8} cached") for o in cache)

@@ -166,3 +166,47 @@ def _mixed_rows(tmp_path: Path) -> list[dict]:
     trace = trace_table(np.cumsum(rng.exponential(0.02, n)), rng.integers(20, 600, n), rng.integers(2, 80, n))
     rows = _rows(tmp_path, "mixed", trace, profile(0.004, jitter=jitter), seed=2)
     return [{k: r[k] for k in ("request_id", "first_token_s", "last_token_s")} for r in rows]
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
+def test_the_arrivals_wait_share_of_the_term_and_the_batch_pays_all(tmp_path: Path, share: float):
+    """frontend_wait_share s: the step the arriving request waits behind takes s x frontend_cpu_s, the
+    step after its first token the rest. B (one output token) gets its first token s x f later than with
+    the whole overhead as a delay; A, decoding, still finishes f later; s = 1 is the profile without
+    the field, row for row."""
+    f = 2 * DECODE_S
+    trace = trace_table([0.0, 0.1003], [100, 100], [200, 1])
+    (a0, b0), (a1, b1) = (_rows(tmp_path, "delay", trace, profile()),
+                          _rows(tmp_path, "split", trace, profile(f, frontend_wait_share=share)))
+    assert b1["first_token_s"] - b0["first_token_s"] == pytest.approx(share * f, abs=1e-9)
+    assert a1["last_token_s"] - a0["last_token_s"] == pytest.approx(f, abs=1e-9)
+    if share == 1.0:
+        assert _rows(tmp_path, "field", trace, profile(f, frontend_wait_share=1.0)) == \
+            _rows(tmp_path, "absent", trace, profile(f))
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3, 1.0])
+def test_wait_share_reads_back_the_share_that_made_the_rows(share: float):
+    """The interference probe's run with arrivals, its rows made by the simulator with a known share:
+    calibrate/frontend.py's share, from those rows against the simulator with the whole term and
+    without it, is that share (within 0.1: the made rows are one draw of the arrivals' phases)."""
+    from llmlb_bench.calibrate.frontend import wait_share
+    from llmlb_bench.sim.profile import parse_profile
+
+    b, n, tokens = 8, 100, 1000        # one arrival per ~10 steps of the batch, as calibrate's probe sends them
+    arrivals = np.sort(np.random.default_rng(1).uniform(0.05, 8.5, n))      # at any phase of the steps
+    table = trace_table(np.concatenate([np.zeros(b), arrivals]), [INTERFERENCE_CONTEXT] * b + [200] * n,
+                        [tokens] * b + [2] * n)
+    made = parse_profile(profile(0.006, frontend_wait_share=share))
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = _rows(Path(tmp), "made", table, dict(made))
+    run = ProbeRun("interference", {"batch": b, "context": INTERFERENCE_CONTEXT, "tokens": tokens, "prompt": 200,
+                                    "pair": 0, "arrivals": n}, rows, 0.0, table)
+    got = wait_share([run], parse_profile(profile(0.006)))
+    assert got["arrivals"] == n and got["share"] == pytest.approx(share, abs=0.1), got
+
+
+def test_a_share_outside_0_to_1_is_a_one_line_error():
+    with pytest.raises(UserError, match="frontend_wait_share: must be a number from 0 to 1"):
+        EngineProfile.from_dict(profile(0.006, frontend_wait_share=1.5))

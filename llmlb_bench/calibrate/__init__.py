@@ -3,7 +3,8 @@
 :func:`calibrate` reads the engine's settings (:mod:`.endpoint`), replays the
 probes (:mod:`.probes`), fits the coefficients of the typical step (:mod:`.fit`),
 measures the steps' spread around it and the engine's drift over the calibration
-(:mod:`.dispersion`), notes the drift reference probe's typical step (the profile's ``reference``,
+(:mod:`.dispersion`), measures how much of the frontend's CPU per request the arriving
+request itself waits for (:mod:`.frontend`), notes the drift reference probe's typical step (the profile's ``reference``,
 which :mod:`.anchor` compares with the same probe sent over a longer run) and returns the
 profile (:mod:`llmlb_bench.sim.profile`) with the fit's residuals in it.
 docs/fidelity.md says what the profile predicts, and how well.
@@ -22,6 +23,7 @@ from llmlb_bench.calibrate.anchor import reference
 from llmlb_bench.calibrate.dispersion import Jitter, dispersion
 from llmlb_bench.calibrate.endpoint import EngineInfo, discover
 from llmlb_bench.calibrate.fit import Fit, drift_samples, fit, observations
+from llmlb_bench.calibrate.frontend import wait_share
 from llmlb_bench.calibrate.probes import DRIFT_PROBES, ProbePlan, Prober, plan
 from llmlb_bench.replay import ReplayOptions, preflight
 from llmlb_bench.sim.profile import PROFILE_VERSION, STEP_TERMS, ProfileDoc, parse_profile
@@ -80,4 +82,11 @@ def calibrate(url: str, given: Mapping[str, int | None], *, options: ReplayOptio
                                  for o in result.observations]},
     }
     # parsed as every reader parses it: the file must load where it is used
-    return Calibration(parse_profile(profile, "calibrated profile"), result, spread, info, p)
+    doc = parse_profile(profile, "calibrated profile")
+    if doc["frontend_cpu_s"] > 0:       # how much of it the arriving request waits for (calibrate/frontend.py)
+        waited = wait_share(runs, doc, seed)
+        profile["fit"] = {**doc.get("fit", {}), "frontend_wait": waited}
+        if waited["share"] is not None:
+            profile["frontend_wait_share"] = waited["share"]
+        doc = parse_profile(profile, "calibrated profile")
+    return Calibration(doc, result, spread, info, p)

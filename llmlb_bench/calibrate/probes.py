@@ -157,6 +157,9 @@ class ProbeRun:
     params: ProbeParams
     rows: list[ArrowRow]
     at_s: float = 0.0           # when it started, seconds on the calibration's clock
+    #: the trace it replayed, where it is simulated again (the interference runs with arrivals:
+    #: calibrate/frontend.py)
+    trace: pa.Table | None = None
 
 
 class Prober:
@@ -243,7 +246,7 @@ class Prober:
                             "probe", request_id=self._ids(b + n))
         with_arrivals: ProbeParams = {**params, "arrivals": n}
         rows = self._replay("interference", table, self.options, p.block_size)
-        loaded = ProbeRun("interference", with_arrivals, rows, self.started_s)
+        loaded = ProbeRun("interference", with_arrivals, rows, self.started_s, table)
         return [control, loaded]
 
     def all(self, p: ProbePlan) -> list[ProbeRun]:

@@ -203,6 +203,9 @@ class CostModel:
         #: engine seconds a request's frontend work takes from the steps: none in the roofline (a
         #: measured profile's ``frontend_cpu_s``, sim/profile.py)
         self.frontend_cpu_s = 0.0
+        #: its parts charged to the step the arriving request waits behind, and after its first token
+        self.frontend_wait_s = 0.0
+        self.frontend_after_s = 0.0
         self._m_kv = self.kv_bytes_per_token / self.bandwidth
         self._m_dense = self.dense_bytes / self.bandwidth
         self._fixed = self.overhead_s + self._comm_fixed

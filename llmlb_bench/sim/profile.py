@@ -48,7 +48,13 @@ the frontend's work is not faster for the engine's being busy). Dispatched to
 an idle engine it costs no step: the frontend has the core to itself, so a
 lone request's time to first token is the overhead plus its prefill, as
 before, and a batch already decoding slows by ``frontend_cpu_s`` per
-arrival. One figure per request,
+arrival. ``frontend_wait_share`` (optional, 1 when absent: all of it) says
+how much of it lands on the step the arriving request itself waits behind;
+the rest lands on the step after the next first token sampled, the
+request's own as a rule (its first token's way back and the work after
+admission), so the batch pays it and the request does not wait for it.
+``llmlb calibrate`` measures the share from the interference probe's arrivals'
+own time to first token (calibrate/frontend.py). One figure per request,
 not per prompt token: ``llmlb calibrate``'s interference probe (lone
 requests of one prompt length arriving during a decode window) measures it
 at one length, and the tokenising part that grows with the prompt was a
@@ -186,6 +192,8 @@ class ProfileDoc(_Model, total=False):
     fit: dict[str, object]
     reference: Reference
     anchor: Anchor
+    #: the part of ``frontend_cpu_s`` the arriving request waits for (module docstring; 1 when absent)
+    frontend_wait_share: float
 
 
 @dataclass(frozen=True)
@@ -205,6 +213,8 @@ class EngineProfile:
     jitter: JitterSpec = JitterSpec()
     #: seconds of the engine's time each arriving request's frontend work takes (module docstring)
     frontend_cpu_s: float = 0.0
+    #: the part of it charged to the step the arriving request waits behind (module docstring)
+    frontend_wait_share: float = 1.0
 
     @classmethod
     def of(cls, doc: ProfileDoc) -> "EngineProfile":
@@ -214,7 +224,8 @@ class EngineProfile:
                    max_num_seqs=e["max_num_seqs"], max_num_batched_tokens=e["max_num_batched_tokens"],
                    block_size=e["block_size"], num_kv_blocks=e["num_kv_blocks"], max_model_len=e["max_model_len"],
                    enable_prefix_caching=e["enable_prefix_caching"],
-                   jitter=JitterSpec.of(doc["jitter"]) if doc["jitter"] is not None else JitterSpec())
+                   jitter=JitterSpec.of(doc["jitter"]) if doc["jitter"] is not None else JitterSpec(),
+                   frontend_wait_share=doc.get("frontend_wait_share", 1.0))
 
     @classmethod
     def from_dict(cls, d: object, where: str = "profile") -> "EngineProfile":
@@ -281,6 +292,11 @@ def parse_profile(d: object, where: str = "profile") -> ProfileDoc:
                        "request_per_prompt_token_s": seconds("request_per_prompt_token_s"),
                        "frontend_cpu_s": seconds("frontend_cpu_s"),
                        "jitter": _jitter(d["jitter"], f"{where}: jitter") if d.get("jitter") is not None else None}
+    share = d.get("frontend_wait_share")
+    if share is not None:
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+            raise UserError(f"must be a number from 0 to 1, got {share!r}", f"{where}: frontend_wait_share")
+        doc["frontend_wait_share"] = float(share)
     if d.get("reference") is not None:
         doc["reference"] = _reference(d["reference"], f"{where}: reference")
     if d.get("anchor") is not None:
@@ -407,6 +423,9 @@ class ProfileCost:
         self._req, self._req_token = profile.request_overhead_s, profile.request_per_prompt_token_s
         #: engine seconds each request dispatched here takes from the steps (see the module docstring)
         self.frontend_cpu_s = profile.frontend_cpu_s
+        #: its parts: on the step the arriving request waits behind, and after a first token (module docstring)
+        self.frontend_wait_s = profile.frontend_cpu_s * profile.frontend_wait_share
+        self.frontend_after_s = profile.frontend_cpu_s - self.frontend_wait_s
         #: the fastest possible decode step (one request, no context): a floor for step times
         self.min_step_s = self._base + self._tok + self._smp
         self.context_slope = max(self._attn + self._kv, _MIN_SLOPE)

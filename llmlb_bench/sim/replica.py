@@ -229,6 +229,9 @@ class Replica:
         #: frontend CPU seconds of requests dispatched here, not yet booked into a step (a profile's
         #: ``frontend_cpu_s``, sim/profile.py: the API server shares the engine's core); 0 otherwise
         self.frontend_owed = 0.0
+        #: requests dispatched to the busy engine that owe ``frontend_after_s`` once a first token is
+        #: sampled (the part of the frontend's work that comes after the request's own wait)
+        self.frontend_after = 0
         #: when the outbound KV link (disaggregation) is free again
         self.link_free_at = 0.0
         #: every step takes this many times as long as the cost model says (a scheduled slowdown)
@@ -359,7 +362,9 @@ class Replica:
                       hashes if stride == 1 else hashes[stride - 1::stride])
         delay = self.cost.request_overhead(1, prompt)
         if self.cost.frontend_cpu_s and not self.idle:     # the frontend takes it from a running engine's steps
-            self.frontend_owed += self.cost.frontend_cpu_s
+            self.frontend_owed += self.cost.frontend_wait_s
+            if self.cost.frontend_after_s:      # the rest once a first token is sampled (sim/profile.py)
+                self.frontend_after += 1
         if delay > 0:
             req.target = self.index
             self.entering += 1
@@ -824,6 +829,10 @@ class Replica:
             gap *= self.slowdown
         if self.frontend_owed:
             gap += self._take_frontend()
+        if self.frontend_after and completing:     # owed by requests whose first token this step samples
+            k = min(completing, self.frontend_after)
+            self.frontend_after -= k
+            self.frontend_owed += k * self.cost.frontend_after_s
         if plan.link_s:
             gap, power = self._with_link(gap, power)
         share = power * gap / (tokens + decoding)
