@@ -121,9 +121,11 @@ def test_consistent_hash_skips_unhealthy_and_bounded_load_skips_full_targets():
 
 def test_argmin_healthy_is_the_first_smallest_healthy_value_from_start_on():
     """The scan every load-aware policy uses, against its definition, with and without unhealthy targets
-    (the all-healthy case takes a faster path)."""
+    (the all-healthy case takes a faster path), on lists and tuples; and the built-in picks' own pass
+    over typed lists (books.fewest), the same rule."""
     import random
 
+    from llmlb_bench.policies.books import fewest
     from llmlb_bench.policies.select import argmin_healthy
 
     rng = random.Random(7)
@@ -137,3 +139,5 @@ def test_argmin_healthy_is_the_first_smallest_healthy_value_from_start_on():
         healthy = [i for i in order if v.healthy[i]]
         expected = min(healthy, key=lambda i: (values[i], order.index(i))) if healthy else start % n
         assert argmin_healthy(values, v, start) == expected
+        assert argmin_healthy(tuple(values), v, start) == expected
+        assert fewest(values, list(v.healthy), start) == expected

@@ -176,8 +176,8 @@ class Books:
         #: the signal lists were written: forget their tuples
         self.changed: Callable[[], None] = self.snapshots.clear
         #: the same lists for compiled code: the own accounting and the built-in policies' picks
-        self.ledger = Ledger(self.outstanding_requests, self.outstanding_tokens, self.healthy, self.waiting,
-                             self.running, published, self.snapshots)
+        self.ledger = Ledger(self.targets, self.outstanding_requests, self.outstanding_tokens, self.healthy,
+                             self.waiting, self.running, published, self.snapshots)
 
     if TYPE_CHECKING:
         targets: list[TargetInfo]

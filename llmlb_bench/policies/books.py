@@ -14,7 +14,7 @@ natively:
   random stream). The policy's ``choose`` asks its pick (``base.Picked``), and a Router whose policy
   keeps that ``choose`` asks the pick directly: one implementation, the same decision either way;
 * :func:`argmin` is the scan every load-aware policy shares (``select.argmin_healthy`` calls it
-  with a view's tuples, the picks with the lists).
+  with a view's tuples); :func:`fewest` is the same rule over typed lists, for the picks.
 
 It imports nothing of the package (``base.py`` imports it), and types what users may hand it loosely
 enough that a user's ``View`` of plain sequences still works: health is any truthy value, and the
@@ -24,7 +24,7 @@ values :func:`argmin` compares are whatever the caller compares.
 from __future__ import annotations
 
 from random import Random
-from typing import TYPE_CHECKING, Any, Final, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Sequence, Sized, TypeVar
 
 if TYPE_CHECKING:
     from _typeshed import SupportsDunderLT
@@ -43,14 +43,14 @@ def argmin(values: Sequence[_V], healthy: Sequence[object], start: int) -> int:
     after ``start``. With no healthy target, ``start % n``.
 
     When every target is healthy and ``values`` is a list or tuple (the usual case), the builtins
-    ``all``, ``min`` and ``index`` do the scan in C."""
+    ``all``, ``min`` and ``index`` do the scan in C; without raising when the first minimum lies
+    before ``start`` (compiled, a raised ``ValueError`` cost more than the scan)."""
     n = len(healthy)
     if n and isinstance(values, (list, tuple)) and all(healthy):
         m = min(values)
-        try:
-            return values.index(m, start % n)
-        except ValueError:
-            return values.index(m)
+        i = values.index(m)
+        s = start % n
+        return i if i >= s or m not in values[s:] else values.index(m, s)
     best = -1
     for k in range(n):
         i = (start + k) % n
@@ -59,22 +59,32 @@ def argmin(values: Sequence[_V], healthy: Sequence[object], start: int) -> int:
     return best if best >= 0 else start % n
 
 
-def uniform(rng: Random, healthy: Sequence[object]) -> int:
-    """A uniformly random healthy target (any target when none is healthy)."""
+def fewest(counts: list[int], healthy: list[bool], start: int) -> int:
+    """:func:`argmin` over a ledger's counts, the same rule in one native pass: the picks' lists are
+    typed, so this loop runs on unboxed ints, several times faster than ``min`` and ``index`` called
+    through the C API (a generic call each, measured: docs/simulator.md, "fifth step")."""
     n = len(healthy)
-    i = rng.randrange(n)
-    if healthy[i]:
-        return i
-    live = [j for j in range(n) if healthy[j]]  # only on the rare unhealthy path
-    return rng.choice(live) if live else i
+    s = start % n
+    best = -1
+    low = 0
+    for i in range(s, n):
+        if healthy[i] and (best < 0 or counts[i] < low):
+            best, low = i, counts[i]
+    for i in range(s):
+        if healthy[i] and (best < 0 or counts[i] < low):
+            best, low = i, counts[i]
+    return best if best >= 0 else s
 
 
 class Ledger:
     """A view's per-target lists that routing reads and books (shared with its ``Books``), and where
     the view publishes what policies read as attributes (``published``: the view's ``__dict__``)."""
 
-    def __init__(self, outstanding: list[int], tokens: list[int], healthy: list[bool], waiting: list[int],
-                 running: list[int], published: dict[str, object], snapshots: dict[str, tuple[object, ...]]) -> None:
+    def __init__(self, targets: Sized, outstanding: list[int], tokens: list[int], healthy: list[bool],
+                 waiting: list[int], running: list[int], published: dict[str, object],
+                 snapshots: dict[str, tuple[object, ...]]) -> None:
+        #: the targets (counted: the load-oblivious picks cycle or draw over them)
+        self.targets = targets
         self.outstanding = outstanding
         self.tokens = tokens
         self.healthy = healthy
@@ -89,7 +99,8 @@ class Ledger:
         o[i] += 1
         self.tokens[i] += tokens
         self.published["outstanding_requests"] = tuple(o)
-        self.snapshots.pop("outstanding_tokens", None)
+        if "outstanding_tokens" in self.snapshots:   # a native look-up; ``pop`` is a generic method call
+            del self.snapshots["outstanding_tokens"]
 
     def ended(self, i: int, tokens: int) -> None:
         """A request of ``tokens`` sent to target ``i`` ended there (any status)."""
@@ -97,7 +108,8 @@ class Ledger:
         o[i] -= 1
         self.tokens[i] -= tokens
         self.published["outstanding_requests"] = tuple(o)
-        self.snapshots.pop("outstanding_tokens", None)
+        if "outstanding_tokens" in self.snapshots:   # a native look-up; ``pop`` is a generic method call
+            del self.snapshots["outstanding_tokens"]
 
 
 class Pick:
@@ -123,10 +135,10 @@ class Fewest(Pick):
             self.tie += 1
             start = self.tie
         if self.load == REQUESTS:
-            return argmin(ledger.outstanding, ledger.healthy, start)
+            return fewest(ledger.outstanding, ledger.healthy, start)
         if self.load == WAITING:
-            return argmin(ledger.waiting, ledger.healthy, start)
-        return argmin([w + r for w, r in zip(ledger.waiting, ledger.running)], ledger.healthy, start)
+            return fewest(ledger.waiting, ledger.healthy, start)
+        return fewest([w + r for w, r in zip(ledger.waiting, ledger.running)], ledger.healthy, start)
 
 
 class Cycle(Pick):
@@ -137,7 +149,7 @@ class Cycle(Pick):
 
     def choose(self, ledger: Ledger) -> int:
         healthy = ledger.healthy
-        n = len(healthy)
+        n = len(ledger.targets)
         for _ in range(n):
             i = self.next % n
             self.next += 1
@@ -153,4 +165,10 @@ class Uniform(Pick):
         self.rng = Random(seed)
 
     def choose(self, ledger: Ledger) -> int:
-        return uniform(self.rng, ledger.healthy)
+        healthy = ledger.healthy
+        n = len(ledger.targets)
+        i = self.rng.randrange(n)
+        if healthy[i]:
+            return i
+        live = [j for j in range(n) if healthy[j]]  # only on the rare unhealthy path
+        return self.rng.choice(live) if live else i
