@@ -90,7 +90,9 @@ def calibrate(
                   "{per_attn_s:.4g} x attn + {per_kv_s:.4g} x kv".format(**step)
                   + f";  request overhead {1e3 * cal.profile['request_overhead_s']:.3f} ms + "
                     f"{1e6 * cal.profile['request_per_prompt_token_s']:.3f} us x prompt tokens"
-                  + f", of which {1e3 * cal.profile['frontend_cpu_s']:.3f} ms per request taken from the steps",
+                  + f", of which {1e3 * cal.profile['frontend_cpu_s']:.3f} ms per request taken from the steps"
+                  + (f" ({cal.profile['frontend_wait_share']:.2f} of it on the arriving request's own wait)"
+                     if "frontend_wait_share" in cal.profile else ""),
                   highlight=False)
     j = cal.jitter
     console.print(f"step spread over {j['steps']} decode steps in {j['windows']} windows: lognormal sigma "
@@ -100,6 +102,11 @@ def calibrate(
     console.print(f"engine speed drift over {j['drift_span_s']:.0f} s ({j['drift_windows']} repeated windows): "
                   + (f"log sd {j['drift_sigma']:.3f}, correlation time {j['drift_period_s']:.3g} s"
                      if j["drift_sigma"] else "none beyond the windows' own noise"), highlight=False)
+    ref = cal.profile.get("reference")
+    if ref is not None:
+        console.print(f"reference probe ({ref['batch']} requests x {ref['tokens']} tokens): typical step "
+                      f"{1e3 * ref['step_s']:.3f} ms over {ref['probes']} windows (what llmlb validate anchors on)",
+                      highlight=False)
     for note in cal.fit.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     if info.assumed:
