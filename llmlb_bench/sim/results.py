@@ -13,6 +13,8 @@ from typing import Any, Final, Mapping, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
+from librt.vecs import append, vec
+from mypy_extensions import i64
 
 from llmlb_bench.schema import TOKEN_SEGMENT
 from llmlb_bench.sim.replica import Replica, Request
@@ -46,27 +48,30 @@ class Finished:
     """One replica's requests finished since the last batch, as the few numbers their rows need, taken
     when each finishes (:meth:`add`), so that the :class:`Request` objects are freed then, not held
     to the batch's end: the collector does not scan 20,000 of them at each pass, and the batch reads
-    plain lists instead of walking the requests' attributes. A speculative replica also keeps the
-    requests themselves (their decode stints)."""
+    typed columns instead of walking the requests' attributes. The columns are mypyc's ``vec`` (as
+    the timeline's, sim/timeline.py): compiled, a value is appended unboxed, and the batch copies a
+    column into NumPy as flat memory (as Python lists, boxing each value and NumPy's conversion of
+    the lists back were a tenth of the compiled run). A speculative replica also keeps the requests
+    themselves (their decode stints)."""
 
     __slots__ = ("rows", "span_a", "span_b", "nspans", "lead", "energy", "cached", "preemptions", "prefill_target",
                  "decode_target", "predicted", "moved", "guessed", "requests")
 
     def __init__(self) -> None:
-        self.rows: list[int] = []
+        self.rows = vec[i64]()
         #: the token step ranges ``[span_a, span_b]`` of all requests, flat; ``nspans`` per request
-        self.span_a: list[int] = []
-        self.span_b: list[int] = []
-        self.nspans: list[int] = []
+        self.span_a = vec[i64]()
+        self.span_b = vec[i64]()
+        self.nspans = vec[i64]()
         #: the first token's time where another replica made it (P/D), else NaN
-        self.lead: list[float] = []
+        self.lead = vec[float]()
         #: joules of prefill shares
-        self.energy: list[float] = []
-        self.cached: list[int] = []
-        self.preemptions: list[int] = []
+        self.energy = vec[float]()
+        self.cached = vec[i64]()
+        self.preemptions = vec[i64]()
         #: replica indices (-1: none)
-        self.prefill_target: list[int] = []
-        self.decode_target: list[int] = []
+        self.prefill_target = vec[i64]()
+        self.decode_target = vec[i64]()
         self.predicted: list[int | None] = []
         #: whether any request has a prefill / decode target, any a cache prediction
         self.moved = self.guessed = False
@@ -77,21 +82,21 @@ class Finished:
 
     def add(self, r: Request, keep: bool) -> None:
         """``r`` finished here; ``keep``: hold the request itself too (a speculative replica)."""
-        self.rows.append(r.row)
+        self.rows = append(self.rows, r.row)
         spans = r.spans
         assert spans is not None   # a finished request ran at least one step
         for a, b in spans:
-            self.span_a.append(a)
-            self.span_b.append(b)
-        self.nspans.append(len(spans))
-        self.lead.append(r.first_token_s if r.first_token_s >= 0 else _NAN)
-        self.energy.append(r.energy)
-        self.cached.append(max(r.cached, 0))
-        self.preemptions.append(r.preemptions)
+            self.span_a = append(self.span_a, a)
+            self.span_b = append(self.span_b, b)
+        self.nspans = append(self.nspans, len(spans))
+        self.lead = append(self.lead, r.first_token_s if r.first_token_s >= 0 else _NAN)
+        self.energy = append(self.energy, r.energy)
+        self.cached = append(self.cached, max(r.cached, 0))
+        self.preemptions = append(self.preemptions, r.preemptions)
         if r.prefill_target >= 0 or r.decode_target >= 0:
             self.moved = True
-        self.prefill_target.append(r.prefill_target)
-        self.decode_target.append(r.decode_target)
+        self.prefill_target = append(self.prefill_target, r.prefill_target)
+        self.decode_target = append(self.decode_target, r.decode_target)
         p = r.route.predicted_cached_tokens
         if p is not None:
             self.guessed = True
@@ -213,13 +218,13 @@ class RequestRecorder:
         batches = [batch for _, batch in group]
         tl, shifts, before = joined([rep.timeline for rep, _ in group])
         shift = np.repeat(shifts, [len(batch.span_a) for batch in batches])
-        a = _joined_list([batch.span_a for batch in batches], np.int64) + shift
-        b = _joined_list([batch.span_b for batch in batches], np.int64) + shift
-        per = _joined_list([batch.nspans for batch in batches], np.int64)
+        a = _joined([batch.span_a for batch in batches], np.int64) + shift
+        b = _joined([batch.span_b for batch in batches], np.int64) + shift
+        per = _joined([batch.nspans for batch in batches], np.int64)
         ends = np.cumsum(per)
         sizes = [len(batch) for batch in batches]
         n = sum(sizes)
-        lead = _joined_list([batch.lead for batch in batches], np.float64)
+        lead = _joined([batch.lead for batch in batches], np.float64)
         has_lead = ~np.isnan(lead)
         here_first = step_end_times(tl, a[ends - per])
         last = step_end_times(tl, b[ends - 1])
@@ -229,7 +234,7 @@ class RequestRecorder:
         spec_rep = group[0][0].spec
         if spec_rep is not None:
             here, segments, spec = _speculative_columns(tl, batches[0].requests, spec_rep.k, lead)
-        energy = _joined_list([batch.energy for batch in batches], np.float64) + decode_energy(tl, before, a, b, per)
+        energy = _joined([batch.energy for batch in batches], np.float64) + decode_energy(tl, before, a, b, per)
         lo = 0
         for size in sizes:      # summed replica by replica, as the rows were before they were joined
             self.attributed_energy_j += float(energy[lo:lo + size].sum())
@@ -237,7 +242,7 @@ class RequestRecorder:
         output = (here + has_lead).astype(np.int32)
         token_times = (summary_segments(here_first, last, here, lead) if self.summary_tokens
                        else segments if segments is not None else token_segments(tl, a, b, per, lead))
-        row_ids = _joined_list([batch.rows for batch in batches], np.int64)
+        row_ids = _joined([batch.rows for batch in batches], np.int64)
         names = [r.name for r in self.replicas]
         moved = any(batch.moved for batch in batches)
         targets = pa.array([rep.name for rep, _ in group], pa.string())
@@ -249,10 +254,10 @@ class RequestRecorder:
             "last_token_s": last,
             "token_times": token_times,
             "output_tokens": output,
-            "cached_tokens": _joined_list([batch.cached for batch in batches], np.int32),
+            "cached_tokens": _joined([batch.cached for batch in batches], np.int32),
             "status": pa.repeat(pa.scalar("ok", pa.string()), n),
             "error": pa.nulls(n, pa.string()),
-            "preemptions": _joined_list([batch.preemptions for batch in batches], np.int32),
+            "preemptions": _joined([batch.preemptions for batch in batches], np.int32),
             "prefill_target": (pa.array([names[i] if i >= 0 else None for batch in batches
                                          for i in batch.prefill_target], pa.string())
                                if moved else pa.nulls(n, pa.string())),
@@ -283,10 +288,11 @@ class RequestRecorder:
             rows = cols.pop("rows")
             src = self._trace.take(pa.array(rows))
             order: list[int] = rows.tolist()
-            sent_s: list[float] = []
+            scheduled_s, sent_s = vec[float](), vec[float]()
             for r in order:
+                scheduled_s = append(scheduled_s, self.scheduled_s[r])
                 t = self.sent_s[r]
-                sent_s.append(_NAN if t is None else t)
+                sent_s = append(sent_s, _NAN if t is None else t)
             sent = np.array(sent_s, dtype=np.float64)
             self.sink.write({
                 "request_id": src.column("request_id").combine_chunks(),
@@ -294,7 +300,7 @@ class RequestRecorder:
                 "slo_class": src.column("slo_class").combine_chunks(),
                 "session_id": src.column("session_id").combine_chunks(),
                 "turn": src.column("turn").combine_chunks(),
-                "scheduled_s": np.array([self.scheduled_s[r] for r in order], dtype=np.float64),
+                "scheduled_s": np.array(scheduled_s, dtype=np.float64),
                 "sent_s": pa.array(sent, mask=np.isnan(sent)),
                 "input_tokens": src.column("input_tokens").combine_chunks(),
                 "requested_output_tokens": src.column("output_tokens").combine_chunks(),
@@ -303,14 +309,11 @@ class RequestRecorder:
             })
 
 
-def _joined_list(lists: list[list[int]] | list[list[float]], dtype: type) -> np.ndarray:
-    """The lists one after the other, as one NumPy array (one conversion for all of them)."""
-    if len(lists) == 1:
-        return np.array(lists[0], dtype=dtype)
-    joined: list[Any] = []
-    for values in lists:
-        joined += values
-    return np.array(joined, dtype=dtype)
+def _joined(columns: list[vec[i64]] | list[vec[float]], dtype: type) -> np.ndarray:
+    """The columns one after the other, as one NumPy array of ``dtype``."""
+    if len(columns) == 1:
+        return np.array(columns[0], dtype=dtype)
+    return np.concatenate([np.asarray(c) for c in columns]).astype(dtype, copy=False)
 
 
 def _speculative_columns(tl: Columns, reqs: Sequence[Request], k: int,
