@@ -101,9 +101,6 @@ def _run(cat: Catalog, run_id: str, figs: Mapping[str, Figure], groups: Mapping[
     by_group = np.empty(table.num_rows if groups else 0)
     for n, f in per_request.items():
         values = _column(table, f"v_{n}")
-        s = sample_of(values, _column(table, f"w_{n}") if f.weight != "1" else None)
-        if s is not None:
-            into.samples[(run_id, n)] = s
         if n in GROUP_KEYS and groups:
             nulls = bool(np.isnan(values).any())
             for col, names in groups.items():
@@ -115,6 +112,10 @@ def _run(cat: Catalog, run_id: str, figs: Mapping[str, Figure], groups: Mapping[
                         group = into.groups.setdefault((col, run_id, name), {})
                         for k, q in zip(GROUP_KEYS[n], qs):
                             group[k] = q
+        # the groups have read the column: the sample may sort it where it lies
+        s = sample_of(values, _column(table, f"w_{n}") if f.weight != "1" else None, scratch=True)
+        if s is not None:
+            into.samples[(run_id, n)] = s
     for n, f in figs.items():
         if f.value is None and tokens is not None:
             s = sample_of(*itl_gaps(tokens))
