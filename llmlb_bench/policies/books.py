@@ -95,18 +95,18 @@ class Ledger:
 
     def sent(self, i: int, tokens: int) -> None:
         """A request of ``tokens`` (prompt + requested output) left for target ``i``."""
-        o = self.outstanding
-        o[i] += 1
-        self.tokens[i] += tokens
+        o, t = self.outstanding, self.tokens
+        o[i] = o[i] + 1     # not ``+=``: compiled, an augmented item assignment is a generic call
+        t[i] = t[i] + tokens
         self.published["outstanding_requests"] = tuple(o)
         if "outstanding_tokens" in self.snapshots:   # a native look-up; ``pop`` is a generic method call
             del self.snapshots["outstanding_tokens"]
 
     def ended(self, i: int, tokens: int) -> None:
         """A request of ``tokens`` sent to target ``i`` ended there (any status)."""
-        o = self.outstanding
-        o[i] -= 1
-        self.tokens[i] -= tokens
+        o, t = self.outstanding, self.tokens
+        o[i] = o[i] - 1
+        t[i] = t[i] - tokens
         self.published["outstanding_requests"] = tuple(o)
         if "outstanding_tokens" in self.snapshots:   # a native look-up; ``pop`` is a generic method call
             del self.snapshots["outstanding_tokens"]

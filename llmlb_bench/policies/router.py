@@ -142,8 +142,9 @@ class Router(Generic[Item]):
         view = self.view
         self._attrs["now"] = now
         pick = self._pick
-        d = pick.choose(self._ledger) if pick is not None else self._choose(req, view)
-        if isinstance(d, int) and 0 <= d < len(view.targets):
+        ledger = self._ledger
+        d = pick.choose(ledger) if pick is not None else self._choose(req, view)
+        if isinstance(d, int) and 0 <= d < len(ledger.targets):   # the view's list of targets, natively
             req.predicted_cached_tokens = self._predict(req, d, view) if self._predict is not None else None
             self._dispatch(item, req, d, -1)
             return d
