@@ -19,47 +19,76 @@ from collections import OrderedDict
 from typing import Sequence
 
 
-class PrefixCache:
-    """Cached units of ``unit_blocks`` KV blocks each, keyed by chained hash."""
+class _Unit:
+    """A cached unit's reference count, held in the cache's dict as an object so that one look-up by
+    hash both reads and changes it (an int value takes a second look-up to store the new count)."""
 
-    __slots__ = ("unit_blocks", "refs", "lru", "free_blocks", "hits", "lookups")
+    __slots__ = ("refs",)
+
+    def __init__(self, refs: int) -> None:
+        self.refs = refs
+
+
+class PrefixCache:
+    """Cached units of ``unit_blocks`` KV blocks each, keyed by chained hash.
+
+    Admission asks :meth:`match`, then :meth:`revive_cost` and :meth:`acquire` for the same prompt:
+    the units the match found are kept (``_found``, for the hashes ``_found_for``) and the two
+    calls read them instead of looking every hash up again; an eviction, the only change that
+    takes a unit out of the dict, forgets them. The look-ups by 64-bit hash are most of what the
+    cache costs a run."""
+
+    __slots__ = ("unit_blocks", "units", "lru", "free_blocks", "hits", "lookups", "_found", "_found_for")
 
     def __init__(self, unit_blocks: int) -> None:
         self.unit_blocks = unit_blocks
-        self.refs: dict[int, int] = {}
+        self.units: dict[int, _Unit] = {}
         #: unreferenced units, least recently used first
         self.lru: OrderedDict[int, None] = OrderedDict()
         #: blocks held by unreferenced (evictable) units
         self.free_blocks = 0
         self.hits = 0
         self.lookups = 0
+        self._found: list[_Unit] = []
+        self._found_for: Sequence[int] | None = None
 
     def match(self, hashes: Sequence[int], limit: int) -> int:
         """Number of leading units of ``hashes`` (at most ``limit``) resident now."""
-        refs = self.refs
-        k = 0
+        units = self.units
+        found = self._found
+        found.clear()
         for h in hashes:
-            if k >= limit or h not in refs:
+            if len(found) >= limit:
                 break
-            k += 1
-        return k
+            u = units.get(h)
+            if u is None:
+                break
+            found.append(u)
+        self._found_for = hashes
+        return len(found)
+
+    def _leading(self, hashes: Sequence[int], k: int) -> list[_Unit]:
+        """The first ``k`` units of ``hashes`` (all resident): those the last match found, else looked up."""
+        if hashes is self._found_for and k <= len(self._found):
+            return self._found
+        units = self.units
+        return [units[hashes[i]] for i in range(k)]
 
     def revive_cost(self, hashes: Sequence[int], k: int) -> int:
         """Blocks that acquiring the first ``k`` units moves from free to used."""
-        refs = self.refs
-        return self.unit_blocks * sum(1 for i in range(k) if refs[hashes[i]] == 0)
+        found = self._leading(hashes, k)
+        return self.unit_blocks * sum(1 for i in range(k) if found[i].refs == 0)
 
     def acquire(self, hashes: Sequence[int], k: int) -> int:
         """Reference the first ``k`` units (all resident); returns blocks moved from free to used."""
-        refs, lru = self.refs, self.lru
+        found, lru = self._leading(hashes, k), self.lru
         revived = 0
         for i in range(k):
-            h = hashes[i]
-            rc = refs[h]
-            if rc == 0:
-                del lru[h]
+            u = found[i]
+            if u.refs == 0:
+                del lru[hashes[i]]
                 revived += self.unit_blocks
-            refs[h] = rc + 1
+            u.refs += 1
         self.free_blocks -= revived
         return revived
 
@@ -67,34 +96,34 @@ class PrefixCache:
         """Units ``start..stop-1`` of a request have just been computed: cache them, referenced
         by it. Stops at the first hash already cached (another request computed the same
         prefix concurrently; vLLM keeps the first copy). Returns how many were registered."""
-        refs = self.refs
+        units = self.units
         for i in range(start, stop):
             h = hashes[i]
-            if h in refs:
+            if h in units:
                 return i - start
-            refs[h] = 1
+            units[h] = _Unit(1)
         return stop - start
 
     def add_free(self, hashes: Sequence[int], start: int, stop: int) -> None:
         """Cache units ``start..stop-1`` as unreferenced (most recently used): KV that a finished
         request computed beyond its prompt (its reply), named by the hashes its next turn carries."""
-        refs, lru = self.refs, self.lru
+        units, lru = self.units, self.lru
         for i in range(start, stop):
             h = hashes[i]
-            if h not in refs:
-                refs[h] = 0
+            if h not in units:
+                units[h] = _Unit(0)
                 lru[h] = None
                 self.free_blocks += self.unit_blocks
 
     def release(self, hashes: Sequence[int], k: int) -> int:
         """Drop one reference to each of the first ``k`` units; returns blocks that became free."""
-        refs, lru = self.refs, self.lru
+        units, lru = self.units, self.lru
         freed = 0
         for i in range(k - 1, -1, -1):
             h = hashes[i]
-            rc = refs[h] - 1
-            refs[h] = rc
-            if rc == 0:
+            u = units[h]
+            u.refs -= 1
+            if u.refs == 0:
                 lru[h] = None
                 freed += self.unit_blocks
         self.free_blocks += freed
@@ -102,10 +131,12 @@ class PrefixCache:
 
     def evict_to(self, room: int) -> None:
         """Evict least recently used free units until they hold at most ``room`` blocks."""
-        lru, refs = self.lru, self.refs
+        lru, units = self.lru, self.units
+        if self.free_blocks > room and lru:
+            self._found_for = None          # the units the last match found may go
         while self.free_blocks > room and lru:
             h, _ = lru.popitem(last=False)
-            del refs[h]
+            del units[h]
             self.free_blocks -= self.unit_blocks
 
     def resident(self, hashes: Sequence[int]) -> int:
