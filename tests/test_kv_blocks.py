@@ -72,3 +72,99 @@ def test_a_failed_replica_loses_blocks_swap_and_cache():
     kv.lose_all()
     assert (kv.used, kv.swap_used, len(kv.swapped)) == (0, 0, 0)
     assert kv.cache is not None and kv.cache.match([7], 1) == 0 and kv.cache.unit_blocks == 1
+
+
+class _ReferenceCache:
+    """The prefix cache's semantics spelled out: reference counts by hash and the free units in an
+    ordered dict (queued when they become free, taken out when reused, evicted from the front)."""
+
+    def __init__(self) -> None:
+        self.refs: dict[int, int] = {}
+        self.free: dict[int, None] = {}
+
+    def match(self, hashes: list[int], limit: int) -> int:
+        k = 0
+        while k < min(limit, len(hashes)) and hashes[k] in self.refs:
+            k += 1
+        return k
+
+    def acquire(self, hashes: list[int], k: int) -> int:
+        revived = 0
+        for h in hashes[:k]:
+            if self.refs[h] == 0:
+                del self.free[h]
+                revived += 1
+            self.refs[h] += 1
+        return revived
+
+    def register(self, hashes: list[int], start: int, stop: int) -> int:
+        for i in range(start, stop):
+            if hashes[i] in self.refs:
+                return i - start
+            self.refs[hashes[i]] = 1
+        return stop - start
+
+    def release(self, hashes: list[int], k: int) -> int:
+        freed = 0
+        for h in reversed(hashes[:k]):
+            self.refs[h] -= 1
+            if self.refs[h] == 0:
+                self.free[h] = None
+                freed += 1
+        return freed
+
+    def add_free(self, hashes: list[int], start: int, stop: int) -> None:
+        for h in hashes[start:stop]:
+            if h not in self.refs:
+                self.refs[h] = 0
+                self.free[h] = None
+
+    def evict_to(self, room: int) -> None:
+        while len(self.free) > room:
+            h = next(iter(self.free))
+            del self.free[h], self.refs[h]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_prefix_cache_agrees_with_an_ordered_dict_of_free_units(seed):
+    """Random prompts sharing prefixes (and tails from a small pool, so that free units are reused
+    often) go through match, revive_cost, acquire, register, release, add_free and evict_to; the
+    cache's lazily cleaned queue of free units evicts exactly what an ordered dict would, in the
+    same order, also once its stale entries have been dropped."""
+    import random
+
+    from llmlb_bench.sim.prefix_cache import PrefixCache
+
+    rng = random.Random(seed)
+    cache, ref = PrefixCache(1), _ReferenceCache()
+    held: list[tuple[list[int], int]] = []          # running requests: (hashes, units referenced)
+    queue, compacted = cache.queue, 0
+    for _ in range(12000):
+        if held and (rng.random() < 0.45 or len(held) > 12):
+            hashes, k = held.pop(rng.randrange(len(held)))
+            assert cache.release(hashes, k) == ref.release(hashes, k)
+            if rng.random() < 0.3:                   # its reply stays cached, free
+                extra = hashes + [10**6 + j for j in rng.sample(range(30), 2)]
+                cache.add_free(extra, len(hashes), len(extra))
+                ref.add_free(extra, len(hashes), len(extra))
+        else:
+            root = rng.randrange(8)
+            hashes = [root * 1000 + j for j in range(rng.randrange(1, 6))]
+            hashes += [10**7 + j for j in rng.sample(range(30), rng.randrange(0, 4))]
+            k = cache.match(hashes, len(hashes) - 1)
+            assert k == ref.match(hashes, len(hashes) - 1)
+            revive = cache.revive_cost(hashes, k)
+            assert cache.acquire(hashes, k) == revive == ref.acquire(hashes, k)
+            new = cache.register(hashes, k, len(hashes))
+            assert new == ref.register(hashes, k, len(hashes))
+            held.append((hashes, k + new))
+        if rng.random() < 0.001:                     # rare enough for stale entries to pile up
+            room = rng.randrange(0, 60)
+            cache.evict_to(room)
+            ref.evict_to(room)
+        assert cache.free_blocks == len(ref.free)
+        assert set(cache.units) == set(ref.refs)
+        assert all(cache.units[h].refs == n for h, n in ref.refs.items())
+        compacted += cache.queue is not queue
+        queue = cache.queue
+    assert compacted                                # the stale entries were dropped along the way
