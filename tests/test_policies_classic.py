@@ -141,3 +141,18 @@ def test_argmin_healthy_is_the_first_smallest_healthy_value_from_start_on():
         assert argmin_healthy(values, v, start) == expected
         assert argmin_healthy(tuple(values), v, start) == expected
         assert fewest(values, list(v.healthy), start) == expected
+
+
+@pytest.mark.parametrize("name, args", [("least_outstanding", {}), ("least_outstanding", {"load": "scraped"}),
+                                        ("round_robin", {}), ("random", {"seed": 5}), ("fewest_waiting", {})])
+def test_picked_policies_pickle_with_their_state(name, args):
+    """A process-pool backend (the replayer's) ships the policy by pickle: a built-in policy's compiled
+    pick comes back with its state (tie rotation, next target, random stream) and decides the same."""
+    import pickle
+
+    v = view(5, outstanding_requests=[1, 0, 0, 2, 0], waiting=[0, 1, 0, 0, 0], healthy=[True, True, False, True, True])
+    pol = make_policy(name, args)
+    for i in range(7):
+        pol.choose(req(i), v)
+    copy = pickle.loads(pickle.dumps(pol))
+    assert [copy.choose(req(i), v) for i in range(20)] == [pol.choose(req(i), v) for i in range(20)]

@@ -124,7 +124,9 @@ class Fewest(Pick):
     :data:`WAITING`); ties rotate with a counter advanced at each decision (``rotate``), else go to
     the lowest index."""
 
-    def __init__(self, load: int, rotate: bool) -> None:
+    def __init__(self, load: int = REQUESTS, rotate: bool = True) -> None:
+        """Defaults for pickle only (a process-pool backend ships the policy): it makes the object
+        with no arguments, then restores every attribute."""
         self.load = load
         self.rotate = rotate
         self.tie = 0
@@ -161,7 +163,8 @@ class Cycle(Pick):
 class Uniform(Pick):
     """A uniformly random healthy target from the policy's own stream."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int = 0) -> None:
+        """The default for pickle only, as :class:`Fewest`'s."""
         self.rng = Random(seed)
 
     def choose(self, ledger: Ledger) -> int:
