@@ -44,6 +44,7 @@ MODULES: tuple[str, ...] = (
     "llmlb_bench.sim.timeline",
     "llmlb_bench.sim.prefix_cache",
     "llmlb_bench.sim.replica",
+    "llmlb_bench.sim.indexed_heap",
     "llmlb_bench.sim.kv_blocks",
     "llmlb_bench.sim.step_plan",
     "llmlb_bench.sim.simulation",

@@ -61,9 +61,10 @@ Idle time draws idle power and is not attributed to requests.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from llmlb_bench.sim.cost import CostModel
+from llmlb_bench.sim.indexed_heap import HeapEntry, IndexedHeap
 from llmlb_bench.sim.jitter import StepJitter
 from llmlb_bench.sim.kv_blocks import KVBlocks
 from llmlb_bench.sim.lora import AdapterSlots, LoraCosts
@@ -79,14 +80,16 @@ from llmlb_bench.sim.timeline import Timeline
 STEP_TIME_TOLERANCE = 0.02
 
 
-class Request:
-    """A request inside the simulator (one trace row, possibly one phase of it)."""
+class Request(HeapEntry):
+    """A request inside the simulator (one trace row, possibly one phase of it). While it decodes it
+    sits in its replica's finish heap, keyed by the step of its last token there
+    (sim/indexed_heap.py)."""
 
     __slots__ = ("row", "route", "prompt", "out", "stop", "generated", "computed", "blocks", "ctx0", "step0",
-                 "finish", "finish_seq", "finish_pos", "span_start", "spans", "preemptions", "cached", "hashes",
-                 "shared", "energy", "first_token_s", "prefill_target", "decode_target", "target", "sched", "stints", "adapter")
+                 "span_start", "spans", "preemptions", "cached", "hashes", "shared", "energy", "first_token_s", "prefill_target", "decode_target", "target", "sched", "stints", "adapter")
 
     def __init__(self, row: int, route: Any, prompt: int, out: int, hashes: Sequence[int] | None = None) -> None:
+        super().__init__()
         self.row = row
         self.route = route
         self.prompt = prompt
@@ -97,9 +100,6 @@ class Request:
         self.blocks = 0          # KV blocks of this request while waiting/prefilling (decoding: derived)
         self.ctx0 = 0            # decoding: tokens in KV when decode started ...
         self.step0 = -1          # ... at this step index (-1 = not decoding)
-        self.finish = 0          # decoding: the step of its last token here (the finish heap's key) ...
-        self.finish_seq = 0      # ... ties broken by the order decodes started
-        self.finish_pos = -1     # its place in the replica's finish heap (-1: not in it)
         self.span_start = -1     # step of the first token of the current token run
         self.spans: list[tuple[int, int]] | None = None   # token runs as step ranges on ``target``
         self.preemptions = 0
@@ -114,93 +114,6 @@ class Request:
         self.sched: Any = None   # per-request state of a non-FCFS engine scheduler (e.g. its sort key)
         self.stints: list[Stint] | None = None   # decode stints under speculative decoding (sim/speculative.py)
         self.adapter: str | None = route.adapter if route is not None else None   # LoRA adapter (None: base)
-
-
-class FinishHeap:
-    """A replica's decoding requests, the next to finish first (ties: the order their decodes
-    started): an indexed binary heap of the requests themselves, keyed by their ``finish`` and
-    ``finish_seq`` and knowing their place (``finish_pos``).
-
-    WHY not ``heapq`` over ``(step, seq, request, generation)`` tuples with stale entries skipped: a
-    tuple per decode start, its boxed ints and the generic tuple comparisons were a tenth of the
-    compiled replica's step (docs/simulator.md, Speed); here the keys are typed attributes of the
-    request, compared natively, and a request that stops decoding early (preempted, aborted, a
-    failure) leaves the heap at once, so there is nothing stale to skip. The order of finishes is
-    the tuples' order: by step, then by sequence number."""
-
-    __slots__ = ("heap", "_seq")
-
-    def __init__(self) -> None:
-        #: the requests in heap order
-        self.heap: list[Request] = []
-        self._seq = 0
-
-    def push(self, req: Request, step: int) -> None:
-        """``req`` makes its last token here at step ``step``."""
-        self._seq += 1
-        req.finish = step
-        req.finish_seq = self._seq
-        self.heap.append(req)
-        self._up(len(self.heap) - 1, req)
-
-    def pop(self) -> Request:
-        """Remove and return the first to finish (the heap is not empty)."""
-        heap = self.heap
-        req = heap[0]
-        req.finish_pos = -1
-        last = heap.pop()
-        if heap:
-            self._down(0, last)
-        return req
-
-    def remove(self, req: Request) -> None:
-        """``req`` stopped decoding before its finish (nothing when it is not in the heap)."""
-        k = req.finish_pos
-        if k < 0:
-            return
-        req.finish_pos = -1
-        last = self.heap.pop()
-        if last is not req:
-            self._down(self._up(k, last), last)
-
-    def _up(self, k: int, req: Request) -> int:
-        """Move ``req``, entering at place ``k``, towards the root; returns its place."""
-        heap = self.heap
-        while k > 0:
-            p = (k - 1) >> 1
-            other = heap[p]
-            if not _finishes_before(req, other):
-                break
-            heap[k] = other
-            other.finish_pos = k
-            k = p
-        heap[k] = req
-        req.finish_pos = k
-        return k
-
-    def _down(self, k: int, req: Request) -> None:
-        """Move ``req``, entering at place ``k``, towards the leaves."""
-        heap = self.heap
-        n = len(heap)
-        while True:
-            c = 2 * k + 1
-            if c >= n:
-                break
-            child = heap[c]
-            if c + 1 < n and _finishes_before(heap[c + 1], child):
-                c += 1
-                child = heap[c]
-            if not _finishes_before(child, req):
-                break
-            heap[k] = child
-            child.finish_pos = k
-            k = c
-        heap[k] = req
-        req.finish_pos = k
-
-
-def _finishes_before(a: Request, b: Request) -> bool:
-    return a.finish < b.finish or (a.finish == b.finish and a.finish_seq < b.finish_seq)
 
 
 class Replica:
@@ -272,7 +185,9 @@ class Replica:
         self.decoding = 0                            # running requests in decode
         self.context = 0                             # their total context for the next step
         self.phase = [0] * block_size                # decoders needing a new block at steps = p (mod bs)
-        self.finish_heap = FinishHeap()
+        #: decoding requests by the step of their last token here, ties by the order their decodes started
+        self.finish_heap = IndexedHeap()
+        self._seq = 0
         #: what the next step runs (planned at a boundary, applied at the next; sim/step_plan.py)
         self.plan = StepPlan()
         self._done_here: list[Request] = []          # finished at a prefill completion, reported at the boundary
@@ -453,8 +368,8 @@ class Replica:
         self._apply(self.run_n)
         finishing = self.finish_heap.heap
         step = self.step
-        while finishing and finishing[0].finish <= step:
-            req = self.finish_heap.pop()
+        while finishing and finishing[0].key <= step:
+            req = cast(Request, self.finish_heap.pop())
             self._release(req, self.kv.blocks(self._stop_decode(req)))
             done.append(req)
         if self._done_here:
@@ -522,7 +437,8 @@ class Replica:
             stints.append(Stint(s0, accepted, emitted))
             req.stints = stints
             steps = len(emitted)
-        self.finish_heap.push(req, s0 + steps - 1)
+        self._seq += 1
+        self.finish_heap.place(req, s0 + steps - 1, self._seq)
 
     def _stop_decode(self, req: Request) -> int:
         """Take ``req`` out of decode at the current boundary; returns the tokens in its KV."""
@@ -906,7 +822,7 @@ class Replica:
 
     def _next_finish(self) -> int:
         """Step at which the next decoding request finishes."""
-        return self.finish_heap.heap[0].finish
+        return int(self.finish_heap.heap[0].key)
 
     def _block_limit(self, n: int, free: int) -> int:
         """Largest m <= n such that the next m decode steps find their new blocks free."""

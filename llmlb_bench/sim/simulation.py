@@ -37,7 +37,7 @@ import gc
 import math
 import time
 from heapq import heappop, heappush
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +49,7 @@ from llmlb_bench.run_summary import ExpertLoadSummary, LoraSummary, RunSummary, 
 from llmlb_bench.schema import TRACE, trace_block_size
 from llmlb_bench.sim.autoscale import PoolStatus
 from llmlb_bench.sim.green import ClockLog
+from llmlb_bench.sim.indexed_heap import HeapEntry, IndexedHeap
 from llmlb_bench.sim.config import ClusterConfig
 from llmlb_bench.sim.fleet import Fleet
 from llmlb_bench.sim.moe import ExpertLoad
@@ -81,39 +82,32 @@ def _nothing() -> None:
     """``changed()`` when signals are only scraped: the unread stand-ins changed nothing."""
 
 
-class Boundary:
-    """One replica's pending run boundary: its time, sequence number (ties), the replica version it
-    belongs to and its place in the :class:`BoundaryHeap` (-1: none). One per replica, reused."""
+class Boundary(HeapEntry):
+    """One replica's pending run boundary: its time is the key, and the replica version it belongs
+    to. One per replica, reused."""
 
-    __slots__ = ("replica", "t", "seq", "version", "pos")
+    __slots__ = ("replica", "version")
 
     def __init__(self, replica: int) -> None:
+        super().__init__()
         self.replica = replica
-        self.t = 0.0
-        self.seq = 0
         self.version = 0
-        self.pos = -1
 
 
-class BoundaryHeap:
-    """The replicas' pending run boundaries, earliest first (ties: the order they were set in): an
-    indexed binary heap of each replica's one :class:`Boundary`.
+class BoundaryHeap(IndexedHeap):
+    """The replicas' pending run boundaries, earliest first (ties: the order they were set in).
 
     A replica has at most one boundary that can still be valid, the one set last (each new one follows
-    a ``version`` bump), so setting one updates the replica's entry in place instead of pushing a
-    tuple next to the stale one: no object per step, and the keys are typed attributes compared
-    natively, not tuples (the heap of ``(t, seq, replica, version)`` tuples was a tenth of a compiled
-    run, and the next form, plain lists of times and sequence numbers, still boxed every float it
-    stored; docs/simulator.md). The order of events is the one the tuples gave: by time, then by
-    sequence number."""
+    a ``version`` bump), so setting one moves the replica's entry in place instead of pushing a tuple
+    next to the stale one (sim/indexed_heap.py). A boundary whose replica's version moved on since
+    (the replica went idle, failed, or its run was cut) stays until it reaches the top."""
 
-    __slots__ = ("entries", "heap")
+    __slots__ = ("entries",)
 
     def __init__(self) -> None:
+        super().__init__()
         #: per replica index, its boundary
         self.entries: list[Boundary] = []
-        #: the boundaries in heap order
-        self.heap: list[Boundary] = []
 
     def set(self, i: int, t: float, seq: int, version: int) -> None:
         """Replica ``i``'s next boundary is at ``t`` (replacing the one it had, if any)."""
@@ -121,63 +115,8 @@ class BoundaryHeap:
         while len(entries) <= i:          # a replica the autoscaler added
             entries.append(Boundary(len(entries)))
         b = entries[i]
-        b.t = t
-        b.seq = seq
         b.version = version
-        k = b.pos
-        if k < 0:
-            k = len(self.heap)
-            self.heap.append(b)
-        self._down(self._up(k, b), b)
-
-    def pop(self) -> int:
-        """Remove the first boundary; returns its replica."""
-        heap = self.heap
-        b = heap[0]
-        b.pos = -1
-        last = heap.pop()
-        if heap:
-            self._down(0, last)
-        return b.replica
-
-    def _up(self, k: int, b: Boundary) -> int:
-        """Move ``b``, entering at place ``k``, towards the root; returns its place."""
-        heap = self.heap
-        while k > 0:
-            p = (k - 1) >> 1
-            other = heap[p]
-            if not _comes_before(b, other):
-                break
-            heap[k] = other
-            other.pos = k
-            k = p
-        heap[k] = b
-        b.pos = k
-        return k
-
-    def _down(self, k: int, b: Boundary) -> None:
-        """Move ``b``, entering at place ``k``, towards the leaves."""
-        heap = self.heap
-        n = len(heap)
-        while True:
-            c = 2 * k + 1
-            if c >= n:
-                break
-            child = heap[c]
-            if c + 1 < n and _comes_before(heap[c + 1], child):
-                c += 1
-                child = heap[c]
-            if not _comes_before(child, b):
-                break
-            heap[k] = child
-            child.pos = k
-            k = c
-        heap[k] = b
-        b.pos = k
-
-
-def _comes_before(a: Boundary, b: Boundary) -> bool:
-    return a.t < b.t or (a.t == b.t and a.seq < b.seq)
+        self.place(b, t, seq)
 
 
 class Simulation:
@@ -297,9 +236,9 @@ class Simulation:
         while True:
             tb = inf
             while boundaries.heap:
-                first = boundaries.heap[0]
+                first = cast(Boundary, boundaries.heap[0])
                 if first.version == replicas[first.replica].version:
-                    tb = first.t
+                    tb = first.key
                     break
                 boundaries.pop()       # stale: its replica's boundary moved or went
             ta = due[k] if k < n_order else inf
@@ -326,7 +265,7 @@ class Simulation:
                     self._work -= 1
                 handle(payload, now)
             else:
-                i = boundaries.pop()
+                i = cast(Boundary, boundaries.pop()).replica
                 rep = replicas[i]
                 nt = rep.boundary(done)
                 if nt is not None:
