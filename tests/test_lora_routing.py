@@ -101,3 +101,14 @@ def test_the_simulators_adapter_signals_are_as_stale_as_its_scrapes(tmp_path):
         seen[refresh] = pol.seen[1]
     assert seen[0.0] == (frozenset({"a1"}), frozenset())    # a1 decodes at t = 1: seen at once
     assert seen[10.0] == (frozenset(), frozenset())         # the only scrape so far was at t = 0
+
+
+def test_every_scrape_of_the_simulators_adapter_signals_reaches_the_view(tmp_path):
+    """Not only the first: a request at t = 2.5 sees the scrape at t = 2, when a1 was decoding."""
+    t = trace(np.array([0.0, 2.5]), 100, 500, adapter=pa.array(["a1", "a2"]))
+    cfg = ClusterConfig.build(replicas=1, max_loras=2, signal_refresh_s=1.0)
+    pol = _Watching()
+    with RunStore(tmp_path, config={}, backend="sim", run_id="r1") as run:
+        simulate(t, cfg, pol, run)
+    assert pol.seen[0] == (frozenset(), frozenset())
+    assert pol.seen[1] == (frozenset({"a1"}), frozenset())

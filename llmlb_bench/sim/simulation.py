@@ -44,7 +44,7 @@ import pyarrow as pa
 
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import Outcome, Policy, RouteRequest
-from llmlb_bench.policies.base import view_books
+from llmlb_bench.policies.base import put, view_books
 from llmlb_bench.run_summary import ExpertLoadSummary, LoraSummary, RunSummary, SwapSummary
 from llmlb_bench.schema import TRACE, trace_block_size
 from llmlb_bench.sim.autoscale import PoolStatus
@@ -469,8 +469,8 @@ class Simulation:
             books.waiting[i] = len(rep.waiting)
             books.running[i] = len(rep.running)
             books.kv_usage[i] = rep.blocks_used_at(tick) / rep.kv.total
-            if rep.lora is not None:
-                books.adapters[i] = rep.lora.snapshot()
+            if rep.lora is not None:     # a book, not a signal: put() publishes the view's tuple again
+                put(self.view, "adapters", i, rep.lora.snapshot())
             books.signal_time[i] = tick
         books.changed()
         return (k + 1) * self._refresh
