@@ -86,7 +86,8 @@ class Request(HeapEntry):
     (sim/indexed_heap.py)."""
 
     __slots__ = ("row", "route", "prompt", "out", "stop", "generated", "computed", "blocks", "ctx0", "step0",
-                 "span_start", "spans", "preemptions", "cached", "hashes", "shared", "energy", "first_token_s", "prefill_target", "decode_target", "target", "sched", "stints", "adapter")
+                 "span_start", "spans", "preemptions", "cached", "hashes", "shared", "energy", "first_token_s",
+                 "prefill_target", "decode_target", "target", "sched", "stints", "adapter")
 
     def __init__(self, row: int, route: Any, prompt: int, out: int, hashes: Sequence[int] | None = None) -> None:
         super().__init__()
