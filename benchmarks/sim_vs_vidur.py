@@ -336,7 +336,7 @@ def run_llmlb_child(trace_path: Path, setup: Setup, policy_name: str, results: P
     with RunStore(results, config={"cluster": cfg.to_dict()}, backend="sim", label="vs-vidur") as run:
         summary = simulate(trace, cfg, policy, run)
     return {"trace_load_s": round(load_s, 2), "wall_s": round(time.perf_counter() - wall0, 2),
-            "cpu_s": round(time.process_time() - cpu0, 2), "events": summary["events"],
+            "cpu_s": round(time.process_time() - cpu0, 3), "events": summary["events"],
             "sim_time_s": round(summary["sim_time_s"], 1), "status": summary["status"],
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             "run_dir": str(run.dir), "core": running()}
@@ -447,7 +447,7 @@ def render(r: dict[str, Any]) -> str:
         f"load average {r['load_average']:.1f}",
         f"{'':34}{'llmlb':>12}{'Vidur ' + r['vidur_version']:>16}{'Vidur / llmlb':>16}",
         f"{'simulation wall (s)':34}{o['wall_s']:>12.2f}{v['sim_wall_s']:>16.2f}{r['speed_ratio_wall']:>15.1f}x",
-        f"{'simulation CPU (s)':34}{o['cpu_s']:>12.2f}{v['sim_cpu_s']:>16.2f}{r['speed_ratio_cpu']:>15.1f}x",
+        f"{'simulation CPU (s)':34}{o['cpu_s']:>12.3f}{v['sim_cpu_s']:>16.2f}{r['speed_ratio_cpu']:>15.1f}x",
         f"{'  of which event loop (s)':34}{'':>12}{v['loop_wall_s']:>16.2f}",
         f"{'llmlb core':34}{o['core']}",
         *([f"{'simulation CPU, pure-Python core':34}{r['llmlb_pure_python']['cpu_s']:>12.2f}{v['sim_cpu_s']:>16.2f}"
