@@ -21,9 +21,9 @@ with a bootstrap interval, each side's spread (CV over its repeats), per-request
    replay). After the replays every calibration's profile is ANCHORED to the probes' long-run
    median (its step model rescaled, its drift the one the probes measured over minutes) and
    every cell simulated under K seeds with each calibration's profile as calibrated, anchored,
-   anchored with all of ``frontend_cpu_s`` (the frontend's CPU per request taken from the steps,
-   sim/profile.py) on the arriving request's own wait (``frontend_wait_share`` 1, the model
-   before calibrate measured the share), and anchored with the term zeroed, against the same
+   anchored with the share of ``frontend_cpu_s`` (the frontend's CPU per request taken from the
+   steps, sim/profile.py) that calibrate measured on the arriving request's own wait (reported in
+   its fit, not applied), and anchored with the term zeroed, against the same
    real replays: per cell and figure the bias, its interval, both spreads and the aims' verdict,
    per calibration and pooled;
 4. ``llmlb serve --profile`` replaying the 60% Poisson trace K times against the K vLLM replays
@@ -303,11 +303,13 @@ def main() -> None:
                 print(f"calibration {n + 1} anchored: {a['anchor']}; base step {1e3 * profiles[n]['step']['base_s']:.3f}"
                       f" -> {1e3 * a['step']['base_s']:.3f} ms; drift {a['jitter']}", flush=True)
             save()
-            # every calibration's profile as calibrated, anchored, anchored with all of frontend_cpu_s on the
-            # arriving request's wait (the model before frontend_wait_share) and with it zeroed, simulated
-            # against the same real replays under the same seeds
+            # every calibration's profile as calibrated, anchored, anchored with the share of frontend_cpu_s
+            # calibrate measured on the arriving request's wait (reported, not applied) and with the term
+            # zeroed, simulated against the same real replays under the same seeds
             variants = {"calibrated": profiles, "anchored": anchoreds,
-                        "anchored_whole_wait": [{**a, "frontend_wait_share": 1.0} for a in anchoreds],
+                        "anchored_measured_share": [{**a, "frontend_wait_share": a["fit"]["frontend_wait"]["share"]}
+                                                    if a["fit"].get("frontend_wait", {}).get("share") is not None
+                                                    else a for a in anchoreds],
                         "anchored_frontend_zeroed": [{**a, "frontend_cpu_s": 0.0} for a in anchoreds]}
             sims: dict[str, list[dict[tuple[str, float], list[list[dict]]]]] = {}
             t_sim = time.time()

@@ -256,7 +256,7 @@ def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, capsys,
     # the arrivals' share of it: measured from the interference runs the client saw (calibrate/frontend.py;
     # read back exactly from rows of a known share in tests/test_frontend_cpu.py), the machine's figure here
     waited = got["fit"]["frontend_wait"]
-    assert waited["arrivals"] > 0 and got.get("frontend_wait_share") == waited["share"]
+    assert waited["arrivals"] > 0 and "frontend_wait_share" not in got       # reported, not applied
     print(f"client's fit: frontend_cpu_s {1e3 * client.coefficients['frontend_cpu_s']:.3f} ms "
           f"(served {1e3 * FRONTEND_S:.3f}); server's {1e3 * c['frontend_cpu_s']:.3f} ms; arrivals' wait share "
           f"{waited['share']} (served 0.5)")
