@@ -16,6 +16,7 @@ import pyarrow as pa
 from llmlb_bench.compiled_core import running as running_core
 from llmlb_bench.errors import UserError
 from llmlb_bench.metrics.cache_accounting import keep_accounting
+from llmlb_bench.metrics.sample import sample_ranges
 from llmlb_bench.policies import make_policy
 from llmlb_bench.schema import trace_block_size, trace_spec
 from llmlb_bench.sim import ClusterConfig, simulate
@@ -53,7 +54,8 @@ def simulate_run(trace: pa.Table, trace_path: Path, cluster: ClusterConfig, poli
     if users is not None:
         config["closed_loop"] = {"users": users, "think_s": think_s}
     store = RunStore(results, config=config, backend="sim", label=label or policy, run_id=run_id,
-                     trace_path=trace_path, trace_rows=trace.num_rows, trace_spec=trace_spec(trace))
+                     trace_path=trace_path, trace_rows=trace.num_rows, trace_spec=trace_spec(trace),
+                     token_sample=sample_ranges(trace.column("request_id")))
     units: dict[str, int] = {}      # filled from the simulator's summary: its caching replicas
     keep_accounting(store, trace, units)
     with store as run:

@@ -269,7 +269,19 @@ CACHE_ACCOUNTING = TableSpec(
     required=frozenset({"run_id", "request_id"}),
 )
 
-SPECS = {s.kind: s for s in (TRACE, REQUESTS, SERIES, CACHE_ACCOUNTING)}
+#: The token times of a run's requests in the id ranges of the report's default block sample, kept apart
+#: by the store as the run is written (llmlb_bench.store.token_sample), so that the report reads the
+#: sample's lists alone: the same values as the requests' own ``token_times``.
+TOKEN_SAMPLE = TableSpec(
+    kind="token_sample",
+    version=1,
+    schema=pa.schema([pa.field("run_id", pa.string(), nullable=False),
+                      pa.field("request_id", pa.int64(), nullable=False),
+                      pa.field("token_times", pa.list_(TOKEN_SEGMENT))]),
+    required=frozenset({"run_id", "request_id"}),
+)
+
+SPECS = {s.kind: s for s in (TRACE, REQUESTS, SERIES, CACHE_ACCOUNTING, TOKEN_SAMPLE)}
 
 
 #: what pyarrow raises on a damaged or crafted file (a footer that decodes as a type it does not

@@ -92,7 +92,9 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     runs = [r for r in cat.runs_table.to_pylist() if r["run_id"] in counts]
     token_runs = {k: (c["ok"], c["id_min"], c["id_max"]) for k, c in counts.items()}
     # token-level figures (ITL, pacing) read each run's token rows once, flattened once
-    tokens = {k: Segments.of(token_rows(cat, k, *v, opt.token_sample)) for k, v in token_runs.items()}
+    dirs = {run["run_id"]: run["dir"] for run in runs}
+    tokens = {k: Segments.of(token_rows(cat, k, *v, opt.token_sample, table(metas[k], "token_sample") or None,
+                                        dirs.get(k))) for k, v in token_runs.items()}
     groups: dict[str, dict[str, list[str]]] = {}
     for u in units:
         if u[0] != "run":

@@ -22,7 +22,7 @@ import sys
 import threading
 from pathlib import Path
 from types import TracebackType
-from typing import Callable, Iterator, Mapping, TypedDict
+from typing import Callable, Iterator, Mapping, Sequence, TypedDict
 
 from llmlb_bench import __version__
 from llmlb_bench.errors import UserError
@@ -32,6 +32,7 @@ from llmlb_bench.redact import secrets as secret_values
 from llmlb_bench.run_summary import RunSummary
 from llmlb_bench.schema import REQUESTS, SERIES, TRACE
 from llmlb_bench.store.sink import ParquetSink
+from llmlb_bench.store.token_sample import TokenSampleRef, TokenSampleSink
 
 RUN_JSON = "run.json"
 REQUESTS_FILE = "requests.parquet"
@@ -66,6 +67,7 @@ class _MetaAtEnd(TypedDict, total=False):
 
     rows: dict[str, int]
     summary: RunSummary
+    token_sample: TokenSampleRef    # only where the backend named the sample's ranges (store/token_sample.py)
 
 
 class RunMeta(_MetaAtEnd):
@@ -187,7 +189,8 @@ class RunStore:
     def __init__(self, results_dir: str | Path, *, config: Mapping[str, object], backend: str,
                  label: str = "run", run_id: str | None = None, trace_path: str | Path | None = None,
                  trace_rows: int | None = None, trace_spec: Mapping[str, object] | None = None,
-                 rows_per_group: int = 65536, flush_s: float = 1.0) -> None:
+                 rows_per_group: int = 65536, flush_s: float = 1.0,
+                 token_sample: Sequence[tuple[int, int]] = ()) -> None:
         self.run_id = check_name(run_id, "--run-id") if run_id is not None else new_run_id(label)
         self.dir = Path(results_dir) / self.run_id
         #: run.json's summary, filled by the backend (its shape: run_summary.py)
@@ -197,6 +200,9 @@ class RunStore:
         self.finalizers: list[Callable[["RunStore"], None]] = []
         self._rows_per_group = rows_per_group
         self._flush_s = flush_s
+        #: request id ranges (inclusive) whose token times are also kept apart for the report's block sample
+        self._token_ranges = list(token_sample)
+        self.token_sample: TokenSampleSink | None = None
         self.meta: RunMeta = {
             "run_id": self.run_id,
             "label": label,
@@ -232,8 +238,12 @@ class RunStore:
                 self.dir.mkdir(parents=True)
                 write_json_atomic(self.dir / RUN_JSON, _stored_meta(self.meta))
                 const = {"run_id": self.run_id}
+                if self._token_ranges:
+                    self.token_sample = TokenSampleSink(self.dir, self.run_id, self._token_ranges,
+                                                        rows_per_group=self._rows_per_group, flush_s=self._flush_s)
                 self.requests = ParquetSink(self.dir / REQUESTS_FILE, REQUESTS, constants=const,
-                                            rows_per_group=self._rows_per_group, flush_s=self._flush_s)
+                                            rows_per_group=self._rows_per_group, flush_s=self._flush_s,
+                                            tee=self.token_sample.take if self.token_sample else None)
                 self.series = ParquetSink(self.dir / SERIES_FILE, SERIES, constants=const,
                                           rows_per_group=self._rows_per_group, flush_s=self._flush_s)
         except KeyboardInterrupt as exc:
@@ -252,6 +262,7 @@ class RunStore:
             self.requests.close()
         finally:
             self.series.close()
+        kept = self.token_sample.close() if self.token_sample is not None else None
         if exc_type is not None and issubclass(exc_type, UserError) and self.requests.rows_written == 0 \
                 and self.series.rows_written == 0:
             # bad input found once the run had started (e.g. no Ray cluster at --address) and before
@@ -274,4 +285,6 @@ class RunStore:
         self.meta["finished_utc"] = _now()
         self.meta["rows"] = {"requests": self.requests.rows_written, "series": self.series.rows_written}
         self.meta["summary"] = self.summary
+        if kept is not None:
+            self.meta["token_sample"] = kept
         write_json_atomic(self.dir / RUN_JSON, _stored_meta(self.meta))

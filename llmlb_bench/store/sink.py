@@ -52,8 +52,11 @@ class ParquetSink:
 
     def __init__(self, path: str | Path, spec: TableSpec, *, rows_per_group: int = 65536,
                  flush_s: float = 2.0, constants: Mapping[str, object] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 tee: Callable[[pa.Table], None] | None = None) -> None:
         self.path = Path(path)
+        #: also handed every batch written (its table, derived columns filled): store/token_sample.py
+        self.tee = tee
         self.spec = spec
         self.rows_per_group = rows_per_group
         self.flush_s = flush_s
@@ -85,7 +88,10 @@ class ParquetSink:
         """
         table = rows_table(self.spec, columns, self.constants)
         if table is not None:
-            self._append(with_derived(table))
+            table = with_derived(table)
+            if self.tee is not None:
+                self.tee(table)
+            self._append(table)
 
     def _append(self, table: pa.Table) -> None:
         i = table.schema.get_field_index("error")
