@@ -8,7 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from llmlb_bench.metrics.pacing import Segments, Streams, deadline_walk, fluid_deadlines, pacing, slowest_gap_mean, subset
+from llmlb_bench.metrics.pacing import (Segments, Streams, _pivots, deadline_walk, fluid_deadlines, largest_gaps,
+                                        pacing, slowest_gap_mean, subset)
 from llmlb_bench.metrics.run_figures import PacingFigures
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sample import blocks, is_sampled, token_rows
@@ -164,6 +165,35 @@ def test_pruned_search_gives_the_same_quantile_bit_for_bit(n):
         assert np.quantile(pruned, q) == np.quantile(every, q)
         if n >= 57:
             assert (pruned != every).any()    # some requests left the search early
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_requests_left_out_before_the_search_keep_the_quantile_bit_for_bit(seed):
+    """The common-deadline walks (pacing._pivots) leave most requests out before the search; the
+    quantiles come out exactly as from every request's own deadline, whether the first guess was
+    too high (lowered), low (raised) or fine."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(1500):
+        t = ttft = float(rng.uniform(0.05, 1.0))
+        step = float(rng.lognormal(-3.5, 0.3))
+        segs = []
+        for _ in range(rng.integers(1, 12)):
+            count = int(rng.integers(1, 40))
+            segs.append(seg(t, step if rng.random() < 0.9 else 0.0, count))
+            t = t + step * (count - 1) + float(rng.exponential(0.05)) * (rng.random() < 0.3)
+        rows.append((ttft, segs))
+    s = streams(rows)
+    every = fluid_deadlines(s)
+    for q in (0.5, 0.9, 0.99, 0.999):
+        assert np.quantile(fluid_deadlines(s, q), q) == np.quantile(every, q)
+    # at the 99th percentile most requests never enter the search, from any first guess: a largest gap
+    # scaled up (the guess too high, lowered) or down (too low, raised)
+    i = math.floor(0.99 * (s.n - 1))
+    for scale in (0.3, 1.0, 3.0):
+        live, walked = _pivots(s, scale * largest_gaps(s), np.full(s.n, 1e-9), i)
+        assert 0 < live.sum() < s.n / 4 and walked.n == live.sum()
+        assert (every[live].min() > np.sort(every)[i - 1] - 0.01) or live.sum() > s.n - i
 
 
 def test_subset_walks_each_kept_request_as_the_whole_does():

@@ -224,6 +224,61 @@ def subset(s: Streams, keep: np.ndarray) -> Streams:
                    rank_of=new_rank[s.rank_of[keep]], value=s.value[entry], mult=s.mult[entry], offsets=offsets)
 
 
+def largest_gaps(s: Streams) -> np.ndarray:
+    """Each request's largest gap (0 without one): the top of its search bracket."""
+    hi: np.ndarray = np.zeros(s.n)
+    for a, b in zip(s.offsets[:-1], s.offsets[1:]):
+        np.maximum(hi[:b - a], s.value[a:b], out=hi[:b - a])
+    out: np.ndarray = hi[s.rank_of]
+    return out
+
+
+def _missed_at_most_target(s: Streams, deadline: float) -> np.ndarray:
+    """Per request, whether at most 10% of its decode deadlines are missed at ``deadline`` (the search's test)."""
+    missed, total = deadline_walk(s, np.full(s.n, deadline), None)
+    ok: np.ndarray = missed <= FLUID_TARGET_MISS_RATE * total
+    return ok
+
+
+def _pivots(s: Streams, hi: np.ndarray, width: np.ndarray, i: int) -> tuple[np.ndarray, Streams]:
+    """Which requests can still be the order statistic of rank ``i`` (or above it), found by walking
+    all requests at one common deadline first, then fewer: where the searched deadline lies below the
+    ``i``-th, a request is left out of the search.
+
+    Why it is exact: a request's miss rate never rises with the deadline (a larger deadline leaves at
+    least the slack a smaller one does after every gap, so it meets every gap the smaller one meets and
+    misses the others by fewer periods; in floating point too, every step being a monotone rounding),
+    so the search keeps ``lo`` below every deadline that passes and ends with ``hi`` within
+    ``width`` (its final bracket) of ``lo``. A request that passes at ``p`` therefore ends below
+    ``p + width``; one that fails at ``q`` ends above ``q``. With ``q = p + max(width)``: when at
+    least ``n - i`` requests fail at ``q``, the ``i``-th order statistic lies above ``q``, and every
+    request that passes at ``p`` lies below it. The first deadline is a guess (a fifth of the 99th
+    percentile of the requests' largest gaps); a guess too high is divided by four, one that leaves
+    many requests in is raised towards the lowest deadline found too high, each time walking only
+    the requests still in."""
+    n = s.n
+    live = np.arange(n)             # the requests still in, and their streams
+    walked = s
+    p = 0.2 * float(np.quantile(hi, FLUID_QUANTILE))
+    low, too_high = 0.0, math.inf   # the highest common deadline that left requests out, the lowest that did not
+    for _ in range(8):
+        if not 0 < p or too_high < 1.05 * low:
+            break
+        failed = ~_missed_at_most_target(walked, p)
+        q = p + float(width[live].max())
+        over = subset(walked, failed)
+        if int((~_missed_at_most_target(over, q)).sum()) >= n - i:
+            live, walked, low = live[failed], over, p
+            if len(live) <= 4 * (n - i):
+                break
+        else:
+            too_high = p
+        p = math.sqrt(low * too_high) if low and too_high < math.inf else 1.2 * p if low else p / 4
+    keep = np.zeros(n, dtype=bool)
+    keep[live] = True
+    return keep, walked
+
+
 def fluid_deadlines(s: Streams, quantile: float | None = None) -> np.ndarray:
     """Per request, the smallest decode deadline with at most 10% of its deadlines missed.
 
@@ -236,26 +291,43 @@ def fluid_deadlines(s: Streams, quantile: float | None = None) -> np.ndarray:
     ends narrower than ``_PRECISION`` of it (0.025%, far below the spread of
     a 99th percentile across requests).
 
-    With ``quantile`` (the only figure a run reports is one quantile of these deadlines), a request
-    leaves the search once its bracket shows it can be neither of the two order statistics
-    ``numpy.quantile`` interpolates between: wholly below the lowest value the lower one can take,
-    or wholly above the highest the upper one can take. Its value is then a bound of its bracket,
-    on the same side, so that quantile comes out bit for bit as without pruning (tested), while
-    after a few rounds only the requests near it are walked.
+    With ``quantile`` (the only figure a run reports is one quantile of these deadlines), the requests
+    that surely lie below the lower of the two order statistics ``numpy.quantile`` interpolates between
+    are left out before the search (:func:`_pivots`: two walks at one common deadline, most requests
+    out at once) and get a value below it; during the search, a request leaves once its bracket shows
+    it can be neither order statistic: wholly below the lowest value the lower one can take, or wholly
+    above the highest the upper one can take. Its value is then a bound of its bracket, on the same
+    side. Each request still searched is searched as without pruning, so that quantile comes out bit
+    for bit as without it (tested), while only the requests near it are walked.
     """
-    hi: np.ndarray = np.zeros(s.n)
-    for a, b in zip(s.offsets[:-1], s.offsets[1:]):
-        np.maximum(hi[:b - a], s.value[a:b], out=hi[:b - a])
-    hi = hi[s.rank_of]
-    lo = np.zeros(s.n)
+    hi = largest_gaps(s)
     k = _lanes(len(s.offsets) - 1, len(s.value))
+    rounds = math.ceil(math.log(1 / _PRECISION, k))
+    if quantile is None or s.n <= 1:
+        return _search(s, hi, k, rounds, None)
+    i = math.floor(quantile * (s.n - 1))
+    j = min(i + 1, s.n - 1)
+    # the search's final bracket: (K^-rounds of the largest gap), doubled for the rounding of its steps
+    live, walked = _pivots(s, hi, hi * 2.0 * float(k) ** -rounds, i)
+    if live.all():
+        return _search(s, hi, k, rounds, (i, j))
+    out = np.zeros(s.n)             # the requests left out lie below the i-th order statistic, as 0 does
+    below = s.n - int(live.sum())
+    out[live] = _search(walked, hi[live], k, rounds, (i - below, j - below))
+    return out
+
+
+def _search(s: Streams, hi: np.ndarray, k: int, rounds: int, ranks: tuple[int, int] | None) -> np.ndarray:
+    """The K-ary search of :func:`fluid_deadlines` over ``s`` from the brackets (0, ``hi``], pruned to
+    the order statistics of ``ranks`` (among these requests) where given."""
+    hi = hi.copy()
+    lo = np.zeros(s.n)
     steps = np.arange(1, k) / k
     live = np.ones(s.n, dtype=bool)
     walked = s
-    for _ in range(math.ceil(math.log(1 / _PRECISION, k))):
-        if quantile is not None and s.n > 1:
-            i = math.floor(quantile * (s.n - 1))
-            j = min(i + 1, s.n - 1)
+    for _ in range(rounds):
+        if ranks is not None and s.n > 1:
+            i, j = ranks
             below = hi < np.partition(lo, i)[i]       # surely under the lower order statistic
             above = lo > np.partition(hi, j)[j]       # surely over the upper one
             lo[below] = hi[below]
