@@ -55,6 +55,7 @@ from llmlb_bench.run_summary import DomainEnergy, DomainReadings, EnergySummary
 from llmlb_bench.schema import REQUESTS, SERIES
 from llmlb_bench.store.parts import read_parts, replace_table
 from llmlb_bench.store.run import REQUESTS_FILE, SERIES_FILE
+from llmlb_bench.store.sink import layout
 
 #: the target name of a domain that several endpoints share
 FLEET = "fleet"
@@ -353,7 +354,7 @@ def join_energy(run_dir: Path, domains: Sequence[tuple[str, Sequence[str]]], kee
     column = pa.array(energy, pa.float64(), mask=np.isnan(energy))
     table = requests.set_column(requests.schema.get_field_index("energy_j"), "energy_j", column)
     schema = REQUESTS.schema.with_metadata(REQUESTS.metadata())
-    replace_table(req_path, [table.cast(schema)], schema, compression="zstd")
+    replace_table(req_path, [table.cast(schema)], schema, **layout(REQUESTS.schema))
     total = sum(d["energy_j"] for d in per_domain.values())
     idle = sum(d["idle_j"] for d in per_domain.values())
     return {"energy_j": total, "attributed_j": float(np.nansum(energy[~keep])), "idle_j": idle,
