@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence, TypedDict
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -47,7 +47,16 @@ def rows_table(spec: TableSpec, columns: Mapping[str, Sequence[object] | pa.Arra
     return pa.Table.from_arrays(arrays, schema=spec.schema)
 
 
-def layout(schema: pa.Schema) -> dict[str, object]:
+class Layout(TypedDict):
+    """The options of :func:`layout`, as :class:`pyarrow.parquet.ParquetWriter` takes them."""
+
+    compression: str
+    use_dictionary: list[str]
+    write_statistics: list[str]
+    column_encoding: dict[str, str]
+
+
+def layout(schema: pa.Schema) -> Layout:
     """How a table of ``schema`` is laid out in Parquet: the writer's options (every writer of run
     tables uses them, so a run reads the same way whichever backend wrote it).
 
