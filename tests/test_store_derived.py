@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from llmlb_bench.metrics.counts import cells_sql, rollup
+from llmlb_bench.metrics.counts import cells, rollup
 from llmlb_bench.metrics.speculative import speculative
 from llmlb_bench.metrics.sql import request_metrics_sql
 from llmlb_bench.schema import REQUESTS, TOKEN_SEGMENT
@@ -84,7 +84,7 @@ def test_tokens_per_delivery_is_the_same_from_the_column_and_from_the_lists(tmp_
     want = cols["output_tokens"][status == "ok"][has].sum() / per_row[has].sum()
     cat = Catalog([tmp_path])
     cat.con.execute(request_metrics_sql())
-    got = speculative(cat, {u[1]: c for u, c in rollup(cat.query(cells_sql(None)), None).items() if u[0] == "run"})
+    got = speculative(cat, {u[1]: c for u, c in rollup(cells(cat, None), None).items() if u[0] == "run"})
     assert set(got) == {"new", "old", "mixed"}
     assert got["new"]["tokens_per_delivery"] == got["old"]["tokens_per_delivery"] == \
         got["mixed"]["tokens_per_delivery"] == want

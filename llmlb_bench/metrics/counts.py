@@ -1,10 +1,12 @@
 """Counts of every run, SLO class, tenant and LoRA adapter, from one scan.
 
 The scan groups requests into cells (run, SLO class, tenant, adapter, status,
-good) with plain sums; there are few cells, so rolling them up in Python to
+good, and the tenth of the run's arrival window the steady state reads: :mod:`llmlb_bench.metrics.steady`)
+with plain sums, kept in a small temporary table; there are few cells, so rolling them up to
 runs, runs x classes, runs x tenants and runs x adapters costs nothing, and every group's counts
 come out of the same pass as the run's (a ``FILTER`` per status and
-grouping sets cost several times more per row).
+grouping sets cost several times more per row), and so do the steady state's tenths (over ten million
+rows the one scan costs 1.45 CPU-s where the counts' and the steady state's apart cost 1.3 and 0.76).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import pyarrow as pa
 
 from llmlb_bench.metrics.fairness import INPUT_WEIGHT, OUTPUT_WEIGHT
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.sql import exact_sum
+from llmlb_bench.metrics.sql import exact_partial_sum, exact_total
 from llmlb_bench.schema import ArrowRow, Status
+from llmlb_bench.store.views import Catalog
 
 GROUPS = ("slo_class", "tenant", "adapter")
 #: the group of a row whose column is null: the default class and tenant; the base model
@@ -72,27 +75,58 @@ class Counts(TypedDict):
     deliveries_unknown: int
 
 
-def cells_sql(slo: Slo | None) -> str:
+#: the temporary table of request cells that :func:`cells` fills (the steady state reads its tenths from it)
+CELLS = "request_cells"
+#: the TTFT of an ok request (null for the others): the cells sum it for the steady state's mean per tenth
+TTFT_OK = "CASE WHEN status = 'ok' THEN ttft_s END"
+
+
+def cells_sql(slo: Slo | None, part: str) -> str:
+    """SQL filling :data:`CELLS`: the requests grouped into cells by run, SLO class, tenant, adapter,
+    status, good and ``part`` (an SQL expression: the steady state's tenth of the arrival window), with
+    plain sums, and the float sums as :func:`~llmlb_bench.metrics.sql.exact_partial_sum`'s unrounded
+    parts, so that any grouping of the cells adds them up to the exact sums of its rows."""
     return f"""
-SELECT run_id, slo_class, tenant, adapter, status, good, count(*) AS n,
+CREATE OR REPLACE TEMP TABLE {CELLS} AS
+SELECT run_id, slo_class, tenant, adapter, status, good, {part} AS part, count(*) AS n,
        sum(input_tokens)::BIGINT AS input_tokens, sum(output_tokens)::BIGINT AS output_tokens,
        sum(cached_tokens)::BIGINT AS cached_tokens, sum(preemptions)::BIGINT AS preemptions,
        sum((preemptions > 0)::INTEGER)::BIGINT AS preempted_requests,
        min(scheduled_s) AS t0, max(scheduled_s) AS last_scheduled, max(end_s) AS t1,
-       min(request_id) AS id_min, max(request_id) AS id_max, {exact_sum('energy_j')} AS energy_j,
+       min(request_id) AS id_min, max(request_id) AS id_max, {exact_partial_sum('energy_j', 'energy_j')},
        sum(CASE WHEN first_token_s IS NOT NULL THEN input_tokens END)::BIGINT AS prefilled_tokens,
-       {exact_sum('norm_latency_s')} AS nl_sum, count(norm_latency_s) AS nl_n,
+       {exact_partial_sum('norm_latency_s', 'nl_sum')}, count(norm_latency_s) AS nl_n,
        sum(reasoning_tokens)::BIGINT AS reasoning_tokens, count(nullif(reasoning_tokens, 0)) AS reasoning_requests,
        sum(output_tokens) FILTER (WHERE deliveries > 0)::BIGINT AS delivered_tokens,
        sum(deliveries)::BIGINT AS deliveries, count(*) FILTER (WHERE deliveries IS NULL) AS deliveries_unknown,
        sum(spec_drafts)::BIGINT AS spec_drafts, sum(spec_draft_tokens)::BIGINT AS spec_draft_tokens,
-       sum(spec_accepted_tokens)::BIGINT AS spec_accepted_tokens
+       sum(spec_accepted_tokens)::BIGINT AS spec_accepted_tokens,
+       {exact_partial_sum(TTFT_OK, 'ttft')}, count({TTFT_OK}) AS ttft_n
 FROM (SELECT * REPLACE (coalesce(slo_class, 'default') AS slo_class, coalesce(tenant, 'default') AS tenant,
                         coalesce(adapter, 'base') AS adapter),
              ({slo.predicate() if slo else 'NULL'}) AS good
       FROM request_metrics)
 GROUP BY ALL
 """
+
+
+#: the cells of :data:`CELLS` over all their tenths: the rows :func:`rollup` reads
+_SUMS = ("n", "input_tokens", "output_tokens", "cached_tokens", "preemptions", "preempted_requests", "prefilled_tokens",
+         "nl_n", "reasoning_tokens", "reasoning_requests", "delivered_tokens", "deliveries", "deliveries_unknown",
+         "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
+COUNTS_SQL = f"""
+SELECT run_id, slo_class, tenant, adapter, status, good, {', '.join(f'sum({k})::BIGINT AS {k}' for k in _SUMS)},
+       min(t0) AS t0, max(last_scheduled) AS last_scheduled, max(t1) AS t1, min(id_min) AS id_min,
+       max(id_max) AS id_max, {exact_total('energy_j')} AS energy_j, {exact_total('nl_sum')} AS nl_sum
+FROM {CELLS} GROUP BY ALL
+"""
+
+
+def cells(cat: Catalog, slo: Slo | None, part: str = "NULL::INTEGER") -> pa.Table:
+    """Fill :data:`CELLS` from one scan of ``request_metrics`` (cut into tenths by ``part``: see
+    :func:`cells_sql`) and return its cells over all tenths, for :func:`rollup`."""
+    cat.con.execute(cells_sql(slo, part))
+    return cat.query(COUNTS_SQL)
 
 
 def _empty(c: ArrowRow) -> Counts:
@@ -106,7 +140,7 @@ def _empty(c: ArrowRow) -> Counts:
 
 
 def _merge(m: Counts, c: ArrowRow) -> None:
-    """Add one cell (a row of :func:`cells_sql` as pyarrow hands it, untyped) to ``m``."""
+    """Add one cell (a row of :func:`cells` as pyarrow hands it, untyped) to ``m``."""
     n: int = c["n"]
     status: Status = c["status"]
     m["requests"] += n

@@ -100,9 +100,29 @@ def exact_sum(expr: str, where: str | None = None) -> str:
     aggregate's ``FILTER`` would.
     """
     f = f" FILTER (WHERE {where})" if where else ""
+    exact, apart = _exact_terms(expr)
+    return f"({exact}{f}::DOUBLE + {apart}{f})"
+
+
+def _exact_terms(expr: str) -> tuple[str, str]:
+    """The two sums of :func:`exact_sum`: the small values' as a DECIMAL (exact, not yet rounded), the
+    others' as DOUBLE."""
     small = f"abs({expr}) < {_EXACT_BELOW}"
-    return (f"(sum(CAST(CASE WHEN {small} THEN {expr} END AS {_EXACT})){f}::DOUBLE"
-            f" + sum(CASE WHEN {small} THEN 0.0 ELSE {expr} END){f})")
+    return f"sum(CAST(CASE WHEN {small} THEN {expr} END AS {_EXACT}))", f"sum(CASE WHEN {small} THEN 0.0 ELSE {expr} END)"
+
+
+def exact_partial_sum(expr: str, name: str) -> str:
+    """SQL: :func:`exact_sum`'s two sums over a group, unrounded, as the columns ``{name}_exact`` and
+    ``{name}_apart`` of a table of partial sums (cells), for :func:`exact_total` to add up over any
+    grouping of the cells: the decimal parts add exactly, so the total is :func:`exact_sum`'s over the
+    same rows to the last bit, however the rows were split into cells."""
+    exact, apart = _exact_terms(expr)
+    return f"{exact} AS {name}_exact, {apart} AS {name}_apart"
+
+
+def exact_total(name: str) -> str:
+    """SQL: the sum of the partial sums :func:`exact_partial_sum` named ``name`` over a group of cells."""
+    return f"(sum({name}_exact)::DOUBLE + sum({name}_apart))"
 
 
 def exact_avg(expr: str, where: str | None = None) -> str:

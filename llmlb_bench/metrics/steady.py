@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from typing import Mapping, TypedDict
 
+from llmlb_bench.metrics.counts import CELLS
 from llmlb_bench.metrics.run_figures import SteadyFigures, SteadyPart
 from llmlb_bench.metrics.slo import Slo
-from llmlb_bench.metrics.sql import exact_avg, quote
+from llmlb_bench.metrics.sql import exact_total, quote
 from llmlb_bench.store.views import Catalog
 
 PARTS = 10
@@ -36,32 +37,51 @@ COLLAPSE = 0.20
 class SteadyInputs(TypedDict):
     """What :func:`steady_state` reads of one run (the summary's figures)."""
 
-    t0: float | None            # first and last scheduled time
-    t1: float | None
     window_s: float             # arrival window
     tail_s: float | None        # last end - last scheduled time
     attainment: float | None    # over the run; None without an SLO
 
 
-def _sql(slo: Slo | None, spans: Mapping[str, tuple[float, float]]) -> str:
-    """Per run and tenth of its arrival window: mean TTFT of ok requests and attainment (one grouped scan)."""
-    good = f"({slo.predicate()})::INTEGER" if slo else "NULL::INTEGER"
-    values = ", ".join(f"({quote(r)}, {a!r}, {max(b - a, 1e-9)!r})" for r, (a, b) in spans.items())
-    return f"""
-WITH b(run_id, t0, span) AS (VALUES {values})
-SELECT run_id, least(floor((scheduled_s - t0) / span * {PARTS}), {PARTS - 1})::INTEGER AS part,
-       {exact_avg("CASE WHEN status = 'ok' THEN ttft_s END")} AS ttft_mean, avg({good}) AS attainment, count(*) AS n
-FROM request_metrics JOIN b USING (run_id) GROUP BY ALL ORDER BY run_id, part
+def part_sql(cat: Catalog) -> str:
+    """SQL: the tenth of its run's arrival window a request arrived in (0 to 9: from the run's first to
+    its last scheduled time, by ``scheduled_s``), null for a run without scheduled times. The counts'
+    scan groups its cells by it (:func:`llmlb_bench.metrics.counts.cells`), so the tenths cost no scan
+    of their own.
+
+    Each run's first time and span are written as the shortest literals that read back as them, which
+    DuckDB types DECIMAL and casts to DOUBLE in the arithmetic; they are cast once here, in one row per
+    run, and the expression carries the resulting doubles exactly, so a request's tenth is what the
+    literals give, to the bit."""
+    spans = {r["run_id"]: (r["t0"], max(r["t1"] - r["t0"], 1e-9)) for r in cat.query(
+        "SELECT run_id, min(scheduled_s) AS t0, max(scheduled_s) AS t1 FROM requests GROUP BY ALL ORDER BY run_id")
+        .to_pylist() if r["t0"] is not None and r["t1"] is not None}
+    if not spans:
+        return "NULL::INTEGER"
+    values = ", ".join(f"({quote(r)}, {a!r}, {b!r})" for r, (a, b) in spans.items())
+    typed = cat.query(f"SELECT run_id, t0::DOUBLE AS t0, span::DOUBLE AS span FROM (VALUES {values}) b(run_id, t0, span)")
+    t0, span = ("CASE run_id " + " ".join(f"WHEN {quote(r['run_id'])} THEN '{r[k]!r}'::DOUBLE" for r in typed.to_pylist())
+                + " END" for k in ("t0", "span"))
+    return f"least(floor((scheduled_s - {t0}) / {span} * {PARTS}), {PARTS - 1})::INTEGER"
+
+
+#: per run and tenth: the mean TTFT of its ok requests (exact: :func:`llmlb_bench.metrics.sql.exact_total`), its good
+#: requests and the requests judged (good not null), and its requests, from the counts' cells
+_PARTS_SQL = f"""
+SELECT run_id, part, {exact_total('ttft')} / sum(ttft_n)::BIGINT AS ttft_mean, sum(n) FILTER (WHERE good)::BIGINT AS good,
+       sum(n) FILTER (WHERE good IS NOT NULL)::BIGINT AS judged, sum(n)::BIGINT AS n
+FROM {CELLS} WHERE part IS NOT NULL GROUP BY ALL
 """
 
 
 def steady_state(cat: Catalog, runs: Mapping[str, SteadyInputs], slo: Slo | None) -> dict[str, SteadyFigures]:
-    """run id -> ``{flags: [sentences], parts: [{part, ttft_mean, attainment, n}], tail_s, window_s}``."""
+    """run id -> ``{flags: [sentences], parts: [{part, ttft_mean, attainment, n}], tail_s, window_s}``, from
+    the counts' cells (:func:`llmlb_bench.metrics.counts.cells`, cut by :func:`part_sql`)."""
     parts: dict[str, list[SteadyPart]] = {}
-    spans = {r: (t0, t1) for r, v in runs.items() if (t0 := v["t0"]) is not None and (t1 := v["t1"]) is not None}
-    for row in (cat.query(_sql(slo, spans)).to_pylist() if spans else []):
+    for row in cat.query(_PARTS_SQL).to_pylist():
+        # good / judged as avg() of the good flag over the tenth gives it (both exact below 2^53)
         parts.setdefault(row["run_id"], []).append(
-            {"part": row["part"], "ttft_mean": row["ttft_mean"], "attainment": row["attainment"], "n": row["n"]})
+            {"part": row["part"], "ttft_mean": row["ttft_mean"],
+             "attainment": (row["good"] or 0) / row["judged"] if row["judged"] else None, "n": row["n"]})
     limit = min(slo.limits_for(None).get("ttft", GROWTH_MIN_S), GROWTH_MIN_S) if slo else GROWTH_MIN_S
     out: dict[str, SteadyFigures] = {}
     for run_id, r in runs.items():

@@ -36,7 +36,7 @@ import pyarrow as pa
 from llmlb_bench.metrics.control import control
 from llmlb_bench.metrics.conversations import conversations
 from llmlb_bench.metrics.adapters import adapter_loads
-from llmlb_bench.metrics.counts import GROUPS, Counts, cells_sql, rollup
+from llmlb_bench.metrics.counts import GROUPS, Counts, cells, rollup
 from llmlb_bench.metrics.definitions import ANSWER_FIGURES, WAIT, WAIT_FIGURE, Definitions, Figure, figures
 from llmlb_bench.metrics.distribution import Sample, describe
 from llmlb_bench.metrics.energy import energy_and_cost
@@ -56,7 +56,7 @@ from llmlb_bench.metrics.speculative import speculative
 from llmlb_bench.metrics.sql import request_metrics_sql
 from llmlb_bench.metrics.cache_accounting import accounting_summary
 from llmlb_bench.metrics.state import serving_state
-from llmlb_bench.metrics.steady import steady_state
+from llmlb_bench.metrics.steady import part_sql, steady_state
 from llmlb_bench.store.views import Catalog
 
 
@@ -87,7 +87,7 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     metas = metas_of(cat.runs_table)
     cat.con.execute(request_metrics_sql(arrival_runs(metas)))  # the views have every schema column (store.views)
     figs = figures(opt.definitions)
-    units = rollup(cat.query(cells_sql(slo)), slo)
+    units = rollup(cells(cat, slo, part_sql(cat)), slo)   # the steady state's tenths from the same scan
     counts = {u[1]: m for u, m in units.items() if u[0] == "run"}
     runs = [r for r in cat.runs_table.to_pylist() if r["run_id"] in counts]
     token_runs = {k: (c["ok"], c["id_min"], c["id_max"]) for k, c in counts.items()}
@@ -126,7 +126,6 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     windows = {k: arrival_window(counts[k]["requests"], counts[k]["t0"], counts[k]["last_scheduled"], metas[k])
                or durations[k] for k in ids}
     steady = steady_state(cat, {k: {
-        "t0": counts[k]["t0"], "t1": counts[k]["last_scheduled"],
         "window_s": windows[k], "attainment": _attainment(counts[k]) if slo is not None else None,
         "tail_s": _tail(counts[k])} for k in ids}, slo)
     loops = control(cat, {k: {"spec": table(metas[k], "trace").get("spec"),
