@@ -112,26 +112,33 @@ class Streams:
         """The streams of token rows whose segments are flattened already."""
         table, n = segments.table, segments.table.num_rows
         parent, start, gap, cnt = segments.parent, segments.start, segments.gap, segments.count
-        first = np.r_[True, parent[1:] != parent[:-1]] if len(parent) else np.zeros(0, bool)
-        inter = np.zeros_like(start)
-        inter[1:] = start[1:] - (start[:-1] + gap[:-1] * (cnt[:-1] - 1))
-        value = np.empty(2 * len(start))
-        mult = np.empty(2 * len(start), dtype=np.int64)
-        value[0::2], value[1::2] = inter, gap
-        mult[0::2], mult[1::2] = (~first).astype(np.int64), np.maximum(cnt - 1, 0)
-        keep = mult > 0
-        req, value, mult = np.repeat(parent, 2)[keep], value[keep], mult[keep]
-        length = np.bincount(req, minlength=n)
+        # each segment gives up to two entries, in this order: the gap from the previous segment's last
+        # token (one gap; not for a request's first segment) and its own count - 1 gaps. They are
+        # scattered straight to their slots, one pass per kind (an interleaved array of both kinds,
+        # then filtered, cost the same again in fresh memory)
+        after = np.zeros(len(parent), dtype=bool)
+        np.equal(parent[1:], parent[:-1], out=after[1:])
+        spaced = cnt > 1
+        per_segment = after.view(np.int8) + spaced.view(np.int8)
+        end = np.cumsum(per_segment, dtype=np.int64)
+        length = np.bincount(parent, weights=per_segment, minlength=n).astype(np.int64)
         by_length = np.argsort(-length, kind="stable")
         rank_of = np.empty(n, dtype=np.int64)
         rank_of[by_length] = np.arange(n)
-        starts = np.r_[0, np.cumsum(length)[:-1]] if n else np.zeros(0, np.int64)
-        pos = np.arange(len(req)) - starts[req]
-        active = np.bincount(pos, minlength=int(length.max()) if n else 0)
+        longest = int(length.max()) if n else 0
+        active = n - np.cumsum(np.bincount(length, minlength=longest + 1))[:-1]   # requests reaching each position
         offsets = np.r_[0, np.cumsum(active)]
-        slot = offsets[pos] + rank_of[req]
-        v, m = np.empty_like(value), np.empty_like(mult)
-        v[slot], m[slot] = value, mult
+        first = end - per_segment - (np.cumsum(length) - length)[parent]   # the segment's first position
+        rank = rank_of[parent]
+        v = np.empty(int(end[-1]) if len(end) else 0)
+        m = np.empty(len(v), dtype=np.int64)
+        i = np.flatnonzero(after)
+        slot = offsets[first[i]] + rank[i]
+        v[slot] = start[i] - (start[i - 1] + gap[i - 1] * (cnt[i - 1] - 1))
+        m[slot] = 1
+        i = np.flatnonzero(spaced)
+        slot = offsets[first[i] + after[i]] + rank[i]
+        v[slot], m[slot] = gap[i], cnt[i] - 1
         return cls(ttft=table.column("ttft").to_numpy(zero_copy_only=False).astype(float),
                    slo_class=table.column("slo_class").to_pylist(), rank_of=rank_of, value=v, mult=m,
                    offsets=offsets)
