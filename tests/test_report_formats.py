@@ -69,6 +69,21 @@ def test_terminal_report_has_sections_and_group_tables(results, capsys):
         assert text in out, text
 
 
+def test_a_group_without_ok_requests_has_no_percentiles_and_the_report_still_renders(tmp_path, capsys):
+    """A tenant whose every request failed has no TTFT or E2E percentile (a group's figures leave them
+    out): its row says so, where the report failed with a KeyError (the multi-LoRA preset's adapters)."""
+    sent = [0.0, 1.0, 2.0, 3.0]
+    store_run(tmp_path, "r", {
+        "request_id": [0, 1, 2, 3], "tenant": ["a", "b", "a", "b"], "sent_s": sent, "scheduled_s": sent,
+        "first_token_s": [0.1, None, 2.1, None], "last_token_s": [0.3, None, 2.3, None],
+        "token_times": [[seg(0.1, 0.1, 3)], None, [seg(2.1, 0.1, 3)], None], "input_tokens": [10] * 4,
+        "output_tokens": [3, 0, 3, 0], "status": ["ok", "error", "ok", "error"]}, label="r")
+    out = run_cli(["report", str(tmp_path), "--slo", "ttft=250ms"], capsys).out
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines() if " req · " in line}
+    assert "TTFT p99 100 ms" in rows["a"] and "E2E p99 0.30 s" in rows["a"]
+    assert "TTFT p99 - ms" in rows["b"] and "E2E p99 - s" in rows["b"]
+
+
 def test_terminal_splits_many_runs_into_tables_that_fit(results):
     doc = build(Catalog([results]), ReportOptions(slo=Slo.parse("ttft=250ms")))
     console = Console(width=terminal.FIGURE_WIDTH + 2 * terminal.RUN_WIDTH + 1, record=True, file=sys.stderr)

@@ -439,8 +439,10 @@ def groups(doc: ReportDoc, key: GroupKey) -> Table | None:
             parts = [f"{fmt(d['requests'], ',d')} req"]
             if with_slo:
                 parts.append(f"{fmt(None if d['attainment'] is None else 100 * d['attainment'], '.1f')}%")
-            parts.append(f"TTFT p99 {fmt(None if d['ttft_p99'] is None else 1e3 * d['ttft_p99'], ',.0f')} ms")
-            parts.append(f"E2E p99 {fmt(d['e2e_p99'], ',.2f')} s")
+            # a group's percentiles are there only where it has ok requests with the figure (GroupLatency)
+            ttft = d.get("ttft_p99")
+            parts.append(f"TTFT p99 {fmt(None if ttft is None else 1e3 * ttft, ',.0f')} ms")
+            parts.append(f"E2E p99 {fmt(d.get('e2e_p99'), ',.2f')} s")
             cells.append(" · ".join(parts))
         t.rows.append([g] + cells)
     return t
