@@ -68,41 +68,17 @@ _NEEDED = ["request_id", "target", "prefill_target", "status", "scheduled_s", "s
            "input_tokens", "output_tokens", "reasoning_tokens", "cached_tokens", "predicted_cached_tokens"]
 
 
-def _first_below(outs: tuple[np.ndarray, ...], level: np.ndarray, owner: np.ndarray, pos: np.ndarray) -> None:
-    """Lower ``outs[k][row]`` to the position of the row's first block whose ``level`` is at most
-    ``k``, among these blocks (``level``, ``owner`` and ``pos`` aligned; each out starts at the rows'
-    lengths): after every part of the blocks, ``outs[k]`` holds how many of each row's blocks are
-    above level ``k`` before the first that is not (the levels nest: offered, reachable, ready).
-
-    ``owner`` is non-decreasing (a row's blocks come in prompt order), so a row's first such
-    block is the first of its own among them: no scatter-minimum needed. Only the blocks below the
-    top level are read again, once per level."""
-    miss = np.flatnonzero(level < len(outs))
-    if not len(miss):
-        return
-    level, owner, pos = level[miss], owner[miss], pos[miss]
-    for k, out in enumerate(outs):
-        at = np.flatnonzero(level <= k) if k + 1 < len(outs) else np.arange(len(level))
-        if len(at):
-            rows = owner[at]
-            first = np.r_[True, rows[1:] != rows[:-1]]
-            rows = rows[first]
-            out[rows] = np.minimum(out[rows], pos[at[first]])
-
-
 def _ranks(primary: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Rank of each row by (``primary``, request id); NaN sorts last."""
-    order = _order_by(primary, ids)
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order), dtype=np.int64)
-    return rank
-
-
-def _order_by(primary: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """The rows' order by (``primary``, request id); NaN sorts last."""
     key = np.where(np.isnan(primary), np.inf, primary)
-    order: np.ndarray = np.lexsort((ids, key))
-    return order
+    return _reordered(np.lexsort((ids, key)))
+
+
+def _reordered(order: np.ndarray) -> np.ndarray:
+    """The inverse of the permutation ``order``: where each row went."""
+    back = np.empty(len(order), dtype=np.int64)
+    back[order] = np.arange(len(order), dtype=np.int64)
+    return back
 
 
 def _lists(hashes: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -114,8 +90,13 @@ def _lists(hashes: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, 
     return values, lengths, offsets
 
 
-#: blocks accounted at once: the working arrays (a dozen words per block) grow with this, not with the run
+#: blocks accounted at once: the working arrays (a few words per block) grow with this, not with the run
 CHUNK_BLOCKS = 1 << 20
+
+#: sorted blocks taken at once by the passes after a part's sort: their arrays (a few hundred KB)
+#: stay in the processor's cache between passes, which on this machine makes those passes about
+#: 1.6x cheaper than over the whole part
+PIECE_BLOCKS = 1 << 16
 
 #: an odd multiplier (2^64 / golden ratio): multiplying by it permutes the 64-bit words and spreads
 #: hashes that differ only in their low bits (small integers) over the high ones
@@ -128,10 +109,10 @@ def _part_bits(blocks: int, chunk: int) -> int:
 
 
 def _parts(values: np.ndarray, replies: np.ndarray, offsets: np.ndarray, bits: int
-           ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """The blocks in ``2^bits`` parts by hash: per part ``(hashes, index, counts, reply)``, its
-    blocks' hashes and indices in ``values`` (in that order), how many of them each row has, and the
-    indices in ``replies`` (indices into ``values`` of the reply blocks) of its reply blocks.
+           ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The blocks in ``2^bits`` parts by hash: per part ``(index, counts, reply)``, its prompt
+    blocks' indices in ``values`` (ascending), how many of them each row has, and the indices in
+    ``replies`` (indices into ``values`` of the reply blocks) of its reply blocks.
 
     Every bucket compares a block only with blocks of the same hash, so a part that holds whole
     hash groups is accounted on its own, and the result does not depend on how many parts there
@@ -139,7 +120,7 @@ def _parts(values: np.ndarray, replies: np.ndarray, offsets: np.ndarray, bits: i
     A part is the top bits of the spread hash; beyond the trace, what every part needs is one
     byte per block (its part) and the rows' own arrays."""
     if not bits:
-        yield values, np.arange(len(values), dtype=np.int64), np.diff(offsets), np.arange(len(replies), dtype=np.int64)
+        yield np.arange(len(values), dtype=np.int64), np.diff(offsets), np.arange(len(replies), dtype=np.int64)
         return
     part = np.empty(len(values), dtype=np.uint8 if bits <= 8 else np.uint16)
     chunk = 1 << 20
@@ -149,120 +130,175 @@ def _parts(values: np.ndarray, replies: np.ndarray, offsets: np.ndarray, bits: i
     for k in range(1 << bits):
         index = np.flatnonzero(part == k)
         # each row's first block in the part: a search per row, not per block
-        yield np.take(values, index), index, np.diff(np.searchsorted(index, offsets)), np.flatnonzero(reply_part == k)
+        yield index, np.diff(np.searchsorted(index, offsets)), np.flatnonzero(reply_part == k)
 
 
 @dataclass
-class _Rows:
-    """What the per-block passes read of the rows (aligned with them, the rows in arrival order:
-    a row's index is its arrival rank), and the leading blocks they find. A block is reachable when
-    the earliest prefill finish rank among the earlier arrivals on its target that computed it is
+class _Slots:
+    """The rows in (holder, arrival) order, a row's *slot* its place in that order, and what the
+    per-block passes read per slot. A block is named by its row's slot and its place in the row
+    (``pos``: its prompt blocks first, then the reply blocks it provides), packed as
+    ``slot << pos_bits | pos`` in the low ``low_bits`` bits of its sort key, under its spread
+    hash: one sort gives the (hash, target, arrival) order and keeps each block's name, so nothing
+    is gathered through a permutation and nothing is scattered back. A block is reachable when the
+    earliest prefill finish rank among the earlier arrivals on its target that computed it is
     below its row's ``done``, and ready when also below ``ready``."""
 
-    provide: np.ndarray     # rank by (first_token_s, request id), or n + 1 for a row that never computed its prompt
-    done: np.ndarray        # that rank for a row with a target (no first token ranks last), -1 for none
-    ready: np.ndarray       # the smaller of done and how many prefills had finished when the row was sent
-    holder: np.ndarray      # index of the row's target in the sorted names, -1 for none
+    row: np.ndarray         # the row at each slot
+    arrival: np.ndarray     # per slot: the row's arrival rank
+    holder: np.ndarray      # per slot: index of the row's target in the sorted names, -1 for none
+    provide: np.ndarray     # per slot: rank by (first_token_s, request id), n + 1 for a row that never computed its prompt
+    done: np.ndarray        # per slot: that rank for a row with a target (no first token ranks last), -1 for none
+    ready: np.ndarray       # per slot: the smaller of done and how many prefills had finished when the row was sent
     targets: int            # how many names (0: offered alone, no per-target pass)
+    lengths: np.ndarray     # per row: prompt blocks
+    prompt_base: np.ndarray  # per row: slot << pos_bits less the row's offset (+ a prompt block's index: its name)
+    reply_base: np.ndarray   # per row: the same for its reply blocks (+ a reply block's index in the replies)
+    pos_bits: int
+    low_bits: int
     #: out, per row, leading blocks: seen in an earlier arrival's prompt or reply (offered), reachable on
     #: its target, and reachable and computed before it was sent
     leading: tuple[np.ndarray, ...]
 
 
-def _merged(values: np.ndarray, owner: np.ndarray, counts: np.ndarray, reply_values: np.ndarray,
-            provider: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """A part's prompt blocks (rows ``owner``, non-decreasing; ``counts`` of them per row) and reply
-    blocks (rows ``provider``, also non-decreasing) as one sequence in the order of their rows,
-    i.e. of arrival: ``(hashes, owners, at)``, ``at`` where each prompt block went (None: no reply
-    blocks, the prompt blocks as they were), a row's reply blocks after its prompt blocks. The
-    order of one row's blocks does not matter: a row is never its own earlier arrival."""
-    if not len(provider):
-        return values, owner, None
-    replies = np.bincount(provider, minlength=len(counts))
-    before = np.cumsum(replies) - replies                      # reply blocks of the rows before
-    at = np.arange(len(owner), dtype=np.int64) + np.take(before, owner)
-    put = np.arange(len(provider), dtype=np.int64) + np.take(np.cumsum(counts), provider)
-    owners = np.repeat(np.arange(len(counts), dtype=np.int64), counts + replies)
-    hashes = np.empty(len(owners), dtype=np.uint64)
-    hashes[at], hashes[put] = values, reply_values
-    return hashes, owners, at
+def _slots(arrival: np.ndarray, holder: np.ndarray, provide: np.ndarray, done: np.ndarray, ready: np.ndarray,
+           targets: int, lengths: np.ndarray, offsets: np.ndarray, provider: np.ndarray,
+           leading: tuple[np.ndarray, ...]) -> _Slots:
+    """The per-slot tables of rows given per row (any order), ``provider`` the rows of the reply
+    blocks (non-decreasing)."""
+    n = len(arrival)
+    row = np.lexsort((arrival, holder))
+    slot = _reordered(row)
+    replies = np.bincount(provider, minlength=n)
+    rstart = np.cumsum(replies) - replies
+    pos_bits = max(int((lengths + replies).max(initial=0)).bit_length(), 1)
+    low_bits = max(n - 1, 0).bit_length() + pos_bits
+    if low_bits > 56:
+        raise ValueError(f"cache accounting: {n:,} requests of up to {1 << pos_bits:,} blocks are more than its "
+                         "64-bit sort key can name")
+    return _Slots(row=row, arrival=arrival[row], holder=holder[row], provide=provide[row], done=done[row],
+                  ready=ready[row], targets=targets, lengths=lengths, prompt_base=(slot << pos_bits) - offsets[:-1],
+                  reply_base=(slot << pos_bits) + lengths - rstart, pos_bits=pos_bits, low_bits=low_bits,
+                  leading=leading)
 
 
-def _account_part(r: _Rows, values: np.ndarray, owner: np.ndarray, pos: np.ndarray, counts: np.ndarray,
-                  reply_values: np.ndarray, provider: np.ndarray, bits: int) -> None:
-    """The leading offered, reachable and ready blocks of one part (:func:`_parts`, ``bits`` the
-    spread hash's top bits all its blocks share): ``values``, ``owner`` and ``pos`` its prompt
-    blocks (``counts`` per row), ``reply_values`` and ``provider`` its reply blocks and their rows.
+def _account_part(s: _Slots, values: np.ndarray, index: np.ndarray, counts: np.ndarray, replies: np.ndarray,
+                  reply: np.ndarray, provider: np.ndarray, bits: int, piece: int) -> None:
+    """Lower ``s.leading`` by one part (:func:`_parts`: its prompt blocks ``index`` into ``values``,
+    ``counts`` per row; its reply blocks ``reply`` into ``replies`` and ``provider``), whose blocks
+    share the spread hash's top ``bits``.
 
-    One vectorised sort of a 64-bit word per block that packs (the spread hash's next bits, the
-    block's target + 1, its place in arrival order) puts the blocks in (hash, target, arrival)
-    order; the rare runs where distinct hashes share those bits are sorted again by value. Then a
-    block is offered unless its row is the earliest of its hash (a segmented minimum), and per
-    (hash, target) group in arrival order the earliest prefill finish among the earlier members
-    says whether it was reachable (a running maximum of ``group * big - finish rank``); rows are
-    in arrival order, so a block's row is its arrival rank and the rows' arrays are read directly.
-    A block's level counts what it is (offered, reachable, ready: each implies the one before)."""
-    hashes, owners, at = _merged(values, owner, counts, reply_values, provider)
-    size = len(owners)
+    One vectorised sort of a 64-bit word per block packing (the spread hash's next bits, the
+    block's name: :class:`_Slots`) puts the blocks in (hash, target, arrival) order; the rare
+    hashes that share those bits with another are put in order by value (:func:`_split_shared`).
+    The sorted words are then read in pieces of about ``piece`` cut at hash boundaries
+    (:func:`_account_piece`)."""
+    size, low = len(index) + len(reply), s.low_bits
     if not size:
         return
-    ibits = max(size - 1, 1).bit_length()
-    tbits = r.targets.bit_length()
-    low = tbits + ibits
-    key = hashes * _SPREAD
+    key = np.empty(size, dtype=np.uint64)
+    np.take(values, index, out=key[:len(index)])
+    np.take(values, replies[reply], out=key[len(index):])
+    key *= _SPREAD
     if bits:
         key <<= np.uint64(bits)
+    # distinct hashes whose key bits are the same: neighbours in value order that differ below them
+    shared = np.sort(key)
+    near = shared[1:] ^ shared[:-1]
+    near -= np.uint64(1)                                       # equal hashes wrap to the top: not near
+    shared = np.unique(shared[1:][near < np.uint64((1 << low) - 1)] >> np.uint64(low))
     key &= np.uint64(((1 << 64) - 1) ^ ((1 << low) - 1))
-    if tbits:
-        key |= np.take((r.holder + 1).astype(np.uint64) << np.uint64(ibits), owners)
-    key |= np.arange(size, dtype=np.uint64)
+    name = np.empty(size, dtype=np.int64)
+    np.take(s.prompt_base, np.repeat(np.arange(len(counts), dtype=np.int64), counts), out=name[:len(index)])
+    name[:len(index)] += index
+    np.take(s.reply_base, provider[reply], out=name[len(index):])
+    name[len(index):] += reply
+    key |= name.view(np.uint64)
+    del name
     key.sort()
-    perm = (key & np.uint64((1 << ibits) - 1)).view(np.int64)
-    hv = np.take(hashes, perm)
+    splits = _split_shared(s, key, shared, values, replies) if len(shared) else np.zeros(0, dtype=np.int64)
+    # pieces end where a hash starts: the first key of the field at every piece-th word
+    ends = np.searchsorted(key, key[piece::piece] >> np.uint64(low) << np.uint64(low))
+    ends = np.unique(np.r_[ends[ends > 0], size])
+    a = 0
+    for b in ends.tolist():
+        _account_piece(s, key[a:b], splits[(splits >= a) & (splits < b)] - a)
+        a = b
+
+
+def _split_shared(s: _Slots, key: np.ndarray, shared: np.ndarray, values: np.ndarray, replies: np.ndarray
+                  ) -> np.ndarray:
+    """Within each run of sorted ``key`` whose hash bits are one of ``shared`` (distinct hashes
+    that share them), put the blocks in (hash, name) order, reading each block's hash back from
+    its name; returns where a hash starts inside such runs (positions in ``key``)."""
+    splits = []
+    for field in shared.tolist():
+        a = int(np.searchsorted(key, np.uint64(field << s.low_bits)))
+        b = int(np.searchsorted(key, np.uint64((field + 1 << s.low_bits) - 1), side="right"))
+        run = key[a:b]
+        name = (run & np.uint64((1 << s.low_bits) - 1)).view(np.int64)
+        row = s.row[name >> s.pos_bits]
+        at = name - s.prompt_base[row]                         # a prompt block's index in values
+        reply = (name & ((1 << s.pos_bits) - 1)) >= s.lengths[row]
+        at[reply] = replies[name[reply] - s.reply_base[row[reply]]]
+        hashes = values[at]
+        order = np.lexsort((run, hashes))
+        key[a:b], hashes = run[order], hashes[order]
+        splits.append(a + 1 + np.flatnonzero(hashes[1:] != hashes[:-1]))
+    return np.concatenate(splits)
+
+
+def _account_piece(s: _Slots, key: np.ndarray, splits: np.ndarray) -> None:
+    """Lower ``s.leading`` by a run of sorted keys that holds whole hashes (``splits``: where a hash
+    starts that shares its key bits with the one before). A block is offered unless its row is the
+    earliest arrival of its hash (a segmented minimum); per (hash, target) group in arrival order,
+    the earliest prefill finish among the earlier members says whether it was reachable and ready
+    (a running maximum of ``group * big - finish rank``). A block's level counts what it is
+    (offered, reachable, ready: each implies the one before); a row's leading blocks at level k
+    end at its first prompt block below k (a scatter-minimum over the blocks below the top)."""
+    size = len(key)
+    field = key >> np.uint64(s.low_bits)
     start = np.empty(size, dtype=bool)                         # a block whose hash differs from the one before
     start[0] = True
-    np.not_equal(hv[1:], hv[:-1], out=start[1:])
-    high = key >> np.uint64(low)
-    same = high[1:] == high[:-1]
-    if (same & start[1:]).any():                               # distinct hashes that share the key's bits
-        run = np.cumsum(np.r_[True, ~same]) - 1
-        bad = np.zeros(int(run[-1]) + 1, dtype=bool)
-        bad[run[1:][same & start[1:]]] = True
-        sel = np.flatnonzero(bad[run])
-        resort = np.lexsort((key[sel], hv[sel], run[sel]))
-        perm[sel], key[sel], hv[sel] = perm[sel][resort], key[sel][resort], hv[sel][resort]
-        np.not_equal(hv[1:], hv[:-1], out=start[1:])
+    np.not_equal(field[1:], field[:-1], out=start[1:])
+    start[splits] = True
+    key &= np.uint64((1 << s.low_bits) - 1)
+    name = key.view(np.int64)                                  # the sorted blocks' names, in place of the keys
+    slot = name >> s.pos_bits
+    arrival = np.take(s.arrival, slot)
     firsts = np.flatnonzero(start)
-    rows = np.take(owners, perm)
-    level = (rows != np.repeat(np.minimum.reduceat(rows, firsts), np.diff(np.r_[firsts, size]))).view(np.uint8)
-    if tbits:
-        target = key >> np.uint64(ibits)
-        target &= np.uint64((1 << tbits) - 1)
-        start[1:] |= target[1:] != target[:-1]
+    level = (arrival != np.repeat(np.minimum.reduceat(arrival, firsts), np.diff(np.r_[firsts, size]))).view(np.uint8)
+    if s.targets:
+        holder = np.take(s.holder, slot)
+        start[1:] |= holder[1:] != holder[:-1]
         # per (hash, target) group, the earliest finish rank among the earlier members: a running
         # maximum of group * big - rank; at a group's first block it is at least big (never a hit)
-        big = len(r.done) + 2
-        earliest = np.cumsum(start)
+        big = len(s.done) + 2
+        earliest = np.cumsum(start, dtype=np.int64)
         earliest *= big
-        run = np.maximum.accumulate(earliest - np.take(r.provide, rows))
+        run = np.maximum.accumulate(earliest - np.take(s.provide, slot))
         earliest[1:] -= run[:-1]
-        level += (earliest < np.take(r.done, rows)).view(np.uint8)
-        level += (earliest < np.take(r.ready, rows)).view(np.uint8)
-    back = np.empty(size, dtype=np.uint8)
-    back[perm] = level
-    _first_below(r.leading, back if at is None else np.take(back, at), owner, pos)
+        level += (earliest < np.take(s.done, slot)).view(np.uint8)
+        level += (earliest < np.take(s.ready, slot)).view(np.uint8)
+    miss = np.flatnonzero(level < len(s.leading))
+    level, name = level[miss], name[miss]
+    row = np.take(s.row, name >> s.pos_bits)
+    pos = name & ((1 << s.pos_bits) - 1)
+    prompt = np.flatnonzero(pos < np.take(s.lengths, row))    # a reply block is no row's leading block
+    level, row, pos = level[prompt], row[prompt], pos[prompt]
+    for k, out in enumerate(s.leading):
+        at = np.flatnonzero(level <= k) if k + 1 < len(s.leading) else slice(None)
+        np.minimum.at(out, row[at], pos[at])
 
 
-def _leading(r: _Rows, values: np.ndarray, offsets: np.ndarray, replies: np.ndarray, provider: np.ndarray,
+def _leading(s: _Slots, values: np.ndarray, offsets: np.ndarray, replies: np.ndarray, provider: np.ndarray,
              chunk: int) -> None:
-    """Fill ``r``'s leading offered (and, with targets, reachable and ready) blocks, part by part
+    """Fill ``s``'s leading offered (and, with targets, reachable and ready) blocks, part by part
     (:func:`_parts`): ``values`` and ``offsets`` the rows' prompt blocks, ``replies`` (indices into
     ``values``) and ``provider`` the reply blocks and the rows that computed them."""
     bits = _part_bits(len(values) + len(replies), chunk)
-    for part, index, counts, reply in _parts(values, replies, offsets, bits):
-        owner = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-        _account_part(r, part, owner, index - np.take(offsets, owner), counts, np.take(values, replies[reply]),
-                      provider[reply], bits)
+    for index, counts, reply in _parts(values, replies, offsets, bits):
+        _account_part(s, values, index, counts, replies, reply, provider, bits, min(chunk, PIECE_BLOCKS))
 
 
 def _replies(values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, parent: np.ndarray,
@@ -288,18 +324,10 @@ def _replies(values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, paren
     return at[by_row], provider[by_row]
 
 
-def _reordered(order: np.ndarray) -> np.ndarray:
-    """The inverse of the permutation ``order``: where each row went."""
-    back = np.empty(len(order), dtype=np.int64)
-    back[order] = np.arange(len(order), dtype=np.int64)
-    return back
-
-
-def _arrival_order(rows: pa.Table, column: str) -> np.ndarray | None:
-    """The rows' order by (``column``, request id), None where they are in it already: the per-block
-    passes take the rows in arrival order (a block's row is then its arrival rank)."""
-    order = _order_by(rows.column(column).fill_null(np.nan).to_numpy(), rows.column("request_id").to_numpy())
-    return order if (order != np.arange(len(order))).any() else None
+def _times(column: pa.ChunkedArray) -> np.ndarray:
+    """A time column as floats, NaN for null."""
+    times: np.ndarray = column.fill_null(np.nan).to_numpy()
+    return times
 
 
 def offered_tokens(trace: pa.Table, block: int) -> np.ndarray:
@@ -308,31 +336,25 @@ def offered_tokens(trace: pa.Table, block: int) -> np.ndarray:
     inp = trace.column("input_tokens").to_numpy().astype(np.int64)
     if "prefix_hashes" not in trace.column_names:
         return np.zeros(len(inp), dtype=np.int64)
-    hashes = keyed_prefix_hashes(trace)                             # no reuse across LoRA adapters
-    order = _arrival_order(trace, "arrival_s")
-    values, lengths, offsets = _lists(hashes if order is None else hashes.take(order))
-    none = np.zeros(0, dtype=np.int64)
-    r = _Rows(provide=none, done=none, ready=none, holder=none, targets=0, leading=(lengths,))
-    _leading(r, values, offsets, none, none, CHUNK_BLOCKS)
-    offered = lengths if order is None else lengths[_reordered(order)]
-    cached: np.ndarray = np.minimum(offered * block, inp)
+    values, lengths, offsets = _lists(keyed_prefix_hashes(trace))  # no reuse across LoRA adapters
+    n, none = len(lengths), np.zeros(0, dtype=np.int64)
+    arrival = _ranks(_times(trace.column("arrival_s")), trace.column("request_id").to_numpy())
+    unused = np.zeros(n, dtype=np.int64)
+    s = _slots(arrival, np.full(n, -1, dtype=np.int64), unused, unused, unused, 0, lengths, offsets, none,
+               (lengths.copy(),))
+    _leading(s, values, offsets, none, none, CHUNK_BLOCKS)
+    cached: np.ndarray = np.minimum(s.leading[0] * block, inp)
     return cached
 
 
 def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, rows: pa.Table,
             unit_of: Mapping[str, int], chunk_blocks: int = CHUNK_BLOCKS) -> pa.Table:
     """The per-request buckets (``CACHE_ACCOUNTING`` columns but ``run_id``) for ``rows`` (a
-    requests table) whose trace rows' ``prefix_hashes`` are ``hashes`` and whose parents (a
-    previous turn) are the rows ``parent`` (-1: none), both aligned with ``rows``. ``unit_of``:
-    each target's engine KV block in tokens (targets not named: the trace block). The blocks are
-    accounted in parts of about ``chunk_blocks`` (:func:`_parts`; the result is the same for any),
-    the rows in arrival order (rows in another order are put in it, and their buckets back)."""
-    order = _arrival_order(rows, "scheduled_s")
-    if order is not None:
-        back = _reordered(order)
-        moved = parent[order]
-        parent = np.where(moved >= 0, back[np.maximum(moved, 0)], -1)
-        return account(hashes.take(order), parent, block, rows.take(order), unit_of, chunk_blocks).take(back)
+    requests table, in any order) whose trace rows' ``prefix_hashes`` are ``hashes`` and whose
+    parents (a previous turn) are the rows ``parent`` (-1: none), both aligned with ``rows``.
+    ``unit_of``: each target's engine KV block in tokens (targets not named: the trace block). The
+    blocks are accounted in parts of about ``chunk_blocks`` (:func:`_parts`; the result is the
+    same for any)."""
     n = rows.num_rows
     ids = rows.column("request_id").to_numpy()
     # per row through the few distinct targets, in Arrow and NumPy (a Python walk per row cost a
@@ -344,8 +366,8 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     unit = np.array([max(block, unit_of.get(t, block)) for t in names] + [block], dtype=np.int64)[holder]
     ok = pc.equal(rows.column("status"), "ok").to_numpy(zero_copy_only=False)
     inp = rows.column("input_tokens").fill_null(0).to_numpy().astype(np.int64)
-    sent = rows.column("sent_s").fill_null(np.nan).to_numpy()
-    first = rows.column("first_token_s").fill_null(np.nan).to_numpy()
+    sent = _times(rows.column("sent_s"))
+    first = _times(rows.column("first_token_s"))
     cached_col = rows.column("cached_tokens")
     measured = cached_col.is_valid().to_numpy(zero_copy_only=False)
     cached = cached_col.fill_null(0).to_numpy().astype(np.int64)
@@ -362,11 +384,11 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     # prefills finished when each row was sent (finish times in rank order; none when sent is unknown)
     finished = np.searchsorted(np.sort(np.where(np.isnan(first), np.inf, first)), sent, side="right")
     reachable = np.where(holder >= 0, done, -1)
-    r = _Rows(provide=np.where(np.isnan(first), n + 1, done), done=reachable,
-              ready=np.minimum(reachable, np.where(np.isnan(sent), 0, finished)), holder=holder,
-              targets=len(names), leading=(lengths.copy(), lengths.copy(), lengths.copy()))
-    _leading(r, values, offsets, replies, provider, chunk_blocks)
-    offered_blocks, reach_blocks, ready_blocks = r.leading
+    s = _slots(_ranks(_times(rows.column("scheduled_s")), ids), holder, np.where(np.isnan(first), n + 1, done),
+               reachable, np.minimum(reachable, np.where(np.isnan(sent), 0, finished)), len(names), lengths, offsets,
+               provider, (lengths.copy(), lengths.copy(), lengths.copy()))
+    _leading(s, values, offsets, replies, provider, chunk_blocks)
+    offered_blocks, reach_blocks, ready_blocks = s.leading
 
     def tokens(blocks: np.ndarray) -> np.ndarray:
         out: np.ndarray = np.minimum(blocks * block, inp)
@@ -404,6 +426,8 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
                      for k, v in cols.items()})
 
 
+
+
 #: the requests columns the accounting reads (the token segments, most of the file, are skipped)
 _ROWS = TableSpec(kind=REQUESTS.kind, version=REQUESTS.version,
                   schema=pa.schema([REQUESTS.schema.field(c) for c in _NEEDED]), required=frozenset({"request_id"}))
@@ -426,21 +450,26 @@ def write_accounting(run_dir: Path, run_id: str, trace: pa.Table, unit_of: Mappi
     rows = _requests(run_dir / REQUESTS_FILE)
     if not rows.num_rows:
         return 0
-    # the rows in arrival order before their hashes are taken (account would take them again)
-    order = _arrival_order(rows, "scheduled_s")
-    if order is not None:
-        rows = rows.take(order)
     index = pc.index_in(rows.column("request_id"), value_set=trace.column("request_id").combine_chunks())
-    hashes = keyed_prefix_hashes(trace).take(index)
+    hashes = keyed_prefix_hashes(trace)
+    # where every trace row ran once, the rows are put in the trace's order and its hashes read in
+    # place (taking them in the rows' order would copy every block)
+    whole = rows.num_rows == trace.num_rows and not index.null_count
+    place = index.to_numpy(zero_copy_only=False).astype(np.int64) if whole else None
+    if place is not None and (np.bincount(place, minlength=len(place)) == 1).all():
+        rows = rows.take(_reordered(place))
+    else:
+        hashes, place = hashes.take(index), None
     parent = np.full(rows.num_rows, -1, dtype=np.int64)
     if "parent_id" in trace.column_names:
-        parent_id = trace.column("parent_id").combine_chunks().take(index)
-        at = pc.index_in(parent_id, value_set=rows.column("request_id").combine_chunks())
+        parent_id = trace.column("parent_id").combine_chunks()
+        at = pc.index_in(parent_id if place is not None else parent_id.take(index),
+                         value_set=rows.column("request_id").combine_chunks())
         parent = at.fill_null(-1).to_numpy().astype(np.int64)
     block = trace_block_size(trace)
     table = account(hashes, parent, block, rows, unit_of)
-    if order is not None:
-        table = table.take(_reordered(order))
+    if place is not None:
+        table = table.take(place)                              # back in the requests file's order
     table = table.add_column(0, "run_id", pa.array([run_id] * table.num_rows, pa.string()))
     schema = CACHE_ACCOUNTING.schema.with_metadata(CACHE_ACCOUNTING.metadata({META_BLOCK_SIZE: str(block).encode()}))
     table = CACHE_ACCOUNTING.conform(table, run_dir / ACCOUNTING_FILE).replace_schema_metadata(schema.metadata)
