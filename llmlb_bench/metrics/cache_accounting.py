@@ -146,7 +146,8 @@ class _Slots:
 
     row: np.ndarray         # the row at each slot
     arrival: np.ndarray     # per slot: the row's arrival rank
-    holder: np.ndarray      # per slot: index of the row's target in the sorted names, -1 for none
+    target_big: np.ndarray  # per slot: (index of the row's target in the sorted names + 1) * big, 0 for none
+    stride: int             # (targets + 1) * big: a hash group's share of the (hash, target) groups' numbers
     provide: np.ndarray     # per slot: rank by (first_token_s, request id), n + 1 for a row that never computed its prompt
     done: np.ndarray        # per slot: that rank for a row with a target (no first token ranks last), -1 for none
     ready: np.ndarray       # per slot: the smaller of done and how many prefills had finished when the row was sent
@@ -176,7 +177,9 @@ def _slots(arrival: np.ndarray, holder: np.ndarray, provide: np.ndarray, done: n
     if low_bits > 56:
         raise ValueError(f"cache accounting: {n:,} requests of up to {1 << pos_bits:,} blocks are more than its "
                          "64-bit sort key can name")
-    return _Slots(row=row, arrival=arrival[row], holder=holder[row], provide=provide[row], done=done[row],
+    big = n + 2                                                # above every finish rank (provide <= n + 1)
+    return _Slots(row=row, arrival=arrival[row], target_big=(holder[row] + 1) * big, stride=(targets + 1) * big,
+                  provide=provide[row], done=done[row],
                   ready=ready[row], targets=targets, lengths=lengths, prompt_base=(slot << pos_bits) - offsets[:-1],
                   reply_base=(slot << pos_bits) + lengths - rstart, pos_bits=pos_bits, low_bits=low_bits,
                   leading=leading)
@@ -197,21 +200,21 @@ def _account_part(s: _Slots, values: np.ndarray, index: np.ndarray, counts: np.n
     if not size:
         return
     key = np.empty(size, dtype=np.uint64)
-    np.take(values, index, out=key[:len(index)])
-    np.take(values, replies[reply], out=key[len(index):])
+    # mode="clip": with the default "raise" NumPy buffers a take into ``out`` (the indices are in range)
+    np.take(values, index, out=key[:len(index)], mode="clip")
+    np.take(values, replies[reply], out=key[len(index):], mode="clip")
     key *= _SPREAD
     if bits:
         key <<= np.uint64(bits)
     # distinct hashes whose key bits are the same: neighbours in value order that differ below them
-    shared = np.sort(key)
+    shared = np.sort(key[:len(index)])                         # a reply block's hash is a prompt block's
     near = shared[1:] ^ shared[:-1]
     near -= np.uint64(1)                                       # equal hashes wrap to the top: not near
     shared = np.unique(shared[1:][near < np.uint64((1 << low) - 1)] >> np.uint64(low))
     key &= np.uint64(((1 << 64) - 1) ^ ((1 << low) - 1))
     name = np.empty(size, dtype=np.int64)
-    np.take(s.prompt_base, np.repeat(np.arange(len(counts), dtype=np.int64), counts), out=name[:len(index)])
-    name[:len(index)] += index
-    np.take(s.reply_base, provider[reply], out=name[len(index):])
+    np.add(np.repeat(s.prompt_base, counts), index, out=name[:len(index)])
+    np.take(s.reply_base, provider[reply], out=name[len(index):], mode="clip")
     name[len(index):] += reply
     key |= name.view(np.uint64)
     del name
@@ -265,17 +268,15 @@ def _account_piece(s: _Slots, key: np.ndarray, splits: np.ndarray) -> None:
     key &= np.uint64((1 << s.low_bits) - 1)
     name = key.view(np.int64)                                  # the sorted blocks' names, in place of the keys
     slot = name >> s.pos_bits
+    group = np.cumsum(start, dtype=np.int32)                   # the hash's number in the piece, from 1
     arrival = np.take(s.arrival, slot)
-    firsts = np.flatnonzero(start)
-    level = (arrival != np.repeat(np.minimum.reduceat(arrival, firsts), np.diff(np.r_[firsts, size]))).view(np.uint8)
+    level = (arrival != np.minimum.reduceat(arrival, np.flatnonzero(start))[group - 1]).view(np.uint8)
     if s.targets:
-        holder = np.take(s.holder, slot)
-        start[1:] |= holder[1:] != holder[:-1]
         # per (hash, target) group, the earliest finish rank among the earlier members: a running
-        # maximum of group * big - rank; at a group's first block it is at least big (never a hit)
-        big = len(s.done) + 2
-        earliest = np.cumsum(start, dtype=np.int64)
-        earliest *= big
+        # maximum of (the group's number, which grows along the keys) * big - rank; at a group's
+        # first block it is at least big (never a hit)
+        earliest = np.multiply(group, s.stride, dtype=np.int64)
+        earliest += np.take(s.target_big, slot)
         run = np.maximum.accumulate(earliest - np.take(s.provide, slot))
         earliest[1:] -= run[:-1]
         level += (earliest < np.take(s.done, slot)).view(np.uint8)
@@ -316,12 +317,12 @@ def _replies(values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, paren
     extends = (own >= 1) & (own <= lengths[p]) & (upto > own)
     keep = np.flatnonzero(extends)
     extends[keep] = values[offsets[child[keep]] + last[keep]] == values[offsets[p[keep]] + last[keep]]
-    child, p, own, upto = child[extends], p[extends], own[extends], upto[extends]
+    by_row = np.flatnonzero(extends)
+    by_row = by_row[np.argsort(p[by_row], kind="stable")]     # per child, not per block: by providing row
+    child, p, own, upto = child[by_row], p[by_row], own[by_row], upto[by_row]
     count = upto - own
     at = np.repeat(offsets[child] + own - np.cumsum(np.r_[0, count[:-1]]), count) + np.arange(count.sum())
-    provider = np.repeat(p, count)
-    by_row = np.argsort(provider, kind="stable")
-    return at[by_row], provider[by_row]
+    return at, np.repeat(p, count)
 
 
 def _times(column: pa.ChunkedArray) -> np.ndarray:
