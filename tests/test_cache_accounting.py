@@ -19,7 +19,7 @@ from shape_check import mismatches
 from test_metrics_docs import find
 
 from llmlb_bench.experiment import simulate_run
-from llmlb_bench.metrics.cache_accounting import LOSSES
+from llmlb_bench.metrics.cache_accounting import LOSSES, _SPREAD, account
 from llmlb_bench.metrics.run_figures import PrefixCacheFigures
 from llmlb_bench.schema import trace_table, write_trace
 from llmlb_bench.sim import ClusterConfig
@@ -294,8 +294,6 @@ def test_llmlb_route_records_the_routers_prediction(tmp_path):
 def test_each_rows_holder_and_unit_follow_its_target():
     """The holder is the prefill target where there is one, else the target; its unit the larger of
     the trace block and that target's engine block (the trace block for targets not named, or none)."""
-    from llmlb_bench.metrics.cache_accounting import account
-
     targets = ["b", None, "a", "c", "b", None]
     prefill = [None, None, "pa", None, "pa", "pb"]
     n = len(targets)
@@ -387,13 +385,13 @@ def _walk(hashes: list[list[int]], parent: list[int], rows: dict, block: int, un
     return want
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_account_gives_the_buckets_of_a_walk_block_by_block(seed):
-    """Random traces: prefixes shared by families of prompts, repeated hashes (small integers and
-    64-bit ones), next turns that extend a parent or not, ties in arrival time, requests without a
-    first token, failures, unmeasured rows, several targets, disaggregated pairs and engine units."""
-    from llmlb_bench.metrics.cache_accounting import account
-
+def _random_case(seed: int, near: bool = False) -> tuple[list[list[int]], list[int], dict, pa.Table]:
+    """A random trace's (hashes, parents, rows as lists, rows as a table): prefixes shared by families
+    of prompts, repeated hashes (small integers and 64-bit ones), next turns that extend a parent or
+    not, ties in arrival time, requests without a first token, failures, unmeasured rows, several
+    targets, disaggregated pairs. ``near``: every hash replaced by one whose spread (the sort key's
+    hash bits) differs from that of its neighbour value in the last bit only, so distinct hashes share
+    the key's bits everywhere."""
     rng = np.random.default_rng(seed)
     n = 90
     big = seed % 2 == 1                      # 64-bit hashes, or small integers
@@ -410,6 +408,10 @@ def test_account_gives_the_buckets_of_a_walk_block_by_block(seed):
         h = list(dict.fromkeys(h))               # a request names a hash at most once
         hashes.append(h)
         parent.append(p)
+    if near:
+        # 2m and 2m + 1 become hashes whose spreads are m << 20 and (m << 20) + 1
+        inverse = pow(int(_SPREAD), -1, 2**64)
+        hashes = [[(((v % 2**40 >> 1) << 20) + (v & 1)) * inverse % 2**64 for v in h] for h in hashes]
     inp = [len(h) * BLOCK + int(rng.integers(0, 20)) for h in hashes]
     first = np.round(rng.uniform(0, 30, n), 1) + 0.5
     first[rng.random(n) < 0.1] = np.nan
@@ -426,12 +428,41 @@ def test_account_gives_the_buckets_of_a_walk_block_by_block(seed):
     types = {"request_id": pa.int64(), "scheduled_s": pa.float64(), "sent_s": pa.float64(),
              "first_token_s": pa.float64(), "target": pa.string(), "prefill_target": pa.string(), "status": pa.string()}
     table = pa.table({k: pa.array(v, types.get(k, pa.int32())) for k, v in rows.items()})
+    return hashes, parent, rows, table
+
+
+def _check_against_walk(hashes: list[list[int]], parent: list[int], rows: dict, table: pa.Table) -> None:
+    """account, in one part and in parts of about 16 blocks (16-32 parts here: memory bounded by the
+    part, not the run), gives the walk's buckets."""
     unit_of = {"r0": 32, "p1": 48, "r2": 8}
     want = _walk(hashes, parent, rows, BLOCK, unit_of)
     assert sum(want["reachable_tokens"]) > 0 and sum(want["offered_tokens"]) > sum(want["reachable_tokens"])
-    # in one part, and in parts of about 16 blocks (16-32 parts here: memory bounded by the part, not the run)
     for chunk in (1 << 30, 16):
         got = account(pa.array(hashes, pa.list_(pa.uint64())), np.array(parent), BLOCK, table, unit_of,
                       chunk_blocks=chunk)
         for k, v in want.items():
             assert got.column(k).to_pylist() == v, (chunk, k)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_account_gives_the_buckets_of_a_walk_block_by_block(seed):
+    """Random traces (:func:`_random_case`), against the walk."""
+    _check_against_walk(*_random_case(seed))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_distinct_hashes_that_share_the_sort_keys_bits_are_told_apart(seed, monkeypatch):
+    """Distinct hashes whose spreads differ only below the sort key's hash bits (which the name of
+    the block fills): the accounting finds them and puts them in order by value; the walk agrees."""
+    import llmlb_bench.metrics.cache_accounting as ca
+
+    shared: list[int] = []
+
+    def counted(s, key, fields, values, replies):
+        shared.append(len(fields))
+        return split(s, key, fields, values, replies)
+
+    split = ca._split_shared
+    monkeypatch.setattr(ca, "_split_shared", counted)
+    _check_against_walk(*_random_case(seed, near=True))
+    assert sum(shared) > 10                  # key bits shared by distinct hashes, in both part sizes
