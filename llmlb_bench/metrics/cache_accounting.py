@@ -146,11 +146,12 @@ class _Slots:
 
     row: np.ndarray         # the row at each slot
     arrival: np.ndarray     # per slot: the row's arrival rank
-    target_big: np.ndarray  # per slot: (index of the row's target in the sorted names + 1) * big, 0 for none
+    #: per slot, with ``target`` = (index of the row's target in the sorted names + 1) * big (0 for none;
+    #: big above every rank) and the ranks of :func:`_slots`: target - provide, target - done, target - ready
+    give: np.ndarray
+    reach_needs: np.ndarray
+    ready_needs: np.ndarray
     stride: int             # (targets + 1) * big: a hash group's share of the (hash, target) groups' numbers
-    provide: np.ndarray     # per slot: rank by (first_token_s, request id), n + 1 for a row that never computed its prompt
-    done: np.ndarray        # per slot: that rank for a row with a target (no first token ranks last), -1 for none
-    ready: np.ndarray       # per slot: the smaller of done and how many prefills had finished when the row was sent
     targets: int            # how many names (0: offered alone, no per-target pass)
     lengths: np.ndarray     # per row: prompt blocks
     prompt_base: np.ndarray  # per row: slot << pos_bits less the row's offset (+ a prompt block's index: its name)
@@ -178,9 +179,9 @@ def _slots(arrival: np.ndarray, holder: np.ndarray, provide: np.ndarray, done: n
         raise ValueError(f"cache accounting: {n:,} requests of up to {1 << pos_bits:,} blocks are more than its "
                          "64-bit sort key can name")
     big = n + 2                                                # above every finish rank (provide <= n + 1)
-    return _Slots(row=row, arrival=arrival[row], target_big=(holder[row] + 1) * big, stride=(targets + 1) * big,
-                  provide=provide[row], done=done[row],
-                  ready=ready[row], targets=targets, lengths=lengths, prompt_base=(slot << pos_bits) - offsets[:-1],
+    target = (holder[row] + 1) * big
+    return _Slots(row=row, arrival=arrival[row], give=target - provide[row], reach_needs=target - done[row],
+                  ready_needs=target - ready[row], stride=(targets + 1) * big, targets=targets, lengths=lengths, prompt_base=(slot << pos_bits) - offsets[:-1],
                   reply_base=(slot << pos_bits) + lengths - rstart, pos_bits=pos_bits, low_bits=low_bits,
                   leading=leading)
 
@@ -287,17 +288,22 @@ def _account_piece(s: _Slots, key: np.ndarray, splits: np.ndarray) -> None:
     slot = name >> s.pos_bits
     group = np.cumsum(start, dtype=np.int32)                   # the hash's number in the piece, from 1
     arrival = np.take(s.arrival, slot)
-    level = (arrival != np.minimum.reduceat(arrival, np.flatnonzero(start))[group - 1]).view(np.uint8)
+    first = np.empty(len(group) and int(group[-1]) + 1, dtype=np.int64)
+    np.minimum.reduceat(arrival, np.flatnonzero(start), out=first[1:])
+    level = (arrival != np.take(first, group)).view(np.uint8)  # not its hash's earliest arrival: offered
     if s.targets:
-        # per (hash, target) group, the earliest finish rank among the earlier members: a running
-        # maximum of (the group's number, which grows along the keys) * big - rank; at a group's
-        # first block it is at least big (never a hit)
-        earliest = np.multiply(group, s.stride, dtype=np.int64)
-        earliest += np.take(s.target_big, slot)
-        run = np.maximum.accumulate(earliest - np.take(s.provide, slot))
-        earliest[1:] -= run[:-1]
-        level += (earliest < np.take(s.done, slot)).view(np.uint8)
-        level += (earliest < np.take(s.ready, slot)).view(np.uint8)
+        # per (hash, target) group, the earliest finish rank among the earlier members: the running
+        # maximum of number * big - rank (``number``: the group's, growing along the keys), before a
+        # block, is number * big - earliest, and below number * big - done when it was reachable (at
+        # a group's first block it is at most number * big - big: never a hit)
+        number = np.multiply(group, s.stride, dtype=np.int64)
+        run = np.take(s.give, slot)
+        run += number
+        np.maximum.accumulate(run, out=run)
+        for needs in (s.reach_needs, s.ready_needs):
+            below = np.take(needs, slot[1:])
+            below += number[1:]
+            level[1:] += (below < run[:-1]).view(np.uint8)
     miss = np.flatnonzero(level < len(s.leading))
     level, name = level[miss], name[miss]
     row = np.take(s.row, name >> s.pos_bits)
