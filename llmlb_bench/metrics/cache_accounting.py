@@ -219,7 +219,10 @@ def _account_part(s: _Slots, values: np.ndarray, index: np.ndarray, counts: np.n
         return
     key, name_words, spare = work.take(size)
     # mode="clip": with the default "raise" NumPy buffers a take into ``out`` (the indices are in range)
-    np.take(values, index, out=key[:prompts], mode="clip")
+    if prompts < len(values):
+        np.take(values, index, out=key[:prompts], mode="clip")
+    else:                                                      # one part: every block, in order
+        key[:prompts] = values
     np.take(values, replies[reply], out=key[prompts:], mode="clip")
     key *= _SPREAD
     if bits:
