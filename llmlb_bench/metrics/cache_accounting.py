@@ -32,9 +32,9 @@ the trace and the run's own rows, and written beside them as ``cache_accounting.
 the ``cache_accounting`` view serves to ``llmlb query`` and the report. Why then and there: the
 buckets need every request's hashes, and the hashes are in the trace, which a confined query
 cannot read and a report may no longer find; the requests table is left as it was written (no
-rewrite of its token segments); and the work is NumPy over the trace's flattened hashes (the rows
-put in arrival order, then per part one vectorised sort of a packed 64-bit key per block: hash,
-target, arrival), not a Python walk per block (docs/prefix-cache.md has the measured cost). Every bucket
+rewrite of its token segments); and the work is NumPy over the trace's flattened hashes (per part
+one vectorised sort of a 64-bit key per block packing its hash's bits over its name: see
+:class:`_Slots`), not a Python walk per block (docs/prefix-cache.md has the measured cost). Every bucket
 compares a block only with blocks of the same hash, so the blocks are accounted in parts by hash
 (:func:`_parts`) of at most about :data:`CHUNK_BLOCKS`: the working memory is that of one part,
 whatever the run's length, and the result the same as in one.
@@ -168,8 +168,9 @@ class _Slots:
 def _slots(arrival: np.ndarray, holder: np.ndarray, provide: np.ndarray, done: np.ndarray, ready: np.ndarray,
            targets: int, lengths: np.ndarray, offsets: np.ndarray, provider: np.ndarray,
            leading: tuple[np.ndarray, ...]) -> _Slots:
-    """The per-slot tables of rows given per row (any order), ``provider`` the rows of the reply
-    blocks (non-decreasing)."""
+    """The per-slot tables of rows given per row (any order): ``arrival`` rank, ``holder`` (index of
+    the target, -1 for none), ``provide``, ``done`` and ``ready`` ranks (:class:`_Slots`), ``lengths``
+    and ``offsets`` of their prompt blocks; ``provider`` the rows of the reply blocks (non-decreasing)."""
     n = len(arrival)
     row = np.lexsort((arrival, holder))
     slot = _reordered(row)
@@ -183,9 +184,9 @@ def _slots(arrival: np.ndarray, holder: np.ndarray, provide: np.ndarray, done: n
     big = n + 2                                                # above every finish rank (provide <= n + 1)
     target = (holder[row] + 1) * big
     return _Slots(row=row, arrival=arrival[row], give=target - provide[row], reach_needs=target - done[row],
-                  ready_needs=target - ready[row], stride=(targets + 1) * big, targets=targets, lengths=lengths, prompt_base=(slot << pos_bits) - offsets[:-1],
-                  reply_base=(slot << pos_bits) + lengths - rstart, pos_bits=pos_bits, low_bits=low_bits,
-                  leading=leading)
+                  ready_needs=target - ready[row], stride=(targets + 1) * big, targets=targets, lengths=lengths,
+                  prompt_base=(slot << pos_bits) - offsets[:-1], reply_base=(slot << pos_bits) + lengths - rstart,
+                  pos_bits=pos_bits, low_bits=low_bits, leading=leading)
 
 
 class _Work:
@@ -279,7 +280,7 @@ def _account_piece(s: _Slots, key: np.ndarray, splits: np.ndarray) -> None:
     starts that shares its key bits with the one before). A block is offered unless its row is the
     earliest arrival of its hash (a segmented minimum); per (hash, target) group in arrival order,
     the earliest prefill finish among the earlier members says whether it was reachable and ready
-    (a running maximum of ``group * big - finish rank``). A block's level counts what it is
+    (a running maximum of ``group number - finish rank``). A block's level counts what it is
     (offered, reachable, ready: each implies the one before); a row's leading blocks at level k
     end at its first prompt block below k (a scatter-minimum over the blocks below the top)."""
     size = len(key)
@@ -293,14 +294,14 @@ def _account_piece(s: _Slots, key: np.ndarray, splits: np.ndarray) -> None:
     slot = name >> s.pos_bits
     group = np.cumsum(start, dtype=np.int32)                   # the hash's number in the piece, from 1
     arrival = np.take(s.arrival, slot)
-    first = np.empty(len(group) and int(group[-1]) + 1, dtype=np.int64)
+    first = np.empty(int(group[-1]) + 1, dtype=np.int64)
     np.minimum.reduceat(arrival, np.flatnonzero(start), out=first[1:])
     level = (arrival != np.take(first, group)).view(np.uint8)  # not its hash's earliest arrival: offered
     if s.targets:
-        # per (hash, target) group, the earliest finish rank among the earlier members: the running
-        # maximum of number * big - rank (``number``: the group's, growing along the keys), before a
-        # block, is number * big - earliest, and below number * big - done when it was reachable (at
-        # a group's first block it is at most number * big - big: never a hit)
+        # per (hash, target) group, numbered G = hash number * stride + target (growing along the
+        # keys), the earliest finish rank among the earlier members: before a block, the running
+        # maximum of G - rank is G - earliest where the group has earlier members (at most G - big
+        # where not), so the block was reachable when G - done is below it, and ready when G - ready is
         number = np.multiply(group, s.stride, dtype=np.int64)
         run = np.take(s.give, slot)
         run += number
