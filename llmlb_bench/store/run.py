@@ -240,7 +240,7 @@ class RunStore:
                 const = {"run_id": self.run_id}
                 if self._token_ranges:
                     self.token_sample = TokenSampleSink(self.dir, self.run_id, self._token_ranges,
-                                                        rows_per_group=self._rows_per_group, flush_s=self._flush_s)
+                                                        rows_per_group=self._rows_per_group)
                 self.requests = ParquetSink(self.dir / REQUESTS_FILE, REQUESTS, constants=const,
                                             rows_per_group=self._rows_per_group, flush_s=self._flush_s,
                                             tee=self.token_sample.take if self.token_sample else None)
