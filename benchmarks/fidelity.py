@@ -19,13 +19,14 @@ with a bootstrap interval, each side's spread (CV over its repeats), per-request
    sinking one), each after ``--anchor-per-slot`` reference probes (calibrate/anchor.py: the
    calibration's drift reference probe, sent all through the run, and once more after the last
    replay). After the replays every calibration's profile is ANCHORED to the probes' long-run
-   median (its step model rescaled, its drift the one the probes measured over minutes) and
-   every cell simulated under K seeds with each calibration's profile as calibrated, anchored,
-   anchored with the share of ``frontend_cpu_s`` (the frontend's CPU per request taken from the
-   steps, sim/profile.py) that calibrate measured on the arriving request's own wait (reported in
-   its fit, not applied), and anchored with the term zeroed, against the same
-   real replays: per cell and figure the bias, its interval, both spreads and the aims' verdict,
-   per calibration and pooled;
+   median (its step model and ``frontend_cpu_s``, the frontend's CPU per request taken from the
+   steps, rescaled; its drift the one the probes measured over minutes) and every cell simulated
+   with each calibration's profile as calibrated, anchored, anchored with ``frontend_cpu_s`` as
+   calibrated, and anchored with the term read without each interference pair's control (the
+   estimate before 2026-12-02), against the same real replays: per cell and figure the bias, its
+   interval, both spreads and the aims' verdict, per calibration and pooled. ``--sim-seeds``
+   seeds per cell and profile, by default 30 for a profile with a drift (more seeds than replays:
+   a slow drift draws about one replica speed per seed; llmlb_bench.validate.default_sim_seeds);
 4. ``llmlb serve --profile`` replaying the 60% Poisson trace K times against the K vLLM replays
    of that cell (the simulator in real time over HTTP);
 5. a tiny KV cache (``--num-gpu-blocks-override``): preemptions, real against simulated;
@@ -74,7 +75,7 @@ from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.sim.profile import ProfileDoc
 from llmlb_bench.store import RunStore
 from llmlb_bench.sweep.endpoint_capacity import fresh_prompts
-from llmlb_bench.validate import FIGURES, compare, latencies
+from llmlb_bench.validate import FIGURES, compare, default_sim_seeds, latencies
 from llmlb_bench.workload import WorkloadSpec, generate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,8 +191,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=None, help="write every figure as JSON here")
     ap.add_argument("--requests", type=int, default=150, help="requests per cell trace")
-    ap.add_argument("--repeats", type=int, default=5, help="real replays and simulator seeds per cell (K >= 2; "
-                    "the published method uses 5 or more)")
+    ap.add_argument("--repeats", type=int, default=5, help="real replays per cell (K >= 2; the published method "
+                    "uses 5 or more)")
+    ap.add_argument("--sim-seeds", type=int, default=None,
+                    help="simulator seeds per cell and profile (seed j simulates replay j mod K's copy). Default: "
+                    "30 for a profile with a speed drift (drift_sigma > 0: every anchored one), else --repeats: "
+                    "a drift as slow as a replay draws about one replica speed per seed, and the median of five "
+                    "such draws is no estimate of the model's median (seeds 1-5 put the anchored figures +39%%; "
+                    "llmlb_bench.validate.default_sim_seeds, docs/fidelity.md)")
     ap.add_argument("--shapes", default="", help="comma-separated trace shapes (default all: " + ", ".join(SHAPES) + ")")
     ap.add_argument("--loads", default="", help="comma-separated loads as fractions of capacity (default 0.3,0.6,0.9)")
     ap.add_argument("--skip", default="", help="comma-separated stages to skip: serve, tiny_kv, policies")
@@ -218,6 +225,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeats < 2:
         ap.error("--repeats: at least 2 (a spread needs two)")
+    if args.sim_seeds is not None and args.sim_seeds < 2:
+        ap.error("--sim-seeds: at least 2 (a spread needs two)")
     if not 1 <= args.calibrations <= args.repeats + 1:
         ap.error("--calibrations: from 1 to --repeats + 1")
     if args.anchor_per_slot < 1:
@@ -260,10 +269,12 @@ def main() -> None:
                     "request_overhead_s": prof["request_overhead_s"], "frontend_cpu_s": prof["frontend_cpu_s"],
                     "request_per_prompt_token_s": prof["request_per_prompt_token_s"], "jitter": prof["jitter"],
                     "reference": prof.get("reference"), "frontend_wait_share": prof.get("frontend_wait_share"),
-                    "frontend_wait": prof["fit"].get("frontend_wait"), "fit": prof["fit"]["by_probe"]})
+                    "frontend_wait": prof["fit"].get("frontend_wait"), "frontend_cpu": prof["fit"].get("frontend_cpu"),
+                    "fit": prof["fit"]["by_probe"]})
                 print(f"calibration {n + 1} in {time.time() - t:.0f} s: {prof['step']}, overhead "
                       f"{1e3 * prof['request_overhead_s']:.2f} ms + {1e6 * prof['request_per_prompt_token_s']:.2f} "
-                      f"us/prompt token, of which {1e3 * prof['frontend_cpu_s']:.2f} ms per request from the steps; "
+                      f"us/prompt token, of which {1e3 * prof['frontend_cpu_s']:.2f} ms per request from the steps "
+                      f"({prof['fit'].get('frontend_cpu')}); "
                       f"arrivals' wait share {prof['fit'].get('frontend_wait')}; jitter {prof['jitter']}; "
                       f"reference {prof.get('reference')}; fit {prof['fit']['by_probe']}",
                       flush=True)
@@ -303,22 +314,33 @@ def main() -> None:
                 print(f"calibration {n + 1} anchored: {a['anchor']}; base step {1e3 * profiles[n]['step']['base_s']:.3f}"
                       f" -> {1e3 * a['step']['base_s']:.3f} ms; drift {a['jitter']}", flush=True)
             save()
-            # every calibration's profile as calibrated, anchored, anchored with the share of frontend_cpu_s
-            # calibrate measured on the arriving request's wait (reported, not applied) and with the term
-            # zeroed, simulated against the same real replays under the same seeds
+            # every calibration's profile as calibrated, anchored (its step model and frontend_cpu_s rescaled to
+            # the long-run speed), anchored with frontend_cpu_s as calibrated (not rescaled) and anchored with the
+            # term read without each interference pair's control (calibrate/fit.py; the estimate before
+            # 2026-12-02, not rescaled: the anchored profile of the earlier runs), simulated against the same
+            # real replays under the same seeds
+            def with_frontend(a: ProfileDoc, value_s: float) -> ProfileDoc:
+                return {**a, "frontend_cpu_s": value_s}
+
             variants = {"calibrated": profiles, "anchored": anchoreds,
-                        "anchored_measured_share": [{**a, "frontend_wait_share": a["fit"]["frontend_wait"]["share"]}
-                                                    if a["fit"].get("frontend_wait", {}).get("share") is not None
-                                                    else a for a in anchoreds],
-                        "anchored_frontend_zeroed": [{**a, "frontend_cpu_s": 0.0} for a in anchoreds]}
+                        "anchored_frontend_as_calibrated": [with_frontend(a, p["frontend_cpu_s"])
+                                                            for a, p in zip(anchoreds, profiles)],
+                        "anchored_frontend_without_control": [
+                            with_frontend(a, 1e-3 * p["fit"]["frontend_cpu"]["without_control_ms"])
+                            if "frontend_cpu" in p["fit"] else a for a, p in zip(anchoreds, profiles)]}
             sims: dict[str, list[dict[tuple[str, float], list[list[dict]]]]] = {}
+            out["sim_seeds"] = {}
             t_sim = time.time()
             for name, profs in variants.items():
                 sims[name] = []
+                out["sim_seeds"][name] = []
                 for n, prof in enumerate(profs):
                     cfg = ClusterConfig.build(replicas=1).with_profile(prof)
-                    sims[name].append({c: [bench.simulate(table, path, cfg, seed=args.seed + k, label=f"{name}-{n}")
-                                           for k, (table, path) in enumerate(copies[c])] for c in cells})
+                    seeds = args.sim_seeds if args.sim_seeds is not None else default_sim_seeds(prof, k_rep)
+                    out["sim_seeds"][name].append(seeds)
+                    sims[name].append({c: [bench.simulate(copies[c][j % k_rep][0], copies[c][j % k_rep][1], cfg,
+                                                          seed=args.seed + j, label=f"{name}-{n}")
+                                           for j in range(seeds)] for c in cells})
             out["simulation_seconds"] = time.time() - t_sim
             for name in variants:
                 out[f"cells_{name}"] = {}

@@ -9,15 +9,16 @@ another's prefix cache) and simulated with the endpoint's profile under K
 seeds (the profile's step-time jitter makes seeds differ, sim/jitter.py).
 Each figure is then compared as
 
-* **bias**: median over the simulated repeats / median over the real
+* **bias**: median over the simulated seeds / median over the real
   repeats - 1, with a bootstrap interval (both sides resampled, independently:
-  seed k has nothing to do with replay k);
+  seed k has nothing to do with replay k). There may be more seeds than
+  replays (:func:`default_sim_seeds`): seed j simulates replay j mod K's trace;
 * **spread**: each side's coefficient of variation over its repeats, side by
   side (a simulator that is right on average but never varies, or varies far
   more than the engine, predicts tails and comparisons badly);
 * **E2E MAPE**: per request, |simulated E2E / real E2E - 1| averaged over the
   trace's requests (each replay against the simulation of the same salted
-  trace), the median over the K pairs.
+  trace under seed k), the median over the K pairs.
 
 The aims (the project's fidelity aims, docs/fidelity.md): |bias| <= 5% on
 E2E and TPOT p50/p90, <= 10% on TTFT p50/p90, and the simulator's spread
@@ -54,6 +55,24 @@ SPREAD_AIM = (0.5, 2.0)
 SPREAD_FLOOR = 0.01
 #: bootstrap resamples of the bias interval
 RESAMPLES = 2000
+#: simulator seeds by default when the profile has a speed drift (:func:`default_sim_seeds`)
+DRIFT_SIM_SEEDS = 30
+
+
+def default_sim_seeds(profile: ProfileDoc, repeats: int) -> int:
+    """How many simulator seeds to set against ``repeats`` real replays: at least
+    :data:`DRIFT_SIM_SEEDS` when the profile has a speed drift (``drift_sigma`` > 0), else ``repeats``.
+
+    Why: a drift as slow as a replay (an anchored profile's runs over minutes) draws about one speed
+    of the replica per seed, so the median over K = 5 seeds is the median of five draws of that
+    speed, not the model's median: on vLLM CPU seeds 1-5 started at +1.38 sd of a 0.24 log-sd drift
+    (their median), which put every figure +39% (docs/fidelity.md); 30 seeds removed that offset.
+    Simulations cost seconds where replays cost minutes, so the default does not ask whether the
+    drift is slow enough to need them. Without a drift the seeds differ by the per-step jitter only,
+    which a replay's thousand steps average out: as many as the replays."""
+    jitter = profile["jitter"]
+    drifting = jitter is not None and jitter["drift_sigma"] > 0
+    return max(repeats, DRIFT_SIM_SEEDS) if drifting else repeats
 
 
 def latencies(rows: Sequence[ArrowRow]) -> dict[str, np.ndarray]:
@@ -153,8 +172,9 @@ class Comparison:
 def compare(real_runs: Sequence[Sequence[ArrowRow]], sim_runs: Sequence[Sequence[ArrowRow]],
             seed: int = 0, resamples: int = RESAMPLES) -> Comparison:
     """Bias (with a 95% bootstrap interval) and spreads of every figure over the runs of both
-    sides; E2E MAPE of each (real k, sim k) pair, which must be replays and simulations of the
-    same trace (same request ids)."""
+    sides (as many or more simulations than replays); E2E MAPE of each (real k, sim k) pair for k
+    below the number of replays, which must be replays and simulations of the same trace (same
+    request ids)."""
     rng = np.random.default_rng(seed)
     real_f = [figures(r) for r in real_runs]
     sim_f = [figures(s) for s in sim_runs]
@@ -235,11 +255,13 @@ class Validation:
 
 
 def validate(url: str, trace: pa.Table, repeats: int, profile: ProfileDoc, options: ReplayOptions,
-             results: Path, seed: int = 0, warmup: int = 16, anchor: bool = False,
+             results: Path, seed: int = 0, warmup: int = 16, anchor: bool = False, sim_seeds: int | None = None,
              say: Callable[[str], None] = lambda line: None) -> Validation:
     """Replay ``trace`` ``repeats`` times against ``url`` (after a ``warmup``-request replay that
     counts for nothing: the first requests after a start are slow) and simulate it with
-    ``profile`` under as many seeds; every replay and simulation is an ordinary run in ``results``.
+    ``profile`` under ``sim_seeds`` seeds (None: :func:`default_sim_seeds` of the profile simulated,
+    anchored where asked; seed j simulates replay j mod ``repeats``'s salted copy); every replay and
+    simulation is an ordinary run in ``results``.
     ``anchor``: send the profile's reference probe before every replay and after the last, and
     simulate with the profile anchored to their long-run median (calibrate/anchor.py; written to
     ``results`` as ``anchored-profile.json``, beside a calibrated one): so the simulations run after all the
@@ -299,7 +321,10 @@ def validate(url: str, trace: pa.Table, repeats: int, profile: ProfileDoc, optio
                 f"calibration: step model x {a['scale']:.3f}; drift log sd {drifting['drift_sigma']:.3f} "
                 f"over {drifting['drift_period_s']:.3g} s")
     cfg = ClusterConfig.build(replicas=1).with_profile(profile)
-    for k, (table, path) in enumerate(copies):
+    n_seeds = sim_seeds if sim_seeds is not None else default_sim_seeds(profile, repeats)
+    say(f"simulating {n_seeds} seeds against the {repeats} replays")
+    for k in range(n_seeds):
+        table, path = copies[k % repeats]
         run_id = f"validate-{stamp}-sim-{k}"
         store = RunStore(results, config={"cluster": cfg.to_dict(), "validate": "sim"}, backend="sim", run_id=run_id,
                          trace_path=path, trace_rows=table.num_rows)
@@ -310,6 +335,6 @@ def validate(url: str, trace: pa.Table, repeats: int, profile: ProfileDoc, optio
     comparison = compare(real_rows, sim_rows, seed=seed)
     result = Validation(comparison, real_ids, sim_ids, profile, (load_start, os.getloadavg()[0]))
     (results / f"validate-{stamp}.json").write_text(json.dumps(
-        {"endpoint": url, "repeats": repeats, "seed": seed, "real_runs": real_ids, "sim_runs": sim_ids,
+        {"endpoint": url, "repeats": repeats, "sim_seeds": n_seeds, "seed": seed, "real_runs": real_ids, "sim_runs": sim_ids,
          "load_average": result.load_average, "profile": profile, **comparison.to_dict()}, indent=1))
     return result

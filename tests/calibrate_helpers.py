@@ -12,8 +12,9 @@ def assert_least_squares_optimum(result: Fit) -> None:
     non-negative coefficients (calibrate/fit.py): at that minimum the gradient of each column is zero
     where the coefficient is positive and not negative where it is zero (the Karush-Kuhn-Tucker
     conditions). True on any machine whatever the probes measured; a fit that stopped short, or
-    predictions not made with the coefficients reported, fails it."""
-    kept = [o for o in result.observations if not o.outlier]
+    predictions not made with the coefficients reported, fails it. The interference pairs are read after
+    the fit, one by one (calibrate/fit.py), and are not among its observations."""
+    kept = [o for o in result.observations if not o.outlier and o.in_fit]
     a = np.array([o.features / o.measured_s for o in kept])
     theta = np.array([result.coefficients[k] for k in UNKNOWNS])
     residual = a @ theta - 1.0

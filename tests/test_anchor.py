@@ -47,7 +47,7 @@ def samples(steps_s: list[float], every_s: float = 1.0) -> list[DriftSample]:
 
 def test_anchored_rescales_every_step_term_by_the_long_run_median_and_takes_its_drift():
     windows = samples([0.012, 0.015, 0.014, 0.030, 0.013, 0.016, 0.011], every_s=20.0)
-    doc = anchored(parse_profile(profile(reference=REFERENCE)), windows)
+    doc = anchored(parse_profile(profile(reference=REFERENCE, frontend_cpu_s=0.004)), windows)
     scale = 0.014 / 0.007         # the windows' median over the calibration's reference step
     assert doc["anchor"]["scale"] == pytest.approx(scale, rel=1e-12)
     assert doc["anchor"]["reference_step_s"] == pytest.approx(0.014, rel=1e-12)
@@ -60,6 +60,8 @@ def test_anchored_rescales_every_step_term_by_the_long_run_median_and_takes_its_
     want = drift(windows)
     assert {k: doc["jitter"][k] for k in want} == want            # the long run's drift, not the calibration's
     assert doc["jitter"]["sigma"] == 0.05                         # the per-step spread as calibrated
+    # the frontend's CPU per request is in the step model's time (calibrate/fit.py): rescaled with it
+    assert doc["frontend_cpu_s"] == pytest.approx(0.004 * scale, rel=1e-12)
     assert doc["request_overhead_s"] == 0.002 and doc["reference"] == REFERENCE
     assert parse_profile(json.loads(json.dumps(doc))) == doc      # a file that loads as it was written
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmlb_bench.calibrate.fit import UNKNOWNS, interference_observation, prefill_features
+from llmlb_bench.calibrate.fit import (UNKNOWNS, Observation, frontend_per_arrival, interference_observation,
+                                       prefill_features)
 from llmlb_bench.calibrate.probes import INTERFERENCE_CONTEXT, ProbeRun
 from llmlb_bench.errors import UserError
 from llmlb_bench.schema import trace_table
@@ -105,16 +106,12 @@ def _probe_rows(requests) -> list[dict]:
             for r in requests]
 
 
-@pytest.mark.parametrize("frontend", [0.0, 0.003, 0.008])
-def test_the_interference_observation_fits_the_term_back(tmp_path: Path, frontend: float):
-    """The probe's pair (8 decoding, then the same with an arrival of 256 tokens every 8 steps) simulated
-    on a known profile: the observation's measured mean step equals its features times the true
-    coefficients (within 1%: the arrivals at the window's edges), so the fit recovers the term."""
-    truth = {**STEP, "per_attn_s": 2e-8, "per_kv_s": 1e-6}
-    prof = {**profile(frontend), "step": truth}
+def _pair(tmp_path: Path, prof: dict[str, object], name: str = "") -> Observation:
+    """The interference probe's pair (8 decoding, then the same with an arrival of 256 tokens every 8
+    steps) simulated on ``prof``: its observation (calibrate/fit.py)."""
     b, tokens, prompt = 8, 160, 256
     control = trace_table(np.zeros(b), INTERFERENCE_CONTEXT, tokens)
-    ctl = _rows(tmp_path, "ctl", control, prof)
+    ctl = _rows(tmp_path, f"ctl{name}", control, prof)
     t0 = max(r["first_token_s"] for r in ctl)
     t1 = min(r["last_token_s"] for r in ctl)
     n = (tokens - 4) // 8
@@ -124,16 +121,92 @@ def test_the_interference_observation_fits_the_term_back(tmp_path: Path, fronten
     params = {"batch": b, "context": INTERFERENCE_CONTEXT, "tokens": tokens, "prompt": prompt, "pair": 0}
     obs = interference_observation(ProbeRun("interference", {**params, "arrivals": 0}, _probe_rows(ctl)),
                                    ProbeRun("interference", {**params, "arrivals": n},
-                                            _probe_rows(_rows(tmp_path, "loaded", loaded, prof))),
+                                            _probe_rows(_rows(tmp_path, f"loaded{name}", loaded, prof))),
                                    ENGINE["max_num_batched_tokens"])
-    assert obs is not None and obs.features[UNKNOWNS.index("frontend_cpu_s")] > 0.05
-    theta = np.array([*(truth[k] for k in ("base_s", "per_token_s", "per_sample_s", "per_attn_s", "per_kv_s")),
-                      OVERHEAD_S, 0.0, frontend])
+    assert obs is not None
+    return obs
+
+
+#: the step model of the interference tests: decode steps that depend on the context too
+TRUTH = {**STEP, "per_attn_s": 2e-8, "per_kv_s": 1e-6}
+
+
+def _theta(step: dict[str, float], frontend: float) -> np.ndarray:
+    return np.array([*(step[k] for k in ("base_s", "per_token_s", "per_sample_s", "per_attn_s", "per_kv_s")),
+                     OVERHEAD_S, 0.0, frontend])
+
+
+@pytest.mark.parametrize("frontend", [0.0, 0.003, 0.008])
+def test_the_interference_observation_fits_the_term_back(tmp_path: Path, frontend: float):
+    """The probe's pair simulated on a known profile: the observation's measured mean step equals its
+    features times the true coefficients (within 1%: the arrivals at the window's edges), so the pair
+    reads the term back."""
+    obs = _pair(tmp_path, {**profile(frontend), "step": TRUTH})
+    assert obs.features[UNKNOWNS.index("frontend_cpu_s")] > 0.05
+    theta = _theta(TRUTH, frontend)
     assert float(obs.features @ theta) == pytest.approx(obs.measured_s, rel=0.01)
-    # the term alone, from the observation less its step features: within 10% of a step's worth
+    # the term alone, from the pair against its control: within 10% of a step's worth; the engine ran at
+    # the model's speed (the control's median step is the model's, within the window's context rounding)
+    got, speed = frontend_per_arrival(obs, theta)
+    assert got == pytest.approx(frontend, abs=0.1 * DECODE_S) and speed == pytest.approx(1.0, abs=0.01)
+
+
+@pytest.mark.parametrize("slower", [0.7, 1.3, 1.6])
+def test_a_pair_sent_in_a_slower_or_faster_spell_reads_the_term_against_its_control(tmp_path: Path, slower: float):
+    """The engine ran ``slower`` x the step model's speed while the pair was sent (its steps and its
+    frontend's work alike: one core). Read against its control (calibrate/fit.py), the batch's decodes
+    are taken at the control's speed, which is the spell's, and the arrivals' own steps at the model's:
+    the reading is the term plus (1 - 1 / slower) x the arrivals' steps per arrival, exactly as the
+    estimator says (here costly 256-token prefills, 27 ms each: on vLLM CPU they are a few ms). Read
+    against the step model alone (the estimate before 2026-12-02) the batch's whole slowdown landed on
+    the term: (slower - 1) x its 8 decode steps per arrival, several times more."""
+    frontend = 0.005
+    during = {**profile(frontend * slower), "step": {k: v * slower for k, v in TRUTH.items()}}
+    obs = _pair(tmp_path, during)
+    theta = _theta(TRUTH, frontend)
+    got, speed = frontend_per_arrival(obs, theta)
+    assert speed == pytest.approx(slower, rel=0.01)
+    assert obs.control is not None
     k = UNKNOWNS.index("frontend_cpu_s")
-    got = (obs.measured_s - float(obs.features[:k] @ theta[:k])) / obs.features[k]
-    assert got == pytest.approx(frontend, abs=0.1 * DECODE_S)
+    per_arrival = 1 / obs.features[k]
+    own = float((obs.features[:k] - obs.control[2][:k]) @ theta[:k]) * per_arrival      # the arrivals' steps
+    assert got == pytest.approx(frontend + (1 - 1 / slower) * own, abs=0.1 * DECODE_S)
+    batch = float(obs.control[2][:k] @ theta[:k]) * per_arrival                         # the batch's decodes
+    without_control = (obs.measured_s - float(obs.features[:k] @ theta[:k])) / obs.features[k]
+    assert without_control == pytest.approx(slower * frontend + (slower - 1) * (batch + own), rel=0.03)
+    assert abs(got - frontend) < 0.5 * abs(without_control - frontend)
+
+
+def test_the_term_is_the_median_of_the_pairs_each_against_its_own_control(tmp_path: Path):
+    """Three pairs sent in a slow spell (1.2-1.6 x the speed of the decode and prefill observations,
+    which are exact): the fit's other terms are those observations' (the pairs take no part in the least
+    squares), the term is the median of the three readings, in the step model's time, each pair's
+    prediction is the model at its control's speed, and the reading without the controls, which takes the
+    spell for frontend time, is reported beside it."""
+    from llmlb_bench.calibrate.fit import fit
+
+    frontend = 0.004
+    theta = _theta(TRUTH, frontend)
+    obs = [Observation("prefill", f"prompt {p}", f, float(f @ theta))
+           for p in (50, 300, 900, 2000) for f in [prefill_features(p, 0, ENGINE["max_num_batched_tokens"])]]
+    obs += [Observation("cache", f"prompt {p}, {c} cached", f, float(f @ theta))
+            for p, c in ((520, 512), (1032, 1024)) for f in [prefill_features(p, c, ENGINE["max_num_batched_tokens"])]]
+    obs += [Observation("decode", f"batch {b}, context {c}", f, float(f @ theta))
+            for b in (1, 4, 16) for c in (16, 800) for f in [np.array([1.0, b, b, b * c, b * c, 0, 0, 0])]]
+    pairs = [_pair(tmp_path, {**profile(frontend * s), "step": {k: v * s for k, v in TRUTH.items()}}, f"-{s}")
+             for s in (1.2, 1.6, 1.4)]
+    result = fit(obs + pairs, [])
+    for k in ("base_s", "per_token_s", "per_sample_s", "per_kv_s", "request_overhead_s"):
+        assert result.coefficients[k] == pytest.approx(theta[UNKNOWNS.index(k)], rel=1e-6, abs=1e-12), k
+    assert result.frontend is not None
+    readings = [frontend_per_arrival(o, np.array([result.coefficients[k] for k in UNKNOWNS]))[0] for o in pairs]
+    assert result.coefficients["frontend_cpu_s"] == pytest.approx(float(np.median(readings)), rel=1e-9)
+    assert result.frontend["pairs_ms"] == pytest.approx([1e3 * r for r in readings], abs=1e-3)
+    assert result.frontend["speeds"] == pytest.approx([1.2, 1.6, 1.4], rel=0.01)
+    assert abs(result.coefficients["frontend_cpu_s"] - frontend) < 0.5 * abs(
+        1e-3 * result.frontend["without_control_ms"] - frontend)            # the 1.4x pair's spell on the term
+    for o in pairs:
+        assert o.predicted_s / o.measured_s == pytest.approx(1.0, abs=0.05) and not o.in_fit
 
 
 def test_both_cores_agree_with_the_frontend_term(tmp_path: Path):

@@ -103,13 +103,16 @@ def test_validate_against_llmlb_serve_whose_answer_is_known(tmp_path: Path, caps
     try:
         res = tmp_path / "res"
         code, out, err = cli(["validate", st.urls[0], "--profile", str(prof), "--trace", str(trace), "--repeats",
-                              "2", "--warmup", "2", "-r", str(res)], capsys)
+                              "2", "--sim-seeds", "3", "--warmup", "2", "-r", str(res)], capsys)
         assert code == 0, err
     finally:
         st.close()
     assert "verdict:" in out and "per-request E2E MAPE" in out and "load average" in out
     summary = json.loads(next(res.glob("validate-*.json")).read_text())
-    assert len(summary["real_runs"]) == len(summary["sim_runs"]) == 2
+    # more seeds than replays: seed 2 simulates the first replay's copy (the same salted prompts and ids);
+    # the per-request MAPE pairs replay k with seed k only
+    assert len(summary["real_runs"]) == 2 and len(summary["sim_runs"]) == summary["sim_seeds"] == 3
+    assert len(summary["e2e_mape"]) == 2 and "3 seeds" in out
     for run_id in summary["real_runs"] + summary["sim_runs"]:
         assert (res / run_id / "run.json").is_file()
 
@@ -117,16 +120,18 @@ def test_validate_against_llmlb_serve_whose_answer_is_known(tmp_path: Path, caps
         return sorted(pq.read_table(res / run_id / "requests.parquet").to_pylist(), key=lambda r: r["request_id"])
     real = [rows_of(r) for r in summary["real_runs"]]
     sim = [rows_of(r) for r in summary["sim_runs"]]
+    assert [r["request_id"] for r in sim[2]] == [r["request_id"] for r in real[0]] != \
+        [r["request_id"] for r in real[1]]
     served = sorted(ended, key=lambda live: live.seq)
     assert len(served) == 2 + 2 * n                      # the warm-up's 2, then each repeat's
 
     def alone(me) -> bool:  # type: ignore[no-untyped-def]
         return all(o.last_token_s <= me.arrival_s or me.last_token_s <= o.arrival_s for o in served if o is not me)
-    for k in range(2):
+    for k in range(3):
         # the trace's prompt lengths differ, so they name the server's requests whatever order they arrived in
-        mine_of = {live.sub.prompt_tokens: live for live in served[2 + k * n:2 + (k + 1) * n]}
+        mine_of = {live.sub.prompt_tokens: live for live in served[2 + k % 2 * n:2 + (k % 2 + 1) * n]}
         assert len(mine_of) == n
-        for sim_row, real_row in zip(sim[k], real[k], strict=True):
+        for sim_row, real_row in zip(sim[k], real[k % 2], strict=True):
             assert real_row["status"] == "ok" and real_row["server_input_tokens"] == sim_row["input_tokens"]
             mine = mine_of[sim_row["input_tokens"]]
             e2e = mine.last_token_s - mine.arrival_s
@@ -150,11 +155,25 @@ def test_validate_against_llmlb_serve_whose_answer_is_known(tmp_path: Path, caps
     assert code == 0, err
 
 
+def test_simulator_seeds_by_default_outnumber_the_replays_where_the_profile_drifts():
+    """A profile with a speed drift gets 30 seeds (a slow drift draws about one replica speed per seed:
+    the median of five draws is no estimate of the model's median; llmlb_bench.validate), or as many as
+    the replays where those are more; without a drift as many as the replays."""
+    from llmlb_bench.sim.profile import parse_profile
+    from llmlb_bench.validate import DRIFT_SIM_SEEDS, default_sim_seeds
+
+    assert DRIFT_SIM_SEEDS == 30
+    drifting = parse_profile({**PROFILE, "jitter": {"sigma": 0.1, "drift_sigma": 0.24, "drift_period_s": 133.0}})
+    assert default_sim_seeds(drifting, 5) == 30 and default_sim_seeds(drifting, 40) == 40
+    for steady in (PROFILE, {**PROFILE, "jitter": None}, {**PROFILE, "jitter": {"sigma": 0.1, "drift_sigma": 0.0}}):
+        assert default_sim_seeds(parse_profile(steady), 5) == 5
+
+
 def test_validate_bad_input_is_one_line_before_any_work(tmp_path: Path, capsys):
     res = tmp_path / "res"
     for args, where in ((["--trace", str(tmp_path / "none.parquet")], "none.parquet"),
                         (["--profile", str(tmp_path / "none.json")], "none.json"),
-                        (["--repeats", "1"], "--repeats")):
+                        (["--repeats", "1"], "--repeats"), (["--sim-seeds", "1"], "--sim-seeds")):
         code, _, err = cli(["validate", "http://127.0.0.1:9", "-r", str(res), *args], capsys)
         assert code == 2 and where in err and "Traceback" not in err, err
         assert len(err.strip().splitlines()) == 1

@@ -79,7 +79,8 @@ def calibrate(url: str, given: Mapping[str, int | None], *, options: ReplayOptio
                 "observations": [{"probe": o.probe, "what": o.what, "measured_s": round(o.measured_s, 6),
                                   "predicted_s": round(o.predicted_s, 6), "outlier": o.outlier,
                                   "repeats": o.repeats}
-                                 for o in result.observations]},
+                                 for o in result.observations],
+                **({"frontend_cpu": result.frontend} if result.frontend is not None else {})},
     }
     # parsed as every reader parses it: the file must load where it is used
     doc = parse_profile(profile, "calibrated profile")

@@ -16,8 +16,11 @@ probe in the same way (``reference.step_s``, the median of its own windows), so 
 much faster or slower the engine was while it was calibrated, free of the step model's residuals.
 :func:`anchored` multiplies every step coefficient by that ratio and replaces the drift with the one
 measured from these probes over minutes: a simulation then draws the drift around the long-run
-median, the point those probes measured, not around one calibration's draw. The request overhead
-and ``frontend_cpu_s`` keep their calibrated values: the reference probe times steps only.
+median, the point those probes measured, not around one calibration's draw. ``frontend_cpu_s`` is
+rescaled with the steps: calibrate reads it in the step model's time (each interference pair against
+its own control window, calibrate/fit.py), and on a core the frontend shares with the steps its work
+runs at the steps' speed. The request overhead (a delay beside the steps, measured on lone requests)
+and the per-step jitter keep their calibrated values.
 """
 
 from __future__ import annotations
@@ -87,8 +90,8 @@ class AnchorProbe:
 
 
 def anchored(profile: ProfileDoc, samples: Sequence[DriftSample]) -> ProfileDoc:
-    """``profile`` with its step model rescaled to the long-run median of ``samples`` (the reference
-    probe's windows over a run) and the drift those windows measured (module docstring); the
+    """``profile`` with its step model and ``frontend_cpu_s`` rescaled to the long-run median of
+    ``samples`` (the reference probe's windows over a run) and the drift those windows measured (module docstring); the
     ``anchor`` table says by how much, on how many probes over what span."""
     ref = reference_of(profile)
     if len(samples) < MIN_ANCHOR_PROBES:
@@ -105,6 +108,6 @@ def anchored(profile: ProfileDoc, samples: Sequence[DriftSample]) -> ProfileDoc:
     step: StepCoefficients = {"base_s": s["base_s"] * scale, "per_token_s": s["per_token_s"] * scale,
                               "per_sample_s": s["per_sample_s"] * scale, "per_attn_s": s["per_attn_s"] * scale,
                               "per_kv_s": s["per_kv_s"] * scale}
-    doc = {**profile, "step": step,
+    doc = {**profile, "step": step, "frontend_cpu_s": profile["frontend_cpu_s"] * scale,
            "jitter": {**jitter, **drift(samples)}, "anchor": anchor}
     return parse_profile(doc, "anchored profile")

@@ -15,7 +15,10 @@ same per step, plus each arrival's prefill chunks and decode step shared over
 the window's steps, plus one ``frontend_cpu_s`` per arrival: the only
 observation with that feature, so the only one that measures it (the lone
 prefills' time to first token is the same whether the frontend's work runs
-before the engine's queue or inside the admitting step; sim/profile.py).
+before the engine's queue or inside the admitting step; sim/profile.py). It is
+not part of the least squares: each pair is read against its own control
+window, sent just before it (the engine's speed at that moment), and the
+term is the median of the pairs' readings (:func:`frontend_per_arrival`).
 
 The fit minimises the sum of squared RELATIVE errors (each observation counts
 the same whatever its size) under non-negativity (a cost cannot be negative),
@@ -64,6 +67,15 @@ class Observation:
     outlier: bool = False
     #: how many identical repeats this is the median of
     repeats: int = 1
+    #: the interference probe's pair: its control window's median step and features per step (the
+    #: batch's speed at the pair's time), and the features per step of the batch's own decodes in the
+    #: loaded window (:func:`frontend_per_arrival`); None for other probes
+    control: tuple[float, np.ndarray, np.ndarray] | None = None
+
+    @property
+    def in_fit(self) -> bool:
+        """Whether the least-squares fit uses it (the interference pairs are read after it, one by one)."""
+        return self.control is None
 
     @property
     def error(self) -> float:
@@ -79,11 +91,23 @@ class ProbeErrors(TypedDict):
     max_abs_error_pct: float | None
 
 
+class FrontendReading(TypedDict):
+    """``frontend_cpu_s`` and what it rests on (the profile's ``fit.frontend_cpu``): each interference
+    pair's reading and its engine speed over the step model's, their median (the profile's figure),
+    and the reading without the pair's control (the estimate before 2026-12-02, for comparison)."""
+
+    pairs_ms: list[float]
+    speeds: list[float]
+    median_ms: float | None
+    without_control_ms: float | None
+
+
 @dataclass
 class Fit:
     coefficients: dict[str, float]
     observations: list[Observation]
     notes: list[str]
+    frontend: FrontendReading | None = None
 
     def summary(self) -> dict[str, ProbeErrors]:
         """Mean and largest absolute relative error per probe kind (outliers left out), in %."""
@@ -262,7 +286,9 @@ def interference_observation(control: ProbeRun, loaded: ProbeRun, budget: int) -
             and _prompt(r) >= split and t0 < r["first_token_s"] <= t1]
     if not came:
         return None
+    ctl_ctx = ctl_win[1]
     f = np.array([1.0, b, b, ctx, ctx, 0.0, 0.0, 0.0])
+    ctl_step = (float(np.median(ctl_gaps)), np.array([1.0, b, b, ctl_ctx, ctl_ctx, 0.0, 0.0, 0.0]), f.copy())
     for p in came:      # its prefill chunks beside the decodes, then one decode step of its own
         a = prefill_features(p, 0, max(1, budget - b))
         f[1:5] += np.array([a[1] + 1, 2.0, a[3] + p + 1, a[4] + p + 1]) / steps
@@ -271,19 +297,20 @@ def interference_observation(control: ProbeRun, loaded: ProbeRun, budget: int) -
     if not measured > 0:
         return None
     return Observation("interference", f"batch {b}, arrivals of {prompt} tokens every {ARRIVAL_EVERY_STEPS} steps",
-                       f, measured)
+                       f, measured, control=ctl_step)
 
 
 def median_of_repeats(obs: Sequence[Observation]) -> list[Observation]:
     """One observation per distinct probe (its kind and what it probed: a prompt length and cached
     part, a decode batch and context): the median of its repeats' times, at the mean of their
     features (a decode window's measured context varies a little), in first-seen order (see the
-    module docstring)."""
-    groups: dict[tuple[str, str], list[Observation]] = {}
-    for o in obs:
-        groups.setdefault((o.probe, o.what), []).append(o)
+    module docstring). The interference pairs stay one by one: each is read against its own control
+    (:func:`frontend_per_arrival`)."""
+    groups: dict[tuple[str, str] | int, list[Observation]] = {}
+    for n, o in enumerate(obs):
+        groups.setdefault((o.probe, o.what) if o.in_fit else n, []).append(o)
     return [Observation(g[0].probe, g[0].what, np.mean([o.features for o in g], axis=0),
-                        float(np.median([o.measured_s for o in g])), repeats=len(g))
+                        float(np.median([o.measured_s for o in g])), repeats=len(g)) if g[0].in_fit else g[0]
             for g in groups.values()]
 
 
@@ -300,20 +327,70 @@ def _solve(obs: Sequence[Observation]) -> np.ndarray:
     return coeffs
 
 
+def frontend_per_arrival(o: Observation, theta: np.ndarray) -> tuple[float, float]:
+    """One interference pair's ``frontend_cpu_s`` and the engine's speed during it (module docstring).
+
+    The pair's control window, sent just before, says how fast the batch decoded at the pair's time:
+    its median step over what the step model ``theta`` predicts for it (``speed``, > 1 slower). The
+    loaded window's mean step, less the batch's decodes at that speed (the model's decode steps for
+    the loaded window x ``speed``) and the arrivals' own prefill and decode steps (the model's), per
+    arrival, is the frontend's time; over ``speed``, in the step model's time like the other terms.
+    WHY the control: the engine's speed drifts within a calibration (log sd 0.1-0.5 over half a minute
+    on vLLM CPU), and read against the step model alone a pair sent in a slower spell than the decode
+    probes put the batch's whole slowdown into this one term (8 steps per arrival: about 8% of a step
+    per arrival per 1% of speed; the term scattered 12-32 ms between calibrations of one engine,
+    docs/fidelity.md). Why only the decodes at the control's speed: that is what the control measures,
+    and a misfit of the step model at the control's batch (a speed of 1.004 against ``llmlb serve``,
+    whose speed is 1) then cancels instead of being scaled onto the arrivals' prefill, which on a
+    profile of costly prefills cost the term 11%; a true slow spell leaves the arrivals' own steps
+    read at the model's speed (their part of the pair's time x the spell)."""
+    assert o.control is not None
+    k = UNKNOWNS.index("frontend_cpu_s")
+    step_s, control, decodes = o.control
+    model_s = float(control @ theta)
+    speed = step_s / model_s if model_s > 0 else 1.0
+    arrivals = o.features[:k] - decodes[:k]
+    rest = o.measured_s - speed * float(decodes[:k] @ theta[:k]) - float(arrivals @ theta[:k])
+    return rest / (speed * o.features[k]), speed
+
+
 def fit(obs: list[Observation], notes: list[str]) -> Fit:
-    """The coefficients (see the module docstring); predictions written into ``obs``."""
-    if not any(o.probe == "decode" for o in obs) or not any(o.probe != "decode" for o in obs):
+    """The coefficients (see the module docstring); predictions written into ``obs``.
+
+    The least squares take every observation but the interference pairs; ``frontend_cpu_s``, which only
+    those pairs see, is then the median over the pairs of each one's reading against its own control
+    (:func:`frontend_per_arrival`; 0 when negative or when there is no pair), and each pair's prediction
+    is the model at its control's speed, so its error is how far that pair's reading lies from the
+    median."""
+    if not any(o.probe == "decode" for o in obs) or not any(o.probe != "decode" and o.in_fit for o in obs):
         raise UserError("the probes gave no usable decode or prefill observation; see the notes above: "
                         + "; ".join(notes), "llmlb calibrate")
-    theta = _solve(obs)
-    pred = np.array([o.features @ theta for o in obs])
-    err = np.abs(pred / np.array([o.measured_s for o in obs]) - 1.0)
+    fitted = [o for o in obs if o.in_fit]
+    theta = _solve(fitted)
+    pred = np.array([o.features @ theta for o in fitted])
+    err = np.abs(pred / np.array([o.measured_s for o in fitted]) - 1.0)
     limit = max(0.25, 4 * float(np.median(err)))
-    keep = [o for o, e in zip(obs, err) if e <= limit]
-    if len(keep) < len(obs) and len(keep) >= len(UNKNOWNS):
-        for o, e in zip(obs, err):
+    keep = [o for o, e in zip(fitted, err) if e <= limit]
+    if len(keep) < len(fitted) and len(keep) >= len(UNKNOWNS):
+        for o, e in zip(fitted, err):
             o.outlier = bool(e > limit)
         theta = _solve(keep)
-    for o in obs:
+    for o in fitted:
         o.predicted_s = float(o.features @ theta)
-    return Fit({k: float(v) for k, v in zip(UNKNOWNS, theta)}, obs, notes)
+    pairs = [o for o in obs if not o.in_fit]
+    reading: FrontendReading | None = None
+    if pairs:
+        k = UNKNOWNS.index("frontend_cpu_s")
+        got = [frontend_per_arrival(o, theta) for o in pairs]
+        theta[k] = max(0.0, float(np.median([f for f, _ in got])))
+        for o, (_, speed) in zip(pairs, got):
+            assert o.control is not None
+            decodes = float(o.control[2] @ theta)
+            o.predicted_s = speed * decodes + (float(o.features @ theta) - decodes - theta[k] * o.features[k]) \
+                + speed * theta[k] * o.features[k]
+        # the estimate before the control was used: the pairs' median against the step model alone
+        mean_f = np.mean([o.features for o in pairs], axis=0)
+        joint = (float(np.median([o.measured_s for o in pairs])) - float(mean_f[:k] @ theta[:k])) / mean_f[k]
+        reading = {"pairs_ms": [round(1e3 * f, 4) for f, _ in got], "speeds": [round(s, 4) for _, s in got],
+                   "median_ms": round(1e3 * theta[k], 4), "without_control_ms": round(1e3 * max(0.0, joint), 4)}
+    return Fit({k: float(v) for k, v in zip(UNKNOWNS, theta)}, obs, notes, reading)

@@ -91,6 +91,8 @@ def calibrate(
                   + f";  request overhead {1e3 * cal.profile['request_overhead_s']:.3f} ms + "
                     f"{1e6 * cal.profile['request_per_prompt_token_s']:.3f} us x prompt tokens"
                   + f", of which {1e3 * cal.profile['frontend_cpu_s']:.3f} ms per request taken from the steps"
+                  + (f" (median of {len(cal.fit.frontend['pairs_ms'])} interference pairs: "
+                     f"{', '.join(f'{v:.1f}' for v in cal.fit.frontend['pairs_ms'])} ms)" if cal.fit.frontend else "")
                   + (f" ({cal.profile['frontend_wait_share']:.2f} of it on the arriving request's own wait)"
                      if "frontend_wait_share" in cal.profile else ""),
                   highlight=False)

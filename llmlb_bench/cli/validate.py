@@ -23,7 +23,8 @@ def _pct(v: float) -> str:
 def validate(
     endpoint: Annotated[str, typer.Argument(help="Base URL of an OpenAI-compatible server (vLLM, SGLang, llama-server, llmlb serve, ...).")],
     trace: Annotated[Optional[Path], typer.Option("--trace", "-t", help="Trace to replay and simulate (default: chat-like Poisson traffic at --load of the profile's capacity).")] = None,
-    repeats: Annotated[int, typer.Option("--repeats", "-k", min=2, help="Real replays, and simulator seeds (at least 2: a spread needs two).")] = 5,
+    repeats: Annotated[int, typer.Option("--repeats", "-k", min=2, help="Real replays (at least 2: a spread needs two).")] = 5,
+    sim_seeds: Annotated[Optional[int], typer.Option("--sim-seeds", min=2, help="Simulator seeds (seed j simulates replay j mod K's trace). Default: 30 when the profile simulated has a speed drift (drift_sigma > 0; an anchored profile has the run's), else --repeats: a drift as slow as a replay draws about one replica speed per seed, so the median over 5 seeds is five draws of that speed, not the model's median (on vLLM CPU seeds 1-5 put every figure +39%; docs/fidelity.md).")] = None,
     profile: Annotated[Optional[Path], typer.Option("--profile", help="The endpoint's profile (from llmlb calibrate); default: calibrate first.")] = None,
     requests: Annotated[int, typer.Option("--requests", min=4, help="Requests of the default trace.")] = 100,
     load: Annotated[float, typer.Option("--load", min=0.01, max=1.5, help="Default trace: arrival rate as a fraction of the profile's simulated capacity.")] = 0.5,
@@ -38,7 +39,7 @@ def validate(
     results: ResultsDir = Path("results"),
     seed: Seed = 0,
 ) -> None:
-    """Is the simulator right about THIS engine? Calibrate it (or take --profile), replay the trace --repeats times and simulate it under as many seeds, then print per figure the bias (median simulated / median real - 1, with a bootstrap interval), both sides' spread over the repeats, the per-request E2E MAPE, and a one-line verdict against the aims (|bias| <= 5% E2E/TPOT p50/p90, <= 10% TTFT, spread within 0.5-2x). Every replay and simulation is stored as an ordinary run (compare any two with llmlb report); see docs/fidelity.md.
+    """Is the simulator right about THIS engine? Calibrate it (or take --profile), replay the trace --repeats times and simulate it under --sim-seeds seeds, then print per figure the bias (median simulated / median real - 1, with a bootstrap interval), both sides' spread over the repeats, the per-request E2E MAPE, and a one-line verdict against the aims (|bias| <= 5% E2E/TPOT p50/p90, <= 10% TTFT, spread within 0.5-2x). Every replay and simulation is stored as an ordinary run (compare any two with llmlb report); see docs/fidelity.md.
 
     Example:
 
@@ -79,11 +80,11 @@ def validate(
         console.print(f"default trace: {table.num_rows} requests at {load:.0%} of the profile's capacity", highlight=False)
     results.mkdir(parents=True, exist_ok=True)
     v = run_validation(endpoint, table, repeats, prof, options, results, seed=seed, warmup=warmup, anchor=anchor,
-                       say=lambda line: console.print(line, highlight=False))
+                       sim_seeds=sim_seeds, say=lambda line: console.print(line, highlight=False))
     from llmlb_bench.console import Table
 
     t = Table("figure", "real median ms", "sim median ms", "bias %", "95% interval %", "real spread %",
-              "sim spread %", "aim", title=f"Simulated vs real over {repeats} repeats each")
+              "sim spread %", "aim", title=f"Simulated ({len(v.sim_runs)} seeds) vs real ({repeats} replays)")
     for c in v.comparison.figures:
         from llmlb_bench.validate import BIAS_AIMS
 
