@@ -265,7 +265,8 @@ def main() -> None:
                 prof = calibrate(url, {"max_num_seqs": SEQS, "max_num_batched_tokens": BUDGET}, options=options,
                                  max_prompt=2 * BUDGET, repeats=args.calibrate_repeats, seed=args.seed + n).profile
                 out["calibrations"].append({
-                    "seconds": time.time() - t, "load_average": os.getloadavg(), "step": prof["step"],
+                    "seconds": time.time() - t, "load_average": os.getloadavg(), "engine": prof["engine"],
+                    "step": prof["step"],
                     "request_overhead_s": prof["request_overhead_s"], "frontend_cpu_s": prof["frontend_cpu_s"],
                     "request_per_prompt_token_s": prof["request_per_prompt_token_s"], "jitter": prof["jitter"],
                     "reference": prof.get("reference"), "frontend_wait_share": prof.get("frontend_wait_share"),
