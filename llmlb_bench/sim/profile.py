@@ -91,8 +91,8 @@ the calibration (``step_s``, the median over ``probes`` windows). ``anchor`` (wr
 ``llmlb validate`` and benchmarks/fidelity.py, which send that probe between their replays) says the
 step model was rescaled: ``scale`` = ``reference_step_s`` (the long-run median of ``probes`` windows
 over ``span_s`` seconds) / ``calibration_step_s`` (the reference's ``step_s``) multiplies every
-``step`` coefficient already (readers never apply it again), and the ``jitter`` table's drift is the
-one those probes measured over minutes, drawn around the long-run median
+``step`` coefficient and ``frontend_cpu_s`` already (readers never apply it again), and the
+``jitter`` table's drift is the one those probes measured over minutes, drawn around the long-run median
 (``calibration_drift_sigma`` and ``calibration_drift_period_s`` keep the calibration's own). The
 simulator reads neither table.
 
