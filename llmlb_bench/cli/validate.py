@@ -1,5 +1,5 @@
 """``llmlb validate``: replay a trace against an endpoint K times, simulate it with the endpoint's
-profile under K seeds, and say how far the simulator's figures are from the engine's."""
+profile under N seeds (``--sim-seeds``), and say how far the simulator's figures are from the engine's."""
 
 from __future__ import annotations
 
