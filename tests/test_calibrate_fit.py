@@ -48,3 +48,42 @@ def test_a_decode_window_delivered_in_chunks_reads_as_its_steps():
     (decode,) = [o for o in obs if o.probe == "decode"]
     assert decode.measured_s == pytest.approx(step)
     assert all(np.all(w > 0) for w in windows)
+
+
+def _stream_row(request_id: int, times: np.ndarray, tokens: int) -> dict:
+    """A streamed request whose visible tokens arrived at ``times`` (one per read) of ``tokens`` made."""
+    return {"request_id": request_id, "status": "ok", "error": None, "sent_s": 0.0,
+            "first_token_s": float(times[0]), "last_token_s": float(times[-1]),
+            "token_times": [{"start_s": float(t), "gap_s": 0.0, "count": 1} for t in times],
+            "input_tokens": 16, "server_input_tokens": 16, "output_tokens": tokens}
+
+
+def test_tokens_that_stream_no_text_are_not_read_as_slow_steps():
+    """Issue 28: a random model's partial UTF-8 bytes stream no text (13% of the decode probes'
+    tokens on vLLM CPU), so one request's next gap spans two steps and read as a slow step at 2x.
+    The window's steps are read from all its requests together: only the planted slow steps
+    remain, at their factor."""
+    from llmlb_bench.calibrate.dispersion import dispersion
+    from llmlb_bench.calibrate.fit import engine_steps
+
+    rng = np.random.default_rng(5)
+    step, n, slow = 0.005, 80, {12: 1.6, 40: 1.6, 41: 1.6, 66: 1.8}
+    ends = 0.5 + np.cumsum([step * slow.get(k, 1.0) for k in range(n)])
+    rows = []
+    for i in range(4):
+        shown = rng.random(n) > 0.13
+        shown[[0, n - 1]] = True                # the window's bounds stay where they are
+        reads = ends + rng.uniform(0.0, 0.0003, n)      # each stream's reads a little apart
+        rows.append(_stream_row(i, reads[shown], n))
+    obs, notes, windows = observations([ProbeRun("decode", {"batch": 4, "context": 16}, rows)], budget=256)
+    (w,) = windows
+    assert w.size == n - 1                      # every step after the window's first read, none twice
+    got = dispersion(windows)
+    assert got["slow_phases"] == 3
+    assert got["slow_factor"] == pytest.approx((1.6 * 3 + 1.8) / 4, rel=0.03)
+    # one request alone (what the spread read before) has the hidden tokens' 2x gaps as slow steps too
+    one = [step_gaps(np.array([c["start_s"] for c in r["token_times"]])) for r in rows]
+    assert dispersion([max(one, key=len)])["slow_phases"] > 3
+    # with one request the steps are that request's own gaps
+    t = np.array([c["start_s"] for c in rows[0]["token_times"]])
+    assert np.allclose(engine_steps(rows[:1], t[0], t[-1]), step_gaps(t))

@@ -16,8 +16,11 @@ inter-token gaps divided by the window's median gap is one step's factor:
   the slow time per phase, their factor the slow time over what the same
   steps would have taken at the median (the time they really cost).
 
-Each window is read from one request (all of a window's requests see the same
-engine steps, so more would count every phase several times). What windows of a
+Each window is read as one stream of the engine's steps, from all its requests
+together (calibrate/fit.py ``engine_steps``: all of a window's requests see the
+same engine steps, so reading them separately would count every phase several
+times, and one request alone misses the steps whose token streamed no text,
+which read as 2x steps: issue 28, docs/fidelity.md). What windows of a
 few tenths of a second cannot show: phases longer than a window (they move the
 window's median instead) and phases between the windows; docs/fidelity.md says so.
 

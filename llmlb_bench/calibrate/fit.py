@@ -152,6 +152,46 @@ def step_gaps(t: np.ndarray) -> np.ndarray:
     return np.repeat(np.diff(times) / counts[1:], counts[1:])
 
 
+def engine_steps(rows: Sequence[ArrowRow], t0: float, t1: float) -> np.ndarray:
+    """The engine's step gaps in a decode window [t0, t1] as ALL its requests saw them: one gap per step.
+
+    Why not one request's gaps: a token whose text is empty (a random model's partial UTF-8 byte,
+    which vLLM holds back until the character is whole) streams nothing, so that request's next
+    gap spans two steps and read as a slow step at about 2x: on vLLM CPU 13% of the probes'
+    random tokens, which made the spread's slow phases 1.85-2.11x where the steps are 1.60-1.65x
+    (issue 28, docs/fidelity.md). Every request of the window gets a token in every step, so the step shows in
+    the others' streams. The requests' reads are pooled in time order and grouped: a read starts a
+    new step when it comes more than half a typical step (the median of the requests' own gaps)
+    after the step's first read, or when its request already has a read in the step; a step's time
+    is its first read, its token count the most any request's read carried (a server behind its
+    engine bundles steps; they share the gap evenly, as :func:`step_gaps`). With one request this
+    is that request's :func:`step_gaps`."""
+    reads: list[tuple[float, int, int]] = []
+    own: list[np.ndarray] = []
+    for k, r in enumerate(rows):
+        t = token_times(r)
+        t = t[(t >= t0) & (t <= t1)]
+        times, counts = np.unique(t, return_counts=True)
+        reads += [(float(a), int(c), k) for a, c in zip(times, counts)]
+        own.append(step_gaps(t))
+    mine = np.concatenate(own) if own else np.zeros(0)
+    if not reads or not mine.size:
+        return np.zeros(0)
+    tol = 0.5 * float(np.median(mine))
+    reads.sort()
+    step_t, step_n, seen = [reads[0][0]], [reads[0][1]], {reads[0][2]}
+    for at, n, k in reads[1:]:
+        if at - step_t[-1] > tol or k in seen:
+            step_t.append(at)
+            step_n.append(n)
+            seen = {k}
+        else:
+            step_n[-1] = max(step_n[-1], n)
+            seen.add(k)
+    counts = np.array(step_n[1:])
+    return np.repeat(np.diff(np.array(step_t)) / counts, counts)
+
+
 def _prompt(row: ArrowRow) -> int:
     server = row.get("server_input_tokens")
     return int(server) if server is not None else int(row["input_tokens"])
@@ -159,7 +199,7 @@ def _prompt(row: ArrowRow) -> int:
 
 def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observation], list[str], list[np.ndarray]]:
     """Every usable observation of the probes, notes on what could not be used, and each decode
-    window's inter-token gaps as one request saw them (for calibrate/dispersion.py)."""
+    window's step gaps as all its requests saw them (:func:`engine_steps`, for calibrate/dispersion.py)."""
     obs: list[Observation] = []
     windows: list[np.ndarray] = []
     notes: list[str] = []
@@ -206,13 +246,13 @@ def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observatio
                 notes.append(f"{run.kind} batch {run.params['batch']} at {run.params['context']} tokens: fewer than "
                              f"{MIN_WINDOW_STEPS} steps with the whole batch decoding (raise --decode-tokens)")
                 continue
-            gaps, context, _, _ = win
+            gaps, context, t0, t1 = win
             b = len(ok)
             if run.kind == "decode":
                 f = np.array([1.0, b, b, context, context, 0.0, 0.0, 0.0])
                 obs.append(Observation("decode", f"batch {b}, context {run.params['context']}", f,
                                        float(np.median(np.concatenate(gaps)))))
-            windows.append(max(gaps, key=len))
+            windows.append(engine_steps(ok, t0, t1))
     if no_cached:
         notes.append("the engine reports no prompt_tokens_details.cached_tokens (vLLM: "
                      "--enable-prompt-tokens-details): repeated prompts left out of the fit")
@@ -222,7 +262,7 @@ def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observatio
 def drift_samples(runs: Sequence[ProbeRun]) -> list[DriftSample]:
     """One drift sample (calibrate/dispersion.py) per decode group and drift reference window, in the
     group of the probe it repeats (kind, batch, context), at the window's middle on the calibration's
-    clock, from the same request's gaps as the spread's window."""
+    clock, from the same steps as the spread's window (:func:`engine_steps`)."""
     out: list[DriftSample] = []
     for run in runs:
         if run.kind not in ("decode", "drift"):
@@ -231,9 +271,9 @@ def drift_samples(runs: Sequence[ProbeRun]) -> list[DriftSample]:
         win = decode_window(ok) if ok and len(ok) >= run.params["batch"] else None
         if win is None:
             continue
-        gaps, _, t0, t1 = win
+        _, _, t0, t1 = win
         at = run.at_s + (t0 + t1) / 2 - min(r["sent_s"] for r in ok)
-        sample = drift_sample(f"{run.kind} {run.params['batch']}x{run.params['context']}", at, max(gaps, key=len))
+        sample = drift_sample(f"{run.kind} {run.params['batch']}x{run.params['context']}", at, engine_steps(ok, t0, t1))
         if sample is not None:
             out.append(sample)
     return out
