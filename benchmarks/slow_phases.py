@@ -25,7 +25,7 @@ before 2026-12-02) and from all its requests together (``all_requests``: calibra
 for (``hidden``: a random model's partial UTF-8 bytes, which vLLM holds back until the character is
 whole). The last lines give each variant's range over the rounds.
 
-    /work/lead/quiet.sh NAME 300 .venv/bin/python benchmarks/slow_phases.py --out slow.json
+    .venv/bin/python benchmarks/slow_phases.py --out slow.json   # on an otherwise idle machine
 """
 
 from __future__ import annotations
