@@ -59,7 +59,7 @@ COMMANDS: dict[str, Entry] = {
     "learn": Entry("learn", "Train routing policies and output-length predictors in the simulator, and run the "
                             "learning benchmark's standard tasks (docs/learning.md)."),
     "validate": Entry("validate", "Is the simulator right about THIS engine? Calibrate it (or take --profile), "
-                                  "replay the trace --repeats times and simulate it under as many seeds, then print "
+                                  "replay the trace --repeats times and simulate it under --sim-seeds seeds, then print "
                                   "per figure the bias (median simulated / median real - 1, with a bootstrap "
                                   "interval), both sides' spread over the repeats, the per-request E2E MAPE, and a "
                                   "one-line verdict against the aims (|bias| <= 5% E2E/TPOT p50/p90, <= 10% TTFT, "
