@@ -59,22 +59,31 @@ _GATHER_FROM = 1_000             # entries x lanes of a walk step from which its
 class Segments:
     """Token rows (:func:`llmlb_bench.metrics.sample.token_rows`) with their token-time segments
     flattened, once, for the two figures that read them all: ITL
-    (:func:`llmlb_bench.metrics.latency.itl_gaps`) and pacing (:meth:`Streams.of`)."""
+    (:func:`llmlb_bench.metrics.latency.itl_gaps`) and pacing (:meth:`Streams.of`). Both also take
+    the gap from a segment's last token to the next segment's first, so what they share of it is
+    computed here once: ``after`` (a segment follows another of its request) and ``tail``
+    (``gap x (count - 1)``, the span from a segment's first token to its last)."""
 
     table: pa.Table
     parent: np.ndarray      # each segment's row in ``table``
     start: np.ndarray
     gap: np.ndarray
     count: np.ndarray       # int64
+    after: np.ndarray       # bool: the segment is not its request's first
+    tail: np.ndarray
 
     @classmethod
     def of(cls, table: pa.Table) -> "Segments":
         tt = table.column("token_times").combine_chunks()
         seg = pc.list_flatten(tt)
-        return cls(table=table, parent=pc.list_parent_indices(tt).to_numpy(),
-                   start=seg.field("start_s").to_numpy(zero_copy_only=False),
-                   gap=seg.field("gap_s").to_numpy(zero_copy_only=False),
-                   count=seg.field("count").to_numpy(zero_copy_only=False).astype(np.int64))
+        parent = pc.list_parent_indices(tt).to_numpy()
+        gap = seg.field("gap_s").to_numpy(zero_copy_only=False)
+        count = seg.field("count").to_numpy(zero_copy_only=False).astype(np.int64)
+        after = np.zeros(len(parent), dtype=bool)
+        np.equal(parent[1:], parent[:-1], out=after[1:])
+        tail = np.subtract(count, 1)
+        return cls(table=table, parent=parent, start=seg.field("start_s").to_numpy(zero_copy_only=False),
+                   gap=gap, count=count, after=after, tail=np.multiply(gap, tail))
 
 
 @dataclass(frozen=True)
@@ -111,36 +120,49 @@ class Streams:
     def of(cls, segments: Segments) -> "Streams":
         """The streams of token rows whose segments are flattened already."""
         table, n = segments.table, segments.table.num_rows
-        parent, start, gap, cnt = segments.parent, segments.start, segments.gap, segments.count
+        parent, start, gap, cnt, after = segments.parent, segments.start, segments.gap, segments.count, segments.after
         # each segment gives up to two entries, in this order: the gap from the previous segment's last
         # token (one gap; not for a request's first segment) and its own count - 1 gaps. They are
-        # scattered straight to their slots, one pass per kind (an interleaved array of both kinds,
-        # then filtered, cost the same again in fresh memory)
-        after = np.zeros(len(parent), dtype=bool)
-        np.equal(parent[1:], parent[:-1], out=after[1:])
+        # scattered straight to their slots, one pass per kind, and every array of the segments' length
+        # is made once and then worked in place: on the 1.4M segments of a 100k-request run's sample,
+        # each fresh one is 11 MB for the kernel to fault in, which cost more than the arithmetic
         spaced = cnt > 1
         per_segment = after.view(np.int8) + spaced.view(np.int8)
         end = np.cumsum(per_segment, dtype=np.int64)
-        length = np.bincount(parent, weights=per_segment, minlength=n).astype(np.int64)
+        # each request's entries end where its last segment's do (a request without segments has none)
+        last = np.cumsum(np.bincount(parent, minlength=n)) - 1
+        ends = np.zeros(n, dtype=np.int64)
+        ends[last >= 0] = end[last[last >= 0]]
+        length = np.diff(ends, prepend=0)
         by_length = np.argsort(-length, kind="stable")
         rank_of = np.empty(n, dtype=np.int64)
         rank_of[by_length] = np.arange(n)
         longest = int(length.max()) if n else 0
         active = n - np.cumsum(np.bincount(length, minlength=longest + 1))[:-1]   # requests reaching each position
         offsets = np.r_[0, np.cumsum(active)]
-        first = end - per_segment - (np.cumsum(length) - length)[parent]   # the segment's first position
+        size = int(end[-1]) if len(end) else 0
+        first = end                                   # the segment's first position in its request
+        first -= per_segment
+        first -= (ends - length)[parent]
         rank = rank_of[parent]
-        v = np.empty(int(end[-1]) if len(end) else 0)
-        m = np.empty(len(v), dtype=np.int64)
-        i = np.flatnonzero(after)
-        slot = offsets[first[i]] + rank[i]
-        v[slot] = start[i] - (start[i - 1] + gap[i - 1] * (cnt[i - 1] - 1))
+        # one spare slot past the entries: a request's first segment has no gap before it, and sends
+        # its own there (so that the segments after can be scattered whole, with no gather of them)
+        v = np.empty(size + 1)
+        m = np.empty(size + 1, dtype=np.int64)
+        slot = offsets[first]
+        slot += rank
+        slot[~after] = size
+        between = np.add(start[:-1], segments.tail[:-1])      # a segment's last token
+        np.subtract(start[1:], between, out=between)          # to the next segment's first
+        v[slot[1:]] = between
         m[slot] = 1
         i = np.flatnonzero(spaced)
-        slot = offsets[first[i] + after[i]] + rank[i]
+        first += after
+        slot = np.take(offsets, first[i])
+        slot += rank[i]
         v[slot], m[slot] = gap[i], cnt[i] - 1
         return cls(ttft=table.column("ttft").to_numpy(zero_copy_only=False).astype(float),
-                   slo_class=table.column("slo_class").to_pylist(), rank_of=rank_of, value=v, mult=m,
+                   slo_class=table.column("slo_class").to_pylist(), rank_of=rank_of, value=v[:size], mult=m[:size],
                    offsets=offsets)
 
 
@@ -220,13 +242,19 @@ def subset(s: Streams, keep: np.ndarray) -> Streams:
     walking them all gives it."""
     kept_rank = np.zeros(s.n, dtype=bool)
     kept_rank[s.rank_of[keep]] = True
-    active = np.diff(s.offsets)
-    pos = np.repeat(np.arange(len(active)), active)
-    entry = kept_rank[np.arange(len(s.value)) - s.offsets[:-1][pos]]
+    kept = np.flatnonzero(kept_rank)              # the kept requests' ranks, ascending
+    # a position's block holds the ranks below its active count, so its kept entries are the kept
+    # ranks below that count, in rank order: their indices are gathered directly, in time of the
+    # kept entries (a mask over every entry cost a pass over all of them, most of them left out)
+    counts = np.searchsorted(kept, np.diff(s.offsets))
+    last = np.flatnonzero(counts)                # trailing positions no kept request reaches go
+    counts = counts[:last[-1] + 1] if len(last) else counts[:0]
+    offsets = np.r_[0, np.cumsum(counts)]
+    within = np.arange(int(offsets[-1]))
+    within -= np.repeat(offsets[:-1], counts)     # each kept entry's place in its position's block
+    entry = kept[within]
+    entry += np.repeat(s.offsets[:len(counts)], counts)
     new_rank = np.cumsum(kept_rank) - 1           # kept requests keep their order (longest first)
-    offsets = np.r_[0, np.cumsum(np.bincount(pos[entry], minlength=len(active)))]
-    last = np.flatnonzero(np.diff(offsets))      # trailing positions no kept request reaches go
-    offsets = offsets[:last[-1] + 2] if len(last) else offsets[:1]
     return Streams(ttft=s.ttft[keep], slo_class=[c for c, k in zip(s.slo_class, keep) if k],
                    rank_of=new_rank[s.rank_of[keep]], value=s.value[entry], mult=s.mult[entry], offsets=offsets)
 
