@@ -133,8 +133,9 @@ def itl_gaps(tokens: Segments) -> tuple[np.ndarray, np.ndarray]:
     reads too, rather than a second pass of DuckDB over the lists."""
     start, gap, count = tokens.start, tokens.gap, tokens.count
     within = (count > 1) & (gap > 0)
-    same = tokens.parent[1:] == tokens.parent[:-1]
-    between = ((start[1:] - start[:-1]) - gap[:-1] * (count[:-1] - 1))[same]
+    between = np.subtract(start[1:], start[:-1])
+    between -= tokens.tail[:-1]                 # the previous gap_s x (previous count - 1), computed once
+    between = between[tokens.after[1:]]
     return (np.concatenate([gap[within], between]),
             np.concatenate([count[within] - 1, np.ones(len(between), dtype=np.int64)]))
 
