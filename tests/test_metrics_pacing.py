@@ -207,6 +207,39 @@ def test_subset_walks_each_kept_request_as_the_whole_does():
     assert (whole[0][keep] == part[0]).all() and (whole[1][keep] == part[1]).all()
 
 
+def test_lanes_and_busy_positions_walk_each_request_as_one_lane_entry_by_entry(monkeypatch):
+    """A walk of K lanes gives each lane, bit for bit, what walking it alone gives, a lane with a NaN
+    first-token deadline what a walk without one gives (pacing_of fuses the fluidity walk with the
+    fluid rate's first walk so), and a busy position's gathered walk of its stalls what the
+    entry-by-entry arithmetic of the quiet positions gives: 1,500 random streams, so that early
+    positions are busy, with stalls whose slack runs out and stalls it covers, and unround times."""
+    import llmlb_bench.metrics.pacing as pacing_module
+
+    rng = np.random.default_rng(11)
+    rows = []
+    for _ in range(1500):
+        t = ttft = float(rng.uniform(0.05, 1.0))
+        segs = []
+        for _ in range(rng.integers(1, 9)):
+            gap, count = float(rng.choice([0.0, rng.uniform(0.005, 0.12)])), int(rng.integers(1, 15))
+            segs.append(seg(t, gap, count))
+            t = t + gap * (count - 1) + float(rng.exponential(0.08))
+        rows.append((ttft, segs))
+    s = streams(rows)
+    d = np.column_stack([rng.uniform(0.01, 0.1, s.n), np.full(s.n, 0.04)])
+    dp = np.column_stack([rng.uniform(0.1, 0.8, s.n), np.full(s.n, np.nan)])
+    fused = deadline_walk(s, d, dp)
+    apart = deadline_walk(s, d[:, 0], dp[:, 0]), deadline_walk(s, d[:, 1], None)
+    monkeypatch.setattr(pacing_module, "_GATHER_FROM", 1 << 62)     # every position entry by entry
+    quiet = deadline_walk(s, d, dp)
+    assert int((s.offsets[1:] - s.offsets[:-1] >= 1000).sum()) > 0
+    for lane in range(2):
+        for got in (fused, quiet):
+            assert got[0][:, lane].tobytes() == apart[lane][0].tobytes()
+            assert got[1][:, lane].tobytes() == apart[lane][1].tobytes()
+    assert (fused[0] > 0).any() and (fused[0] == 0).any()
+
+
 def test_itl_gaps_are_the_sql_definitions_to_the_last_bit(tmp_path):
     """ITL's gaps in NumPy (metrics.latency.itl_gaps, from the token rows pacing reads too) against
     the SQL that defines them (metrics.sql.itl_gaps_sql, docs/metrics.md) on random token times:
