@@ -115,3 +115,15 @@ def test_weighted_sample_is_sorted_as_lexsort_sorts_it(top, distinct):
     order = np.lexsort((w, v))
     assert (s.v == v[order]).all() and (s.cw == np.cumsum(w[order])).all()
     assert s.mean == float((v[order] * w[order]).sum() / w.sum())
+
+
+@pytest.mark.parametrize("distinct", [1, 40, 3000])
+def test_pairs_sorted_with_positions_is_a_stable_argsort(distinct):
+    """pairs_sorted(v, positions) returns, as its weights, np.argsort(v, kind="stable") (the order
+    pacing's slowest-10% mean sums in): ties, -0.0 beside 0.0 and negative values included."""
+    from llmlb_bench.metrics.distribution import pairs_sorted
+
+    rng = np.random.default_rng(distinct)
+    v = rng.choice(np.r_[rng.uniform(-1, 1, distinct), 0.0, -0.0], 20_000)
+    _, order = pairs_sorted(v, np.arange(len(v)))
+    assert order.tobytes() == np.argsort(v, kind="stable").astype(np.int64).tobytes()

@@ -113,15 +113,15 @@ def _by_value_then_weight(v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.
 
     Only the sorted pairs are needed, not which row each came from. Most pairs of a sample of
     token gaps have weight 1 (a gap between two segments): those values are sorted alone, by
-    NumPy's vectorised sort, and the rest (:func:`_pairs_sorted`) merged in after the values
+    NumPy's vectorised sort, and the rest (:func:`pairs_sorted`) merged in after the values
     they tie with, as their larger weights place them. Zeros go the general way: a sort does
     not keep -0.0 and 0.0 apart, and lexsort's order between the two is their input order."""
     unit = w == 1
     if unit.all() or not unit.any() or not v.all():
-        return _pairs_sorted(v, w)
+        return pairs_sorted(v, w)
     ones = v[unit]
     ones.sort()
-    rest_v, rest_w = _pairs_sorted(v[~unit], w[~unit])
+    rest_v, rest_w = pairs_sorted(v[~unit], w[~unit])
     at = np.searchsorted(ones, rest_v, side="right") + np.arange(len(rest_v))
     out_v, out_w = np.empty(len(v)), np.ones(len(v), dtype=np.int64)
     out_v[at], out_w[at] = rest_v, rest_w
@@ -131,10 +131,11 @@ def _by_value_then_weight(v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.
     return out_v, out_w
 
 
-def _pairs_sorted(v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def pairs_sorted(v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The pairs (v, w) in np.lexsort((w, v))'s order: each value becomes its rank among the
     distinct values, packed with its weight in one 64-bit word, and NumPy's vectorised ``sort``
-    orders the words (on 1.8M ITL gaps several times faster than sorting a permutation).
+    orders the words (on 1.8M ITL gaps several times faster than sorting a permutation). With
+    ``w`` the positions 0..n-1, the ``w`` returned is ``np.argsort(v, kind="stable")``.
     Where the two do not fit in a word, two stable sorts (radix for small weights) do the same."""
     u = np.unique(v)
     wbits = int(w.max()).bit_length()
