@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -45,7 +46,7 @@ def etalon_walk(gaps, ttft_deadline, tbt_deadline, ignore_first=False):
     return missed, total
 
 
-def streams(rows):
+def streams(rows: Sequence[tuple[float, Sequence[dict[str, Any]]]]) -> Streams:
     """Streams from (ttft, segments) pairs."""
     return Streams.from_arrow(pa.table({
         "request_id": list(range(len(rows))), "slo_class": [None] * len(rows),
@@ -207,7 +208,7 @@ def test_subset_walks_each_kept_request_as_the_whole_does():
     assert (whole[0][keep] == part[0]).all() and (whole[1][keep] == part[1]).all()
 
 
-def test_lanes_and_busy_positions_walk_each_request_as_one_lane_entry_by_entry(monkeypatch):
+def test_lanes_and_busy_positions_walk_each_request_as_one_lane_entry_by_entry(monkeypatch: pytest.MonkeyPatch) -> None:
     """A walk of K lanes gives each lane, bit for bit, what walking it alone gives, a lane with a NaN
     first-token deadline what a walk without one gives (pacing_of fuses the fluidity walk with the
     fluid rate's first walk so), and a busy position's gathered walk of its stalls what the
