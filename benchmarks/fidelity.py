@@ -22,8 +22,10 @@ with a bootstrap interval, each side's spread (CV over its repeats), per-request
    median (its step model and ``frontend_cpu_s``, the frontend's CPU per request taken from the
    steps, rescaled; its drift the one the probes measured over minutes) and every cell simulated
    with each calibration's profile as calibrated, anchored, anchored with ``frontend_cpu_s`` as
-   calibrated, and anchored with the term read without each interference pair's control (the
-   estimate before 2026-12-02), against the same real replays: per cell and figure the bias, its
+   calibrated, anchored with the term read without each interference pair's control (the
+   estimate before 2026-12-02), and anchored without the probes' slow phases (a diagnosis: what
+   they cost here; ``--keep`` and benchmarks/replay_steps.py compare the replays' steps with the
+   simulated ones'), against the same real replays: per cell and figure the bias, its
    interval, both spreads and the aims' verdict, per calibration and pooled. ``--sim-seeds``
    seeds per cell and profile, by default 30 for a profile with a drift (more seeds than replays:
    a slow drift draws about one replica speed per seed; llmlb_bench.validate.default_sim_seeds);
@@ -47,6 +49,7 @@ their command, date and load average. Stages can be skipped (``--skip``) and the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -190,6 +193,10 @@ HEADER = ("cell               | " + " | ".join(f"{n} bias% [95%] spread% real/si
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=None, help="write every figure as JSON here")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="keep the work folder here (a new folder): every replay's and simulation's run with its "
+                    "token times (runs/), the traces, the calibrations' probe runs, for reading afterwards, e.g. "
+                    "the engine's steps in the replays (benchmarks/replay_steps.py)")
     ap.add_argument("--requests", type=int, default=150, help="requests per cell trace")
     ap.add_argument("--repeats", type=int, default=5, help="real replays per cell (K >= 2; the published method "
                     "uses 5 or more)")
@@ -231,6 +238,8 @@ def main() -> None:
         ap.error("--calibrations: from 1 to --repeats + 1")
     if args.anchor_per_slot < 1:
         ap.error("--anchor-per-slot: at least 1")
+    if args.keep is not None and args.keep.exists():
+        ap.error(f"--keep: {args.keep} exists; name a new folder")
     skip = set(filter(None, args.skip.split(",")))
     wanted = set(filter(None, args.shapes.split(",")))
     if wanted - set(SHAPES):
@@ -247,7 +256,10 @@ def main() -> None:
     out: dict[str, Any] = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "argv": sys.argv[1:],
                            "load_average_start": os.getloadavg(), "repeats": k_rep,
                            "settings": {"max_num_seqs": SEQS, "max_num_batched_tokens": BUDGET}}
-    with tempfile.TemporaryDirectory(prefix="llmlb-fidelity-") as tmp:
+    if args.keep is not None:
+        args.keep.mkdir(parents=True)
+    with (contextlib.nullcontext(str(args.keep)) if args.keep is not None
+          else tempfile.TemporaryDirectory(prefix="llmlb-fidelity-")) as tmp:
         work = Path(tmp)
         model = write_tiny_model(work / "tiny")
         bench = Bench(work, {"allowed_token_ids": word_token_ids(model)})
@@ -263,7 +275,8 @@ def main() -> None:
                 """Calibration ``n``, printed and kept in ``out``."""
                 t = time.time()
                 prof = calibrate(url, {"max_num_seqs": SEQS, "max_num_batched_tokens": BUDGET}, options=options,
-                                 max_prompt=2 * BUDGET, repeats=args.calibrate_repeats, seed=args.seed + n).profile
+                                 max_prompt=2 * BUDGET, repeats=args.calibrate_repeats, seed=args.seed + n,
+                                 results=work / f"calibration-{n + 1}" if args.keep is not None else None).profile
                 out["calibrations"].append({
                     "seconds": time.time() - t, "load_average": os.getloadavg(), "engine": prof["engine"],
                     "step": prof["step"],
@@ -304,6 +317,7 @@ def main() -> None:
                 if k + 1 in recal:
                     profiles.append(calibrated(recal[k + 1]))
             probe.slot()
+            out["traces"] = {f"{c[0]} {c[1]}": [path.stem for _, path in copies[c]] for c in cells}
             samples = probe.samples()
             anchoreds = [anchored(prof, samples) for prof in profiles]
             out["anchor"] = {"probes": len(samples), "per_slot": args.anchor_per_slot,
@@ -323,12 +337,18 @@ def main() -> None:
             def with_frontend(a: ProfileDoc, value_s: float) -> ProfileDoc:
                 return {**a, "frontend_cpu_s": value_s}
 
-            variants = {"calibrated": profiles, "anchored": anchoreds,
+            def without_slow_phases(a: ProfileDoc) -> ProfileDoc:
+                jitter = a.get("jitter")
+                return {**a, "jitter": {**jitter, "slow_rate_hz": 0.0}} if jitter else a
+
+            variants: dict[str, list[ProfileDoc]] = {"calibrated": profiles, "anchored": anchoreds,
                         "anchored_frontend_as_calibrated": [with_frontend(a, p["frontend_cpu_s"])
                                                             for a, p in zip(anchoreds, profiles)],
                         "anchored_frontend_without_control": [
                             with_frontend(a, 1e-3 * p["fit"]["frontend_cpu"]["without_control_ms"])
-                            if "frontend_cpu" in p["fit"] else a for a, p in zip(anchoreds, profiles)]}
+                            if "frontend_cpu" in p["fit"] else a for a, p in zip(anchoreds, profiles)],
+                        # a diagnosis, not a model: what the probes' slow phases cost on these cells
+                        "anchored_without_slow_phases": [without_slow_phases(a) for a in anchoreds]}
             sims: dict[str, list[dict[tuple[str, float], list[list[dict]]]]] = {}
             out["sim_seeds"] = {}
             t_sim = time.time()

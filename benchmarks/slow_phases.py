@@ -14,6 +14,7 @@ and repeated (``--rounds``), to one replica (core 1; this client on core 0):
   ``allowed_token_ids``, as the fidelity replays send them);
 * ``burst-usage``: the burst with usage in every chunk (vLLM's ``continuous_usage_stats``: a token
   whose text is empty still counts);
+* ``lone-words``: one request alone, whole words (is a lone stream's step as slow as a batch's?);
 * ``replay-words`` / ``replay-random``: a Poisson trace of the fidelity benchmark's shape at
   ``--rate`` requests/s, with and without whole-word answers; the same rule over each request's
   own gaps (first token to last), each request one window, so its rate is per second of a stream.
@@ -23,7 +24,10 @@ For every round and variant, the probes' windows pooled as calibrate pools them:
 before 2026-12-02) and from all its requests together (``all_requests``: calibrate/fit.py
 ``engine_steps``), and the tokens the server generated (its usage) that the stream showed no text
 for (``hidden``: a random model's partial UTF-8 bytes, which vLLM holds back until the character is
-whole). The last lines give each variant's range over the rounds.
+whole). The last lines give each variant's range over the rounds. ``--frontend-core 0`` puts the
+replica's API server and engine-core process on the client's core and leaves the worker alone on
+core 1 (``--variants`` picks the probes): if the slow steps are the frontend's turns on the
+worker's core, they go away there.
 
     .venv/bin/python benchmarks/slow_phases.py --out slow.json   # on an otherwise idle machine
 """
@@ -53,6 +57,9 @@ from llmlb_bench.schema import ArrowRow, trace_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fidelity import BUDGET, SEQS, Bench, trace_at  # noqa: E402
+
+
+VARIANTS = ("burst", "staggered", "burst-words", "burst-usage", "lone-words", "replay-words", "replay-random")
 
 
 def hidden(rows: list[ArrowRow]) -> tuple[int, int]:
@@ -87,8 +94,18 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=16.0)
     ap.add_argument("--requests", type=int, default=80)
     ap.add_argument("--probes", type=int, default=8, help="probes of each kind per round")
+    ap.add_argument("--variants", default="", help="comma-separated variants to run (default all: "
+                    + ", ".join(VARIANTS) + ")")
+    ap.add_argument("--frontend-core", type=int, default=None,
+                    help="run the replica's API server and engine-core process on this core, the worker alone on "
+                    "core 1 (default: all three on core 1, as the fidelity benchmark runs them): are the slow "
+                    "steps the frontend's turns on the worker's core?")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    names = [v for v in args.variants.split(",") if v] or list(VARIANTS)
+    if set(names) - set(VARIANTS):
+        ap.error(f"--variants: choose from {', '.join(VARIANTS)}")
+    frontend = [[args.frontend_core]] if args.frontend_core is not None else None
     os.sched_setaffinity(0, {0})
     out: dict[str, Any] = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "argv": sys.argv[1:],
                            "load_average_start": os.getloadavg(), "runs": []}
@@ -97,7 +114,7 @@ def main() -> None:
         model = write_tiny_model(work / "tiny")
         words: dict[str, object] = {"allowed_token_ids": word_token_ids(model)}
         settings = VllmSettings(max_num_seqs=SEQS, max_num_batched_tokens=BUDGET)
-        with VllmReplicas(model, 1, cores=[1], settings=settings) as reps:
+        with VllmReplicas(model, 1, cores=[1], frontend_cores=frontend, settings=settings) as reps:
             url = reps.urls[0]
             info = discover(url, {"max_num_seqs": SEQS, "max_num_batched_tokens": BUDGET})
             base = ReplayOptions(api="completions", tokenize=True, model=info.model)
@@ -131,7 +148,6 @@ def main() -> None:
                     return rows, replay_windows(rows), replay_windows(rows)
                 return rows, probe_windows(rows, False), probe_windows(rows, True)
 
-            names = ["burst", "staggered", "burst-words", "burst-usage", "lone-words", "replay-words", "replay-random"]
             for k in range(args.rounds):
                 for name in names[k % len(names):] + names[:k % len(names)]:
                     # probes are short: several of each per round, pooled as calibrate pools its windows

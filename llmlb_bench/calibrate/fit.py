@@ -159,13 +159,25 @@ def engine_steps(rows: Sequence[ArrowRow], t0: float, t1: float) -> np.ndarray:
     which vLLM holds back until the character is whole) streams nothing, so that request's next
     gap spans two steps and read as a slow step at about 2x: on vLLM CPU 13% of the probes'
     random tokens, which made the spread's slow phases 1.85-2.11x where the steps are 1.60-1.65x
-    (issue 28, docs/fidelity.md). Every request of the window gets a token in every step, so the step shows in
-    the others' streams. The requests' reads are pooled in time order and grouped: a read starts a
-    new step when it comes more than half a typical step (the median of the requests' own gaps)
-    after the step's first read, or when its request already has a read in the step; a step's time
-    is its first read, its token count the most any request's read carried (a server behind its
-    engine bundles steps; they share the gap evenly, as :func:`step_gaps`). With one request this
-    is that request's :func:`step_gaps`."""
+    (issue 28, docs/fidelity.md). Every request of the window gets a token in every step, so the
+    step shows in the others' streams (:func:`step_reads`). A step's gap is the time since the
+    step before; a server behind its engine bundles steps, and they share the gap evenly, as
+    :func:`step_gaps`. With one request this is that request's :func:`step_gaps`."""
+    at, counts = step_reads(rows, t0, t1)
+    if not at.size:
+        return np.zeros(0)
+    return np.repeat(np.diff(at) / counts[1:], counts[1:])
+
+
+def step_reads(rows: Sequence[ArrowRow], t0: float, t1: float) -> tuple[np.ndarray, np.ndarray]:
+    """The engine's steps in [t0, t1] from all ``rows``' streamed tokens: each step's time (its
+    first read) and its token count (the most any request's read carried: a read of k tokens is k
+    steps bundled by a server behind its engine).
+
+    The requests' reads are pooled in time order and grouped: a read starts a new step when it
+    comes more than half a typical step (the median of the requests' own gaps) after the step's
+    first read, or when its request already has a read in the step. Empty when no request has
+    two reads in the window."""
     reads: list[tuple[float, int, int]] = []
     own: list[np.ndarray] = []
     for k, r in enumerate(rows):
@@ -176,7 +188,7 @@ def engine_steps(rows: Sequence[ArrowRow], t0: float, t1: float) -> np.ndarray:
         own.append(step_gaps(t))
     mine = np.concatenate(own) if own else np.zeros(0)
     if not reads or not mine.size:
-        return np.zeros(0)
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
     tol = 0.5 * float(np.median(mine))
     reads.sort()
     step_t, step_n, seen = [reads[0][0]], [reads[0][1]], {reads[0][2]}
@@ -188,8 +200,7 @@ def engine_steps(rows: Sequence[ArrowRow], t0: float, t1: float) -> np.ndarray:
         else:
             step_n[-1] = max(step_n[-1], n)
             seen.add(k)
-    counts = np.array(step_n[1:])
-    return np.repeat(np.diff(np.array(step_t)) / counts, counts)
+    return np.array(step_t), np.array(step_n, dtype=np.int64)
 
 
 def _prompt(row: ArrowRow) -> int:
