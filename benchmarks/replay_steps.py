@@ -18,7 +18,9 @@ engine with nothing to do is not slow):
   consecutive slow steps one phase;
 * steps per second, the decode steps' gap p50 / p90 / p99 (ms), slow phases per second of busy
   time, the time they add over their neighbours' median as a share of busy time, and their
-  factor (their time over their neighbours' median).
+  factor (their time over their neighbours' median);
+* the ordinary (not slow) decode steps' median, over all and by batch (requests decoding
+  through the step): where the step model's typical step is off, at the replays' own batches.
 
 Per cell, real (the K replays) against every simulated variant kept in the run (the same copies;
 pooled over the calibrations): median over the runs [min - max].
@@ -44,7 +46,11 @@ from llmlb_bench.calibrate.fit import step_reads
 from llmlb_bench.calibrate.probes import token_times
 from llmlb_bench.schema import ArrowRow
 
-FIGURES = ("steps_per_s", "gap_p50_ms", "gap_p90_ms", "gap_p99_ms", "slow_per_s", "slow_extra_share", "slow_factor")
+#: batch sizes (requests decoding through a step) whose ordinary steps' median is shown apart
+BATCHES = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 1 << 30))
+FIGURES = ("steps_per_s", "gap_p50_ms", "gap_p90_ms", "gap_p99_ms", "slow_per_s", "slow_extra_share", "slow_factor",
+           "ordinary_p50_ms", *(f"ordinary_p50_ms_b{lo}" + (f"-{hi}" if hi != lo and hi < 1 << 30 else "+" * (hi > lo))
+                                for lo, hi in BATCHES))
 
 
 def step_figures(rows: list[ArrowRow], slow: float, window: int) -> dict[str, float]:
@@ -60,25 +66,31 @@ def step_figures(rows: list[ArrowRow], slow: float, window: int) -> dict[str, fl
     lo, hi = at[:-1], at[1:]
     # busy: some request decoding through the whole step (its first token at or before the step's
     # start, its last at or after its end)
-    busy = ((first[None, :] <= lo[:, None]) & (last[None, :] >= hi[:, None])).any(axis=1)
+    decoding = ((first[None, :] <= lo[:, None]) & (last[None, :] >= hi[:, None])).sum(axis=1)
+    busy = decoding > 0
     prefill = np.zeros(hi.size, dtype=bool)
     ended = np.searchsorted(at, first, side="right") - 1         # the step whose read group holds a first token
     prefill[ended[(ended >= 1)] - 1] = True
     gaps = (hi - lo) / counts[1:]
     busy_s = float((hi - lo)[busy].sum())
     decode = gaps[busy & ~prefill]
+    batch = decoding[busy & ~prefill]
     if decode.size < 2 * window + 2 or busy_s <= 0:
         return nan
     local = median_filter(decode, size=2 * window + 1, mode="nearest")
     is_slow = decode > slow * local
     phases = int(np.count_nonzero(is_slow[1:] & ~is_slow[:-1]) + is_slow[0])
+    by_batch = {name: 1e3 * float(np.median(decode[~is_slow & (batch >= b0) & (batch <= b1)]))
+                if np.any(~is_slow & (batch >= b0) & (batch <= b1)) else math.nan
+                for name, (b0, b1) in zip(FIGURES[-len(BATCHES):], BATCHES)}
     return {"steps_per_s": float(busy.sum()) / busy_s,
             "gap_p50_ms": 1e3 * float(np.percentile(decode, 50)),
             "gap_p90_ms": 1e3 * float(np.percentile(decode, 90)),
             "gap_p99_ms": 1e3 * float(np.percentile(decode, 99)),
             "slow_per_s": phases / busy_s,
             "slow_extra_share": float((decode - local)[is_slow].sum()) / busy_s,
-            "slow_factor": float(decode[is_slow].sum() / local[is_slow].sum()) if phases else math.nan}
+            "slow_factor": float(decode[is_slow].sum() / local[is_slow].sum()) if phases else math.nan,
+            "ordinary_p50_ms": 1e3 * float(np.median(decode[~is_slow])), **by_batch}
 
 
 def rows_of(run_dir: Path) -> list[ArrowRow]:
