@@ -48,11 +48,17 @@ def _salted(values: np.ndarray, offsets: np.ndarray, adapter: list[str | None]) 
     return out
 
 
+def _array(col: pa.ChunkedArray) -> pa.Array:
+    """A column as one array: its chunk where it has one (combining copies even a single chunk: a
+    few ms per million hashes)."""
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+
 def keyed_prefix_hashes(table: pa.Table) -> pa.Array:
     """A trace's ``prefix_hashes`` as the engines see them: each row's hashes keyed by the LoRA
     adapter it names (unchanged for the base model, and for traces without adapters), as the
     simulator and the routers use them; for code that reads the column itself (cache accounting)."""
-    arr = table.column("prefix_hashes").combine_chunks()
+    arr = _array(table.column("prefix_hashes"))
     acol = table.column("adapter") if "adapter" in table.column_names else None
     if acol is None or acol.null_count == table.num_rows:
         return arr
@@ -83,7 +89,7 @@ class TraceColumns:
         self.session: list[int | None] = ([None] * n if scol is None or scol.null_count == n
                                           else scol.to_pylist())
         hcol = self._col("prefix_hashes")
-        arr = hcol.combine_chunks() if hcol is not None else None
+        arr = _array(hcol) if hcol is not None else None
         #: whether any row names prefix-cache blocks
         self.has_hashes = arr is not None and arr.null_count < n and len(arr.flatten()) > 0
         acol = self._col("adapter")

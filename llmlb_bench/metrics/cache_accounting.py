@@ -69,9 +69,19 @@ _NEEDED = ["request_id", "target", "prefill_target", "status", "scheduled_s", "s
 
 
 def _ranks(primary: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Rank of each row by (``primary``, request id); NaN sorts last."""
+    """Rank of each row by (``primary``, request id, place); NaN sorts last. Vectorised sorts of
+    one key each: where times are equal (a prefill step's requests finish together; NaNs), by one
+    integer packing the time's rank over the id's (a two-key ``lexsort`` cost several times as much)."""
     key = np.where(np.isnan(primary), np.inf, primary)
-    return _reordered(np.lexsort((ids, key)))
+    order = np.argsort(key)
+    ordered = key[order]
+    steps = ordered[1:] != ordered[:-1]
+    if not steps.all():
+        n = len(key)
+        by_time = np.empty(n, dtype=np.int64)
+        by_time[order] = np.r_[0, np.cumsum(steps)]
+        order = np.argsort(by_time * n + _reordered(np.argsort(ids, kind="stable")))
+    return _reordered(order)
 
 
 def _reordered(order: np.ndarray) -> np.ndarray:
@@ -111,10 +121,11 @@ def _part_bits(blocks: int, chunk: int) -> int:
 
 
 def _parts(values: np.ndarray, replies: np.ndarray, offsets: np.ndarray, bits: int
-           ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+           ) -> Iterator[tuple[np.ndarray | None, np.ndarray, np.ndarray | None]]:
     """The blocks in ``2^bits`` parts by hash: per part ``(index, counts, reply)``, its prompt
     blocks' indices in ``values`` (ascending), how many of them each row has, and the indices in
-    ``replies`` (indices into ``values`` of the reply blocks) of its reply blocks.
+    ``replies`` (indices into ``values`` of the reply blocks) of its reply blocks; ``None`` for
+    every block in order (one part: no index arrays).
 
     Every bucket compares a block only with blocks of the same hash, so a part that holds whole
     hash groups is accounted on its own, and the result does not depend on how many parts there
@@ -122,7 +133,7 @@ def _parts(values: np.ndarray, replies: np.ndarray, offsets: np.ndarray, bits: i
     A part is the top bits of the spread hash; beyond the trace, what every part needs is one
     byte per block (its part) and the rows' own arrays."""
     if not bits:
-        yield np.arange(len(values), dtype=np.int64), np.diff(offsets), np.arange(len(replies), dtype=np.int64)
+        yield None, np.diff(offsets), None
         return
     part = np.empty(len(values), dtype=np.uint8 if bits <= 8 else np.uint16)
     chunk = 1 << 20
@@ -155,24 +166,37 @@ class _Slots:
     ready_needs: np.ndarray
     stride: int             # (targets + 1) * big: a hash group's share of the (hash, target) groups' numbers
     targets: int            # how many names (0: offered alone, no per-target pass)
-    lengths: np.ndarray     # per row: prompt blocks
     prompt_base: np.ndarray  # per row: slot << pos_bits less the row's offset (+ a prompt block's index: its name)
     reply_base: np.ndarray   # per row: the same for its reply blocks (+ a reply block's index in the replies)
+    lengths: np.ndarray     # per row: prompt blocks
     pos_bits: int
     low_bits: int
-    #: out, per row, leading blocks: seen in an earlier arrival's prompt or reply (offered), reachable on
-    #: its target, and reachable and computed before it was sent
-    leading: tuple[np.ndarray, ...]
+    #: the levels a block can be below (1: offered; 3: offered, reachable on its target, and reachable
+    #: and computed before it was sent), and, per slot and level, the first position in the row of a
+    #: block at that level (``slot * levels + level``; the row's prompt blocks where there is none: a
+    #: reply block's position is never below them, so it changes nothing)
+    levels: int
+    lowest: np.ndarray
+
+    def leading(self) -> tuple[np.ndarray, ...]:
+        """Per row and level k, its leading blocks at level k or above: its first block below k."""
+        below = np.minimum.accumulate(self.lowest.reshape(-1, self.levels), axis=1)
+        out = []
+        for k in range(self.levels):
+            lead = np.empty(len(self.row), dtype=np.int64)
+            lead[self.row] = below[:, k]
+            out.append(lead)
+        return tuple(out)
 
 
 def _slots(arrival: np.ndarray, holder: np.ndarray, provide: np.ndarray, done: np.ndarray, ready: np.ndarray,
-           targets: int, lengths: np.ndarray, offsets: np.ndarray, provider: np.ndarray,
-           leading: tuple[np.ndarray, ...]) -> _Slots:
+           targets: int, lengths: np.ndarray, offsets: np.ndarray, provider: np.ndarray, levels: int) -> _Slots:
     """The per-slot tables of rows given per row (any order): ``arrival`` rank, ``holder`` (index of
     the target, -1 for none), ``provide``, ``done`` and ``ready`` ranks (:class:`_Slots`), ``lengths``
-    and ``offsets`` of their prompt blocks; ``provider`` the rows of the reply blocks (non-decreasing)."""
+    and ``offsets`` of their prompt blocks; ``provider`` the rows of the reply blocks (non-decreasing);
+    ``levels``: 1 for offered alone, else 3."""
     n = len(arrival)
-    row = np.lexsort((arrival, holder))
+    row = np.argsort((holder + 1) * n + arrival)             # arrival ranks are distinct: one key
     slot = _reordered(row)
     replies = np.bincount(provider, minlength=n)
     rstart = np.cumsum(replies) - replies
@@ -184,64 +208,62 @@ def _slots(arrival: np.ndarray, holder: np.ndarray, provide: np.ndarray, done: n
     big = n + 2                                                # above every finish rank (provide <= n + 1)
     target = (holder[row] + 1) * big
     return _Slots(row=row, arrival=arrival[row], give=target - provide[row], reach_needs=target - done[row],
-                  ready_needs=target - ready[row], stride=(targets + 1) * big, targets=targets, lengths=lengths,
+                  ready_needs=target - ready[row], stride=(targets + 1) * big, targets=targets,
                   prompt_base=(slot << pos_bits) - offsets[:-1], reply_base=(slot << pos_bits) + lengths - rstart,
-                  pos_bits=pos_bits, low_bits=low_bits, leading=leading)
+                  lengths=lengths, pos_bits=pos_bits, low_bits=low_bits, levels=levels,
+                  lowest=np.repeat(lengths[row], levels))
 
 
 class _Work:
-    """Word arrays that every part reuses: fresh memory costs a page fault per 4 KB the first time it
-    is written (about a tenth of the pass when each part had its own)."""
+    """The two word arrays of a part (its sort keys, and the spare: the spread hashes sorted for the
+    collision check, then the piece passes' scratch), reused by every part: fresh memory costs a
+    page fault per 4 KB the first time it is written."""
 
     def __init__(self) -> None:
         self.words: tuple[np.ndarray, ...] = ()
 
-    def take(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Three word arrays of ``size``."""
+    def take(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Two word arrays of ``size`` (room for a quarter more once a later part is larger)."""
         if not self.words or len(self.words[0]) < size:
-            self.words = tuple(np.empty(size + size // 4, dtype=np.uint64) for _ in range(3))
-        key, name, spare = (w[:size] for w in self.words)
-        return key, name, spare
+            room = size + size // 4 if self.words else size
+            self.words = ()
+            self.words = tuple(np.empty(room, dtype=np.uint64) for _ in range(2))
+        key, spare = (w[:size] for w in self.words)
+        return key, spare
 
 
-def _account_part(s: _Slots, values: np.ndarray, index: np.ndarray, counts: np.ndarray, replies: np.ndarray,
-                  reply: np.ndarray, provider: np.ndarray, bits: int, piece: int, work: _Work) -> None:
-    """Lower ``s.leading`` by one part (:func:`_parts`: its prompt blocks ``index`` into ``values``,
-    ``counts`` per row; its reply blocks ``reply`` into ``replies`` and ``provider``), whose blocks
-    share the spread hash's top ``bits``.
+def _account_part(s: _Slots, values: np.ndarray, index: np.ndarray | None, counts: np.ndarray,
+                  replies: np.ndarray, reply: np.ndarray | None, provider: np.ndarray, bits: int, piece: int,
+                  work: _Work) -> None:
+    """Lower ``s.lowest`` by one part (:func:`_parts`: its prompt blocks ``index`` into ``values``,
+    ``counts`` per row; its reply blocks ``reply`` into ``replies`` and ``provider``; ``None``: all),
+    whose blocks share the spread hash's top ``bits``.
 
     One vectorised sort of a 64-bit word per block packing (the spread hash's next bits, the
     block's name: :class:`_Slots`) puts the blocks in (hash, target, arrival) order; the rare
     hashes that share those bits with another are put in order by value (:func:`_split_shared`).
-    The sorted words are then read in pieces of about ``piece`` cut at hash boundaries
-    (:func:`_account_piece`)."""
-    prompts, size, low = len(index), len(index) + len(reply), s.low_bits
+    The keys are built, and the sorted words read, in pieces of about ``piece`` blocks whose arrays
+    stay in the processor's cache (:func:`_keys`, :func:`_account_piece`)."""
+    prompts = len(values) if index is None else len(index)
+    more = len(replies) if reply is None else len(reply)
+    size, low = prompts + more, s.low_bits
     if not size:
         return
-    key, name_words, spare = work.take(size)
-    # mode="clip": with the default "raise" NumPy buffers a take into ``out`` (the indices are in range)
-    if prompts < len(values):
-        np.take(values, index, out=key[:prompts], mode="clip")
-    else:                                                      # one part: every block, in order
-        key[:prompts] = values
-    np.take(values, replies[reply], out=key[prompts:], mode="clip")
-    key *= _SPREAD
-    if bits:
-        key <<= np.uint64(bits)
-    # distinct hashes whose key bits are the same: neighbours in value order that differ below them
-    # (a reply block's hash is a prompt block's)
-    ordered = spare[:prompts]
-    ordered[:] = key[:prompts]
-    ordered.sort()
-    near = np.bitwise_xor(ordered[1:], ordered[:-1], out=name_words[:max(prompts - 1, 0)])
-    near -= np.uint64(1)                                       # equal hashes wrap to the top: not near
-    shared = np.unique(ordered[1:][near < np.uint64((1 << low) - 1)] >> np.uint64(low))
-    key &= np.uint64(((1 << 64) - 1) ^ ((1 << low) - 1))
-    name = name_words.view(np.int64)
-    np.add(np.repeat(s.prompt_base, counts), index, out=name[:prompts])
-    np.take(s.reply_base, provider[reply], out=name[prompts:], mode="clip")
-    name[prompts:] += reply
-    key |= name_words
+    key, spare = work.take(size)
+    high = np.uint64(((1 << 64) - 1) ^ ((1 << low) - 1))
+    _keys(s, values, index, counts, bits, high, piece, key[:prompts], spare[:prompts])
+    if more:
+        at = replies if reply is None else replies[reply]
+        rkey = key[prompts:]
+        np.take(values, at, out=rkey, mode="clip")             # "clip": "raise" buffers the take
+        rkey *= _SPREAD
+        if bits:
+            rkey <<= np.uint64(bits)
+        rkey &= high
+        name = np.take(s.reply_base, provider if reply is None else provider[reply])
+        name += np.arange(more) if reply is None else reply
+        rkey |= name.view(np.uint64)
+    shared = _shared_fields(spare[:prompts], low, piece)
     key.sort()
     splits = _split_shared(s, key, shared, values, replies) if len(shared) else np.zeros(0, dtype=np.int64)
     # pieces end where a hash starts: the first key of the field at every piece-th word
@@ -251,6 +273,51 @@ def _account_part(s: _Slots, values: np.ndarray, index: np.ndarray, counts: np.n
     for b in ends.tolist():
         _account_piece(s, key[a:b], splits[(splits >= a) & (splits < b)] - a)
         a = b
+
+
+def _keys(s: _Slots, values: np.ndarray, index: np.ndarray | None, counts: np.ndarray, bits: int, high: np.uint64,
+          piece: int, key: np.ndarray, spread: np.ndarray) -> None:
+    """Fill a part's prompt blocks' sort ``key`` (the spread hash's bits under ``high``, below them
+    the block's name) and their whole ``spread`` hashes (for :func:`_shared_fields`), rows of about
+    ``piece`` blocks at a time: each piece's temporaries stay in the processor's cache, and the part's
+    arrays are written once."""
+    ends = np.cumsum(counts)
+    cuts = np.unique(np.r_[np.searchsorted(ends, np.arange(piece, len(key), piece)), len(counts)])
+    r0, a = 0, 0
+    for r1 in cuts.tolist():
+        b = int(ends[r1 - 1]) if r1 else 0
+        if b > a:
+            k = key[a:b]
+            if index is None:
+                np.multiply(values[a:b], _SPREAD, out=k)
+            else:
+                np.take(values, index[a:b], out=k, mode="clip")
+                k *= _SPREAD
+            if bits:
+                k <<= np.uint64(bits)
+            spread[a:b] = k
+            k &= high
+            name = np.repeat(s.prompt_base[r0:r1], counts[r0:r1])
+            name += np.arange(a, b) if index is None else index[a:b]
+            k |= name.view(np.uint64)
+        r0, a = r1, b
+
+
+def _shared_fields(spread: np.ndarray, low: int, piece: int) -> np.ndarray:
+    """The key bits (the spread hash above its ``low`` bits) that distinct hashes share: neighbours
+    in value order that differ below them. Sorts ``spread`` in place; a reply block's hash is a
+    prompt block's, so the prompt blocks are all it needs."""
+    spread.sort()
+    near = np.uint64((1 << low) - 1)
+    found = []
+    for a in range(0, len(spread) - 1, piece):
+        b = min(a + piece, len(spread) - 1)
+        x = np.bitwise_xor(spread[a + 1:b + 1], spread[a:b])
+        x -= np.uint64(1)                                      # equal hashes wrap to the top: not near
+        hit = np.flatnonzero(x < near)
+        if len(hit):
+            found.append(spread[a + 1 + hit] >> np.uint64(low))
+    return np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.uint64)
 
 
 def _split_shared(s: _Slots, key: np.ndarray, shared: np.ndarray, values: np.ndarray, replies: np.ndarray
@@ -276,13 +343,13 @@ def _split_shared(s: _Slots, key: np.ndarray, shared: np.ndarray, values: np.nda
 
 
 def _account_piece(s: _Slots, key: np.ndarray, splits: np.ndarray) -> None:
-    """Lower ``s.leading`` by a run of sorted keys that holds whole hashes (``splits``: where a hash
+    """Lower ``s.lowest`` by a run of sorted keys that holds whole hashes (``splits``: where a hash
     starts that shares its key bits with the one before). A block is offered unless its row is the
-    earliest arrival of its hash (a segmented minimum); per (hash, target) group in arrival order,
+    earliest arrival of its hash (a minimum per hash); per (hash, target) group in arrival order,
     the earliest prefill finish among the earlier members says whether it was reachable and ready
     (a running maximum of ``group number - finish rank``). A block's level counts what it is
-    (offered, reachable, ready: each implies the one before); a row's leading blocks at level k
-    end at its first prompt block below k (a scatter-minimum over the blocks below the top)."""
+    (offered, reachable, ready: each implies the one before); per slot and level, the first
+    position of a block at that level is a scatter-minimum over the blocks below the top."""
     size = len(key)
     field = key >> np.uint64(s.low_bits)
     start = np.empty(size, dtype=bool)                         # a block whose hash differs from the one before
@@ -294,41 +361,41 @@ def _account_piece(s: _Slots, key: np.ndarray, splits: np.ndarray) -> None:
     slot = name >> s.pos_bits
     group = np.cumsum(start, dtype=np.int32)                   # the hash's number in the piece, from 1
     arrival = np.take(s.arrival, slot)
-    first = np.empty(int(group[-1]) + 1, dtype=np.int64)
-    np.minimum.reduceat(arrival, np.flatnonzero(start), out=first[1:])
+    first = np.full(int(group[-1]) + 1, len(s.row), dtype=np.int64)
+    np.minimum.at(first, group, arrival)
     level = (arrival != np.take(first, group)).view(np.uint8)  # not its hash's earliest arrival: offered
     if s.targets:
         # per (hash, target) group, numbered G = hash number * stride + target (growing along the
         # keys), the earliest finish rank among the earlier members: before a block, the running
         # maximum of G - rank is G - earliest where the group has earlier members (at most G - big
-        # where not), so the block was reachable when G - done is below it, and ready when G - ready is
+        # where not); less the hash's number, it is compared with the block's target - done
+        # (reachable when below) and target - ready (ready when below)
         number = np.multiply(group, s.stride, dtype=np.int64)
         run = np.take(s.give, slot)
         run += number
         np.maximum.accumulate(run, out=run)
-        for needs in (s.reach_needs, s.ready_needs):
-            below = np.take(needs, slot[1:])
-            below += number[1:]
-            level[1:] += (below < run[:-1]).view(np.uint8)
-    miss = np.flatnonzero(level < len(s.leading))
-    level, name = level[miss], name[miss]
-    row = np.take(s.row, name >> s.pos_bits)
-    pos = name & ((1 << s.pos_bits) - 1)
-    prompt = np.flatnonzero(pos < np.take(s.lengths, row))    # a reply block is no row's leading block
-    level, row, pos = level[prompt], row[prompt], pos[prompt]
-    for k, out in enumerate(s.leading):
-        at = np.flatnonzero(level <= k) if k + 1 < len(s.leading) else slice(None)
-        np.minimum.at(out, row[at], pos[at])
+        before = run[:-1]
+        before -= number[1:]
+        later = slot[1:]
+        level[1:] += (np.take(s.reach_needs, later) < before).view(np.uint8)
+        level[1:] += (np.take(s.ready_needs, later) < before).view(np.uint8)
+    miss = np.flatnonzero(level < s.levels)
+    below = name[miss]
+    cell = (below >> s.pos_bits) * s.levels
+    cell += level[miss]
+    below &= (1 << s.pos_bits) - 1
+    np.minimum.at(s.lowest, cell, below)
 
 
 def _leading(s: _Slots, values: np.ndarray, offsets: np.ndarray, replies: np.ndarray, provider: np.ndarray,
-             chunk: int) -> None:
-    """Fill ``s``'s leading offered (and, with targets, reachable and ready) blocks, part by part
+             chunk: int) -> tuple[np.ndarray, ...]:
+    """Per row, its leading offered (and, with targets, reachable and ready) blocks, part by part
     (:func:`_parts`): ``values`` and ``offsets`` the rows' prompt blocks, ``replies`` (indices into
     ``values``) and ``provider`` the reply blocks and the rows that computed them."""
     bits, work = _part_bits(len(values) + len(replies), chunk), _Work()
     for index, counts, reply in _parts(values, replies, offsets, bits):
         _account_part(s, values, index, counts, replies, reply, provider, bits, min(chunk, PIECE_BLOCKS), work)
+    return s.leading()
 
 
 def _replies(values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, parent: np.ndarray,
@@ -370,10 +437,9 @@ def offered_tokens(trace: pa.Table, block: int) -> np.ndarray:
     n, none = len(lengths), np.zeros(0, dtype=np.int64)
     arrival = _ranks(_times(trace.column("arrival_s")), trace.column("request_id").to_numpy())
     unused = np.zeros(n, dtype=np.int64)
-    s = _slots(arrival, np.full(n, -1, dtype=np.int64), unused, unused, unused, 0, lengths, offsets, none,
-               (lengths.copy(),))
-    _leading(s, values, offsets, none, none, CHUNK_BLOCKS)
-    cached: np.ndarray = np.minimum(s.leading[0] * block, inp)
+    s = _slots(arrival, np.full(n, -1, dtype=np.int64), unused, unused, unused, 0, lengths, offsets, none, 1)
+    offered, = _leading(s, values, offsets, none, none, CHUNK_BLOCKS)
+    cached: np.ndarray = np.minimum(offered * block, inp)
     return cached
 
 
@@ -416,9 +482,8 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     reachable = np.where(holder >= 0, done, -1)
     s = _slots(_ranks(_times(rows.column("scheduled_s")), ids), holder, np.where(np.isnan(first), n + 1, done),
                reachable, np.minimum(reachable, np.where(np.isnan(sent), 0, finished)), len(names), lengths, offsets,
-               provider, (lengths.copy(), lengths.copy(), lengths.copy()))
-    _leading(s, values, offsets, replies, provider, chunk_blocks)
-    offered_blocks, reach_blocks, ready_blocks = s.leading
+               provider, 3)
+    offered_blocks, reach_blocks, ready_blocks = _leading(s, values, offsets, replies, provider, chunk_blocks)
 
     def tokens(blocks: np.ndarray) -> np.ndarray:
         out: np.ndarray = np.minimum(blocks * block, inp)
