@@ -215,21 +215,20 @@ def _slots(arrival: np.ndarray, holder: np.ndarray, provide: np.ndarray, done: n
 
 
 class _Work:
-    """The two word arrays of a part (its sort keys, and the spare: the spread hashes sorted for the
-    collision check, then the piece passes' scratch), reused by every part: fresh memory costs a
-    page fault per 4 KB the first time it is written."""
+    """The word array of a part (its spread hashes, sorted for the collision check, then its sort
+    keys), reused by every part: fresh memory costs a page fault per 4 KB the first time it is
+    written."""
 
     def __init__(self) -> None:
-        self.words: tuple[np.ndarray, ...] = ()
+        self.words = np.zeros(0, dtype=np.uint64)
 
-    def take(self, size: int) -> tuple[np.ndarray, np.ndarray]:
-        """Two word arrays of ``size`` (room for a quarter more once a later part is larger)."""
-        if not self.words or len(self.words[0]) < size:
-            room = size + size // 4 if self.words else size
-            self.words = ()
-            self.words = tuple(np.empty(room, dtype=np.uint64) for _ in range(2))
-        key, spare = (w[:size] for w in self.words)
-        return key, spare
+    def take(self, size: int) -> np.ndarray:
+        """A word array of ``size`` (room for a quarter more once a later part is larger)."""
+        if len(self.words) < size:
+            room = size + size // 4 if len(self.words) else size
+            self.words = np.zeros(0, dtype=np.uint64)
+            self.words = np.empty(room, dtype=np.uint64)
+        return self.words[:size]
 
 
 def _account_part(s: _Slots, values: np.ndarray, index: np.ndarray | None, counts: np.ndarray,
@@ -249,13 +248,17 @@ def _account_part(s: _Slots, values: np.ndarray, index: np.ndarray | None, count
     size, low = prompts + more, s.low_bits
     if not size:
         return
-    key, spare = work.take(size)
+    key = work.take(size)
+    # the prompt blocks' spread hashes, sorted, tell which key bits distinct hashes share; then the
+    # same words become the keys (spreading again costs less than a second array's fresh memory)
+    _spread(values, index, 0, prompts, bits, key[:prompts])
+    shared = _shared_fields(key[:prompts], low, piece)
     high = np.uint64(((1 << 64) - 1) ^ ((1 << low) - 1))
-    _keys(s, values, index, counts, bits, high, piece, key[:prompts], spare[:prompts])
+    _keys(s, values, index, counts, bits, high, piece, key[:prompts])
     if more:
         at = replies if reply is None else replies[reply]
         rkey = key[prompts:]
-        np.take(values, at, out=rkey, mode="clip")             # "clip": "raise" buffers the take
+        np.take(values, at, out=rkey, mode="clip")
         rkey *= _SPREAD
         if bits:
             rkey <<= np.uint64(bits)
@@ -263,7 +266,6 @@ def _account_part(s: _Slots, values: np.ndarray, index: np.ndarray | None, count
         name = np.take(s.reply_base, provider if reply is None else provider[reply])
         name += np.arange(more) if reply is None else reply
         rkey |= name.view(np.uint64)
-    shared = _shared_fields(spare[:prompts], low, piece)
     key.sort()
     splits = _split_shared(s, key, shared, values, replies) if len(shared) else np.zeros(0, dtype=np.int64)
     # pieces end where a hash starts: the first key of the field at every piece-th word
@@ -275,12 +277,23 @@ def _account_part(s: _Slots, values: np.ndarray, index: np.ndarray | None, count
         a = b
 
 
+def _spread(values: np.ndarray, index: np.ndarray | None, a: int, b: int, bits: int, out: np.ndarray) -> None:
+    """Into ``out``: the spread hashes of a part's prompt blocks ``a`` to ``b`` (``index`` into
+    ``values``; ``None``: all), less the ``bits`` that name the part."""
+    if index is None:
+        np.multiply(values[a:b], _SPREAD, out=out)
+    else:
+        np.take(values, index[a:b], out=out, mode="clip")     # "clip": "raise" buffers the take
+        out *= _SPREAD
+    if bits:
+        out <<= np.uint64(bits)
+
+
 def _keys(s: _Slots, values: np.ndarray, index: np.ndarray | None, counts: np.ndarray, bits: int, high: np.uint64,
-          piece: int, key: np.ndarray, spread: np.ndarray) -> None:
+          piece: int, key: np.ndarray) -> None:
     """Fill a part's prompt blocks' sort ``key`` (the spread hash's bits under ``high``, below them
-    the block's name) and their whole ``spread`` hashes (for :func:`_shared_fields`), rows of about
-    ``piece`` blocks at a time: each piece's temporaries stay in the processor's cache, and the part's
-    arrays are written once."""
+    the block's name), rows of about ``piece`` blocks at a time: each piece's temporaries stay in
+    the processor's cache."""
     ends = np.cumsum(counts)
     cuts = np.unique(np.r_[np.searchsorted(ends, np.arange(piece, len(key), piece)), len(counts)])
     r0, a = 0, 0
@@ -288,14 +301,7 @@ def _keys(s: _Slots, values: np.ndarray, index: np.ndarray | None, counts: np.nd
         b = int(ends[r1 - 1]) if r1 else 0
         if b > a:
             k = key[a:b]
-            if index is None:
-                np.multiply(values[a:b], _SPREAD, out=k)
-            else:
-                np.take(values, index[a:b], out=k, mode="clip")
-                k *= _SPREAD
-            if bits:
-                k <<= np.uint64(bits)
-            spread[a:b] = k
+            _spread(values, index, a, b, bits, k)
             k &= high
             name = np.repeat(s.prompt_base[r0:r1], counts[r0:r1])
             name += np.arange(a, b) if index is None else index[a:b]
@@ -359,7 +365,9 @@ def _account_piece(s: _Slots, key: np.ndarray, splits: np.ndarray) -> None:
     key &= np.uint64((1 << s.low_bits) - 1)
     name = key.view(np.int64)                                  # the sorted blocks' names, in place of the keys
     slot = name >> s.pos_bits
-    group = np.cumsum(start, dtype=np.int32)                   # the hash's number in the piece, from 1
+    # the hash's number in the piece, from 1 (summed in 32 bits: a cumulative sum into 64 bits costs
+    # three times as much; read as 64-bit indices: NumPy converts 32-bit ones on every take)
+    group = np.cumsum(start, dtype=np.int32).astype(np.int64)
     arrival = np.take(s.arrival, slot)
     first = np.full(int(group[-1]) + 1, len(s.row), dtype=np.int64)
     np.minimum.at(first, group, arrival)
@@ -370,7 +378,7 @@ def _account_piece(s: _Slots, key: np.ndarray, splits: np.ndarray) -> None:
         # maximum of G - rank is G - earliest where the group has earlier members (at most G - big
         # where not); less the hash's number, it is compared with the block's target - done
         # (reachable when below) and target - ready (ready when below)
-        number = np.multiply(group, s.stride, dtype=np.int64)
+        number = group * s.stride
         run = np.take(s.give, slot)
         run += number
         np.maximum.accumulate(run, out=run)
@@ -478,7 +486,10 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     replies, provider = _replies(values, offsets, lengths, parent, inp, out, block)
     done = _ranks(first, ids)
     # prefills finished when each row was sent (finish times in rank order; none when sent is unknown)
-    finished = np.searchsorted(np.sort(np.where(np.isnan(first), np.inf, first)), sent, side="right")
+    # (the sent times searched in their order: each search starts where the last one ended)
+    finished = np.empty(n, dtype=np.int64)
+    by_sent = np.argsort(sent)
+    finished[by_sent] = np.searchsorted(np.sort(np.where(np.isnan(first), np.inf, first)), sent[by_sent], side="right")
     reachable = np.where(holder >= 0, done, -1)
     s = _slots(_ranks(_times(rows.column("scheduled_s")), ids), holder, np.where(np.isnan(first), n + 1, done),
                reachable, np.minimum(reachable, np.where(np.isnan(sent), 0, finished)), len(names), lengths, offsets,
@@ -565,7 +576,7 @@ def write_accounting(run_dir: Path, run_id: str, trace: pa.Table, unit_of: Mappi
     table = account(hashes, parent, block, rows, unit_of)
     if place is not None:
         table = table.take(place)                              # back in the requests file's order
-    table = table.add_column(0, "run_id", pa.array([run_id] * table.num_rows, pa.string()))
+    table = table.add_column(0, "run_id", pa.repeat(pa.scalar(run_id, pa.string()), table.num_rows))
     schema = CACHE_ACCOUNTING.schema.with_metadata(CACHE_ACCOUNTING.metadata({META_BLOCK_SIZE: str(block).encode()}))
     table = CACHE_ACCOUNTING.conform(table, run_dir / ACCOUNTING_FILE).replace_schema_metadata(schema.metadata)
     replace_table(run_dir / ACCOUNTING_FILE, [table], schema, compression="zstd")
