@@ -226,7 +226,7 @@ class _Work:
         """A word array of ``size`` (room for a quarter more once a later part is larger)."""
         if len(self.words) < size:
             room = size + size // 4 if len(self.words) else size
-            self.words = np.zeros(0, dtype=np.uint64)
+            self.words = np.zeros(0, dtype=np.uint64)              # the smaller one freed first
             self.words = np.empty(room, dtype=np.uint64)
         return self.words[:size]
 
