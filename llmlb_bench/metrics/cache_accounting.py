@@ -100,8 +100,9 @@ def _lists(hashes: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, 
     return values, lengths, offsets
 
 
-#: blocks accounted at once: the working arrays (about six words per block) grow with this, not with
-#: the run; a run of up to this many blocks is one part (selecting the parts is a pass over every block
+#: blocks accounted at once: the working arrays (one word per block, and where there are several parts
+#: a word per block of the part for its index) grow with this, not with the run; a run of up to this
+#: many blocks is one part (selecting the parts is a pass over every block
 #: per part: at 2^20 the 30,000-request shared-prefix run took 0.25 CPU-s, at 2^22 0.23)
 CHUNK_BLOCKS = 1 << 22
 
