@@ -127,3 +127,36 @@ def test_pairs_sorted_with_positions_is_a_stable_argsort(distinct: int) -> None:
     v = rng.choice(np.r_[rng.uniform(-1, 1, distinct), 0.0, -0.0], 20_000)
     _, order = pairs_sorted(v, np.arange(len(v)))
     assert order.tobytes() == np.argsort(v, kind="stable").astype(np.int64).tobytes()
+
+
+@pytest.mark.parametrize("case", ["split", "zeros", "nan", "only_ones", "no_ones", "unit_pairs", "empty"])
+def test_sample_of_parts_is_the_sample_of_the_concatenation(case: str) -> None:
+    """sample_of_parts(v, w, ones) equals sample_of(v + ones, w + [1, ...]) to the last bit: values,
+    cumulative weights, count and mean, taking the split or the general way (zeros, only one kind,
+    NaN and zero weights dropped, weight-1 pairs among the weighted ones, nothing left)."""
+    from llmlb_bench.metrics.distribution import sample_of_parts
+
+    rng = np.random.default_rng(len(case))
+    pool = rng.uniform(0.001, 0.2, 300)
+    v, w = rng.choice(pool, 4000), rng.integers(2, 40, 4000)
+    ones = rng.choice(pool, 9000)
+    if case == "zeros":
+        ones[::50] = 0.0
+    elif case == "nan":
+        v[::7], ones[::11], w[::13] = np.nan, np.nan, 0
+    elif case == "only_ones":
+        v, w = v[:0], w[:0]
+    elif case == "no_ones":
+        ones = ones[:0]
+    elif case == "unit_pairs":
+        w[::3] = 1
+    elif case == "empty":
+        v, w, ones = v[:3] * np.nan, w[:3], ones[:0]
+    want = sample_of(np.concatenate([v, ones]), np.concatenate([w, np.ones(len(ones), dtype=np.int64)]))
+    got = sample_of_parts(v, w, ones.copy())
+    if want is None:
+        assert got is None
+        return
+    assert got is not None and got.n == want.n and got.mean == want.mean
+    assert got.v.tobytes() == want.v.tobytes() and got.cw is not None and want.cw is not None
+    assert got.cw.tobytes() == want.cw.tobytes()

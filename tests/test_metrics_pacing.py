@@ -268,5 +268,6 @@ def test_itl_gaps_are_the_sql_definitions_to_the_last_bit(tmp_path):
     cat.con.execute(request_metrics_sql())
     sql = cat.query(f"SELECT v, w FROM ({itl_gaps_sql()})")
     want = sorted(zip(sql.column("v").to_pylist(), sql.column("w").to_pylist()))
-    v, w = itl_gaps(Segments.of(token_rows(cat, "g", n, 0, n - 1, sample=n)))
-    assert len(want) > 600 and sorted(zip(v.tolist(), w.tolist())) == want
+    v, w, between = itl_gaps(Segments.of(token_rows(cat, "g", n, 0, n - 1, sample=n)))
+    got = list(zip(v.tolist(), w.tolist())) + [(b, 1) for b in between.tolist()]
+    assert len(want) > 600 and len(between) > 100 and sorted(got) == want

@@ -107,6 +107,34 @@ def sample_of(values: np.ndarray, weights: np.ndarray | None = None, *, scratch:
     return Sample(v=v, cw=cw, n=int(cw[-1]), mean=float((v * w).sum() / cw[-1]))
 
 
+def sample_of_parts(values: np.ndarray, weights: np.ndarray, ones: np.ndarray) -> "Sample | None":
+    """``sample_of(concatenate([values, ones]), concatenate([weights, 1 for each of ones]))``, the same
+    sample to the last bit, without building the concatenation: pairs with integer ``weights`` and
+    values of weight 1 (``ones``, handed over: sorted where they lie). ITL's gaps come so
+    (:func:`llmlb_bench.metrics.latency.itl_gaps`: a segment's own gaps, and the gaps between
+    segments, 75% of the 1.8M of a 100k-request run's token sample), and the weight-1 values are
+    the ones :func:`_by_value_then_weight` sorts apart: they need not be concatenated, then told
+    apart again. Where that split is not taken (zeros, or only one kind), the concatenation goes
+    the general way."""
+    v, w, u = np.asarray(values, dtype=float), np.asarray(weights, dtype=np.int64), np.asarray(ones, dtype=float)
+    keep = ~np.isnan(v) & (w > 0)
+    rest_v, rest_w = (v, w) if keep.all() else (v[keep], w[keep])
+    unit = rest_w == 1
+    if unit.any():
+        u = np.concatenate([u, rest_v[unit]])
+        rest_v, rest_w = rest_v[~unit], rest_w[~unit]
+    elif not u.flags.writeable:
+        u = u.copy()
+    u = u[~np.isnan(u)] if np.isnan(u).any() else u
+    if not len(u) or not len(rest_v) or not u.all() or not rest_v.all():
+        return sample_of(np.concatenate([v, np.asarray(ones, dtype=float)]),
+                         np.concatenate([w, np.ones(len(ones), dtype=np.int64)]))
+    u.sort()
+    out_v, out_w = _merged(u, *pairs_sorted(rest_v, rest_w))
+    cw = np.cumsum(out_w)
+    return Sample(v=out_v, cw=cw, n=int(cw[-1]), mean=float((out_v * out_w).sum() / cw[-1]))
+
+
 def _by_value_then_weight(v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The pairs (v, w) in np.lexsort((w, v))'s order: ties of value ordered by weight, so the
     mean's sum runs in the same order whatever order rows came in.
@@ -121,11 +149,17 @@ def _by_value_then_weight(v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.
         return pairs_sorted(v, w)
     ones = v[unit]
     ones.sort()
-    rest_v, rest_w = pairs_sorted(v[~unit], w[~unit])
+    return _merged(ones, *pairs_sorted(v[~unit], w[~unit]))
+
+
+def _merged(ones: np.ndarray, rest_v: np.ndarray, rest_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted weight-1 values and the sorted pairs of larger weights, merged in lexsort's order:
+    each pair after the values it ties with."""
+    n = len(ones) + len(rest_v)
     at = np.searchsorted(ones, rest_v, side="right") + np.arange(len(rest_v))
-    out_v, out_w = np.empty(len(v)), np.ones(len(v), dtype=np.int64)
+    out_v, out_w = np.empty(n), np.ones(n, dtype=np.int64)
     out_v[at], out_w[at] = rest_v, rest_w
-    free = np.ones(len(v), dtype=bool)
+    free = np.ones(n, dtype=bool)
     free[at] = False
     out_v[free] = ones
     return out_v, out_w

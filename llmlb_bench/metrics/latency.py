@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from llmlb_bench.metrics.counts import GROUP_NULL
 from llmlb_bench.metrics.definitions import Figure
-from llmlb_bench.metrics.distribution import Sample, sample_of
+from llmlb_bench.metrics.distribution import Sample, sample_of, sample_of_parts
 from llmlb_bench.metrics.pacing import Segments
 from llmlb_bench.metrics.run_figures import GroupKey, GroupLatency
 from llmlb_bench.metrics.sql import quote
@@ -118,26 +118,25 @@ def _run(cat: Catalog, run_id: str, figs: Mapping[str, Figure], groups: Mapping[
             into.samples[(run_id, n)] = s
     for n, f in figs.items():
         if f.value is None and tokens is not None:
-            s = sample_of(*itl_gaps(tokens))
+            s = sample_of_parts(*itl_gaps(tokens))
             if s is not None:
                 into.samples[(run_id, n)] = s
 
 
-def itl_gaps(tokens: Segments) -> tuple[np.ndarray, np.ndarray]:
-    """``(v, w)``: the gaps between deliveries of these token rows' token times, with multiplicities,
-    exactly as :func:`llmlb_bench.metrics.sql.itl_gaps_sql` (docs/metrics.md's ITL) gives them: a
-    segment of ``count`` tokens spaced ``gap_s`` > 0 gives ``count - 1`` gaps of ``gap_s``, and each
-    pair of consecutive segments of a request the gap from the last token of one to the first of
-    the next, computed in the SQL's order, ``(start - previous start) - previous gap_s x (previous
-    count - 1)``, so the values are the SQL's to the last bit. In NumPy over the segments pacing
-    reads too, rather than a second pass of DuckDB over the lists."""
+def itl_gaps(tokens: Segments) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(v, w, between)``: the gaps between deliveries of these token rows' token times, with
+    multiplicities, exactly as :func:`llmlb_bench.metrics.sql.itl_gaps_sql` (docs/metrics.md's ITL)
+    gives them: a segment of ``count`` tokens spaced ``gap_s`` > 0 gives ``count - 1`` gaps of
+    ``gap_s`` (``v``, ``w``), and each pair of consecutive segments of a request the gap from the
+    last token of one to the first of the next (``between``, one gap each), computed in the SQL's
+    order, ``(start - previous start) - previous gap_s x (previous count - 1)``, so the values are
+    the SQL's to the last bit. In NumPy over the segments pacing reads too, rather than a second
+    pass of DuckDB over the lists; the two kinds apart, as :func:`sample_of_parts` takes them."""
     start, gap, count = tokens.start, tokens.gap, tokens.count
     within = (count > 1) & (gap > 0)
     between = np.subtract(start[1:], start[:-1])
     between -= tokens.tail[:-1]                 # the previous gap_s x (previous count - 1), computed once
-    between = between[tokens.after[1:]]
-    return (np.concatenate([gap[within], between]),
-            np.concatenate([count[within] - 1, np.ones(len(between), dtype=np.int64)]))
+    return gap[within], count[within] - 1, between[tokens.after[1:]]
 
 
 def latency(cat: Catalog, runs: Mapping[str, Mapping[str, Figure]],

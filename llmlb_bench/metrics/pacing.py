@@ -149,14 +149,13 @@ class Streams:
         # one spare slot past the entries: a request's first segment has no gap before it, and sends
         # its own there (so that the segments after can be scattered whole, with no gather of them)
         v = np.empty(size + 1)
-        m = np.empty(size + 1, dtype=np.int64)
+        m = np.ones(size + 1, dtype=np.int64)        # a gap between segments is one gap: filled, not scattered
         slot = offsets[first]
         slot += rank
         slot[~after] = size
         between = np.add(start[:-1], segments.tail[:-1])      # a segment's last token
         np.subtract(start[1:], between, out=between)          # to the next segment's first
         v[slot[1:]] = between
-        m[slot] = 1
         i = np.flatnonzero(spaced)
         first += after
         slot = np.take(offsets, first[i])
