@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from llmlb_bench.metrics.pacing import (Segments, Streams, _pivots, deadline_walk, fluid_deadlines, largest_gaps,
-                                        pacing, slowest_gap_mean, subset)
+                                        pacing, pacing_of, slowest_gap_mean, subset)
 from llmlb_bench.metrics.run_figures import PacingFigures
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sample import blocks, is_sampled, token_rows
@@ -239,6 +239,33 @@ def test_lanes_and_busy_positions_walk_each_request_as_one_lane_entry_by_entry(m
             assert got[0][:, lane].tobytes() == apart[lane][0].tobytes()
             assert got[1][:, lane].tobytes() == apart[lane][1].tobytes()
     assert (fused[0] > 0).any() and (fused[0] == 0).any()
+
+
+def test_streams_and_pacing_do_not_depend_on_the_rows_order() -> None:
+    """Token rows taken whole from the kept sample come in its file's order (metrics.sample): the
+    layout ranks requests of equal length by request id, and the fluidity mean sums by request id,
+    so the streams' entries and every pacing figure equal, bit for bit, those of the same rows by id
+    (600 requests of few segments: many of equal length; unround times)."""
+    rng = np.random.default_rng(8)
+    rows = []
+    for _ in range(600):
+        t = ttft = float(rng.uniform(0.05, 1.0))
+        segs = []
+        for _ in range(rng.integers(1, 4)):
+            gap, count = float(rng.choice([0.0, rng.uniform(0.005, 0.12)])), int(rng.integers(1, 6))
+            segs.append(seg(t, gap, count))
+            t = t + gap * (count - 1) + float(rng.exponential(0.08))
+        rows.append((ttft, segs))
+    table = pa.table({"request_id": np.arange(600) * 3 + 5, "slo_class": [None] * 600,
+                      "ttft": [r[0] for r in rows], "token_times": pa.array([r[1] for r in rows], pa.list_(TOKEN_SEGMENT))})
+    shuffled = table.take(pa.array(rng.permutation(600)))
+    a, b = Streams.from_arrow(table), Streams.from_arrow(shuffled)
+    assert a.by_id is None and b.by_id is not None
+    for f in ("value", "mult", "offsets"):
+        assert getattr(a, f).tobytes() == getattr(b, f).tobytes()
+    for slo in (Slo.parse("ttft=400ms,tpot=40ms"), Slo.parse("ttft=100ms,tpot=7ms")):
+        assert pacing_of(a, slo) == pacing_of(b, slo)
+    assert len(np.unique(np.diff(a.offsets))) < 600
 
 
 def test_itl_gaps_are_the_sql_definitions_to_the_last_bit(tmp_path):

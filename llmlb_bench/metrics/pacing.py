@@ -98,7 +98,10 @@ class Streams:
     p-th entry of the requests ranked ``0 .. active[p]-1``. A walk then steps
     through positions touching only array prefixes (no gathers), which is
     what keeps it fast on streams of thousands of chunks. ``rank_of`` maps
-    request index (the order of ``ttft``) to rank.
+    request index (the order of ``ttft``) to rank. Requests of equal length
+    are ranked by request id, so the layout does not depend on the order the
+    rows came in; ``by_id`` is that order of the requests (None: they came
+    by request id), for the figures whose sums run in it.
     """
 
     ttft: np.ndarray
@@ -107,6 +110,7 @@ class Streams:
     value: np.ndarray
     mult: np.ndarray
     offsets: np.ndarray
+    by_id: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -135,7 +139,9 @@ class Streams:
         ends = np.zeros(n, dtype=np.int64)
         ends[last >= 0] = end[last[last >= 0]]
         length = np.diff(ends, prepend=0)
-        by_length = np.argsort(-length, kind="stable")
+        ids = table.column("request_id").to_numpy() if "request_id" in table.column_names else np.arange(n)
+        by_id = None if bool((ids[1:] >= ids[:-1]).all()) else np.argsort(ids, kind="stable")
+        by_length = np.argsort(-length, kind="stable") if by_id is None else by_id[np.argsort(-length[by_id], kind="stable")]
         rank_of = np.empty(n, dtype=np.int64)
         rank_of[by_length] = np.arange(n)
         longest = int(length.max()) if n else 0
@@ -163,7 +169,7 @@ class Streams:
         v[slot], m[slot] = gap[i], cnt[i] - 1
         return cls(ttft=table.column("ttft").to_numpy(zero_copy_only=False).astype(float),
                    slo_class=table.column("slo_class").to_pylist(), rank_of=rank_of, value=v[:size], mult=m[:size],
-                   offsets=offsets)
+                   offsets=offsets, by_id=by_id)
 
 
 def deadline_walk(s: Streams, d_decode: np.ndarray, d_prefill: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -442,7 +448,8 @@ def pacing_of(s: Streams, slo: Slo | None) -> StreamPacing:
                 missed, total = missed[:, 0], total[:, 0]
             else:
                 missed, total = deadline_walk(s, d, d_p)
-            fi = np.where(total > 0, 1 - missed / np.maximum(total, 1), 1.0)[has]
+            fi = np.where(total > 0, 1 - missed / np.maximum(total, 1), 1.0)
+            fi = fi[has] if s.by_id is None else fi[s.by_id][has[s.by_id]]     # the mean sums in request id order
             fluidity = {"mean": float(fi.mean()), "p1": float(np.percentile(fi, 1)),
                         "share_ge_0.9": float((fi >= FLUIDITY_LEVEL).mean()), "requests": int(has.sum())}
     rate = None
