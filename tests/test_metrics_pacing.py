@@ -208,6 +208,21 @@ def test_subset_walks_each_kept_request_as_the_whole_does():
     assert (whole[0][keep] == part[0]).all() and (whole[1][keep] == part[1]).all()
 
 
+def random_rows(rng: np.random.Generator, n: int, segments: int, tokens: int) -> list[tuple[float, list[dict[str, Any]]]]:
+    """``n`` requests' (ttft, segments): 1 to ``segments`` - 1 segments each of 1 to ``tokens`` - 1
+    tokens, spaced 0 (a chunk at once) or 5-120 ms, with waits between segments; unround times."""
+    rows = []
+    for _ in range(n):
+        t = ttft = float(rng.uniform(0.05, 1.0))
+        segs = []
+        for _ in range(rng.integers(1, segments)):
+            gap, count = float(rng.choice([0.0, rng.uniform(0.005, 0.12)])), int(rng.integers(1, tokens))
+            segs.append(seg(t, gap, count))
+            t = t + gap * (count - 1) + float(rng.exponential(0.08))
+        rows.append((ttft, segs))
+    return rows
+
+
 def test_lanes_and_busy_positions_walk_each_request_as_one_lane_entry_by_entry(monkeypatch: pytest.MonkeyPatch) -> None:
     """A walk of K lanes gives each lane, bit for bit, what walking it alone gives, a lane with a NaN
     first-token deadline what a walk without one gives (pacing_of fuses the fluidity walk with the
@@ -217,16 +232,7 @@ def test_lanes_and_busy_positions_walk_each_request_as_one_lane_entry_by_entry(m
     import llmlb_bench.metrics.pacing as pacing_module
 
     rng = np.random.default_rng(11)
-    rows = []
-    for _ in range(1500):
-        t = ttft = float(rng.uniform(0.05, 1.0))
-        segs = []
-        for _ in range(rng.integers(1, 9)):
-            gap, count = float(rng.choice([0.0, rng.uniform(0.005, 0.12)])), int(rng.integers(1, 15))
-            segs.append(seg(t, gap, count))
-            t = t + gap * (count - 1) + float(rng.exponential(0.08))
-        rows.append((ttft, segs))
-    s = streams(rows)
+    s = streams(random_rows(rng, 1500, 9, 15))
     d = np.column_stack([rng.uniform(0.01, 0.1, s.n), np.full(s.n, 0.04)])
     dp = np.column_stack([rng.uniform(0.1, 0.8, s.n), np.full(s.n, np.nan)])
     fused = deadline_walk(s, d, dp)
@@ -247,15 +253,7 @@ def test_streams_and_pacing_do_not_depend_on_the_rows_order() -> None:
     so the streams' entries and every pacing figure equal, bit for bit, those of the same rows by id
     (600 requests of few segments: many of equal length; unround times)."""
     rng = np.random.default_rng(8)
-    rows = []
-    for _ in range(600):
-        t = ttft = float(rng.uniform(0.05, 1.0))
-        segs = []
-        for _ in range(rng.integers(1, 4)):
-            gap, count = float(rng.choice([0.0, rng.uniform(0.005, 0.12)])), int(rng.integers(1, 6))
-            segs.append(seg(t, gap, count))
-            t = t + gap * (count - 1) + float(rng.exponential(0.08))
-        rows.append((ttft, segs))
+    rows = random_rows(rng, 600, 4, 6)
     table = pa.table({"request_id": np.arange(600) * 3 + 5, "slo_class": [None] * 600,
                       "ttft": [r[0] for r in rows], "token_times": pa.array([r[1] for r in rows], pa.list_(TOKEN_SEGMENT))})
     shuffled = table.take(pa.array(rng.permutation(600)))
