@@ -38,6 +38,7 @@ from typing import Mapping, TypedDict
 
 import numpy as np
 
+from llmlb_bench.metrics.columns import Scratch, read
 from llmlb_bench.metrics.run_figures import FairnessFigures, GroupFigures
 from llmlb_bench.metrics.sql import quote
 from llmlb_bench.store.views import Catalog
@@ -55,7 +56,8 @@ class _Windows(TypedDict):
     jain_service: float | None
 
 
-def _windows(cat: Catalog, run_id: str, t0: float, tenants: list[str], window_s: float) -> _Windows:
+def _windows(cat: Catalog, run_id: str, t0: float, rows: int, tenants: list[str], window_s: float,
+             scratch: Scratch) -> _Windows:
     """The windowed figures of one run, from one query of its requests' times.
 
     Windows are counted in NumPy, not SQL: a request touches one or two
@@ -64,14 +66,15 @@ def _windows(cat: Catalog, run_id: str, t0: float, tenants: list[str], window_s:
     equivalent is in docs/metrics.md.
     """
     names = " ".join(f"WHEN {quote(t)} THEN {i}" for i, t in enumerate(tenants))
-    # no nulls (NaN instead), so Arrow hands each column to NumPy as one copy, not element by element
-    t = cat.query(f"""
+    # no nulls (NaN instead): each batch of a column is copied as it is (metrics/columns.py), into the
+    # scratch memory of the run before; the columns are only read here
+    c = read(cat, f"""
         SELECT (CASE coalesce(tenant, 'default') {names} END)::BIGINT AS tn, coalesce(origin_s - {t0!r}, 'NaN') AS s,
                coalesce(first_token_s - {t0!r}, 'NaN') AS f, coalesce(last_token_s - {t0!r}, 'NaN') AS l,
                coalesce(input_tokens, 0)::DOUBLE AS n_in, coalesce(output_tokens, 0)::DOUBLE AS n_out
-        FROM request_metrics WHERE run_id = {quote(run_id)}""")
-    c = {k: t.column(k).to_numpy() for k in t.column_names}
-    del t
+        FROM request_metrics WHERE run_id = {quote(run_id)}""", rows,
+             {"tn": np.int64, "s": np.float64, "f": np.float64, "l": np.float64, "n_in": np.float64,
+              "n_out": np.float64}, scratch)
     tn, s, f, l, n_in, n_out = c["tn"], c["s"], c["f"], c["l"], c["n_in"], c["n_out"]
     w = float(window_s)
     started = ~np.isnan(f)
@@ -156,19 +159,22 @@ def jain(values: list[float]) -> float | None:
     return (sum(values) ** 2) / (len(values) * sq) if values and sq > 0 else None
 
 
-def fairness(cat: Catalog, runs: Mapping[str, float], tenants: Mapping[str, Mapping[str, GroupFigures]],
-             window_s: float = 10.0) -> dict[str, FairnessFigures]:
-    """``{run_id: {...}}`` for ``runs`` (run id -> first scheduled time), the runs with two or more tenants.
+def fairness(cat: Catalog, runs: Mapping[str, tuple[float, int]], tenants: Mapping[str, Mapping[str, GroupFigures]],
+             window_s: float = 10.0, scratch: Scratch | None = None) -> dict[str, FairnessFigures]:
+    """``{run_id: {...}}`` for ``runs`` (run id -> first scheduled time and request rows), the runs with two
+    or more tenants.
 
-    ``tenants`` maps run ids to their tenants' figures (metrics/summary.py; ``attainment`` None without an SLO).
+    ``tenants`` maps run ids to their tenants' figures (metrics/summary.py; ``attainment`` None without an SLO);
+    ``scratch``: memory to reuse.
     """
     out: dict[str, FairnessFigures] = {}
-    for run_id, t0 in runs.items():
+    scratch = scratch or Scratch()
+    for run_id, (t0, rows) in runs.items():
         per = tenants.get(run_id) or {}
         att = [t["attainment"] for t in per.values()]
         known = [a for a in att if a is not None]
         lat = [m for t in per.values() if (m := t["norm_latency_mean"])]
-        win = _windows(cat, run_id, t0, sorted(per), window_s)
+        win = _windows(cat, run_id, t0, rows, sorted(per), window_s, scratch)
         out[run_id] = {
             "tenants": len(per),
             "window_s": window_s,

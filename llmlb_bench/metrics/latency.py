@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Literal, Mapping
 
 import numpy as np
-import pyarrow as pa
 
+from llmlb_bench.metrics.columns import Scratch, read
 from llmlb_bench.metrics.counts import GROUP_NULL
 from llmlb_bench.metrics.definitions import Figure
 from llmlb_bench.metrics.distribution import Sample, sample_of, sample_of_parts
@@ -38,11 +38,6 @@ class Latency:
 
     samples: dict[tuple[str, str], Sample] = field(default_factory=dict)                # (run_id, figure)
     groups: dict[tuple[str, ...], GroupLatency] = field(default_factory=dict)  # (column, run_id, group)
-
-
-def _column(table: pa.Table, name: str) -> np.ndarray:
-    values: np.ndarray = table.column(name).to_numpy(zero_copy_only=False)
-    return values
 
 
 def _codes(col: str, names: list[str]) -> str:
@@ -72,12 +67,21 @@ def _group_percentiles(values: np.ndarray, method: str, nulls: bool) -> list[flo
     return [float(q) for q in qs]
 
 
-def _by_group(codes: np.ndarray, groups: int) -> tuple[np.ndarray, list[int]]:
+def _code_dtype(groups: int) -> type[np.unsignedinteger] | type[np.signedinteger]:
+    """The dtype a column of group codes is read as: two bytes where they fit, for :func:`_by_group`."""
+    return np.uint16 if groups <= 1 << 16 else np.int64
+
+
+def _by_group(small: np.ndarray, groups: int) -> tuple[np.ndarray | None, list[int]]:
     """The rows of each group together (a stable radix sort of the small codes) and where each group's
     rows start and end: one gather per figure then hands each group its values, where a mask per
-    group cost a comparison and a gather of every row for each group."""
-    # a code in one or two bytes: NumPy's stable sort is a radix sort there, a merge sort on wider integers
-    small = codes.astype(np.uint16) if groups <= 1 << 16 else codes
+    group cost a comparison and a gather of every row for each group. A column of one group (the
+    adapter column of a run without adapters, shown beside a run's several tenants) needs no order:
+    None, its rows are in place."""
+    if groups == 1:
+        return None, [0, len(small)]
+    # codes in two bytes (:func:`_code_dtype`): NumPy's stable sort is a radix sort there, a merge sort on
+    # wider integers
     order = np.argsort(small, kind="stable")
     # where each group starts among the sorted codes: a gather of the small codes, where bincount
     # would first convert every code to a fresh 64-bit array
@@ -85,27 +89,35 @@ def _by_group(codes: np.ndarray, groups: int) -> tuple[np.ndarray, list[int]]:
     return order, bounds
 
 
-def _run(cat: Catalog, run_id: str, figs: Mapping[str, Figure], groups: Mapping[str, list[str]],
-         tokens: Segments | None, into: Latency) -> None:
+def _run(cat: Catalog, run_id: str, rows: int, figs: Mapping[str, Figure], groups: Mapping[str, list[str]],
+         tokens: Segments | None, scratch: Scratch, into: Latency) -> None:
     per_request = {n: f for n, f in figs.items() if f.value is not None}
-    # nulls as NaN (values) and 0 (weights), which samples drop as they dropped nulls: a column without
-    # nulls reaches NumPy as one copy, where one with a validity mask is converted element by element
+    # nulls as NaN (values) and 0 (weights), which samples drop as they dropped nulls: :func:`columns.read`
+    # copies each batch of a column as it is
     cols = [f"coalesce(({f.value})::DOUBLE, 'NaN') AS v_{n}" for n, f in per_request.items()]
     cols += [f"coalesce(({f.weight})::BIGINT, 0) AS w_{n}" for n, f in per_request.items() if f.weight != "1"]
     cols += [_codes(col, names) for col, names in groups.items()]
-    table = cat.query(f"SELECT {', '.join(cols)} FROM request_metrics WHERE run_id = {quote(run_id)} "
-                      f"AND status = 'ok'")
-    grouped = {col: _by_group(_column(table, f"g_{col}"), len(names)) for col, names in groups.items()}
-    # one array the group figures' values are gathered into, column after column (on ten million rows
-    # a fresh one each time is 40 MB for the kernel to fault in and zero)
-    by_group = np.empty(table.num_rows if groups else 0)
+    dtypes = {**{f"v_{n}": np.float64 for n in per_request},
+              **{f"w_{n}": np.int64 for n, f in per_request.items() if f.weight != "1"},
+              **{f"g_{col}": _code_dtype(len(names)) for col, names in groups.items()}}
+    # the values become the samples (kept); the weights and codes are read again into the same memory
+    # for the next run
+    table = read(cat, f"SELECT {', '.join(cols)} FROM request_metrics WHERE run_id = {quote(run_id)} "
+                      f"AND status = 'ok'", rows, dtypes, scratch, keep=[f"v_{n}" for n in per_request])
+    grouped = {col: _by_group(table[f"g_{col}"], len(names)) for col, names in groups.items()}
+    # one array the group figures' values are gathered into, column after column and run after run
+    # (on ten million rows a fresh one each time is 40 MB for the kernel to fault in and zero)
+    by_group = scratch.array("by_group", len(table[next(iter(dtypes))]) if groups else 0, np.float64)
     for n, f in per_request.items():
-        values = _column(table, f"v_{n}")
+        values = table[f"v_{n}"]
         if n in GROUP_KEYS and groups:
             nulls = bool(np.isnan(values).any())
             for col, names in groups.items():
                 order, bounds = grouped[col]
-                np.take(values, order, out=by_group, mode="clip")    # "clip": the indices are valid; unbuffered
+                if order is None:
+                    np.copyto(by_group, values)
+                else:
+                    np.take(values, order, out=by_group, mode="clip")    # "clip": the indices are valid; unbuffered
                 for i, name in enumerate(names):
                     qs = _group_percentiles(by_group[bounds[i]:bounds[i + 1]], f.method, nulls)
                     if qs is not None:
@@ -113,7 +125,7 @@ def _run(cat: Catalog, run_id: str, figs: Mapping[str, Figure], groups: Mapping[
                         for k, q in zip(GROUP_KEYS[n], qs):
                             group[k] = q
         # the groups have read the column: the sample may sort it where it lies
-        s = sample_of(values, _column(table, f"w_{n}") if f.weight != "1" else None, scratch=True)
+        s = sample_of(values, table[f"w_{n}"] if f.weight != "1" else None, scratch=True)
         if s is not None:
             into.samples[(run_id, n)] = s
     for n, f in figs.items():
@@ -139,14 +151,16 @@ def itl_gaps(tokens: Segments) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return gap[within], count[within] - 1, between[tokens.after[1:]]
 
 
-def latency(cat: Catalog, runs: Mapping[str, Mapping[str, Figure]],
-            groups: Mapping[str, Mapping[str, list[str]]], tokens: Mapping[str, Segments]) -> Latency:
+def latency(cat: Catalog, runs: Mapping[str, Mapping[str, Figure]], rows: Mapping[str, int],
+            groups: Mapping[str, Mapping[str, list[str]]], tokens: Mapping[str, Segments],
+            scratch: Scratch | None = None) -> Latency:
     """The figures ``runs`` names for each run (run -> figure name -> figure), and the groups in
-    ``groups`` (run -> column -> group names); ITL from each run's token rows in ``tokens``.
+    ``groups`` (run -> column -> group names); ITL from each run's token rows in ``tokens``. ``rows``:
+    each run's ok requests, as counted (the rows its figures read); ``scratch``: memory to reuse.
 
     Needs the ``request_metrics`` view.
     """
     out = Latency()
     for run_id, figs in runs.items():
-        _run(cat, run_id, figs, groups.get(run_id, {}), tokens.get(run_id), out)
+        _run(cat, run_id, rows.get(run_id, 0), figs, groups.get(run_id, {}), tokens.get(run_id), scratch or Scratch(), out)
     return out

@@ -33,6 +33,8 @@ from typing import Callable, Mapping
 import numpy as np
 import pyarrow as pa
 
+from llmlb_bench.hugepages import small_pages
+from llmlb_bench.metrics.columns import Scratch
 from llmlb_bench.metrics.control import control
 from llmlb_bench.metrics.conversations import conversations
 from llmlb_bench.metrics.adapters import adapter_loads
@@ -82,8 +84,15 @@ def _group(m: Counts, percentiles: GroupLatency) -> GroupFigures:
 
 def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = None) -> list[RunFigures]:
     """One run's figures (metrics/run_figures.py) per run that has request rows, in the catalog's order
-    (run folders as given; folders found inside a results directory sorted by path)."""
-    opt = options or Options()
+    (run folders as given; folders found inside a results directory sorted by path).
+
+    NumPy's arrays are allocated without huge pages meanwhile (:mod:`llmlb_bench.hugepages`: over ten
+    million rows, a second or more of the kernel's compaction saved where memory is fragmented)."""
+    with small_pages():
+        return _summarize(cat, slo, options or Options())
+
+
+def _summarize(cat: Catalog, slo: Slo | None, opt: Options) -> list[RunFigures]:
     metas = metas_of(cat.runs_table)
     cat.con.execute(request_metrics_sql(arrival_runs(metas)))  # the views have every schema column (store.views)
     figs = figures(opt.definitions)
@@ -102,7 +111,10 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
     # the answer's figures are shown only for runs with reasoning: other runs skip their columns and sorts
     shown = {**figs, WAIT: WAIT_FIGURE}
     plain = {n: f for n, f in shown.items() if n not in ANSWER_FIGURES}
-    lat = latency(cat, {k: shown if c["reasoning_tokens"] else plain for k, c in counts.items()}, groups, tokens)
+    # the latency and fairness stages read their runs' columns into memory reused from run to run
+    scratch = Scratch()
+    lat = latency(cat, {k: shown if c["reasoning_tokens"] else plain for k, c in counts.items()},
+                  {k: c["ok"] for k, c in counts.items()}, groups, tokens, scratch)
     tables: dict[str, dict[str, dict[str, GroupFigures]]] = {col: {} for col in GROUPS}
     for u, m in units.items():
         if u[0] != "run":
@@ -114,7 +126,8 @@ def summarize(cat: Catalog, slo: Slo | None = None, options: Options | None = No
                              opt.price_per_hour)
     # runs of two or more tenants, from their first scheduled time (a run without one has no windows to cut)
     multi = {k: t0 for k, by in tables["tenant"].items() if len(by) > 1 and (t0 := counts[k]["t0"]) is not None}
-    fair = fairness(cat, multi, tables["tenant"], opt.window_s)
+    fair = fairness(cat, {k: (t0, counts[k]["requests"]) for k, t0 in multi.items()}, tables["tenant"], opt.window_s,
+                    scratch)
     state = serving_state(cat, counts, metas)
     cache = accounting_summary(cat)
     pace = pacing(tokens, {k: is_sampled(*v, opt.token_sample) for k, v in token_runs.items()}, slo)

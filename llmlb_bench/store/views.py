@@ -201,6 +201,15 @@ class Catalog:
         """Run trusted SQL (the package's own metric queries)."""
         return self.con.sql(sql, params=params).to_arrow_table()
 
+    def query_batches(self, sql: str, rows_per_batch: int) -> pa.RecordBatchReader:
+        """Run trusted SQL and read its result as it comes, ``rows_per_batch`` rows at a time (DuckDB
+        never holds the whole result: metrics/columns.py)."""
+        rel = self.con.sql(sql)
+        # DuckDB 1.4 renamed fetch_arrow_reader (still there, deprecated)
+        reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_arrow_reader
+        batches: pa.RecordBatchReader = reader(rows_per_batch)
+        return batches
+
     def query_read_only(self, sql: str) -> pa.Table:
         """Run a user's SQL on a confined catalog: one SELECT or EXPLAIN statement."""
         if not self.confined:
