@@ -50,21 +50,30 @@ def _codes(col: str, names: list[str]) -> str:
 _NUMPY_METHOD: dict[str, Literal["linear", "inverted_cdf"]] = {"linear": "linear", "inverse_cdf": "inverted_cdf"}
 
 
-def _group_percentiles(values: np.ndarray, method: str, nulls: bool) -> list[float] | None:
+def _group_percentiles(values: np.ndarray, method: str, nulls: bool, ordered: bool = False) -> list[float] | None:
     """p50 and p99 by NumPy's selection; "inverted_cdf" is GuideLLM's rule.
 
-    ``values`` is a slice of the caller's own gathered copy, sorted here in place (a vectorised sort,
-    then NumPy's selection finds the order statistics in a sorted array 3x faster), and NumPy selects
-    in place too (``overwrite_input``: the same selection, without the copy of a whole group per call);
-    ``nulls`` says whether the column holds NaN (a null) at all, so a column without them is not
-    filtered group by group."""
+    ``values`` is a slice of the caller's own gathered copy, sorted here in place unless ``ordered``
+    says it is already (a vectorised sort, then NumPy's selection finds the order statistics in a
+    sorted array 3x faster), and NumPy selects in place too (``overwrite_input``: the same selection,
+    without the copy of a whole group per call); ``nulls`` says whether the column holds NaN (a null)
+    at all, so a column without them is not filtered group by group."""
     if nulls:
         values = values[~np.isnan(values)]
     if not len(values):
         return None
-    values.sort()
+    if not ordered:
+        values.sort()
     qs = np.percentile(values, GROUP_PERCENTILES, method=_NUMPY_METHOD[method], overwrite_input=True)
     return [float(q) for q in qs]
+
+
+def _keep_group(into: Latency, key: tuple[str, str, str], figure: str, qs: list[float] | None) -> None:
+    """A group's p50 and p99 of ``figure`` (none where it has no values) into ``into.groups[key]``."""
+    if qs is not None:
+        group = into.groups.setdefault(key, {})
+        for k, q in zip(GROUP_KEYS[figure], qs):
+            group[k] = q
 
 
 def _code_dtype(groups: int) -> type[np.unsignedinteger] | type[np.signedinteger]:
@@ -110,24 +119,27 @@ def _run(cat: Catalog, run_id: str, rows: int, figs: Mapping[str, Figure], group
     by_group = scratch.array("by_group", len(table[next(iter(dtypes))]) if groups else 0, np.float64)
     for n, f in per_request.items():
         values = table[f"v_{n}"]
-        if n in GROUP_KEYS and groups:
+        grouped_here = grouped if n in GROUP_KEYS else {}
+        if grouped_here:
             nulls = bool(np.isnan(values).any())
-            for col, names in groups.items():
-                order, bounds = grouped[col]
-                if order is None:
-                    np.copyto(by_group, values)
-                else:
-                    np.take(values, order, out=by_group, mode="clip")    # "clip": the indices are valid; unbuffered
-                for i, name in enumerate(names):
-                    qs = _group_percentiles(by_group[bounds[i]:bounds[i + 1]], f.method, nulls)
-                    if qs is not None:
-                        group = into.groups.setdefault((col, run_id, name), {})
-                        for k, q in zip(GROUP_KEYS[n], qs):
-                            group[k] = q
+        for col, (order, bounds) in grouped_here.items():
+            if order is not None:       # (a column of one group reads the sorted sample, below)
+                np.take(values, order, out=by_group, mode="clip")    # "clip": the indices are valid; unbuffered
+                for i, name in enumerate(groups[col]):
+                    _keep_group(into, (col, run_id, name), n, _group_percentiles(
+                        by_group[bounds[i]:bounds[i + 1]], f.method, nulls))
         # the groups have read the column: the sample may sort it where it lies
         s = sample_of(values, table[f"w_{n}"] if f.weight != "1" else None, scratch=True)
         if s is not None:
             into.samples[(run_id, n)] = s
+        for col, (order, _) in grouped_here.items():
+            if order is None and s is not None:
+                # the group is every ok request, and a group figure has weight 1 under both definitions
+                # (definitions.py): its values are the sample's, already sorted, copied for NumPy to select in
+                ordered = by_group[:len(s.v)]
+                np.copyto(ordered, s.v)
+                _keep_group(into, (col, run_id, groups[col][0]), n, _group_percentiles(ordered, f.method, False,
+                                                                                        ordered=True))
     for n, f in figs.items():
         if f.value is None and tokens is not None:
             s = sample_of_parts(*itl_gaps(tokens))
