@@ -77,60 +77,77 @@ def _windows(cat: Catalog, run_id: str, t0: float, rows: int, tenants: list[str]
               "n_out": np.float64}, scratch)
     tn, s, f, l, n_in, n_out = c["tn"], c["s"], c["f"], c["l"], c["n_in"], c["n_out"]
     w = float(window_s)
-    started = ~np.isnan(f)
+    n = len(tn)
     nwin = int(max(np.fmax.reduce(x) if len(x) else 0.0 for x in (s, f, l)) // w) + 1
     cells = len(tenants) * nwin
-    # a few whole-column arrays (x, jf, jl, key), each filled again in place rather than allocated anew:
-    # over ten million rows every fresh array is 40 MB the kernel faults in and zeroes, most of the
-    # kernel time the report spent here
-    x = np.where(started, f, 0.0)
-    x /= w
-    jf = np.floor(x, out=x).astype(np.int64)
-    key = tn * nwin
+    # a few whole-column arrays (x, y, jf, jl, key and the masks), each filled again in place, and from
+    # the scratch memory of the run before: over ten million rows every fresh array is 40 MB the kernel
+    # faults in and zeroes, most of the kernel time the report spent here
+    x, y = scratch.array("fair_x", n, np.float64), scratch.array("fair_y", n, np.float64)
+    jf, jl, key = (scratch.array(name, n, np.int64) for name in ("fair_jf", "fair_jl", "fair_key"))
+    started, out, one = (scratch.array(name, n, np.bool_) for name in ("fair_started", "fair_out", "fair_one"))
+    np.isnan(f, out=started)
+    np.logical_not(started, out=started)
+    # each request's first window (0 where it never started: it adds nothing)
+    x[...] = 0.0
+    np.divide(f, w, out=x, where=started)
+    np.copyto(jf, np.floor(x, out=x), casting="unsafe")
+    np.multiply(tn, nwin, out=key)
     key += jf
-    # rows that add nothing to a cell add 0 to it (all service is whole tokens: the sums are exact in any order)
+    np.greater(n_out, 0, out=out)
+    out &= started
+    # its last token's window (0 where it has no output)
+    x[...] = 0.0
+    np.divide(l, w, out=x, where=out)
+    np.copyto(jl, np.floor(x, out=x), casting="unsafe")
+    np.equal(jf, jl, out=one)                          # a stream within one window
+    one &= out
+    # the input tokens at the first token and a one-window stream's output, to the first window's cell, in
+    # one count: rows that add nothing to a cell add 0 to it (all service is whole tokens: the sums are
+    # exact in any order and grouping)
     x[...] = 0.0
     np.multiply(INPUT_WEIGHT, n_in, out=x, where=started)
+    y[...] = 0.0
+    np.multiply(OUTPUT_WEIGHT, n_out, out=y, where=one)
+    x += y
     svc: np.ndarray = np.bincount(key, weights=x, minlength=cells)
-    out = started & (n_out > 0)
-    x[...] = 0.0
-    np.copyto(x, l, where=out)
-    x /= w
-    jl = np.floor(x, out=x).astype(np.int64)
-    one = jf == jl                                       # a stream within one window
-    one &= out
-    x[...] = 0.0
-    np.multiply(OUTPUT_WEIGHT, n_out, out=x, where=one)
-    svc += np.bincount(key, weights=x, minlength=cells)
     # streams over several windows: walk them window by window, dropping each once past its last (every
-    # one spans a second window, so the first step drops none)
-    many = np.flatnonzero(out & ~one)
+    # one spans a second window, so the first step drops none); the token index where window j + 1 starts
+    # is both window j's last (less one) and window j + 1's first, computed once for the two
+    np.logical_not(one, out=one)
+    one &= out
+    many = np.flatnonzero(one)
     ff, nn, j, jend, tt = f[many], n_out[many], jf[many], jl[many], tn[many]
     g = (l[many] - ff) / (nn - 1)
+    starts = np.ceil((j * w - ff) / g)
     while len(j):
-        k_lo = np.maximum(0, np.ceil((j * w - ff) / g))
-        k_hi = np.minimum(nn - 1, np.ceil(((j + 1) * w - ff) / g) - 1)
-        svc += np.bincount(tt * nwin + j, weights=OUTPUT_WEIGHT * np.maximum(0, k_hi - k_lo + 1), minlength=cells)
+        ends = np.ceil(((j + 1) * w - ff) / g)
+        k_hi = np.minimum(nn - 1, ends - 1)
+        k_hi -= np.maximum(0, starts)
+        k_hi += 1
+        svc += np.bincount(tt * nwin + j, weights=OUTPUT_WEIGHT * np.maximum(0, k_hi), minlength=cells)
         more = j < jend
+        starts = ends
         if not more.all():
-            ff, nn, g, j, jend, tt = ff[more], nn[more], g[more], j[more], jend[more], tt[more]
+            ff, nn, g, j, jend, tt, starts = ff[more], nn[more], g[more], j[more], jend[more], tt[more], starts[more]
         j += 1
     # when each request's wait ends (first token, or its end: last token or send), and whether it waited;
     # then the first and last window of each wait (0 and -1 where none) over every row, in jf and jl
+    waits = out
     np.fmax(l, s, out=x)
     np.copyto(x, f, where=started)
-    waits = x > s                                        # false where s is NaN (never sent)
-    x[~waits] = 0.0
+    np.greater(x, s, out=waits)                         # false where s is NaN (never sent)
+    np.logical_not(waits, out=one)
+    x[one] = 0.0
     x /= w
     np.copyto(jl, np.ceil(x, out=x), casting="unsafe")
     jl -= 1
     x[...] = 0.0
-    np.copyto(x, s, where=waits)
-    x /= w
+    np.divide(s, w, out=x, where=waits)
     np.copyto(jf, np.floor(x, out=x), casting="unsafe")
     np.multiply(tn, nwin, out=key)
     key += jf
-    key[~waits] = cells                                  # a spare cell past the last for the rows with no wait
+    key[one] = cells                                     # a spare cell past the last for the rows with no wait
     backlog: np.ndarray = np.zeros(cells + 1, dtype=bool)
     backlog[key] = True
     later = np.flatnonzero(jf < jl)                      # the waits that reach a later window
