@@ -40,10 +40,14 @@ class Latency:
     groups: dict[tuple[str, ...], GroupLatency] = field(default_factory=dict)  # (column, run_id, group)
 
 
-def _codes(col: str, names: list[str]) -> str:
-    """SQL: a group's index in ``names`` (small integers travel to NumPy far cheaper than strings)."""
-    return (f"CASE coalesce({col}, {quote(GROUP_NULL[col])}) " + " ".join(f"WHEN {quote(g)} THEN {i}" for i, g in enumerate(names))
-            + f" END AS g_{col}")
+def _cells(groups: Mapping[str, list[str]]) -> str:
+    """SQL: each row's cell among the groups of ``groups``' columns as one number, the columns' group
+    indices in mixed radix (the first column's most significant): small integers travel to NumPy far
+    cheaper than strings, and one ordering of the cells serves every column (:func:`_by_group`)."""
+    strides = np.cumprod([1, *(len(names) for names in list(groups.values())[::-1])])[-2::-1].tolist()
+    return " + ".join(f"(CASE coalesce({col}, {quote(GROUP_NULL[col])}) "
+                      + " ".join(f"WHEN {quote(g)} THEN {i}" for i, g in enumerate(names)) + f" END) * {stride}"
+                      for (col, names), stride in zip(groups.items(), strides)) + " AS cell"
 
 
 #: the report's percentile methods by NumPy's names
@@ -76,26 +80,42 @@ def _keep_group(into: Latency, key: tuple[str, str, str], figure: str, qs: list[
             group[k] = q
 
 
-def _code_dtype(groups: int) -> type[np.unsignedinteger] | type[np.signedinteger]:
-    """The dtype a column of group codes is read as: two bytes where they fit, for :func:`_by_group`."""
-    return np.uint16 if groups <= 1 << 16 else np.int64
+def _cell_dtype(cells: int) -> type[np.unsignedinteger] | type[np.signedinteger]:
+    """The dtype the cells of :func:`_cells` are read as: two bytes where they fit, for :func:`_by_group`."""
+    return np.uint16 if cells <= 1 << 16 else np.int64
 
 
-def _by_group(small: np.ndarray, groups: int) -> tuple[np.ndarray | None, list[int]]:
-    """The rows of each group together (a stable radix sort of the small codes) and where each group's
-    rows start and end: one gather per figure then hands each group its values, where a mask per
-    group cost a comparison and a gather of every row for each group. A column of one group (the
-    adapter column of a run without adapters, shown beside a run's several tenants) needs no order:
-    None, its rows are in place."""
-    if groups == 1:
-        return None, [0, len(small)]
-    # codes in two bytes (:func:`_code_dtype`): NumPy's stable sort is a radix sort there, a merge sort on
-    # wider integers
-    order = np.argsort(small, kind="stable")
-    # where each group starts among the sorted codes: a gather of the small codes, where bincount
-    # would first convert every code to a fresh 64-bit array
-    bounds: list[int] = np.searchsorted(small[order], np.arange(groups + 1)).tolist()
-    return order, bounds
+def _by_group(cell: np.ndarray, sizes: list[int], scratch: Scratch) -> list[tuple[np.ndarray, list[int]]]:
+    """For each column (of ``sizes[i]`` groups, numbered in ``cell`` as :func:`_cells` does), the rows of
+    its groups together and where each group's rows start and end: one gather per figure then hands each
+    group its values, where a mask per group cost a comparison and a gather of every row for each group.
+
+    The rows are ordered once, by cell (a stable radix sort of the two-byte numbers): the first column's
+    groups are then runs of consecutive cells, and each other column's order is the same cells' rows laid
+    out again by that column's group (copied into scratch memory), where a sort per column cost
+    another radix sort and its fresh memory."""
+    order = np.argsort(cell, kind="stable")
+    # where each cell starts among the sorted numbers: a gather of the small numbers, where bincount
+    # would first convert every number to a fresh 64-bit array
+    starts = np.searchsorted(cell[order], np.arange(int(np.prod(sizes)) + 1))
+    filled = np.flatnonzero(np.diff(starts))
+    out: list[tuple[np.ndarray, list[int]]] = []
+    stride = int(np.prod(sizes))
+    for i, size in enumerate(sizes):
+        stride //= size
+        if i == 0:
+            out.append((order, starts[::stride].tolist()))
+            continue
+        digit = filled // stride % size
+        laid = scratch.array(f"group_order_{i}", len(order), order.dtype)
+        at = 0
+        for c in filled[np.argsort(digit, kind="stable")].tolist():    # the cells by this column's group
+            m = int(starts[c + 1] - starts[c])
+            laid[at:at + m] = order[starts[c]:starts[c + 1]]
+            at += m
+        rows = np.bincount(digit, weights=np.diff(starts)[filled], minlength=size)
+        out.append((laid, [0, *np.cumsum(rows).astype(np.int64).tolist()]))
+    return out
 
 
 def _run(cat: Catalog, run_id: str, rows: int, figs: Mapping[str, Figure], groups: Mapping[str, list[str]],
@@ -105,18 +125,25 @@ def _run(cat: Catalog, run_id: str, rows: int, figs: Mapping[str, Figure], group
     # copies each batch of a column as it is
     cols = [f"coalesce(({f.value})::DOUBLE, 'NaN') AS v_{n}" for n, f in per_request.items()]
     cols += [f"coalesce(({f.weight})::BIGINT, 0) AS w_{n}" for n, f in per_request.items() if f.weight != "1"]
-    cols += [_codes(col, names) for col, names in groups.items()]
+    # a column of one group (the adapter column of a run without adapters, shown beside its several
+    # tenants) needs no order: None, its rows are in place
+    several = {col: names for col, names in groups.items() if len(names) > 1}
+    sizes = [len(names) for names in several.values()]
+    cols += [_cells(several)] if several else []
     dtypes = {**{f"v_{n}": np.float64 for n in per_request},
               **{f"w_{n}": np.int64 for n, f in per_request.items() if f.weight != "1"},
-              **{f"g_{col}": _code_dtype(len(names)) for col, names in groups.items()}}
-    # the values become the samples (kept); the weights and codes are read again into the same memory
+              **({"cell": _cell_dtype(int(np.prod(sizes)))} if several else {})}
+    # the values become the samples (kept); the weights and cells are read again into the same memory
     # for the next run
     table = read(cat, f"SELECT {', '.join(cols)} FROM request_metrics WHERE run_id = {quote(run_id)} "
                       f"AND status = 'ok'", rows, dtypes, scratch, keep=[f"v_{n}" for n in per_request])
-    grouped = {col: _by_group(table[f"g_{col}"], len(names)) for col, names in groups.items()}
+    n_rows = len(table[next(iter(dtypes))]) if dtypes else 0
+    laid_out = dict(zip(several, _by_group(table["cell"], sizes, scratch))) if several else {}
+    grouped: dict[str, tuple[np.ndarray | None, list[int]]] = {
+        col: laid_out.get(col, (None, [0, n_rows])) for col in groups}
     # one array the group figures' values are gathered into, column after column and run after run
     # (on ten million rows a fresh one each time is 40 MB for the kernel to fault in and zero)
-    by_group = scratch.array("by_group", len(table[next(iter(dtypes))]) if groups else 0, np.float64)
+    by_group = scratch.array("by_group", n_rows if groups else 0, np.float64)
     for n, f in per_request.items():
         values = table[f"v_{n}"]
         grouped_here = grouped if n in GROUP_KEYS else {}

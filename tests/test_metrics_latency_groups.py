@@ -1,0 +1,41 @@
+"""metrics/latency.py: the group columns' rows, from one ordering of the rows' cells."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from llmlb_bench.metrics.columns import Scratch
+from llmlb_bench.metrics.counts import GROUP_NULL
+from llmlb_bench.metrics.latency import _by_group, _cell_dtype, _cells
+from llmlb_bench.store.views import Catalog
+
+
+@pytest.mark.parametrize("seed, sizes", [(0, {"slo_class": 2, "tenant": 3}),
+                                         (1, {"slo_class": 3, "tenant": 2, "adapter": 4}),
+                                         (2, {"tenant": 5}), (3, {"slo_class": 2, "tenant": 300, "adapter": 200})])
+def test_each_columns_groups_hold_exactly_its_rows(tmp_path: Path, seed: int, sizes: dict[str, int]) -> None:
+    """Random rows (nulls read as the default group, some cells empty, one set of columns with more
+    cells than two bytes hold) through the SQL of the cells and their one ordering: every column's
+    group holds the rows of that group, each once."""
+    rng = np.random.default_rng(seed)
+    n = 2000
+    names = {col: [f"{col[0]}{i}" for i in range(k - 1)] + [GROUP_NULL[col]] for col, k in sizes.items()}
+    # the last group is the null one; a column's first group left empty where it has three or more
+    picks = {col: rng.integers(1 if len(g) > 2 else 0, len(g), n) for col, g in names.items()}
+    rows = pa.table({col: pa.array([None if i == len(names[col]) - 1 else names[col][i] for i in picks[col]],
+                                   pa.string()) for col in names})
+    cat = Catalog([tmp_path])
+    cat.con.register("rows", rows)
+    cell = np.asarray(cat.query(f"SELECT {_cells(names)} FROM rows").column("cell").to_numpy())
+    cells = int(np.prod(list(sizes.values())))
+    cell = cell.astype(_cell_dtype(cells))
+    grouped = _by_group(cell, list(sizes.values()), Scratch())
+    for (col, groups), (order, bounds) in zip(names.items(), grouped):
+        assert bounds[0] == 0 and bounds[-1] == n and len(bounds) == len(groups) + 1
+        for i in range(len(groups)):
+            got = np.sort(order[bounds[i]:bounds[i + 1]])
+            assert np.array_equal(got, np.flatnonzero(picks[col] == i)), (col, groups[i])
