@@ -269,7 +269,10 @@ def main() -> None:
             url = reps.urls[0]
             for _ in range(args.warm_up_replays):
                 bench.replay(*bench.salted(trace_at("poisson", args.warm_up_rate, args.requests)), [url])
-            options = ReplayOptions(api="completions", tokenize=True)
+            # the calibration's and the anchor's probes ask what the replays ask (whole-word answers):
+            # a random model's partial UTF-8 tokens give the frontend detokenising work the replays
+            # do not have, and the frontend's turns are the probes' slow steps (docs/fidelity.md)
+            options = ReplayOptions(api="completions", tokenize=True, extra_body=bench.extra_body)
 
             def calibrated(n: int) -> ProfileDoc:
                 """Calibration ``n``, printed and kept in ``out``."""

@@ -19,8 +19,14 @@ engine with nothing to do is not slow):
 * steps per second, the decode steps' gap p50 / p90 / p99 (ms), slow phases per second of busy
   time, the time they add over their neighbours' median as a share of busy time, and their
   factor (their time over their neighbours' median);
-* the ordinary (not slow) decode steps' median, over all and by batch (requests decoding
-  through the step): where the step model's typical step is off, at the replays' own batches.
+* the decode steps' mean over the median of the ordinary (not slow) ones: all that slows the
+  typical step, however the slow steps are counted; over all steps, and apart for the steps
+  NEAR an arrival (some request sent and still waiting for its first token: the frontend
+  tokenising it, the per-arrival ``frontend_cpu_s``) and FAR from one (only the frontend's
+  background turns: what the probes' slow phases describe), with the near steps' share of
+  decode time;
+* the ordinary decode steps' median, over all and by batch (requests decoding through the
+  step): where the step model's typical step is off, at the replays' own batches.
 
 Per cell, real (the K replays) against every simulated variant kept in the run (the same copies;
 pooled over the calibrations): median over the runs [min - max].
@@ -49,7 +55,7 @@ from llmlb_bench.schema import ArrowRow
 #: batch sizes (requests decoding through a step) whose ordinary steps' median is shown apart
 BATCHES = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 1 << 30))
 FIGURES = ("steps_per_s", "gap_p50_ms", "gap_p90_ms", "gap_p99_ms", "slow_per_s", "slow_extra_share", "slow_factor",
-           "ordinary_p50_ms", *(f"ordinary_p50_ms_b{lo}" + (f"-{hi}" if hi != lo and hi < 1 << 30 else "+" * (hi > lo))
+           "mean_over_ordinary", "near_share", "near_mean_over_ordinary", "far_mean_over_ordinary", "ordinary_p50_ms", *(f"ordinary_p50_ms_b{lo}" + (f"-{hi}" if hi != lo and hi < 1 << 30 else "+" * (hi > lo))
                                 for lo, hi in BATCHES))
 
 
@@ -63,6 +69,7 @@ def step_figures(rows: list[ArrowRow], slow: float, window: int) -> dict[str, fl
     spans = [token_times(r) for r in ok]
     first = np.array([t[0] for t in spans if t.size])
     last = np.array([t[-1] for t in spans if t.size])
+    sent = np.array([r["sent_s"] for r, t in zip(ok, spans) if t.size])
     lo, hi = at[:-1], at[1:]
     # busy: some request decoding through the whole step (its first token at or before the step's
     # start, its last at or after its end)
@@ -75,6 +82,8 @@ def step_figures(rows: list[ArrowRow], slow: float, window: int) -> dict[str, fl
     busy_s = float((hi - lo)[busy].sum())
     decode = gaps[busy & ~prefill]
     batch = decoding[busy & ~prefill]
+    # near an arrival: some request sent and still waiting for its first token during the step
+    near = ((sent[None, :] < hi[:, None]) & (first[None, :] > lo[:, None])).any(axis=1)[busy & ~prefill]
     if decode.size < 2 * window + 2 or busy_s <= 0:
         return nan
     local = median_filter(decode, size=2 * window + 1, mode="nearest")
@@ -90,7 +99,19 @@ def step_figures(rows: list[ArrowRow], slow: float, window: int) -> dict[str, fl
             "slow_per_s": phases / busy_s,
             "slow_extra_share": float((decode - local)[is_slow].sum()) / busy_s,
             "slow_factor": float(decode[is_slow].sum() / local[is_slow].sum()) if phases else math.nan,
+            "mean_over_ordinary": excess(decode, is_slow, np.ones_like(near)),
+            "near_share": float(decode[near].sum() / decode.sum()),
+            "near_mean_over_ordinary": excess(decode, is_slow, near),
+            "far_mean_over_ordinary": excess(decode, is_slow, ~near),
             "ordinary_p50_ms": 1e3 * float(np.median(decode[~is_slow])), **by_batch}
+
+
+def excess(decode: np.ndarray, is_slow: np.ndarray, where: np.ndarray) -> float:
+    """The selected decode steps' mean over the median of their ordinary (not slow) ones: what
+    every slowing (slow phases, the frontend's stalls) adds to the typical step, in one figure
+    that does not depend on how the slow steps are counted."""
+    ordinary = decode[where & ~is_slow]
+    return float(decode[where].mean() / np.median(ordinary)) if ordinary.size else math.nan
 
 
 def rows_of(run_dir: Path) -> list[ArrowRow]:
