@@ -31,6 +31,10 @@ engine with nothing to do is not slow):
 Per cell, real (the K replays) against every simulated variant kept in the run (the same copies;
 pooled over the calibrations): median over the runs [min - max].
 
+Each run is read with a steps x requests table (who decodes through each step, who waits for a
+first token): sized for the fidelity benchmark's runs (150 requests, a few thousand steps), not
+for replays of a production trace.
+
     PYTHONPATH=. python benchmarks/fidelity.py ... --keep kept --out fidelity.json
     PYTHONPATH=. python benchmarks/replay_steps.py fidelity.json kept
 """
