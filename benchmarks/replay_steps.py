@@ -16,7 +16,10 @@ engine with nothing to do is not slow):
 * each such step against the running median of its ``--window`` decode neighbours on either side
   (a batch changes slowly, a slow phase does not); a step above ``--slow`` x that median is slow,
   consecutive slow steps one phase;
-* steps per second, the decode steps' gap p50 / p90 / p99 (ms), slow phases per second of busy
+* steps per second of busy time; the mean length of the steps that sampled some request's first
+  token (a prefill chunk beside the decoding batch: the steps a queue waits behind) and their share
+  of busy time, and the mean length of the other (decode) steps;
+* the decode steps' gap p50 / p90 / p99 (ms), slow phases per second of busy
   time, the time they add over their neighbours' median as a share of busy time, and their
   factor (their time over their neighbours' median);
 * the decode steps' mean over the median of the ordinary (not slow) ones: all that slows the
@@ -58,7 +61,7 @@ from llmlb_bench.schema import ArrowRow
 
 #: batch sizes (requests decoding through a step) whose ordinary steps' median is shown apart
 BATCHES = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 1 << 30))
-FIGURES = ("steps_per_s", "gap_p50_ms", "gap_p90_ms", "gap_p99_ms", "slow_per_s", "slow_extra_share", "slow_factor",
+FIGURES = ("steps_per_s", "first_token_step_ms", "first_token_share", "decode_step_ms", "gap_p50_ms", "gap_p90_ms", "gap_p99_ms", "slow_per_s", "slow_extra_share", "slow_factor",
            "mean_over_ordinary", "near_share", "near_mean_over_ordinary", "far_mean_over_ordinary", "ordinary_p50_ms", *(f"ordinary_p50_ms_b{lo}" + (f"-{hi}" if hi != lo and hi < 1 << 30 else "+" * (hi > lo))
                                 for lo, hi in BATCHES))
 
@@ -83,7 +86,8 @@ def step_figures(rows: list[ArrowRow], slow: float, window: int) -> dict[str, fl
     ended = np.searchsorted(at, first, side="right") - 1         # the step whose read group holds a first token
     prefill[ended[(ended >= 1)] - 1] = True
     gaps = (hi - lo) / counts[1:]
-    busy_s = float((hi - lo)[busy].sum())
+    span = hi - lo
+    busy_s = float(span[busy].sum())
     decode = gaps[busy & ~prefill]
     batch = decoding[busy & ~prefill]
     # near an arrival: some request sent and still waiting for its first token during the step
@@ -97,6 +101,9 @@ def step_figures(rows: list[ArrowRow], slow: float, window: int) -> dict[str, fl
                 if np.any(~is_slow & (batch >= b0) & (batch <= b1)) else math.nan
                 for name, (b0, b1) in zip(FIGURES[-len(BATCHES):], BATCHES)}
     return {"steps_per_s": float(busy.sum()) / busy_s,
+            "first_token_step_ms": 1e3 * float(span[busy & prefill].mean()) if np.any(busy & prefill) else math.nan,
+            "first_token_share": float(span[busy & prefill].sum()) / busy_s,
+            "decode_step_ms": 1e3 * float(span[busy & ~prefill].mean()),
             "gap_p50_ms": 1e3 * float(np.percentile(decode, 50)),
             "gap_p90_ms": 1e3 * float(np.percentile(decode, 90)),
             "gap_p99_ms": 1e3 * float(np.percentile(decode, 99)),
