@@ -45,7 +45,7 @@ class BuildCore(build_ext):
         try:
             if os.environ.get(core.ENV, "").strip().lower() == "python":
                 raise RuntimeError(f"skipped ({core.ENV}=python at install time)")
-            self.extensions = self._mypyc_extensions(core)
+            self.extensions = self._mypyc_extensions(core) + self._kernel_extensions(core)
             self.check_extensions_list(self.extensions)
             for ext in self.extensions:  # setuptools copies in-place extensions without making their folder
                 os.makedirs(os.path.join(out_dir, *ext.name.split(".")[2:-1]), exist_ok=True)
@@ -86,6 +86,20 @@ class BuildCore(build_ext):
             ext._links_to_dynamic = ext._needs_stub = False  # type: ignore[attr-defined]
             ext._file_name = self.get_ext_filename(ext._full_name)  # type: ignore[attr-defined]
             self.ext_map[ext._full_name] = ext  # type: ignore[attr-defined]
+        return exts
+
+    def _kernel_extensions(self, core: Any) -> list[Extension]:
+        """The report's C kernels (``compiled_core.KERNELS``), built under the same directory; no
+        multiply-add fused, so that they compute what NumPy's separate passes compute, bit for bit."""
+        exts = []
+        for name, source in core.KERNELS.items():
+            ext = Extension(f"{core.PACKAGE}.{core.BUILD_DIR}.{name.split('.', 1)[1]}", sources=[source],
+                            extra_compile_args=["-O2", "-ffp-contract=off", "-fno-fast-math"])
+            ext._full_name = self.get_ext_fullname(ext.name)  # type: ignore[attr-defined]
+            ext._links_to_dynamic = ext._needs_stub = False  # type: ignore[attr-defined]
+            ext._file_name = self.get_ext_filename(ext._full_name)  # type: ignore[attr-defined]
+            self.ext_map[ext._full_name] = ext  # type: ignore[attr-defined]
+            exts.append(ext)
         return exts
 
     @staticmethod

@@ -56,6 +56,11 @@ MODULES: tuple[str, ...] = (
     "llmlb_bench.policies.router",
     "llmlb_bench.policies.books",
 )
+#: the report's kernels in C (module -> source, relative to the repository): built beside the core, their
+#: sources hashed into its manifest, and loaded by the finder only while the core is (else the importer's
+#: NumPy code runs: ``llmlb_bench/metrics/kernels.py``). Plain C through the buffer protocol, where
+#: mypyc's indexing of NumPy arrays is generic and slow.
+KERNELS: dict[str, str] = {"llmlb_bench.metrics.report_kernels": "llmlb_bench/metrics/report_kernels.c"}
 PACKAGE = "llmlb_bench"
 #: where the build puts the extension modules and the manifest, under the package directory
 BUILD_DIR = "_compiled"
@@ -159,7 +164,7 @@ def build_manifest(root: str, built: bool, reason: str = "") -> dict[str, object
     extension suffix, and the hash of every source the build read."""
     from importlib.machinery import EXTENSION_SUFFIXES
 
-    files = source_closure(root)
+    files = source_closure(root) + sorted(KERNELS.values())
     return {"built": built, "reason": reason, "modules": list(MODULES), "suffix": EXTENSION_SUFFIXES[0],
             "sources": source_hashes(root, files) if built else {}}
 
@@ -227,12 +232,14 @@ class _Finder:
         return self.core
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: object = None) -> ModuleSpec | None:
-        if fullname not in MODULES or not self.decide().compiled:
+        if (fullname not in MODULES and fullname not in KERNELS) or not self.decide().compiled:
             return None
         from importlib.machinery import ExtensionFileLoader
         from importlib.util import spec_from_file_location
 
         so = extension_path(self.pkg_dir, fullname)
+        if fullname in KERNELS and not os.path.isfile(so):
+            return None     # a kernel has no source module: its importer runs its NumPy code
         return spec_from_file_location(fullname, so, loader=ExtensionFileLoader(fullname, so))
 
 

@@ -22,7 +22,8 @@ import numpy as np
 from llmlb_bench.metrics.columns import Scratch, read
 from llmlb_bench.metrics.counts import GROUP_NULL
 from llmlb_bench.metrics.definitions import Figure
-from llmlb_bench.metrics.distribution import Sample, sample_of, sample_of_parts
+from llmlb_bench.metrics import kernels
+from llmlb_bench.metrics.distribution import Sample, sample_of, sample_of_parts, sample_of_split
 from llmlb_bench.metrics.pacing import Segments
 from llmlb_bench.metrics.run_figures import GroupKey, GroupLatency
 from llmlb_bench.metrics.sql import quote
@@ -169,7 +170,7 @@ def _run(cat: Catalog, run_id: str, rows: int, figs: Mapping[str, Figure], group
                                                                                         ordered=True))
     for n, f in figs.items():
         if f.value is None and tokens is not None:
-            s = sample_of_parts(*itl_gaps(tokens))
+            s = itl_sample(tokens)
             if s is not None:
                 into.samples[(run_id, n)] = s
 
@@ -188,6 +189,23 @@ def itl_gaps(tokens: Segments) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     between = np.subtract(start[1:], start[:-1])
     between -= tokens.tail[:-1]                 # the previous gap_s x (previous count - 1), computed once
     return gap[within], count[within] - 1, between[tokens.after[1:]]
+
+
+def itl_sample(tokens: Segments) -> Sample | None:
+    """ITL's sample of these token rows: :func:`sample_of_parts` of :func:`itl_gaps`, with the gaps taken
+    from the segments and split by weight in one pass of C where the report's kernels are built
+    (:mod:`llmlb_bench.metrics.kernels`), the same sample to the last bit; where that split meets a gap
+    of 0 or leaves a part empty, NumPy's way, as :func:`sample_of_parts` goes its general way then."""
+    native = kernels.native
+    ranges = tokens.native_ranges() if native is not None else None
+    if native is not None and ranges is not None:
+        ns = len(tokens.start)
+        ones, rest_v, rest_w = np.empty(2 * ns), np.empty(ns), np.empty(ns, dtype=np.int64)
+        a, r, _, zero = native.itl_split(ranges, np.ascontiguousarray(tokens.start), np.ascontiguousarray(tokens.gap),
+                                         np.ascontiguousarray(tokens.counts), ones, rest_v, rest_w)
+        if a and r and not zero:
+            return sample_of_split(ones[:a], rest_v[:r], rest_w[:r])
+    return sample_of_parts(*itl_gaps(tokens))
 
 
 def latency(cat: Catalog, runs: Mapping[str, Mapping[str, Figure]], rows: Mapping[str, int],

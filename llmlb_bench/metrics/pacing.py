@@ -38,12 +38,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from llmlb_bench.metrics import kernels
 from llmlb_bench.metrics.distribution import pairs_sorted
 from llmlb_bench.metrics.run_figures import Fluidity, PacingFigures, StreamPacing
 from llmlb_bench.metrics.slo import Slo
@@ -63,28 +65,66 @@ class Segments:
     (:func:`llmlb_bench.metrics.latency.itl_gaps`) and pacing (:meth:`Streams.of`). Both also take
     the gap from a segment's last token to the next segment's first, so what they share of it is
     computed here once: ``after`` (a segment follows another of its request) and ``tail``
-    (``gap x (count - 1)``, the span from a segment's first token to its last)."""
+    (``gap x (count - 1)``, the span from a segment's first token to its last).
+
+    The segments' start, gap and count are Arrow's own memory; ``parent``, ``count`` (as int64),
+    ``after`` and ``tail``, which only the NumPy paths read, are computed at their first use: the
+    report's kernels (:mod:`llmlb_bench.metrics.kernels`) take each row's range of segments
+    (``ranges``: n + 1 offsets from 0; None where a row's list is null) and the counts as read
+    (``counts``, int32 in the schema) and compute the rest as they go, as these compute it."""
 
     table: pa.Table
-    parent: np.ndarray      # each segment's row in ``table``
     start: np.ndarray
     gap: np.ndarray
-    count: np.ndarray       # int64
-    after: np.ndarray       # bool: the segment is not its request's first
-    tail: np.ndarray
+    counts: np.ndarray      # as read
+    ranges: np.ndarray | None
+    lists: pa.Array
 
     @classmethod
     def of(cls, table: pa.Table) -> "Segments":
         tt = table.column("token_times").combine_chunks()
         seg = pc.list_flatten(tt)
-        parent = pc.list_parent_indices(tt).to_numpy()
-        gap = seg.field("gap_s").to_numpy(zero_copy_only=False)
-        count = seg.field("count").to_numpy(zero_copy_only=False).astype(np.int64)
+        ranges = None
+        if tt.null_count == 0:
+            bounds = tt.offsets.to_numpy()
+            ranges = bounds.astype(np.int64)
+            ranges -= ranges[0]
+        return cls(table=table, start=seg.field("start_s").to_numpy(zero_copy_only=False),
+                   gap=seg.field("gap_s").to_numpy(zero_copy_only=False),
+                   counts=seg.field("count").to_numpy(zero_copy_only=False), ranges=ranges, lists=tt)
+
+    @cached_property
+    def parent(self) -> np.ndarray:
+        """Each segment's row in ``table``."""
+        parent: np.ndarray = pc.list_parent_indices(self.lists).to_numpy()
+        return parent
+
+    @cached_property
+    def count(self) -> np.ndarray:
+        """The counts as int64."""
+        return self.counts.astype(np.int64)
+
+    @cached_property
+    def after(self) -> np.ndarray:
+        """Whether each segment is not its request's first."""
+        parent = self.parent
         after = np.zeros(len(parent), dtype=bool)
         np.equal(parent[1:], parent[:-1], out=after[1:])
-        tail = np.subtract(count, 1)
-        return cls(table=table, parent=parent, start=seg.field("start_s").to_numpy(zero_copy_only=False),
-                   gap=gap, count=count, after=after, tail=np.multiply(gap, tail))
+        return after
+
+    @cached_property
+    def tail(self) -> np.ndarray:
+        """``gap x (count - 1)``."""
+        tail: np.ndarray = np.multiply(self.gap, np.subtract(self.count, 1))
+        return tail
+
+    def native_ranges(self) -> np.ndarray | None:
+        """``ranges`` where the report's kernels can read these segments (no null list, int32 counts
+        as the schema has them), else None: the NumPy paths run."""
+        if self.ranges is None or self.counts.dtype != np.int32 or self.start.dtype != np.float64 \
+                or self.gap.dtype != np.float64:
+            return None
+        return self.ranges
 
 
 @dataclass(frozen=True)
@@ -125,20 +165,27 @@ class Streams:
     def of(cls, segments: Segments) -> "Streams":
         """The streams of token rows whose segments are flattened already."""
         table, n = segments.table, segments.table.num_rows
-        parent, start, gap, cnt, after = segments.parent, segments.start, segments.gap, segments.count, segments.after
         # each segment gives up to two entries, in this order: the gap from the previous segment's last
         # token (one gap; not for a request's first segment) and its own count - 1 gaps. They are
         # scattered straight to their slots, one pass per kind, and every array of the segments' length
         # is made once and then worked in place: on the 1.4M segments of a 100k-request run's sample,
         # each fresh one is 11 MB for the kernel to fault in, which cost more than the arithmetic
-        spaced = cnt > 1
-        per_segment = after.view(np.int8) + spaced.view(np.int8)
-        end = np.cumsum(per_segment, dtype=np.int64)
-        # each request's entries end where its last segment's do (a request without segments has none)
-        last = np.cumsum(np.bincount(parent, minlength=n)) - 1
-        ends = np.zeros(n, dtype=np.int64)
-        ends[last >= 0] = end[last[last >= 0]]
-        length = np.diff(ends, prepend=0)
+        native = kernels.native
+        ranges = segments.native_ranges() if native is not None else None
+        if native is not None and ranges is not None:    # the same entries in C, one pass each (metrics/kernels.py)
+            length = np.empty(n, dtype=np.int64)
+            native.entry_counts(ranges, segments.counts, length)
+        else:
+            native = None
+            parent, cnt, after = segments.parent, segments.count, segments.after
+            spaced = cnt > 1
+            per_segment = after.view(np.int8) + spaced.view(np.int8)
+            end = np.cumsum(per_segment, dtype=np.int64)
+            # each request's entries end where its last segment's do (a request without segments has none)
+            last = np.cumsum(np.bincount(parent, minlength=n)) - 1
+            ends = np.zeros(n, dtype=np.int64)
+            ends[last >= 0] = end[last[last >= 0]]
+            length = np.diff(ends, prepend=0)
         ids = table.column("request_id").to_numpy() if "request_id" in table.column_names else np.arange(n)
         by_id = None if bool((ids[1:] >= ids[:-1]).all()) else np.argsort(ids, kind="stable")
         by_length = np.argsort(-length, kind="stable") if by_id is None else by_id[np.argsort(-length[by_id], kind="stable")]
@@ -147,29 +194,43 @@ class Streams:
         longest = int(length.max()) if n else 0
         active = n - np.cumsum(np.bincount(length, minlength=longest + 1))[:-1]   # requests reaching each position
         offsets = np.r_[0, np.cumsum(active)]
-        size = int(end[-1]) if len(end) else 0
-        first = end                                   # the segment's first position in its request
-        first -= per_segment
-        first -= (ends - length)[parent]
-        rank = rank_of[parent]
-        # one spare slot past the entries: a request's first segment has no gap before it, and sends
-        # its own there (so that the segments after can be scattered whole, with no gather of them)
-        v = np.empty(size + 1)
-        m = np.ones(size + 1, dtype=np.int64)        # a gap between segments is one gap: filled, not scattered
-        slot = offsets[first]
-        slot += rank
-        slot[~after] = size
-        between = np.add(start[:-1], segments.tail[:-1])      # a segment's last token
-        np.subtract(start[1:], between, out=between)          # to the next segment's first
-        v[slot[1:]] = between
-        i = np.flatnonzero(spaced)
-        first += after
-        slot = np.take(offsets, first[i])
-        slot += rank[i]
-        v[slot], m[slot] = gap[i], cnt[i] - 1
+        if native is not None:
+            size = int(offsets[-1])
+            value, mult = np.empty(size), np.empty(size, dtype=np.int64)
+            native.layout(ranges, segments.counts, np.ascontiguousarray(segments.start),
+                          np.ascontiguousarray(segments.gap), np.ascontiguousarray(by_length), offsets, value, mult)
+        else:
+            value, mult = _scatter(segments, spaced, per_segment, end, ends, length, rank_of, offsets)
         return cls(ttft=table.column("ttft").to_numpy(zero_copy_only=False).astype(float),
-                   slo_class=table.column("slo_class").to_pylist(), rank_of=rank_of, value=v[:size], mult=m[:size],
+                   slo_class=table.column("slo_class").to_pylist(), rank_of=rank_of, value=value, mult=mult,
                    offsets=offsets, by_id=by_id)
+
+
+def _scatter(segments: Segments, spaced: np.ndarray, per_segment: np.ndarray, end: np.ndarray, ends: np.ndarray,
+             length: np.ndarray, rank_of: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The entries' values and multiplicities at their slots, in NumPy (:meth:`Streams.of`'s reference path)."""
+    parent, start, gap, cnt, after = segments.parent, segments.start, segments.gap, segments.count, segments.after
+    size = int(end[-1]) if len(end) else 0
+    first = end                                   # the segment's first position in its request
+    first -= per_segment
+    first -= (ends - length)[parent]
+    rank = rank_of[parent]
+    # one spare slot past the entries: a request's first segment has no gap before it, and sends
+    # its own there (so that the segments after can be scattered whole, with no gather of them)
+    v = np.empty(size + 1)
+    m = np.ones(size + 1, dtype=np.int64)        # a gap between segments is one gap: filled, not scattered
+    slot = offsets[first]
+    slot += rank
+    slot[~after] = size
+    between = np.add(start[:-1], segments.tail[:-1])      # a segment's last token
+    np.subtract(start[1:], between, out=between)          # to the next segment's first
+    v[slot[1:]] = between
+    i = np.flatnonzero(spaced)
+    first += after
+    slot = np.take(offsets, first[i])
+    slot += rank[i]
+    v[slot], m[slot] = gap[i], cnt[i] - 1
+    return v[:size], m[:size]
 
 
 def deadline_walk(s: Streams, d_decode: np.ndarray, d_prefill: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -182,7 +243,7 @@ def deadline_walk(s: Streams, d_decode: np.ndarray, d_prefill: np.ndarray | None
     token: lanes are walked apart, element by element, so two walks fused into
     two lanes give each what it gives alone, bit for bit.
     """
-    d = np.empty_like(d_decode, dtype=float)
+    d = np.empty(np.shape(d_decode))
     d[s.rank_of] = d_decode
     lanes = d.shape[1:]
     missed = np.zeros(d.shape)
@@ -201,6 +262,12 @@ def deadline_walk(s: Streams, d_decode: np.ndarray, d_prefill: np.ndarray | None
         missed += np.where(met, 0, late)
         slack = np.broadcast_to(np.where(met, dp - ttft, 0.0), d.shape).copy()
     width = int(np.prod(lanes, dtype=np.int64))
+    native = kernels.native
+    if native is not None:
+        # the loop below in C, entry by entry with the same arithmetic (metrics/kernels.py); the lanes of
+        # the positions it gathers kept apart, as there
+        native.walk(s.value, s.mult, s.offsets, d, total, missed, slack, width, _GATHER_FROM)
+        return missed[s.rank_of], total[s.rank_of]
     value, mult = s.value.reshape((-1,) + (1,) * len(lanes)), s.mult.reshape((-1,) + (1,) * len(lanes))
     flat_d, flat_total, flat_missed, flat_slack = d.reshape(-1), total.reshape(-1), missed.reshape(-1), slack.reshape(-1)
     bounds = s.offsets.tolist()
@@ -417,6 +484,12 @@ def slowest_gap_mean(s: Streams, share: float = 0.1) -> float | None:
     # the k largest gaps lie among the k largest entries (each entry holds at least one gap): select
     # those in linear time and sort only them (entries of equal value are interchangeable in the sum)
     top = np.argpartition(-s.value, k - 1)[:k] if k < len(s.value) else np.arange(len(s.value))
+    native = kernels.native
+    if native is not None:
+        # the order and the terms below in C (a stable radix sort: a stable order is the one there is)
+        terms = np.empty(len(top))
+        if native.slowest_terms(s.value, s.mult, top, k, terms):
+            return float(terms.sum() / k)
     # ordered as a stable argsort of the negated values orders them (the largest first, ties in the
     # order of ``top``), by one vectorised sort of (value's rank, position) words: on the 100k run's
     # 273,000 selected entries, 14,000 distinct values, 0.018 -> 0.010 CPU-s

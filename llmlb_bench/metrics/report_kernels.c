@@ -1,0 +1,469 @@
+/* The report's scalar walks in C: what llmlb_bench/metrics/pacing.py and distribution.py do in NumPy
+ * passes over a run's token sample, done here in one pass each, with the same floating-point
+ * operations in the same order, so that every result is the NumPy path's to the last bit.
+ *
+ * Built by setup.py beside the compiled simulator core (compiled_core.KERNELS) and loaded only while
+ * the core is (its source's hash is in the core's manifest); without it the NumPy code runs, and it
+ * stays the reference (tests/test_report_kernels.py compares the two on random streams, bit for bit).
+ * Compiled with -ffp-contract=off: no multiply-add is fused, as NumPy's separate passes never fuse one.
+ *
+ * Arrays come through the buffer protocol (NumPy arrays, C-contiguous): float64 ('d'), int64 ('l' or
+ * 'q'), int32 ('i'), bool ('?'); the caller allocates the outputs. A run's token segments come as
+ * Arrow gives them (pacing.Segments): each request's range of segments (``seg``: n + 1 offsets from
+ * 0), their start, gap and count (int32); a segment's tail, ``gap x (count - 1)``, is computed here as
+ * NumPy computes it (the count as an int64, then a double: exact), and a segment "after" another is
+ * one that is not its request's first. No NumPy headers: the build needs only Python's.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- buffers ---------------------------------------------------------------------------------- */
+
+#define MAXBUF 12
+
+typedef struct {
+    Py_buffer view[MAXBUF];
+    int n;
+} Buffers;
+
+static void release(Buffers *b) {
+    for (int i = 0; i < b->n; i++) PyBuffer_Release(&b->view[i]);
+    b->n = 0;
+}
+
+/* kind: 'd' float64, 'q' int64, '?' bool. Returns the data pointer and its length in items, or NULL
+ * with an exception set. */
+static void *take(Buffers *b, PyObject *obj, char kind, int writable, Py_ssize_t *len, const char *name) {
+    Py_buffer *v = &b->view[b->n];
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(obj, v, flags) < 0) return NULL;
+    b->n++;
+    const char *f = v->format ? v->format : "B";
+    if (*f == '@' || *f == '=' || *f == '<') f++;
+    int ok;
+    if (kind == 'd') ok = v->itemsize == 8 && strcmp(f, "d") == 0;
+    else if (kind == 'q') ok = v->itemsize == 8 && (strcmp(f, "q") == 0 || strcmp(f, "l") == 0);
+    else if (kind == 'i') ok = v->itemsize == 4 && (strcmp(f, "i") == 0 || strcmp(f, "l") == 0);
+    else ok = v->itemsize == 1 && strcmp(f, "?") == 0;
+    if (!ok) {
+        PyErr_Format(PyExc_TypeError, "%s: expected a contiguous %s array", name,
+                     kind == 'd' ? "float64" : kind == 'q' ? "int64" : kind == 'i' ? "int32" : "bool");
+        return NULL;
+    }
+    *len = v->len / v->itemsize;
+    return v->buf;
+}
+
+static PyObject *bad(Buffers *b, const char *what) {
+    release(b);
+    PyErr_SetString(PyExc_ValueError, what);
+    return NULL;
+}
+
+/* ---- the streams' layout (pacing.Streams.of) -------------------------------------------------- */
+
+/* Checks a run's segments: ``seg`` rises from 0 to the number of segments. */
+static const char *check_segments(const int64_t *seg, Py_ssize_t np1, Py_ssize_t ns) {
+    if (np1 < 1 || seg[0] != 0 || seg[np1 - 1] != ns) return "segment offsets that do not cover the segments";
+    for (Py_ssize_t r = 0; r + 1 < np1; r++)
+        if (seg[r + 1] < seg[r]) return "segment offsets that fall";
+    return NULL;
+}
+
+/* entry_counts(seg, count, length): each request's number of entries: per segment, one for the gap
+ * from the previous segment of its request and one for its own count - 1 gaps (count > 1). */
+static PyObject *entry_counts(PyObject *self, PyObject *args) {
+    PyObject *o[3];
+    if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2])) return NULL;
+    Buffers b = {.n = 0};
+    Py_ssize_t np1, ns, n;
+    const int64_t *seg = take(&b, o[0], 'q', 0, &np1, "seg");
+    const int32_t *count = seg ? take(&b, o[1], 'i', 0, &ns, "count") : NULL;
+    int64_t *length = count ? take(&b, o[2], 'q', 1, &n, "length") : NULL;
+    if (!length) { release(&b); return NULL; }
+    const char *err = n + 1 != np1 ? "arrays of different lengths" : check_segments(seg, np1, ns);
+    if (err) return bad(&b, err);
+    for (Py_ssize_t r = 0; r < n; r++) {
+        int64_t e = 0;
+        for (int64_t s = seg[r]; s < seg[r + 1]; s++) e += (s > seg[r]) + (count[s] > 1);
+        length[r] = e;
+    }
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+/* layout(seg, count, start, gap, by_rank, offsets, value, mult): every entry to its slot
+ * ``offsets[p] + rank`` (p: its place in its request's stream; ``by_rank``: the request at each rank).
+ * The requests go in rank order, so that consecutive ones fill consecutive slots of each position's
+ * block (a cache line serves eight), where going in row order sent every entry to a line of its own.
+ * The gap between two segments is ``start - (previous start + previous tail)``, as Streams.of computes it. */
+static PyObject *layout(PyObject *self, PyObject *args) {
+    PyObject *o[8];
+    if (!PyArg_ParseTuple(args, "OOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7]))
+        return NULL;
+    Buffers b = {.n = 0};
+    Py_ssize_t np1, ns, l3, l4, n, npos, size, size2;
+    const int64_t *seg = take(&b, o[0], 'q', 0, &np1, "seg");
+    const int32_t *count = seg ? take(&b, o[1], 'i', 0, &ns, "count") : NULL;
+    const double *start = count ? take(&b, o[2], 'd', 0, &l3, "start") : NULL;
+    const double *gap = start ? take(&b, o[3], 'd', 0, &l4, "gap") : NULL;
+    const int64_t *by_rank = gap ? take(&b, o[4], 'q', 0, &n, "by_rank") : NULL;
+    const int64_t *offsets = by_rank ? take(&b, o[5], 'q', 0, &npos, "offsets") : NULL;
+    double *value = offsets ? take(&b, o[6], 'd', 1, &size, "value") : NULL;
+    int64_t *mult = value ? take(&b, o[7], 'q', 1, &size2, "mult") : NULL;
+    if (!mult) { release(&b); return NULL; }
+    const char *err = l3 != ns || l4 != ns || size2 != size || n + 1 != np1 || npos < 1
+        ? "arrays of different lengths" : check_segments(seg, np1, ns);
+    if (err) return bad(&b, err);
+    for (Py_ssize_t rank = 0; rank < n && !err; rank++) {
+        int64_t r = by_rank[rank], p = 0;
+        if (r < 0 || r >= n) { err = "a request out of range"; break; }
+        for (int64_t s = seg[r]; s < seg[r + 1]; s++) {
+            if (s > seg[r]) {
+                int64_t slot = p < npos - 1 ? offsets[p] + rank : -1;
+                if (slot < 0 || slot >= size) { err = "an entry outside the layout"; break; }
+                double tail = gap[s - 1] * (double)((int64_t)count[s - 1] - 1);
+                value[slot] = start[s] - (start[s - 1] + tail);
+                mult[slot] = 1;
+                p++;
+            }
+            if (count[s] > 1) {
+                int64_t slot = p < npos - 1 ? offsets[p] + rank : -1;
+                if (slot < 0 || slot >= size) { err = "an entry outside the layout"; break; }
+                value[slot] = gap[s];
+                mult[slot] = (int64_t)count[s] - 1;
+                p++;
+            }
+        }
+    }
+    if (err) return bad(&b, err);
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+/* ---- Etalon's deadline walk (pacing.deadline_walk's loop) ------------------------------------- */
+
+/* walk(value, mult, offsets, d, total, missed, slack, width, gather_from): the walk of every position
+ * over the ranked lanes (``width`` per request, flat), in place. One entry of ``m`` gaps of ``g`` at
+ * deadline D with slack s: over = g - D; j = min(m, floor(s / over)) where over > 0, else m; where
+ * j < m a stall: late = floor((g - (s - j over)) / D) + (m - j - 1) floor(g / D), total += j + late,
+ * missed += late, s = 0; else total += m, s -= m over. Positions of ``k x width >= gather_from`` lanes
+ * are NumPy's gathered ones, whose bulk arithmetic treats a NaN ``j`` as a met entry: kept apart so
+ * that even then the two agree. */
+static PyObject *walk(PyObject *self, PyObject *args) {
+    PyObject *o[7];
+    Py_ssize_t width, gather_from;
+    if (!PyArg_ParseTuple(args, "OOOOOOOnn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &width, &gather_from))
+        return NULL;
+    Buffers b = {.n = 0};
+    Py_ssize_t ne, nm, np1, nd, nt, nmi, nsl;
+    const double *value = take(&b, o[0], 'd', 0, &ne, "value");
+    const int64_t *mult = value ? take(&b, o[1], 'q', 0, &nm, "mult") : NULL;
+    const int64_t *offsets = mult ? take(&b, o[2], 'q', 0, &np1, "offsets") : NULL;
+    const double *d = offsets ? take(&b, o[3], 'd', 0, &nd, "d") : NULL;
+    double *total = d ? take(&b, o[4], 'd', 1, &nt, "total") : NULL;
+    double *missed = total ? take(&b, o[5], 'd', 1, &nmi, "missed") : NULL;
+    double *slack = missed ? take(&b, o[6], 'd', 1, &nsl, "slack") : NULL;
+    if (!slack) { release(&b); return NULL; }
+    if (width < 1 || nm != ne || nt != nd || nmi != nd || nsl != nd || np1 < 1 || offsets[0] != 0
+        || offsets[np1 - 1] != ne)
+        return bad(&b, "arrays of different lengths");
+    for (Py_ssize_t p = 0; p + 1 < np1; p++) {
+        int64_t a = offsets[p], k = offsets[p + 1] - a;
+        if (k < 0 || k * width > nd) return bad(&b, "a position with more entries than requests");
+        int gathered = k * width >= gather_from;
+        for (int64_t i = 0; i < k; i++) {
+            double g = value[a + i];
+            int64_t m = mult[a + i];
+            double mf = (double)m;
+            for (Py_ssize_t l = 0; l < width; l++) {
+                Py_ssize_t x = (Py_ssize_t)i * width + l;
+                double D = d[x], over = g - D, s = slack[x], j = mf;
+                if (over > 0) {
+                    double q = floor(s / over);
+                    j = isnan(q) ? q : (q < mf ? q : mf);    /* numpy.minimum: NaN wins */
+                }
+                if (j < mf) {
+                    double left = s - j * over;
+                    double late = floor((g - left) / D) + ((mf - j) - 1.0) * floor(g / D);
+                    total[x] = total[x] + (j + late);
+                    missed[x] = missed[x] + late;
+                    slack[x] = 0.0;
+                } else if (gathered || !isnan(j)) {
+                    total[x] = total[x] + mf;
+                    slack[x] = s - mf * over;
+                } else {                                      /* the quiet positions' arithmetic for a NaN j */
+                    total[x] = total[x] + (j + 0.0);
+                    slack[x] = s - j * over;
+                }
+            }
+        }
+    }
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+/* ---- sorts ------------------------------------------------------------------------------------ */
+
+/* A float64 as an unsigned word of the same order (-0.0 as 0.0, as comparisons see them). */
+static inline uint64_t order_key(double v) {
+    uint64_t u;
+    v += 0.0;
+    memcpy(&u, &v, sizeof u);
+    return (u >> 63) ? ~u : (u | 0x8000000000000000ULL);
+}
+
+#define RADIX_BITS 11
+#define RADIX (1 << RADIX_BITS)
+
+/* Stable LSD radix sort of n (key, index) pairs by the ``bits`` low bits of the keys, the keys carried
+ * along (no gather of them per pass); digits where all keys agree are skipped. ``key2``/``idx2``: n
+ * pairs of scratch. Returns 0, or 1 where the sorted pairs ended in the scratch arrays (the caller
+ * swaps), or -1 without memory. */
+static int radix_pairs(uint64_t *key, uint32_t *idx, uint64_t *key2, uint32_t *idx2, size_t n, int bits) {
+    int passes = (bits + RADIX_BITS - 1) / RADIX_BITS, swapped = 0;
+    size_t *hist = calloc((size_t)(passes ? passes : 1) * RADIX, sizeof(size_t));
+    if (!hist) return -1;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t k = key[i];
+        for (int p = 0; p < passes; p++) hist[(size_t)p * RADIX + ((k >> (p * RADIX_BITS)) & (RADIX - 1))]++;
+    }
+    for (int p = 0; p < passes; p++) {
+        size_t *h = hist + (size_t)p * RADIX, sum = 0;
+        int trivial = 0;
+        for (int c = 0; c < RADIX; c++) {
+            if (h[c] == n) trivial = 1;
+            size_t t = h[c];
+            h[c] = sum;
+            sum += t;
+        }
+        if (trivial) continue;
+        int shift = p * RADIX_BITS;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t k = key[i];
+            size_t at = h[(k >> shift) & (RADIX - 1)]++;
+            key2[at] = k;
+            idx2[at] = idx[i];
+        }
+        uint64_t *tk = key; key = key2; key2 = tk;
+        uint32_t *ti = idx; idx = idx2; idx2 = ti;
+        swapped ^= 1;
+    }
+    free(hist);
+    return swapped;
+}
+
+/* The order of (v, w) pairs by value then weight (numpy.lexsort((w, v))'s), stable: an index array
+ * of n, malloc'ed, or NULL (no memory, or a NaN value: then 1 in *nan). Weights must be >= 0;
+ * ``w`` NULL: by value alone. */
+static uint32_t *pair_order(const double *v, const int64_t *w, size_t n, int *nan) {
+    *nan = 0;
+    size_t m = n ? n : 1;
+    uint64_t *key = malloc(m * sizeof(uint64_t)), *key2 = malloc(m * sizeof(uint64_t));
+    uint32_t *idx = malloc(m * sizeof(uint32_t)), *idx2 = malloc(m * sizeof(uint32_t));
+    uint32_t *out = NULL;
+    int ok = key && key2 && idx && idx2;
+    for (size_t i = 0; ok && i < n; i++) {
+        if (isnan(v[i])) { *nan = 1; ok = 0; }
+        idx[i] = (uint32_t)i;
+    }
+    if (ok && w) {
+        int ordered = 1, bits = 0;
+        uint64_t top = 0;
+        for (size_t i = 0; i < n; i++) {
+            key[i] = (uint64_t)w[i];
+            top |= key[i];
+            if (i && w[i] < w[i - 1]) ordered = 0;
+        }
+        if (!ordered) {               /* by weight first: the sort by value keeps that order in its ties */
+            while (bits < 64 && (top >> bits)) bits++;
+            int r = radix_pairs(key, idx, key2, idx2, n, bits);
+            if (r < 0) ok = 0;
+            else if (r) { uint32_t *t = idx; idx = idx2; idx2 = t; }
+        }
+    }
+    if (ok) {
+        for (size_t i = 0; i < n; i++) key[i] = order_key(v[idx[i]]);
+        int r = radix_pairs(key, idx, key2, idx2, n, 64);
+        if (r < 0) ok = 0;
+        else if (r) { uint32_t *t = idx; idx = idx2; idx2 = t; }
+    }
+    if (ok) { out = idx; idx = NULL; }
+    free(key);
+    free(key2);
+    free(idx);
+    free(idx2);
+    return out;
+}
+
+/* pairs_sorted(v, w, out_v, out_w) -> bool: the pairs in numpy.lexsort((w, v))'s order (ties of value
+ * by weight), or False where a value is NaN or a weight negative (the caller's NumPy path decides
+ * then). For values that are neither 0 nor NaN the same arrays as distribution.pairs_sorted's. */
+static PyObject *pairs_sorted(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3])) return NULL;
+    Buffers b = {.n = 0};
+    Py_ssize_t n, nw, n1, n2;
+    const double *v = take(&b, o[0], 'd', 0, &n, "v");
+    const int64_t *w = v ? take(&b, o[1], 'q', 0, &nw, "w") : NULL;
+    double *out_v = w ? take(&b, o[2], 'd', 1, &n1, "out_v") : NULL;
+    int64_t *out_w = out_v ? take(&b, o[3], 'q', 1, &n2, "out_w") : NULL;
+    if (!out_w) { release(&b); return NULL; }
+    if (nw != n || n1 != n || n2 != n || (uint64_t)n > UINT32_MAX) return bad(&b, "arrays of different lengths");
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (w[i] < 0) { release(&b); Py_RETURN_FALSE; }
+    int nan;
+    uint32_t *order = pair_order(v, w, (size_t)n, &nan);
+    if (!order) {
+        release(&b);
+        if (nan) Py_RETURN_FALSE;
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out_v[i] = v[order[i]];
+        out_w[i] = w[order[i]];
+    }
+    free(order);
+    release(&b);
+    Py_RETURN_TRUE;
+}
+
+/* merged(ones, rest_v, rest_w, out_v, cw, prod): the sorted weight-1 values and the sorted pairs of
+ * larger weights merged as distribution._merged does (each pair after the values it ties with), with
+ * the cumulative weights and each value x weight (the mean's terms, which NumPy then sums). */
+static PyObject *merged(PyObject *self, PyObject *args) {
+    PyObject *o[6];
+    if (!PyArg_ParseTuple(args, "OOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5])) return NULL;
+    Buffers b = {.n = 0};
+    Py_ssize_t n1, n2, nw, no, nc, np_;
+    const double *ones = take(&b, o[0], 'd', 0, &n1, "ones");
+    const double *rv = ones ? take(&b, o[1], 'd', 0, &n2, "rest_v") : NULL;
+    const int64_t *rw = rv ? take(&b, o[2], 'q', 0, &nw, "rest_w") : NULL;
+    double *out_v = rw ? take(&b, o[3], 'd', 1, &no, "out_v") : NULL;
+    int64_t *cw = out_v ? take(&b, o[4], 'q', 1, &nc, "cw") : NULL;
+    double *prod = cw ? take(&b, o[5], 'd', 1, &np_, "prod") : NULL;
+    if (!prod) { release(&b); return NULL; }
+    if (nw != n2 || no != n1 + n2 || nc != no || np_ != no) return bad(&b, "arrays of different lengths");
+    Py_ssize_t i = 0, j = 0, t = 0;
+    int64_t sum = 0;
+    while (t < no) {
+        double x;
+        int64_t w;
+        if (j >= n2 || (i < n1 && ones[i] <= rv[j])) { x = ones[i++]; w = 1; }
+        else { x = rv[j]; w = rw[j++]; }
+        out_v[t] = x;
+        sum += w;
+        cw[t] = sum;
+        prod[t] = x * (double)w;
+        t++;
+    }
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+/* slowest_terms(value, mult, top, k, prod) -> bool: pacing.slowest_gap_mean's terms: the entries ``top``
+ * ordered as a stable argsort of their negated values orders them, each value x the gaps of it taken
+ * (clip(k - gaps before, 0, mult)), into ``prod`` for NumPy to sum; False where a value is NaN. */
+static PyObject *slowest_terms(PyObject *self, PyObject *args) {
+    PyObject *o[5];
+    long long k;
+    if (!PyArg_ParseTuple(args, "OOOLO", &o[0], &o[1], &o[2], &k, &o[3])) return NULL;
+    Buffers b = {.n = 0};
+    Py_ssize_t ne, nm, nt, np_;
+    const double *value = take(&b, o[0], 'd', 0, &ne, "value");
+    const int64_t *mult = value ? take(&b, o[1], 'q', 0, &nm, "mult") : NULL;
+    const int64_t *top = mult ? take(&b, o[2], 'q', 0, &nt, "top") : NULL;
+    double *prod = top ? take(&b, o[3], 'd', 1, &np_, "prod") : NULL;
+    if (!prod) { release(&b); return NULL; }
+    if (nm != ne || np_ != nt || (uint64_t)nt > UINT32_MAX) return bad(&b, "arrays of different lengths");
+    double *neg = calloc(nt ? (size_t)nt : 1, sizeof(double));
+    if (!neg) { release(&b); return PyErr_NoMemory(); }
+    for (Py_ssize_t i = 0; i < nt; i++) {
+        if (top[i] < 0 || top[i] >= ne) { free(neg); return bad(&b, "an entry out of range"); }
+        neg[i] = -value[top[i]];
+    }
+    int nan;
+    uint32_t *order = pair_order(neg, NULL, (size_t)nt, &nan);
+    free(neg);
+    if (!order) {
+        release(&b);
+        if (nan) Py_RETURN_FALSE;
+        return PyErr_NoMemory();
+    }
+    int64_t before = 0;
+    for (Py_ssize_t i = 0; i < nt; i++) {
+        int64_t e = top[order[i]], m = mult[e];
+        int64_t take_ = k - before;
+        take_ = take_ < 0 ? 0 : take_;
+        take_ = take_ > m ? m : take_;
+        prod[i] = value[e] * (double)take_;
+        before += m;
+    }
+    free(order);
+    release(&b);
+    Py_RETURN_TRUE;
+}
+
+/* itl_split(seg, start, gap, count, ones, rest_v, rest_w) -> (ones, rest, nan, zero): ITL's gaps
+ * (latency.itl_gaps: ``(start - previous start) - previous tail`` between segments of a request, and
+ * a segment's count - 1 gaps of ``gap`` > 0) split as distribution.sample_of_parts splits them: the
+ * gaps between segments and the segments' own gaps of multiplicity 1 into ``ones`` (their order is
+ * the sort's to decide), those of larger multiplicities into ``rest``; how many of each, and how many
+ * gaps between segments were NaN (left out, as that split leaves them) or 0 (the caller then goes
+ * NumPy's general way). */
+static PyObject *itl_split(PyObject *self, PyObject *args) {
+    PyObject *o[7];
+    if (!PyArg_ParseTuple(args, "OOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6])) return NULL;
+    Buffers b = {.n = 0};
+    Py_ssize_t np1, ns, l2, l3, n1, n2, n3;
+    const int64_t *seg = take(&b, o[0], 'q', 0, &np1, "seg");
+    const double *start = seg ? take(&b, o[1], 'd', 0, &ns, "start") : NULL;
+    const double *gap = start ? take(&b, o[2], 'd', 0, &l2, "gap") : NULL;
+    const int32_t *count = gap ? take(&b, o[3], 'i', 0, &l3, "count") : NULL;
+    double *ones = count ? take(&b, o[4], 'd', 1, &n1, "ones") : NULL;
+    double *rest_v = ones ? take(&b, o[5], 'd', 1, &n2, "rest_v") : NULL;
+    int64_t *rest_w = rest_v ? take(&b, o[6], 'q', 1, &n3, "rest_w") : NULL;
+    if (!rest_w) { release(&b); return NULL; }
+    const char *err = l2 != ns || l3 != ns || n1 < 2 * ns || n2 < ns || n3 < ns
+        ? "arrays of different lengths" : check_segments(seg, np1, ns);
+    if (err) return bad(&b, err);
+    Py_ssize_t a = 0, r = 0, nan = 0, zero = 0;
+    for (Py_ssize_t q = 0; q + 1 < np1; q++) {
+        for (int64_t s = seg[q]; s < seg[q + 1]; s++) {
+            if (s > seg[q]) {
+                double tail = gap[s - 1] * (double)((int64_t)count[s - 1] - 1);
+                double x = (start[s] - start[s - 1]) - tail;
+                if (isnan(x)) nan++;
+                else {
+                    zero += x == 0;
+                    ones[a++] = x;
+                }
+            }
+            if (count[s] > 1 && gap[s] > 0) {
+                if (count[s] == 2) ones[a++] = gap[s];
+                else { rest_v[r] = gap[s]; rest_w[r++] = (int64_t)count[s] - 1; }
+            }
+        }
+    }
+    release(&b);
+    return Py_BuildValue("nnnn", a, r, nan, zero);
+}
+
+static PyMethodDef methods[] = {
+    {"entry_counts", entry_counts, METH_VARARGS, "Each request's number of stream entries."},
+    {"layout", layout, METH_VARARGS, "The streams' entries scattered to their slots."},
+    {"walk", walk, METH_VARARGS, "Etalon's deadline walk over the laid-out streams, in place."},
+    {"pairs_sorted", pairs_sorted, METH_VARARGS, "(v, w) pairs in lexsort((w, v)) order; False on NaN."},
+    {"merged", merged, METH_VARARGS, "Sorted weight-1 values and sorted pairs merged, with cw and terms."},
+    {"itl_split", itl_split, METH_VARARGS, "ITL's gaps split into weight-1 values and pairs of larger weights."},
+    {"slowest_terms", slowest_terms, METH_VARARGS, "The slowest-10% mean's terms in its order; False on NaN."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "report_kernels", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit_report_kernels(void) { return PyModule_Create(&module); }

@@ -1,0 +1,211 @@
+"""The report's compiled kernels (llmlb_bench/metrics/report_kernels.c) against the NumPy code they stand
+for, bit for bit: the streams' layout, the deadline walks (lanes, first-token deadlines, quiet and
+gathered positions), the fluid deadlines, the slowest-10% gap mean, ITL's sample and the sorts behind
+it, on random token streams. The NumPy path is the reference and runs in every process (the kernels are
+switched off with ``kernels.native = None``); the kernels run where the compiled core is built, which CI
+requires (tests/test_compiled_core.py).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from llmlb_bench import compiled_core
+from llmlb_bench.metrics import kernels
+from llmlb_bench.metrics.distribution import Sample, pairs_sorted, sample_of_parts
+from llmlb_bench.metrics.latency import itl_gaps, itl_sample
+from llmlb_bench.metrics.pacing import (Segments, Streams, deadline_walk, fluid_deadlines, pacing_of, slowest_gap_mean,
+                                        subset)
+from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.schema import TOKEN_SEGMENT
+
+NATIVE = kernels.native
+
+
+def _require_kernels() -> None:
+    """Skip where the kernels are not built (they come with the optional compiled core), fail where CI is set."""
+    if NATIVE is None:
+        why = compiled_core.current(warn=False).why
+        if os.environ.get("CI"):
+            pytest.fail(f"CI needs the report's compiled kernels: {why}")
+        pytest.skip(f"no compiled kernels: {why}")
+
+
+def both(monkeypatch: pytest.MonkeyPatch, fn: Callable[[], Any]) -> tuple[Any, Any]:
+    """``fn()`` on the NumPy path, then with the kernels."""
+    monkeypatch.setattr(kernels, "native", None)
+    reference = fn()
+    monkeypatch.setattr(kernels, "native", NATIVE)
+    return reference, fn()
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal to the last bit (arrays by dtype, shape and bytes; floats by their bits, NaN included)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype
+                and a.shape == b.shape and a.tobytes() == b.tobytes())
+    if isinstance(a, Sample):
+        return isinstance(b, Sample) and same(a.v, b.v) and same(a.cw, b.cw) and a.n == b.n and same(a.mean, b.mean)
+    if isinstance(a, (tuple, list)):
+        return isinstance(b, type(a)) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, float) and isinstance(b, float):
+        return np.float64(a).tobytes() == np.float64(b).tobytes()
+    return bool(a == b) and type(a) is type(b)
+
+
+def token_table(rng: np.random.Generator, n: int, segments: int, tokens: int, *, shuffle: bool = False,
+                chunks: float = 0.3) -> pa.Table:
+    """``n`` token rows of 1 to ``segments`` - 1 segments of 1 to ``tokens`` - 1 tokens: gaps of 0 (a
+    chunk at once, share ``chunks``) or 3-150 ms, waits between segments (some of 0: a gap of 0
+    between segments), unround times; two SLO classes; request ids rising, or shuffled."""
+    rows, ttft = [], []
+    for _ in range(n):
+        t = float(rng.uniform(0.05, 1.0))
+        ttft.append(t)
+        segs = []
+        for _ in range(int(rng.integers(1, segments))):
+            gap = 0.0 if rng.random() < chunks else float(rng.uniform(0.003, 0.15))
+            count = int(rng.integers(1, tokens))
+            segs.append({"start_s": t, "gap_s": gap, "count": count})
+            t = t + gap * (count - 1) + (0.0 if rng.random() < 0.05 else float(rng.exponential(0.08)))
+        rows.append(segs)
+    ids = np.arange(n) * 3 + 7
+    table = pa.table({"request_id": ids, "slo_class": rng.choice(["interactive", "batch"], n).tolist(),
+                      "ttft": ttft, "token_times": pa.array(rows, pa.list_(TOKEN_SEGMENT))})
+    return table.take(pa.array(rng.permutation(n))) if shuffle else table
+
+
+SLOS = [Slo.parse("ttft=400ms,tpot=40ms"), Slo.parse("ttft=100ms,tpot=7ms;batch:tpot=90ms"), Slo.parse("tpot=30ms"),
+        Slo.parse("e2e=5s")]
+#: (requests, most segments, most tokens): few long streams, many short ones (busy positions), a mix
+SHAPES = [(40, 30, 300), (1500, 6, 12), (400, 12, 60)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pacing_with_the_kernels_is_the_numpy_code_bit_for_bit(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    _require_kernels()
+    rng = np.random.default_rng(seed)
+    n, most_segments, most_tokens = SHAPES[seed % len(SHAPES)]
+    table = token_table(rng, n, most_segments, most_tokens, shuffle=seed % 2 == 1, chunks=0.6 if seed == 5 else 0.3)
+    ref, got = both(monkeypatch, lambda: Streams.of(Segments.of(table)))
+    for f in ("value", "mult", "offsets", "rank_of", "ttft"):
+        assert same(getattr(ref, f), getattr(got, f)), f
+    assert same(ref.by_id, got.by_id) if ref.by_id is not None else got.by_id is None
+    s = got
+    d = np.column_stack([rng.uniform(0.004, 0.12, s.n), np.full(s.n, 0.03)])
+    dp = np.column_stack([rng.uniform(0.05, 0.9, s.n), np.full(s.n, np.nan)])
+    dp[: s.n // 5, 0] = np.inf                                      # no first-token limit: infinite slack
+    for args in ((d, dp), (d[:, 0], dp[:, 0]), (d[:, 1], None), (np.full((s.n, 5), 0.02), None)):
+        ref_walk, got_walk = both(monkeypatch, lambda a=args: deadline_walk(s, *a))
+        assert same(ref_walk, got_walk)
+    assert (ref_walk[0] > 0).any()
+    # every position entry by entry, and every position gathered: the kernel follows NumPy's choice
+    import llmlb_bench.metrics.pacing as pacing_module
+    for gather_from in (1 << 62, 1):
+        monkeypatch.setattr(pacing_module, "_GATHER_FROM", gather_from)
+        assert same(*both(monkeypatch, lambda: deadline_walk(s, d, dp)))
+    monkeypatch.undo()
+    keep = rng.random(s.n) < 0.3
+    assert same(*both(monkeypatch, lambda: deadline_walk(subset(s, keep), d[keep], dp[keep])))
+    for q in (None, 0.5, 0.99):
+        assert same(*both(monkeypatch, lambda q=q: fluid_deadlines(s, q)))
+    for share in (0.1, 0.5, 1.0):
+        assert same(*both(monkeypatch, lambda share=share: slowest_gap_mean(s, share)))
+    for slo in [None, *SLOS]:
+        assert same(*both(monkeypatch, lambda slo=slo: pacing_of(Streams.of(Segments.of(table)), slo)))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_itl_sample_with_the_kernels_is_the_numpy_code_bit_for_bit(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """ITL's sample from the kernel's split (its fast path, and each way back to NumPy: a gap of 0
+    between segments, no gap of multiplicity 1 or none larger) equals sample_of_parts(itl_gaps)."""
+    _require_kernels()
+    rng = np.random.default_rng(100 + seed)
+    n, most_segments, most_tokens = SHAPES[seed % len(SHAPES)]
+    table = token_table(rng, n, most_segments, most_tokens, chunks=0.3)
+    if seed >= 3:   # no gap of 0 between segments: the kernel's own path all the way
+        rows = [[{**x, "start_s": x["start_s"] + 1e-3 * i} for i, x in enumerate(r)] for r in table["token_times"].to_pylist()]
+        table = table.set_column(3, "token_times", pa.array(rows, pa.list_(TOKEN_SEGMENT)))
+    ref = sample_of_parts(*itl_gaps(Segments.of(table)))
+    monkeypatch.setattr(kernels, "native", None)
+    assert same(ref, itl_sample(Segments.of(table)))
+    monkeypatch.setattr(kernels, "native", NATIVE)
+    assert same(ref, itl_sample(Segments.of(table)))
+    for count in (2, 5):      # every segment's own gaps of multiplicity 1, or none
+        rows = [[{**x, "count": count} for x in r] for r in table["token_times"].to_pylist()]
+        other = table.set_column(3, "token_times", pa.array(rows, pa.list_(TOKEN_SEGMENT)))
+        monkeypatch.setattr(kernels, "native", None)
+        ref = itl_sample(Segments.of(other))
+        monkeypatch.setattr(kernels, "native", NATIVE)
+        assert same(ref, itl_sample(Segments.of(other)))
+
+
+def test_a_null_list_or_other_counts_go_the_numpy_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Segments the kernels cannot read as Arrow gives them (a row whose list is null; counts that are
+    not int32) take the NumPy path, with the same figures."""
+    rng = np.random.default_rng(4)
+    table = token_table(rng, 50, 5, 20)
+    lists = table["token_times"].to_pylist()
+    lists[7] = None
+    nulled = table.set_column(3, "token_times", pa.array(lists, pa.list_(TOKEN_SEGMENT)))
+    assert Segments.of(nulled).native_ranges() is None
+    assert Segments.of(table).native_ranges() is not None
+    wide = pa.list_(pa.struct([("start_s", pa.float64()), ("gap_s", pa.float64()), ("count", pa.int64())]))
+    widened = table.set_column(3, "token_times", table["token_times"].cast(wide))
+    assert Segments.of(widened).native_ranges() is None
+    for t in (nulled, widened):
+        for slo in SLOS[:2]:
+            ref, got = both(monkeypatch, lambda t=t, slo=slo: (pacing_of(Streams.of(Segments.of(t)), slo),
+                                                               itl_sample(Segments.of(t))))
+            assert same(ref, got)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pairs_sorted_in_c_is_lexsorts_order(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    """The radix sort of (value, weight) pairs gives numpy.lexsort((w, v))'s arrays: ties of value by
+    weight, weights in order already (positions: a stable argsort) or not, negative and positive values,
+    few and many distinct values; a NaN, a 0 or a negative weight leave it to NumPy's code."""
+    _require_kernels()
+    rng = np.random.default_rng(seed)
+    n = [1, 7, 5000, 300_000][seed]
+    for v in (rng.choice(rng.normal(0, 1, max(n // 50, 1)), n), rng.lognormal(-3, 1, n)):
+        for w in (rng.integers(1, 300, n), np.arange(n), rng.integers(1, 2 ** 40, n)):
+            order = np.lexsort((w, v))
+            ref, got = both(monkeypatch, lambda v=v, w=w: pairs_sorted(v, w))
+            assert same(got, (v[order], w[order])) and same(ref, got)
+    v = rng.lognormal(-3, 1, 100)
+    for bad in ("nan", "zero"):
+        x = v.copy()
+        x[3] = np.nan if bad == "nan" else 0.0
+        w = rng.integers(1, 5, 100)
+        assert NATIVE is not None
+        out_v, out_w = np.empty(100), np.empty(100, dtype=np.int64)
+        if bad == "nan":
+            assert NATIVE.pairs_sorted(x, w, out_v, out_w) is False
+        ref, got = both(monkeypatch, lambda x=x, w=w: pairs_sorted(x, w))
+        assert same(ref, got)
+    assert NATIVE.pairs_sorted(v, -np.ones(100, dtype=np.int64), np.empty(100), np.empty(100, dtype=np.int64)) is False
+
+
+def test_kernels_come_with_the_compiled_core() -> None:
+    """Where the compiled core runs, so do the kernels; where it does not (LLMLB_CORE=python, stale, not
+    built), none is loaded and the NumPy paths run."""
+    core = compiled_core.current(warn=False)
+    assert (NATIVE is not None) == core.compiled or (core.compiled and os.environ.get("CI") is None)
+    if core.compiled:
+        _require_kernels()
+        assert NATIVE is not None and NATIVE.__file__.startswith(os.path.join(compiled_core.package_dir(), "_compiled"))
+    import subprocess
+    import sys
+
+    code = "from llmlb_bench.metrics import kernels; print(kernels.native is None)"
+    forced = subprocess.run([sys.executable, "-c", code], env={**os.environ, "LLMLB_CORE": "python"},
+                            capture_output=True, text=True, timeout=120, check=True)
+    assert forced.stdout.strip() == "True"
