@@ -105,10 +105,14 @@ def _from_kept(cat: Catalog, cond: str, files: list[str], kept: Mapping[str, obj
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
     rows = cat.query(f"SELECT request_id, slo_class, ttft_s AS ttft FROM request_metrics WHERE {cond} "
                      f"AND status = 'ok' ORDER BY request_id")
-    lists = cat.query("SELECT request_id, token_times FROM read_parquet([" + ", ".join(quote(f) for f in files) + "])")
+    # Arrow's reader, not DuckDB's: the same lists, without DuckDB's copy of them into Arrow (on the 100k
+    # run's 1.4M segments 0.024 CPU-s against 0.03)
+    lists = pa.concat_tables([pq.ParquetFile(f).read(columns=["request_id", "token_times"], use_threads=False)
+                              for f in files])
     ids = lists.column("request_id").to_numpy()
     order = np.argsort(ids, kind="stable")
     by_id = ids[order]
