@@ -59,6 +59,7 @@ from llmlb_bench.metrics.sql import request_metrics_sql
 from llmlb_bench.metrics.cache_accounting import accounting_summary
 from llmlb_bench.metrics.state import serving_state
 from llmlb_bench.metrics.steady import part_sql, steady_state
+from llmlb_bench.store.token_sample import kept_ref
 from llmlb_bench.store.views import Catalog
 
 
@@ -102,7 +103,7 @@ def _summarize(cat: Catalog, slo: Slo | None, opt: Options) -> list[RunFigures]:
     token_runs = {k: (c["ok"], c["id_min"], c["id_max"]) for k, c in counts.items()}
     # token-level figures (ITL, pacing) read each run's token rows once, flattened once
     dirs = {run["run_id"]: run["dir"] for run in runs}
-    tokens = {k: Segments.of(token_rows(cat, k, *v, opt.token_sample, table(metas[k], "token_sample") or None,
+    tokens = {k: Segments.of(token_rows(cat, k, *v, opt.token_sample, kept_ref(metas[k]),
                                         dirs.get(k))) for k, v in token_runs.items()}
     groups: dict[str, dict[str, list[str]]] = {}
     for u in units:

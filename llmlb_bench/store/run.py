@@ -67,7 +67,10 @@ class _MetaAtEnd(TypedDict, total=False):
 
     rows: dict[str, int]
     summary: RunSummary
-    token_sample: TokenSampleRef    # only where the backend named the sample's ranges (store/token_sample.py)
+    # only where the backend named the sample's ranges (store/token_sample.py): the Arrow file; runs
+    # written before it kept a Parquet folder, named under ``token_sample`` (a key older readers know,
+    # so that they never meet the Arrow file and read the requests instead)
+    token_sample_arrow: TokenSampleRef
 
 
 class RunMeta(_MetaAtEnd):
@@ -286,5 +289,5 @@ class RunStore:
         self.meta["rows"] = {"requests": self.requests.rows_written, "series": self.series.rows_written}
         self.meta["summary"] = self.summary
         if kept is not None:
-            self.meta["token_sample"] = kept
+            self.meta["token_sample_arrow"] = kept      # token_sample.RUN_JSON_KEY
         write_json_atomic(self.dir / RUN_JSON, _stored_meta(self.meta))
