@@ -25,18 +25,23 @@ BATCH_ROWS = 1 << 17
 
 
 class Scratch:
-    """Arrays kept by name for reuse: asking again for a name gives the same memory (its contents are
-    the caller's to overwrite), grown only when more rows are asked for."""
+    """Memory kept by name for reuse: asking again for a name gives the same memory (its contents are
+    the caller's to overwrite), as any dtype (a stage may lend its arrays to the next one under their
+    names), grown only when more bytes are asked for, and then with room for a few percent more (the
+    next run's ok rows, say, a few more than this one's: pages never written are never the kernel's to
+    fault in, so the room costs nothing until it is used)."""
 
     def __init__(self) -> None:
         self._held: dict[str, np.ndarray] = {}
 
     def array(self, name: str, n: int, dtype: DTypeLike) -> np.ndarray:
         """``n`` elements of ``dtype`` under ``name``: the memory held under it where it is large enough."""
+        dt = np.dtype(dtype)
+        size = n * dt.itemsize
         held = self._held.get(name)
-        if held is None or held.dtype != np.dtype(dtype) or len(held) < n:
-            held = self._held[name] = np.empty(n, dtype)
-        return held[:n]
+        if held is None or len(held) < size:
+            held = self._held[name] = np.empty(size + size // 16, np.uint8)
+        return held[:size].view(dt)
 
 
 def read(cat: Catalog, sql: str, rows: int, dtypes: Mapping[str, DTypeLike],

@@ -34,11 +34,12 @@ Everything is computed only for runs with at least two tenants.
 
 from __future__ import annotations
 
-from typing import Mapping, TypedDict
+from typing import Mapping, Sequence, TypedDict
 
 import numpy as np
 
 from llmlb_bench.metrics.columns import Scratch, read
+from llmlb_bench.metrics.run_columns import RunColumns, duckdb_double
 from llmlb_bench.metrics.run_figures import FairnessFigures, GroupFigures
 from llmlb_bench.metrics.sql import quote
 from llmlb_bench.store.views import Catalog
@@ -47,7 +48,11 @@ INPUT_WEIGHT = 1
 OUTPUT_WEIGHT = 2
 
 
-class _Windows(TypedDict):
+#: the scratch arrays :func:`_windows_of` works in, by default
+BUFFERS = ("fair_x", "fair_y", "fair_jf", "fair_jl", "fair_key")
+
+
+class Windows(TypedDict):
     """The windowed figures of one run (:func:`_windows`): None where no window has two backlogged tenants."""
 
     windows: int
@@ -57,7 +62,7 @@ class _Windows(TypedDict):
 
 
 def _windows(cat: Catalog, run_id: str, t0: float, rows: int, tenants: list[str], window_s: float,
-             scratch: Scratch) -> _Windows:
+             scratch: Scratch) -> Windows:
     """The windowed figures of one run, from one query of its requests' times.
 
     Windows are counted in NumPy, not SQL: a request touches one or two
@@ -75,16 +80,38 @@ def _windows(cat: Catalog, run_id: str, t0: float, rows: int, tenants: list[str]
         FROM request_metrics WHERE run_id = {quote(run_id)}""", rows,
              {"tn": np.int64, "s": np.float64, "f": np.float64, "l": np.float64, "n_in": np.float64,
               "n_out": np.float64}, scratch)
-    tn, s, f, l, n_in, n_out = c["tn"], c["s"], c["f"], c["l"], c["n_in"], c["n_out"]
+    return _windows_of(c["tn"], c["s"], c["f"], c["l"], c["n_in"], c["n_out"], len(tenants), window_s, scratch)
+
+
+def windows_of_columns(cat: Catalog, cols: RunColumns, t0: float, tenant: np.ndarray, tenants: int,
+                       window_s: float, scratch: Scratch, buffers: Sequence[str] = ()) -> Windows:
+    """The windowed figures of one run from its columns read once (:mod:`llmlb_bench.metrics.run_columns`),
+    the same to the bit as :func:`_windows`' query gives them: its times less ``t0`` as DuckDB subtracts
+    the literal, its token counts the same doubles. ``tenant``: each row's tenant, numbered 0 to
+    ``tenants`` - 1 in sorted order. The columns' times are overwritten (the run's last reader). ``buffers``:
+    names of five arrays of ``scratch`` (of any dtype) to work in, where a stage before lends its own: over
+    ten million rows every fresh array is 40 MB for the kernel to fault in, at several microseconds a page
+    on the development machine."""
+    t0d = duckdb_double(cat, t0)
+    s, f, l = (np.subtract(x, t0d, out=x) for x in (cols.origin, cols.first, cols.last))
+    return _windows_of(tenant, s, f, l, cols.input_tokens, cols.output_tokens, tenants, window_s, scratch,
+                       buffers[:len(BUFFERS)] if len(buffers) >= len(BUFFERS) else BUFFERS)
+
+
+def _windows_of(tn: np.ndarray, s: np.ndarray, f: np.ndarray, l: np.ndarray, n_in: np.ndarray, n_out: np.ndarray,
+                tenants: int, window_s: float, scratch: Scratch, buffers: Sequence[str] = BUFFERS) -> Windows:
+    """The windowed figures of one run's rows: each one's tenant (0 to ``tenants`` - 1), origin, first and
+    last token time from the run's first scheduled time (NaN where null), and its input and output tokens.
+    ``buffers``: the names of five arrays of ``scratch`` to work in."""
     w = float(window_s)
     n = len(tn)
     nwin = int(max(np.fmax.reduce(x) if len(x) else 0.0 for x in (s, f, l)) // w) + 1
-    cells = len(tenants) * nwin
+    cells = tenants * nwin
     # a few whole-column arrays (x, y, jf, jl, key and the masks), each filled again in place, and from
     # the scratch memory of the run before: over ten million rows every fresh array is 40 MB the kernel
     # faults in and zeroes, most of the kernel time the report spent here
-    x, y = scratch.array("fair_x", n, np.float64), scratch.array("fair_y", n, np.float64)
-    jf, jl, key = (scratch.array(name, n, np.int64) for name in ("fair_jf", "fair_jl", "fair_key"))
+    x, y = scratch.array(buffers[0], n, np.float64), scratch.array(buffers[1], n, np.float64)
+    jf, jl, key = (scratch.array(name, n, np.int64) for name in buffers[2:5])
     started, out, one = (scratch.array(name, n, np.bool_) for name in ("fair_started", "fair_out", "fair_one"))
     np.isnan(f, out=started)
     np.logical_not(started, out=started)
@@ -157,7 +184,7 @@ def _windows(cat: Catalog, run_id: str, t0: float, rows: int, tenants: list[str]
         more = j < jend
         j, jend, tt = j[more] + 1, jend[more], tt[more]
     backlog = backlog[:cells]
-    svc, backlog = svc.reshape(len(tenants), nwin), backlog.reshape(len(tenants), nwin)
+    svc, backlog = svc.reshape(tenants, nwin), backlog.reshape(tenants, nwin)
     k = backlog.sum(axis=0)
     counted = np.flatnonzero(k > 1)
     if not len(counted):
@@ -177,12 +204,14 @@ def jain(values: list[float]) -> float | None:
 
 
 def fairness(cat: Catalog, runs: Mapping[str, tuple[float, int]], tenants: Mapping[str, Mapping[str, GroupFigures]],
-             window_s: float = 10.0, scratch: Scratch | None = None) -> dict[str, FairnessFigures]:
+             window_s: float = 10.0, scratch: Scratch | None = None,
+             windows: Mapping[str, Windows] | None = None) -> dict[str, FairnessFigures]:
     """``{run_id: {...}}`` for ``runs`` (run id -> first scheduled time and request rows), the runs with two
     or more tenants.
 
     ``tenants`` maps run ids to their tenants' figures (metrics/summary.py; ``attainment`` None without an SLO);
-    ``scratch``: memory to reuse.
+    ``scratch``: memory to reuse; ``windows``: runs' windowed figures already computed (from their columns
+    read once: :func:`windows_of_columns`), not read again.
     """
     out: dict[str, FairnessFigures] = {}
     scratch = scratch or Scratch()
@@ -191,7 +220,8 @@ def fairness(cat: Catalog, runs: Mapping[str, tuple[float, int]], tenants: Mappi
         att = [t["attainment"] for t in per.values()]
         known = [a for a in att if a is not None]
         lat = [m for t in per.values() if (m := t["norm_latency_mean"])]
-        win = _windows(cat, run_id, t0, rows, sorted(per), window_s, scratch)
+        win = windows[run_id] if windows and run_id in windows else \
+            _windows(cat, run_id, t0, rows, sorted(per), window_s, scratch)
         out[run_id] = {
             "tenants": len(per),
             "window_s": window_s,

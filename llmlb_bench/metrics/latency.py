@@ -25,6 +25,8 @@ from llmlb_bench.metrics.definitions import Figure
 from llmlb_bench.metrics import kernels
 from llmlb_bench.metrics.distribution import Sample, sample_of, sample_of_parts, sample_of_split
 from llmlb_bench.metrics.pacing import Segments
+from llmlb_bench.metrics import run_columns
+from llmlb_bench.metrics.run_columns import RunColumns
 from llmlb_bench.metrics.run_figures import GroupKey, GroupLatency
 from llmlb_bench.metrics.sql import quote
 from llmlb_bench.store.views import Catalog
@@ -49,6 +51,29 @@ def _cells(groups: Mapping[str, list[str]]) -> str:
     return " + ".join(f"(CASE coalesce({col}, {quote(GROUP_NULL[col])}) "
                       + " ".join(f"WHEN {quote(g)} THEN {i}" for i, g in enumerate(names)) + f" END) * {stride}"
                       for (col, names), stride in zip(groups.items(), strides)) + " AS cell"
+
+
+def several(groups: Mapping[str, list[str]]) -> dict[str, list[str]]:
+    """The group columns of more than one group: the ones :func:`_cells` numbers (a column of one group
+    needs no number: every row is in it)."""
+    return {col: names for col, names in groups.items() if len(names) > 1}
+
+
+def cell_column(groups: Mapping[str, list[str]]) -> tuple[str, type[np.unsignedinteger] | type[np.signedinteger]] | None:
+    """The SQL of each row's cell among ``groups``' columns of several groups (:func:`_cells`) and the dtype
+    it is read as; None where no column has several."""
+    cols = several(groups)
+    return (_cells(cols), _cell_dtype(int(np.prod([len(names) for names in cols.values()])))) if cols else None
+
+
+def group_index(groups: Mapping[str, list[str]], col: str, cell: np.ndarray, names: list[str],
+                out: np.ndarray) -> np.ndarray:
+    """Each row's group in ``col`` (one of the columns :func:`cell_column` numbers), from its ``cell``,
+    as its index in ``names`` (the column's groups in another order), into ``out`` (int64)."""
+    cols = several(groups)
+    stride = int(np.prod([len(g) for c, g in cols.items()][list(cols).index(col) + 1:]))
+    digit = cell // stride % len(cols[col])
+    return np.take(np.array([names.index(g) for g in cols[col]], dtype=np.int64), digit, out=out)
 
 
 #: the report's percentile methods by NumPy's names
@@ -119,27 +144,51 @@ def _by_group(cell: np.ndarray, sizes: list[int], scratch: Scratch) -> list[tupl
     return out
 
 
-def _run(cat: Catalog, run_id: str, rows: int, figs: Mapping[str, Figure], groups: Mapping[str, list[str]],
-         tokens: Segments | None, scratch: Scratch, into: Latency) -> None:
+def sample_buffers(figs: Mapping[str, Figure]) -> list[str]:
+    """The names of the scratch arrays :func:`run_latency` leaves its samples in, from a run's columns
+    read once: free for another stage once the samples are described."""
+    return [f"v_{n}" for n, f in figs.items() if f.value is not None]
+
+
+def run_latency(cat: Catalog, run_id: str, rows: int, figs: Mapping[str, Figure], groups: Mapping[str, list[str]],
+         tokens: Segments | None, scratch: Scratch, into: Latency, cols: RunColumns | None = None) -> None:
+    """One run's samples and group percentiles into ``into``: from its ok rows of ``cols`` where they are
+    given (:mod:`llmlb_bench.metrics.run_columns`, read once for this stage and the fairness windows), else
+    from a query of its own."""
     per_request = {n: f for n, f in figs.items() if f.value is not None}
-    # nulls as NaN (values) and 0 (weights), which samples drop as they dropped nulls: :func:`columns.read`
-    # copies each batch of a column as it is
-    cols = [f"coalesce(({f.value})::DOUBLE, 'NaN') AS v_{n}" for n, f in per_request.items()]
-    cols += [f"coalesce(({f.weight})::BIGINT, 0) AS w_{n}" for n, f in per_request.items() if f.weight != "1"]
     # a column of one group (the adapter column of a run without adapters, shown beside its several
     # tenants) needs no order: None, its rows are in place
-    several = {col: names for col, names in groups.items() if len(names) > 1}
-    sizes = [len(names) for names in several.values()]
-    cols += [_cells(several)] if several else []
-    dtypes = {**{f"v_{n}": np.float64 for n in per_request},
-              **{f"w_{n}": np.int64 for n, f in per_request.items() if f.weight != "1"},
-              **({"cell": _cell_dtype(int(np.prod(sizes)))} if several else {})}
-    # the values become the samples (kept); the weights and cells are read again into the same memory
-    # for the next run
-    table = read(cat, f"SELECT {', '.join(cols)} FROM request_metrics WHERE run_id = {quote(run_id)} "
-                      f"AND status = 'ok'", rows, dtypes, scratch, keep=[f"v_{n}" for n in per_request])
-    n_rows = len(table[next(iter(dtypes))]) if dtypes else 0
-    laid_out = dict(zip(several, _by_group(table["cell"], sizes, scratch))) if several else {}
+    numbered = several(groups)
+    sizes = [len(names) for names in numbered.values()]
+    table: dict[str, np.ndarray] = {}
+    if cols is not None:
+        # the same columns as the query's below, computed from the run's columns; the values, which become
+        # the samples, in scratch memory too: the caller describes a run's samples before the next run's
+        # (metrics/summary.py)
+        for n, f in per_request.items():
+            assert f.value is not None
+            table[f"v_{n}"] = run_columns.values(cols, f.value, scratch, f"v_{n}")
+            w = run_columns.weights(cols, f.weight, scratch, f"w_{n}")
+            if w is not None:
+                table[f"w_{n}"] = w
+        if numbered:
+            assert cols.cell is not None
+            table["cell"] = cols.ok_rows(cols.cell, scratch.array("run_ok_cell", len(cols.cell), cols.cell.dtype))
+    else:
+        # nulls as NaN (values) and 0 (weights), which samples drop as they dropped nulls: :func:`columns.read`
+        # copies each batch of a column as it is
+        sql = [f"coalesce(({f.value})::DOUBLE, 'NaN') AS v_{n}" for n, f in per_request.items()]
+        sql += [f"coalesce(({f.weight})::BIGINT, 0) AS w_{n}" for n, f in per_request.items() if f.weight != "1"]
+        sql += [_cells(numbered)] if numbered else []
+        dtypes = {**{f"v_{n}": np.float64 for n in per_request},
+                  **{f"w_{n}": np.int64 for n, f in per_request.items() if f.weight != "1"},
+                  **({"cell": _cell_dtype(int(np.prod(sizes)))} if numbered else {})}
+        # the values become the samples (kept); the weights and cells are read again into the same memory
+        # for the next run
+        table = read(cat, f"SELECT {', '.join(sql)} FROM request_metrics WHERE run_id = {quote(run_id)} "
+                          f"AND status = 'ok'", rows, dtypes, scratch, keep=[f"v_{n}" for n in per_request])
+    n_rows = len(next(iter(table.values()))) if table else 0
+    laid_out = dict(zip(numbered, _by_group(table["cell"], sizes, scratch))) if numbered else {}
     grouped: dict[str, tuple[np.ndarray | None, list[int]]] = {
         col: laid_out.get(col, (None, [0, n_rows])) for col in groups}
     # one array the group figures' values are gathered into, column after column and run after run
@@ -219,5 +268,5 @@ def latency(cat: Catalog, runs: Mapping[str, Mapping[str, Figure]], rows: Mappin
     """
     out = Latency()
     for run_id, figs in runs.items():
-        _run(cat, run_id, rows.get(run_id, 0), figs, groups.get(run_id, {}), tokens.get(run_id), scratch or Scratch(), out)
+        run_latency(cat, run_id, rows.get(run_id, 0), figs, groups.get(run_id, {}), tokens.get(run_id), scratch or Scratch(), out)
     return out

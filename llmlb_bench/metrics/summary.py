@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable, Mapping
 
 import numpy as np
@@ -42,14 +41,16 @@ from llmlb_bench.metrics.counts import GROUPS, Counts, cells, rollup
 from llmlb_bench.metrics.definitions import ANSWER_FIGURES, WAIT, WAIT_FIGURE, Definitions, Figure, figures
 from llmlb_bench.metrics.distribution import Sample, describe
 from llmlb_bench.metrics.energy import energy_and_cost
-from llmlb_bench.metrics.fairness import fairness
+from llmlb_bench.metrics.fairness import Windows, fairness, windows_of_columns
 from llmlb_bench.metrics.failures import failure_sql, failures
 from llmlb_bench.metrics.goodput import offered_rate
 from llmlb_bench.metrics.identity import facets, names
-from llmlb_bench.metrics.latency import Latency, latency
+from llmlb_bench.metrics.latency import Latency, cell_column, group_index, run_latency, sample_buffers
 from llmlb_bench.metrics.meta import table
 from llmlb_bench.metrics.origin import arrival_runs, lag_threshold_ms, latency_from, wait_kind
 from llmlb_bench.metrics.pacing import Segments, pacing
+from llmlb_bench.metrics import run_columns
+from llmlb_bench.metrics.run_columns import read_run, serves
 from llmlb_bench.metrics.run_figures import (AnswerName, Distribution, GroupFigures, GroupLatency, ReasoningFigures,
                                               RunFigures, SloFigures, WaitFigures)
 from llmlb_bench.metrics.sample import DEFAULT_SAMPLE, is_sampled, token_rows
@@ -112,10 +113,39 @@ def _summarize(cat: Catalog, slo: Slo | None, opt: Options) -> list[RunFigures]:
     # the answer's figures are shown only for runs with reasoning: other runs skip their columns and sorts
     shown = {**figs, WAIT: WAIT_FIGURE}
     plain = {n: f for n, f in shown.items() if n not in ANSWER_FIGURES}
-    # the latency and fairness stages read their runs' columns into memory reused from run to run
+    # runs of two or more tenants, from their first scheduled time (a run without one has no windows to cut)
+    multi = {k: t0 for k, by in groups.items() if len(by.get("tenant", ())) > 1
+             and (t0 := counts[k]["t0"]) is not None}
+    # the latency and fairness stages read their runs' columns into memory reused from run to run: each
+    # run's once for both, where its figures are computed from them (metrics/run_columns.py)
     scratch = Scratch()
-    lat = latency(cat, {k: shown if c["reasoning_tokens"] else plain for k, c in counts.items()},
-                  {k: c["ok"] for k, c in counts.items()}, groups, tokens, scratch)
+    lat = Latency()
+    fair_windows: dict[str, Windows] = {}
+    arrival = set(arrival_runs(metas))
+    described: dict[str, dict[str, Distribution]] = {}
+    waits: dict[str, WaitFigures] = {}
+    for k, c in counts.items():
+        run_figs = shown if c["reasoning_tokens"] else plain
+        run_groups = groups.get(k, {})
+        cols = None
+        if serves(run_figs):
+            cell_sql, cell_dtype = cell_column(run_groups) or (None, np.int64)
+            cols = read_run(cat, k, c["requests"], k in arrival, cell_sql, cell_dtype, scratch)
+        run_latency(cat, k, c["ok"], run_figs, run_groups, tokens.get(k), scratch, lat, cols)
+        # the run's figures from its samples, now: the samples of the columns read once are in the scratch
+        # memory the next run's fill (then dropped, so that nothing reads them after)
+        described[k] = {name: _describe(lat, figs, opt, k, name) for name in figs}
+        waits[k] = _wait(lat.samples.get((k, WAIT)), metas[k])
+        for key in [key for key in lat.samples if key[0] == k]:
+            del lat.samples[key]
+        if cols is not None and k in multi:
+            assert cols.cell is not None
+            tenants = sorted(run_groups["tenant"])     # as the fairness stage numbers them
+            # in memory the latency stage is done with: its temporary values and its samples, described
+            tenant = group_index(run_groups, "tenant", cols.cell, tenants,
+                                 scratch.array(run_columns.VALUE, len(cols.cell), np.int64))
+            fair_windows[k] = windows_of_columns(cat, cols, multi[k], tenant, len(tenants), opt.window_s, scratch,
+                                                 sample_buffers(run_figs))
     tables: dict[str, dict[str, dict[str, GroupFigures]]] = {col: {} for col in GROUPS}
     for u, m in units.items():
         if u[0] != "run":
@@ -125,10 +155,8 @@ def _summarize(cat: Catalog, slo: Slo | None, opt: Options) -> list[RunFigures]:
                                        "output_tokens": counts[k]["output_tokens"],
                                        "good_tokens": counts[k]["good_tokens"]} for k in counts},
                              opt.price_per_hour)
-    # runs of two or more tenants, from their first scheduled time (a run without one has no windows to cut)
-    multi = {k: t0 for k, by in tables["tenant"].items() if len(by) > 1 and (t0 := counts[k]["t0"]) is not None}
     fair = fairness(cat, {k: (t0, counts[k]["requests"]) for k, t0 in multi.items()}, tables["tenant"], opt.window_s,
-                    scratch)
+                    scratch, fair_windows)
     state = serving_state(cat, counts, metas)
     cache = accounting_summary(cat)
     pace = pacing(tokens, {k: is_sampled(*v, opt.token_sample) for k, v in token_runs.items()}, slo)
@@ -155,7 +183,7 @@ def _summarize(cat: Catalog, slo: Slo | None, opt: Options) -> list[RunFigures]:
         per_s = (lambda x, w=window: x / w) if window > 0 else (lambda x: None)
         per_d = (lambda x, d=duration: x / d) if duration > 0 else (lambda x: None)
         offered = offered_rate(metas[run_id], c["requests"], c["t0"], c["last_scheduled"])
-        fig = partial(_describe, lat, figs, opt, run_id)
+        fig = described[run_id].__getitem__
         out.append({
             "run_id": run_id, "label": run["label"], "policy": run["policy"],
             "backend": run["backend"], "status": run["status"], "created_utc": run["created_utc"],
@@ -180,7 +208,7 @@ def _summarize(cat: Catalog, slo: Slo | None, opt: Options) -> list[RunFigures]:
             "definitions": opt.definitions.value,
             "facets": run_facets[run_id],
             "latency_from": latency_from(metas[run_id]),
-            "wait": _wait(lat.samples.get((run_id, WAIT)), metas[run_id]),
+            "wait": waits[run_id],
             "ttft": fig("ttft"), "tpot": fig("tpot"), "itl": fig("itl"), "e2e": fig("e2e"),
             "norm_latency": fig("norm_latency"),
             "reasoning": _reasoning(c, fig),

@@ -1,0 +1,112 @@
+"""metrics/run_columns.py: a run's columns read once for the latency samples and the fairness windows give
+every figure the stages' own queries give, to the bit."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmlb_bench.metrics import run_columns, summary
+from llmlb_bench.metrics.columns import Scratch
+from llmlb_bench.metrics.definitions import Definitions
+from llmlb_bench.metrics.slo import Slo
+from llmlb_bench.store import RunStore
+from llmlb_bench.store.views import Catalog
+
+
+def _maybe(rng: np.random.Generator, values: np.ndarray, share: float) -> list[object]:
+    """``values`` with a ``share`` of them null."""
+    return [None if rng.random() < share else v for v in values.tolist()]
+
+
+def _write_run(root: Path, run_id: str, rng: np.random.Generator, backend: str, reasoning: bool) -> None:
+    """A random run: awkward start times (many digits, far from 0), nulls in every nullable column the
+    stages read, NaN times, never-started, never-sent and failed requests, 1-3 tenants, classes and
+    adapters (nulls among them), streams over one window or many."""
+    n = int(rng.integers(150, 400))
+    t0 = float(rng.choice([0.0, 1764712345.1234567, 12.345678901234567, 3e-7])) + float(rng.random())
+    sched = t0 + np.sort(rng.exponential(0.05, n).cumsum())
+    sent = sched + np.where(rng.random(n) < 0.3, rng.exponential(0.2, n), 0.0)
+    first = sent + rng.lognormal(np.log(0.2), 0.8, n)
+    out = rng.integers(0, 60, n)
+    last = first + out * rng.lognormal(np.log(0.05), 0.5, n) * rng.choice([1.0, 20.0], n, p=[0.8, 0.2])
+    status = rng.choice(["ok", "ok", "ok", "ok", "error", "timeout", "not_sent"], n)
+    never = (rng.random(n) < 0.1) | (status == "not_sent")
+    first_l, last_l = _maybe(rng, first, 0.05), _maybe(rng, last, 0.05)
+    for i in np.flatnonzero(never):
+        first_l[i] = last_l[i] = None
+    for i in np.flatnonzero(rng.random(n) < 0.03):
+        first_l[i] = math.nan
+    sent_l = _maybe(rng, sent, 0.05)
+    for i in np.flatnonzero(status == "not_sent"):
+        sent_l[i] = None
+    tenants = ["chat", "batch", "agent"][:int(rng.integers(1, 4))]
+    classes = ["interactive", "batch", "bulk"][:int(rng.integers(1, 4))]
+    adapters = ["lora-a", "lora-b"][:int(rng.integers(0, 3))]
+    rows: dict[str, object] = {
+        "request_id": np.arange(n), "scheduled_s": sched, "sent_s": sent_l, "first_token_s": first_l,
+        "last_token_s": last_l, "input_tokens": _maybe(rng, rng.integers(1, 500, n), 0.05),
+        "output_tokens": _maybe(rng, out, 0.05), "status": status.tolist(),
+        "tenant": _maybe(rng, rng.choice(tenants, n), 0.1),
+        "slo_class": _maybe(rng, rng.choice(classes, n), 0.1),
+        "adapter": _maybe(rng, rng.choice(adapters, n), 0.3) if adapters else [None] * n,
+    }
+    if reasoning:
+        rows["reasoning_tokens"] = np.minimum(out, rng.integers(0, 10, n))
+        rows["first_answer_s"] = first + 0.01
+    with RunStore(root, config={"policy": {"name": run_id}}, backend=backend, label=run_id, run_id=run_id) as run:
+        run.requests.write(rows)
+
+
+def _figures(root: Path, definitions: Definitions, window_s: float) -> str:
+    figs = summary.summarize(Catalog([root]), Slo.parse("ttft=300ms,tpot=60ms;batch:e2e=30s"),
+                             summary.Options(definitions=definitions, window_s=window_s, ci=True))
+    return json.dumps(figs, sort_keys=True, default=str)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_figures_from_columns_read_once_are_the_queries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        seed: int) -> None:
+    """Every figure of every run (latency samples and their intervals, groups, the wait, fairness windows)
+    the same from the columns read once as from the stages' own queries, over random runs: both origins
+    (a simulated run counts from arrival, a replayed one from sending), both definitions (GuideLLM's
+    weighted figures), a run with reasoning (its own queries), windows of 0.5 to 10 s."""
+    rng = np.random.default_rng(seed)
+    for i in range(3):
+        _write_run(tmp_path, f"run{i}", rng, backend=["sim", "replay", "test"][(seed + i) % 3],
+                   reasoning=i == 2 and seed % 3 == 0)
+    definitions = [Definitions.vllm, Definitions.guidellm][seed % 2]
+    window_s = float(rng.choice([0.5, 2.0, 10.0]))
+    once = _figures(tmp_path, definitions, window_s)
+    monkeypatch.setattr(summary, "serves", lambda figs: False)
+    assert once == _figures(tmp_path, definitions, window_s)
+
+
+def test_a_value_is_the_views_to_the_bit(tmp_path: Path) -> None:
+    """Each value the module computes against the ``request_metrics`` view's SQL, row by row."""
+    rng = np.random.default_rng(7)
+    _write_run(tmp_path, "r", rng, backend="replay", reasoning=False)
+    cat = Catalog([tmp_path])
+    cat.con.execute(summary.request_metrics_sql([]))
+    rows = cat.query("SELECT count(*) AS n FROM requests").column("n")[0].as_py()
+    cols = run_columns.read_run(cat, "r", rows, False, None, np.int64, Scratch())
+    for value in run_columns.VALUES:
+        want = cat.query(f"SELECT coalesce({value}::DOUBLE, 'NaN') AS v FROM request_metrics "
+                         f"WHERE status = 'ok'").column("v").to_numpy()
+        got = run_columns.values(cols, value, Scratch(), "v")
+        assert np.array_equal(got, want, equal_nan=True) and np.array_equal(got.view(np.int64)[~np.isnan(got)],
+                                                                              want.view(np.int64)[~np.isnan(want)])
+
+
+@pytest.mark.parametrize("t0", [0.1, 1764712345.1234567, 12.345678901234567, 98765.43210987654, 3e-7, -0.3])
+def test_the_literal_as_duckdb_subtracts_it(tmp_path: Path, t0: float) -> None:
+    """``duckdb_double``: a column less the literal, in DuckDB, is the column less that double, in NumPy."""
+    cat = Catalog([tmp_path])
+    x = np.random.default_rng(1).random(1000) * 1e4 + t0
+    cat.con.register("xs", __import__("pyarrow").table({"x": x}))
+    want = cat.query(f"SELECT x - {t0!r} AS d FROM xs").column("d").to_numpy()
+    assert np.array_equal(x - run_columns.duckdb_double(cat, t0), want)
