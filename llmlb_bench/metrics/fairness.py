@@ -138,26 +138,10 @@ def _windows_of(tn: np.ndarray, s: np.ndarray, f: np.ndarray, l: np.ndarray, n_i
     np.multiply(OUTPUT_WEIGHT, n_out, out=y, where=one)
     x += y
     svc: np.ndarray = np.bincount(key, weights=x, minlength=cells)
-    # streams over several windows: walk them window by window, dropping each once past its last (every
-    # one spans a second window, so the first step drops none); the token index where window j + 1 starts
-    # is both window j's last (less one) and window j + 1's first, computed once for the two
+    # streams over several windows: walked window by window (:func:`_walk`)
     np.logical_not(one, out=one)
     one &= out
-    many = np.flatnonzero(one)
-    ff, nn, j, jend, tt = f[many], n_out[many], jf[many], jl[many], tn[many]
-    g = (l[many] - ff) / (nn - 1)
-    starts = np.ceil((j * w - ff) / g)
-    while len(j):
-        ends = np.ceil(((j + 1) * w - ff) / g)
-        k_hi = np.minimum(nn - 1, ends - 1)
-        k_hi -= np.maximum(0, starts)
-        k_hi += 1
-        svc += np.bincount(tt * nwin + j, weights=OUTPUT_WEIGHT * np.maximum(0, k_hi), minlength=cells)
-        more = j < jend
-        starts = ends
-        if not more.all():
-            ff, nn, g, j, jend, tt, starts = ff[more], nn[more], g[more], j[more], jend[more], tt[more], starts[more]
-        j += 1
+    _walk(svc, one, f, l, n_out, jf, jl, tn, nwin, w, scratch)
     # when each request's wait ends (first token, or its end: last token or send), and whether it waited;
     # then the first and last window of each wait (0 and -1 where none) over every row, in jf and jl
     waits = out
@@ -165,7 +149,7 @@ def _windows_of(tn: np.ndarray, s: np.ndarray, f: np.ndarray, l: np.ndarray, n_i
     np.copyto(x, f, where=started)
     np.greater(x, s, out=waits)                         # false where s is NaN (never sent)
     np.logical_not(waits, out=one)
-    x[one] = 0.0
+    np.copyto(x, 0.0, where=one)
     x /= w
     np.copyto(jl, np.ceil(x, out=x), casting="unsafe")
     jl -= 1
@@ -174,7 +158,7 @@ def _windows_of(tn: np.ndarray, s: np.ndarray, f: np.ndarray, l: np.ndarray, n_i
     np.copyto(jf, np.floor(x, out=x), casting="unsafe")
     np.multiply(tn, nwin, out=key)
     key += jf
-    key[one] = cells                                     # a spare cell past the last for the rows with no wait
+    np.copyto(key, cells, where=one)                     # a spare cell past the last for the rows with no wait
     backlog: np.ndarray = np.zeros(cells + 1, dtype=bool)
     backlog[key] = True
     later = np.flatnonzero(jf < jl)                      # the waits that reach a later window
@@ -195,6 +179,83 @@ def _windows_of(tn: np.ndarray, s: np.ndarray, f: np.ndarray, l: np.ndarray, n_i
     jain_w = np.where(s2 > 0, s1 * s1 / (k[counted] * np.where(s2 > 0, s2, 1)), 1.0)
     return {"windows": len(counted), "gap_max": float(gaps.max()), "gap_mean": float(gaps.mean()),
             "jain_service": float(jain_w.mean())}
+
+
+#: rows of a run :func:`_walk` takes at a time
+WALK_ROWS = 1 << 18
+
+
+def _walk(svc: np.ndarray, many: np.ndarray, f: np.ndarray, l: np.ndarray, n_out: np.ndarray, jf: np.ndarray,
+          jl: np.ndarray, tn: np.ndarray, nwin: int, w: float, scratch: Scratch) -> None:
+    """Adds to ``svc`` (a cell per tenant and window) the output service of the rows ``many`` marks: streams
+    whose tokens span windows ``jf`` to ``jl``, walked window by window, each row dropped once past its
+    last (every one spans a second window, so the first step drops none); the token index where window
+    j + 1 starts is both window j's last (less one) and window j + 1's first, computed once for the two.
+
+    :data:`WALK_ROWS` rows at a time, in a few small arrays of ``scratch`` (each row's state in one of
+    two, dropped rows copied from one to the other), where the whole run's streams at once made some
+    twenty arrays of all of them each time: fresh memory for the kernel to fault in. Every service is
+    whole tokens (or not finite), so the sums are the same in any order and grouping."""
+    cells = len(svc)
+    size = WALK_ROWS
+
+    def pair(name: str, dtype: type[np.floating] | type[np.signedinteger]) -> list[np.ndarray]:
+        return [scratch.array(f"walk_{name}{i}", size, dtype) for i in (0, 1)]
+
+    state = {"ff": pair("ff", np.float64), "nn1": pair("nn1", np.float64), "g": pair("g", np.float64),
+             "j": pair("j", np.int64), "jend": pair("jend", np.int64), "base": pair("base", np.int64),
+             "starts": pair("starts", np.float64)}
+    e_buf, k_buf = scratch.array("walk_e", size, np.float64), scratch.array("walk_k", size, np.float64)
+    i_buf = scratch.array("walk_i", size, np.int64)
+    for a in range(0, len(many), size):
+        rows = np.flatnonzero(many[a:a + size])
+        m = len(rows)
+        if not m:
+            continue
+        rows += a
+        at = 0                                  # which of each pair holds the rows' state
+        ff = np.take(f, rows, out=state["ff"][0][:m], mode="clip")
+        nn1 = np.take(n_out, rows, out=state["nn1"][0][:m], mode="clip")
+        j = np.take(jf, rows, out=state["j"][0][:m], mode="clip")
+        jend = np.take(jl, rows, out=state["jend"][0][:m], mode="clip")
+        base = np.take(tn, rows, out=state["base"][0][:m], mode="clip")
+        base *= nwin                            # the row's tenant's first cell
+        # g = (l - ff) / (nn - 1): the spacing of the stream's tokens
+        g = np.take(l, rows, out=state["g"][0][:m], mode="clip")
+        g -= ff
+        nn1 -= 1
+        g /= nn1
+        # starts = ceil((j * w - ff) / g)
+        starts = np.multiply(j, w, out=state["starts"][0][:m])
+        starts -= ff
+        starts /= g
+        np.ceil(starts, out=starts)
+        while m:
+            # ends = ceil(((j + 1) * w - ff) / g)
+            np.add(j, 1, out=i_buf[:m])
+            ends = np.multiply(i_buf[:m], w, out=e_buf[:m])
+            ends -= ff
+            ends /= g
+            np.ceil(ends, out=ends)
+            # k_hi = min(nn - 1, ends - 1) - max(0, starts) + 1, weighted max(0, k_hi) x OUTPUT_WEIGHT
+            k_hi = np.subtract(ends, 1, out=k_buf[:m])
+            np.minimum(nn1, k_hi, out=k_hi)
+            k_hi -= np.maximum(0, starts, out=starts)
+            k_hi += 1
+            np.maximum(0, k_hi, out=k_hi)
+            k_hi *= OUTPUT_WEIGHT
+            svc += np.bincount(np.add(base, j, out=i_buf[:m]), weights=k_hi, minlength=cells)
+            more = j < jend
+            np.copyto(starts, ends)
+            if not more.all():
+                kept = np.flatnonzero(more)
+                m = len(kept)
+                at = 1 - at
+                ff, nn1, g, j, jend, base, starts = (
+                    np.take(x, kept, out=state[name][at][:m], mode="clip")
+                    for name, x in (("ff", ff), ("nn1", nn1), ("g", g), ("j", j), ("jend", jend), ("base", base),
+                                    ("starts", starts)))
+            j += 1
 
 
 def jain(values: list[float]) -> float | None:
