@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmlb_bench.metrics import run_columns, summary
+from llmlb_bench.metrics import fairness, run_columns, summary
 from llmlb_bench.metrics.columns import Scratch
 from llmlb_bench.metrics.definitions import Definitions
 from llmlb_bench.metrics.slo import Slo
@@ -110,3 +110,51 @@ def test_the_literal_as_duckdb_subtracts_it(tmp_path: Path, t0: float) -> None:
     cat.con.register("xs", __import__("pyarrow").table({"x": x}))
     want = cat.query(f"SELECT x - {t0!r} AS d FROM xs").column("d").to_numpy()
     assert np.array_equal(x - run_columns.duckdb_double(cat, t0), want)
+
+
+def _walk_before(svc: np.ndarray, many: np.ndarray, f: np.ndarray, l: np.ndarray, n_out: np.ndarray,
+                 jf: np.ndarray, jl: np.ndarray, tn: np.ndarray, nwin: int, w: float) -> None:
+    """The multi-window walk as it was, over all the rows at once: the reference for :func:`fairness._walk`."""
+    cells = len(svc)
+    rows = np.flatnonzero(many)
+    ff, nn, j, jend, tt = f[rows], n_out[rows], jf[rows], jl[rows], tn[rows]
+    g = (l[rows] - ff) / (nn - 1)
+    starts = np.ceil((j * w - ff) / g)
+    while len(j):
+        ends = np.ceil(((j + 1) * w - ff) / g)
+        k_hi = np.minimum(nn - 1, ends - 1)
+        k_hi -= np.maximum(0, starts)
+        k_hi += 1
+        svc += np.bincount(tt * nwin + j, weights=fairness.OUTPUT_WEIGHT * np.maximum(0, k_hi), minlength=cells)
+        more = j < jend
+        starts = ends
+        if not more.all():
+            ff, nn, g, j, jend, tt, starts = ff[more], nn[more], g[more], j[more], jend[more], tt[more], starts[more]
+        j += 1
+
+
+@pytest.mark.parametrize("seed, block", [(0, 7), (1, 64), (2, 1 << 18), (3, 1)])
+def test_the_walk_in_blocks_is_the_walk_over_every_row(monkeypatch: pytest.MonkeyPatch, seed: int,
+                                                       block: int) -> None:
+    """Streams over 2 to 40 windows, some of one token (a zero spacing), some with NaN times, several
+    tenants, blocks of a few rows or all of them: the same service in every cell, to the bit."""
+    rng = np.random.default_rng(seed)
+    n, tenants, w = 3000, 3, float(rng.choice([0.5, 1.0, 10.0]))
+    f = rng.random(n) * 50 * w
+    l = f + rng.exponential(3 * w, n) * rng.choice([0.0, 1.0, 5.0], n, p=[0.05, 0.8, 0.15])
+    n_out = rng.integers(1, 300, n).astype(np.float64)
+    f[rng.random(n) < 0.001] = np.nan
+    l[rng.random(n) < 0.001] = np.nan
+    x = np.nan_to_num(f / w)
+    jf = np.floor(x).astype(np.int64)
+    jl = np.floor(np.nan_to_num(l / w)).astype(np.int64)
+    many = (jl > jf) & (n_out > 0)
+    tn = rng.integers(0, tenants, n)
+    nwin = int(max(np.nanmax(f), np.nanmax(l)) // w) + 1
+    want = np.zeros(tenants * nwin)
+    with np.errstate(all="ignore"):
+        _walk_before(want, many, f, l, n_out, jf, jl, tn, nwin, w)
+        monkeypatch.setattr(fairness, "WALK_ROWS", block)
+        got = np.zeros(tenants * nwin)
+        fairness._walk(got, many, f, l, n_out, jf, jl, tn, nwin, w, Scratch())
+    assert np.array_equal(got, want, equal_nan=True) and np.isfinite(want).sum() > len(want) // 2 and np.nansum(want) > 0
