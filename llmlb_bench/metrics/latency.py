@@ -111,6 +111,28 @@ def _cell_dtype(cells: int) -> type[np.unsignedinteger] | type[np.signedinteger]
     return np.uint16 if cells <= 1 << 16 else np.int64
 
 
+#: up to this many cells, :func:`_by_group` orders the rows a cell at a time (:func:`_by_cell`)
+FEW_CELLS = 16
+
+
+def _by_cell(cell: np.ndarray, cells: int, scratch: Scratch) -> tuple[np.ndarray, np.ndarray]:
+    """The rows ordered by cell, each cell's in their order (what a stable sort of ``cell`` gives), in
+    ``scratch``'s memory, and where each cell's rows start (``cells`` + 1 bounds): a comparison and the
+    indices of one cell at a time, where the radix sort of the numbers took two fresh arrays of 64-bit
+    indices of every row (over ten million rows, 160 MB for the kernel to fault in)."""
+    n = len(cell)
+    order = scratch.array("group_order_0", n, np.intp)
+    mask = scratch.array("group_mask", n, np.bool_)
+    starts = np.zeros(cells + 1, dtype=np.int64)
+    at = 0
+    for c in range(cells):
+        rows = np.flatnonzero(np.equal(cell, c, out=mask))
+        order[at:at + len(rows)] = rows
+        at += len(rows)
+        starts[c + 1] = at
+    return order, starts
+
+
 def _by_group(cell: np.ndarray, sizes: list[int], scratch: Scratch) -> list[tuple[np.ndarray, list[int]]]:
     """For each column (of ``sizes[i]`` groups, numbered in ``cell`` as :func:`_cells` does), the rows of
     its groups together and where each group's rows start and end: one gather per figure then hands each
@@ -120,10 +142,14 @@ def _by_group(cell: np.ndarray, sizes: list[int], scratch: Scratch) -> list[tupl
     groups are then runs of consecutive cells, and each other column's order is the same cells' rows laid
     out again by that column's group (copied into scratch memory), where a sort per column cost
     another radix sort and its fresh memory."""
-    order = np.argsort(cell, kind="stable")
-    # where each cell starts among the sorted numbers: a gather of the small numbers, where bincount
-    # would first convert every number to a fresh 64-bit array
-    starts = np.searchsorted(cell[order], np.arange(int(np.prod(sizes)) + 1))
+    cells = int(np.prod(sizes))
+    if cells <= FEW_CELLS:
+        order, starts = _by_cell(cell, cells, scratch)
+    else:
+        order = np.argsort(cell, kind="stable")
+        # where each cell starts among the sorted numbers: a gather of the small numbers, where bincount
+        # would first convert every number to a fresh 64-bit array
+        starts = np.searchsorted(cell[order], np.arange(cells + 1))
     filled = np.flatnonzero(np.diff(starts))
     out: list[tuple[np.ndarray, list[int]]] = []
     stride = int(np.prod(sizes))
