@@ -1,8 +1,10 @@
 """Latency samples of every run, SLO class and tenant: one DuckDB scan per run hands the columns to NumPy.
 
-Per run, one query over ``request_metrics`` returns each per-request
-figure's value (and weight, for GuideLLM's weighted figures) of its ok
-requests, with their SLO class and tenant when the run has several; token
+Per run, each per-request figure's value (and weight, for GuideLLM's weighted
+figures) of its ok requests, with their SLO class and tenant when the run has
+several: computed from the run's columns read once for this stage and the
+fairness windows (:mod:`llmlb_bench.metrics.run_columns`), or, for figures
+computed only in SQL, from one query over ``request_metrics``; token
 gaps (vLLM's ITL) come from the token rows of
 :mod:`llmlb_bench.metrics.sample` (:func:`itl_gaps`). Each figure becomes a sorted
 :class:`~llmlb_bench.metrics.distribution.Sample`, and every percentile and
