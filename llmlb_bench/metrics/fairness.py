@@ -94,6 +94,7 @@ def windows_of_columns(cat: Catalog, cols: RunColumns, t0: float, tenant: np.nda
     on the development machine."""
     t0d = duckdb_double(cat, t0)
     s, f, l = (np.subtract(x, t0d, out=x) for x in (cols.origin, cols.first, cols.last))
+    buffers = [*buffers, cols.spare_time]       # the time column that is not the origin, read by none here
     return _windows_of(tenant, s, f, l, cols.input_tokens, cols.output_tokens, tenants, window_s, scratch,
                        buffers[:len(BUFFERS)] if len(buffers) >= len(BUFFERS) else BUFFERS)
 

@@ -17,7 +17,7 @@ p99, under the same definitions as the run's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Callable, Literal, Mapping
 
 import numpy as np
 
@@ -197,36 +197,46 @@ def _by_group(cell: np.ndarray, sizes: list[int], scratch: Scratch) -> list[tupl
     return out
 
 
-def sample_buffers(figs: Mapping[str, Figure]) -> list[str]:
-    """The names of the scratch arrays :func:`run_latency` leaves its samples in, from a run's columns
-    read once: free for another stage once the samples are described."""
-    return [f"v_{n}" for n, f in figs.items() if f.value is not None]
+#: the scratch array each figure's values take turns in, from a run's columns read once
+#: (:func:`run_latency`: each sample is handed over before the next figure's values are computed)
+SAMPLE = "run_sample"
+
+
+def spare_buffers() -> list[str]:
+    """The names of large scratch arrays :func:`run_latency` is done with when it returns (the samples'
+    turn array, the groups' gathered values and their orders), for a later stage of the same run."""
+    return [SAMPLE, "by_group", "group_order_0", "group_order_1"]
 
 
 def run_latency(cat: Catalog, run_id: str, rows: int, figs: Mapping[str, Figure], groups: Mapping[str, list[str]],
-         tokens: Segments | None, scratch: Scratch, into: Latency, cols: RunColumns | None = None) -> None:
+                tokens: Segments | None, scratch: Scratch, into: Latency, cols: RunColumns | None = None,
+                hand: Callable[[str, Sample], None] | None = None) -> None:
     """One run's samples and group percentiles into ``into``: from its ok rows of ``cols`` where they are
     given (:mod:`llmlb_bench.metrics.run_columns`, read once for this stage and the fairness windows), else
-    from a query of its own."""
+    from a query of its own. With ``cols`` and ``hand``, each per-request figure's sample is handed to
+    ``hand`` (figure name, sample) as soon as it is complete, not kept in ``into``: its values lie in
+    scratch memory the next figure's overwrite (over ten million rows, one array of 40 MB where the
+    samples kept were five)."""
     per_request = {n: f for n, f in figs.items() if f.value is not None}
     # a column of one group (the adapter column of a run without adapters, shown beside its several
     # tenants) needs no order: None, its rows are in place
     numbered = several(groups)
     sizes = [len(names) for names in numbered.values()]
-    table: dict[str, np.ndarray] = {}
+    weighted: dict[str, np.ndarray] = {}
     if cols is not None:
-        # the same columns as the query's below, computed from the run's columns; the values, which become
-        # the samples, in scratch memory too: the caller describes a run's samples before the next run's
-        # (metrics/summary.py)
+        # the same columns as the query's below, computed from the run's columns, each figure's values
+        # when its turn comes
+        def column(n: str, f: Figure) -> np.ndarray:
+            assert f.value is not None and cols is not None
+            return run_columns.values(cols, f.value, scratch, SAMPLE if hand is not None else f"v_{n}")
+
         for n, f in per_request.items():
-            assert f.value is not None
-            table[f"v_{n}"] = run_columns.values(cols, f.value, scratch, f"v_{n}")
             w = run_columns.weights(cols, f.weight, scratch, f"w_{n}")
             if w is not None:
-                table[f"w_{n}"] = w
-        if numbered:
-            assert cols.cell is not None
-            table["cell"] = cols.ok_rows(cols.cell, scratch.array("run_ok_cell", len(cols.cell), cols.cell.dtype))
+                weighted[n] = w
+        cell = cols.ok_rows(cols.cell, scratch.array("run_ok_cell", len(cols.cell), cols.cell.dtype)) \
+            if numbered and cols.cell is not None else None
+        n_rows = cols.n_ok
     else:
         # nulls as NaN (values) and 0 (weights), which samples drop as they dropped nulls: :func:`columns.read`
         # copies each batch of a column as it is
@@ -240,15 +250,21 @@ def run_latency(cat: Catalog, run_id: str, rows: int, figs: Mapping[str, Figure]
         # for the next run
         table = read(cat, f"SELECT {', '.join(sql)} FROM request_metrics WHERE run_id = {quote(run_id)} "
                           f"AND status = 'ok'", rows, dtypes, scratch, keep=[f"v_{n}" for n in per_request])
-    n_rows = len(next(iter(table.values()))) if table else 0
-    laid_out = dict(zip(numbered, _by_group(table["cell"], sizes, scratch))) if numbered else {}
+
+        def column(n: str, f: Figure) -> np.ndarray:
+            return table[f"v_{n}"]
+
+        weighted = {n: table[f"w_{n}"] for n, f in per_request.items() if f.weight != "1"}
+        cell = table.get("cell")
+        n_rows = len(next(iter(table.values()))) if table else 0
+    laid_out = dict(zip(numbered, _by_group(cell, sizes, scratch))) if cell is not None else {}
     grouped: dict[str, tuple[np.ndarray | None, list[int]]] = {
         col: laid_out.get(col, (None, [0, n_rows])) for col in groups}
     # one array the group figures' values are gathered into, column after column and run after run
     # (on ten million rows a fresh one each time is 40 MB for the kernel to fault in and zero)
     by_group = scratch.array("by_group", n_rows if groups else 0, np.float64)
     for n, f in per_request.items():
-        values = table[f"v_{n}"]
+        values = column(n, f)
         grouped_here = grouped if n in GROUP_KEYS else {}
         if grouped_here:
             nulls = bool(np.isnan(values).any())
@@ -259,9 +275,7 @@ def run_latency(cat: Catalog, run_id: str, rows: int, figs: Mapping[str, Figure]
                     _keep_group(into, (col, run_id, name), n, _group_percentiles(
                         by_group[bounds[i]:bounds[i + 1]], f.method, nulls))
         # the groups have read the column: the sample may sort it where it lies
-        s = sample_of(values, table[f"w_{n}"] if f.weight != "1" else None, scratch=True)
-        if s is not None:
-            into.samples[(run_id, n)] = s
+        s = sample_of(values, weighted.get(n), scratch=True)
         for col, (order, _) in grouped_here.items():
             if order is None and s is not None:
                 # the group is every ok request, and a group figure has weight 1 under both definitions
@@ -270,6 +284,11 @@ def run_latency(cat: Catalog, run_id: str, rows: int, figs: Mapping[str, Figure]
                 np.copyto(ordered, s.v)
                 _keep_group(into, (col, run_id, groups[col][0]), n, _group_percentiles(ordered, f.method, False,
                                                                                         ordered=True))
+        if s is not None:
+            if cols is not None and hand is not None:
+                hand(n, s)
+            else:
+                into.samples[(run_id, n)] = s
     for n, f in figs.items():
         if f.value is None and tokens is not None:
             s = itl_sample(tokens)

@@ -64,6 +64,12 @@ class RunColumns:
         """Every row's latency origin (``request_metrics.origin_s``)."""
         return self.scheduled if self.arrival else self.sent
 
+    @property
+    def spare_time(self) -> str:
+        """The name of the scratch array of the time column that is not the origin (free once the latency
+        figures are computed)."""
+        return "run_sent" if self.arrival else "run_scheduled"
+
     def ok_rows(self, column: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """The ok rows of a column of the run's rows: the column itself where every row is ok, else a
         copy (into ``out`` where given)."""

@@ -45,7 +45,7 @@ from llmlb_bench.metrics.fairness import Windows, fairness, windows_of_columns
 from llmlb_bench.metrics.failures import failure_sql, failures
 from llmlb_bench.metrics.goodput import offered_rate
 from llmlb_bench.metrics.identity import facets, names
-from llmlb_bench.metrics.latency import Latency, cell_column, group_index, run_latency, sample_buffers
+from llmlb_bench.metrics.latency import Latency, cell_column, group_index, run_latency, spare_buffers
 from llmlb_bench.metrics.meta import table
 from llmlb_bench.metrics.origin import arrival_runs, lag_threshold_ms, latency_from, wait_kind
 from llmlb_bench.metrics.pacing import Segments, pacing
@@ -131,11 +131,22 @@ def _summarize(cat: Catalog, slo: Slo | None, opt: Options) -> list[RunFigures]:
         if serves(run_figs):
             cell_sql, cell_dtype = cell_column(run_groups) or (None, np.int64)
             cols = read_run(cat, k, c["requests"], k in arrival, cell_sql, cell_dtype, scratch)
-        run_latency(cat, k, c["ok"], run_figs, run_groups, tokens.get(k), scratch, lat, cols)
-        # the run's figures from its samples, now: the samples of the columns read once are in the scratch
-        # memory the next run's fill (then dropped, so that nothing reads them after)
-        described[k] = {name: _describe(lat, figs, opt, k, name) for name in figs}
-        waits[k] = _wait(lat.samples.get((k, WAIT)), metas[k])
+        # the run's figures from its samples as they come: from the columns read once, each figure's sample
+        # lies in scratch memory the next one's values fill (run_latency's hand); the others (ITL's, or
+        # all of a run read by the stage's own query) once the stage is done, then dropped
+        done: dict[str, Distribution] = {}
+
+        def hand(name: str, sample: Sample, k: str = k, done: dict[str, Distribution] = done) -> None:
+            if name == WAIT:
+                waits[k] = _wait(sample, metas[k])
+            else:
+                done[name] = _describe(sample, figs, opt, k, name)
+
+        run_latency(cat, k, c["ok"], run_figs, run_groups, tokens.get(k), scratch, lat, cols, hand)
+        described[k] = {name: done[name] if name in done else _describe(lat.samples.get((k, name)), figs, opt, k, name)
+                        for name in figs}
+        if k not in waits:
+            waits[k] = _wait(lat.samples.get((k, WAIT)), metas[k])
         for key in [key for key in lat.samples if key[0] == k]:
             del lat.samples[key]
         if cols is not None and k in multi:
@@ -145,7 +156,7 @@ def _summarize(cat: Catalog, slo: Slo | None, opt: Options) -> list[RunFigures]:
             tenant = group_index(run_groups, "tenant", cols.cell, tenants,
                                  scratch.array(run_columns.VALUE, len(cols.cell), np.int64))
             fair_windows[k] = windows_of_columns(cat, cols, multi[k], tenant, len(tenants), opt.window_s, scratch,
-                                                 sample_buffers(run_figs))
+                                                 spare_buffers())
     tables: dict[str, dict[str, dict[str, GroupFigures]]] = {col: {} for col in GROUPS}
     for u, m in units.items():
         if u[0] != "run":
@@ -231,10 +242,10 @@ def _summarize(cat: Catalog, slo: Slo | None, opt: Options) -> list[RunFigures]:
     return out
 
 
-def _describe(lat: Latency, figs: Mapping[str, Figure], opt: Options, run_id: str, name: str) -> Distribution:
+def _describe(sample: Sample | None, figs: Mapping[str, Figure], opt: Options, run_id: str, name: str) -> Distribution:
     """One latency figure of one run: its count, mean, percentiles and their intervals (and CDF)."""
-    return describe(lat.samples.get((run_id, name)), figs[name].method, seed=opt.seed, key=(run_id, name),
-                    ci=opt.ci, level=opt.confidence, cdf=opt.cdf)
+    return describe(sample, figs[name].method, seed=opt.seed, key=(run_id, name), ci=opt.ci, level=opt.confidence,
+                    cdf=opt.cdf)
 
 
 def _attainment(c: Counts) -> float | None:
