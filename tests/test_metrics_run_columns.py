@@ -158,3 +158,11 @@ def test_the_walk_in_blocks_is_the_walk_over_every_row(monkeypatch: pytest.Monke
         got = np.zeros(tenants * nwin)
         fairness._walk(got, many, f, l, n_out, jf, jl, tn, nwin, w, Scratch())
     assert np.array_equal(got, want, equal_nan=True) and np.isfinite(want).sum() > len(want) // 2 and np.nansum(want) > 0
+
+
+@pytest.mark.parametrize("share", [0.0, 0.01, 0.5, 1.0])
+def test_the_ok_rows_indices_a_block_at_a_time(monkeypatch: pytest.MonkeyPatch, share: float) -> None:
+    monkeypatch.setattr(run_columns, "BLOCK_ROWS", 37)
+    ok = np.random.default_rng(3).random(1000) >= share
+    got = run_columns._indices(ok, int(ok.sum()), Scratch())
+    assert np.array_equal(got, np.flatnonzero(ok))

@@ -31,6 +31,8 @@ from llmlb_bench.store.views import Catalog
 #: the per-request figures (``request_metrics`` columns) :func:`values` computes, and their weights
 VALUES = ("ttft_s", "e2e_s", "tpot_s", "norm_latency_s", "wait_s")
 WEIGHTS = ("1", "output_tokens", "output_tokens - 1")
+#: rows :func:`_indices` takes at a time
+BLOCK_ROWS = 1 << 18
 #: the scratch array :func:`values` computes every row's values in (free again once it returns)
 VALUE = "run_value"
 
@@ -101,7 +103,19 @@ def read_run(cat: Catalog, run_id: str, rows: int, arrival: bool, cell_sql: str 
     n_ok = int(np.count_nonzero(ok))
     return RunColumns(arrival=arrival, scheduled=c["run_scheduled"], sent=c["run_sent"], first=c["run_first"],
                       last=c["run_last"], input_tokens=c["run_in"], output_tokens=c["run_out"],
-                      cell=c.get("run_cell"), ok=None if n_ok == len(ok) else np.flatnonzero(ok), n_ok=n_ok)
+                      cell=c.get("run_cell"), ok=None if n_ok == len(ok) else _indices(ok, n_ok, scratch), n_ok=n_ok)
+
+
+def _indices(ok: np.ndarray, n_ok: int, scratch: Scratch) -> np.ndarray:
+    """The indices of ``ok``'s true rows in ``scratch``'s memory, found a block at a time (np.flatnonzero
+    of every row at once is a fresh array of them each run)."""
+    out = scratch.array("run_ok_index", n_ok, np.intp)
+    at = 0
+    for a in range(0, len(ok), BLOCK_ROWS):
+        rows = np.flatnonzero(ok[a:a + BLOCK_ROWS])
+        np.add(rows, a, out=out[at:at + len(rows)])
+        at += len(rows)
+    return out
 
 
 def values(cols: RunColumns, value: str, scratch: Scratch, name: str) -> np.ndarray:
