@@ -433,15 +433,20 @@ def _random_case(seed: int, near: bool = False) -> tuple[list[list[int]], list[i
 
 def _check_against_walk(hashes: list[list[int]], parent: list[int], rows: dict, table: pa.Table) -> None:
     """account, in one part and in parts of about 16 blocks (16-32 parts here: memory bounded by the
-    part, not the run), gives the walk's buckets."""
+    part, not the run), gives the walk's buckets; so does it with the rows in another order than the
+    hashes (``order``: what write_accounting passes for a whole run)."""
     unit_of = {"r0": 32, "p1": 48, "r2": 8}
     want = _walk(hashes, parent, rows, BLOCK, unit_of)
     assert sum(want["reachable_tokens"]) > 0 and sum(want["offered_tokens"]) > sum(want["reachable_tokens"])
+    lists = pa.array(hashes, pa.list_(pa.uint64()))
     for chunk in (1 << 30, 16):
-        got = account(pa.array(hashes, pa.list_(pa.uint64())), np.array(parent), BLOCK, table, unit_of,
-                      chunk_blocks=chunk)
+        got = account(lists, np.array(parent), BLOCK, table, unit_of, chunk_blocks=chunk)
         for k, v in want.items():
             assert got.column(k).to_pylist() == v, (chunk, k)
+    order = np.random.default_rng(len(hashes)).permutation(len(hashes))
+    got = account(lists, np.array(parent), BLOCK, table.take(order), unit_of, order=order)
+    for k, v in want.items():
+        assert got.column(k).to_pylist() == [v[i] for i in order], ("order", k)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -466,3 +471,16 @@ def test_distinct_hashes_that_share_the_sort_keys_bits_are_told_apart(seed, monk
     monkeypatch.setattr(ca, "_split_shared", counted)
     _check_against_walk(*_random_case(seed, near=True))
     assert sum(shared) > 10                  # key bits shared by distinct hashes, in both part sizes
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_hash_numbers_of_a_cumulative_sum_give_the_same_buckets(seed, monkeypatch):
+    """Where the key's hash bits times the groups' stride would overflow, a hash's number is its
+    number in the piece (a cumulative sum), as in pieces with shared key bits: forced everywhere here."""
+    import dataclasses
+
+    import llmlb_bench.metrics.cache_accounting as ca
+
+    slots = ca._slots
+    monkeypatch.setattr(ca, "_slots", lambda *a: dataclasses.replace(slots(*a), wide=False))
+    _check_against_walk(*_random_case(seed))

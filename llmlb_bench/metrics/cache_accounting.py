@@ -166,6 +166,8 @@ class _Slots:
     reach_needs: np.ndarray
     ready_needs: np.ndarray
     stride: int             # (targets + 1) * big: a hash group's share of the (hash, target) groups' numbers
+    #: whether the key's hash bits times ``stride`` (the groups' numbers) fit in 63 bits
+    wide: bool
     targets: int            # how many names (0: offered alone, no per-target pass)
     prompt_base: np.ndarray  # per row: slot << pos_bits less the row's offset (+ a prompt block's index: its name)
     reply_base: np.ndarray   # per row: the same for its reply blocks (+ a reply block's index in the replies)
@@ -210,6 +212,7 @@ def _slots(arrival: np.ndarray, holder: np.ndarray, provide: np.ndarray, done: n
     target = (holder[row] + 1) * big
     return _Slots(row=row, arrival=arrival[row], give=target - provide[row], reach_needs=target - done[row],
                   ready_needs=target - ready[row], stride=(targets + 1) * big, targets=targets,
+                  wide=((targets + 1) * big).bit_length() + 64 - low_bits <= 63,
                   prompt_base=(slot << pos_bits) - offsets[:-1], reply_base=(slot << pos_bits) + lengths - rstart,
                   lengths=lengths, pos_bits=pos_bits, low_bits=low_bits, levels=levels,
                   lowest=np.repeat(lengths[row], levels))
@@ -351,49 +354,78 @@ def _split_shared(s: _Slots, key: np.ndarray, shared: np.ndarray, values: np.nda
 
 def _account_piece(s: _Slots, key: np.ndarray, splits: np.ndarray) -> None:
     """Lower ``s.lowest`` by a run of sorted keys that holds whole hashes (``splits``: where a hash
-    starts that shares its key bits with the one before). A block is offered unless its row is the
-    earliest arrival of its hash (a minimum per hash); per (hash, target) group in arrival order,
-    the earliest prefill finish among the earlier members says whether it was reachable and ready
-    (a running maximum of ``group number - finish rank``). A block's level counts what it is
-    (offered, reachable, ready: each implies the one before); per slot and level, the first
-    position of a block at that level is a scatter-minimum over the blocks below the top."""
+    starts that shares its key bits with the one before).
+
+    A block is at one of ``s.levels`` levels (offered, reachable, ready: each implies the one
+    before), and only the blocks below the top level move a row's leading counts. Per (hash,
+    target) group in arrival order, the earliest prefill finish among the earlier members says
+    whether a block was reachable and ready: a running maximum over every block of ``group number -
+    finish rank``, where a hash's number is its key bits times ``s.stride`` (no cumulative sum over
+    the blocks) unless that overflows 63 bits or the piece holds hashes that share their key bits
+    (then it is the hash's number in the piece, a cumulative sum). The rest is read only for the
+    blocks that are not ready (a third of them on the 30,000-request ``shared-prefix`` run under
+    ``least_outstanding``): whether reachable, and whether offered, i.e. its row arrived after the
+    hash's earliest, whose block is never ready (nothing arrived before it), so the hash's earliest
+    arrival is a minimum over these blocks alone; per slot and level, the first position of a block
+    at that level is a scatter-minimum."""
     size = len(key)
     field = key >> np.uint64(s.low_bits)
-    start = np.empty(size, dtype=bool)                         # a block whose hash differs from the one before
-    start[0] = True
-    np.not_equal(field[1:], field[:-1], out=start[1:])
-    start[splits] = True
     key &= np.uint64((1 << s.low_bits) - 1)
     name = key.view(np.int64)                                  # the sorted blocks' names, in place of the keys
     slot = name >> s.pos_bits
-    # the hash's number in the piece, from 1 (summed in 32 bits: a cumulative sum into 64 bits costs
-    # three times as much; read as 64-bit indices: NumPy converts 32-bit ones on every take)
+    number = field.view(np.int64)
+    if len(splits) or not s.wide:
+        # the hash's number in the piece, from 1 (summed in 32 bits: a cumulative sum into 64 bits costs
+        # three times as much)
+        start = np.empty(size, dtype=bool)                     # a block whose hash differs from the one before
+        start[0] = True
+        np.not_equal(field[1:], field[:-1], out=start[1:])
+        start[splits] = True
+        number = np.cumsum(start, dtype=np.int32).astype(np.int64)
+    if not s.targets:
+        offered = _later(number, np.take(s.arrival, slot))
+        miss = np.flatnonzero(~offered)
+        np.minimum.at(s.lowest, slot[miss], name[miss] & ((1 << s.pos_bits) - 1))
+        return
+    # per (hash, target) group, numbered G = hash number * stride + target (growing along the keys),
+    # the earliest finish rank among the earlier members: before a block, the running maximum of
+    # G - rank is G - earliest where the group has earlier members (at most G - big where not);
+    # less the hash's number, it is compared with the block's target - done (reachable when below)
+    # and target - ready (ready when below)
+    number *= s.stride
+    run = np.take(s.give, slot)
+    run += number
+    np.maximum.accumulate(run, out=run)
+    before = np.empty(size, dtype=np.int64)
+    before[0] = -1 << 62                                       # no earlier block: neither
+    np.subtract(run[:-1], number[1:], out=before[1:])
+    miss = np.flatnonzero(np.take(s.ready_needs, slot) >= before)
+    below = np.take(slot, miss)
+    was = np.take(before, miss)
+    level = (np.take(s.reach_needs, below) < was).view(np.uint8)
+    level += _later(np.take(number, miss), np.take(s.arrival, below)).view(np.uint8)
+    below *= s.levels
+    below += level
+    np.minimum.at(s.lowest, below, np.take(name, miss) & ((1 << s.pos_bits) - 1))
+
+
+#: above every arrival rank
+_LATEST = np.iinfo(np.int64).max
+
+
+def _later(number: np.ndarray, arrival: np.ndarray) -> np.ndarray:
+    """Per block of sorted runs of equal ``number`` (a hash each), whether its ``arrival`` is later
+    than the run's earliest (offered): a scatter-minimum by the run's number in the piece (summed in 32
+    bits: a cumulative sum into 64 bits costs three times as much; read as 64-bit indices: NumPy
+    converts 32-bit ones on every take)."""
+    start = np.empty(len(number), dtype=bool)
+    start[0] = True
+    np.not_equal(number[1:], number[:-1], out=start[1:])
     group = np.cumsum(start, dtype=np.int32).astype(np.int64)
-    arrival = np.take(s.arrival, slot)
-    first = np.full(int(group[-1]) + 1, len(s.row), dtype=np.int64)
+    first = np.full(int(group[-1]) + 1, _LATEST, dtype=np.int64)
     np.minimum.at(first, group, arrival)
-    level = (arrival != np.take(first, group)).view(np.uint8)  # not its hash's earliest arrival: offered
-    if s.targets:
-        # per (hash, target) group, numbered G = hash number * stride + target (growing along the
-        # keys), the earliest finish rank among the earlier members: before a block, the running
-        # maximum of G - rank is G - earliest where the group has earlier members (at most G - big
-        # where not); less the hash's number, it is compared with the block's target - done
-        # (reachable when below) and target - ready (ready when below)
-        number = group * s.stride
-        run = np.take(s.give, slot)
-        run += number
-        np.maximum.accumulate(run, out=run)
-        before = run[:-1]
-        before -= number[1:]
-        later = slot[1:]
-        level[1:] += (np.take(s.reach_needs, later) < before).view(np.uint8)
-        level[1:] += (np.take(s.ready_needs, later) < before).view(np.uint8)
-    miss = np.flatnonzero(level < s.levels)
-    below = name[miss]
-    cell = (below >> s.pos_bits) * s.levels
-    cell += level[miss]
-    below &= (1 << s.pos_bits) - 1
-    np.minimum.at(s.lowest, cell, below)
+    later: np.ndarray = arrival != np.take(first, group)
+    return later
 
 
 def _leading(s: _Slots, values: np.ndarray, offsets: np.ndarray, replies: np.ndarray, provider: np.ndarray,
@@ -453,10 +485,13 @@ def offered_tokens(trace: pa.Table, block: int) -> np.ndarray:
 
 
 def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, rows: pa.Table,
-            unit_of: Mapping[str, int], chunk_blocks: int = CHUNK_BLOCKS) -> pa.Table:
+            unit_of: Mapping[str, int], chunk_blocks: int = CHUNK_BLOCKS, order: np.ndarray | None = None) -> pa.Table:
     """The per-request buckets (``CACHE_ACCOUNTING`` columns but ``run_id``) for ``rows`` (a
     requests table, in any order) whose trace rows' ``prefix_hashes`` are ``hashes`` and whose
-    parents (a previous turn) are the rows ``parent`` (-1: none), both aligned with ``rows``.
+    parents (a previous turn) are the rows ``parent`` (-1: none), both aligned with ``rows``; or,
+    with ``order`` (a permutation: row ``i`` of ``rows`` is row ``order[i]`` of ``hashes``), both
+    aligned with the trace (``hashes`` read in place, the rows' own figures put in its order and
+    the result back in theirs: cheaper than reordering the tables).
     ``unit_of``: each target's engine KV block in tokens (targets not named: the trace block). The
     blocks are accounted in parts of about ``chunk_blocks`` (:func:`_parts`; the result is the
     same for any)."""
@@ -482,20 +517,31 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
     # answer only (the simulator's _cache_reply says the same)
     out[rows.column("reasoning_tokens").fill_null(0).to_numpy() > 0] = 0
 
-    values, lengths, offsets = _lists(hashes)
-    # a request's own prompt blocks, then the reply blocks it provides to a next turn
-    replies, provider = _replies(values, offsets, lengths, parent, inp, out, block)
-    done = _ranks(first, ids)
+    # what the blocks' pass reads per row, in the hashes' order (the ranks are cheaper there too: the
+    # trace is in arrival order)
+    per_row = [_times(rows.column("scheduled_s")), sent, first, ids, holder, inp, out]
+    if order is not None:
+        back = _reordered(order)
+        per_row = [np.take(x, back) for x in per_row]
+    scheduled, sent_at, first_at, id_at, holds, inputs, outputs = per_row
+    done = _ranks(first_at, id_at)
     # prefills finished when each row was sent (finish times in rank order; none when sent is unknown)
     # (the sent times searched in their order: each search starts where the last one ended)
     finished = np.empty(n, dtype=np.int64)
-    by_sent = np.argsort(sent)
-    finished[by_sent] = np.searchsorted(np.sort(np.where(np.isnan(first), np.inf, first)), sent[by_sent], side="right")
-    reachable = np.where(holder >= 0, done, -1)
-    s = _slots(_ranks(_times(rows.column("scheduled_s")), ids), holder, np.where(np.isnan(first), n + 1, done),
-               reachable, np.minimum(reachable, np.where(np.isnan(sent), 0, finished)), len(names), lengths, offsets,
-               provider, 3)
+    by_sent = np.argsort(sent_at)
+    finished[by_sent] = np.searchsorted(np.sort(np.where(np.isnan(first_at), np.inf, first_at)), sent_at[by_sent],
+                                        side="right")
+    reachable = np.where(holds >= 0, done, -1)
+
+    values, lengths, offsets = _lists(hashes)
+    # a request's own prompt blocks, then the reply blocks it provides to a next turn
+    replies, provider = _replies(values, offsets, lengths, parent, inputs, outputs, block)
+    s = _slots(_ranks(scheduled, id_at), holds, np.where(np.isnan(first_at), n + 1, done), reachable,
+               np.minimum(reachable, np.where(np.isnan(sent_at), 0, finished)), len(names), lengths, offsets, provider, 3)
     offered_blocks, reach_blocks, ready_blocks = _leading(s, values, offsets, replies, provider, chunk_blocks)
+    if order is not None:
+        offered_blocks, reach_blocks, ready_blocks = (np.take(x, order) for x in (offered_blocks, reach_blocks,
+                                                                                   ready_blocks))
 
     def tokens(blocks: np.ndarray) -> np.ndarray:
         out: np.ndarray = np.minimum(blocks * block, inp)
@@ -535,6 +581,11 @@ def account(hashes: pa.Array | pa.ChunkedArray, parent: np.ndarray, block: int, 
 
 
 
+#: how the table is written: the integer columns delta-encoded, dictionaries for the two string columns
+#: only and statistics for the two key columns (the integers' dictionaries and statistics were a third of
+#: the write's CPU; the same table is read back)
+_ENCODING = {f.name: "DELTA_BINARY_PACKED" for f in CACHE_ACCOUNTING.schema if pa.types.is_integer(f.type)}
+
 #: the requests columns the accounting reads (the token segments, most of the file, are skipped)
 _ROWS = TableSpec(kind=REQUESTS.kind, version=REQUESTS.version,
                   schema=pa.schema([REQUESTS.schema.field(c) for c in _NEEDED]), required=frozenset({"request_id"}))
@@ -544,7 +595,9 @@ def _requests(path: Path) -> pa.Table:
     parts = []
     for f in table_files(path):
         pf = open_parquet(f, REQUESTS)
-        parts.append(_ROWS.conform(pf.read(columns=[c for c in _NEEDED if c in pf.schema_arrow.names]), f))
+        names = set(pf.schema_arrow.names)                     # (the property builds the schema anew each time)
+        # one thread: the reader's pool spends more CPU than it saves on these few columns
+        parts.append(_ROWS.conform(pf.read(columns=[c for c in _NEEDED if c in names], use_threads=False), f))
     return pa.concat_tables(parts) if parts else _ROWS.empty()
 
 
@@ -563,24 +616,21 @@ def write_accounting(run_dir: Path, run_id: str, trace: pa.Table, unit_of: Mappi
     # place (taking them in the rows' order would copy every block)
     whole = rows.num_rows == trace.num_rows and not index.null_count
     place = index.to_numpy(zero_copy_only=False).astype(np.int64) if whole else None
-    if place is not None and (np.bincount(place, minlength=len(place)) == 1).all():
-        rows = rows.take(_reordered(place))
-    else:
+    if place is None or not (np.bincount(place, minlength=len(place)) == 1).all():
         hashes, place = hashes.take(index), None
     parent = np.full(rows.num_rows, -1, dtype=np.int64)
     if "parent_id" in trace.column_names:
         parent_id = trace.column("parent_id").combine_chunks()
-        at = pc.index_in(parent_id if place is not None else parent_id.take(index),
-                         value_set=rows.column("request_id").combine_chunks())
+        at = pc.index_in(parent_id, value_set=trace.column("request_id").combine_chunks()) if place is not None else \
+            pc.index_in(parent_id.take(index), value_set=rows.column("request_id").combine_chunks())
         parent = at.fill_null(-1).to_numpy().astype(np.int64)
     block = trace_block_size(trace)
-    table = account(hashes, parent, block, rows, unit_of)
-    if place is not None:
-        table = table.take(place)                              # back in the requests file's order
+    table = account(hashes, parent, block, rows, unit_of, order=place)
     table = table.add_column(0, "run_id", pa.repeat(pa.scalar(run_id, pa.string()), table.num_rows))
     schema = CACHE_ACCOUNTING.schema.with_metadata(CACHE_ACCOUNTING.metadata({META_BLOCK_SIZE: str(block).encode()}))
     table = CACHE_ACCOUNTING.conform(table, run_dir / ACCOUNTING_FILE).replace_schema_metadata(schema.metadata)
-    replace_table(run_dir / ACCOUNTING_FILE, [table], schema, compression="zstd")
+    replace_table(run_dir / ACCOUNTING_FILE, [table], schema, compression="zstd", use_dictionary=["run_id", "holder"],
+                  write_statistics=["run_id", "request_id"], column_encoding=_ENCODING)
     rows_written: int = table.num_rows
     return rows_written
 
