@@ -601,6 +601,23 @@ def _requests(path: Path) -> pa.Table:
     return pa.concat_tables(parts) if parts else _ROWS.empty()
 
 
+def _index_in(values: pa.Array | pa.ChunkedArray, keys: pa.Array) -> np.ndarray:
+    """Where each of ``values`` is in ``keys`` (-1: absent or null), as ``pc.index_in``; by a search
+    where the keys are integers in increasing order (a trace's request ids usually are: no hash table
+    of them to build)."""
+    at = np.asarray(keys.to_numpy(zero_copy_only=False))
+    if at.dtype.kind in "iu" and pa.types.is_integer(values.type) and bool((at[1:] > at[:-1]).all()):
+        want = np.asarray(values.fill_null(0).to_numpy(zero_copy_only=False))
+        found = np.minimum(np.searchsorted(at, want), max(len(at) - 1, 0))
+        hit = at[found] == want if len(at) else np.zeros(len(want), dtype=bool)
+        if values.null_count:
+            hit &= np.asarray(values.is_valid().to_numpy(zero_copy_only=False))
+        out: np.ndarray = np.where(hit, found, -1).astype(np.int64)
+        return out
+    index: np.ndarray = pc.index_in(values, value_set=keys).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return index
+
+
 def write_accounting(run_dir: Path, run_id: str, trace: pa.Table, unit_of: Mapping[str, int]) -> int:
     """Account run ``run_id`` (folder ``run_dir``) against ``trace`` and write its
     ``cache_accounting.parquet``; returns the rows written (0, and nothing written, when the trace
@@ -610,20 +627,20 @@ def write_accounting(run_dir: Path, run_id: str, trace: pa.Table, unit_of: Mappi
     rows = _requests(run_dir / REQUESTS_FILE)
     if not rows.num_rows:
         return 0
-    index = pc.index_in(rows.column("request_id"), value_set=trace.column("request_id").combine_chunks())
+    ids = trace.column("request_id").combine_chunks()
+    index = _index_in(rows.column("request_id"), ids)
     hashes = keyed_prefix_hashes(trace)
     # where every trace row ran once, the rows are put in the trace's order and its hashes read in
     # place (taking them in the rows' order would copy every block)
-    whole = rows.num_rows == trace.num_rows and not index.null_count
-    place = index.to_numpy(zero_copy_only=False).astype(np.int64) if whole else None
+    place = index if rows.num_rows == trace.num_rows and (index >= 0).all() else None
+    taken = pa.array(index, mask=index < 0)                    # (a row not in the trace: null)
     if place is None or not (np.bincount(place, minlength=len(place)) == 1).all():
-        hashes, place = hashes.take(index), None
+        hashes, place = hashes.take(taken), None
     parent = np.full(rows.num_rows, -1, dtype=np.int64)
     if "parent_id" in trace.column_names:
         parent_id = trace.column("parent_id").combine_chunks()
-        at = pc.index_in(parent_id, value_set=trace.column("request_id").combine_chunks()) if place is not None else \
-            pc.index_in(parent_id.take(index), value_set=rows.column("request_id").combine_chunks())
-        parent = at.fill_null(-1).to_numpy().astype(np.int64)
+        parent = _index_in(parent_id, ids) if place is not None else \
+            _index_in(parent_id.take(taken), rows.column("request_id").combine_chunks())
     block = trace_block_size(trace)
     table = account(hashes, parent, block, rows, unit_of, order=place)
     table = table.add_column(0, "run_id", pa.repeat(pa.scalar(run_id, pa.string()), table.num_rows))
