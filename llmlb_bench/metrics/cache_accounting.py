@@ -400,13 +400,14 @@ def _account_piece(s: _Slots, key: np.ndarray, splits: np.ndarray) -> None:
     before[0] = -1 << 62                                       # no earlier block: neither
     np.subtract(run[:-1], number[1:], out=before[1:])
     miss = np.flatnonzero(np.take(s.ready_needs, slot) >= before)
-    below = np.take(slot, miss)
-    was = np.take(before, miss)
-    level = (np.take(s.reach_needs, below) < was).view(np.uint8)
+    named = np.take(name, miss)
+    below = named >> s.pos_bits                                # their slots
+    level = (np.take(s.reach_needs, below) < np.take(before, miss)).view(np.uint8)
     level += _later(np.take(number, miss), np.take(s.arrival, below)).view(np.uint8)
     below *= s.levels
     below += level
-    np.minimum.at(s.lowest, below, np.take(name, miss) & ((1 << s.pos_bits) - 1))
+    named &= (1 << s.pos_bits) - 1                             # their places in the row
+    np.minimum.at(s.lowest, below, named)
 
 
 #: above every arrival rank
