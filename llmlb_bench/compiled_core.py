@@ -60,7 +60,8 @@ MODULES: tuple[str, ...] = (
 #: sources hashed into its manifest, and loaded by the finder only while the core is (else the importer's
 #: NumPy code runs: ``llmlb_bench/metrics/kernels.py``). Plain C through the buffer protocol, where
 #: mypyc's indexing of NumPy arrays is generic and slow.
-KERNELS: dict[str, str] = {"llmlb_bench.metrics.report_kernels": "llmlb_bench/metrics/report_kernels.c"}
+KERNELS: dict[str, str] = {"llmlb_bench.metrics.report_kernels": "llmlb_bench/metrics/report_kernels.c",
+                           "llmlb_bench.metrics.cache_kernels": "llmlb_bench/metrics/cache_kernels.c"}
 PACKAGE = "llmlb_bench"
 #: where the build puts the extension modules and the manifest, under the package directory
 BUILD_DIR = "_compiled"

@@ -449,14 +449,27 @@ def _check_against_walk(hashes: list[list[int]], parent: list[int], rows: dict, 
         assert got.column(k).to_pylist() == [v[i] for i in order], ("order", k)
 
 
+@pytest.fixture(params=["numpy", "c"])
+def piece_path(request, monkeypatch):
+    """Each walk test twice: the pieces' pass in NumPy (the reference) and in C (``cache_kernels.c``,
+    skipped where the compiled core is not built)."""
+    import llmlb_bench.metrics.cache_accounting as ca
+
+    if request.param == "numpy":
+        monkeypatch.setattr(ca, "native", None)
+    elif ca.native is None:
+        pytest.skip("the compiled core (cache_kernels) is not built")
+    return request.param
+
+
 @pytest.mark.parametrize("seed", range(6))
-def test_account_gives_the_buckets_of_a_walk_block_by_block(seed):
+def test_account_gives_the_buckets_of_a_walk_block_by_block(seed, piece_path):
     """Random traces (:func:`_random_case`), against the walk."""
     _check_against_walk(*_random_case(seed))
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_distinct_hashes_that_share_the_sort_keys_bits_are_told_apart(seed, monkeypatch):
+def test_distinct_hashes_that_share_the_sort_keys_bits_are_told_apart(seed, monkeypatch, piece_path):
     """Distinct hashes whose spreads differ only below the sort key's hash bits (which the name of
     the block fills): the accounting finds them and puts them in order by value; the walk agrees."""
     import llmlb_bench.metrics.cache_accounting as ca
@@ -474,7 +487,7 @@ def test_distinct_hashes_that_share_the_sort_keys_bits_are_told_apart(seed, monk
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_the_hash_numbers_of_a_cumulative_sum_give_the_same_buckets(seed, monkeypatch):
+def test_the_hash_numbers_of_a_cumulative_sum_give_the_same_buckets(seed, monkeypatch, piece_path):
     """Where the key's hash bits times the groups' stride would overflow, a hash's number is its
     number in the piece (a cumulative sum), as in pieces with shared key bits: forced everywhere here."""
     import dataclasses
@@ -484,3 +497,48 @@ def test_the_hash_numbers_of_a_cumulative_sum_give_the_same_buckets(seed, monkey
     slots = ca._slots
     monkeypatch.setattr(ca, "_slots", lambda *a: dataclasses.replace(slots(*a), wide=False))
     _check_against_walk(*_random_case(seed))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_c_pass_over_a_piece_gives_the_numpy_passs_counts(seed, monkeypatch):
+    """The pieces' pass in C and in NumPy give the same leading counts, array for array, on larger
+    random runs (every request's rows shuffled, hashes shared by families, several targets), in one
+    part and in parts, with and without targets (``offered_tokens``)."""
+    import llmlb_bench.metrics.cache_accounting as ca
+
+    if ca.native is None:
+        pytest.skip("the compiled core (cache_kernels) is not built")
+    rng = np.random.default_rng(seed)
+    n = 3000
+    stems = rng.integers(0, 2**62, 40, dtype=np.int64) if seed % 2 else rng.integers(0, 200, 40)
+    hashes = []
+    for _ in range(n):
+        stem = int(stems[int(rng.integers(0, len(stems)))])
+        h = [(stem * 13 + k) % 2**64 for k in range(int(rng.integers(0, 30)))] + [int(x) for x in rng.integers(1, 2**40, 3)]
+        hashes.append(list(dict.fromkeys(h)))
+    lists = pa.array(hashes, pa.list_(pa.uint64()))
+    parent = np.where(rng.random(n) < 0.2, rng.integers(0, n, n), -1)
+    parent[parent >= np.arange(n)] = -1
+    table = pa.table({"request_id": pa.array(rng.permutation(n)), "scheduled_s": pa.array(np.round(rng.uniform(0, 50, n))),
+                      "target": pa.array([f"r{x}" for x in rng.integers(0, 5, n)]),
+                      "prefill_target": pa.array([None] * n, pa.string()),
+                      "status": pa.array(["ok"] * n), "sent_s": pa.array(rng.uniform(0, 60, n)),
+                      "first_token_s": pa.array(np.round(rng.uniform(0, 70, n), 1)),
+                      "input_tokens": pa.array([len(h) * BLOCK + 3 for h in hashes], pa.int32()),
+                      "output_tokens": pa.array(rng.integers(0, 200, n), pa.int32()),
+                      "reasoning_tokens": pa.array([0] * n, pa.int32()),
+                      "cached_tokens": pa.array(rng.integers(0, 500, n), pa.int32()),
+                      "predicted_cached_tokens": pa.array([None] * n, pa.int32())})
+    trace = pa.table({"request_id": pa.array(np.arange(n)), "arrival_s": pa.array(np.round(rng.uniform(0, 50, n))),
+                      "input_tokens": pa.array([len(h) * BLOCK + 3 for h in hashes]), "prefix_hashes": lists})
+    got = {}
+    for path in ("c", "numpy"):
+        if path == "numpy":
+            monkeypatch.setattr(ca, "native", None)
+        got[path] = ([account(lists, parent, BLOCK, table, {}, chunk_blocks=c) for c in (1 << 30, 4096)],
+                     ca.offered_tokens(trace, BLOCK))
+    (c_tables, c_offered), (np_tables, np_offered) = got["c"], got["numpy"]
+    for c_table, np_table in zip(c_tables, np_tables):
+        assert c_table.equals(np_table)
+    assert c_table.column("reachable_tokens").to_numpy().sum() > 0
+    assert np.array_equal(c_offered, np_offered) and c_offered.sum() > 0

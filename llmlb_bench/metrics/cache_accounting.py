@@ -42,6 +42,7 @@ whatever the run's length, and the result the same as in one.
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,8 +59,22 @@ from llmlb_bench.store.run import ACCOUNTING_FILE, REQUESTS_FILE
 from llmlb_bench.trace_columns import keyed_prefix_hashes
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from llmlb_bench.store import RunStore
     from llmlb_bench.store.views import Catalog
+
+def _load() -> ModuleType | None:
+    try:
+        return importlib.import_module("llmlb_bench.metrics.cache_kernels")
+    except ImportError:
+        return None
+
+
+#: the C pass over a piece (``cache_kernels.c``, built with the compiled core: ``compiled_core.KERNELS``),
+#: or None: :func:`_account_piece`'s NumPy code runs (the reference; read at each call, so a test sets it
+#: to None)
+native: ModuleType | None = _load()
 
 #: the loss buckets, in the order of the identity above (all but achieved)
 LOSSES = ("granularity", "failed", "routing", "in_flight", "eviction", "stale", "unmeasured")
@@ -180,6 +195,8 @@ class _Slots:
     #: reply block's position is never below them, so it changes nothing)
     levels: int
     lowest: np.ndarray
+    #: per slot, side by side: give, ready_needs, reach_needs, arrival (the C pass's: one cache line per block)
+    table: np.ndarray | None = None
 
     def leading(self) -> tuple[np.ndarray, ...]:
         """Per row and level k, its leading blocks at level k or above: its first block below k."""
@@ -368,6 +385,14 @@ def _account_piece(s: _Slots, key: np.ndarray, splits: np.ndarray) -> None:
     hash's earliest, whose block is never ready (nothing arrived before it), so the hash's earliest
     arrival is a minimum over these blocks alone; per slot and level, the first position of a block
     at that level is a scatter-minimum."""
+    kernel = native
+    if kernel is not None and bool(s.targets) == (s.levels == 3):
+        if s.table is None:
+            s.table = np.ascontiguousarray(np.stack([s.give, s.ready_needs, s.reach_needs, s.arrival], axis=1),
+                                           dtype=np.int64)
+        kernel.piece(key.view(np.int64), np.ascontiguousarray(splits, dtype=np.int64), s.table, s.lowest,
+                     s.low_bits, s.pos_bits, s.levels, s.stride, int(bool(len(splits)) or not s.wide), s.targets)
+        return
     size = len(key)
     field = key >> np.uint64(s.low_bits)
     key &= np.uint64((1 << s.low_bits) - 1)
