@@ -160,3 +160,21 @@ def test_sample_of_parts_is_the_sample_of_the_concatenation(case: str) -> None:
     assert got is not None and got.n == want.n and got.mean == want.mean
     assert got.v.tobytes() == want.v.tobytes() and got.cw is not None and want.cw is not None
     assert got.cw.tobytes() == want.cw.tobytes()
+
+
+def test_weighted_ranks_are_searched_as_integers_with_the_same_indices() -> None:
+    """A weighted sample's order statistics at whole ranks held as doubles (the bootstrap's ceil(u * n) - 1)
+    are searched among the cumulative weights as integers: the indices of the search of doubles, at the
+    ends too (u of 0 and 1), and ranks that are not whole, NaN or huge still search as doubles."""
+    rng = np.random.default_rng(5)
+    w = rng.integers(1, 50, 20_000)
+    s = Sample(v=np.sort(rng.normal(0, 1, len(w))), cw=np.cumsum(w), n=int(w.sum()), mean=0.0)
+    for u in (rng.beta(200, 300, 2000), rng.random(2000), np.array([0.0, 1.0, 1e-12, 1 - 1e-12])):
+        ranks = np.ceil(u * s.n) - 1
+        assert ranks.dtype == np.float64
+        ref = s.v[np.clip(np.searchsorted(s.cw.astype(np.float64), ranks + 1), 0, len(s.v) - 1)]
+        assert s.quantile_at(u).tobytes() == ref.tobytes()
+        assert s.at_rank(ranks).tobytes() == ref.tobytes()
+    for odd in (np.array([0.5, 10.25, 3e3]), np.array([np.nan, 4.0]), np.array([1e300, 2.0]), np.array([-1e300])):
+        ref = s.v[np.clip(np.searchsorted(s.cw, odd + 1), 0, len(s.v) - 1)]
+        assert s.at_rank(odd).tobytes() == ref.tobytes()

@@ -17,7 +17,7 @@ import pytest
 
 from llmlb_bench import compiled_core
 from llmlb_bench.metrics import kernels
-from llmlb_bench.metrics.distribution import Sample, pairs_sorted, sample_of_parts
+from llmlb_bench.metrics.distribution import Sample, pairs_sorted, sample_of_parts, sample_of_split
 from llmlb_bench.metrics.latency import itl_gaps, itl_sample
 from llmlb_bench.metrics.pacing import (Segments, Streams, deadline_walk, fluid_deadlines, pacing_of, slowest_gap_mean,
                                         subset)
@@ -147,6 +147,30 @@ def test_itl_sample_with_the_kernels_is_the_numpy_code_bit_for_bit(monkeypatch: 
         assert same(ref, itl_sample(Segments.of(other)))
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_the_merge_over_the_weight_1_values_is_the_merge_into_fresh_arrays(monkeypatch: pytest.MonkeyPatch,
+                                                                            seed: int) -> None:
+    """sample_of_split with ``room`` (the merge written over the sorted weight-1 values from the last entry
+    back, the mean's terms made in place and the values put back) gives the arrays and mean of the merge
+    into fresh arrays and of the NumPy path: ties between the two parts and within each, pairs of weight 1
+    among the larger (the kernels put them back in order), a room just long enough and a longer one."""
+    _require_kernels()
+    rng = np.random.default_rng(200 + seed)
+    a, r = [(1, 1), (5, 3), (1000, 40), (50_000, 9000), (3, 700)][seed]
+    pool = rng.lognormal(-3, 1, max((a + r) // 4, 2))
+    ones, rest_v = rng.choice(pool, a), rng.choice(pool, r)
+    rest_w = rng.integers(2 if seed % 2 else 1, 40, r)
+    for extra in (0, 17):
+        runs = []
+        for native, room in ((None, False), (NATIVE, False), (NATIVE, True)):
+            monkeypatch.setattr(kernels, "native", native)
+            buf = np.full(a + r + extra, np.nan)
+            buf[:a] = ones
+            runs.append(sample_of_split(buf[:a], rest_v.copy(), rest_w.copy(), room=buf if room else None))
+        assert same(runs[0], runs[1]) and same(runs[0], runs[2])
+        assert runs[2].v.base is not None
+
+
 def test_a_null_list_or_other_counts_go_the_numpy_way(monkeypatch: pytest.MonkeyPatch) -> None:
     """Segments the kernels cannot read as Arrow gives them (a row whose list is null; counts that are
     not int32) take the NumPy path, with the same figures."""
@@ -180,6 +204,11 @@ def test_pairs_sorted_in_c_is_lexsorts_order(monkeypatch: pytest.MonkeyPatch, se
             order = np.lexsort((w, v))
             ref, got = both(monkeypatch, lambda v=v, w=w: pairs_sorted(v, w))
             assert same(got, (v[order], w[order])) and same(ref, got)
+            # sorted where they lie, the scratch lent (as ITL's sample sorts its pairs)
+            assert NATIVE is not None
+            v_in, w_in = v.copy(), w.astype(np.int64)
+            assert NATIVE.pairs_sorted_in(v_in, w_in, np.empty(3 * n + 5, dtype=np.int64)) is True
+            assert same((v_in, w_in), (v[order], w[order].astype(np.int64)))
     v = rng.lognormal(-3, 1, 100)
     for bad in ("nan", "zero"):
         x = v.copy()
@@ -189,6 +218,9 @@ def test_pairs_sorted_in_c_is_lexsorts_order(monkeypatch: pytest.MonkeyPatch, se
         out_v, out_w = np.empty(100), np.empty(100, dtype=np.int64)
         if bad == "nan":
             assert NATIVE.pairs_sorted(x, w, out_v, out_w) is False
+            x_in = x.copy()
+            assert NATIVE.pairs_sorted_in(x_in, w.astype(np.int64), np.empty(300, dtype=np.int64)) is False
+            assert same(x_in, x)
         ref, got = both(monkeypatch, lambda x=x, w=w: pairs_sorted(x, w))
         assert same(ref, got)
     assert NATIVE.pairs_sorted(v, -np.ones(100, dtype=np.int64), np.empty(100), np.empty(100, dtype=np.int64)) is False

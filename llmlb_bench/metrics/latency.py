@@ -325,7 +325,7 @@ def itl_sample(tokens: Segments) -> Sample | None:
         a, r, _, zero = native.itl_split(ranges, np.ascontiguousarray(tokens.start), np.ascontiguousarray(tokens.gap),
                                          np.ascontiguousarray(tokens.counts), ones, rest_v, rest_w)
         if a and r and not zero:
-            return sample_of_split(ones[:a], rest_v[:r], rest_w[:r])
+            return sample_of_split(ones[:a], rest_v[:r], rest_w[:r], room=ones)
     return sample_of_parts(*itl_gaps(tokens))
 
 

@@ -260,11 +260,30 @@ static int radix_pairs(uint64_t *key, uint32_t *idx, uint64_t *key2, uint32_t *i
 /* The order of (v, w) pairs by value then weight (numpy.lexsort((w, v))'s), stable: an index array
  * of n, malloc'ed, or NULL (no memory, or a NaN value: then 1 in *nan). Weights must be >= 0;
  * ``w`` NULL: by value alone. */
+static uint32_t *pair_order_in(const double *v, const int64_t *w, size_t n, int *nan, uint64_t *room);
+
 static uint32_t *pair_order(const double *v, const int64_t *w, size_t n, int *nan) {
+    return pair_order_in(v, w, n, nan, NULL);
+}
+
+/* pair_order with its scratch in ``room`` (3n words: the keys, their copy, the two index arrays) where
+ * given: the order returned lies in ``room`` (not to be freed) and the keys' words are free again. */
+static uint32_t *pair_order_in(const double *v, const int64_t *w, size_t n, int *nan, uint64_t *room) {
     *nan = 0;
     size_t m = n ? n : 1;
-    uint64_t *key = malloc(m * sizeof(uint64_t)), *key2 = malloc(m * sizeof(uint64_t));
-    uint32_t *idx = malloc(m * sizeof(uint32_t)), *idx2 = malloc(m * sizeof(uint32_t));
+    uint64_t *key, *key2;
+    uint32_t *idx, *idx2;
+    if (room) {
+        key = room;
+        key2 = room + m;
+        idx = (uint32_t *)(room + 2 * m);
+        idx2 = idx + m;
+    } else {
+        key = malloc(m * sizeof(uint64_t));
+        key2 = malloc(m * sizeof(uint64_t));
+        idx = malloc(m * sizeof(uint32_t));
+        idx2 = malloc(m * sizeof(uint32_t));
+    }
     uint32_t *out = NULL;
     int ok = key && key2 && idx && idx2;
     for (size_t i = 0; ok && i < n; i++) {
@@ -293,11 +312,50 @@ static uint32_t *pair_order(const double *v, const int64_t *w, size_t n, int *na
         else if (r) { uint32_t *t = idx; idx = idx2; idx2 = t; }
     }
     if (ok) { out = idx; idx = NULL; }
-    free(key);
-    free(key2);
-    free(idx);
-    free(idx2);
+    if (!room) {
+        free(key);
+        free(key2);
+        free(idx);
+        free(idx2);
+    }
     return out;
+}
+
+/* pairs_sorted_in(v, w, room) -> bool: pairs_sorted with the sorted pairs written back over (v, w) and the
+ * sort's scratch in ``room`` (int64, at least 3 x len(v): memory the caller fills next), no fresh memory;
+ * False, with (v, w) as they were, where a value is NaN or a weight negative. */
+static PyObject *pairs_sorted_in(PyObject *self, PyObject *args) {
+    PyObject *o[3];
+    if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2])) return NULL;
+    Buffers b = {.n = 0};
+    Py_ssize_t n, nw, nr;
+    double *v = take(&b, o[0], 'd', 1, &n, "v");
+    int64_t *w = v ? take(&b, o[1], 'q', 1, &nw, "w") : NULL;
+    uint64_t *room = w ? (uint64_t *)take(&b, o[2], 'q', 1, &nr, "room") : NULL;
+    if (!room) { release(&b); return NULL; }
+    if (nw != n || nr < 3 * (n ? n : 1) || (uint64_t)n > UINT32_MAX) return bad(&b, "arrays of different lengths");
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (w[i] < 0) { release(&b); Py_RETURN_FALSE; }
+    int nan;
+    uint32_t *order = pair_order_in(v, w, (size_t)n, &nan, room);
+    if (!order) {
+        release(&b);
+        if (nan) Py_RETURN_FALSE;
+        return PyErr_NoMemory();
+    }
+    /* the order lies in room's last third, or in the words after its keys': gathered through the
+     * first two words of each (the keys', free now), then copied back */
+    size_t m = n ? (size_t)n : 1;
+    double *gv = (double *)room;
+    int64_t *gw = (int64_t *)(room + m);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        gv[i] = v[order[i]];
+        gw[i] = w[order[i]];
+    }
+    memcpy(v, gv, (size_t)n * sizeof(double));
+    memcpy(w, gw, (size_t)n * sizeof(int64_t));
+    release(&b);
+    Py_RETURN_TRUE;
 }
 
 /* pairs_sorted(v, w, out_v, out_w) -> bool: the pairs in numpy.lexsort((w, v))'s order (ties of value
@@ -360,6 +418,71 @@ static PyObject *merged(PyObject *self, PyObject *args) {
         cw[t] = sum;
         prod[t] = x * (double)w;
         t++;
+    }
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+/* merged_back(buf, a, rest_v, rest_w, cw): merged's merge where the sorted weight-1 values are buf[:a] and
+ * the merge is written over them, into buf[:n] (n = a + len(rest_v) <= len(buf)), from the last entry back
+ * (each pair after the values it ties with, as merged: the same arrays), with the cumulative weights into
+ * cw[:n]; no array of terms (weigh makes them in place). A write never reaches a value not yet read. */
+static PyObject *merged_back(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    Py_ssize_t a;
+    if (!PyArg_ParseTuple(args, "OnOOO", &o[0], &a, &o[1], &o[2], &o[3])) return NULL;
+    Buffers b = {.n = 0};
+    Py_ssize_t nb, n2, nw, nc;
+    double *buf = take(&b, o[0], 'd', 1, &nb, "buf");
+    const double *rv = buf ? take(&b, o[1], 'd', 0, &n2, "rest_v") : NULL;
+    const int64_t *rw = rv ? take(&b, o[2], 'q', 0, &nw, "rest_w") : NULL;
+    int64_t *cw = rw ? take(&b, o[3], 'q', 1, &nc, "cw") : NULL;
+    if (!cw) { release(&b); return NULL; }
+    if (a < 0 || nw != n2 || a + n2 > nb || nc < a + n2) return bad(&b, "arrays of different lengths");
+    int64_t total = a;
+    for (Py_ssize_t j = 0; j < n2; j++) total += rw[j];
+    Py_ssize_t i = a - 1, j = n2 - 1;
+    for (Py_ssize_t t = a + n2 - 1; t >= 0; t--) {
+        double x;
+        int64_t w;
+        if (j >= 0 && (i < 0 || rv[j] >= buf[i])) { x = rv[j]; w = rw[j--]; }
+        else { x = buf[i--]; w = 1; }
+        buf[t] = x;
+        cw[t] = total;
+        total -= w;
+    }
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+/* weigh(v, cw, rest_v, rest_w, forward): with forward, each entry of weight other than 1 (its step of cw)
+ * becomes value x weight, as merged's terms (weight-1 terms are their values: x * 1.0 is x), for NumPy to
+ * sum in place; without, those entries get their values back, rest_v's in order (those of rest_w 1 are
+ * the weight-1 values'). */
+static PyObject *weigh(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    int forward;
+    if (!PyArg_ParseTuple(args, "OOOOp", &o[0], &o[1], &o[2], &o[3], &forward)) return NULL;
+    Buffers b = {.n = 0};
+    Py_ssize_t n, nc, n2, nw;
+    double *v = take(&b, o[0], 'd', 1, &n, "v");
+    const int64_t *cw = v ? take(&b, o[1], 'q', 0, &nc, "cw") : NULL;
+    const double *rv = cw ? take(&b, o[2], 'd', 0, &n2, "rest_v") : NULL;
+    const int64_t *rw = rv ? take(&b, o[3], 'q', 0, &nw, "rest_w") : NULL;
+    if (!rw) { release(&b); return NULL; }
+    if (nc != n || nw != n2) return bad(&b, "arrays of different lengths");
+    int64_t before = 0;
+    Py_ssize_t j = 0;
+    for (Py_ssize_t t = 0; t < n; t++) {
+        int64_t w = cw[t] - before;
+        before = cw[t];
+        if (w == 1) continue;
+        if (forward) v[t] = v[t] * (double)w;
+        else {
+            while (j < n2 && rw[j] == 1) j++;
+            if (j >= n2) return bad(&b, "more weighted entries than pairs");
+            v[t] = rv[j++];
+        }
     }
     release(&b);
     Py_RETURN_NONE;
@@ -458,7 +581,10 @@ static PyMethodDef methods[] = {
     {"layout", layout, METH_VARARGS, "The streams' entries scattered to their slots."},
     {"walk", walk, METH_VARARGS, "Etalon's deadline walk over the laid-out streams, in place."},
     {"pairs_sorted", pairs_sorted, METH_VARARGS, "(v, w) pairs in lexsort((w, v)) order; False on NaN."},
+    {"pairs_sorted_in", pairs_sorted_in, METH_VARARGS, "pairs_sorted written back over (v, w), its scratch lent."},
     {"merged", merged, METH_VARARGS, "Sorted weight-1 values and sorted pairs merged, with cw and terms."},
+    {"merged_back", merged_back, METH_VARARGS, "merged's merge written over the sorted weight-1 values, with cw."},
+    {"weigh", weigh, METH_VARARGS, "The merged entries of weight other than 1 times their weights, or back."},
     {"itl_split", itl_split, METH_VARARGS, "ITL's gaps split into weight-1 values and pairs of larger weights."},
     {"slowest_terms", slowest_terms, METH_VARARGS, "The slowest-10% mean's terms in its order; False on NaN."},
     {NULL, NULL, 0, NULL},
