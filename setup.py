@@ -94,6 +94,7 @@ class BuildCore(build_ext):
         exts = []
         for name, source in core.KERNELS.items():
             ext = Extension(f"{core.PACKAGE}.{core.BUILD_DIR}.{name.split('.', 1)[1]}", sources=[source],
+                            depends=list(core.KERNEL_HEADERS),
                             extra_compile_args=["-O2", "-ffp-contract=off", "-fno-fast-math"])
             ext._full_name = self.get_ext_fullname(ext.name)  # type: ignore[attr-defined]
             ext._links_to_dynamic = ext._needs_stub = False  # type: ignore[attr-defined]

@@ -62,6 +62,8 @@ MODULES: tuple[str, ...] = (
 #: mypyc's indexing of NumPy arrays is generic and slow.
 KERNELS: dict[str, str] = {"llmlb_bench.metrics.report_kernels": "llmlb_bench/metrics/report_kernels.c",
                            "llmlb_bench.metrics.cache_kernels": "llmlb_bench/metrics/cache_kernels.c"}
+#: the header both kernels include (their buffer checks): hashed into the manifest with them
+KERNEL_HEADERS = ("llmlb_bench/metrics/kernel_buffers.h",)
 PACKAGE = "llmlb_bench"
 #: where the build puts the extension modules and the manifest, under the package directory
 BUILD_DIR = "_compiled"
@@ -165,7 +167,7 @@ def build_manifest(root: str, built: bool, reason: str = "") -> dict[str, object
     extension suffix, and the hash of every source the build read."""
     from importlib.machinery import EXTENSION_SUFFIXES
 
-    files = source_closure(root) + sorted(KERNELS.values())
+    files = source_closure(root) + sorted(KERNELS.values()) + list(KERNEL_HEADERS)
     return {"built": built, "reason": reason, "modules": list(MODULES), "suffix": EXTENSION_SUFFIXES[0],
             "sources": source_hashes(root, files) if built else {}}
 

@@ -42,7 +42,6 @@ whatever the run's length, and the result the same as in one.
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +51,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from llmlb_bench.metrics import kernels
 from llmlb_bench.metrics.run_figures import CacheBuckets, CacheTokens, PrefixCacheFigures
 from llmlb_bench.schema import ArrowRow, CACHE_ACCOUNTING, META_BLOCK_SIZE, REQUESTS, TableSpec, open_parquet, trace_block_size
 from llmlb_bench.store.parts import replace_table, table_files
@@ -64,17 +64,10 @@ if TYPE_CHECKING:
     from llmlb_bench.store import RunStore
     from llmlb_bench.store.views import Catalog
 
-def _load() -> ModuleType | None:
-    try:
-        return importlib.import_module("llmlb_bench.metrics.cache_kernels")
-    except ImportError:
-        return None
-
-
 #: the C pass over a piece (``cache_kernels.c``, built with the compiled core: ``compiled_core.KERNELS``),
 #: or None: :func:`_account_piece`'s NumPy code runs (the reference; read at each call, so a test sets it
 #: to None)
-native: ModuleType | None = _load()
+native: ModuleType | None = kernels.load("cache_kernels")
 
 #: the loss buckets, in the order of the identity above (all but achieved)
 LOSSES = ("granularity", "failed", "routing", "in_flight", "eviction", "stale", "unmeasured")

@@ -14,39 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAXBUF 8
-
-typedef struct {
-    Py_buffer view[MAXBUF];
-    int n;
-} Buffers;
-
-static void release(Buffers *b) {
-    for (int i = 0; i < b->n; i++) PyBuffer_Release(&b->view[i]);
-    b->n = 0;
-}
-
-/* An int64 array: its data pointer and length in items, or NULL with an exception set. */
-static void *take64(Buffers *b, PyObject *obj, int writable, Py_ssize_t *len, const char *name) {
-    Py_buffer *v = &b->view[b->n];
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, v, flags) < 0) return NULL;
-    b->n++;
-    const char *f = v->format ? v->format : "B";
-    if (*f == '@' || *f == '=' || *f == '<') f++;
-    if (!(v->itemsize == 8 && (strcmp(f, "q") == 0 || strcmp(f, "l") == 0))) {
-        PyErr_Format(PyExc_TypeError, "%s: expected a contiguous int64 array", name);
-        return NULL;
-    }
-    *len = v->len / v->itemsize;
-    return v->buf;
-}
-
-static PyObject *bad(Buffers *b, const char *msg) {
-    release(b);
-    PyErr_SetString(PyExc_ValueError, msg);
-    return NULL;
-}
+#include "kernel_buffers.h"
 
 /* wrapping 64-bit arithmetic, as NumPy's int64 */
 static inline int64_t add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
@@ -68,10 +36,10 @@ static PyObject *piece(PyObject *self, PyObject *args) {
         return NULL;
     Buffers b = {.n = 0};
     Py_ssize_t size, ns, nt, nl;
-    const int64_t *key = take64(&b, o[0], 0, &size, "key");
-    const int64_t *splits = key ? take64(&b, o[1], 0, &ns, "splits") : NULL;
-    const int64_t *table = splits ? take64(&b, o[2], 0, &nt, "table") : NULL;
-    int64_t *lowest = table ? take64(&b, o[3], 1, &nl, "lowest") : NULL;
+    const int64_t *key = take(&b, o[0], 'q', 0, &size, "key");
+    const int64_t *splits = key ? take(&b, o[1], 'q', 0, &ns, "splits") : NULL;
+    const int64_t *table = splits ? take(&b, o[2], 'q', 0, &nt, "table") : NULL;
+    int64_t *lowest = table ? take(&b, o[3], 'q', 1, &nl, "lowest") : NULL;
     if (!lowest) { release(&b); return NULL; }
     if (low_bits < 1 || low_bits > 63 || pos_bits < 1 || pos_bits >= low_bits || levels < 1 ||
         (targets && levels != 3) || (!targets && levels != 1))

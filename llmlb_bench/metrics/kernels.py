@@ -16,12 +16,14 @@ import importlib
 from types import ModuleType
 
 
-def _load() -> ModuleType | None:
+def load(name: str) -> ModuleType | None:
+    """The kernel module ``llmlb_bench.metrics.<name>`` where the compiled core is built and fresh,
+    else None (its caller's NumPy path runs)."""
     try:
-        return importlib.import_module("llmlb_bench.metrics.report_kernels")
+        return importlib.import_module(f"llmlb_bench.metrics.{name}")
     except ImportError:
         return None
 
 
-#: the kernel module, or None: the callers' NumPy paths run
-native: ModuleType | None = _load()
+#: the report's kernel module, or None: the callers' NumPy paths run
+native: ModuleType | None = load("report_kernels")
