@@ -242,8 +242,7 @@ class RunStore:
                 write_json_atomic(self.dir / RUN_JSON, _stored_meta(self.meta))
                 const = {"run_id": self.run_id}
                 if self._token_ranges:
-                    self.token_sample = TokenSampleSink(self.dir, self.run_id, self._token_ranges,
-                                                        rows_per_group=self._rows_per_group)
+                    self.token_sample = TokenSampleSink(self.dir, self.run_id, self._token_ranges)
                 self.requests = ParquetSink(self.dir / REQUESTS_FILE, REQUESTS, constants=const,
                                             rows_per_group=self._rows_per_group, flush_s=self._flush_s,
                                             tee=self.token_sample.take if self.token_sample else None)

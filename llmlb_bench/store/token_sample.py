@@ -57,7 +57,7 @@ class TokenSampleSink:
     too. The rows are buffered until the close (a sample's worth: 28 MB of lists on the 100k run) and
     written at once: temporary name, fsync, rename; a run killed before it leaves no file."""
 
-    def __init__(self, run_dir: Path, run_id: str, ranges: Sequence[tuple[int, int]], *, rows_per_group: int) -> None:
+    def __init__(self, run_dir: Path, run_id: str, ranges: Sequence[tuple[int, int]]) -> None:
         self.ranges = sorted((int(a), int(b)) for a, b in ranges)
         self._starts = np.array([a for a, _ in self.ranges], dtype=np.int64)
         self._ends = np.array([b for _, b in self.ranges], dtype=np.int64)
