@@ -119,8 +119,8 @@ def test_weighted_sample_is_sorted_as_lexsort_sorts_it(top, distinct):
 
 @pytest.mark.parametrize("distinct", [1, 40, 3000])
 def test_pairs_sorted_with_positions_is_a_stable_argsort(distinct: int) -> None:
-    """pairs_sorted(v, positions) returns, as its weights, np.argsort(v, kind="stable") (the order
-    pacing's slowest-10% mean sums in): ties, -0.0 beside 0.0 and negative values included."""
+    """pairs_sorted(v, positions) returns, as its weights, np.argsort(v, kind="stable"): ties, -0.0
+    beside 0.0 and negative values included."""
     from llmlb_bench.metrics.distribution import pairs_sorted
 
     rng = np.random.default_rng(distinct)

@@ -447,47 +447,84 @@ static PyObject *weigh(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* slowest_terms(value, mult, top, k, prod) -> bool: pacing.slowest_gap_mean's terms: the entries ``top``
- * ordered as a stable argsort of their negated values orders them, each value x the gaps of it taken
- * (clip(k - gaps before, 0, mult)), into ``prod`` for NumPy to sum; False where a value is NaN. */
+/* A double's bits as an unsigned word that orders as the double does (-0.0 taken as 0.0, which it equals). */
+static inline uint64_t ordered_bits(double x) {
+    uint64_t u;
+    x += 0.0;
+    memcpy(&u, &x, sizeof u);
+    return (u >> 63) ? ~u : u | (UINT64_C(1) << 63);
+}
+
+#define DIGITS 65536   /* 16 bits of the key per round of the selection */
+
+/* slowest_terms(value, mult, k, terms) -> int | None: pacing.slowest_gap_mean's terms. ``threshold``,
+ * the k-th largest gap counted with multiplicity, by a selection on the values' bits (16 at a time,
+ * weighted by ``mult``: the first round over every entry, then over the entries of the chosen digit);
+ * then, in entry order, value x mult of every entry above it, and last threshold x the gaps still to
+ * take. Returns how many terms it wrote; None where a value is NaN or a multiplicity below 1 (the
+ * NumPy path decides then). ``terms`` holds at least min(k, len(value) + 1) doubles. */
 static PyObject *slowest_terms(PyObject *self, PyObject *args) {
-    PyObject *o[5];
+    PyObject *o[3];
     long long k;
-    if (!PyArg_ParseTuple(args, "OOOLO", &o[0], &o[1], &o[2], &k, &o[3])) return NULL;
+    if (!PyArg_ParseTuple(args, "OOLO", &o[0], &o[1], &k, &o[2])) return NULL;
     Buffers b = {.n = 0};
-    Py_ssize_t ne, nm, nt, np_;
+    Py_ssize_t ne, nm, nt;
     const double *value = take(&b, o[0], 'd', 0, &ne, "value");
     const int64_t *mult = value ? take(&b, o[1], 'q', 0, &nm, "mult") : NULL;
-    const int64_t *top = mult ? take(&b, o[2], 'q', 0, &nt, "top") : NULL;
-    double *prod = top ? take(&b, o[3], 'd', 1, &np_, "prod") : NULL;
-    if (!prod) { release(&b); return NULL; }
-    if (nm != ne || np_ != nt || (uint64_t)nt > UINT32_MAX) return bad(&b, "arrays of different lengths");
-    double *neg = calloc(nt ? (size_t)nt : 1, sizeof(double));
-    if (!neg) { release(&b); return PyErr_NoMemory(); }
-    for (Py_ssize_t i = 0; i < nt; i++) {
-        if (top[i] < 0 || top[i] >= ne) { free(neg); return bad(&b, "an entry out of range"); }
-        neg[i] = -value[top[i]];
+    double *terms = mult ? take(&b, o[2], 'd', 1, &nt, "terms") : NULL;
+    if (!terms) { release(&b); return NULL; }
+    if (nm != ne) return bad(&b, "arrays of different lengths");
+    if (k < 1 || nt < (k < (long long)ne + 1 ? k : (long long)ne + 1)) return bad(&b, "k out of range or too few terms");
+    int64_t *weight = calloc(DIGITS, sizeof(int64_t));
+    Py_ssize_t *entries = calloc(DIGITS, sizeof(Py_ssize_t));
+    if (!weight || !entries) { free(weight); free(entries); release(&b); return PyErr_NoMemory(); }
+    int64_t total = 0;
+    for (Py_ssize_t e = 0; e < ne; e++) {
+        if (isnan(value[e]) || mult[e] < 1) { free(weight); free(entries); release(&b); Py_RETURN_NONE; }
+        unsigned d = (unsigned)(ordered_bits(value[e]) >> 48);
+        weight[d] += mult[e];
+        entries[d]++;
+        total += mult[e];
     }
-    int nan;
-    uint32_t *order = pair_order(neg, NULL, (size_t)nt, &nan);
-    free(neg);
-    if (!order) {
-        release(&b);
-        if (nan) Py_RETURN_FALSE;
-        return PyErr_NoMemory();
+    if (k > total) { free(weight); free(entries); return bad(&b, "k above the number of gaps"); }
+    /* the digit that holds the k-th largest gap: ``above`` gaps lie in the digits over it */
+    int64_t above = 0;
+    unsigned d = DIGITS - 1;
+    while (above + weight[d] < k) above += weight[d--];
+    Py_ssize_t nc = entries[d];
+    uint64_t *key = malloc((nc ? (size_t)nc : 1) * sizeof(uint64_t));
+    int64_t *w = malloc((nc ? (size_t)nc : 1) * sizeof(int64_t));
+    if (!key || !w) { free(weight); free(entries); free(key); free(w); release(&b); return PyErr_NoMemory(); }
+    for (Py_ssize_t e = 0, c = 0; e < ne; e++) {
+        uint64_t u = ordered_bits(value[e]);
+        if ((unsigned)(u >> 48) == d) { key[c] = u; w[c++] = mult[e]; }
     }
-    int64_t before = 0;
-    for (Py_ssize_t i = 0; i < nt; i++) {
-        int64_t e = top[order[i]], m = mult[e];
-        int64_t take_ = k - before;
-        take_ = take_ < 0 ? 0 : take_;
-        take_ = take_ > m ? m : take_;
-        prod[i] = value[e] * (double)take_;
-        before += m;
+    uint64_t prefix = (uint64_t)d << 48;
+    for (int shift = 32; shift >= 0; shift -= 16) {    /* the next 16 bits, among the entries of the prefix */
+        memset(weight, 0, DIGITS * sizeof(int64_t));
+        for (Py_ssize_t c = 0; c < nc; c++) weight[(key[c] >> shift) & 0xFFFF] += w[c];
+        d = DIGITS - 1;
+        while (above + weight[d] < k) above += weight[d--];
+        prefix |= (uint64_t)d << shift;
+        Py_ssize_t kept = 0;
+        for (Py_ssize_t c = 0; c < nc; c++)
+            if (((key[c] >> shift) & 0xFFFF) == d) { key[kept] = key[c]; w[kept++] = w[c]; }
+        nc = kept;
     }
-    free(order);
+    free(weight); free(entries); free(key); free(w);
+    uint64_t bits = (prefix >> 63) ? prefix & ~(UINT64_C(1) << 63) : ~prefix;
+    double threshold;
+    memcpy(&threshold, &bits, sizeof threshold);
+    Py_ssize_t j = 0;
+    int64_t taken = 0;
+    for (Py_ssize_t e = 0; e < ne; e++)
+        if (value[e] > threshold) {
+            terms[j++] = value[e] * (double)mult[e];
+            taken += mult[e];
+        }
+    terms[j++] = threshold * (double)(k - taken);
     release(&b);
-    Py_RETURN_TRUE;
+    return PyLong_FromSsize_t(j);
 }
 
 /* itl_split(seg, start, gap, count, ones, rest_v, rest_w) -> (ones, rest, nan, zero): ITL's gaps
@@ -545,7 +582,7 @@ static PyMethodDef methods[] = {
     {"merged_back", merged_back, METH_VARARGS, "merged's merge written over the sorted weight-1 values, with cw."},
     {"weigh", weigh, METH_VARARGS, "The merged entries of weight other than 1 times their weights, or back."},
     {"itl_split", itl_split, METH_VARARGS, "ITL's gaps split into weight-1 values and pairs of larger weights."},
-    {"slowest_terms", slowest_terms, METH_VARARGS, "The slowest-10% mean's terms in its order; False on NaN."},
+    {"slowest_terms", slowest_terms, METH_VARARGS, "The slowest-10% mean's terms; None on NaN."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -45,7 +45,7 @@ callback runs, so each held request is handed out exactly once.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, NoReturn, TypeVar
 
 from llmlb_bench.errors import PolicyError as PolicyError  # defined there (this module is compiled); exported here
 from llmlb_bench.policies.base import (HOLD, REJECT, Decision, Picked, Policy, Released, RouteRequest, Verdict, View,
@@ -68,6 +68,11 @@ HELD_AT_END = ("not_sent", "held by the router until the end of the run")
 
 def _nothing_held(view: View) -> Released | None:
     return None
+
+
+def detached(*_: object) -> NoReturn:
+    """A run's callback once the run is over (:meth:`Router.detach`, ``TraceRun.detach``): a call fails."""
+    raise RuntimeError("the run is over: its callbacks were detached")
 
 
 def _own_hook(policy: Policy, name: str) -> Callable[..., Any] | None:
@@ -194,6 +199,12 @@ class Router(Generic[Item]):
                 self._on_release(item, req)
             req.predicted_cached_tokens = self._predict(req, target, self.view) if self._predict is not None else None
             self._dispatch(item, req, target, -1)
+
+    def detach(self) -> None:
+        """Drop the backend's callbacks (the run is over: ``TraceRun.detach``); a decision after this
+        raises RuntimeError."""
+        self._dispatch = self._reject = detached
+        self._on_release = None
 
     def take_held(self) -> list[Item]:
         """Empty the router queue (the run ended while the policy still held these); the caller writes them

@@ -708,7 +708,9 @@ def simulate(trace: pa.Table, cfg: ClusterConfig, policy: Policy, run: RunSinks,
         sim = Simulation(trace, cfg, policy, run, seed, users, think_s)
         end = sim.run()
         sim.flush(end)
-        return sim.summary(end, time.perf_counter() - wall0)
+        summary = sim.summary(end, time.perf_counter() - wall0)
+        sim.core.detach()    # the run's objects go with ``sim`` (trace_run.py), not at a later collection
+        return summary
     finally:
         if paused:
             gc.enable()
