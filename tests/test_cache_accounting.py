@@ -19,7 +19,7 @@ from shape_check import mismatches
 from test_metrics_docs import find
 
 from llmlb_bench.experiment import simulate_run
-from llmlb_bench.metrics.cache_accounting import LOSSES, _SPREAD, account
+from llmlb_bench.metrics.cache_accounting import LOSSES, _SPREAD, account, accounting_summary
 from llmlb_bench.metrics.run_figures import PrefixCacheFigures
 from llmlb_bench.schema import trace_table, write_trace
 from llmlb_bench.sim import ClusterConfig
@@ -204,6 +204,16 @@ def test_a_trace_without_prefix_hashes_writes_no_accounting(tmp_path):
     store = simulate_run(pq.read_table(path), path, ClusterConfig.build(replicas=1), "round_robin", {}, 0,
                          tmp_path / "results", run_id="plain")
     assert not (store.dir / "cache_accounting.parquet").exists()
+    # the catalog knows the view is empty, and the report has no accounting to show (without asking DuckDB)
+    cat = Catalog([store.dir])
+    assert cat.empty == {"cache_accounting"}
+    assert accounting_summary(cat) == {}
+    with_one = tmp_path / "with"
+    with_one.mkdir()
+    _run(with_one, *_trace(with_one, [0, 0], shared_blocks=4, own_blocks=2, gap_s=1.0), ClusterConfig.build(replicas=1),
+         "round_robin", "rr")
+    cat = Catalog([with_one / "results", store.dir])
+    assert cat.empty == set() and set(accounting_summary(cat)) == {"rr"}
 
 
 def test_a_replay_against_llmlb_serve_is_accounted_in_the_servers_blocks(tmp_path):

@@ -174,7 +174,8 @@ def _summarize(cat: Catalog, slo: Slo | None, opt: Options) -> list[RunFigures]:
     talks = conversations(cat, slo)
     loads = adapter_loads(cat)
     spec = speculative(cat, counts)
-    failed = failures(cat.query(failure_sql()))
+    # not-ok requests by status and reason: none to look for where every request of every run was ok
+    failed = failures(cat.query(failure_sql())) if any(c["ok"] < c["requests"] for c in counts.values()) else {}
     ids = [run["run_id"] for run in runs]
     windows = {k: arrival_window(counts[k]["requests"], counts[k]["t0"], counts[k]["last_scheduled"], metas[k])
                or durations[k] for k in ids}

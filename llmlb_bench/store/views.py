@@ -143,6 +143,9 @@ class Catalog:
     def __init__(self, paths: Iterable[str | Path], *, confined: bool = False) -> None:
         self.run_dirs = find_run_dirs(paths)
         self.confined = confined
+        #: the views no file backs (``requests``, ``series``, ``cache_accounting``): empty, so a metric
+        #: needs no query of them to know it has nothing to report
+        self.empty: set[str] = set()
         self.con = duckdb.connect(":memory:", config=CONFINED_CONFIG if confined else {})
         rows: list[dict[str, object]] = []
         req_files: list[str] = []
@@ -194,6 +197,7 @@ class Catalog:
                 scan += f" UNION ALL BY NAME SELECT * FROM _{name}_absent"
             self.con.execute(f"CREATE VIEW {name} AS {scan}")
         else:
+            self.empty.add(name)
             self.con.register(f"_{name}_empty", spec.empty())
             self.con.execute(f"CREATE VIEW {name} AS SELECT * FROM _{name}_empty")
 
