@@ -62,9 +62,9 @@ def main() -> None:
             terminal.render(doc, Console(file=io.StringIO(), width=120))
             reports.append(time.perf_counter() - t0)
             reports_cpu.append(time.process_time() - c0)
-            print(f"repeat {i + 1}: simulate {sims[-1]:.2f} s (CPU {sims_cpu[-1]:.2f} s), report {reports[-1]:.2f} s "
-                  f"(CPU {reports_cpu[-1]:.2f} s): {100 * reports[-1] / sims[-1]:.0f}% of the run "
-                  f"({100 * reports_cpu[-1] / sims_cpu[-1]:.0f}% in CPU time); load average "
+            print(f"repeat {i + 1}: simulate {sims[-1]:.2f} s (CPU {sims_cpu[-1]:.3f} s), report {reports[-1]:.2f} s "
+                  f"(CPU {reports_cpu[-1]:.3f} s): {100 * reports[-1] / sims[-1]:.0f}% of the run "
+                  f"({100 * reports_cpu[-1] / sims_cpu[-1]:.1f}% in CPU time); load average "
                   f"{os.getloadavg()[0]:.1f}", flush=True)
     med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
     ratios = [r / s for r, s in zip(reports, sims)]
