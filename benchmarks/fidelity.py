@@ -213,6 +213,9 @@ def main() -> None:
     ap.add_argument("--calibrate-repeats", type=int, default=3,
                     help="repeats of every calibration probe (more repeats spread the probes over a longer time, "
                     "so the median step sees more of the engine's slow spells)")
+    ap.add_argument("--calibrate-interference-pairs", type=int, default=None,
+                    help="interference pairs of every calibration (calibrate's --interference-pairs; default: "
+                    "as llmlb calibrate)")
     ap.add_argument("--warm-up-replays", type=int, default=0,
                     help="Poisson replays (--requests requests at --warm-up-rate) sent before calibrating: the "
                     "engine's first minutes are faster than its later ones (docs/fidelity.md)")
@@ -279,6 +282,7 @@ def main() -> None:
                 t = time.time()
                 prof = calibrate(url, {"max_num_seqs": SEQS, "max_num_batched_tokens": BUDGET}, options=options,
                                  max_prompt=2 * BUDGET, repeats=args.calibrate_repeats, seed=args.seed + n,
+                                 interference_pairs=args.calibrate_interference_pairs,
                                  results=work / f"calibration-{n + 1}" if args.keep is not None else None).profile
                 out["calibrations"].append({
                     "seconds": time.time() - t, "load_average": os.getloadavg(), "engine": prof["engine"],

@@ -24,7 +24,7 @@ from llmlb_bench.calibrate.dispersion import Jitter, dispersion
 from llmlb_bench.calibrate.endpoint import EngineInfo, discover
 from llmlb_bench.calibrate.fit import Fit, drift_samples, fit, observations
 from llmlb_bench.calibrate.frontend import wait_share
-from llmlb_bench.calibrate.probes import DRIFT_PROBES, ProbePlan, Prober, plan
+from llmlb_bench.calibrate.probes import DRIFT_PROBES, INTERFERENCE_PAIRS, ProbePlan, Prober, plan
 from llmlb_bench.replay import ReplayOptions, preflight
 from llmlb_bench.sim.profile import PROFILE_VERSION, STEP_TERMS, ProfileDoc, parse_profile
 
@@ -46,15 +46,18 @@ def calibrate(url: str, given: Mapping[str, int | None], *, options: ReplayOptio
               max_prompt: int | None = None, batches: Sequence[int] | None = None,
               contexts: Sequence[int] | None = None, decode_tokens: int = 48, repeats: int = 3,
               results: Path | None = None, seed: int = 0, interference: bool = True,
-              drift_probes: int = DRIFT_PROBES) -> Calibration:
+              drift_probes: int = DRIFT_PROBES, interference_pairs: int | None = INTERFERENCE_PAIRS) -> Calibration:
     """Probe ``url`` and fit its profile. ``given``: engine settings from flags (None = ask the
     engine); probe runs go to ``results`` (a scratch folder when None); ``interference``: send the
     probe that measures ``frontend_cpu_s`` (else it is 0); ``drift_probes``: drift reference probes
-    over the calibration (0: none; the drift is then measured from the decode groups' repeats alone)."""
+    over the calibration (0: none; the drift is then measured from the decode groups' repeats alone);
+    ``interference_pairs``: interference pairs sent (None: ``repeats``), whose readings' median is
+    ``frontend_cpu_s``."""
     options = options or ReplayOptions(api="completions")
     info = discover(url, given, options.model)
     options = ReplayOptions(**{**options.__dict__, "model": info.model})
-    p = plan(info.settings, max_prompt, batches, contexts, decode_tokens, repeats, interference, drift_probes)
+    p = plan(info.settings, max_prompt, batches, contexts, decode_tokens, repeats, interference, drift_probes,
+             interference_pairs)
     pre = preflight([url], options)
     with tempfile.TemporaryDirectory(prefix="llmlb-calibrate-") as tmp:
         root = Path(results) if results is not None else Path(tmp)

@@ -71,6 +71,9 @@ DRIFT_BATCH = 4
 DRIFT_CONTEXT = 16
 #: the drift reference probes sent over a calibration (first and last probe included; --drift-probes)
 DRIFT_PROBES = 10
+#: the interference pairs (control + run with arrivals) sent over a calibration (--interference-pairs);
+#: None: as many as ``repeats``
+INTERFERENCE_PAIRS: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,21 +92,28 @@ class ProbePlan:
     interference_tokens: int = 0             # the decoding requests' output length
     drift_probes: int = 0                    # drift reference probes sent over the calibration (0: none)
     drift_batch: int = 0                     # each one's requests decoding at once
+    interference_pairs: int = 0              # interference pairs sent (0: ``repeats`` of them)
+
+    @property
+    def pairs(self) -> int:
+        """The interference pairs sent (``interference_pairs``, or ``repeats`` where it is 0)."""
+        return self.interference_pairs or self.repeats
 
     def requests(self) -> int:
         return ((len(self.prompts) + sum(self.batches) * len(self.contexts) + 2 * len(self.cache_blocks)) * self.repeats
                 + self.interference_requests() + self.drift_probes * self.drift_batch)
 
     def interference_requests(self) -> int:
-        """The interference probe's requests: per repeat, a control and a run with arrivals."""
+        """The interference probe's requests: per pair, a control and a run with arrivals."""
         b = self.interference_batch
-        return (2 * b + self.interference_tokens // ARRIVAL_EVERY_STEPS) * self.repeats if b else 0
+        return (2 * b + self.interference_tokens // ARRIVAL_EVERY_STEPS) * self.pairs if b else 0
 
 
 def plan(settings: Mapping[str, int], max_prompt: int | None, batches: Sequence[int] | None,
          contexts: Sequence[int] | None, decode_tokens: int, repeats: int, interference: bool = True,
-         drift_probes: int = DRIFT_PROBES) -> ProbePlan:
-    """Probe sizes within the engine's model length, seats and KV capacity."""
+         drift_probes: int = DRIFT_PROBES, interference_pairs: int | None = INTERFERENCE_PAIRS) -> ProbePlan:
+    """Probe sizes within the engine's model length, seats and KV capacity; ``interference_pairs``:
+    the interference pairs to send (None: ``repeats``)."""
     bs, seqs, budget = settings["block_size"], settings["max_num_seqs"], settings["max_num_batched_tokens"]
     kv_tokens = settings["num_kv_blocks"] * bs
     limit = min(settings["max_model_len"] - 2, kv_tokens - bs)
@@ -131,7 +141,8 @@ def plan(settings: Mapping[str, int], max_prompt: int | None, batches: Sequence[
                      interference_batch=max(ib, 0) if interference else 0,
                      interference_prompt=max(8, min(top // 4, budget - ib, limit - 2)),
                      interference_tokens=INTERFERENCE_TOKENS_PER_DECODE * decode_tokens,
-                     drift_probes=drift_probes if drift_probes >= 2 else 0, drift_batch=min(DRIFT_BATCH, seqs))
+                     drift_probes=drift_probes if drift_probes >= 2 else 0, drift_batch=min(DRIFT_BATCH, seqs),
+                     interference_pairs=max(0, interference_pairs or 0))
 
 
 class ProbeParams(TypedDict, total=False):
@@ -252,7 +263,7 @@ class Prober:
     def all(self, p: ProbePlan) -> list[ProbeRun]:
         """Every probe of the plan after a warm-up: cache pairs, prefill, then the decode groups
         (cache pairs and decode groups each ``repeats`` times, in random order), then the interference
-        pairs (``repeats`` times); the drift reference probe before the first, after the last and at
+        pairs (``pairs`` of them, one after the other); the drift reference probe before the first, after the last and at
         even intervals between them (``drift_probes`` in all)."""
         self.prefill(p.prompts[::2], 1, p.block_size)     # warm-up (first requests after a start are slow), unused
         pairs = list(p.cache_blocks) * p.repeats
@@ -263,7 +274,7 @@ class Prober:
         probes.append(partial(self.prefill, p.prompts, p.repeats, p.block_size))
         probes += [partial(self.decode, b, c, p.decode_tokens, p.block_size) for b, c in groups]
         if p.interference_batch:
-            probes += [partial(self.interference, p, k) for k in range(p.repeats)]
+            probes += [partial(self.interference, p, k) for k in range(p.pairs)]
         # the reference goes before probe i for every i in `at` (spaced evenly), and once after the last
         at = {round(j * len(probes) / (p.drift_probes - 1)) for j in range(p.drift_probes - 1)} if p.drift_probes else set()
         runs: list[ProbeRun] = []

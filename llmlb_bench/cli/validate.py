@@ -34,6 +34,7 @@ def validate(
     max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", min=1, help="Calibration: the engine's max_num_seqs (default: what it publishes, else vLLM's 256).")] = None,
     max_batched_tokens: Annotated[Optional[int], typer.Option("--max-batched-tokens", min=1, help="Calibration: the engine's max_num_batched_tokens (default: what it publishes, else 2048).")] = None,
     max_prompt: Annotated[Optional[int], typer.Option("--max-prompt", min=8, help="Calibration: longest prefill probe.")] = None,
+    interference_pairs: Annotated[Optional[int], typer.Option("--interference-pairs", min=1, help="Calibration: interference pairs sent, whose readings' median is frontend_cpu_s (default: as llmlb calibrate).")] = None,
     anchor: Annotated[Optional[bool], typer.Option("--anchor/--no-anchor", help="Send the profile's reference probe before every replay and after the last, and simulate with the step model rescaled to their long-run median and their drift (default: when the profile has a reference probe; see docs/fidelity.md).")] = None,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Requests sent first and counted for nothing (the first requests after a start are slow).")] = 16,
     results: ResultsDir = Path("results"),
@@ -65,7 +66,8 @@ def validate(
 
         console.print(f"calibrating {endpoint} ...", highlight=False)
         given = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_batched_tokens}
-        cal = calibrate(endpoint, given, options=options, max_prompt=max_prompt, seed=seed)
+        cal = calibrate(endpoint, given, options=options, max_prompt=max_prompt, seed=seed,
+                        interference_pairs=interference_pairs)
         prof = cal.profile
         results.mkdir(parents=True, exist_ok=True)
         path = results / "calibrated-profile.json"
