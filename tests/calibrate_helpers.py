@@ -2,9 +2,32 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 
 from llmlb_bench.calibrate.fit import UNKNOWNS, Fit
+from llmlb_bench.calibrate.probes import Prober
+from llmlb_bench.replay import ReplayOptions
+
+#: an engine's settings as calibrate reads them, small enough for a plan of a few probes
+SETTINGS = {"block_size": 16, "max_num_seqs": 8, "max_num_batched_tokens": 256, "num_kv_blocks": 1000,
+            "max_model_len": 2048}
+
+
+class RecordingProber(Prober):
+    """A Prober that sends nothing: it records the kind of each probe it would send (``sent``) and
+    answers with no rows, so a plan's order and counts can be checked without an engine (no decode
+    window: an interference pair stops after its control)."""
+
+    def __init__(self) -> None:
+        super().__init__("http://unused", None, ReplayOptions(api="completions"), Path("unused"))  # type: ignore[arg-type]
+        self.sent: list[str] = []
+
+    def _replay(self, kind: str, table: Any, options: Any, block_size: int) -> list[dict[str, Any]]:
+        self.sent.append(kind)
+        return []
 
 
 def assert_least_squares_optimum(result: Fit) -> None:

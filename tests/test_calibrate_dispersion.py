@@ -205,23 +205,13 @@ def test_the_drift_reference_goes_first_last_and_evenly_between():
     """Prober.all sends the drift reference before the first probe, after the last and at even
     intervals between (``drift_probes`` in all), and the other probes in their usual order; without
     it (0) exactly the usual sequence."""
-    from llmlb_bench.calibrate.probes import ProbeRun, Prober, plan
-    from llmlb_bench.replay import ReplayOptions
+    from calibrate_helpers import SETTINGS, RecordingProber
 
-    class Recording(Prober):
-        def __init__(self) -> None:
-            super().__init__("http://unused", None, ReplayOptions(api="completions"), Path("unused"))  # type: ignore[arg-type]
-            self.sent: list[str] = []
+    from llmlb_bench.calibrate.probes import ProbeRun, plan
 
-        def _replay(self, kind: str, table: Any, options: Any, block_size: int) -> list[dict[str, Any]]:
-            self.sent.append(kind)
-            return []
-
-    settings = {"block_size": 16, "max_num_seqs": 8, "max_num_batched_tokens": 256, "num_kv_blocks": 1000,
-                "max_model_len": 2048}
     for n in (0, 2, 5):
-        p = plan(settings, None, [1, 4], [16], 16, 2, interference=False, drift_probes=n)
-        prober = Recording()
+        p = plan(SETTINGS, None, [1, 4], [16], 16, 2, interference=False, drift_probes=n)
+        prober = RecordingProber()
         runs = prober.all(p)
         sent = prober.sent[1:]                  # after the warm-up
         others = [k for k in sent if k != "drift"]

@@ -289,30 +289,18 @@ def test_the_interference_pairs_are_counted_apart_from_the_repeats():
     """``interference_pairs`` sets how many interference pairs a calibration sends, whatever the other
     probes' ``repeats`` (None: as many as ``repeats``, the default); the plan's request count and the
     probes sent (pair 0, 1, ... in order, after every other probe) follow it."""
-    from typing import Any
+    from calibrate_helpers import SETTINGS, RecordingProber
 
-    from llmlb_bench.calibrate.probes import Prober, plan
-    from llmlb_bench.replay import ReplayOptions
+    from llmlb_bench.calibrate.probes import plan
 
-    class Recording(Prober):
-        def __init__(self) -> None:
-            super().__init__("http://unused", None, ReplayOptions(api="completions"), Path("unused"))  # type: ignore[arg-type]
-            self.sent: list[str] = []
-
-        def _replay(self, kind: str, table: Any, options: Any, block_size: int) -> list[dict[str, Any]]:
-            self.sent.append(kind)
-            return []           # no decode window: each pair stops after its control
-
-    settings = {"block_size": 16, "max_num_seqs": 8, "max_num_batched_tokens": 256, "num_kv_blocks": 1000,
-                "max_model_len": 2048}
-    default = plan(settings, None, [1, 4], [16], 16, 3, drift_probes=0)
-    nine = plan(settings, None, [1, 4], [16], 16, 3, drift_probes=0, interference_pairs=9)
+    default = plan(SETTINGS, None, [1, 4], [16], 16, 3, drift_probes=0)
+    nine = plan(SETTINGS, None, [1, 4], [16], 16, 3, drift_probes=0, interference_pairs=9)
     assert default.pairs == 3 and nine.pairs == 9 and nine.repeats == 3
     per_pair = 2 * default.interference_batch + default.interference_tokens // 8
     assert default.interference_requests() == 3 * per_pair and nine.interference_requests() == 9 * per_pair
     assert nine.requests() - default.requests() == 6 * per_pair
     for p in (default, nine):
-        prober = Recording()
+        prober = RecordingProber()
         runs = prober.all(p)
         assert prober.sent.count("interference") == p.pairs
         assert prober.sent[-p.pairs:] == ["interference"] * p.pairs
