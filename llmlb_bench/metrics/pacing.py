@@ -485,8 +485,8 @@ def slowest_gap_mean(s: Streams, share: float = 0.1) -> float | None:
     k = math.ceil(share * n)
     native = kernels.native
     if native is not None:
-        # the k-th largest by a selection on the values' bits (on the 100k run's 1.84M entries, 0.028 ->
-        # 0.006 CPU-s: the NumPy path's negated copy, partition and sort of the 273,000 largest entries)
+        # the k-th largest by a selection on the values' bits (on the 100k run's 1.84M entries, 0.027 ->
+        # 0.009-0.015 CPU-s in the report: the NumPy path's negated copy, partition and sort of the 273,000 largest)
         terms = np.empty(min(k, len(s.value) + 1))
         used = native.slowest_terms(s.value, s.mult, k, terms)
         if used is not None:
