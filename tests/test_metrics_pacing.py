@@ -99,6 +99,24 @@ def test_walk_matches_etalon_on_random_streams():
         assert d == 0 or lo_m > 0.1 * lo_t
 
 
+@pytest.mark.parametrize("dictionary", [False, True])
+def test_each_request_walks_at_its_own_class_deadlines(dictionary):
+    """Per-class limits reach each request (the column plain or dictionary-encoded, as Parquet may
+    hand it): a class without a TPOT limit is not judged, a request without a class takes the
+    default limits."""
+    classes = pa.array(["tight", None, "batch", "tight"])
+    if dictionary:
+        classes = classes.dictionary_encode()
+    s = Streams.from_arrow(pa.table({
+        "request_id": range(4), "slo_class": classes, "ttft": [HAND[0]] * 4,
+        "token_times": pa.array([HAND[1]] * 4, pa.list_(TOKEN_SEGMENT))}))
+    fl = pacing_of(s, Slo.parse("ttft=1s,tpot=125ms;tight:ttft=1s,tpot=62.5ms;batch:e2e=60s"))["fluidity"]
+    # default (D_d = 0.125): 3 of 9 deadlines missed (test_fluidity_of_the_hand_request)
+    tight = etalon_walk([0.5, 0.125, 0.125, 0.125, 0.9375, 0.0625, 0.0625], 1.0, 0.0625)
+    assert fl["requests"] == 3
+    assert fl["mean"] == pytest.approx((2 * (1 - tight[0] / tight[1]) + 6 / 9) / 3)
+
+
 def test_slowest_ten_percent_mean():
     # gaps: 0.125 x3, 0.9375, 0.0625 x2 and 0.5 x13, 0.75 -> N = 20, top 2: 0.9375 and 0.75
     s = streams([HAND, (0.1, [seg(0.1, 0.5, 14), seg(7.35, 0.0, 1)])])
@@ -139,7 +157,7 @@ def test_slowest_ten_percent_mean_matches_the_expanded_gaps_with_ties():
     for n in (1, 7, 5000):
         value = np.round(rng.exponential(0.05, n), 3)             # rounded: many equal gaps
         mult = rng.integers(1, 6, n)
-        s = Streams(ttft=np.zeros(1), slo_class=[None], rank_of=np.zeros(1, np.int64), value=value, mult=mult,
+        s = Streams(ttft=np.zeros(1), slo_class=np.zeros(1, np.intp), classes=[None], rank_of=np.zeros(1, np.int64), value=value, mult=mult,
                     offsets=np.array([0, n]))
         gaps = np.sort(np.repeat(value, mult))[::-1]
         assert slowest_gap_mean(s) == pytest.approx(gaps[:math.ceil(0.1 * len(gaps))].mean(), rel=1e-12)

