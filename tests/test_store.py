@@ -15,6 +15,7 @@ from llmlb_bench.schema import REQUESTS
 from llmlb_bench.store import ParquetSink, RunStore
 from llmlb_bench.store.parts import read_parts, replace_table, table_files
 from llmlb_bench.store.views import Catalog
+from metrics_helpers import store_run
 
 
 def _rows(start: int, n: int) -> dict:
@@ -189,3 +190,20 @@ def test_resume_keeps_the_rows_of_a_killed_runs_workers_once(tmp_path):
     res = prepare_resume(run_dir, tmp_path / "t.parquet")
     assert sorted(res.carried.column("request_id").to_pylist()) == [0, 1, 2] and res.done_ids == {0, 1, 2}
     res.restore()
+
+
+def test_a_column_null_in_every_row_is_known_from_the_footers(tmp_path):
+    """``Catalog.holds_no_value`` reads the files' null counts: true where every row is null or the
+    column is absent, false where one row has a value or a footer keeps no null count (then only a
+    scan could tell, and the metric runs its query)."""
+    rows = {"request_id": [0, 1, 2], "sent_s": [0.0, 0.1, 0.2], "status": ["ok"] * 3}
+    store_run(tmp_path / "a", "none", {**rows, "session_id": [None] * 3})
+    store_run(tmp_path / "b", "one", {**rows, "session_id": [None, 7, None]})
+    assert Catalog([tmp_path / "a"]).holds_no_value("requests", "session_id")
+    assert Catalog([tmp_path / "a"]).holds_no_value("requests", "no_such_column")
+    assert not Catalog([tmp_path / "b"]).holds_no_value("requests", "session_id")
+    assert not Catalog([tmp_path]).holds_no_value("requests", "session_id")    # one run of two has one
+    [part] = table_files(tmp_path / "a" / "none" / "requests.parquet")
+    table = pq.read_table(part)
+    pq.write_table(table.replace_schema_metadata(table.schema.metadata), part, write_statistics=False)
+    assert not Catalog([tmp_path / "a"]).holds_no_value("requests", "session_id")

@@ -60,6 +60,8 @@ def conversations(cat: Catalog, slo: Slo | None) -> dict[str, ConversationFigure
     """run id -> its conversation figures, for the runs with sessions (needs the
     ``request_metrics`` view, :func:`llmlb_bench.metrics.sql.request_metrics_sql`)."""
     out: dict[str, ConversationFigures] = {}
+    if cat.holds_no_value("requests", "session_id"):
+        return out
     for r in cat.query(_sessions_sql(slo)).to_pylist():
         p50, p90, p99 = r["completion"] or (None, None, None)
         out[r["run_id"]] = {
