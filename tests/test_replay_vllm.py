@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from pathlib import Path
 from bisect import bisect_right
 
 import numpy as np
@@ -49,7 +50,26 @@ def engines(tmp_path_factory):
     settings = [VllmSettings(), VllmSettings(num_gpu_blocks=SMALL_BLOCKS)]
     with VllmReplicas(model, 2, settings=settings, python=python,
                       log_dir=tmp_path_factory.mktemp("vllm-logs")) as fleet:
-        yield {"big": fleet.urls[0], "small": fleet.urls[1], "model": model}
+        yield {"big": fleet.urls[0], "small": fleet.urls[1], "model": model, "pids": fleet.pids()}
+
+
+def _descendants(pid: int) -> list[str]:
+    """The names of a process's descendants, from the kernel's lists of each thread's children."""
+    names = []
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        for child in children.read_text().split():
+            names.append(Path(f"/proc/{child}/comm").read_text().strip())
+            names += _descendants(int(child))
+    return names
+
+
+def test_each_replicas_process_is_the_root_of_its_engine(engines):
+    """``VllmReplicas.pids`` names the processes whose descendants are the engine's (what
+    benchmarks/vllm_process_cpu.py reads the CPU of): an engine core and a worker under each."""
+    assert len(engines["pids"]) == 2
+    for pid in engines["pids"]:
+        names = _descendants(pid)
+        assert any(n.startswith("VLLM::EngineCor") for n in names) and any(n.startswith("VLLM::Worker") for n in names)
 
 
 def _counter(url: str, name: str) -> float:

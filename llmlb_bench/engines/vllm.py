@@ -238,6 +238,11 @@ class VllmReplicas:
             f.seek(max(0, f.tell() - chars))
             return f.read().decode(errors="replace")
 
+    def pids(self) -> list[int]:
+        """Each running replica's server process (its engine-core and worker processes are its
+        descendants): for benchmarks that read the processes' CPU (benchmarks/vllm_process_cpu.py)."""
+        return [proc.pid for proc in self._procs]
+
     def stop(self) -> None:
         """Stop every replica's process group: SIGTERM, then SIGKILL after 20 s; idempotent."""
         for proc in self._procs:
