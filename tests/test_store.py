@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 import textwrap
+from decimal import Decimal
 
 import pyarrow.parquet as pq
 import pytest
@@ -207,3 +209,23 @@ def test_a_column_null_in_every_row_is_known_from_the_footers(tmp_path):
     table = pq.read_table(part)
     pq.write_table(table.replace_schema_metadata(table.schema.metadata), part, write_statistics=False)
     assert not Catalog([tmp_path / "a"]).holds_no_value("requests", "session_id")
+
+
+def test_small_answers_read_as_rows_are_the_arrow_tables_rows(tmp_path):
+    """``Catalog.rows`` gives what ``query(...).to_pylist()`` gives (nulls, NaN, decimals, doubles,
+    lists, structs), but for an uncast integer sum: an int where Arrow gives a Decimal."""
+    store_run(tmp_path, "r", {"request_id": [0, 1, 2], "sent_s": [0.0, 0.1, 0.25], "status": ["ok", "ok", "error"],
+                              "input_tokens": [5, 6, 7]})
+    cat = Catalog([tmp_path])
+    sql = ("SELECT run_id, status, count(*) AS n, sum(input_tokens)::BIGINT AS tokens, max(sent_s) AS last, "
+           "sum(CAST(sent_s AS DECIMAL(38, 18))) AS exact, max(session_id) AS none, 'NaN'::DOUBLE AS nan, "
+           "list(request_id ORDER BY request_id) AS ids, {'a': min(request_id)} AS s "
+           "FROM requests GROUP BY ALL ORDER BY status")
+    rows, table = cat.rows(sql), cat.query(sql).to_pylist()
+    assert [r.keys() for r in rows] == [r.keys() for r in table] and len(rows) == 2
+    for got, want in zip(rows, table):
+        assert math.isnan(got.pop("nan")) and math.isnan(want.pop("nan"))
+        assert got == want and all(type(got[k]) is type(want[k]) for k in got)
+    [wide] = cat.rows("SELECT sum(input_tokens) AS total FROM requests")
+    assert wide == {"total": 18} and cat.query("SELECT sum(input_tokens) AS total FROM requests").to_pylist() == [
+        {"total": Decimal(18)}]

@@ -15,8 +15,10 @@ from llmlb_bench.store.views import Catalog
 
 def adapter_loads(cat: Catalog) -> dict[str, AdapterLoads]:
     """``{run_id: {"total": loads, "per_target": {target: loads}}}`` for runs whose series count loads."""
-    rows = cat.query("SELECT run_id, target, sum(adapter_loads)::BIGINT AS loads FROM series "
-                     "WHERE adapter_loads IS NOT NULL GROUP BY ALL ORDER BY run_id, target").to_pylist()
+    if cat.holds_no_value("series", "adapter_loads"):
+        return {}
+    rows = cat.rows("SELECT run_id, target, sum(adapter_loads)::BIGINT AS loads FROM series "
+                    "WHERE adapter_loads IS NOT NULL GROUP BY ALL ORDER BY run_id, target")
     out: dict[str, AdapterLoads] = {}
     for r in rows:
         run = out.setdefault(r["run_id"], {"total": 0, "per_target": {}})

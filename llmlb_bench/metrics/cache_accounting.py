@@ -712,11 +712,11 @@ def accounting_summary(cat: Catalog) -> dict[str, PrefixCacheFigures]:
     out: dict[str, PrefixCacheFigures] = {}
     if "cache_accounting" in cat.empty:     # no run kept one: the join would still scan the requests
         return out
-    for r in cat.query(_SUMMARY_SQL.format(sums=sums)).to_pylist():
+    for r in cat.rows(_SUMMARY_SQL.format(sums=sums)):
         tokens = _tokens(r)
         out[r["run_id"]] = {**_shares(tokens), "tokens": tokens, "predicted": None}
     if out:
-        for r in cat.query(_PREDICTED_SQL).to_pylist():
+        for r in cat.rows(_PREDICTED_SQL):
             if r["run_id"] in out and r["prompt_tokens"]:
                 total = r["prompt_tokens"]
                 out[r["run_id"]]["predicted"] = {

@@ -207,11 +207,11 @@ def control(cat: Catalog, runs: Mapping[str, Mapping[str, object]], slo: Slo | N
         return {}
     ids = sorted(stepped)
     signals: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
-    for row in cat.query(ttft_sql(ids, opt.bin_s, opt.quantile)).to_pylist():
+    for row in cat.rows(ttft_sql(ids, opt.bin_s, opt.quantile)):
         ts, vs = signals.setdefault((row["run_id"], "ttft"), ([], []))
         ts.append(row["t_s"])
         vs.append(math.nan if row["value"] is None else row["value"])
-    for row in cat.query(series_sql(ids, opt.bin_s)).to_pylist():
+    for row in cat.rows(series_sql(ids, opt.bin_s)):
         for name in ("queue", "replicas"):
             ts, vs = signals.setdefault((row["run_id"], name), ([], []))
             ts.append(row["t_s"])

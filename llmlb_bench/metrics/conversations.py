@@ -62,7 +62,7 @@ def conversations(cat: Catalog, slo: Slo | None) -> dict[str, ConversationFigure
     out: dict[str, ConversationFigures] = {}
     if cat.holds_no_value("requests", "session_id"):
         return out
-    for r in cat.query(_sessions_sql(slo)).to_pylist():
+    for r in cat.rows(_sessions_sql(slo)):
         p50, p90, p99 = r["completion"] or (None, None, None)
         out[r["run_id"]] = {
             "sessions": r["sessions"], "completed": r["completed"],
@@ -74,7 +74,7 @@ def conversations(cat: Catalog, slo: Slo | None) -> dict[str, ConversationFigure
             "ttft_by_turn": [],
         }
     if out:     # the view has every schema column, null in files written before it (store/views.py)
-        for r in cat.query(_TURNS_SQL).to_pylist():
+        for r in cat.rows(_TURNS_SQL):
             if r["run_id"] in out:
                 out[r["run_id"]]["ttft_by_turn"].append(
                     {"turn": r["turn"], "pooled": r["turn"] == MAX_TURNS, "requests": r["n"],

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Literal, TypedDict, TypeVar
 
-import pyarrow as pa
-
 from llmlb_bench.metrics.fairness import INPUT_WEIGHT, OUTPUT_WEIGHT
 from llmlb_bench.metrics.slo import Slo
 from llmlb_bench.metrics.sql import exact_partial_sum, exact_total
@@ -122,11 +120,11 @@ FROM {CELLS} GROUP BY ALL
 """
 
 
-def cells(cat: Catalog, slo: Slo | None, part: str = "NULL::INTEGER") -> pa.Table:
+def cells(cat: Catalog, slo: Slo | None, part: str = "NULL::INTEGER") -> list[ArrowRow]:
     """Fill :data:`CELLS` from one scan of ``request_metrics`` (cut into tenths by ``part``: see
     :func:`cells_sql`) and return its cells over all tenths, for :func:`rollup`."""
     cat.con.execute(cells_sql(slo, part))
-    return cat.query(COUNTS_SQL)
+    return cat.rows(COUNTS_SQL)
 
 
 def _empty(c: ArrowRow) -> Counts:
@@ -177,14 +175,14 @@ def _extreme(pick: Callable[[N, N], N], held: N | None, new: N | None) -> N | No
     return held if new is None else new if held is None else pick(held, new)
 
 
-def rollup(cells: pa.Table, slo: Slo | None) -> dict[Unit, Counts]:
+def rollup(cells: list[ArrowRow], slo: Slo | None) -> dict[Unit, Counts]:
     """Counts per run (unit ``("run", run_id)``) and per run and group (``(column, run_id, group)``).
 
     Groups are kept only for runs with more than one SLO class, tenant or adapter.
     ``good`` and ``good_tokens`` are None without an SLO.
     """
     # in a fixed order, so sums of floats come out the same to the last bit whatever order DuckDB returned
-    rows = sorted(cells.to_pylist(), key=lambda c: (c["run_id"], c["slo_class"], c["tenant"], c["adapter"],
+    rows = sorted(cells, key=lambda c: (c["run_id"], c["slo_class"], c["tenant"], c["adapter"],
                                                     c["status"], str(c["good"])))
     out: dict[Unit, Counts] = {}
     for c in rows:

@@ -70,7 +70,7 @@ def energy_and_cost(cat: Catalog, runs: Mapping[str, RunEnergyInputs],
                     price_per_hour: float | None = None) -> dict[str, EnergyFigures]:
     """``{run_id: {...}}`` for each run of ``runs``."""
     per_target: dict[str, dict[str, dict[str, float]]] = {}
-    for r in cat.query(_SERIES_ENERGY_SQL).to_pylist():
+    for r in cat.rows(_SERIES_ENERGY_SQL):
         per_target.setdefault(r["run_id"], {})[r["target"]] = {"energy_j": r["energy_j"], "span_s": r["span_s"]}
     out: dict[str, EnergyFigures] = {}
     for run_id, info in runs.items():

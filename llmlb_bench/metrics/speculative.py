@@ -45,8 +45,10 @@ FROM requests WHERE status = 'ok' AND deliveries IS NULL AND len(token_times) > 
 
 def _server_counts(cat: Catalog) -> dict[str, tuple[float, float, float]]:
     """``{run_id: (drafts, draft tokens, accepted)}`` from the server's counters in ``series`` (runs with any)."""
-    rows = cat.query("SELECT run_id, sum(spec_drafts)::DOUBLE AS d, sum(spec_draft_tokens)::DOUBLE AS t, "
-                     "sum(spec_accepted_tokens)::DOUBLE AS a FROM series GROUP BY 1").to_pylist()
+    if cat.holds_no_value("series", "spec_draft_tokens"):     # no run's series counts drafts: none to read
+        return {}
+    rows = cat.rows("SELECT run_id, sum(spec_drafts)::DOUBLE AS d, sum(spec_draft_tokens)::DOUBLE AS t, "
+                    "sum(spec_accepted_tokens)::DOUBLE AS a FROM series GROUP BY 1")
     return {r["run_id"]: (r["d"], r["t"], r["a"]) for r in rows if r["t"]}
 
 
@@ -57,7 +59,7 @@ def _deliveries(cat: Catalog, counts: Mapping[str, Counts]) -> dict[str, tuple[i
     out = {k: (c["delivered_tokens"], c["deliveries"] or 0) for k, c in counts.items() if c["ok"]}
     older = [k for k, c in counts.items() if c["deliveries_unknown"]]
     if older:
-        for r in cat.query(_LISTS_SQL.format(runs=", ".join(map(quote, older)))).to_pylist():
+        for r in cat.rows(_LISTS_SQL.format(runs=", ".join(map(quote, older)))):
             tokens, delivered = out[r["run_id"]]
             both = [t for t in (tokens, r["tokens"]) if t is not None]
             out[r["run_id"]] = (sum(both) if both else None, delivered + (r["deliveries"] or 0))

@@ -61,7 +61,7 @@ def serving_state(cat: Catalog, counts: Mapping[str, Counts],
                   metas: Mapping[str, Mapping[str, object]]) -> dict[str, StateFigures]:
     """``{run_id: {...}}``; ``counts`` holds each run's token and preemption totals from the summary SQL."""
     per_target: dict[str, dict[str, TargetState]] = {}
-    for r in cat.query(_SERIES_SQL).to_pylist():
+    for r in cat.rows(_SERIES_SQL):
         per_target.setdefault(r["run_id"], {})[r["target"]] = {
             "samples": r["samples"], "kv_mean": r["kv_mean"], "kv_max": r["kv_max"],
             "kv_high_share": r["kv_high_share"], "waiting_mean": r["waiting_mean"], "waiting_max": r["waiting_max"],

@@ -52,14 +52,14 @@ def part_sql(cat: Catalog) -> str:
     DuckDB types DECIMAL and casts to DOUBLE in the arithmetic; they are cast once here, in one row per
     run, and the expression carries the resulting doubles exactly, so a request's tenth is what the
     literals give, to the bit."""
-    spans = {r["run_id"]: (r["t0"], max(r["t1"] - r["t0"], 1e-9)) for r in cat.query(
+    spans = {r["run_id"]: (r["t0"], max(r["t1"] - r["t0"], 1e-9)) for r in cat.rows(
         "SELECT run_id, min(scheduled_s) AS t0, max(scheduled_s) AS t1 FROM requests GROUP BY ALL ORDER BY run_id")
-        .to_pylist() if r["t0"] is not None and r["t1"] is not None}
+        if r["t0"] is not None and r["t1"] is not None}
     if not spans:
         return "NULL::INTEGER"
     values = ", ".join(f"({quote(r)}, {a!r}, {b!r})" for r, (a, b) in spans.items())
-    typed = cat.query(f"SELECT run_id, t0::DOUBLE AS t0, span::DOUBLE AS span FROM (VALUES {values}) b(run_id, t0, span)")
-    t0, span = ("CASE run_id " + " ".join(f"WHEN {quote(r['run_id'])} THEN '{r[k]!r}'::DOUBLE" for r in typed.to_pylist())
+    typed = cat.rows(f"SELECT run_id, t0::DOUBLE AS t0, span::DOUBLE AS span FROM (VALUES {values}) b(run_id, t0, span)")
+    t0, span = ("CASE run_id " + " ".join(f"WHEN {quote(r['run_id'])} THEN '{r[k]!r}'::DOUBLE" for r in typed)
                 + " END" for k in ("t0", "span"))
     return f"least(floor((scheduled_s - {t0}) / {span} * {PARTS}), {PARTS - 1})::INTEGER"
 
@@ -77,7 +77,7 @@ def steady_state(cat: Catalog, runs: Mapping[str, SteadyInputs], slo: Slo | None
     """run id -> ``{flags: [sentences], parts: [{part, ttft_mean, attainment, n}], tail_s, window_s}``, from
     the counts' cells (:func:`llmlb_bench.metrics.counts.cells`, cut by :func:`part_sql`)."""
     parts: dict[str, list[SteadyPart]] = {}
-    for row in cat.query(_PARTS_SQL).to_pylist():
+    for row in cat.rows(_PARTS_SQL):
         # good / judged as avg() of the good flag over the tenth gives it (both exact below 2^53)
         parts.setdefault(row["run_id"], []).append(
             {"part": row["part"], "ttft_mean": row["ttft_mean"],

@@ -33,7 +33,7 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from llmlb_bench.errors import UserError
-from llmlb_bench.schema import CACHE_ACCOUNTING, REQUESTS, SERIES, TableSpec, open_parquet, what_file
+from llmlb_bench.schema import CACHE_ACCOUNTING, REQUESTS, SERIES, ArrowRow, TableSpec, open_parquet, what_file
 from llmlb_bench.store.parts import table_files
 from llmlb_bench.store.run import ACCOUNTING_FILE, REQUESTS_FILE, RUN_JSON, SERIES_FILE, process_gone
 
@@ -233,6 +233,17 @@ class Catalog:
     def query(self, sql: str, params: Sequence[object] | None = None) -> pa.Table:
         """Run trusted SQL (the package's own metric queries)."""
         return self.con.sql(sql, params=params).to_arrow_table()
+
+    def rows(self, sql: str) -> list[ArrowRow]:
+        """Run trusted SQL whose answer is small and read row by row (a few rows per run): its rows as
+        dicts, straight from DuckDB's cursor. ``query`` goes through DuckDB's relation API, which binds a
+        statement before it runs it, then through an Arrow table; for a small answer those steps cost
+        more than the answer (0.5-2 ms per statement). The values are Python's as Arrow's ``to_pylist``
+        gives them, but for an uncast integer sum (HUGEINT), an int here where Arrow gives a Decimal:
+        the package's queries cast their sums."""
+        cursor = self.con.execute(sql)
+        names = [d[0] for d in cursor.description or ()]
+        return [dict(zip(names, row)) for row in cursor.fetchall()]
 
     def query_batches(self, sql: str, rows_per_batch: int) -> pa.RecordBatchReader:
         """Run trusted SQL and read its result as it comes, ``rows_per_batch`` rows at a time (DuckDB
