@@ -59,3 +59,19 @@ def test_group_percentiles_are_numpys_to_the_bit(method: str) -> None:
         for values, is_sorted in ((ordered.copy(), True), (v.copy(), False)):
             got = np.array(_percentiles(values, method, is_sorted))  # type: ignore[arg-type]
             assert np.array_equal(got.view(np.int64), want.view(np.int64)), (n, is_sorted, got, want)
+
+
+@pytest.mark.parametrize("tenants", [["a", "b", "c"], ["c", "a", "b"]])
+def test_each_rows_group_index_is_its_digit_in_the_names_order(tenants: list[str]) -> None:
+    """``group_index``: a row's tenant, from its cell number (classes x tenants x adapters in mixed
+    radix), as its index in the sorted names: computed directly where the cells number the tenants in
+    that order, looked up where they do not."""
+    from llmlb_bench.metrics.latency import group_index
+
+    groups = {"slo_class": ["x", "y"], "tenant": tenants, "adapter": ["base", "l1"]}
+    rng = np.random.default_rng(3)
+    cls, ten, ad = rng.integers(0, 2, 1000), rng.integers(0, 3, 1000), rng.integers(0, 2, 1000)
+    cell = (cls * 6 + ten * 2 + ad).astype(np.uint16)
+    names = sorted(tenants)
+    got = group_index(groups, "tenant", cell, names, np.empty(1000, dtype=np.int64))
+    assert got.dtype == np.int64 and got.tolist() == [names.index(tenants[t]) for t in ten]
