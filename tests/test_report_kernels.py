@@ -241,3 +241,45 @@ def test_kernels_come_with_the_compiled_core() -> None:
     forced = subprocess.run([sys.executable, "-c", code], env={**os.environ, "LLMLB_CORE": "python"},
                             capture_output=True, text=True, timeout=120, check=True)
     assert forced.stdout.strip() == "True"
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice")      # a stream's NaN last token: NaN service, as in NumPy
+@pytest.mark.parametrize("seed", range(6))
+def test_fairness_windows_with_the_kernels_are_the_numpy_code_bit_for_bit(monkeypatch: pytest.MonkeyPatch,
+                                                                          seed: int) -> None:
+    """The windows' service and backlog cells (``fair_service``, ``fair_backlog``) against their NumPy
+    paths: rows never started, never sent, without output, streams within one window and over many,
+    NaN times, 1-4 tenants, windows of 0.25-10 s; the cells, the rows' windows and the figures alike."""
+    _require_kernels()
+    from llmlb_bench.metrics.columns import Scratch
+    from llmlb_bench.metrics.fairness import INPUT_WEIGHT, OUTPUT_WEIGHT, _backlog, _service, _windows_of
+
+    rng = np.random.default_rng(seed)
+    n, tenants, w = int(rng.integers(1, 3000)), int(rng.integers(1, 5)), float(rng.choice([0.25, 1.0, 10.0]))
+    s = rng.uniform(0, 60, n)
+    f = s + rng.exponential(0.5, n)
+    l = f + rng.exponential(3.0, n) * rng.integers(0, 2, n)          # half the streams within their first token
+    n_in, n_out = rng.integers(0, 500, n).astype(float), rng.integers(0, 300, n).astype(float)
+    for col, share in ((s, 0.05), (f, 0.1), (l, 0.05)):
+        col[rng.random(n) < share] = np.nan
+    tn = rng.integers(0, tenants, n)
+    nwin = int(max(np.fmax.reduce(x) for x in (s, f, l)) // w) + 1
+    cells = tenants * nwin
+    scratch = [np.empty(n) for _ in range(2)] + [np.empty(n, np.int64) for _ in range(3)] + \
+        [np.empty(n, bool) for _ in range(3)]
+    svc = _service(tn, f, l, n_in, n_out, nwin, w, cells, *scratch)
+    jf, jl, many = scratch[2].copy(), scratch[3].copy(), scratch[7].copy()
+    got = np.zeros(cells)
+    got_jf, got_jl, got_many = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, bool)
+    assert NATIVE.fair_service(tn, f, l, n_in, n_out, nwin, w, float(INPUT_WEIGHT), float(OUTPUT_WEIGHT), got,
+                               got_jf, got_jl, got_many)
+    assert same(svc, got) and same(jf, got_jf) and same(jl, got_jl) and same(many, got_many)
+    backlog = np.zeros(cells + 1, dtype=bool)
+    assert NATIVE.fair_backlog(tn, s, f, l, nwin, w, backlog)
+    assert same(_backlog(tn, s, f, l, nwin, w, cells, *scratch[:1], *scratch[2:5], *scratch[5:]), backlog)
+    # a cell outside the array: the kernel declines, the NumPy path decides
+    assert not NATIVE.fair_service(tn, f, l, n_in, n_out, 1, w, 1.0, 2.0, np.zeros(1), got_jf, got_jl, got_many) \
+        or (nwin == 1 and tenants == 1)
+    reference, fast = both(monkeypatch, lambda: _windows_of(tn, s.copy(), f.copy(), l.copy(), n_in, n_out, tenants, w,
+                                                              Scratch()))
+    assert same(reference, fast)

@@ -38,6 +38,7 @@ from typing import Mapping, Sequence, TypedDict
 
 import numpy as np
 
+from llmlb_bench.metrics import kernels
 from llmlb_bench.metrics.columns import Scratch, read
 from llmlb_bench.metrics.run_columns import RunColumns, duckdb_double
 from llmlb_bench.metrics.run_figures import FairnessFigures, GroupFigures
@@ -113,7 +114,46 @@ def _windows_of(tn: np.ndarray, s: np.ndarray, f: np.ndarray, l: np.ndarray, n_i
     # faults in and zeroes, most of the kernel time the report spent here
     x, y = scratch.array(buffers[0], n, np.float64), scratch.array(buffers[1], n, np.float64)
     jf, jl, key = (scratch.array(name, n, np.int64) for name in buffers[2:5])
-    started, out, one = (scratch.array(name, n, np.bool_) for name in ("fair_started", "fair_out", "fair_one"))
+    started, out, many = (scratch.array(name, n, np.bool_) for name in ("fair_started", "fair_out", "fair_one"))
+    # in one pass of C each where the report's kernels are built (the same operations in the same order:
+    # every figure to the last bit; over a 5M-row run, 0.2 CPU-s of NumPy's passes), else in NumPy
+    native = kernels.native if _contiguous((tn, np.int64), *((c, np.float64) for c in (s, f, l, n_in, n_out))) \
+        else None
+    svc: np.ndarray = np.zeros(cells)
+    if native is None or not native.fair_service(tn, f, l, n_in, n_out, nwin, w, float(INPUT_WEIGHT),
+                                                 float(OUTPUT_WEIGHT), svc, jf, jl, many):
+        svc = _service(tn, f, l, n_in, n_out, nwin, w, cells, x, y, jf, jl, key, started, out, many)
+    # streams over several windows: walked window by window (:func:`_walk`)
+    _walk(svc, many, f, l, n_out, jf, jl, tn, nwin, w, scratch)
+    backlog: np.ndarray = np.zeros(cells + 1, dtype=bool)
+    if native is None or not native.fair_backlog(tn, s, f, l, nwin, w, backlog):
+        backlog = _backlog(tn, s, f, l, nwin, w, cells, x, jf, jl, key, started, out, many)
+    backlog = backlog[:cells]
+    svc, backlog = svc.reshape(tenants, nwin), backlog.reshape(tenants, nwin)
+    k = backlog.sum(axis=0)
+    counted = np.flatnonzero(k > 1)
+    if not len(counted):
+        return {"windows": 0, "gap_max": None, "gap_mean": None, "jain_service": None}
+    x = np.where(backlog[:, counted], svc[:, counted], np.nan)
+    gaps = np.nanmax(x, axis=0) - np.nanmin(x, axis=0)
+    s1, s2 = np.nansum(x, axis=0), np.nansum(x * x, axis=0)
+    jain_w = np.where(s2 > 0, s1 * s1 / (k[counted] * np.where(s2 > 0, s2, 1)), 1.0)
+    return {"windows": len(counted), "gap_max": float(gaps.max()), "gap_mean": float(gaps.mean()),
+            "jain_service": float(jain_w.mean())}
+
+
+def _contiguous(*arrays: tuple[np.ndarray, type[np.generic]]) -> bool:
+    """Whether every array is C-contiguous and of its dtype, as the kernels take them."""
+    return all(a.dtype == dtype and a.flags.c_contiguous for a, dtype in arrays)
+
+
+def _service(tn: np.ndarray, f: np.ndarray, l: np.ndarray, n_in: np.ndarray, n_out: np.ndarray, nwin: int, w: float,
+             cells: int, x: np.ndarray, y: np.ndarray, jf: np.ndarray, jl: np.ndarray, key: np.ndarray,
+             started: np.ndarray, out: np.ndarray, many: np.ndarray) -> np.ndarray:
+    """Each row's first window (of its first token; 0 where it has none) in ``jf`` and its last token's in
+    ``jl`` (0 where it has no output), the rows whose output spans windows in ``many``, and the service per
+    cell (tenant x window) of the input at the first token and of the streams within one window: the
+    NumPy path of the kernel ``fair_service``, in the arrays given."""
     np.isnan(f, out=started)
     np.logical_not(started, out=started)
     # each request's first window (0 where it never started: it adds nothing)
@@ -128,24 +168,32 @@ def _windows_of(tn: np.ndarray, s: np.ndarray, f: np.ndarray, l: np.ndarray, n_i
     x[...] = 0.0
     np.divide(l, w, out=x, where=out)
     np.copyto(jl, np.floor(x, out=x), casting="unsafe")
-    np.equal(jf, jl, out=one)                          # a stream within one window
-    one &= out
+    np.equal(jf, jl, out=many)                         # a stream within one window
+    many &= out
     # the input tokens at the first token and a one-window stream's output, to the first window's cell, in
     # one count: rows that add nothing to a cell add 0 to it (all service is whole tokens: the sums are
     # exact in any order and grouping)
     x[...] = 0.0
     np.multiply(INPUT_WEIGHT, n_in, out=x, where=started)
     y[...] = 0.0
-    np.multiply(OUTPUT_WEIGHT, n_out, out=y, where=one)
+    np.multiply(OUTPUT_WEIGHT, n_out, out=y, where=many)
     x += y
     svc: np.ndarray = np.bincount(key, weights=x, minlength=cells)
-    # streams over several windows: walked window by window (:func:`_walk`)
-    np.logical_not(one, out=one)
-    one &= out
-    _walk(svc, one, f, l, n_out, jf, jl, tn, nwin, w, scratch)
+    np.logical_not(many, out=many)                     # the streams over several windows
+    many &= out
+    return svc
+
+
+def _backlog(tn: np.ndarray, s: np.ndarray, f: np.ndarray, l: np.ndarray, nwin: int, w: float, cells: int,
+             x: np.ndarray, jf: np.ndarray, jl: np.ndarray, key: np.ndarray, started: np.ndarray, waits: np.ndarray,
+             one: np.ndarray) -> np.ndarray:
+    """The cells (tenant x window, and a spare one past the last) in which some row waited, from its origin
+    to its first token, or where it has none, to the later of its last token and its origin: the NumPy
+    path of the kernel ``fair_backlog``, in the arrays given."""
     # when each request's wait ends (first token, or its end: last token or send), and whether it waited;
     # then the first and last window of each wait (0 and -1 where none) over every row, in jf and jl
-    waits = out
+    np.isnan(f, out=started)
+    np.logical_not(started, out=started)
     np.fmax(l, s, out=x)
     np.copyto(x, f, where=started)
     np.greater(x, s, out=waits)                         # false where s is NaN (never sent)
@@ -168,18 +216,7 @@ def _windows_of(tn: np.ndarray, s: np.ndarray, f: np.ndarray, l: np.ndarray, n_i
         backlog[tt * nwin + j] = True
         more = j < jend
         j, jend, tt = j[more] + 1, jend[more], tt[more]
-    backlog = backlog[:cells]
-    svc, backlog = svc.reshape(tenants, nwin), backlog.reshape(tenants, nwin)
-    k = backlog.sum(axis=0)
-    counted = np.flatnonzero(k > 1)
-    if not len(counted):
-        return {"windows": 0, "gap_max": None, "gap_mean": None, "jain_service": None}
-    x = np.where(backlog[:, counted], svc[:, counted], np.nan)
-    gaps = np.nanmax(x, axis=0) - np.nanmin(x, axis=0)
-    s1, s2 = np.nansum(x, axis=0), np.nansum(x * x, axis=0)
-    jain_w = np.where(s2 > 0, s1 * s1 / (k[counted] * np.where(s2 > 0, s2, 1)), 1.0)
-    return {"windows": len(counted), "gap_max": float(gaps.max()), "gap_mean": float(gaps.mean()),
-            "jain_service": float(jain_w.mean())}
+    return backlog
 
 
 #: rows of a run :func:`_walk` takes at a time

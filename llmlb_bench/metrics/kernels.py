@@ -1,7 +1,8 @@
 """The report's compiled kernels (``report_kernels.c``), where the compiled core is built and fresh.
 
-The pacing walks, the streams' layout and the sorts behind ITL's sample and the slowest-10% gap mean
-(:mod:`llmlb_bench.metrics.pacing`, :mod:`llmlb_bench.metrics.distribution`) each have a NumPy path,
+The pacing walks, the streams' layout, the sorts behind ITL's sample and the slowest-10% gap mean, and
+the fairness windows' cells (:mod:`llmlb_bench.metrics.pacing`, :mod:`llmlb_bench.metrics.distribution`,
+:mod:`llmlb_bench.metrics.fairness`) each have a NumPy path,
 the reference, and a C kernel that computes the same floating-point operations in the same order in
 one pass, so the two give every figure to the last bit (tests/test_report_kernels.py). The kernel
 module is built by ``setup.py`` with the simulator's compiled core and loaded by the core's finder

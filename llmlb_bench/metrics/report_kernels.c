@@ -1,5 +1,5 @@
 /* The report's scalar walks in C: what llmlb_bench/metrics/pacing.py and distribution.py do in NumPy
- * passes over a run's token sample, done here in one pass each, with the same floating-point
+ * passes over a run's token sample, and fairness.py over a run's rows, done here in one pass each, with the same floating-point
  * operations in the same order, so that every result is the NumPy path's to the last bit.
  *
  * Built by setup.py beside the compiled simulator core (compiled_core.KERNELS) and loaded only while
@@ -572,6 +572,94 @@ static PyObject *itl_split(PyObject *self, PyObject *args) {
     return Py_BuildValue("nnnn", a, r, nan, zero);
 }
 
+/* ---- the fairness windows (fairness._windows_of) ----------------------------------------------- */
+
+/* NumPy's float64 -> int64 cast on x86: the integer part; INT64_MIN where NaN or out of range. */
+static int64_t np_int64(double x) {
+    if (!(x >= -9223372036854775808.0 && x < 9223372036854775808.0)) return INT64_MIN;
+    return (int64_t)x;
+}
+
+/* fair_service(tn, f, l, n_in, n_out, nwin, w, in_weight, out_weight, svc, jf, jl, many): per row, its first
+ * window jf (of its first token f; 0 where it has none) and its last token's jl (0 where it has no output),
+ * the input service at its first token plus, for a stream within one window, its output's, added to
+ * svc[tn * nwin + jf] in row order (np.bincount's sums); ``many``: the rows whose output spans windows.
+ * False, with svc partly filled, where a row's cell is outside svc (the caller's NumPy path decides). */
+static PyObject *fair_service(PyObject *self, PyObject *args) {
+    PyObject *o[9];
+    long long nwin;
+    double w, in_weight, out_weight;
+    if (!PyArg_ParseTuple(args, "OOOOOLdddOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &nwin, &w, &in_weight,
+                          &out_weight, &o[5], &o[6], &o[7], &o[8])) return NULL;
+    Buffers b = {.n = 0};
+    Py_ssize_t n, l1, l2, l3, l4, cells, l6, l7, l8;
+    const int64_t *tn = take(&b, o[0], 'q', 0, &n, "tn");
+    const double *f = tn ? take(&b, o[1], 'd', 0, &l1, "f") : NULL;
+    const double *l = f ? take(&b, o[2], 'd', 0, &l2, "l") : NULL;
+    const double *n_in = l ? take(&b, o[3], 'd', 0, &l3, "n_in") : NULL;
+    const double *n_out = n_in ? take(&b, o[4], 'd', 0, &l4, "n_out") : NULL;
+    double *svc = n_out ? take(&b, o[5], 'd', 1, &cells, "svc") : NULL;
+    int64_t *jf = svc ? take(&b, o[6], 'q', 1, &l6, "jf") : NULL;
+    int64_t *jl = jf ? take(&b, o[7], 'q', 1, &l7, "jl") : NULL;
+    char *many = jl ? take(&b, o[8], '?', 1, &l8, "many") : NULL;
+    if (!many) { release(&b); return NULL; }
+    if (l1 < n || l2 < n || l3 < n || l4 < n || l6 < n || l7 < n || l8 < n) return bad(&b, "arrays of different lengths");
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int started = !isnan(f[i]);
+        int64_t a = np_int64(floor(started ? f[i] / w : 0.0));
+        int out = n_out[i] > 0 && started;
+        int64_t z = np_int64(floor(out ? l[i] / w : 0.0));
+        int one = a == z && out;
+        double v = (started ? in_weight * n_in[i] : 0.0) + (one ? out_weight * n_out[i] : 0.0);
+        int64_t key = (int64_t)((uint64_t)tn[i] * (uint64_t)nwin + (uint64_t)a);
+        if (key < 0 || key >= cells) { release(&b); Py_RETURN_FALSE; }
+        svc[key] += v;
+        jf[i] = a;
+        jl[i] = z;
+        many[i] = !one && out;
+    }
+    release(&b);
+    Py_RETURN_TRUE;
+}
+
+/* fair_backlog(tn, s, f, l, nwin, w, backlog): marks each cell (tenant x window) in which some row waited:
+ * from its origin s to its first token f, or where it has none, to the later of its last token and s; a
+ * row that did not wait marks the spare cell past the last. False where a cell is outside ``backlog``. */
+static PyObject *fair_backlog(PyObject *self, PyObject *args) {
+    PyObject *o[5];
+    long long nwin;
+    double w;
+    if (!PyArg_ParseTuple(args, "OOOOLdO", &o[0], &o[1], &o[2], &o[3], &nwin, &w, &o[4])) return NULL;
+    Buffers b = {.n = 0};
+    Py_ssize_t n, l1, l2, l3, size;
+    const int64_t *tn = take(&b, o[0], 'q', 0, &n, "tn");
+    const double *s = tn ? take(&b, o[1], 'd', 0, &l1, "s") : NULL;
+    const double *f = s ? take(&b, o[2], 'd', 0, &l2, "f") : NULL;
+    const double *l = f ? take(&b, o[3], 'd', 0, &l3, "l") : NULL;
+    char *backlog = l ? take(&b, o[4], '?', 1, &size, "backlog") : NULL;
+    if (!backlog) { release(&b); return NULL; }
+    if (l1 < n || l2 < n || l3 < n || size < 1) return bad(&b, "arrays of different lengths");
+    int64_t cells = size - 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* np.fmax's rule (the first where it is not below the second or the second is NaN) */
+        double x = !isnan(f[i]) ? f[i] : l[i] >= s[i] || isnan(s[i]) ? l[i] : s[i];
+        int waits = x > s[i];
+        int64_t last = (int64_t)((uint64_t)np_int64(ceil((waits ? x : 0.0) / w)) - 1u);
+        int64_t first = np_int64(floor(waits ? s[i] / w : 0.0));
+        int64_t base = (int64_t)((uint64_t)tn[i] * (uint64_t)nwin);
+        int64_t key = waits ? (int64_t)((uint64_t)base + (uint64_t)first) : cells;
+        if (key < 0 || key > cells) { release(&b); Py_RETURN_FALSE; }
+        backlog[key] = 1;
+        for (int64_t j = first + 1; first < last && j <= last; j++) {
+            int64_t at = (int64_t)((uint64_t)base + (uint64_t)j);
+            if (at < 0 || at > cells) { release(&b); Py_RETURN_FALSE; }
+            backlog[at] = 1;
+        }
+    }
+    release(&b);
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
     {"entry_counts", entry_counts, METH_VARARGS, "Each request's number of stream entries."},
     {"layout", layout, METH_VARARGS, "The streams' entries scattered to their slots."},
@@ -581,6 +669,8 @@ static PyMethodDef methods[] = {
     {"merged", merged, METH_VARARGS, "Sorted weight-1 values and sorted pairs merged, with cw and terms."},
     {"merged_back", merged_back, METH_VARARGS, "merged's merge written over the sorted weight-1 values, with cw."},
     {"weigh", weigh, METH_VARARGS, "The merged entries of weight other than 1 times their weights, or back."},
+    {"fair_service", fair_service, METH_VARARGS, "Each row's first and last window and its service to its first cell."},
+    {"fair_backlog", fair_backlog, METH_VARARGS, "The cells (tenant x window) in which some row waited."},
     {"itl_split", itl_split, METH_VARARGS, "ITL's gaps split into weight-1 values and pairs of larger weights."},
     {"slowest_terms", slowest_terms, METH_VARARGS, "The slowest-10% mean's terms; None on NaN."},
     {NULL, NULL, 0, NULL},
