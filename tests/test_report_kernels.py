@@ -247,12 +247,12 @@ def test_kernels_come_with_the_compiled_core() -> None:
 @pytest.mark.parametrize("seed", range(6))
 def test_fairness_windows_with_the_kernels_are_the_numpy_code_bit_for_bit(monkeypatch: pytest.MonkeyPatch,
                                                                           seed: int) -> None:
-    """The windows' service and backlog cells (``fair_service``, ``fair_backlog``) against their NumPy
+    """The windows' service and backlog cells (``fair_service``, ``fair_walk``, ``fair_backlog``) against their NumPy
     paths: rows never started, never sent, without output, streams within one window and over many,
     NaN times, 1-4 tenants, windows of 0.25-10 s; the cells, the rows' windows and the figures alike."""
     _require_kernels()
     from llmlb_bench.metrics.columns import Scratch
-    from llmlb_bench.metrics.fairness import INPUT_WEIGHT, OUTPUT_WEIGHT, _backlog, _service, _windows_of
+    from llmlb_bench.metrics.fairness import INPUT_WEIGHT, OUTPUT_WEIGHT, _backlog, _service, _walk, _windows_of
 
     rng = np.random.default_rng(seed)
     n, tenants, w = int(rng.integers(1, 3000)), int(rng.integers(1, 5)), float(rng.choice([0.25, 1.0, 10.0]))
@@ -274,6 +274,9 @@ def test_fairness_windows_with_the_kernels_are_the_numpy_code_bit_for_bit(monkey
     assert NATIVE.fair_service(tn, f, l, n_in, n_out, nwin, w, float(INPUT_WEIGHT), float(OUTPUT_WEIGHT), got,
                                got_jf, got_jl, got_many)
     assert same(svc, got) and same(jf, got_jf) and same(jl, got_jl) and same(many, got_many)
+    _walk(svc, many, f, l, n_out, jf, jl, tn, nwin, w, Scratch())
+    assert NATIVE.fair_walk(tn, f, l, n_out, jf, jl, many, nwin, w, float(OUTPUT_WEIGHT), got)
+    assert same(svc, got) and np.count_nonzero(many) > 0
     backlog = np.zeros(cells + 1, dtype=bool)
     assert NATIVE.fair_backlog(tn, s, f, l, nwin, w, backlog)
     assert same(_backlog(tn, s, f, l, nwin, w, cells, *scratch[:1], *scratch[2:5], *scratch[5:]), backlog)

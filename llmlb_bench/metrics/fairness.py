@@ -120,11 +120,13 @@ def _windows_of(tn: np.ndarray, s: np.ndarray, f: np.ndarray, l: np.ndarray, n_i
     native = kernels.native if _contiguous((tn, np.int64), *((c, np.float64) for c in (s, f, l, n_in, n_out))) \
         else None
     svc: np.ndarray = np.zeros(cells)
-    if native is None or not native.fair_service(tn, f, l, n_in, n_out, nwin, w, float(INPUT_WEIGHT),
-                                                 float(OUTPUT_WEIGHT), svc, jf, jl, many):
+    # a kernel declines where a cell falls outside the array: the NumPy path then computes them all again
+    if native is None or not (native.fair_service(tn, f, l, n_in, n_out, nwin, w, float(INPUT_WEIGHT),
+                                                  float(OUTPUT_WEIGHT), svc, jf, jl, many)
+                              and native.fair_walk(tn, f, l, n_out, jf, jl, many, nwin, w, float(OUTPUT_WEIGHT), svc)):
         svc = _service(tn, f, l, n_in, n_out, nwin, w, cells, x, y, jf, jl, key, started, out, many)
-    # streams over several windows: walked window by window (:func:`_walk`)
-    _walk(svc, many, f, l, n_out, jf, jl, tn, nwin, w, scratch)
+        # streams over several windows: walked window by window (:func:`_walk`)
+        _walk(svc, many, f, l, n_out, jf, jl, tn, nwin, w, scratch)
     backlog: np.ndarray = np.zeros(cells + 1, dtype=bool)
     if native is None or not native.fair_backlog(tn, s, f, l, nwin, w, backlog):
         backlog = _backlog(tn, s, f, l, nwin, w, cells, x, jf, jl, key, started, out, many)

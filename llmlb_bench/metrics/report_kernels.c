@@ -622,6 +622,55 @@ static PyObject *fair_service(PyObject *self, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
+/* np.minimum's and np.maximum's rules: NaN wins (C's fmin and fmax let the other one win). */
+static double np_min(double a, double b) { return a <= b || isnan(a) ? a : b; }
+static double np_max(double a, double b) { return a >= b || isnan(a) ? a : b; }
+
+/* fair_walk(tn, f, l, n_out, jf, jl, many, nwin, w, out_weight, svc): adds to svc the output service of the
+ * rows ``many`` marks, window by window from jf to jl (at least jf), as fairness._walk computes it: the
+ * tokens of a stream spaced g = (l - f) / (n_out - 1) that fall in window j, from ceil((j w - f) / g) to
+ * ceil(((j + 1) w - f) / g) - 1, clipped to the stream. Every service is whole tokens (or not finite), so
+ * adding row by row gives _walk's sums. False, with svc partly filled, where a cell is outside svc. */
+static PyObject *fair_walk(PyObject *self, PyObject *args) {
+    PyObject *o[8];
+    long long nwin;
+    double w, out_weight;
+    if (!PyArg_ParseTuple(args, "OOOOOOOLddO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &nwin, &w,
+                          &out_weight, &o[7])) return NULL;
+    Buffers b = {.n = 0};
+    Py_ssize_t n, l1, l2, l3, l4, l5, l6, cells;
+    const int64_t *tn = take(&b, o[0], 'q', 0, &n, "tn");
+    const double *f = tn ? take(&b, o[1], 'd', 0, &l1, "f") : NULL;
+    const double *l = f ? take(&b, o[2], 'd', 0, &l2, "l") : NULL;
+    const double *n_out = l ? take(&b, o[3], 'd', 0, &l3, "n_out") : NULL;
+    const int64_t *jf = n_out ? take(&b, o[4], 'q', 0, &l4, "jf") : NULL;
+    const int64_t *jl = jf ? take(&b, o[5], 'q', 0, &l5, "jl") : NULL;
+    const char *many = jl ? take(&b, o[6], '?', 0, &l6, "many") : NULL;
+    double *svc = many ? take(&b, o[7], 'd', 1, &cells, "svc") : NULL;
+    if (!svc) { release(&b); return NULL; }
+    if (l1 < n || l2 < n || l3 < n || l4 < n || l5 < n || l6 < n) return bad(&b, "arrays of different lengths");
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!many[i]) continue;
+        double ff = f[i], nn1 = n_out[i] - 1;
+        double g = (l[i] - ff) / nn1;
+        int64_t j = jf[i], jend = jl[i];
+        int64_t base = (int64_t)((uint64_t)tn[i] * (uint64_t)nwin);
+        double starts = ceil(((double)j * w - ff) / g);
+        for (;;) {
+            double ends = ceil(((double)(int64_t)((uint64_t)j + 1u) * w - ff) / g);
+            double k = np_max(0.0, (np_min(nn1, ends - 1.0) - np_max(0.0, starts)) + 1.0) * out_weight;
+            int64_t at = (int64_t)((uint64_t)base + (uint64_t)j);
+            if (at < 0 || at >= cells) { release(&b); Py_RETURN_FALSE; }
+            svc[at] += k;
+            if (!(j < jend)) break;
+            starts = ends;
+            j++;
+        }
+    }
+    release(&b);
+    Py_RETURN_TRUE;
+}
+
 /* fair_backlog(tn, s, f, l, nwin, w, backlog): marks each cell (tenant x window) in which some row waited:
  * from its origin s to its first token f, or where it has none, to the later of its last token and s; a
  * row that did not wait marks the spare cell past the last. False where a cell is outside ``backlog``. */
@@ -670,6 +719,7 @@ static PyMethodDef methods[] = {
     {"merged_back", merged_back, METH_VARARGS, "merged's merge written over the sorted weight-1 values, with cw."},
     {"weigh", weigh, METH_VARARGS, "The merged entries of weight other than 1 times their weights, or back."},
     {"fair_service", fair_service, METH_VARARGS, "Each row's first and last window and its service to its first cell."},
+    {"fair_walk", fair_walk, METH_VARARGS, "The output service of the streams over several windows, window by window."},
     {"fair_backlog", fair_backlog, METH_VARARGS, "The cells (tenant x window) in which some row waited."},
     {"itl_split", itl_split, METH_VARARGS, "ITL's gaps split into weight-1 values and pairs of larger weights."},
     {"slowest_terms", slowest_terms, METH_VARARGS, "The slowest-10% mean's terms; None on NaN."},
