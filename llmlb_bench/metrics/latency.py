@@ -132,7 +132,8 @@ def _percentiles(values: np.ndarray, method: Literal["linear", "inverted_cdf"], 
         exact = props["fix_gamma"] is None or (method == "linear" and np.issubdtype(virtual.dtype, np.integer))
         before, after = (virtual, virtual) if exact else get_indexes(values, virtual, n)
         if not ordered:
-            _select(values, np.unique(np.concatenate([before, after]).astype(np.int64)))
+            # NumPy names the last value -1 where an index reaches the end (a group of one): as a rank, n - 1
+            _select(values, np.unique(np.concatenate([before, after]).astype(np.int64) % n))
         low, high = values[before], values[after]
         result = low if exact else lerp(low, high, get_gamma(virtual, before, props).reshape(virtual.shape))
         if low.all() and high.all():
