@@ -53,6 +53,7 @@ MODULES: tuple[str, ...] = (
     "llmlb_bench.trace_run",
     "llmlb_bench.trace_schedule",
     "llmlb_bench.trace_columns",
+    "llmlb_bench.policies.request",
     "llmlb_bench.policies.router",
     "llmlb_bench.policies.books",
 )

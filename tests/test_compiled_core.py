@@ -286,3 +286,30 @@ def test_compiled_modules_avoid_what_mypyc_makes_slow_or_closed() -> None:
                 if patches and "in_pure_python(" not in body:
                     unguarded.append(f"{test.name}::{fn.name}")
     assert not unguarded, unguarded
+
+
+def test_route_request_is_native_and_still_a_dataclass() -> None:
+    """policies/request.py is compiled with the core (the core builds one per request and reads its
+    fields natively); the dataclass's repr, equality, fields and replace must work as before, and a
+    field is type-checked when set (compiled) as its hint says."""
+    import dataclasses
+
+    from llmlb_bench.policies import Outcome
+
+    _require_compiled()
+    import llmlb_bench.policies.request as request
+
+    assert request.__file__.endswith(tuple(extension_suffixes()))
+    route = RouteRequest(7, 1.5, 100, 20, tenant="a", prefix_hashes=[3, 4])
+    assert repr(route).startswith("RouteRequest(request_id=7, arrival_s=1.5, input_tokens=100, max_output_tokens=20, "
+                                  "tenant='a', session_id=None")
+    assert [f.name for f in dataclasses.fields(route)][:4] == ["request_id", "arrival_s", "input_tokens",
+                                                               "max_output_tokens"]
+    assert route == RouteRequest(7, 1.5, 100, 20, "a", prefix_hashes=[3, 4])
+    assert dataclasses.replace(route, kind="code").kind == "code"
+    route.outcome = Outcome("ok", 2.0, 3.0, 20)
+    assert route.outcome.end_s == 3.0 and route != RouteRequest(7, 1.5, 100, 20, "a", prefix_hashes=[3, 4])
+    with pytest.raises(AttributeError):
+        route.colour = "red"  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        RouteRequest("7", 1.5, 100, 20)  # type: ignore[arg-type]

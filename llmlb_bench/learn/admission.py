@@ -140,7 +140,7 @@ class AdmissionEnv(SimulationEnv[np.ndarray, int]):
         ], np.float32)
 
     def _info(self) -> dict[str, Any]:
-        return {"decision": self._decisions - 1, "time_s": self._sim.clock if self._sim is not None else 0.0,
+        return {"decision": self._decisions - 1, "time_s": self._sim.clock() if self._sim is not None else 0.0,
                 "limit": self.limit, "completed": self._completed, "cost": self._cost, "invalid": self._invalid}
 
     def _terminal(self) -> np.ndarray:

@@ -190,7 +190,7 @@ class RouteEnv(SimulationEnv[dict[str, np.ndarray], Any]):
             return HOLD
         if not (acts.reject and action == acts.reject_index):
             self._invalid = True
-        self._refused(req, sim.clock)
+        self._refused(req, sim.clock())
         return REJECT
 
     def _decide_pair(self, req: RouteRequest) -> PairDecision:
@@ -204,7 +204,7 @@ class RouteEnv(SimulationEnv[dict[str, np.ndarray], Any]):
             return p, d
         if not (self.actions.reject and p == self.actions.reject_index):
             self._invalid = True
-        self._refused(req, sim.clock)
+        self._refused(req, sim.clock())
         return REJECT
 
     def _release(self) -> Released | None:
@@ -247,7 +247,7 @@ class RouteEnv(SimulationEnv[dict[str, np.ndarray], Any]):
                             np.int8)
         obs: dict[str, np.ndarray] = {"targets": targets, "request": buf[k * m:]}
         if acts.hold:
-            waited = self._sim.clock - req.arrival_s if self.releasing else 0.0
+            waited = self._sim.clock() - req.arrival_s if self.releasing else 0.0
             obs["router"] = np.array([np.log1p(len(self._queue)), waited], np.float32)
         obs["action_mask"] = mask
         return obs
@@ -264,7 +264,7 @@ class RouteEnv(SimulationEnv[dict[str, np.ndarray], Any]):
         req = self.request
         assert req is not None
         return {"decision": self._decisions - 1, "request_id": req.request_id, "release": self.releasing,
-                "time_s": self._sim.clock if self._sim is not None else 0.0, "completed": self._completed,
+                "time_s": self._sim.clock() if self._sim is not None else 0.0, "completed": self._completed,
                 "cost": self._cost, "invalid": self._invalid}
 
 

@@ -46,6 +46,7 @@ from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Collection, Final, G
                     Protocol, Sequence, TypeVar, Union, overload)
 
 from llmlb_bench.policies.books import Ledger, Pick
+from llmlb_bench.policies.request import Outcome as Outcome, RouteRequest as RouteRequest  # re-exported
 
 _T = TypeVar("_T")
 
@@ -67,56 +68,6 @@ Decision = Union[int, Verdict]
 Released = tuple["RouteRequest", Union[int, Literal[Verdict.REJECT]]]
 #: what ``choose_pair`` returns: (prefill target, decode target), or :data:`REJECT`
 PairDecision = Union[tuple[int, int], Literal[Verdict.REJECT]]
-
-
-@dataclass(slots=True, frozen=True)
-class Outcome:
-    """What the backend measured of a request that ended at its target, handed to the policy with
-    ``on_complete`` (``RouteRequest.outcome``): the feedback a controller or a learning policy acts on.
-
-    Times are on the backend's clock, the one ``RouteRequest.arrival_s`` and ``View.now`` use, so
-    ``first_token_s - arrival_s`` is the TTFT the router saw (its own queueing included). Backends fill
-    it only for policies that override ``on_complete`` (:attr:`Router.observes`), so the rest pay nothing.
-    """
-
-    #: "ok", "error", "timeout", "rejected" (by the target), as the requests table's status
-    status: str
-    #: when the first output token reached the router's side; None: no token came
-    first_token_s: float | None
-    #: when the request ended there (its last token, or the failure)
-    end_s: float
-    #: output tokens generated
-    output_tokens: int
-    #: prompt tokens served from the target's prefix cache, where the backend knows it
-    cached_tokens: int | None = None
-
-
-@dataclass(slots=True)
-class RouteRequest:
-    """What a router knows about a request when it arrives."""
-
-    request_id: int
-    arrival_s: float
-    input_tokens: int
-    #: the requested ``max_tokens``; a router does not know the real output length
-    max_output_tokens: int
-    tenant: str = "default"
-    session_id: int | None = None
-    priority: int = 0
-    slo_class: str = "default"
-    prefix_hashes: Sequence[int] = ()
-    #: the LoRA adapter it names (the OpenAI ``model`` it is sent with); None = the base model
-    adapter: str | None = None
-    #: set by the Router once a target is chosen: the prompt tokens the policy expected that target
-    #: to have cached (``Policy.predicted_cached``); None when the policy makes no such prediction
-    predicted_cached_tokens: int | None = None
-    #: set by the backend just before ``Router.complete`` when the policy observes outcomes: what the
-    #: target delivered (:class:`Outcome`); None before it ended, and for policies that do not observe
-    outcome: Outcome | None = None
-    #: the turn of its conversation (the trace's ``turn``; None outside conversations)
-    turn: int | None = None
-    #: the trace's workload kind (chat, code, rag, ...): known at arrival, a predictor's feature
-    kind: str = "chat"
 
 
 @dataclass(slots=True, frozen=True)

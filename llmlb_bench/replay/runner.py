@@ -78,7 +78,7 @@ from llmlb_bench.store import RunStore
 if TYPE_CHECKING:  # a worker's part of a run (workers.py imports this module)
     from llmlb_bench.replay.workers import PartStore
 from llmlb_bench.trace_columns import TraceColumns
-from llmlb_bench.trace_run import TraceRun
+from llmlb_bench.trace_run import Backend, TraceRun
 from llmlb_bench.trace_schedule import TraceSchedule
 
 _INF = float("inf")
@@ -94,7 +94,7 @@ _SPARE_CONNECTIONS = 8
 _SWITCH_S = 0.0002
 
 
-class Replayer:
+class Replayer(Backend):
     """One replay run; use :func:`replay`."""
 
     def __init__(self, trace: pa.Table, pre: Preflight, policy: Policy, run: RunStore | PartStore,
@@ -128,9 +128,7 @@ class Replayer:
         self.sched = self.schedule.due
         #: the policy in front of the endpoints and the run around it (trace_run.py): decisions, router
         #: queue, the view's books, dependents released, every row written once
-        self.core = TraceRun(policy, self.view, tr, self.schedule, launch=self._launch, write=self._write_unsent,
-                             arrive_at=self._arrive_at, clock=lambda: perf_counter() - self.t0,
-                             on_policy_error=self._policy_failed)
+        self.core = TraceRun(policy, self.view, tr, self.schedule, self, on_policy_error=self._policy_failed)
         self.router = self.core.router
         #: every trace row's result row, counted by status (results.py)
         self.rows = ResultRows(tr, self.sched, self.names, self.writer)
@@ -282,9 +280,9 @@ class Replayer:
         self._pos += 1
         return sch.roots[self._pos - 1]
 
-    def _arrive_at(self, idx: int, due: float) -> None:
+    def arrive_at(self, row: int, due: float) -> None:
         """A row was released (its parents ended, or its user's last request): it leaves at ``due``."""
-        heapq.heappush(self._ready, (due, idx))
+        heapq.heappush(self._ready, (due, row))
         self._wake_dispatcher()
 
     def _wake_dispatcher(self) -> None:
@@ -332,16 +330,21 @@ class Replayer:
         if self._main_task is not None:
             self._main_task.cancel()
 
-    def _write_unsent(self, idx: int, target: str | None, status: str, error: str | None) -> None:
+    def write(self, row: int, target: str | None, status: str, error: str | None) -> None:
         """The row of a request that never left for an endpoint (refused, held at the end, never released)."""
         if self.threads is not None:
-            self.threads.ended(idx)
-        self.rows.write(idx, None, status, error)
+            self.threads.ended(row)
+        self.rows.write(row, None, status, error)
 
-    def _launch(self, idx: int, req: RouteRequest, target: int, _decode: int = -1) -> None:
-        """The router sent row ``idx`` to endpoint ``target`` (the run's books already say so)."""
-        f = Flight(idx, req, target, self.bodies.request(idx, target), self.sched[idx], self.attempts)
-        if self.threads is not None and self.threads.keeps(idx):
+    def clock(self) -> float:
+        """Seconds since the replay's origin."""
+        return perf_counter() - self.t0
+
+    def launch(self, row: int, route: RouteRequest, target: int, decode_target: int) -> None:
+        """The router sent row ``row`` to endpoint ``target`` (the run's books already say so; an
+        endpoint is never a disaggregated pair, so ``decode_target`` is -1)."""
+        f = Flight(row, route, target, self.bodies.request(row, target), self.sched[row], self.attempts)
+        if self.threads is not None and self.threads.keeps(row):
             f.answer = []  # something waits for this answer: keep its text
         self.flights.add(f)
         self.attempts.attempt(f)

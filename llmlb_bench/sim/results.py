@@ -19,8 +19,8 @@ from mypy_extensions import i64
 from llmlb_bench.schema import TOKEN_SEGMENT
 from llmlb_bench.sim.replica import Replica, Request
 from llmlb_bench.sim.speculative import bundled_steps
-from llmlb_bench.sim.timeline import (Columns, decode_energy, joined, list_array, nth_token_times, step_end_times,
-                                      summary_segments, token_segments)
+from llmlb_bench.sim.timeline import (Columns, decode_energy, joined, list_array, nth_token_times, runs_of,
+                                      step_end_times, summary_segments, token_segments)
 
 
 class RowSink(Protocol):
@@ -226,22 +226,24 @@ class RequestRecorder:
         n = sum(sizes)
         lead = _joined([batch.lead for batch in batches], np.float64)
         has_lead = ~np.isnan(lead)
-        here_first = step_end_times(tl, a[ends - per])
-        last = step_end_times(tl, b[ends - 1])
-        here = np.add.reduceat(b - a + 1, ends - per)
+        ra, rb = runs_of(tl, a), runs_of(tl, b)
+        head, tail = ends - per, ends - 1
+        here_first = step_end_times(tl, a[head], ra[head])
+        last = step_end_times(tl, b[tail], rb[tail])
+        here = np.add.reduceat(b - a + 1, head)
         segments: pa.ListArray | None = None
         spec: dict[str, np.ndarray] = {}
         spec_rep = group[0][0].spec
         if spec_rep is not None:
             here, segments, spec = _speculative_columns(tl, batches[0].requests, spec_rep.k, lead)
-        energy = _joined([batch.energy for batch in batches], np.float64) + decode_energy(tl, before, a, b, per)
+        energy = _joined([batch.energy for batch in batches], np.float64) + decode_energy(tl, before, a, b, per, ra, rb)
         lo = 0
         for size in sizes:      # summed replica by replica, as the rows were before they were joined
             self.attributed_energy_j += float(energy[lo:lo + size].sum())
             lo += size
         output = (here + has_lead).astype(np.int32)
         token_times = (summary_segments(here_first, last, here, lead) if self.summary_tokens
-                       else segments if segments is not None else token_segments(tl, a, b, per, lead))
+                       else segments if segments is not None else token_segments(tl, a, b, per, lead, ra, rb))
         row_ids = _joined([batch.rows for batch in batches], np.int64)
         names = [r.name for r in self.replicas]
         moved = any(batch.moved for batch in batches)

@@ -57,7 +57,7 @@ from llmlb_bench.sim.replica import Replica, Request
 from llmlb_bench.sim.results import RequestRecorder, RunSinks
 from llmlb_bench.sim.series import SeriesSampler
 from llmlb_bench.trace_columns import TraceColumns
-from llmlb_bench.trace_run import TraceRun
+from llmlb_bench.trace_run import Backend, TraceRun
 from llmlb_bench.trace_schedule import TraceSchedule
 
 #: a timed delivery's handler: ``handle(payload, now)`` (see :meth:`Simulation._deliver`)
@@ -119,7 +119,7 @@ class BoundaryHeap(IndexedHeap):
         self.place(b, t, seq)
 
 
-class Simulation:
+class Simulation(Backend):
     """One simulated run; see :func:`simulate`."""
 
     def __init__(self, trace: pa.Table, cfg: ClusterConfig, policy: Policy, run: RunSinks, seed: int,
@@ -151,8 +151,7 @@ class Simulation:
         self.sampler = SeriesSampler(run.series, self.replicas, cfg.series_interval_s)
         self.fleet.on_add += [self.recorder.track, self.sampler.track]
         #: the run around the Router: arrive -> launched -> ended -> dependents released -> drain; close
-        self.core = TraceRun(policy, self.view, cols, schedule, launch=self._launch, write=self.recorder.ended,
-                             arrive_at=self._arrive_at, clock=lambda: self._now, on_release=self._released,
+        self.core = TraceRun(policy, self.view, cols, schedule, self, on_release=self._released,
                              disaggregated=cfg.disaggregated)
         self.router = self.core.router
         self.boundaries = BoundaryHeap()
@@ -293,14 +292,18 @@ class Simulation:
         """A request reaches the router at ``t`` (first time, after its parent, or as a retry)."""
         self.core.arrive(row, t, t)
 
-    def _arrive_at(self, row: int, due: float) -> None:
+    def arrive_at(self, row: int, due: float) -> None:
         """A dependent (or a closed-loop user's next request) was released: it arrives at ``due``."""
         self._deliver(due, self._route, row, work=True)
 
     def _released(self, row: int, route: RouteRequest) -> None:
         route.arrival_s = self.scheduled[row]   # a held retry is released with its first arrival
 
-    def _launch(self, row: int, route: RouteRequest, i: int, decode_target: int = -1) -> None:
+    def write(self, row: int, target: str | None, status: str, error: str | None) -> None:
+        """The row of a request that produced no tokens (refused, held at the end, never released)."""
+        self.recorder.ended(row, target, status, error)
+
+    def launch(self, row: int, route: RouteRequest, i: int, decode_target: int) -> None:
         """The router sent row ``row`` to replica ``i`` (and, disaggregated, its decode to ``decode_target``)."""
         t = self._now
         if self.sent[row] is None:
@@ -600,7 +603,6 @@ class Simulation:
         """Whether anything but life-cycle events is left to simulate."""
         return self._k < len(self.order) or self._work > 0 or any(not r.idle for r in self.replicas)
 
-    @property
     def clock(self) -> float:
         """The simulated time of the event being handled (``View.now`` is the last routing decision's)."""
         return self._now

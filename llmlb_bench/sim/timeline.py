@@ -105,10 +105,18 @@ class Timeline:
                 np.array(self.energy, dtype=np.float64))
 
 
-def step_end_times(tl: Columns, steps: np.ndarray) -> np.ndarray:
-    """End time of each step in ``steps``."""
+def runs_of(tl: Columns, steps: np.ndarray) -> np.ndarray:
+    """The run that holds each step of ``steps``: a binary search over the runs' first steps, the
+    costliest NumPy call of a results batch, so a batch makes it once per span end and hands the
+    answer to every look-up below (``runs``; computed here when not given)."""
+    out: np.ndarray = np.searchsorted(tl[0], steps, side="right") - 1
+    return out
+
+
+def step_end_times(tl: Columns, steps: np.ndarray, runs: np.ndarray | None = None) -> np.ndarray:
+    """End time of each step in ``steps`` (of run ``runs``, see :func:`runs_of`)."""
     first, start, gap = tl[0], tl[1], tl[2]
-    r = np.searchsorted(first, steps, side="right") - 1
+    r = runs_of(tl, steps) if runs is None else runs
     out: np.ndarray = start[r] + (steps - first[r] + 1) * gap[r]
     return out
 
@@ -137,18 +145,20 @@ def list_array(per_req: np.ndarray, start: np.ndarray, gap: np.ndarray, count: n
 
 
 def token_segments(tl: Columns, span_a: np.ndarray, span_b: np.ndarray, spans_per_request: np.ndarray,
-                   lead_s: np.ndarray) -> pa.ListArray:
+                   lead_s: np.ndarray, runs_a: np.ndarray | None = None,
+                   runs_b: np.ndarray | None = None) -> pa.ListArray:
     """``token_times`` for requests whose tokens are the step ranges ``[span_a, span_b]``.
 
     Spans are flat, grouped by request (``spans_per_request`` each, in time order).
     ``lead_s`` is, per request, the time of one token made elsewhere before them
     (the prefill replica's first token under disaggregation), or NaN.
+    ``runs_a`` and ``runs_b``: the runs of the spans' ends (:func:`runs_of`), where known.
     Returns a ``list<TOKEN_SEGMENT>`` array, one list per request.
     """
     first, start, gap, count = tl[0], tl[1], tl[2], tl[3]
     # the runs each span overlaps: r0..r1, consecutive, so the flat run index is a ramp per span
-    r0 = np.searchsorted(first, span_a, side="right") - 1
-    nseg = np.searchsorted(first, span_b, side="right") - r0
+    r0 = runs_of(tl, span_a) if runs_a is None else runs_a
+    nseg = (runs_of(tl, span_b) if runs_b is None else runs_b) - r0 + 1
     head = np.cumsum(nseg) - nseg                  # each span's first segment
     run = np.arange(int(nseg.sum())) + np.repeat(r0 - head, nseg)
     run_first = first[run]
@@ -203,21 +213,22 @@ def joined(timelines: Sequence[Timeline]) -> tuple[Columns, np.ndarray, np.ndarr
 
 
 def decode_energy(tl: Columns, before: np.ndarray, span_a: np.ndarray, span_b: np.ndarray,
-                  spans_per_request: np.ndarray) -> np.ndarray:
+                  spans_per_request: np.ndarray, runs_a: np.ndarray | None = None,
+                  runs_b: np.ndarray | None = None) -> np.ndarray:
     """Per request, the decode-step energy shares over its spans, excluding each span's first
     step (the prefill step that made that token is charged through the prefill share).
 
     Uses the running total of shares over steps (``before``, from :func:`joined`), so each span
-    costs two lookups."""
+    costs two lookups (of the runs ``runs_a`` and ``runs_b``, :func:`runs_of`, where known)."""
     first, energy = tl[0], tl[4]
 
-    def through(steps: np.ndarray) -> np.ndarray:
+    def through(steps: np.ndarray, runs: np.ndarray | None) -> np.ndarray:
         """Total share of every step up to and including ``steps``."""
-        r = np.searchsorted(first, steps, side="right") - 1
+        r = runs_of(tl, steps) if runs is None else runs
         out: np.ndarray = before[r] + (steps - first[r] + 1) * energy[r]
         return out
 
-    per_span = through(span_b) - through(span_a)
+    per_span = through(span_b, runs_b) - through(span_a, runs_a)
     span_req = np.repeat(np.arange(len(spans_per_request)), spans_per_request)
     return np.bincount(span_req, weights=per_span, minlength=len(spans_per_request))
 
