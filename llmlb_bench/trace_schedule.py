@@ -46,7 +46,6 @@ class TraceSchedule:
         self.due: list[float] = list(tr.arrival)
         #: per row, whether it has been handed to the router (or skipped because a resumed run has it)
         self.taken: list[bool] = [rid in skip for rid in tr.rid] if skip else [False] * tr.n
-        self._after = tr.after
         #: row -> the rows waiting for it, and how many rows each still waits for (open loop only)
         self._children: dict[int, list[int]] = {}
         self._pending: list[int] = [0] * tr.n
@@ -54,6 +53,9 @@ class TraceSchedule:
             self._children, self._pending, free = tr.dependencies(self.taken if skip else None)
         else:
             free = np.flatnonzero(~np.asarray(self.taken, dtype=bool))
+        #: ``after_parent_s`` per row, read only when a row has dependents (a column most traces lack
+        #: or leave at 0, converted into a list at the first read)
+        self._after: list[float] = tr.after if self._children else []
         order = np.lexsort((np.asarray(tr.rid, dtype=np.int64)[free], tr.arrival_np[free]))
         #: the rows that wait for no other row, in arrival order (ties: request id)
         self.roots: list[int] = free[order].tolist()
