@@ -16,7 +16,7 @@ from llmlb_bench.schema import TRACE
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.store import RunStore
 from llmlb_bench.replay import runner
-from llmlb_bench.trace_run import NOT_RELEASED
+from llmlb_bench.trace_run import NOT_RELEASED, Backend
 from tests.conftest import make_trace
 from tests.replay_helpers import run_replay, servers  # noqa: F401  (fixture)
 from tests.serve_helpers import route_over_serve
@@ -149,25 +149,37 @@ def _noting_ends(seen: dict[int, float]):
     """A stand-in for the replayer's ``TraceRun`` that notes, per row, the time the replayer ended it
     (``seen``): an answered row's through ``ended``, a refused one's through the clock read right after
     its row was written (``TraceRun._refused``). WHY not a patch of ``TraceSchedule.ended``: compiled
-    (compiled_core.py), TraceRun calls it natively and a patch of the class is never seen; the callbacks
-    and the calls made from the replayer's own (interpreted) code always are."""
+    (compiled_core.py), TraceRun calls it natively and a patch of the class is never seen; the backend's
+    methods (the replayer's, interpreted) and the calls made from the replayer's own code always are."""
     real = runner.TraceRun
 
+    class NotingBackend(Backend):
+        """The replayer as the run's backend, noting refused rows' ends on the clock read after them."""
+
+        def __init__(self, backend: Backend) -> None:
+            self.backend = backend
+            self.refused: list[int] = []
+
+        def launch(self, row, route, target, decode_target):
+            return self.backend.launch(row, route, target, decode_target)
+
+        def write(self, row, target, status, error):
+            if status == "rejected":
+                self.refused.append(row)
+            return self.backend.write(row, target, status, error)
+
+        def arrive_at(self, row, due):
+            return self.backend.arrive_at(row, due)
+
+        def clock(self) -> float:
+            t = self.backend.clock()
+            while self.refused:
+                seen[self.refused.pop()] = t
+            return t
+
     class Noting:
-        def __init__(self, *args, write, clock, **kwargs) -> None:
-            refused: list[int] = []
-
-            def noted_write(row, route, status, error):
-                if status == "rejected":
-                    refused.append(row)
-                return write(row, route, status, error)
-
-            def noted_clock() -> float:
-                t = clock()
-                while refused:
-                    seen[refused.pop()] = t
-                return t
-            self._core = real(*args, write=noted_write, clock=noted_clock, **kwargs)
+        def __init__(self, policy, view, tr, schedule, backend, **kwargs) -> None:
+            self._core = real(policy, view, tr, schedule, NotingBackend(backend), **kwargs)
 
         def ended(self, row, target, route, t, drain=True):
             seen[row] = t
