@@ -32,7 +32,7 @@ from typing import Callable, NoReturn
 from mypy_extensions import mypyc_attr
 
 from llmlb_bench.policies import Policy, PolicyError, RouteRequest, Router, View
-from llmlb_bench.policies.router import HELD_AT_END, detached
+from llmlb_bench.policies.router import HELD_AT_END, Sink, detached
 from llmlb_bench.trace_columns import TraceColumns
 from llmlb_bench.trace_schedule import TraceSchedule
 
@@ -82,8 +82,10 @@ class Detached(Backend):
 NOT_RELEASED = ("not_sent", "waits for a request that was never sent")
 
 
-class TraceRun:
-    """One run of a trace through a policy; see the module docstring."""
+class TraceRun(Sink[int]):
+    """One run of a trace through a policy; see the module docstring. The Router's :class:`Sink`
+    (its ``dispatch`` books the send and launches, its ``reject`` writes the row), so that the
+    compiled Router calls it natively."""
 
     __slots__ = ("router", "view", "tr", "schedule", "draining", "_pairs", "_backend", "_on_policy_error")
 
@@ -93,8 +95,7 @@ class TraceRun:
         """``on_release``: see :class:`~llmlb_bench.policies.Router`. ``on_policy_error``: a policy that
         breaks its contract while the queue drains after an end is handed to it (the replayer stops
         from there) instead of raised into the backend's callback."""
-        self.router: Router[int] = Router(policy, view, dispatch=self._launched, reject=self._refused,
-                                          on_release=on_release, disaggregated=disaggregated)
+        self.router: Router[int] = Router(policy, view, sink=self, on_release=on_release, disaggregated=disaggregated)
         self.view = view
         self.tr = tr
         self.schedule = schedule
@@ -115,11 +116,11 @@ class TraceRun:
         else:
             self.router.route(row, self.tr.route_request(row, arrival_s), now)
 
-    def _launched(self, row: int, route: RouteRequest, target: int, decode_target: int) -> None:
+    def dispatch(self, row: int, route: RouteRequest, target: int, decode_target: int) -> None:
         self.router.sent(target, route)
         self._backend.launch(row, route, target, decode_target)
 
-    def _refused(self, row: int, route: RouteRequest, why: str) -> None:
+    def reject(self, row: int, route: RouteRequest, why: str) -> None:
         self._backend.write(row, None, "rejected", why)
         self.released(row, self._backend.clock())   # now: at a routing decision, or a queue drop on a later event
 

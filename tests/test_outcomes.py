@@ -148,7 +148,7 @@ class HoldOddRejectSome(Policy):
 def _noting_ends(seen: dict[int, float]):
     """A stand-in for the replayer's ``TraceRun`` that notes, per row, the time the replayer ended it
     (``seen``): an answered row's through ``ended``, a refused one's through the clock read right after
-    its row was written (``TraceRun._refused``). WHY not a patch of ``TraceSchedule.ended``: compiled
+    its row was written (``TraceRun.reject``). WHY not a patch of ``TraceSchedule.ended``: compiled
     (compiled_core.py), TraceRun calls it natively and a patch of the class is never seen; the backend's
     methods (the replayer's, interpreted) and the calls made from the replayer's own code always are."""
     real = runner.TraceRun

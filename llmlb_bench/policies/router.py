@@ -8,7 +8,8 @@ and the replayer (:mod:`llmlb_bench.replay.runner`), so it lives here once:
 * :meth:`Router.route` asks ``choose`` and acts on the :data:`Decision`: a
   target is bounds-checked (a bad one raises :class:`PolicyError`, in every
   backend) and handed to the backend's ``dispatch`` callback; REJECT goes to
-  its ``reject`` callback; HOLD keeps the backend's item in the router queue
+  its ``reject`` callback (the two callables, or the two methods of a :class:`Sink`,
+  which the compiled core calls natively); HOLD keeps the backend's item in the router queue
   and drains ``release``. :meth:`Router.route_pair` is the same for
   disaggregated fleets (``choose_pair``).
 * every request sent to a target carries the policy's prediction of its cached prompt tokens
@@ -47,6 +48,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Generic, NoReturn, TypeVar
 
+from mypy_extensions import mypyc_attr
+
 from llmlb_bench.errors import PolicyError as PolicyError  # defined there (this module is compiled); exported here
 from llmlb_bench.policies.base import (HOLD, REJECT, Decision, Picked, Policy, Released, RouteRequest, Verdict, View,
                                        view_books)
@@ -59,6 +62,36 @@ Item = TypeVar("Item")
 Dispatch = Callable[[Item, RouteRequest, int, int], None]
 #: ``reject(item, request, reason)``: the router refused the request; write it as "rejected"
 Reject = Callable[[Item, RouteRequest, str], None]
+
+
+@mypyc_attr(allow_interpreted_subclasses=True)
+class Sink(Generic[Item]):
+    """Where the Router sends what it decides: :meth:`dispatch` a request to its target(s), or
+    :meth:`reject` it. A base class beside the two callables (:class:`Callbacks`) because the
+    trace-run core, compiled with the Router (compiled_core.py), is a Sink the Router then calls
+    natively: a bound method kept as a callable is an interpreted call per request."""
+
+    def dispatch(self, item: Item, req: RouteRequest, target: int, decode_target: int) -> None:
+        """Send ``req`` to ``target`` (and, disaggregated, its decode to ``decode_target``, else -1)."""
+        raise NotImplementedError
+
+    def reject(self, item: Item, req: RouteRequest, why: str) -> None:
+        """The router refused ``req``; write it as "rejected", saying ``why``."""
+        raise NotImplementedError
+
+
+class Callbacks(Sink[Item]):
+    """A :class:`Sink` of two callables (``dispatch=`` and ``reject=`` of :class:`Router`)."""
+
+    def __init__(self, dispatch: Dispatch[Item], reject: Reject[Item]) -> None:
+        self._dispatch = dispatch
+        self._reject = reject
+
+    def dispatch(self, item: Item, req: RouteRequest, target: int, decode_target: int) -> None:
+        self._dispatch(item, req, target, decode_target)
+
+    def reject(self, item: Item, req: RouteRequest, why: str) -> None:
+        self._reject(item, req, why)
 
 
 #: how every trace-driven backend writes a request the policy still holds when the trace is over (it
@@ -103,13 +136,15 @@ def observes_outcomes(policy: Policy) -> bool:
 class Router(Generic[Item]):
     """A policy in front of a backend; see the module docstring."""
 
-    __slots__ = ("policy", "view", "held", "observes", "_attrs", "_ledger", "_pick", "_dispatch", "_reject", "_on_release",
+    __slots__ = ("policy", "view", "held", "observes", "_attrs", "_ledger", "_pick", "_sink", "_on_release",
                  "_choose", "_release", "_on_complete", "_predict", "_name")
 
-    def __init__(self, policy: Policy, view: View, *, dispatch: Dispatch[Item], reject: Reject[Item],
+    def __init__(self, policy: Policy, view: View, *, dispatch: Dispatch[Item] | None = None,
+                 reject: Reject[Item] | None = None, sink: Sink[Item] | None = None,
                  on_release: Callable[[Item, RouteRequest], None] | None = None,
                  disaggregated: bool = False) -> None:
-        """``on_release(item, request)`` runs just before a held request is dispatched (the simulator
+        """The backend is told through ``sink``, or through the two callables ``dispatch`` and
+        ``reject`` (one or the other). ``on_release(item, request)`` runs just before a held request is dispatched (the simulator
         gives it back its first arrival time). ``disaggregated``: the fleet has prefill and decode
         pools, so requests go through :meth:`route_pair`; a policy without ``choose_pair`` is refused."""
         if disaggregated and not can_pair(policy):
@@ -126,8 +161,13 @@ class Router(Generic[Item]):
         self._pick: Pick | None = policy.pick if isinstance(policy, Picked) and type(policy).choose is Picked.choose else None
         #: request_id -> the backend's item, for requests the policy holds
         self.held: dict[int, Item] = {}
-        self._dispatch = dispatch
-        self._reject = reject
+        if sink is None:
+            if dispatch is None or reject is None:
+                raise TypeError("Router needs a sink, or both dispatch and reject")
+            sink = Callbacks(dispatch, reject)
+        elif dispatch is not None or reject is not None:
+            raise TypeError("Router takes a sink or the dispatch and reject callables, not both")
+        self._sink: Sink[Item] = sink
         self._on_release = on_release
         # the hooks, bound once; a policy that only has ``choose`` gets the protocol's defaults, and
         # the defaults of on_complete and predicted_cached (no-ops) are not called at all
@@ -151,13 +191,13 @@ class Router(Generic[Item]):
         d = pick.choose(ledger) if pick is not None else self._choose(req, view)
         if isinstance(d, int) and 0 <= d < len(ledger.targets):   # the view's list of targets, natively
             req.predicted_cached_tokens = self._predict(req, d, view) if self._predict is not None else None
-            self._dispatch(item, req, d, -1)
+            self._sink.dispatch(item, req, d, -1)
             return d
         if d is HOLD:
             self.held[req.request_id] = item
             self.drain()
         elif d is REJECT:
-            self._reject(item, req, f"rejected by the router ({self._name})")
+            self._sink.reject(item, req, f"rejected by the router ({self._name})")
         else:
             raise self._out_of_range(d)
         verdict: Verdict = d
@@ -169,14 +209,14 @@ class Router(Generic[Item]):
         self._attrs["now"] = now
         pair: Any = self.policy.choose_pair(req, view)   # Any: checked below, in the Router's words
         if pair is REJECT:
-            self._reject(item, req, "no healthy prefill or decode target")
+            self._sink.reject(item, req, "no healthy prefill or decode target")
             verdict: Verdict = pair
             return verdict
         p, d = pair
         self.check(p)
         self.check(d)
         req.predicted_cached_tokens = self._predict(req, p, view) if self._predict is not None else None
-        self._dispatch(item, req, p, d)
+        self._sink.dispatch(item, req, p, d)
         prefill: int = p   # an int now: checked above
         return prefill
 
@@ -193,17 +233,17 @@ class Router(Generic[Item]):
                 self.check(target)    # before the pop: a refused release stays held, so it still gets its row
             item = held.pop(req.request_id)
             if target is REJECT:
-                self._reject(item, req, "dropped by the router queue")
+                self._sink.reject(item, req, "dropped by the router queue")
                 continue
             if self._on_release is not None:
                 self._on_release(item, req)
             req.predicted_cached_tokens = self._predict(req, target, self.view) if self._predict is not None else None
-            self._dispatch(item, req, target, -1)
+            self._sink.dispatch(item, req, target, -1)
 
     def detach(self) -> None:
         """Drop the backend's callbacks (the run is over: ``TraceRun.detach``); a decision after this
         raises RuntimeError."""
-        self._dispatch = self._reject = detached
+        self._sink = Callbacks(detached, detached)
         self._on_release = None
 
     def take_held(self) -> list[Item]:
