@@ -183,3 +183,31 @@ def test_a_bad_release_in_the_replayer_stops_the_run_from_its_callback(servers, 
         run_replay(make_trace(n=3, rate=100.0, output_tokens=4), [url], tmp_path, ReleaseToNine([]), run_id="bad")
     rows = sorted(pq.read_table(tmp_path / "bad" / "requests.parquet").to_pylist(), key=lambda r: r["request_id"])
     assert [r["status"] for r in rows] == ["ok", "not_sent", "not_sent"]   # one row each, the held ones unsent
+
+
+def test_a_sink_subclass_is_told_what_the_router_decides_and_the_router_takes_one_way_only():
+    """The Router tells its backend through a ``Sink`` (what the trace-run core is, so the compiled
+    Router calls it natively); a backend written in Python subclasses it the same way, and the two
+    callables are the other way in, never both and never neither."""
+    from llmlb_bench.policies.router import Sink
+
+    class Told(Sink[str]):
+        def __init__(self) -> None:
+            self.seen: list[tuple[str, object]] = []
+
+        def dispatch(self, item, req, target, decode_target):
+            self.seen.append(("dispatch", (item, req.request_id, target, decode_target)))
+
+        def reject(self, item, req, why):
+            self.seen.append(("reject", (item, req.request_id, why)))
+
+    told = Told()
+    view = View([TargetInfo("a"), TargetInfo("b")])
+    router: Router[str] = Router(_Script([1, REJECT]), view, sink=told)
+    router.route("x", _req(0), 0.0)
+    router.route("y", _req(1), 0.0)
+    assert told.seen == [("dispatch", ("x", 0, 1, -1)), ("reject", ("y", 1, "rejected by the router (script)"))]
+    with pytest.raises(TypeError, match="needs a sink"):
+        Router(make_policy("round_robin"), view, dispatch=print)
+    with pytest.raises(TypeError, match="not both"):
+        Router(make_policy("round_robin"), view, dispatch=print, reject=print, sink=told)
