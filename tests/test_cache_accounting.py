@@ -511,9 +511,10 @@ def test_the_hash_numbers_of_a_cumulative_sum_give_the_same_buckets(seed, monkey
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_c_pass_over_a_piece_gives_the_numpy_passs_counts(seed, monkeypatch):
-    """The pieces' pass in C and in NumPy give the same leading counts, array for array, on larger
-    random runs (every request's rows shuffled, hashes shared by families, several targets), in one
-    part and in parts, with and without targets (``offered_tokens``)."""
+    """The passes in C and in NumPy give the same leading counts, array for array, on larger random
+    runs (every request's rows shuffled, hashes shared by families, several targets), in one part, in
+    16 parts (two groups of :data:`GROUP_PARTS` in C) and in 4,096 (more than a byte names: the parts
+    as 16-bit words), with and without targets (``offered_tokens``)."""
     import llmlb_bench.metrics.cache_accounting as ca
 
     if ca.native is None:
@@ -545,10 +546,42 @@ def test_the_c_pass_over_a_piece_gives_the_numpy_passs_counts(seed, monkeypatch)
     for path in ("c", "numpy"):
         if path == "numpy":
             monkeypatch.setattr(ca, "native", None)
-        got[path] = ([account(lists, parent, BLOCK, table, {}, chunk_blocks=c) for c in (1 << 30, 4096)],
+        got[path] = ([account(lists, parent, BLOCK, table, {}, chunk_blocks=c) for c in (1 << 30, 4096, 16)],
                      ca.offered_tokens(trace, BLOCK))
     (c_tables, c_offered), (np_tables, np_offered) = got["c"], got["numpy"]
     for c_table, np_table in zip(c_tables, np_tables):
         assert c_table.equals(np_table)
     assert c_table.column("reachable_tokens").to_numpy().sum() > 0
     assert np.array_equal(c_offered, np_offered) and c_offered.sum() > 0
+
+
+def test_the_c_passes_refuse_arrays_that_would_take_them_out_of_bounds():
+    """The C passes check their arrays against each other before they read or write through them:
+    counts that do not match the parts, offsets beyond the blocks, indices out of order or range,
+    names of slots that do not exist, arrays of the wrong type: a clear error, nothing written."""
+    import llmlb_bench.metrics.cache_accounting as ca
+
+    k = ca.native
+    if k is None:
+        pytest.skip("the compiled core (cache_kernels) is not built")
+    values, part, none = np.arange(10, dtype=np.uint64), np.zeros(10, dtype=np.uint8), np.zeros(0, dtype=np.int64)
+    with pytest.raises(ValueError, match="more items in a part than its count"):
+        k.spill(part, 0, np.array([0, 5]), np.empty(5, dtype=np.uint32), False)
+    with pytest.raises(ValueError, match="bad part starts"):
+        k.spill(part, 0, np.array([0, 12]), np.empty(10, dtype=np.uint32), False)
+    with pytest.raises(ValueError, match="bad row offsets"):
+        k.select(None, values, np.array([0, 11]), np.zeros(1, dtype=np.int64), 0, 20, None, np.empty(10, dtype=np.uint64))
+    with pytest.raises(ValueError, match="bad item index"):
+        k.select(np.array([3, 12], dtype=np.uint32), values, np.array([0, 10]), np.zeros(1, dtype=np.int64), 0, 20,
+                 None, np.empty(2, dtype=np.uint64))
+    with pytest.raises(ValueError, match="bad item index"):
+        k.select(np.array([4, 3], dtype=np.uint32), values, np.array([0, 10]), np.zeros(1, dtype=np.int64), 0, 20,
+                 None, np.empty(2, dtype=np.uint64))
+    table = np.zeros((2, 8), dtype=np.int64)
+    with pytest.raises(ValueError, match="a key names no slot"):
+        k.piece(np.array([5 << 4]), none, table, 20, 4, 3, 1, 0, 1)
+    with pytest.raises(ValueError, match="eight words per slot"):
+        k.piece(np.array([0]), none, np.zeros(12, dtype=np.int64), 20, 4, 3, 1, 0, 1)
+    with pytest.raises(TypeError, match="uint64"):
+        k.parts(values.astype(np.int64), 2, part, np.empty(4, dtype=np.int64))
+    assert not table.any()

@@ -51,6 +51,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from llmlb_bench.hugepages import small_pages
 from llmlb_bench.metrics import kernels
 from llmlb_bench.metrics.run_figures import CacheBuckets, CacheTokens, PrefixCacheFigures
 from llmlb_bench.schema import ArrowRow, CACHE_ACCOUNTING, META_BLOCK_SIZE, REQUESTS, TableSpec, open_parquet, trace_block_size
@@ -118,6 +119,14 @@ CHUNK_BLOCKS = 1 << 22
 #: stay in the processor's cache between passes, which on this machine makes those passes about
 #: 1.6x cheaper than over the whole part
 PIECE_BLOCKS = 1 << 16
+
+#: parts whose blocks one pass over every block's part lists, in C (:func:`_native_keys`): a pass per
+#: part read every block's part once per part (a million requests: 64 times 153 MB); the group's lists
+#: take four bytes a block, up to this many times :data:`CHUNK_BLOCKS` of them
+GROUP_PARTS = 8
+
+#: the C passes name a block by its place in 32 bits: a run with more blocks takes the NumPy passes
+NATIVE_BLOCKS = 1 << 32
 
 #: an odd multiplier (2^64 / golden ratio): multiplying by it permutes the 64-bit words and spreads
 #: hashes that differ only in their low bits (small integers) over the high ones
@@ -188,11 +197,14 @@ class _Slots:
     #: reply block's position is never below them, so it changes nothing)
     levels: int
     lowest: np.ndarray
-    #: per slot, side by side: give, ready_needs, reach_needs, arrival (the C pass's: one cache line per block)
+    #: the C pass's: per slot, one cache line: give, ready_needs, reach_needs, arrival, then ``lowest`` per
+    #: level (put back by :meth:`leading`)
     table: np.ndarray | None = None
 
     def leading(self) -> tuple[np.ndarray, ...]:
         """Per row and level k, its leading blocks at level k or above: its first block below k."""
+        if self.table is not None:
+            self.lowest[:] = self.table[:, 4:4 + self.levels].reshape(-1)
         below = np.minimum.accumulate(self.lowest.reshape(-1, self.levels), axis=1)
         out = []
         for k in range(self.levels):
@@ -200,6 +212,13 @@ class _Slots:
             lead[self.row] = below[:, k]
             out.append(lead)
         return tuple(out)
+
+
+def _lines(n: int) -> np.ndarray:
+    """An (n, 8) int64 array whose rows start at 64-byte boundaries: a row is one cache line."""
+    room = np.empty(8 * n + 8, dtype=np.int64)
+    at = (-room.ctypes.data % 64) // 8
+    return room[at:at + 8 * n].reshape(n, 8)
 
 
 def _slots(arrival: np.ndarray, holder: np.ndarray, provide: np.ndarray, done: np.ndarray, ready: np.ndarray,
@@ -229,59 +248,114 @@ def _slots(arrival: np.ndarray, holder: np.ndarray, provide: np.ndarray, done: n
 
 
 class _Work:
-    """The word array of a part (its spread hashes, sorted for the collision check, then its sort
-    keys), reused by every part: fresh memory costs a page fault per 4 KB the first time it is
-    written."""
+    """The arrays of a part (its sort keys, its prompt blocks' spread hashes, and in C its group's
+    lists of blocks), reused by every part: fresh memory costs a page fault per 4 KB the first time it
+    is written."""
 
     def __init__(self) -> None:
-        self.words = np.zeros(0, dtype=np.uint64)
+        self.arrays: dict[str, np.ndarray] = {}
 
-    def take(self, size: int) -> np.ndarray:
-        """A word array of ``size`` (room for a quarter more once a later part is larger)."""
-        if len(self.words) < size:
-            room = size + size // 4 if len(self.words) else size
-            self.words = np.zeros(0, dtype=np.uint64)              # the smaller one freed first
-            self.words = np.empty(room, dtype=np.uint64)
-        return self.words[:size]
+    def take(self, name: str, size: int, dtype: type[np.unsignedinteger] = np.uint64) -> np.ndarray:
+        """Array ``name`` of ``size`` (room for a quarter more once a later part is larger)."""
+        held = self.arrays.get(name)
+        if held is None or len(held) < size:
+            room = size + size // 4 if held is not None else size
+            self.arrays[name] = np.zeros(0, dtype=dtype)       # the smaller one freed first
+            held = self.arrays[name] = np.empty(room, dtype=dtype)
+        return held[:size]
 
 
-def _account_part(s: _Slots, values: np.ndarray, index: np.ndarray | None, counts: np.ndarray,
-                  replies: np.ndarray, reply: np.ndarray | None, provider: np.ndarray, bits: int, piece: int,
-                  work: _Work) -> None:
-    """Lower ``s.lowest`` by one part (:func:`_parts`: its prompt blocks ``index`` into ``values``,
-    ``counts`` per row; its reply blocks ``reply`` into ``replies`` and ``provider``; ``None``: all),
-    whose blocks share the spread hash's top ``bits``.
+def _numpy_keys(s: _Slots, values: np.ndarray, offsets: np.ndarray, replies: np.ndarray, provider: np.ndarray,
+                bits: int, piece: int, work: _Work) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Per part (:func:`_parts`), its sort keys (prompt blocks first, then reply blocks: :func:`_keys`)
+    and its prompt blocks' spread hashes less the ``bits`` that name the part (:func:`_spread`), in
+    the arrays of ``work``; the reference of :func:`_native_keys`."""
+    high = np.uint64(((1 << 64) - 1) ^ ((1 << s.low_bits) - 1))
+    for index, counts, reply in _parts(values, replies, offsets, bits):
+        prompts = len(values) if index is None else len(index)
+        more = len(replies) if reply is None else len(reply)
+        key, spread = work.take("key", prompts + more), work.take("spread", prompts)
+        _spread(values, index, 0, prompts, bits, spread)
+        _keys(s, values, index, counts, bits, high, piece, key[:prompts])
+        if more:
+            at = replies if reply is None else replies[reply]
+            rkey = key[prompts:]
+            np.take(values, at, out=rkey, mode="clip")
+            rkey *= _SPREAD
+            if bits:
+                rkey <<= np.uint64(bits)
+            rkey &= high
+            name = np.take(s.reply_base, provider if reply is None else provider[reply])
+            name += np.arange(more) if reply is None else reply
+            rkey |= name.view(np.uint64)
+        yield key, spread
+
+
+def _native_keys(s: _Slots, values: np.ndarray, offsets: np.ndarray, replies: np.ndarray, provider: np.ndarray,
+                 bits: int, work: _Work, kernel: ModuleType) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """What :func:`_numpy_keys` yields, by ``cache_kernels.c``: each block's part and the parts' sizes
+    in one pass; per group of :data:`GROUP_PARTS` parts, one pass over the blocks' parts that lists
+    the group's blocks by part (a counting sort); then per part, one pass over its list that writes
+    its blocks' keys and spread hashes (no per-row counts: the rows are walked along)."""
+    # per side, its blocks' hashes, the rows' offsets among them and the rows' name bases; the reply
+    # blocks' hashes gathered once (read through their indices, every part would wait on a memory
+    # read per block)
+    prompt = (values, offsets, s.prompt_base)
+    reply = (np.take(values, replies), np.searchsorted(provider, np.arange(len(s.row) + 1)), s.reply_base)
+
+    def write(side: tuple[np.ndarray, np.ndarray, np.ndarray], index: np.ndarray | None, spread: np.ndarray | None,
+              key: np.ndarray) -> None:
+        if len(key):
+            kernel.select(index, *side, bits, s.low_bits, spread, key)
+
+    if not bits:
+        key, spread = work.take("key", len(values) + len(replies)), work.take("spread", len(values))
+        write(prompt, None, spread, key[:len(values)])
+        write(reply, None, None, key[len(values):])
+        yield key, spread
+        return
+    wide = bits > 8
+    part_of, sizes = [], []
+    for items, _, _ in (prompt, reply):
+        part_of.append(np.empty(len(items), dtype=np.uint16 if wide else np.uint8))
+        sizes.append(np.empty(1 << bits, dtype=np.int64))
+        kernel.parts(items, bits, part_of[-1], sizes[-1])
+    for k0 in range(0, 1 << bits, GROUP_PARTS):
+        lists = []
+        for name, part, size in zip(("prompt", "reply"), part_of, sizes):
+            starts = np.r_[0, np.cumsum(size[k0:k0 + GROUP_PARTS])]
+            index = work.take(name, int(starts[-1]), np.uint32)
+            kernel.spill(part, k0, starts, index, wide)
+            lists.append((index, starts.tolist()))
+        (p_index, p_at), (r_index, r_at) = lists
+        for j in range(len(p_at) - 1):
+            prompts = p_at[j + 1] - p_at[j]
+            key, spread = work.take("key", prompts + r_at[j + 1] - r_at[j]), work.take("spread", prompts)
+            write(prompt, p_index[p_at[j]:p_at[j + 1]], spread, key[:prompts])
+            write(reply, r_index[r_at[j]:r_at[j + 1]], None, key[prompts:])
+            yield key, spread
+
+
+def _account_part(s: _Slots, key: np.ndarray, spread: np.ndarray, values: np.ndarray, replies: np.ndarray,
+                  piece: int, whole: bool) -> None:
+    """Lower ``s.lowest`` by one part (:func:`_parts`): its blocks' sort ``key`` (prompt blocks
+    first) and its prompt blocks' ``spread`` hashes (less the bits that name the part).
 
     One vectorised sort of a 64-bit word per block packing (the spread hash's next bits, the
     block's name: :class:`_Slots`) puts the blocks in (hash, target, arrival) order; the rare
-    hashes that share those bits with another are put in order by value (:func:`_split_shared`).
-    The keys are built, and the sorted words read, in pieces of about ``piece`` blocks whose arrays
-    stay in the processor's cache (:func:`_keys`, :func:`_account_piece`)."""
-    prompts = len(values) if index is None else len(index)
-    more = len(replies) if reply is None else len(reply)
-    size, low = prompts + more, s.low_bits
+    hashes that share those bits with another are put in order by value (:func:`_split_shared`),
+    found by sorting the spread hashes (a reply block's hash is a prompt block's). The sorted words
+    are read in pieces of about ``piece`` blocks whose arrays stay in the processor's cache
+    (:func:`_account_piece`), or, ``whole``, at once (the C pass keeps nothing but the words)."""
+    size, low = len(key), s.low_bits
     if not size:
         return
-    key = work.take(size)
-    # the prompt blocks' spread hashes, sorted, tell which key bits distinct hashes share; then the
-    # same words become the keys (spreading again costs less than a second array's fresh memory)
-    _spread(values, index, 0, prompts, bits, key[:prompts])
-    shared = _shared_fields(key[:prompts], low, piece)
-    high = np.uint64(((1 << 64) - 1) ^ ((1 << low) - 1))
-    _keys(s, values, index, counts, bits, high, piece, key[:prompts])
-    if more:
-        at = replies if reply is None else replies[reply]
-        rkey = key[prompts:]
-        np.take(values, at, out=rkey, mode="clip")
-        rkey *= _SPREAD
-        if bits:
-            rkey <<= np.uint64(bits)
-        rkey &= high
-        name = np.take(s.reply_base, provider if reply is None else provider[reply])
-        name += np.arange(more) if reply is None else reply
-        rkey |= name.view(np.uint64)
+    shared = _shared_fields(spread, low, piece)
     key.sort()
     splits = _split_shared(s, key, shared, values, replies) if len(shared) else np.zeros(0, dtype=np.int64)
+    if whole:
+        _account_piece(s, key, splits)
+        return
     # pieces end where a hash starts: the first key of the field at every piece-th word
     ends = np.searchsorted(key, key[piece::piece] >> np.uint64(low) << np.uint64(low))
     ends = np.unique(np.r_[ends[ends > 0], size])
@@ -381,10 +455,11 @@ def _account_piece(s: _Slots, key: np.ndarray, splits: np.ndarray) -> None:
     kernel = native
     if kernel is not None and bool(s.targets) == (s.levels == 3):
         if s.table is None:
-            s.table = np.ascontiguousarray(np.stack([s.give, s.ready_needs, s.reach_needs, s.arrival], axis=1),
-                                           dtype=np.int64)
-        kernel.piece(key.view(np.int64), np.ascontiguousarray(splits, dtype=np.int64), s.table, s.lowest,
-                     s.low_bits, s.pos_bits, s.levels, s.stride, int(bool(len(splits)) or not s.wide), s.targets)
+            s.table = _lines(len(s.row))
+            s.table[:, :4] = np.stack([s.give, s.ready_needs, s.reach_needs, s.arrival], axis=1)
+            s.table[:, 4:4 + s.levels] = s.lowest.reshape(-1, s.levels)
+        kernel.piece(key.view(np.int64), np.ascontiguousarray(splits, dtype=np.int64), s.table, s.low_bits,
+                     s.pos_bits, s.levels, s.stride, int(bool(len(splits)) or not s.wide), s.targets)
         return
     size = len(key)
     field = key >> np.uint64(s.low_bits)
@@ -452,9 +527,12 @@ def _leading(s: _Slots, values: np.ndarray, offsets: np.ndarray, replies: np.nda
     """Per row, its leading offered (and, with targets, reachable and ready) blocks, part by part
     (:func:`_parts`): ``values`` and ``offsets`` the rows' prompt blocks, ``replies`` (indices into
     ``values``) and ``provider`` the reply blocks and the rows that computed them."""
-    bits, work = _part_bits(len(values) + len(replies), chunk), _Work()
-    for index, counts, reply in _parts(values, replies, offsets, bits):
-        _account_part(s, values, index, counts, replies, reply, provider, bits, min(chunk, PIECE_BLOCKS), work)
+    bits, work, piece = _part_bits(len(values) + len(replies), chunk), _Work(), min(chunk, PIECE_BLOCKS)
+    kernel = native if len(values) < NATIVE_BLOCKS else None
+    parts = _numpy_keys(s, values, offsets, replies, provider, bits, piece, work) if kernel is None else \
+        _native_keys(s, values, offsets, replies, provider, bits, work, kernel)
+    for key, spread in parts:
+        _account_part(s, key, spread, values, replies, piece, kernel is not None)
     return s.leading()
 
 
@@ -640,7 +718,17 @@ def _index_in(values: pa.Array | pa.ChunkedArray, keys: pa.Array) -> np.ndarray:
 def write_accounting(run_dir: Path, run_id: str, trace: pa.Table, unit_of: Mapping[str, int]) -> int:
     """Account run ``run_id`` (folder ``run_dir``) against ``trace`` and write its
     ``cache_accounting.parquet``; returns the rows written (0, and nothing written, when the trace
-    has no prefix hashes or the run no rows)."""
+    has no prefix hashes or the run no rows).
+
+    NumPy's arrays are allocated without huge pages meanwhile (:mod:`llmlb_bench.hugepages`): the
+    accounting's few large arrays are written once or twice each, and where memory is fragmented a
+    huge page's fault compacts it on the spot (100,000 requests: 1-2 CPU-s of the kernel's time in
+    some runs, against an accounting of 0.6)."""
+    with small_pages():
+        return _write_accounting(run_dir, run_id, trace, unit_of)
+
+
+def _write_accounting(run_dir: Path, run_id: str, trace: pa.Table, unit_of: Mapping[str, int]) -> int:
     if "prefix_hashes" not in trace.column_names or not len(pc.list_flatten(trace.column("prefix_hashes"))):
         return 0
     rows = _requests(run_dir / REQUESTS_FILE)

@@ -1,8 +1,11 @@
-/* The prefix-cache accounting's pass over a piece of sorted keys in C: what
- * llmlb_bench/metrics/cache_accounting.py's _account_piece does in NumPy passes, done here in one pass
- * per hash, with the same integer operations (64-bit, wrapping as NumPy's), so that the leading counts
- * are the NumPy path's exactly. The NumPy code stays the reference (tests/test_cache_accounting.py
- * runs both and compares them).
+/* The prefix-cache accounting's passes in C (llmlb_bench/metrics/cache_accounting.py has the NumPy
+ * reference of each; tests/test_cache_accounting.py runs both and compares them):
+ * - parts: each block's part (the top bits of its spread hash) and how many blocks each part has;
+ * - spill and select: a group of parts' blocks by part (a counting sort in one pass over their parts),
+ *   then a part's blocks' spread hashes and sort keys (what _parts and _keys do in NumPy passes: a
+ *   comparison and a nonzero scan per part, gathers and per-row counts);
+ * - piece: the pass over a piece of sorted keys (_account_piece), in one pass per hash.
+ * Same integer operations (64-bit, wrapping as NumPy's), so that the results are the NumPy path's exactly.
  *
  * Built by setup.py beside the compiled simulator core (compiled_core.KERNELS) and loaded only while
  * the core is; without it the NumPy code runs. Arrays come through the buffer protocol (NumPy arrays,
@@ -14,6 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 #include "kernel_buffers.h"
 
 /* wrapping 64-bit arithmetic, as NumPy's int64 */
@@ -21,31 +28,205 @@ static inline int64_t add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a +
 static inline int64_t sub(int64_t a, int64_t b) { return (int64_t)((uint64_t)a - (uint64_t)b); }
 static inline int64_t mul(int64_t a, int64_t b) { return (int64_t)((uint64_t)a * (uint64_t)b); }
 
-/* piece(key, splits, table, lowest, low_bits, pos_bits, levels, stride, renumber, targets): lowers
- * ``lowest`` (per slot and level) by a piece of sorted keys (_account_piece's docstring has the walk).
- * ``table`` holds per slot, side by side (one cache line per block read): give, ready_needs,
- * reach_needs, arrival. A hash starts at the first key, where the key bits change and at each of
+/* 2^64 / golden ratio: cache_accounting._SPREAD */
+#define SPREAD 0x9E3779B97F4A7C15ull
+
+/* parts(values, bits, part, counts): part[i] = the top ``bits`` (1-16) of the spread hash of values[i],
+ * as uint8 (bits <= 8) or uint16; counts[p] (2^bits int64, zeroed here) how many items are in part p. */
+static PyObject *parts(PyObject *self, PyObject *args) {
+    PyObject *o[3];
+    int bits;
+    if (!PyArg_ParseTuple(args, "OiOO", &o[0], &bits, &o[1], &o[2])) return NULL;
+    if (bits < 1 || bits > 16) { PyErr_SetString(PyExc_ValueError, "bad part bits"); return NULL; }
+    Buffers b = {.n = 0};
+    Py_ssize_t nv, np_, nc;
+    const uint64_t *values = take(&b, o[0], 'Q', 0, &nv, "values");
+    void *part = values ? take(&b, o[1], bits <= 8 ? 'B' : 'H', 1, &np_, "part") : NULL;
+    int64_t *counts = part ? take(&b, o[2], 'q', 1, &nc, "counts") : NULL;
+    if (!counts) { release(&b); return NULL; }
+    if (np_ != nv || nc != (Py_ssize_t)1 << bits) return bad(&b, "arrays of different lengths");
+    memset(counts, 0, sizeof(int64_t) * (size_t)nc);
+    const int shift = 64 - bits;
+    for (Py_ssize_t i = 0; i < nv; i++) {
+        uint64_t p = (values[i] * SPREAD) >> shift;
+        if (bits <= 8) ((uint8_t *)part)[i] = (uint8_t)p;
+        else ((uint16_t *)part)[i] = (uint16_t)p;
+        counts[p]++;
+    }
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+/* the lowest set bit's place (mask not 0) */
+static inline int lowest_bit(uint64_t mask) {
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_ctzll(mask);
+#else
+    int at = 0;
+    while (!(mask & 1)) { mask >>= 1; at++; }
+    return at;
+#endif
+}
+
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(address) __builtin_prefetch(address)
+#else
+#define PREFETCH(address) ((void)(address))
+#endif
+
+/* The items of ``part`` (``n`` of them, uint8) among the 64 from ``at`` whose part is ``k0`` to
+ * ``k0 + g - 1``, as bits. */
+static inline uint64_t matches64(const uint8_t *part, Py_ssize_t at, Py_ssize_t n, int k0, int g) {
+    uint64_t mask = 0;
+    Py_ssize_t m = n - at < 64 ? n - at : 64;
+#ifdef __SSE2__
+    if (m == 64) {
+        const __m128i low = _mm_set1_epi8((char)k0), top = _mm_set1_epi8((char)(g - 1));
+        for (int q = 0; q < 4; q++) {
+            /* (part - k0) as a byte, wrapping: in the group where at most g - 1 */
+            __m128i x = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)(part + at + 16 * q)), low);
+            __m128i in = _mm_cmpeq_epi8(_mm_min_epu8(x, top), x);
+            mask |= (uint64_t)(uint16_t)_mm_movemask_epi8(in) << (16 * q);
+        }
+        return mask;
+    }
+#endif
+    for (Py_ssize_t j = 0; j < m; j++) mask |= (uint64_t)((uint8_t)(part[at + j] - k0) < g) << j;
+    return mask;
+}
+
+/* spill(part, k0, starts, index): the items of parts k0 to k0 + len(starts) - 2, in one pass over
+ * ``part`` (uint8 or uint16, as parts() wrote it), written by part into ``index`` (uint32: the items'
+ * places), part k0 + j's at starts[j] to starts[j + 1] in ascending order: a counting sort, whose
+ * counts parts() gave. A group of parts read in one pass: a pass per part read every part's bytes
+ * once for each (a million requests: 64 passes over 153 MB). */
+static PyObject *spill(PyObject *self, PyObject *args) {
+    PyObject *o[3];
+    int k0, wide;
+    if (!PyArg_ParseTuple(args, "OiOOp", &o[0], &k0, &o[1], &o[2], &wide)) return NULL;
+    Buffers b = {.n = 0};
+    Py_ssize_t items, ns, ni;
+    const void *part = take(&b, o[0], wide ? 'H' : 'B', 0, &items, "part");
+    const int64_t *starts = part ? take(&b, o[1], 'q', 0, &ns, "starts") : NULL;
+    uint32_t *index = starts ? take(&b, o[2], 'I', 1, &ni, "index") : NULL;
+    if (!index) { release(&b); return NULL; }
+    int g = (int)ns - 1;
+    if (g < 1 || g > 256 || k0 < 0 || k0 + g > (wide ? 1 << 16 : 1 << 8) || items > (Py_ssize_t)UINT32_MAX)
+        return bad(&b, "bad part group");
+    if (starts[0] != 0 || starts[g] != ni) return bad(&b, "bad part starts");
+    Py_ssize_t at[256], end[256];
+    for (int j = 0; j < g; j++) {
+        if (starts[j + 1] < starts[j]) return bad(&b, "bad part starts");
+        at[j] = starts[j];
+        end[j] = starts[j + 1];
+    }
+#define PUT(i, p)                                                                        \
+    do {                                                                                 \
+        int p_ = (p);                                                                    \
+        if (at[p_] == end[p_]) return bad(&b, "more items in a part than its count");     \
+        index[at[p_]++] = (uint32_t)(i);                                                 \
+    } while (0)
+    if (!wide) {
+        const uint8_t *bytes = part;
+        for (Py_ssize_t q = 0; q < items; q += 64)
+            for (uint64_t mask = matches64(bytes, q, items, k0, g); mask; mask &= mask - 1) {
+                Py_ssize_t i = q + lowest_bit(mask);
+                PUT(i, bytes[i] - k0);
+            }
+    } else {
+        const uint16_t *words = part;
+        for (Py_ssize_t i = 0; i < items; i++)
+            if (words[i] >= k0 && words[i] < k0 + g) PUT(i, words[i] - k0);
+    }
+#undef PUT
+    for (int j = 0; j < g; j++)
+        if (at[j] != end[j]) return bad(&b, "fewer items in a part than its count");
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+/* how many items ahead select() asks for an item's value */
+#define AHEAD_VALUES 16
+
+/* select(index, values, offsets, base, bits, low_bits, spread, key): the items ``index`` (uint32,
+ * ascending; None: every item), each written as its spread hash less the top ``bits`` (those that name
+ * its part; into ``spread``, unless None) and as its sort key: those bits above ``low_bits``, below them
+ * its name, ``base[r] + i`` for item i (values[i]) of row r (rows: ``offsets``, 0 to the items). */
+static PyObject *select_part(PyObject *self, PyObject *args) {
+    PyObject *o[6];
+    int bits, low_bits;
+    if (!PyArg_ParseTuple(args, "OOOOiiOO", &o[0], &o[1], &o[2], &o[3], &bits, &low_bits, &o[4], &o[5]))
+        return NULL;
+    if (bits < 0 || bits > 16 || low_bits < 1 || low_bits > 63) {
+        PyErr_SetString(PyExc_ValueError, "bad key layout");
+        return NULL;
+    }
+    Buffers b = {.n = 0};
+    Py_ssize_t ni = 0, items, no, nb, ns = 0, nk;
+    const uint32_t *index = NULL;
+    int ok = 1;
+    if (o[0] != Py_None) ok = (index = take(&b, o[0], 'I', 0, &ni, "index")) != NULL;
+    const uint64_t *values = ok ? take(&b, o[1], 'Q', 0, &items, "values") : NULL;
+    const int64_t *offsets = values ? take(&b, o[2], 'q', 0, &no, "offsets") : NULL;
+    const int64_t *base = offsets ? take(&b, o[3], 'q', 0, &nb, "base") : NULL;
+    uint64_t *spread = NULL;
+    if (base && o[4] != Py_None && !(spread = take(&b, o[4], 'Q', 1, &ns, "spread"))) base = NULL;
+    uint64_t *key = base ? take(&b, o[5], 'Q', 1, &nk, "key") : NULL;
+    if (!key) { release(&b); return NULL; }
+    Py_ssize_t rows = no - 1, n = index ? ni : items;
+    if (rows < 0 || nb != rows || nk != n || (spread && ns != nk)) return bad(&b, "arrays of different lengths");
+    if (offsets[0] != 0 || offsets[rows] != items) return bad(&b, "bad row offsets");
+    for (Py_ssize_t r = 0; r < rows; r++)
+        if (offsets[r + 1] < offsets[r]) return bad(&b, "bad row offsets");
+    for (Py_ssize_t j = 0; j < ni; j++)
+        if (index[j] >= items || (j && index[j] <= index[j - 1])) return bad(&b, "bad item index");
+    const uint64_t high = ~(((uint64_t)1 << low_bits) - 1);
+    Py_ssize_t r = 0;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        /* a part's items are a few in every cache line of the values (a million requests: one in 64 of
+         * 1.2 GB): a later one's asked for now, or each costs a memory latency */
+        if (index && j + AHEAD_VALUES < n) PREFETCH(values + index[j + AHEAD_VALUES]);
+        Py_ssize_t i = index ? (Py_ssize_t)index[j] : j;
+        while (offsets[r + 1] <= i) r++;                    /* the items come in order */
+        uint64_t spreaded = (values[i] * SPREAD) << bits;
+        if (spread) spread[j] = spreaded;
+        key[j] = (spreaded & high) | (uint64_t)(base[r] + i);
+    }
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+/* how many sorted blocks ahead piece() asks for a block's per-slot figures */
+#define AHEAD_SLOTS 16
+
+/* piece(key, splits, table, low_bits, pos_bits, levels, stride, renumber, targets): lowers ``lowest``
+ * (per slot and level) by a piece of sorted keys (_account_piece's docstring has the walk). ``table``
+ * holds eight words per slot, one cache line where it is aligned (a block reads one line, whose slot
+ * is asked for ahead: at a million requests the table is 64 MB): give, ready_needs, reach_needs,
+ * arrival, then ``lowest`` at each level. A hash starts at the first key, where the key bits change and at each of
  * ``splits`` (ascending); its number is the key bits (``renumber`` 0) or its count in the piece from
  * 1, times ``stride`` where there are targets. */
 static PyObject *piece(PyObject *self, PyObject *args) {
-    PyObject *o[4];
+    PyObject *o[3];
     int low_bits, pos_bits, levels, renumber, targets;
     long long stride;
-    if (!PyArg_ParseTuple(args, "OOOOiiiLii", &o[0], &o[1], &o[2], &o[3], &low_bits, &pos_bits, &levels, &stride,
+    if (!PyArg_ParseTuple(args, "OOOiiiLii", &o[0], &o[1], &o[2], &low_bits, &pos_bits, &levels, &stride,
                           &renumber, &targets))
         return NULL;
     Buffers b = {.n = 0};
-    Py_ssize_t size, ns, nt, nl;
+    Py_ssize_t size, ns, nt;
     const int64_t *key = take(&b, o[0], 'q', 0, &size, "key");
     const int64_t *splits = key ? take(&b, o[1], 'q', 0, &ns, "splits") : NULL;
-    const int64_t *table = splits ? take(&b, o[2], 'q', 0, &nt, "table") : NULL;
-    int64_t *lowest = table ? take(&b, o[3], 'q', 1, &nl, "lowest") : NULL;
-    if (!lowest) { release(&b); return NULL; }
+    int64_t *table = splits ? take(&b, o[2], 'q', 1, &nt, "table") : NULL;
+/* figure j of a slot's, and its first position at a level */
+#define T(slot, j) table[8 * (slot) + (j)]
+#define LOWEST(slot, level) table[8 * (slot) + 4 + (level)]
+    if (!table) { release(&b); return NULL; }
     if (low_bits < 1 || low_bits > 63 || pos_bits < 1 || pos_bits >= low_bits || levels < 1 ||
         (targets && levels != 3) || (!targets && levels != 1))
         return bad(&b, "bad key layout");
-    Py_ssize_t slots = nt / 4;
-    if (nt != slots * 4 || nl != slots * levels) return bad(&b, "arrays of different lengths");
+    Py_ssize_t slots = nt / 8;
+    if (nt != slots * 8) return bad(&b, "a table of eight words per slot expected");
     const uint64_t lowmask = ((uint64_t)1 << low_bits) - 1, posmask = ((uint64_t)1 << pos_bits) - 1;
     for (Py_ssize_t i = 0; i < size; i++)   /* every name's slot in range: checked once, before any write */
         if ((Py_ssize_t)(((uint64_t)key[i] & lowmask) >> pos_bits) >= slots) return bad(&b, "a key names no slot");
@@ -76,45 +257,53 @@ static PyObject *piece(PyObject *self, PyObject *args) {
         Py_ssize_t m = 0;
         if (!targets) {
             for (Py_ssize_t k = i; k < e; k++) {
-                int64_t a = table[4 * (((uint64_t)key[k] & lowmask) >> pos_bits) + 3];
+                int64_t a = T(((uint64_t)key[k] & lowmask) >> pos_bits, 3);
                 if (a < first) first = a;
             }
             for (Py_ssize_t k = i; k < e; k++) {
                 uint64_t name = (uint64_t)key[k] & lowmask;
                 Py_ssize_t slot = (Py_ssize_t)(name >> pos_bits);
                 int64_t pos = (int64_t)(name & posmask);
-                int64_t low = lowest[slot];
-                lowest[slot] = table[4 * slot + 3] == first && pos < low ? pos : low;
+                int64_t low = LOWEST(slot, 0);
+                LOWEST(slot, 0) = T(slot, 3) == first && pos < low ? pos : low;
             }
         } else {
             number = mul(number, (int64_t)stride);
             for (Py_ssize_t k = i; k < e; k++) {
+                /* a later block's slot asked for now: the slots of a hash's blocks are far apart */
+                if (k + AHEAD_SLOTS < size) {
+                    Py_ssize_t later = (Py_ssize_t)(((uint64_t)key[k + AHEAD_SLOTS] & lowmask) >> pos_bits);
+                    PREFETCH(table + 8 * later);
+                }
                 Py_ssize_t slot = (Py_ssize_t)(((uint64_t)key[k] & lowmask) >> pos_bits);
-                const int64_t *t = table + 4 * slot;
                 int64_t before = k ? sub(run, number) : -((int64_t)1 << 62);
-                int64_t r = add(t[0], number);
+                int64_t r = add(T(slot, 0), number);
                 if (!k || r > run) run = r;
-                if (t[1] >= before) {
-                    miss[m++] = (int64_t)((uint64_t)k << 1 | (uint64_t)(t[2] < before));
-                    if (t[3] < first) first = t[3];
+                if (T(slot, 1) >= before) {
+                    miss[m++] = (int64_t)((uint64_t)k << 1 | (uint64_t)(T(slot, 2) < before));
+                    if (T(slot, 3) < first) first = T(slot, 3);
                 }
             }
             for (Py_ssize_t q = 0; q < m; q++) {
                 uint64_t name = (uint64_t)key[miss[q] >> 1] & lowmask;
                 Py_ssize_t slot = (Py_ssize_t)(name >> pos_bits);
                 int64_t pos = (int64_t)(name & posmask);
-                Py_ssize_t at = slot * 3 + (Py_ssize_t)(miss[q] & 1) + (table[4 * slot + 3] != first);
-                int64_t low = lowest[at];
-                lowest[at] = pos < low ? pos : low;
+                int64_t *at = &LOWEST(slot, (miss[q] & 1) + (T(slot, 3) != first));
+                *at = pos < *at ? pos : *at;
             }
         }
         i = e;
     }
+#undef T
+#undef LOWEST
     release(&b);
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
+    {"parts", parts, METH_VARARGS, "Each block's part and the parts' sizes."},
+    {"spill", spill, METH_VARARGS, "A group of parts' items, by part."},
+    {"select", select_part, METH_VARARGS, "A part's blocks' spread hashes and sort keys, in order."},
     {"piece", piece, METH_VARARGS, "Lower the leading counts by a piece of sorted keys, in place."},
     {NULL, NULL, 0, NULL},
 };

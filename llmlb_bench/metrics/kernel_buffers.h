@@ -22,7 +22,7 @@ static void release(Buffers *b) {
     b->n = 0;
 }
 
-/* kind: 'd' float64, 'q' int64, 'i' int32, '?' bool. Returns the data pointer and its length in items, or NULL
+/* kind: 'd' float64, 'q' int64, 'Q' uint64, 'i' int32, 'I' uint32, 'H' uint16, 'B' uint8, '?' bool. Returns the data pointer and its length in items, or NULL
  * with an exception set. */
 static void *take(Buffers *b, PyObject *obj, char kind, int writable, Py_ssize_t *len, const char *name) {
     Py_buffer *v = &b->view[b->n];
@@ -34,11 +34,16 @@ static void *take(Buffers *b, PyObject *obj, char kind, int writable, Py_ssize_t
     int ok;
     if (kind == 'd') ok = v->itemsize == 8 && strcmp(f, "d") == 0;
     else if (kind == 'q') ok = v->itemsize == 8 && (strcmp(f, "q") == 0 || strcmp(f, "l") == 0);
+    else if (kind == 'Q') ok = v->itemsize == 8 && (strcmp(f, "Q") == 0 || strcmp(f, "L") == 0);
     else if (kind == 'i') ok = v->itemsize == 4 && (strcmp(f, "i") == 0 || strcmp(f, "l") == 0);
+    else if (kind == 'I') ok = v->itemsize == 4 && (strcmp(f, "I") == 0 || strcmp(f, "L") == 0);
+    else if (kind == 'H') ok = v->itemsize == 2 && strcmp(f, "H") == 0;
+    else if (kind == 'B') ok = v->itemsize == 1 && strcmp(f, "B") == 0;
     else ok = v->itemsize == 1 && strcmp(f, "?") == 0;
     if (!ok) {
         PyErr_Format(PyExc_TypeError, "%s: expected a contiguous %s array", name,
-                     kind == 'd' ? "float64" : kind == 'q' ? "int64" : kind == 'i' ? "int32" : "bool");
+                     kind == 'd' ? "float64" : kind == 'q' ? "int64" : kind == 'Q' ? "uint64" : kind == 'i' ? "int32"
+                     : kind == 'I' ? "uint32" : kind == 'H' ? "uint16" : kind == 'B' ? "uint8" : "bool");
         return NULL;
     }
     *len = v->len / v->itemsize;
