@@ -32,12 +32,14 @@ the trace and the run's own rows, and written beside them as ``cache_accounting.
 the ``cache_accounting`` view serves to ``llmlb query`` and the report. Why then and there: the
 buckets need every request's hashes, and the hashes are in the trace, which a confined query
 cannot read and a report may no longer find; the requests table is left as it was written (no
-rewrite of its token segments); and the work is NumPy over the trace's flattened hashes (per part
-one vectorised sort of a 64-bit key per block packing its hash's bits over its name: see
-:class:`_Slots`), not a Python walk per block (docs/prefix-cache.md has the measured cost). Every bucket
-compares a block only with blocks of the same hash, so the blocks are accounted in parts by hash
-(:func:`_parts`) of at most about :data:`CHUNK_BLOCKS`: the working memory is that of one part,
-whatever the run's length, and the result the same as in one.
+rewrite of its token segments); and the work is vectorised over the trace's flattened hashes (per part
+one sort of a 64-bit key per block packing its hash's bits over its name: see :class:`_Slots`), not a
+Python walk per block (docs/prefix-cache.md has the measured cost). Every bucket compares a block only
+with blocks of the same hash, so the blocks are accounted in parts by hash (:func:`_parts`) of at most
+about :data:`CHUNK_BLOCKS`: the working memory is that of one part (and, in C, a group's lists),
+whatever the run's length, and the result the same as in one. With the compiled core, the passes that
+select a part's blocks and read its sorted keys run in C (``cache_kernels.c``: :func:`_native_keys`,
+:func:`_account_piece`); the NumPy passes are the reference, and the tests compare the two.
 """
 
 from __future__ import annotations

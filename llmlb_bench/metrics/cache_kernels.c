@@ -267,6 +267,18 @@ static PyObject *piece(PyObject *self, PyObject *args) {
                 int64_t low = LOWEST(slot, 0);
                 LOWEST(slot, 0) = T(slot, 3) == first && pos < low ? pos : low;
             }
+        } else if (e == i + 1) {
+            /* a hash of one block (most of a run's: a request's own blocks): it has no earlier member,
+             * so it is below every level where it stands (the walk below says the same, without the
+             * list of misses and its loops' branches) */
+            if (i + AHEAD_SLOTS < size)
+                PREFETCH(table + 8 * (((uint64_t)key[i + AHEAD_SLOTS] & lowmask) >> pos_bits));
+            uint64_t name = (uint64_t)key[i] & lowmask;
+            Py_ssize_t slot = (Py_ssize_t)(name >> pos_bits);
+            int64_t pos = (int64_t)(name & posmask);
+            int64_t r = add(T(slot, 0), mul(number, (int64_t)stride));
+            if (!i || r > run) run = r;
+            if (pos < LOWEST(slot, 0)) LOWEST(slot, 0) = pos;
         } else {
             number = mul(number, (int64_t)stride);
             for (Py_ssize_t k = i; k < e; k++) {
