@@ -557,7 +557,16 @@ def _replies(values: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, paren
     by_row = by_row[np.argsort(p[by_row], kind="stable")]     # per child, not per block: by providing row
     child, p, own, upto = child[by_row], p[by_row], own[by_row], upto[by_row]
     count = upto - own
-    at = np.repeat(offsets[child] + own - np.cumsum(np.r_[0, count[:-1]]), count) + np.arange(count.sum())
+    # each child's run of places, consecutive from its first: steps of one, and at a run's start the
+    # step from the last run's end, summed in place (one array of the replies' length, not four)
+    runs = np.flatnonzero(count)
+    at = np.ones(int(count.sum()), dtype=np.int64)
+    if len(runs):
+        first, length = offsets[child[runs]] + own[runs], count[runs]
+        start = np.cumsum(length) - length
+        at[start[0]] = first[0]
+        at[start[1:]] = first[1:] - (first[:-1] + length[:-1] - 1)
+        np.cumsum(at, out=at)
     return at, np.repeat(p, count)
 
 
