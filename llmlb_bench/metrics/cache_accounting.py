@@ -122,9 +122,9 @@ CHUNK_BLOCKS = 1 << 22
 #: 1.6x cheaper than over the whole part
 PIECE_BLOCKS = 1 << 16
 
-#: parts whose blocks one pass over every block's part lists, in C (:func:`_native_keys`): a pass per
-#: part read every block's part once per part (a million requests: 64 times 153 MB); the group's lists
-#: take four bytes a block, up to this many times :data:`CHUNK_BLOCKS` of them
+#: how many parts the C passes list in one pass over every block's part (:func:`_native_keys`; a pass per
+#: part read them once per part: at a million requests 64 times 153 MB); the group's lists take four
+#: bytes a block, up to this many times :data:`CHUNK_BLOCKS` of them
 GROUP_PARTS = 8
 
 #: the C passes name a block by its place in 32 bits: a run with more blocks takes the NumPy passes
