@@ -513,7 +513,7 @@ def test_the_hash_numbers_of_a_cumulative_sum_give_the_same_buckets(seed, monkey
 def test_the_c_pass_over_a_piece_gives_the_numpy_passs_counts(seed, monkeypatch):
     """The passes in C and in NumPy give the same leading counts, array for array, on larger random
     runs (every request's rows shuffled, hashes shared by families, several targets), in one part, in
-    16 parts (two groups of :data:`GROUP_PARTS` in C) and in 4,096 (more than a byte names: the parts
+    32 parts (two groups of :data:`GROUP_PARTS` in C) and in 4,096 (more than a byte names: the parts
     as 16-bit words), with and without targets (``offered_tokens``)."""
     import llmlb_bench.metrics.cache_accounting as ca
 
@@ -546,7 +546,7 @@ def test_the_c_pass_over_a_piece_gives_the_numpy_passs_counts(seed, monkeypatch)
     for path in ("c", "numpy"):
         if path == "numpy":
             monkeypatch.setattr(ca, "native", None)
-        got[path] = ([account(lists, parent, BLOCK, table, {}, chunk_blocks=c) for c in (1 << 30, 4096, 16)],
+        got[path] = ([account(lists, parent, BLOCK, table, {}, chunk_blocks=c) for c in (1 << 30, 2048, 16)],
                      ca.offered_tokens(trace, BLOCK))
     (c_tables, c_offered), (np_tables, np_offered) = got["c"], got["numpy"]
     for c_table, np_table in zip(c_tables, np_tables):
@@ -555,27 +555,60 @@ def test_the_c_pass_over_a_piece_gives_the_numpy_passs_counts(seed, monkeypatch)
     assert np.array_equal(c_offered, np_offered) and c_offered.sum() > 0
 
 
+def test_the_c_select_writes_each_distinct_hash_of_a_part_and_drops_repeats():
+    """``select`` writes every block's key, but a part's spread hashes (read only for the collision
+    check, which needs each distinct hash once) without the repeats it has met lately: the distinct
+    spreads are the NumPy pass's, fewer are written, and a hash of 0 (an empty entry's value) is kept."""
+    import llmlb_bench.metrics.cache_accounting as ca
+
+    k = ca.native
+    if k is None:
+        pytest.skip("the compiled core (cache_kernels) is not built")
+    rng = np.random.default_rng(3)
+    values = np.r_[rng.integers(0, 2**63, 500, dtype=np.int64).astype(np.uint64)[rng.integers(0, 500, 20_000)],
+                   np.zeros(3, dtype=np.uint64)]
+    offsets = np.arange(0, len(values) + 1, 7)
+    offsets[-1] = len(values)
+    base = np.arange(len(offsets) - 1, dtype=np.int64) << 10
+    for index in (None, np.flatnonzero(values % 3 != 1).astype(np.uint32)):
+        chosen = values if index is None else values[index]
+        spread, key = np.empty(len(chosen), dtype=np.uint64), np.empty(len(chosen), dtype=np.uint64)
+        written = k.select(index, chosen, offsets, base, 2, 40, spread, key)
+        want = (chosen * ca._SPREAD) << np.uint64(2)
+        assert np.array_equal(np.unique(spread[:written]), np.unique(want))
+        assert len(np.unique(want)) < written < len(chosen) // 10
+        assert np.array_equal(key >> np.uint64(40), want >> np.uint64(40))
+
+
 def test_the_c_passes_refuse_arrays_that_would_take_them_out_of_bounds():
     """The C passes check their arrays against each other before they read or write through them:
-    counts that do not match the parts, offsets beyond the blocks, indices out of order or range,
-    names of slots that do not exist, arrays of the wrong type: a clear error, nothing written."""
+    counts that do not match the parts (found by ``spill`` as it lists, never writing past a part's
+    end), arrays of different lengths, offsets out of order, indices out of order or range, names of
+    slots that do not exist, arrays of the wrong type: a clear error (the pass over sorted keys writes
+    nothing)."""
     import llmlb_bench.metrics.cache_accounting as ca
 
     k = ca.native
     if k is None:
         pytest.skip("the compiled core (cache_kernels) is not built")
     values, part, none = np.arange(10, dtype=np.uint64), np.zeros(10, dtype=np.uint8), np.zeros(0, dtype=np.int64)
+    index, hashes = np.empty(5, dtype=np.uint32), np.zeros(5, dtype=np.uint64)
     with pytest.raises(ValueError, match="more items in a part than its count"):
-        k.spill(part, 0, np.array([0, 5]), np.empty(5, dtype=np.uint32), False)
+        k.spill(part, values, 0, np.array([0, 5]), index, hashes, False)
     with pytest.raises(ValueError, match="bad part starts"):
-        k.spill(part, 0, np.array([0, 12]), np.empty(10, dtype=np.uint32), False)
+        k.spill(part, values, 0, np.array([0, 12]), np.empty(10, dtype=np.uint32), np.zeros(10, dtype=np.uint64), False)
+    with pytest.raises(ValueError, match="arrays of different lengths"):
+        k.spill(part, values[:9], 0, np.array([0, 5]), index, hashes, False)
     with pytest.raises(ValueError, match="bad row offsets"):
+        k.select(None, values, np.array([0, 11, 10]), np.zeros(2, dtype=np.int64), 0, 20, None,
+                 np.empty(10, dtype=np.uint64))
+    with pytest.raises(ValueError, match="arrays of different lengths"):
         k.select(None, values, np.array([0, 11]), np.zeros(1, dtype=np.int64), 0, 20, None, np.empty(10, dtype=np.uint64))
     with pytest.raises(ValueError, match="bad item index"):
-        k.select(np.array([3, 12], dtype=np.uint32), values, np.array([0, 10]), np.zeros(1, dtype=np.int64), 0, 20,
+        k.select(np.array([3, 12], dtype=np.uint32), values[:2], np.array([0, 10]), np.zeros(1, dtype=np.int64), 0, 20,
                  None, np.empty(2, dtype=np.uint64))
     with pytest.raises(ValueError, match="bad item index"):
-        k.select(np.array([4, 3], dtype=np.uint32), values, np.array([0, 10]), np.zeros(1, dtype=np.int64), 0, 20,
+        k.select(np.array([4, 3], dtype=np.uint32), values[:2], np.array([0, 10]), np.zeros(1, dtype=np.int64), 0, 20,
                  None, np.empty(2, dtype=np.uint64))
     table = np.zeros((2, 8), dtype=np.int64)
     with pytest.raises(ValueError, match="a key names no slot"):

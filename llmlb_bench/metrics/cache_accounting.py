@@ -124,8 +124,9 @@ PIECE_BLOCKS = 1 << 16
 
 #: how many parts the C passes list in one pass over every block's part (:func:`_native_keys`; a pass per
 #: part read them once per part: at a million requests 64 times 153 MB); the group's lists take four
-#: bytes a block, up to this many times :data:`CHUNK_BLOCKS` of them
-GROUP_PARTS = 8
+#: bytes a block, up to this many times :data:`CHUNK_BLOCKS` of them (16: 256 MB at most, 153 MB at a
+#: million requests; 8 cost 0.2-0.4 CPU-s more there, docs/prefix-cache.md)
+GROUP_PARTS = 16
 
 #: the C passes name a block by its place in 32 bits: a run with more blocks takes the NumPy passes
 NATIVE_BLOCKS = 1 << 32
@@ -251,7 +252,7 @@ def _slots(arrival: np.ndarray, holder: np.ndarray, provide: np.ndarray, done: n
 
 class _Work:
     """The arrays of a part (its sort keys, its prompt blocks' spread hashes, and in C its group's
-    lists of blocks), reused by every part: fresh memory costs a page fault per 4 KB the first time it
+    lists of blocks and their hashes), reused by every part: fresh memory costs a page fault per 4 KB the first time it
     is written."""
 
     def __init__(self) -> None:
@@ -296,52 +297,61 @@ def _numpy_keys(s: _Slots, values: np.ndarray, offsets: np.ndarray, replies: np.
 def _native_keys(s: _Slots, values: np.ndarray, offsets: np.ndarray, replies: np.ndarray, provider: np.ndarray,
                  bits: int, work: _Work, kernel: ModuleType) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """What :func:`_numpy_keys` yields, by ``cache_kernels.c``: each block's part and the parts' sizes
-    in one pass; per group of :data:`GROUP_PARTS` parts, one pass over the blocks' parts that lists
-    the group's blocks by part (a counting sort); then per part, one pass over its list that writes
-    its blocks' keys and spread hashes (no per-row counts: the rows are walked along)."""
+    in one pass; per group of :data:`GROUP_PARTS` parts, one pass over the blocks' parts that lists the
+    group's blocks by part with their hashes (a counting sort); then per part, one pass over its list that writes its blocks'
+    keys and spread hashes (no per-row counts: the rows are walked along). The spread hashes come
+    without most repeats (each distinct one at least once: all the collision check of
+    :func:`_shared_fields` needs), a sixth of them at a million shared-prefix requests."""
     # per side, its blocks' hashes, the rows' offsets among them and the rows' name bases; the reply
-    # blocks' hashes gathered once (read through their indices, every part would wait on a memory
-    # read per block)
-    prompt = (values, offsets, s.prompt_base)
-    reply = (np.take(values, replies), np.searchsorted(provider, np.arange(len(s.row) + 1)), s.reply_base)
+    # blocks' hashes gathered once
+    sides = {"prompt": (values, offsets, s.prompt_base),
+             "reply": (np.take(values, replies), np.searchsorted(provider, np.arange(len(s.row) + 1)), s.reply_base)}
 
-    def write(side: tuple[np.ndarray, np.ndarray, np.ndarray], index: np.ndarray | None, spread: np.ndarray | None,
-              key: np.ndarray) -> None:
-        if len(key):
-            kernel.select(index, *side, bits, s.low_bits, spread, key)
+    def write(side: str, index: np.ndarray | None, hashes: np.ndarray, spread: np.ndarray | None,
+              key: np.ndarray) -> int:
+        return int(kernel.select(index, hashes, *sides[side][1:], bits, s.low_bits, spread, key)) if len(key) else 0
 
     if not bits:
         key, spread = work.take("key", len(values) + len(replies)), work.take("spread", len(values))
-        write(prompt, None, spread, key[:len(values)])
-        write(reply, None, None, key[len(values):])
-        yield key, spread
+        distinct = write("prompt", None, values, spread, key[:len(values)])
+        write("reply", None, sides["reply"][0], None, key[len(values):])
+        yield key, spread[:distinct]
         return
     wide = bits > 8
-    part_of, sizes = [], []
-    for items, _, _ in (prompt, reply):
-        part_of.append(np.empty(len(items), dtype=np.uint16 if wide else np.uint8))
-        sizes.append(np.empty(1 << bits, dtype=np.int64))
-        kernel.parts(items, bits, part_of[-1], sizes[-1])
+    part_of, sizes = {}, {}
+    for name, (items, _, _) in sides.items():
+        part_of[name] = np.empty(len(items), dtype=np.uint16 if wide else np.uint8)
+        sizes[name] = np.empty(1 << bits, dtype=np.int64)
+        kernel.parts(items, bits, part_of[name], sizes[name])
+    # the arrays taken once at the largest group's and part's sizes: a larger one later would take
+    # fresh memory (at a million requests 100,000 more page faults a call)
+    for name, size in sizes.items():
+        largest = int(np.add.reduceat(size, np.arange(0, len(size), GROUP_PARTS)).max())
+        work.take(name, largest, np.uint32)
+        work.take(name + " hashes", largest)
+    work.take("key", int((sizes["prompt"] + sizes["reply"]).max()))
+    work.take("spread", int(sizes["prompt"].max()))
     for k0 in range(0, 1 << bits, GROUP_PARTS):
-        lists = []
-        for name, part, size in zip(("prompt", "reply"), part_of, sizes):
-            starts = np.r_[0, np.cumsum(size[k0:k0 + GROUP_PARTS])]
-            index = work.take(name, int(starts[-1]), np.uint32)
-            kernel.spill(part, k0, starts, index, wide)
-            lists.append((index, starts.tolist()))
-        (p_index, p_at), (r_index, r_at) = lists
+        lists = {}
+        for name, (items, _, _) in sides.items():
+            starts = np.r_[0, np.cumsum(sizes[name][k0:k0 + GROUP_PARTS])]
+            index, hashes = work.take(name, int(starts[-1]), np.uint32), work.take(name + " hashes", int(starts[-1]))
+            kernel.spill(part_of[name], items, k0, starts, index, hashes, wide)
+            lists[name] = (index, hashes, starts.tolist())
+        (p_index, p_hashes, p_at), (r_index, r_hashes, r_at) = lists["prompt"], lists["reply"]
         for j in range(len(p_at) - 1):
-            prompts = p_at[j + 1] - p_at[j]
-            key, spread = work.take("key", prompts + r_at[j + 1] - r_at[j]), work.take("spread", prompts)
-            write(prompt, p_index[p_at[j]:p_at[j + 1]], spread, key[:prompts])
-            write(reply, r_index[r_at[j]:r_at[j + 1]], None, key[prompts:])
-            yield key, spread
+            p0, p1, r0, r1 = p_at[j], p_at[j + 1], r_at[j], r_at[j + 1]
+            key, spread = work.take("key", p1 - p0 + r1 - r0), work.take("spread", p1 - p0)
+            distinct = write("prompt", p_index[p0:p1], p_hashes[p0:p1], spread, key[:p1 - p0])
+            write("reply", r_index[r0:r1], r_hashes[r0:r1], None, key[p1 - p0:])
+            yield key, spread[:distinct]
 
 
 def _account_part(s: _Slots, key: np.ndarray, spread: np.ndarray, values: np.ndarray, replies: np.ndarray,
                   piece: int, whole: bool) -> None:
     """Lower ``s.lowest`` by one part (:func:`_parts`): its blocks' sort ``key`` (prompt blocks
-    first) and its prompt blocks' ``spread`` hashes (less the bits that name the part).
+    first) and its prompt blocks' ``spread`` hashes (less the bits that name the part; each distinct
+    one at least once, in any order).
 
     One vectorised sort of a 64-bit word per block packing (the spread hash's next bits, the
     block's name: :class:`_Slots`) puts the blocks in (hash, target, arrival) order; the rare
@@ -402,7 +412,7 @@ def _keys(s: _Slots, values: np.ndarray, index: np.ndarray | None, counts: np.nd
 def _shared_fields(spread: np.ndarray, low: int, piece: int) -> np.ndarray:
     """The key bits (the spread hash above its ``low`` bits) that distinct hashes share: neighbours
     in value order that differ below them. Sorts ``spread`` in place; a reply block's hash is a
-    prompt block's, so the prompt blocks are all it needs."""
+    prompt block's, so the prompt blocks are all it needs, and each distinct hash once is enough."""
     spread.sort()
     near = np.uint64((1 << low) - 1)
     found = []

@@ -1,9 +1,9 @@
 /* The prefix-cache accounting's passes in C (llmlb_bench/metrics/cache_accounting.py has the NumPy
  * reference of each; tests/test_cache_accounting.py runs both and compares them):
  * - parts: each block's part (the top bits of its spread hash) and how many blocks each part has;
- * - spill and select: a group of parts' blocks by part (a counting sort in one pass over their parts),
- *   then a part's blocks' spread hashes and sort keys (what _parts and _keys do in NumPy passes: a
- *   comparison and a nonzero scan per part, gathers and per-row counts);
+ * - spill and select: a group of parts' blocks and their hashes by part (a counting sort in one pass over
+ *   their parts), then a part's blocks' spread hashes and sort keys (what _parts and _keys do in NumPy
+ *   passes: a comparison and a nonzero scan per part, gathers and per-row counts);
  * - piece: the pass over a piece of sorted keys (_account_piece), in one pass per hash.
  * Same integer operations (64-bit, wrapping as NumPy's), so that the results are the NumPy path's exactly.
  *
@@ -95,21 +95,26 @@ static inline uint64_t matches64(const uint8_t *part, Py_ssize_t at, Py_ssize_t 
     return mask;
 }
 
-/* spill(part, k0, starts, index): the items of parts k0 to k0 + len(starts) - 2, in one pass over
- * ``part`` (uint8 or uint16, as parts() wrote it), written by part into ``index`` (uint32: the items'
- * places), part k0 + j's at starts[j] to starts[j + 1] in ascending order: a counting sort, whose
- * counts parts() gave. A group of parts read in one pass: a pass per part read every part's bytes
- * once for each (a million requests: 64 passes over 153 MB). */
+/* spill(part, values, k0, starts, index, hashes): the items of parts k0 to k0 + len(starts) - 2, in one
+ * pass over ``part`` (uint8 or uint16, as parts() wrote it), written by part into ``index`` (uint32: the
+ * items' places) and ``hashes`` (uint64: their ``values``), part k0 + j's at starts[j] to starts[j + 1] in
+ * ascending order: a counting sort, whose counts parts() gave. A group of parts read in one pass: a pass
+ * per part read every part's bytes once for each (a million requests: 64 passes over 153 MB). The
+ * values go with the places: read in order here (a group's items are several in every cache line), where
+ * select() read a part's through its places, a cache line per item. */
 static PyObject *spill(PyObject *self, PyObject *args) {
-    PyObject *o[3];
+    PyObject *o[5];
     int k0, wide;
-    if (!PyArg_ParseTuple(args, "OiOOp", &o[0], &k0, &o[1], &o[2], &wide)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOiOOOp", &o[0], &o[1], &k0, &o[2], &o[3], &o[4], &wide)) return NULL;
     Buffers b = {.n = 0};
-    Py_ssize_t items, ns, ni;
+    Py_ssize_t items, nv, ns, ni, nh;
     const void *part = take(&b, o[0], wide ? 'H' : 'B', 0, &items, "part");
-    const int64_t *starts = part ? take(&b, o[1], 'q', 0, &ns, "starts") : NULL;
-    uint32_t *index = starts ? take(&b, o[2], 'I', 1, &ni, "index") : NULL;
-    if (!index) { release(&b); return NULL; }
+    const uint64_t *values = part ? take(&b, o[1], 'Q', 0, &nv, "values") : NULL;
+    const int64_t *starts = values ? take(&b, o[2], 'q', 0, &ns, "starts") : NULL;
+    uint32_t *index = starts ? take(&b, o[3], 'I', 1, &ni, "index") : NULL;
+    uint64_t *hashes = index ? take(&b, o[4], 'Q', 1, &nh, "hashes") : NULL;
+    if (!hashes) { release(&b); return NULL; }
+    if (nv != items || nh != ni) return bad(&b, "arrays of different lengths");
     int g = (int)ns - 1;
     if (g < 1 || g > 256 || k0 < 0 || k0 + g > (wide ? 1 << 16 : 1 << 8) || items > (Py_ssize_t)UINT32_MAX)
         return bad(&b, "bad part group");
@@ -124,6 +129,7 @@ static PyObject *spill(PyObject *self, PyObject *args) {
     do {                                                                                 \
         int p_ = (p);                                                                    \
         if (at[p_] == end[p_]) return bad(&b, "more items in a part than its count");     \
+        hashes[at[p_]] = values[i];                                                      \
         index[at[p_]++] = (uint32_t)(i);                                                 \
     } while (0)
     if (!wide) {
@@ -145,13 +151,21 @@ static PyObject *spill(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* how many items ahead select() asks for an item's value */
-#define AHEAD_VALUES 16
+/* select()'s table of spread hashes met lately: 2^SEEN_BITS words (512 KB: in a core's second-level
+ * cache), and how many spreads it looks up at once */
+#define SEEN_BITS 16
+#define SEEN_AT_ONCE 8
 
-/* select(index, values, offsets, base, bits, low_bits, spread, key): the items ``index`` (uint32,
- * ascending; None: every item), each written as its spread hash less the top ``bits`` (those that name
- * its part; into ``spread``, unless None) and as its sort key: those bits above ``low_bits``, below them
- * its name, ``base[r] + i`` for item i (values[i]) of row r (rows: ``offsets``, 0 to the items). */
+/* select(index, hashes, offsets, base, bits, low_bits, spread, key) -> how many spreads written: the
+ * items ``index`` (uint32, ascending; None: every item), whose values are ``hashes`` (one per item listed,
+ * as spill() wrote them), each written as its sort key: its spread hash less the top ``bits`` (those that
+ * name its part) above ``low_bits``, below them its name, ``base[r] + i`` for item i of row r (rows:
+ * ``offsets``, 0 to the items; the items are read in order, the rows walked along). Into ``spread`` (unless None), from
+ * its start, each distinct one of the items' spread hashes less those bits, some more than once: one met
+ * lately (the last with its table entry) is not written again. The spreads feed only the check for
+ * distinct hashes sharing a key's bits, which needs each once; most of a run's blocks repeat a hash (a
+ * million requests of the shared-prefix workload: 153 million prompt blocks, 25 million spreads written,
+ * 20 million distinct), so its sort reads a sixth of them. */
 static PyObject *select_part(PyObject *self, PyObject *args) {
     PyObject *o[6];
     int bits, low_bits;
@@ -162,38 +176,56 @@ static PyObject *select_part(PyObject *self, PyObject *args) {
         return NULL;
     }
     Buffers b = {.n = 0};
-    Py_ssize_t ni = 0, items, no, nb, ns = 0, nk;
+    Py_ssize_t ni = 0, nh, no, nb, ns = 0, nk;
     const uint32_t *index = NULL;
     int ok = 1;
     if (o[0] != Py_None) ok = (index = take(&b, o[0], 'I', 0, &ni, "index")) != NULL;
-    const uint64_t *values = ok ? take(&b, o[1], 'Q', 0, &items, "values") : NULL;
-    const int64_t *offsets = values ? take(&b, o[2], 'q', 0, &no, "offsets") : NULL;
+    const uint64_t *hashes = ok ? take(&b, o[1], 'Q', 0, &nh, "hashes") : NULL;
+    const int64_t *offsets = hashes ? take(&b, o[2], 'q', 0, &no, "offsets") : NULL;
     const int64_t *base = offsets ? take(&b, o[3], 'q', 0, &nb, "base") : NULL;
     uint64_t *spread = NULL;
     if (base && o[4] != Py_None && !(spread = take(&b, o[4], 'Q', 1, &ns, "spread"))) base = NULL;
     uint64_t *key = base ? take(&b, o[5], 'Q', 1, &nk, "key") : NULL;
     if (!key) { release(&b); return NULL; }
-    Py_ssize_t rows = no - 1, n = index ? ni : items;
-    if (rows < 0 || nb != rows || nk != n || (spread && ns != nk)) return bad(&b, "arrays of different lengths");
-    if (offsets[0] != 0 || offsets[rows] != items) return bad(&b, "bad row offsets");
+    Py_ssize_t rows = no - 1;
+    if (rows < 0 || nb != rows) return bad(&b, "arrays of different lengths");
+    Py_ssize_t items = offsets[rows], n = index ? ni : items;
+    if (nh != n || nk != n || (spread && ns != nk)) return bad(&b, "arrays of different lengths");
+    if (offsets[0] != 0) return bad(&b, "bad row offsets");
     for (Py_ssize_t r = 0; r < rows; r++)
         if (offsets[r + 1] < offsets[r]) return bad(&b, "bad row offsets");
     for (Py_ssize_t j = 0; j < ni; j++)
         if (index[j] >= items || (j && index[j] <= index[j - 1])) return bad(&b, "bad item index");
     const uint64_t high = ~(((uint64_t)1 << low_bits) - 1);
-    Py_ssize_t r = 0;
+    /* the hashes met lately, by their spread's top bits: a repeat of one is not written to ``spread`` */
+    static uint64_t seen[1 << SEEN_BITS];
+    if (spread) memset(seen, 0, sizeof seen);
+    Py_ssize_t r = 0, written = 0;
     for (Py_ssize_t j = 0; j < n; j++) {
-        /* a part's items are a few in every cache line of the values (a million requests: one in 64 of
-         * 1.2 GB): a later one's asked for now, or each costs a memory latency */
-        if (index && j + AHEAD_VALUES < n) PREFETCH(values + index[j + AHEAD_VALUES]);
         Py_ssize_t i = index ? (Py_ssize_t)index[j] : j;
         while (offsets[r + 1] <= i) r++;                    /* the items come in order */
-        uint64_t spreaded = (values[i] * SPREAD) << bits;
+        uint64_t spreaded = (hashes[j] * SPREAD) << bits;
         if (spread) spread[j] = spreaded;
         key[j] = (spreaded & high) | (uint64_t)(base[r] + i);
     }
+    /* the repeats left out in a pass of its own, eight at a time: their entries read before any is written, so that no
+     * read waits on a write (a repeat within the eight is written twice; the table holds only written
+     * spreads either way) */
+    for (Py_ssize_t j = 0; spread && j < n; j += SEEN_AT_ONCE) {
+        int m = n - j < SEEN_AT_ONCE ? (int)(n - j) : SEEN_AT_ONCE;
+        uint64_t now[SEEN_AT_ONCE], met[SEEN_AT_ONCE];
+        for (int q = 0; q < m; q++) {
+            now[q] = spread[j + q];
+            met[q] = seen[now[q] >> (64 - SEEN_BITS)];
+        }
+        for (int q = 0; q < m; q++) {
+            spread[written] = now[q];
+            written += met[q] != now[q] || !now[q];     /* 0 is also an empty entry's: always written */
+            seen[now[q] >> (64 - SEEN_BITS)] = now[q];
+        }
+    }
     release(&b);
-    Py_RETURN_NONE;
+    return PyLong_FromSsize_t(written);
 }
 
 /* how many sorted blocks ahead piece() asks for a block's per-slot figures */
