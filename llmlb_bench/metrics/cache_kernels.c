@@ -160,12 +160,12 @@ static PyObject *spill(PyObject *self, PyObject *args) {
  * items ``index`` (uint32, ascending; None: every item), whose values are ``hashes`` (one per item listed,
  * as spill() wrote them), each written as its sort key: its spread hash less the top ``bits`` (those that
  * name its part) above ``low_bits``, below them its name, ``base[r] + i`` for item i of row r (rows:
- * ``offsets``, 0 to the items; the items are read in order, the rows walked along). Into ``spread`` (unless None), from
- * its start, each distinct one of the items' spread hashes less those bits, some more than once: one met
- * lately (the last with its table entry) is not written again. The spreads feed only the check for
- * distinct hashes sharing a key's bits, which needs each once; most of a run's blocks repeat a hash (a
- * million requests of the shared-prefix workload: 153 million prompt blocks, 25 million spreads written,
- * 20 million distinct), so its sort reads a sixth of them. */
+ * ``offsets``, 0 to the items; the items are read in order, the rows walked along). Into ``spread``
+ * (unless None), from its start, each distinct one of the items' spread hashes less those bits, some
+ * more than once: one met lately (the last with its table entry) is not written again. The spreads feed
+ * only the check for distinct hashes sharing a key's bits, which needs each once; most of a run's blocks
+ * repeat a hash (a million requests of the shared-prefix workload: 153 million prompt blocks, 25 million
+ * spreads written, 20 million distinct), so its sort reads a sixth of them. */
 static PyObject *select_part(PyObject *self, PyObject *args) {
     PyObject *o[6];
     int bits, low_bits;
@@ -208,9 +208,10 @@ static PyObject *select_part(PyObject *self, PyObject *args) {
         if (spread) spread[j] = spreaded;
         key[j] = (spreaded & high) | (uint64_t)(base[r] + i);
     }
-    /* the repeats left out in a pass of its own, eight at a time: their entries read before any is written, so that no
-     * read waits on a write (a repeat within the eight is written twice; the table holds only written
-     * spreads either way) */
+    /* the repeats left out in a pass of its own (done in the pass above, the table's lines lost their
+     * place in the cache), eight at a time: their entries read before any is written, so that no read
+     * waits on a write (a repeat within the eight is written twice; the table holds only written spreads
+     * either way) */
     for (Py_ssize_t j = 0; spread && j < n; j += SEEN_AT_ONCE) {
         int m = n - j < SEEN_AT_ONCE ? (int)(n - j) : SEEN_AT_ONCE;
         uint64_t now[SEEN_AT_ONCE], met[SEEN_AT_ONCE];
