@@ -123,9 +123,9 @@ CHUNK_BLOCKS = 1 << 22
 PIECE_BLOCKS = 1 << 16
 
 #: how many parts the C passes list in one pass over every block's part (:func:`_native_keys`; a pass per
-#: part read them once per part: at a million requests 64 times 153 MB); the group's lists take four
-#: bytes a block, up to this many times :data:`CHUNK_BLOCKS` of them (16: 256 MB at most, 153 MB at a
-#: million requests; 8 cost 0.2-0.4 CPU-s more there, docs/prefix-cache.md)
+#: part read them once per part: at a million requests 64 times 153 MB); the group's lists take twelve
+#: bytes a block (its place and its hash), up to this many times :data:`CHUNK_BLOCKS` of them (16: 805 MB
+#: at most, 460 MB at a million requests; 8 cost 0.2-0.4 CPU-s more there, docs/prefix-cache.md)
 GROUP_PARTS = 16
 
 #: the C passes name a block by its place in 32 bits: a run with more blocks takes the NumPy passes
@@ -252,8 +252,8 @@ def _slots(arrival: np.ndarray, holder: np.ndarray, provide: np.ndarray, done: n
 
 class _Work:
     """The arrays of a part (its sort keys, its prompt blocks' spread hashes, and in C its group's
-    lists of blocks and their hashes), reused by every part: fresh memory costs a page fault per 4 KB the first time it
-    is written."""
+    lists of blocks and their hashes), reused by every part: fresh memory costs a page fault per 4 KB
+    the first time it is written."""
 
     def __init__(self) -> None:
         self.arrays: dict[str, np.ndarray] = {}
@@ -298,8 +298,9 @@ def _native_keys(s: _Slots, values: np.ndarray, offsets: np.ndarray, replies: np
                  bits: int, work: _Work, kernel: ModuleType) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """What :func:`_numpy_keys` yields, by ``cache_kernels.c``: each block's part and the parts' sizes
     in one pass; per group of :data:`GROUP_PARTS` parts, one pass over the blocks' parts that lists the
-    group's blocks by part with their hashes (a counting sort); then per part, one pass over its list that writes its blocks'
-    keys and spread hashes (no per-row counts: the rows are walked along). The spread hashes come
+    group's blocks by part with their hashes (a counting sort); then per part, one pass over its list
+    that writes its blocks' keys and spread hashes (no per-row counts: the rows are walked along; the
+    hashes read in order, not through the blocks' places: a cache line each). The spread hashes come
     without most repeats (each distinct one at least once: all the collision check of
     :func:`_shared_fields` needs), a sixth of them at a million shared-prefix requests."""
     # per side, its blocks' hashes, the rows' offsets among them and the rows' name bases; the reply
