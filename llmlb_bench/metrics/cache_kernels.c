@@ -152,9 +152,8 @@ static PyObject *spill(PyObject *self, PyObject *args) {
 }
 
 /* select()'s table of spread hashes met lately: 2^SEEN_BITS words (512 KB: in a core's second-level
- * cache), and how many spreads it looks up at once */
+ * cache) */
 #define SEEN_BITS 16
-#define SEEN_AT_ONCE 8
 
 /* select(index, hashes, offsets, base, bits, low_bits, spread, key) -> how many spreads written: the
  * items ``index`` (uint32, ascending; None: every item), whose values are ``hashes`` (one per item listed,
@@ -209,21 +208,12 @@ static PyObject *select_part(PyObject *self, PyObject *args) {
         key[j] = (spreaded & high) | (uint64_t)(base[r] + i);
     }
     /* the repeats left out in a pass of its own (done in the pass above, the table's lines lost their
-     * place in the cache), eight at a time: their entries read before any is written, so that no read
-     * waits on a write (a repeat within the eight is written twice; the table holds only written spreads
-     * either way) */
-    for (Py_ssize_t j = 0; spread && j < n; j += SEEN_AT_ONCE) {
-        int m = n - j < SEEN_AT_ONCE ? (int)(n - j) : SEEN_AT_ONCE;
-        uint64_t now[SEEN_AT_ONCE], met[SEEN_AT_ONCE];
-        for (int q = 0; q < m; q++) {
-            now[q] = spread[j + q];
-            met[q] = seen[now[q] >> (64 - SEEN_BITS)];
-        }
-        for (int q = 0; q < m; q++) {
-            spread[written] = now[q];
-            written += met[q] != now[q] || !now[q];     /* 0 is also an empty entry's: always written */
-            seen[now[q] >> (64 - SEEN_BITS)] = now[q];
-        }
+     * place in the cache) */
+    for (Py_ssize_t j = 0; spread && j < n; j++) {
+        uint64_t now = spread[j], *met = &seen[now >> (64 - SEEN_BITS)];
+        spread[written] = now;
+        written += *met != now || !now;                 /* 0 is also an empty entry's: always written */
+        *met = now;
     }
     release(&b);
     return PyLong_FromSsize_t(written);
