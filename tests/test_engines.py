@@ -56,6 +56,33 @@ def test_the_tiny_model_folder_is_a_complete_llama_checkpoint(tiny: Path):
     assert tok["add_bos_token"] is False and "add_generation_prompt" in tok["chat_template"]
 
 
+def _tensor(folder: Path, name: str) -> np.ndarray:
+    """One stored bfloat16 tensor of a tiny model folder, as float32."""
+    raw = (folder / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    t = json.loads(raw[8:8 + n])[name]
+    lo, hi = t["data_offsets"]
+    bits = np.frombuffer(raw[8 + n + lo:8 + n + hi], "<u2").astype(np.uint32) << 16
+    return bits.view(np.float32).reshape(t["shape"])
+
+
+def test_an_unreachable_eos_zeroes_its_output_row_and_leaves_every_other_weight(tiny: Path, tmp_path: Path):
+    """reachable_eos=False (for engines that cannot be told to ignore EOS): EOS's logit is exactly 0
+    where the largest other logit of any hidden state is positive, all but surely, so greedy decoding
+    never ends early; the seed's other weights are the default model's, bit for bit."""
+    other = write_tiny_model(tmp_path / "no-eos", reachable_eos=False)
+    eos = json.loads((tiny / "config.json").read_text())["eos_token_id"]
+    head, head0 = _tensor(other, "lm_head.weight"), _tensor(tiny, "lm_head.weight")
+    assert np.all(head[eos] == 0.0) and np.any(head0[eos] != 0.0)
+    assert np.array_equal(np.delete(head, eos, axis=0), np.delete(head0, eos, axis=0))
+    for name in ("model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight"):
+        assert np.array_equal(_tensor(other, name), _tensor(tiny, name)), name
+    # any hidden state: the largest of the other 1000-odd random logits is positive
+    states = np.random.default_rng(0).standard_normal((200, head.shape[1])).astype(np.float32)
+    logits = states @ head.T
+    assert np.all(logits.max(axis=1) > logits[:, eos]) and np.all(logits[:, eos] == 0.0)
+
+
 def test_prompts_tokenize_block_by_block(tiny: Path):
     """Why shared trace prefixes stay shared token prefixes: a prompt's tokens are its blocks'
     tokens in order, no special token is added, and every prompt word is one token."""

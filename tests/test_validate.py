@@ -64,6 +64,20 @@ def test_the_same_runs_are_within_the_aims():
     assert all(f.real_spread < SPREAD_FLOOR and f.bias == 0 for f in quiet.figures) and quiet.failures == []
 
 
+def test_unserved_requests_and_an_empty_comparison_are_never_within_the_aims():
+    """A replay's failed requests drop out of its figures, so the figures alone could pass a replay
+    the engine half refused; and a comparison with no figure (every request refused) has nothing
+    within the aims."""
+    same = [run(s) for s in (1.0, 1.02, 0.98)]
+    half = [dict(r, status="error") if r["request_id"] % 2 else r for r in run(1.0)]
+    c = compare([half, *same[1:]], [run(s) for s in (0.985, 1.0, 1.03)])
+    assert c.unserved == 25 and c.to_dict()["unserved_requests"] == 25
+    assert c.failures[-1].startswith("25 real requests not served") and "NOT within" in c.verdict()
+    refused = [dict(r, status="error", first_token_s=None, last_token_s=None) for r in run(1.0)]
+    empty = compare([refused, refused], [run(1.0)] * 2)
+    assert empty.figures == [] and "no figure with an aim" in empty.verdict()
+
+
 STEP = {"base_s": 0.010, "per_token_s": 2e-5, "per_sample_s": 1e-3, "per_attn_s": 0.0, "per_kv_s": 1e-7}
 PROFILE = {"llmlb_profile": 2, "step": STEP, "request_overhead_s": 0.002,
            "engine": {"max_num_seqs": 8, "max_num_batched_tokens": 512, "block_size": 16, "num_kv_blocks": 4000,

@@ -97,6 +97,9 @@ def discover(url: str, given: Mapping[str, int | None], model: str | None = None
         cards = json.loads(body).get("data") or [] if status == 200 else []
     except (ValueError, AttributeError):
         cards = []
+    if status == 200 and not cards and model:
+        # transformers serve lists its hub cache, not the model it was started with
+        cards = [{"id": model}]
     if status != 200 or not cards:
         raise UserError(f"GET /v1/models answered {status} without a model list: not an OpenAI-compatible "
                         "endpoint", url)

@@ -50,6 +50,7 @@ from typing import Callable, Mapping, Sequence, TypedDict
 import numpy as np
 import pyarrow as pa
 
+from llmlb_bench.errors import UserError
 from llmlb_bench.policies import make_policy
 from llmlb_bench.replay import Preflight, ReplayOptions, replay
 from llmlb_bench.schema import ArrowRow, read_trace, trace_table, write_trace
@@ -173,6 +174,21 @@ class ProbeRun:
     trace: pa.Table | None = None
 
 
+def served_none(rows: Sequence[ArrowRow], url: str, forced: bool, run_id: str) -> None:
+    """UserError when the endpoint served none of a replay's ``rows``. Checked on the first run
+    (a calibration's first probe, validate's warm-up: seconds long) so that the command stops
+    before the long work: an engine that refuses a field the replayer sends (``transformers
+    serve`` answers 422 to ``min_tokens`` and ``ignore_eos``) would otherwise leave every probe
+    and figure empty."""
+    if not rows or any(r["status"] == "ok" for r in rows):
+        return
+    first = rows[0]
+    hint = ("; an engine that refuses min_tokens or ignore_eos needs --no-force-length"
+            if forced and first["http_status"] in (400, 422) else "")
+    raise UserError(f"{run_id}: the endpoint served none of {len(rows)} requests; the first: {first['error']}{hint}",
+                    url)
+
+
 class Prober:
     """Replays probe traces against one endpoint into ``root`` (one run per probe)."""
 
@@ -205,6 +221,8 @@ class Prober:
             replay(table, [self.url], make_policy("round_robin", {}), store, options, pre=self.pre)
         import pyarrow.parquet as pq
         rows: list[ArrowRow] = pq.read_table(store.dir / "requests.parquet").to_pylist()
+        if self._runs == 1:     # the first probe: a refusing endpoint stops the calibration here
+            served_none(rows, self.url, options.force_output_length, f"calibration probe {run_id}")
         return rows
 
     def prefill(self, prompts: Sequence[int], repeats: int, block_size: int) -> ProbeRun:

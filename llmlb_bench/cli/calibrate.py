@@ -9,7 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from llmlb_bench.cli.app import app, console
-from llmlb_bench.cli.common import Api
+from llmlb_bench.cli.common import (Api, EngineBlockSize, EngineKvBlocks, EngineMaxSeqs, EngineMaxTokens,
+                                    EngineModelLen, EnginePrefixCaching, ForceLength, engine_given)
 from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
 
@@ -32,12 +33,12 @@ def calibrate(
     output: Annotated[Path, typer.Option("--output", "-o", help="Profile file to write (JSON); give it to simulate, run, serve, sweep or repro with --profile, or as profile = in a cluster TOML.")] = Path("profile.json"),
     api: Annotated[Api, typer.Option("--api", help="Which API the probes call (completions: no chat template around the prompt).")] = Api.completions,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name to send (default: the endpoint's first /v1/models entry).")] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", min=1, help="The engine's max_num_seqs (default: what the engine publishes, else vLLM's 256).")] = None,
-    max_batched_tokens: Annotated[Optional[int], typer.Option("--max-batched-tokens", min=1, help="The engine's max_num_batched_tokens (default: what it publishes, else vLLM's 2048).")] = None,
-    block_size: Annotated[Optional[int], typer.Option("--block-size", min=1, help="KV block size in tokens (default: vllm:cache_config_info).")] = None,
-    kv_blocks: Annotated[Optional[int], typer.Option("--kv-blocks", min=1, help="KV blocks of the engine (default: vllm:cache_config_info num_gpu_blocks).")] = None,
-    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", min=2, help="Longest prompt + output (default: /v1/models max_model_len).")] = None,
-    prefix_caching: Annotated[Optional[bool], typer.Option("--prefix-caching/--no-prefix-caching", help="Whether the engine caches prompt prefixes (default: what it publishes, else on).")] = None,
+    max_num_seqs: EngineMaxSeqs = None,
+    max_batched_tokens: EngineMaxTokens = None,
+    block_size: EngineBlockSize = None,
+    kv_blocks: EngineKvBlocks = None,
+    max_model_len: EngineModelLen = None,
+    prefix_caching: EnginePrefixCaching = None,
     max_prompt: Annotated[Optional[int], typer.Option("--max-prompt", min=8, help="Longest prefill probe (default: twice the step budget, within the model length and KV).")] = None,
     batches: Annotated[Optional[str], typer.Option("--batches", help="Decode probe batch sizes, e.g. 1,2,4,8 (default: powers of two up to max_num_seqs, at most 64).")] = None,
     contexts: Annotated[Optional[str], typer.Option("--contexts", help="Decode probe prompt lengths, e.g. 16,512,1024 (default: 16, a quarter and half of --max-prompt).")] = None,
@@ -45,6 +46,7 @@ def calibrate(
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Times each prefill probe length and each decode group is sent (the fit takes the median: 3 outvote one disturbed repeat).")] = 3,
     tokenize: Annotated[bool, typer.Option("--tokenize", help="Exact prompt lengths from the endpoint's /tokenize.")] = False,
     tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="A local tokenizer.json (or folder) for exact prompt lengths.")] = None,
+    force_length: ForceLength = True,
     results: Annotated[Optional[Path], typer.Option("--results", "-r", help="Keep the probe runs in this folder (default: a scratch folder, deleted).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the probes' prompts and order.")] = 0,
     interference: Annotated[bool, typer.Option("--interference/--no-interference", help="Send the interference probe (lone arrivals during a decode window) that measures frontend_cpu_s, the engine time each arrival's frontend work takes (off: the profile's frontend_cpu_s is 0).")] = True,
@@ -65,10 +67,9 @@ def calibrate(
 
     if output.exists() and output.is_dir():
         raise UserError("is a folder, expected a profile file to write", output)
-    given = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_batched_tokens, "block_size": block_size,
-             "num_kv_blocks": kv_blocks, "max_model_len": max_model_len, "enable_prefix_caching": prefix_caching}
+    given = engine_given(max_num_seqs, max_batched_tokens, block_size, kv_blocks, max_model_len, prefix_caching)
     options = ReplayOptions(api=api.value, model=model, tokenize=tokenize,
-                            tokenizer=str(tokenizer) if tokenizer else None)
+                            tokenizer=str(tokenizer) if tokenizer else None, force_output_length=force_length)
     cal = run_calibration(endpoint, given, options=options, max_prompt=max_prompt,
                           batches=_ints(batches, "--batches"), contexts=_ints(contexts, "--contexts"),
                           decode_tokens=decode_tokens, repeats=repeats, results=results, seed=seed,

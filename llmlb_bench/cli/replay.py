@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from llmlb_bench.cli.app import app, console, err_console
-from llmlb_bench.cli.common import (Api, Executor, PolicyArgs, RayAddress, ReportFormat, ResultsDir, RunId, Seed,
+from llmlb_bench.cli.common import (Api, Executor, ForceLength, PolicyArgs, RayAddress, ReportFormat, ResultsDir, RunId, Seed,
                                     SloOpt, ThinkTime, Users, WorkerExecutor, Workers, check_workers)
 from llmlb_bench.errors import UserError
 from llmlb_bench.redact import redact
@@ -47,7 +47,7 @@ def replay(
     api_key_env: Annotated[Optional[str], typer.Option("--api-key-env", help="Environment variable with the API key (default: OPENAI_API_KEY if set). The key is never stored.")] = None,
     tokenize: Annotated[bool, typer.Option("--tokenize", help="Use the first endpoint's /tokenize for exact prompt lengths.")] = False,
     tokenizer: Annotated[Optional[Path], typer.Option("--tokenizer", help="A local tokenizer.json (or a folder holding one) for exact prompt lengths; needs the 'tokenizers' package (extra 'tokenizer').")] = None,
-    force_length: Annotated[bool, typer.Option("--force-length/--no-force-length", help="Send min_tokens and ignore_eos so outputs have the trace's length (vLLM, SGLang, llama.cpp).")] = True,
+    force_length: ForceLength = True,
     thread: Annotated[bool, typer.Option("--thread/--no-thread", help="Build a dependent request's prompt from its parent's prompt and the answer the server returned (conversations, agents), so the server's prefix cache sees the reply's sharing; --no-thread materialises every prompt from the trace's hashes.")] = True,
     connect_timeout: Annotated[float, typer.Option("--connect-timeout", help="Seconds to open a connection (0: none).")] = 10.0,
     first_token_timeout: Annotated[float, typer.Option("--first-token-timeout", help="Seconds from send to the first token (0: none).")] = 600.0,

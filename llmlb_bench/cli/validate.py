@@ -11,7 +11,8 @@ from typing import Annotated, Optional
 import typer
 
 from llmlb_bench.cli.app import app, console
-from llmlb_bench.cli.common import Api, ResultsDir, Seed
+from llmlb_bench.cli.common import (Api, EngineBlockSize, EngineKvBlocks, EngineMaxSeqs, EngineMaxTokens,
+                                    EngineModelLen, EnginePrefixCaching, ForceLength, ResultsDir, Seed, engine_given)
 from llmlb_bench.errors import UserError
 
 
@@ -31,8 +32,13 @@ def validate(
     api: Annotated[Api, typer.Option("--api", help="Which API to call.")] = Api.completions,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name to send (default: the endpoint's first /v1/models entry).")] = None,
     tokenize: Annotated[bool, typer.Option("--tokenize", help="Exact prompt lengths from the endpoint's /tokenize.")] = False,
-    max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", min=1, help="Calibration: the engine's max_num_seqs (default: what it publishes, else vLLM's 256).")] = None,
-    max_batched_tokens: Annotated[Optional[int], typer.Option("--max-batched-tokens", min=1, help="Calibration: the engine's max_num_batched_tokens (default: what it publishes, else 2048).")] = None,
+    force_length: ForceLength = True,
+    max_num_seqs: EngineMaxSeqs = None,
+    max_batched_tokens: EngineMaxTokens = None,
+    block_size: EngineBlockSize = None,
+    kv_blocks: EngineKvBlocks = None,
+    max_model_len: EngineModelLen = None,
+    prefix_caching: EnginePrefixCaching = None,
     max_prompt: Annotated[Optional[int], typer.Option("--max-prompt", min=8, help="Calibration: longest prefill probe.")] = None,
     interference_pairs: Annotated[Optional[int], typer.Option("--interference-pairs", min=1, help="Calibration: interference pairs sent, whose readings' median is frontend_cpu_s (default: as llmlb calibrate).")] = None,
     anchor: Annotated[Optional[bool], typer.Option("--anchor/--no-anchor", help="Send the profile's reference probe before every replay and after the last, and simulate with the step model rescaled to their long-run median and their drift (default: when the profile has a reference probe; see docs/fidelity.md).")] = None,
@@ -60,12 +66,12 @@ def validate(
         reference_of(prof)      # one line if it cannot be anchored
     if results.exists() and not results.is_dir():
         raise UserError("is a file, expected a results folder", results)
-    options = ReplayOptions(api=api.value, model=model, tokenize=tokenize)
+    options = ReplayOptions(api=api.value, model=model, tokenize=tokenize, force_output_length=force_length)
     if prof is None:
         from llmlb_bench.calibrate import calibrate
 
         console.print(f"calibrating {endpoint} ...", highlight=False)
-        given = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_batched_tokens}
+        given = engine_given(max_num_seqs, max_batched_tokens, block_size, kv_blocks, max_model_len, prefix_caching)
         cal = calibrate(endpoint, given, options=options, max_prompt=max_prompt, seed=seed,
                         interference_pairs=interference_pairs)
         prof = cal.profile

@@ -51,11 +51,18 @@ CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}<
 
 def write_tiny_model(dest: str | Path, *, vocab_size: int = 1024, hidden_size: int = 256,
                      intermediate_size: int = 512, num_layers: int = 4, num_heads: int = 4,
-                     num_kv_heads: int = 2, max_position_embeddings: int = 4096, seed: int = 0) -> Path:
+                     num_kv_heads: int = 2, max_position_embeddings: int = 4096, seed: int = 0,
+                     reachable_eos: bool = True) -> Path:
     """Write the model folder ``dest`` (created; files in it are replaced) and return it.
 
     The defaults (about 5 MB) decode ~100 tokens/s per stream in vLLM on one
-    CPU core: slow enough that the engine, not HTTP, is what a test measures."""
+    CPU core: slow enough that the engine, not HTTP, is what a test measures.
+
+    ``reachable_eos=False`` zeroes EOS's row of the output layer, so its logit is
+    exactly 0 where the largest of the other random logits is positive (all but
+    surely): greedy decoding never ends a sequence, and an engine that cannot be
+    told to ignore EOS (``transformers serve`` refuses ``ignore_eos`` and
+    ``min_tokens``) still answers with the ``max_tokens`` asked for."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     tokenizer = _train_tokenizer(vocab_size)
@@ -77,8 +84,11 @@ def write_tiny_model(dest: str | Path, *, vocab_size: int = 1024, hidden_size: i
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
 
     h, q, kv = hidden_size, num_heads * head_dim, num_kv_heads * head_dim
-    tensors = {"model.embed_tokens.weight": rand(vocab, h), "model.norm.weight": np.ones(h, np.float32),
-               "lm_head.weight": rand(vocab, h)}
+    embed, head = rand(vocab, h), rand(vocab, h)     # in this order: the seed's weights stay as they were
+    if not reachable_eos:
+        head[SPECIALS.index("</s>")] = 0.0   # the config's eos_token_id
+    tensors = {"model.embed_tokens.weight": embed, "model.norm.weight": np.ones(h, np.float32),
+               "lm_head.weight": head}
     for i in range(num_layers):
         p = f"model.layers.{i}."
         tensors.update({
