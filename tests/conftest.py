@@ -62,9 +62,10 @@ def shared_data() -> Path:
 #: once. tests/test_xdist_units.py checks that every module starting vLLM or Ray is in its unit.
 SHARED_UNITS = {
     # a vLLM replica takes about 4 GB and its start-up one core for half a minute: no two fleets at once
+    # (test_validate_transformers starts transformers serve from the same virtualenv, about 1 GB)
     "vllm fleets": frozenset({
         "test_calibrate_vllm", "test_engines", "test_learned_vllm", "test_lora_vllm", "test_reasoning_vllm",
-        "test_replay_spec_vllm", "test_replay_vllm", "test_validate_vllm",
+        "test_replay_spec_vllm", "test_replay_vllm", "test_validate_transformers", "test_validate_vllm",
     }),
     # a Ray cluster is several processes and an object store; test_crash_signals needs none to be up
     # (its ``--address auto`` found the cluster test_replay_ray had started on the other worker)
