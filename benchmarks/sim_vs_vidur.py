@@ -262,6 +262,20 @@ def ensure_vidur(venv: Path) -> Path:
     return python
 
 
+#: the packages Vidur's time rests on; its wheel pins none of them, so each result names them
+VIDUR_DEPS = ("numpy", "pandas", "scikit-learn", "scipy")
+
+
+def vidur_deps(python: Path) -> dict[str, str]:
+    """The versions of :data:`VIDUR_DEPS` in Vidur's virtualenv: two installs a day apart took 23 and
+    42-55 CPU-s over the same trace (docs/simulator.md), so a ratio without them is not comparable."""
+    code = ("import importlib.metadata as m, json; "
+            f"print(json.dumps({{d: m.version(d) for d in {list(VIDUR_DEPS)!r}}}))")
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout
+    deps: dict[str, str] = json.loads(out)
+    return deps
+
+
 def vidur_args(setup: Setup, trace_csv: Path, datasets: tuple[str, str], work: Path, out_dir: Path,
                kv_blocks: int) -> list[str]:
     """Vidur's command line for ``setup`` (the flags of ``python -m vidur.main``)."""
@@ -423,7 +437,7 @@ def compare(requests: int, setup: Setup, policy: str, python: Path, datasets: tu
     vidur_sim_cpu = vidur["loop_cpu_s"] + vidur["output_cpu_s"]
     return {
         "requests": requests, "setup": asdict(setup), "kv_blocks_per_replica": kv_blocks,
-        "llmlb_policy": policy, "vidur_version": VIDUR_VERSION,
+        "llmlb_policy": policy, "vidur_version": VIDUR_VERSION, "vidur_deps": vidur_deps(python),
         "load_average": os.getloadavg()[0],
         "llmlb": {**ours, "completed": our_ok, "requests_per_s": round(requests / ours["wall_s"]),
                   "latency": ours_pct},
