@@ -267,8 +267,8 @@ VIDUR_DEPS = ("numpy", "pandas", "scikit-learn", "scipy")
 
 
 def vidur_deps(python: Path) -> dict[str, str]:
-    """The versions of :data:`VIDUR_DEPS` in Vidur's virtualenv: two installs a day apart took 23 and
-    42-55 CPU-s over the same trace (docs/simulator.md), so a ratio without them is not comparable."""
+    """The versions of :data:`VIDUR_DEPS` in Vidur's virtualenv: Vidur has taken 20-55 CPU-s over the
+    same trace on different days (docs/simulator.md); what it ran with is part of a ratio's record."""
     code = ("import importlib.metadata as m, json; "
             f"print(json.dumps({{d: m.version(d) for d in {list(VIDUR_DEPS)!r}}}))")
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout
