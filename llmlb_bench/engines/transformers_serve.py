@@ -29,10 +29,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import IO
 
+from llmlb_bench.engines.process import answers, die_with_parent, log_tail, signal_group
 from llmlb_bench.pypi_routers.launch import free_ports
 
 
@@ -78,7 +78,8 @@ class TransformersServe:
         self._log = open(self._log_path, "w+b") if self._log_path is not None else tempfile.TemporaryFile()
         try:
             self._proc = subprocess.Popen(self.command(), env=env, stdin=subprocess.DEVNULL, stdout=self._log,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+                                          stderr=subprocess.STDOUT, start_new_session=True,
+                                          preexec_fn=die_with_parent)
             self._wait_ready()
         except BaseException:
             self.stop()
@@ -89,44 +90,26 @@ class TransformersServe:
         self.stop()
 
     def _wait_ready(self) -> None:
-        assert self._proc is not None
+        assert self._proc is not None and self._log is not None
         deadline = time.monotonic() + self._timeout
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.url}/v1/models", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
+        while answers(f"{self.url}/v1/models") is None:
             if self._proc.poll() is not None:
                 raise RuntimeError(f"transformers serve exited with {self._proc.returncode} while starting: "
-                                   f"{self.log_tail()}")
+                                   f"{log_tail(self._log)}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"transformers serve not ready after {self._timeout:.0f} s: {self.log_tail()}")
+                raise RuntimeError(f"transformers serve not ready after {self._timeout:.0f} s: {log_tail(self._log)}")
             time.sleep(0.3)
-
-    def log_tail(self, chars: int = 3000) -> str:
-        if self._log is None:
-            return ""
-        self._log.flush()
-        with open(self._log.fileno(), "rb", closefd=False) as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - chars))
-            return f.read().decode(errors="replace")
 
     def stop(self) -> None:
         """SIGTERM to the server's process group, SIGKILL after 20 s; idempotent."""
         if self._proc is not None:
-            for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, None)):
-                try:
-                    os.killpg(self._proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self._proc.wait(timeout=wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            signal_group(self._proc, signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+            signal_group(self._proc, signal.SIGKILL)    # its children too, should they linger
+            self._proc.wait()
             self._proc = None
         if self._log is not None:
             self._log.close()

@@ -17,18 +17,17 @@ start with ``--enforce-eager``. docs/engines.md lists the flags and pitfalls.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
 import subprocess
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Mapping, Sequence
 
+from llmlb_bench.engines.process import answers, die_with_parent, log_tail, signal_group
 from llmlb_bench.engines.tiny_hf import write_tiny_adapter, write_tiny_model
 from llmlb_bench.pypi_routers.launch import free_ports
 
@@ -194,7 +193,7 @@ class VllmReplicas:
                 log = self._open_log(k)
                 self._logs.append(log)
                 proc = subprocess.Popen(cmd, env=self.env(k), stdin=subprocess.DEVNULL, stdout=log,
-                                        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+                                        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
                 self._procs.append(proc)
                 # before it has started any thread; the worker binds its OMP thread to cores[k] itself
                 os.sched_setaffinity(proc.pid, self.frontend_cores[k])
@@ -218,25 +217,17 @@ class VllmReplicas:
         pending = set(range(self.n))
         while pending:
             for k in sorted(pending):
-                if _answers(self.urls[k] + "/health") is not None and \
-                        self.served_model in (_answers(self.urls[k] + "/v1/models") or ""):
+                if answers(self.urls[k] + "/health") is not None and \
+                        self.served_model in (answers(self.urls[k] + "/v1/models") or ""):
                     pending.discard(k)
                 elif self._procs[k].poll() is not None:
                     raise RuntimeError(f"vLLM replica {k} exited with {self._procs[k].returncode} while starting: "
-                                       f"{self._log_tail(k)}")
+                                       f"{log_tail(self._logs[k])}")
             if pending and time.monotonic() > deadline:
                 k = min(pending)
-                raise RuntimeError(f"vLLM replica {k} not ready after {self._timeout:.0f} s: {self._log_tail(k)}")
+                raise RuntimeError(f"vLLM replica {k} not ready after {self._timeout:.0f} s: {log_tail(self._logs[k])}")
             if pending:
                 time.sleep(0.5)
-
-    def _log_tail(self, k: int, chars: int = 3000) -> str:
-        log = self._logs[k]
-        log.flush()
-        with open(log.fileno(), "rb", closefd=False) as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - chars))
-            return f.read().decode(errors="replace")
 
     def pids(self) -> list[int]:
         """Each running replica's server process (its engine-core and worker processes are its
@@ -246,14 +237,14 @@ class VllmReplicas:
     def stop(self) -> None:
         """Stop every replica's process group: SIGTERM, then SIGKILL after 20 s; idempotent."""
         for proc in self._procs:
-            _signal_group(proc, signal.SIGTERM)
+            signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + 20
         for proc in self._procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-            _signal_group(proc, signal.SIGKILL)  # also the engine core and workers, should they linger
+            signal_group(proc, signal.SIGKILL)  # also the engine core and workers, should they linger
             proc.wait()
         self._procs.clear()
         for log in self._logs:
@@ -266,28 +257,3 @@ def _with_project(path: str | None) -> str:
     think-tag logits processor (which needs nothing else of llmlb_bench)."""
     root = str(Path(__file__).resolve().parents[2])
     return root + (os.pathsep + path if path else "")
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)  # start_new_session: the group id is the server's pid
-    except ProcessLookupError:
-        pass
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when the process that started it dies, so a killed
-    test run or CLI leaves no server behind (Linux; elsewhere a no-op)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _answers(url: str) -> str | None:
-    """The body of a 200 answer from ``url`` (vLLM's /health has an empty one), or None (not up yet)."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.read().decode(errors="replace") if r.status == 200 else None
-    except OSError:
-        return None
