@@ -251,7 +251,11 @@ def test_signal_aware_policies_route_on_the_scraped_vllm_signals(engines, tmp_pa
             continue
         assert r["target"] == want, (r["request_id"], seen)
         judged += 1
-    assert judged >= n // 4  # the signals differed often enough for the check to mean something
+    # the signals differed often enough for the check to mean something: a router choosing at random
+    # would send 7 judged requests where the signals say with probability 2^-7 < 1%. How many requests
+    # see the replicas' signals apart at both their scheduling and their sending depends on the
+    # machine's speed (a fixed share, n // 4, failed at 9 of 40 on a loaded 2-core run)
+    assert judged >= 7, judged
 
 
 def test_a_tiny_kv_cache_preempts_and_the_series_shows_it(engines, tmp_path):

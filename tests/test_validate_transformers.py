@@ -70,6 +70,7 @@ def test_a_refusing_engine_stops_calibrate_and_validate_then_no_force_length_ser
         rows = pq.read_table(res / run / "requests.parquet").to_pylist()
         assert len(rows) == n and all(r["status"] == "ok" for r in rows)
         assert [r["output_tokens"] for r in rows] == [r["requested_output_tokens"] for r in rows] == [12] * n
-    assert set(summary["figures"]) >= {"ttft_p50", "tpot_p50", "e2e_p50", "e2e_p90"}
-    for name, fig in summary["figures"].items():
+    # the figures with an aim (ITL can be 0: a loaded server's tokens reach the client bundled in one read)
+    for name in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "e2e_p50", "e2e_p90"):
+        fig = summary["figures"][name]
         assert all(math.isfinite(v) and v > 0 for v in fig["real_s"] + fig["sim_s"]), name
