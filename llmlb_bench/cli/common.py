@@ -44,7 +44,6 @@ PolicyArgs = Annotated[
     typer.Option("--policy-arg", help="Policy parameter key=value (repeatable)."),
 ]
 Seed = Annotated[int, typer.Option("--seed", help="Seed for every random choice of the run.")]
-#: closed loop, the same in the replayer and the simulator (trace_schedule.py)
 # the engine settings llmlb calibrate (and llmlb validate's calibration) take where the engine does not publish them
 EngineMaxSeqs = Annotated[Optional[int], typer.Option("--max-num-seqs", min=1, help="The engine's max_num_seqs (default: what the engine publishes, else vLLM's 256).")]
 EngineMaxTokens = Annotated[Optional[int], typer.Option("--max-batched-tokens", min=1, help="The engine's max_num_batched_tokens (default: what it publishes, else vLLM's 2048).")]
@@ -52,6 +51,8 @@ EngineBlockSize = Annotated[Optional[int], typer.Option("--block-size", min=1, h
 EngineKvBlocks = Annotated[Optional[int], typer.Option("--kv-blocks", min=1, help="KV blocks of the engine (default: vllm:cache_config_info num_gpu_blocks).")]
 EngineModelLen = Annotated[Optional[int], typer.Option("--max-model-len", min=2, help="Longest prompt + output (default: /v1/models max_model_len).")]
 EnginePrefixCaching = Annotated[Optional[bool], typer.Option("--prefix-caching/--no-prefix-caching", help="Whether the engine caches prompt prefixes (default: what it publishes, else on).")]
+
+
 def engine_given(max_num_seqs: Optional[int], max_batched_tokens: Optional[int], block_size: Optional[int],
                  kv_blocks: Optional[int], max_model_len: Optional[int],
                  prefix_caching: Optional[bool]) -> dict[str, Optional[int]]:
@@ -65,6 +66,7 @@ ForceLength = Annotated[bool, typer.Option(
     help="Send min_tokens and ignore_eos so outputs have the trace's length (vLLM, SGLang, llama.cpp); "
     "off for engines that refuse them (transformers serve answers 422), whose outputs then end at "
     "max_tokens or their EOS.")]
+#: closed loop, the same in the replayer and the simulator (trace_schedule.py)
 Users = Annotated[Optional[int], typer.Option("--users", min=1, help="Closed loop: this many users, each sending the trace's next request when its last one ended (default: open loop at trace times).")]
 ThinkTime = Annotated[float, typer.Option("--think-time", min=0.0, help="Closed loop: seconds a user waits between requests.")]
 
