@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -121,3 +122,26 @@ def test_ray_without_a_cluster_leaves_no_run_behind(tmp_path, noop, closed_port,
     assert out.returncode == 2 and out.stderr.startswith("error: --address:"), out.stderr
     assert f":{closed_port.split(':')[1]}" in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert not (tmp_path / "res").exists()
+
+
+def test_a_signal_inside_a_finalizer_is_delivered_after_it():
+    """A Ctrl-C that lands while an object's ``__del__`` runs (a ParquetWriter collected mid-run, seen
+    in CI) cannot raise there: Python prints 'Exception ignored in ...' with a traceback and drops it.
+    The handler delivers it again once the finalizer has returned, so the command still stops."""
+    code = (
+        "import os, signal, sys, time\n"
+        "from llmlb_bench.cli.app import _raise_interrupt\n"
+        "signal.signal(signal.SIGINT, _raise_interrupt)\n"
+        "class W:\n"
+        "    def __del__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        for _ in range(10000): pass\n"
+        "try:\n"
+        "    W()\n"
+        "    time.sleep(60)\n"
+        "    print('not interrupted')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "interrupted", proc.stdout + proc.stderr
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -12,6 +12,7 @@ import importlib
 import re
 import signal
 import sys
+import types
 import warnings
 from typing import Iterator, NoReturn
 
@@ -74,11 +75,31 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     the first (:mod:`llmlb_bench.interrupts`). The signal is also noted in :data:`_INTERRUPTED`,
     since a library may turn the KeyboardInterrupt into an error of its own or drop it (DuckDB
     raises 'Query interrupted' from a query it was running)."""
+    if _in_finalizer(frame):
+        # raised inside an object's __del__ (a ParquetWriter collected mid-run), the KeyboardInterrupt
+        # would be printed as 'Exception ignored in ...' with a traceback and lost: deliver the signal
+        # again in 10 ms, when the finalizer has returned
+        import os
+        import threading
+
+        threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
+        return
     first = not _INTERRUPTED
     _INTERRUPTED.append(signum)
     _exiting()
     if first:
         raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _in_finalizer(frame: object) -> bool:
+    """Whether the interrupted code runs inside an object's ``__del__`` (where an exception cannot
+    propagate)."""
+    f = frame if isinstance(frame, types.FrameType) else None
+    while f is not None:
+        if f.f_code.co_name == "__del__":
+            return True
+        f = f.f_back
+    return False
 
 
 #: the signals that stopped the current command, here or in a replay's handlers: whatever became of
