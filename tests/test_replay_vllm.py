@@ -214,47 +214,51 @@ def test_signal_aware_policies_route_on_the_scraped_vllm_signals(engines, tmp_pa
     signal was better; vLLM's gauges land in series.parquet."""
     rng = np.random.default_rng(17)
     n = 40
-    arrivals = np.cumsum(rng.exponential(1 / 6, n)).tolist()
-    trace = _trace(rng.integers(200, 600, n).tolist(), rng.integers(60, 120, n).tolist(),
-                   first_id=4000 if signal == "kv" else 4100, arrivals=arrivals)
     args = {"prefix_weight": 0.0, "queue_weight": 0.0} if signal == "kv" else {"load": "scraped"}
-    pol = make_policy(policy, args)
     urls = [engines["big"], engines["small"]]
-    summary, rows, run_dir = run_replay(trace, urls, tmp_path, policy=pol,
-                                        options=ReplayOptions(api="completions", scrape_s=0.2))
-    assert summary["statuses"] == {"ok": n}
-    series = pq.read_table(run_dir / "series.parquet").to_pylist()
-    assert sorted(summary["scraped_metrics"]) == sorted(urls)
-    big, small = _latest(series, urls[0]), _latest(series, urls[1])
-    # vLLM's current gauges: KV use a 0-1 fraction of the blocks from vllm:cache_config_info
-    assert {r["kv_blocks_total"] for r in big[1]} == {8192}
-    assert {r["kv_blocks_total"] for r in small[1]} == {SMALL_BLOCKS}
-    assert all(0 <= r["kv_blocks_used"] <= r["kv_blocks_total"] for r in series)
-    assert max(r["running"] for r in series) >= 1 and all(r["waiting"] is not None for r in series)
-    assert all(r["preemptions"] is not None for r in big[1][1:] + small[1][1:])
 
     def better(a: dict, b: dict) -> bool:
         if signal == "kv":
             return _kv(a) + 0.02 < _kv(b)
         return a["waiting"] + a["running"] < b["waiting"] + b["running"]
 
+    # How many requests see the replicas' signals apart at both their scheduling and their sending
+    # depends on the machine's timing (1 to 10 of 40 in one replay seen on a loaded 2-core machine):
+    # replay fresh traces (at most four) until 7 are judged, the count a router choosing at random
+    # passes with probability 2^-7 < 1%; every judged request must have gone where the signals say
     judged = 0
-    for r in rows:  # the policy decided between scheduled_s and sent_s: judge where both agree
-        seen = [(_signal_at(*big, t), _signal_at(*small, t)) for t in (r["scheduled_s"], r["sent_s"])]
-        if any(a is None or b is None for a, b in seen):
-            continue
-        if all(better(a, b) for a, b in seen):
-            want = urls[0]
-        elif all(better(b, a) for a, b in seen):
-            want = urls[1]
-        else:
-            continue
-        assert r["target"] == want, (r["request_id"], seen)
-        judged += 1
-    # the signals differed often enough for the check to mean something: a router choosing at random
-    # would send 7 judged requests where the signals say with probability 2^-7 < 1%. How many requests
-    # see the replicas' signals apart at both their scheduling and their sending depends on the
-    # machine's speed (a fixed share, n // 4, failed at 9 of 40 on a loaded 2-core run)
+    for attempt in range(4):
+        arrivals = np.cumsum(rng.exponential(1 / 6, n)).tolist()
+        first_id = (4000 if signal == "kv" else 4100) + 1000 * attempt
+        trace = _trace(rng.integers(200, 600, n).tolist(), rng.integers(60, 120, n).tolist(),
+                       first_id=first_id, arrivals=arrivals)
+        summary, rows, run_dir = run_replay(trace, urls, tmp_path, policy=make_policy(policy, args),
+                                            options=ReplayOptions(api="completions", scrape_s=0.2),
+                                            run_id=f"r{attempt}")
+        assert summary["statuses"] == {"ok": n}
+        series = pq.read_table(run_dir / "series.parquet").to_pylist()
+        assert sorted(summary["scraped_metrics"]) == sorted(urls)
+        big, small = _latest(series, urls[0]), _latest(series, urls[1])
+        # vLLM's current gauges: KV use a 0-1 fraction of the blocks from vllm:cache_config_info
+        assert {r["kv_blocks_total"] for r in big[1]} == {8192}
+        assert {r["kv_blocks_total"] for r in small[1]} == {SMALL_BLOCKS}
+        assert all(0 <= r["kv_blocks_used"] <= r["kv_blocks_total"] for r in series)
+        assert max(r["running"] for r in series) >= 1 and all(r["waiting"] is not None for r in series)
+        assert all(r["preemptions"] is not None for r in big[1][1:] + small[1][1:])
+        for r in rows:  # the policy decided between scheduled_s and sent_s: judge where both agree
+            seen = [(_signal_at(*big, t), _signal_at(*small, t)) for t in (r["scheduled_s"], r["sent_s"])]
+            if any(a is None or b is None for a, b in seen):
+                continue
+            if all(better(a, b) for a, b in seen):
+                want = urls[0]
+            elif all(better(b, a) for a, b in seen):
+                want = urls[1]
+            else:
+                continue
+            assert r["target"] == want, (r["request_id"], seen)
+            judged += 1
+        if judged >= 7:
+            break
     assert judged >= 7, judged
 
 
