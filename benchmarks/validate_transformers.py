@@ -13,6 +13,10 @@ the whole validation (``power.csv``): a measured power trace beside the simulate
 
     python benchmarks/validate_transformers.py --device cuda --shape 1b --out gpu-validate
     python benchmarks/validate_transformers.py --device cpu --shape tiny --repeats 2 --requests 30 --out cpu-validate
+    # another transformers (the GPU's 5.17, say) from a virtualenv of its own, on the CPU; small settings keep
+    # the calibration to minutes on two cores
+    python benchmarks/validate_transformers.py --python VENV/bin/python --device cpu --shape tiny --repeats 3 \
+        --requests 80 --max-batched-tokens 256 --kv-blocks 512 --max-num-seqs 16 --out cpu-validate-517
 
 Writes into ``--out``: ``validate.log`` (the command's table and verdict), ``validate.json`` (the
 comparison, as `llmlb validate` stores it), ``calibrated-profile.json``, ``anchored-profile.json``
@@ -45,6 +49,9 @@ SHAPES = {"tiny": (256, 512, 4, 4, 2), "1b": (2048, 8192, 16, 32, 8)}
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda", help="transformers serve --device (cuda, cuda:0, cpu)")
+    ap.add_argument("--python", default=None,
+                    help="the interpreter that runs transformers serve (one with transformers' serving extra; "
+                         "default: this one)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="1b", help="the random model's shape")
     ap.add_argument("--block-size", type=int, default=16, help="KV block size in tokens (both sides)")
     ap.add_argument("--kv-blocks", type=int, default=4096, help="KV blocks of the engine (both sides)")
@@ -71,7 +78,7 @@ def main() -> None:
     model = write_tiny_model(work / f"model-{args.shape}", hidden_size=hidden, intermediate_size=inter,
                              num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, reachable_eos=False)
     print(f"model {args.shape} written in {time.monotonic() - t0:.1f} s", flush=True)
-    engine = TransformersServe(model, device=args.device, block_size=args.block_size, kv_blocks=args.kv_blocks,
+    engine = TransformersServe(model, python=args.python, device=args.device, block_size=args.block_size, kv_blocks=args.kv_blocks,
                                max_batched_tokens=args.max_batched_tokens, log=args.out / "serve.log",
                                startup_timeout_s=args.ready_timeout)
     results = work / "results"

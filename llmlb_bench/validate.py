@@ -18,7 +18,11 @@ Each figure is then compared as
   more than the engine, predicts tails and comparisons badly);
 * **E2E MAPE**: per request, |simulated E2E / real E2E - 1| averaged over the
   trace's requests (each replay against the simulation of the same salted
-  trace under seed k), the median over the K pairs.
+  trace under seed k), the median over the K pairs;
+* **decode steps by batch** (a diagnosis, no aim): the engine's step length per
+  token read from both sides' streamed tokens, by the batch decoding through the
+  step (:mod:`llmlb_bench.decode_steps`): where the latencies miss, it tells a
+  step model that is wrong at the replays' batches from a miss around the steps.
 
 The aims (the project's fidelity aims, docs/fidelity.md): |bias| <= 5% on
 E2E and TPOT p50/p90, <= 10% on TTFT p50/p90, and the simulator's spread
@@ -38,6 +42,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from llmlb_bench.decode_steps import BucketSteps, by_batch
 
 if TYPE_CHECKING:
     from llmlb_bench.replay import ReplayOptions
@@ -152,6 +158,8 @@ class Comparison:
     mape: list[float] = field(default_factory=list)
     #: real requests the engine did not serve, over all replays (their figures leave them out)
     unserved: int = 0
+    #: the decode steps' median length by batch on both sides (a diagnosis: no aim, not in the verdict)
+    steps: list[BucketSteps] = field(default_factory=list)
 
     @property
     def failures(self) -> list[str]:
@@ -174,13 +182,15 @@ class Comparison:
                                        "real_spread": c.real_spread, "sim_spread": c.sim_spread} for c in self.figures},
                 "e2e_mape": self.mape, "e2e_mape_median": float(np.median(self.mape)) if self.mape else None,
                 "unserved_requests": self.unserved,
+                "decode_steps": {b.batch: {"real_s": b.real_s, "sim_s": b.sim_s, "real_steps": b.real_steps,
+                                           "sim_steps": b.sim_steps} for b in self.steps},
                 "failures": self.failures, "verdict": self.verdict()}
 
 
 def compare(real_runs: Sequence[Sequence[ArrowRow]], sim_runs: Sequence[Sequence[ArrowRow]],
             seed: int = 0, resamples: int = RESAMPLES) -> Comparison:
     """Bias (with a 95% bootstrap interval) and spreads of every figure over the runs of both
-    sides (as many or more simulations than replays); E2E MAPE of each (real k, sim k) pair for k
+    sides (as many or more simulations than replays), and the decode steps by batch; E2E MAPE of each (real k, sim k) pair for k
     below the number of replays, which must be replays and simulations of the same trace (same
     request ids)."""
     rng = np.random.default_rng(seed)
@@ -200,7 +210,8 @@ def compare(real_runs: Sequence[Sequence[ArrowRow]], sim_runs: Sequence[Sequence
         out.append(FigureComparison(name, a.tolist(), b.tolist(), bias, float(np.percentile(boot, 2.5)),
                                     float(np.percentile(boot, 97.5)), _cv(a), _cv(b)))
     mape = [m for m in (e2e_mape(r, s) for r, s in zip(real_runs, sim_runs)) if m is not None]
-    return Comparison(out, mape, sum(r["status"] != "ok" for rows in real_runs for r in rows))
+    return Comparison(out, mape, sum(r["status"] != "ok" for rows in real_runs for r in rows),
+                      by_batch(real_runs, sim_runs))
 
 
 # ---- the command's orchestration --------------------------------------------------------------

@@ -164,6 +164,14 @@ def test_validate_against_llmlb_serve_whose_answer_is_known(tmp_path: Path, caps
         assert fig["bias_interval"][0] <= fig["bias"] <= fig["bias_interval"][1]
     p50 = np.median([figures(r)["e2e_p50"] for r in real])
     assert summary["figures"]["e2e_p50"]["bias"] <= 0.002 / p50
+    # decode steps by batch: the requests, 0.3 s apart, decode alone; the simulated step is the profile's
+    # at batch 1 (a token, a sample, 50-300 + 5 context tokens), the server's the same step written when due
+    steps = summary["decode_steps"]
+    assert set(steps) == {"1"} and "Decode steps by batch" in out
+    one = STEP["base_s"] + STEP["per_token_s"] + STEP["per_sample_s"]
+    assert one + 50 * STEP["per_kv_s"] <= steps["1"]["sim_s"] <= one + 306 * STEP["per_kv_s"]
+    assert steps["1"]["sim_steps"] == 3 * n * 5 and steps["1"]["real_steps"] >= n     # 6 tokens: 5 steps each
+    assert abs(steps["1"]["real_s"] - steps["1"]["sim_s"]) <= 0.002
     # the runs are ordinary: llmlb report compares a real one with a simulated one
     code, out, err = cli(["report", str(res / summary["real_runs"][0]), str(res / summary["sim_runs"][0])], capsys)
     assert code == 0, err

@@ -20,6 +20,10 @@ def _pct(v: float) -> str:
     return f"{100 * v:+.1f}" if math.isfinite(v) else "n/a"
 
 
+def _ms(v: float) -> str:
+    return f"{1e3 * v:.2f}" if math.isfinite(v) else "n/a"
+
+
 @app.command()
 def validate(
     endpoint: Annotated[str, typer.Argument(help="Base URL of an OpenAI-compatible server (vLLM, SGLang, llama-server, llmlb serve, ...).")],
@@ -51,6 +55,10 @@ def validate(
     Example:
 
         llmlb validate http://127.0.0.1:8000 --trace my-trace.parquet --repeats 5 --max-num-seqs 16
+
+    An engine that refuses min_tokens/ignore_eos (transformers serve) and publishes no settings:
+
+        llmlb validate http://127.0.0.1:8000 --no-force-length --model MODEL --block-size 16 --kv-blocks 4096 --max-num-seqs 64 --max-batched-tokens 2048
     """
     from llmlb_bench.replay import ReplayOptions
     from llmlb_bench.schema import read_trace
@@ -101,6 +109,12 @@ def validate(
                   _pct(c.bias), f"[{_pct(c.low)}, {_pct(c.high)}]", f"{100 * c.real_spread:.1f}",
                   f"{100 * c.sim_spread:.1f}", f"±{100 * aim:.0f}%" if aim else "")
     console.print(t)
+    if v.comparison.steps:
+        steps = Table("batch", "real ms", "sim ms", "sim/real - 1 %", "steps real", "steps sim",
+                      title="Decode steps by batch: median length per token (a diagnosis, no aim)")
+        for b in v.comparison.steps:
+            steps.add_row(b.batch, _ms(b.real_s), _ms(b.sim_s), _pct(b.ratio), str(b.real_steps), str(b.sim_steps))
+        console.print(steps)
     mape = v.comparison.mape
     if mape:
         console.print(f"per-request E2E MAPE: {100 * sorted(mape)[len(mape) // 2]:.1f}% (median over {len(mape)} "
