@@ -18,6 +18,11 @@ the whole validation (``power.csv``): a measured power trace beside the simulate
     python benchmarks/validate_transformers.py --python VENV/bin/python --device cpu --shape tiny --repeats 3 \
         --requests 80 --max-batched-tokens 256 --kv-blocks 512 --max-num-seqs 16 --out cpu-validate-517
 
+``--step-log`` runs the server through ``llmlb_bench/engines/hf_step_log.py``: the engine's own record
+of every step (``steps.csv``: when it was planned, its forward pass began and ended, the update ended;
+requests, tokens, KV read, active and waiting), summarised by batch after the validation, so that a
+step the client sees as slow can be split into planning, forward pass and update.
+
 Writes into ``--out``: ``validate.log`` (the command's table and verdict), ``validate.json`` (the
 comparison, as `llmlb validate` stores it), ``calibrated-profile.json``, ``anchored-profile.json``
 where anchored, ``serve.log``, ``power.csv`` where sampled, and ``runs.tar.gz`` (every replay and
@@ -64,6 +69,9 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=0.5, help="the trace's rate as a fraction of capacity")
     ap.add_argument("--profile", type=Path, default=None,
                     help="the engine's profile from an earlier calibration (llmlb validate --profile): no calibration")
+    ap.add_argument("--step-log", action="store_true",
+                    help="run the server through engines/hf_step_log.py: the engine's own step log (steps.csv) and "
+                         "its steps by batch: planning, forward pass and update, medians in ms")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ready-timeout", type=float, default=300.0, help="seconds the server may take to start")
     ap.add_argument("--timeout", type=float, default=None,
@@ -80,7 +88,8 @@ def main() -> None:
     print(f"model {args.shape} written in {time.monotonic() - t0:.1f} s", flush=True)
     engine = TransformersServe(model, python=args.python, device=args.device, block_size=args.block_size, kv_blocks=args.kv_blocks,
                                max_batched_tokens=args.max_batched_tokens, log=args.out / "serve.log",
-                               startup_timeout_s=args.ready_timeout)
+                               startup_timeout_s=args.ready_timeout,
+                               step_log=args.out / "steps.csv" if args.step_log else None)
     results = work / "results"
     power = None
     t0 = time.monotonic()
@@ -107,6 +116,8 @@ def main() -> None:
         if power is not None:
             power.terminate()
     print((args.out / "validate.log").read_text(), flush=True)
+    if args.step_log:
+        print(step_summary(args.out / "steps.csv"), flush=True)
     for name in ("calibrated-profile.json", "anchored-profile.json"):
         if (results / name).exists():
             shutil.copy(results / name, args.out / name)
@@ -117,6 +128,28 @@ def main() -> None:
             tar.add(results, arcname="runs")
     shutil.rmtree(work, ignore_errors=True)
     sys.exit(rc)
+
+
+def step_summary(path: Path) -> str:
+    """The engine's steps by the requests in them: count, and the medians of the whole step, its planning
+    (inputs built in Python), its forward pass (to the tokens on the host) and its update (outputs handed
+    to the server), in ms; then the share of wall time the engine spent in steps."""
+    import numpy as np
+
+    log = np.genfromtxt(path, delimiter=",", names=True, ndmin=1)
+    if not log.size:
+        return f"{path}: no engine steps logged"
+    parts = {"step": log["done_s"] - log["planned_s"], "plan": log["forward_s"] - log["planned_s"],
+             "forward": log["update_s"] - log["forward_s"], "update": log["done_s"] - log["update_s"]}
+    lines = [f"engine steps ({path.name}): {log.size}; busy {parts['step'].sum() / (log['done_s'][-1] - log['planned_s'][0]):.0%} "
+             "of the span from the first to the last", "batch   steps   step ms   plan ms   forward ms   update ms"]
+    for lo, hi in ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 1 << 30)):
+        sel = (log["scheduled"] >= lo) & (log["scheduled"] <= hi)
+        if sel.any():
+            name = str(lo) if lo == hi else f"{lo}-{hi}" if hi < 1 << 30 else f"{lo}+"
+            lines.append(f"{name:7s} {int(sel.sum()):6d}   " + "   ".join(
+                f"{1e3 * float(np.median(v[sel])):7.2f}" for v in parts.values()))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -74,3 +74,30 @@ def test_a_refusing_engine_stops_calibrate_and_validate_then_no_force_length_ser
     for name in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "e2e_p50", "e2e_p90"):
         fig = summary["figures"][name]
         assert all(math.isfinite(v) and v > 0 for v in fig["real_s"] + fig["sim_s"]), name
+
+
+def test_the_engine_step_log_accounts_for_every_token(tmp_path, capsys):
+    """transformers serve run through engines/hf_step_log.py writes one row per engine step: times in
+    order within and between steps, and tokens conserved (the steps computed, in all, every request's
+    prompt and each of its output tokens but the last, which is never fed back); every step carries a
+    request and no more than were sent."""
+    python = vllm_python()
+    require_module("tokenizers", "the tiny model's tokenizer is trained with the tokenizers package")
+    model = write_tiny_model(tmp_path / "tiny", reachable_eos=False)
+    trace = tmp_path / "t.parquet"
+    n = 6
+    write_trace(trace_table(0.15 * np.arange(n), np.random.default_rng(1).integers(20, 200, n), 10, "t"), trace,
+                block_size=16)
+    steps = tmp_path / "steps.csv"
+    with TransformersServe(model, python=python, step_log=steps) as engine:
+        code, _, err = cli(["replay", str(trace), "-e", engine.url, "--api", "completions", "--model", str(model),
+                            "--no-force-length", "--results", str(tmp_path / "res")], capsys)
+        assert code == 0, err
+    rows = pq.read_table(next((tmp_path / "res").glob("*/requests.parquet"))).to_pylist()
+    assert [r["status"] for r in rows] == ["ok"] * n and [r["output_tokens"] for r in rows] == [10] * n
+    log = np.genfromtxt(steps, delimiter=",", names=True)
+    assert log.size >= 10
+    times = np.stack([log["planned_s"], log["forward_s"], log["update_s"], log["done_s"]], axis=1)
+    assert np.all(np.diff(times, axis=1) >= 0) and np.all(times[1:, 0] >= times[:-1, 3])
+    assert np.all(log["scheduled"] >= 1) and log["scheduled"].max() <= n and np.all(log["active"] <= n)
+    assert log["q_tokens"].sum() == sum(r["server_input_tokens"] + r["output_tokens"] - 1 for r in rows)
