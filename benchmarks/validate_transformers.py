@@ -18,10 +18,12 @@ the whole validation (``power.csv``): a measured power trace beside the simulate
     python benchmarks/validate_transformers.py --python VENV/bin/python --device cpu --shape tiny --repeats 3 \
         --requests 80 --max-batched-tokens 256 --kv-blocks 512 --max-num-seqs 16 --out cpu-validate-517
 
-``--step-log`` runs the server through ``llmlb_bench/engines/hf_step_log.py``: the engine's own record
-of every step (``steps.csv``: when it was planned, its forward pass began and ended, the update ended;
-requests, tokens, KV read, active and waiting), summarised by batch after the validation, so that a
-step the client sees as slow can be split into planning, forward pass and update.
+``--engine-log`` runs the server through ``llmlb_bench/engines/hf_step_log.py``: the engine's own record
+of every step (``engine/steps.csv``: when it was planned, its forward pass began and ended, the update
+ended; requests, tokens, KV read, active and waiting) and request (``engine/requests.csv``: handed to the
+engine, first scheduled, first token, done), summarised after the validation: the steps by batch, split
+into planning, forward pass and update, and the requests' time in the engine's queue and to their first
+token, so that what the client sees as slow can be placed.
 
 Writes into ``--out``: ``validate.log`` (the command's table and verdict), ``validate.json`` (the
 comparison, as `llmlb validate` stores it), ``calibrated-profile.json``, ``anchored-profile.json``
@@ -71,9 +73,9 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=0.5, help="the trace's rate as a fraction of capacity")
     ap.add_argument("--profile", type=Path, default=None,
                     help="the engine's profile from an earlier calibration (llmlb validate --profile): no calibration")
-    ap.add_argument("--step-log", action="store_true",
-                    help="run the server through engines/hf_step_log.py: the engine's own step log (steps.csv) and "
-                         "its steps by batch: planning, forward pass and update, medians in ms")
+    ap.add_argument("--engine-log", action="store_true",
+                    help="run the server through engines/hf_step_log.py: the engine's own log of steps and requests "
+                         "(engine/steps.csv, engine/requests.csv), summarised after the validation")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ready-timeout", type=float, default=300.0, help="seconds the server may take to start")
     ap.add_argument("--timeout", type=float, default=None,
@@ -91,7 +93,7 @@ def main() -> None:
     engine = TransformersServe(model, python=args.python, device=args.device, block_size=args.block_size, kv_blocks=args.kv_blocks,
                                max_batched_tokens=args.max_batched_tokens, log=args.out / "serve.log",
                                startup_timeout_s=args.ready_timeout,
-                               step_log=args.out / "steps.csv" if args.step_log else None)
+                               engine_log=args.out / "engine" if args.engine_log else None)
     results = work / "results"
     power = None
     t0 = time.monotonic()
@@ -118,8 +120,8 @@ def main() -> None:
         if power is not None:
             power.terminate()
     print((args.out / "validate.log").read_text(), flush=True)
-    if args.step_log:
-        print(step_summary(args.out / "steps.csv"), flush=True)
+    if args.engine_log:
+        print(engine_summary(args.out / "engine"), flush=True)
     for name in ("calibrated-profile.json", "anchored-profile.json"):
         if (results / name).exists():
             shutil.copy(results / name, args.out / name)
@@ -132,12 +134,15 @@ def main() -> None:
     sys.exit(rc)
 
 
-def step_summary(path: Path) -> str:
+def engine_summary(folder: Path) -> str:
     """The engine's steps by the requests in them: count, and the medians of the whole step, its planning
     (inputs built in Python), its forward pass (to the tokens on the host) and its update (outputs handed
-    to the server), in ms; then the share of wall time the engine spent in steps."""
+    to the server), in ms, with the share of wall time the engine spent in steps; then its requests'
+    time from being handed to the engine to their first scheduling (the engine's queue), to their first
+    token and to their last, median and p90 in ms."""
     import numpy as np
 
+    path = folder / "steps.csv"
     log = np.genfromtxt(path, delimiter=",", names=True, ndmin=1)
     if not log.size:
         return f"{path}: no engine steps logged"
@@ -151,6 +156,13 @@ def step_summary(path: Path) -> str:
             name = str(lo) if lo == hi else f"{lo}-{hi}" if hi < 1 << 30 else f"{lo}+"
             lines.append(f"{name:7s} {int(sel.sum()):6d}   " + "   ".join(
                 f"{1e3 * float(np.median(v[sel])):7.2f}" for v in parts.values()))
+    req = np.genfromtxt(folder / "requests.csv", delimiter=",", names=True, ndmin=1)
+    if req.size:
+        lines.append(f"engine requests ({req.size}): ms from being handed to the engine, median / p90")
+        for name, v in (("to first scheduled (queue)", req["scheduled_s"] - req["added_s"]),
+                        ("to first token", req["first_token_s"] - req["added_s"]),
+                        ("to last token", req["done_s"] - req["added_s"])):
+            lines.append(f"  {name:28s} {1e3 * np.median(v):9.2f} / {1e3 * np.percentile(v, 90):9.2f}")
     return "\n".join(lines)
 
 

@@ -76,28 +76,43 @@ def test_a_refusing_engine_stops_calibrate_and_validate_then_no_force_length_ser
         assert all(math.isfinite(v) and v > 0 for v in fig["real_s"] + fig["sim_s"]), name
 
 
-def test_the_engine_step_log_accounts_for_every_token(tmp_path, capsys):
-    """transformers serve run through engines/hf_step_log.py writes one row per engine step: times in
-    order within and between steps, and tokens conserved (the steps computed, in all, every request's
-    prompt and each of its output tokens but the last, which is never fed back); every step carries a
-    request and no more than were sent."""
+def test_the_engine_log_accounts_for_every_token_and_request(tmp_path, capsys):
+    """transformers serve run through engines/hf_step_log.py logs its steps and requests:
+
+    * steps: times in order within and between steps, every step with a request and no more than were
+      sent, and tokens conserved (the steps computed, in all, every request's prompt and each of its
+      output tokens but the last, which is never fed back);
+    * requests: one row each, with the prompt and output lengths the client counted, times in order
+      (handed to the engine, first scheduled at some step's planning, first token, last), and inside
+      the client's own: the engine's time to first token and to the last is less than the client's,
+      which adds HTTP both ways (requests matched by their distinct prompt lengths)."""
     python = vllm_python()
     require_module("tokenizers", "the tiny model's tokenizer is trained with the tokenizers package")
     model = write_tiny_model(tmp_path / "tiny", reachable_eos=False)
     trace = tmp_path / "t.parquet"
     n = 6
-    write_trace(trace_table(0.15 * np.arange(n), np.random.default_rng(1).integers(20, 200, n), 10, "t"), trace,
-                block_size=16)
-    steps = tmp_path / "steps.csv"
-    with TransformersServe(model, python=python, step_log=steps) as engine:
+    prompts = np.random.default_rng(1).choice(np.arange(20, 200), n, replace=False)
+    write_trace(trace_table(0.15 * np.arange(n), prompts, 10, "t"), trace, block_size=16)
+    logs = tmp_path / "engine"
+    with TransformersServe(model, python=python, engine_log=logs) as engine:
         code, _, err = cli(["replay", str(trace), "-e", engine.url, "--api", "completions", "--model", str(model),
                             "--no-force-length", "--results", str(tmp_path / "res")], capsys)
         assert code == 0, err
     rows = pq.read_table(next((tmp_path / "res").glob("*/requests.parquet"))).to_pylist()
     assert [r["status"] for r in rows] == ["ok"] * n and [r["output_tokens"] for r in rows] == [10] * n
-    log = np.genfromtxt(steps, delimiter=",", names=True)
-    assert log.size >= 10
-    times = np.stack([log["planned_s"], log["forward_s"], log["update_s"], log["done_s"]], axis=1)
+    steps = np.genfromtxt(logs / "steps.csv", delimiter=",", names=True)
+    assert steps.size >= 10
+    times = np.stack([steps["planned_s"], steps["forward_s"], steps["update_s"], steps["done_s"]], axis=1)
     assert np.all(np.diff(times, axis=1) >= 0) and np.all(times[1:, 0] >= times[:-1, 3])
-    assert np.all(log["scheduled"] >= 1) and log["scheduled"].max() <= n and np.all(log["active"] <= n)
-    assert log["q_tokens"].sum() == sum(r["server_input_tokens"] + r["output_tokens"] - 1 for r in rows)
+    assert np.all(steps["scheduled"] >= 1) and steps["scheduled"].max() <= n and np.all(steps["active"] <= n)
+    assert steps["q_tokens"].sum() == sum(r["server_input_tokens"] + r["output_tokens"] - 1 for r in rows)
+    req = np.genfromtxt(logs / "requests.csv", delimiter=",", names=True)
+    assert req.size == n and set(req["output_tokens"]) == {10}
+    by_prompt = {int(r["server_input_tokens"]): r for r in rows}
+    assert sorted(by_prompt) == sorted(int(p) for p in req["prompt_tokens"])
+    for e in req:
+        assert e["added_s"] <= e["scheduled_s"] <= e["first_token_s"] <= e["done_s"]
+        assert e["scheduled_s"] in set(steps["planned_s"]) and e["done_s"] in set(steps["done_s"])
+        client = by_prompt[int(e["prompt_tokens"])]
+        assert e["first_token_s"] - e["added_s"] < client["first_token_s"] - client["sent_s"]
+        assert e["done_s"] - e["added_s"] < client["last_token_s"] - client["sent_s"]

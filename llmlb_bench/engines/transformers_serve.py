@@ -38,15 +38,15 @@ from llmlb_bench.pypi_routers.launch import free_ports
 
 class TransformersServe:
     """One ``transformers serve MODEL --continuous-batching`` process, started on entry (ready when
-    ``/v1/models`` answers) and stopped, with its process group, on exit. ``step_log``: a CSV path
-    where the engine logs its every step (engines/hf_step_log.py; a diagnosis)."""
+    ``/v1/models`` answers) and stopped, with its process group, on exit. ``engine_log``: a folder
+    where the engine logs its every step and request (engines/hf_step_log.py; a diagnosis)."""
 
     def __init__(self, model_dir: str | Path, *, python: str | Path | None = None, device: str = "cpu",
                  block_size: int = 16, kv_blocks: int = 1024, max_batched_tokens: int = 512,
                  log: str | Path | None = None, startup_timeout_s: float = 300.0,
-                 step_log: str | Path | None = None) -> None:
+                 engine_log: str | Path | None = None) -> None:
         self.model_dir = Path(model_dir)
-        self.step_log = Path(step_log) if step_log is not None else None
+        self.engine_log = Path(engine_log) if engine_log is not None else None
         self.python = str(python or sys.executable)
         self.settings = {"block_size": block_size, "kv_blocks": kv_blocks, "max_batched_tokens": max_batched_tokens}
         self.device = device
@@ -59,10 +59,11 @@ class TransformersServe:
         self._hub: tempfile.TemporaryDirectory[str] | None = None
 
     def command(self) -> list[str]:
-        """The server's command line; with ``step_log``, run through engines/hf_step_log.py (by path: the
-        engine's interpreter need not have llmlb-bench), which writes the engine's own step log there."""
-        launch = ([str(Path(__file__).with_name("hf_step_log.py")), str(self.step_log)] if self.step_log is not None
-                  else ["-m", "transformers.cli.transformers"])
+        """The server's command line; with ``engine_log``, run through engines/hf_step_log.py (by path: the
+        engine's interpreter need not have llmlb-bench), which writes the engine's own log of its steps and
+        requests into that folder (``steps.csv``, ``requests.csv``)."""
+        launch = ([str(Path(__file__).with_name("hf_step_log.py")), str(self.engine_log)]
+                  if self.engine_log is not None else ["-m", "transformers.cli.transformers"])
         return [self.python, *launch, "serve", str(self.model_dir),
                 "--device", self.device, "--continuous-batching",
                 "--cb-block-size", str(self.settings["block_size"]), "--cb-num-blocks", str(self.settings["kv_blocks"]),
