@@ -45,15 +45,14 @@ def decode_steps(rows: Sequence[ArrowRow]) -> tuple[np.ndarray, np.ndarray]:
     from llmlb_bench.calibrate.fit import step_reads
     from llmlb_bench.calibrate.probes import token_times
 
-    spans = [t for t in (token_times(r) for r in rows if r["status"] == "ok" and r["first_token_s"] is not None)
-             if t.size]
+    ok = [r for r in rows if r["status"] == "ok" and r["first_token_s"] is not None]
+    spans = [t for t in map(token_times, ok) if t.size]
     none = (np.zeros(0), np.zeros(0, dtype=np.int64))
     if not spans:
         return none
     reads = np.sort(np.concatenate(spans))
     until = float(reads[READ_LIMIT - 1]) if reads.size > READ_LIMIT else math.inf
-    at, counts = step_reads([r for r in rows if r["status"] == "ok" and r["first_token_s"] is not None],
-                            -math.inf, until)
+    at, counts = step_reads(ok, -math.inf, until)
     if at.size < 2:
         return none
     first = np.array([t[0] for t in spans])
