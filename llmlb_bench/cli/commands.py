@@ -61,7 +61,9 @@ COMMANDS: dict[str, Entry] = {
     "validate": Entry("validate", "Is the simulator right about THIS engine? Calibrate it (or take --profile), "
                                   "replay the trace --repeats times and simulate it under --sim-seeds seeds, then print "
                                   "per figure the bias (median simulated / median real - 1, with a bootstrap "
-                                  "interval), both sides' spread over the repeats, the per-request E2E MAPE, and a "
+                                  "interval), both sides' spread over the repeats, the per-request E2E MAPE, the "
+                                  "engine's decode steps by batch on both sides (a diagnosis: where the latencies "
+                                  "miss, does the step model?), and a "
                                   "one-line verdict against the aims (|bias| <= 5% E2E/TPOT p50/p90, <= 10% TTFT, "
                                   "spread within 0.5-2x). Every replay and simulation is stored as an ordinary run "
                                   "(compare any two with llmlb report); see docs/fidelity.md."),
