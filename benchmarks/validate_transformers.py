@@ -23,7 +23,9 @@ of every step (``engine/steps.csv``: when it was planned, its forward pass began
 ended; requests, tokens, KV read, active and waiting) and request (``engine/requests.csv``: handed to the
 engine, first scheduled, first token, done), summarised after the validation: the steps by batch, split
 into planning, forward pass and update, and the requests' time in the engine's queue and to their first
-token, so that what the client sees as slow can be placed.
+token, so that what the client sees as slow can be placed; then `benchmarks/engine_log_fit.py` fits the
+step model to the logged steps (with and without the dense attention term) and simulates the validation
+again with it, so that a miss can be told to be the step model's or not.
 
 Writes into ``--out``: ``validate.log`` (the command's table and verdict), ``validate.json`` (the
 comparison, as `llmlb validate` stores it), ``calibrated-profile.json``, ``anchored-profile.json``
@@ -45,6 +47,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from engine_log_fit import report as engine_log_report  # noqa: E402  (this folder: the script's own)
+from llmlb_bench.decode_steps import BUCKETS, bucket_name  # noqa: E402
 from llmlb_bench.engines.tiny_hf import write_tiny_model  # noqa: E402
 from llmlb_bench.engines.transformers_serve import TransformersServe  # noqa: E402
 
@@ -131,6 +135,8 @@ def main() -> None:
         with tarfile.open(args.out / "runs.tar.gz", "w:gz") as tar:
             tar.add(results, arcname="runs")
     shutil.rmtree(work, ignore_errors=True)
+    if args.engine_log and rc == 0:
+        engine_log_report(args.out, seeds=12)
     sys.exit(rc)
 
 
@@ -150,11 +156,10 @@ def engine_summary(folder: Path) -> str:
              "forward": log["update_s"] - log["forward_s"], "update": log["done_s"] - log["update_s"]}
     lines = [f"engine steps ({path.name}): {log.size}; busy {parts['step'].sum() / (log['done_s'][-1] - log['planned_s'][0]):.0%} "
              "of the span from the first to the last", "batch   steps   step ms   plan ms   forward ms   update ms"]
-    for lo, hi in ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 1 << 30)):
-        sel = (log["scheduled"] >= lo) & (log["scheduled"] <= hi)
+    for lo, hi in BUCKETS:
+        sel = (log["scheduled"] >= lo) & (log["scheduled"] <= (hi if hi is not None else np.inf))
         if sel.any():
-            name = str(lo) if lo == hi else f"{lo}-{hi}" if hi < 1 << 30 else f"{lo}+"
-            lines.append(f"{name:7s} {int(sel.sum()):6d}   " + "   ".join(
+            lines.append(f"{bucket_name(lo, hi):7s} {int(sel.sum()):6d}   " + "   ".join(
                 f"{1e3 * float(np.median(v[sel])):7.2f}" for v in parts.values()))
     req = np.genfromtxt(folder / "requests.csv", delimiter=",", names=True, ndmin=1)
     if req.size:

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from llmlb_bench.calibrate.fit import UNKNOWNS, Fit
+from llmlb_bench.calibrate.fit import DENSE, UNKNOWNS, Fit
 from llmlb_bench.calibrate.probes import Prober
 from llmlb_bench.replay import ReplayOptions
 
@@ -36,10 +36,15 @@ def assert_least_squares_optimum(result: Fit) -> None:
     where the coefficient is positive and not negative where it is zero (the Karush-Kuhn-Tucker
     conditions). True on any machine whatever the probes measured; a fit that stopped short, or
     predictions not made with the coefficients reported, fails it. The interference pairs are read after
-    the fit, one by one (calibrate/fit.py), and are not among its observations."""
+    the fit, one by one (calibrate/fit.py), and are not among its observations. Where the F-test left
+    the dense attention term out, the optimum is the one without its column."""
     kept = [o for o in result.observations if not o.outlier and o.in_fit]
     a = np.array([o.features / o.measured_s for o in kept])
     theta = np.array([result.coefficients[k] for k in UNKNOWNS])
+    assert result.dense is not None
+    if not result.dense["kept"]:
+        assert theta[DENSE] == 0.0
+        a[:, DENSE] = 0.0
     residual = a @ theta - 1.0
     assert np.allclose(residual, [o.error for o in kept], rtol=0, atol=1e-9)   # the errors it reports
     gradient = a.T @ residual

@@ -27,7 +27,8 @@ from tests.serve_helpers import ServeThread
 from tests.sim_helpers import run_sim
 
 #: the served engine: a 4-request decode step of 10 + 4 x (0.02 + 1) + ~0.03 = about 14 ms
-STEP = {"base_s": 0.010, "per_token_s": 2e-5, "per_sample_s": 1e-3, "per_attn_s": 0.0, "per_kv_s": 1e-7}
+STEP = {"base_s": 0.010, "per_token_s": 2e-5, "per_sample_s": 1e-3, "per_attn_s": 0.0, "per_kv_s": 1e-7,
+        "per_dense_s": 1e-10}
 ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 512, "block_size": 16, "num_kv_blocks": 4000,
           "max_model_len": 4096, "enable_prefix_caching": True}
 #: the reference probe: 32 tokens, so that a window keeps its 8 steps when a loaded client's 4 requests are
@@ -112,7 +113,7 @@ def test_the_simulator_reads_neither_table(tmp_path: Path):
 def served_reference_step() -> float:
     """The served engine's decode step with the reference probe's 4 requests at their window's middle."""
     kv = 4 * (REFERENCE["context"] + REFERENCE["tokens"] / 2)
-    return STEP["base_s"] + 4 * (STEP["per_token_s"] + STEP["per_sample_s"]) + STEP["per_kv_s"] * kv
+    return STEP["base_s"] + 4 * (STEP["per_token_s"] + STEP["per_sample_s"]) + (STEP["per_kv_s"] + 4 * STEP["per_dense_s"]) * kv
 
 
 def served() -> ServeThread:

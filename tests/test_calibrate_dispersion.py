@@ -190,7 +190,7 @@ def test_calibrate_gives_back_the_jitter_llmlb_serve_draws(tmp_path: Path, capsy
     [runs] = seen
     obs, notes, windows = observations(runs, 512)
     assert got["jitter"] == dispersion(windows, drift_samples(runs))
-    assert got["step"] == pytest.approx({k: fit(obs, notes).coefficients[k] for k in step}, rel=1e-9, abs=1e-15)
+    assert got["step"] == pytest.approx({k: fit(obs, notes).coefficients[k] for k in got["step"]}, rel=1e-9, abs=1e-15)
     obs, notes, windows = observations(server_rows(ended, runs), 512)
     j = dispersion(windows)
     assert j["steps"] >= 120 and 0.17 <= j["sigma"] <= 0.35, j

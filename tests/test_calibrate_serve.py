@@ -42,7 +42,7 @@ def test_lone_prefill_and_decode_take_the_profile_formula(profile_file: Path, tm
     r = requests.to_pylist()[0]
     p = EngineProfile.from_dict(profile())
     f = prefill_features(1500, 0, 1024)
-    ttft = float(f[:5] @ np.array([p.step[k] for k in STEP_TERMS]))
+    ttft = float(f[:len(STEP_TERMS)] @ np.array([p.step[k] for k in STEP_TERMS]))
     assert r["first_token_s"] - r["sent_s"] == pytest.approx(ttft, rel=1e-9)
     # decode steps at contexts 1501..1519: the run's mean context, the formula's step
     tpot = (r["last_token_s"] - r["first_token_s"]) / 19
@@ -89,8 +89,8 @@ def test_profile_fixes_the_engine_and_travels_in_the_config(profile_file: Path, 
     (tmp_path / "sub" / "c.toml").write_text('replicas = 3\nprofile = "../p.json"\n')
     loaded = load_cluster(tmp_path / "sub" / "c.toml")
     # the file's content, parsed: what it leaves out at its default, as the simulator reads it
-    assert loaded.pools[0].profile == {**profile(), "request_per_prompt_token_s": 0.0, "frontend_cpu_s": 0.0,
-                                       "jitter": None}
+    assert loaded.pools[0].profile == {**profile(), "step": {**STEP, "per_dense_s": 0.0},
+                                       "request_per_prompt_token_s": 0.0, "frontend_cpu_s": 0.0, "jitter": None}
     # default runs are untouched: no profile, the roofline
     assert ClusterConfig.build().pools[0].profile is None
 
@@ -138,7 +138,7 @@ def test_profile_flag_on_simulate_and_a_missing_file(tmp_path: Path, capsys, pro
                         "-r", str(tmp_path / "r"), "--format", "json"], capsys)
     assert code == 0, err
     cluster = json.loads(next((tmp_path / "r").glob("*/run.json")).read_text())["config"]["cluster"]
-    assert cluster["profile"]["step"] == STEP
+    assert cluster["profile"]["step"] == {**STEP, "per_dense_s": 0.0}
     assert (cluster["pools"][0]["max_num_seqs"], cluster["pools"][0]["block_size"]) == (4, 32)
 
 

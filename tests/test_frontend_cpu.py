@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmlb_bench.calibrate.fit import (UNKNOWNS, Observation, frontend_per_arrival, interference_observation,
-                                       prefill_features)
+from llmlb_bench.calibrate.fit import (UNKNOWNS, Observation, decode_features, frontend_per_arrival,
+                                       interference_observation, prefill_features)
 from llmlb_bench.calibrate.probes import INTERFERENCE_CONTEXT, ProbeRun
 from llmlb_bench.errors import UserError
 from llmlb_bench.schema import trace_table
 from llmlb_bench.sim import ClusterConfig
-from llmlb_bench.sim.profile import EngineProfile
+from llmlb_bench.sim.profile import STEP_TERMS, EngineProfile
 from tests.sim_helpers import by_request_id, run_sim
 
 #: a decode step of base + token + sample: 4.6 ms at any context (no attention or KV term)
@@ -71,8 +71,7 @@ def test_a_lone_request_keeps_its_time_to_first_token(tmp_path: Path):
     trace = trace_table([0.0], 1500, 2)
     (r,) = _rows(tmp_path, "lone", trace, profile(0.008))
     p = EngineProfile.from_dict(profile(0.008))
-    theta = np.array([*(STEP[k] for k in ("base_s", "per_token_s", "per_sample_s", "per_attn_s", "per_kv_s")),
-                      OVERHEAD_S, 0.0, p.frontend_cpu_s])
+    theta = np.array([*(STEP.get(k, 0.0) for k in STEP_TERMS), OVERHEAD_S, 0.0, p.frontend_cpu_s])
     features = prefill_features(1500, 0, ENGINE["max_num_batched_tokens"])
     assert features[UNKNOWNS.index("frontend_cpu_s")] == 0
     assert r["first_token_s"] - r["sent_s"] == pytest.approx(float(features @ theta), rel=1e-9)
@@ -132,8 +131,7 @@ TRUTH = {**STEP, "per_attn_s": 2e-8, "per_kv_s": 1e-6}
 
 
 def _theta(step: dict[str, float], frontend: float) -> np.ndarray:
-    return np.array([*(step[k] for k in ("base_s", "per_token_s", "per_sample_s", "per_attn_s", "per_kv_s")),
-                     OVERHEAD_S, 0.0, frontend])
+    return np.array([*(step.get(k, 0.0) for k in STEP_TERMS), OVERHEAD_S, 0.0, frontend])
 
 
 @pytest.mark.parametrize("frontend", [0.0, 0.003, 0.008])
@@ -192,7 +190,7 @@ def test_the_term_is_the_median_of_the_pairs_each_against_its_own_control(tmp_pa
     obs += [Observation("cache", f"prompt {p}, {c} cached", f, float(f @ theta))
             for p, c in ((520, 512), (1032, 1024)) for f in [prefill_features(p, c, ENGINE["max_num_batched_tokens"])]]
     obs += [Observation("decode", f"batch {b}, context {c}", f, float(f @ theta))
-            for b in (1, 4, 16) for c in (16, 800) for f in [np.array([1.0, b, b, b * c, b * c, 0, 0, 0])]]
+            for b in (1, 4, 16) for c in (16, 800) for f in [decode_features(b, b * c)]]
     pairs = [_pair(tmp_path, {**profile(frontend * s), "step": {k: v * s for k, v in TRUTH.items()}}, f"-{s}")
              for s in (1.2, 1.6, 1.4)]
     result = fit(obs + pairs, [])

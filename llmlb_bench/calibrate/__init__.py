@@ -83,7 +83,8 @@ def calibrate(url: str, given: Mapping[str, int | None], *, options: ReplayOptio
                                   "predicted_s": round(o.predicted_s, 6), "outlier": o.outlier,
                                   "repeats": o.repeats}
                                  for o in result.observations],
-                **({"frontend_cpu": result.frontend} if result.frontend is not None else {})},
+                **({"frontend_cpu": result.frontend} if result.frontend is not None else {}),
+                **({"dense": result.dense} if result.dense is not None else {})},
     }
     # parsed as every reader parses it: the file must load where it is used
     doc = parse_profile(profile, "calibrated profile")

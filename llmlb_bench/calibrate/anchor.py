@@ -107,7 +107,7 @@ def anchored(profile: ProfileDoc, samples: Sequence[DriftSample]) -> ProfileDoc:
     s = profile["step"]
     step: StepCoefficients = {"base_s": s["base_s"] * scale, "per_token_s": s["per_token_s"] * scale,
                               "per_sample_s": s["per_sample_s"] * scale, "per_attn_s": s["per_attn_s"] * scale,
-                              "per_kv_s": s["per_kv_s"] * scale}
+                              "per_kv_s": s["per_kv_s"] * scale, "per_dense_s": s["per_dense_s"] * scale}
     doc = {**profile, "step": step, "frontend_cpu_s": profile["frontend_cpu_s"] * scale,
            "jitter": {**jitter, **drift(samples)}, "anchor": anchor}
     return parse_profile(doc, "anchored profile")

@@ -2,14 +2,14 @@
 
 Every observation is a measured time that the model of :mod:`llmlb_bench.sim.profile`
 writes as a sum of step times, so it is linear in the coefficients
-(``base_s, per_token_s, per_sample_s, per_attn_s, per_kv_s``) plus the request
+(``base_s, per_token_s, per_sample_s, per_attn_s, per_kv_s, per_dense_s``) plus the request
 overhead: a lone prefill of P prompt tokens of which c are cached runs
 ceil((P - c) / budget) chunks, each of s new tokens after c_k computed ones
-(attn = s (c_k + (s + 1) / 2), kv = c_k + s, one sample at the last), exactly as
+(attn = s (c_k + (s + 1) / 2), kv = c_k + s, dense = s (c_k + s), one sample at the last), exactly as
 the simulator's replica plans them, plus the request overhead and its part per
 prompt token (which only the cache probe, whose computed tokens are fewer than
 its prompt's, tells apart from the per-token step term); a decode window of B requests at contexts
-n_i is B tokens, B samples and sum n_i of attention and KV per step. The
+n_i is B tokens, B samples, sum n_i of attention and KV and B sum n_i of dense attention per step. The
 interference probe's window (B decoding while lone requests arrive) is the
 same per step, plus each arrival's prefill chunks and decode step shared over
 the window's steps, plus one ``frontend_cpu_s`` per arrival: the only
@@ -34,11 +34,14 @@ vLLM, docs/fidelity.md.) How the steps scatter around the typical one is
 measured from the same decode windows (calibrate/dispersion.py) and drawn by
 the simulator (sim/jitter.py). Observations more than max(25%, 4 x the median)
 off after a first fit are reported as outliers (a shared machine stalls now
-and then) and the fit is repeated without them.
+and then) and the fit is repeated without them; the dense attention term
+(``per_dense_s``, sim/profile.py) is kept only where an F-test says the probes
+show it (:func:`dense_test`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence, TypedDict
 
@@ -53,6 +56,10 @@ from llmlb_bench.sim.profile import STEP_TERMS
 #: the fitted unknowns: the step terms, then the request overhead and its part per prompt token
 #: (time to first token only), then the frontend's CPU time per arrival (the interference probe only)
 UNKNOWNS = (*STEP_TERMS, "request_overhead_s", "request_per_prompt_token_s", "frontend_cpu_s")
+BASE, TOKEN, SAMPLE, ATTN, KV, DENSE, OVERHEAD, PER_PROMPT, FRONTEND = range(len(UNKNOWNS))
+#: the dense attention term (sim/profile.py ``per_dense_s``) is kept when the F-test of the model with it
+#: against the model without it rejects "no such term" at this level (:func:`fit`)
+DENSE_P_VALUE = 0.01
 #: fewest decode steps a window must hold to count
 MIN_WINDOW_STEPS = 4
 
@@ -102,12 +109,26 @@ class FrontendReading(TypedDict):
     without_control_ms: float | None
 
 
+class DenseTest(TypedDict):
+    """Whether the dense attention term (``per_dense_s``) was kept, and the test that says so (:func:`fit`):
+    the squared relative errors of the fit without it and with it, the F statistic of the term, its
+    p-value, and the degrees of freedom left with it."""
+
+    kept: bool
+    sse_without: float
+    sse_with: float
+    f: float | None
+    p_value: float | None
+    dof: int
+
+
 @dataclass
 class Fit:
     coefficients: dict[str, float]
     observations: list[Observation]
     notes: list[str]
     frontend: FrontendReading | None = None
+    dense: DenseTest | None = None
 
     def summary(self) -> dict[str, ProbeErrors]:
         """Mean and largest absolute relative error per probe kind (outliers left out), in %."""
@@ -127,14 +148,25 @@ def prefill_features(prompt: int, cached: int, budget: int) -> np.ndarray:
     done = cached
     while done < prompt:
         s = min(budget, prompt - done)
-        f[0] += 1
-        f[1] += s
-        f[3] += s * (done + (s + 1) / 2)
-        f[4] += done + s
+        f[BASE] += 1
+        f[TOKEN] += s
+        f[ATTN] += s * (done + (s + 1) / 2)
+        f[KV] += done + s
+        f[DENSE] += s * (done + s)
         done += s
-    f[2] = 1.0
-    f[5] = 1.0
-    f[6] = prompt
+    f[SAMPLE] = 1.0
+    f[OVERHEAD] = 1.0
+    f[PER_PROMPT] = prompt
+    return f
+
+
+def decode_features(batch: int, context: float) -> np.ndarray:
+    """One decode step's features: ``batch`` requests of ``context`` KV tokens in all."""
+    f = np.zeros(len(UNKNOWNS))
+    f[BASE] = 1.0
+    f[TOKEN] = f[SAMPLE] = batch
+    f[ATTN] = f[KV] = context
+    f[DENSE] = batch * context
     return f
 
 
@@ -260,8 +292,7 @@ def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observatio
             gaps, context, t0, t1 = win
             b = len(ok)
             if run.kind == "decode":
-                f = np.array([1.0, b, b, context, context, 0.0, 0.0, 0.0])
-                obs.append(Observation("decode", f"batch {b}, context {run.params['context']}", f,
+                obs.append(Observation("decode", f"batch {b}, context {run.params['context']}", decode_features(b, context),
                                        float(np.median(np.concatenate(gaps)))))
             windows.append(engine_steps(ok, t0, t1))
     if no_cached:
@@ -337,13 +368,18 @@ def interference_observation(control: ProbeRun, loaded: ProbeRun, budget: int) -
             and _prompt(r) >= split and t0 < r["first_token_s"] <= t1]
     if not came:
         return None
-    ctl_ctx = ctl_win[1]
-    f = np.array([1.0, b, b, ctx, ctx, 0.0, 0.0, 0.0])
-    ctl_step = (float(np.median(ctl_gaps)), np.array([1.0, b, b, ctl_ctx, ctl_ctx, 0.0, 0.0, 0.0]), f.copy())
+    f = decode_features(b, ctx)
+    ctl_step = (float(np.median(ctl_gaps)), decode_features(b, ctl_win[1]), f.copy())
     for p in came:      # its prefill chunks beside the decodes, then one decode step of its own
         a = prefill_features(p, 0, max(1, budget - b))
-        f[1:5] += np.array([a[1] + 1, 2.0, a[3] + p + 1, a[4] + p + 1]) / steps
-        f[7] += 1.0 / steps
+        f[TOKEN] += (a[TOKEN] + 1) / steps
+        f[SAMPLE] += 2.0 / steps
+        f[ATTN] += (a[ATTN] + p + 1) / steps
+        f[KV] += (a[KV] + p + 1) / steps
+        # dense attention: each of its chunk steps (b + s tokens against the batch's ctx plus its own
+        # done + s) and its decode step (b + 1 against ctx + p + 1), less the batch's own b x ctx
+        f[DENSE] += (b * a[KV] + ctx * a[TOKEN] + a[DENSE] + b * (p + 1) + ctx + p + 1) / steps
+        f[FRONTEND] += 1.0 / steps
     measured = float(np.mean([g.sum() / g.size for g in gaps])) - jitter_s
     if not measured > 0:
         return None
@@ -365,10 +401,14 @@ def median_of_repeats(obs: Sequence[Observation]) -> list[Observation]:
             for g in groups.values()]
 
 
-def _solve(obs: Sequence[Observation]) -> np.ndarray:
+def solve(obs: Sequence[Observation], dense: bool = True) -> np.ndarray:
+    """The least-squares coefficients over ``obs`` (module docstring); without the dense attention
+    term when ``dense`` is false (its coefficient 0)."""
     from scipy.optimize import nnls
 
     x = np.array([o.features for o in obs])
+    if not dense:
+        x[:, DENSE] = 0.0
     y = np.array([o.measured_s for o in obs])
     a = x / y[:, None]
     scale = np.abs(a).max(axis=0)
@@ -376,6 +416,38 @@ def _solve(obs: Sequence[Observation]) -> np.ndarray:
     theta, _ = nnls(a / scale, np.ones(len(obs)))
     coeffs: np.ndarray = theta / scale
     return coeffs
+
+
+def _sse(obs: Sequence[Observation], theta: np.ndarray) -> float:
+    """The fit's objective: the sum of squared relative errors."""
+    return float(sum((o.features @ theta / o.measured_s - 1.0) ** 2 for o in obs))
+
+
+def dense_test(obs: Sequence[Observation]) -> tuple[np.ndarray, DenseTest]:
+    """The coefficients over ``obs`` with the dense attention term where the probes show it, and the test.
+
+    WHY a test and not simply the term free in the least squares: the probes of an engine that attends
+    per request (vLLM, SGLang) can still lend the term a little of their noise, and a small false
+    ``per_dense_s`` grows with the batch squared, so at batches beyond the probes' it would be a large
+    false cost. The nested models' F-test (one added regressor, ``n - k`` degrees of freedom left with
+    it, ``k`` the terms the probes can see) keeps it only when it lowers the squared errors by more than
+    chance would at the 1% level (:data:`DENSE_P_VALUE`); on transformers' paged SDPA it halved them
+    (docs/fidelity.md)."""
+    from scipy.stats import f as f_dist
+
+    without, with_dense = solve(obs, dense=False), solve(obs)
+    sse0, sse1 = _sse(obs, without), _sse(obs, with_dense)
+    seen = int(np.count_nonzero(np.abs(np.array([o.features for o in obs])).sum(axis=0)))
+    dof = len(obs) - seen
+    stat = p_value = None
+    if dof > 0 and with_dense[DENSE] > 0 and sse1 < sse0:
+        stat = (sse0 - sse1) / (sse1 / dof) if sse1 > 0 else math.inf
+        p_value = float(f_dist.sf(stat, 1, dof))
+    kept = p_value is not None and p_value < DENSE_P_VALUE
+    return (with_dense if kept else without), {
+        "kept": kept, "sse_without": round(sse0, 6), "sse_with": round(sse1, 6),
+        "f": round(stat, 3) if stat is not None else None,
+        "p_value": float(f"{p_value:.3g}") if p_value is not None else None, "dof": dof}
 
 
 def frontend_per_arrival(o: Observation, theta: np.ndarray) -> tuple[float, float]:
@@ -417,7 +489,7 @@ def fit(obs: list[Observation], notes: list[str]) -> Fit:
         raise UserError("the probes gave no usable decode or prefill observation; see the notes above: "
                         + "; ".join(notes), "llmlb calibrate")
     fitted = [o for o in obs if o.in_fit]
-    theta = _solve(fitted)
+    theta = solve(fitted)
     pred = np.array([o.features @ theta for o in fitted])
     err = np.abs(pred / np.array([o.measured_s for o in fitted]) - 1.0)
     limit = max(0.25, 4 * float(np.median(err)))
@@ -425,7 +497,13 @@ def fit(obs: list[Observation], notes: list[str]) -> Fit:
     if len(keep) < len(fitted) and len(keep) >= len(UNKNOWNS):
         for o, e in zip(fitted, err):
             o.outlier = bool(e > limit)
-        theta = _solve(keep)
+    else:
+        keep = fitted
+    theta, dense = dense_test(keep)
+    if dense["kept"]:
+        notes.append(f"dense attention term kept (per_dense_s, tokens x kv per step): the probes' squared "
+                     f"relative errors {dense['sse_without']:.4g} without it, {dense['sse_with']:.4g} with it "
+                     f"(F = {dense['f']}, p = {dense['p_value']})")
     for o in fitted:
         o.predicted_s = float(o.features @ theta)
     pairs = [o for o in obs if not o.in_fit]
@@ -444,4 +522,4 @@ def fit(obs: list[Observation], notes: list[str]) -> Fit:
         joint = (float(np.median([o.measured_s for o in pairs])) - float(mean_f[:k] @ theta[:k])) / mean_f[k]
         reading = {"pairs_ms": [round(1e3 * f, 4) for f, _ in got], "speeds": [round(s, 4) for _, s in got],
                    "median_ms": round(1e3 * theta[k], 4), "without_control_ms": round(1e3 * max(0.0, joint), 4)}
-    return Fit({k: float(v) for k, v in zip(UNKNOWNS, theta)}, obs, notes, reading)
+    return Fit({k: float(v) for k, v in zip(UNKNOWNS, theta)}, obs, notes, reading, dense)

@@ -90,6 +90,7 @@ def calibrate(
     step = cal.profile["step"]
     console.print("step_s = {base_s:.4g} + {per_token_s:.4g} x tokens + {per_sample_s:.4g} x sampled + "
                   "{per_attn_s:.4g} x attn + {per_kv_s:.4g} x kv".format(**step)
+                  + (f" + {step['per_dense_s']:.4g} x tokens x kv" if step["per_dense_s"] else "")
                   + f";  request overhead {1e3 * cal.profile['request_overhead_s']:.3f} ms + "
                     f"{1e6 * cal.profile['request_per_prompt_token_s']:.3f} us x prompt tokens"
                   + f", of which {1e3 * cal.profile['frontend_cpu_s']:.3f} ms per request taken from the steps"

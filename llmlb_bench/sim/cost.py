@@ -248,6 +248,8 @@ class CostModel:
                               if self.power_cap_w is not None else None)
         # Largest d(step time)/d(context token): bounds how fast a decode step slows down as contexts grow.
         self.context_slope = math.hypot(self.attn_flops / self.peak_flops, self.kv_bytes_per_token / self.bandwidth)
+        #: the roofline's attention is per request (no term in the batch's tokens x KV; sim/profile.py's per_dense_s)
+        self.dense_slope = 0.0
         # Coefficients of the simulator's hot path (:meth:`run_step`): seconds per unit.
         self._c_token = self.linear_flops / self.peak_flops
         self._c_sample = self.lm_head_flops / self.peak_flops

@@ -7,14 +7,22 @@ linear in the quantities the replica's scheduler already computes for every
 step (:meth:`CostModel.run_step`'s arguments)::
 
     step_s = base_s + per_token_s x tokens + per_sample_s x sampled
-             + per_attn_s x attn + per_kv_s x kv
+             + per_attn_s x attn + per_kv_s x kv + per_dense_s x tokens x kv
 
 ``tokens``: new tokens in the step (prefill chunks plus one per decoding
 request); ``sampled``: requests that sample a token (decoders plus completed
 prefills: LM head, sampler, detokenising and streaming the token);
 ``attn``: the sum over new tokens of the context each attends to (quadratic in
 a prefill chunk, the context length for a decode token); ``kv``: KV tokens
-read (each decoder's context, each chunk's prefix plus itself). Why linear:
+read (each decoder's context, each chunk's prefix plus itself). ``per_dense_s`` (optional, 0 when
+absent) is for engines whose attention is ONE dense masked product over the whole step, every new
+token of the batch against every KV token the step reads, instead of one small product per request:
+transformers' continuous batching without flash attention (paged SDPA or eager, the default where
+flash attention is not installed) builds a mask of tokens x (kv + tokens) and multiplies through it,
+so a step's attention grows with the batch's tokens TIMES its KV, quadratically in the batch.
+``llmlb calibrate`` fits it only where the probes show it (calibrate/fit.py: an F-test of the term
+against the model without it); on vLLM and SGLang, whose kernels attend per request, it stays 0.
+Why linear:
 below saturation each of these costs scales with its count, and the profile
 is fitted on the operating range the probes cover (prompts up to the step
 budget and beyond, batches up to ``max_num_seqs``); see docs/fidelity.md for
@@ -120,7 +128,7 @@ PROFILE_VERSION = 2
 #: the versions this release reads
 READABLE_VERSIONS = (1, 2)
 #: step-time coefficients, in the order of :meth:`ProfileCost.features`
-STEP_TERMS = ("base_s", "per_token_s", "per_sample_s", "per_attn_s", "per_kv_s")
+STEP_TERMS = ("base_s", "per_token_s", "per_sample_s", "per_attn_s", "per_kv_s", "per_dense_s")
 #: engine settings a profile fixes, and whether each must be a positive integer
 ENGINE_INTS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_kv_blocks", "max_model_len")
 #: smallest context slope used for the replica's run-length tolerance (a profile may have none)
@@ -135,6 +143,7 @@ class StepCoefficients(TypedDict):
     per_sample_s: float
     per_attn_s: float
     per_kv_s: float
+    per_dense_s: float
 
 
 class EngineSettings(TypedDict):
@@ -235,7 +244,7 @@ class EngineProfile:
     def step_time(self, tokens: float, attn: float, kv: float, sampled: float) -> float:
         s = self.step
         return (s["base_s"] + s["per_token_s"] * tokens + s["per_sample_s"] * sampled
-                + s["per_attn_s"] * attn + s["per_kv_s"] * kv)
+                + s["per_attn_s"] * attn + s["per_kv_s"] * kv + s["per_dense_s"] * tokens * kv)
 
 
 def parse_profile(d: object, where: str = "profile") -> ProfileDoc:
@@ -253,15 +262,15 @@ def parse_profile(d: object, where: str = "profile") -> ProfileDoc:
     if not isinstance(step, Mapping) or not isinstance(engine, Mapping):
         raise UserError("needs a 'step' and an 'engine' object", where)
 
-    def term(k: str) -> float:
-        v = step.get(k)
+    def term(k: str, default: float | None = None) -> float:
+        v = step.get(k, default)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise UserError(f"must be a number >= 0, got {v!r}", f"{where}: step.{k}")
         return v
 
     coeffs: StepCoefficients = {"base_s": term("base_s"), "per_token_s": term("per_token_s"),
                                 "per_sample_s": term("per_sample_s"), "per_attn_s": term("per_attn_s"),
-                                "per_kv_s": term("per_kv_s")}
+                                "per_kv_s": term("per_kv_s"), "per_dense_s": term("per_dense_s", 0.0)}
     if not coeffs["base_s"] + coeffs["per_token_s"] + coeffs["per_sample_s"] > 0:
         raise UserError("a step must take time: base_s, per_token_s or per_sample_s must be > 0", f"{where}: step")
 
@@ -419,7 +428,7 @@ class ProfileCost:
         self.kv_blocks = profile.num_kv_blocks
         s = profile.step
         self._base, self._tok, self._smp = s["base_s"], s["per_token_s"], s["per_sample_s"]
-        self._attn, self._kv = s["per_attn_s"], s["per_kv_s"]
+        self._attn, self._kv, self._dense = s["per_attn_s"], s["per_kv_s"], s["per_dense_s"]
         self._req, self._req_token = profile.request_overhead_s, profile.request_per_prompt_token_s
         #: engine seconds each request dispatched here takes from the steps (see the module docstring)
         self.frontend_cpu_s = profile.frontend_cpu_s
@@ -429,6 +438,9 @@ class ProfileCost:
         #: the fastest possible decode step (one request, no context): a floor for step times
         self.min_step_s = self._base + self._tok + self._smp
         self.context_slope = max(self._attn + self._kv, _MIN_SLOPE)
+        #: a decode step's growth per token of context per request decoding, beyond ``context_slope``
+        #: (the dense attention term's: ``per_dense_s`` x the batch's tokens; sim/replica.py cuts runs by it)
+        self.dense_slope = self._dense
         self.idle_power_w = self.gpus * gpu.idle_w
         self._dyn_w = tp * (gpu.max_w - gpu.idle_w)
         #: a measured engine has no KV swap (vLLM v1 recomputes preempted requests)
@@ -441,6 +453,8 @@ class ProfileCost:
         """(step time, power) of a step; see the module docstring."""
         compute = self._tok * tokens + self._smp * sampled
         total = self._base + compute + self._attn * attn + self._kv * kv
+        if self._dense:
+            total += self._dense * tokens * kv
         g = self.gpu
         return total, self.idle_power_w + self._dyn_w * busy_activity(g.memory_power_fraction, g.compute_power_scale,
                                                                       compute / total if total > 0 else 0.0)

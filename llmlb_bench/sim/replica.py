@@ -216,6 +216,9 @@ class Replica:
         """The cost model's speed changed (a green knob, sim/green.py): re-derive the run-cutting
         tolerance from its new context slope (runs planned from now on)."""
         self._tol_steps = STEP_TIME_TOLERANCE * self.cost.min_step_s / self.cost.context_slope
+        #: the step's further growth per context token and request decoding, over ``context_slope``
+        #: (a profile's dense attention term, sim/profile.py; 0 for the roofline)
+        self._dense_per_seq = self.cost.dense_slope / self.cost.context_slope
 
     # ---- queries -------------------------------------------------------------------------------
 
@@ -782,7 +785,8 @@ class Replica:
             if decoding * (n // self.bs + 1) > free:
                 n = self._block_limit(n, free)
             # cut runs so the step time drifts by at most the tolerance (see the module docstring)
-            n_tol = int(self._tol_steps / decoding)
+            n_tol = int(self._tol_steps / decoding if not self._dense_per_seq
+                        else self._tol_steps / (decoding * (1.0 + self._dense_per_seq * decoding)))
             if n > n_tol:
                 n = n_tol if n_tol > 0 else 1
         ctx = self.context + decoding * (n - 1) / 2

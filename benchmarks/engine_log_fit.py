@@ -1,0 +1,129 @@
+"""The step model fitted to transformers' own log of its steps, and the validation simulated again with it.
+
+`llmlb calibrate` fits the profile's step model to black-box probes; `benchmarks/validate_transformers.py
+--engine-log` also records every step the engine ran (`engine/steps.csv`, engines/hf_step_log.py: its
+requests, new tokens and KV read, and how long it took). This script fits the same step model to
+those steps, calibration and replays alike, with and without the dense attention term
+(`per_dense_s` x tokens x kv, sim/profile.py; the F-test of calibrate/fit.py decides), prints the
+fits' errors on decode-only and mixed steps, and then simulates the validation's traces again with
+the validation's (anchored) profile whose step model is the log's fit (and whose ``frontend_cpu_s`` is 0:
+the log's step times already hold what the frontend took from the engine): the simulated figures against
+the kept replays, as `llmlb validate` compares them. So it says whether the misses are the step model's
+(the log's steps, fitted, close them) or lie around the steps (they stay).
+
+    python benchmarks/engine_log_fit.py OUT          # OUT: validate_transformers.py's --out folder
+    python benchmarks/engine_log_fit.py OUT --seeds 30 --no-jitter
+
+Per step of the log: tokens = the step's new tokens, sampled = its requests (every scheduled request
+samples but a prefill's unfinished chunk: an upper bound), kv = the KV it read plus its new tokens,
+attention per request not known (the log has no per-request contexts: its column is left out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from llmlb_bench.calibrate.fit import (BASE, DENSE, KV, SAMPLE, TOKEN, UNKNOWNS, Observation,  # noqa: E402
+                                       dense_test, solve)
+from llmlb_bench.sim.profile import STEP_TERMS  # noqa: E402
+
+
+def log_observations(steps_csv: Path) -> tuple[list[Observation], np.ndarray]:
+    """One observation per logged step (module docstring), and which of them carry a prefill chunk."""
+    log = np.genfromtxt(steps_csv, delimiter=",", names=True, ndmin=1)
+    q, n, kv = log["q_tokens"], log["scheduled"], log["kv_read"] + log["q_tokens"]
+    obs = []
+    for k in range(log.size):
+        f = np.zeros(len(UNKNOWNS))
+        f[BASE], f[TOKEN], f[SAMPLE], f[KV], f[DENSE] = 1.0, q[k], n[k], kv[k], q[k] * kv[k]
+        obs.append(Observation("step", str(k), f, float(log["done_s"][k] - log["planned_s"][k])))
+    return obs, q > n
+
+
+def describe(obs: list[Observation], mixed: np.ndarray, theta: np.ndarray) -> str:
+    err = np.array([o.features @ theta / o.measured_s - 1.0 for o in obs])
+    return "; ".join(f"{name} steps ({int(sel.sum())}): median error {100 * np.median(err[sel]):+.1f}%, "
+                     f"median |error| {100 * np.median(np.abs(err[sel])):.1f}%"
+                     for name, sel in (("decode-only", ~mixed), ("mixed", mixed)) if sel.any())
+
+
+def resimulate(runs: Path, profile: dict, seeds: int) -> dict:
+    """The kept validation's traces simulated again with ``profile`` (``seeds`` seeds, seed j on replay
+    j mod repeats's trace, as `llmlb validate` does), compared with its kept replays."""
+    import pyarrow.parquet as pq
+
+    from llmlb_bench.policies import make_policy
+    from llmlb_bench.schema import read_trace
+    from llmlb_bench.sim import ClusterConfig, simulate
+    from llmlb_bench.store import RunStore
+    from llmlb_bench.validate import compare
+
+    meta = json.loads(next(runs.glob("validate-*.json")).read_text())
+    real = [pq.read_table(runs / rid / "requests.parquet").to_pylist() for rid in meta["real_runs"]]
+    stamp = meta["real_runs"][0].rsplit("-real-", 1)[0]
+    traces = [read_trace(runs / f"{stamp}-traces" / f"{k}.parquet") for k in range(len(real))]
+    cfg = ClusterConfig.build(replicas=1).with_profile(profile)
+    sims = []
+    with tempfile.TemporaryDirectory(prefix="engine-log-fit-") as tmp:
+        for k in range(seeds):
+            table = traces[k % len(traces)]
+            store = RunStore(Path(tmp), config={}, backend="sim", run_id=f"sim-{k}", trace_rows=table.num_rows)
+            with store:
+                simulate(table, cfg, make_policy("round_robin", {}), store, seed=meta["seed"] + k)
+            sims.append(pq.read_table(store.dir / "requests.parquet").to_pylist())
+    figures: dict = compare(real, sims, seed=meta["seed"]).to_dict()["figures"]
+    return figures
+
+
+def report(out: Path, seeds: int, jitter: bool = True) -> None:
+    """Print the log's fits and the validation simulated again with them (module docstring)."""
+    obs, mixed = log_observations(out / "engine" / "steps.csv")
+    _, test = dense_test(obs)
+    without, with_dense = solve(obs, dense=False), solve(obs)
+    print(f"engine log: {len(obs)} steps; dense term test: {test}")
+    for name, th in (("without the dense term", without), ("with it" if test["kept"] else "with it (not kept)", with_dense)):
+        terms = ", ".join(f"{k} {th[i]:.4g}" for i, k in enumerate(STEP_TERMS))
+        print(f"  {name}: {terms}\n    {describe(obs, mixed, th)}")
+    with tempfile.TemporaryDirectory(prefix="engine-log-runs-") as tmp:
+        with tarfile.open(out / "runs.tar.gz") as tar:
+            tar.extractall(tmp, filter="data")
+        runs = Path(tmp) / "runs"
+        base = json.loads((runs / ("anchored-profile.json" if (runs / "anchored-profile.json").exists()
+                                   else "calibrated-profile.json")).read_text())
+        if not jitter:
+            base["jitter"] = None
+        print(f"simulated again, {seeds} seeds{'' if jitter else ' without jitter'}: bias % (median over seeds of "
+              "simulated / real - 1, against the kept replays)")
+        # the log's steps are the engine thread's wall time, so whatever the frontend took from them (the
+        # profile's frontend_cpu_s) is already in them: the rows fitted to the log charge no more of it
+        rows = {"the validation's profile": base,
+                "the log's steps, no dense term": {**base, "step": dict(zip(STEP_TERMS, map(float, without))),
+                                                   "frontend_cpu_s": 0.0},
+                "the log's steps, dense term": {**base, "step": dict(zip(STEP_TERMS, map(float, with_dense))),
+                                                "frontend_cpu_s": 0.0}}
+        for name, profile in rows.items():
+            figs = resimulate(runs, profile, seeds)
+            print(f"  {name:40s} " + "  ".join(f"{f} {100 * v['bias']:+6.1f}" for f, v in figs.items()
+                                              if f.split("_")[0] in ("ttft", "tpot", "e2e")), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path, help="validate_transformers.py's --out folder (engine/, runs.tar.gz)")
+    ap.add_argument("--seeds", type=int, default=12, help="simulator seeds")
+    ap.add_argument("--no-jitter", action="store_true", help="simulate without the profile's step-time jitter")
+    args = ap.parse_args()
+    report(args.out, args.seeds, jitter=not args.no_jitter)
+
+
+if __name__ == "__main__":
+    main()
