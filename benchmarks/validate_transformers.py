@@ -74,6 +74,9 @@ def main() -> None:
                          "limit, only the token budget: the calibration's largest decode batch)")
     ap.add_argument("--repeats", type=int, default=5, help="real replays (llmlb validate --repeats)")
     ap.add_argument("--requests", type=int, default=100, help="requests of the default trace")
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="the trace to validate with (llmlb validate --trace; default: its default trace, "
+                         "--requests at --load of the profile's capacity)")
     ap.add_argument("--load", type=float, default=0.5, help="the trace's rate as a fraction of capacity")
     ap.add_argument("--profile", type=Path, default=None,
                     help="the engine's profile from an earlier calibration (llmlb validate --profile): no calibration")
@@ -113,6 +116,7 @@ def main() -> None:
                "--max-num-seqs", str(args.max_num_seqs), "--results", str(results),
                "--seed", str(args.seed)]
         cmd += ["--profile", str(args.profile.resolve())] if args.profile else []
+        cmd += ["--trace", str(args.trace.resolve())] if args.trace else []
         env = {**os.environ, "COLUMNS": "160",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         with open(args.out / "validate.log", "w") as vlog:

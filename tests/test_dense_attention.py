@@ -122,6 +122,30 @@ def test_the_fit_keeps_the_term_where_the_probes_show_it():
     assert not any(kept)
 
 
+def test_the_mode_overrides_the_test():
+    """--dense-attention on fits the term whatever the test says, off leaves it out whatever it says;
+    both report the test."""
+    plain, dense = _probes(STEP, 0.03, seed=2), _probes({**STEP, "per_dense_s": 5e-8}, 0.03, seed=2)
+    on = fit(plain, [], "on")
+    assert on.dense is not None and on.dense["kept"] and on.dense["mode"] == "on"
+    assert on.coefficients["per_dense_s"] == pytest.approx(float(solve(plain)[DENSE]), rel=1e-12)
+    off = fit(dense, [], "off")
+    assert off.dense is not None and not off.dense["kept"] and off.dense["p_value"] is not None
+    assert off.dense["p_value"] < 0.01 and off.coefficients["per_dense_s"] == 0.0
+
+
+def test_validate_with_a_profile_refuses_the_calibration_option(tmp_path: Path, capsys):
+    """The option applies to a calibration; with --profile there is none: one line, exit 2, before any work."""
+    from tests.conftest import cli
+
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile(**STEP)))
+    code, _, err = cli(["validate", "http://127.0.0.1:9", "--profile", str(path), "--dense-attention", "on",
+                        "--results", str(tmp_path / "r")], capsys)
+    assert code == 2 and "--dense-attention" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
+
+
 def test_calibrating_llmlb_serve_gives_the_dense_term_back(tmp_path: Path, capsys):
     """llmlb serve runs a dense profile in real time; calibrated against it (the default plan at these
     settings), the profile it writes keeps the term and says why, and the term is the served one within

@@ -46,13 +46,14 @@ def calibrate(url: str, given: Mapping[str, int | None], *, options: ReplayOptio
               max_prompt: int | None = None, batches: Sequence[int] | None = None,
               contexts: Sequence[int] | None = None, decode_tokens: int = 48, repeats: int = 3,
               results: Path | None = None, seed: int = 0, interference: bool = True,
-              drift_probes: int = DRIFT_PROBES, interference_pairs: int | None = INTERFERENCE_PAIRS) -> Calibration:
+              drift_probes: int = DRIFT_PROBES, interference_pairs: int | None = INTERFERENCE_PAIRS,
+              dense_attention: str = "auto") -> Calibration:
     """Probe ``url`` and fit its profile. ``given``: engine settings from flags (None = ask the
     engine); probe runs go to ``results`` (a scratch folder when None); ``interference``: send the
     probe that measures ``frontend_cpu_s`` (else it is 0); ``drift_probes``: drift reference probes
     over the calibration (0: none; the drift is then measured from the decode groups' repeats alone);
     ``interference_pairs``: interference pairs sent (None: ``repeats``), whose readings' median is
-    ``frontend_cpu_s``."""
+    ``frontend_cpu_s``; ``dense_attention``: auto, on or off (calibrate/fit.py ``dense_test``)."""
     options = options or ReplayOptions(api="completions")
     info = discover(url, given, options.model)
     options = ReplayOptions(**{**options.__dict__, "model": info.model})
@@ -63,7 +64,7 @@ def calibrate(url: str, given: Mapping[str, int | None], *, options: ReplayOptio
         root = Path(results) if results is not None else Path(tmp)
         runs = Prober(url, pre, options, root, seed).all(p)
     obs, notes, windows = observations(runs, info.settings["max_num_batched_tokens"])
-    result = fit(obs, notes)
+    result = fit(obs, notes, dense_attention)
     spread = dispersion(windows, drift_samples(runs))
     profile: dict[str, object] = {
         "llmlb_profile": PROFILE_VERSION,

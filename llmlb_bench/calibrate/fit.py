@@ -111,9 +111,10 @@ class FrontendReading(TypedDict):
 
 class DenseTest(TypedDict):
     """Whether the dense attention term (``per_dense_s``) was kept, and the test that says so (:func:`fit`):
-    the squared relative errors of the fit without it and with it, the F statistic of the term, its
-    p-value, and the degrees of freedom left with it."""
+    the mode asked for (auto: by the test), the squared relative errors of the fit without it and with
+    it, the F statistic of the term, its p-value, and the degrees of freedom left with it."""
 
+    mode: str
     kept: bool
     sse_without: float
     sse_with: float
@@ -423,16 +424,17 @@ def _sse(obs: Sequence[Observation], theta: np.ndarray) -> float:
     return float(sum((o.features @ theta / o.measured_s - 1.0) ** 2 for o in obs))
 
 
-def dense_test(obs: Sequence[Observation]) -> tuple[np.ndarray, DenseTest]:
-    """The coefficients over ``obs`` with the dense attention term where the probes show it, and the test.
+def dense_test(obs: Sequence[Observation], mode: str = "auto") -> tuple[np.ndarray, DenseTest]:
+    """The coefficients over ``obs`` with the dense attention term where the probes show it (``mode``
+    auto; on: always, off: never, the test reported either way), and the test.
 
     WHY a test and not simply the term free in the least squares: the probes of an engine that attends
     per request (vLLM, SGLang) can still lend the term a little of their noise, and a small false
     ``per_dense_s`` grows with the batch squared, so at batches beyond the probes' it would be a large
     false cost. The nested models' F-test (one added regressor, ``n - k`` degrees of freedom left with
     it, ``k`` the terms the probes can see) keeps it only when it lowers the squared errors by more than
-    chance would at the 1% level (:data:`DENSE_P_VALUE`); on transformers' paged SDPA it halved them
-    (docs/fidelity.md)."""
+    chance would at the 1% level (:data:`DENSE_P_VALUE`); on the logged steps of transformers' paged SDPA
+    it lowered them by 40% (docs/fidelity.md, "The dense attention term")."""
     from scipy.stats import f as f_dist
 
     without, with_dense = solve(obs, dense=False), solve(obs)
@@ -443,9 +445,9 @@ def dense_test(obs: Sequence[Observation]) -> tuple[np.ndarray, DenseTest]:
     if dof > 0 and with_dense[DENSE] > 0 and sse1 < sse0:
         stat = (sse0 - sse1) / (sse1 / dof) if sse1 > 0 else math.inf
         p_value = float(f_dist.sf(stat, 1, dof))
-    kept = p_value is not None and p_value < DENSE_P_VALUE
+    kept = mode == "on" or (mode == "auto" and p_value is not None and p_value < DENSE_P_VALUE)
     return (with_dense if kept else without), {
-        "kept": kept, "sse_without": round(sse0, 6), "sse_with": round(sse1, 6),
+        "mode": mode, "kept": kept, "sse_without": round(sse0, 6), "sse_with": round(sse1, 6),
         "f": round(stat, 3) if stat is not None else None,
         "p_value": float(f"{p_value:.3g}") if p_value is not None else None, "dof": dof}
 
@@ -477,7 +479,7 @@ def frontend_per_arrival(o: Observation, theta: np.ndarray) -> tuple[float, floa
     return rest / (speed * o.features[k]), speed
 
 
-def fit(obs: list[Observation], notes: list[str]) -> Fit:
+def fit(obs: list[Observation], notes: list[str], dense: str = "auto") -> Fit:
     """The coefficients (see the module docstring); predictions written into ``obs``.
 
     The least squares take every observation but the interference pairs; ``frontend_cpu_s``, which only
@@ -499,11 +501,12 @@ def fit(obs: list[Observation], notes: list[str]) -> Fit:
             o.outlier = bool(e > limit)
     else:
         keep = fitted
-    theta, dense = dense_test(keep)
-    if dense["kept"]:
-        notes.append(f"dense attention term kept (per_dense_s, tokens x kv per step): the probes' squared "
-                     f"relative errors {dense['sse_without']:.4g} without it, {dense['sse_with']:.4g} with it "
-                     f"(F = {dense['f']}, p = {dense['p_value']})")
+    theta, test = dense_test(keep, dense)
+    if test["kept"]:
+        notes.append(f"dense attention term {'kept' if dense == 'auto' else 'fitted (--dense-attention on)'} "
+                     f"(per_dense_s, tokens x kv per step): the probes' squared relative errors "
+                     f"{test['sse_without']:.4g} without it, {test['sse_with']:.4g} with it "
+                     f"(F = {test['f']}, p = {test['p_value']})")
     for o in fitted:
         o.predicted_s = float(o.features @ theta)
     pairs = [o for o in obs if not o.in_fit]
@@ -522,4 +525,4 @@ def fit(obs: list[Observation], notes: list[str]) -> Fit:
         joint = (float(np.median([o.measured_s for o in pairs])) - float(mean_f[:k] @ theta[:k])) / mean_f[k]
         reading = {"pairs_ms": [round(1e3 * f, 4) for f, _ in got], "speeds": [round(s, 4) for _, s in got],
                    "median_ms": round(1e3 * theta[k], 4), "without_control_ms": round(1e3 * max(0.0, joint), 4)}
-    return Fit({k: float(v) for k, v in zip(UNKNOWNS, theta)}, obs, notes, reading, dense)
+    return Fit({k: float(v) for k, v in zip(UNKNOWNS, theta)}, obs, notes, reading, test)

@@ -201,6 +201,21 @@ class WorkerExecutor(str, Enum):
     ray = "ray"
 
 
+class DenseAttention(str, Enum):
+    """Whether calibrate's fit takes the dense attention term (calibrate/fit.py ``dense_test``)."""
+
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
+#: calibrate's choice of the dense attention term (sim/profile.py ``per_dense_s``), in calibrate and validate
+DenseAttentionOpt = Annotated[DenseAttention, typer.Option(
+    "--dense-attention", help="The step model's dense attention term (per_dense_s x tokens x kv: engines that attend with "
+    "one masked product over the whole step, as transformers without flash attention): auto keeps it where an "
+    "F-test says the probes show it, on fits it always (an engine known to attend so), off leaves it out.")]
+
+
 class Api(str, Enum):
     chat = "chat"
     completions = "completions"

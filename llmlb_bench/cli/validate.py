@@ -11,8 +11,9 @@ from typing import Annotated, Optional
 import typer
 
 from llmlb_bench.cli.app import app, console
-from llmlb_bench.cli.common import (Api, EngineBlockSize, EngineKvBlocks, EngineMaxSeqs, EngineMaxTokens,
-                                    EngineModelLen, EnginePrefixCaching, ForceLength, ResultsDir, Seed, engine_given)
+from llmlb_bench.cli.common import (Api, DenseAttention, DenseAttentionOpt, EngineBlockSize, EngineKvBlocks,
+                                    EngineMaxSeqs, EngineMaxTokens, EngineModelLen, EnginePrefixCaching, ForceLength,
+                                    ResultsDir, Seed, engine_given)
 from llmlb_bench.errors import UserError
 
 
@@ -46,6 +47,7 @@ def validate(
     max_prompt: Annotated[Optional[int], typer.Option("--max-prompt", min=8, help="Calibration: longest prefill probe.")] = None,
     interference_pairs: Annotated[Optional[int], typer.Option("--interference-pairs", min=1, help="Calibration: interference pairs sent, whose readings' median is frontend_cpu_s (default: as llmlb calibrate).")] = None,
     anchor: Annotated[Optional[bool], typer.Option("--anchor/--no-anchor", help="Send the profile's reference probe before every replay and after the last, and simulate with the step model rescaled to their long-run median and their drift (default: when the profile has a reference probe; see docs/fidelity.md).")] = None,
+    dense_attention: DenseAttentionOpt = DenseAttention.auto,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Requests sent first and counted for nothing (the first requests after a start are slow).")] = 16,
     results: ResultsDir = Path("results"),
     seed: Seed = 0,
@@ -68,6 +70,9 @@ def validate(
     # everything a user gave is checked before any probe or replay
     table = read_trace(trace) if trace is not None else None
     prof = read_profile(profile) if profile is not None else None
+    if prof is not None and dense_attention is not DenseAttention.auto:
+        raise UserError("applies to the calibration, and --profile skips it (set per_dense_s in the profile instead)",
+                        "--dense-attention")
     if anchor and prof is not None:
         from llmlb_bench.calibrate.anchor import reference_of
 
@@ -81,7 +86,7 @@ def validate(
         console.print(f"calibrating {endpoint} ...", highlight=False)
         given = engine_given(max_num_seqs, max_batched_tokens, block_size, kv_blocks, max_model_len, prefix_caching)
         cal = calibrate(endpoint, given, options=options, max_prompt=max_prompt, seed=seed,
-                        interference_pairs=interference_pairs)
+                        interference_pairs=interference_pairs, dense_attention=dense_attention.value)
         prof = cal.profile
         results.mkdir(parents=True, exist_ok=True)
         path = results / "calibrated-profile.json"

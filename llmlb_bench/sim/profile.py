@@ -21,9 +21,9 @@ transformers' continuous batching without flash attention (paged SDPA or eager, 
 flash attention is not installed) builds a mask of tokens x (kv + tokens) and multiplies through it,
 so a step's attention grows with the batch's tokens TIMES its KV, quadratically in the batch.
 ``llmlb calibrate`` fits it only where the probes show it (calibrate/fit.py: an F-test of the term
-against the model without it); on vLLM and SGLang, whose kernels attend per request, it stays 0.
-Why linear:
-below saturation each of these costs scales with its count, and the profile
+against the model without it); engines whose kernels attend per request (vLLM, SGLang) should not
+show it, and probes without it leave it out (tests/test_dense_attention.py). Why linear: below
+saturation each of these costs scales with its count, and the profile
 is fitted on the operating range the probes cover (prompts up to the step
 budget and beyond, batches up to ``max_num_seqs``); see docs/fidelity.md for
 what that range is and how far from it the fit was checked.
