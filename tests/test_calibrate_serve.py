@@ -199,8 +199,8 @@ def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, capsys,
         probe_runs.append(list(runs))
         return observe(runs, budget)
 
-    def keep_fit(obs, notes):
-        fits.append(fit_client(obs, notes))
+    def keep_fit(obs, notes, dense="auto"):
+        fits.append(fit_client(obs, notes, dense))
         return fits[-1]
 
     observe, fit_client = calibrate.observations, calibrate.fit

@@ -44,8 +44,8 @@ def test_calibrate_a_real_vllm_replica(vllm, tmp_path, capsys, monkeypatch):
 
     fits = []
 
-    def keep_fit(obs, notes):
-        fits.append(calibrate_fit(obs, notes))
+    def keep_fit(obs, notes, dense="auto"):
+        fits.append(calibrate_fit(obs, notes, dense))
         return fits[-1]
 
     calibrate_fit = calibrate.fit
