@@ -92,7 +92,7 @@ def resimulate(runs: Path, profile: dict, seeds: int) -> dict:
 def report(out: Path, seeds: int, jitter: bool = True) -> None:
     """Print the log's fits and the validation simulated again with them (module docstring)."""
     obs, mixed = log_observations(out / "engine" / "steps.csv")
-    _, test = dense_test(obs)
+    chosen, test = dense_test(obs)
     without, with_dense = solve(obs, dense=False), solve(obs)
     print(f"engine log: {len(obs)} steps; dense term test: {test}")
     for name, th in (("without the dense term", without), ("with it" if test["kept"] else "with it (not kept)", with_dense)):
@@ -120,9 +120,8 @@ def report(out: Path, seeds: int, jitter: bool = True) -> None:
         # the reference probe's speed against the CALIBRATION's, which these steps are not (out of sample,
         # 2026-12-05: anchored, the log's dense steps lost most of what they gained, E2E p50 -22% -> -38%)
         calibrated = json.loads((runs / "calibrated-profile.json").read_text())
-        written = {k: v for k, v in {**calibrated, "step": rows["the log's steps, dense term" if test["kept"]
-                                                               else "the log's steps, no dense term"]["step"],
-                                     "frontend_cpu_s": 0.0}.items() if k not in ("reference", "anchor", "fit")}
+        written = {k: v for k, v in calibrated.items() if k not in ("reference", "anchor", "fit")}
+        written.update(step=dict(zip(STEP_TERMS, map(float, chosen))), frontend_cpu_s=0.0)
         written["source"] = {**calibrated.get("source", {}), "step_model": f"fitted to {len(obs)} steps of the engine log"}
         (out / "log-profile.json").write_text(json.dumps(written, indent=2) + "\n")
         print(f"written: {out / 'log-profile.json'} (the calibration's profile with the log's step model)")
