@@ -87,3 +87,31 @@ def test_tokens_that_stream_no_text_are_not_read_as_slow_steps():
     # with one request the steps are that request's own gaps
     t = np.array([c["start_s"] for c in rows[0]["token_times"]])
     assert np.allclose(engine_steps(rows[:1], t[0], t[-1]), step_gaps(t))
+
+
+def test_a_request_that_did_not_stream_neither_bounds_nor_leaves_the_window():
+    """Transformers serve, sixteen requests sent at once: one request showed its first token and then 47
+    that decode to no text, another got all 48 in one read at the end. Bounded by every request, the
+    window came out negative and the group was lost. Bounded by the requests that streamed (the group's
+    others, one read a step), it holds their steps; the two still count in the batch, at the streamed
+    requests' median place in their output, and the window is the one without them."""
+    from llmlb_bench.calibrate.fit import decode_window
+
+    step, n = 0.02, 48
+    ends = 0.5 + step * np.arange(n)
+    rows = [_stream_row(i, ends + 0.001 * i, n) for i in range(4)]
+    early = _stream_row(4, ends[:1], n)                    # its only visible token: the first
+    late = {**_stream_row(5, ends[-1:] + 0.3, n), "token_times": [{"start_s": float(ends[-1] + 0.3),
+                                                                   "gap_s": 0.0, "count": n}]}
+    assert decode_window(rows) is not None
+    gaps, context, t0, t1 = decode_window(rows)         # type: ignore[misc]
+    got = decode_window(rows + [early, late])
+    assert got is not None
+    assert (got[2], got[3]) == (t0, t1) and t1 - t0 > 0.5
+    assert all(np.array_equal(a, b) for a, b in zip(got[0], gaps)) and len(got[0]) == 4
+    assert got[1] == pytest.approx(context * 6 / 4)       # same prompts, same place: six alike
+    # bounded by all six, as before: the early one's last visible token precedes the others' first ones
+    assert min(r["last_token_s"] for r in rows + [early, late]) < max(r["first_token_s"] for r in rows + [early, late])
+    obs, _, _ = observations([ProbeRun("decode", {"batch": 6, "context": 16}, rows + [early, late])], budget=256)
+    (decode,) = obs
+    assert decode.measured_s == pytest.approx(step, rel=0.01) and decode.features[1] == 6

@@ -60,6 +60,11 @@ BASE, TOKEN, SAMPLE, ATTN, KV, DENSE, OVERHEAD, PER_PROMPT, FRONTEND = range(len
 #: the dense attention term (sim/profile.py ``per_dense_s``) is kept when the F-test of the model with it
 #: against the model without it rejects "no such term" at this level (:func:`fit`)
 DENSE_P_VALUE = 0.01
+#: a decode window's request counts as streamed when its tokens reached the client in at least this part of
+#: the distinct reads its group's median request had (:func:`decode_window`): vLLM holds back about 13% of
+#: a random model's tokens (partial UTF-8 bytes), far above it; transformers serve's requests that did not
+#: stream had 1-11 reads of 48 where the others had 47-48
+STREAMED_SHARE = 0.25
 #: fewest decode steps a window must hold to count
 MIN_WINDOW_STEPS = 4
 
@@ -324,20 +329,42 @@ def drift_samples(runs: Sequence[ProbeRun]) -> list[DriftSample]:
 
 def decode_window(rows: Sequence[ArrowRow]) -> tuple[list[np.ndarray], float, float, float] | None:
     """The window in which every one of ``rows`` decodes (after the last first token, before the first
-    last token): each request's inter-token gaps in it, their summed context at its middle, and the
-    window's bounds; None when a request saw fewer than MIN_WINDOW_STEPS steps in it."""
-    t0 = max(r["first_token_s"] for r in rows)
-    t1 = min(r["last_token_s"] for r in rows)
+    last token, over the requests that streamed: at least :data:`STREAMED_SHARE` of the distinct token
+    reads of the group's median request): each streamed request's inter-token gaps in it, the batch's
+    summed context at its middle, and the window's bounds; None when no request streamed or a streamed
+    one saw fewer than MIN_WINDOW_STEPS steps in it.
+
+    Why only the streamed requests bound it: a request whose tokens mostly reached the client as no text
+    or in one read, where its group's others came one read a step, says nothing about when its decoding
+    began or ended. On transformers serve one request of sixteen showed its first token at 0.65 s and 47
+    that decode to no text, another all 48 in one read at 5.85 s, and the window over all sixteen came
+    out -5.2 s where the engine's own log had them decode together for over a second (15 of a
+    calibration's 27 decode groups lost, docs/fidelity.md). They were in the engine's batch all the same
+    (same prompt, same output, sent together), so they count in its context, at the streamed requests'
+    median place in their output. Against the group's median, not the output length: a server behind
+    its engine bundles every request's steps alike, and all of them still bound the window. Where every
+    request streams (vLLM's probes) this is the window over all of them, as before."""
+    reads = [np.unique(token_times(r)).size for r in rows]
+    typical = float(np.median(reads)) if reads else 0.0
+    shown = [r for r, n in zip(rows, reads) if n >= STREAMED_SHARE * typical]
+    if not shown:
+        return None
+    t0 = max(r["first_token_s"] for r in shown)
+    t1 = min(r["last_token_s"] for r in shown)
     gaps: list[np.ndarray] = []
+    middles: list[float] = []
     context = 0.0
-    for r in rows:
+    for r in shown:
         t = token_times(r)
         idx = np.nonzero((t >= t0) & (t <= t1))[0]
         window = step_gaps(t[idx[0]:idx[-1] + 1]) if idx.size >= 2 else np.zeros(0)
         if window.size < MIN_WINDOW_STEPS:
             return None
         gaps.append(window)
-        context += _prompt(r) + (idx[0] + idx[-1]) / 2
+        middles.append((idx[0] + idx[-1]) / 2)
+        context += _prompt(r) + middles[-1]
+    context += sum(_prompt(r) + float(np.median(middles)) for r, n in zip(rows, reads)
+                   if n < STREAMED_SHARE * typical)
     return gaps, context, t0, t1
 
 
