@@ -5,7 +5,8 @@
 requests, new tokens and KV read, and how long it took). This script fits the same step model to
 those steps, calibration and replays alike, with and without the dense attention term
 (`per_dense_s` x tokens x kv, sim/profile.py; the F-test of calibrate/fit.py decides), prints the
-fits' errors on decode-only and mixed steps, and then simulates the validation's traces again with
+fits' errors on decode-only and mixed steps, where each replay's latency went (before the engine, inside
+it, after it: :func:`latency_split`, from the engine's log of its requests), and then simulates the validation's traces again with
 the validation's (anchored) profile whose step model is the log's fit (and whose ``frontend_cpu_s`` is 0:
 the log's step times already hold what the frontend took from the engine): the simulated figures against
 the kept replays, as `llmlb validate` compares them. So it says whether the misses are the step model's
@@ -34,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -64,8 +66,6 @@ def describe(obs: list[Observation], mixed: np.ndarray, theta: np.ndarray) -> st
 def resimulate(runs: Path, profile: dict, seeds: int) -> dict:
     """The kept validation's traces simulated again with ``profile`` (``seeds`` seeds, seed j on replay
     j mod repeats's trace, as `llmlb validate` does), compared with its kept replays."""
-    import pyarrow.parquet as pq
-
     from llmlb_bench.policies import make_policy
     from llmlb_bench.schema import read_trace
     from llmlb_bench.sim import ClusterConfig, simulate
@@ -102,6 +102,14 @@ def report(out: Path, seeds: int, jitter: bool = True) -> None:
         with tarfile.open(out / "runs.tar.gz") as tar:
             tar.extractall(tmp, filter="data")
         runs = Path(tmp) / "runs"
+        meta = json.loads(next(runs.glob("validate-*.json")).read_text())
+        replays = [pq.read_table(runs / rid / "requests.parquet").to_pylist() for rid in meta["real_runs"]]
+        print("where the replays' latency went (ms, p50 / p90; the engine's requests matched by prompt length):")
+        for k, split in enumerate(latency_split(out / "engine" / "requests.csv", replays)):
+            print(f"  replay {k}: " + ", ".join(f"{name} {split[name + '_p50_ms']:.0f} / {split[name + '_p90_ms']:.0f}"
+                                                for name in ("client_ttft", "frontend", "engine_ttft", "first_lag",
+                                                             "client_e2e", "engine_e2e", "last_lag"))
+                  + f" ({split['mismatches']:.0f} prompt mismatches of {split['requests']:.0f})")
         base = json.loads((runs / ("anchored-profile.json" if (runs / "anchored-profile.json").exists()
                                    else "calibrated-profile.json")).read_text())
         if not jitter:
@@ -129,6 +137,51 @@ def report(out: Path, seeds: int, jitter: bool = True) -> None:
             figs = resimulate(runs, profile, seeds)
             print(f"  {name:40s} " + "  ".join(f"{f} {100 * v['bias']:+6.1f}" for f, v in figs.items()
                                               if f.split("_")[0] in ("ttft", "tpot", "e2e")), flush=True)
+
+
+def latency_split(requests_csv: Path, replays: list[list[dict]]) -> list[dict[str, float]]:
+    """Where each kept replay's latency went: before the engine had the request (HTTP, tokenising),
+    inside the engine (its queue and steps), and between the engine's token and the client's read.
+
+    The engine's log (``engine/requests.csv``) has no request ids, so each replay's served rows, in the
+    order they were sent, are matched to the engine's requests, in the order it got them, by prompt
+    length: the replays ran one after another, each matched to the run of as many requests after the
+    previous replay's whose prompt lengths differ least (``mismatches``: how many still differ). The
+    two clocks are aligned on the replay's fastest hand-over, so ``frontend`` is each request's time to
+    the engine beyond that fastest one. Each figure is its p50 and p90 over the replay's requests, in ms;
+    ``first_lag`` and ``last_lag`` are what the client saw beyond the engine's own first and last token.
+    WHY: on the deep CPU runs this said the miss is inside the engine (2026-12-05: client TTFT p90 4,920 ms
+    of which 4,910 in the engine, 8 before it, the last token read 9 ms after the engine made it), which a
+    simulator that prices the engine's steps right but queues the server's work would not fix."""
+    log = np.genfromtxt(requests_csv, delimiter=",", names=True, ndmin=1)
+    log = log[np.argsort(log["added_s"], kind="stable")]
+    prompts = log["prompt_tokens"]
+    out: list[dict[str, float]] = []
+    start = 0
+    for rows in replays:
+        ok = sorted((r for r in rows if r["status"] == "ok" and r["first_token_s"] is not None),
+                    key=lambda r: r["sent_s"])
+        n = len(ok)
+        want = np.array([r["server_input_tokens"] or r["input_tokens"] for r in ok], dtype=float)
+        if not n or start + n > prompts.size:
+            break
+        costs = [int(np.count_nonzero(prompts[i:i + n] != want)) for i in range(start, prompts.size - n + 1)]
+        at = start + int(np.argmin(costs))
+        eng, start = log[at:at + n], at + n
+        sent = np.array([r["sent_s"] for r in ok])
+        front = eng["added_s"] - sent
+        front -= front.min()
+        client_first = np.array([r["first_token_s"] for r in ok]) - sent
+        client_last = np.array([r["last_token_s"] for r in ok]) - sent
+        engine_first, engine_last = eng["first_token_s"] - eng["added_s"], eng["done_s"] - eng["added_s"]
+        figs = {"client_ttft": client_first, "frontend": front, "engine_ttft": engine_first,
+                "first_lag": client_first - front - engine_first, "client_e2e": client_last,
+                "engine_e2e": engine_last, "last_lag": client_last - front - engine_last}
+        split: dict[str, float] = {"requests": n, "mismatches": min(costs)}
+        for name, v in figs.items():
+            split[f"{name}_p50_ms"], split[f"{name}_p90_ms"] = (round(1e3 * float(x), 1) for x in np.percentile(v, [50, 90]))
+        out.append(split)
+    return out
 
 
 def main() -> None:
