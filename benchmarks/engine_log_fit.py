@@ -33,6 +33,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -42,6 +43,9 @@ sys.path.insert(0, str(ROOT))
 from llmlb_bench.calibrate.fit import (BASE, DENSE, KV, SAMPLE, TOKEN, UNKNOWNS, Observation,  # noqa: E402
                                        dense_test, solve)
 from llmlb_bench.sim.profile import STEP_TERMS  # noqa: E402
+
+if TYPE_CHECKING:
+    from llmlb_bench.sim.profile import ProfileDoc
 
 
 def log_observations(steps_csv: Path) -> tuple[list[Observation], np.ndarray]:
@@ -63,7 +67,7 @@ def describe(obs: list[Observation], mixed: np.ndarray, theta: np.ndarray) -> st
                      for name, sel in (("decode-only", ~mixed), ("mixed", mixed)) if sel.any())
 
 
-def resimulate(runs: Path, profile: dict, seeds: int) -> dict:
+def resimulate(runs: Path, profile: dict[str, Any], seeds: int) -> dict[str, Any]:
     """The kept validation's traces simulated again with ``profile`` (``seeds`` seeds, seed j on replay
     j mod repeats's trace, as `llmlb validate` does), compared with its kept replays."""
     from llmlb_bench.policies import make_policy
@@ -76,7 +80,7 @@ def resimulate(runs: Path, profile: dict, seeds: int) -> dict:
     real = [pq.read_table(runs / rid / "requests.parquet").to_pylist() for rid in meta["real_runs"]]
     stamp = meta["real_runs"][0].rsplit("-real-", 1)[0]
     traces = [read_trace(runs / f"{stamp}-traces" / f"{k}.parquet") for k in range(len(real))]
-    cfg = ClusterConfig.build(replicas=1).with_profile(profile)
+    cfg = ClusterConfig.build(replicas=1).with_profile(cast("ProfileDoc", profile))
     sims = []
     with tempfile.TemporaryDirectory(prefix="engine-log-fit-") as tmp:
         for k in range(seeds):
@@ -85,8 +89,7 @@ def resimulate(runs: Path, profile: dict, seeds: int) -> dict:
             with store:
                 simulate(table, cfg, make_policy("round_robin", {}), store, seed=meta["seed"] + k)
             sims.append(pq.read_table(store.dir / "requests.parquet").to_pylist())
-    figures: dict = compare(real, sims, seed=meta["seed"]).to_dict()["figures"]
-    return figures
+    return cast("dict[str, Any]", compare(real, sims, seed=meta["seed"]).to_dict()["figures"])
 
 
 def report(out: Path, seeds: int, jitter: bool = True) -> None:
@@ -139,7 +142,7 @@ def report(out: Path, seeds: int, jitter: bool = True) -> None:
                                               if f.split("_")[0] in ("ttft", "tpot", "e2e")), flush=True)
 
 
-def latency_split(requests_csv: Path, replays: list[list[dict]]) -> list[dict[str, float]]:
+def latency_split(requests_csv: Path, replays: list[list[dict[str, Any]]]) -> list[dict[str, float]]:
     """Where each kept replay's latency went: before the engine had the request (HTTP, tokenising),
     inside the engine (its queue and steps), and between the engine's token and the client's read.
 
