@@ -5,7 +5,8 @@ engine they serve with. This script is the GPU check issue 28 asks for, with the
 runs on a bare GPU machine from a few megabytes of wheels (transformers, torch and their serving
 extra): it writes a random-weight LLaMA of the chosen shape (engines/tiny_hf.py; no download, EOS
 unreachable so that answers have the ``max_tokens`` asked for, since `transformers serve` refuses
-``ignore_eos`` and ``min_tokens``), starts `transformers serve MODEL --continuous-batching` on
+``ignore_eos`` and ``min_tokens``, and whole words only, so that every token streams as text: a
+token that decodes to none reads as a late first token), starts `transformers serve MODEL --continuous-batching` on
 127.0.0.1 with the given paged-KV settings, and runs `llmlb validate` against it with the same
 settings (``--no-force-length``; `/v1/models` lists no model, so ``--model`` names the folder).
 Where `nvidia-smi` is there it samples the GPU's power, utilisation and SM clock every 200 ms over
@@ -95,7 +96,8 @@ def main() -> None:
     hidden, inter, layers, heads, kv_heads = SHAPES[args.shape]
     t0 = time.monotonic()
     model = write_tiny_model(work / f"model-{args.shape}", hidden_size=hidden, intermediate_size=inter,
-                             num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, reachable_eos=False)
+                             num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, reachable_eos=False,
+                             words_only=True)
     print(f"model {args.shape} written in {time.monotonic() - t0:.1f} s", flush=True)
     engine = TransformersServe(model, python=args.python, device=args.device, block_size=args.block_size, kv_blocks=args.kv_blocks,
                                max_batched_tokens=args.max_batched_tokens, log=args.out / "serve.log",

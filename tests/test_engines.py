@@ -25,6 +25,7 @@ from conftest import cli
 from engines_helpers import require_module, vllm_python
 from test_cli_errors import assert_one_line_error
 
+from llmlb_bench.engines.tiny_hf import word_token_ids
 from llmlb_bench.engines.vllm import VllmReplicas, VllmSettings, write_tiny_model
 from llmlb_bench.replay.prompts import PIECES, PromptBuilder
 
@@ -81,6 +82,23 @@ def test_an_unreachable_eos_zeroes_its_output_row_and_leaves_every_other_weight(
     states = np.random.default_rng(0).standard_normal((200, head.shape[1])).astype(np.float32)
     logits = states @ head.T
     assert np.all(logits.max(axis=1) > logits[:, eos]) and np.all(logits[:, eos] == 0.0)
+
+
+def test_words_only_leaves_greedy_decoding_nothing_but_whole_words(tiny: Path, tmp_path: Path):
+    """words_only=True (for engines without allowed_token_ids): every output row but the whole prompt
+    words' is zero, so their logits are exactly 0 where the largest word's is positive (all but surely,
+    with hundreds of words): greedy decoding emits words only, EOS never; the words' rows and every other
+    weight are the default model's, bit for bit."""
+    other = write_tiny_model(tmp_path / "words", words_only=True)
+    words = word_token_ids(other)
+    assert words == word_token_ids(tiny) and len(words) > 100
+    head, head0 = _tensor(other, "lm_head.weight"), _tensor(tiny, "lm_head.weight")
+    rest = np.setdiff1d(np.arange(head.shape[0]), words)
+    assert np.all(head[rest] == 0.0) and np.array_equal(head[words], head0[words])
+    for name in ("model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight"):
+        assert np.array_equal(_tensor(other, name), _tensor(tiny, name)), name
+    states = np.random.default_rng(0).standard_normal((200, head.shape[1])).astype(np.float32)
+    assert set(np.argmax(states @ head.T, axis=1)) <= set(words)
 
 
 def test_prompts_tokenize_block_by_block(tiny: Path):

@@ -52,7 +52,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}<
 def write_tiny_model(dest: str | Path, *, vocab_size: int = 1024, hidden_size: int = 256,
                      intermediate_size: int = 512, num_layers: int = 4, num_heads: int = 4,
                      num_kv_heads: int = 2, max_position_embeddings: int = 4096, seed: int = 0,
-                     reachable_eos: bool = True) -> Path:
+                     reachable_eos: bool = True, words_only: bool = False) -> Path:
     """Write the model folder ``dest`` (created; files in it are replaced) and return it.
 
     The defaults (about 5 MB) decode ~100 tokens/s per stream in vLLM on one
@@ -62,7 +62,14 @@ def write_tiny_model(dest: str | Path, *, vocab_size: int = 1024, hidden_size: i
     exactly 0 where the largest of the other random logits is positive (all but
     surely): greedy decoding never ends a sequence, and an engine that cannot be
     told to ignore EOS (``transformers serve`` refuses ``ignore_eos`` and
-    ``min_tokens``) still answers with the ``max_tokens`` asked for."""
+    ``min_tokens``) still answers with the ``max_tokens`` asked for.
+
+    ``words_only=True`` zeroes every row but the whole prompt words' (:func:`word_token_ids`; EOS
+    included), so greedy decoding emits whole words only, each of which streams as visible text. Why:
+    a random token that decodes to no text (a byte fragment) streams nothing, so the client reads the
+    first token a step or more late and the last one early; on ``transformers serve``, which has no
+    ``allowed_token_ids``, the deep-shape replays' client TTFT p50 was 2-39% above the engine's own
+    (docs/fidelity.md). vLLM runs pass the same ids as ``allowed_token_ids`` instead."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     tokenizer = _train_tokenizer(vocab_size)
@@ -87,6 +94,8 @@ def write_tiny_model(dest: str | Path, *, vocab_size: int = 1024, hidden_size: i
     embed, head = rand(vocab, h), rand(vocab, h)     # in this order: the seed's weights stay as they were
     if not reachable_eos:
         head[SPECIALS.index("</s>")] = 0.0   # the config's eos_token_id
+    if words_only:
+        head[np.setdiff1d(np.arange(vocab), _word_ids(tokenizer))] = 0.0
     tensors = {"model.embed_tokens.weight": embed, "model.norm.weight": np.ones(h, np.float32),
                "lm_head.weight": head}
     for i in range(num_layers):
@@ -157,9 +166,13 @@ def word_token_ids(model: str | Path) -> list[int]:
     except ImportError:
         raise UserError("reading the tiny model's tokenizer needs the 'tokenizers' package: "
                         "pip install 'llmlb-bench[tokenizer]'", "tokenizer") from None
+    return _word_ids(Tokenizer.from_file(str(Path(model) / "tokenizer.json")))
+
+
+def _word_ids(tok: Tokenizer) -> list[int]:
+    """:func:`word_token_ids` of a tokenizer in memory."""
     from llmlb_bench.replay.prompts import WORDS
 
-    tok = Tokenizer.from_file(str(Path(model) / "tokenizer.json"))
     encoded = (tok.encode(" " + w, add_special_tokens=False).ids for w in WORDS)
     return sorted({ids[0] for ids in encoded if len(ids) == 1})
 
