@@ -103,8 +103,9 @@ def test_a_request_that_did_not_stream_neither_bounds_nor_leaves_the_window():
     early = _stream_row(4, ends[:1], n)                    # its only visible token: the first
     late = {**_stream_row(5, ends[-1:] + 0.3, n), "token_times": [{"start_s": float(ends[-1] + 0.3),
                                                                    "gap_s": 0.0, "count": n}]}
-    assert decode_window(rows) is not None
-    gaps, context, t0, t1 = decode_window(rows)         # type: ignore[misc]
+    alone = decode_window(rows)
+    assert alone is not None
+    gaps, context, t0, t1 = alone
     got = decode_window(rows + [early, late])
     assert got is not None
     assert (got[2], got[3]) == (t0, t1) and t1 - t0 > 0.5

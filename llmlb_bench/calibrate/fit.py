@@ -345,8 +345,8 @@ def decode_window(rows: Sequence[ArrowRow]) -> tuple[list[np.ndarray], float, fl
     its engine bundles every request's steps alike, and all of them still bound the window. Where every
     request streams (vLLM's probes) this is the window over all of them, as before."""
     reads = [np.unique(token_times(r)).size for r in rows]
-    typical = float(np.median(reads)) if reads else 0.0
-    shown = [r for r, n in zip(rows, reads) if n >= STREAMED_SHARE * typical]
+    line = STREAMED_SHARE * float(np.median(reads)) if reads else 0.0
+    shown = [r for r, n in zip(rows, reads) if n >= line]
     if not shown:
         return None
     t0 = max(r["first_token_s"] for r in shown)
@@ -363,8 +363,7 @@ def decode_window(rows: Sequence[ArrowRow]) -> tuple[list[np.ndarray], float, fl
         gaps.append(window)
         middles.append((idx[0] + idx[-1]) / 2)
         context += _prompt(r) + middles[-1]
-    context += sum(_prompt(r) + float(np.median(middles)) for r, n in zip(rows, reads)
-                   if n < STREAMED_SHARE * typical)
+    context += sum(_prompt(r) + float(np.median(middles)) for r, n in zip(rows, reads) if n < line)
     return gaps, context, t0, t1
 
 
