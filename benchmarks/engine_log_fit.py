@@ -5,9 +5,9 @@
 requests, new tokens and KV read, and how long it took). This script fits the same step model to
 those steps, calibration and replays alike, with and without the dense attention term
 (`per_dense_s` x tokens x kv, sim/profile.py; the F-test of calibrate/fit.py decides), prints the
-fits' errors on decode-only and mixed steps, where each replay's latency went (before the engine, inside
-it, after it: :func:`latency_split`, from the engine's log of its requests), and then simulates the validation's traces again with
-the validation's (anchored) profile whose step model is the log's fit (and whose ``frontend_cpu_s`` is 0:
+fits' errors on decode-only and mixed steps, where each replay's latency went (before the engine,
+inside it, after it: :func:`latency_split`, from the engine's log of its requests), and then simulates
+the validation's traces again with the validation's (anchored) profile whose step model is the log's fit (and whose ``frontend_cpu_s`` is 0:
 the log's step times already hold what the frontend took from the engine): the simulated figures against
 the kept replays, as `llmlb validate` compares them. So it says whether the misses are the step model's
 (the log's steps, fitted, close them) or lie around the steps (they stay).
@@ -67,17 +67,24 @@ def describe(obs: list[Observation], mixed: np.ndarray, theta: np.ndarray) -> st
                      for name, sel in (("decode-only", ~mixed), ("mixed", mixed)) if sel.any())
 
 
-def resimulate(runs: Path, profile: dict[str, Any], seeds: int) -> dict[str, Any]:
+def kept(runs: Path) -> tuple[dict[str, Any], list[list[dict[str, Any]]]]:
+    """The kept validation's record (``validate-*.json``) and its real replays' rows."""
+    meta: dict[str, Any] = json.loads(next(runs.glob("validate-*.json")).read_text())
+    return meta, [pq.read_table(runs / rid / "requests.parquet").to_pylist() for rid in meta["real_runs"]]
+
+
+def resimulate(runs: Path, profile: dict[str, Any], seeds: int,
+               validation: tuple[dict[str, Any], list[list[dict[str, Any]]]] | None = None) -> dict[str, Any]:
     """The kept validation's traces simulated again with ``profile`` (``seeds`` seeds, seed j on replay
-    j mod repeats's trace, as `llmlb validate` does), compared with its kept replays."""
+    j mod repeats's trace, as `llmlb validate` does), compared with its kept replays (``validation``:
+    :func:`kept` of ``runs``, read here when None)."""
     from llmlb_bench.policies import make_policy
     from llmlb_bench.schema import read_trace
     from llmlb_bench.sim import ClusterConfig, simulate
     from llmlb_bench.store import RunStore
     from llmlb_bench.validate import compare
 
-    meta = json.loads(next(runs.glob("validate-*.json")).read_text())
-    real = [pq.read_table(runs / rid / "requests.parquet").to_pylist() for rid in meta["real_runs"]]
+    meta, real = validation or kept(runs)
     stamp = meta["real_runs"][0].rsplit("-real-", 1)[0]
     traces = [read_trace(runs / f"{stamp}-traces" / f"{k}.parquet") for k in range(len(real))]
     cfg = ClusterConfig.build(replicas=1).with_profile(cast("ProfileDoc", profile))
@@ -105,10 +112,9 @@ def report(out: Path, seeds: int, jitter: bool = True) -> None:
         with tarfile.open(out / "runs.tar.gz") as tar:
             tar.extractall(tmp, filter="data")
         runs = Path(tmp) / "runs"
-        meta = json.loads(next(runs.glob("validate-*.json")).read_text())
-        replays = [pq.read_table(runs / rid / "requests.parquet").to_pylist() for rid in meta["real_runs"]]
+        validation = kept(runs)
         print("where the replays' latency went (ms, p50 / p90; the engine's requests matched by prompt length):")
-        for k, split in enumerate(latency_split(out / "engine" / "requests.csv", replays)):
+        for k, split in enumerate(latency_split(out / "engine" / "requests.csv", validation[1])):
             print(f"  replay {k}: " + ", ".join(f"{name} {split[name + '_p50_ms']:.0f} / {split[name + '_p90_ms']:.0f}"
                                                 for name in ("client_ttft", "frontend", "engine_ttft", "first_lag",
                                                              "client_e2e", "engine_e2e", "last_lag"))
@@ -137,7 +143,7 @@ def report(out: Path, seeds: int, jitter: bool = True) -> None:
         (out / "log-profile.json").write_text(json.dumps(written, indent=2) + "\n")
         print(f"written: {out / 'log-profile.json'} (the calibration's profile with the log's step model)")
         for name, profile in rows.items():
-            figs = resimulate(runs, profile, seeds)
+            figs = resimulate(runs, profile, seeds, validation)
             print(f"  {name:40s} " + "  ".join(f"{f} {100 * v['bias']:+6.1f}" for f, v in figs.items()
                                               if f.split("_")[0] in ("ttft", "tpot", "e2e")), flush=True)
 
