@@ -216,6 +216,8 @@ def main() -> None:
     ap.add_argument("--calibrate-interference-pairs", type=int, default=None,
                     help="interference pairs of every calibration (calibrate's --interference-pairs; default: "
                     "as llmlb calibrate)")
+    ap.add_argument("--no-mixed", action="store_true",
+                    help="calibrate without the mixed-step probe (calibrate's --no-mixed), for comparison")
     ap.add_argument("--warm-up-replays", type=int, default=0,
                     help="Poisson replays (--requests requests at --warm-up-rate) sent before calibrating: the "
                     "engine's first minutes are faster than its later ones (docs/fidelity.md)")
@@ -282,7 +284,7 @@ def main() -> None:
                 t = time.time()
                 prof = calibrate(url, {"max_num_seqs": SEQS, "max_num_batched_tokens": BUDGET}, options=options,
                                  max_prompt=2 * BUDGET, repeats=args.calibrate_repeats, seed=args.seed + n,
-                                 interference_pairs=args.calibrate_interference_pairs,
+                                 interference_pairs=args.calibrate_interference_pairs, mixed=not args.no_mixed,
                                  results=work / f"calibration-{n + 1}" if args.keep is not None else None).profile
                 out["calibrations"].append({
                     "seconds": time.time() - t, "load_average": os.getloadavg(), "engine": prof["engine"],

@@ -215,7 +215,7 @@ def test_the_drift_reference_goes_first_last_and_evenly_between():
         runs = prober.all(p)
         sent = prober.sent[1:]                  # after the warm-up
         others = [k for k in sent if k != "drift"]
-        assert others == ["cache"] * 2 * len(p.cache_blocks) + ["prefill"] + ["decode"] * 4
+        assert others == ["cache"] * 2 * len(p.cache_blocks) + ["prefill"] + ["decode"] * 4 + ["mixed"] * 4
         assert sent.count("drift") == n and [r.kind for r in runs].count("drift") == n
         if n:
             assert sent[0] == sent[-1] == "drift"

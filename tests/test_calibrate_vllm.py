@@ -74,7 +74,7 @@ def test_calibrate_a_real_vllm_replica(vllm, tmp_path, capsys, monkeypatch):
     assert [(o.probe, o.what, o.outlier) for o in result.observations] == \
         [(o["probe"], o["what"], o["outlier"]) for o in profile["fit"]["observations"]]
     assert {o.probe for o in result.observations} == set(profile["fit"]["by_probe"]) == \
-        {"prefill", "cache", "decode", "interference"}
+        {"prefill", "cache", "decode", "mixed", "interference"}
     assert profile["frontend_cpu_s"] >= 0     # its size on a quiet machine: benchmarks/fidelity.py
     assert_least_squares_optimum(result)
     # the steps' spread around the typical step, from the decode windows (a real engine's steps vary)

@@ -47,18 +47,19 @@ def calibrate(url: str, given: Mapping[str, int | None], *, options: ReplayOptio
               contexts: Sequence[int] | None = None, decode_tokens: int = 48, repeats: int = 3,
               results: Path | None = None, seed: int = 0, interference: bool = True,
               drift_probes: int = DRIFT_PROBES, interference_pairs: int | None = INTERFERENCE_PAIRS,
-              dense_attention: str = "auto") -> Calibration:
+              dense_attention: str = "auto", mixed: bool = True) -> Calibration:
     """Probe ``url`` and fit its profile. ``given``: engine settings from flags (None = ask the
     engine); probe runs go to ``results`` (a scratch folder when None); ``interference``: send the
     probe that measures ``frontend_cpu_s`` (else it is 0); ``drift_probes``: drift reference probes
     over the calibration (0: none; the drift is then measured from the decode groups' repeats alone);
     ``interference_pairs``: interference pairs sent (None: ``repeats``), whose readings' median is
-    ``frontend_cpu_s``; ``dense_attention``: auto, on or off (calibrate/fit.py ``dense_test``)."""
+    ``frontend_cpu_s``; ``dense_attention``: auto, on or off (calibrate/fit.py ``dense_test``); ``mixed``:
+    send the mixed-step probe (calibrate/probes.py)."""
     options = options or ReplayOptions(api="completions")
     info = discover(url, given, options.model)
     options = ReplayOptions(**{**options.__dict__, "model": info.model})
     p = plan(info.settings, max_prompt, batches, contexts, decode_tokens, repeats, interference, drift_probes,
-             interference_pairs)
+             interference_pairs, mixed)
     pre = preflight([url], options)
     with tempfile.TemporaryDirectory(prefix="llmlb-calibrate-") as tmp:
         root = Path(results) if results is not None else Path(tmp)

@@ -9,7 +9,12 @@ ceil((P - c) / budget) chunks, each of s new tokens after c_k computed ones
 the simulator's replica plans them, plus the request overhead and its part per
 prompt token (which only the cache probe, whose computed tokens are fewer than
 its prompt's, tells apart from the per-token step term); a decode window of B requests at contexts
-n_i is B tokens, B samples, sum n_i of attention and KV and B sum n_i of dense attention per step. The
+n_i is B tokens, B samples, sum n_i of attention and KV and B sum n_i of dense attention per step; a
+mixed step (the mixed probe: one lone arrival's chunk of s tokens beside B decodes) is one step of the
+decodes' features plus the chunk's s tokens, one sample, s (s + 1) / 2 of attention and s of KV, with
+(B + s) (sum n_i + s) of dense attention: the only observations in which a chunk meets a batch's KV,
+so the ones that size ``per_dense_s`` on an engine whose chunks pay for it (transformers without flash
+attention) and price the chunks of the replays' own mixed steps on the others. The
 interference probe's window (B decoding while lone requests arrive) is the
 same per step, plus each arrival's prefill chunks and decode step shared over
 the window's steps, plus one ``frontend_cpu_s`` per arrival: the only
@@ -65,6 +70,10 @@ DENSE_P_VALUE = 0.01
 #: a random model's tokens (partial UTF-8 bytes), far above it; transformers serve's requests that did not
 #: stream had 1-11 reads of 48 where the others had 47-48
 STREAMED_SHARE = 0.25
+#: the fit and the interference pairs' frontend reading alternate (:func:`fit`) until the reading moves by
+#: at most this much, or this many rounds
+FRONTEND_TOLERANCE_S = 1e-9
+FRONTEND_ROUNDS = 20
 #: fewest decode steps a window must hold to count
 MIN_WINDOW_STEPS = 4
 
@@ -277,6 +286,13 @@ def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observatio
                 what = f"prompt {p}" + (f", {cached} cached" if cached else "")
                 obs.append(Observation(run.kind, what, prefill_features(p, cached, budget),
                                        r["first_token_s"] - r["sent_s"]))
+        elif run.kind == "mixed":
+            got = mixed_observations(run)
+            obs += got
+            if len(got) < run.params["arrivals"]:
+                notes.append(f"mixed {run.params}: {run.params['arrivals'] - len(got)} of {run.params['arrivals']} "
+                             "arrivals' steps not read (the batch was not all decoding when the arrival's first "
+                             "token came, or its step's tokens were read bundled)")
         elif run.kind == "interference":
             if run.params["arrivals"] == 0:
                 controls[run.params["pair"]] = run
@@ -367,6 +383,54 @@ def decode_window(rows: Sequence[ArrowRow]) -> tuple[list[np.ndarray], float, fl
     return gaps, context, t0, t1
 
 
+def mixed_observations(run: ProbeRun) -> list[Observation]:
+    """The mixed probe's observations (calibrate/probes.py), read from the batch's streams
+    (:func:`step_reads`): for each arrival, the steps from the one in progress when it was sent to the
+    one that computed its chunk beside the decoding batch (the batch's step whose tokens came with the
+    arrival's first token, within half a typical step), at the batch's context at each step (each
+    decoding request's prompt and the tokens it had before it), the last with the arrival's prompt as
+    one chunk (module docstring), and one ``frontend_cpu_s``: the arrival's frontend work runs between
+    its send and its first step, and the simulator books it into one of these steps (sim/replica.py:
+    the first step planned after the dispatch, which behind a decode run planned in one piece is the
+    arrival's own). The fit takes that term from the interference pairs, not from these steps
+    (:func:`fit`). An arrival counts only where at least the plan's batch decoded through these steps
+    and none of their tokens were read bundled with another step's."""
+    ok = [r for r in run.rows if r["status"] == "ok" and r["first_token_s"] is not None]
+    batch = [r for r in ok if r["requested_output_tokens"] != 1]        # the arrivals ask for one token
+    own = [step_gaps(token_times(r)) for r in batch]
+    if not batch or not sum(g.size for g in own):
+        return []
+    tol = 0.5 * float(np.median(np.concatenate(own)))
+    out: list[Observation] = []
+    for a in (r for r in ok if r["requested_output_tokens"] == 1):
+        t, sent = float(a["first_token_s"]), float(a["sent_s"])
+        decoding = [r for r in batch if r["first_token_s"] < sent and r["last_token_s"] > t - tol]
+        if len(decoding) < run.params["batch"]:
+            continue
+        at, counts = step_reads(decoding, max(r["first_token_s"] for r in decoding), t + tol)
+        k = int(np.searchsorted(at, t + tol, side="right")) - 1
+        first = int(np.searchsorted(at, sent, side="right"))      # the step in progress at the send ends here
+        if not 1 <= first <= k or abs(at[k] - t) > tol or np.any(counts[first:k + 1] != 1):
+            continue
+        b, c = len(decoding), _prompt(a)
+        times = [token_times(r) for r in decoding]
+        prompts = sum(_prompt(r) for r in decoding)
+        f = np.zeros(len(UNKNOWNS))
+        for j in range(first, k + 1):
+            f += decode_features(b, float(prompts + sum(np.count_nonzero(x < at[j] - tol) for x in times)))
+        ctx = float(prompts + sum(np.count_nonzero(x < at[k] - tol) for x in times))
+        f[TOKEN] += c
+        f[SAMPLE] += 1
+        f[ATTN] += c * (c + 1) / 2
+        f[KV] += c
+        # the chunk's step: all its tokens against all its KV (its decodes' b x ctx already counted)
+        f[DENSE] += (b + c) * (ctx + c) - b * ctx
+        f[FRONTEND] = 1.0
+        out.append(Observation("mixed", f"{b} decoding at {run.params['context']} tokens beside a {c}-token chunk",
+                               f, float(at[k] - at[first - 1])))
+    return out
+
+
 def interference_observation(control: ProbeRun, loaded: ProbeRun, budget: int) -> Observation | None:
     """The interference probe's observation (calibrate/probes.py): the mean step of the decoding
     requests' window while lone requests arrived, less the control window's mean step over its
@@ -428,20 +492,25 @@ def median_of_repeats(obs: Sequence[Observation]) -> list[Observation]:
             for g in groups.values()]
 
 
-def solve(obs: Sequence[Observation], dense: bool = True) -> np.ndarray:
+def solve(obs: Sequence[Observation], dense: bool = True, frontend_s: float = 0.0) -> np.ndarray:
     """The least-squares coefficients over ``obs`` (module docstring); without the dense attention
-    term when ``dense`` is false (its coefficient 0)."""
+    term when ``dense`` is false (its coefficient 0). ``frontend_cpu_s`` is not fitted here (the
+    interference pairs give it, :func:`fit`): it is ``frontend_s``, a known part of the observations
+    that carry it (the mixed steps the model books an arrival's frontend time into)."""
     from scipy.optimize import nnls
 
     x = np.array([o.features for o in obs])
     if not dense:
         x[:, DENSE] = 0.0
     y = np.array([o.measured_s for o in obs])
+    known = frontend_s * x[:, FRONTEND]
+    x[:, FRONTEND] = 0.0
     a = x / y[:, None]
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1.0
-    theta, _ = nnls(a / scale, np.ones(len(obs)))
+    theta, _ = nnls(a / scale, 1.0 - known / y)
     coeffs: np.ndarray = theta / scale
+    coeffs[FRONTEND] = frontend_s
     return coeffs
 
 
@@ -450,7 +519,7 @@ def _sse(obs: Sequence[Observation], theta: np.ndarray) -> float:
     return float(sum((o.features @ theta / o.measured_s - 1.0) ** 2 for o in obs))
 
 
-def dense_test(obs: Sequence[Observation], mode: str = "auto") -> tuple[np.ndarray, DenseTest]:
+def dense_test(obs: Sequence[Observation], mode: str = "auto", frontend_s: float = 0.0) -> tuple[np.ndarray, DenseTest]:
     """The coefficients over ``obs`` with the dense attention term where the probes show it (``mode``
     auto; on: always, off: never, the test reported either way), and the test.
 
@@ -460,10 +529,10 @@ def dense_test(obs: Sequence[Observation], mode: str = "auto") -> tuple[np.ndarr
     false cost. The nested models' F-test (one added regressor, ``n - k`` degrees of freedom left with
     it, ``k`` the terms the probes can see) keeps it only when it lowers the squared errors by more than
     chance would at the 1% level (:data:`DENSE_P_VALUE`); on the logged steps of transformers' paged SDPA
-    it lowered them by 40% (docs/fidelity.md, "The dense attention term")."""
+    it lowered them by 40% (docs/fidelity.md, "The dense attention term"). ``frontend_s``: as :func:`solve`."""
     from scipy.stats import f as f_dist
 
-    without, with_dense = solve(obs, dense=False), solve(obs)
+    without, with_dense = solve(obs, dense=False, frontend_s=frontend_s), solve(obs, frontend_s=frontend_s)
     sse0, sse1 = _sse(obs, without), _sse(obs, with_dense)
     seen = int(np.count_nonzero(np.abs(np.array([o.features for o in obs])).sum(axis=0)))
     dof = len(obs) - seen
@@ -528,6 +597,19 @@ def fit(obs: list[Observation], notes: list[str], dense: str = "auto") -> Fit:
     else:
         keep = fitted
     theta, test = dense_test(keep, dense)
+    pairs = [o for o in obs if not o.in_fit]
+    k = UNKNOWNS.index("frontend_cpu_s")
+    got: list[tuple[float, float]] = []
+    if pairs:
+        # the pairs' reading rests on the step model, and the mixed steps that carry a frontend time rest on
+        # the pairs' reading: fitted again with it until it settles (once where no observation carries it)
+        for _ in range(FRONTEND_ROUNDS):
+            got = [frontend_per_arrival(o, theta) for o in pairs]
+            reading = max(0.0, float(np.median([f for f, _ in got])))
+            if abs(reading - theta[k]) <= FRONTEND_TOLERANCE_S or not any(o.features[k] for o in keep):
+                break
+            theta, test = dense_test(keep, dense, reading)
+        theta[k] = reading
     if test["kept"]:
         notes.append(f"dense attention term {'kept' if dense == 'auto' else 'fitted (--dense-attention on)'} "
                      f"(per_dense_s, tokens x kv per step): the probes' squared relative errors "
@@ -535,12 +617,8 @@ def fit(obs: list[Observation], notes: list[str], dense: str = "auto") -> Fit:
                      f"(F = {test['f']}, p = {test['p_value']})")
     for o in fitted:
         o.predicted_s = float(o.features @ theta)
-    pairs = [o for o in obs if not o.in_fit]
-    reading: FrontendReading | None = None
+    summary: FrontendReading | None = None
     if pairs:
-        k = UNKNOWNS.index("frontend_cpu_s")
-        got = [frontend_per_arrival(o, theta) for o in pairs]
-        theta[k] = max(0.0, float(np.median([f for f, _ in got])))
         for o, (_, speed) in zip(pairs, got):
             assert o.control is not None
             decodes = float(o.control[2] @ theta)
@@ -549,6 +627,6 @@ def fit(obs: list[Observation], notes: list[str], dense: str = "auto") -> Fit:
         # the estimate before the control was used: the pairs' median against the step model alone
         mean_f = np.mean([o.features for o in pairs], axis=0)
         joint = (float(np.median([o.measured_s for o in pairs])) - float(mean_f[:k] @ theta[:k])) / mean_f[k]
-        reading = {"pairs_ms": [round(1e3 * f, 4) for f, _ in got], "speeds": [round(s, 4) for _, s in got],
+        summary = {"pairs_ms": [round(1e3 * f, 4) for f, _ in got], "speeds": [round(s, 4) for _, s in got],
                    "median_ms": round(1e3 * theta[k], 4), "without_control_ms": round(1e3 * max(0.0, joint), 4)}
-    return Fit({k: float(v) for k, v in zip(UNKNOWNS, theta)}, obs, notes, reading, test)
+    return Fit({name: float(v) for name, v in zip(UNKNOWNS, theta)}, obs, notes, summary, test)

@@ -24,6 +24,16 @@ of the step-time model (:mod:`llmlb_bench.calibrate.fit`):
   jitter's share, which the fit's median step model leaves out). What the
   arrivals cost the batch beyond their own prefill steps is the frontend's CPU
   time taken from the engine (``frontend_cpu_s``, sim/profile.py);
+* **mixed**: B requests decode while lone requests arrive one at a time, each prompt one chunk
+  beside the decodes (one output token): the step that prefills it (its first token's step) is read
+  directly from the batch's token stream, as the gap before the batch's tokens of that step. Each
+  arrival is the dependent of a pilot request of the batch (same prompt, a shorter output), so the
+  client sends it when the pilot's last token arrives, a known number of steps into the batch's
+  decoding whatever the engine's speed; sent at two batch contexts (16 tokens and the longest the
+  KV cache holds), so that a chunk's cost that grows with the batch's KV (the dense attention term,
+  sim/profile.py ``per_dense_s``) shows in it. Why pilots: arrivals timed from a control run's
+  window landed outside the loaded window in 11 of 15 pairs on an engine whose admission moved
+  under them (docs/fidelity.md, "Interference pairs at two contexts");
 * **drift**: one small decode probe (``DRIFT_BATCH`` requests, the decode
   probes' output length) sent before the first probe, after the last, and at
   even intervals between the others: a fixed reference whose typical step
@@ -67,6 +77,11 @@ INTERFERENCE_BATCH = 8
 INTERFERENCE_TOKENS_PER_DECODE = 4
 #: the decoding requests' prompt length
 INTERFERENCE_CONTEXT = 16
+#: the mixed-step probe: requests decoding, arrivals per run (each sent when a pilot request ends), and
+#: the decode steps between arrivals (pilot j's output is this x (j + 1) tokens, the batch's x (arrivals + 2))
+MIXED_BATCH = 8
+MIXED_ARRIVALS = 3
+MIXED_EVERY_STEPS = 8
 #: the drift reference probe's requests decoding at once (at most max_num_seqs) and prompt length
 DRIFT_BATCH = 4
 DRIFT_CONTEXT = 16
@@ -94,6 +109,9 @@ class ProbePlan:
     drift_probes: int = 0                    # drift reference probes sent over the calibration (0: none)
     drift_batch: int = 0                     # each one's requests decoding at once
     interference_pairs: int = 0              # interference pairs sent (0: ``repeats`` of them)
+    mixed_contexts: tuple[int, ...] = ()     # mixed-step probe: the decoding batch's prompt lengths (): no probe)
+    mixed_batch: int = 0                     # its requests decoding (pilots aside)
+    mixed_prompt: int = 0                    # its arrivals' prompt: one chunk beside the decodes
 
     @property
     def pairs(self) -> int:
@@ -102,7 +120,8 @@ class ProbePlan:
 
     def requests(self) -> int:
         return ((len(self.prompts) + sum(self.batches) * len(self.contexts) + 2 * len(self.cache_blocks)) * self.repeats
-                + self.interference_requests() + self.drift_probes * self.drift_batch)
+                + self.interference_requests() + self.drift_probes * self.drift_batch
+                + len(self.mixed_contexts) * (self.mixed_batch + 2 * MIXED_ARRIVALS) * self.repeats)
 
     def interference_requests(self) -> int:
         """The interference probe's requests: per pair, a control and a run with arrivals."""
@@ -112,9 +131,10 @@ class ProbePlan:
 
 def plan(settings: Mapping[str, int], max_prompt: int | None, batches: Sequence[int] | None,
          contexts: Sequence[int] | None, decode_tokens: int, repeats: int, interference: bool = True,
-         drift_probes: int = DRIFT_PROBES, interference_pairs: int | None = INTERFERENCE_PAIRS) -> ProbePlan:
+         drift_probes: int = DRIFT_PROBES, interference_pairs: int | None = INTERFERENCE_PAIRS,
+         mixed: bool = True) -> ProbePlan:
     """Probe sizes within the engine's model length, seats and KV capacity; ``interference_pairs``:
-    the interference pairs to send (None: ``repeats``)."""
+    the interference pairs to send (None: ``repeats``); ``mixed``: send the mixed-step probe."""
     bs, seqs, budget = settings["block_size"], settings["max_num_seqs"], settings["max_num_batched_tokens"]
     kv_tokens = settings["num_kv_blocks"] * bs
     limit = min(settings["max_model_len"] - 2, kv_tokens - bs)
@@ -137,13 +157,45 @@ def plan(settings: Mapping[str, int], max_prompt: int | None, batches: Sequence[
     # interference: up to 8 decoding requests, a seat left for the arrivals, whose prompts (a quarter of
     # the largest, one chunk beside the decodes) cost the frontend a typical request's work
     ib = min(INTERFERENCE_BATCH, seqs - 1)
+    # mixed steps: a batch and its pilots, a seat and a chunk of the budget beside them for the arrival;
+    # the long context as long as the prompts probed, within the KV cache (batch, pilots, the arrival)
+    # and the model length (the batch's output after it)
+    mb = min(MIXED_BATCH, seqs - MIXED_ARRIVALS - 1)
+    chunk = min(budget - mb - MIXED_ARRIVALS, limit - 2)
+    n = mb + MIXED_ARRIVALS
+    out = MIXED_EVERY_STEPS * (MIXED_ARRIVALS + 2) + 2     # mixed_output's part that does not grow with the context
+    grows = 1 + n / max(chunk, 1)
+    long_ctx = min(top, int(((kv_tokens - bs - chunk) / max(n, 1) - out) / grows),
+                   int((settings["max_model_len"] - out - 1) / grows))
+    mixed_ok = mixed and mb >= 1 and chunk >= 8 and long_ctx >= 16
     return ProbePlan(prompts=tuple(grid), repeats=repeats, batches=tuple(usable), contexts=tuple(contexts),
                      decode_tokens=decode_tokens, cache_blocks=tuple(cache), block_size=bs,
                      interference_batch=max(ib, 0) if interference else 0,
                      interference_prompt=max(8, min(top // 4, budget - ib, limit - 2)),
                      interference_tokens=INTERFERENCE_TOKENS_PER_DECODE * decode_tokens,
                      drift_probes=drift_probes if drift_probes >= 2 else 0, drift_batch=min(DRIFT_BATCH, seqs),
-                     interference_pairs=max(0, interference_pairs or 0))
+                     interference_pairs=max(0, interference_pairs or 0),
+                     mixed_contexts=tuple(sorted({16, long_ctx})) if mixed_ok else (),
+                     mixed_batch=mb if mixed_ok else 0, mixed_prompt=chunk if mixed_ok else 0)
+
+
+def mixed_output(batch: int, context: int, chunk: int) -> int:
+    """The output length of a mixed run's decoding requests (:meth:`Prober.mixed`): through the admission of
+    the requests sent after them (the rest of the batch and the pilots, about a chunk a step), then past
+    the last pilot's end (the pilots are sent last, so admitted last). Why it grows with the context: at
+    2,048 tokens each against a budget of 1,024 the admission took 23 steps, during which the first
+    requests decoded, and a batch of 40 tokens ended before the second pilot did."""
+    admission = -(-(batch + MIXED_ARRIVALS) * context // max(chunk, 1)) + 1
+    return admission + MIXED_EVERY_STEPS * (MIXED_ARRIVALS + 2)
+
+
+def mixed_trace(p: ProbePlan, context: int, ids: np.ndarray) -> pa.Table:
+    """A mixed run's trace (:meth:`Prober.mixed`) with request ids ``ids`` (batch, pilots, arrivals)."""
+    b, m = p.mixed_batch, MIXED_ARRIVALS
+    outputs = [mixed_output(b, context, p.mixed_prompt)] * b + [MIXED_EVERY_STEPS * (j + 2) for j in range(m)] + [1] * m
+    return trace_table(np.zeros(b + 2 * m), [context] * (b + m) + [p.mixed_prompt] * m, outputs, "probe",
+                       request_id=ids, parent_id=pa.array([None] * (b + m) + ids[b:b + m].tolist(), pa.int64()),
+                       after_parent_s=pa.array([None] * (b + m) + [0.0] * m, pa.float64()))
 
 
 class ProbeParams(TypedDict, total=False):
@@ -161,11 +213,17 @@ class ProbeParams(TypedDict, total=False):
     arrivals: int
 
 
+def mixed_params(p: ProbePlan, context: int) -> ProbeParams:
+    """A mixed run's parameters: the batch decoding, its context and output, the arrivals' prompt and count."""
+    return ProbeParams(batch=p.mixed_batch, context=context, tokens=mixed_output(p.mixed_batch, context, p.mixed_prompt),
+                       prompt=p.mixed_prompt, arrivals=MIXED_ARRIVALS)
+
+
 @dataclass
 class ProbeRun:
     """One replayed probe: its kind, parameters and result rows (dicts of the requests table)."""
 
-    kind: str                   # prefill, decode, cache, interference, drift
+    kind: str                   # prefill, decode, cache, mixed, interference, drift
     params: ProbeParams
     rows: list[ArrowRow]
     at_s: float = 0.0           # when it started, seconds on the calibration's clock
@@ -278,9 +336,19 @@ class Prober:
         loaded = ProbeRun("interference", with_arrivals, rows, self.started_s, table)
         return [control, loaded]
 
+    def mixed(self, p: ProbePlan, context: int) -> ProbeRun:
+        """One mixed-step run (see the module docstring): ``mixed_batch`` requests of ``context`` prompt
+        tokens and MIXED_ARRIVALS pilots beside them sent at once, and one arrival of ``mixed_prompt``
+        tokens and one output token sent as each pilot ends (a dependent of it, no thread: its prompt
+        is its own), MIXED_EVERY_STEPS decode steps after the one before."""
+        table = mixed_trace(p, context, self._ids(p.mixed_batch + 2 * MIXED_ARRIVALS))
+        rows = self._replay("mixed", table, replace(self.options, thread=False), p.block_size)
+        return ProbeRun("mixed", mixed_params(p, context), rows, self.started_s)
+
     def all(self, p: ProbePlan) -> list[ProbeRun]:
-        """Every probe of the plan after a warm-up: cache pairs, prefill, then the decode groups
-        (cache pairs and decode groups each ``repeats`` times, in random order), then the interference
+        """Every probe of the plan after a warm-up: cache pairs, prefill, then the decode groups, then
+        the mixed-step runs (cache pairs, decode groups and mixed runs each ``repeats`` times, in random
+        order), then the interference
         pairs (``pairs`` of them, one after the other); the drift reference probe before the first, after the last and at
         even intervals between them (``drift_probes`` in all)."""
         self.prefill(p.prompts[::2], 1, p.block_size)     # warm-up (first requests after a start are slow), unused
@@ -291,6 +359,9 @@ class Prober:
         probes: list[Callable[[], ProbeRun | list[ProbeRun]]] = [partial(self.cache, k, p.block_size) for k in pairs]
         probes.append(partial(self.prefill, p.prompts, p.repeats, p.block_size))
         probes += [partial(self.decode, b, c, p.decode_tokens, p.block_size) for b, c in groups]
+        mixed = list(p.mixed_contexts) * p.repeats
+        self.rng.shuffle(mixed)
+        probes += [partial(self.mixed, p, c) for c in mixed]
         if p.interference_batch:
             probes += [partial(self.interference, p, k) for k in range(p.pairs)]
         # the reference goes before probe i for every i in `at` (spaced evenly), and once after the last

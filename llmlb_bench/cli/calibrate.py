@@ -53,6 +53,7 @@ def calibrate(
     interference: Annotated[bool, typer.Option("--interference/--no-interference", help="Send the interference probe (lone arrivals during a decode window) that measures frontend_cpu_s, the engine time each arrival's frontend work takes (off: the profile's frontend_cpu_s is 0).")] = True,
     interference_pairs: Annotated[Optional[int], typer.Option("--interference-pairs", min=1, help="Interference pairs sent (a control and a run with arrivals, 2-3 s each on vLLM CPU); frontend_cpu_s is the median of their readings (default: --repeats).")] = None,
     dense_attention: DenseAttentionOpt = DenseAttention.auto,
+    mixed: Annotated[bool, typer.Option("--mixed/--no-mixed", help="Send the mixed-step probe (lone arrivals prefilling one chunk beside a decoding batch at a short and a long context; each arrival sent as a pilot request of the batch ends), whose steps price a chunk beside a batch and show per_dense_s where the engine has it.")] = True,
     drift_probes: Annotated[Optional[int], typer.Option("--drift-probes", min=0, help="Times a small reference decode probe is sent over the calibration (first, last and evenly between the others; default 10), to measure how the engine's speed drifts over time (jitter.drift_sigma, drift_period_s); 0: none, the drift then rests on the decode groups' repeats alone.")] = None,
 ) -> None:
     """Fit the simulator's step-time model to ENDPOINT: prefill probes of growing prompt length, concurrent decodes at growing batch and context, and repeated prefixes; print the fit and its residuals and write the profile.
@@ -76,7 +77,7 @@ def calibrate(
                           batches=_ints(batches, "--batches"), contexts=_ints(contexts, "--contexts"),
                           decode_tokens=decode_tokens, repeats=repeats, results=results, seed=seed,
                           interference=interference, interference_pairs=interference_pairs,
-                          dense_attention=dense_attention.value, **({} if drift_probes is None else {"drift_probes": drift_probes}))
+                          dense_attention=dense_attention.value, mixed=mixed, **({} if drift_probes is None else {"drift_probes": drift_probes}))
     info = cal.engine
     console.print(f"[bold]{info.kind}[/] at {info.url}, model {info.model}: " + ", ".join(
         f"{k} {v} ({info.sources[k]})" for k, v in info.settings.items()), highlight=False, soft_wrap=True)
