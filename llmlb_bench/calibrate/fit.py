@@ -9,13 +9,14 @@ ceil((P - c) / budget) chunks, each of s new tokens after c_k computed ones
 the simulator's replica plans them, plus the request overhead and its part per
 prompt token (which only the cache probe, whose computed tokens are fewer than
 its prompt's, tells apart from the per-token step term); a decode window of B requests at contexts
-n_i is B tokens, B samples, sum n_i of attention and KV and B sum n_i of dense attention per step; a
-mixed step (the mixed probe: one lone arrival's chunk of s tokens beside B decodes) is one step of the
-decodes' features plus the chunk's s tokens, one sample, s (s + 1) / 2 of attention and s of KV, with
-(B + s) (sum n_i + s) of dense attention: the only observations in which a chunk meets a batch's KV,
-so the ones that size ``per_dense_s`` on an engine whose chunks pay for it (transformers without flash
-attention) and price the chunks of the replays' own mixed steps on the others. The
-interference probe's window (B decoding while lone requests arrive) is the
+n_i is B tokens, B samples, sum n_i of attention and KV and B sum n_i of dense attention per step; the
+mixed probe's arrival (a lone chunk of s tokens sent beside B decodes) is read over the steps from its
+send to its chunk's step: decode steps as above, then one with the chunk's s tokens, one sample,
+s (s + 1) / 2 of attention and s of KV added and (B + s) (sum n_i + s) of dense attention, plus its one
+``frontend_cpu_s``, a known part (the pairs give it, below): the only observations in which a chunk
+meets a batch's KV, so the ones that size ``per_dense_s`` on an engine whose chunks pay for it
+(transformers without flash attention) and price the chunks of the replays' own mixed steps on the
+others. The interference probe's window (B decoding while lone requests arrive) is the
 same per step, plus each arrival's prefill chunks and decode step shared over
 the window's steps, plus one ``frontend_cpu_s`` per arrival: the only
 observation with that feature, so the only one that measures it (the lone
@@ -291,8 +292,8 @@ def observations(runs: Sequence[ProbeRun], budget: int) -> tuple[list[Observatio
             obs += got
             if len(got) < run.params["arrivals"]:
                 notes.append(f"mixed {run.params}: {run.params['arrivals'] - len(got)} of {run.params['arrivals']} "
-                             "arrivals' steps not read (the batch was not all decoding when the arrival's first "
-                             "token came, or its step's tokens were read bundled)")
+                             "arrivals' steps not read (the batch was not all decoding from the arrival's send "
+                             "to its first token, or a step's tokens were read bundled)")
         elif run.kind == "interference":
             if run.params["arrivals"] == 0:
                 controls[run.params["pair"]] = run
@@ -415,10 +416,9 @@ def mixed_observations(run: ProbeRun) -> list[Observation]:
         b, c = len(decoding), _prompt(a)
         times = [token_times(r) for r in decoding]
         prompts = sum(_prompt(r) for r in decoding)
-        f = np.zeros(len(UNKNOWNS))
-        for j in range(first, k + 1):
-            f += decode_features(b, float(prompts + sum(np.count_nonzero(x < at[j] - tol) for x in times)))
-        ctx = float(prompts + sum(np.count_nonzero(x < at[k] - tol) for x in times))
+        contexts = [float(prompts + sum(np.count_nonzero(x < at[j] - tol) for x in times)) for j in range(first, k + 1)]
+        f = np.sum([decode_features(b, x) for x in contexts], axis=0)
+        ctx = contexts[-1]
         f[TOKEN] += c
         f[SAMPLE] += 1
         f[ATTN] += c * (c + 1) / 2
@@ -578,10 +578,13 @@ def fit(obs: list[Observation], notes: list[str], dense: str = "auto") -> Fit:
     """The coefficients (see the module docstring); predictions written into ``obs``.
 
     The least squares take every observation but the interference pairs; ``frontend_cpu_s``, which only
-    those pairs see, is then the median over the pairs of each one's reading against its own control
+    those pairs measure, is then the median over the pairs of each one's reading against its own control
     (:func:`frontend_per_arrival`; 0 when negative or when there is no pair), and each pair's prediction
     is the model at its control's speed, so its error is how far that pair's reading lies from the
-    median."""
+    median. The mixed steps hold one arrival's frontend time each, a known part of them in the least
+    squares: fitted again with the pairs' reading until the reading settles (a few rounds). Read without
+    it, on ``llmlb serve`` the mixed steps' 8 ms of frontend went into the step terms and a 50-token
+    prefill came out 2.4% long."""
     if not any(o.probe == "decode" for o in obs) or not any(o.probe != "decode" and o.in_fit for o in obs):
         raise UserError("the probes gave no usable decode or prefill observation; see the notes above: "
                         + "; ".join(notes), "llmlb calibrate")

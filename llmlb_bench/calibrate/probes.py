@@ -25,12 +25,13 @@ of the step-time model (:mod:`llmlb_bench.calibrate.fit`):
   arrivals cost the batch beyond their own prefill steps is the frontend's CPU
   time taken from the engine (``frontend_cpu_s``, sim/profile.py);
 * **mixed**: B requests decode while lone requests arrive one at a time, each prompt one chunk
-  beside the decodes (one output token): the step that prefills it (its first token's step) is read
-  directly from the batch's token stream, as the gap before the batch's tokens of that step. Each
-  arrival is the dependent of a pilot request of the batch (same prompt, a shorter output), so the
-  client sends it when the pilot's last token arrives, a known number of steps into the batch's
-  decoding whatever the engine's speed; sent at two batch contexts (16 tokens and the longest the
-  KV cache holds), so that a chunk's cost that grows with the batch's KV (the dense attention term,
+  beside the decodes (one output token); each arrival is read from the batch's token streams, over
+  the steps from the one in progress at its send to the one that computed its chunk (whose tokens
+  came with its first token; calibrate/fit.py ``mixed_observations``). Each arrival is the dependent
+  of a pilot request of the batch (same prompt, a shorter output), so the client sends it when the
+  pilot's last token arrives, a known number of steps into the batch's decoding whatever the
+  engine's speed; sent at two batch contexts (16 tokens and the longest prompt probed, within the
+  KV cache), so that a chunk's cost that grows with the batch's KV (the dense attention term,
   sim/profile.py ``per_dense_s``) shows in it. Why pilots: arrivals timed from a control run's
   window landed outside the loaded window in 11 of 15 pairs on an engine whose admission moved
   under them (docs/fidelity.md, "Interference pairs at two contexts");
@@ -78,7 +79,8 @@ INTERFERENCE_TOKENS_PER_DECODE = 4
 #: the decoding requests' prompt length
 INTERFERENCE_CONTEXT = 16
 #: the mixed-step probe: requests decoding, arrivals per run (each sent when a pilot request ends), and
-#: the decode steps between arrivals (pilot j's output is this x (j + 1) tokens, the batch's x (arrivals + 2))
+#: the decode steps between arrivals (pilot j = 1, 2, 3 asks for this x (j + 1) tokens; the batch for this x
+#: (arrivals + 2) after its admission: :func:`mixed_output`)
 MIXED_BATCH = 8
 MIXED_ARRIVALS = 3
 MIXED_EVERY_STEPS = 8
@@ -109,7 +111,7 @@ class ProbePlan:
     drift_probes: int = 0                    # drift reference probes sent over the calibration (0: none)
     drift_batch: int = 0                     # each one's requests decoding at once
     interference_pairs: int = 0              # interference pairs sent (0: ``repeats`` of them)
-    mixed_contexts: tuple[int, ...] = ()     # mixed-step probe: the decoding batch's prompt lengths (): no probe)
+    mixed_contexts: tuple[int, ...] = ()     # mixed-step probe: the decoding batch's prompt lengths (empty: no probe)
     mixed_batch: int = 0                     # its requests decoding (pilots aside)
     mixed_prompt: int = 0                    # its arrivals' prompt: one chunk beside the decodes
 
