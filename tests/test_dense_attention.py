@@ -84,7 +84,7 @@ def test_the_mixed_probe_reads_each_chunk_step_at_the_formula(tmp_path: Path):
     reading and the simulator's replica agree on what a mixed step is. At the long context the chunk's
     dense attention against the batch's KV is most of the time read, at the short one a small part: what
     lets the fit tell the term from the chunk's own costs."""
-    from llmlb_bench.calibrate.fit import FRONTEND, UNKNOWNS, mixed_observations
+    from llmlb_bench.calibrate.fit import BASE, FRONTEND, UNKNOWNS, mixed_observations
     from llmlb_bench.calibrate.probes import MIXED_ARRIVALS, ProbeRun, mixed_params, mixed_trace, plan
 
     doc = {**profile(**STEP, per_dense_s=DENSE_S), "request_overhead_s": 0.02, "frontend_cpu_s": 0.008}
@@ -102,7 +102,7 @@ def test_the_mixed_probe_reads_each_chunk_step_at_the_formula(tmp_path: Path):
         assert sorted(o.what for o in got) == sorted(f"{8 + k} decoding at {c} tokens beside a {p.mixed_prompt}-token chunk"
                                                      for k in range(MIXED_ARRIVALS))
         for o in got:
-            assert o.features[FRONTEND] == 1.0 and o.features[0] >= 2      # a decode step or more, then the chunk's
+            assert o.features[FRONTEND] == 1.0 and o.features[BASE] >= 2      # a decode step or more, then the chunk's
             assert o.measured_s == pytest.approx(float(o.features @ theta), rel=0.005)
             chunk_own = p.mixed_prompt ** 2
             share.append(DENSE_S * (o.features[DENSE] - chunk_own) / o.measured_s)
