@@ -165,7 +165,7 @@ def plan(settings: Mapping[str, int], max_prompt: int | None, batches: Sequence[
     mb = min(MIXED_BATCH, seqs - MIXED_ARRIVALS - 1)
     chunk = min(budget - mb - MIXED_ARRIVALS, limit - 2)
     n = mb + MIXED_ARRIVALS
-    out = MIXED_EVERY_STEPS * (MIXED_ARRIVALS + 2) + 2     # mixed_output's part that does not grow with the context
+    out = mixed_output(mb, 0, chunk) + 1       # the part that does not grow with the context (+1: its rounding up)
     grows = 1 + n / max(chunk, 1)
     long_ctx = min(top, int(((kv_tokens - bs - chunk) / max(n, 1) - out) / grows),
                    int((settings["max_model_len"] - out - 1) / grows))
