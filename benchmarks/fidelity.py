@@ -77,6 +77,7 @@ from llmlb_bench.schema import read_trace, trace_table, write_trace
 from llmlb_bench.sim import ClusterConfig, simulate
 from llmlb_bench.sim.profile import ProfileDoc
 from llmlb_bench.store import RunStore
+from llmlb_bench.store.run import host_info
 from llmlb_bench.sweep.endpoint_capacity import fresh_prompts
 from llmlb_bench.validate import FIGURES, compare, default_sim_seeds, latencies
 from llmlb_bench.workload import WorkloadSpec, generate
@@ -259,7 +260,7 @@ def main() -> None:
     os.sched_setaffinity(0, {0})            # the client on core 0, the engine on core 1
     started = time.time()
     out: dict[str, Any] = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "argv": sys.argv[1:],
-                           "load_average_start": os.getloadavg(), "repeats": k_rep,
+                           "load_average_start": os.getloadavg(), "host": host_info(), "repeats": k_rep,
                            "settings": {"max_num_seqs": SEQS, "max_num_batched_tokens": BUDGET}}
     if args.keep is not None:
         args.keep.mkdir(parents=True)

@@ -408,6 +408,7 @@ def compare(requests: int, setup: Setup, policy: str, python: Path, datasets: tu
             work: Path) -> dict[str, Any]:
     size_dir = _fresh(work / f"n{requests}")
     from llmlb_bench.schema import write_trace
+    from llmlb_bench.store.run import host_info
     trace = make_trace(requests, setup.replicas, setup.max_tokens)
     write_trace(trace, size_dir / "trace.parquet")
     write_vidur_trace(trace, size_dir / "trace.csv")
@@ -438,7 +439,7 @@ def compare(requests: int, setup: Setup, policy: str, python: Path, datasets: tu
     return {
         "requests": requests, "setup": asdict(setup), "kv_blocks_per_replica": kv_blocks,
         "llmlb_policy": policy, "vidur_version": VIDUR_VERSION, "vidur_deps": vidur_deps(python),
-        "load_average": os.getloadavg()[0],
+        "load_average": os.getloadavg()[0], "host": host_info(),
         "llmlb": {**ours, "completed": our_ok, "requests_per_s": round(requests / ours["wall_s"]),
                   "latency": ours_pct},
         "vidur": {**vidur, "sim_wall_s": round(vidur_sim_wall, 2), "sim_cpu_s": round(vidur_sim_cpu, 2),

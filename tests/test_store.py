@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -229,3 +230,22 @@ def test_small_answers_read_as_rows_are_the_arrow_tables_rows(tmp_path):
     [wide] = cat.rows("SELECT sum(input_tokens) AS total FROM requests")
     assert wide == {"total": 18} and cat.query("SELECT sum(input_tokens) AS total FROM requests").to_pylist() == [
         {"total": Decimal(18)}]
+
+
+def test_run_json_names_the_cpu_and_its_vector_extensions(tmp_path):
+    """Two runs' timings compare only on the same kind of CPU: run.json says which ran it."""
+    from llmlb_bench.store.run import cpu
+
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n"
+                   "flags\t\t: fpu sse4_2 avx avx2 fma\n\nprocessor\t: 1\nmodel name\t: other\n"
+                   "flags\t\t: avx512f\n")
+    assert cpu.__wrapped__(str(x86)) == ("AMD EPYC 7B13", ["avx2"])
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd evtstrm sve sve2\n")
+    assert cpu.__wrapped__(str(arm)) == (platform.processor(), ["asimd", "sve", "sve2"])
+    assert cpu.__wrapped__(str(tmp_path / "none"))[1] == []
+    with RunStore(tmp_path / "runs", config={}, backend="sim") as run:
+        pass
+    host = json.loads((run.dir / "run.json").read_text())["host"]
+    assert host["cpu"] == cpu()[0] and host["simd"] == cpu()[1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import hashlib
 import json
 import os
@@ -46,6 +47,18 @@ class HostInfo(TypedDict):
     platform: str
     python: str
     cpu_count: int | None
+    #: the processor's model name and the vector extensions it has (:func:`cpu`): two runs' timings
+    #: compare only on the same kind of CPU
+    cpu: str
+    simd: list[str]
+
+
+#: the vector extensions ``run.json`` names where the CPU has them (x86 and Arm flag names, as
+#: /proc/cpuinfo spells them): what decides the speed of bf16 and int8 kernels. The same VM type came
+#: with AVX-512 on one day and AVX2 alone on another, and vLLM CPU's steps on the tiny model were then
+#: about ten times apart (docs/fidelity.md)
+SIMD_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8",
+              "asimd", "sve", "sve2")
 
 
 class ToolInfo(TypedDict):
@@ -107,12 +120,35 @@ def file_sha256(path: str | Path) -> str:
 
 
 def host_info() -> HostInfo:
+    model, simd = cpu()
     return {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
         "python": sys.version.split()[0],
         "cpu_count": os.cpu_count(),
+        "cpu": model,
+        "simd": simd,
     }
+
+
+@functools.cache
+def cpu(cpuinfo: str = "/proc/cpuinfo") -> tuple[str, list[str]]:
+    """The first processor's model name and which of :data:`SIMD_FLAGS` it has, from ``cpuinfo``
+    (Linux); elsewhere ``platform.processor()`` and no flags. Read once per process."""
+    model, flags = "", set()
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "Model") and not model:
+                    model = value.strip()
+                elif key in ("flags", "Features"):
+                    flags = set(value.split())
+                    break       # the first processor's block: its flags line ends what is needed
+    except OSError:
+        pass
+    return model or platform.processor(), [f for f in SIMD_FLAGS if f in flags]
 
 
 def process_gone(meta: Mapping[str, object]) -> bool:
