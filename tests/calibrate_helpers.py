@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from llmlb_bench.calibrate.fit import DENSE, FRONTEND, UNKNOWNS, Fit
-from llmlb_bench.calibrate.probes import Prober
+from llmlb_bench.calibrate.probes import ProbeParams, ProbeRun, Prober
 from llmlb_bench.replay import ReplayOptions
 
 #: an engine's settings as calibrate reads them, small enough for a plan of a few probes
@@ -25,9 +25,10 @@ class RecordingProber(Prober):
         super().__init__("http://unused", None, ReplayOptions(api="completions"), Path("unused"))  # type: ignore[arg-type]
         self.sent: list[str] = []
 
-    def _replay(self, kind: str, table: Any, options: Any, block_size: int) -> list[dict[str, Any]]:
+    def _run(self, kind: str, params: ProbeParams, table: Any, options: Any, block_size: int,
+             keep_trace: bool = False) -> ProbeRun:
         self.sent.append(kind)
-        return []
+        return ProbeRun(kind, params, [])
 
 
 def assert_least_squares_optimum(result: Fit) -> None:

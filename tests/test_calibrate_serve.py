@@ -155,6 +155,22 @@ def test_calibrate_bad_endpoint_is_one_line(tmp_path: Path, capsys):
     assert code == 2 and "--batches" in err
 
 
+def test_refit_errors_are_one_line(tmp_path: Path, capsys):
+    """--refit reads a calibration's kept folder; anything else, or a probing option beside it, is a
+    one-line error before any work."""
+    out = tmp_path / "p.json"
+    for args, says in ((["--refit", str(tmp_path)], "calibration.json: not found"),
+                       (["--refit", str(tmp_path), "--repeats", "4"], "--repeats cannot apply"),
+                       (["http://127.0.0.1:9", "--refit", str(tmp_path)], "http://127.0.0.1:9 cannot apply"),
+                       ([], "give the ENDPOINT to probe, or --refit")):
+        code, _, err = cli(["calibrate", *args, "-o", str(out)], capsys)
+        assert code == 2 and says in err and len(err.strip().splitlines()) == 1, (args, err)
+    (tmp_path / "calibration.json").write_text("{}")
+    code, _, err = cli(["calibrate", "--refit", str(tmp_path), "-o", str(out)], capsys)
+    assert code == 2 and "not a calibration's record (KeyError" in err
+    assert not out.exists()
+
+
 OVERHEAD_S, PER_TOKEN_S = 0.020, 2e-5
 #: the frontend's CPU time per request taken from the steps (sim/profile.py): the interference probe's answer
 FRONTEND_S = 0.008
@@ -217,7 +233,7 @@ def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, capsys,
         assert code == 2 and "--max-batched-tokens" in err and not out.exists()
         code, stdout, err = cli(["calibrate", st.urls[0], "-o", str(out), "--max-num-seqs", "16",
                                  "--max-batched-tokens", "1024", "--batches", "1,4,16", "--decode-tokens", "40",
-                                 "--repeats", "3"], capsys)
+                                 "--repeats", "3", "--results", str(tmp_path / "probes")], capsys)
         assert code == 0, err
     finally:
         st.close()
@@ -268,6 +284,27 @@ def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, capsys,
     cache = [o for o in got["fit"]["observations"] if o["probe"] == "cache" and "cached" in o["what"]]
     # the whole shared blocks (the prompt less its 8-token tail) came from the cache
     assert cache and all(o["what"].endswith(f"{int(o['what'].split()[1].rstrip(',')) - 8} cached") for o in cache)
+
+    # the kept runs fit again to the same profile to the bit (--refit); without the mixed runs and the
+    # interference pairs, no observation of theirs and no frontend term
+    probes, again = tmp_path / "probes", tmp_path / "again.json"
+    code, _, err = cli(["calibrate", "--refit", str(probes), "-o", str(again)], capsys)
+    assert code == 0, err
+    assert json.loads(again.read_text()) == got
+    code, _, err = cli(["calibrate", "--refit", str(probes), "--no-mixed", "--no-interference", "-o", str(again)],
+                       capsys)
+    assert code == 0, err
+    bare = json.loads(again.read_text())
+    assert bare["frontend_cpu_s"] == 0 and bare["step"] != got["step"]
+    assert {o["probe"] for o in bare["fit"]["observations"]} == {"prefill", "cache", "decode"}
+    # a folder kept before the probes' parameters were recorded: one line, nothing written
+    meta = next(probes.glob("*-decode/run.json"))
+    doc = json.loads(meta.read_text())
+    del doc["config"]["probe"]
+    meta.write_text(json.dumps(doc))
+    again.unlink()
+    code, _, err = cli(["calibrate", "--refit", str(probes), "-o", str(again)], capsys)
+    assert code == 2 and "kept before llmlb recorded" in err and not again.exists()
 
 
 def test_sweep_and_repro_take_a_profile(tmp_path: Path, profile_file: Path):

@@ -13,10 +13,11 @@ docs/fidelity.md says what the profile predicts, and how well.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from llmlb_bench import __version__
 from llmlb_bench.calibrate.anchor import reference
@@ -24,11 +25,17 @@ from llmlb_bench.calibrate.dispersion import Jitter, dispersion
 from llmlb_bench.calibrate.endpoint import EngineInfo, discover
 from llmlb_bench.calibrate.fit import Fit, drift_samples, fit, observations
 from llmlb_bench.calibrate.frontend import wait_share
-from llmlb_bench.calibrate.probes import DRIFT_PROBES, INTERFERENCE_PAIRS, ProbePlan, Prober, plan
+from llmlb_bench.calibrate.probes import DRIFT_PROBES, INTERFERENCE_PAIRS, ProbePlan, ProbeRun, Prober, kept_runs, plan
+from llmlb_bench.errors import UserError
 from llmlb_bench.replay import ReplayOptions, preflight
 from llmlb_bench.sim.profile import PROFILE_VERSION, STEP_TERMS, ProfileDoc, parse_profile
+from llmlb_bench.store.run import write_text_atomic
 
-__all__ = ["Calibration", "calibrate", "discover", "plan"]
+__all__ = ["Calibration", "calibrate", "discover", "plan", "refit"]
+
+#: a calibration's record beside its probe runs (the engine's settings, the plan, how prompt lengths were
+#: known, when, the seed): what :func:`refit` needs besides the runs
+CALIBRATION_JSON = "calibration.json"
 
 
 @dataclass
@@ -61,18 +68,51 @@ def calibrate(url: str, given: Mapping[str, int | None], *, options: ReplayOptio
     p = plan(info.settings, max_prompt, batches, contexts, decode_tokens, repeats, interference, drift_probes,
              interference_pairs, mixed)
     pre = preflight([url], options)
+    measured_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     with tempfile.TemporaryDirectory(prefix="llmlb-calibrate-") as tmp:
         root = Path(results) if results is not None else Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(root / CALIBRATION_JSON, json.dumps(
+            {"engine": asdict(info), "plan": asdict(p), "prompt_lengths": pre.prompt_lengths,
+             "measured_at": measured_at, "seed": seed}, indent=1) + "\n")
         runs = Prober(url, pre, options, root, seed).all(p)
+    return _calibration(runs, info, p, pre.prompt_lengths, measured_at, dense_attention, seed)
+
+
+def refit(root: Path, dense_attention: str = "auto", mixed: bool = True, interference: bool = True) -> Calibration:
+    """Fit again the probe runs a calibration kept in ``root`` (``--results``), with no engine probed:
+    ``dense_attention`` as in :func:`calibrate`; ``mixed`` / ``interference`` False leave the mixed-step
+    probe's / the interference pairs' runs out (as if they had not been sent: ``frontend_cpu_s`` 0
+    without the pairs). One calibration refitted two ways compares two fits on the same draw of the
+    engine's speed, which two calibrations cannot (docs/fidelity.md, "The mixed probe on vLLM")."""
+    path = root / CALIBRATION_JSON
+    try:
+        doc = json.loads(path.read_text())
+        info = EngineInfo(**doc["engine"])
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in doc["plan"].items()}
+        p = ProbePlan(**fields)
+        lengths, measured_at, seed = str(doc["prompt_lengths"]), str(doc["measured_at"]), int(doc["seed"])
+    except FileNotFoundError:
+        raise UserError("not found: refit reads a folder of probe runs that llmlb calibrate --results kept",
+                        path) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"not a calibration's record ({type(exc).__name__}: {exc})", path) from None
+    runs = [r for r in kept_runs(root) if (mixed or r.kind != "mixed") and (interference or r.kind != "interference")]
+    return _calibration(runs, info, p, lengths, measured_at, dense_attention, seed)
+
+
+def _calibration(runs: Sequence[ProbeRun], info: EngineInfo, p: ProbePlan, prompt_lengths: str, measured_at: str,
+                 dense_attention: str, seed: int) -> Calibration:
+    """The profile of the probe ``runs`` (the fit, the spread and drift, the reference, the frontend's wait)."""
     obs, notes, windows = observations(runs, info.settings["max_num_batched_tokens"])
     result = fit(obs, notes, dense_attention)
     spread = dispersion(windows, drift_samples(runs))
     profile: dict[str, object] = {
         "llmlb_profile": PROFILE_VERSION,
         "source": {"endpoint": info.url, "engine": info.kind, "model": info.model,
-                   "measured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                   "measured_at": measured_at,
                    "tool_version": __version__, "settings_from": info.sources, "assumed": info.assumed,
-                   "prompt_lengths": pre.prompt_lengths},
+                   "prompt_lengths": prompt_lengths},
         "engine": dict(info.settings),
         "step": {k: result.coefficients[k] for k in STEP_TERMS},
         "request_overhead_s": result.coefficients["request_overhead_s"],

@@ -259,53 +259,55 @@ class Prober:
         self._next_id = self.rng.randrange(1 << 40)
         self._runs = 0
         self._t0 = time.monotonic()
-        #: when the last replayed probe started (seconds on this prober's clock)
-        self.started_s = 0.0
 
     def _ids(self, n: int) -> np.ndarray:
         ids = np.arange(self._next_id, self._next_id + n, dtype=np.int64)
         self._next_id += n
         return ids
 
-    def _replay(self, kind: str, table: pa.Table, options: ReplayOptions, block_size: int) -> list[ArrowRow]:
+    def _run(self, kind: str, params: ProbeParams, table: pa.Table, options: ReplayOptions, block_size: int,
+             keep_trace: bool = False) -> ProbeRun:
+        """Replay ``table`` as one probe run; its run.json records ``kind``, ``params`` and when it started
+        (``config.probe``), so that :func:`kept_runs` reads the same runs back for a refit."""
         run_id = f"{self._runs:03d}-{kind}"
         self._runs += 1
         trace_path = self.root / "traces" / f"{run_id}.parquet"
         write_trace(table, trace_path, block_size=block_size)
         table = read_trace(trace_path)          # with its block size in the metadata, as the replayer reads it
-        config = {"endpoints": [self.url], "calibrate": kind, "options": options.describe()}
+        at_s = time.monotonic() - self._t0
+        config = {"endpoints": [self.url], "calibrate": kind, "options": options.describe(),
+                  "probe": {"params": dict(params), "at_s": at_s}}
         store = RunStore(self.root, config=config, backend="replay", label=f"calibrate {kind}", run_id=run_id,
                          trace_path=trace_path, trace_rows=table.num_rows)
-        self.started_s = time.monotonic() - self._t0
         with store:
             replay(table, [self.url], make_policy("round_robin", {}), store, options, pre=self.pre)
         import pyarrow.parquet as pq
         rows: list[ArrowRow] = pq.read_table(store.dir / "requests.parquet").to_pylist()
         if self._runs == 1:     # the first probe: a refusing endpoint stops the calibration here
             served_none(rows, self.url, options.force_output_length, f"calibration probe {run_id}")
-        return rows
+        return ProbeRun(kind, params, rows, at_s, table if keep_trace else None)
 
-    def prefill(self, prompts: Sequence[int], repeats: int, block_size: int) -> ProbeRun:
+    def prefill(self, prompts: Sequence[int], repeats: int, block_size: int, kind: str = "prefill") -> ProbeRun:
+        """The prefill probe (``kind`` prefill), or the warm-up before the others (``kind`` warmup, not fitted)."""
         order = [p for _ in range(repeats) for p in prompts]
         self.rng.shuffle(order)
         n = len(order)
         table = trace_table(np.zeros(n), order, 1, "probe", request_id=self._ids(n))
-        rows = self._replay("prefill", table, replace(self.options, users=1, think_s=0.05), block_size)
-        return ProbeRun("prefill", {"prompts": list(prompts), "repeats": repeats}, rows, self.started_s)
+        return self._run(kind, ProbeParams(prompts=list(prompts), repeats=repeats), table,
+                         replace(self.options, users=1, think_s=0.05), block_size)
 
     def decode(self, batch: int, context: int, tokens: int, block_size: int, kind: str = "decode") -> ProbeRun:
         """A decode group (``kind`` decode) or the drift reference probe (``kind`` drift)."""
         table = trace_table(np.zeros(batch), context, tokens, "probe", request_id=self._ids(batch))
-        rows = self._replay(kind, table, self.options, block_size)
-        return ProbeRun(kind, {"batch": batch, "context": context, "tokens": tokens}, rows, self.started_s)
+        return self._run(kind, ProbeParams(batch=batch, context=context, tokens=tokens), table, self.options, block_size)
 
     def cache(self, blocks: int, block_size: int) -> ProbeRun:
         hashes = [self.rng.randrange(1, 1 << 63) for _ in range(blocks)]
         prompt = blocks * block_size + 8
         table = trace_table(np.zeros(2), prompt, 1, "probe", request_id=self._ids(2),
                             prefix_hashes=pa.array([hashes, hashes], pa.list_(pa.uint64())))
-        rows = self._replay("cache", table, replace(self.options, users=1, think_s=0.05), block_size)
-        return ProbeRun("cache", {"blocks": blocks, "prompt": prompt}, rows, self.started_s)
+        return self._run("cache", ProbeParams(blocks=blocks, prompt=prompt), table,
+                         replace(self.options, users=1, think_s=0.05), block_size)
 
     def interference(self, p: ProbePlan, pair: int) -> list[ProbeRun]:
         """One control run (``interference_batch`` requests decoding, nothing else) and one with lone
@@ -317,8 +319,7 @@ class Prober:
         params = ProbeParams(batch=b, context=INTERFERENCE_CONTEXT, tokens=tokens, prompt=p.interference_prompt,
                              pair=pair, arrivals=0)
         table = trace_table(np.zeros(b), INTERFERENCE_CONTEXT, tokens, "probe", request_id=self._ids(b))
-        control = ProbeRun("interference", params,
-                           self._replay("interference", table, self.options, p.block_size), self.started_s)
+        control = self._run("interference", params, table, self.options, p.block_size)
         ok = [r for r in control.rows if r["status"] == "ok" and r["first_token_s"] is not None]
         if len(ok) < b:
             return [control]
@@ -334,9 +335,7 @@ class Prober:
                             [INTERFERENCE_CONTEXT] * b + [p.interference_prompt] * n, [tokens] * b + [2] * n,
                             "probe", request_id=self._ids(b + n))
         with_arrivals: ProbeParams = {**params, "arrivals": n}
-        rows = self._replay("interference", table, self.options, p.block_size)
-        loaded = ProbeRun("interference", with_arrivals, rows, self.started_s, table)
-        return [control, loaded]
+        return [control, self._run("interference", with_arrivals, table, self.options, p.block_size, keep_trace=True)]
 
     def mixed(self, p: ProbePlan, context: int) -> ProbeRun:
         """One mixed-step run (see the module docstring): ``mixed_batch`` requests of ``context`` prompt
@@ -344,8 +343,7 @@ class Prober:
         tokens and one output token sent as each pilot ends (a dependent of it, no thread: its prompt
         is its own), MIXED_EVERY_STEPS decode steps after the one before."""
         table = mixed_trace(p, context, self._ids(p.mixed_batch + 2 * MIXED_ARRIVALS))
-        rows = self._replay("mixed", table, replace(self.options, thread=False), p.block_size)
-        return ProbeRun("mixed", mixed_params(p, context), rows, self.started_s)
+        return self._run("mixed", mixed_params(p, context), table, replace(self.options, thread=False), p.block_size)
 
     def all(self, p: ProbePlan) -> list[ProbeRun]:
         """Every probe of the plan after a warm-up: cache pairs, prefill, then the decode groups, then
@@ -353,7 +351,7 @@ class Prober:
         order), then the interference
         pairs (``pairs`` of them, one after the other); the drift reference probe before the first, after the last and at
         even intervals between them (``drift_probes`` in all)."""
-        self.prefill(p.prompts[::2], 1, p.block_size)     # warm-up (first requests after a start are slow), unused
+        self.prefill(p.prompts[::2], 1, p.block_size, "warmup")     # first requests after a start are slow: unused
         pairs = list(p.cache_blocks) * p.repeats
         self.rng.shuffle(pairs)
         groups = [(b, c) for c in p.contexts for b in p.batches] * p.repeats
@@ -377,6 +375,35 @@ class Prober:
         if p.drift_probes:
             runs.append(self.decode(p.drift_batch, DRIFT_CONTEXT, p.decode_tokens, p.block_size, "drift"))
         return runs
+
+
+def kept_runs(root: Path) -> list[ProbeRun]:
+    """The probe runs a calibration kept in ``root`` (``llmlb calibrate --results``), in the order they
+    were sent, as :meth:`Prober.all` returned them: each one's kind, parameters and start from its
+    run.json (``config.probe``), its rows, and the trace of an interference run with arrivals. One-line
+    error for a folder without them."""
+    import json
+
+    import pyarrow.parquet as pq
+    runs: list[ProbeRun] = []
+    for meta_path in sorted(root.glob("*/run.json"), key=lambda m: (len(m.parent.name.split("-")[0]), m.parent.name)):
+        config = json.loads(meta_path.read_text()).get("config", {})
+        kind, probe = config.get("calibrate"), config.get("probe")
+        if kind is None:
+            continue
+        if not isinstance(probe, dict):
+            raise UserError("holds probe runs kept before llmlb recorded each probe's parameters; calibrate "
+                            "again with --results to refit", meta_path)
+        if kind == "warmup":
+            continue
+        params = ProbeParams(**probe["params"])  # type: ignore[typeddict-item]
+        trace = read_trace(root / "traces" / f"{meta_path.parent.name}.parquet") \
+            if kind == "interference" and params.get("arrivals") else None
+        rows: list[ArrowRow] = pq.read_table(meta_path.parent / "requests.parquet").to_pylist()
+        runs.append(ProbeRun(kind, params, rows, float(probe["at_s"]), trace))
+    if not runs:
+        raise UserError("holds no probe runs (llmlb calibrate --results FOLDER keeps them)", root)
+    return runs
 
 
 def token_times(row: ArrowRow) -> np.ndarray:

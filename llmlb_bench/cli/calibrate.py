@@ -16,6 +16,12 @@ from llmlb_bench.console import Table
 from llmlb_bench.errors import UserError
 
 
+#: the options that shape the probes (what --refit cannot change: the runs were sent already)
+PROBING = ("api", "model", "max_num_seqs", "max_batched_tokens", "block_size", "kv_blocks", "max_model_len",
+           "prefix_caching", "max_prompt", "batches", "contexts", "decode_tokens", "repeats", "tokenize", "tokenizer",
+           "force_length", "results", "seed", "interference_pairs", "drift_probes")
+
+
 def _ints(text: Optional[str], flag: str) -> Optional[list[int]]:
     if text is None:
         return None
@@ -30,7 +36,8 @@ def _ints(text: Optional[str], flag: str) -> Optional[list[int]]:
 
 @app.command()
 def calibrate(
-    endpoint: Annotated[str, typer.Argument(help="Base URL of an OpenAI-compatible server (vLLM, llama-server, llmlb serve, ...).")],
+    ctx: typer.Context,
+    endpoint: Annotated[Optional[str], typer.Argument(help="Base URL of an OpenAI-compatible server (vLLM, llama-server, llmlb serve, ...); none with --refit.")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="Profile file to write (JSON); give it to simulate, run, serve, sweep or repro with --profile, or as profile = in a cluster TOML.")] = Path("profile.json"),
     api: Annotated[Api, typer.Option("--api", help="Which API the probes call (completions: no chat template around the prompt).")] = Api.completions,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model name to send (default: the endpoint's first /v1/models entry).")] = None,
@@ -54,6 +61,7 @@ def calibrate(
     interference_pairs: Annotated[Optional[int], typer.Option("--interference-pairs", min=1, help="Interference pairs sent (a control and a run with arrivals, 2-3 s each on vLLM CPU); frontend_cpu_s is the median of their readings (default: --repeats).")] = None,
     dense_attention: DenseAttentionOpt = DenseAttention.auto,
     mixed: Annotated[bool, typer.Option("--mixed/--no-mixed", help="Send the mixed-step probe (lone arrivals prefilling one chunk beside a decoding batch at a short and a long context; each arrival sent as a pilot request of the batch ends), whose steps price a chunk beside a batch and show per_dense_s where the engine has it.")] = True,
+    refit: Annotated[Optional[Path], typer.Option("--refit", help="Fit again the probe runs an earlier calibration kept with --results FOLDER, probing nothing: to compare fits on one draw of the engine's speed (--dense-attention; --no-mixed and --no-interference leave those probes' runs out). The probing options do not apply.")] = None,
     drift_probes: Annotated[Optional[int], typer.Option("--drift-probes", min=0, help="Times a small reference decode probe is sent over the calibration (first, last and evenly between the others; default 10), to measure how the engine's speed drifts over time (jitter.drift_sigma, drift_period_s); 0: none, the drift then rests on the decode groups' repeats alone.")] = None,
 ) -> None:
     """Fit the simulator's step-time model to ENDPOINT: prefill probes of growing prompt length, concurrent decodes at growing batch and context, and repeated prefixes; print the fit and its residuals and write the profile.
@@ -64,20 +72,32 @@ def calibrate(
 
         llmlb calibrate http://127.0.0.1:8000 --max-num-seqs 16 --max-batched-tokens 2048 -o vllm-cpu.json
     """
-    from llmlb_bench.calibrate import calibrate as run_calibration
+    from llmlb_bench.calibrate import calibrate as run_calibration, refit as refit_calibration
     from llmlb_bench.replay import ReplayOptions
     from llmlb_bench.store.run import write_text_atomic
 
     if output.exists() and output.is_dir():
         raise UserError("is a folder, expected a profile file to write", output)
-    given = engine_given(max_num_seqs, max_batched_tokens, block_size, kv_blocks, max_model_len, prefix_caching)
-    options = ReplayOptions(api=api.value, model=model, tokenize=tokenize,
-                            tokenizer=str(tokenizer) if tokenizer else None, force_output_length=force_length)
-    cal = run_calibration(endpoint, given, options=options, max_prompt=max_prompt,
-                          batches=_ints(batches, "--batches"), contexts=_ints(contexts, "--contexts"),
-                          decode_tokens=decode_tokens, repeats=repeats, results=results, seed=seed,
-                          interference=interference, interference_pairs=interference_pairs,
-                          dense_attention=dense_attention.value, mixed=mixed, **({} if drift_probes is None else {"drift_probes": drift_probes}))
+    if refit is not None:
+        # (the source's enum is Click's, which Typer >= 0.20 vendors as typer._click: compared by name)
+        probing = [f"--{name.replace('_', '-')}" for name in PROBING
+                   if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"]
+        if endpoint is not None or probing:
+            raise UserError(f"fits kept runs, so {', '.join(([endpoint] if endpoint else []) + probing)} cannot "
+                            "apply (the probes were sent when the runs were kept)", "--refit")
+        cal = refit_calibration(refit, dense_attention.value, mixed=mixed, interference=interference)
+    elif endpoint is None:
+        raise UserError("give the ENDPOINT to probe, or --refit FOLDER of kept probe runs", "llmlb calibrate")
+    else:
+        given = engine_given(max_num_seqs, max_batched_tokens, block_size, kv_blocks, max_model_len, prefix_caching)
+        options = ReplayOptions(api=api.value, model=model, tokenize=tokenize,
+                                tokenizer=str(tokenizer) if tokenizer else None, force_output_length=force_length)
+        cal = run_calibration(endpoint, given, options=options, max_prompt=max_prompt,
+                              batches=_ints(batches, "--batches"), contexts=_ints(contexts, "--contexts"),
+                              decode_tokens=decode_tokens, repeats=repeats, results=results, seed=seed,
+                              interference=interference, interference_pairs=interference_pairs,
+                              dense_attention=dense_attention.value, mixed=mixed,
+                              **({} if drift_probes is None else {"drift_probes": drift_probes}))
     info = cal.engine
     console.print(f"[bold]{info.kind}[/] at {info.url}, model {info.model}: " + ", ".join(
         f"{k} {v} ({info.sources[k]})" for k, v in info.settings.items()), highlight=False, soft_wrap=True)
