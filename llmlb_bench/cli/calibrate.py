@@ -80,8 +80,8 @@ def calibrate(
         raise UserError("is a folder, expected a profile file to write", output)
     if refit is not None:
         # (the source's enum is Click's, which Typer >= 0.20 vendors as typer._click: compared by name)
-        probing = [f"--{name.replace('_', '-')}" for name in PROBING
-                   if getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"]
+        probing = [param.opts[0] for param in ctx.command.params if param.name in PROBING
+                   and getattr(ctx.get_parameter_source(param.name), "name", None) == "COMMANDLINE"]
         if endpoint is not None or probing:
             raise UserError(f"fits kept runs, so {', '.join(([endpoint] if endpoint else []) + probing)} cannot "
                             "apply (the probes were sent when the runs were kept)", "--refit")
