@@ -71,6 +71,11 @@ def calibrate(
     Example:
 
         llmlb calibrate http://127.0.0.1:8000 --max-num-seqs 16 --max-batched-tokens 2048 -o vllm-cpu.json
+
+    Fit the same probe runs again another way (kept with --results), probing nothing:
+
+        llmlb calibrate http://127.0.0.1:8000 -r probes -o with-mixed.json
+        llmlb calibrate --refit probes --no-mixed -o without-mixed.json
     """
     from llmlb_bench.calibrate import calibrate as run_calibration, refit as refit_calibration
     from llmlb_bench.replay import ReplayOptions
