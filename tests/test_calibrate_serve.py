@@ -297,12 +297,18 @@ def test_calibrate_recovers_the_profile_llmlb_serve_runs(tmp_path: Path, capsys,
     bare = json.loads(again.read_text())
     assert bare["frontend_cpu_s"] == 0 and bare["step"] != got["step"]
     assert {o["probe"] for o in bare["fit"]["observations"]} == {"prefill", "cache", "decode"}
+    # a run missing from the folder: one line, nothing written
+    record = json.loads((probes / "calibration.json").read_text())
+    (probes / "calibration.json").write_text(json.dumps({**record, "runs": record["runs"] + 1}))
+    again.unlink()
+    code, _, err = cli(["calibrate", "--refit", str(probes), "-o", str(again)], capsys)
+    assert code == 2 and f"where the calibration sent {record['runs'] + 1}" in err and not again.exists()
+    (probes / "calibration.json").write_text(json.dumps(record))
     # a folder kept before the probes' parameters were recorded: one line, nothing written
     meta = next(probes.glob("*-decode/run.json"))
     doc = json.loads(meta.read_text())
     del doc["config"]["probe"]
     meta.write_text(json.dumps(doc))
-    again.unlink()
     code, _, err = cli(["calibrate", "--refit", str(probes), "-o", str(again)], capsys)
     assert code == 2 and "kept before llmlb recorded" in err and not again.exists()
 

@@ -72,10 +72,11 @@ def calibrate(url: str, given: Mapping[str, int | None], *, options: ReplayOptio
     with tempfile.TemporaryDirectory(prefix="llmlb-calibrate-") as tmp:
         root = Path(results) if results is not None else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(root / CALIBRATION_JSON, json.dumps(
-            {"engine": asdict(info), "plan": asdict(p), "prompt_lengths": pre.prompt_lengths,
-             "measured_at": measured_at, "seed": seed}, indent=1) + "\n")
+        record = {"engine": asdict(info), "plan": asdict(p), "prompt_lengths": pre.prompt_lengths,
+                  "measured_at": measured_at, "seed": seed}
         runs = Prober(url, pre, options, root, seed).all(p)
+        # written once every probe has ended: a calibration stopped half-way leaves none, and refit refuses it
+        write_text_atomic(root / CALIBRATION_JSON, json.dumps({**record, "runs": len(runs)}, indent=1) + "\n")
     return _calibration(runs, info, p, pre.prompt_lengths, measured_at, dense_attention, seed)
 
 
@@ -92,12 +93,16 @@ def refit(root: Path, dense_attention: str = "auto", mixed: bool = True, interfe
         fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in doc["plan"].items()}
         p = ProbePlan(**fields)
         lengths, measured_at, seed = str(doc["prompt_lengths"]), str(doc["measured_at"]), int(doc["seed"])
+        sent = int(doc["runs"])
     except FileNotFoundError:
-        raise UserError("not found: refit reads a folder of probe runs that llmlb calibrate --results kept",
-                        path) from None
+        raise UserError("not found: refit reads a folder of probe runs that llmlb calibrate --results kept "
+                        "(written when its probes end: a calibration that was stopped has none)", path) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"not a calibration's record ({type(exc).__name__}: {exc})", path) from None
-    runs = [r for r in kept_runs(root) if (mixed or r.kind != "mixed") and (interference or r.kind != "interference")]
+    kept = kept_runs(root)
+    if len(kept) != sent:
+        raise UserError(f"{len(kept)} probe runs in the folder where the calibration sent {sent}", root)
+    runs = [r for r in kept if (mixed or r.kind != "mixed") and (interference or r.kind != "interference")]
     return _calibration(runs, info, p, lengths, measured_at, dense_attention, seed)
 
 
