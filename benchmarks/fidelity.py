@@ -39,7 +39,7 @@ with a bootstrap interval, each side's spread (CV over its repeats), per-request
    real repeats of one lie on the same side of all of the other's; the simulator is judged on
    the resolved pairs only (same order, or not).
 
-Every figure is printed and written as JSON (``--out``); docs/fidelity.md publishes runs with
+Every figure is printed and written as JSON (``--out``); docs/fidelity-runs.md keeps runs with
 their command, date and load average. Stages can be skipped (``--skip``) and the cells cut
 (``--shapes``, ``--loads``) for a bounded run on a busy machine.
 
@@ -221,7 +221,7 @@ def main() -> None:
                     help="calibrate without the mixed-step probe (calibrate's --no-mixed), for comparison")
     ap.add_argument("--warm-up-replays", type=int, default=0,
                     help="Poisson replays (--requests requests at --warm-up-rate) sent before calibrating: the "
-                    "engine's first minutes are faster than its later ones (docs/fidelity.md)")
+                    "engine's first minutes are faster than its later ones (docs/fidelity-runs.md)")
     ap.add_argument("--warm-up-rate", type=float, default=15.0, help="the warm-up replays' rate, requests/s")
     ap.add_argument("--frontend-core", type=int, default=None,
                     help="run the replica's API server and engine-core process on this core (default: all three "
@@ -277,7 +277,7 @@ def main() -> None:
                 bench.replay(*bench.salted(trace_at("poisson", args.warm_up_rate, args.requests)), [url])
             # the calibration's and the anchor's probes ask what the replays ask (whole-word answers):
             # a random model's partial UTF-8 tokens give the frontend detokenising work the replays
-            # do not have, and the frontend's turns are the probes' slow steps (docs/fidelity.md)
+            # do not have, and the frontend's turns are the probes' slow steps (docs/fidelity-runs.md)
             options = ReplayOptions(api="completions", tokenize=True, extra_body=bench.extra_body)
 
             def calibrated(n: int) -> ProfileDoc:

@@ -1,6 +1,6 @@
 """The engine's steps inside a kept fidelity run's replays, against the simulator's, read alike.
 
-The question left by issue 28's slow-phase work (docs/fidelity.md): the decode probes of
+The question left by issue 28's slow-phase work (docs/fidelity-runs.md): the decode probes of
 ``llmlb calibrate`` see 1.6x slow steps 20-47 times per second, and the simulator draws them in
 every cell, but do the replays' steps show them? One request's own gaps cannot say (they change
 with its batch and the prefills beside it). All of a replay's requests together can: every running

@@ -1,6 +1,6 @@
 """Where one vLLM CPU replica's core goes, by process and by load: a diagnosis for the 90% cells.
 
-The fidelity benchmark's cells at 90% load came out pessimistic (docs/fidelity.md, "90% load and the
+The fidelity benchmark's cells at 90% load came out pessimistic (docs/fidelity-runs.md, "90% load and the
 policy stage again"), and one candidate was a frontend that does less per request when the engine is
 busier: an API server that falls behind its engine and serves several steps' tokens at one wake-up, or
 whose per-request work shrinks with load. This script looks at the processes themselves: one replica on

@@ -12,7 +12,7 @@ step give its batch. The simulated runs are read by the same code, so what the r
 A *decode step* here is one during which at least one request decodes from before its start to after
 its end and in which no request got its first token (so no prefill chunk shares it); its length per
 token is its span over the most tokens any request read at its end (a server that bundles k steps into
-one read shows k tokens). On the H200 run of docs/fidelity.md this table would have shown at once what
+one read shows k tokens). On the H200 run of docs/fidelity-runs.md this table would have shown at once what
 a day of reading runs found: steps at batch 1-2 as calibrated, at 3-64 two to three times longer.
 """
 

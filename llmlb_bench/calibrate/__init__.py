@@ -85,7 +85,7 @@ def refit(root: Path, dense_attention: str = "auto", mixed: bool = True, interfe
     ``dense_attention`` as in :func:`calibrate`; ``mixed`` / ``interference`` False leave the mixed-step
     probe's / the interference pairs' runs out (as if they had not been sent: ``frontend_cpu_s`` 0
     without the pairs). One calibration refitted two ways compares two fits on the same draw of the
-    engine's speed, which two calibrations cannot (docs/fidelity.md, "The mixed probe on vLLM")."""
+    engine's speed, which two calibrations cannot (docs/fidelity-runs.md, "The mixed probe on vLLM")."""
     path = root / CALIBRATION_JSON
     try:
         doc = json.loads(path.read_text())
@@ -138,7 +138,7 @@ def _calibration(runs: Sequence[ProbeRun], info: EngineInfo, p: ProbePlan, promp
     if doc["frontend_cpu_s"] > 0:
         # how much of it the arriving request waits for (calibrate/frontend.py): reported in the fit, not
         # applied (frontend_wait_share stays 1): on vLLM CPU the share it read made TTFT 12-20% optimistic
-        # where the whole charge on the wait was within -6..+13% (docs/fidelity.md, 2026-12-02 16:00)
+        # where the whole charge on the wait was within -6..+13% (docs/fidelity-runs.md, 2026-12-02 16:00)
         profile["fit"] = {**doc.get("fit", {}), "frontend_wait": wait_share(runs, doc, seed)}
         doc = parse_profile(profile, "calibrated profile")
     return Calibration(doc, result, spread, info, p)

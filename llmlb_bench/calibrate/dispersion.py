@@ -25,7 +25,7 @@ few tenths of a second cannot show: phases longer than a window (they move the
 window's median instead) and phases between the windows; docs/fidelity.md says so.
 On vLLM's CPU build the slow phases are the frontend's turns (API server, engine-core
 process) on the worker's core: with the frontend on another core the probes show 0-3.5
-per second instead of 15-58 (docs/fidelity.md, 2026-12-02 22:08).
+per second instead of 15-58 (docs/fidelity-runs.md, 2026-12-02 22:08).
 
 **Drift** is what moves the windows' medians: the engine's speed over seconds
 to minutes (on vLLM's CPU build base steps of 3.1-3.7 ms, once 6.1 ms, between

@@ -356,7 +356,7 @@ def decode_window(rows: Sequence[ArrowRow]) -> tuple[list[np.ndarray], float, fl
     began or ended. On transformers serve one request of sixteen showed its first token at 0.65 s and 47
     that decode to no text, another all 48 in one read at 5.85 s, and the window over all sixteen came
     out -5.2 s where the engine's own log had them decode together for over a second (15 of a
-    calibration's 27 decode groups lost, docs/fidelity.md). They were in the engine's batch all the same
+    calibration's 27 decode groups lost, docs/fidelity-runs.md). They were in the engine's batch all the same
     (same prompt, same output, sent together), so they count in its context, at the streamed requests'
     median place in their output. Against the group's median, not the output length: a server behind
     its engine bundles every request's steps alike, and all of them still bound the window. Where every
@@ -529,7 +529,7 @@ def dense_test(obs: Sequence[Observation], mode: str = "auto", frontend_s: float
     false cost. The nested models' F-test (one added regressor, ``n - k`` degrees of freedom left with
     it, ``k`` the terms the probes can see) keeps it only when it lowers the squared errors by more than
     chance would at the 1% level (:data:`DENSE_P_VALUE`); on the logged steps of transformers' paged SDPA
-    it lowered them by 40% (docs/fidelity.md, "The dense attention term"). ``frontend_s``: as :func:`solve`."""
+    it lowered them by 40% (docs/fidelity-runs.md, "The dense attention term"). ``frontend_s``: as :func:`solve`."""
     from scipy.stats import f as f_dist
 
     without, with_dense = solve(obs, dense=False, frontend_s=frontend_s), solve(obs, frontend_s=frontend_s)

@@ -34,7 +34,7 @@ of the step-time model (:mod:`llmlb_bench.calibrate.fit`):
   KV cache), so that a chunk's cost that grows with the batch's KV (the dense attention term,
   sim/profile.py ``per_dense_s``) shows in it. Why pilots: arrivals timed from a control run's
   window landed outside the loaded window in 11 of 15 pairs on an engine whose admission moved
-  under them (docs/fidelity.md, "Interference pairs at two contexts");
+  under them (docs/fidelity-runs.md, "Interference pairs at two contexts");
 * **drift**: one small decode probe (``DRIFT_BATCH`` requests, the decode
   probes' output length) sent before the first probe, after the last, and at
   even intervals between the others: a fixed reference whose typical step

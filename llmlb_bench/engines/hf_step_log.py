@@ -10,7 +10,7 @@ Why: a client sees the engine's steps only through streamed tokens (``llmlb_benc
 reads them), which cannot tell a step that took long from a request the engine did not schedule,
 nor say how much of a step was planning it in Python and how much the forward pass; and it sees a
 request's time to first token whole, not what of it was the HTTP server's, the engine's queue's or
-the prefill's. On the H200 run of docs/fidelity.md the replays' steps were three times the
+the prefill's. On the H200 run of docs/fidelity-runs.md the replays' steps were three times the
 calibration's at the same batch, and the engine's own record was what was missing. This wraps
 transformers' ``ContinuousBatchProcessor.prepare_next_batch`` and ``update_batch`` and
 ``ContinuousBatchingManager.add_request`` (named alike in transformers 5.17-5.19; a version without

@@ -69,7 +69,7 @@ def write_tiny_model(dest: str | Path, *, vocab_size: int = 1024, hidden_size: i
     a random token that decodes to no text (a byte fragment) streams nothing, so the client reads the
     first token a step or more late and the last one early; on ``transformers serve``, which has no
     ``allowed_token_ids``, the deep-shape replays' client TTFT p50 was 2-39% above the engine's own
-    (docs/fidelity.md). vLLM runs pass the same ids as ``allowed_token_ids`` instead."""
+    (docs/fidelity-runs.md). vLLM runs pass the same ids as ``allowed_token_ids`` instead."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     tokenizer = _train_tokenizer(vocab_size)

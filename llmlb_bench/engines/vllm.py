@@ -134,7 +134,7 @@ class VllmReplicas:
     bound to ``cores``. vLLM CPU runs three busy processes per replica (API
     server, engine core, worker); on one core they take turns with the model's
     steps, which slows the steps by the frontend's share and makes replays of one
-    trace differ (docs/fidelity.md, "Where vLLM CPU's variance comes from").
+    trace differ (docs/fidelity-runs.md, "Where vLLM CPU's variance comes from").
     ``log_dir``
     keeps each replica's output as ``vllm-<k>.log`` (default: temporary files,
     whose tails are shown when a replica fails to start). ``.urls`` and

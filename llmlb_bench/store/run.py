@@ -56,7 +56,7 @@ class HostInfo(TypedDict):
 #: the vector extensions ``run.json`` names where the CPU has them (x86 and Arm flag names, as
 #: /proc/cpuinfo spells them): what decides the speed of bf16 and int8 kernels. The same VM type came
 #: with AVX-512 on one day and AVX2 alone on another, and vLLM CPU's steps on the tiny model were then
-#: about ten times apart (docs/fidelity.md)
+#: about ten times apart (docs/fidelity-runs.md)
 SIMD_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8",
               "asimd", "sve", "sve2")
 
