@@ -14,10 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from llmlb_bench.calibrate.anchor import AnchorProbe, anchored
+from llmlb_bench.calibrate.probes import Prober
 from llmlb_bench.calibrate.dispersion import DriftSample, drift
 from llmlb_bench.errors import UserError
 from llmlb_bench.policies import make_policy
-from llmlb_bench.replay import ReplayOptions
+from llmlb_bench.replay import ReplayOptions, preflight
 from llmlb_bench.schema import trace_table, write_trace
 from llmlb_bench.serve import ServeOptions
 from llmlb_bench.sim import ClusterConfig
@@ -130,12 +131,19 @@ def test_the_reference_probe_against_llmlb_serve_finds_its_speed(tmp_path: Path)
     median over the windows: at least the served step (within 10%), where the profile had half."""
     fast = parse_profile(profile(0.5, reference={**REFERENCE, "step_s": 0.5 * served_reference_step()}))
     st = served()
+    options = ReplayOptions(api="completions")
     try:
-        probe = AnchorProbe(st.urls[0], fast, ReplayOptions(api="completions"), tmp_path, per_slot=2)
+        probe = AnchorProbe(st.urls[0], fast, options, tmp_path / "anchor", per_slot=2)
         for _ in range(3):
             probe.slot()
+        # a calibration with the same seed (0): its requests' ids, hence their prompt text, are not the anchor's
+        calibration = Prober(st.urls[0], preflight(st.urls, options), options, tmp_path / "calibration")
+        first = calibration.decode(REFERENCE["batch"], REFERENCE["context"], REFERENCE["tokens"], 16, "drift")
     finally:
         st.close()
+    anchor_ids = {r["request_id"] for run in probe.runs for r in run.rows}
+    assert len(anchor_ids) == 6 * REFERENCE["batch"]
+    assert anchor_ids.isdisjoint(r["request_id"] for r in first.rows)
     windows = probe.samples()
     assert len(probe.runs) == 6 and len(windows) == 6
     long_run = math.exp(float(np.median([w.log_step for w in windows])))

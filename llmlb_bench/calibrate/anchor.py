@@ -26,6 +26,7 @@ and the per-step jitter keep their calibrated values.
 from __future__ import annotations
 
 import math
+import random
 from pathlib import Path
 from typing import Sequence
 
@@ -76,7 +77,10 @@ class AnchorProbe:
         self.ref = reference_of(profile)
         self.block_size = profile["engine"]["block_size"]
         self.per_slot = per_slot
-        self.prober = Prober(url, preflight([url], options), options, root, seed)
+        # a stream of request ids of its own: with the calibration's seed (the callers pass the same one)
+        # the prober would reuse the calibration's ids, and a request's prompt text comes from its id
+        own_seed = random.Random(f"anchor:{seed}").randrange(1 << 62)
+        self.prober = Prober(url, preflight([url], options), options, root, own_seed)
         self.runs: list[ProbeRun] = []
 
     def slot(self) -> None:
