@@ -272,6 +272,10 @@ class Validation:
     sim_runs: list[str]
     profile: ProfileDoc
     load_average: tuple[float, float]
+    #: anchored runs only: the profile as calibrated, simulated under the same seeds against the same
+    #: replays (the anchor helped some calibrations and hurt others, docs/fidelity.md, so both are shown)
+    calibrated: Comparison | None = None
+    calibrated_runs: list[str] = field(default_factory=list)
 
 
 def validate(url: str, trace: pa.Table, repeats: int, profile: ProfileDoc, options: ReplayOptions,
@@ -285,7 +289,8 @@ def validate(url: str, trace: pa.Table, repeats: int, profile: ProfileDoc, optio
     ``anchor``: send the profile's reference probe before every replay and after the last, and
     simulate with the profile anchored to their long-run median (calibrate/anchor.py; written to
     ``results`` as ``anchored-profile.json``, beside a calibrated one): so the simulations run after all the
-    replays."""
+    replays. The profile as given is then simulated too, under the same seeds (``calibrated``): which
+    of the two predicts an engine better has gone both ways (docs/fidelity.md, "Where fidelity stands")."""
     import os
     import tempfile
 
@@ -322,8 +327,9 @@ def validate(url: str, trace: pa.Table, repeats: int, profile: ProfileDoc, optio
         table, path = salted("warmup")
         n = min(warmup, table.num_rows)
         replay_into(table.slice(0, n), path, f"validate-{stamp}-warmup")
-    real_ids, sim_ids, real_rows, sim_rows = [], [], [], []
+    real_ids, real_rows = [], []
     copies = [salted(k) for k in range(repeats)]
+    given = profile
     with tempfile.TemporaryDirectory(prefix="llmlb-anchor-") as tmp:
         probe = AnchorProbe(url, profile, options, Path(tmp), seed=seed) if anchor else None
         for k, (table, path) in enumerate(copies):
@@ -342,21 +348,33 @@ def validate(url: str, trace: pa.Table, repeats: int, profile: ProfileDoc, optio
                 f"{a['span_s']:.0f} s ({a['probes']} windows) against {1e3 * a['calibration_step_s']:.3f} ms in the "
                 f"calibration: step model x {a['scale']:.3f}; drift log sd {drifting['drift_sigma']:.3f} "
                 f"over {drifting['drift_period_s']:.3g} s")
-    cfg = ClusterConfig.build(replicas=1).with_profile(profile)
     n_seeds = sim_seeds if sim_seeds is not None else default_sim_seeds(profile, repeats)
-    say(f"simulating {n_seeds} seeds against the {repeats} replays")
-    for k in range(n_seeds):
-        table, path = copies[k % repeats]
-        run_id = f"validate-{stamp}-sim-{k}"
-        store = RunStore(results, config={"cluster": cfg.to_dict(), "validate": "sim"}, backend="sim", run_id=run_id,
-                         trace_path=path, trace_rows=table.num_rows)
-        with store:
-            simulate(table, cfg, make_policy("round_robin", {}), store, seed=seed + k)
-        sim_rows.append(pq.read_table(store.dir / "requests.parquet").to_pylist())
-        sim_ids.append(run_id)
-    comparison = compare(real_rows, sim_rows, seed=seed)
-    result = Validation(comparison, real_ids, sim_ids, profile, (load_start, os.getloadavg()[0]))
+
+    def simulated(doc: ProfileDoc, name: str) -> tuple[list[str], list[list[ArrowRow]]]:
+        """``doc`` simulated under the run's seeds, seed k on replay k mod ``repeats``'s copy."""
+        cfg = ClusterConfig.build(replicas=1).with_profile(doc)
+        ids, rows = [], []
+        for k in range(n_seeds):
+            table, path = copies[k % repeats]
+            run_id = f"validate-{stamp}-{name}-{k}"
+            store = RunStore(results, config={"cluster": cfg.to_dict(), "validate": name}, backend="sim",
+                             run_id=run_id, trace_path=path, trace_rows=table.num_rows)
+            with store:
+                simulate(table, cfg, make_policy("round_robin", {}), store, seed=seed + k)
+            rows.append(pq.read_table(store.dir / "requests.parquet").to_pylist())
+            ids.append(run_id)
+        return ids, rows
+
+    say(f"simulating {n_seeds} seeds against the {repeats} replays" + (", anchored and as calibrated" if anchor else ""))
+    sim_ids, sim_rows = simulated(profile, "sim")
+    result = Validation(compare(real_rows, sim_rows, seed=seed), real_ids, sim_ids, profile,
+                        (load_start, os.getloadavg()[0]))
+    if anchor:
+        result.calibrated_runs, calibrated_rows = simulated(given, "sim-calibrated")
+        result.calibrated = compare(real_rows, calibrated_rows, seed=seed)
     (results / f"validate-{stamp}.json").write_text(json.dumps(
         {"endpoint": url, "repeats": repeats, "sim_seeds": n_seeds, "seed": seed, "real_runs": real_ids, "sim_runs": sim_ids,
-         "load_average": result.load_average, "profile": profile, **comparison.to_dict()}, indent=1))
+         "load_average": result.load_average, "profile": profile, **result.comparison.to_dict(),
+         **({"calibrated": {"profile": given, "sim_runs": result.calibrated_runs, **result.calibrated.to_dict()}}
+            if result.calibrated is not None else {})}, indent=1))
     return result

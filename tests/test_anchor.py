@@ -157,7 +157,8 @@ def test_the_reference_probe_against_llmlb_serve_finds_its_speed(tmp_path: Path)
 def test_validate_anchors_the_profile_between_its_replays(tmp_path: Path, capsys):
     """llmlb validate with a profile that has a reference probe sends it around every replay, simulates
     with the anchored profile (written beside the runs and stored in the simulated runs' config) and
-    says by how much it rescaled."""
+    says by how much it rescaled; the profile as given is simulated too, under the same seeds, and shown
+    beside (the given profile has half the served step: its TPOT comes out about half the real one's)."""
     fast = profile(0.5, reference={**REFERENCE, "step_s": 0.5 * served_reference_step()})
     prof = tmp_path / "p.json"
     prof.write_text(json.dumps(fast))
@@ -180,6 +181,14 @@ def test_validate_anchors_the_profile_between_its_replays(tmp_path: Path, capsys
     run = json.loads((res / summary["sim_runs"][0] / "run.json").read_text())
     assert run["config"]["cluster"]["pools"][0]["profile"]["anchor"] == written["anchor"]
     assert len(pq.read_table(res / summary["real_runs"][0] / "requests.parquet")) == 4
+    calibrated = summary["calibrated"]
+    assert "anchor" not in calibrated["profile"] and calibrated["profile"]["step"]["base_s"] == fast["step"]["base_s"]
+    assert len(calibrated["sim_runs"]) == len(summary["sim_runs"])
+    run = json.loads((res / calibrated["sim_runs"][0] / "run.json").read_text())
+    assert "anchor" not in run["config"]["cluster"]["pools"][0]["profile"]
+    as_given, anchored_tpot = calibrated["figures"]["tpot_p50"]["bias"], summary["figures"]["tpot_p50"]["bias"]
+    assert as_given < -0.3 and anchored_tpot > as_given, (as_given, anchored_tpot)
+    assert "the profile as calibrated, without the anchor" in out
 
 
 def test_validate_anchor_without_a_reference_is_one_line_before_any_work(tmp_path: Path, capsys):

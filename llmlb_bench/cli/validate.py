@@ -130,3 +130,9 @@ def validate(
                   f"(compare: llmlb report {results / v.real_runs[0]} {results / v.sim_runs[0]})",
                   highlight=False, soft_wrap=True)
     console.print(v.comparison.verdict(), highlight=False, soft_wrap=True)
+    if v.calibrated is not None:
+        from llmlb_bench.validate import BIAS_AIMS
+
+        biases = ", ".join(f"{c.figure} {_pct(c.bias)}%" for c in v.calibrated.figures if c.figure in BIAS_AIMS)
+        console.print(f"the profile as calibrated, without the anchor, the same seeds ({v.calibrated_runs[0]}...): "
+                      f"bias {biases}; {v.calibrated.verdict()}", highlight=False, soft_wrap=True)
