@@ -46,7 +46,7 @@ def validate(
     prefix_caching: EnginePrefixCaching = None,
     max_prompt: Annotated[Optional[int], typer.Option("--max-prompt", min=8, help="Calibration: longest prefill probe.")] = None,
     interference_pairs: Annotated[Optional[int], typer.Option("--interference-pairs", min=1, help="Calibration: interference pairs sent, whose readings' median is frontend_cpu_s (default: as llmlb calibrate).")] = None,
-    anchor: Annotated[Optional[bool], typer.Option("--anchor/--no-anchor", help="Send the profile's reference probe before every replay and after the last, and simulate with the step model rescaled to their long-run median and their drift (default: when the profile has a reference probe; see docs/fidelity.md).")] = None,
+    anchor: Annotated[Optional[bool], typer.Option("--anchor/--no-anchor", help="Send the profile's reference probe before every replay and after the last, and simulate with the step model rescaled to their long-run median and their drift; the profile as calibrated is simulated too, on the same seeds, and shown on one line beneath (default: when the profile has a reference probe; see docs/fidelity.md).")] = None,
     dense_attention: DenseAttentionOpt = DenseAttention.auto,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Requests sent first and counted for nothing (the first requests after a start are slow).")] = 16,
     results: ResultsDir = Path("results"),
